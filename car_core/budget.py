@@ -1,0 +1,120 @@
+"""Budgets in rollouts, tokens, money and wall time, checked before any rollout starts.
+
+A ``BudgetMeter`` is asked ``check()`` before each rollout: it answers with the reason the budget
+tripped, or None. Tokens and money are only known after a rollout, so the meter forecasts the
+next rollout's spend from the mean so far and refuses when the forecast would overrun. When a
+budget trips the estimator keeps what it measured and reports ``truncated=True``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import InvalidBudget
+from .trajectory import Trajectory
+
+SPENDING_ORIGINS = ("live", "edited", "policy-swapped")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Caps on one estimate. ``None`` means no cap of that kind."""
+
+    rollouts: int | None = None
+    tokens: int | None = None
+    cost: float | None = None
+    wall_time: float | None = None
+    prices: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("rollouts", "tokens", "cost", "wall_time"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise InvalidBudget(f"budget {name}={value} cannot pay for anything",
+                                    hint=f"give {name} a positive value, or None for no cap")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rollouts": self.rollouts, "tokens": self.tokens, "cost": self.cost,
+                "wall_time": self.wall_time}
+
+
+def usage_of(run: Trajectory, prices: dict[str, tuple[float, float]] | None = None
+             ) -> tuple[int, float]:
+    """Tokens and money spent by the live steps of a branch (held steps cost nothing).
+
+    Steps report ``meta["usage"] = {"prompt_tokens", "completion_tokens"}``, ``meta["model"]``
+    and optionally ``meta["cost"]``; ``prices`` maps a model name to (input, output) price per
+    million tokens and is used when a step reports no cost of its own.
+    """
+    tokens, cost = 0, 0.0
+    for step in run.steps:
+        if step.meta.get("origin") not in SPENDING_ORIGINS:
+            continue
+        usage = step.meta.get("usage") or {}
+        p, c = int(usage.get("prompt_tokens", 0) or 0), int(usage.get("completion_tokens", 0) or 0)
+        tokens += p + c
+        if "cost" in step.meta:
+            cost += float(step.meta["cost"])
+        elif prices and step.meta.get("model") in prices:
+            pin, pout = prices[step.meta["model"]]
+            cost += (p * pin + c * pout) / 1e6
+    return tokens, cost
+
+
+class BudgetMeter:
+    """Counts what an estimate spends and says, before each rollout, whether it may start."""
+
+    def __init__(self, budget: Budget | None) -> None:
+        self.budget = budget or Budget()
+        self.rollouts = 0
+        self.reserved = 0
+        self.tokens = 0
+        self.cost = 0.0
+        self.started = time.monotonic()
+        self.tripped: str | None = None
+
+    def check(self, extra: int = 1) -> str | None:
+        """The reason ``extra`` more rollouts may not start, or None if they may."""
+        b = self.budget
+        reason = None
+        if b.rollouts is not None and self.rollouts + self.reserved + extra > b.rollouts:
+            reason = f"rollout budget of {b.rollouts} reached"
+        elif b.wall_time is not None and time.monotonic() - self.started >= b.wall_time:
+            reason = f"wall-time budget of {b.wall_time:g}s reached"
+        elif self.rollouts:
+            per_tokens = self.tokens / self.rollouts
+            per_cost = self.cost / self.rollouts
+            if b.tokens is not None and self.tokens + extra * per_tokens > b.tokens:
+                reason = f"token budget of {b.tokens} would be exceeded"
+            elif b.cost is not None and self.cost + extra * per_cost > b.cost:
+                reason = f"cost budget of {b.cost:g} would be exceeded"
+        if reason:
+            self.tripped = reason
+        return reason
+
+    def reserve(self) -> bool:
+        """Claim one rollout if the budget allows; concurrent executors call this before
+        starting a task, so tasks in flight count against the cap."""
+        if self.check() is not None:
+            return False
+        self.reserved += 1
+        return True
+
+    def remaining_rollouts(self) -> int | None:
+        if self.budget.rollouts is None:
+            return None
+        return max(0, self.budget.rollouts - self.rollouts - self.reserved)
+
+    def charge(self, run: Trajectory) -> None:
+        """Account for a finished rollout (reserved or not)."""
+        self.reserved = max(0, self.reserved - 1)
+        self.rollouts += 1
+        tokens, cost = usage_of(run, self.budget.prices)
+        self.tokens += tokens
+        self.cost += cost
+
+    def used(self) -> dict[str, Any]:
+        return {"rollouts": self.rollouts, "tokens": self.tokens, "cost": round(self.cost, 6),
+                "wall_time": round(time.monotonic() - self.started, 3)}

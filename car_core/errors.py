@@ -1,0 +1,163 @@
+"""Every error CAR raises, under one root so callers can catch ``CarError``.
+
+The tree::
+
+    CarError
+    ├── InvalidInput (ValueError)              bad arguments, caught before anything runs
+    │   ├── InvalidIntervention                 a do(·) that is malformed or does not fit the run
+    │   ├── StepOutOfRange (IndexError)         a step index past the end of the run
+    │   ├── InvalidJSONValue                    an action/observation/context that is not JSON
+    │   ├── InvalidBudget                       a budget of zero, negative, or too small to do anything
+    │   └── OutcomeError                        an outcome function that raised or left [0, 1]
+    ├── RunError                                a recorded run that cannot be trusted
+    │   ├── CorruptRun                          digest mismatch, hand-edited or truncated JSON
+    │   └── ReplayMismatch                      replay did not reproduce the record
+    ├── StoreError                              the SQLite store
+    │   ├── RunNotFound (KeyError)              unknown run id
+    │   ├── AttributionNotFound (KeyError)      unknown attribution id
+    │   ├── NotACarStore                        a database file that is not ours
+    │   ├── StoreTooNew                         written by a newer CAR than this one
+    │   └── StoreReadOnly                       the file or its folder cannot be written
+    ├── AgentError                              the agent under test misbehaved
+    │   ├── PolicyError                         the policy raised or returned garbage
+    │   ├── EnvironmentError_                   the environment (a tool) raised
+    │   ├── SideEffectBlocked                   a side-effect tool asked to run on a branch
+    │   ├── ModelUnavailable                    a model server that is down or unreachable
+    │   └── AdapterError                        framework glue: missing checkpointer, unknown thread…
+    ├── BudgetExhausted                         a budget tripped (results keep what was measured)
+    └── NothingToAttribute                      the outcome never varies, or the run has no steps
+
+Every error carries context (``run_id``, ``step``) where it has one and its message ends with
+what to do next.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class CarError(Exception):
+    """Root of every error CAR raises."""
+
+    def __init__(self, message: str, *, run_id: str | None = None, step: int | None = None,
+                 hint: str | None = None, **context: Any) -> None:
+        self.run_id = run_id
+        self.step = step
+        self.hint = hint
+        self.context = context
+        parts = [message]
+        if run_id is not None:
+            parts.append(f"[run {run_id}]")
+        if step is not None:
+            parts.append(f"[step {step}]")
+        text = " ".join(parts)
+        if hint:
+            text = f"{text}. {hint}"
+        super().__init__(text)
+
+
+class InvalidInput(CarError, ValueError):
+    """Arguments that are wrong before anything runs."""
+
+
+class InvalidIntervention(InvalidInput):
+    """A do(·) that is malformed, conflicts with another, or does not fit the run."""
+
+
+class StepOutOfRange(InvalidInput, IndexError):
+    """A step index past the end of the run (or negative)."""
+
+
+class InvalidJSONValue(InvalidInput):
+    """A value that must be JSON (action, observation, context) is not."""
+
+
+class InvalidBudget(InvalidInput):
+    """A budget that cannot buy anything: zero, negative, below one rollout or coalition."""
+
+
+class OutcomeError(InvalidInput):
+    """The outcome function raised or returned something outside [0, 1]."""
+
+
+class RunError(CarError):
+    """A recorded run that cannot be trusted."""
+
+
+class CorruptRun(RunError):
+    """A run whose digests do not match its content, or whose JSON is malformed."""
+
+
+class ReplayMismatch(RunError):
+    """Replaying a run with everything held did not reproduce it."""
+
+
+class StoreError(CarError):
+    """Anything about the SQLite store."""
+
+
+class RunNotFound(StoreError, KeyError):
+    """No run with that id in the store."""
+
+    def __str__(self) -> str:  # KeyError would otherwise quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class AttributionNotFound(StoreError, KeyError):
+    """No attribution with that id in the store."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class NotACarStore(StoreError):
+    """The database file exists but was not written by CAR."""
+
+
+class StoreTooNew(StoreError):
+    """The database was migrated by a newer CAR; this one must not write to it."""
+
+
+class StoreReadOnly(StoreError):
+    """The database (or its folder) cannot be written."""
+
+
+class AgentError(CarError):
+    """The agent under test misbehaved."""
+
+
+class PolicyError(AgentError):
+    """The policy raised or returned a value that is not JSON."""
+
+
+class EnvironmentError_(AgentError):
+    """The environment (a tool) raised. Named with a trailing underscore to avoid the builtin."""
+
+
+class SideEffectBlocked(AgentError):
+    """A tool marked as having side effects was asked to run on a counterfactual branch."""
+
+
+class ModelUnavailable(AgentError):
+    """A model server that is down, unreachable, or does not have the model."""
+
+
+class AdapterError(AgentError):
+    """Framework glue failed: no checkpointer, unknown thread, a run from another graph."""
+
+
+class BudgetExhausted(CarError):
+    """A budget tripped before work could start."""
+
+
+class NothingToAttribute(CarError):
+    """The run has no steps, or the outcome does not vary whatever we do."""
+
+
+__all__ = [
+    "AdapterError", "AgentError", "AttributionNotFound", "BudgetExhausted", "CarError",
+    "CorruptRun", "EnvironmentError_", "InvalidBudget", "InvalidIntervention", "InvalidInput",
+    "InvalidJSONValue", "ModelUnavailable", "NotACarStore", "NothingToAttribute", "OutcomeError",
+    "PolicyError", "ReplayMismatch", "RunError", "RunNotFound", "SideEffectBlocked", "StepOutOfRange",
+    "StoreError", "StoreReadOnly", "StoreTooNew",
+]

@@ -1,0 +1,2 @@
+def contrastive(*a, **k):  # placeholder until the estimator lands in this branch of work
+    raise NotImplementedError

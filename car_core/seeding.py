@@ -1,0 +1,48 @@
+"""Random streams keyed by position, so results never depend on scheduling.
+
+Every random draw in a rollout comes from a stream named by ``(root seed, key…, step, role)``.
+A recorded run uses key ``(0,)``; rollout ``r`` of an estimator uses ``(1, r)`` when branches are
+coupled, so arms that share a rollout index share the noise of every step they do not intervene
+on (common random numbers); uncoupled branches add the arm's own number, ``(2, arm, r)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._json import digest
+
+ROLES = {"policy": 0, "environment": 1, "outcome": 2, "model": 3}
+RECORD_KEY = (0,)
+
+
+@dataclass(frozen=True)
+class Noise:
+    """A family of independent random streams for one run or branch."""
+
+    seed: int
+    key: tuple[int, ...] = RECORD_KEY
+
+    def rng(self, step: int, role: str) -> np.random.Generator:
+        seq = np.random.SeedSequence(entropy=self.seed, spawn_key=(*self.key, step, ROLES[role]))
+        return np.random.Generator(np.random.PCG64(seq))
+
+    def int_seed(self, step: int, role: str = "model") -> int:
+        """A 31-bit integer seed for a model server that takes one (llama.cpp, OpenAI, Ollama)."""
+        return int(self.rng(step, role).integers(0, 2**31 - 1))
+
+    def to_dict(self) -> dict[str, object]:
+        return {"seed": self.seed, "key": list(self.key)}
+
+
+def arm_number(description: object) -> int:
+    """A stable number for an arm, from its description (used only for uncoupled branches)."""
+    return int(digest(description)[:8], 16)
+
+
+def branch_noise(seed: int, rollout: int, arm: object, coupled: bool) -> Noise:
+    if coupled:
+        return Noise(seed, (1, rollout))
+    return Noise(seed, (2, arm_number(arm), rollout))

@@ -1,0 +1,211 @@
+"""Structural causal models with planted ground truth, for tests, benchmarks and the demo.
+
+Each model is an agent of ``n_steps`` steps. A *free* step draws ``"bad"`` with probability
+``bad_prob[k]`` (else ``"good"``); a *mechanical* step copies the choice of the pivot before it,
+so resampling it changes nothing. The outcome reads the choices of the ``relevant`` steps through
+a rule (all bad, any bad, majority bad, or nothing at all), and a noisy judge flips it with
+probability ``flip``. Because the steps are independent draws, every quantity the estimators
+report has a closed form here:
+
+- arm ``H_j`` = P(fail | steps < j held at their factual choice, the rest live);
+- rescue of step ``k`` = ``H_{k+1} − H_k`` and the locus = the latest step with rescue ≠ 0;
+- the Shapley game ``v(S)`` = P(fail | steps in S held, the others resampled) and its values.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .agent import FunctionAgent
+from .errors import InvalidInput
+from .replay import record
+from .trajectory import History, Trajectory
+
+RULES = ("all", "any", "majority", "none")
+
+
+@dataclass(frozen=True)
+class SyntheticSCM:
+    """A synthetic agent with a known answer. See the module docstring for the semantics."""
+
+    name: str
+    n_steps: int
+    bad_prob: tuple[float, ...]
+    relevant: tuple[int, ...]
+    rule: str = "all"
+    flip: float = 0.0
+    base_rate: float = 0.0
+    mechanical: dict[int, int] = field(default_factory=dict)  # step -> the step it copies
+    noisy_environment: bool = True
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if self.rule not in RULES:
+            raise InvalidInput(f"unknown rule {self.rule!r}", hint=f"use one of {RULES}")
+        if len(self.bad_prob) != self.n_steps:
+            raise InvalidInput("bad_prob must give one probability per step")
+        if any(k in self.mechanical for k in self.relevant):
+            raise InvalidInput("the outcome must read free steps, not mechanical copies")
+
+    # -- the agent -------------------------------------------------------------------------
+    def policy(self, history: History, rng: np.random.Generator) -> dict[str, Any]:
+        k = history.index
+        u = float(rng.random())  # always drawn, so streams stay aligned whatever the step does
+        if k in self.mechanical:
+            choice = history.steps[self.mechanical[k]].action["choice"]
+        else:
+            choice = "bad" if u < self.bad_prob[k] else "good"
+        return {"step": k, "choice": choice, "final": k == self.n_steps - 1}
+
+    def environment(self, history: History, action: Any, rng: np.random.Generator) -> Any:
+        obs: dict[str, Any] = {"ack": action["choice"]}
+        if self.noisy_environment:
+            obs["latency_ms"] = int(rng.integers(5, 50))  # irrelevant noise the tool returns
+        return obs
+
+    def agent(self) -> FunctionAgent:
+        return FunctionAgent(policy=self.policy, environment=self.environment,
+                             is_final=lambda a: bool(a.get("final")), max_steps=self.n_steps,
+                             name=f"synthetic:{self.name}")
+
+    def _fails(self, bad: Iterable[bool]) -> bool:
+        flags = list(bad)
+        if self.rule == "all":
+            return all(flags)
+        if self.rule == "any":
+            return any(flags)
+        if self.rule == "majority":
+            return sum(flags) * 2 > len(flags)
+        return False
+
+    def outcome(self, run: Trajectory, rng: np.random.Generator) -> float:
+        """1 when the planted failure happened (then flipped w.p. ``flip``)."""
+        if self.rule == "none":
+            fail = bool(rng.random() < self.base_rate)
+        else:
+            by_index = {s.index: s.action for s in run.steps}
+            fail = self._fails(by_index.get(k, {}).get("choice") == "bad" for k in self.relevant)
+        if self.flip and rng.random() < self.flip:
+            fail = not fail
+        return 1.0 if fail else 0.0
+
+    def failing_run(self, seed: int = 0, tries: int = 100_000) -> Trajectory:
+        """The first run from ``seed`` on whose relevant steps are all bad and that failed.
+        Recorded by the agent itself, so it is a genuine draw, not a forged record."""
+        for s in range(seed, seed + tries):
+            run = record(self.agent(), context={"scm": self.name}, outcome=self.outcome, seed=s)
+            bad = all(run.steps[k].action["choice"] == "bad" for k in self.relevant)
+            if (bad or self.rule == "none") and run.failed:
+                return run
+        raise InvalidInput(f"no failing run of {self.name} within {tries} seeds")
+
+    # -- the analytic answers --------------------------------------------------------------
+    def value(self, coalition: Iterable[int]) -> float:
+        """``v(S)`` = P(fail | steps in S held at their factual (bad) choice, the others
+        redrawn). Relevant steps are free draws, so holding a step fixes its choice."""
+        held = frozenset(coalition)
+        if self.rule == "none":
+            p = self.base_rate
+        else:
+            probs = [1.0 if k in held else self.bad_prob[k] for k in self.relevant]
+            p = 0.0
+            for flags in itertools.product([True, False], repeat=len(probs)):
+                w = math.prod(q if f else 1 - q for f, q in zip(flags, probs))
+                p += w * self._fails(flags)
+        return (1 - 2 * self.flip) * p + self.flip
+
+    def arm(self, j: int) -> float:
+        """``H_j`` = P(fail | steps < j held as recorded, steps ≥ j live)."""
+        return self.value(range(j))
+
+    def rescue(self, k: int) -> float:
+        """Analytic rescue of step ``k``: ``H_{k+1} − H_k``."""
+        return self.arm(k + 1) - self.arm(k)
+
+    @property
+    def locus(self) -> int | None:
+        nonzero = [k for k in range(self.n_steps) if abs(self.rescue(k)) > 1e-12]
+        return max(nonzero) if nonzero else None
+
+    def shapley(self) -> tuple[float, ...]:
+        """Exact Shapley values of every step for the game ``v``."""
+        n = self.n_steps
+        players = sorted(self.relevant)
+        phi = [0.0] * n
+        m = len(players)
+        for i in players:
+            others = [p for p in players if p != i]
+            for r in range(m):
+                for subset in itertools.combinations(others, r):
+                    w = math.factorial(r) * math.factorial(m - r - 1) / math.factorial(m)
+                    phi[i] += w * (self.value(set(subset) | {i}) - self.value(subset))
+        return tuple(phi)
+
+
+def _probs(n: int, default: float, **overrides: float) -> tuple[float, ...]:
+    out = [default] * n
+    for key, value in overrides.items():
+        out[int(key.lstrip("s"))] = value
+    return tuple(out)
+
+
+def pivot(n_steps: int = 6, at: int = 2, p_bad: float = 0.3, flip: float = 0.0,
+          name: str = "pivot") -> SyntheticSCM:
+    """One pivotal step, then mechanical steps that copy it; earlier steps are irrelevant
+    coin flips. Locus = ``at``; rescue = (1 − 2·flip)(1 − p_bad)."""
+    probs = [0.5] * n_steps
+    probs[at] = p_bad
+    for k in range(at + 1, n_steps):
+        probs[k] = 0.0
+    mech = {k: at for k in range(at + 1, n_steps)}
+    return SyntheticSCM(name=name, n_steps=n_steps, bad_prob=tuple(probs), relevant=(at,),
+                        rule="all", flip=flip, mechanical=mech,
+                        description=f"step {at} decides the failure; later steps only carry it out")
+
+
+def late_pivot(n_steps: int = 24, at: int = 20, p_bad: float = 0.3, flip: float = 0.0
+               ) -> SyntheticSCM:
+    return pivot(n_steps, at, p_bad, flip, name="late-pivot")
+
+
+def noisy_pivot(n_steps: int = 6, at: int = 2, p_bad: float = 0.3, flip: float = 0.1
+                ) -> SyntheticSCM:
+    return pivot(n_steps, at, p_bad, flip, name="noisy-pivot")
+
+
+def and_game(p_bad: float = 0.3) -> SyntheticSCM:
+    """Steps 0 and 1 fail only together; step 2 does nothing. φ = (0.455, 0.455, 0) at 0.3."""
+    return SyntheticSCM(name="and", n_steps=3, bad_prob=(p_bad, p_bad, 0.5), relevant=(0, 1),
+                        rule="all", description="steps 0 and 1 must both go wrong")
+
+
+def or_game(p_bad: float = 0.3) -> SyntheticSCM:
+    """Either of steps 0 and 1 is enough; step 2 does nothing."""
+    return SyntheticSCM(name="or", n_steps=3, bad_prob=(p_bad, p_bad, 0.5), relevant=(0, 1),
+                        rule="any", description="either step 0 or step 1 is enough")
+
+
+def three_way(p_bad: float = 0.4) -> SyntheticSCM:
+    """Steps 0, 2 and 3 must all go wrong; steps 1 and 4 do nothing."""
+    return SyntheticSCM(name="three-way", n_steps=5, bad_prob=(p_bad, 0.5, p_bad, p_bad, 0.5),
+                        relevant=(0, 2, 3), rule="all",
+                        description="steps 0, 2 and 3 must all go wrong")
+
+
+def no_cause(n_steps: int = 5, base_rate: float = 0.5) -> SyntheticSCM:
+    """The failure happens with probability ``base_rate`` whatever the agent does."""
+    return SyntheticSCM(name="no-cause", n_steps=n_steps, bad_prob=(0.5,) * n_steps,
+                        relevant=(), rule="none", base_rate=base_rate,
+                        description="no step matters; the failure is a coin flip")
+
+
+def catalogue() -> dict[str, SyntheticSCM]:
+    """Every planted model by name."""
+    models = [pivot(), late_pivot(), noisy_pivot(), and_game(), or_game(), three_way(), no_cause()]
+    return {m.name: m for m in models}

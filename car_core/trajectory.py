@@ -1,0 +1,240 @@
+"""The record of one agent run: context, steps, outcome, lineage, with chained digests.
+
+A run is ``τ = [s0, (a0, o0), …, (a_{n-1}, o_{n-1}), y]``. Each ``Step`` keeps the action the
+policy chose, the observation the environment returned (if any), optionally the state it decided
+from (chat messages for framework agents; for ``FunctionAgent`` the state is the prefix itself),
+and free-form metadata (model, seed, tokens, latency, framework ids). Digests are chained from
+the context through every step, so editing any stored byte is detected on load.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ._json import JSON, check_json, digest
+from .errors import CorruptRun, StepOutOfRange
+
+ORIGINS = ("record", "held", "forced", "live", "edited", "policy-swapped")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The outcome score ``y`` in [0, 1]; 1 means the failure happened."""
+
+    value: float
+    detail: JSON = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "detail": self.detail}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Outcome:
+        return cls(value=float(data["value"]), detail=data.get("detail"))
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """Where a branch came from: its parent run, the interventions applied, the branch step."""
+
+    parent_id: str
+    interventions: tuple[dict[str, Any], ...] = ()
+    branch_step: int | None = None
+    attribution_id: str | None = None
+    arm: str | None = None
+    rollout: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"parent_id": self.parent_id, "interventions": list(self.interventions),
+                "branch_step": self.branch_step, "attribution_id": self.attribution_id,
+                "arm": self.arm, "rollout": self.rollout}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Lineage:
+        return cls(parent_id=data["parent_id"],
+                   interventions=tuple(data.get("interventions") or ()),
+                   branch_step=data.get("branch_step"), attribution_id=data.get("attribution_id"),
+                   arm=data.get("arm"), rollout=data.get("rollout"))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One decision: the action drawn at ``index`` and what the environment answered."""
+
+    index: int
+    action: JSON
+    observation: JSON = None
+    observed: bool = False
+    state: JSON = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    digest: str = ""
+
+    def content(self, prev: str) -> dict[str, Any]:
+        """What the digest covers: everything stored except the digest itself."""
+        return {"prev": prev, "index": self.index, "action": self.action,
+                "observation": self.observation, "observed": self.observed,
+                "state": self.state, "meta": self.meta}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "action": self.action, "observation": self.observation,
+                "observed": self.observed, "state": self.state, "meta": self.meta,
+                "digest": self.digest}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Step:
+        return cls(index=int(data["index"]), action=data.get("action"),
+                   observation=data.get("observation"), observed=bool(data.get("observed")),
+                   state=data.get("state"), meta=dict(data.get("meta") or {}),
+                   digest=str(data.get("digest", "")))
+
+
+@dataclass(frozen=True)
+class History:
+    """What step ``index`` decides from: the run's context and the steps before it."""
+
+    context: JSON
+    steps: tuple[Step, ...]
+    index: int
+
+    def with_step(self, step: Step) -> History:
+        return History(self.context, self.steps + (step,), self.index + 1)
+
+
+def _context_root(context: JSON) -> str:
+    return digest({"context": context})
+
+
+def seal_steps(context: JSON, steps: list[Step] | tuple[Step, ...]) -> tuple[Step, ...]:
+    """Number-check the steps and fill in their chained digests."""
+    prev = _context_root(context)
+    sealed = []
+    for i, step in enumerate(steps):
+        if step.index != i:
+            raise CorruptRun(f"step at position {i} says it is step {step.index}",
+                             hint="steps must be numbered 0, 1, 2, … in order")
+        d = digest(step.content(prev))
+        sealed.append(replace(step, digest=d))
+        prev = d
+    return tuple(sealed)
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """A recorded run. Build one with ``Trajectory.new``; it validates and seals digests."""
+
+    id: str
+    context: JSON
+    steps: tuple[Step, ...]
+    outcome: Outcome | None = None
+    seed: int | None = None
+    agent: str = ""
+    status: str = "complete"
+    error: str | None = None
+    lineage: Lineage | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    created_at: float = 0.0
+
+    @classmethod
+    def new(cls, *, context: JSON, steps: list[Step] | tuple[Step, ...], id: str | None = None,
+            **fields: Any) -> Trajectory:
+        check_json(context, "context")
+        for s in steps:
+            check_json(s.action, f"action of step {s.index}")
+            check_json(s.observation, f"observation of step {s.index}")
+            check_json(s.state, f"state of step {s.index}")
+            check_json(s.meta, f"meta of step {s.index}")
+        fields.setdefault("created_at", time.time())
+        return cls(id=id or new_run_id(), context=context, steps=seal_steps(context, steps),
+                   **fields)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    @property
+    def digest(self) -> str:
+        """The run's content address: the last step's chained digest (or the context's)."""
+        return self.steps[-1].digest if self.steps else _context_root(self.context)
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome is not None and self.outcome.value >= 0.5
+
+    def step(self, k: int) -> Step:
+        if not 0 <= k < len(self.steps):
+            raise StepOutOfRange(f"step {k} does not exist; the run has {len(self.steps)} steps",
+                                 run_id=self.id,
+                                 hint=f"use a step index between 0 and {len(self.steps) - 1}")
+        return self.steps[k]
+
+    def history(self, k: int) -> History:
+        """The state ``s_k``: context and steps ``< k``, straight from the record."""
+        if not 0 <= k <= len(self.steps):
+            raise StepOutOfRange(f"state {k} does not exist; the run has {len(self.steps)} steps",
+                                 run_id=self.id,
+                                 hint=f"use a step index between 0 and {len(self.steps)}")
+        return History(self.context, self.steps[:k], k)
+
+    def verify(self) -> None:
+        """Raise CorruptRun when any stored digest disagrees with the content."""
+        prev = _context_root(self.context)
+        for i, step in enumerate(self.steps):
+            if step.index != i:
+                raise CorruptRun(f"step at position {i} says it is step {step.index}",
+                                 run_id=self.id, hint="the run was edited; record it again")
+            expected = digest(step.content(prev))
+            if step.digest != expected:
+                raise CorruptRun("digest mismatch: the stored step was changed after recording",
+                                 run_id=self.id, step=i,
+                                 hint="the run was edited or corrupted; record it again or "
+                                      "restore it from a backup")
+            prev = expected
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "context": self.context,
+                "steps": [s.to_dict() for s in self.steps],
+                "outcome": self.outcome.to_dict() if self.outcome else None,
+                "seed": self.seed, "agent": self.agent, "status": self.status,
+                "error": self.error,
+                "lineage": self.lineage.to_dict() if self.lineage else None,
+                "meta": self.meta, "created_at": self.created_at}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, verify: bool = True) -> Trajectory:
+        try:
+            run = cls(
+                id=str(data["id"]), context=data.get("context"),
+                steps=tuple(Step.from_dict(s) for s in data["steps"]),
+                outcome=Outcome.from_dict(data["outcome"]) if data.get("outcome") else None,
+                seed=data.get("seed"), agent=str(data.get("agent", "")),
+                status=str(data.get("status", "complete")), error=data.get("error"),
+                lineage=Lineage.from_dict(data["lineage"]) if data.get("lineage") else None,
+                meta=dict(data.get("meta") or {}), created_at=float(data.get("created_at", 0.0)))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CorruptRun(f"not a CAR trajectory: {exc!r}", run_id=data.get("id")
+                             if isinstance(data, dict) else None,
+                             hint="load runs saved by CAR (RunStore or Trajectory.to_json)") from exc
+        if verify:
+            run.verify()
+        return run
+
+    def to_json(self) -> str:
+        from ._json import dumps
+        return dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, text: str, *, verify: bool = True) -> Trajectory:
+        from ._json import loads
+        try:
+            data = loads(text)
+        except ValueError as exc:
+            raise CorruptRun(f"trajectory JSON does not parse: {exc}",
+                             hint="the file is truncated or not JSON") from exc
+        if not isinstance(data, dict):
+            raise CorruptRun("trajectory JSON is not an object")
+        return cls.from_dict(data, verify=verify)
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:16]
