@@ -1,0 +1,189 @@
+"""OpenAI-style chat messages as CAR actions and observations, and the side-effect tool rule.
+
+Framework adapters translate their message types to the shapes below, so ``car_core`` and users
+see one vocabulary whatever the framework:
+
+- an **action** is an assistant message ``{"role": "assistant", "content": str | None,
+  "tool_calls": [{"id", "type": "function", "function": {"name", "arguments": JSON string}}]}``;
+- an **observation** is the list of tool results that answered it, in the order of its tool
+  calls: ``[{"role": "tool", "tool_call_id", "name", "content"}]``;
+- a **state** is the message list the step decided from (``do_context`` edits that list).
+
+``ToolSafety`` is the rule for tools with side effects on counterfactual branches: they never
+run; a call is served from the record when it matches a recorded call exactly, else by a
+simulator the user supplies, else the branch stops with ``SideEffectBlocked`` naming the tool.
+This module imports no framework.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from car_core.errors import InvalidIntervention, SideEffectBlocked
+
+Message = dict[str, Any]
+Simulator = Callable[[dict[str, Any]], Any]
+
+
+def canonical_arguments(arguments: Any) -> str:
+    """Tool-call arguments as one canonical JSON string (sorted keys), whatever form they came
+    in (a dict, or a JSON string as OpenAI sends them), so equal calls compare equal."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError:
+            return arguments
+    return json.dumps(arguments if arguments is not None else {}, sort_keys=True,
+                      separators=(",", ":"), ensure_ascii=False)
+
+
+def parse_arguments(arguments: Any) -> dict[str, Any]:
+    """Tool-call arguments as a dict (the form framework tools are invoked with)."""
+    if isinstance(arguments, Mapping):
+        return dict(arguments)
+    if isinstance(arguments, str):
+        value = json.loads(arguments) if arguments.strip() else {}
+        if isinstance(value, dict):
+            return value
+    raise InvalidIntervention(f"tool-call arguments must be a JSON object, got {arguments!r}",
+                              hint="pass arguments as a dict or a JSON object string")
+
+
+def tool_call(call_id: str, name: str, arguments: Any) -> Message:
+    return {"id": str(call_id), "type": "function",
+            "function": {"name": str(name), "arguments": canonical_arguments(arguments)}}
+
+
+def assistant(content: str | None = None, tool_calls: Iterable[Message] = ()) -> Message:
+    """An action: the assistant message, with its tool calls (possibly none)."""
+    return {"role": "assistant", "content": content, "tool_calls": list(tool_calls)}
+
+
+def tool_result(call_id: str, name: str, content: Any) -> Message:
+    return {"role": "tool", "tool_call_id": str(call_id), "name": str(name),
+            "content": content if isinstance(content, str) else json.dumps(content)}
+
+
+def calls_of(action: Any) -> list[tuple[str, str, str]]:
+    """``(id, name, canonical arguments)`` of every tool call in an action."""
+    if not isinstance(action, Mapping):
+        return []
+    out = []
+    for call in action.get("tool_calls") or ():
+        fn = call.get("function") or {}
+        out.append((str(call.get("id", "")), str(fn.get("name", "")),
+                    canonical_arguments(fn.get("arguments"))))
+    return out
+
+
+def check_action(action: Any, *, step: int | None = None) -> Message:
+    """Validate an action given by a user (``do_action``) and return it normalised."""
+    if not isinstance(action, Mapping) or action.get("role", "assistant") != "assistant":
+        raise InvalidIntervention(
+            f"a chat action must be an assistant message dict, got {action!r}", step=step,
+            hint='pass {"role": "assistant", "content": "...", "tool_calls": [...]}')
+    calls = []
+    for call in action.get("tool_calls") or ():
+        fn = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(fn, Mapping) or not fn.get("name") or not call.get("id"):
+            raise InvalidIntervention(
+                f"malformed tool call {call!r}", step=step,
+                hint='a tool call is {"id": "...", "type": "function", "function": '
+                     '{"name": "...", "arguments": "{...}"}}')
+        parse_arguments(fn.get("arguments") or {})
+        calls.append(tool_call(call["id"], fn["name"], fn.get("arguments")))
+    content = action.get("content")
+    if content is not None and not isinstance(content, str):
+        raise InvalidIntervention("the action's content must be a string or None", step=step)
+    return assistant(content, calls)
+
+
+def check_observation(observation: Any, action: Any, *, step: int | None = None
+                      ) -> list[Message]:
+    """Validate an observation given by a user (``do_observation``) against the action it
+    answers: one tool message per tool call, matched by ``tool_call_id``, returned in call
+    order. A bare list of strings is accepted too and paired with the calls in order."""
+    calls = calls_of(action)
+    if not calls:
+        raise InvalidIntervention("do_observation on a step whose action called no tool",
+                                  step=step, hint="intervene on a step that called a tool")
+    if not isinstance(observation, Sequence) or isinstance(observation, str):
+        observation = [observation]
+    if len(observation) != len(calls):
+        raise InvalidIntervention(
+            f"the observation has {len(observation)} results but the action made "
+            f"{len(calls)} tool calls", step=step,
+            hint="give one tool result per tool call, in call order")
+    by_id = {}
+    for i, item in enumerate(observation):
+        if isinstance(item, Mapping):
+            call_id = str(item.get("tool_call_id", calls[i][0]))
+            by_id[call_id] = item.get("content")
+        else:
+            by_id[calls[i][0]] = item
+    missing = [cid for cid, _, _ in calls if cid not in by_id]
+    if missing:
+        raise InvalidIntervention(f"no result for tool call(s) {missing}", step=step,
+                                  hint="each result's tool_call_id must match a call")
+    return [tool_result(cid, name, by_id[cid]) for cid, name, _ in calls]
+
+
+def recorded_calls(steps: Iterable[Any]) -> dict[tuple[str, str], Any]:
+    """``(tool name, canonical arguments) -> result content`` over a run's recorded steps."""
+    out: dict[tuple[str, str], Any] = {}
+    for step in steps:
+        results = {m.get("tool_call_id"): m.get("content")
+                   for m in (step.observation or ()) if isinstance(m, Mapping)}
+        for cid, name, args in calls_of(step.action):
+            if cid in results:
+                out.setdefault((name, args), results[cid])
+    return out
+
+
+@dataclass(frozen=True)
+class ToolSafety:
+    """Which tools must never run on a counterfactual branch, and how to answer them instead.
+
+    ``side_effect_tools``: names of tools with effects outside the agent (refunds, emails,
+    writes). ``simulators``: ``name -> fn(arguments dict) -> result`` used when a branch makes a
+    call the record cannot answer.
+    """
+
+    side_effect_tools: frozenset[str] = frozenset()
+    simulators: Mapping[str, Simulator] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, side_effect_tools: Iterable[str] = (),
+           simulators: Mapping[str, Simulator] | None = None) -> ToolSafety:
+        if isinstance(side_effect_tools, str):
+            side_effect_tools = [side_effect_tools]
+        sims = dict(simulators or {})
+        for name, fn in sims.items():
+            if not callable(fn):
+                raise InvalidIntervention(f"the simulator for {name!r} is not callable",
+                                          hint="pass simulators={name: fn(arguments) -> str}")
+        return cls(frozenset(side_effect_tools) | frozenset(sims), sims)
+
+    def guards(self, name: str) -> bool:
+        return name in self.side_effect_tools
+
+    def serve(self, name: str, arguments: Any, record: Mapping[tuple[str, str], Any], *,
+              run_id: str | None = None, step: int | None = None) -> Any:
+        """The result a side-effect call gets on a branch, without running the tool."""
+        key = (name, canonical_arguments(arguments))
+        if key in record:
+            return record[key]
+        if name in self.simulators:
+            return self.simulators[name](parse_arguments(arguments))
+        raise SideEffectBlocked(
+            f"the branch called side-effect tool {name!r} with arguments {key[1]}, which the "
+            "record cannot answer", run_id=run_id, step=step,
+            hint=f"pass simulators={{{name!r}: fn}} to answer such calls, or remove {name!r} "
+                 "from side_effect_tools if it is safe to run")
+
+
+__all__ = ["ToolSafety", "assistant", "calls_of", "canonical_arguments", "check_action",
+           "check_observation", "parse_arguments", "recorded_calls", "tool_call", "tool_result"]
