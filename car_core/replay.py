@@ -50,6 +50,15 @@ def call_policy(policy: Callable[..., JSON], history: History, rng: np.random.Ge
     return action
 
 
+def policy_meta(policy: Any) -> dict[str, Any]:
+    """What a policy reports about its last decision in this thread (model, token usage,
+    seed, latency) through an optional ``step_meta()`` method; kept in the step's meta so
+    budgets can count tokens and money without the action carrying them."""
+    take = getattr(policy, "step_meta", None)
+    meta = take() if callable(take) else None
+    return dict(meta) if isinstance(meta, dict) else {}
+
+
 def call_environment(env: Callable[..., JSON], history: History, action: JSON,
                      rng: np.random.Generator, k: int, run_id: str | None) -> JSON:
     try:
@@ -97,10 +106,12 @@ def drive(agent: Any, run: Trajectory, plan: Plan, noise: Noise) -> Trajectory:
         policy = agent.policy
         if plan.policy is not None and k >= plan.policy[0]:
             policy = plan.policy[1]
+        meta: dict[str, Any] = {}
         if k in plan.forced_actions and k not in plan.context_edits:
             action = plan.forced_actions[k]
         else:
             action = call_policy(policy, history, noise.rng(k, "policy"), k, run.id)
+            meta = policy_meta(policy)
         final = agent.finished(action)
         observed, obs = False, None
         if k in plan.forced_observations:
@@ -110,7 +121,7 @@ def drive(agent: Any, run: Trajectory, plan: Plan, noise: Noise) -> Trajectory:
             obs = call_environment(agent.environment, history, action,
                                    noise.rng(k, "environment"), k, run.id)
         step = Step(index=k, action=action, observation=obs, observed=observed,
-                    meta={"origin": plan.origin(k)})
+                    meta={**meta, "origin": plan.origin(k)})
         history = history.with_step(step)
         done = final
         k += 1
