@@ -1,0 +1,185 @@
+"""A chat agent over OpenAI-style messages, and the base every model policy shares.
+
+The agent is a ``car.FunctionAgent``: its context is the initial message list, its policy is a
+model policy (``OpenAIPolicy``, ``OllamaPolicy``, ``LocalPolicy``), its environment runs the
+action's tool calls and answers with tool messages, and it stops at the first action with no
+tool calls.
+
+An action is an assistant message dict ``{"role": "assistant", "content", "tool_calls"}`` with
+tool-call ids that depend only on the step and position (``call_<k>_<i>``), so that re-deciding
+a recorded state can reproduce the recorded action exactly whatever ids a server invents. A
+response that cannot be used (a malformed tool call, a reply cut off at ``max_tokens``) is not
+an exception: the action carries ``finish_reason`` and ``error`` and ends the run, so the
+failure is recorded and attributable like any other. What the engine needs besides the action
+(model, token usage, seed, latency, fingerprint) is handed back through ``step_meta()``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+import car_core as car
+from car_core.errors import InvalidInput
+
+from ._chat import assistant, parse_arguments, tool_call, tool_result
+
+Message = dict[str, Any]
+EnvironmentFn = Callable[[car.History, Any, np.random.Generator], list[Message]]
+
+
+def context_messages(context: Any) -> list[Message]:
+    """The run's context as a message list: a list of messages, or a string as one user turn."""
+    if isinstance(context, str):
+        return [{"role": "user", "content": context}]
+    if isinstance(context, list) and all(isinstance(m, dict) and "role" in m for m in context):
+        return [dict(m) for m in context]
+    raise InvalidInput("a chat agent's context must be a list of messages or a string",
+                       hint='pass context=[{"role": "user", "content": "..."}]')
+
+
+def assistant_message(action: Any) -> Message:
+    """The part of an action a model sees again: role, content and tool calls."""
+    if not isinstance(action, dict):
+        return {"role": "assistant", "content": json.dumps(action)}
+    msg: Message = {"role": "assistant", "content": action.get("content")}
+    if action.get("tool_calls"):
+        msg["tool_calls"] = action["tool_calls"]
+    return msg
+
+
+def history_messages(history: car.History) -> list[Message]:
+    """The messages step ``history.index`` decides from: context, then each step's assistant
+    message and its tool results."""
+    messages = context_messages(history.context)
+    for step in history.steps:
+        messages.append(assistant_message(step.action))
+        if isinstance(step.observation, list):
+            messages.extend(m for m in step.observation if isinstance(m, dict))
+    return messages
+
+
+def tool_schema(name: str, description: str, properties: Mapping[str, Any],
+                required: Sequence[str] | None = None) -> dict[str, Any]:
+    """An OpenAI function-tool schema."""
+    return {"type": "function", "function": {
+        "name": name, "description": description,
+        "parameters": {"type": "object", "properties": dict(properties),
+                       "required": list(required if required is not None else properties)}}}
+
+
+def tool_names(tools: Sequence[Mapping[str, Any]] | None) -> set[str]:
+    return {t["function"]["name"] for t in tools or () if "function" in t}
+
+
+def make_action(k: int, content: str | None, calls: Sequence[tuple[str, Any]],
+                finish_reason: str | None, tools: Sequence[Mapping[str, Any]] | None,
+                max_tokens: int | None) -> dict[str, Any]:
+    """Build a clean action from a model's reply. ``calls`` are ``(name, arguments)`` with
+    arguments a dict or a JSON string; bad ones become a recorded error, not an exception."""
+    known = tool_names(tools)
+    parsed, problems = [], []
+    for i, (name, args) in enumerate(calls):
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError:
+                problems.append(f"arguments of {name!r} are not JSON: {args[:80]!r}")
+                continue
+        if not isinstance(args, dict):
+            problems.append(f"arguments of {name!r} are not an object")
+            continue
+        if known and name not in known:
+            problems.append(f"unknown tool {name!r}")
+            continue
+        parsed.append(tool_call(f"call_{k}_{i}", name, args))
+    action = assistant(content or None, parsed if not problems and finish_reason != "length"
+                       else ())
+    if finish_reason == "length":
+        action["finish_reason"] = "length"
+        action["error"] = f"the reply was cut off at max_tokens={max_tokens}"
+    elif problems:
+        action["finish_reason"] = finish_reason or "stop"
+        action["error"] = "malformed tool call: " + "; ".join(problems)
+    return action
+
+
+class ChatPolicy:
+    """What every model policy shares: turning a history into messages, a noise-derived seed,
+    and per-thread metadata about the last decision for the engine (``step_meta``)."""
+
+    model: str = ""
+    tools: list[dict[str, Any]] | None = None
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def complete(self, messages: list[Message], seed: int, k: int
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """One model call: (action, meta). Subclasses implement it."""
+        raise NotImplementedError
+
+    def __call__(self, history: car.History, rng: np.random.Generator) -> dict[str, Any]:
+        seed = int(rng.integers(2**31 - 1))
+        started = time.monotonic()
+        action, meta = self.complete(history_messages(history), seed, history.index)
+        meta = {"model": self.model, "seed": seed, **meta,
+                "latency_s": round(time.monotonic() - started, 4)}
+        self._local.meta = meta
+        return action
+
+    def step_meta(self) -> dict[str, Any]:
+        """Metadata of this thread's last decision (model, params, usage, seed, latency)."""
+        meta = getattr(self._local, "meta", None) or {}
+        self._local.meta = None
+        return meta
+
+
+def run_tools(tools: Mapping[str, Callable[..., Any]]) -> EnvironmentFn:
+    """An environment that runs each tool call with ``tools[name](**arguments)`` and answers
+    with tool messages; a tool that raises answers with its error, as real agents see it."""
+    def environment(history: car.History, action: Any, rng: np.random.Generator
+                    ) -> list[Message]:
+        results = []
+        for call in (action or {}).get("tool_calls") or []:
+            name = call["function"]["name"]
+            args = parse_arguments(call["function"]["arguments"] or "{}")
+            fn = tools.get(name)
+            if fn is None:
+                content: Any = f"error: no tool named {name!r}"
+            else:
+                try:
+                    out = fn(**args)
+                    content = out
+                except Exception as exc:  # the tool's own failure is part of the episode
+                    content = f"error: {exc}"
+            results.append(tool_result(call["id"], name, content))
+        return results
+    return environment
+
+
+def is_final(action: Any) -> bool:
+    """A chat agent stops at the first reply with no tool calls (an answer or an error)."""
+    return not (isinstance(action, dict) and action.get("tool_calls"))
+
+
+def ChatAgent(policy: Callable[..., Any], tools: Mapping[str, Callable[..., Any]] | None = None,
+              *, max_steps: int = 8, name: str = "chat-agent") -> car.FunctionAgent:
+    """A tool-calling chat agent as a ``car.FunctionAgent``."""
+    return car.FunctionAgent(policy=policy, environment=run_tools(dict(tools or {})),
+                             is_final=is_final, max_steps=max_steps, name=name)
+
+
+def edit_context(edit: Callable[[list[Message]], list[Message]]
+                 ) -> Callable[[car.History], car.History]:
+    """Turn a message-list edit of the initial messages into a ``do_context`` edit for a
+    ``ChatAgent`` (whose do_context edits receive the ``car.History``)."""
+    def apply(history: car.History) -> car.History:
+        return car.History(edit(context_messages(history.context)), history.steps,
+                           history.index)
+    return apply
