@@ -20,7 +20,10 @@ JSON = Any  # a JSON value; Python's type system cannot say it precisely
 
 def check_json(value: Any, what: str, *, path: str = "$") -> None:
     """Raise InvalidJSONValue when ``value`` is not a JSON value, naming the offending path."""
-    if value is None or isinstance(value, (bool, str)):
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, str):
+        _check_text(value, what, path)
         return
     if isinstance(value, int):
         return
@@ -38,11 +41,23 @@ def check_json(value: Any, what: str, *, path: str = "$") -> None:
             if not isinstance(key, str):
                 raise InvalidJSONValue(f"{what} has a non-string key {key!r} at {path}",
                                        hint="JSON objects only have string keys")
+            _check_text(key, what, path)
             check_json(item, what, path=f"{path}.{key}")
         return
     raise InvalidJSONValue(
         f"{what} is not a JSON value: {type(value).__name__} at {path}",
         hint="return None, bool, int, float, str, list or dict (a tuple must become a list)")
+
+
+def _check_text(text: str, what: str, path: str) -> None:
+    """Refuse lone surrogates: UTF-8 (digests, SQLite) cannot encode them."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidJSONValue(f"{what} has a string that is not valid Unicode at {path}",
+                                   hint="remove lone surrogate characters (e.g. decode bytes "
+                                        "with errors='replace')") from exc
 
 
 def canonical(value: JSON) -> str:

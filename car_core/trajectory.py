@@ -178,12 +178,20 @@ class Trajectory:
 
     def verify(self) -> None:
         """Raise CorruptRun when any stored digest disagrees with the content."""
-        prev = _context_root(self.context)
+        try:
+            prev = _context_root(self.context)
+        except (TypeError, ValueError) as exc:
+            raise CorruptRun(f"the context is not JSON: {exc}", run_id=self.id,
+                             hint="the run was edited; record it again") from exc
         for i, step in enumerate(self.steps):
             if step.index != i:
                 raise CorruptRun(f"step at position {i} says it is step {step.index}",
                                  run_id=self.id, hint="the run was edited; record it again")
-            expected = digest(step.content(prev))
+            try:
+                expected = digest(step.content(prev))
+            except (TypeError, ValueError) as exc:  # not JSON, NaN, a lone surrogate
+                raise CorruptRun(f"step content is not JSON: {exc}", run_id=self.id, step=i,
+                                 hint="the run was edited; record it again") from exc
             if step.digest != expected:
                 raise CorruptRun("digest mismatch: the stored step was changed after recording",
                                  run_id=self.id, step=i,
