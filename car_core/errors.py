@@ -23,7 +23,8 @@ The tree::
     │   ├── EnvironmentError_                   the environment (a tool) raised
     │   ├── SideEffectBlocked                   a side-effect tool asked to run on a branch
     │   ├── ModelUnavailable                    a model server that is down or unreachable
-    │   └── AdapterError                        framework glue: missing checkpointer, unknown thread…
+    │   ├── AdapterError                        framework glue: missing checkpointer, unknown thread…
+    │   └── ConformanceFailure (AssertionError) an agent broke the contract car_core.testing checks
     ├── BudgetExhausted                         a budget tripped (results keep what was measured)
     └── NothingToAttribute                      the outcome never varies, or the run has no steps
 
@@ -146,6 +147,10 @@ class AdapterError(AgentError):
     """Framework glue failed: no checkpointer, unknown thread, a run from another graph."""
 
 
+class ConformanceFailure(AgentError, AssertionError):
+    """An agent implementation broke the replay contract (``car_core.testing`` checks)."""
+
+
 class BudgetExhausted(CarError):
     """A budget tripped before work could start."""
 
@@ -156,7 +161,7 @@ class NothingToAttribute(CarError):
 
 __all__ = [
     "AdapterError", "AgentError", "AttributionNotFound", "BudgetExhausted", "CarError",
-    "CorruptRun", "EnvironmentError_", "InvalidBudget", "InvalidIntervention", "InvalidInput",
+    "ConformanceFailure", "CorruptRun", "EnvironmentError_", "InvalidBudget", "InvalidIntervention", "InvalidInput",
     "InvalidJSONValue", "ModelUnavailable", "NotACarStore", "NothingToAttribute", "OutcomeError",
     "PolicyError", "ReplayMismatch", "RunError", "RunNotFound", "SideEffectBlocked", "StepOutOfRange",
     "StoreError", "StoreReadOnly", "StoreTooNew",
