@@ -1,0 +1,211 @@
+"""``LlamaIndexAgent``: a LlamaIndex agent (``FunctionAgent``, ``AgentWorkflow``) as a CAR agent.
+
+LlamaIndex keeps no per-step checkpoints, so a branch at step ``k`` re-enters the workflow with
+the message history the recorder kept for step ``k`` (edited by ``do_context``) as its chat
+history, with the agent that was active at ``k`` as the root agent. Steps before ``k`` are
+copied from the record: no model call, no tool call. From ``k`` on, each agent's LLM and tools
+are stand-ins (``branch.py``) for the duration of the branch, and a private recorder collects
+the new steps through the same instrumentation as ``CarRecorder``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import threading
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from llama_index.core.memory import ChatMemoryBuffer
+from llama_index.core.tools import BaseTool, FunctionTool, adapt_to_async_tool
+
+import car_core as car
+from car_core.errors import AdapterError, CarError, InvalidIntervention
+from car_core.interventions import Plan
+from car_core.seeding import Noise
+
+from .._chat import ToolSafety, recorded_calls
+from ._messages import from_dicts
+from .branch import BranchSession, CarBranchLLM, CarBranchTool, forced_observations
+from .recorder import BRANCH_TOKEN, CarRecorder, tool_names
+
+T = TypeVar("T")
+MEMORY_TOKENS = 10**9  # the re-entered history must reach the model whole
+
+
+def _run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine to completion from sync code, even when a loop is already running."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()
+
+
+def _check_history(messages: Any, run_id: str, k: int) -> list[dict[str, Any]]:
+    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m
+                                                 for m in messages):
+        raise InvalidIntervention("the do_context edit must return a list of message dicts",
+                                  run_id=run_id, step=k,
+                                  hint='return [{"role": ..., "content": ...}, ...]')
+    rest = [m for m in messages if m["role"] != "system"]
+    if not rest or rest[0]["role"] != "user":
+        raise InvalidIntervention(
+            "after the edit the history no longer starts with a user message",
+            run_id=run_id, step=k,
+            hint="keep the first user message (edit its content instead of removing it)")
+    return messages
+
+
+class LlamaIndexAgent:
+    """Wraps a LlamaIndex ``FunctionAgent`` or ``AgentWorkflow`` for ``car.intervene``,
+    ``car.contrastive`` and ``car.shapley``. ``side_effect_tools`` never run on a branch: they
+    are answered from the record, by ``simulators[name](arguments)``, or stop the branch."""
+
+    def __init__(self, agent: Any, *, side_effect_tools: Iterable[str] = (),
+                 simulators: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
+                 max_iterations: int = 20, name: str | None = None) -> None:
+        if not hasattr(agent, "run"):
+            raise AdapterError(f"expected a LlamaIndex agent workflow, got {type(agent).__name__}",
+                               hint="pass a FunctionAgent, ReActAgent or AgentWorkflow")
+        self.workflow = agent
+        self.safety = ToolSafety.of(side_effect_tools, simulators)
+        self.max_iterations = max_iterations
+        self.name = name or f"llamaindex:{type(agent).__name__}"
+        self.couples_noise = all(getattr(a.llm, "uses_car_noise", False)
+                                 for a in self._agents().values())
+        self._lock = threading.Lock()
+
+    def _agents(self) -> dict[str, Any]:
+        agents = getattr(self.workflow, "agents", None)
+        if isinstance(agents, dict):
+            return dict(agents)
+        return {self.workflow.name: self.workflow}
+
+    # -- the car_core Agent protocol ----------------------------------------------------------
+    def start(self, context: Any, noise: Noise) -> car.Trajectory:
+        messages = context if isinstance(context, list) else [{"role": "user",
+                                                               "content": str(context)}]
+        session = BranchSession(Plan(start=0), noise, 0, self.safety, {}, None, {})
+        run = self._drive(messages, None, None, session)
+        return replace(run, context=context, seed=noise.seed)
+
+    def branch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
+        k = plan.start
+        prefix = [replace(s, meta={**s.meta, "origin": "held"}) for s in run.steps[:k]]
+        if k >= len(run.steps):
+            return car.Trajectory.new(context=run.context, steps=prefix, seed=noise.seed,
+                                      agent=self.name, meta=dict(run.meta))
+        self._check_tools(run)
+        state, active = self._state(run, k)
+        if k in plan.context_edits:
+            state = _check_history(plan.context_edits[k](copy.deepcopy(state)), run.id, k)
+        session = BranchSession(plan, noise, k, self.safety, recorded_calls(run.steps), run.id,
+                                forced_observations(plan))
+        live = self._drive(state, active, run, session)
+        steps = prefix + [replace(s, index=k + i, meta={**s.meta, "origin": plan.origin(k + i)})
+                          for i, s in enumerate(live.steps)]
+        return car.Trajectory.new(context=run.context, steps=steps, seed=noise.seed,
+                                  agent=self.name, status=live.status, error=live.error,
+                                  meta=dict(run.meta))
+
+    def redecide(self, run: car.Trajectory, k: int, noise: Noise) -> Any:
+        """Decide step ``k`` again from its recorded messages (one model call, no tools)."""
+        plan = car.interventions.compile_plan(run, car.do_resample(k))
+        session = BranchSession(plan, noise, k, self.safety, recorded_calls(run.steps), run.id,
+                                {})
+        state, active = self._state(run, k)
+        return self._drive(state, active, run, session, stop_after_first=True).steps[0].action
+
+    # -- internals ---------------------------------------------------------------------------
+    def _state(self, run: car.Trajectory, k: int) -> tuple[list[dict[str, Any]], str | None]:
+        step = run.step(k)
+        if not isinstance(step.state, list):
+            raise AdapterError("the recorded step has no message history to resume from",
+                               run_id=run.id, step=k,
+                               hint="record the run with car_adapters.llamaindex.CarRecorder")
+        active = step.meta.get("agent")
+        if active is not None and active not in self._agents():
+            raise AdapterError(f"the run was decided by agent {active!r}, which this workflow "
+                               "does not have", run_id=run.id, step=k,
+                               hint="wrap the same workflow the run was recorded with")
+        return list(step.state), active
+
+    def _check_tools(self, run: car.Trajectory) -> None:
+        recorded = run.meta.get("tools")
+        current = tool_names(self.workflow)
+        if recorded is not None and recorded != current:
+            raise AdapterError(f"the agent's tools {current} no longer match the recorded "
+                               f"ones {recorded}", run_id=run.id,
+                               hint="branch with the agent (and tools) the run was recorded "
+                                    "with, or record the run again")
+
+    def _drive(self, messages: list[dict[str, Any]], active: str | None,
+               run: car.Trajectory | None, session: BranchSession,
+               stop_after_first: bool = False) -> car.Trajectory:
+        agents = self._agents()
+        target = agents.get(active) if active else None
+        system = None
+        while messages and messages[0]["role"] == "system":
+            system = messages[0].get("content")
+            messages = messages[1:]
+        token = object()
+        collector = CarRecorder(_token=token)
+        max_iter = 1 if stop_after_first else self.max_iterations
+
+        async def go() -> None:
+            BRANCH_TOKEN.set(token)
+            memory = ChatMemoryBuffer.from_defaults(token_limit=MEMORY_TOKENS)
+            await self.workflow.run(chat_history=from_dicts(messages), memory=memory,
+                                    max_iterations=max_iter, early_stopping_method="force")
+
+        with self._lock:
+            saved = {n: (a.llm, a.tools, a.system_prompt) for n, a in agents.items()}
+            root = getattr(self.workflow, "root_agent", None)
+            collector.attach()
+            try:
+                for a in agents.values():
+                    a.llm = CarBranchLLM(a.llm, session)
+                    a.tools = [CarBranchTool(self._as_async(t), session) for t in a.tools or ()]
+                if target is not None:
+                    if root is not None:
+                        self.workflow.root_agent = active
+                    if system is not None and system != target.system_prompt:
+                        target.system_prompt = system
+                try:
+                    _run_sync(go)
+                    session.raise_blocked()
+                except CarError:
+                    raise
+                except Exception as exc:
+                    session.raise_blocked()
+                    if not (stop_after_first and "Max iterations" in str(exc)):
+                        return self._failed(collector, exc, run)
+            finally:
+                collector.detach()
+                for n, a in agents.items():
+                    a.llm, a.tools, a.system_prompt = saved[n]
+                if root is not None:
+                    self.workflow.root_agent = root
+        if not collector.runs:
+            raise AdapterError("the branch produced no run", hint="check the agent runs alone")
+        return collector.runs[-1]
+
+    @staticmethod
+    def _as_async(tool: Any) -> Any:
+        return adapt_to_async_tool(tool if isinstance(tool, BaseTool)
+                                   else FunctionTool.from_defaults(tool))
+
+    @staticmethod
+    def _failed(collector: CarRecorder, exc: BaseException, run: car.Trajectory | None
+                ) -> car.Trajectory:
+        """A branch the framework aborted (max iterations, a tool that raised) is still a run:
+        its steps so far, with the error, so the outcome function can score it."""
+        if collector.runs:
+            return collector.runs[-1]
+        raise AdapterError(f"the agent failed on the branch: {exc!r}",
+                           run_id=run.id if run is not None else None,
+                           hint="run the agent alone to see the error") from exc

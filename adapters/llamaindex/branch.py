@@ -1,0 +1,238 @@
+"""What a LlamaIndex agent uses on a CAR branch in place of its own model and tools.
+
+``CarBranchLLM`` stands in for each agent's LLM: it numbers the decisions from the branch step
+on, answers forced and held steps with the recorded action (no model call), sends the others to
+the agent's own LLM (or the swapped-in one under ``do_policy``) with the step's noise stream in
+context, and normalises every reply to ``ToolCallBlock`` tool calls. ``CarBranchTool`` stands in
+for each tool: a forced observation is served as given, a side-effect tool is answered by
+``ToolSafety`` (record, simulator, or ``SideEffectBlocked``), everything else runs live.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
+from typing import Any
+
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    CompletionResponse,
+    LLMMetadata,
+    TextBlock,
+    ToolCallBlock,
+)
+from llama_index.core.bridge.pydantic import PrivateAttr
+from llama_index.core.llms.callbacks import llm_chat_callback
+from llama_index.core.llms.function_calling import FunctionCallingLLM
+from llama_index.core.llms.llm import LLM
+from llama_index.core.tools import AsyncBaseTool, ToolMetadata, ToolOutput
+
+from car_core.errors import AdapterError, CarError, PolicyError
+from car_core.interventions import Plan
+from car_core.seeding import Noise
+
+from .._chat import ToolSafety, calls_of, canonical_arguments, check_observation
+from ._messages import from_dict, selections_of
+from .fake import _STEP_RNG
+
+
+class BranchSession:
+    """The state one branch's stand-ins share: the plan, the noise, and the step counter."""
+
+    def __init__(self, plan: Plan, noise: Noise, start: int, safety: ToolSafety,
+                 record: Mapping[tuple[str, str], Any], run_id: str | None,
+                 forced_obs: Mapping[int, list[dict[str, Any]]]) -> None:
+        self.plan = plan
+        self.noise = noise
+        self.next = start
+        self.current = start - 1
+        self.safety = safety
+        self.record = record
+        self.run_id = run_id
+        self.forced_obs = forced_obs
+        self.model_calls = 0
+        self.blocked: CarError | None = None
+        self._lock = threading.Lock()
+
+    def raise_blocked(self) -> None:
+        """Re-raise a refusal a tool wrapper had to hand to the framework (which turns tool
+        exceptions into error messages) so the branch stops with it."""
+        if self.blocked is not None:
+            raise self.blocked
+
+    def claim(self) -> int:
+        with self._lock:
+            k = self.next
+            self.next += 1
+            self.current = k
+            return k
+
+
+def _normalise(content: str | None, selections: Sequence[Any]) -> ChatMessage:
+    blocks: list[Any] = [TextBlock(text=content)] if content is not None else []
+    blocks += [ToolCallBlock(tool_call_id=s.tool_id, tool_name=s.tool_name,
+                             tool_kwargs=dict(s.tool_kwargs)) for s in selections]
+    return ChatMessage(role="assistant", blocks=blocks)
+
+
+class CarBranchLLM(FunctionCallingLLM):
+    """Serves an agent's decisions on a branch (see the module docstring)."""
+
+    _inner: Any = PrivateAttr()
+    _session: Any = PrivateAttr()
+
+    def __init__(self, inner: LLM, session: BranchSession) -> None:
+        super().__init__()
+        self._inner = inner
+        self._session = session
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "CarBranchLLM"
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        meta = self._inner.metadata
+        return LLMMetadata(**{**meta.model_dump(), "is_function_calling_model": True})
+
+    async def _decide(self, messages: Sequence[ChatMessage], tools: Sequence[Any],
+                      allow_parallel: bool) -> ChatResponse:
+        s: BranchSession = self._session
+        s.raise_blocked()
+        k = s.claim()
+        plan = s.plan
+        if k in plan.forced_actions and k not in plan.context_edits:
+            msg = from_dict(plan.forced_actions[k])
+            return ChatResponse(message=msg, additional_kwargs={"car_branch": True})
+        llm = self._inner
+        if plan.policy is not None and k >= plan.policy[0]:
+            llm = plan.policy[1]
+            if not isinstance(llm, FunctionCallingLLM):
+                raise AdapterError(f"do_policy gave {type(llm).__name__}, not a LlamaIndex "
+                                   "function-calling LLM", run_id=s.run_id, step=k,
+                                   hint="pass an LLM instance (e.g. another FunctionCallingLLM)")
+        token = _STEP_RNG.set(s.noise.rng(k, "policy"))
+        try:
+            s.model_calls += 1
+            resp = await llm.achat_with_tools(tools=list(tools), chat_history=list(messages),
+                                              allow_parallel_tool_calls=allow_parallel)
+            selections = llm.get_tool_calls_from_response(resp, error_on_no_tool_call=False)
+        except CarError:
+            raise
+        except Exception as exc:  # the model's failure: say which step
+            raise PolicyError(f"the LLM raised {exc!r}", run_id=s.run_id, step=k,
+                              hint="check the model (and any do_policy LLM) works on its own")
+        finally:
+            _STEP_RNG.reset(token)
+        return ChatResponse(message=_normalise(resp.message.content, selections or ()),
+                            raw=resp.raw, additional_kwargs={"car_branch": True})
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return await self._decide(messages, kwargs.get("tools") or (),
+                                  bool(kwargs.get("allow_parallel_tool_calls", True)))
+
+    async def achat_with_tools(self, tools: Sequence[Any], user_msg: Any = None,
+                               chat_history: list[ChatMessage] | None = None,
+                               verbose: bool = False, allow_parallel_tool_calls: bool = False,
+                               tool_required: bool = False, **kwargs: Any) -> ChatResponse:
+        messages = self._prepare_chat_with_tools(tools, user_msg, chat_history)["messages"]
+        return await self.achat(messages, tools=tools,
+                                allow_parallel_tool_calls=allow_parallel_tool_calls)
+
+    async def astream_chat_with_tools(self, tools: Sequence[Any], user_msg: Any = None,
+                                      chat_history: list[ChatMessage] | None = None,
+                                      verbose: bool = False,
+                                      allow_parallel_tool_calls: bool = False,
+                                      tool_required: bool = False, **kwargs: Any
+                                      ) -> AsyncGenerator[ChatResponse, None]:
+        resp = await self.achat_with_tools(tools, user_msg, chat_history, verbose,
+                                           allow_parallel_tool_calls)
+
+        async def gen() -> AsyncGenerator[ChatResponse, None]:
+            yield resp
+        return gen()
+
+    async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any
+                           ) -> AsyncGenerator[ChatResponse, None]:
+        resp = await self.achat(messages, **kwargs)
+
+        async def gen() -> AsyncGenerator[ChatResponse, None]:
+            yield resp
+        return gen()
+
+    def _prepare_chat_with_tools(self, tools: Sequence[Any], user_msg: Any = None,
+                                 chat_history: list[ChatMessage] | None = None,
+                                 verbose: bool = False, allow_parallel_tool_calls: bool = False,
+                                 tool_required: bool = False, **kwargs: Any) -> dict[str, Any]:
+        messages = list(chat_history or [])
+        if user_msg:
+            messages.append(ChatMessage(role="user", content=user_msg)
+                            if isinstance(user_msg, str) else user_msg)
+        return {"messages": messages, "tools": tools}
+
+    def get_tool_calls_from_response(self, response: ChatResponse,
+                                     error_on_no_tool_call: bool = False, **kwargs: Any
+                                     ) -> list[Any]:
+        return selections_of(response.message)
+
+    def _sync(self, *a: Any, **k: Any) -> Any:
+        raise AdapterError("CAR branches drive LlamaIndex agents through the async API only",
+                           hint="run the agent with `await agent.run(...)`")
+
+    chat = stream_chat = complete = stream_complete = _sync  # type: ignore[assignment]
+
+    async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any
+                        ) -> CompletionResponse:
+        return self._sync()
+
+    async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any
+                               ) -> Any:
+        return self._sync()
+
+
+class CarBranchTool(AsyncBaseTool):
+    """Serves one tool on a branch (see the module docstring)."""
+
+    def __init__(self, inner: AsyncBaseTool, session: BranchSession) -> None:
+        self._inner = inner
+        self._session = session
+
+    @property
+    def metadata(self) -> ToolMetadata:
+        return self._inner.metadata
+
+    def _served(self, kwargs: dict[str, Any]) -> ToolOutput | None:
+        s: BranchSession = self._session
+        name = self.metadata.name or ""
+        k = s.current
+        if k in s.forced_obs:
+            wanted = canonical_arguments(kwargs)
+            for msg, (_, cname, cargs) in zip(s.forced_obs[k],
+                                              calls_of(s.plan.forced_actions.get(k)),
+                                              strict=False):
+                if cname == name and cargs == wanted:
+                    return ToolOutput(content=str(msg["content"]), tool_name=name,
+                                      raw_input={"kwargs": kwargs}, raw_output=msg["content"])
+        if s.safety.guards(name):
+            try:
+                out = s.safety.serve(name, kwargs, s.record, run_id=s.run_id, step=k)
+            except CarError as exc:
+                s.blocked = exc
+                raise
+            return ToolOutput(content=str(out), tool_name=name, raw_input={"kwargs": kwargs},
+                              raw_output=out)
+        return None
+
+    def call(self, *args: Any, **kwargs: Any) -> ToolOutput:
+        return self._served(kwargs) or self._inner.call(*args, **kwargs)
+
+    async def acall(self, *args: Any, **kwargs: Any) -> ToolOutput:
+        return self._served(kwargs) or await self._inner.acall(*args, **kwargs)
+
+
+def forced_observations(plan: Plan) -> dict[int, list[dict[str, Any]]]:
+    """The plan's forced observations as tool messages matched to the forced action's calls."""
+    return {k: check_observation(obs, plan.forced_actions.get(k), step=k)
+            for k, obs in plan.forced_observations.items()}
