@@ -86,9 +86,10 @@ class BudgetMeter:
         elif self.rollouts:
             per_tokens = self.tokens / self.rollouts
             per_cost = self.cost / self.rollouts
-            if b.tokens is not None and self.tokens + extra * per_tokens > b.tokens:
+            ahead = self.reserved + extra  # rollouts in flight spend too
+            if b.tokens is not None and self.tokens + ahead * per_tokens > b.tokens:
                 reason = f"token budget of {b.tokens} would be exceeded"
-            elif b.cost is not None and self.cost + extra * per_cost > b.cost:
+            elif b.cost is not None and self.cost + ahead * per_cost > b.cost:
                 reason = f"cost budget of {b.cost:g} would be exceeded"
         if reason:
             self.tripped = reason

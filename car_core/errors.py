@@ -25,6 +25,7 @@ The tree::
     │   ├── ModelUnavailable                    a model server that is down or unreachable
     │   ├── AdapterError                        framework glue: missing checkpointer, unknown thread…
     │   └── ConformanceFailure (AssertionError) an agent broke the contract car_core.testing checks
+    ├── ExecutorUnavailable                     an execution backend (Ray) that cannot be reached
     ├── BudgetExhausted                         a budget tripped (results keep what was measured)
     └── NothingToAttribute                      the outcome never varies, or the run has no steps
 
@@ -151,6 +152,10 @@ class ConformanceFailure(AgentError, AssertionError):
     """An agent implementation broke the replay contract (``car_core.testing`` checks)."""
 
 
+class ExecutorUnavailable(CarError):
+    """An execution backend that is not installed or does not answer (a Ray address)."""
+
+
 class BudgetExhausted(CarError):
     """A budget tripped before work could start."""
 
@@ -161,7 +166,7 @@ class NothingToAttribute(CarError):
 
 __all__ = [
     "AdapterError", "AgentError", "AttributionNotFound", "BudgetExhausted", "CarError",
-    "ConformanceFailure", "CorruptRun", "EnvironmentError_", "InvalidBudget", "InvalidIntervention", "InvalidInput",
+    "ConformanceFailure", "CorruptRun", "EnvironmentError_", "ExecutorUnavailable", "InvalidBudget", "InvalidIntervention", "InvalidInput",
     "InvalidJSONValue", "ModelUnavailable", "NotACarStore", "NothingToAttribute", "OutcomeError",
     "PolicyError", "ReplayMismatch", "RunError", "RunNotFound", "SideEffectBlocked", "StepOutOfRange",
     "StoreError", "StoreReadOnly", "StoreTooNew",

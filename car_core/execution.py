@@ -1,22 +1,48 @@
 """How rollouts run. The engine hands a list of independent ``Task``s to an executor; every
 task carries its own noise, so results never depend on the order or place they ran in.
 
-The budget is checked before each task is handed out; a task that was not started is simply
-not in the results, and the caller reports the estimate as truncated.
+Executors share one small interface (``Executor.run``): ``Sequential`` (in-process, one at a
+time: reproducible, the default for synthetic agents), ``AsyncioExecutor`` (bounded concurrency
+for agents that wait on model servers) and ``RayExecutor`` (``car_core._ray``, for more than one
+machine); ``make_executor`` builds one by name. ``execute`` returns finished results in task
+order, so the same root seed gives the same estimate on every backend.
+
+The budget is checked before each task starts (in-flight tasks count against it); a task that
+was not started is simply not in the results, and the caller reports the estimate as truncated.
+A branch that raises, or whose worker dies, is retried once and then returned as a ``Failure``
+in ``Results.failures``: never silently dropped. Errors in the caller's own inputs
+(``InvalidInput``, store errors) are not retried; they stop the run.
 """
 
 from __future__ import annotations
 
+import asyncio
+import queue
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Protocol, TypeVar
 
 from .budget import BudgetMeter
+from .errors import (
+    BudgetExhausted,
+    InvalidInput,
+    NothingToAttribute,
+    RunError,
+    StoreError,
+)
 from .interventions import Plan
 from .seeding import Noise
 
 R = TypeVar("R")
+
+# Errors that say the caller's inputs are wrong: retrying cannot help, so they stop the run.
+NOT_RETRIED: tuple[type[BaseException], ...] = (
+    InvalidInput, RunError, StoreError, BudgetExhausted, NothingToAttribute)
+_NO_SPEND = SimpleNamespace(steps=())  # what a failed branch is charged as: one rollout, no tokens
 
 
 @dataclass(frozen=True)
@@ -29,6 +55,35 @@ class Task:
     noise: Noise
 
 
+@dataclass(frozen=True)
+class Failure:
+    """A branch that failed on every attempt, with the last error. Estimators leave it out of
+    the estimate and report it (``to_dict``); it still counts as one rollout spent."""
+
+    task: Task
+    error: str
+    attempts: int
+    exception: BaseException | None = field(default=None, compare=False, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"arm": self.task.arm, "rollout": self.task.rollout, "error": self.error,
+                "attempts": self.attempts}
+
+
+def describe_error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class Results(list[tuple[Task, Any]]):
+    """The finished ``(task, result)`` pairs in task order, plus ``failures``: the branches
+    that failed after their retry, also in task order."""
+
+    def __init__(self, pairs: Sequence[tuple[Task, Any]] = (),
+                 failures: Sequence[Failure] = ()) -> None:
+        super().__init__(pairs)
+        self.failures: list[Failure] = list(failures)
+
+
 class Journal(Protocol):
     """Where finished branches are kept so an interrupted estimate can resume: ``lookup``
     returns the stored result of a task that already ran (or None), ``write`` stores one."""
@@ -39,11 +94,86 @@ class Journal(Protocol):
 
 
 class Executor(Protocol):
-    """Runs tasks; yields ``(task, result)`` as they finish. ``may_start`` is asked before each
-    task is started and stops the run when it returns False."""
+    """Runs tasks; yields ``(task, result)`` as they finish, with the very ``Task`` objects it
+    was given. ``may_start`` is asked right before each task starts and stops the run when it
+    returns False. ``fn`` never raises for a failed branch (it returns a ``Failure``); anything
+    it does raise stops the run and is re-raised to the caller."""
 
-    def run(self, fn: Callable[[Task], R], tasks: Sequence[Task],
-            may_start: Callable[[], bool]) -> Iterator[tuple[Task, R]]: ...
+    def run(self, fn: Callable[[Task], Any], tasks: Sequence[Task],
+            may_start: Callable[[], bool]) -> Iterator[tuple[Task, Any]]: ...
+
+
+class Guarded:
+    """``fn`` with the retry rule: its result, or a ``Failure`` after ``retries + 1`` failed
+    attempts. Offers ``acall`` when ``fn`` does, so an async agent is awaited, not threaded."""
+
+    def __init__(self, fn: Callable[[Task], Any], retries: int = 1) -> None:
+        self.fn = fn
+        self.retries = retries
+        self.is_async = callable(getattr(fn, "acall", None))
+
+    def __call__(self, task: Task) -> Any:
+        last: BaseException | None = None
+        for _ in range(self.retries + 1):
+            try:
+                return self.fn(task)
+            except NOT_RETRIED:
+                raise
+            except Exception as exc:  # the agent (or its worker) broke: retry, then record
+                last = exc
+        return self._failure(task, last)
+
+    async def acall(self, task: Task) -> Any:
+        last: BaseException | None = None
+        for _ in range(self.retries + 1):
+            try:
+                return await self.fn.acall(task)  # type: ignore[attr-defined]
+            except NOT_RETRIED:
+                raise
+            except Exception as exc:
+                last = exc
+        return self._failure(task, last)
+
+    def _failure(self, task: Task, exc: BaseException | None) -> Failure:
+        return Failure(task, describe_error(exc) if exc else "unknown error",
+                       self.retries + 1, exc)
+
+
+class Brancher:
+    """The ``fn`` estimators hand to ``execute``: one scored branch of ``run`` per task
+    (``car_core.replay.run_branch``). Plain data, so Ray can ship it to other machines."""
+
+    def __init__(self, run: Any, agent: Any, outcome: Any) -> None:
+        self.run, self.agent, self.outcome = run, agent, outcome
+
+    def __call__(self, task: Task) -> Any:
+        from .replay import run_branch
+        return run_branch(self.run, self.agent, self.outcome, task)
+
+
+class _AsyncBrancher(Brancher):
+    """A ``Brancher`` for an agent that offers ``abranch``: ``AsyncioExecutor`` awaits it."""
+
+    async def acall(self, task: Task) -> Any:
+        from .replay import run_branch
+        traj = await self.agent.abranch(self.run, task.plan, task.noise)
+        return run_branch(self.run, _Finished(traj), self.outcome, task)
+
+
+class _Finished:
+    """Stands in for an agent whose branch already ran, so scoring stays in one place."""
+
+    def __init__(self, traj: Any) -> None:
+        self.traj = traj
+
+    def branch(self, run: Any, plan: Plan, noise: Noise) -> Any:
+        return self.traj
+
+
+def brancher(run: Any, agent: Any, outcome: Any) -> Brancher:
+    """The task function for branches of ``run``; async when the agent offers ``abranch``."""
+    cls = _AsyncBrancher if callable(getattr(agent, "abranch", None)) else Brancher
+    return cls(run, agent, outcome)
 
 
 class Sequential:
@@ -55,6 +185,146 @@ class Sequential:
             if not may_start():
                 return
             yield task, fn(task)
+
+
+class _Control:
+    """Shared between the consumer thread and the event loop: frees slots, stops the run."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.sem: asyncio.Semaphore | None = None
+        self.running: set[asyncio.Task[None]] = set()
+        self.stopped = False
+
+    def attach(self, loop: asyncio.AbstractEventLoop, sem: asyncio.Semaphore) -> None:
+        with self.lock:
+            self.loop, self.sem = loop, sem
+
+    def _soon(self, callback: Callable[[], None]) -> None:
+        with self.lock:
+            if self.loop is None:
+                return
+            try:
+                self.loop.call_soon_threadsafe(callback)
+            except RuntimeError:  # the loop already finished
+                pass
+
+    def release(self) -> None:
+        """A result was consumed: one more task may start."""
+        self._soon(lambda: self.sem.release() if self.sem else None)
+
+    def stop(self) -> None:
+        """Start nothing more; cancel awaitable branches (threads finish what they started)."""
+        self.stopped = True
+
+        def wake() -> None:
+            for t in list(self.running):
+                t.cancel()
+            if self.sem is not None:
+                self.sem.release()
+        self._soon(wake)
+
+
+class AsyncioExecutor:
+    """At most ``concurrency`` branches at once, on an event loop in a helper thread: a sync
+    ``agent.branch`` runs in a worker thread (``asyncio.to_thread``), an agent's ``abranch`` is
+    awaited directly. The default for model-backed agents, whose time goes into waiting.
+
+    A slot is freed only when the caller has taken the result, so results waiting to be
+    stored never pile up beyond ``concurrency``.
+    """
+
+    def __init__(self, concurrency: int = 16) -> None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise InvalidInput(f"concurrency={concurrency!r}: need at least 1",
+                               hint="pass concurrency=N with N >= 1 (16 suits most servers)")
+        self.concurrency = concurrency
+
+    def run(self, fn: Callable[[Task], Any], tasks: Sequence[Task],
+            may_start: Callable[[], bool]) -> Iterator[tuple[Task, Any]]:
+        handoff: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        ctl = _Control()
+        thread = threading.Thread(
+            target=lambda: asyncio.run(self._drive(fn, tasks, may_start, handoff, ctl)),
+            name="car-executor", daemon=True)
+        thread.start()
+        try:
+            while True:
+                kind, payload = handoff.get()
+                if kind == "done":
+                    return
+                if kind == "raise":
+                    raise payload
+                yield payload
+                ctl.release()
+        finally:
+            ctl.stop()
+            thread.join()
+
+    async def _drive(self, fn: Callable[[Task], Any], tasks: Sequence[Task],
+                     may_start: Callable[[], bool],
+                     handoff: queue.SimpleQueue[tuple[str, Any]], ctl: _Control) -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(self.concurrency,
+                                                     thread_name_prefix="car-branch"))
+        sem = asyncio.Semaphore(self.concurrency)
+        ctl.attach(loop, sem)
+        call_async = getattr(fn, "is_async", False)
+
+        async def one(task: Task) -> None:
+            try:
+                if call_async:
+                    result = await fn.acall(task)  # type: ignore[attr-defined]
+                else:
+                    result = await asyncio.to_thread(fn, task)
+            except asyncio.CancelledError:
+                return
+            except BaseException as exc:  # an error that must stop the run
+                ctl.stopped = True
+                handoff.put(("raise", exc))
+                return
+            handoff.put(("item", (task, result)))
+
+        try:
+            for task in tasks:
+                await sem.acquire()
+                if ctl.stopped or not may_start():
+                    break
+                job = asyncio.create_task(one(task))
+                ctl.running.add(job)
+                job.add_done_callback(ctl.running.discard)
+            if ctl.running:
+                await asyncio.wait(set(ctl.running))
+        except BaseException as exc:
+            handoff.put(("raise", exc))
+        finally:
+            handoff.put(("done", None))
+
+
+EXECUTORS = ("sequential", "async", "ray")
+
+
+def make_executor(name: str = "sequential", concurrency: int = 16,
+                  address: str | None = None) -> Executor:
+    """An executor by name: ``sequential``, ``async`` (``concurrency`` branches at once) or
+    ``ray`` (``address`` of a running cluster, or None for a local one)."""
+    if name == "sequential":
+        return Sequential()
+    if name == "async":
+        return AsyncioExecutor(concurrency)
+    if name == "ray":
+        from ._ray import RayExecutor
+        return RayExecutor(address=address, concurrency=concurrency)
+    raise InvalidInput(f"unknown executor {name!r}", hint=f"use one of {', '.join(EXECUTORS)}")
+
+
+def default_executor(agent: Any) -> Executor:
+    """Sequential for in-process agents; ``AsyncioExecutor`` for agents that wait on a model
+    (they offer ``abranch`` or set ``prefers_concurrency = True``)."""
+    if callable(getattr(agent, "abranch", None)) or getattr(agent, "prefers_concurrency", False):
+        return AsyncioExecutor()
+    return Sequential()
 
 
 def _progress_bar(progress: Any, total: int, label: str) -> Any:
@@ -71,44 +341,67 @@ def _progress_bar(progress: Any, total: int, label: str) -> Any:
 def execute(tasks: Sequence[Task], fn: Callable[[Task], R], meter: BudgetMeter, *,
             executor: Executor | None = None, progress: Any = None, label: str = "rollouts",
             on_result: Callable[[Task, R], None] | None = None,
-            journal: Journal | None = None) -> list[tuple[Task, R]]:
-    """Run ``tasks`` under the budget; return the finished ``(task, result)`` pairs.
+            journal: Journal | None = None, keep: Callable[[R], Any] | None = None,
+            retries: int = 1) -> Results:
+    """Run ``tasks`` under the budget; return the finished ``(task, result)`` pairs in task
+    order, with the branches that failed after ``retries`` retries in ``.failures``.
 
     With a ``journal``, tasks that already finished in an earlier, interrupted call are taken
     from it (and still counted against the budget, so a resumed estimate spends and reports
-    exactly what an uninterrupted one would); new results are written to it as they finish.
+    exactly what an uninterrupted one would); new results are written to it as they finish,
+    before anything else sees them. ``keep`` chooses what stays in memory of each result
+    (default: all of it): with a journal holding the branches, ``keep=lambda t:
+    t.outcome.value`` keeps memory flat however many branches finish; ``on_result`` still sees
+    the full result. A journal that cannot be written stops the run with its error; every
+    branch written before it stays written.
     """
+    position = {id(task): i for i, task in enumerate(tasks)}
+    slots: list[tuple[Task, Any] | None] = [None] * len(tasks)
+    failures: list[tuple[int, Failure]] = []
+    lock = threading.Lock()  # the meter is shared with the executor's scheduling thread
     bar = _progress_bar(progress, len(tasks), label)
-    done: list[tuple[Task, R]] = []
-    if journal is not None:
-        pending = []
-        for task in tasks:
-            cached = journal.lookup(task)
-            if cached is None:
-                pending.append(task)
-            elif meter.reserve():
-                meter.charge(cached)
-                done.append((task, cached))
-                if on_result is not None:
-                    on_result(task, cached)
-                if bar is not None:
-                    bar.update(1)
-        tasks = pending
 
-    def may_start() -> bool:
-        return meter.reserve()
-
-    try:
-        for task, result in (executor or Sequential()).run(fn, tasks, may_start):
-            meter.charge(result)  # type: ignore[arg-type]
-            if journal is not None:
+    def accept(task: Task, result: Any, fresh: bool) -> None:
+        pos = position[id(task)]
+        if isinstance(result, Failure):
+            with lock:
+                meter.charge(_NO_SPEND)  # type: ignore[arg-type]
+            failures.append((pos, result))
+        else:
+            with lock:
+                meter.charge(result)
+            if fresh and journal is not None:
                 journal.write(task, result)
-            done.append((task, result))
             if on_result is not None:
                 on_result(task, result)
-            if bar is not None:
-                bar.update(1)
+            slots[pos] = (task, keep(result) if keep is not None else result)
+        if bar is not None:
+            bar.update(1)
+
+    def may_start() -> bool:
+        with lock:
+            return meter.reserve()
+
+    try:
+        pending: Sequence[Task] = tasks
+        if journal is not None:
+            pending = []
+            for task in tasks:
+                cached = journal.lookup(task)
+                if cached is None:
+                    pending.append(task)
+                elif may_start():
+                    accept(task, cached, fresh=False)
+        stream = (executor or Sequential()).run(Guarded(fn, retries), pending, may_start)
+        try:
+            for task, result in stream:
+                accept(task, result, fresh=True)
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
     finally:
         if bar is not None and progress is not bar:
             bar.close()
-    return done
+    return Results([s for s in slots if s is not None],
+                   [f for _, f in sorted(failures, key=lambda pf: pf[0])])

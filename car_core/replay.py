@@ -26,7 +26,7 @@ from .errors import (
     PolicyError,
 )
 from .estimators.stats import wilson
-from .execution import Executor, Task, execute
+from .execution import Executor, Task, brancher, execute
 from .interventions import Intervention, Plan, compile_plan
 from .seeding import Noise, branch_noise
 from .trajectory import History, Lineage, Outcome, Step, Trajectory
@@ -171,13 +171,14 @@ class OutcomeDistribution:
     budget_note: str | None = None
     tokens: int = 0
     cost: float = 0.0
+    failures: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"mean": self.mean, "ci": list(self.ci), "n": self.n, "level": self.level,
                 "values": list(self.values), "interventions": list(self.interventions),
                 "coupled": self.coupled, "seed": self.seed, "rollouts_used": self.rollouts_used,
                 "truncated": self.truncated, "budget_note": self.budget_note,
-                "tokens": self.tokens, "cost": self.cost,
+                "tokens": self.tokens, "cost": self.cost, "failures": list(self.failures),
                 "branch_ids": [t.id for t in self.trajectories]}
 
     def __str__(self) -> str:
@@ -212,9 +213,14 @@ def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequenc
     tasks = [Task(arm="intervention", rollout=r, plan=plan,
                   noise=branch_noise(seed, r, arm, coupled)) for r in range(rollouts)]
     meter = BudgetMeter(budget)
-    results = execute(tasks, lambda t: run_branch(run, agent, out, t), meter,
+    results = execute(tasks, brancher(run, agent, out), meter,
                       executor=executor, progress=progress, label="intervene")
     trajs = tuple(traj for _, traj in sorted(results, key=lambda tr: tr[0].rollout))
+    if not trajs and results.failures:  # every branch failed twice: the agent is broken
+        first = results.failures[0]
+        if first.exception is not None:
+            raise first.exception
+        raise AgentError(f"every branch failed; the first: {first.error}", run_id=run.id)
     if not trajs:
         raise AgentError("no rollout could run", run_id=run.id,
                          hint=meter.tripped or "raise the budget")
@@ -224,7 +230,8 @@ def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequenc
         mean=mean, ci=wilson(mean, len(values), level), n=len(values), level=level,
         values=values, trajectories=trajs, interventions=tuple(arm), coupled=coupled,
         seed=seed, rollouts_used=meter.rollouts, truncated=len(values) < rollouts,
-        budget_note=meter.tripped, tokens=meter.tokens, cost=meter.cost)
+        budget_note=meter.tripped, tokens=meter.tokens, cost=meter.cost,
+        failures=tuple(f.to_dict() for f in results.failures))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,363 @@
+"""Executors: the same seed gives the same estimate on every backend, the budget is checked
+before each task starts (also when tasks run concurrently), failed branches are retried once
+and then reported, never dropped, and memory can be kept to summaries."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+import car_core as car
+from car_core import synthetic as syn
+from car_core.budget import Budget, BudgetMeter
+from car_core.errors import (
+    InvalidInput,
+    OutcomeError,
+    PolicyError,
+    StoreReadOnly,
+)
+from car_core.execution import (
+    AsyncioExecutor,
+    Failure,
+    Results,
+    Sequential,
+    Task,
+    brancher,
+    default_executor,
+    execute,
+    make_executor,
+)
+from car_core.interventions import compile_plan
+from car_core.seeding import branch_noise
+from car_core.store import RunStore, StoreJournal
+
+BACKENDS = {
+    "sequential": lambda: Sequential(),
+    "async-1": lambda: AsyncioExecutor(1),
+    "async-7": lambda: AsyncioExecutor(7),
+}
+
+
+def two_arm_tasks(run: car.Trajectory, steps: tuple[int, ...], rollouts: int,
+                  seed: int = 0) -> list[Task]:
+    """Tasks the way an estimator builds them: one arm per resampled step, coupled noise."""
+    tasks = []
+    for k in steps:
+        plan = compile_plan(run, car.do_resample(k))
+        tasks += [Task(arm=f"resample@{k}", rollout=r, plan=plan,
+                       noise=branch_noise(seed, r, plan.describe(), True))
+                  for r in range(rollouts)]
+    return tasks
+
+
+class Locked:
+    """A thread-safe call counter around a policy, with the peak number of calls at once."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+        self.lock = threading.Lock()
+        self.calls = 0
+
+    def __call__(self, *args: Any) -> Any:
+        with self.lock:
+            self.calls += 1
+        return self.fn(*args)
+
+
+@pytest.mark.parametrize("name", sorted(syn.catalogue()))
+def test_every_backend_gives_the_same_estimate_for_one_seed(name: str) -> None:
+    model = syn.catalogue()[name]
+    run = model.failing_run(seed=1)
+    k = min(2, model.n_steps - 1)
+    dists = {b: car.intervene(run, model.agent(), car.do_resample(k), outcome=model.outcome,
+                              rollouts=24, seed=7, executor=make())
+             for b, make in BACKENDS.items()}
+    ref = dists["sequential"]
+    for backend, dist in dists.items():
+        assert dist.values == ref.values, backend
+        assert (dist.mean, dist.ci) == (ref.mean, ref.ci), backend
+        assert [t.digest for t in dist.trajectories] == [t.digest for t in ref.trajectories]
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_execute_returns_results_in_task_order(backend: str, pivot_model: syn.SyntheticSCM,
+                                               pivot_run: car.Trajectory) -> None:
+    tasks = two_arm_tasks(pivot_run, (1, 3), rollouts=6)
+    out = car.agent.OutcomeFn(pivot_model.outcome)
+    results = execute(tasks, brancher(pivot_run, pivot_model.agent(), out), BudgetMeter(None),
+                      executor=BACKENDS[backend](), progress=False)
+    assert [t for t, _ in results] == tasks
+    assert results.failures == []
+
+
+class ReverseFinishAgent:
+    """An async agent whose branch ``r`` only finishes after branch ``r + 1`` did, so the
+    completion order is the reverse of the task order — with no sleeping."""
+
+    name, couples_noise = "reverse", True
+
+    def __init__(self, model: syn.SyntheticSCM, n: int) -> None:
+        self.inner = model.agent()
+        self.n = n
+        self.events: dict[int, asyncio.Event] = {}
+
+    def _event(self, r: int) -> asyncio.Event:
+        return self.events.setdefault(r, asyncio.Event())
+
+    def branch(self, run: car.Trajectory, plan: Any, noise: Any) -> car.Trajectory:
+        raise AssertionError("an agent with abranch must be awaited, not threaded")
+
+    async def abranch(self, run: car.Trajectory, plan: Any, noise: Any) -> car.Trajectory:
+        r = noise.key[-1]
+        if r + 1 < self.n:
+            await self._event(r + 1).wait()
+        traj = self.inner.branch(run, plan, noise)
+        self._event(r).set()
+        return traj
+
+
+def test_async_agent_is_awaited_and_results_are_reordered(pivot_model: syn.SyntheticSCM,
+                                                          pivot_run: car.Trajectory) -> None:
+    n = 8
+    agent = ReverseFinishAgent(pivot_model, n)
+    tasks = two_arm_tasks(pivot_run, (2,), rollouts=n)
+    finished: list[int] = []
+    out = car.agent.OutcomeFn(pivot_model.outcome)
+    results = execute(tasks, brancher(pivot_run, agent, out), BudgetMeter(None),
+                      executor=AsyncioExecutor(n), progress=False,
+                      on_result=lambda t, _: finished.append(t.rollout))
+    assert finished == list(reversed(range(n)))  # they really finished in reverse
+    assert [t.rollout for t, _ in results] == list(range(n))
+    seq = execute(tasks, brancher(pivot_run, pivot_model.agent(), out), BudgetMeter(None),
+                  progress=False)
+    assert [r.digest for _, r in results] == [r.digest for _, r in seq]
+
+
+def test_concurrent_tasks_really_overlap_and_respect_the_cap() -> None:
+    """Four tasks must be in flight together to pass the barrier; never more than four."""
+    cap = 4
+    barrier = threading.Barrier(cap, timeout=30)  # the timeout only turns a hang into a failure
+    lock = threading.Lock()
+    state = {"now": 0, "peak": 0}
+
+    def fn(task: Task) -> car.Trajectory:
+        with lock:
+            state["now"] += 1
+            state["peak"] = max(state["peak"], state["now"])
+        if task.rollout < cap:
+            barrier.wait()
+        with lock:
+            state["now"] -= 1
+        return car.Trajectory.new(context=task.rollout, steps=[])
+
+    tasks = [Task("a", r, compile_plan_stub(), branch_noise(0, r, "a", True)) for r in range(12)]
+    results = execute(tasks, fn, BudgetMeter(None), executor=AsyncioExecutor(cap),
+                      progress=False)
+    assert len(results) == 12
+    assert state["peak"] == cap
+
+
+def compile_plan_stub() -> Any:
+    from car_core.interventions import Plan
+    return Plan(start=0)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_budget_is_checked_before_each_task_starts(backend: str) -> None:
+    """A rollout budget of 5 over 20 tasks with up to 7 at once: exactly 5 ever start."""
+    started = Locked(lambda task: car.Trajectory.new(context=task.rollout, steps=[]))
+    tasks = [Task("a", r, compile_plan_stub(), branch_noise(0, r, "a", True)) for r in range(20)]
+    meter = BudgetMeter(Budget(rollouts=5))
+    results = execute(tasks, started, meter, executor=BACKENDS[backend](), progress=False)
+    assert started.calls == 5
+    assert len(results) == 5 and meter.rollouts == 5
+    assert meter.tripped == "rollout budget of 5 reached"
+
+
+def test_token_budget_counts_rollouts_in_flight() -> None:
+    """Each branch spends 10 tokens; with 4 in flight the forecast must include them, so a
+    40-token budget starts 4 rollouts, not 4 + 3 more while the first ones are running."""
+    def fn(task: Task) -> car.Trajectory:
+        step = car.Step(index=0, action="a", meta={"origin": "live",
+                                                   "usage": {"prompt_tokens": 10}})
+        return car.Trajectory.new(context=None, steps=[step])
+
+    counted = Locked(fn)
+    meter = BudgetMeter(Budget(tokens=40))
+    meter.rollouts, meter.tokens = 1, 10  # one finished rollout sets the forecast: 10 each
+    tasks = [Task("a", r, compile_plan_stub(), branch_noise(0, r, "a", True)) for r in range(10)]
+    execute(tasks, counted, meter, executor=AsyncioExecutor(8), progress=False)
+    assert counted.calls == 3 and meter.tokens == 40
+
+
+class Flaky:
+    """A policy that raises on chosen (rollout, attempt) pairs; counts attempts per rollout."""
+
+    def __init__(self, model: syn.SyntheticSCM, fail: dict[int, int]) -> None:
+        self.model, self.fail = model, fail  # rollout -> how many attempts fail
+        self.attempts: dict[int, int] = {}
+        self.lock = threading.Lock()
+
+    def fn(self, run: car.Trajectory, out: Any) -> Any:
+        inner = brancher(run, self.model.agent(), out)
+
+        def call(task: Task) -> car.Trajectory:
+            with self.lock:
+                n = self.attempts[task.rollout] = self.attempts.get(task.rollout, 0) + 1
+            if n <= self.fail.get(task.rollout, 0):
+                raise PolicyError("the model server dropped the connection", step=2)
+            return inner(task)
+        return call
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_a_branch_that_fails_once_is_retried_and_counts(backend: str,
+                                                        pivot_model: syn.SyntheticSCM,
+                                                        pivot_run: car.Trajectory) -> None:
+    tasks = two_arm_tasks(pivot_run, (2,), rollouts=6)
+    out = car.agent.OutcomeFn(pivot_model.outcome)
+    flaky = Flaky(pivot_model, {3: 1})
+    results = execute(tasks, flaky.fn(pivot_run, out), BudgetMeter(None),
+                      executor=BACKENDS[backend](), progress=False)
+    clean = execute(tasks, brancher(pivot_run, pivot_model.agent(), out), BudgetMeter(None),
+                    progress=False)
+    assert flaky.attempts[3] == 2
+    assert [r.digest for _, r in results] == [r.digest for _, r in clean]
+    assert results.failures == []
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_a_branch_that_fails_twice_is_reported_not_dropped(backend: str,
+                                                           pivot_model: syn.SyntheticSCM,
+                                                           pivot_run: car.Trajectory) -> None:
+    tasks = two_arm_tasks(pivot_run, (2,), rollouts=6)
+    out = car.agent.OutcomeFn(pivot_model.outcome)
+    flaky = Flaky(pivot_model, {1: 5, 4: 5})
+    meter = BudgetMeter(None)
+    results = execute(tasks, flaky.fn(pivot_run, out), meter, executor=BACKENDS[backend](),
+                      progress=False)
+    assert [t.rollout for t, _ in results] == [0, 2, 3, 5]
+    assert [(f.task.rollout, f.attempts) for f in results.failures] == [(1, 2), (4, 2)]
+    assert "PolicyError: the model server dropped the connection" in results.failures[0].error
+    assert flaky.attempts[1] == 2  # retried once, not more
+    assert meter.rollouts == 6  # a failed branch still spent its rollout
+
+
+def test_intervene_reports_failed_branches_and_estimates_from_the_rest(
+        pivot_model: syn.SyntheticSCM, pivot_run: car.Trajectory) -> None:
+    inner = pivot_model.policy
+
+    def policy(history: car.History, rng: Any) -> Any:
+        action = inner(history, rng)
+        if history.index == 3 and action["choice"] == "good":
+            raise RuntimeError("tool timeout")  # every branch that drew "good" at step 2
+        return action
+
+    agent = car.FunctionAgent(policy=policy, environment=pivot_model.environment,
+                              is_final=lambda a: bool(a.get("final")), max_steps=6)
+    dist = car.intervene(pivot_run, agent, car.do_resample(2), outcome=pivot_model.outcome,
+                         rollouts=20, seed=0)
+    assert dist.failures and all(f["attempts"] == 2 for f in dist.failures)
+    assert all("tool timeout" in f["error"] for f in dist.failures)
+    assert dist.n + len(dist.failures) == 20 and dist.mean == 1.0
+    assert dist.to_dict()["failures"] == list(dist.failures)
+
+
+def test_intervene_raises_when_every_branch_fails(pivot_run: car.Trajectory) -> None:
+    def policy(history: car.History, rng: Any) -> Any:
+        raise KeyError("missing field")
+
+    agent = car.FunctionAgent(policy=policy, max_steps=6)
+    with pytest.raises(PolicyError, match="missing field"):
+        car.intervene(pivot_run, agent, car.do_resample(2), outcome=lambda r: 1.0, rollouts=3)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_bad_input_from_a_branch_stops_the_run_without_retry(backend: str,
+                                                             pivot_model: syn.SyntheticSCM,
+                                                             pivot_run: car.Trajectory) -> None:
+    scored = Locked(lambda run, rng: 2.0)  # outside [0, 1]: the caller's bug, not the agent's
+    with pytest.raises(OutcomeError):
+        car.intervene(pivot_run, pivot_model.agent(), car.do_resample(2), outcome=scored,
+                      rollouts=12, executor=BACKENDS[backend]())
+    concurrency = getattr(BACKENDS[backend](), "concurrency", 1)
+    assert scored.calls <= concurrency  # stopped at once, nothing retried
+
+
+def test_keep_holds_summaries_while_the_journal_holds_the_branches(
+        pivot_model: syn.SyntheticSCM, pivot_run: car.Trajectory, store: RunStore) -> None:
+    store.save(pivot_run)
+    aid = store.begin_attribution(pivot_run.id, "test", {})
+    tasks = two_arm_tasks(pivot_run, (2, 4), rollouts=5)
+    seen: list[Any] = []
+    out = car.agent.OutcomeFn(pivot_model.outcome)
+    results = execute(tasks, brancher(pivot_run, pivot_model.agent(), out), BudgetMeter(None),
+                      journal=StoreJournal(store, aid), keep=lambda t: t.outcome.value,
+                      on_result=lambda t, r: seen.append(r), progress=False)
+    assert all(isinstance(v, float) for _, v in results)
+    assert all(isinstance(t, car.Trajectory) for t in seen)
+    stored = {(b["arm"], b["rollout"]): b["outcome"] for b in store.branches(aid)}
+    assert stored == {(t.arm, t.rollout): v for t, v in results}
+
+
+class BreakingJournal(StoreJournal):
+    """The disk turns read-only after ``ok`` writes."""
+
+    def __init__(self, store: RunStore, aid: str, ok: int) -> None:
+        super().__init__(store, aid)
+        self.ok = ok
+
+    def write(self, task: Any, result: Any) -> None:
+        if self.ok == 0:
+            raise StoreReadOnly("disk went read-only", hint="free the disk and resume")
+        self.ok -= 1
+        super().write(task, result)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_a_journal_that_cannot_write_stops_and_keeps_what_was_written(
+        backend: str, pivot_model: syn.SyntheticSCM, pivot_run: car.Trajectory,
+        store: RunStore) -> None:
+    store.save(pivot_run)
+    aid = store.begin_attribution(pivot_run.id, "test", {})
+    tasks = two_arm_tasks(pivot_run, (2,), rollouts=30)
+    started = Locked(lambda task: brancher(pivot_run, pivot_model.agent(),
+                                           car.agent.OutcomeFn(pivot_model.outcome))(task))
+    executor = BACKENDS[backend]()
+    with pytest.raises(StoreReadOnly):
+        execute(tasks, started, BudgetMeter(None), executor=executor,
+                journal=BreakingJournal(store, aid, ok=4), progress=False)
+    assert len(list(store.branches(aid))) == 4
+    # nothing new starts once the journal failed: at most the branches already in flight
+    assert started.calls <= 5 + getattr(executor, "concurrency", 1)
+
+
+def test_results_is_a_list_with_failures() -> None:
+    task = Task("a", 0, compile_plan_stub(), branch_noise(0, 0, "a", True))
+    failure = Failure(task, "RuntimeError: x", 2)
+    res = Results([], [failure])
+    assert res == [] and res.failures == [failure]
+    assert failure.to_dict() == {"arm": "a", "rollout": 0, "error": "RuntimeError: x",
+                                 "attempts": 2}
+
+
+def test_make_executor_by_name() -> None:
+    assert isinstance(make_executor("sequential"), Sequential)
+    ex = make_executor("async", concurrency=3)
+    assert isinstance(ex, AsyncioExecutor) and ex.concurrency == 3
+    with pytest.raises(InvalidInput, match="unknown executor 'threads'"):
+        make_executor("threads")
+    with pytest.raises(InvalidInput, match="concurrency=0"):
+        make_executor("async", concurrency=0)
+
+
+def test_default_executor_follows_the_agent(pivot_model: syn.SyntheticSCM) -> None:
+    assert isinstance(default_executor(pivot_model.agent()), Sequential)
+    assert isinstance(default_executor(ReverseFinishAgent(pivot_model, 1)), AsyncioExecutor)
+    model_backed = replace(pivot_model.agent())
+    model_backed.prefers_concurrency = True  # type: ignore[attr-defined]
+    assert isinstance(default_executor(model_backed), AsyncioExecutor)
