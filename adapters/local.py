@@ -10,6 +10,7 @@ starts from an empty KV cache and a fixed seed, so the same state and seed give 
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import importlib.util
@@ -61,8 +62,10 @@ def load_model(path: str | None = None) -> Any:
     except ImportError as exc:
         raise ModelUnavailable("llama-cpp-python is not installed",
                                hint="run: pip install llama-cpp-python") from exc
-    return llama_cpp.Llama(model_path=path or model_path(), n_ctx=N_CTX, n_threads=2,
-                           verbose=False, seed=0)
+    llm = llama_cpp.Llama(model_path=path or model_path(), n_ctx=N_CTX, n_threads=2,
+                          verbose=False, seed=0)
+    atexit.register(llm.close)  # free it before interpreter teardown, which it does not survive
+    return llm
 
 
 def _bounded(schema: Any) -> Any:

@@ -1,0 +1,142 @@
+"""``OllamaPolicy``: a car policy over the official ``ollama`` client (``chat`` with tools).
+
+Ollama's tool calls carry their arguments as dicts and have no ids; the action gets stable ids
+from the step and position (``call_<k>_<i>``) so replays compare equal. The seed, temperature,
+``num_ctx`` and ``num_predict`` go in ``options``; token counts come from ``prompt_eval_count``
+and ``eval_count``. Busy or failing servers are retried within a bounded total time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from car_core.errors import InvalidInput, ModelUnavailable, PolicyError
+
+from ._chat import parse_arguments
+from .chat_agent import ChatPolicy, Message, make_action
+
+try:
+    import httpx
+    import ollama
+except ImportError as exc:  # pragma: no cover - part of the default install
+    raise ImportError("car_adapters.ollama needs the ollama client: pip install ollama") from exc
+
+
+def ollama_messages(messages: Sequence[Message]) -> list[Message]:
+    """OpenAI-style messages in Ollama's shape: dict arguments, no call ids, ``tool_name``."""
+    names: dict[str, str] = {}
+    out: list[Message] = []
+    for m in messages:
+        role = m.get("role")
+        if role == "assistant":
+            msg: Message = {"role": "assistant", "content": m.get("content") or ""}
+            calls = []
+            for c in m.get("tool_calls") or ():
+                names[c.get("id", "")] = c["function"]["name"]
+                calls.append({"function": {"name": c["function"]["name"],
+                                           "arguments": parse_arguments(
+                                               c["function"].get("arguments") or {})}})
+            if calls:
+                msg["tool_calls"] = calls
+            out.append(msg)
+        elif role == "tool":
+            out.append({"role": "tool", "content": m.get("content") or "",
+                        "tool_name": m.get("name") or names.get(m.get("tool_call_id", ""), "")})
+        else:
+            out.append({"role": role, "content": m.get("content") or ""})
+    return out
+
+
+class OllamaPolicy(ChatPolicy):
+    """``policy(history, rng) -> assistant message`` from a model served by Ollama."""
+
+    def __init__(self, model: str, *, host: str | None = None, client: Any = None,
+                 tools: Sequence[Mapping[str, Any]] | None = None, temperature: float = 0.8,
+                 top_p: float | None = None, num_ctx: int = 2048, max_tokens: int = 256,
+                 timeout: float = 60.0, max_retries: int = 5, retry_time: float = 60.0,
+                 backoff: float = 0.5, stream: bool = False) -> None:
+        super().__init__()
+        if not isinstance(model, str) or not model:
+            raise InvalidInput("OllamaPolicy needs a model name", hint='pass model="llama3.2"')
+        if timeout <= 0 or retry_time < 0 or max_retries < 0:
+            raise InvalidInput("timeout must be positive and retries non-negative",
+                               hint="e.g. timeout=60, max_retries=5, retry_time=60")
+        self.model, self.tools, self.host = model, [dict(t) for t in tools or ()], host
+        self.temperature, self.top_p, self.num_ctx = temperature, top_p, num_ctx
+        self.max_tokens, self.timeout, self.stream = max_tokens, timeout, stream
+        self.max_retries, self.retry_time, self.backoff = max_retries, retry_time, backoff
+        self.client = client or ollama.Client(host=host, timeout=timeout)
+
+    def _options(self, seed: int) -> dict[str, Any]:
+        opts: dict[str, Any] = {"seed": seed, "temperature": self.temperature,
+                                "num_ctx": self.num_ctx, "num_predict": self.max_tokens}
+        if self.top_p is not None:
+            opts["top_p"] = self.top_p
+        return opts
+
+    def _request(self, messages: list[Message], seed: int) -> dict[str, Any]:
+        resp = self.client.chat(model=self.model, messages=ollama_messages(messages),
+                                tools=self.tools or None, options=self._options(seed),
+                                stream=self.stream)
+        if not self.stream:
+            return _reply(resp, resp.message.content or "", list(resp.message.tool_calls or ()))
+        content, calls, last = [], [], None
+        for chunk in resp:
+            content.append(chunk.message.content or "")
+            calls.extend(chunk.message.tool_calls or ())
+            last = chunk
+        return _reply(last, "".join(content), calls)
+
+    def _call(self, messages: list[Message], seed: int) -> tuple[dict[str, Any], int]:
+        deadline = time.monotonic() + self.retry_time
+        attempt = 0
+        while True:
+            try:
+                return self._request(messages, seed), attempt
+            except ollama.ResponseError as exc:
+                if exc.status_code == 404:
+                    raise ModelUnavailable(
+                        f"the Ollama server has no model {self.model!r}: {exc.error}",
+                        hint=f"run `ollama pull {self.model}` or pick one from `ollama list`"
+                        ) from exc
+                if exc.status_code != 429 and exc.status_code < 500:
+                    raise PolicyError(f"the Ollama server rejected the request: {exc}",
+                                      hint="check the tools and options this model accepts"
+                                      ) from exc
+                failure: Exception = exc
+            except (ConnectionError, httpx.TransportError) as exc:
+                failure = exc
+            delay = self.backoff * 2 ** attempt
+            if attempt >= self.max_retries or time.monotonic() + delay > deadline:
+                raise ModelUnavailable(
+                    f"Ollama model {self.model!r} at {self.host or 'localhost:11434'} still "
+                    f"failing after {attempt + 1} tries: {type(failure).__name__}: {failure}",
+                    hint="start the server (`ollama serve`) or fix host=; raise timeout/"
+                         "retry_time for a slow server") from failure
+            time.sleep(delay)
+            attempt += 1
+
+    def complete(self, messages: list[Message], seed: int, k: int
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+        reply, retries = self._call(messages, seed)
+        action = make_action(k, reply["content"], reply["calls"], reply["finish_reason"],
+                             self.tools, self.max_tokens)
+        meta = {"model": self.model, "served_model": reply["model"], "retries": retries,
+                "params": {"temperature": self.temperature, "top_p": self.top_p,
+                           "num_ctx": self.num_ctx, "max_tokens": self.max_tokens},
+                "finish_reason": reply["finish_reason"], "usage": reply["usage"]}
+        return action, meta
+
+
+def _reply(resp: Any, content: str, calls: list[Any]) -> dict[str, Any]:
+    return {"content": content or None,
+            "calls": [(c.function.name, dict(c.function.arguments or {})) for c in calls],
+            "finish_reason": getattr(resp, "done_reason", None) or "stop",
+            "model": getattr(resp, "model", None),
+            "usage": {"prompt_tokens": getattr(resp, "prompt_eval_count", 0) or 0,
+                      "completion_tokens": getattr(resp, "eval_count", 0) or 0}}
+
+
+__all__ = ["OllamaPolicy", "ollama_messages"]

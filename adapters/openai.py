@@ -1,0 +1,172 @@
+"""``OpenAIPolicy``: a car policy over the official ``openai`` client (chat completions with
+tools). Works against any OpenAI-compatible server through ``base_url`` (vLLM, llama.cpp's
+server, Ollama's ``/v1``).
+
+Each decision passes a seed drawn from the branch's noise plus the sampling parameters, and
+records the model, token usage, ``system_fingerprint`` and (when asked for) logprobs in the
+step's meta. 429 and 5xx answers and dropped connections are retried with exponential backoff
+within a bounded total time; what is still failing then becomes a ``ModelUnavailable`` that
+says what to do.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from car_core.errors import InvalidInput, ModelUnavailable, PolicyError
+
+from .chat_agent import ChatPolicy, Message, make_action
+
+try:
+    import openai
+except ImportError as exc:  # pragma: no cover - part of the default install
+    raise ImportError("car_adapters.openai needs the openai client: pip install openai") from exc
+
+RETRYABLE = (openai.RateLimitError, openai.InternalServerError, openai.APIConnectionError)
+
+
+def wire_messages(messages: Sequence[Message]) -> list[Message]:
+    """Messages as the chat-completions API takes them (tool results without extra keys)."""
+    out = []
+    for m in messages:
+        if m.get("role") == "tool":
+            out.append({"role": "tool", "tool_call_id": m.get("tool_call_id"),
+                        "content": m.get("content") or ""})
+        elif m.get("role") == "assistant":
+            msg: Message = {"role": "assistant", "content": m.get("content")}
+            if m.get("tool_calls"):
+                msg["tool_calls"] = m["tool_calls"]
+            out.append(msg)
+        else:
+            out.append({"role": m["role"], "content": m.get("content") or ""})
+    return out
+
+
+class OpenAIPolicy(ChatPolicy):
+    """``policy(history, rng) -> assistant message`` from a chat-completions model.
+
+    ``tool_choice`` is passed through ("auto", "required" or a named function).
+    ``prices``: (input, output) price per million tokens; when given, each step's meta carries
+    its ``cost`` (otherwise a ``car.Budget(prices=...)`` table prices the tokens).
+    """
+
+    def __init__(self, model: str, *, client: Any = None, base_url: str | None = None,
+                 api_key: str | None = None, tools: Sequence[Mapping[str, Any]] | None = None,
+                 temperature: float = 1.0, top_p: float | None = None, max_tokens: int = 256,
+                 timeout: float = 60.0, max_retries: int = 5, retry_time: float = 60.0,
+                 backoff: float = 0.5, logprobs: bool = False, tool_choice: Any = None,
+                 prices: tuple[float, float] | None = None) -> None:
+        super().__init__()
+        if not isinstance(model, str) or not model:
+            raise InvalidInput("OpenAIPolicy needs a model name", hint='pass model="gpt-4o-mini"')
+        if timeout <= 0 or retry_time < 0 or max_retries < 0:
+            raise InvalidInput("timeout must be positive and retries non-negative",
+                               hint="e.g. timeout=60, max_retries=5, retry_time=60")
+        self.model, self.tools = model, [dict(t) for t in tools or ()]
+        self.temperature, self.top_p, self.max_tokens = temperature, top_p, max_tokens
+        self.timeout, self.max_retries, self.retry_time = timeout, max_retries, retry_time
+        self.backoff, self.logprobs, self.prices = backoff, logprobs, prices
+        self.base_url, self.tool_choice = base_url, tool_choice
+        if client is None:
+            key = api_key or os.environ.get("OPENAI_API_KEY")
+            if key is None and base_url is None:
+                raise ModelUnavailable(
+                    f"no API key for the hosted model {model!r}",
+                    hint="set OPENAI_API_KEY, pass api_key=..., or pass base_url= for a local "
+                         "OpenAI-compatible server (llama.cpp, vLLM, Ollama's /v1)")
+            client = openai.OpenAI(api_key=key or "not-needed", base_url=base_url,
+                                   timeout=timeout, max_retries=0)
+        self.client = client
+
+    def _request(self, messages: list[Message], seed: int) -> Any:
+        kwargs: dict[str, Any] = {"model": self.model, "messages": wire_messages(messages),
+                                  "seed": seed, "temperature": self.temperature,
+                                  "max_tokens": self.max_tokens, "timeout": self.timeout}
+        if self.top_p is not None:
+            kwargs["top_p"] = self.top_p
+        if self.tools:
+            kwargs["tools"] = self.tools
+            if self.tool_choice is not None:
+                kwargs["tool_choice"] = self.tool_choice
+        if self.logprobs:
+            kwargs["logprobs"] = True
+        return self.client.chat.completions.create(**kwargs)
+
+    def _call(self, messages: list[Message], seed: int) -> tuple[Any, int]:
+        """The response and the number of retries it took; retries 429/5xx/connection errors
+        with exponential backoff (or the server's Retry-After) until the time budget is spent."""
+        deadline = time.monotonic() + self.retry_time
+        attempt = 0
+        while True:
+            try:
+                return self._request(messages, seed), attempt
+            except openai.NotFoundError as exc:
+                raise ModelUnavailable(
+                    f"the server has no model {self.model!r} ({exc.status_code})",
+                    hint="check the model name against the server's model list") from exc
+            except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
+                raise ModelUnavailable(f"the server refused the API key ({exc.status_code})",
+                                       hint="set a valid OPENAI_API_KEY or api_key=") from exc
+            except RETRYABLE as exc:
+                delay = _retry_after(exc) or self.backoff * 2 ** attempt
+                if attempt >= self.max_retries or time.monotonic() + delay > deadline:
+                    raise ModelUnavailable(
+                        f"model {self.model!r} at {self.base_url or 'api.openai.com'} still "
+                        f"failing after {attempt + 1} tries: {_describe(exc)}",
+                        hint="start the server or fix base_url; raise timeout/retry_time "
+                             "for a slow server") from exc
+                time.sleep(delay)
+                attempt += 1
+            except openai.APIStatusError as exc:
+                raise PolicyError(f"the server rejected the request: {_describe(exc)}",
+                                  hint="check the tools, messages and sampling parameters "
+                                       "this server accepts") from exc
+
+    def complete(self, messages: list[Message], seed: int, k: int
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+        resp, retries = self._call(messages, seed)
+        choice = resp.choices[0]
+        msg = choice.message
+        calls = [(c.function.name, c.function.arguments) for c in msg.tool_calls or ()
+                 if getattr(c, "function", None) is not None]
+        action = make_action(k, msg.content, calls, choice.finish_reason, self.tools,
+                             self.max_tokens)
+        meta: dict[str, Any] = {
+            "model": self.model,
+            "params": {"temperature": self.temperature, "top_p": self.top_p,
+                       "max_tokens": self.max_tokens},
+            "finish_reason": choice.finish_reason, "retries": retries,
+            "served_model": getattr(resp, "model", None),
+            "system_fingerprint": getattr(resp, "system_fingerprint", None),
+            "tool_call_ids": [c.id for c in msg.tool_calls or ()]}
+        if resp.usage is not None:
+            meta["usage"] = {"prompt_tokens": resp.usage.prompt_tokens or 0,
+                             "completion_tokens": resp.usage.completion_tokens or 0}
+            if self.prices is not None:
+                pin, pout = self.prices
+                meta["cost"] = (meta["usage"]["prompt_tokens"] * pin
+                                + meta["usage"]["completion_tokens"] * pout) / 1e6
+        if self.logprobs and choice.logprobs is not None and choice.logprobs.content:
+            meta["logprobs"] = [round(float(t.logprob), 6) for t in choice.logprobs.content]
+        return action, meta
+
+
+def _retry_after(exc: Exception) -> float | None:
+    response = getattr(exc, "response", None)
+    value = response.headers.get("retry-after") if response is not None else None
+    try:
+        return min(float(value), 30.0) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _describe(exc: Exception) -> str:
+    status = getattr(exc, "status_code", None)
+    name = type(exc).__name__
+    return f"{name} {status}" if status else f"{name}: {exc}"
+
+
+__all__ = ["OpenAIPolicy", "wire_messages"]
