@@ -106,11 +106,20 @@ class LlamaIndexAgent:
         session = BranchSession(plan, noise, k, self.safety, recorded_calls(run.steps), run.id,
                                 forced_observations(plan))
         live = self._drive(state, active, run, session)
-        steps = prefix + [replace(s, index=k + i, meta={**s.meta, "origin": plan.origin(k + i)})
-                          for i, s in enumerate(live.steps)]
+        steps = prefix + [self._renumber(s, k + i, plan) for i, s in enumerate(live.steps)]
         return car.Trajectory.new(context=run.context, steps=steps, seed=noise.seed,
                                   agent=self.name, status=live.status, error=live.error,
                                   meta=dict(run.meta))
+
+    @staticmethod
+    def _renumber(step: car.Step, k: int, plan: Plan) -> car.Step:
+        """A collected step at its place in the branch, with its origin; a forced observation
+        is stored as the user gave it."""
+        meta = {**step.meta, "origin": plan.origin(k)}
+        if k in plan.forced_observations:
+            return replace(step, index=k, meta=meta, observed=True,
+                           observation=plan.forced_observations[k])
+        return replace(step, index=k, meta=meta)
 
     def redecide(self, run: car.Trajectory, k: int, noise: Noise) -> Any:
         """Decide step ``k`` again from its recorded messages (one model call, no tools)."""

@@ -10,6 +10,7 @@ for each tool: a forced observation is served as given, a side-effect tool is an
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
 from typing import Any
@@ -32,7 +33,7 @@ from car_core.errors import AdapterError, CarError, PolicyError
 from car_core.interventions import Plan
 from car_core.seeding import Noise
 
-from .._chat import ToolSafety, calls_of, canonical_arguments, check_observation
+from .._chat import ToolSafety, calls_of, canonical_arguments, check_observation, tool_result
 from ._messages import from_dict, selections_of
 from .fake import _STEP_RNG
 
@@ -233,6 +234,15 @@ class CarBranchTool(AsyncBaseTool):
 
 
 def forced_observations(plan: Plan) -> dict[int, list[dict[str, Any]]]:
-    """The plan's forced observations as tool messages matched to the forced action's calls."""
-    return {k: check_observation(obs, plan.forced_actions.get(k), step=k)
-            for k, obs in plan.forced_observations.items()}
+    """The plan's forced observations as tool messages matched to the forced action's calls.
+    A list is read as one result per call; any other JSON value answers every call (as text),
+    and is stored on the step as given."""
+    out = {}
+    for k, obs in plan.forced_observations.items():
+        action = plan.forced_actions.get(k)
+        if isinstance(obs, list):
+            out[k] = check_observation(obs, action, step=k)
+        else:
+            text = obs if isinstance(obs, str) else json.dumps(obs)
+            out[k] = [tool_result(cid, name, text) for cid, name, _ in calls_of(action)]
+    return out
