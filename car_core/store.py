@@ -75,6 +75,9 @@ class RunStore:
             self._check_ours()
             self.db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
             self._migrate()
+        except StoreError:
+            conn.close()  # refused before anything was written; do not leak the handle
+            raise
         except sqlite3.DatabaseError as exc:
             conn.close()
             if _is_readonly_error(exc):

@@ -20,7 +20,7 @@ Each check raises ``ConformanceFailure`` (an ``AssertionError``) saying what bro
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -149,6 +149,26 @@ class Counters:
     def reset(self) -> None:
         for c in self.counters:
             c.reset()
+
+
+@dataclass(frozen=True)
+class CountedAgent:
+    """A ``FunctionAgent`` whose policy and environment calls are counted."""
+
+    agent: Any
+    policy: CallCounter
+    environment: CallCounter | None
+
+    @property
+    def both(self) -> Counters:
+        return Counters(*(c for c in (self.policy, self.environment) if c is not None))
+
+
+def count_calls(agent: Any) -> CountedAgent:
+    """A copy of a ``FunctionAgent`` with its policy and environment wrapped in counters."""
+    policy = CallCounter(agent.policy)
+    env = CallCounter(agent.environment) if agent.environment is not None else None
+    return CountedAgent(replace(agent, policy=policy, environment=env), policy, env)
 
 
 # -- the contract --------------------------------------------------------------------------
@@ -306,7 +326,7 @@ def run_conformance(agent_factory: Callable[[], Any], *, context: JSON, outcome:
 
 
 __all__ = [
-    "CHECKS", "CallCounter", "Choice", "Counters", "DictEnvironment", "ScriptedPolicy",
-    "action_key", "check_branch_lineage", "check_forced_values", "check_prefix_makes_no_calls",
+    "CHECKS", "CallCounter", "Choice", "CountedAgent", "Counters", "DictEnvironment",
+    "ScriptedPolicy", "action_key", "count_calls", "check_branch_lineage", "check_forced_values", "check_prefix_makes_no_calls",
     "check_replay_reproduces", "check_same_noise_same_branch", "run_conformance",
 ]

@@ -1,8 +1,8 @@
-"""Shared fixtures: planted models, their failing runs, counted agents and a fresh store."""
+"""Shared fixtures: a planted model, its failing run and a fresh store."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,25 +10,6 @@ import pytest
 import car_core as car
 from car_core import synthetic as syn
 from car_core.store import RunStore
-from car_core.testing import CallCounter, Counters
-
-
-@dataclass
-class Counted:
-    """A synthetic model's agent whose policy and environment calls are counted."""
-
-    agent: car.FunctionAgent
-    policy: CallCounter
-    environment: CallCounter
-    both: Counters
-
-
-def counted_agent(model: syn.SyntheticSCM) -> Counted:
-    base = model.agent()
-    policy, env = CallCounter(base.policy), CallCounter(base.environment)
-    agent = car.FunctionAgent(policy=policy, environment=env, is_final=base.is_final,
-                              max_steps=base.max_steps, name=base.name)
-    return Counted(agent, policy, env, Counters(policy, env))
 
 
 @pytest.fixture
@@ -42,7 +23,7 @@ def pivot_run(pivot_model: syn.SyntheticSCM) -> car.Trajectory:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> RunStore:
+def store(tmp_path: Path) -> Iterator[RunStore]:
     s = RunStore(tmp_path / "car.db")
     yield s
     s.close()

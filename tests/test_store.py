@@ -1,0 +1,337 @@
+"""The SQLite store: WAL, idempotent saves, lineage queries, migrations, two writing processes,
+tamper detection, and refusing files that are not ours, too new, or read-only — in every refusal
+the file is left exactly as it was."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import car_core as car
+from car_core import synthetic as syn
+from car_core.errors import (
+    AttributionNotFound,
+    CorruptRun,
+    NotACarStore,
+    RunNotFound,
+    StoreError,
+    StoreReadOnly,
+    StoreTooNew,
+)
+from car_core.store import MIGRATIONS, RunStore, StoreJournal
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fingerprint(path: Path) -> tuple[str, list[str]]:
+    """The file's bytes and the folder's names: what 'unchanged' means here."""
+    return hashlib.sha256(path.read_bytes()).hexdigest(), sorted(os.listdir(path.parent))
+
+
+def settled(path: Path, *, keep_wal: bool = False) -> Path:
+    """Fold the WAL back into the main file so its bytes say everything."""
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    if not keep_wal:
+        conn.execute("PRAGMA journal_mode = DELETE")
+    conn.close()
+    return path
+
+
+def rows(path: Path) -> dict[str, list[tuple]]:
+    conn = sqlite3.connect(path)
+    out = {t: conn.execute(f"SELECT * FROM {t} ORDER BY 1, 2").fetchall()
+           for t in ("runs", "steps", "attributions")}
+    conn.close()
+    return out
+
+
+def test_store_is_wal_and_marked_as_ours(store: RunStore) -> None:
+    assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert store.db.execute("PRAGMA application_id").fetchone()[0] == 0x43415231
+
+
+def test_save_and_load_round_trip(store: RunStore, pivot_run: car.Trajectory) -> None:
+    assert store.save(pivot_run) == pivot_run.id
+    assert store.load(pivot_run.id) == pivot_run
+    assert store.exists(pivot_run.id)
+    [summary] = store.list()
+    assert summary["id"] == pivot_run.id and summary["n_steps"] == 6
+    assert summary["outcome"] == 1.0
+
+
+def test_saving_the_same_run_twice_changes_nothing(store: RunStore, pivot_run) -> None:
+    store.save(pivot_run)
+    before = rows(store.path)
+    store.save(pivot_run)
+    store.save(car.Trajectory.from_json(pivot_run.to_json()))
+    assert rows(store.path) == before
+
+
+def test_a_different_run_under_a_taken_id_is_refused(store: RunStore, pivot_run) -> None:
+    store.save(pivot_run)
+    before = rows(store.path)
+    other = syn.and_game().failing_run()
+    impostor = car.Trajectory.new(context=other.context, steps=list(other.steps),
+                                  id=pivot_run.id)
+    with pytest.raises(StoreError, match="give the new run a fresh id"):
+        store.save(impostor)
+    assert rows(store.path) == before
+    assert store.load(pivot_run.id) == pivot_run
+
+
+def test_a_tampered_run_object_is_not_saved(store: RunStore, pivot_run) -> None:
+    import dataclasses
+    bad = dataclasses.replace(pivot_run, steps=(dataclasses.replace(pivot_run.steps[0],
+                                                                    action="edited"),
+                                                *pivot_run.steps[1:]))
+    with pytest.raises(CorruptRun, match="record it again"):
+        store.save(bad)
+    assert store.list(branches=True) == []
+
+
+def test_lineage_queries(store: RunStore, pivot_model, pivot_run) -> None:
+    store.save(pivot_run)
+    other = pivot_model.failing_run(seed=100)
+    store.save(other)
+    aid = store.begin_attribution(pivot_run.id, "manual", {"k": 2})
+    dist = car.intervene(pivot_run, pivot_model.agent(), car.do_resample(2),
+                         outcome=pivot_model.outcome, rollouts=3, progress=False)
+    for t in dist.trajectories:
+        store.save(t, attribution_id=aid)
+    store.finish_attribution(aid, {"mean": dist.mean})
+
+    kids = store.children(pivot_run.id)
+    assert [k["id"] for k in kids] == [t.id for t in dist.trajectories]
+    assert {(k["arm"], k["branch_step"], k["attribution_id"]) for k in kids} == {
+        ("intervention", 2, aid)}
+    assert store.children(other.id) == []
+    assert [(b["arm"], b["rollout"]) for b in store.branches(aid)] == [
+        ("intervention", 0), ("intervention", 1), ("intervention", 2)]
+    assert {r["id"] for r in store.list()} == {pivot_run.id, other.id}
+    assert len(store.list(branches=True)) == 5
+    loaded = store.load(dist.trajectories[1].id)
+    assert loaded == dist.trajectories[1] and loaded.lineage.parent_id == pivot_run.id
+    [att] = store.attributions(pivot_run.id)
+    assert att["id"] == aid and att["params"] == {"k": 2} and att["status"] == "complete"
+    assert att["result"] == {"mean": dist.mean}
+
+
+def test_store_journal_finds_finished_branches(store: RunStore, pivot_model, pivot_run) -> None:
+    from car_core.execution import Task
+    from car_core.interventions import compile_plan
+    from car_core.seeding import branch_noise
+    store.save(pivot_run)
+    aid = store.begin_attribution(pivot_run.id, "manual", {})
+    journal = StoreJournal(store, aid)
+    # the journal finds a branch by the arm and rollout its lineage names
+    task = Task("intervention", 0, compile_plan(pivot_run, car.do_resample(1)),
+                branch_noise(0, 0, "intervention", True))
+    assert journal.lookup(task) is None
+    dist = car.intervene(pivot_run, pivot_model.agent(), car.do_resample(1),
+                         outcome=pivot_model.outcome, rollouts=1, progress=False)
+    journal.write(task, dist.trajectories[0])
+    assert journal.lookup(task) == dist.trajectories[0]
+
+
+def test_migrations_are_recorded_once(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    RunStore(path).close()
+    RunStore(path).close()
+    conn = sqlite3.connect(path)
+    names = [r[0] for r in conn.execute("SELECT name FROM _sqlite_migrations")]
+    conn.close()
+    assert names == [m.name for m in MIGRATIONS._migrations]
+
+
+WRITER = textwrap.dedent("""
+    import sys
+    import car_core as car
+    from car_core import synthetic as syn
+    from car_core.store import RunStore
+    path, first = sys.argv[1], int(sys.argv[2])
+    store = RunStore(path)
+    model = syn.and_game()
+    for seed in range(first, first + 15):
+        store.save(car.record(model.agent(), context={"writer": first}, outcome=model.outcome,
+                              seed=seed))
+    store.close()
+""")
+
+
+@pytest.mark.parametrize("fresh", [True, False], ids=["new-file", "existing-file"])
+def test_two_processes_write_one_database_at_once(tmp_path: Path, fresh: bool) -> None:
+    path = tmp_path / "shared.db"
+    if not fresh:
+        RunStore(path).close()   # otherwise both processes race to create and migrate it
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(first)], cwd=ROOT,
+                              stderr=subprocess.PIPE, text=True) for first in (0, 1000)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    with RunStore(path) as store:
+        listed = store.list()
+        assert len(listed) == 30
+        assert {store.load(r["id"]).context["writer"] for r in listed} == {0, 1000}
+
+
+def test_editing_one_stored_byte_is_detected(tmp_path: Path, pivot_run) -> None:
+    path = tmp_path / "t.db"
+    other = syn.and_game().failing_run()
+    with RunStore(path) as store:
+        store.save(pivot_run)
+        store.save(other)
+    conn = sqlite3.connect(path)
+    action = conn.execute("SELECT action FROM steps WHERE run_id = ? AND idx = 3",
+                          [pivot_run.id]).fetchone()[0]
+    edited = action.replace('"bad"', '"bax"')
+    assert len(edited) == len(action) and edited != action
+    conn.execute("UPDATE steps SET action = ? WHERE run_id = ? AND idx = 3",
+                 [edited, pivot_run.id])
+    conn.commit()
+    conn.close()
+    before = rows(path)
+    with RunStore(path) as store:
+        with pytest.raises(CorruptRun, match="record it again") as info:
+            store.load(pivot_run.id)
+        assert info.value.step == 3 and info.value.run_id == pivot_run.id
+        assert store.load(other.id) == other
+    assert rows(path) == before
+
+
+def test_a_deleted_step_row_is_detected(tmp_path: Path, pivot_run) -> None:
+    path = tmp_path / "t.db"
+    with RunStore(path) as store:
+        store.save(pivot_run)
+    conn = sqlite3.connect(path)
+    conn.execute("DELETE FROM steps WHERE run_id = ? AND idx = 5", [pivot_run.id])
+    conn.commit()
+    conn.close()
+    with RunStore(path) as store, pytest.raises(CorruptRun, match="incomplete"):
+        store.load(pivot_run.id)
+
+
+def test_unparseable_stored_json_is_a_corrupt_run(tmp_path: Path, pivot_run) -> None:
+    path = tmp_path / "t.db"
+    with RunStore(path) as store:
+        store.save(pivot_run)
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE steps SET meta = '{oops' WHERE run_id = ? AND idx = 0", [pivot_run.id])
+    conn.commit()
+    conn.close()
+    with RunStore(path) as store, pytest.raises(CorruptRun, match="edited by hand"):
+        store.load(pivot_run.id)
+
+
+def test_a_sqlite_file_that_is_not_ours_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE users (name TEXT)")
+    conn.execute("INSERT INTO users VALUES ('ada')")
+    conn.commit()
+    conn.close()
+    before = fingerprint(path)
+    with pytest.raises(NotACarStore, match="use a new file"):
+        RunStore(path)
+    assert fingerprint(path) == before
+
+
+def test_a_file_that_is_not_sqlite_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "notes.db"
+    path.write_text("these are my notes, not a database\n" * 20)
+    before = fingerprint(path)
+    with pytest.raises(NotACarStore, match="pass the path of a CAR store"):
+        RunStore(path)
+    assert fingerprint(path) == before
+
+
+def test_a_store_migrated_by_a_newer_car_is_refused_untouched(tmp_path: Path,
+                                                               pivot_run) -> None:
+    path = tmp_path / "new.db"
+    with RunStore(path) as store:
+        store.save(pivot_run)
+    conn = sqlite3.connect(path)
+    conn.execute("INSERT INTO _sqlite_migrations (migration_set, name, applied_at) "
+                 "VALUES ('car', '9999_from_the_future', '2099-01-01')")
+    conn.commit()
+    conn.close()
+    before = fingerprint(settled(path))
+    with pytest.raises(StoreTooNew, match="upgrade causal-agent-replay"):
+        RunStore(path)
+    assert fingerprint(path) == before
+
+
+@pytest.fixture(params=[True, False], ids=["wal", "rollback-journal"])
+def read_only(request, tmp_path: Path, pivot_run):
+    """A CAR store whose file cannot be written. chmod is enough for a normal user; root
+    ignores permissions, so there the file is also made immutable (chattr +i)."""
+    path = tmp_path / "ro.db"
+    with RunStore(path) as store:
+        store.save(pivot_run)
+    settled(path, keep_wal=request.param)
+    path.chmod(0o444)
+    immutable = os.geteuid() == 0
+    if immutable:
+        subprocess.run(["chattr", "+i", str(path)], check=True)
+    yield path, request.param
+    if immutable:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+    path.chmod(0o644)
+
+
+def test_a_read_only_store_is_refused_for_writing_and_left_untouched(read_only,
+                                                                      pivot_run) -> None:
+    path, wal = read_only
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    if wal:
+        # already in WAL mode and migrated: it opens and reads, but refuses to write
+        store = RunStore(path)
+        try:
+            assert store.load(pivot_run.id) == pivot_run
+            with pytest.raises(StoreReadOnly, match="writable file"):
+                store.save(syn.and_game().failing_run())
+        finally:
+            store.close()
+    else:
+        # switching it to WAL is a write, so it is refused on opening
+        with pytest.raises(StoreReadOnly, match="writable file"):
+            RunStore(path)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+
+
+def test_a_store_in_a_missing_folder_says_to_check_the_folder(tmp_path: Path) -> None:
+    with pytest.raises(StoreReadOnly, match="check the folder exists"):
+        RunStore(tmp_path / "missing" / "car.db")
+
+
+def test_unknown_ids_raise_not_found_errors_that_are_key_errors(store: RunStore) -> None:
+    with pytest.raises(RunNotFound, match="car runs") as info:
+        store.load("nope")
+    assert isinstance(info.value, KeyError) and "nope" in str(info.value)
+    with pytest.raises(KeyError):
+        store.load("nope")
+    with pytest.raises(RunNotFound, match="save the run before attributing"):
+        store.begin_attribution("nope", "contrastive", {})
+    with pytest.raises(AttributionNotFound, match="RunStore.attributions") as info2:
+        store.attribution("nope")
+    assert isinstance(info2.value, KeyError)
+
+
+def test_a_copied_store_file_opens_elsewhere(tmp_path: Path, pivot_run) -> None:
+    """No side files: the database alone carries everything."""
+    path = tmp_path / "a.db"
+    with RunStore(path) as store:
+        store.save(pivot_run)
+    settled(path)
+    (tmp_path / "b").mkdir()
+    shutil.copy(path, tmp_path / "b" / "a.db")
+    with RunStore(tmp_path / "b" / "a.db") as copy:
+        assert copy.load(pivot_run.id) == pivot_run
