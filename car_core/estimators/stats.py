@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scipy.stats import norm
+from scipy.stats import t as student_t
 
 from ..errors import InvalidInput
 
@@ -93,3 +94,49 @@ def bonferroni_level(alpha: float, m: int) -> float:
     if not 0.0 < alpha < 1.0:
         raise InvalidInput(f"alpha={alpha} is outside (0, 1)", hint="use e.g. alpha=0.05")
     return 1.0 - alpha / max(m, 1)
+
+
+@dataclass(frozen=True)
+class MeanInterval:
+    """A mean of ``n`` independent replicates with its Student-t interval."""
+
+    estimate: float
+    ci: tuple[float, float] | None
+    n: int
+    sd: float
+
+
+def t_interval(samples: Sequence[float], level: float = 0.95) -> MeanInterval:
+    """Student-t interval for the mean of independent replicates (``ci`` is None for n = 1).
+
+    Used where each replicate is itself an unbiased estimate (a Shapley value from one rollout
+    index or one antithetic unit): the spread between replicates then carries every source of
+    noise inside them, so the interval needs no model of that noise."""
+    n = len(samples)
+    if n == 0:
+        raise InvalidInput("a mean needs at least one replicate", hint="raise the budget")
+    z_value(level)  # validates the level
+    mean = sum(samples) / n
+    if n == 1:
+        return MeanInterval(mean, None, 1, float("nan"))
+    sd = math.sqrt(sum((x - mean) ** 2 for x in samples) / (n - 1))
+    half = float(student_t.ppf(0.5 + level / 2.0, n - 1)) * sd / math.sqrt(n)
+    return MeanInterval(mean, (mean - half, mean + half), n, sd)
+
+
+def looks(cap: int, fractions: Sequence[float] = (0.25, 0.5, 1.0)) -> list[int]:
+    """Sample sizes at which a group-sequential test looks at its data (distinct, >= 1)."""
+    return sorted({max(1, math.ceil(cap * f)) for f in fractions})
+
+
+def look_levels(sizes: Sequence[int], alpha: float, m: int) -> list[float]:
+    """Per-look confidence levels for ``m`` tests that each look at ``sizes``.
+
+    Bonferroni over tests and looks with unequal shares: look ``i`` gets ``alpha/m`` times a
+    share proportional to the square of its information fraction, so early looks (which only
+    stop clear cases) cost little of the final look's power. The shares sum to one, so all
+    intervals of all tests at all looks cover at once with probability ``>= 1 − alpha``."""
+    bonferroni_level(alpha, m)  # validates alpha
+    weights = [(s / sizes[-1]) ** 2 for s in sizes]
+    total = sum(weights)
+    return [1.0 - alpha * w / total / max(m, 1) for w in weights]

@@ -1,0 +1,90 @@
+"""What both estimators do around their rollouts: check the run, open the store journal, run
+batches of tasks under one budget meter, and keep outcome values rather than trajectories."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..agent import OutcomeFn
+from ..budget import Budget, BudgetMeter
+from ..errors import InvalidBudget, InvalidInput, NothingToAttribute
+from ..execution import Executor, Task, execute
+from ..interventions import Plan
+from ..replay import check_run, run_branch
+from ..seeding import branch_noise
+from ..trajectory import Trajectory
+
+OnValue = Callable[[Task, float, Trajectory], None]
+
+
+def as_budget(budget: Budget | int | None, what: str) -> Budget | None:
+    """Accept a ``car.Budget`` or a plain rollout count."""
+    if budget is None or isinstance(budget, Budget):
+        return budget
+    if isinstance(budget, bool) or not isinstance(budget, int):
+        raise InvalidBudget(f"{what}={budget!r} is neither a rollout count nor a car.Budget",
+                            hint="pass an int (rollouts) or car.Budget(rollouts=..., tokens=...)")
+    return Budget(rollouts=budget)
+
+
+def check_run_has_steps(run: Trajectory) -> None:
+    check_run(run)
+    if not run.steps:
+        raise NothingToAttribute("the run has no steps, so no step can be blamed", run_id=run.id,
+                                 hint="record a run in which the agent took at least one step")
+
+
+class Session:
+    """One estimate in progress: the agent, the outcome, the shared budget meter and (with a
+    store) the attribution row and the journal that makes it resumable."""
+
+    def __init__(self, run: Trajectory, agent: Any, outcome: Any, *, method: str, seed: int,
+                 coupled: bool, budget: Budget | None, executor: Executor | None,
+                 progress: Any, store: Any, attribution_id: str | None,
+                 params: dict[str, Any]) -> None:
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise InvalidInput(f"seed={seed!r} must be an int", hint="pass seed=0, 1, …")
+        self.run, self.agent, self.seed = run, agent, seed
+        self.outcome = OutcomeFn(outcome)
+        self.coupled = bool(coupled and getattr(agent, "couples_noise", False))
+        self.meter = BudgetMeter(budget)
+        self.executor, self.progress, self.method = executor, progress, method
+        self.store, self.journal, self.attribution_id = store, None, attribution_id
+        if store is not None:
+            from ..store import StoreJournal
+            if not store.exists(run.id):
+                store.save(run)
+            self.attribution_id = store.begin_attribution(run.id, method, params, attribution_id)
+            self.journal = StoreJournal(store, self.attribution_id)
+
+    def task(self, arm: str, rollout: int, plan: Plan) -> Task:
+        return Task(arm=arm, rollout=rollout, plan=plan,
+                    noise=branch_noise(self.seed, rollout, arm, self.coupled))
+
+    def execute(self, tasks: Sequence[Task], on_value: OnValue) -> None:
+        """Run ``tasks`` (budget checked before each); hand each outcome value to ``on_value``.
+        The batch's trajectories are dropped when this returns."""
+        if not tasks or self.tripped:
+            return
+
+        def fn(task: Task) -> Trajectory:
+            return run_branch(self.run, self.agent, self.outcome, task)
+
+        def on_result(task: Task, traj: Trajectory) -> None:
+            value = traj.outcome.value if traj.outcome is not None else None
+            if value is None:  # a journal row written without a score cannot be trusted
+                value = self.outcome(traj, task.noise.rng(0, "outcome"))
+            on_value(task, float(value), traj)
+
+        execute(tasks, fn, self.meter, executor=self.executor, progress=self.progress,
+                label=self.method, on_result=on_result, journal=self.journal)
+
+    @property
+    def tripped(self) -> str | None:
+        return self.meter.tripped
+
+    def finish(self, result: dict[str, Any]) -> None:
+        if self.store is not None and self.attribution_id is not None:
+            status = "truncated" if result.get("truncated") else "complete"
+            self.store.finish_attribution(self.attribution_id, result, status)

@@ -1,0 +1,214 @@
+"""What the estimators return: frozen result objects that serialise to one JSON schema.
+
+The same ``to_dict()`` feeds the store, the CLI (``--json``) and the HTML report, so it holds
+every number shown and every parameter needed to reproduce the estimate.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _ci(ci: tuple[float, float] | None) -> list[float] | None:
+    return None if ci is None else [float(ci[0]), float(ci[1])]
+
+
+def _num(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:+.{digits}f}" if x < 0 else f"{x:.{digits}f}"
+
+
+def _interval(ci: tuple[float, float] | None) -> str:
+    return "-" if ci is None else f"[{_num(ci[0])}, {_num(ci[1])}]"
+
+
+def _text_table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)
+
+
+class _Rendered:
+    """JSON, HTML and notebook display shared by both result types."""
+
+    def to_dict(self) -> dict[str, Any]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def to_html(self) -> str:
+        from ..report import render_attribution  # the report pulls in jinja2: load it lazily
+        return str(render_attribution(self.to_dict()))
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+
+@dataclass(frozen=True)
+class StepEffect:
+    """Rescue of one step: P(fail | step held) − P(fail | step resampled), both estimated."""
+
+    step: int
+    effect: float | None = None
+    ci: tuple[float, float] | None = None
+    tested: bool = False
+    significant: bool = False
+    fail_held: float | None = None
+    fail_resampled: float | None = None
+    n: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "effect": self.effect, "ci": _ci(self.ci),
+                "tested": self.tested, "significant": self.significant,
+                "fail_held": self.fail_held, "fail_resampled": self.fail_resampled, "n": self.n}
+
+
+@dataclass(frozen=True)
+class ArmEstimate:
+    """Arm ``H_j``: P(fail | steps < j held as recorded, steps >= j live)."""
+
+    hold_before: int
+    mean: float
+    ci: tuple[float, float]
+    n: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hold_before": self.hold_before, "mean": self.mean, "ci": _ci(self.ci),
+                "n": self.n}
+
+
+@dataclass(frozen=True)
+class ContrastiveResult(_Rendered):
+    """The point of commitment of a failed run, with every rescue interval behind it."""
+
+    run_id: str
+    locus: int | None
+    reason: str | None
+    alpha: float
+    tests: int
+    level: float
+    rollouts_used: int
+    rollouts_cap: int
+    seed: int
+    coupled: bool
+    truncated: bool
+    budget_note: str | None
+    tokens: int
+    cost: float
+    search: str
+    steps: tuple[StepEffect, ...]
+    arms: tuple[ArmEstimate, ...]
+    example_branch: dict[str, Any] | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    attribution_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": "contrastive", "run_id": self.run_id,
+                "attribution_id": self.attribution_id, "locus": self.locus,
+                "reason": self.reason, "alpha": self.alpha, "correction": "bonferroni",
+                "tests": self.tests, "level": self.level, "rollouts_used": self.rollouts_used,
+                "rollouts_cap": self.rollouts_cap, "seed": self.seed, "coupled": self.coupled,
+                "truncated": self.truncated, "budget_note": self.budget_note,
+                "tokens": self.tokens, "cost": self.cost, "search": self.search,
+                "steps": [s.to_dict() for s in self.steps],
+                "arms": [a.to_dict() for a in self.arms],
+                "example_branch": self.example_branch, "params": dict(self.params)}
+
+    def table(self) -> list[dict[str, Any]]:
+        return [s.to_dict() for s in self.steps]
+
+    def __str__(self) -> str:
+        rows = [[str(s.step), _num(s.effect), _interval(s.ci),
+                 ("yes" if s.significant else "no") if s.tested else "untested",
+                 _num(s.fail_held), _num(s.fail_resampled), str(s.n),
+                 "<- locus" if s.step == self.locus else ""] for s in self.steps]
+        head = (f"contrastive attribution of run {self.run_id}: locus = {self.locus}"
+                + (f" ({self.reason})" if self.reason else ""))
+        foot = (f"{self.tests} test(s), each at {self.level:.4f} (Bonferroni, FWER <= "
+                f"{self.alpha}); search={self.search}; rollouts used {self.rollouts_used} "
+                f"(cap {self.rollouts_cap} per arm); coupled={self.coupled}"
+                + (f"; truncated: {self.budget_note}" if self.truncated else ""))
+        table = _text_table(["step", "rescue", "interval", "significant", "P(fail|held)",
+                             "P(fail|resampled)", "n", ""], rows)
+        return f"{head}\n{table}\n{foot}"
+
+
+@dataclass(frozen=True)
+class ShapleyValue:
+    """One player's Shapley value: a step, or the other steps grouped (``step`` None)."""
+
+    step: int | None
+    label: str
+    estimate: float | None
+    ci: tuple[float, float] | None
+    n: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "label": self.label, "estimate": self.estimate,
+                "ci": _ci(self.ci), "n": self.n}
+
+
+@dataclass(frozen=True)
+class GameValue:
+    """``v(S)`` for the full or the empty coalition, with its Wilson interval."""
+
+    mean: float | None
+    ci: tuple[float, float] | None
+    n: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mean": self.mean, "ci": _ci(self.ci), "n": self.n}
+
+
+@dataclass(frozen=True)
+class ShapleyResult(_Rendered):
+    """Shapley values of the steps for the game v(S) = P(fail | S held, the rest resampled)."""
+
+    run_id: str
+    mode: str
+    values: tuple[ShapleyValue, ...]
+    total: float | None
+    v_full: GameValue
+    v_empty: GameValue
+    efficiency_gap: float | None
+    level: float
+    rollouts_used: int
+    budget: int
+    truncated: bool
+    budget_note: str | None
+    seed: int
+    coupled: bool
+    tokens: int
+    cost: float
+    reason: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    attribution_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": "shapley", "run_id": self.run_id,
+                "attribution_id": self.attribution_id, "mode": self.mode,
+                "values": [v.to_dict() for v in self.values], "total": self.total,
+                "v_full": self.v_full.to_dict(), "v_empty": self.v_empty.to_dict(),
+                "efficiency_gap": self.efficiency_gap, "level": self.level,
+                "rollouts_used": self.rollouts_used, "budget": self.budget,
+                "truncated": self.truncated, "budget_note": self.budget_note, "seed": self.seed,
+                "coupled": self.coupled, "tokens": self.tokens, "cost": self.cost,
+                "reason": self.reason, "params": dict(self.params)}
+
+    def table(self) -> list[dict[str, Any]]:
+        return [v.to_dict() for v in self.values]
+
+    def __str__(self) -> str:
+        rows = [[v.label, _num(v.estimate), _interval(v.ci), str(v.n)] for v in self.values]
+        head = (f"Shapley attribution of run {self.run_id} ({self.mode}, level {self.level})"
+                + (f": {self.reason}" if self.reason else ""))
+        foot = (f"sum = {_num(self.total)}; v(N) - v(empty) = "
+                f"{_num(self.v_full.mean)} - {_num(self.v_empty.mean)}; gap "
+                f"{_num(self.efficiency_gap)}; rollouts used {self.rollouts_used} of "
+                f"{self.budget}; coupled={self.coupled}"
+                + (f"; truncated: {self.budget_note}" if self.truncated else ""))
+        return f"{head}\n{_text_table(['player', 'phi', 'interval', 'n'], rows)}\n{foot}"
