@@ -140,11 +140,16 @@ class PlantedSupportModel(BaseChatModel):
     seed: int | None = None
     rng_seed: int = 0
     model_name: str = "planted-support"
-    calls: int = 0
     _rng: np.random.Generator = PrivateAttr(default=None)
+    _log: list[int] = PrivateAttr(default_factory=list)
 
     def model_post_init(self, context: Any) -> None:
         self._rng = np.random.default_rng(self.rng_seed)
+
+    @property
+    def calls(self) -> int:
+        """Model calls so far, shared with copies (a per-step seed is set on a copy)."""
+        return len(self._log)
 
     @property
     def _llm_type(self) -> str:
@@ -190,7 +195,7 @@ class PlantedSupportModel(BaseChatModel):
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: Any = None, **kwargs: Any) -> ChatResult:
-        self.calls += 1
+        self._log.append(1)
         msg = self.decide(messages)
         usage = {"prompt_tokens": sum(len(str(m.content)) // 4 for m in messages),
                  "completion_tokens": 8}

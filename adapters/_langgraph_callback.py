@@ -1,0 +1,205 @@
+"""``CarCallback``: record every model decision of a LangGraph run as a CAR trajectory.
+
+Pass it in ``config["callbacks"]``. Each chat-model call inside the graph becomes a ``Step``:
+the graph messages it decided from (``state``; messages without an id, such as a system prompt a
+node prepends, are kept apart in ``meta["prompt"]``), the ``AIMessage`` as the action, the tool
+results that answered it as the observation, and in ``meta`` the model, parameters, token usage,
+latency and the LangGraph ids needed to fork there (thread, the checkpoint the task was scheduled
+from, node, superstep). Runs are keyed by their root run id, so several graphs can run at once
+through one handler; each finished run is saved to the store and becomes ``cb.run``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import BaseMessage, ToolMessage
+from langchain_core.runnables.config import var_child_runnable_config
+
+from car_core.store import RunStore
+from car_core.trajectory import Step, Trajectory
+
+from ._langgraph_messages import decode, jsonable, to_dict, to_dicts, usage_of
+
+MESSAGES_KEY = "messages"
+
+
+@dataclass
+class _Call:
+    order: int
+    state: list[dict[str, Any]]
+    meta: dict[str, Any]
+    started: float
+    message: BaseMessage | None = None
+
+
+@dataclass
+class _Recording:
+    thread_id: str | None
+    inputs: Any
+    calls: dict[UUID, _Call] = field(default_factory=dict)
+    tool_results: dict[str, ToolMessage] = field(default_factory=dict)
+    members: set[UUID] = field(default_factory=set)
+
+
+def _checkpoint_ids() -> tuple[str | None, str | None]:
+    """The checkpoint the running task was scheduled from, read from the runnable config
+    LangGraph propagates to the model call (the deepest namespace in ``checkpoint_map``)."""
+    config = var_child_runnable_config.get() or {}
+    cmap = (config.get("configurable") or {}).get("checkpoint_map") or {}
+    if not cmap:
+        return None, None
+    ns, cid = list(cmap.items())[-1]
+    return cid, ns
+
+
+def _model_name(message: BaseMessage | None, llm_output: dict[str, Any] | None,
+                params: dict[str, Any]) -> str | None:
+    for source in ((getattr(message, "response_metadata", None) or {}), llm_output or {}, params):
+        for key in ("model_name", "model"):
+            if source.get(key):
+                return str(source[key])
+    return params.get("_type")
+
+
+class CarCallback(BaseCallbackHandler):
+    """Records LangGraph runs as ``car.Trajectory`` values and saves each to ``store``."""
+
+    run_inline = True  # keep event order; LangGraph calls handlers from the task's context
+
+    def __init__(self, store: str | os.PathLike[str] | RunStore | None = None, *,
+                 messages_key: str = MESSAGES_KEY) -> None:
+        self.store = RunStore(store) if isinstance(store, (str, os.PathLike)) else store
+        self.messages_key = messages_key
+        self.runs: list[Trajectory] = []
+        self._open: dict[UUID, _Recording] = {}
+        self._root: dict[UUID, UUID] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def run(self) -> Trajectory | None:
+        """The latest finished run (None before any)."""
+        return self.runs[-1] if self.runs else None
+
+    def _join(self, run_id: UUID, parent_run_id: UUID | None) -> _Recording | None:
+        with self._lock:
+            root = self._root.get(parent_run_id) if parent_run_id is not None else None
+            rec = self._open.get(root) if root is not None else None
+            if rec is not None:
+                self._root[run_id] = root  # type: ignore[assignment]
+                rec.members.add(run_id)
+            return rec
+
+    def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: UUID,
+                       parent_run_id: UUID | None = None, metadata: dict[str, Any] | None = None,
+                       **kwargs: Any) -> None:
+        if parent_run_id is None:
+            with self._lock:
+                self._open[run_id] = _Recording((metadata or {}).get("thread_id"), inputs,
+                                                members={run_id})
+                self._root[run_id] = run_id
+        else:
+            self._join(run_id, parent_run_id)
+
+    def on_tool_start(self, serialized: Any, input_str: str, *, run_id: UUID,
+                      parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+        self._join(run_id, parent_run_id)
+
+    def on_tool_end(self, output: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
+                    **kwargs: Any) -> None:
+        with self._lock:
+            rec = self._open.get(self._root.get(run_id))  # type: ignore[arg-type]
+        if rec is not None and isinstance(output, ToolMessage):
+            rec.tool_results[output.tool_call_id] = output
+
+    def on_chat_model_start(self, serialized: Any, messages: list[list[BaseMessage]], *,
+                            run_id: UUID, parent_run_id: UUID | None = None,
+                            metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        rec = self._join(run_id, parent_run_id)
+        if rec is None:
+            return  # a model call outside any graph this handler saw start
+        md = metadata or {}
+        seen = messages[0] if messages else []
+        params = jsonable({k: v for k, v in (kwargs.get("invocation_params") or {}).items()
+                           if k not in ("tools", "car_tools", "car_tool_kwargs")})
+        checkpoint_id, checkpoint_ns = _checkpoint_ids()
+        meta = {"origin": "record", "thread_id": md.get("thread_id", rec.thread_id),
+                "checkpoint_id": checkpoint_id, "checkpoint_ns": checkpoint_ns,
+                "node": md.get("langgraph_node"), "langgraph_step": md.get("langgraph_step"),
+                "task_ns": md.get("langgraph_checkpoint_ns"), "params": params,
+                "seed": params.get("seed") if isinstance(params, dict) else None}
+        prompt = [to_dict(m) for m in seen if m.id is None]
+        if prompt:
+            meta["prompt"] = prompt
+        with self._lock:
+            rec.calls[run_id] = _Call(len(rec.calls), to_dicts(m for m in seen if m.id is not None),
+                                      meta, time.perf_counter())
+
+    def on_llm_end(self, response: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
+                   **kwargs: Any) -> None:
+        with self._lock:
+            rec = self._open.get(self._root.get(run_id))  # type: ignore[arg-type]
+            call = rec.calls.get(run_id) if rec is not None else None
+        if call is None or not response.generations or not response.generations[0]:
+            return
+        message = getattr(response.generations[0][0], "message", None)
+        call.message = message
+        call.meta["latency_s"] = time.perf_counter() - call.started
+        call.meta["usage"] = usage_of(message, response.llm_output) if message else None
+        call.meta["model"] = _model_name(message, response.llm_output, call.meta["params"])
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
+                     **kwargs: Any) -> None:
+        if parent_run_id is None:
+            self._finish(run_id, outputs, None)
+
+    def on_chain_error(self, error: BaseException, *, run_id: UUID,
+                       parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+        if parent_run_id is None:
+            self._finish(run_id, None, error)
+
+    def _finish(self, run_id: UUID, outputs: Any, error: BaseException | None) -> None:
+        with self._lock:
+            rec = self._open.pop(run_id, None)
+            if rec is None:
+                return
+            for member in rec.members:
+                self._root.pop(member, None)
+        run = self.build(rec, outputs, error)
+        if self.store is not None:
+            self.store.save(run)
+        with self._lock:
+            self.runs.append(run)
+
+    def build(self, rec: _Recording, outputs: Any, error: BaseException | None) -> Trajectory:
+        calls = sorted((c for c in rec.calls.values() if c.message is not None),
+                       key=lambda c: c.order)
+        final = outputs if isinstance(outputs, dict) else {}
+        results = dict(rec.tool_results)
+        for m in final.get(self.messages_key) or ():
+            if isinstance(m, ToolMessage):
+                results[m.tool_call_id] = m
+        steps = []
+        for i, call in enumerate(calls):
+            (_, action, observation, observed), = decode([call.message, *results.values()])
+            steps.append(Step(index=i, action=action, observation=observation,
+                              observed=observed, state=call.state, meta=call.meta))
+        status = "complete"
+        if error is not None:
+            status = "error"
+        elif "__interrupt__" in final:
+            status = "interrupted"
+        context = ({"messages": steps[0].state} if steps
+                   else {"input": jsonable(rec.inputs)})
+        return Trajectory.new(
+            context=context, steps=steps, agent="langgraph", status=status,
+            error=repr(error) if error is not None else None,
+            meta={"framework": "langgraph", "thread_id": rec.thread_id,
+                  "final_state": jsonable({k: v for k, v in final.items()
+                                           if k != "__interrupt__"})})

@@ -1,0 +1,160 @@
+"""LangChain messages to and from CAR's OpenAI-style dicts, and a message list read as steps.
+
+A model decision in a LangGraph thread is an ``AIMessage`` in the messages channel; its
+observation is the ``ToolMessage``s that answer its tool calls (in call order); its state is the
+messages before it. Both the callback and ``import_thread`` use ``decode`` so they agree.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+    convert_to_messages,
+)
+
+from car_core.errors import InvalidIntervention
+
+from ._chat import assistant, calls_of, parse_arguments, tool_call, tool_result
+
+
+def _text(content: Any) -> Any:
+    """Message content as stored: a string stays a string; multimodal blocks stay JSON."""
+    if isinstance(content, str) or content is None:
+        return content
+    return json.loads(json.dumps(content, default=str))
+
+
+def to_dict(message: BaseMessage) -> dict[str, Any]:
+    """One LangChain message as an OpenAI-style dict."""
+    if isinstance(message, AIMessage):
+        calls = [tool_call(c.get("id") or "", c["name"], c.get("args") or {})
+                 for c in message.tool_calls]
+        return assistant(_text(message.content), calls)
+    if isinstance(message, ToolMessage):
+        return tool_result(message.tool_call_id, message.name or "", _text(message.content))
+    role = {"human": "user", "system": "system"}.get(message.type, message.type)
+    out: dict[str, Any] = {"role": role, "content": _text(message.content)}
+    if getattr(message, "name", None):
+        out["name"] = message.name
+    return out
+
+
+def to_dicts(messages: Iterable[BaseMessage]) -> list[dict[str, Any]]:
+    return [to_dict(m) for m in messages]
+
+
+def action_message(action: Mapping[str, Any]) -> AIMessage:
+    """A CAR action (assistant dict) as the ``AIMessage`` a model node would have written."""
+    calls = [{"id": c["id"], "name": c["function"]["name"],
+              "args": parse_arguments(c["function"].get("arguments") or {}), "type": "tool_call"}
+             for c in action.get("tool_calls") or ()]
+    return AIMessage(content=action.get("content") or "", tool_calls=calls)
+
+
+def from_dicts(messages: Sequence[Mapping[str, Any]]) -> list[BaseMessage]:
+    """OpenAI-style dicts back to LangChain messages (what ``do_context`` edits return)."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise InvalidIntervention(
+            f"a do_context edit must return a list of message dicts, got "
+            f"{type(messages).__name__}", hint="return the edited list of messages")
+    out: list[BaseMessage] = []
+    for m in messages:
+        if isinstance(m, BaseMessage):
+            out.append(m)
+            continue
+        if not isinstance(m, Mapping) or "role" not in m:
+            raise InvalidIntervention(f"not a chat message: {m!r}",
+                                      hint="each message is a dict with 'role' and 'content'")
+        role = m["role"]
+        if role == "assistant":
+            out.append(action_message(m))
+        elif role == "tool":
+            out.append(ToolMessage(content=m.get("content") or "", name=m.get("name"),
+                                   tool_call_id=str(m.get("tool_call_id", ""))))
+        elif role == "system":
+            out.append(SystemMessage(content=m.get("content") or ""))
+        elif role == "user":
+            out.append(HumanMessage(content=m.get("content") or "", name=m.get("name")))
+        else:
+            out.extend(convert_to_messages([dict(m)]))
+    return out
+
+
+def consistent(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Keep tool calls and tool results paired after an edit: a result whose call was removed
+    is dropped; a call left without a result is an error (no chat model accepts it)."""
+    open_calls: set[str] = set()
+    answered: set[str] = set()
+    out = []
+    for m in messages:
+        if m.get("role") == "assistant":
+            open_calls |= {cid for cid, _, _ in calls_of(m)}
+        if m.get("role") == "tool":
+            cid = str(m.get("tool_call_id"))
+            if cid not in open_calls:
+                continue
+            answered.add(cid)
+        out.append(m)
+    missing = sorted(open_calls - answered)
+    if missing:
+        raise InvalidIntervention(
+            f"the edited messages keep tool call(s) {missing} without their results",
+            hint="remove the assistant message that made the call, or keep its tool results")
+    return out
+
+
+def decode(messages: Sequence[BaseMessage], decisions: Iterable[str] | None = None
+           ) -> list[tuple[int, dict[str, Any], list[dict[str, Any]] | None, bool]]:
+    """``(position, action, observation, observed)`` for each model decision in ``messages``.
+
+    ``decisions`` restricts which ``AIMessage`` ids count (messages that came in the input are
+    context, not decisions); None means every ``AIMessage``.
+    """
+    wanted = set(decisions) if decisions is not None else None
+    results = {m.tool_call_id: m for m in messages if isinstance(m, ToolMessage)}
+    out = []
+    for pos, m in enumerate(messages):
+        if not isinstance(m, AIMessage) or (wanted is not None and m.id not in wanted):
+            continue
+        action = to_dict(m)
+        calls = calls_of(action)
+        obs = [to_dict(results[cid]) for cid, _, _ in calls if cid in results]
+        out.append((pos, action, obs or None, bool(obs)))
+    return out
+
+
+def usage_of(message: BaseMessage, llm_output: Mapping[str, Any] | None = None
+             ) -> dict[str, int] | None:
+    """Token usage in CAR's shape, from ``usage_metadata`` or the provider's ``token_usage``."""
+    um = getattr(message, "usage_metadata", None)
+    if um:
+        return {"prompt_tokens": int(um.get("input_tokens", 0)),
+                "completion_tokens": int(um.get("output_tokens", 0))}
+    for source in (getattr(message, "response_metadata", None) or {}, llm_output or {}):
+        tu = source.get("token_usage") or source.get("usage")
+        if isinstance(tu, Mapping):
+            return {"prompt_tokens": int(tu.get("prompt_tokens", 0) or 0),
+                    "completion_tokens": int(tu.get("completion_tokens", 0) or 0)}
+    return None
+
+
+def jsonable(value: Any) -> Any:
+    """A graph state value as JSON: messages become OpenAI-style dicts, the rest is kept when
+    it is JSON and stringified otherwise."""
+    if isinstance(value, BaseMessage):
+        return to_dict(value)
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return repr(value)

@@ -1,0 +1,151 @@
+"""``CarChatModel``: the chat model wrapper that lets CAR steer a LangGraph app's decisions.
+
+Build the app with ``CarChatModel(inner=your_model)`` wherever it would use ``your_model``.
+Outside CAR branches it is transparent: every call goes to ``inner``. On a branch (a thread CAR
+created, found through the thread id in the runnable config LangGraph propagates), the branch's
+``Control`` decides each call by step index: a held step returns its recorded action without
+calling any model, steps after a ``do_policy`` go to the swapped-in model, and every live call
+gets a per-step seed from the branch noise when the model has a ``seed`` field (so branches
+share common random numbers). The step index is counted per branch thread from the fork step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.language_models.chat_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.runnables.config import ensure_config
+
+from car_core.seeding import Noise
+
+from ._langgraph_messages import action_message, usage_of
+
+
+@dataclass
+class Control:
+    """How one branch thread's model calls are decided, and what they cost."""
+
+    next_index: int
+    forced: dict[int, Mapping[str, Any]] = field(default_factory=dict)
+    policy: tuple[int, Any] | None = None
+    noise: Noise | None = None
+    steps: dict[int, dict[str, Any]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def take(self) -> int:
+        with self.lock:
+            k = self.next_index
+            self.next_index += 1
+            return k
+
+
+_CONTROLS: dict[str, Control] = {}
+_LOCK = threading.Lock()
+
+
+@contextmanager
+def controlling(thread_id: str, control: Control) -> Iterator[Control]:
+    """Route the model calls of ``thread_id`` through ``control`` while the block runs."""
+    with _LOCK:
+        _CONTROLS[thread_id] = control
+    try:
+        yield control
+    finally:
+        with _LOCK:
+            _CONTROLS.pop(thread_id, None)
+
+
+def _current_control() -> Control | None:
+    thread_id = (ensure_config().get("configurable") or {}).get("thread_id")
+    if thread_id is None:
+        return None
+    with _LOCK:
+        return _CONTROLS.get(str(thread_id))
+
+
+def seedable(model: Any) -> bool:
+    return "seed" in getattr(type(model), "model_fields", {})
+
+
+class CarChatModel(BaseChatModel):
+    """Wraps the app's chat model so CAR can hold, force, swap and seed its calls."""
+
+    inner: BaseChatModel
+
+    @property
+    def _llm_type(self) -> str:
+        return self.inner._llm_type
+
+    @property
+    def _identifying_params(self) -> Mapping[str, Any]:
+        return self.inner._identifying_params
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Any:
+        # Keep the tools, not the inner model's binding: a swapped-in model binds them itself.
+        return self.bind(car_tools=list(tools), car_tool_kwargs=kwargs)
+
+    def _plan(self, kwargs: dict[str, Any]) -> tuple[Control | None, int | None, Any, dict[str, Any]]:
+        tools = kwargs.pop("car_tools", None)
+        tool_kwargs = kwargs.pop("car_tool_kwargs", None) or {}
+        control = _current_control()
+        k = control.take() if control is not None else None
+        model: Any = self.inner
+        if control is not None and k is not None:
+            if control.policy is not None and k >= control.policy[0]:
+                model = control.policy[1]
+            if control.noise is not None and seedable(model):
+                model = model.model_copy(update={"seed": control.noise.int_seed(k)})
+        extra: dict[str, Any] = {}
+        if tools:
+            bound = model.bind_tools(tools, **tool_kwargs)
+            extra = dict(getattr(bound, "kwargs", {}) or {})
+        return control, k, model, {**extra, **kwargs}
+
+    @staticmethod
+    def _forced(control: Control, k: int) -> ChatResult:
+        msg = action_message(control.forced[k])
+        control.steps[k] = {"origin": "held", "model": None}
+        return ChatResult(generations=[ChatGeneration(message=msg)],
+                          llm_output={"car_origin": "held"})
+
+    @staticmethod
+    def _note(control: Control | None, k: int | None, model: Any, result: ChatResult,
+              started: float) -> ChatResult:
+        if control is not None and k is not None:
+            msg = result.generations[0].message
+            control.steps[k] = {
+                "model": getattr(model, "model_name", None) or getattr(model, "model", None)
+                or model._llm_type,
+                "usage": usage_of(msg, result.llm_output),
+                "seed": getattr(model, "seed", None),
+                "latency_s": time.perf_counter() - started}
+        return result
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        control, k, model, kw = self._plan(kwargs)
+        if control is not None and k in control.forced:
+            return self._forced(control, k)
+        started = time.perf_counter()
+        result = model._generate(messages, stop=stop, run_manager=run_manager, **kw)
+        return self._note(control, k, model, result, started)
+
+    async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                         run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        control, k, model, kw = self._plan(kwargs)
+        if control is not None and k in control.forced:
+            return self._forced(control, k)
+        started = time.perf_counter()
+        result = await model._agenerate(messages, stop=stop, run_manager=run_manager, **kw)
+        return self._note(control, k, model, result, started)
+
+
+def is_ai(message: Any) -> bool:
+    return isinstance(message, AIMessage)
