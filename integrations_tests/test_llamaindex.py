@@ -40,14 +40,17 @@ CLOSE = call("call_1", "close_ticket", {})
 ESCALATE = call("call_1", "escalate", {"user": "mallory"})
 
 
-def decide(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> Any:
-    k = sum(1 for m in messages if m["role"] == "assistant")
-    if k == 0:
-        return call("call_0", "fetch_ticket", {})
-    if k == 1:
-        p = 0.9 if "URGENT" in (messages[-1]["content"] or "") else 0.1
-        return ESCALATE if rng.random() < p else CLOSE
-    return "escalated" if messages[-1].get("name") == "escalate" else "closed"
+def make_decide(p_urgent: float = 0.9) -> Any:
+    """The planted model: escalate with ``p_urgent`` after an URGENT ticket, else 0.1."""
+    def decide(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> Any:
+        k = sum(1 for m in messages if m["role"] == "assistant")
+        if k == 0:
+            return call("call_0", "fetch_ticket", {})
+        if k == 1:
+            p = p_urgent if "URGENT" in (messages[-1]["content"] or "") else 0.1
+            return ESCALATE if rng.random() < p else CLOSE
+        return "escalated" if messages[-1].get("name") == "escalate" else "closed"
+    return decide
 
 
 def never_escalate(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> Any:
@@ -67,8 +70,9 @@ def step_of(messages: Any, *a: Any, **k: Any) -> int:
 class Planted:
     """A FunctionAgent over the planted LLM, with counted model and tool calls."""
 
-    def __init__(self, ticket: str = URGENT_TICKET, seed: int = 0) -> None:
-        self.model = CallCounter(decide, step_of=step_of)
+    def __init__(self, ticket: str = URGENT_TICKET, seed: int = 0, p_urgent: float = 0.9
+                 ) -> None:
+        self.model = CallCounter(make_decide(p_urgent), step_of=step_of)
         self.tools = CallCounter(lambda name, **kw: None, step_of=lambda *a, **k: None)
         self.llm = ScriptedLLM(self.model, seed=seed)
 
@@ -257,6 +261,19 @@ def test_edit_that_drops_the_user_message_is_refused(recorder: Any, recorded: An
                       rollouts=1)
     assert car.RunStore(recorder.store.path).load(run.id).to_dict() == run.to_dict()
     assert recorder.runs == [run]                  # branches are never recorded as runs
+
+
+def test_contrastive_names_the_planted_decision(recorder: Any) -> None:
+    # With p_urgent = 0.5 the arms are H_0 = H_1 = 0.5 and H_2 = H_3 = 1 (step 0 and step 2 are
+    # deterministic), so the rescues are 0, 0.5, 0 and the point of commitment is step 1.
+    planted = Planted(seed=2, p_urgent=0.5)
+    run_async(lambda: planted.agent.run(user_msg="Please handle ticket 7."))
+    run = recorder.run
+    assert escalated(run), "seed 2 draws 0.26 < 0.5 at step 1, so the record fails"
+    res = car.contrastive(run, LlamaIndexAgent(planted.agent), outcome=escalated, rollouts=32,
+                          alpha=0.05, seed=0)
+    assert res.locus == 1
+    assert res.rollouts_used <= 4 * 32
 
 
 # -- multi-agent hand-offs ----------------------------------------------------------------
