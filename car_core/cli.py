@@ -1,20 +1,406 @@
-"""The ``car`` command (grown by the CLI work; this is the minimal entry point)."""
+"""The ``car`` command: list and show stored runs, intervene on a step, attribute a failure,
+write the HTML report, and run the demo. Errors from CAR print one line with what to do next
+and map to exit codes a script can branch on (see ``car --help``)."""
 
 from __future__ import annotations
 
+import functools
+import importlib
+import os
+import shlex
 import sys
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timezone
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from . import _clikit as kit
+from ._json import dumps
+from .errors import CarError, InvalidInput
+
+EXIT_CODES = """Exit codes: 0 ok · 1 nothing attributable (no locus) · 2 usage or bad input ·
+3 budget exhausted (the result is truncated, what was measured is kept) · 4 store or run error
+(no store, unknown run id, not a CAR store, corrupt run) · 5 the agent under test failed ·
+130 interrupted (Ctrl-C; finished branches are kept, resume with --resume)."""
+
+app = typer.Typer(
+    name="car", add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    help="Causal Agent Replay: find the step that caused an agent's failure by intervening on "
+         "recorded steps and re-running the agent.",
+    epilog=EXIT_CODES)
+
+# Piped output is not cut at 80 columns: scripts and captures get whole tables.
+out = Console(highlight=False, soft_wrap=True,
+              width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", 120)))
+err = Console(stderr=True, highlight=False)
+
+StoreOpt = Annotated[str, typer.Option("--store", help="SQLite store of runs.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+ProgressOpt = Annotated[bool | None, typer.Option(
+    "--progress/--no-progress", help="Progress bar on stderr (default: when it is a terminal).")]
+AgentOpt = Annotated[str, typer.Option("--agent", help="MODULE:FACTORY; FACTORY() returns the "
+                                                        "agent (imported from the current folder).")]
+OutcomeOpt = Annotated[str | None, typer.Option(
+    "--outcome", help="MODULE:FUNCTION scoring a run in [0, 1] (1 = the failure happened).")]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    err.print(Text(f"car: error: {kit.safe(message)}"), soft_wrap=True)
+    return typer.Exit(code)
+
+
+def _errors(fn: F) -> F:
+    """CAR errors become one clean line and their exit code, never a traceback."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except CarError as exc:
+            raise _fail(str(exc), kit.exit_code(exc)) from None
+    return wrapper  # type: ignore[return-value]
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(dumps(value) + "\n")
+
+
+# -- runs / show ---------------------------------------------------------------------------------
+@app.command()
+@_errors
+def runs(store: StoreOpt = "car.db", json_out: JsonOpt = False,
+         branches: Annotated[bool, typer.Option("--branches", help="Include branches.")] = False,
+         limit: Annotated[int | None, typer.Option("--limit", min=1)] = None) -> None:
+    """List the stored runs, newest first."""
+    rows = kit.existing_store(store).list(branches=branches, limit=limit)
+    if json_out:
+        _print_json(rows)
+        return
+    if not rows:
+        out.print(f"no runs in {store}")
+        return
+    t = Table(title=f"runs in {store}", title_justify="left")
+    t.add_column("id", no_wrap=True, min_width=16)
+    for col in ("created (UTC)", "agent", "status", "outcome", "steps", "seed"):
+        t.add_column(col, justify="right" if col in ("outcome", "steps", "seed") else "left")
+    for r in rows:
+        created = datetime.fromtimestamp(r["created_at"] or 0, timezone.utc)
+        t.add_row(r["id"], created.strftime("%Y-%m-%d %H:%M:%S"), Text(kit.safe(r["agent"] or "")),
+                  r["status"] or "", "—" if r["outcome"] is None else f"{r['outcome']:.2f}",
+                  str(r["n_steps"]), "—" if r["seed"] is None else str(r["seed"]))
+    out.print(t)
+
+
+@app.command()
+@_errors
+def show(run_id: Annotated[str, typer.Argument(help="Run id (see `car runs`).")],
+         store: StoreOpt = "car.db", json_out: JsonOpt = False) -> None:
+    """Show a stored run step by step: action, observation, origin."""
+    run = kit.existing_store(store).load(run_id)
+    if json_out:
+        _print_json(run.to_dict())
+        return
+    outcome = "—" if run.outcome is None else f"{run.outcome.value:.2f}"
+    out.print(Text(f"run {run.id}  agent {kit.safe(run.agent or '—')}  status {run.status}  "
+                   f"outcome {outcome}  seed {run.seed}"))
+    if run.lineage:
+        out.print(Text(f"branch of {run.lineage.parent_id}  arm {run.lineage.arm}  "
+                       f"rollout {run.lineage.rollout}"))
+    out.print(Text("context: ") + kit.plain(run.context, 200))
+    for s in run.steps:
+        origin = s.meta.get("origin", "")
+        out.print(Text(f"[{s.index}] {origin:>7}  action: ", style="bold") + kit.plain(s.action))
+        if s.observed:
+            out.print(Text("           observation: ") + kit.plain(s.observation))
+
+
+# -- intervene ---------------------------------------------------------------------------------
+@app.command()
+@_errors
+def intervene(run_id: Annotated[str, typer.Argument(help="Run id.")],
+              agent: AgentOpt,
+              do: Annotated[list[str], typer.Option(
+                  "--do", help="resample:K | action:K:JSON | observation:K:JSON (repeatable).")],
+              outcome: OutcomeOpt = None,
+              rollouts: Annotated[int, typer.Option("--rollouts", help="Branches to run.")] = 32,
+              seed: Annotated[int, typer.Option("--seed")] = 0,
+              store: StoreOpt = "car.db", json_out: JsonOpt = False,
+              progress: ProgressOpt = None) -> None:
+    """Apply do(·) to a stored run and estimate P(failure) from re-run branches."""
+    from .replay import intervene as run_intervene
+    interventions = [kit.parse_do(spec) for spec in do]
+    if rollouts < 1:
+        raise InvalidInput(f"--rollouts {rollouts}: need at least one", hint="e.g. --rollouts 32")
+    run = kit.existing_store(store).load(run_id)
+    the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
+    bar = kit.make_progress(progress, "intervene", rollouts, rollouts)
+    try:
+        dist = run_intervene(run, the_agent, interventions, outcome=the_outcome,
+                             rollouts=rollouts, seed=seed, progress=bar)
+    except KeyboardInterrupt:
+        raise _fail("interrupted; no result was kept (car intervene stores nothing)",
+                    kit.INTERRUPTED) from None
+    finally:
+        if bar:
+            bar.close()
+    if json_out:
+        _print_json(dist.to_dict())
+    else:
+        out.print(Text(f"do({', '.join(do)}) on run {run.id}: {dist}"))
+    if dist.truncated:
+        raise typer.Exit(kit.BUDGET)
+
+
+# -- attribute ---------------------------------------------------------------------------------
+class Method(str, Enum):
+    contrastive = "contrastive"
+    shapley = "shapley"
+
+
+class ExecutorName(str, Enum):
+    sequential = "sequential"
+    async_ = "async"
+    ray = "ray"
+
+
+def _executor(name: ExecutorName | None, concurrency: int, address: str | None) -> Any:
+    """None lets the estimator choose (sequential for in-process agents, async for model-backed
+    ones); otherwise the named backend."""
+    if name is None:
+        return None
+    from . import execution
+    make = getattr(execution, "make_executor", None)
+    if make is None:
+        if name is not ExecutorName.sequential:
+            raise InvalidInput(f"--executor {name.value} is not available in this build",
+                               hint="use --executor sequential")
+        return execution.Sequential()
+    return make(name.value, concurrency=concurrency, address=address)
+
+
+@app.command()
+@_errors
+def attribute(
+        run_id: Annotated[str, typer.Argument(help="Run id of the failing run.")],
+        agent: AgentOpt,
+        outcome: OutcomeOpt = None,
+        method: Annotated[Method, typer.Option("--method")] = Method.contrastive,
+        rollouts: Annotated[int | None, typer.Option(
+            "--rollouts", help="contrastive: rollouts per arm (default 32).")] = None,
+        budget: Annotated[int | None, typer.Option(
+            "--budget", help="Total rollouts (contrastive: a cap; shapley: default 2000).")] = None,
+        alpha: Annotated[float, typer.Option("--alpha", help="Family-wise error rate.")] = 0.05,
+        seed: Annotated[int, typer.Option("--seed")] = 0,
+        executor: Annotated[ExecutorName | None, typer.Option(
+            "--executor", help="How branches run (default: chosen for the agent).")] = None,
+        concurrency: Annotated[int, typer.Option(
+            "--concurrency", min=1, help="Branches in flight (async, ray).")] = 16,
+        ray_address: Annotated[str | None, typer.Option(
+            "--ray-address", help="Ray cluster to use with --executor ray.")] = None,
+        resume: Annotated[str | None, typer.Option(
+            "--resume", metavar="ATTRIBUTION_ID",
+            help="Continue an interrupted attribution; finished branches are not re-run.")] = None,
+        store: StoreOpt = "car.db", json_out: JsonOpt = False,
+        progress: ProgressOpt = None) -> None:
+    """Find the step that caused the failure (contrastive) or split the blame (shapley).
+    The result and every branch are kept in the store."""
+    import car_core as car
+    from .budget import Budget
+    if not 0.0 < alpha < 1.0:
+        raise InvalidInput(f"--alpha {alpha} is outside (0, 1)", hint="e.g. --alpha 0.05")
+    if rollouts is not None and rollouts < 1:
+        raise InvalidInput(f"--rollouts {rollouts}: need at least one", hint="e.g. --rollouts 32")
+    if budget is not None and budget < 1:
+        raise InvalidInput(f"--budget {budget} cannot pay for any rollout",
+                           hint="give a positive number of rollouts, e.g. --budget 500")
+    if method is Method.shapley and rollouts is not None:
+        raise InvalidInput("--rollouts applies to contrastive only",
+                           hint="for shapley give the total with --budget B")
+    db = kit.existing_store(store)
+    run = db.load(run_id)
+    the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
+    exe = _executor(executor, concurrency, ray_address)
+    if resume is not None:
+        row = db.attribution(resume)
+        if row["run_id"] != run.id:
+            raise InvalidInput(f"attribution {resume} belongs to run {row['run_id']}, not {run.id}",
+                               hint="resume it with that run id")
+        if row["method"] != method.value:
+            raise InvalidInput(f"attribution {resume} is a {row['method']} attribution",
+                               hint=f"resume it with --method {row['method']}")
+    aid = resume or uuid.uuid4().hex[:16]
+    common: dict[str, Any] = {"outcome": the_outcome, "seed": seed, "executor": exe,
+                              "store": db, "attribution_id": aid}
+    if method is Method.contrastive:
+        k = rollouts or 32
+        planned = (len(run.steps) + 1) * k
+        if budget is not None:
+            planned = min(planned, budget)
+        call = functools.partial(car.contrastive, rollouts=k, alpha=alpha,
+                                 budget=Budget(rollouts=budget) if budget else None)
+    else:
+        planned = budget or 2000
+        call = functools.partial(car.shapley, budget=planned, level=1 - alpha)
+    bar = kit.make_progress(progress, f"{method.value} {run.id}", planned, budget or planned)
+    started = time.monotonic()
+    try:
+        result = call(run, the_agent, progress=bar, **common)
+    except KeyboardInterrupt:
+        if bar:
+            bar.close()
+        argv = [a for a in sys.argv[1:]]
+        if "--resume" in argv:
+            i = argv.index("--resume")
+            del argv[i:i + 2]
+        err.print(Text(f"interrupted: the branches that finished are kept in {store} "
+                       f"(attribution {aid}). Resume with:\n  "
+                       f"{shlex.join(['car', *argv, '--resume', aid])}"), soft_wrap=True)
+        raise typer.Exit(kit.INTERRUPTED) from None
+    finally:
+        if bar:
+            bar.close()
+    r = result.to_dict()
+    if json_out:
+        _print_json(r)
+    else:
+        out.print(kit.attribution_table(r))
+        out.print(Text(kit.verdict(r), style="bold"))
+        out.print(Text(f"{r.get('rollouts_used')} rollouts in {time.monotonic() - started:.1f}s"
+                       f" · seed {seed} · branches "
+                       f"{'coupled' if r.get('coupled') else 'independent'} · attribution "
+                       f"{r.get('attribution_id') or aid}"))
+        if r.get("truncated"):
+            out.print(Text(f"truncated: {r.get('budget_note') or 'budget reached'}",
+                           style="yellow"))
+        out.print(Text(f"report: car report {run.id} --store {store} --out report.html",
+                       style="dim"))
+    if r.get("truncated"):
+        raise typer.Exit(kit.BUDGET)
+    if method is Method.contrastive and r.get("locus") is None:
+        raise typer.Exit(kit.NOTHING)
+    if method is Method.shapley and r.get("reason"):
+        raise typer.Exit(kit.NOTHING)
+
+
+# -- report --------------------------------------------------------------------------------------
+def _latest_attribution(db: Any, run_id: str) -> dict[str, Any] | None:
+    done = [a for a in db.attributions(run_id) if a.get("result")]
+    return done[-1] if done else None
+
+
+@app.command()
+@_errors
+def report(run_id: Annotated[str, typer.Argument(help="Run id.")],
+           store: StoreOpt = "car.db",
+           out_path: Annotated[Path, typer.Option("--out", help="HTML file to write.")] = Path(
+               "report.html"),
+           attribution: Annotated[str | None, typer.Option(
+               "--attribution", help="Attribution id (default: the latest with a result).")] = None,
+           ) -> None:
+    """Write the self-contained HTML report of a run's attribution (works offline)."""
+    from .report import render_attribution, render_run
+    db = kit.existing_store(store)
+    run = db.load(run_id)
+    row = db.attribution(attribution) if attribution else _latest_attribution(db, run.id)
+    if row is not None and row["run_id"] != run.id:
+        raise InvalidInput(f"attribution {attribution} belongs to run {row['run_id']}",
+                           hint=f"run `car report {row['run_id']}`")
+    if row is not None and not row.get("result"):
+        raise InvalidInput(f"attribution {row['id']} has no result yet (status {row['status']})",
+                           hint="finish it with `car attribute ... --resume "
+                                f"{row['id']}`")
+    if row is None:
+        html = render_run(run)
+        note = "no attribution yet, wrote the run only (run `car attribute` first)"
+    else:
+        html = render_attribution(row["result"], run=run, branches=list(db.branches(row["id"])))
+        note = f"attribution {row['id']}"
+    try:
+        out_path.write_text(html, encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInput(f"cannot write {out_path}: {exc.strerror}",
+                           hint="pass --out a writable path") from None
+    out.print(Text(f"wrote {out_path} ({note})"))
+
+
+# -- demo ---------------------------------------------------------------------------------------
+class DemoPolicy(str, Enum):
+    local = "local"
+    synthetic = "synthetic"
+
+
+def _builtin_demo(store: str, report_path: Path, progress: Any) -> Any:
+    """A failing run of the planted pivot model, attributed and reported: works anywhere."""
+    import car_core as car
+    from . import synthetic
+    from .report import render_attribution
+    from .store import RunStore
+    model = synthetic.pivot()
+    db = RunStore(store)
+    run = model.failing_run()
+    db.save(run)
+    out.print(Text(f"recorded failing run {run.id} of the synthetic pivot model "
+                   f"({len(run.steps)} steps) in {store}"))
+    bar = kit.make_progress(progress, "contrastive", (len(run.steps) + 1) * 32, None)
+    try:
+        result = car.contrastive(run, model.agent(), outcome=model.outcome, rollouts=32, seed=0,
+                                 store=db, progress=bar)
+    finally:
+        if bar:
+            bar.close()
+    r = result.to_dict()
+    out.print(kit.attribution_table(r))
+    out.print(Text(kit.verdict(r), style="bold"))
+    branches = list(db.branches(r["attribution_id"])) if r.get("attribution_id") else None
+    report_path.write_text(render_attribution(r, run=run, branches=branches), encoding="utf-8")
+    out.print(Text(f"wrote {report_path}; re-run it with: car attribute {run.id} "
+                   f"--agent car_core.synthetic:pivot --store {store}"))
+    return result
+
+
+@app.command()
+@_errors
+def demo(policy: Annotated[DemoPolicy, typer.Option(
+             "--policy", help="local: the embedded model; synthetic: a planted model.")]
+         = DemoPolicy.local,
+         store: StoreOpt = "car.db",
+         out_path: Annotated[Path, typer.Option("--out", help="HTML report to write.")] = Path(
+             "report.html"),
+         progress: ProgressOpt = None) -> None:
+    """Record a failing agent run, find the step that caused it, write the report."""
+    try:
+        module = importlib.import_module("car_adapters.demo")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("car_adapters", "car_adapters.demo"):
+            raise
+        module = None
+    if module is None:
+        if policy is DemoPolicy.local:
+            err.print("the local-model demo is not installed; running the synthetic demo")
+        _builtin_demo(store, out_path, progress)
+        return
+    module.run_demo(policy=policy.value, store=store, report=str(out_path))
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["demo"]:
-        from . import synthetic as syn
-        from .replay import intervene
-        from .interventions import do_resample
-        m = syn.pivot()
-        run = m.failing_run()
-        print(f"recorded run {run.id}: {[s.action['choice'] for s in run.steps]}")
-        print(intervene(run, m.agent(), do_resample(m.locus or 0), outcome=m.outcome, rollouts=64))
-        return 0
-    print("usage: car demo", file=sys.stderr)
-    return 2
+    """Entry point of the ``car`` console script; returns the exit status."""
+    try:
+        app(args=argv, prog_name="car")
+    except SystemExit as exc:
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

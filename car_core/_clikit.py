@@ -1,0 +1,267 @@
+"""Pieces the ``car`` command is built from: loading user code from ``MODULE:NAME``, parsing
+``--do`` specs, the rich progress bar the estimators drive, terminal-safe text and the
+attribution tables. Kept apart from ``cli`` so the command module only wires flags to calls.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+from .errors import (
+    AgentError,
+    BudgetExhausted,
+    CarError,
+    InvalidInput,
+    InvalidIntervention,
+    InvalidJSONValue,
+    NothingToAttribute,
+    RunError,
+    StoreError,
+)
+from .interventions import Intervention, do_action, do_observation, do_resample
+from .report import compact
+
+# -- exit codes (documented in ``car --help``) -------------------------------------------------
+OK, NOTHING, USAGE, BUDGET, STORE, AGENT, INTERRUPTED = 0, 1, 2, 3, 4, 5, 130
+
+
+def exit_code(exc: CarError) -> int:
+    """The exit status an error means to a shell script."""
+    if isinstance(exc, NothingToAttribute):
+        return NOTHING
+    if isinstance(exc, BudgetExhausted):
+        return BUDGET
+    if isinstance(exc, (StoreError, RunError)):
+        return STORE
+    if isinstance(exc, AgentError):
+        return AGENT
+    return USAGE
+
+
+# -- terminal-safe text --------------------------------------------------------------------------
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def safe(text: str) -> str:
+    """Agent text with control characters (ANSI escapes included) shown, not executed."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def plain(value: Any, limit: int = 120) -> Text:
+    """A JSON value as one line of rich ``Text`` (never parsed as rich markup)."""
+    s = safe(compact(value)) if value is not None else "—"
+    return Text(s if len(s) <= limit else s[: limit - 1] + "…")
+
+
+# -- loading user code -----------------------------------------------------------------------------
+def load_object(spec: str, what: str) -> Any:
+    """Import ``MODULE:NAME`` with the current folder on ``sys.path``."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise InvalidInput(f"{what} {spec!r} is not of the form MODULE:NAME",
+                           hint=f"e.g. --{what} my_agent:make_agent")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # ImportError, or whatever the user's module raised on import
+        raise InvalidInput(f"cannot import {module_name!r} for --{what}: {exc!r}",
+                           hint=f"run car from the folder that holds {module_name}.py, or give "
+                                "an importable dotted module path") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise InvalidInput(f"{module_name!r} has no attribute {attr!r} for --{what}",
+                               hint=f"check the name after the colon in {spec!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def load_agent_and_outcome(agent_spec: str, outcome_spec: str | None) -> tuple[Any, Any]:
+    """``FACTORY()`` gives the agent. A factory that returns a model with ``agent()`` and
+    ``outcome`` (a synthetic SCM) supplies both, so ``--outcome`` may be left out."""
+    factory = load_object(agent_spec, "agent")
+    if not callable(factory):
+        raise InvalidInput(f"--agent {agent_spec!r} is not callable",
+                           hint="point --agent at a function that returns the agent")
+    try:
+        made = factory()
+    except CarError:
+        raise
+    except Exception as exc:
+        raise AgentError(f"--agent {agent_spec} raised {exc!r} while building the agent",
+                         hint="fix the factory; car calls it with no arguments") from exc
+    outcome = None
+    if not hasattr(made, "branch") and callable(getattr(made, "agent", None)):
+        outcome = getattr(made, "outcome", None)
+        made = made.agent()
+    if not hasattr(made, "branch") or not hasattr(made, "start"):
+        raise InvalidInput(f"--agent {agent_spec} returned a {type(made).__name__}, not an agent",
+                           hint="return a car.FunctionAgent or a framework adapter's agent")
+    if outcome_spec:
+        outcome = load_object(outcome_spec, "outcome")
+    if outcome is None or not callable(outcome):
+        raise InvalidInput("no outcome function", hint="pass --outcome MODULE:FUNCTION")
+    return made, outcome
+
+
+# -- --do specs -----------------------------------------------------------------------------------
+def parse_do(spec: str) -> Intervention:
+    """``resample:K``, ``action:K:JSON`` or ``observation:K:JSON``."""
+    kind, _, rest = spec.partition(":")
+    step_text, _, payload = rest.partition(":")
+    try:
+        step = int(step_text)
+    except ValueError:
+        raise InvalidIntervention(f"--do {spec!r}: {step_text!r} is not a step number",
+                                  hint="use resample:3, action:3:JSON or observation:2:JSON"
+                                  ) from None
+    if kind == "resample":
+        if payload:
+            raise InvalidIntervention(f"--do {spec!r}: resample takes no value",
+                                      hint="use resample:3")
+        return do_resample(step)
+    if kind in ("action", "observation"):
+        try:
+            value = json.loads(payload)
+        except ValueError as exc:
+            raise InvalidJSONValue(f"--do {spec!r}: the value is not JSON ({exc})",
+                                   hint="quote it for the shell, e.g. "
+                                        "'observation:2:\"refund denied\"'") from None
+        return do_action(step, value) if kind == "action" else do_observation(step, value)
+    raise InvalidIntervention(f"--do {spec!r}: unknown intervention {kind!r}",
+                              hint="use resample:K, action:K:JSON or observation:K:JSON")
+
+
+# -- the store --------------------------------------------------------------------------------------
+def existing_store(path: str) -> Any:
+    """Open a store that must already exist (read commands never create one)."""
+    from .store import RunStore
+    p = Path(path)
+    if not p.is_file():
+        raise StoreError(f"no CAR store at {p}",
+                         hint="record a run first (`car demo` writes ./car.db) or pass "
+                              "--store PATH")
+    return RunStore(p)
+
+
+# -- progress ------------------------------------------------------------------------------------
+class _Rate(ProgressColumn):
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text(f"{speed:.1f} rollouts/s" if speed else "– rollouts/s", style="cyan")
+
+
+class _Left(ProgressColumn):
+    def render(self, task: Task) -> Text:
+        cap = task.fields.get("budget")
+        if cap is None:
+            return Text("no budget cap", style="dim")
+        return Text(f"budget left {max(0, int(cap - task.completed))}", style="yellow")
+
+
+class RichProgress:
+    """What the estimators' ``progress=`` expects (``update(n)``, ``close()``), drawn with rich
+    on stderr: rollouts done / planned, rollouts per second and the budget left."""
+
+    def __init__(self, label: str, planned: int | None, budget: int | None) -> None:
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                                 MofNCompleteColumn(), _Rate(), _Left(), TimeElapsedColumn(),
+                                 console=Console(stderr=True))
+        self.task = self.progress.add_task(label, total=planned, budget=budget)
+        self.progress.start()
+        self.closed = False
+
+    def update(self, n: int = 1) -> None:
+        self.progress.advance(self.task, n)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.progress.stop()
+
+
+def make_progress(mode: bool | None, label: str, planned: int | None, budget: int | None
+                  ) -> RichProgress | bool:
+    """A bar when asked (``--progress``) or when stderr is a terminal; else False."""
+    if mode is False or (mode is None and not sys.stderr.isatty()):
+        return False
+    return RichProgress(label, planned, budget)
+
+
+# -- tables ----------------------------------------------------------------------------------------
+def _f(x: Any, d: int = 2) -> str:
+    return "—" if x is None else f"{float(x):.{d}f}"
+
+
+def _ci(ci: Any) -> str:
+    return "—" if not ci else f"[{_f(ci[0])}, {_f(ci[1])}]"
+
+
+def attribution_table(r: Mapping[str, Any]) -> Table:
+    """The result of ``car attribute`` as a rich table."""
+    if r.get("method") == "shapley":
+        t = Table(title=f"Shapley values (level {r.get('level')})", title_justify="left")
+        for col in ("player", "φ", "interval", "n"):
+            t.add_column(col, justify="right" if col in ("φ", "n") else "left")
+        for v in r.get("values") or []:
+            t.add_row(Text(safe(str(v.get("label") or f"step {v.get('step')}"))),
+                      _f(v.get("estimate"), 3), _ci(v.get("ci")), str(v.get("n", "—")))
+        return t
+    t = Table(title=f"Rescue per step ({_pct(r.get('level'))} intervals, Bonferroni over "
+                    f"{r.get('tests', '?')} tests)", title_justify="left")
+    for col in ("step", "rescue", "interval", "P(fail) held", "P(fail) re-drawn", "n", ""):
+        t.add_column(col, justify="right" if col not in ("interval", "") else "left")
+    locus = r.get("locus")
+    for s in r.get("steps") or []:
+        mark = "◀ locus" if s.get("step") == locus else (
+            "not tested" if not s.get("tested") else ("significant" if s.get("significant")
+                                                      else ""))
+        t.add_row(str(s.get("step")), _f(s.get("effect")), _ci(s.get("ci")),
+                  _f(s.get("fail_held")), _f(s.get("fail_resampled")), str(s.get("n", "—")),
+                  mark, style="bold red" if s.get("step") == locus else None)
+    return t
+
+
+def _pct(level: Any) -> str:
+    return "—" if level is None else f"{float(level) * 100:.1f}%"
+
+
+def verdict(r: Mapping[str, Any]) -> str:
+    """One sentence: where the run failed, or why nothing could be blamed."""
+    if r.get("method") == "shapley":
+        values = [v for v in r.get("values") or [] if v.get("estimate") is not None]
+        if not values:
+            return f"No Shapley values: {r.get('reason') or 'nothing measured'}."
+        top = max(values, key=lambda v: v["estimate"])
+        return (f"Largest share: {safe(str(top.get('label') or 'step ' + str(top.get('step'))))}"
+                f" φ = {_f(top['estimate'], 3)} {_ci(top.get('ci'))}; Σφ = {_f(r.get('total'), 3)}"
+                f", efficiency gap {_f(r.get('efficiency_gap'), 3)}.")
+    locus = r.get("locus")
+    if locus is None:
+        return f"No locus: {r.get('reason') or 'no step rescue interval excludes zero'}."
+    step = next((s for s in r.get("steps") or [] if s.get("step") == locus), {})
+    return (f"Locus: step {locus}. Re-drawing it lowers P(failure) by {_f(step.get('effect'))} "
+            f"{_ci(step.get('ci'))} at {_pct(r.get('level'))} (family-wise "
+            f"{_pct(1 - float(r.get('alpha') or 0.05))}).")

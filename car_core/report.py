@@ -1,0 +1,418 @@
+"""The attribution report: one self-contained HTML file (no CDN, no script, inline SVG plots).
+
+Everything an agent wrote (actions, observations, contexts, tool output) is hostile input: a
+transcript may carry HTML and script from a prompt injection. Every value reaches the page
+through a Jinja2 template with autoescaping on, nothing is marked safe, and the page carries a
+Content-Security-Policy that forbids scripts, so even a missed escape could not run anything.
+
+``render_attribution(result, run=None, branches=None)`` takes a contrastive or Shapley result
+(the object or its ``to_dict()``); ``render_run(run)`` draws a run on its own.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import jinja2
+
+from .errors import InvalidInput
+from .trajectory import Trajectory
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("car_core", "templates"),
+    autoescape=True,  # unconditional: every variable is escaped, whatever the template's name
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+PLOT_W, PLOT_H = 720, 240
+MARGIN = {"left": 56, "right": 16, "top": 16, "bottom": 40}
+CLIP = 400  # characters of agent text shown inline before the rest goes in a fold
+
+
+# -- text of agent values ------------------------------------------------------------------
+def show(value: Any) -> str:
+    """A readable rendering of a JSON value: chat messages as ``[role] text``, strings as is,
+    anything else as indented JSON."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if _is_message(value):
+        return _message_text(value)
+    if isinstance(value, list) and value and all(_is_message(m) for m in value):
+        return "\n".join(_message_text(m) for m in value)
+    one_line = json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+    if len(one_line) <= 100:
+        return one_line
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def compact(value: Any) -> str:
+    """One line per value, for diffs and summaries."""
+    if isinstance(value, str):
+        return value.replace("\n", " ⏎ ")
+    if _is_message(value) or (isinstance(value, list) and value
+                              and all(_is_message(m) for m in value)):
+        return show(value).replace("\n", " ⏎ ")
+    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+
+
+def _is_message(value: Any) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("role"), str)
+
+
+def _message_text(msg: Mapping[str, Any]) -> str:
+    role = msg.get("role")
+    name = msg.get("name")
+    head = f"[{role}{' ' + str(name) if name and role == 'tool' else ''}]"
+    parts = []
+    content = msg.get("content")
+    if isinstance(content, list):  # multi-part content: keep the text parts
+        content = " ".join(str(p.get("text", p)) if isinstance(p, dict) else str(p)
+                           for p in content)
+    if content:
+        parts.append(str(content))
+    for call in msg.get("tool_calls") or []:
+        fn = call.get("function", {}) if isinstance(call, dict) else {}
+        parts.append(f"→ {fn.get('name', '?')}({fn.get('arguments', '')})")
+    return f"{head} {' '.join(parts) if parts else '(empty)'}"
+
+
+def _clip(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# -- inputs ----------------------------------------------------------------------------------
+def _as_dict(result: Any) -> dict[str, Any]:
+    if isinstance(result, Mapping):
+        return dict(result)
+    to_dict = getattr(result, "to_dict", None)
+    if callable(to_dict):
+        return dict(to_dict())
+    raise InvalidInput(f"cannot render a {type(result).__name__} as an attribution",
+                       hint="pass a contrastive/Shapley result or its to_dict()")
+
+
+def _as_run(run: Any) -> Trajectory | None:
+    if run is None or isinstance(run, Trajectory):
+        return run
+    if isinstance(run, Mapping):
+        return Trajectory.from_dict(dict(run), verify=False)
+    raise InvalidInput(f"run must be a car.Trajectory or its dict, not {type(run).__name__}")
+
+
+def _fmt(x: Any, digits: int = 2) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, float) and not math.isfinite(x):
+        return "—"
+    return f"{float(x):.{digits}f}"
+
+
+def _ci(ci: Any) -> str:
+    if not ci:
+        return "—"
+    return f"[{_fmt(ci[0])}, {_fmt(ci[1])}]"
+
+
+def _pct(level: Any) -> str:
+    if level is None:
+        return "—"
+    p = float(level) * 100
+    return f"{p:.0f}%" if abs(p - round(p)) < 1e-9 else f"{p:.1f}%"
+
+
+# -- plots (geometry here, drawing in the template) -------------------------------------------
+class _Axis:
+    """Linear map from data values to pixels, with round tick marks."""
+
+    def __init__(self, lo: float, hi: float, p0: float, p1: float) -> None:
+        if hi - lo < 1e-9:
+            lo, hi = lo - 0.5, hi + 0.5
+        self.lo, self.hi, self.p0, self.p1 = lo, hi, p0, p1
+
+    def __call__(self, v: float) -> float:
+        v = min(max(v, self.lo), self.hi)
+        return round(self.p0 + (v - self.lo) / (self.hi - self.lo) * (self.p1 - self.p0), 2)
+
+    def ticks(self) -> list[dict[str, Any]]:
+        span = self.hi - self.lo
+        step = next(s for s in (0.05, 0.1, 0.2, 0.25, 0.5, 1.0) if span / s <= 8)
+        first = math.ceil(self.lo / step - 1e-9)
+        out = []
+        v = first * step
+        while v <= self.hi + 1e-9:
+            out.append({"pos": self(v), "label": f"{v:.2f}".rstrip("0").rstrip(".")
+                        if abs(v) > 1e-12 else "0"})
+            v += step
+        return out
+
+
+def _range(values: Iterable[float | None], include: Sequence[float] = (0.0,),
+           pad: float = 0.05) -> tuple[float, float]:
+    vals = [v for v in values if v is not None] + list(include)
+    lo, hi = min(vals), max(vals)
+    return max(-1.0, lo - pad), min(1.0, hi + pad)
+
+
+def _rescue_plot(steps: Sequence[Mapping[str, Any]], locus: int | None) -> dict[str, Any]:
+    """Per-step rescue with its interval; untested steps drawn as hollow marks at zero."""
+    if not steps:
+        return {}
+    lows = [s["ci"][0] for s in steps if s.get("ci")]
+    highs = [s["ci"][1] for s in steps if s.get("ci")]
+    y = _Axis(*_range(lows + highs), PLOT_H - MARGIN["bottom"], MARGIN["top"])
+    inner = PLOT_W - MARGIN["left"] - MARGIN["right"]
+    slot = inner / len(steps)
+    points = []
+    for i, s in enumerate(steps):
+        cx = round(MARGIN["left"] + slot * (i + 0.5), 2)
+        tested = bool(s.get("tested")) and s.get("effect") is not None
+        point: dict[str, Any] = {"x": cx, "step": s["step"], "tested": tested,
+                                 "locus": s["step"] == locus,
+                                 "significant": bool(s.get("significant")),
+                                 "label_every": len(steps) <= 30 or i % 5 == 0}
+        if tested:
+            lo, hi = s["ci"] if s.get("ci") else (s["effect"], s["effect"])
+            point.update(y=y(s["effect"]), y_lo=y(lo), y_hi=y(hi),
+                         title=f"step {s['step']}: rescue {_fmt(s['effect'])} {_ci(s.get('ci'))}"
+                               f", n={s.get('n', '?')}")
+        else:
+            point.update(y=y(0.0), title=f"step {s['step']}: not tested")
+        points.append(point)
+    return {"w": PLOT_W, "h": PLOT_H, "m": MARGIN, "zero": y(0.0), "ticks": y.ticks(),
+            "points": points, "cap": min(8.0, slot / 4)}
+
+
+def _arms_plot(arms: Sequence[Mapping[str, Any]], n_steps: int | None) -> dict[str, Any]:
+    """P(failure) per arm ``hold < j`` with its interval, as bars."""
+    if not arms:
+        return {}
+    y = _Axis(0.0, 1.0, PLOT_H - MARGIN["bottom"], MARGIN["top"])
+    inner = PLOT_W - MARGIN["left"] - MARGIN["right"]
+    slot = inner / len(arms)
+    bars = []
+    for i, a in enumerate(arms):
+        j = a["hold_before"]
+        x = MARGIN["left"] + slot * i
+        lo, hi = a.get("ci") or (a["mean"], a["mean"])
+        label = "all held" if n_steps is not None and j >= n_steps else f"<{j}"
+        bars.append({"x": round(x + slot * 0.15, 2), "w": round(slot * 0.7, 2),
+                     "cx": round(x + slot / 2, 2), "y": y(a["mean"]), "y_lo": y(lo), "y_hi": y(hi),
+                     "label": label, "show_label": len(arms) <= 30 or i % 5 == 0,
+                     "title": f"hold steps < {j}: P(failure) {_fmt(a['mean'])} {_ci(a.get('ci'))}"
+                              f", n={a.get('n', '?')}"})
+    return {"w": PLOT_W, "h": PLOT_H, "m": MARGIN, "base": y(0.0), "ticks": y.ticks(),
+            "bars": bars, "cap": min(8.0, slot / 4)}
+
+
+def _shapley_plot(values: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Horizontal bars: each step's Shapley value with its interval."""
+    if not values:
+        return {}
+    row = 28
+    left = 120
+    h = MARGIN["top"] + row * len(values) + MARGIN["bottom"]
+    lows = [v["ci"][0] for v in values if v.get("ci")]
+    highs = [v["ci"][1] for v in values if v.get("ci")]
+    x = _Axis(*_range(lows + highs + [v["estimate"] for v in values]), left,
+              PLOT_W - MARGIN["right"])
+    bars = []
+    for i, v in enumerate(values):
+        cy = MARGIN["top"] + row * i + row / 2
+        lo, hi = v.get("ci") or (v["estimate"], v["estimate"])
+        x0, x1 = sorted((x(0.0), x(v["estimate"])))
+        bars.append({"y": round(cy - row * 0.3, 2), "h": round(row * 0.6, 2), "cy": round(cy, 2),
+                     "x": x0, "w": round(max(x1 - x0, 1.0), 2), "x_lo": x(lo), "x_hi": x(hi),
+                     "label": v.get("label") or f"step {v.get('step')}",
+                     "negative": v["estimate"] < 0,
+                     "title": f"{v.get('label') or v.get('step')}: φ = {_fmt(v['estimate'])} "
+                              f"{_ci(v.get('ci'))}, n={v.get('n', '?')}"})
+    return {"w": PLOT_W, "h": h, "m": MARGIN, "left": left, "zero": x(0.0), "ticks": x.ticks(),
+            "bars": bars, "axis_y": h - MARGIN["bottom"]}
+
+
+# -- the run ---------------------------------------------------------------------------------
+def _timeline(run: Trajectory, locus: int | None) -> list[dict[str, Any]]:
+    items = []
+    for s in run.steps:
+        items.append({
+            "index": s.index, "locus": s.index == locus,
+            "origin": s.meta.get("origin", "record") if run.lineage else "record",
+            "model": s.meta.get("model"),
+            "action": show(s.action), "observation": show(s.observation) if s.observed else None,
+            "state": show(s.state) if s.state is not None else None,
+            "long_action": len(show(s.action)) > CLIP,
+        })
+    return items
+
+
+def _decided_from(run: Trajectory, k: int) -> dict[str, Any]:
+    """The exact state ``s_k``: the recorded messages when the agent kept them, else the run's
+    context and every earlier step (which is exactly what a FunctionAgent policy receives)."""
+    step = run.steps[k]
+    if step.state is not None:
+        if isinstance(step.state, list) and all(_is_message(m) for m in step.state):
+            return {"messages": [{"role": m.get("role"), "text": _message_text(m)}
+                                 for m in step.state], "context": None, "prior": []}
+        return {"messages": None, "context": show(step.state), "prior": []}
+    prior = [{"index": p.index, "action": show(p.action),
+              "observation": show(p.observation) if p.observed else None}
+             for p in run.steps[:k]]
+    return {"messages": None, "context": show(run.context), "prior": prior}
+
+
+def _diff_lines(run: Trajectory | Mapping[str, Any]) -> list[str]:
+    data = run.to_dict() if isinstance(run, Trajectory) else dict(run)
+    lines = []
+    for s in data.get("steps") or []:
+        lines.append(f"step {s['index']} action: {compact(s.get('action'))}")
+        if s.get("observed"):
+            lines.append(f"step {s['index']} observation: {compact(s.get('observation'))}")
+    out = data.get("outcome")
+    if out:
+        lines.append(f"outcome: {_fmt(out.get('value'))}")
+    return lines
+
+
+def _diff(factual: Trajectory | Mapping[str, Any], branch: Mapping[str, Any]
+          ) -> list[dict[str, Any]]:
+    """Side-by-side rows (left = factual, right = counterfactual) from difflib opcodes."""
+    a, b = _diff_lines(factual), _diff_lines(branch)
+    rows: list[dict[str, Any]] = []
+    matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        left, right = a[i1:i2], b[j1:j2]
+        for i in range(max(len(left), len(right))):
+            rows.append({"tag": tag, "left": left[i] if i < len(left) else "",
+                         "right": right[i] if i < len(right) else ""})
+    return rows
+
+
+# -- verdicts ----------------------------------------------------------------------------------
+def _contrastive_verdict(r: Mapping[str, Any], run: Trajectory | None) -> dict[str, Any]:
+    locus = r.get("locus")
+    family = _pct(1 - float(r["alpha"])) if r.get("alpha") is not None else "—"
+    if locus is None:
+        return {"found": False, "headline": "No step could be blamed.",
+                "detail": r.get("reason") or "no step's rescue interval excludes zero",
+                "action": ""}
+    step = next((s for s in r.get("steps") or [] if s.get("step") == locus), {})
+    action = ""
+    if run is not None and 0 <= locus < len(run.steps):
+        action = _clip(compact(run.steps[locus].action))
+    return {"found": True,
+            "headline": f"Step {locus} is where this run committed to failure",
+            "detail": (f"re-drawing step {locus} (earlier steps held as recorded) lowers "
+                       f"P(failure) by {_fmt(step.get('effect'))}, interval "
+                       f"{_ci(step.get('ci'))} at {_pct(r.get('level'))} each "
+                       f"(Bonferroni over {r.get('tests', '?')} tested steps, "
+                       f"{family} family-wise)."),
+            "action": action}
+
+
+def _shapley_verdict(r: Mapping[str, Any]) -> dict[str, Any]:
+    values = [v for v in r.get("values") or [] if v.get("estimate") is not None]
+    if not values:
+        return {"found": False, "headline": "No Shapley values could be estimated.",
+                "detail": r.get("reason") or "", "action": ""}
+    top = max(values, key=lambda v: v["estimate"])
+    label = top.get("label") or f"step {top.get('step')}"
+    return {"found": top["estimate"] > 0,
+            "headline": f"{label.capitalize()} carries the largest share of the blame",
+            "detail": (f"Shapley value {_fmt(top['estimate'])}, interval {_ci(top.get('ci'))} at "
+                       f"{_pct(r.get('level'))}; all steps together account for "
+                       f"{_fmt(r.get('total'))} of the failure probability."),
+            "action": ""}
+
+
+def _arm_outcomes(branches: Iterable[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
+    """Counts of branch outcomes per arm, from the stored branches of an attribution."""
+    if not branches:
+        return []
+    by_arm: dict[str, list[float]] = {}
+    for b in branches:
+        if b.get("outcome") is None:
+            continue
+        by_arm.setdefault(str(b.get("arm")), []).append(float(b["outcome"]))
+    rows = []
+    for arm, vals in sorted(by_arm.items()):
+        fails = sum(1 for v in vals if v >= 0.5)
+        rows.append({"arm": arm, "n": len(vals), "fail": fails, "ok": len(vals) - fails,
+                     "mean": _fmt(sum(vals) / len(vals)),
+                     "fail_pct": round(100 * fails / len(vals), 1)})
+    return rows
+
+
+# -- entry points ------------------------------------------------------------------------------
+def render_attribution(result: Any, run: Any = None,
+                       branches: Iterable[Mapping[str, Any]] | None = None) -> str:
+    """The full HTML report of a contrastive or Shapley attribution."""
+    r = _as_dict(result)
+    method = r.get("method")
+    if method not in ("contrastive", "shapley"):
+        raise InvalidInput(f"unknown attribution method {method!r}",
+                           hint="render the to_dict() of car.contrastive or car.shapley")
+    traj = _as_run(run)
+    ctx: dict[str, Any] = {"r": r, "method": method, "fmt": _fmt, "ci": _ci, "pct": _pct,
+                           "run": _run_summary(traj), "timeline": [], "locus_view": None,
+                           "diff": [], "rescue": {}, "arms": {}, "shapley": {},
+                           "arm_outcomes": _arm_outcomes(branches), "steps": [],
+                           "values": [], "efficiency": None}
+    locus = r.get("locus") if method == "contrastive" else None
+    if traj is not None:
+        ctx["timeline"] = _timeline(traj, locus)
+    if method == "contrastive":
+        ctx["verdict"] = _contrastive_verdict(r, traj)
+        ctx["steps"] = r.get("steps") or []
+        ctx["rescue"] = _rescue_plot(ctx["steps"], locus)
+        ctx["arms"] = _arms_plot(r.get("arms") or [], len(traj.steps) if traj else None)
+        if locus is not None and traj is not None and 0 <= locus < len(traj.steps):
+            ctx["locus_view"] = _decided_from(traj, locus)
+        example = r.get("example_branch")
+        if example:
+            factual = traj if traj is not None else None
+            ctx["diff"] = _diff(factual, example) if factual is not None else \
+                [{"tag": "insert", "left": "", "right": line} for line in _diff_lines(example)]
+    else:
+        ctx["verdict"] = _shapley_verdict(r)
+        ctx["values"] = r.get("values") or []
+        ctx["shapley"] = _shapley_plot(ctx["values"])
+        vf, ve = r.get("v_full") or {}, r.get("v_empty") or {}
+        if vf and ve:
+            ctx["efficiency"] = {"total": r.get("total"), "v_full": vf, "v_empty": ve,
+                                 "target": (vf.get("mean") or 0) - (ve.get("mean") or 0),
+                                 "gap": r.get("efficiency_gap")}
+    return _ENV.get_template("report.html.j2").render(**ctx)
+
+
+def render_run(run: Any) -> str:
+    """A run on its own: header and timeline (used when no attribution exists yet)."""
+    traj = _as_run(run)
+    if traj is None:
+        raise InvalidInput("render_run needs a run", hint="pass a car.Trajectory")
+    return _ENV.get_template("report.html.j2").render(
+        r={}, method="run", fmt=_fmt, ci=_ci, pct=_pct, run=_run_summary(traj),
+        timeline=_timeline(traj, None), locus_view=None, diff=[], rescue={}, arms={},
+        shapley={}, arm_outcomes=[], steps=[], values=[], efficiency=None,
+        verdict={"found": False, "headline": f"Run {traj.id}",
+                 "detail": "No attribution yet: run `car attribute` to find the step that "
+                           "caused the failure.", "action": ""})
+
+
+def _run_summary(run: Trajectory | None) -> dict[str, Any] | None:
+    if run is None:
+        return None
+    return {"id": run.id, "agent": run.agent, "status": run.status, "seed": run.seed,
+            "n_steps": len(run.steps),
+            "outcome": _fmt(run.outcome.value) if run.outcome else "—",
+            "failed": run.failed, "context": show(run.context)}
+
+
+__all__ = ["compact", "render_attribution", "render_run", "show"]

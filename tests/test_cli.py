@@ -1,0 +1,207 @@
+"""The ``car`` command, run the way a user runs it: a subprocess in a folder, reading its exit
+status, stdout and stderr."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from _report_data import contrastive_dict
+from car_core import synthetic as syn
+from car_core.store import RunStore
+from car_core.trajectory import Step, Trajectory
+
+PIVOT = "car_core.synthetic:pivot"
+
+
+def car(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "120", "PYTHONPATH": str(Path(__file__).parents[1])}
+    return subprocess.run([sys.executable, "-m", "car_core.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def one_clean_error(proc: subprocess.CompletedProcess[str]) -> str:
+    """The error is one line on stderr, never a traceback."""
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("car: error: "), proc.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def pivot_store(tmp_path: Path, pivot_run: Trajectory) -> tuple[Path, Trajectory]:
+    with RunStore(tmp_path / "car.db") as s:
+        s.save(pivot_run)
+    return tmp_path, pivot_run
+
+
+def test_help_documents_commands_and_exit_codes(tmp_path):
+    proc = car("--help", cwd=tmp_path)
+    assert proc.returncode == 0
+    for command in ("demo", "runs", "show", "intervene", "attribute", "report"):
+        assert command in proc.stdout
+    assert "Exit codes: 0 ok" in proc.stdout and "3 budget exhausted" in proc.stdout
+
+
+def test_no_command_is_a_usage_error(tmp_path):
+    assert car("frobnicate", cwd=tmp_path).returncode == 2
+
+
+def test_runs_lists_the_stored_run_as_a_table_and_json(pivot_store):
+    folder, run = pivot_store
+    table = car("runs", cwd=folder)  # --store defaults to ./car.db
+    assert table.returncode == 0 and run.id in table.stdout
+    rows = json.loads(car("runs", "--json", cwd=folder).stdout)
+    assert [r["id"] for r in rows] == [run.id]
+    assert rows[0]["n_steps"] == len(run.steps) and rows[0]["outcome"] == 1.0
+
+
+def test_show_prints_every_step_and_json_round_trips(pivot_store):
+    folder, run = pivot_store
+    proc = car("show", run.id, cwd=folder)
+    assert proc.returncode == 0
+    for s in run.steps:
+        assert f"[{s.index}]" in proc.stdout
+    data = json.loads(car("show", run.id, "--json", cwd=folder).stdout)
+    assert Trajectory.from_dict(data).digest == run.digest
+
+
+def test_show_prints_terminal_escapes_and_markup_as_text(tmp_path):
+    steps = [Step(0, "\x1b[2J\x1b[31m[bold red]owned[/]", None, False)]
+    run = Trajectory.new(context="ctx", steps=steps)
+    with RunStore(tmp_path / "car.db") as s:
+        s.save(run)
+    proc = car("show", run.id, cwd=tmp_path)
+    assert proc.returncode == 0
+    assert "\x1b" not in proc.stdout
+    assert "\\x1b[2J\\x1b[31m[bold red]owned[/]" in proc.stdout
+
+
+def test_unknown_run_id_exits_4(pivot_store):
+    folder, _ = pivot_store
+    for args in (("show", "nope"), ("attribute", "nope", "--agent", PIVOT)):
+        proc = car(*args, cwd=folder)
+        assert proc.returncode == 4, args
+        assert "no run 'nope'" in one_clean_error(proc)
+
+
+def test_missing_store_exits_4_and_is_not_created(tmp_path):
+    for args in (("runs",), ("report", "x"), ("attribute", "x", "--agent", PIVOT)):
+        proc = car(*args, "--store", "absent.db", cwd=tmp_path)
+        assert proc.returncode == 4, args
+        assert "no CAR store at absent.db" in one_clean_error(proc)
+    assert not (tmp_path / "absent.db").exists()
+
+
+def test_a_database_that_is_not_a_car_store_exits_4_untouched(tmp_path):
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE invoices (id INTEGER)")
+    before = other.read_bytes()
+    proc = car("runs", "--store", str(other), cwd=tmp_path)
+    assert proc.returncode == 4
+    assert "not create" in one_clean_error(proc)
+    assert other.read_bytes() == before
+
+
+def test_agent_that_cannot_be_imported_exits_2(pivot_store):
+    folder, run = pivot_store
+    for spec, message in (("no_such_module:make", "cannot import 'no_such_module'"),
+                          ("car_core.synthetic:no_such_factory", "has no attribute")):
+        proc = car("attribute", run.id, "--agent", spec, cwd=folder)
+        assert proc.returncode == 2, spec
+        assert message in one_clean_error(proc)
+
+
+def test_budget_of_zero_exits_2_before_spending(pivot_store):
+    folder, run = pivot_store
+    proc = car("attribute", run.id, "--agent", PIVOT, "--budget", "0", cwd=folder)
+    assert proc.returncode == 2
+    assert "--budget 0 cannot pay for any rollout" in one_clean_error(proc)
+    with RunStore(folder / "car.db") as s:
+        assert s.attributions(run.id) == [] and s.children(run.id) == []
+
+
+def test_intervene_estimates_the_planted_probability(pivot_store):
+    folder, run = pivot_store
+    proc = car("intervene", run.id, "--agent", PIVOT, "--do", "resample:2", "--rollouts", "200",
+               "--json", cwd=folder)
+    assert proc.returncode == 0, proc.stderr
+    dist = json.loads(proc.stdout)
+    # Re-drawing the pivot fails with p_bad = 0.3. With 200 Bernoulli rollouts the standard
+    # error is sqrt(0.3 * 0.7 / 200) = 0.032; 4 standard errors = 0.13 (the seed is fixed).
+    assert dist["n"] == 200 and abs(dist["mean"] - syn.pivot().bad_prob[2]) < 0.13
+    assert dist["ci"][0] <= dist["mean"] <= dist["ci"][1]
+
+
+def test_intervene_forced_observation_keeps_the_recorded_action(pivot_store):
+    folder, run = pivot_store
+    proc = car("intervene", run.id, "--agent", PIVOT, "--do", 'observation:2:{"ack": "good"}',
+               "--rollouts", "16", "--json", cwd=folder)
+    assert proc.returncode == 0, proc.stderr
+    # The outcome reads step 2's action, which do_observation keeps: every branch fails.
+    assert json.loads(proc.stdout)["mean"] == 1.0
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("resample:x", "is not a step number"),
+    ("action:2:{oops", "the value is not JSON"),
+    ("resample:99", "step 99"),
+])
+def test_intervene_bad_do_exits_2(pivot_store, spec, message):
+    folder, run = pivot_store
+    proc = car("intervene", run.id, "--agent", PIVOT, "--do", spec, cwd=folder)
+    assert proc.returncode == 2, proc.stderr
+    assert message in one_clean_error(proc)
+
+
+def test_agent_and_outcome_load_from_the_current_folder(tmp_path):
+    (tmp_path / "my_agent.py").write_text(textwrap.dedent('''
+        import car_core as car
+
+        def policy(history, rng):
+            return {"n": history.index, "ok": bool(rng.random() < 0.5)}
+
+        def make():
+            return car.FunctionAgent(policy=policy, is_final=lambda a: a["n"] == 2, max_steps=3)
+
+        def failed(run):
+            return not run.steps[-1].action["ok"]
+    '''))
+    env_code = ("import car_core as car, my_agent\n"
+                "run = car.record(my_agent.make(), outcome=my_agent.failed, seed=1)\n"
+                "car.RunStore('car.db').save(run); print(run.id)")
+    run_id = subprocess.run([sys.executable, "-c", env_code], cwd=tmp_path, check=True,
+                            capture_output=True, text=True).stdout.strip()
+    proc = car("intervene", run_id, "--agent", "my_agent:make", "--outcome", "my_agent:failed",
+               "--do", 'action:2:{"n": 2, "ok": true}', "--rollouts", "4", "--json",
+               cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["mean"] == 0.0  # forcing a good last action avoids failure
+
+
+def test_report_renders_the_latest_stored_attribution(pivot_store, pivot_model):
+    folder, run = pivot_store
+    with RunStore(folder / "car.db") as s:
+        s.save_attribution(run.id, "contrastive", {}, contrastive_dict(pivot_model, run))
+    proc = car("report", run.id, "--out", "r.html", cwd=folder)
+    assert proc.returncode == 0, proc.stderr
+    html = (folder / "r.html").read_text()
+    assert "Step 2 is where this run committed to failure" in html and run.id in html
+    proc = car("report", run.id, "--attribution", "nope", cwd=folder)
+    assert proc.returncode == 4
+    assert "no attribution 'nope'" in one_clean_error(proc)
+
+
+def test_report_without_attribution_writes_the_run(pivot_store):
+    folder, run = pivot_store
+    proc = car("report", run.id, "--out", "run.html", cwd=folder)
+    assert proc.returncode == 0 and "no attribution yet" in proc.stdout
+    assert "No attribution yet" in (folder / "run.html").read_text()

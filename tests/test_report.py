@@ -1,0 +1,152 @@
+"""The HTML report: verdict first, plots drawn from the numbers, agent text always escaped."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+
+import pytest
+
+from _report_data import BREAKOUT, IMG, SCRIPT, contrastive_dict, hostile_contrastive, \
+    hostile_run, shapley_dict
+from car_core import synthetic as syn
+from car_core.errors import InvalidInput
+from car_core.report import render_attribution, render_run
+
+
+class _Tags(HTMLParser):
+    """Every start tag and attribute name the browser would build from the page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.attrs: list[str] = []
+        self.classes: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        self.attrs.extend(name for name, _ in attrs)
+        self.classes.extend((v or "") for n, v in attrs if n == "class")
+
+
+def parse(html: str) -> _Tags:
+    p = _Tags()
+    p.feed(html)
+    return p
+
+
+def test_verdict_comes_first_and_names_the_locus_with_its_interval(pivot_model, pivot_run):
+    html = render_attribution(contrastive_dict(pivot_model, pivot_run), run=pivot_run)
+    verdict = html.index('id="verdict"')
+    assert verdict < html.index('id="rescue"') < html.index('id="timeline"')
+    rescue = pivot_model.rescue(2)
+    # The sentence carries the locus, its rescue and its interval (half width 0.15 in the input).
+    assert "Step 2 is where this run committed to failure" in html
+    assert f"by {rescue:.2f}, interval [{rescue - 0.15:.2f}, {rescue + 0.15:.2f}]" in html
+
+
+def test_rescue_plot_has_one_mark_per_step_and_untested_steps_are_hollow(pivot_model, pivot_run):
+    html = render_attribution(contrastive_dict(pivot_model, pivot_run, untested=(0, 4)),
+                              run=pivot_run)
+    plot = html[html.index('id="rescue-plot"'):html.index("</svg>", html.index('id="rescue-plot"'))]
+    assert plot.count('<g class="point">') == pivot_model.n_steps
+    assert plot.count("not tested</title>") == 2
+    assert plot.count('stroke-dasharray="2 2"') == 2
+    # The locus is drawn larger and red; exactly one mark.
+    assert plot.count('r="7"') == 1
+
+
+def test_arms_plot_bars_are_proportional_to_failure_probability(pivot_model, pivot_run):
+    html = render_attribution(contrastive_dict(pivot_model, pivot_run), run=pivot_run)
+    start = html.index('id="arms-plot"')
+    plot = html[start:html.index("</svg>", start)]
+    heights = [float(h) for h in re.findall(r'<rect [^>]*height="([0-9.]+)"', plot)]
+    assert len(heights) == pivot_model.n_steps + 1
+    # Pixel height = P(fail) * plot height (240 - 16 - 40 = 184 px for [0, 1]).
+    for j, h in enumerate(heights):
+        assert h == pytest.approx(max(pivot_model.arm(j) * 184, 0.5), abs=0.02)
+
+
+def test_shapley_report_shows_values_and_the_efficiency_check():
+    model = syn.and_game()
+    r = shapley_dict(model)
+    html = render_attribution(r)
+    start = html.index('id="shapley-plot"')
+    plot = html[start:html.index("</svg>", start)]
+    assert plot.count('<g class="bar">') == model.n_steps
+    phi = model.shapley()
+    assert f"{phi[0]:.3f}" in html  # 0.455 for the AND game at p_bad 0.3
+    assert 'id="efficiency"' in html
+    assert f"Σφ = <b>{sum(phi):.3f}</b>" in html
+    assert "Step 0 carries the largest share of the blame" in html
+
+
+def test_no_locus_says_why():
+    model = syn.no_cause()
+    run = model.failing_run()
+    r = contrastive_dict(model, run)
+    r["reason"] = "no step's rescue interval excludes zero"
+    html = render_attribution(r, run=run)
+    assert "No step could be blamed." in html
+    assert "no step&#39;s rescue interval excludes zero" in html
+    assert 'id="locus"' not in html
+
+
+def test_truncated_result_is_flagged(pivot_model, pivot_run):
+    r = contrastive_dict(pivot_model, pivot_run)
+    r.update(truncated=True, budget_note="rollout budget of 100 reached")
+    html = render_attribution(r, run=pivot_run)
+    assert "The budget ran out" in html and "rollout budget of 100 reached" in html
+
+
+def test_every_piece_of_agent_text_is_escaped():
+    run, branch = hostile_run()
+    html = render_attribution(hostile_contrastive(run, branch), run=run)
+    tags = parse(html)
+    assert "script" not in tags.tags and "img" not in tags.tags
+    assert not [a for a in tags.attrs if a.startswith("on")]
+    # The payloads are there, as text.
+    assert "&lt;script&gt;window.__pwned = 1&lt;/script&gt;" in html
+    assert "&lt;img src=&#34;x&#34; onerror=&#34;window.__pwned = 2&#34;&gt;" in html
+    assert "&lt;/pre&gt;&lt;/div&gt;&lt;svg onload=" in html
+    assert "support &lt;b&gt;agent&lt;/b&gt;" in html
+    for raw in (SCRIPT, IMG, BREAKOUT):
+        assert raw not in html
+
+
+def test_page_is_self_contained_and_forbids_scripts(pivot_model, pivot_run):
+    html = render_attribution(contrastive_dict(pivot_model, pivot_run), run=pivot_run)
+    assert not re.search(r'(src|href)\s*=\s*"(https?:)?//', html)
+    assert "<link" not in html and "<script" not in html
+    assert "Content-Security-Policy" in html and "default-src 'none'" in html
+
+
+def test_locus_context_and_diff_of_the_rescued_branch():
+    run, branch = hostile_run()
+    html = render_attribution(hostile_contrastive(run, branch), run=run)
+    locus = html[html.index('id="locus"'):html.index('id="diff"')]
+    # The exact messages step 1 decided from: system, user, step 0's call and its tool result.
+    assert locus.count('class="msg role-') == 4
+    assert "[tool lookup_order] order 17: shipped." in locus
+    diff = html[html.index('id="diff"'):html.index('id="timeline"')]
+    rows = re.findall(r'<tr class="(equal|replace|delete|insert)">', diff)
+    assert rows[0] == "equal"  # step 0 was held: identical on both sides
+    assert "replace" in rows
+    assert "I cannot refund more than it cost." in diff
+    assert "outcome: 1.00" in diff and "outcome: 0.00" in diff
+
+
+def test_accepts_a_result_object_and_renders_a_bare_run(pivot_model, pivot_run):
+    class Result:
+        def to_dict(self):
+            return contrastive_dict(pivot_model, pivot_run)
+
+    assert "Step 2 is where" in render_attribution(Result())
+    html = render_run(pivot_run)
+    assert "No attribution yet" in html
+    assert html.count('<li class="">') + html.count('<li class="locus">') == len(pivot_run.steps)
+
+
+def test_unknown_method_is_refused():
+    with pytest.raises(InvalidInput, match="unknown attribution method"):
+        render_attribution({"method": "vibes"})
