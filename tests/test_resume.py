@@ -1,0 +1,205 @@
+"""Crash-safe attributions: an attribution SIGKILLed at any point resumes from its journal in
+the store and ends with the same result as an uninterrupted run with the same seed, without
+re-running the branches that had finished; a store that cannot be written stops before any
+rollout is spent, and loses nothing that was already written."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import car_core as car
+from car_core import synthetic as syn
+from car_core.errors import StoreReadOnly
+from car_core.store import RunStore
+
+ROLLOUTS = 10  # per arm: arm resample@2 makes 4 policy calls a branch, resample@3 makes 3
+CALLS_PER_BRANCH = {"resample@2": 4, "resample@3": 3}
+
+
+def attribute(db: Path, run_id: str, aid: str, kill_at: int, backend: str) -> dict[str, Any]:
+    """Two arms of ROLLOUTS branches of the pivot model (do_resample at steps 2 and 3),
+    journaled to the store as they finish. The policy counts its calls and, on call number
+    ``kill_at``, SIGKILLs its own process — in the middle of a branch."""
+    from car_core.agent import OutcomeFn
+    from car_core.budget import BudgetMeter
+    from car_core.execution import Task, brancher, execute, make_executor
+    from car_core.interventions import compile_plan
+    from car_core.seeding import branch_noise
+    from car_core.store import StoreJournal
+
+    model = syn.pivot()
+    store = RunStore(db)
+    run = store.load(run_id)
+    calls = {"n": 0}
+    lock = threading.Lock()
+
+    def policy(history: car.History, rng: Any) -> Any:
+        with lock:
+            calls["n"] += 1
+            n = calls["n"]
+        if n == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return model.policy(history, rng)
+
+    agent = car.FunctionAgent(policy=policy, environment=model.environment,
+                              is_final=lambda a: bool(a.get("final")),
+                              max_steps=model.n_steps, name="pivot")
+    tasks = []
+    for k in (2, 3):
+        plan = compile_plan(run, car.do_resample(k))
+        tasks += [Task(f"resample@{k}", r, plan, branch_noise(7, r, plan.describe(), True))
+                  for r in range(ROLLOUTS)]
+    ran: list[list[Any]] = []
+    inner = brancher(run, agent, OutcomeFn(model.outcome))
+
+    def fn(task: Task) -> Any:
+        ran.append([task.arm, task.rollout])
+        return inner(task)
+
+    results = execute(tasks, fn, BudgetMeter(None), executor=make_executor(backend, 3),
+                      journal=StoreJournal(store, aid), keep=lambda t: t.outcome.value,
+                      progress=False)
+    store.close()
+    return {"values": [[t.arm, t.rollout, v] for t, v in results], "ran": sorted(ran),
+            "calls": calls["n"]}
+
+
+def killed_child(db: Path, run_id: str, aid: str, kill_at: int,
+                 backend: str) -> subprocess.CompletedProcess[str]:
+    """``attribute`` in a fresh process (this file run as a script), to be SIGKILLed."""
+    return subprocess.run([sys.executable, __file__, str(db), run_id, aid, str(kill_at),
+                           backend], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def stored_run(tmp_path: Path) -> tuple[Path, car.Trajectory]:
+    db = tmp_path / "car.db"
+    run = syn.pivot().failing_run(seed=0)
+    with RunStore(db) as store:
+        store.save(run)
+        store.begin_attribution(run.id, "resume-test", {}, attribution_id="reference")
+        store.begin_attribution(run.id, "resume-test", {}, attribution_id="killed")
+    return db, run
+
+
+@pytest.mark.parametrize(("backend", "kill_at"), [
+    ("sequential", 1), ("sequential", 23), ("sequential", 62), ("async", 23)])
+def test_sigkilled_attribution_resumes_to_the_same_result(
+        stored_run: tuple[Path, car.Trajectory], backend: str, kill_at: int) -> None:
+    """Killed before any branch finished (call 1), mid-way, and near the end."""
+    db, run = stored_run
+    reference = attribute(db, run.id, "reference", -1, backend)
+    assert reference["calls"] == ROLLOUTS * (4 + 3)
+
+    killed = killed_child(db, run.id, "killed", kill_at, backend)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    with RunStore(db) as store:
+        finished = {(b["arm"], b["rollout"]) for b in store.branches("killed")}
+    assert len(finished) < 2 * ROLLOUTS
+
+    result = attribute(db, run.id, "killed", -1, backend)  # the resume
+    assert result["values"] == reference["values"]
+    # finished branches were read back, not re-run: only the others called the policy
+    assert {tuple(t) for t in result["ran"]}.isdisjoint(finished)
+    assert len(result["ran"]) == 2 * ROLLOUTS - len(finished)
+    assert result["calls"] == sum(CALLS_PER_BRANCH[arm] for arm, _ in result["ran"])
+    with RunStore(db) as store:
+        assert len(list(store.branches("killed"))) == 2 * ROLLOUTS
+
+
+def _read_only_child(db: Path) -> str:
+    """Open the store and begin an attribution as a process that may not write the file (an
+    unprivileged user when the tests run as root, for whom file modes do not bind)."""
+    code = textwrap.dedent(f"""
+        import os, sys
+        import car_core as car
+        from car_core.errors import StoreReadOnly
+        if os.geteuid() == 0:
+            os.setgid(65534); os.setuid(65534)
+        try:
+            store = car.RunStore({str(db)!r})
+            store.begin_attribution(store.list()[0]["id"], "x", {{}})
+        except StoreReadOnly as exc:
+            print("StoreReadOnly", exc)
+            sys.exit(0)
+        print("opened")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_read_only_store_is_refused_before_any_rollout(
+        stored_run: tuple[Path, car.Trajectory]) -> None:
+    src, run = stored_run
+    folder = Path(tempfile.mkdtemp(prefix="car-ro-"))
+    db = folder / "car.db"
+    try:
+        shutil.copy(src, db)
+        before = db.read_bytes()
+        os.chmod(db, 0o444)
+        os.chmod(folder, 0o555)  # readable by anyone, writable by no one (but root)
+        out = _read_only_child(db)
+        assert out.startswith("StoreReadOnly "), out
+        assert "writable" in out  # the message says what to do
+        assert db.read_bytes() == before
+        with RunStore(db) as store:  # what was stored is intact
+            assert store.load(run.id).digest == run.digest
+    finally:
+        os.chmod(folder, 0o755)
+        shutil.rmtree(folder)
+
+
+def test_journal_failure_keeps_written_branches_for_resume(
+        tmp_path: Path, stored_run: tuple[Path, car.Trajectory]) -> None:
+    """The disk fills mid-attribution: the run stops with StoreReadOnly, the branches written
+    before stay, and a resume runs only the rest."""
+    from car_core.agent import OutcomeFn
+    from car_core.budget import BudgetMeter
+    from car_core.execution import Task, brancher, execute
+    from car_core.interventions import compile_plan
+    from car_core.seeding import branch_noise
+    from car_core.store import StoreJournal
+
+    db, run = stored_run
+    model = syn.pivot()
+    plan = compile_plan(run, car.do_resample(2))
+    tasks = [Task("resample@2", r, plan, branch_noise(7, r, plan.describe(), True))
+             for r in range(12)]
+    fn = brancher(run, model.agent(), OutcomeFn(model.outcome))
+
+    class FillingJournal(StoreJournal):
+        def write(self, task: Any, result: Any) -> None:
+            if task.rollout == 5:
+                raise StoreReadOnly("database or disk is full", hint="free space, then resume")
+            super().write(task, result)
+
+    with RunStore(db) as store:
+        with pytest.raises(StoreReadOnly):
+            execute(tasks, fn, BudgetMeter(None), journal=FillingJournal(store, "killed"),
+                    progress=False)
+        assert sorted(b["rollout"] for b in store.branches("killed")) == [0, 1, 2, 3, 4]
+        ran: list[int] = []
+        res = execute(tasks, lambda t: ran.append(t.rollout) or fn(t), BudgetMeter(None),
+                      journal=StoreJournal(store, "killed"), progress=False)
+        full = execute(tasks, fn, BudgetMeter(None), progress=False)
+    assert ran == list(range(5, 12))
+    assert [r.outcome.value for _, r in res] == [r.outcome.value for _, r in full]
+
+
+if __name__ == "__main__":  # the child process of the kill-and-resume test
+    db_, run_id_, aid_, kill_at_, backend_ = sys.argv[1:6]
+    print(json.dumps(attribute(Path(db_), run_id_, aid_, int(kill_at_), backend_)))
