@@ -1,0 +1,208 @@
+"""The contrastive estimator against planted ground truth (car_core.synthetic)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from _estimator_helpers import TOKENS_PER_STEP, TokenAgent, counted
+
+import car_core as car
+from car_core import synthetic as syn
+from car_core.errors import InvalidInput, NothingToAttribute
+
+RESULT_KEYS = {"method", "run_id", "attribution_id", "locus", "reason", "alpha", "correction",
+               "tests", "level", "rollouts_used", "rollouts_cap", "seed", "coupled",
+               "truncated", "budget_note", "tokens", "cost", "search", "steps", "arms",
+               "example_branch", "params"}
+STEP_KEYS = {"step", "effect", "ci", "tested", "significant", "fail_held", "fail_resampled",
+             "n"}
+
+
+def attribute(model: syn.SyntheticSCM, seed: int = 0, **kwargs):
+    run = model.failing_run(seed)
+    return car.contrastive(run, model.agent(), outcome=model.outcome, seed=seed, **kwargs)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_pivot_is_found_with_its_analytic_rescue(seed):
+    model = syn.pivot()  # locus 2, rescue (1 − 0.3) = 0.7
+    res = attribute(model, seed, rollouts=32)
+    assert res.locus == model.locus == 2
+    step = res.steps[2]
+    # Under common random numbers the pair difference at step 2 is 1 − y with y ~ Bern(0.3),
+    # so the estimate has SD sqrt(0.21 / n); 4 SD bounds a miss at < 1e-4.
+    assert abs(step.effect - model.rescue(2)) <= 4 * math.sqrt(0.21 / step.n)
+    assert step.ci[0] > 0 and step.significant
+    assert step.fail_held == 1.0  # holding the pivot's bad choice always fails
+
+
+def test_steps_after_the_locus_are_not_significant():
+    res = attribute(syn.pivot(), 3, rollouts=32, search="full")
+    assert [s.significant for s in res.steps] == [False, False, True, False, False, False]
+    assert all(s.tested for s in res.steps)
+
+
+def test_no_locus_when_no_step_matters():
+    model = syn.no_cause()
+    for seed in range(10):
+        res = attribute(model, seed, rollouts=32)
+        assert res.locus is None
+        assert "no step's rescue interval" in res.reason
+
+
+def test_noisy_judge_still_finds_the_true_locus():
+    """The judge flips the outcome w.p. 0.1. Comparing against the one observed failure would
+    blame step 5 (P(fail) 0.9 < 1); the estimated factual arm does not."""
+    model = syn.noisy_pivot()
+    found = [attribute(model, seed, rollouts=64).locus for seed in range(20)]
+    # Measured power at K=64 is ~99%; 19 of 20 allows one miss without hiding a broken rule
+    # (a rule that blames later steps scores ~0 of 20).
+    assert sum(locus == 2 for locus in found) >= 19
+    assert all(locus in (2, None) for locus in found)  # never a false locus
+
+
+def test_late_pivot_bisection_is_right_and_costs_far_less_than_n_k():
+    model = syn.late_pivot()  # 24 steps, locus 20
+    res = attribute(model, 0, rollouts=32)
+    assert res.search == "bisection"
+    assert res.locus == 20
+    assert res.rollouts_used <= 0.4 * 24 * 32
+    tested = [s.step for s in res.steps if s.tested]
+    assert tested == [20]
+    assert res.steps[0].effect is None and res.steps[0].ci is None
+    full = attribute(model, 0, rollouts=32, search="full")
+    assert full.locus == 20 and full.search == "full"
+
+
+def test_bisection_on_a_run_where_nothing_matters_says_why():
+    res = attribute(syn.no_cause(n_steps=12), 0, rollouts=16, search="bisection")
+    assert res.locus is None
+    assert res.reason
+
+
+def test_outcome_that_never_varies_is_reported():
+    model = syn.pivot(p_bad=1.0)  # the pivot is bad whatever we resample: always fails
+    res = attribute(model, 0, rollouts=8)
+    assert res.locus is None
+    assert "never varied" in res.reason
+
+
+def test_family_wise_alpha_controls_false_loci_when_steps_are_independent():
+    """Uncoupled arms (independent noise) on a model where no step matters: each step's
+    interval is at 1 − α/(m·looks), so a false locus should appear in ≤ α of runs."""
+    model = syn.no_cause(n_steps=4)
+    agent = model.agent()
+    agent.couples_noise = False
+    false = 0
+    for seed in range(30):
+        res = car.contrastive(model.failing_run(seed), agent, outcome=model.outcome,
+                              rollouts=16, seed=seed)
+        assert res.coupled is False
+        false += res.locus is not None
+    # Bound: FWER ≤ 0.05, so the count is ~Bin(30, ≤0.05); P(≥ 5) < 0.02.
+    assert false <= 4
+
+
+@pytest.mark.slow
+def test_rescue_intervals_cover_jointly_over_many_seeds():
+    """Family-wise coverage of all tested steps' intervals on the noisy pivot, 200 seeds:
+    nominal ≥ 95%; the test asks ≥ 90% (Monte-Carlo SE at 200 seeds is ~1.5%)."""
+    model = syn.noisy_pivot()
+    agent = model.agent()
+    covered = 0
+    for seed in range(200):
+        res = car.contrastive(model.failing_run(seed), agent, outcome=model.outcome,
+                              rollouts=16, seed=seed, search="full")
+        covered += all(s.ci[0] <= model.rescue(s.step) <= s.ci[1]
+                       for s in res.steps if s.tested)
+    assert covered / 200 >= 0.90
+
+
+def test_budget_is_never_exceeded_and_truncation_is_reported():
+    model = syn.pivot()
+    for cap in (3, 20, 50):
+        res = attribute(model, 0, rollouts=32, budget=cap)
+        assert res.rollouts_used <= cap
+        assert res.truncated and "rollout budget" in res.budget_note
+    whole = attribute(model, 0, rollouts=32)
+    assert not whole.truncated and whole.budget_note is None
+
+
+def test_token_budget_trips_before_spending_more():
+    model = syn.pivot()
+    run = model.failing_run(0)
+    budget = car.Budget(tokens=500)
+    res = car.contrastive(run, TokenAgent(model.agent()), outcome=model.outcome, rollouts=32,
+                          budget=budget)
+    assert res.truncated and "token budget" in res.budget_note
+    # The meter refuses a rollout whose forecast (mean tokens so far) would overrun, so the
+    # spend stays within the budget plus at most one rollout's worth of live steps.
+    assert res.tokens <= 500 + 6 * TOKENS_PER_STEP
+    assert res.tokens > 0
+
+
+@pytest.mark.parametrize("rollouts", [0, -1, 1.5, True])
+def test_bad_rollouts(rollouts, pivot_model, pivot_run):
+    with pytest.raises(InvalidInput, match="rollouts"):
+        car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
+                        rollouts=rollouts)
+
+
+@pytest.mark.parametrize("alpha", [0, 1, 1.5, -0.1])
+def test_bad_alpha(alpha, pivot_model, pivot_run):
+    with pytest.raises(InvalidInput, match="alpha"):
+        car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
+                        alpha=alpha)
+
+
+def test_bad_search(pivot_model, pivot_run):
+    with pytest.raises(InvalidInput, match="search"):
+        car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
+                        search="random")
+
+
+def test_run_without_steps_has_nothing_to_attribute(pivot_model):
+    empty = car.Trajectory.new(context=None, steps=[])
+    with pytest.raises(NothingToAttribute, match="no steps"):
+        car.contrastive(empty, pivot_model.agent(), outcome=pivot_model.outcome)
+
+
+def test_result_serialises_with_the_documented_schema(pivot_model, pivot_run):
+    res = car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
+                          rollouts=16)
+    data = json.loads(res.to_json())
+    assert set(data) == RESULT_KEYS
+    assert data["method"] == "contrastive" and data["correction"] == "bonferroni"
+    assert all(set(s) == STEP_KEYS for s in data["steps"])
+    assert {a["hold_before"] for a in data["arms"]} <= set(range(7))
+    assert data["params"]["rollouts"] == 16 and data["locus"] == 2
+    assert res.table() == data["steps"]
+    text = str(res)
+    assert "locus = 2" in text and "<- locus" in text
+
+
+def test_example_branch_is_a_rescued_branch_of_the_locus_arm(pivot_model, pivot_run):
+    res = car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
+                          rollouts=16)
+    example = car.Trajectory.from_dict(res.example_branch)
+    assert example.outcome.value == 0.0
+    assert example.steps[2].action["choice"] == "good"  # the pivot was redrawn and went well
+    assert [s.action for s in example.steps[:2]] == [s.action for s in pivot_run.steps[:2]]
+
+
+def test_store_keeps_the_attribution_and_a_resume_runs_nothing_again(store, pivot_model):
+    agent, counter = counted(pivot_model)
+    run = pivot_model.failing_run(0)
+    first = car.contrastive(run, agent, outcome=pivot_model.outcome, rollouts=16,
+                            store=store, attribution_id="a1")
+    assert first.attribution_id == "a1"
+    row = store.attribution("a1")
+    assert row["status"] == "complete" and row["result"]["locus"] == first.locus
+    assert len(list(store.branches("a1"))) == first.rollouts_used
+    calls = counter.calls
+    again = car.contrastive(run, agent, outcome=pivot_model.outcome, rollouts=16,
+                            store=store, attribution_id="a1")
+    assert counter.calls == calls  # every branch came from the journal
+    assert again.to_dict() == first.to_dict()
