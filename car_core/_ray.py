@@ -84,11 +84,11 @@ class RayExecutor:
     def connect(self) -> Any:
         """Ray, initialised: the running session, a local cluster, or the given address."""
         ray = _import_ray()
-        if ray.is_initialized():
-            return ray
         local = self.address in LOCAL_ADDRESSES
         if not local:
             probe(str(self.address))
+        if ray.is_initialized():  # a session this process already opened is used as is
+            return ray
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
         if local:
             kwargs["num_cpus"] = self.local_cpus
