@@ -19,6 +19,7 @@ from ._json import JSON, check_json
 from .budget import Budget, BudgetMeter
 from .errors import (
     AgentError,
+    BudgetExhausted,
     CarError,
     EnvironmentError_,
     InvalidInput,
@@ -77,7 +78,14 @@ def call_environment(env: Callable[..., JSON], history: History, action: JSON,
 
 
 def _apply_edit(edit: Callable[[Any], Any], history: History, run_id: str, k: int) -> History:
-    edited = edit(history)
+    try:
+        edited = edit(history)
+    except CarError:
+        raise
+    except Exception as exc:  # the user's edit: say which intervention broke
+        raise InvalidIntervention(f"the do_context edit raised {exc!r}", run_id=run_id, step=k,
+                                  hint="fix the edit; it receives the car.History step "
+                                       f"{k} decides from and returns it edited") from exc
     if not isinstance(edited, History):
         raise InvalidIntervention(
             f"do_context edit returned {type(edited).__name__}, not a car.History",
@@ -96,18 +104,21 @@ def drive(agent: Any, run: Trajectory, plan: Plan, noise: Noise) -> Trajectory:
     status = "complete"
     done = bool(prefix) and agent.finished(prefix[-1].action)
     k = plan.start
+    edits = dict(plan.context_edits)  # each edit applies once, even if it shortens the history
     while not done:
         if k >= agent.max_steps:
             status = "max_steps"
             break
-        if k in plan.context_edits:
-            history = _apply_edit(plan.context_edits[k], history, run.id, k)
+        edited = k in edits
+        if edited:
+            history = _apply_edit(edits.pop(k), history, run.id, k)
             k = history.index
         policy = agent.policy
-        if plan.policy is not None and k >= plan.policy[0]:
-            policy = plan.policy[1]
+        swapped = plan.policy is not None and k >= plan.policy[0]
+        if swapped:
+            policy = plan.policy[1]  # type: ignore[index]
         meta: dict[str, Any] = {}
-        if k in plan.forced_actions and k not in plan.context_edits:
+        if k in plan.forced_actions and not edited:
             action = plan.forced_actions[k]
         else:
             action = call_policy(policy, history, noise.rng(k, "policy"), k, run.id)
@@ -120,8 +131,14 @@ def drive(agent: Any, run: Trajectory, plan: Plan, noise: Noise) -> Trajectory:
             observed = True
             obs = call_environment(agent.environment, history, action,
                                    noise.rng(k, "environment"), k, run.id)
+        if edited:
+            origin = "edited"
+        elif k in plan.context_edits:  # reached again after an edit that dropped steps
+            origin = "policy-swapped" if swapped else "live"
+        else:
+            origin = plan.origin(k)
         step = Step(index=k, action=action, observation=obs, observed=observed,
-                    meta={**meta, "origin": plan.origin(k)})
+                    meta={**meta, "origin": origin})
         history = history.with_step(step)
         done = final
         k += 1
@@ -222,8 +239,8 @@ def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequenc
             raise first.exception
         raise AgentError(f"every branch failed; the first: {first.error}", run_id=run.id)
     if not trajs:
-        raise AgentError("no rollout could run", run_id=run.id,
-                         hint=meter.tripped or "raise the budget")
+        raise BudgetExhausted(f"no rollout could run: {meter.tripped or 'the budget tripped'}",
+                              run_id=run.id, hint="raise the budget")
     values = tuple(t.outcome.value for t in trajs if t.outcome is not None)
     mean = sum(values) / len(values)
     return OutcomeDistribution(

@@ -178,3 +178,19 @@ def test_every_error_is_a_car_error() -> None:
     import car_core.errors as errors
     for name in errors.__all__:
         assert issubclass(getattr(errors, name), CarError)
+
+
+def test_a_context_edit_that_raises(pivot_model, pivot_run) -> None:
+    def broken(h):
+        raise KeyError("messages")
+
+    with pytest.raises(InvalidIntervention, match="fix the edit") as info:
+        intervene(pivot_run, pivot_model.agent(), car.do_context(2, broken), pivot_model.outcome)
+    assert info.value.step == 2
+
+
+def test_a_budget_that_stops_every_rollout(pivot_model, pivot_run) -> None:
+    from car_core.errors import BudgetExhausted
+    with pytest.raises(BudgetExhausted, match="raise the budget"):
+        intervene(pivot_run, pivot_model.agent(), car.do_resample(2), pivot_model.outcome,
+                  budget=car.Budget(wall_time=1e-12))

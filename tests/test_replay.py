@@ -296,3 +296,18 @@ def test_drive_with_the_record_noise_reproduces_the_record(pivot_model, pivot_ru
                   Plan(start=0), Noise(pivot_run.seed))
     assert [s.action for s in again.steps] == [s.action for s in pivot_run.steps]
     assert [s.observation for s in again.steps] == [s.observation for s in pivot_run.steps]
+
+
+def test_a_context_edit_that_drops_a_step_is_applied_once(pivot_model, pivot_run) -> None:
+    calls = []
+
+    def forget_last(h: car.History) -> car.History:
+        calls.append(h.index)
+        return car.History(h.context, h.steps[:-1], h.index - 1)
+
+    dist = branches(pivot_run, pivot_model.agent(), car.do_context(3, forget_last),
+                    pivot_model.outcome, rollouts=2)
+    assert calls == [3, 3]   # once per branch, not again when step 3 comes round
+    for t in dist.trajectories:
+        assert [(s.index, s.meta["origin"]) for s in t.steps] == [
+            (0, "held"), (1, "held"), (2, "edited"), (3, "live"), (4, "live"), (5, "live")]
