@@ -1,0 +1,174 @@
+"""The Shapley estimator against games with closed-form values (car_core.synthetic)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from _estimator_helpers import TokenAgent, counted
+
+import car_core as car
+from car_core import synthetic as syn
+from car_core.errors import InvalidBudget, InvalidInput, NothingToAttribute
+
+RESULT_KEYS = {"method", "run_id", "attribution_id", "mode", "values", "total", "v_full",
+               "v_empty", "efficiency_gap", "level", "rollouts_used", "budget", "truncated",
+               "budget_note", "seed", "coupled", "tokens", "cost", "reason", "params"}
+
+
+def tolerance(n: int) -> float:
+    """For these monotone games every replicate (or antithetic unit) gives φ_i in [0, 1] —
+    under common random numbers holding one more bad step can only raise the outcome — so its
+    SD is at most 1/2 (Popoviciu) and the mean of n replicates has SD <= 1/(2√n). Four SDs:
+    a miss has probability < 1e-4 under the normal approximation."""
+    return 4 * 0.5 / math.sqrt(n)
+
+
+def estimate(model, seed=0, **kwargs):
+    run = model.failing_run(seed)
+    return car.shapley(run, model.agent(), outcome=model.outcome, seed=seed, **kwargs)
+
+
+@pytest.mark.parametrize("factory", [syn.and_game, syn.or_game, syn.three_way])
+@pytest.mark.parametrize("mode", ["exact", "permutation"])
+def test_values_match_the_analytic_game(factory, mode):
+    model = factory()
+    sh = estimate(model, 1, budget=1200, mode=mode)
+    assert sh.mode == mode and sh.rollouts_used <= 1200
+    for value, truth in zip(sh.values, model.shapley()):
+        assert abs(value.estimate - truth) <= tolerance(value.n), (value, truth)
+
+
+def test_and_game_reproduces_the_published_check():
+    """The AND of steps 0 and 1, each bad w.p. 0.3 when resampled: exact φ = (0.455, 0.455, 0)
+    and Σφ = 1 − 0.3² = 0.91."""
+    model = syn.and_game()
+    assert model.shapley() == pytest.approx((0.455, 0.455, 0.0))
+    sh = estimate(model, 0, budget=2000)
+    assert sh.mode == "exact"  # 8 coalitions × 250 replicates fit the budget
+    assert [v.step for v in sh.values] == [0, 1, 2]
+    for value, truth in zip(sh.values, model.shapley()):
+        assert abs(value.estimate - truth) <= tolerance(value.n)
+        assert value.ci[0] <= truth <= value.ci[1]
+    assert sh.values[2].estimate == 0.0  # an irrelevant step gets nothing, exactly, under CRN
+    assert abs(sh.total - 0.91) <= 2 * tolerance(sh.values[0].n)
+
+
+def test_efficiency_holds_and_is_reported():
+    sh = estimate(syn.three_way(), 0, budget=600, mode="permutation")
+    assert sh.efficiency_gap == pytest.approx(0.0, abs=1e-9)
+    assert sh.total == pytest.approx(sh.v_full.mean - sh.v_empty.mean, abs=1e-9)
+    assert sh.v_full.mean == 1.0  # everything held: the recorded failure, noise-free judge
+    assert sh.v_empty.ci[0] <= syn.three_way().value(()) <= sh.v_empty.ci[1]
+
+
+def test_candidate_players_group_the_rest():
+    model = syn.and_game()
+    sh = estimate(model, 0, budget=400, players=[0])
+    assert [v.step for v in sh.values] == [0, None]
+    assert sh.values[1].label == "other steps (1, 2)"
+    # Two players {0} and {1, 2}: v(∅)=0.09, v({0})=v({1,2})=0.3, v(N)=1, so each gets 0.455.
+    for value in sh.values:
+        assert abs(value.estimate - 0.455) <= tolerance(value.n)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,budget", [("exact", 80), ("permutation", 60)])
+def test_intervals_cover_over_many_seeds(mode, budget):
+    """Coverage of the 95% t-intervals of φ_0 and φ_1 on the AND game over 200 seeds, with
+    only 10 replicates each: the test asks >= 90% (Monte-Carlo SE at 200 seeds is ~1.5%)."""
+    model = syn.and_game()
+    run, agent, truth = model.failing_run(0), model.agent(), model.shapley()
+    hits = [0, 0]
+    for seed in range(200):
+        sh = car.shapley(run, agent, outcome=model.outcome, budget=budget, seed=seed, mode=mode)
+        for i in (0, 1):
+            lo, hi = sh.values[i].ci
+            hits[i] += lo <= truth[i] <= hi
+    assert min(hits) / 200 >= 0.90
+
+
+@pytest.mark.parametrize("budget", [16, 50, 333, car.Budget(rollouts=100)])
+def test_budget_is_never_exceeded(budget):
+    sh = estimate(syn.and_game(), 0, budget=budget)
+    cap = budget if isinstance(budget, int) else budget.rollouts
+    assert sh.rollouts_used <= cap and sh.budget == cap
+
+
+def test_token_budget_truncates_and_keeps_what_was_measured():
+    model = syn.three_way()
+    run = model.failing_run(0)
+    sh = car.shapley(run, TokenAgent(model.agent()), outcome=model.outcome,
+                     budget=car.Budget(rollouts=1000, tokens=2000), mode="permutation")
+    assert sh.truncated and "token budget" in sh.budget_note
+    assert 0 < sh.rollouts_used < 1000
+    assert sh.tokens <= 2000 + 5 * 10  # at most one rollout's live steps past the forecast
+    assert all(v.n >= 2 and v.ci is not None for v in sh.values)
+
+
+def test_budget_below_two_units_is_refused(pivot_model, pivot_run):
+    with pytest.raises(InvalidBudget, match="budget"):
+        car.shapley(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome, budget=5)
+    with pytest.raises(InvalidBudget):
+        car.shapley(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome, budget=0)
+
+
+@pytest.mark.parametrize("kwargs,match", [({"level": 1.0}, "level"), ({"level": 0}, "level"),
+                                          ({"mode": "sampling"}, "mode"),
+                                          ({"players": []}, "players"),
+                                          ({"players": [9]}, "player"),
+                                          ({"players": [1, 1]}, "distinct")])
+def test_bad_arguments(pivot_model, pivot_run, kwargs, match):
+    with pytest.raises(InvalidInput, match=match):
+        car.shapley(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome, **kwargs)
+
+
+def test_run_without_steps(pivot_model):
+    with pytest.raises(NothingToAttribute):
+        car.shapley(car.Trajectory.new(context=None, steps=[]), pivot_model.agent(),
+                    outcome=pivot_model.outcome)
+
+
+def test_outcome_that_never_varies_says_why():
+    model = syn.no_cause(n_steps=3, base_rate=1.0)
+    sh = estimate(model, 0, budget=200)
+    assert "never varied" in sh.reason
+    assert all(v.estimate == 0.0 for v in sh.values)
+
+
+def test_result_schema_and_text(pivot_model, pivot_run):
+    sh = car.shapley(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome, budget=300)
+    data = json.loads(sh.to_json())
+    assert set(data) == RESULT_KEYS and data["method"] == "shapley"
+    assert data["mode"] == "permutation"  # 2^6 = 64 coalitions x 10 replicates exceed 300
+    assert set(data["values"][0]) == {"step", "label", "estimate", "ci", "n"}
+    assert set(data["v_full"]) == {"mean", "ci", "n"}
+    assert data["params"]["budget"]["rollouts"] == 300
+    assert sh.table() == data["values"]
+    assert "step 2" in str(sh) and "sum =" in str(sh)
+
+
+def test_store_resume_runs_no_branch_twice(store):
+    model = syn.and_game()
+    agent, counter = counted(model)
+    run = model.failing_run(0)
+    first = car.shapley(run, agent, outcome=model.outcome, budget=160, store=store,
+                        attribution_id="s1")
+    assert store.attribution("s1")["result"]["total"] == first.total
+    calls = counter.calls
+    again = car.shapley(run, agent, outcome=model.outcome, budget=160, store=store,
+                        attribution_id="s1")
+    assert counter.calls == calls
+    assert again.to_dict() == first.to_dict()
+
+
+def test_held_prefix_is_served_from_the_record():
+    """v(S) for S = {0, 1} resamples only step 2 onward: steps 0 and 1 make no calls."""
+    model = syn.and_game()
+    agent, counter = counted(model)
+    run = model.failing_run(0)
+    car.shapley(run, agent, outcome=model.outcome, budget=80, mode="exact")
+    # Exact mode, 10 replicates of 8 coalitions; the plan of S starts at its first free step,
+    # so step 0 is decided live only in the 4 coalitions without player 0.
+    assert counter.counters[0].steps.count(0) == 4 * 10
