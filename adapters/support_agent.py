@@ -7,7 +7,7 @@ refund window, so a refund is a failure. The chat model is pluggable: ``build_ap
 any LangChain chat model with ``bind_tools``; ``PlantedSupportModel`` is a seeded stochastic fake
 whose only random choice is the decision, so the decision step is the cause by construction:
 
-    P(fail | the decision sees the injection) = p_follow     P(fail | no injection) = p_base
+    P(fail | the decision sees the injection) = p_follow (0.3)   P(fail | no injection) = p_base (0)
 
 The failure is executed at step 2, but step 2 only carries out what step 1 decided; attribution
 must name step 1, and ``remove_injection`` (a ``do_context`` edit) must rescue the run.
@@ -135,13 +135,13 @@ class PlantedSupportModel(BaseChatModel):
     without it, from a generator seeded by ``rng_seed``. ``calls`` counts model calls.
     """
 
-    p_follow: float = 0.8
+    p_follow: float = 0.3
     p_base: float = 0.0
     seed: int | None = None
     rng_seed: int = 0
     model_name: str = "planted-support"
     _rng: np.random.Generator = PrivateAttr(default=None)
-    _log: list[int] = PrivateAttr(default_factory=list)
+    _log: list[int] = PrivateAttr(default_factory=list)  # the step of each call
 
     def model_post_init(self, context: Any) -> None:
         self._rng = np.random.default_rng(self.rng_seed)
@@ -150,6 +150,14 @@ class PlantedSupportModel(BaseChatModel):
     def calls(self) -> int:
         """Model calls so far, shared with copies (a per-step seed is set on a copy)."""
         return len(self._log)
+
+    @property
+    def call_steps(self) -> list[int]:
+        """The step each call decided (the number of assistant messages it saw)."""
+        return list(self._log)
+
+    def reset_calls(self) -> None:
+        self._log.clear()
 
     @property
     def _llm_type(self) -> str:
@@ -195,7 +203,7 @@ class PlantedSupportModel(BaseChatModel):
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: Any = None, **kwargs: Any) -> ChatResult:
-        self._log.append(1)
+        self._log.append(sum(isinstance(m, AIMessage) for m in messages))
         msg = self.decide(messages)
         usage = {"prompt_tokens": sum(len(str(m.content)) // 4 for m in messages),
                  "completion_tokens": 8}
