@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -342,7 +343,10 @@ def _arm_outcomes(branches: Iterable[Mapping[str, Any]] | None) -> list[dict[str
             continue
         by_arm.setdefault(str(b.get("arm")), []).append(float(b["outcome"]))
     rows = []
-    for arm, vals in sorted(by_arm.items()):
+    def natural(arm: str) -> list[Any]:  # hold<2 before hold<10
+        return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", arm)]
+
+    for arm, vals in sorted(by_arm.items(), key=lambda kv: natural(kv[0])):
         fails = sum(1 for v in vals if v >= 0.5)
         rows.append({"arm": arm, "n": len(vals), "fail": fails, "ok": len(vals) - fails,
                      "mean": _fmt(sum(vals) / len(vals)),

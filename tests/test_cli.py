@@ -21,8 +21,10 @@ from car_core.trajectory import Step, Trajectory
 PIVOT = "car_core.synthetic:pivot"
 
 
-def car(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "120", "PYTHONPATH": str(Path(__file__).parents[1])}
+def car(*args: str, cwd: Path, env: dict[str, str] | None = None
+        ) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "120", "PYTHONPATH": str(Path(__file__).parents[1]),
+           **(env or {})}
     return subprocess.run([sys.executable, "-m", "car_core.cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
 
@@ -205,3 +207,115 @@ def test_report_without_attribution_writes_the_run(pivot_store):
     proc = car("report", run.id, "--out", "run.html", cwd=folder)
     assert proc.returncode == 0 and "no attribution yet" in proc.stdout
     assert "No attribution yet" in (folder / "run.html").read_text()
+
+
+# -- attribute and demo (through the real estimators) ---------------------------------------------
+def test_attribute_finds_the_planted_locus_and_stores_it(pivot_store, pivot_model):
+    folder, run = pivot_store
+    proc = car("attribute", run.id, "--agent", PIVOT, "--json", cwd=folder)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["locus"] == pivot_model.locus == 2
+    with RunStore(folder / "car.db") as s:
+        stored = s.attributions(run.id)
+        assert [a["id"] for a in stored] == [result["attribution_id"]]
+        assert stored[0]["result"]["locus"] == 2
+        assert len(list(s.branches(result["attribution_id"]))) == result["rollouts_used"]
+    table = car("attribute", run.id, "--agent", PIVOT, cwd=folder)
+    assert table.returncode == 0 and "◀ locus" in table.stdout and "Locus: step 2." in table.stdout
+
+
+def test_attribute_shapley_through_the_cli(tmp_path):
+    model = syn.and_game()
+    run = model.failing_run()
+    with RunStore(tmp_path / "car.db") as s:
+        s.save(run)
+    proc = car("attribute", run.id, "--agent", "car_core.synthetic:and_game", "--method",
+               "shapley", "--budget", "400", "--json", cwd=tmp_path)
+    assert proc.returncode in (0, 3), proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["method"] == "shapley" and result["rollouts_used"] <= 400
+    assert car("report", run.id, "--out", "s.html", cwd=tmp_path).returncode == 0
+    assert 'id="shapley-plot"' in (tmp_path / "s.html").read_text()
+
+
+def test_attribute_exits_1_when_no_step_matters(tmp_path):
+    run = syn.no_cause().failing_run()
+    with RunStore(tmp_path / "car.db") as s:
+        s.save(run)
+    proc = car("attribute", run.id, "--agent", "car_core.synthetic:no_cause", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "No locus:" in proc.stdout
+
+
+def test_attribute_exits_3_when_the_budget_runs_out(pivot_store):
+    folder, run = pivot_store
+    proc = car("attribute", run.id, "--agent", PIVOT, "--budget", "5", "--json", cwd=folder)
+    assert proc.returncode == 3, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["truncated"] and result["rollouts_used"] <= 5
+
+
+INTERRUPTING = '''
+import os, signal
+import car_core.synthetic as syn
+
+def make():
+    model = syn.pivot()
+    agent = model.agent()
+    inner, calls = agent.policy, [0]
+    limit = int(os.environ.get("STOP_AFTER", "0"))
+
+    def policy(history, rng):
+        calls[0] += 1
+        if limit and calls[0] == limit:
+            os.kill(os.getpid(), signal.SIGINT)  # the user presses Ctrl-C mid-attribution
+        return inner(history, rng)
+
+    agent.policy = policy
+    return agent
+
+outcome = syn.pivot().outcome
+'''
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_finished_branches_and_resume_finishes_the_same_result(pivot_store):
+    folder, run = pivot_store
+    (folder / "interrupting.py").write_text(INTERRUPTING)
+    args = ("attribute", run.id, "--agent", "interrupting:make", "--outcome",
+            "interrupting:outcome", "--rollouts", "16", "--json")
+    stopped = car(*args, cwd=folder, env={"STOP_AFTER": "60"})
+    assert stopped.returncode == 130, stopped.stderr
+    assert "Traceback" not in stopped.stderr and stopped.stdout == ""
+    resume_line = stopped.stderr.strip().splitlines()[-1].strip()
+    assert resume_line.startswith("car attribute ") and " --resume " in resume_line
+    aid = resume_line.split()[-1]
+    with RunStore(folder / "car.db") as s:
+        kept = len(list(s.branches(aid)))
+        assert kept > 0 and s.attribution(aid)["status"] == "running"
+    resumed = car(*resume_line.split()[1:], cwd=folder)
+    assert resumed.returncode == 0, resumed.stderr
+    fresh = car(*args, cwd=folder)
+    a, b = json.loads(resumed.stdout), json.loads(fresh.stdout)
+    assert a["attribution_id"] == aid
+    assert a["locus"] == b["locus"] == 2
+    assert a["steps"] == b["steps"] and a["arms"] == b["arms"]
+    with RunStore(folder / "car.db") as s:
+        assert len(list(s.branches(aid))) == a["rollouts_used"] >= kept
+
+
+def test_resume_of_an_unknown_attribution_exits_4(pivot_store):
+    folder, run = pivot_store
+    proc = car("attribute", run.id, "--agent", PIVOT, "--resume", "nope", cwd=folder)
+    assert proc.returncode == 4
+    assert "no attribution 'nope'" in one_clean_error(proc)
+
+
+def test_demo_records_attributes_and_writes_the_report(tmp_path):
+    proc = car("demo", "--policy", "synthetic", "--store", "demo.db", "--out", "demo.html",
+               cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "committed to failure" in (tmp_path / "demo.html").read_text()
+    runs = json.loads(car("runs", "--store", "demo.db", "--json", cwd=tmp_path).stdout)
+    assert runs and runs[0]["outcome"] == 1.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from html.parser import HTMLParser
 
@@ -150,3 +151,35 @@ def test_accepts_a_result_object_and_renders_a_bare_run(pivot_model, pivot_run):
 def test_unknown_method_is_refused():
     with pytest.raises(InvalidInput, match="unknown attribution method"):
         render_attribution({"method": "vibes"})
+
+
+# -- through the real estimators ------------------------------------------------------------------
+def test_real_contrastive_result_renders_itself(pivot_model, pivot_run):
+    import car_core as car
+    res = car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
+                          rollouts=32, seed=0)
+    assert res.locus == pivot_model.locus
+    html = res.to_html()
+    assert html == res._repr_html_()
+    assert f"Step {pivot_model.locus} is where this run committed to failure" in html
+    plot = html[html.index('id="rescue-plot"'):]
+    assert plot[:plot.index("</svg>")].count('<g class="point">') == pivot_model.n_steps
+    # With the run attached: the timeline, the locus context and the rescued branch's diff.
+    full = render_attribution(res, run=pivot_run)
+    assert full.count('<li class="locus">') == 1 and 'id="locus"' in full
+    diff = full[full.index('id="diff"'):full.index('id="timeline"')]
+    assert "outcome: 1.00" in diff and "outcome: 0.00" in diff
+    # Notebook conversions: rows per step and JSON that round-trips.
+    assert len(res.table()) == pivot_model.n_steps
+    assert json.loads(res.to_json()) == json.loads(json.dumps(res.to_dict()))
+
+
+def test_real_shapley_result_renders_itself():
+    import car_core as car
+    model = syn.and_game()
+    run = model.failing_run()
+    sh = car.shapley(run, model.agent(), outcome=model.outcome, budget=400, seed=0)
+    html = sh.to_html()
+    plot = html[html.index('id="shapley-plot"'):]
+    assert plot[:plot.index("</svg>")].count('<g class="bar">') == len(sh.values)
+    assert f"Σφ = <b>{sh.total:.3f}</b>" in html
