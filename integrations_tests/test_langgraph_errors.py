@@ -1,0 +1,186 @@
+"""Bad input to the LangGraph adapter: each a clear car_core error, and the user's threads and
+the CAR store left as they were."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.tools import tool
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
+from langgraph.types import Command, interrupt
+
+import car_core as car
+from car_adapters import support_agent as sa
+from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent, attribute_thread
+from car_core import synthetic
+from car_core.errors import AdapterError, InvalidIntervention
+from car_core.interventions import compile_plan
+from car_core.seeding import branch_noise
+
+NOISE = branch_noise(0, 0, "errors", True)
+
+
+def history(app: Any, thread_id: str) -> list[tuple[str, Any]]:
+    return [(s.config["configurable"]["checkpoint_id"], s.values)
+            for s in app.get_state_history({"configurable": {"thread_id": thread_id}})]
+
+
+def threads(saver: Any) -> set[str]:
+    return {c.config["configurable"]["thread_id"] for c in saver.list(None)}
+
+
+def recorded(saver: Any, *, wrapped: bool = True, p_follow: float = 1.0
+             ) -> tuple[Any, car.Trajectory]:
+    model = sa.PlantedSupportModel(p_follow=p_follow)
+    app = sa.build_app(CarChatModel(inner=model) if wrapped else model, saver)
+    cb = CarCallback()
+    app.invoke(sa.inputs(), {"configurable": {"thread_id": "user"}, "callbacks": [cb]})
+    return app, cb.run
+
+
+def test_an_app_without_a_checkpointer_is_refused() -> None:
+    with pytest.raises(AdapterError, match="without a checkpointer"):
+        LangGraphAgent(sa.build_app(sa.PlantedSupportModel()))
+
+
+def test_an_unknown_thread_is_refused_and_the_store_stays_empty(store: Any) -> None:
+    app, _ = recorded(InMemorySaver())
+    with pytest.raises(AdapterError, match="no thread 'nope'"):
+        LangGraphAgent(app).import_thread("nope")
+    with pytest.raises(AdapterError, match="no thread 'nope'"):
+        attribute_thread(app, "nope", outcome=sa.refund_against_policy, store=store)
+    assert store.list(branches=True) == []
+
+
+def test_a_run_from_a_different_graph_is_refused() -> None:
+    saver = InMemorySaver()
+    app, run = recorded(saver)
+    before = history(app, "user")
+    other = StateGraph(MessagesState)
+    other.add_node("model", lambda state: {"messages": [AIMessage("hi")]})
+    other.add_edge(START, "model")
+    other_app = other.compile(checkpointer=saver)
+    with pytest.raises(AdapterError, match="different graph"):
+        LangGraphAgent(other_app).branch(run, compile_plan(run, car.do_resample(1)), NOISE)
+    same_shape_elsewhere = sa.build_app(sa.PlantedSupportModel(), InMemorySaver())
+    with pytest.raises(AdapterError, match="does not exist in this app's checkpointer"):
+        LangGraphAgent(same_shape_elsewhere).branch(run, compile_plan(run, car.do_resample(1)),
+                                                    NOISE)
+    assert history(app, "user") == before and threads(saver) == {"user"}
+
+
+def test_a_run_not_recorded_from_langgraph_is_refused() -> None:
+    app, _ = recorded(InMemorySaver())
+    scm_run = synthetic.pivot().failing_run(seed=0)
+    with pytest.raises(AdapterError, match="not recorded from a LangGraph app"):
+        LangGraphAgent(app).branch(scm_run, compile_plan(scm_run, car.do_resample(0)), NOISE)
+
+
+def test_a_deleted_checkpoint_is_refused(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "cp.db", check_same_thread=False)
+    saver = SqliteSaver(conn)
+    app, run = recorded(saver)
+    with conn:
+        conn.execute("DELETE FROM checkpoints WHERE thread_id = 'user' AND checkpoint_id = ?",
+                     (run.steps[1].meta["checkpoint_id"],))
+    before = history(app, "user")
+    with pytest.raises(AdapterError, match="was deleted"):
+        car.intervene(run, LangGraphAgent(app), car.do_resample(1), outcome=sa.outcome,
+                      rollouts=2, progress=False)
+    assert history(app, "user") == before and threads(saver) == {"user"}
+    conn.close()
+
+
+def test_an_interrupt_on_a_branch_is_refused() -> None:
+    model = CarChatModel(inner=sa.PlantedSupportModel(p_follow=1.0))
+    bound = model.bind_tools(sa.TOOLS)
+
+    def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [bound.invoke(state["messages"])]}
+
+    def review(state: MessagesState) -> dict[str, Any]:
+        last = state["messages"][-1]
+        if isinstance(last, ToolMessage) and last.name == "issue_refund":
+            interrupt("approve the refund?")
+        return {}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", agent)
+    graph.add_node("tools", ToolNode(sa.TOOLS))
+    graph.add_node("review", review)
+    graph.add_edge(START, "agent")
+    graph.add_conditional_edges("agent", tools_condition)
+    graph.add_edge("tools", "review")
+    graph.add_edge("review", "agent")
+    saver = InMemorySaver()
+    app = graph.compile(checkpointer=saver)
+    config = {"configurable": {"thread_id": "user"}}
+    app.invoke(sa.inputs(), config)
+    app.invoke(Command(resume="approved"), config)  # a human approved it in the record
+    lg = LangGraphAgent(app, model=model)
+    run = lg.import_thread("user")
+    assert len(run.steps) == 4 and run.status == "complete"
+    before = history(app, "user")
+    with pytest.raises(AdapterError, match="interrupt"):
+        lg.branch(run, compile_plan(run, car.do_resample(1)), NOISE)
+    assert history(app, "user") == before and threads(saver) == {"user"}
+
+
+def test_a_step_that_is_not_a_model_decision_is_refused() -> None:
+    summariser = sa.PlantedSupportModel()
+
+    @tool
+    def summarise(text: str) -> str:
+        """Summarise a text with a chat model (a model call inside a tool)."""
+        return str(summariser.invoke([HumanMessage(text)]).content)
+
+    class Caller(sa.PlantedSupportModel):
+        def decide(self, messages: Any) -> AIMessage:
+            if any(isinstance(m, ToolMessage) for m in messages):
+                return AIMessage("done")
+            return AIMessage("", tool_calls=[{"id": "s", "name": "summarise",
+                                              "args": {"text": "long"}}])
+
+    model = Caller()
+    bound = model.bind_tools([summarise])
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", lambda state: {"messages": [bound.invoke(state["messages"])]})
+    graph.add_node("tools", ToolNode([summarise]))
+    graph.add_edge(START, "agent")
+    graph.add_conditional_edges("agent", tools_condition)
+    graph.add_edge("tools", "agent")
+    app = graph.compile(checkpointer=InMemorySaver())
+    cb = CarCallback()
+    app.invoke({"messages": [HumanMessage("go")]},
+               {"configurable": {"thread_id": "user"}, "callbacks": [cb]})
+    run = cb.run
+    assert [s.meta["node"] for s in run.steps] == ["agent", "tools", "agent"]
+    with pytest.raises(AdapterError, match="not a model decision"):
+        LangGraphAgent(app).branch(run, compile_plan(run, car.do_resample(1)), NOISE)
+
+
+def test_bad_interventions_are_refused_before_anything_runs() -> None:
+    saver = InMemorySaver()
+    app, run = recorded(saver)
+    agent = LangGraphAgent(app)
+    before = history(app, "user")
+    with pytest.raises(InvalidIntervention, match="assistant message"):
+        agent.branch(run, compile_plan(run, car.do_action(1, "refund")), NOISE)
+    with pytest.raises(InvalidIntervention, match="not a list of messages"):
+        agent.branch(run, compile_plan(run, car.do_context(1, lambda m: "no")), NOISE)
+    with pytest.raises(InvalidIntervention, match="without their results"):
+        agent.branch(run, compile_plan(run, car.do_context(
+            2, lambda m: [x for x in m if x["role"] != "tool"])), NOISE)
+    with pytest.raises(InvalidIntervention, match="2 tool calls|1 tool calls"):
+        agent.branch(run, compile_plan(run, car.do_observation(1, ["a", "b"])), NOISE)
+    with pytest.raises(AdapterError, match="CarChatModel"):
+        agent.branch(run, compile_plan(run, [car.do_resample(0),
+                                             car.do_action(1, run.steps[1].action)]), NOISE)
+    assert history(app, "user") == before and threads(saver) == {"user"}
