@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.language_models.chat_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables.config import ensure_config
 
@@ -91,7 +91,8 @@ class CarChatModel(BaseChatModel):
         # Keep the tools, not the inner model's binding: a swapped-in model binds them itself.
         return self.bind(car_tools=list(tools), car_tool_kwargs=kwargs)
 
-    def _plan(self, kwargs: dict[str, Any]) -> tuple[Control | None, int | None, Any, dict[str, Any]]:
+    def _plan(self, kwargs: dict[str, Any]
+              ) -> tuple[Control | None, int | None, Any, dict[str, Any]]:
         tools = kwargs.pop("car_tools", None)
         tool_kwargs = kwargs.pop("car_tool_kwargs", None) or {}
         control = _current_control()
@@ -146,6 +147,3 @@ class CarChatModel(BaseChatModel):
         result = await model._agenerate(messages, stop=stop, run_manager=run_manager, **kw)
         return self._note(control, k, model, result, started)
 
-
-def is_ai(message: Any) -> bool:
-    return isinstance(message, AIMessage)

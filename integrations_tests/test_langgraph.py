@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from car_adapters import support_agent as sa
+from car_adapters._chat import assistant, tool_call
+from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent, attribute_thread
 from langchain_core.messages import AIMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
@@ -31,9 +34,6 @@ from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
 import car_core as car
-from car_adapters import support_agent as sa
-from car_adapters._chat import assistant, tool_call
-from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent, attribute_thread
 from car_core.errors import SideEffectBlocked
 from car_core.interventions import compile_plan
 from car_core.seeding import branch_noise

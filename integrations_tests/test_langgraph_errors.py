@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from car_adapters import support_agent as sa
+from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent, attribute_thread
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
@@ -17,8 +19,6 @@ from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import Command, interrupt
 
 import car_core as car
-from car_adapters import support_agent as sa
-from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent, attribute_thread
 from car_core import synthetic
 from car_core.errors import AdapterError, InvalidIntervention
 from car_core.interventions import compile_plan
