@@ -409,3 +409,17 @@ def test_action_arguments_keep_their_json_shape() -> None:
     run = s.failing_run()
     args = json.loads(run.steps[2].action["tool_calls"][0]["function"]["arguments"])
     assert args == {"order_id": sa.ORDER_ID, "amount": 129.0}
+
+
+def test_the_example_names_the_decision_and_do_context_rescues(tmp_path: Path) -> None:
+    import importlib.util
+    path = Path(__file__).parents[1] / "examples" / "langgraph_support_agent.py"
+    spec = importlib.util.spec_from_file_location("langgraph_support_agent", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    out = example.main(["--rollouts", "16", "--store", str(tmp_path / "car.db")])
+    assert out["locus"] == 1 and out["rescued"] == 0.0
+    store = car.RunStore(tmp_path / "car.db")
+    assert store.attribution(out["attribution_id"])["run_id"] == out["run_id"]
+    store.close()
