@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 import pytest
-from llama_index.core.agent.workflow import AgentWorkflow, FunctionAgent
+from llama_index.core.agent.workflow import AgentWorkflow, FunctionAgent, ReActAgent
 from llama_index.core.instrumentation import get_dispatcher
 
 import car_core as car
@@ -179,9 +179,13 @@ def test_held_prefix_makes_no_model_or_tool_call(recorded: Any) -> None:
     dist = car.intervene(run, agent, car.do_resample(2), outcome=escalated, rollouts=8, seed=0)
     assert planted.model.steps == [2] * 8      # only the branch step asks the model
     assert planted.tools.calls == 0            # steps 0 and 1 (with their tools) are held
+    live_tokens = sum(s.meta["usage"]["prompt_tokens"] + s.meta["usage"]["completion_tokens"]
+                      for t in dist.trajectories for s in t.steps[2:])
+    assert dist.tokens == live_tokens > 0      # the budget meter sees the live steps' usage
     for branch in dist.trajectories:
         assert [s.meta["origin"] for s in branch.steps] == ["held", "held", "live"]
         assert [s.action for s in branch.steps[:2]] == [s.action for s in run.steps[:2]]
+        assert branch.steps[2].state == run.steps[2].state   # re-entry rebuilds s_2 exactly
 
 
 def strip_urgent(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -312,3 +316,35 @@ def test_agent_workflow_hand_off_resumes_with_the_active_agent(recorder: Any) ->
     for branch in dist.trajectories:
         assert [s.meta["agent"] for s in branch.steps] == ["triage", "billing", "billing"]
         assert branch.steps[1].state[0] == {"role": "system", "content": "Refund."}
+
+
+# -- ReAct (tool calls parsed from text) --------------------------------------------------
+def react_decide(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> str:
+    if not any((m["content"] or "").startswith("Observation") for m in messages[1:]):
+        return 'Thought: I need the sum.\nAction: add\nAction Input: {"a": 1, "b": 2}'
+    word = "three" if rng.random() < 0.5 else "3"
+    return f"Thought: I can answer without using any more tools.\nAnswer: {word}"
+
+
+def test_react_agent_is_recorded_and_branched(recorder: Any) -> None:
+    def add(a: int, b: int) -> int:
+        """Add two numbers."""
+        return a + b
+
+    llm = ScriptedLLM(react_decide, seed=1)
+    agent = ReActAgent(tools=[add], llm=llm)
+    run_async(lambda: agent.run(user_msg="What is 1 + 2?"))
+    run = recorder.run
+    assert len(run.steps) == 2
+    assert run.steps[0].action["tool_calls"][0]["function"]["name"] == "add"
+    assert run.steps[0].observation[0]["content"] == "3"
+    assert run.steps[1].state[-1] == {"role": "user", "content": "Observation: 3"}
+    # Step 1 answers in words with probability 0.5; n = 64 gives a standard error of
+    # sqrt(0.25/64) = 0.0625 and the tolerance is 4 of them.
+    words = lambda r: (r.steps[-1].action["content"] or "").endswith("three")  # noqa: E731
+    calls = llm.calls
+    dist = car.intervene(run, LlamaIndexAgent(agent), car.do_resample(1), outcome=words,
+                         rollouts=64, seed=0)
+    assert llm.calls == calls + 64                        # step 0 (and its tool) held
+    assert abs(dist.mean - 0.5) <= 4 * math.sqrt(0.25 / 64)
+    assert all(t.steps[1].state == run.steps[1].state for t in dist.trajectories)

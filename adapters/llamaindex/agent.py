@@ -6,6 +6,10 @@ history, with the agent that was active at ``k`` as the root agent. Steps before
 copied from the record: no model call, no tool call. From ``k`` on, each agent's LLM and tools
 are stand-ins (``branch.py``) for the duration of the branch, and a private recorder collects
 the new steps through the same instrumentation as ``CarRecorder``.
+
+The stand-ins are set on the agent objects for the duration of one branch (under a lock, so
+branches of one ``LlamaIndexAgent`` run one at a time); do not run the same agent objects
+elsewhere while an attribution is running.
 """
 
 from __future__ import annotations

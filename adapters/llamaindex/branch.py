@@ -97,8 +97,10 @@ class CarBranchLLM(FunctionCallingLLM):
         meta = self._inner.metadata
         return LLMMetadata(**{**meta.model_dump(), "is_function_calling_model": True})
 
-    async def _decide(self, messages: Sequence[ChatMessage], tools: Sequence[Any],
+    async def _decide(self, messages: Sequence[ChatMessage], tools: Sequence[Any] | None,
                       allow_parallel: bool) -> ChatResponse:
+        """Step ``k``'s reply. ``tools`` is None for a plain chat call (``ReActAgent`` parses
+        its tool calls from the text), else the tools offered to a function-calling model."""
         s: BranchSession = self._session
         s.raise_blocked()
         k = s.claim()
@@ -109,13 +111,18 @@ class CarBranchLLM(FunctionCallingLLM):
         llm = self._inner
         if plan.policy is not None and k >= plan.policy[0]:
             llm = plan.policy[1]
-            if not isinstance(llm, FunctionCallingLLM):
+            if not isinstance(llm, LLM) or (tools is not None
+                                            and not isinstance(llm, FunctionCallingLLM)):
                 raise AdapterError(f"do_policy gave {type(llm).__name__}, not a LlamaIndex "
                                    "function-calling LLM", run_id=s.run_id, step=k,
                                    hint="pass an LLM instance (e.g. another FunctionCallingLLM)")
         token = _STEP_RNG.set(s.noise.rng(k, "policy"))
         try:
             s.model_calls += 1
+            if tools is None:
+                resp = await llm.achat(list(messages))
+                return ChatResponse(message=resp.message, raw=resp.raw,
+                                    additional_kwargs={"car_branch": True})
             resp = await llm.achat_with_tools(tools=list(tools), chat_history=list(messages),
                                               allow_parallel_tool_calls=allow_parallel)
             selections = llm.get_tool_calls_from_response(resp, error_on_no_tool_call=False)
@@ -131,7 +138,7 @@ class CarBranchLLM(FunctionCallingLLM):
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return await self._decide(messages, kwargs.get("tools") or (),
+        return await self._decide(messages, kwargs.get("tools"),
                                   bool(kwargs.get("allow_parallel_tool_calls", True)))
 
     async def achat_with_tools(self, tools: Sequence[Any], user_msg: Any = None,
@@ -139,7 +146,7 @@ class CarBranchLLM(FunctionCallingLLM):
                                verbose: bool = False, allow_parallel_tool_calls: bool = False,
                                tool_required: bool = False, **kwargs: Any) -> ChatResponse:
         messages = self._prepare_chat_with_tools(tools, user_msg, chat_history)["messages"]
-        return await self.achat(messages, tools=tools,
+        return await self.achat(messages, tools=list(tools or ()),
                                 allow_parallel_tool_calls=allow_parallel_tool_calls)
 
     async def astream_chat_with_tools(self, tools: Sequence[Any], user_msg: Any = None,
