@@ -383,8 +383,9 @@ def test_async_graph_and_concurrent_runs_do_not_cross_talk() -> None:
         assert all(st.meta["thread_id"] == thread and st.state[0]["content"] == ticket
                    for st in run.steps)
         assert len(run.steps) == 4 and sa.outcome(run)
-        assert [st.state for st in agent.import_thread(thread).steps] == [
-            st.state for st in run.steps]
+        imported = agent.import_thread(thread).steps
+        assert [(st.state, st.meta["checkpoint_id"]) for st in imported] == [
+            (st.state, st.meta["checkpoint_id"]) for st in run.steps]
 
 
 def test_sync_runs_in_parallel_threads_are_kept_apart() -> None:
