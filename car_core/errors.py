@@ -7,7 +7,7 @@ The tree::
     │   ├── InvalidIntervention                 a do(·) that is malformed or does not fit the run
     │   ├── StepOutOfRange (IndexError)         a step index past the end of the run
     │   ├── InvalidJSONValue                    an action/observation/context that is not JSON
-    │   ├── InvalidBudget                       a budget of zero, negative, or too small to do anything
+    │   ├── InvalidBudget                       a budget of zero, negative, or too small
     │   └── OutcomeError                        an outcome function that raised or left [0, 1]
     ├── RunError                                a recorded run that cannot be trusted
     │   ├── CorruptRun                          digest mismatch, hand-edited or truncated JSON
@@ -23,7 +23,7 @@ The tree::
     │   ├── EnvironmentError_                   the environment (a tool) raised
     │   ├── SideEffectBlocked                   a side-effect tool asked to run on a branch
     │   ├── ModelUnavailable                    a model server that is down or unreachable
-    │   ├── AdapterError                        framework glue: missing checkpointer, unknown thread…
+    │   ├── AdapterError                        framework glue: no checkpointer, unknown thread…
     │   └── ConformanceFailure (AssertionError) an agent broke the contract car_core.testing checks
     ├── ExecutorUnavailable                     an execution backend (Ray) that cannot be reached
     ├── BudgetExhausted                         a budget tripped (results keep what was measured)
@@ -166,8 +166,9 @@ class NothingToAttribute(CarError):
 
 __all__ = [
     "AdapterError", "AgentError", "AttributionNotFound", "BudgetExhausted", "CarError",
-    "ConformanceFailure", "CorruptRun", "EnvironmentError_", "ExecutorUnavailable", "InvalidBudget", "InvalidIntervention", "InvalidInput",
-    "InvalidJSONValue", "ModelUnavailable", "NotACarStore", "NothingToAttribute", "OutcomeError",
-    "PolicyError", "ReplayMismatch", "RunError", "RunNotFound", "SideEffectBlocked", "StepOutOfRange",
+    "ConformanceFailure", "CorruptRun", "EnvironmentError_", "ExecutorUnavailable",
+    "InvalidBudget", "InvalidIntervention", "InvalidInput", "InvalidJSONValue",
+    "ModelUnavailable", "NotACarStore", "NothingToAttribute", "OutcomeError", "PolicyError",
+    "ReplayMismatch", "RunError", "RunNotFound", "SideEffectBlocked", "StepOutOfRange",
     "StoreError", "StoreReadOnly", "StoreTooNew",
 ]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from ._json import JSON, check_json
 from .errors import InvalidIntervention, InvalidJSONValue, StepOutOfRange
@@ -83,7 +83,7 @@ class SwapPolicy:
         return {"kind": self.kind, "step": self.step, "label": self.label}
 
 
-Intervention = Union[Resample, ForceAction, ForceObservation, EditContext, SwapPolicy]
+Intervention = Resample | ForceAction | ForceObservation | EditContext | SwapPolicy
 KINDS = ("resample", "action", "observation", "context", "policy")
 
 
@@ -213,7 +213,8 @@ def compile_plan(run: Trajectory, interventions: Intervention | Sequence[Interve
         if k in decided:
             raise InvalidIntervention(
                 f"step {k} is given two ways to decide its action ({decided[k]} and {how})",
-                run_id=run.id, step=k, hint="use one of do_resample / do_action / do_context per step")
+                run_id=run.id, step=k,
+                hint="use one of do_resample / do_action / do_context per step")
         decided[k] = how
 
     for item in items:

@@ -21,7 +21,7 @@ from typing import Any
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
-from ._json import dumps, loads
+from ._json import digest, dumps, loads
 from .errors import (
     AttributionNotFound,
     CorruptRun,
@@ -53,6 +53,22 @@ def _initial(db: sqlite_utils.Database) -> None:
     db.execute("CREATE INDEX IF NOT EXISTS runs_parent ON runs(parent_id)")
     db.execute("CREATE INDEX IF NOT EXISTS runs_attribution ON runs(attribution_id, arm, rollout)")
     db.execute("CREATE INDEX IF NOT EXISTS attributions_run ON attributions(run_id)")
+
+
+SEALED_COLUMNS = ("id", "parent_id", "attribution_id", "arm", "rollout", "branch_step", "agent",
+                  "status", "outcome", "n_steps", "digest", "seed", "created_at")
+
+
+def _seal(row: dict[str, Any], header: dict[str, Any]) -> str:
+    """A digest over what the step digests do not cover: the run's row and header (outcome,
+    lineage, status), so a hand-edited outcome is caught like a hand-edited step."""
+    def column(name: str) -> Any:  # as SQLite gives it back (REAL and INTEGER affinity)
+        value = row[name]
+        if value is None or isinstance(value, str):
+            return value
+        return float(value) if name in ("outcome", "created_at") else int(value)
+
+    return digest({"row": {c: column(c) for c in SEALED_COLUMNS}, "header": header})
 
 
 def _is_readonly_error(exc: sqlite3.Error) -> bool:
@@ -154,6 +170,8 @@ class RunStore:
                "n_steps": len(run.steps), "digest": run.digest, "seed": run.seed,
                "created_at": run.created_at, "context": dumps(run.context),
                "header": dumps(header)}
+        header["seal"] = _seal(row, header)
+        row["header"] = dumps(header)
         steps = [{"run_id": run.id, "idx": s.index, "digest": s.digest, "action": dumps(s.action),
                   "observation": dumps(s.observation), "observed": int(s.observed),
                   "state": dumps(s.state), "meta": dumps(s.meta)} for s in run.steps]
@@ -185,9 +203,14 @@ class RunStore:
                     "agent": row["agent"] or "", "status": row["status"],
                     "error": header.get("error"), "lineage": header.get("lineage"),
                     "meta": header.get("meta") or {}, "created_at": row["created_at"]}
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, AttributeError) as exc:
             raise CorruptRun(f"stored run does not parse: {exc}", run_id=run_id,
                              hint="the database was edited by hand; record the run again") from exc
+        seal = header.pop("seal", None)
+        if seal is not None and seal != _seal(row, header):
+            raise CorruptRun("the stored header (outcome, lineage, status …) was changed after "
+                             "saving", run_id=run_id,
+                             hint="the database was edited by hand; record the run again")
         run = Trajectory.from_dict(data)
         if len(run.steps) != row["n_steps"] or run.digest != row["digest"]:
             raise CorruptRun("stored run is incomplete or its digest changed", run_id=run_id,

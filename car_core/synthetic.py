@@ -116,7 +116,7 @@ class SyntheticSCM:
             probs = [1.0 if k in held else self.bad_prob[k] for k in self.relevant]
             p = 0.0
             for flags in itertools.product([True, False], repeat=len(probs)):
-                w = math.prod(q if f else 1 - q for f, q in zip(flags, probs))
+                w = math.prod(q if f else 1 - q for f, q in zip(flags, probs, strict=True))
                 p += w * self._fails(flags)
         return (1 - 2 * self.flip) * p + self.flip
 

@@ -327,6 +327,7 @@ def run_conformance(agent_factory: Callable[[], Any], *, context: JSON, outcome:
 
 __all__ = [
     "CHECKS", "CallCounter", "Choice", "CountedAgent", "Counters", "DictEnvironment",
-    "ScriptedPolicy", "action_key", "count_calls", "check_branch_lineage", "check_forced_values", "check_prefix_makes_no_calls",
-    "check_replay_reproduces", "check_same_noise_same_branch", "run_conformance",
+    "ScriptedPolicy", "action_key", "check_branch_lineage", "check_forced_values",
+    "check_prefix_makes_no_calls", "check_replay_reproduces", "check_same_noise_same_branch",
+    "count_calls", "run_conformance",
 ]

@@ -220,9 +220,10 @@ class Trajectory:
                 lineage=Lineage.from_dict(data["lineage"]) if data.get("lineage") else None,
                 meta=dict(data.get("meta") or {}), created_at=float(data.get("created_at", 0.0)))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise CorruptRun(f"not a CAR trajectory: {exc!r}", run_id=data.get("id")
-                             if isinstance(data, dict) else None,
-                             hint="load runs saved by CAR (RunStore or Trajectory.to_json)") from exc
+            raise CorruptRun(f"not a CAR trajectory: {exc!r}",
+                             run_id=data.get("id") if isinstance(data, dict) else None,
+                             hint="load runs saved by CAR (RunStore or Trajectory.to_json)"
+                             ) from exc
         if verify:
             run.verify()
         return run

@@ -111,7 +111,7 @@ def test_coupled_arms_share_noise_on_steps_they_do_not_intervene_on() -> None:
     a = branches(run, agent, car.do_action(0, first), model.outcome, seed=9, rollouts=32)
     b = branches(run, agent, car.do_action(0, second), model.outcome, seed=9, rollouts=32)
     assert a.coupled and b.coupled
-    for ta, tb in zip(a.trajectories, b.trajectories):
+    for ta, tb in zip(a.trajectories, b.trajectories, strict=True):
         assert actions(ta, 1) == actions(tb, 1)
         assert ta.steps[0].observation["latency_ms"] == tb.steps[0].observation["latency_ms"]
         assert ta.outcome == tb.outcome   # the judge's draw is shared as well
@@ -130,8 +130,8 @@ def test_uncoupled_arms_draw_their_own_noise() -> None:
     assert not a.coupled and not b.coupled
     # four fair coin flips agree by chance with probability 1/16 per rollout; with shared
     # noise they would agree in all 32
-    same = sum(actions(ta, 1) == actions(tb, 1) for ta, tb in zip(a.trajectories,
-                                                                   b.trajectories))
+    same = sum(actions(ta, 1) == actions(tb, 1) for ta, tb in zip(a.trajectories, b.trajectories,
+                                                                   strict=True))
     assert same < 16
 
 

@@ -14,6 +14,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from strategies import trajectories
 
 import car_core as car
 from car_core import synthetic as syn
@@ -167,6 +169,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fresh", [True, False], ids=["new-file", "existing-file"])
 def test_two_processes_write_one_database_at_once(tmp_path: Path, fresh: bool) -> None:
     path = tmp_path / "shared.db"
@@ -335,3 +338,33 @@ def test_a_copied_store_file_opens_elsewhere(tmp_path: Path, pivot_run) -> None:
     shutil.copy(path, tmp_path / "b" / "a.db")
     with RunStore(tmp_path / "b" / "a.db") as copy:
         assert copy.load(pivot_run.id) == pivot_run
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(trajectories())
+def test_any_trajectory_round_trips_through_the_store(tmp_path: Path, run) -> None:
+    with RunStore(tmp_path / "h.db") as store:
+        store.save(run)
+        assert store.load(run.id) == run
+
+
+@pytest.mark.parametrize("sql", [
+    "UPDATE runs SET outcome = 0.0 WHERE id = :id",
+    "UPDATE runs SET status = 'max_steps' WHERE id = :id",
+    "UPDATE runs SET header = replace(header, '\"value\": 1.0', '\"value\": 0.0') "
+    "WHERE id = :id",
+])
+def test_editing_the_stored_outcome_or_status_is_detected(tmp_path: Path, pivot_run,
+                                                          sql: str) -> None:
+    path = tmp_path / "t.db"
+    with RunStore(path) as store:
+        store.save(pivot_run)
+    conn = sqlite3.connect(path)
+    before = conn.execute("SELECT * FROM runs").fetchall()
+    conn.execute(sql, {"id": pivot_run.id})
+    conn.commit()
+    assert conn.execute("SELECT * FROM runs").fetchall() != before   # the edit took
+    conn.close()
+    with RunStore(path) as store, pytest.raises(CorruptRun, match="changed after saving"):
+        store.load(pivot_run.id)
