@@ -23,11 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from car_adapters._chat import assistant, tool_call
+from car_adapters.llamaindex import CarRecorder, LlamaIndexAgent, ScriptedLLM
 from llama_index.core.agent.workflow import FunctionAgent
 
 import car_core as car
-from car_adapters._chat import assistant, tool_call
-from car_adapters.llamaindex import CarRecorder, LlamaIndexAgent, ScriptedLLM
 
 
 def make_agent(steps: int) -> FunctionAgent:

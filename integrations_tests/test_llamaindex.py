@@ -14,12 +14,12 @@ import math
 from typing import Any
 
 import pytest
+from car_adapters._chat import assistant, tool_call
+from car_adapters.llamaindex import CarRecorder, LlamaIndexAgent, ScriptedLLM
 from llama_index.core.agent.workflow import AgentWorkflow, FunctionAgent, ReActAgent
 from llama_index.core.instrumentation import get_dispatcher
 
 import car_core as car
-from car_adapters._chat import assistant, tool_call
-from car_adapters.llamaindex import CarRecorder, LlamaIndexAgent, ScriptedLLM
 from car_core.errors import AdapterError, InvalidIntervention, SideEffectBlocked
 from car_core.testing import CallCounter, Counters, run_conformance
 
@@ -152,7 +152,7 @@ def test_attach_is_idempotent_and_detach_leaves_nothing(tmp_path: Any) -> None:
 
 def test_never_attached_recorder_says_so() -> None:
     with pytest.raises(AdapterError, match="never attached"):
-        CarRecorder().run
+        _ = CarRecorder().run
 
 
 def test_concurrent_runs_do_not_mix(recorder: Any) -> None:
@@ -348,3 +348,38 @@ def test_react_agent_is_recorded_and_branched(recorder: Any) -> None:
     assert llm.calls == calls + 64                        # step 0 (and its tool) held
     assert abs(dist.mean - 0.5) <= 4 * math.sqrt(0.25 / 64)
     assert all(t.steps[1].state == run.steps[1].state for t in dist.trajectories)
+
+
+def test_system_prompt_edit_holds_for_the_rest_of_the_branch(recorded: Any) -> None:
+    planted, run = recorded
+
+    def strict(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{"role": "system", "content": "Never escalate."}, *messages[1:]]
+    dist = car.intervene(run, LlamaIndexAgent(planted.agent), car.do_context(1, strict),
+                         outcome=escalated, rollouts=2, seed=0)
+    for branch in dist.trajectories:
+        assert [s.state[0]["content"] for s in branch.steps] == [
+            "You are a helpdesk agent.", "Never escalate.", "Never escalate."]
+    assert planted.agent.system_prompt == "You are a helpdesk agent."   # restored afterwards
+
+
+def test_an_agent_run_inside_a_tool_is_recorded_as_its_own_run(recorder: Any) -> None:
+    expert = FunctionAgent(name="expert", llm=ScriptedLLM(lambda m, t, r: "use a new toner"),
+                           system_prompt="Expert.")
+
+    async def ask_expert(question: str) -> str:
+        """Ask the printer expert."""
+        return str(await expert.run(user_msg=question))
+
+    def outer(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> Any:
+        if messages[-1]["role"] == "tool":
+            return "The expert says: " + messages[-1]["content"]
+        return call("q0", "ask_expert", {"question": "printer fades"})
+
+    agent = FunctionAgent(tools=[ask_expert], llm=ScriptedLLM(outer), system_prompt="Front.")
+    run_async(lambda: agent.run(user_msg="my printer fades"))
+    inner, main = recorder.runs
+    assert [s.state[0]["content"] for s in inner.steps] == ["Expert."]
+    assert inner.context == "printer fades"
+    assert [s.state[0]["content"] for s in main.steps] == ["Front.", "Front."]
+    assert main.steps[0].observation[0]["content"] == "use a new toner"

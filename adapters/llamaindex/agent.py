@@ -175,6 +175,7 @@ class LlamaIndexAgent:
             await self.workflow.run(chat_history=from_dicts(messages), memory=memory,
                                     max_iterations=max_iter, early_stopping_method="force")
 
+        self._check_retrievers(agents, session)
         with self._lock:
             saved = {n: (a.llm, a.tools, a.system_prompt) for n, a in agents.items()}
             root = getattr(self.workflow, "root_agent", None)
@@ -182,7 +183,7 @@ class LlamaIndexAgent:
             try:
                 for a in agents.values():
                     a.llm = CarBranchLLM(a.llm, session)
-                    a.tools = [CarBranchTool(self._as_async(t), session) for t in a.tools or ()]
+                    a.tools = [self._stand_in(t, session) for t in a.tools or ()]
                 if target is not None:
                     if root is not None:
                         self.workflow.root_agent = active
@@ -208,9 +209,22 @@ class LlamaIndexAgent:
         return collector.runs[-1]
 
     @staticmethod
-    def _as_async(tool: Any) -> Any:
-        return adapt_to_async_tool(tool if isinstance(tool, BaseTool)
-                                   else FunctionTool.from_defaults(tool))
+    def _stand_in(tool: Any, session: BranchSession) -> Any:
+        """The tool a branch offers: a stand-in for tools the branch must not run (side
+        effects, forced observations); the tool itself otherwise, so LlamaIndex still hands a
+        ``Context`` to tools that ask for one."""
+        tool = tool if isinstance(tool, BaseTool) else FunctionTool.from_defaults(tool)
+        if session.serves(tool.metadata.name or ""):
+            return CarBranchTool(adapt_to_async_tool(tool), session)
+        return tool
+
+    def _check_retrievers(self, agents: dict[str, Any], session: BranchSession) -> None:
+        for name, a in agents.items():
+            if getattr(a, "tool_retriever", None) is not None and session.serves_any():
+                raise AdapterError(
+                    f"agent {name!r} picks its tools with a tool_retriever, so a branch cannot "
+                    "guard side-effect tools or serve forced observations",
+                    hint="give the agent tools=[...] for attribution")
 
     @staticmethod
     def _failed(collector: CarRecorder, exc: BaseException, run: car.Trajectory | None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
 from llama_index.core.base.llms.types import (
@@ -55,6 +55,14 @@ class BranchSession:
         self.model_calls = 0
         self.blocked: CarError | None = None
         self._lock = threading.Lock()
+
+    def serves(self, tool: str) -> bool:
+        """Whether calls to ``tool`` on this branch must be answered without running it."""
+        return self.safety.guards(tool) or any(
+            m.get("name") == tool for msgs in self.forced_obs.values() for m in msgs)
+
+    def serves_any(self) -> bool:
+        return bool(self.safety.side_effect_tools or self.forced_obs)
 
     def raise_blocked(self) -> None:
         """Re-raise a refusal a tool wrapper had to hand to the framework (which turns tool
@@ -130,7 +138,8 @@ class CarBranchLLM(FunctionCallingLLM):
             raise
         except Exception as exc:  # the model's failure: say which step
             raise PolicyError(f"the LLM raised {exc!r}", run_id=s.run_id, step=k,
-                              hint="check the model (and any do_policy LLM) works on its own")
+                              hint="check the model (and any do_policy LLM) works on its own"
+                              ) from exc
         finally:
             _STEP_RNG.reset(token)
         return ChatResponse(message=_normalise(resp.message.content, selections or ()),

@@ -16,6 +16,7 @@ recorder ignores them, and the branch's own private recorder takes only them.
 from __future__ import annotations
 
 import contextvars
+import logging
 import os
 import threading
 import time
@@ -23,21 +24,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llama_index.core.agent.workflow.workflow_events import AgentOutput, ToolCallResult
+from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events.llm import LLMChatEndEvent, LLMChatStartEvent
 from llama_index.core.instrumentation.span import SimpleSpan
 from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
-from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.workflow import Workflow
 
 import car_core as car
-from car_core.errors import AdapterError
+from car_core.errors import AdapterError, StoreError
 from car_core.store import RunStore
 
 from .._chat import tool_result
 from ._messages import action_of, to_dicts
 
+log = logging.getLogger(__name__)
 BRANCH_TOKEN: contextvars.ContextVar[object | None] = contextvars.ContextVar(
     "car_branch_token", default=None)
 WRAPPER_MODELS = ("CarBranchLLM",)
@@ -166,12 +168,15 @@ class _Events(BaseEventHandler):
 class CarRecorder:
     """Records every agent workflow run into a ``car.Trajectory`` (stored when ``store`` is
     given: a path or a ``car.RunStore``). Call ``attach()`` once; ``run`` is the latest finished
-    run and ``runs`` all of them, in the order they finished."""
+    run and ``runs`` all of them, in the order they finished. A run that could not be stored
+    is still in ``runs``, and its error in ``store_errors`` (the agent's run is not broken). A
+    workflow run inside another one (an agent used as a tool) is recorded as its own run."""
 
     def __init__(self, store: str | os.PathLike[str] | RunStore | None = None, *,
                  _token: object | None = None) -> None:
         self.store = RunStore(store) if isinstance(store, (str, os.PathLike)) else store
         self.runs: list[car.Trajectory] = []
+        self.store_errors: list[StoreError] = []
         self._token = _token
         self._lock = threading.RLock()
         self._run_of: dict[str, str] = {}
@@ -225,7 +230,8 @@ class CarRecorder:
     def _enter(self, id_: str, bound_args: Any, instance: Any, parent: str | None) -> None:
         with self._lock:
             root = self._run_of.get(parent) if parent else None
-            if root is not None:
+            nested_run = isinstance(instance, Workflow) and ".run-" in id_
+            if root is not None and not nested_run:
                 self._run_of[id_] = root
                 self._parent[id_] = parent
                 buf = self._bufs[root]
@@ -233,7 +239,7 @@ class CarRecorder:
                 if _span_name(id_).endswith(".run_agent_step"):
                     buf.open_steps[id_] = _StepBuf()
                 return
-            if not isinstance(instance, Workflow) or ".run-" not in id_:
+            if not nested_run:
                 return
             if BRANCH_TOKEN.get() is not self._token:
                 return
@@ -295,9 +301,13 @@ class CarRecorder:
             if id_ == root:
                 finished = self._finish(buf, err)
         if finished is not None:
-            if self.store is not None:
-                self.store.save(finished)
             self.runs.append(finished)
+            if self.store is not None:
+                try:
+                    self.store.save(finished)
+                except StoreError as exc:  # never break the user's agent run over storage
+                    self.store_errors.append(exc)
+                    log.error("CAR could not store run %s: %s", finished.id, exc)
 
     @staticmethod
     def _step_record(step: _StepBuf, output: AgentOutput) -> dict[str, Any]:
