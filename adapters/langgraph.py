@@ -27,11 +27,13 @@ answer. Subgraphs and several model nodes running in the same superstep are not 
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import os
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -107,6 +109,20 @@ class LangGraphAgent:
                            if isinstance(spec.runnable, ToolNode)}
         self.couples_noise = model is not None and seedable(model.inner)
         self.name = name or f"langgraph:{app.get_name()}"
+        # a graph with async-only nodes cannot run under invoke(); branches use ainvoke()
+        self.is_async = any(getattr(spec.runnable, "func", True) is None
+                            and getattr(spec.runnable, "afunc", None) is not None
+                            for spec in app.builder.nodes.values())
+
+    def _invoke(self, value: Any, config: dict[str, Any], **kwargs: Any) -> Any:
+        if not self.is_async:
+            return self.app.invoke(value, config, **kwargs)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.app.ainvoke(value, config, **kwargs))
+        with ThreadPoolExecutor(max_workers=1) as pool:  # called from inside an event loop
+            return pool.submit(asyncio.run, self.app.ainvoke(value, config, **kwargs)).result()
 
     # -- the protocol -------------------------------------------------------------------------
 
@@ -117,7 +133,7 @@ class LangGraphAgent:
         config = {**_thread(thread_id), "callbacks": [cb], "recursion_limit": self.recursion_limit}
         with controlling(thread_id, Control(0, noise=noise if self.couples_noise else None)):
             try:
-                self.app.invoke(context, config)
+                self._invoke(context, config)
             except GraphRecursionError:
                 pass  # recorded with status "error"; the trajectory says why
         assert cb.run is not None
@@ -142,9 +158,10 @@ class LangGraphAgent:
             raise InvalidIntervention("do_policy on a LangGraph agent takes a LangChain chat "
                                       "model", run_id=run.id, step=policy[0],
                                       hint="pass do_policy(k, SomeChatModel(...))")
+        forced = {j: check_action(a, step=j) for j, a in plan.forced_actions.items()}
         config = self._fork(run, k)
         thread_id = config["configurable"]["thread_id"]
-        control = Control(k, forced={j: a for j, a in plan.forced_actions.items() if j > k},
+        control = Control(k, forced={j: a for j, a in forced.items() if j > k},
                           policy=policy, noise=noise if self.couples_noise else None)
         try:
             with controlling(thread_id, control):
@@ -163,7 +180,7 @@ class LangGraphAgent:
         node = run.steps[k].meta["node"]
         try:
             with controlling(thread_id, Control(k, noise=noise if self.couples_noise else None)):
-                self.app.invoke(None, _thread(thread_id), interrupt_after=[node])
+                self._invoke(None, _thread(thread_id), interrupt_after=[node])
             messages = self.app.get_state(_thread(thread_id)).values[self.messages_key]
             return to_dict(next(m for m in reversed(messages) if isinstance(m, AIMessage)))
         finally:
@@ -307,7 +324,7 @@ class LangGraphAgent:
                     self.app.update_state(_thread(thread_id), {self.messages_key: results},
                                           as_node=node)
             try:
-                self.app.invoke(None, config, interrupt_before=intercept)
+                self._invoke(None, config, interrupt_before=intercept)
             except GraphRecursionError:
                 return "max_steps"
             snap = self.app.get_state(_thread(thread_id))

@@ -173,6 +173,7 @@ def test_conformance_checks_hold_for_the_agent() -> None:
     check_same_noise_same_branch(s.agent, run)
 
 
+@pytest.mark.slow
 def test_each_intervention_moves_the_outcome_by_its_analytic_amount() -> None:
     s = Support(InMemorySaver())
     run = s.failing_run()
@@ -424,3 +425,27 @@ def test_the_example_names_the_decision_and_do_context_rescues(tmp_path: Path) -
     store = car.RunStore(tmp_path / "car.db")
     assert store.attribution(out["attribution_id"])["run_id"] == out["run_id"]
     store.close()
+
+
+def test_an_async_graph_is_branched_with_ainvoke() -> None:
+    """p_follow = 1: the injection always wins, so resampling the decision keeps the failure
+    (exactly 1) and removing the injection always rescues it (exactly 0)."""
+    model = sa.PlantedSupportModel(p_follow=1.0)
+    wrapper = CarChatModel(inner=model)
+    app = _async_app(wrapper, InMemorySaver())
+    cb = CarCallback()
+    asyncio.run(app.ainvoke(sa.inputs(), {"configurable": {"thread_id": "a"}, "callbacks": [cb]}))
+    run = cb.run
+    agent = LangGraphAgent(app, model=wrapper, side_effect_tools=["issue_refund"])
+    assert agent.is_async
+    assert car.intervene(run, agent, car.do_resample(1), outcome=sa.outcome, rollouts=4,
+                         progress=False).mean == 1.0
+    assert car.intervene(run, agent, car.do_context(1, sa.remove_injection),
+                         outcome=sa.outcome, rollouts=4, progress=False).mean == 0.0
+
+    async def inside_a_loop() -> car.Trajectory:
+        return agent.branch(run, compile_plan(run, car.do_action(1, deny_action())),
+                            branch_noise(0, 0, "t", True))
+
+    branch = asyncio.run(inside_a_loop())
+    assert not sa.outcome(branch) and branch.steps[1].meta["origin"] == "forced"
