@@ -90,6 +90,7 @@ class OutcomeFn:
     def __init__(self, fn: Callable[..., Any]) -> None:
         if isinstance(fn, OutcomeFn):
             fn = fn.fn
+        self.fn: Callable[..., Any]
         if not callable(fn):
             raise InvalidInput("outcome must be callable: outcome(run) -> float in [0, 1]",
                                hint="pass outcome=lambda run: ...")

@@ -152,7 +152,7 @@ def record(agent: Any, *, context: JSON = None, outcome: Callable[..., Any], see
     from .agent import OutcomeFn
     out = OutcomeFn(outcome)
     noise = Noise(int(seed))
-    run = agent.start(context, noise)
+    run = _returned_run(agent.start(context, noise), agent, "start")
     value = out(run, noise.rng(0, "outcome"))
     run = replace(run, outcome=Outcome(value), seed=int(seed))
     if store is not None:
@@ -160,9 +160,18 @@ def record(agent: Any, *, context: JSON = None, outcome: Callable[..., Any], see
     return run
 
 
+def _returned_run(value: Any, agent: Any, method: str) -> Trajectory:
+    if not isinstance(value, Trajectory):
+        raise AgentError(f"{type(agent).__name__}.{method} returned {type(value).__name__}, "
+                         "not a car.Trajectory",
+                         hint="an Agent's start and branch must return car.Trajectory "
+                              "(see car_core.agent.Agent)")
+    return value
+
+
 def run_branch(run: Trajectory, agent: Any, outcome: Any, task: Task) -> Trajectory:
     """One rollout: the agent's branch under the task's plan, scored, with its lineage."""
-    traj = agent.branch(run, task.plan, task.noise)
+    traj = _returned_run(agent.branch(run, task.plan, task.noise), agent, "branch")
     value = outcome(traj, task.noise.rng(0, "outcome"))
     lineage = Lineage(parent_id=run.id, interventions=tuple(task.plan.describe()),
                       branch_step=task.plan.start if task.plan.interventions else None,

@@ -10,6 +10,7 @@ migrated, is refused before anything is written to it.
 
 from __future__ import annotations
 
+import builtins
 import os
 import sqlite3
 import time
@@ -176,9 +177,9 @@ class RunStore:
                   "observation": dumps(s.observation), "observed": int(s.observed),
                   "state": dumps(s.state), "meta": dumps(s.meta)} for s in run.steps]
         with self._write():
-            self.db["runs"].insert(row)
+            self.db.table("runs").insert(row)
             if steps:
-                self.db["steps"].insert_all(steps)
+                self.db.table("steps").insert_all(steps)
         return run.id
 
     def exists(self, run_id: str) -> bool:
@@ -226,7 +227,7 @@ class RunStore:
             sql += f" LIMIT {int(limit)}"
         return list(self.db.query(sql))
 
-    def children(self, run_id: str) -> list[dict[str, Any]]:
+    def children(self, run_id: str) -> builtins.list[dict[str, Any]]:
         """Branches whose parent is ``run_id``."""
         return list(self.db.query("SELECT id, arm, rollout, branch_step, outcome, attribution_id "
                                   "FROM runs WHERE parent_id = ? ORDER BY rowid", [run_id]))
@@ -239,7 +240,7 @@ class RunStore:
                               hint="save the run before attributing it")
         aid = attribution_id or uuid.uuid4().hex[:16]
         with self._write():
-            self.db["attributions"].upsert(
+            self.db.table("attributions").upsert(
                 {"id": aid, "run_id": run_id, "method": method, "status": "running",
                  "params": dumps(params), "result": None, "created_at": time.time(),
                  "finished_at": None}, pk="id")
@@ -248,7 +249,7 @@ class RunStore:
     def finish_attribution(self, attribution_id: str, result: dict[str, Any],
                            status: str = "complete") -> None:
         with self._write():
-            self.db["attributions"].update(attribution_id, {
+            self.db.table("attributions").update(attribution_id, {
                 "result": dumps(result), "status": status, "finished_at": time.time()})
 
     def save_attribution(self, run_id: str, method: str, params: dict[str, Any],
@@ -267,7 +268,7 @@ class RunStore:
         row["result"] = loads(row["result"]) if row["result"] else None
         return row
 
-    def attributions(self, run_id: str) -> list[dict[str, Any]]:
+    def attributions(self, run_id: str) -> builtins.list[dict[str, Any]]:
         return [self.attribution(r["id"]) for r in self.db.query(
             "SELECT id FROM attributions WHERE run_id = ? ORDER BY created_at", [run_id])]
 

@@ -197,7 +197,7 @@ def _same_steps(check: str, run: Trajectory, branch: Trajectory, upto: int) -> N
 def check_replay_reproduces(agent: Any, run: Trajectory, *, seed: int = 0) -> Trajectory:
     """A branch with every step held gives back the record: same actions, observations, length,
     every step marked ``held``."""
-    branch = agent.branch(run, compile_plan(run, []), _noise(seed))
+    branch: Trajectory = agent.branch(run, compile_plan(run, []), _noise(seed))
     _same_steps("replay", run, branch, len(run.steps))
     if len(branch.steps) != len(run.steps):
         _fail("replay", f"the replay has {len(branch.steps)} steps, the record "

@@ -194,3 +194,22 @@ def test_a_budget_that_stops_every_rollout(pivot_model, pivot_run) -> None:
     with pytest.raises(BudgetExhausted, match="raise the budget"):
         intervene(pivot_run, pivot_model.agent(), car.do_resample(2), pivot_model.outcome,
                   budget=car.Budget(wall_time=1e-12))
+
+
+def test_an_agent_that_returns_something_other_than_a_trajectory(pivot_model,
+                                                                   pivot_run) -> None:
+    from car_core.errors import AgentError
+
+    class Sloppy(car.FunctionAgent):
+        def start(self, context, noise):
+            return {"steps": []}
+
+        def branch(self, run, plan, noise):
+            return [s.action for s in run.steps]
+
+    base = pivot_model.agent()
+    agent = Sloppy(policy=base.policy, max_steps=6)
+    with pytest.raises(AgentError, match="must return car.Trajectory"):
+        car.record(agent, outcome=pivot_model.outcome)
+    with pytest.raises(AgentError, match="must return car.Trajectory"):
+        intervene(pivot_run, agent, car.do_resample(1), pivot_model.outcome)
