@@ -9,9 +9,9 @@ from typing import Any
 from ..agent import OutcomeFn
 from ..budget import Budget, BudgetMeter
 from ..errors import InvalidBudget, InvalidInput, NothingToAttribute
-from ..execution import Executor, Task, execute
+from ..execution import Executor, Failure, Task, brancher, execute
 from ..interventions import Plan
-from ..replay import check_run, run_branch
+from ..replay import check_run
 from ..seeding import branch_noise
 from ..trajectory import Trajectory
 
@@ -51,6 +51,7 @@ class Session:
         self.meter = BudgetMeter(budget)
         self.executor, self.progress, self.method = executor, progress, method
         self.store, self.journal, self.attribution_id = store, None, attribution_id
+        self.failures: list[Failure] = []  # branches that failed after their retry
         if store is not None:
             from ..store import StoreJournal
             if not store.exists(run.id):
@@ -68,17 +69,18 @@ class Session:
         if not tasks or self.tripped:
             return
 
-        def fn(task: Task) -> Trajectory:
-            return run_branch(self.run, self.agent, self.outcome, task)
-
         def on_result(task: Task, traj: Trajectory) -> None:
             value = traj.outcome.value if traj.outcome is not None else None
             if value is None:  # a journal row written without a score cannot be trusted
                 value = self.outcome(traj, task.noise.rng(0, "outcome"))
             on_value(task, float(value), traj)
 
-        execute(tasks, fn, self.meter, executor=self.executor, progress=self.progress,
-                label=self.method, on_result=on_result, journal=self.journal)
+        # brancher: plain data, so Ray can ship it (a closure over the session would drag the
+        # store's SQLite handle along); keep nothing: on_result already has each value
+        results = execute(tasks, brancher(self.run, self.agent, self.outcome), self.meter,
+                          executor=self.executor, progress=self.progress, label=self.method,
+                          on_result=on_result, journal=self.journal, keep=lambda traj: None)
+        self.failures.extend(results.failures)
 
     @property
     def tripped(self) -> str | None:
