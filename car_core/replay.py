@@ -26,7 +26,7 @@ from .errors import (
     InvalidIntervention,
     PolicyError,
 )
-from .estimators.stats import wilson
+from .estimators.stats import wilson, z_value
 from .execution import Executor, Task, brancher, execute
 from .interventions import Intervention, Plan, compile_plan
 from .seeding import Noise, branch_noise
@@ -151,10 +151,10 @@ def record(agent: Any, *, context: JSON = None, outcome: Callable[..., Any], see
     """Run ``agent`` once from ``context`` and score it; the run is the factual record."""
     from .agent import OutcomeFn
     out = OutcomeFn(outcome)
-    noise = Noise(int(seed))
+    noise = Noise(seed)
     run = _returned_run(agent.start(context, noise), agent, "start")
     value = out(run, noise.rng(0, "outcome"))
-    run = replace(run, outcome=Outcome(value), seed=int(seed))
+    run = replace(run, outcome=Outcome(value), seed=noise.seed)
     if store is not None:
         store.save(run)
     return run
@@ -233,6 +233,8 @@ def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequenc
         raise InvalidInput(f"rollouts={rollouts!r}: need at least one rollout",
                            hint="pass rollouts=K with K >= 1 (32–64 is typical)")
     out = OutcomeFn(outcome)
+    z_value(level)  # a bad level fails here, not after every rollout has run
+    Noise(seed)  # likewise a bad seed
     plan = compile_plan(run, interventions)
     coupled = bool(coupled and getattr(agent, "couples_noise", False))
     arm = plan.describe()

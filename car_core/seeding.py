@@ -8,11 +8,13 @@ on (common random numbers); uncoupled branches add the arm's own number, ``(2, a
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
 from ._json import digest
+from .errors import InvalidInput
 
 ROLES = {"policy": 0, "environment": 1, "outcome": 2, "model": 3}
 RECORD_KEY = (0,)
@@ -24,6 +26,13 @@ class Noise:
 
     seed: int
     key: tuple[int, ...] = RECORD_KEY
+
+    def __post_init__(self) -> None:
+        seed = self.seed
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+            raise InvalidInput(f"seed={seed!r}: a seed must be a non-negative integer",
+                               hint="pass seed=0, 1, 2, …")
+        object.__setattr__(self, "seed", int(seed))
 
     def rng(self, step: int, role: str) -> np.random.Generator:
         seq = np.random.SeedSequence(entropy=self.seed, spawn_key=(*self.key, step, ROLES[role]))

@@ -213,3 +213,28 @@ def test_an_agent_that_returns_something_other_than_a_trajectory(pivot_model,
         car.record(agent, outcome=pivot_model.outcome)
     with pytest.raises(AgentError, match="must return car.Trajectory"):
         intervene(pivot_run, agent, car.do_resample(1), pivot_model.outcome)
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, "0", None, True])
+def test_a_seed_that_is_not_a_non_negative_integer(pivot_model, pivot_run, seed) -> None:
+    c = count_calls(pivot_model.agent())
+    with pytest.raises(InvalidInput, match="pass seed=0, 1, 2"):
+        intervene(pivot_run, c.agent, car.do_resample(2), pivot_model.outcome, seed=seed)
+    with pytest.raises(InvalidInput, match="pass seed=0, 1, 2"):
+        car.record(c.agent, outcome=pivot_model.outcome, seed=seed)
+    assert c.both.calls == 0
+
+
+def test_a_numpy_integer_seed_is_accepted(pivot_model, pivot_run) -> None:
+    import numpy as np
+    run = car.record(pivot_model.agent(), outcome=pivot_model.outcome, seed=np.int64(3))
+    assert run.seed == 3 and type(run.seed) is int
+
+
+@pytest.mark.parametrize("level", [0.0, 1.0, 95])
+def test_a_confidence_level_outside_zero_one_fails_before_any_rollout(pivot_model, pivot_run,
+                                                                      level) -> None:
+    c = count_calls(pivot_model.agent())
+    with pytest.raises(InvalidInput, match="use e.g. 0.95"):
+        intervene(pivot_run, c.agent, car.do_resample(2), pivot_model.outcome, level=level)
+    assert c.both.calls == 0
