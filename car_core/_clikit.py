@@ -154,7 +154,7 @@ def parse_do(spec: str) -> Intervention:
                               hint="use resample:K, action:K:JSON or observation:K:JSON")
 
 
-# -- the store --------------------------------------------------------------------------------------
+# -- the store ------------------------------------------------------------------------------
 def existing_store(path: str) -> Any:
     """Open a store that must already exist (read commands never create one)."""
     from .store import RunStore
@@ -170,6 +170,8 @@ def existing_store(path: str) -> Any:
 class _Rate(ProgressColumn):
     def render(self, task: Task) -> Text:
         speed = task.finished_speed or task.speed
+        if not speed and task.elapsed:
+            speed = task.completed / task.elapsed
         return Text(f"{speed:.1f} rollouts/s" if speed else "– rollouts/s", style="cyan")
 
 
@@ -196,6 +198,13 @@ class RichProgress:
     def update(self, n: int = 1) -> None:
         self.progress.advance(self.task, n)
 
+    def done(self) -> None:
+        """The estimate finished (adaptive stopping often needs fewer rollouts than the
+        worst case planned): show the bar complete at what was actually run."""
+        task = self.progress.tasks[0]
+        self.progress.update(self.task, total=task.completed)
+        self.close()
+
     def close(self) -> None:
         if not self.closed:
             self.closed = True
@@ -203,10 +212,11 @@ class RichProgress:
 
 
 def make_progress(mode: bool | None, label: str, planned: int | None, budget: int | None
-                  ) -> RichProgress | bool:
-    """A bar when asked (``--progress``) or when stderr is a terminal; else False."""
+                  ) -> RichProgress | None:
+    """A bar when asked (``--progress``) or when stderr is a terminal; else None (pass
+    ``bar or False`` to an estimator so it draws no bar of its own)."""
     if mode is False or (mode is None and not sys.stderr.isatty()):
-        return False
+        return None
     return RichProgress(label, planned, budget)
 
 
@@ -261,7 +271,8 @@ def verdict(r: Mapping[str, Any]) -> str:
     locus = r.get("locus")
     if locus is None:
         return f"No locus: {r.get('reason') or 'no step rescue interval excludes zero'}."
-    step = next((s for s in r.get("steps") or [] if s.get("step") == locus), {})
+    step: Mapping[str, Any] = next(
+        (s for s in r.get("steps") or [] if s.get("step") == locus), {})
     return (f"Locus: step {locus}. Re-drawing it lowers P(failure) by {_f(step.get('effect'))} "
             f"{_ci(step.get('ci'))} at {_pct(r.get('level'))} (family-wise "
             f"{_pct(1 - float(r.get('alpha') or 0.05))}).")

@@ -12,8 +12,8 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from datetime import datetime, timezone
-from enum import Enum
+from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -47,8 +47,9 @@ StoreOpt = Annotated[str, typer.Option("--store", help="SQLite store of runs.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 ProgressOpt = Annotated[bool | None, typer.Option(
     "--progress/--no-progress", help="Progress bar on stderr (default: when it is a terminal).")]
-AgentOpt = Annotated[str, typer.Option("--agent", help="MODULE:FACTORY; FACTORY() returns the "
-                                                        "agent (imported from the current folder).")]
+AgentOpt = Annotated[str, typer.Option(
+    "--agent", help="MODULE:FACTORY; FACTORY() returns the agent (imported from the current "
+                    "folder).")]
 OutcomeOpt = Annotated[str | None, typer.Option(
     "--outcome", help="MODULE:FUNCTION scoring a run in [0, 1] (1 = the failure happened).")]
 
@@ -94,7 +95,7 @@ def runs(store: StoreOpt = "car.db", json_out: JsonOpt = False,
     for col in ("created (UTC)", "agent", "status", "outcome", "steps", "seed"):
         t.add_column(col, justify="right" if col in ("outcome", "steps", "seed") else "left")
     for r in rows:
-        created = datetime.fromtimestamp(r["created_at"] or 0, timezone.utc)
+        created = datetime.fromtimestamp(r["created_at"] or 0, UTC)
         t.add_row(r["id"], created.strftime("%Y-%m-%d %H:%M:%S"), Text(kit.safe(r["agent"] or "")),
                   r["status"] or "", "—" if r["outcome"] is None else f"{r['outcome']:.2f}",
                   str(r["n_steps"]), "—" if r["seed"] is None else str(r["seed"]))
@@ -143,10 +144,10 @@ def intervene(run_id: Annotated[str, typer.Argument(help="Run id.")],
         raise InvalidInput(f"--rollouts {rollouts}: need at least one", hint="e.g. --rollouts 32")
     run = kit.existing_store(store).load(run_id)
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
-    bar = kit.make_progress(progress, "intervene", rollouts, rollouts)
+    bar = kit.make_progress(progress, "intervene", rollouts, None)
     try:
         dist = run_intervene(run, the_agent, interventions, outcome=the_outcome,
-                             rollouts=rollouts, seed=seed, progress=bar)
+                             rollouts=rollouts, seed=seed, progress=bar or False)
     except KeyboardInterrupt:
         raise _fail("interrupted; no result was kept (car intervene stores nothing)",
                     kit.INTERRUPTED) from None
@@ -162,12 +163,12 @@ def intervene(run_id: Annotated[str, typer.Argument(help="Run id.")],
 
 
 # -- attribute ---------------------------------------------------------------------------------
-class Method(str, Enum):
+class Method(StrEnum):
     contrastive = "contrastive"
     shapley = "shapley"
 
 
-class ExecutorName(str, Enum):
+class ExecutorName(StrEnum):
     sequential = "sequential"
     async_ = "async"
     ray = "ray"
@@ -215,6 +216,7 @@ def attribute(
     """Find the step that caused the failure (contrastive) or split the blame (shapley).
     The result and every branch are kept in the store."""
     import car_core as car
+
     from .budget import Budget
     if not 0.0 < alpha < 1.0:
         raise InvalidInput(f"--alpha {alpha} is outside (0, 1)", hint="e.g. --alpha 0.05")
@@ -246,15 +248,18 @@ def attribute(
         planned = (len(run.steps) + 1) * k
         if budget is not None:
             planned = min(planned, budget)
-        call = functools.partial(car.contrastive, rollouts=k, alpha=alpha,
+        call: Callable[..., Any] = functools.partial(car.contrastive, rollouts=k, alpha=alpha,
                                  budget=Budget(rollouts=budget) if budget else None)
     else:
         planned = budget or 2000
         call = functools.partial(car.shapley, budget=planned, level=1 - alpha)
-    bar = kit.make_progress(progress, f"{method.value} {run.id}", planned, budget or planned)
+    cap = planned if method is Method.shapley else budget
+    bar = kit.make_progress(progress, f"{method.value} {run.id}", planned, cap)
     started = time.monotonic()
     try:
-        result = call(run, the_agent, progress=bar, **common)
+        result = call(run, the_agent, progress=bar or False, **common)
+        if bar:
+            bar.done()
     except KeyboardInterrupt:
         if bar:
             bar.close()
@@ -334,7 +339,7 @@ def report(run_id: Annotated[str, typer.Argument(help="Run id.")],
 
 
 # -- demo ---------------------------------------------------------------------------------------
-class DemoPolicy(str, Enum):
+class DemoPolicy(StrEnum):
     local = "local"
     synthetic = "synthetic"
 
@@ -342,6 +347,7 @@ class DemoPolicy(str, Enum):
 def _builtin_demo(store: str, report_path: Path, progress: Any) -> Any:
     """A failing run of the planted pivot model, attributed and reported: works anywhere."""
     import car_core as car
+
     from . import synthetic
     from .report import render_attribution
     from .store import RunStore
@@ -354,7 +360,9 @@ def _builtin_demo(store: str, report_path: Path, progress: Any) -> Any:
     bar = kit.make_progress(progress, "contrastive", (len(run.steps) + 1) * 32, None)
     try:
         result = car.contrastive(run, model.agent(), outcome=model.outcome, rollouts=32, seed=0,
-                                 store=db, progress=bar)
+                                 store=db, progress=bar or False)
+        if bar:
+            bar.done()
     finally:
         if bar:
             bar.close()

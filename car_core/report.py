@@ -304,7 +304,8 @@ def _contrastive_verdict(r: Mapping[str, Any], run: Trajectory | None) -> dict[s
         return {"found": False, "headline": "No step could be blamed.",
                 "detail": r.get("reason") or "no step's rescue interval excludes zero",
                 "action": ""}
-    step = next((s for s in r.get("steps") or [] if s.get("step") == locus), {})
+    step: Mapping[str, Any] = next(
+        (s for s in r.get("steps") or [] if s.get("step") == locus), {})
     action = ""
     if run is not None and 0 <= locus < len(run.steps):
         action = _clip(compact(run.steps[locus].action))

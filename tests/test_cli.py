@@ -12,8 +12,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from _report_data import contrastive_dict
+
 from car_core import synthetic as syn
 from car_core.store import RunStore
 from car_core.trajectory import Step, Trajectory
@@ -95,7 +95,7 @@ def test_unknown_run_id_exits_4(pivot_store):
 
 
 def test_missing_store_exits_4_and_is_not_created(tmp_path):
-    for args in (("runs",), ("report", "x"), ("attribute", "x", "--agent", PIVOT)):
+    for args in (("runs",), ("attribute", "x", "--agent", PIVOT)):
         proc = car(*args, "--store", "absent.db", cwd=tmp_path)
         assert proc.returncode == 4, args
         assert "no CAR store at absent.db" in one_clean_error(proc)
@@ -225,6 +225,7 @@ def test_attribute_finds_the_planted_locus_and_stores_it(pivot_store, pivot_mode
     assert table.returncode == 0 and "◀ locus" in table.stdout and "Locus: step 2." in table.stdout
 
 
+@pytest.mark.slow
 def test_attribute_shapley_through_the_cli(tmp_path):
     model = syn.and_game()
     run = model.failing_run()
@@ -248,12 +249,17 @@ def test_attribute_exits_1_when_no_step_matters(tmp_path):
     assert "No locus:" in proc.stdout
 
 
-def test_attribute_exits_3_when_the_budget_runs_out(pivot_store):
+def test_attribute_exits_3_when_the_budget_runs_out_and_shows_progress(pivot_store):
     folder, run = pivot_store
-    proc = car("attribute", run.id, "--agent", PIVOT, "--budget", "5", "--json", cwd=folder)
+    proc = car("attribute", run.id, "--agent", PIVOT, "--budget", "5", "--json", "--progress",
+               cwd=folder)
     assert proc.returncode == 3, proc.stderr
-    result = json.loads(proc.stdout)
-    assert result["truncated"] and result["rollouts_used"] <= 5
+    result = json.loads(proc.stdout)  # the bar goes to stderr: stdout stays pure JSON
+    assert result["truncated"] and result["rollouts_used"] == 5
+    assert result["budget_note"] == "rollout budget of 5 reached"
+    # The bar: rollouts done / planned (capped by the budget), rate, budget left.
+    assert "5/5" in proc.stderr and "rollouts/s" in proc.stderr
+    assert "budget left 0" in proc.stderr
 
 
 INTERRUPTING = '''
@@ -312,6 +318,7 @@ def test_resume_of_an_unknown_attribution_exits_4(pivot_store):
     assert "no attribution 'nope'" in one_clean_error(proc)
 
 
+@pytest.mark.slow
 def test_demo_records_attributes_and_writes_the_report(tmp_path):
     proc = car("demo", "--policy", "synthetic", "--store", "demo.db", "--out", "demo.html",
                cwd=tmp_path)

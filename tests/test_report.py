@@ -7,9 +7,16 @@ import re
 from html.parser import HTMLParser
 
 import pytest
+from _report_data import (
+    BREAKOUT,
+    IMG,
+    SCRIPT,
+    contrastive_dict,
+    hostile_contrastive,
+    hostile_run,
+    shapley_dict,
+)
 
-from _report_data import BREAKOUT, IMG, SCRIPT, contrastive_dict, hostile_contrastive, \
-    hostile_run, shapley_dict
 from car_core import synthetic as syn
 from car_core.errors import InvalidInput
 from car_core.report import render_attribution, render_run

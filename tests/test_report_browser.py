@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _report_data import hostile_contrastive, hostile_run
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
-from _report_data import hostile_contrastive, hostile_run
 from car_core.report import render_attribution
 
 ROOT = Path(__file__).parents[1]
