@@ -268,27 +268,31 @@ class ActionMatch:
 
     per_step: tuple[float, ...]
     replays: int
+    steps: tuple[int, ...] = ()  # the step each entry of per_step measured
 
     @property
     def rate(self) -> float:
         return sum(self.per_step) / len(self.per_step) if self.per_step else 1.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rate": self.rate, "per_step": list(self.per_step), "replays": self.replays}
+        return {"rate": self.rate, "per_step": list(self.per_step), "replays": self.replays,
+                "steps": list(self.steps)}
 
 
 def action_match_rate(run: Trajectory, agent: Any, replays: int = 4) -> ActionMatch:
     """Re-decide every recorded state ``replays`` times with the run's own seed and report,
-    per step, the fraction that gave back the recorded action. Steps that were forced in the
-    record (not decided by the policy) are skipped."""
+    per step, the fraction that gave back the recorded action. Steps the agent's own policy did
+    not decide from the recorded state (held, forced, edited, policy-swapped) are skipped;
+    ``steps`` says which were measured."""
     check_run(run)
-    if replays < 1:
-        raise InvalidInput(f"replays={replays}: need at least one", hint="pass replays >= 1")
+    if isinstance(replays, bool) or not isinstance(replays, int) or replays < 1:
+        raise InvalidInput(f"replays={replays!r}: need at least one", hint="pass replays >= 1")
     noise = Noise(int(run.seed or 0))
-    per_step = []
+    per_step, measured = [], []
     for k, step in enumerate(run.steps):
-        if step.meta.get("origin") in ("forced", "held"):
+        if step.meta.get("origin") in ("forced", "held", "edited", "policy-swapped"):
             continue
         hits = sum(agent.redecide(run, k, noise) == step.action for _ in range(replays))
         per_step.append(hits / replays)
-    return ActionMatch(tuple(per_step), replays)
+        measured.append(k)
+    return ActionMatch(tuple(per_step), replays, tuple(measured))

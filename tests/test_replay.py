@@ -191,6 +191,17 @@ def test_a_seeded_policy_redecides_every_recorded_state_exactly(model) -> None:
     assert match.rate == 1.0 and match.per_step == (1.0,) * len(run)
 
 
+def test_match_rate_skips_steps_the_policy_did_not_decide(pivot_model, pivot_run) -> None:
+    dist = branches(pivot_run, pivot_model.agent(), car.do_policy(4, pivot_model.policy),
+                    pivot_model.outcome, rollouts=1)
+    branch = dist.trajectories[0]
+    assert [s.meta["origin"] for s in branch.steps] == ["held"] * 4 + ["policy-swapped"] * 2
+    match = car.action_match_rate(branch, pivot_model.agent(), replays=1)
+    assert match.steps == () and match.per_step == ()
+    recorded = car.action_match_rate(pivot_run, pivot_model.agent(), replays=1)
+    assert recorded.steps == tuple(range(6))
+
+
 def test_an_unseeded_policy_has_a_low_match_rate() -> None:
     calls = itertools.count()
     agent = car.FunctionAgent(policy=lambda h, rng: next(calls), max_steps=4)
