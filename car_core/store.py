@@ -308,6 +308,10 @@ class _Transaction:
             if isinstance(exc, sqlite3.OperationalError) and _is_readonly_error(exc):
                 raise StoreReadOnly(f"{self.store.path} is read-only: {exc}",
                                     hint="point the store at a writable file") from exc
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(f"writing {self.store.path} failed: {exc}",
+                                 hint="nothing was written; check the disk and try again"
+                                 ) from exc
 
 
 class StoreJournal:

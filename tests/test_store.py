@@ -368,3 +368,25 @@ def test_editing_the_stored_outcome_or_status_is_detected(tmp_path: Path, pivot_
     conn.close()
     with RunStore(path) as store, pytest.raises(CorruptRun, match="changed after saving"):
         store.load(pivot_run.id)
+
+
+def test_a_save_that_fails_half_way_leaves_nothing(store: RunStore, pivot_run,
+                                                   monkeypatch) -> None:
+    """One transaction per logical write: the run row is not kept when its steps fail."""
+    import sqlite_utils
+
+    real = sqlite_utils.db.Table.insert_all
+
+    def failing(self, *args, **kwargs):
+        if self.name == "steps":
+            raise sqlite3.OperationalError("disk I/O error")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(sqlite_utils.db.Table, "insert_all", failing)
+    with pytest.raises(StoreError, match="nothing was written"):
+        store.save(pivot_run)
+    monkeypatch.setattr(sqlite_utils.db.Table, "insert_all", real)
+    assert not store.exists(pivot_run.id)
+    assert store.db.execute("SELECT count(*) FROM steps").fetchone()[0] == 0
+    store.save(pivot_run)
+    assert store.load(pivot_run.id) == pivot_run
