@@ -263,7 +263,7 @@ def attribute(
     except KeyboardInterrupt:
         if bar:
             bar.close()
-        argv = [a for a in sys.argv[1:]]
+        argv = [a for a in sys.argv[1:] if not a.startswith("--resume=")]
         if "--resume" in argv:
             i = argv.index("--resume")
             del argv[i:i + 2]
@@ -278,23 +278,25 @@ def attribute(
     if json_out:
         _print_json(r)
     else:
-        out.print(kit.attribution_table(r))
-        out.print(Text(kit.verdict(r), style="bold"))
-        out.print(Text(f"{r.get('rollouts_used')} rollouts in {time.monotonic() - started:.1f}s"
-                       f" · seed {seed} · branches "
-                       f"{'coupled' if r.get('coupled') else 'independent'} · attribution "
-                       f"{r.get('attribution_id') or aid}"))
-        if r.get("truncated"):
-            out.print(Text(f"truncated: {r.get('budget_note') or 'budget reached'}",
-                           style="yellow"))
-        out.print(Text(f"report: car report {run.id} --store {store} --out report.html",
-                       style="dim"))
+        _print_result(r, time.monotonic() - started, store)
     if r.get("truncated"):
         raise typer.Exit(kit.BUDGET)
     if method is Method.contrastive and r.get("locus") is None:
         raise typer.Exit(kit.NOTHING)
     if method is Method.shapley and r.get("reason"):
         raise typer.Exit(kit.NOTHING)
+
+
+def _print_result(r: dict[str, Any], seconds: float, store: str) -> None:
+    out.print(kit.attribution_table(r))
+    out.print(Text(kit.verdict(r), style="bold"))
+    out.print(Text(f"{r.get('rollouts_used')} rollouts in {seconds:.1f}s · seed {r.get('seed')} · "
+                   f"branches {'coupled' if r.get('coupled') else 'independent'} · attribution "
+                   f"{r.get('attribution_id')}"))
+    if r.get("truncated"):
+        out.print(Text(f"truncated: {r.get('budget_note') or 'budget reached'}", style="yellow"))
+    out.print(Text(f"report: car report {r.get('run_id')} --store {store} --out report.html",
+                   style="dim"))
 
 
 # -- report --------------------------------------------------------------------------------------
@@ -358,6 +360,7 @@ def _builtin_demo(store: str, report_path: Path, progress: Any) -> Any:
     out.print(Text(f"recorded failing run {run.id} of the synthetic pivot model "
                    f"({len(run.steps)} steps) in {store}"))
     bar = kit.make_progress(progress, "contrastive", (len(run.steps) + 1) * 32, None)
+    started = time.monotonic()
     try:
         result = car.contrastive(run, model.agent(), outcome=model.outcome, rollouts=32, seed=0,
                                  store=db, progress=bar or False)
@@ -367,8 +370,7 @@ def _builtin_demo(store: str, report_path: Path, progress: Any) -> Any:
         if bar:
             bar.close()
     r = result.to_dict()
-    out.print(kit.attribution_table(r))
-    out.print(Text(kit.verdict(r), style="bold"))
+    _print_result(r, time.monotonic() - started, store)
     branches = list(db.branches(r["attribution_id"])) if r.get("attribution_id") else None
     report_path.write_text(render_attribution(r, run=run, branches=branches), encoding="utf-8")
     out.print(Text(f"wrote {report_path}; re-run it with: car attribute {run.id} "
