@@ -3,10 +3,11 @@
 The same ``FunctionAgent`` (a zero-latency scripted LLM that calls an echo tool ``--steps - 1``
 times, then answers) runs in interleaved rounds: plain, with a ``CarRecorder`` attached (no
 store), and with a recorder that also writes every run to SQLite. The ratio is recorded time
-over plain time per round, reported as the median over rounds (interleaving cancels drift on a
-shared machine). A real model call takes hundreds of milliseconds, so the per-step overhead in
-milliseconds is the figure that matters; the ratio is the worst case. The last row is a branch
-from the final step (every earlier step served from the record) for comparison.
+over plain time per round, reported as the median over rounds. Times are this process's CPU time
+(``time.process_time``), so other work on a shared machine does not enter them; interleaving
+cancels what drift remains. A real model call takes hundreds of milliseconds, so the per-step
+overhead in milliseconds is the figure that matters; the ratio is the worst case. The last row
+is a branch from the final step (every earlier step served from the record) for comparison.
 
     .venv/bin/python benchmarks/llamaindex_overhead.py                 # 10 rounds x 20 runs
     .venv/bin/python benchmarks/llamaindex_overhead.py --rounds 5 --runs 10
@@ -49,9 +50,9 @@ def timed_runs(agent: FunctionAgent, runs: int) -> float:
         for _ in range(runs):
             await agent.run(user_msg="go")
     gc.collect()
-    start = time.perf_counter()
+    start = time.process_time()
     asyncio.run(go())
-    return time.perf_counter() - start
+    return time.process_time() - start
 
 
 def main() -> None:
@@ -77,15 +78,15 @@ def main() -> None:
     assert len(run.steps) == args.steps and len(stored_rec.runs) == args.rounds * args.runs
 
     wrapped = LlamaIndexAgent(agent)
-    start = time.perf_counter()
+    start = time.process_time()
     car.intervene(run, wrapped, car.do_resample(args.steps - 1), outcome=lambda r: 0.0,
                   rollouts=args.runs, progress=False)
-    branch_s = (time.perf_counter() - start) / args.runs
+    branch_s = (time.process_time() - start) / args.runs
 
     n = args.runs
     plain = times["plain"]
     print(f"LlamaIndex recording overhead: {args.rounds} rounds x {n} runs of {args.steps} "
-          f"decisions, zero-latency scripted LLM")
+          f"decisions, zero-latency scripted LLM (CPU time)")
     print(f"{'case':<36} {'ms/run':>8} {'ms/step':>8} {'overhead ms/step':>17} "
           f"{'x plain (median)':>17}")
     for case, ts in times.items():
