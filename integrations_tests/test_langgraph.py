@@ -449,3 +449,22 @@ def test_an_async_graph_is_branched_with_ainvoke() -> None:
 
     branch = asyncio.run(inside_a_loop())
     assert not sa.outcome(branch) and branch.steps[1].meta["origin"] == "forced"
+
+
+def test_coalitions_share_noise_so_a_step_without_effect_changes_no_rollout() -> None:
+    """Step 0 (the order lookup) is deterministic. With common random numbers through
+    CarChatModel's per-step seeds, holding it or resampling it gives the same outcome in every
+    rollout, for any coalition of the other steps; holding the decision (step 1) or the refund
+    (step 2) makes every rollout fail."""
+    s = Support(InMemorySaver())
+    run = s.failing_run()
+
+    def values(held: set[int]) -> tuple[float, ...]:
+        plan = [car.do_action(k, run.steps[k].action) if k in held else car.do_resample(k)
+                for k in range(len(run.steps))]
+        return car.intervene(run, s.agent, plan, outcome=sa.outcome, rollouts=16, seed=0,
+                             progress=False).values
+
+    for others in (set(), {3}):
+        assert values(others | {0}) == values(others)
+    assert values(set()) != values({1}) == values({2}) == (1.0,) * 16
