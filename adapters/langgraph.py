@@ -190,7 +190,9 @@ class LangGraphAgent:
 
     def import_thread(self, thread_id: str) -> Trajectory:
         """The trajectory of an existing thread, rebuilt from its checkpoint history: each
-        ``AIMessage`` a model node wrote is a step, decided from the checkpoint before it."""
+        ``AIMessage`` a model node wrote is a step, decided from the checkpoint before it.
+        A thread invoked several times (a conversation) gives one trajectory over all turns;
+        the callback gives one per invocation."""
         history = list(self.app.get_state_history(_thread(thread_id)))
         if not history:
             raise AdapterError(f"no thread {thread_id!r} in this app's checkpointer",
