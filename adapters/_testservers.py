@@ -54,7 +54,7 @@ def _wait_http(url: str, deadline: float, proc: subprocess.Popen[bytes] | None =
 
 @contextlib.contextmanager
 def llama_server(*, chat_format: str | None = None, start_timeout: float = 90.0,
-                 n_threads: int = 2) -> Iterator[str]:
+                 n_threads: int = local.THREADS) -> Iterator[str]:
     """llama.cpp's OpenAI-compatible server over the embedded model; yields its base URL
     (``http://127.0.0.1:PORT/v1``; the model is served as ``local.MODEL``).
 
@@ -64,7 +64,7 @@ def llama_server(*, chat_format: str | None = None, start_timeout: float = 90.0,
     port = free_port()
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", local.model_path(),
            "--model_alias", local.MODEL, "--host", "127.0.0.1", "--port", str(port),
-           "--n_ctx", str(local.N_CTX), "--n_threads", str(n_threads),
+           "--n_ctx", str(local.N_CTX), "--n_threads", str(n_threads), "--n_threads_batch", str(n_threads),
            "--verbose", "False"]
     if chat_format:
         cmd += ["--chat_format", chat_format]

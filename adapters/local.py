@@ -35,6 +35,9 @@ from .chat_agent import ChatPolicy, Message, make_action
 MODEL = "smollm2-135m-instruct"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 N_CTX = 2048
+# One thread: llama.cpp's worker threads spin at barriers, so on a busy 2-core machine two
+# threads are ten times slower than one for a model this small.
+THREADS = int(os.environ.get("CAR_LLAMA_THREADS", "1"))
 STRING = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9 .,:;!?'@#$%&()/_+-]{0,47}$"}
 _LOCK = threading.Lock()  # one llama.cpp context per process; it is not thread-safe
 
@@ -62,8 +65,8 @@ def load_model(path: str | None = None) -> Any:
     except ImportError as exc:
         raise ModelUnavailable("llama-cpp-python is not installed",
                                hint="run: pip install llama-cpp-python") from exc
-    llm = llama_cpp.Llama(model_path=path or model_path(), n_ctx=N_CTX, n_threads=2,
-                          verbose=False, seed=0)
+    llm = llama_cpp.Llama(model_path=path or model_path(), n_ctx=N_CTX, n_threads=THREADS,
+                          n_threads_batch=THREADS, verbose=False, seed=0)
     atexit.register(llm.close)  # free it before interpreter teardown, which it does not survive
     return llm
 

@@ -1,0 +1,165 @@
+"""The embedded SmolLM2 model, in-process, for real: tool calls, seeds, faithfulness, budgets.
+
+Every model call here is a real llama.cpp decode on 2 CPU threads (about half a second), so
+agents take at most two steps and replies are capped at a few dozen tokens.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.tools import tool
+
+import car_core as car
+from car_adapters.chat_agent import ChatAgent, history_messages, make_action, tool_schema
+from car_adapters.local import MODEL, LocalChatModel, LocalPolicy, model_path
+from car_core.testing import count_calls, run_conformance
+
+TOOLS = [tool_schema("lookup_order", "Look up the status of an order",
+                     {"order_id": {"type": "string"}})]
+CONTEXT = [{"role": "system", "content": "You are a support agent. Use tools to answer."},
+           {"role": "user", "content": "Where is order 42?"}]
+ORDERS = {"lookup_order": lambda order_id: {"order_id": order_id, "status": "shipped"}}
+
+
+def made_a_call(run: car.Trajectory) -> bool:
+    """Failure for these tests: the agent's first reply called no tool."""
+    return not run.steps[0].action["tool_calls"]
+
+
+@pytest.fixture(scope="module")
+def tool_run() -> car.Trajectory:
+    agent = ChatAgent(LocalPolicy(TOOLS, max_tokens=48), ORDERS, max_steps=2)
+    return car.record(agent, context=CONTEXT, outcome=made_a_call, seed=7)
+
+
+def test_model_ships_inside_the_package() -> None:
+    assert model_path().endswith(".gguf")
+
+
+def test_grammar_makes_the_tiny_model_call_the_tool_with_valid_arguments(
+        tool_run: car.Trajectory) -> None:
+    first = tool_run.steps[0]
+    call = first.action["tool_calls"][0]
+    assert call["id"] == "call_0_0"
+    assert call["function"]["name"] == "lookup_order"
+    assert set(json.loads(call["function"]["arguments"])) == {"order_id"}
+    # the environment ran the tool and answered that call by id
+    assert first.observation[0]["tool_call_id"] == "call_0_0"
+    assert json.loads(first.observation[0]["content"])["status"] == "shipped"
+
+
+def test_step_meta_carries_model_usage_and_seed(tool_run: car.Trajectory) -> None:
+    meta = tool_run.steps[0].meta
+    assert meta["model"] == MODEL and meta["origin"] == "live"
+    assert meta["usage"]["prompt_tokens"] > 20 and meta["usage"]["completion_tokens"] > 0
+    assert isinstance(meta["seed"], int) and meta["params"]["max_tokens"] == 48
+
+
+def test_same_seed_replays_every_step_exactly(tool_run: car.Trajectory) -> None:
+    agent = ChatAgent(LocalPolicy(TOOLS, max_tokens=48), ORDERS, max_steps=2)
+    match = car.action_match_rate(tool_run, agent, replays=1)
+    assert match.per_step == (1.0,) * len(tool_run.steps)
+
+
+def test_different_seeds_sample_different_replies() -> None:
+    agent = ChatAgent(LocalPolicy(temperature=1.0, max_tokens=12), max_steps=1)
+    replies = {car.record(agent, context="Tell me about cats.", outcome=lambda r: 0.0,
+                          seed=s).steps[0].action["content"] for s in range(3)}
+    # at temperature 1 three 12-token continuations from different seeds coinciding would
+    # mean the seed is ignored
+    assert len(replies) >= 2
+
+
+def test_a_reply_cut_off_by_max_tokens_is_a_recorded_failure_not_a_crash() -> None:
+    agent = ChatAgent(LocalPolicy(TOOLS, max_tokens=4), ORDERS, max_steps=2)
+    run = car.record(agent, context=CONTEXT, outcome=made_a_call, seed=0)
+    action = run.steps[0].action
+    assert action["finish_reason"] == "length" and "max_tokens=4" in action["error"]
+    assert action["tool_calls"] == [] and len(run.steps) == 1 and run.outcome.value == 1.0
+
+
+@pytest.mark.parametrize("calls, problem", [
+    ([("lookup_order", "{not json")], "not JSON"),
+    ([("refund_everyone", {})], "unknown tool"),
+    ([("lookup_order", "[1, 2]")], "not an object"),
+])
+def test_malformed_tool_calls_become_an_error_field(calls: list, problem: str) -> None:
+    action = make_action(3, None, calls, "tool_calls", TOOLS, 64)
+    assert action["tool_calls"] == [] and problem in action["error"]
+
+
+def test_history_messages_rebuild_the_state_a_step_decided_from(
+        tool_run: car.Trajectory) -> None:
+    msgs = history_messages(tool_run.history(1))
+    assert msgs[:2] == CONTEXT
+    assert msgs[2]["tool_calls"] == tool_run.steps[0].action["tool_calls"]
+    assert msgs[3]["role"] == "tool" and msgs[3]["tool_call_id"] == "call_0_0"
+
+
+@pytest.mark.slow
+def test_chat_agent_on_the_embedded_model_passes_the_replay_contract() -> None:
+    def make() -> tuple:
+        counted = count_calls(ChatAgent(LocalPolicy(TOOLS, max_tokens=40), ORDERS,
+                                        max_steps=2))
+        return counted.agent, counted.both
+    assert run_conformance(make, context=CONTEXT, outcome=made_a_call, seed=3) == [
+        "replay", "prefix", "lineage", "forced", "noise"]
+
+
+def _one_step_run() -> tuple[car.FunctionAgent, car.Trajectory]:
+    agent = ChatAgent(LocalPolicy(TOOLS, max_tokens=40), ORDERS, max_steps=1)
+    return agent, car.record(agent, context=CONTEXT, outcome=made_a_call, seed=1)
+
+
+def test_a_token_budget_stops_intervene_and_reports_the_tokens() -> None:
+    agent, run = _one_step_run()
+    per_call = sum(run.steps[0].meta["usage"].values())
+    # room for about two rollouts of this one-decision agent, never six
+    cap = int(2.5 * per_call)
+    dist = car.intervene(run, agent, car.do_resample(0), outcome=made_a_call, rollouts=6,
+                         seed=0, budget=car.Budget(tokens=cap))
+    assert dist.truncated and 1 <= dist.n < 6
+    assert dist.tokens == sum(sum(t.steps[0].meta["usage"].values())
+                              for t in dist.trajectories)
+    assert "token budget" in dist.budget_note
+
+
+def test_a_cost_cap_prices_tokens_from_the_price_table() -> None:
+    agent, run = _one_step_run()
+    usage = run.steps[0].meta["usage"]
+    prices = {MODEL: (1000.0, 2000.0)}  # per million tokens, so a call costs about 0.1
+    per_call = (usage["prompt_tokens"] * 1000.0 + usage["completion_tokens"] * 2000.0) / 1e6
+    dist = car.intervene(run, agent, car.do_resample(0), outcome=made_a_call, rollouts=6,
+                         seed=0, budget=car.Budget(cost=2.5 * per_call, prices=prices))
+    assert dist.truncated and 1 <= dist.n < 6
+    expected = sum((t.steps[0].meta["usage"]["prompt_tokens"] * 1000.0
+                    + t.steps[0].meta["usage"]["completion_tokens"] * 2000.0) / 1e6
+                   for t in dist.trajectories)
+    assert dist.cost == pytest.approx(expected)
+    assert "cost budget" in dist.budget_note
+
+
+@tool
+def lookup_order(order_id: str) -> str:
+    """Look up the status of an order."""
+    return "shipped"
+
+
+def test_langchain_chat_model_calls_bound_tools_and_replays_with_its_seed() -> None:
+    model = LocalChatModel(max_tokens=40, seed=11).bind_tools([lookup_order])
+    messages = [SystemMessage("You are a support agent. Use tools to answer."),
+                HumanMessage("Where is order 42?")]
+    first = model.invoke(messages)
+    again = model.invoke(messages)
+    assert isinstance(first, AIMessage)
+    assert first.tool_calls and first.tool_calls[0]["name"] == "lookup_order"
+    assert set(first.tool_calls[0]["args"]) == {"order_id"}
+    assert first.tool_calls == again.tool_calls  # the same state and seed: the same reply
+    assert first.usage_metadata["input_tokens"] > 0
+    # a history with the tool's answer is accepted and the next call is numbered 1
+    follow = model.invoke(messages + [first, ToolMessage("shipped",
+                                                         tool_call_id=first.tool_calls[0]["id"])])
+    assert all(c["id"].startswith("call_1_") for c in follow.tool_calls)
