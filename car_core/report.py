@@ -34,6 +34,7 @@ _ENV = jinja2.Environment(
 PLOT_W, PLOT_H = 720, 240
 MARGIN = {"left": 56, "right": 16, "top": 16, "bottom": 40}
 CLIP = 400  # characters of agent text shown inline before the rest goes in a fold
+RECENT = 6  # earlier context items (and identical diff lines) shown before folding the rest
 
 
 # -- text of agent values ------------------------------------------------------------------
@@ -260,13 +261,16 @@ def _decided_from(run: Trajectory, k: int) -> dict[str, Any]:
     step = run.steps[k]
     if step.state is not None:
         if isinstance(step.state, list) and all(_is_message(m) for m in step.state):
-            return {"messages": [{"role": m.get("role"), "text": _message_text(m)}
-                                 for m in step.state], "context": None, "prior": []}
-        return {"messages": None, "context": show(step.state), "prior": []}
+            msgs = [{"role": m.get("role"), "text": _message_text(m)} for m in step.state]
+            return {"messages": msgs[-RECENT:], "folded_messages": msgs[:-RECENT],
+                    "context": None, "prior": [], "folded": []}
+        return {"messages": None, "folded_messages": [], "context": show(step.state),
+                "prior": [], "folded": []}
     prior = [{"index": p.index, "action": show(p.action),
               "observation": show(p.observation) if p.observed else None}
              for p in run.steps[:k]]
-    return {"messages": None, "context": show(run.context), "prior": prior}
+    return {"messages": None, "folded_messages": [], "context": show(run.context),
+            "prior": prior[-RECENT:], "folded": prior[:-RECENT]}
 
 
 def _diff_lines(run: Trajectory | Mapping[str, Any]) -> list[str]:
@@ -290,9 +294,18 @@ def _diff(factual: Trajectory | Mapping[str, Any], branch: Mapping[str, Any]
     matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         left, right = a[i1:i2], b[j1:j2]
-        for i in range(max(len(left), len(right))):
-            rows.append({"tag": tag, "left": left[i] if i < len(left) else "",
-                         "right": right[i] if i < len(right) else ""})
+        chunk = [{"tag": tag, "left": left[i] if i < len(left) else "",
+                  "right": right[i] if i < len(right) else ""}
+                 for i in range(max(len(left), len(right)))]
+        keep = RECENT // 2
+        if tag == "equal" and len(chunk) > RECENT:
+            # Long identical stretches (the held prefix) fold away, keeping a few lines of
+            # context on each side of a change.
+            head = chunk[:keep] if rows else []
+            tail = chunk[-keep:]
+            hidden = chunk[len(head):len(chunk) - keep]
+            chunk = [*head, {"tag": "fold", "rows": hidden, "left": "", "right": ""}, *tail]
+        rows.extend(chunk)
     return rows
 
 

@@ -190,3 +190,23 @@ def test_real_shapley_result_renders_itself():
     plot = html[html.index('id="shapley-plot"'):]
     assert plot[:plot.index("</svg>")].count('<g class="bar">') == len(sh.values)
     assert f"Σφ = <b>{sh.total:.3f}</b>" in html
+
+
+def test_long_run_folds_the_held_prefix_in_context_and_diff():
+    import car_core as car
+    model = syn.late_pivot()  # 24 steps, locus 20
+    run = model.failing_run()
+    res = car.contrastive(run, model.agent(), outcome=model.outcome, rollouts=64, seed=0)
+    assert res.locus == model.locus == 20
+    html = render_attribution(res, run=run)
+    locus = html[html.index('id="locus"'):html.index('id="diff"')]
+    # Steps 0-13 fold away; the 6 steps before the locus stay in view; nothing is dropped.
+    assert "steps 0–13 (14 earlier steps)" in locus
+    for k in range(20):
+        assert f"step {k} action" in locus
+    diff = html[html.index('id="diff"'):html.index('id="timeline"')]
+    # The held prefix (steps 0-17 with observations: 36 lines, plus step 18's action) folds,
+    # keeping 3 identical lines before the first change.
+    folded = re.search(r"<summary>(\d+) identical lines</summary>", diff)
+    assert folded and int(folded.group(1)) == 2 * 20 - 3
+    assert diff.count('<tr class="equal">') == 2 * 20  # every line is still in the page
