@@ -81,7 +81,10 @@ def test_demo_report_loads_cleanly_shows_verdict_and_plots(browser, demo_report)
         svg = browser.find_element(By.ID, plot)
         assert svg.is_displayed() and svg.size["width"] > 300 and svg.size["height"] > 100
     marks = browser.find_elements(By.CSS_SELECTOR, "#rescue-plot g.point")
-    assert len(marks) == len(browser.find_elements(By.CSS_SELECTOR, ".timeline > li"))
+    rows = browser.find_elements(By.CSS_SELECTOR, "table.steps tbody tr")
+    assert len(marks) == len(rows) > 0  # one mark per step of the result
+    bars = browser.find_elements(By.CSS_SELECTOR, "#arms-plot g.bar rect")
+    assert bars and all(b.size["height"] > 0 for b in bars)
     # The screenshot for the README: the top of the report (verdict and both plots).
     height = browser.execute_script("return document.body.scrollHeight")
     browser.set_window_size(1100, min(height, 1500))
