@@ -1,0 +1,186 @@
+"""Model policies over real HTTP on loopback, with the official clients and no mocks.
+
+- ``OpenAIPolicy`` against llama.cpp's own OpenAI-compatible server over the embedded model;
+- ``OllamaPolicy`` with the ``ollama`` client against our Ollama-protocol server;
+- retries, timeouts, a server that is down, an unknown model and a missing API key against a
+  scripted stub server or a closed port.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import car_core as car
+from car_adapters._testservers import OllamaServer, StubOpenAIServer, free_port, llama_server
+from car_adapters.chat_agent import ChatAgent, tool_schema
+from car_adapters.local import MODEL
+from car_adapters.ollama import OllamaPolicy
+from car_adapters.openai import OpenAIPolicy
+from car_core.errors import InvalidInput, ModelUnavailable
+
+TOOLS = [tool_schema("lookup_order", "Look up the status of an order",
+                     {"order_id": {"type": "string"}})]
+CONTEXT = [{"role": "system", "content": "You are a support agent. Use tools to answer."},
+           {"role": "user", "content": "Where is order 42?"}]
+ORDERS = {"lookup_order": lambda order_id: {"order_id": order_id, "status": "shipped"}}
+LOOKUP = {"type": "function", "function": {"name": "lookup_order"}}
+
+
+def no_call(run: car.Trajectory) -> bool:
+    return not run.steps[0].action["tool_calls"]
+
+
+@pytest.fixture(scope="module")
+def llama_url() -> Iterator[str]:
+    with llama_server(start_timeout=120) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def ollama_host() -> Iterator[str]:
+    with OllamaServer() as server:
+        yield server.host
+
+
+# -- OpenAIPolicy against llama.cpp's server ------------------------------------------------
+def test_openai_policy_makes_a_tool_call_through_llama_cpp_server(llama_url: str) -> None:
+    policy = OpenAIPolicy(MODEL, base_url=llama_url, tools=TOOLS, tool_choice=LOOKUP,
+                          max_tokens=40, temperature=0.7)
+    run = car.record(ChatAgent(policy, ORDERS, max_steps=1), context=CONTEXT, outcome=no_call,
+                     seed=2)
+    step = run.steps[0]
+    call = step.action["tool_calls"][0]
+    # the server's random call id is replaced by a stable one and kept in meta
+    assert call["id"] == "call_0_0" and step.meta["tool_call_ids"][0] != "call_0_0"
+    assert call["function"]["name"] == "lookup_order"
+    assert isinstance(json.loads(call["function"]["arguments"]), dict)
+    assert step.meta["usage"]["prompt_tokens"] > 0 and step.meta["retries"] == 0
+    assert step.meta["served_model"] == MODEL
+
+
+def test_openai_policy_seed_reaches_llama_cpp_server(llama_url: str) -> None:
+    policy = OpenAIPolicy(MODEL, base_url=llama_url, temperature=1.0, max_tokens=12)
+    agent = ChatAgent(policy, max_steps=1)
+    runs = [car.record(agent, context="Tell me about cats.", outcome=lambda r: 0.0, seed=s)
+            for s in (0, 0, 1, 2)]
+    texts = [r.steps[0].action["content"] for r in runs]
+    assert texts[0] == texts[1]  # same seed, same sample
+    assert len(set(texts[1:])) >= 2  # three seeds at temperature 1 do not all coincide
+    assert car.action_match_rate(runs[0], agent, replays=2).rate == 1.0
+
+
+# -- OllamaPolicy against our Ollama-protocol server -----------------------------------------
+@pytest.mark.parametrize("stream", [False, True])
+def test_ollama_policy_tool_call_with_the_real_client(ollama_host: str, stream: bool) -> None:
+    policy = OllamaPolicy(MODEL, host=ollama_host, tools=TOOLS, max_tokens=40, stream=stream)
+    run = car.record(ChatAgent(policy, ORDERS, max_steps=1), context=CONTEXT, outcome=no_call,
+                     seed=5)
+    step = run.steps[0]
+    assert step.action["tool_calls"][0]["id"] == "call_0_0"  # Ollama calls carry no id
+    assert step.action["tool_calls"][0]["function"]["name"] == "lookup_order"
+    assert step.meta["usage"]["prompt_tokens"] > 0 and step.meta["usage"]["completion_tokens"] > 0
+    assert step.observation[0]["tool_call_id"] == "call_0_0"
+
+
+def test_ollama_streaming_and_not_give_the_same_action(ollama_host: str) -> None:
+    actions = [car.record(ChatAgent(OllamaPolicy(MODEL, host=ollama_host, temperature=1.0,
+                                                 max_tokens=16, stream=stream), max_steps=1),
+                          context="Tell me about cats.", outcome=lambda r: 0.0,
+                          seed=4).steps[0].action for stream in (False, True)]
+    assert actions[0] == actions[1] and actions[0]["content"]
+
+
+def test_ollama_policy_replays_a_two_step_run_exactly(ollama_host: str) -> None:
+    agent = ChatAgent(OllamaPolicy(MODEL, host=ollama_host, tools=TOOLS, max_tokens=40),
+                      ORDERS, max_steps=2)
+    run = car.record(agent, context=CONTEXT, outcome=no_call, seed=9)
+    assert car.action_match_rate(run, agent, replays=1).rate == 1.0
+    # the second step saw the tool result in Ollama's message shape
+    assert run.steps[1].meta["usage"]["prompt_tokens"] > run.steps[0].meta["usage"][
+        "prompt_tokens"]
+
+
+def test_ollama_cut_off_reply_is_recorded(ollama_host: str) -> None:
+    policy = OllamaPolicy(MODEL, host=ollama_host, tools=TOOLS, max_tokens=3)
+    run = car.record(ChatAgent(policy, ORDERS, max_steps=2), context=CONTEXT, outcome=no_call,
+                     seed=0)
+    assert run.steps[0].action["finish_reason"] == "length" and run.outcome.value == 1.0
+
+
+def test_ollama_unknown_model_says_to_pull_it(ollama_host: str) -> None:
+    policy = OllamaPolicy("no-such-model", host=ollama_host, max_retries=0)
+    with pytest.raises(ModelUnavailable, match="ollama pull no-such-model"):
+        car.record(ChatAgent(policy), context="hi", outcome=lambda r: 0.0)
+
+
+def test_ollama_server_down_is_model_unavailable() -> None:
+    policy = OllamaPolicy(MODEL, host=f"http://127.0.0.1:{free_port()}", max_retries=1,
+                          backoff=0.05, retry_time=2)
+    with pytest.raises(ModelUnavailable, match="ollama serve"):
+        car.record(ChatAgent(policy), context="hi", outcome=lambda r: 0.0)
+
+
+# -- retries, timeouts and bad input against a scripted stub -----------------------------------
+def test_openai_policy_retries_500_then_succeeds() -> None:
+    with StubOpenAIServer(failures=[500, 503]) as stub:
+        policy = OpenAIPolicy("stub-model", base_url=stub.base_url, backoff=0.05)
+        run = car.record(ChatAgent(policy), context="hi there", outcome=lambda r: 0.0)
+        assert stub.hits == 3
+    step = run.steps[0]
+    assert step.action["content"] == "echo: hi there"
+    assert step.meta["retries"] == 2 and step.meta["system_fingerprint"] == "stub-fp"
+
+
+def test_openai_policy_gives_up_within_its_retry_time() -> None:
+    with StubOpenAIServer(failures=[500] * 50) as stub:
+        policy = OpenAIPolicy("stub-model", base_url=stub.base_url, backoff=0.1,
+                              retry_time=0.5, max_retries=50)
+        started = time.monotonic()
+        with pytest.raises(ModelUnavailable, match="still failing after"):
+            car.record(ChatAgent(policy), context="hi", outcome=lambda r: 0.0)
+        # backoff 0.1, 0.2 fit in 0.5 s; the next (0.4) would not, so it stops after 3 tries
+        assert stub.hits == 3 and time.monotonic() - started < 2.0
+
+
+def test_openai_policy_honours_its_timeout() -> None:
+    with StubOpenAIServer(delay=3.0) as stub:
+        policy = OpenAIPolicy("stub-model", base_url=stub.base_url, timeout=0.3,
+                              max_retries=0)
+        started = time.monotonic()
+        with pytest.raises(ModelUnavailable, match="Timeout"):
+            car.record(ChatAgent(policy), context="hi", outcome=lambda r: 0.0)
+        assert time.monotonic() - started < 2.0
+
+
+def test_openai_policy_server_down_says_to_start_it() -> None:
+    policy = OpenAIPolicy("m", base_url=f"http://127.0.0.1:{free_port()}/v1", max_retries=1,
+                          backoff=0.05)
+    with pytest.raises(ModelUnavailable, match="start the server"):
+        car.record(ChatAgent(policy), context="hi", outcome=lambda r: 0.0)
+
+
+def test_openai_policy_unknown_model() -> None:
+    with StubOpenAIServer() as stub:
+        policy = OpenAIPolicy("gpt-nonexistent", base_url=stub.base_url)
+        with pytest.raises(ModelUnavailable, match="no model 'gpt-nonexistent'"):
+            car.record(ChatAgent(policy), context="hi", outcome=lambda r: 0.0)
+
+
+def test_hosted_model_without_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(ModelUnavailable, match="OPENAI_API_KEY"):
+        OpenAIPolicy("gpt-4o-mini")
+    with pytest.raises(InvalidInput):
+        OpenAIPolicy("", base_url="http://127.0.0.1:1/v1")
+
+
+def test_prices_put_a_cost_on_each_step() -> None:
+    with StubOpenAIServer() as stub:
+        policy = OpenAIPolicy("stub-model", base_url=stub.base_url, prices=(2.0, 8.0))
+        run = car.record(ChatAgent(policy), context="hi", outcome=lambda r: 0.0)
+    # the stub reports 10 prompt and 3 completion tokens
+    assert run.steps[0].meta["cost"] == pytest.approx((10 * 2.0 + 3 * 8.0) / 1e6)
