@@ -99,6 +99,11 @@ def test_missing_store_exits_4_and_is_not_created(tmp_path):
         proc = car(*args, "--store", "absent.db", cwd=tmp_path)
         assert proc.returncode == 4, args
         assert "no CAR store at absent.db" in one_clean_error(proc)
+    # The installed console script maps the same way (main() returns the status).
+    script = Path(sys.executable).with_name("car")
+    proc = subprocess.run([str(script), "show", "x", "--store", "absent.db"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 4 and "no CAR store" in one_clean_error(proc)
     assert not (tmp_path / "absent.db").exists()
 
 
