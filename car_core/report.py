@@ -216,6 +216,7 @@ def _arms_plot(arms: Sequence[Mapping[str, Any]], n_steps: int | None) -> dict[s
 
 def _shapley_plot(values: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Horizontal bars: each step's Shapley value with its interval."""
+    values = [v for v in values if v.get("estimate") is not None]
     if not values:
         return {}
     row = 28
