@@ -392,7 +392,9 @@ def demo(policy: Annotated[DemoPolicy, typer.Option(
         module = importlib.import_module("car_adapters.demo")
     except ModuleNotFoundError as exc:
         if exc.name not in ("car_adapters", "car_adapters.demo"):
-            raise
+            raise InvalidInput(f"the demo needs {exc.name!r}, which is not installed",
+                               hint="pip install 'causal-agent-replay[all]', or run "
+                                    "`car demo --policy synthetic`") from None
         module = None
     if module is None:
         if policy is DemoPolicy.local:
