@@ -162,6 +162,7 @@ def test_do_policy_swaps_the_policy_from_its_step_on() -> None:
                "origin": "held"}, digest=t.steps[1].digest) for t in dist.trajectories)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", [syn.and_game(), syn.or_game(), syn.three_way()],
                          ids=lambda m: m.name)
 def test_coalitions_match_the_analytic_game(model: syn.SyntheticSCM) -> None:
