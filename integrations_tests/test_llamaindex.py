@@ -284,16 +284,18 @@ def test_contrastive_names_the_planted_decision(recorder: Any) -> None:
 def test_shapley_gives_the_decision_all_the_credit(recorder: Any) -> None:
     # v(S) = 1 when step 1 is held at its factual "escalate", else P(escalate) = 0.5; steps 0
     # and 2 never change the outcome. So phi_1 = v(N) - v(empty) = 0.5 and phi_0 = phi_2 = 0.
-    # Exact mode spends 400 / 2^3 = 50 rollouts per coalition; with coupled noise every
-    # coalition without step 1 re-draws step 1 from the same streams, so phi_1 = 1 - mean of
-    # 50 Bernoulli(0.5) draws: standard error sqrt(0.25/50) = 0.071, tolerance 4 of them.
-    # Steps 0 and 2 are deterministic, so their values are exactly 0.
+    # Permutation mode with coupled noise: a unit (an order and its reverse, 2 * 3 = 6
+    # rollouts) shares one noise stream, so every coalition without step 1 re-draws step 1
+    # identically: the marginal contributions of steps 0 and 2 are exactly 0 and step 1's is
+    # 1 - Bernoulli(0.5). 240 rollouts buy 40 units: standard error sqrt(0.25/40) = 0.079,
+    # tolerance 4 of them.
     planted = Planted(seed=2, p_urgent=0.5)
     run_async(lambda: planted.agent.run(user_msg="Please handle ticket 7."))
     run = recorder.run
-    sh = car.shapley(run, LlamaIndexAgent(planted.agent), outcome=escalated, budget=400, seed=0)
-    assert sh.rollouts_used <= 400
-    assert abs(sh.values[1].estimate - 0.5) <= 4 * math.sqrt(0.25 / 50)
+    sh = car.shapley(run, LlamaIndexAgent(planted.agent), outcome=escalated, budget=240,
+                     mode="permutation", seed=0)
+    assert sh.rollouts_used <= 240
+    assert abs(sh.values[1].estimate - 0.5) <= 4 * math.sqrt(0.25 / 40)
     assert sh.values[0].estimate == 0.0 and sh.values[2].estimate == 0.0
 
 
