@@ -172,7 +172,7 @@ def test_concurrent_runs_do_not_mix(recorder: Any) -> None:
         assert run.steps[0].observation[0]["content"] == ticket
 
 
-def test_held_prefix_makes_no_model_or_tool_call(recorded: Any) -> None:
+def test_held_prefix_makes_no_model_or_tool_call(recorder: Any, recorded: Any) -> None:
     planted, run = recorded
     agent = LlamaIndexAgent(planted.agent)
     planted.counters.reset()
@@ -182,6 +182,7 @@ def test_held_prefix_makes_no_model_or_tool_call(recorded: Any) -> None:
     live_tokens = sum(s.meta["usage"]["prompt_tokens"] + s.meta["usage"]["completion_tokens"]
                       for t in dist.trajectories for s in t.steps[2:])
     assert dist.tokens == live_tokens > 0      # the budget meter sees the live steps' usage
+    assert recorder.runs == [run]              # the user's recorder ignores branch runs
     for branch in dist.trajectories:
         assert [s.meta["origin"] for s in branch.steps] == ["held", "held", "live"]
         assert [s.action for s in branch.steps[:2]] == [s.action for s in run.steps[:2]]
@@ -335,6 +336,9 @@ def test_agent_workflow_hand_off_resumes_with_the_active_agent(recorder: Any) ->
     for branch in dist.trajectories:
         assert [s.meta["agent"] for s in branch.steps] == ["triage", "billing", "billing"]
         assert branch.steps[1].state[0] == {"role": "system", "content": "Refund."}
+    with pytest.raises(InvalidIntervention, match="handoff"):
+        car.intervene(run, LlamaIndexAgent(flow), car.do_observation(0, ["stay with triage"]),
+                      outcome=lambda r: False, rollouts=1)
 
 
 # -- ReAct (tool calls parsed from text) --------------------------------------------------

@@ -109,6 +109,7 @@ class LlamaIndexAgent:
             state = _check_history(plan.context_edits[k](copy.deepcopy(state)), run.id, k)
         session = BranchSession(plan, noise, k, self.safety, recorded_calls(run.steps), run.id,
                                 forced_observations(plan))
+        self._check_forced_tools(session, run)
         live = self._drive(state, active, run, session)
         steps = prefix + [self._renumber(s, k + i, plan) for i, s in enumerate(live.steps)]
         return car.Trajectory.new(context=run.context, steps=steps, seed=noise.seed,
@@ -146,6 +147,19 @@ class LlamaIndexAgent:
                                "does not have", run_id=run.id, step=k,
                                hint="wrap the same workflow the run was recorded with")
         return list(step.state), active
+
+    def _check_forced_tools(self, session: BranchSession, run: car.Trajectory) -> None:
+        """A forced observation can only replace the result of a tool the agent was given (not
+        one the framework adds itself, such as ``handoff``)."""
+        given = {n for names in tool_names(self.workflow).values() for n in names}
+        for k, msgs in session.forced_obs.items():
+            for m in msgs:
+                if m.get("name") not in given:
+                    raise InvalidIntervention(
+                        f"do_observation cannot replace the result of {m.get('name')!r}: the "
+                        "framework runs that tool itself", run_id=run.id, step=k,
+                        hint="intervene on a step that called one of the agent's own tools, "
+                             "or force the next action with do_action")
 
     def _check_tools(self, run: car.Trajectory) -> None:
         recorded = run.meta.get("tools")
