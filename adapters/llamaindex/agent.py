@@ -65,9 +65,10 @@ def _check_history(messages: Any, run_id: str, k: int) -> list[dict[str, Any]]:
 
 
 class LlamaIndexAgent:
-    """Wraps a LlamaIndex ``FunctionAgent`` or ``AgentWorkflow`` for ``car.intervene``,
-    ``car.contrastive`` and ``car.shapley``. ``side_effect_tools`` never run on a branch: they
-    are answered from the record, by ``simulators[name](arguments)``, or stop the branch."""
+    """Wraps a LlamaIndex ``FunctionAgent``, ``ReActAgent`` or ``AgentWorkflow`` for
+    ``car.intervene``, ``car.contrastive`` and ``car.shapley``. ``side_effect_tools`` never run
+    on a branch: they are answered from the record, by ``simulators[name](arguments)``, or stop
+    the branch. ``max_iterations`` caps the decisions a branch makes from its branch step on."""
 
     def __init__(self, agent: Any, *, side_effect_tools: Iterable[str] = (),
                  simulators: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
@@ -94,7 +95,8 @@ class LlamaIndexAgent:
         messages = context if isinstance(context, list) else [{"role": "user",
                                                                "content": str(context)}]
         session = BranchSession(Plan(start=0), noise, 0, self.safety, {}, None, {})
-        run = self._drive(messages, None, None, session)
+        root = getattr(self.workflow, "root_agent", None) or getattr(self.workflow, "name", None)
+        run = self._drive(messages, root, None, session)
         return replace(run, context=context, seed=noise.seed)
 
     def branch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
