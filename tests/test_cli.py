@@ -331,3 +331,26 @@ def test_demo_records_attributes_and_writes_the_report(tmp_path):
     assert "committed to failure" in (tmp_path / "demo.html").read_text()
     runs = json.loads(car("runs", "--store", "demo.db", "--json", cwd=tmp_path).stdout)
     assert runs and runs[0]["outcome"] == 1.0
+
+
+def test_an_agent_that_raises_exits_5_with_the_step(pivot_store):
+    folder, run = pivot_store
+    (folder / "broken.py").write_text(textwrap.dedent('''
+        import car_core.synthetic as syn
+
+        def make():
+            agent = syn.pivot().agent()
+
+            def policy(history, rng):
+                raise RuntimeError("model exploded")
+
+            agent.policy = policy
+            return agent
+
+        outcome = syn.pivot().outcome
+    '''))
+    proc = car("intervene", run.id, "--agent", "broken:make", "--outcome", "broken:outcome",
+               "--do", "resample:2", "--rollouts", "2", cwd=folder)
+    assert proc.returncode == 5
+    line = one_clean_error(proc)
+    assert "model exploded" in line and "[step 2]" in line
