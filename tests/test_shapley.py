@@ -18,11 +18,29 @@ RESULT_KEYS = {"method", "run_id", "attribution_id", "mode", "values", "total", 
 
 
 def tolerance(n: int) -> float:
-    """For these monotone games every replicate (or antithetic unit) gives φ_i in [0, 1] —
+    """Permutation mode. For these monotone games every antithetic unit gives φ_i in [0, 1] —
     under common random numbers holding one more bad step can only raise the outcome — so its
-    SD is at most 1/2 (Popoviciu) and the mean of n replicates has SD <= 1/(2√n). Four SDs:
-    a miss has probability < 1e-4 under the normal approximation."""
+    SD is at most 1/2 (Popoviciu) and the mean of n units has SD <= 1/(2√n). Four SDs: a miss
+    has probability < 1e-4 under the normal approximation."""
     return 4 * 0.5 / math.sqrt(n)
+
+
+def exact_tolerance(p: int, budget: int) -> float:
+    """Exact mode. φ_i = Σ_S c_{i,S} v̂(S) with independent coalition means; every coalition
+    gets at least the pilot's floor(budget/4 / 2^p) rollouts and an outcome in [0, 1] has
+    variance <= 1/4, so var(φ_i) <= Σ_S c_{i,S}² / (4·pilot). Four SDs, as above."""
+    pilot = max(2, budget // 4 // 2 ** p)
+    weights = [math.factorial(s) * math.factorial(p - s - 1) / math.factorial(p)
+               for s in range(p)]
+    sum_c2 = 2 * sum(math.comb(p - 1, s) * weights[s] ** 2 for s in range(p))
+    return 4 * math.sqrt(sum_c2 / (4 * pilot))
+
+
+def within(sh, truth, budget):
+    for value, t in zip(sh.values, truth, strict=True):
+        tol = (exact_tolerance(len(sh.values), budget) if sh.mode == "exact"
+               else tolerance(value.n))
+        assert abs(value.estimate - t) <= tol, (value, t, tol)
 
 
 def estimate(model, seed=0, **kwargs):
@@ -34,10 +52,9 @@ def estimate(model, seed=0, **kwargs):
 @pytest.mark.parametrize("mode", ["exact", "permutation"])
 def test_values_match_the_analytic_game(factory, mode):
     model = factory()
-    sh = estimate(model, 1, budget=1200, mode=mode)
-    assert sh.mode == mode and sh.rollouts_used <= 1200
-    for value, truth in zip(sh.values, model.shapley()):
-        assert abs(value.estimate - truth) <= tolerance(value.n), (value, truth)
+    sh = estimate(model, 1, budget=2000, mode=mode)
+    assert sh.mode == mode and sh.rollouts_used <= 2000
+    within(sh, model.shapley(), 2000)
 
 
 def test_and_game_reproduces_the_published_check():
@@ -46,13 +63,14 @@ def test_and_game_reproduces_the_published_check():
     model = syn.and_game()
     assert model.shapley() == pytest.approx((0.455, 0.455, 0.0))
     sh = estimate(model, 0, budget=2000)
-    assert sh.mode == "exact"  # 8 coalitions × 250 replicates fit the budget
+    assert sh.mode == "exact" and sh.coupled is False  # 3 players: 8 coalitions
     assert [v.step for v in sh.values] == [0, 1, 2]
-    for value, truth in zip(sh.values, model.shapley()):
-        assert abs(value.estimate - truth) <= tolerance(value.n)
+    within(sh, model.shapley(), 2000)
+    for value, truth in zip(sh.values, model.shapley(), strict=True):
         assert value.ci[0] <= truth <= value.ci[1]
-    assert sh.values[2].estimate == 0.0  # an irrelevant step gets nothing, exactly, under CRN
-    assert abs(sh.total - 0.91) <= 2 * tolerance(sh.values[0].n)
+    # Σφ = v̂(N) − v̂(∅); v̂(N) = 1 exactly (noise-free judge), v̂(∅) has SD <= 1/(2√n).
+    assert sh.v_full.mean == 1.0
+    assert abs(sh.total - 0.91) <= 4 * 0.5 / math.sqrt(sh.v_empty.n)
 
 
 def test_efficiency_holds_and_is_reported():
@@ -65,19 +83,19 @@ def test_efficiency_holds_and_is_reported():
 
 def test_candidate_players_group_the_rest():
     model = syn.and_game()
-    sh = estimate(model, 0, budget=400, players=[0])
+    sh = estimate(model, 0, budget=2000, players=[0])
     assert [v.step for v in sh.values] == [0, None]
     assert sh.values[1].label == "other steps (1, 2)"
     # Two players {0} and {1, 2}: v(∅)=0.09, v({0})=v({1,2})=0.3, v(N)=1, so each gets 0.455.
-    for value in sh.values:
-        assert abs(value.estimate - 0.455) <= tolerance(value.n)
+    within(sh, (0.455, 0.455), 2000)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode,budget", [("exact", 80), ("permutation", 60)])
 def test_intervals_cover_over_many_seeds(mode, budget):
-    """Coverage of the 95% t-intervals of φ_0 and φ_1 on the AND game over 200 seeds, with
-    only 10 replicates each: the test asks >= 90% (Monte-Carlo SE at 200 seeds is ~1.5%)."""
+    """Coverage of the 95% intervals of φ_0 and φ_1 on the AND game over 200 seeds at a small
+    budget (10 rollouts per coalition, 10 antithetic units): the test asks >= 90% (Monte-Carlo
+    SE at 200 seeds is ~1.5%)."""
     model = syn.and_game()
     run, agent, truth = model.failing_run(0), model.agent(), model.shapley()
     hits = [0, 0]
@@ -134,7 +152,7 @@ def test_outcome_that_never_varies_says_why():
     model = syn.no_cause(n_steps=3, base_rate=1.0)
     sh = estimate(model, 0, budget=200)
     assert "never varied" in sh.reason
-    assert all(v.estimate == 0.0 for v in sh.values)
+    assert all(v.estimate == pytest.approx(0.0, abs=1e-12) for v in sh.values)
 
 
 def test_result_schema_and_text(pivot_model, pivot_run):
@@ -163,12 +181,15 @@ def test_store_resume_runs_no_branch_twice(store):
     assert again.to_dict() == first.to_dict()
 
 
-def test_held_prefix_is_served_from_the_record():
-    """v(S) for S = {0, 1} resamples only step 2 onward: steps 0 and 1 make no calls."""
+def test_held_prefix_is_served_from_the_record(store):
+    """v(S) for S ∋ 0 starts at S's first free step: step 0 is decided live only in branches of
+    coalitions without player 0 (counted from the branches the store kept)."""
     model = syn.and_game()
     agent, counter = counted(model)
     run = model.failing_run(0)
-    car.shapley(run, agent, outcome=model.outcome, budget=80, mode="exact")
-    # Exact mode, 10 replicates of 8 coalitions; the plan of S starts at its first free step,
-    # so step 0 is decided live only in the 4 coalitions without player 0.
-    assert counter.counters[0].steps.count(0) == 4 * 10
+    sh = car.shapley(run, agent, outcome=model.outcome, budget=80, mode="exact", store=store)
+    branches = list(store.branches(sh.attribution_id))
+    assert len(branches) == sh.rollouts_used
+    without_0 = sum(1 for b in branches if "0" not in b["arm"][2:].split(","))
+    assert 0 < without_0 < len(branches)
+    assert counter.counters[0].steps.count(0) == without_0

@@ -126,7 +126,7 @@ def _full(arms: Arms, n: int, cap: int, alpha: float) -> tuple[dict[int, Compari
     levels = look_levels(sizes, alpha, n)
     tests: dict[int, Comparison] = {}
     open_steps = list(range(n))
-    for s, level in zip(sizes, levels):
+    for s, level in zip(sizes, levels, strict=False):
         if not open_steps or arms.session.tripped:
             break
         arms.fill({j: range(s) for k in open_steps for j in (k, k + 1)})
@@ -181,7 +181,7 @@ def _bisect(arms: Arms, n: int, cap: int, alpha: float
             return {}, 1, level, None
         lo, hi = (mid, hi) if below else (lo, mid)
     tests: dict[int, Comparison] = {}
-    for s, look_level in zip(conf_sizes, conf_levels):
+    for s, look_level in zip(conf_sizes, conf_levels, strict=False):
         fresh = range(nav_cap, nav_cap + s)
         arms.fill({lo: fresh, lo + 1: fresh})
         c = arms.compare(lo + 1, lo, fresh, look_level)

@@ -26,8 +26,8 @@ def _interval(ci: tuple[float, float] | None) -> str:
 def _text_table(headers: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
               for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=False))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) for r in rows]
     return "\n".join(lines)
 
 

@@ -8,11 +8,18 @@ the first resampled step are served from the record, and ``v(N)`` holds everythi
 outcome is re-drawn). Steps are matched by position: a branch that ends before a held step
 never reaches it, and steps a branch adds beyond the run's length run live.
 
-Exact mode (``2^p`` coalitions affordable ``MIN_REPLICATES`` times over): replicate ``r``
-evaluates every coalition once with rollout index ``r`` (common random numbers when the agent
-couples noise) and gives ``φ_i^(r) = Σ_S c_{i,S} y(S, r)``; the estimate is the mean over
-replicates and the interval a Student-t interval over them. Replicates are independent, so the
-interval accounts for the covariance between coalitions without modelling it.
+Exact mode (up to ``MAX_EXACT_PLAYERS`` players, when every coalition can get
+``MIN_PER_COALITION`` rollouts): ``φ_i = Σ_S c_{i,S} v(S)`` is linear in the ``2^p`` coalition
+values, so each ``v(S)`` is estimated from its own independent rollouts and the variance of
+``φ_i`` is ``Σ_S c_{i,S}² σ_S² / n_S``. A pilot (a quarter of the budget, spread evenly) estimates
+each ``σ_S``; the rest is allocated where the variance is (Neyman: ``n_S ∝ σ_S ·
+sqrt(Σ_i c_{i,S}²)``; a coalition whose outcome cannot vary, such as the fully held one under a
+deterministic judge, gets little more than its pilot). ``σ_S²`` is floored at
+``p̃(1 − p̃)`` with ``p̃ = (Σy + ½)/(n + 1)`` so a coalition that happened to show no variation is
+not taken as certain; the interval is Student-t with Welch–Satterthwaite degrees of freedom.
+Exact mode draws coalitions with independent noise (``coupled`` is False in its result): with
+unequal ``n_S`` common random numbers would need every coalition covariance, and on the planted
+games they raised the variance of ``φ`` rather than lowering it.
 
 Permutation mode (otherwise): a unit is a random order of the players and its reverse
 (antithetic), each coalition visited once with one rollout, all visits of a unit on rollout
@@ -31,6 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from scipy.stats import t as student_t
 
 from ..budget import Budget
 from ..errors import InvalidBudget, InvalidInput
@@ -43,8 +51,9 @@ from .results import GameValue, ShapleyResult, ShapleyValue
 from .stats import t_interval, wilson, z_value
 
 MODES = ("auto", "exact", "permutation")
-MIN_REPLICATES = 10   # exact mode only when every coalition can be measured this many times
-MAX_EXACT_PLAYERS = 12
+MIN_PER_COALITION = 8  # "auto" picks exact mode only when every coalition can get this many
+MAX_EXACT_PLAYERS = 4   # beyond, 2^p coalitions cost more than antithetic units (2p rollouts) buy
+PILOT_SHARE = 0.25
 BATCH_ROLLOUTS = 256  # rollouts handed to the executor at once (bounds memory)
 DEFAULT_CAP = 2000    # rollout cap when ``budget`` is a car.Budget without one
 
@@ -108,15 +117,32 @@ def _weights(p: int) -> list[float]:
     return [math.factorial(s) * math.factorial(p - s - 1) / math.factorial(p) for s in range(p)]
 
 
-def _exact_phi(game: Game, y: dict[int, float]) -> list[float]:
-    w = _weights(game.p)
-    phi = [0.0] * game.p
-    for mask in range(1 << game.p):
-        size = bin(mask).count("1")
-        for i in range(game.p):
-            if not mask >> i & 1:
-                phi[i] += w[size] * (y[mask | 1 << i] - y[mask])
-    return phi
+def _coefficients(p: int) -> list[list[float]]:
+    """``c[i][S]``: the weight of ``v(S)`` in ``φ_i`` (``+w(|S|−1)`` if i ∈ S, else ``−w(|S|)``)."""
+    w = _weights(p)
+    return [[w[bin(m).count("1") - 1] if m >> i & 1 else -w[bin(m).count("1")]
+             for m in range(1 << p)] for i in range(p)]
+
+
+def _spread(values: dict[int, float]) -> float:
+    """Variance of one coalition's outcomes, floored by the smoothed Bernoulli variance."""
+    n = len(values)
+    mean = sum(values.values()) / n
+    smoothed = (mean * n + 0.5) / (n + 1)
+    sample = sum((v - mean) ** 2 for v in values.values()) / (n - 1) if n > 1 else 0.25
+    return max(sample, smoothed * (1 - smoothed))
+
+
+def _neyman(coef: list[list[float]], ys: dict[int, dict[int, float]], cap: int
+            ) -> dict[int, int]:
+    """Rollouts per coalition so that the total stays within ``cap`` and Σ_i var(φ_i) is least."""
+    weight = {m: math.sqrt(sum(c[m] ** 2 for c in coef) * _spread(v)) for m, v in ys.items()}
+    have = {m: len(v) for m, v in ys.items()}
+    spare = cap - sum(have.values())
+    total = sum(weight.values())
+    if spare <= 0 or total <= 0:
+        return have
+    return {m: have[m] + int(spare * weight[m] / total) for m in ys}
 
 
 def _orders(seed: int, unit: int, p: int) -> tuple[list[int], list[int]]:
@@ -172,23 +198,29 @@ def shapley(run: Trajectory, agent: Any, *, outcome: Any, budget: int | Budget =
     p = game.p
     exact_cost, unit_cost = 1 << p, max(2 * p, 2)
     if mode == "auto":
-        mode = ("exact" if p <= MAX_EXACT_PLAYERS and cap >= MIN_REPLICATES * exact_cost
+        mode = ("exact" if p <= MAX_EXACT_PLAYERS and cap >= MIN_PER_COALITION * exact_cost
                 else "permutation")
     cost = exact_cost if mode == "exact" else unit_cost
     if cap < 2 * cost:
+        what = ("two rollouts of each of its" if mode == "exact" else
+                "two antithetic units of")
         raise InvalidBudget(
-            f"budget of {cap} rollouts cannot pay for two {mode} "
-            f"{'replicates' if mode == 'exact' else 'units'} of {cost} rollouts each, the least "
-            f"that gives an interval", run_id=run.id,
+            f"budget of {cap} rollouts cannot pay for {what} {cost} "
+            f"{'coalitions' if mode == 'exact' else 'rollouts each'}, the least that gives an "
+            f"interval", run_id=run.id,
             hint=f"give budget >= {2 * cost}, or fewer players (players=[...])")
     params = {"budget": b.to_dict(), "seed": seed, "level": level,
               "players": list(players) if players is not None else None, "mode": mode,
               "coupled": coupled, "agent": getattr(agent, "name", "")}
-    session = Session(run, agent, outcome, method="shapley", seed=seed, coupled=coupled,
+    session = Session(run, agent, outcome, method="shapley", seed=seed,
+                      coupled=coupled and mode == "permutation",
                       budget=b, executor=executor, progress=progress, store=store,
                       attribution_id=attribution_id, params=params)
+    if mode == "exact":
+        ys = _run_exact(game, session, cap)
+        return _exact_result(run, game, session, ys, cap, seed, level, params)
     units = cap // cost
-    y: dict[int, dict[int, float]] = {}  # replicate/unit -> coalition mask -> outcome
+    y: dict[int, dict[int, float]] = {}  # unit -> coalition mask -> outcome
 
     def keep(task: Task, value: float, traj: Trajectory) -> None:
         y.setdefault(task.rollout, {})[masks_by_arm[task.arm]] = value
@@ -200,29 +232,69 @@ def shapley(run: Trajectory, agent: Any, *, outcome: Any, budget: int | Budget =
             break
         tasks = []
         for u in range(first, min(units, first + per_batch)):
-            if mode == "exact":
-                masks = list(range(1 << p))
-            else:
-                masks = sorted({m for order in _orders(seed, u, p) for m in _chain(order)})
-            for m in masks:
+            for m in sorted({m for order in _orders(seed, u, p) for m in _chain(order)}):
                 masks_by_arm[game.arm(m)] = m
                 tasks.append(session.task(game.arm(m), u, game.plan(m)))
         session.execute(tasks, keep)
-    return _result(run, game, session, y, mode, cap, seed, level, params)
+    return _result(run, game, session, y, cap, seed, level, params)
+
+
+def _run_exact(game: Game, session: Session, cap: int) -> dict[int, dict[int, float]]:
+    """Pilot every coalition evenly, then spend the rest by Neyman allocation."""
+    ys: dict[int, dict[int, float]] = {m: {} for m in range(1 << game.p)}
+    arms = {game.arm(m): m for m in ys}
+
+    def keep(task: Task, value: float, traj: Trajectory) -> None:
+        ys[arms[task.arm]][task.rollout] = value
+
+    def fill(targets: dict[int, int]) -> None:
+        todo = sorted((r, m) for m, t in targets.items() for r in range(t) if r not in ys[m])
+        for first in range(0, len(todo), BATCH_ROLLOUTS):
+            if session.tripped:
+                return
+            session.execute([session.task(game.arm(m), r, game.plan(m))
+                             for r, m in todo[first:first + BATCH_ROLLOUTS]], keep)
+
+    pilot = max(2, int(cap * PILOT_SHARE) // len(ys))
+    fill({m: pilot for m in ys})
+    if not session.tripped:
+        fill(_neyman(_coefficients(game.p), ys, cap))
+    return ys
+
+
+def _exact_result(run: Trajectory, game: Game, session: Session,
+                  ys: dict[int, dict[int, float]], cap: int, seed: int, level: float,
+                  params: dict[str, Any]) -> ShapleyResult:
+    values: list[ShapleyValue] = []
+    if all(len(v) >= 2 for v in ys.values()):
+        coef = _coefficients(game.p)
+        mean = {m: sum(v.values()) / len(v) for m, v in ys.items()}
+        var = {m: _spread(v) / len(v) for m, v in ys.items()}
+        n_all = sum(len(v) for v in ys.values())
+        for i, c in enumerate(coef):
+            est = sum(c[m] * mean[m] for m in ys)
+            terms = {m: c[m] ** 2 * var[m] for m in ys}
+            total_var = sum(terms.values())
+            df = total_var ** 2 / sum(t ** 2 / (len(ys[m]) - 1) for m, t in terms.items())
+            half = float(student_t.ppf(0.5 + level / 2, df)) * math.sqrt(total_var)
+            values.append(ShapleyValue(game.steps[i], game.labels[i], est,
+                                       (est - half, est + half), n_all))
+    else:
+        values = [ShapleyValue(game.steps[i], game.labels[i], None, None, 0)
+                  for i in range(game.p)]
+    return _finish(run, game, session, values, list(ys[game.full].values()),
+                   list(ys[0].values()), [v for arm in ys.values() for v in arm.values()],
+                   "exact", cap, seed, level, params)
 
 
 def _result(run: Trajectory, game: Game, session: Session, y: dict[int, dict[int, float]],
-            mode: str, cap: int, seed: int, level: float, params: dict[str, Any]
-            ) -> ShapleyResult:
+            cap: int, seed: int, level: float, params: dict[str, Any]) -> ShapleyResult:
     p = game.p
     complete: list[tuple[int, dict[int, float]]] = []
     for u, ys in sorted(y.items()):
-        need = (range(1 << p) if mode == "exact"
-                else {m for order in _orders(seed, u, p) for m in _chain(order)})
-        if all(m in ys for m in need):
+        if all(m in ys for order in _orders(seed, u, p) for m in _chain(order)):
             complete.append((u, ys))
-    replicates = [(_exact_phi(game, ys) if mode == "exact" else _perm_phi(game, u, seed, ys))
-                  for u, ys in complete]
+    replicates = [_perm_phi(game, u, seed, ys) for u, ys in complete]
     values = []
     for i in range(p):
         if replicates:
@@ -231,17 +303,25 @@ def _result(run: Trajectory, game: Game, session: Session, y: dict[int, dict[int
                                        est.n))
         else:
             values.append(ShapleyValue(game.steps[i], game.labels[i], None, None, 0))
-    v_full = _game_value([ys[game.full] for _, ys in complete], level)
-    v_empty = _game_value([ys[0] for _, ys in complete], level)
-    total = sum(v.estimate for v in values if v.estimate is not None) if replicates else None
+    return _finish(run, game, session, values, [ys[game.full] for _, ys in complete],
+                   [ys[0] for _, ys in complete], [v for ys in y.values() for v in ys.values()],
+                   "permutation", cap, seed, level, params)
+
+
+def _finish(run: Trajectory, game: Game, session: Session, values: list[ShapleyValue],
+            full: list[float], empty: list[float], seen: list[float], mode: str, cap: int,
+            seed: int, level: float, params: dict[str, Any]) -> ShapleyResult:
+    v_full, v_empty = _game_value(full, level), _game_value(empty, level)
+    measured = all(v.estimate is not None for v in values)
+    total = sum(v.estimate for v in values if v.estimate is not None) if measured else None
     gap = (total - (v_full.mean - v_empty.mean)
            if total is not None and v_full.mean is not None and v_empty.mean is not None
            else None)
-    seen = [v for ys in y.values() for v in ys.values()]
     reason = None
-    if not replicates:
-        reason = (f"the budget tripped before one complete "
-                  f"{'replicate' if mode == 'exact' else 'unit'} ({session.tripped})")
+    if not measured:
+        reason = (f"the budget tripped before every coalition had two rollouts "
+                  f"({session.tripped})" if mode == "exact" else
+                  f"the budget tripped before one complete unit ({session.tripped})")
     elif seen and max(seen) == min(seen):
         reason = (f"the outcome never varied: all {len(seen)} rollouts scored {seen[0]:g} "
                   "whatever was held, so every step's value is zero")

@@ -45,7 +45,7 @@ def wilson(mean: float, n: int, level: float = 0.95) -> tuple[float, float]:
 def _corr(xs: Sequence[float], ys: Sequence[float]) -> float:
     n = len(xs)
     mx, my = sum(xs) / n, sum(ys) / n
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=False))
     sxx = sum((x - mx) ** 2 for x in xs)
     syy = sum((y - my) ** 2 for y in ys)
     if sxx <= 0 or syy <= 0:
