@@ -1,11 +1,12 @@
 """Branches on a Ray cluster, for attributions that outgrow one machine.
 
 Imported only when asked for (``make_executor("ray")``): Ray is an optional extra
-(``pip install causal-agent-replay[ray]``). Each branch is one Ray task; at most
-``concurrency`` are in flight and each is submitted only after the budget allowed it. A branch
-that raises is retried inside its worker (``execution.Guarded``); a worker that dies is
-retried once by Ray, then the branch is returned as a ``Failure``. Results stream back as they
-finish, so the caller journals them one by one.
+(``pip install causal-agent-replay[ray]``). Branches run on a few long-lived actors, each with
+a pool of threads, since a branch mostly waits on a model server; at most ``concurrency`` are
+in flight and each is submitted only after the budget allowed it. A branch that raises is
+retried inside its worker (``execution.Guarded``); a worker that dies is restarted and the
+branch retried once, then returned as a ``Failure``. Results stream back as they finish, so
+the caller journals them one by one.
 """
 
 from __future__ import annotations
@@ -56,28 +57,37 @@ def probe(address: str, timeout: float = PROBE_TIMEOUT_S) -> None:
                                   ) from exc
 
 
-def _call(fn: Callable[[Task], Any], task: Task) -> Any:
-    return fn(task)
+class _Worker:
+    """A Ray actor that runs branches in threads: branches mostly wait on a model server, so
+    one long-lived process serves many of them at once (and Ray does not start, and reap, one
+    process per branch)."""
+
+    def __init__(self, fn: Callable[[Task], Any]) -> None:
+        self.fn = fn
+
+    def call(self, task: Task) -> Any:
+        return self.fn(task)
 
 
 class RayExecutor:
-    """Runs branches as Ray tasks. ``address=None`` starts (or joins) a local cluster; pass
-    ``host:port`` or ``ray://host:port`` for a running one. ``num_cpus`` is what one branch
-    reserves: branches mostly wait on a model server, so a fraction lets more run per core;
+    """Runs branches on Ray actors. ``address=None`` starts (or joins) a local cluster; pass
+    ``host:port`` or ``ray://host:port`` for a running one. ``workers`` actors (default: one
+    per CPU of the cluster, at most ``concurrency``) each run up to ``concurrency / workers``
+    branches in threads. A worker that dies is restarted and its in-flight branches retried
+    once (``worker_retries``); a branch that kills it again is returned as a ``Failure``.
     ``local_cpus`` sizes a local cluster that this executor starts."""
 
     def __init__(self, address: str | None = None, concurrency: int = 16,
-                 num_cpus: float = 1.0, local_cpus: int | None = None,
+                 workers: int | None = None, local_cpus: int | None = None,
                  worker_retries: int = 1) -> None:
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise InvalidInput(f"concurrency={concurrency!r}: need at least 1",
-                               hint="pass concurrency=N with N >= 1")
-        if num_cpus <= 0:
-            raise InvalidInput(f"num_cpus={num_cpus}: a branch must reserve some CPU",
-                               hint="pass a positive fraction such as 0.25")
+        for name, value in (("concurrency", concurrency), ("workers", workers)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise InvalidInput(f"{name}={value!r}: need at least 1",
+                                   hint=f"pass {name}=N with N >= 1")
         self.address = address
         self.concurrency = concurrency
-        self.num_cpus = num_cpus
+        self.workers = workers
         self.local_cpus = local_cpus
         self.worker_retries = worker_retries
 
@@ -104,14 +114,21 @@ class RayExecutor:
 
     def run(self, fn: Callable[[Task], Any], tasks: Sequence[Task],
             may_start: Callable[[], bool]) -> Iterator[tuple[Task, Any]]:
+        if not tasks:
+            return
         ray = self.connect()
         from ray.exceptions import RayError, RayTaskError
 
-        remote = ray.remote(_call).options(num_cpus=self.num_cpus,
-                                           max_retries=self.worker_retries,
-                                           retry_exceptions=False)
+        cpus = float(ray.cluster_resources().get("CPU", 1.0))
+        n_workers = self.workers or max(1, min(self.concurrency, int(cpus)))
+        threads = -(-self.concurrency // n_workers)
+        actor = ray.remote(_Worker).options(
+            num_cpus=min(1.0, cpus / n_workers), max_concurrency=threads, max_restarts=-1,
+            max_task_retries=self.worker_retries)
         fn_ref = ray.put(fn)  # shipped once, not once per branch
-        pending: dict[Any, Task] = {}
+        actors = [actor.remote(fn_ref) for _ in range(n_workers)]
+        load = [0] * n_workers
+        pending: dict[Any, tuple[Task, int]] = {}
         queue = iter(tasks)
         more = True
         try:
@@ -121,12 +138,15 @@ class RayExecutor:
                     if task is None or not may_start():
                         more = False
                         break
-                    pending[remote.remote(fn_ref, task)] = task
+                    w = min(range(n_workers), key=load.__getitem__)
+                    load[w] += 1
+                    pending[actors[w].call.remote(task)] = (task, w)
                 if not pending:
                     return
                 ready, _ = ray.wait(list(pending), num_returns=1)
                 for ref in ready:
-                    task = pending.pop(ref)
+                    task, w = pending.pop(ref)
+                    load[w] -= 1
                     try:
                         result = ray.get(ref)
                     except RayTaskError as exc:  # a non-retryable error raised by fn itself
@@ -138,5 +158,5 @@ class RayExecutor:
                         result = Failure(task, describe_error(exc), self.worker_retries + 1, exc)
                     yield task, result
         finally:
-            for ref in pending:
-                ray.cancel(ref, force=True)
+            for a in actors:
+                ray.kill(a)
