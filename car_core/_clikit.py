@@ -67,10 +67,11 @@ def safe(text: str) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
-def plain(value: Any, limit: int = 120) -> Text:
-    """A JSON value as one line of rich ``Text`` (never parsed as rich markup)."""
+def plain(value: Any, limit: int | None = 120) -> Text:
+    """A JSON value as one line of rich ``Text`` (never parsed as rich markup); ``limit``
+    None keeps it whole."""
     s = safe(compact(value)) if value is not None else "—"
-    return Text(s if len(s) <= limit else s[: limit - 1] + "…")
+    return Text(s if limit is None or len(s) <= limit else s[: limit - 1] + "…")
 
 
 # -- loading user code -----------------------------------------------------------------------------

@@ -105,8 +105,11 @@ def runs(store: StoreOpt = "car.db", json_out: JsonOpt = False,
 @app.command()
 @_errors
 def show(run_id: Annotated[str, typer.Argument(help="Run id (see `car runs`).")],
-         store: StoreOpt = "car.db", json_out: JsonOpt = False) -> None:
+         store: StoreOpt = "car.db", json_out: JsonOpt = False,
+         full: Annotated[bool, typer.Option("--full", help="Do not shorten long values.")]
+         = False) -> None:
     """Show a stored run step by step: action, observation, origin."""
+    width = None if full else 120
     run = kit.existing_store(store).load(run_id)
     if json_out:
         _print_json(run.to_dict())
@@ -117,12 +120,13 @@ def show(run_id: Annotated[str, typer.Argument(help="Run id (see `car runs`).")]
     if run.lineage:
         out.print(Text(f"branch of {run.lineage.parent_id}  arm {run.lineage.arm}  "
                        f"rollout {run.lineage.rollout}"))
-    out.print(Text("context: ") + kit.plain(run.context, 200))
+    out.print(Text("context: ") + kit.plain(run.context, width and 200))
     for s in run.steps:
         origin = s.meta.get("origin", "")
-        out.print(Text(f"[{s.index}] {origin:>7}  action: ", style="bold") + kit.plain(s.action))
+        head = Text(f"[{s.index}] {origin:>7}  action: ", style="bold")
+        out.print(head + kit.plain(s.action, width))
         if s.observed:
-            out.print(Text("           observation: ") + kit.plain(s.observation))
+            out.print(Text("           observation: ") + kit.plain(s.observation, width))
 
 
 # -- intervene ---------------------------------------------------------------------------------
