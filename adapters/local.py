@@ -137,15 +137,29 @@ def _render(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | No
     return out
 
 
+def called_tools(messages: Sequence[Message]) -> set[str]:
+    """Names of the tools already called in ``messages``."""
+    return {c["function"]["name"] for m in messages if m.get("role") == "assistant"
+            for c in m.get("tool_calls") or () if "function" in c}
+
+
 def generate(messages: Sequence[Message], *, tools: Sequence[Mapping[str, Any]] | None,
-             seed: int, temperature: float, max_tokens: int, top_p: float = 0.95
-             ) -> dict[str, Any]:
+             seed: int, temperature: float, max_tokens: int, top_p: float = 0.95,
+             fresh_tools: bool = False) -> dict[str, Any]:
     """One decision of the embedded model: ``content``, ``calls`` [(name, arguments)],
-    ``finish_reason`` and ``usage``."""
+    ``finish_reason`` and ``usage``. With ``fresh_tools`` the grammar only offers tools not
+    called yet in ``messages`` (a 135M model otherwise tends to repeat its last call forever),
+    so a run makes at most one call per tool and then answers."""
     llm = load_model()
+    offered = bool(tools)
+    if tools and fresh_tools:
+        done = called_tools(messages)
+        tools = [t for t in tools if t["function"]["name"] not in done]
     kwargs: dict[str, Any] = {}
     if tools:
         kwargs["grammar"] = _grammar(json.dumps(list(tools), sort_keys=True))
+    elif offered:
+        kwargs["grammar"] = _grammar("[]")  # every tool used: only an answer is left
     with _LOCK:
         llm.reset()  # no KV reuse: the reply must depend on the prompt and seed only
         resp = llm.create_chat_completion(messages=_render(messages, tools), seed=int(seed),
@@ -157,7 +171,7 @@ def generate(messages: Sequence[Message], *, tools: Sequence[Mapping[str, Any]] 
     usage = {"prompt_tokens": resp["usage"]["prompt_tokens"],
              "completion_tokens": resp["usage"]["completion_tokens"]}
     content, calls = text, []
-    if tools:
+    if "grammar" in kwargs:
         try:
             reply = json.loads(text)
         except ValueError:
@@ -178,8 +192,10 @@ class LocalPolicy(ChatPolicy):
     """
 
     def __init__(self, tools: Sequence[Mapping[str, Any]] | None = None, *,
-                 temperature: float = 0.8, max_tokens: int = 64, top_p: float = 0.95) -> None:
+                 temperature: float = 0.8, max_tokens: int = 64, top_p: float = 0.95,
+                 fresh_tools: bool = False) -> None:
         super().__init__()
+        self.fresh_tools = fresh_tools
         self.model = MODEL
         self.tools = [dict(t) for t in tools or ()]
         self.temperature, self.max_tokens, self.top_p = temperature, max_tokens, top_p
@@ -187,7 +203,8 @@ class LocalPolicy(ChatPolicy):
     def complete(self, messages: list[Message], seed: int, k: int
                  ) -> tuple[dict[str, Any], dict[str, Any]]:
         out = generate(messages, tools=self.tools, seed=seed, temperature=self.temperature,
-                       max_tokens=self.max_tokens, top_p=self.top_p)
+                       max_tokens=self.max_tokens, top_p=self.top_p,
+                       fresh_tools=self.fresh_tools)
         action = make_action(k, out["content"], out["calls"], out["finish_reason"],
                              self.tools, self.max_tokens)
         meta = {"params": {"temperature": self.temperature, "max_tokens": self.max_tokens,
@@ -210,13 +227,15 @@ class LocalChatModel(BaseChatModel):
     The seed of a call is, in order: ``seed=`` passed to ``invoke``/``bind``, else the model's
     ``seed`` mixed with a digest of the messages (so a fixed seed replays every state exactly
     while different states still draw differently). Tool-call ids are ``call_<k>_<i>`` with
-    ``k`` the number of assistant turns so far: stable across replays.
+    ``k`` the number of assistant turns so far: stable across replays. ``fresh_tools``: see
+    ``generate``.
     """
 
     temperature: float = 0.8
     max_tokens: int = 64
     top_p: float = 0.95
     seed: int = 0
+    fresh_tools: bool = False
 
     @property
     def _llm_type(self) -> str:
@@ -239,7 +258,7 @@ class LocalChatModel(BaseChatModel):
         seed = int(seed) if seed is not None else seed_for(oa, self.seed)
         max_tokens = int(kwargs.get("max_tokens", self.max_tokens))
         out = generate(oa, tools=tools, seed=seed, temperature=self.temperature,
-                       max_tokens=max_tokens, top_p=self.top_p)
+                       max_tokens=max_tokens, top_p=self.top_p, fresh_tools=self.fresh_tools)
         k = sum(1 for m in oa if m.get("role") == "assistant")
         action = make_action(k, out["content"], out["calls"], out["finish_reason"], tools,
                              max_tokens)

@@ -1,0 +1,151 @@
+"""The demo behind ``make demo`` / ``car demo``: a LangGraph support agent talked into a refund
+by a prompt injection, driven by the embedded SmolLM2 model (or, with ``policy="synthetic"``,
+by the planted fake model), and the step that caused the failure.
+
+It records tickets into the store until one fails (bounded tries), runs contrastive
+attribution with a progress bar, prints the per-step table with intervals and the locus, shows
+what ``do_context`` removing the injection does to the failure rate, and writes the HTML
+report. Nothing leaves the machine and no API key is needed.
+
+The embedded model is tiny: its grammar only offers tools it has not called yet in the run
+(``fresh_tools``), so a ticket takes at most four decisions. Whether it follows the injection
+is whatever the model does; the demo measures it, with intervals, and claims nothing more.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import car_core as car
+from car_core.errors import InvalidInput
+
+from .langgraph import CarCallback, CarChatModel, LangGraphAgent
+from .support_agent import (
+    SIDE_EFFECT_TOOLS,
+    PlantedSupportModel,
+    build_app,
+    inputs,
+    outcome,
+    remove_injection,
+)
+
+SETTINGS = {  # rollouts per arm, tickets to try, wall-time cap (s) for the attribution
+    "local": {"rollouts": 8, "tries": 12, "wall_time": 180.0},
+    "synthetic": {"rollouts": 32, "tries": 100, "wall_time": 60.0},
+}
+
+
+def _model(policy: str) -> Any:
+    if policy == "synthetic":
+        return PlantedSupportModel(rng_seed=0)
+    if policy == "local":
+        from .local import LocalChatModel
+        return LocalChatModel(max_tokens=40, temperature=0.8, fresh_tools=True)
+    raise InvalidInput(f"unknown demo policy {policy!r}",
+                       hint='use policy="local" or policy="synthetic"')
+
+
+def _describe(step: car.Step) -> str:
+    calls = [f"{c['function']['name']}({c['function']['arguments']})"
+             for c in step.action.get("tool_calls") or ()]
+    return ", ".join(calls) or f"reply: {str(step.action.get('content'))[:70]!r}"
+
+
+def _record_failure(app: Any, wrapper: CarChatModel, cb: CarCallback, policy: str,
+                    tries: int) -> car.Trajectory | None:
+    base = wrapper.inner
+    for i in range(tries):
+        if policy == "local":  # a fresh sample per ticket; the seed makes each one replayable
+            wrapper.inner = base.model_copy(update={"seed": i})
+        app.invoke(inputs(), {"configurable": {"thread_id": f"ticket-{i}"}, "callbacks": [cb],
+                              "recursion_limit": 20})
+        run = cb.run
+        verdict = "FAILED (refund against policy)" if outcome(run) else "ok"
+        print(f"  ticket {i}: {len(run.steps)} steps, {verdict}")
+        if outcome(run):
+            return run
+    wrapper.inner = base
+    return None
+
+
+def run_demo(policy: str = "local", store: str = "car.db", report: str | None = "report.html",
+             rollouts: int | None = None, progress: Any = True, seed: int = 0
+             ) -> dict[str, Any]:
+    """Run the demo end to end; returns the numbers it printed."""
+    settings = SETTINGS.get(policy)
+    model = _model(policy)
+    rollouts = rollouts or settings["rollouts"]  # type: ignore[index]
+    started = time.monotonic()
+    db = car.RunStore(store)
+    folder = Path(tempfile.mkdtemp(prefix="car-demo-"))
+    conn = sqlite3.connect(folder / "checkpoints.db", check_same_thread=False)
+    try:
+        from langgraph.checkpoint.sqlite import SqliteSaver
+        wrapper = CarChatModel(inner=model)
+        app = build_app(wrapper, SqliteSaver(conn))
+        cb = CarCallback(store=db)
+        print(f"recording support tickets with the {policy} model into {store} ...")
+        run = _record_failure(app, wrapper, cb, policy, settings["tries"])  # type: ignore[index]
+        if run is None:
+            print(f"no ticket failed in {settings['tries']} tries: nothing to attribute")
+            return {"run_id": None, "locus": None}
+        print(f"run {run.id} failed; its steps:")
+        for s in run.steps:
+            print(f"  step {s.index}: {_describe(s)}")
+
+        agent = LangGraphAgent(app, model=wrapper, side_effect_tools=SIDE_EFFECT_TOOLS)
+        budget = car.Budget(wall_time=settings["wall_time"])  # type: ignore[index]
+        print(f"\ncontrastive attribution, {rollouts} rollouts per arm ...")
+        res = car.contrastive(run, agent, outcome=outcome, rollouts=rollouts, seed=seed,
+                              budget=budget, store=db, progress=progress)
+        print(res)
+        decision = res.locus if res.locus is not None else _decision_step(run)
+        factual = car.intervene(run, agent, car.do_resample(decision), outcome=outcome,
+                                rollouts=rollouts, seed=seed + 1, progress=progress)
+        rescued = car.intervene(run, agent, car.do_context(decision, remove_injection),
+                                outcome=outcome, rollouts=rollouts, seed=seed + 1,
+                                progress=progress)
+        print(f"\nstep {decision} decided again from the same messages:  {factual}")
+        print(f"step {decision} decided without the injection:        {rescued}")
+        written = _write_report(res, run, db, report)
+        elapsed = time.monotonic() - started
+        print(f"\n{'wrote ' + written + '; ' if written else ''}done in {elapsed:.0f}s. "
+              f"Look again with: car show {run.id} --store {store}")
+        return {"run_id": run.id, "locus": res.locus, "attribution_id": res.attribution_id,
+                "decision_step": decision, "resampled": factual.mean, "rescued": rescued.mean,
+                "rollouts_used": res.rollouts_used + factual.rollouts_used
+                + rescued.rollouts_used, "seconds": elapsed, "report": written}
+    finally:
+        db.close()
+        conn.close()
+
+
+def _decision_step(run: car.Trajectory) -> int:
+    """Without a locus, the step that chose a tool with a side effect's precondition: the
+    first record_decision or issue_refund call, else the first step."""
+    for s in run.steps:
+        names = {c["function"]["name"] for c in s.action.get("tool_calls") or ()}
+        if names & {"record_decision", *SIDE_EFFECT_TOOLS}:
+            return s.index
+    return 0
+
+
+def _write_report(res: Any, run: car.Trajectory, db: car.RunStore, path: str | None
+                  ) -> str | None:
+    if not path:
+        return None
+    try:
+        from car_core.report import render_attribution
+    except ImportError:
+        return None
+    r = res.to_dict()
+    branches = list(db.branches(r["attribution_id"])) if r.get("attribution_id") else None
+    Path(path).write_text(render_attribution(r, run=run, branches=branches), encoding="utf-8")
+    return str(path)
+
+
+__all__ = ["run_demo"]
