@@ -405,7 +405,8 @@ def demo(policy: Annotated[DemoPolicy, typer.Option(
             err.print("the local-model demo is not installed; running the synthetic demo")
         _builtin_demo(store, out_path, progress)
         return
-    module.run_demo(policy=policy.value, store=store, report=str(out_path))
+    show_bar = progress if progress is not None else sys.stderr.isatty()
+    module.run_demo(policy=policy.value, store=store, report=str(out_path), progress=show_bar)
 
 
 def main(argv: list[str] | None = None) -> int:
