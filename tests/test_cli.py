@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -328,9 +329,15 @@ def test_demo_records_attributes_and_writes_the_report(tmp_path):
     proc = car("demo", "--policy", "synthetic", "--store", "demo.db", "--out", "demo.html",
                cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "committed to failure" in (tmp_path / "demo.html").read_text()
+    html = (tmp_path / "demo.html").read_text()
+    assert "committed to failure" in html
+    # The run the report explains is in the store, with its attribution.
+    reported = re.search(r"<li>run <b>(\w+)</b></li>", html)
+    assert reported
     runs = json.loads(car("runs", "--store", "demo.db", "--json", cwd=tmp_path).stdout)
-    assert runs and runs[0]["outcome"] == 1.0
+    assert reported.group(1) in [r["id"] for r in runs]
+    with RunStore(tmp_path / "demo.db") as s:
+        assert s.attributions(reported.group(1))
 
 
 def test_an_agent_that_raises_exits_5_with_the_step(pivot_store):
@@ -354,3 +361,16 @@ def test_an_agent_that_raises_exits_5_with_the_step(pivot_store):
     assert proc.returncode == 5
     line = one_clean_error(proc)
     assert "model exploded" in line and "[step 2]" in line
+
+
+def test_builtin_demo_used_when_the_adapters_demo_is_absent(tmp_path, capsys):
+    """The fallback ``car demo`` runs when ``car_adapters.demo`` is not installed: a planted
+    pivot run, attributed and reported (called in-process: with the adapters installed the
+    subprocess path always takes their demo)."""
+    from car_core.cli import _builtin_demo
+    result = _builtin_demo(str(tmp_path / "d.db"), tmp_path / "d.html", False)
+    assert result.locus == syn.pivot().locus == 2
+    assert "Step 2 is where this run committed to failure" in (tmp_path / "d.html").read_text()
+    assert "car attribute" in capsys.readouterr().out
+    with RunStore(tmp_path / "d.db") as s:
+        assert s.attributions(result.run_id)[0]["result"]["locus"] == 2
