@@ -361,3 +361,39 @@ def test_default_executor_follows_the_agent(pivot_model: syn.SyntheticSCM) -> No
     model_backed = replace(pivot_model.agent())
     model_backed.prefers_concurrency = True  # type: ignore[attr-defined]
     assert isinstance(default_executor(model_backed), AsyncioExecutor)
+
+
+@pytest.mark.parametrize(("keep", "grows"), [(lambda t: t.outcome.value, False), (None, True)])
+def test_memory_stays_flat_with_a_journal_and_keep(keep: Any, grows: bool,
+                                                   store: RunStore) -> None:
+    """Python memory held after 20 finished branches vs after 100: flat when ``keep`` holds
+    only outcome values (the store holds the branches), growing by the trajectories when it
+    keeps everything — which shows the measurement can see the difference."""
+    import tracemalloc
+
+    model = syn.late_pivot()  # 24 steps a branch: a trajectory is tens of kB in memory
+    run = model.failing_run(seed=0)
+    store.save(run)
+    aid = store.begin_attribution(run.id, "test", {})
+    plan = compile_plan(run, car.do_resample(0))
+    tasks = [Task("resample@0", r, plan, branch_noise(0, r, "r", True)) for r in range(100)]
+    held: dict[int, int] = {}
+
+    def sample(task: Task, result: Any) -> None:
+        if task.rollout in (19, 99):
+            held[task.rollout] = tracemalloc.get_traced_memory()[0]
+
+    tracemalloc.start()
+    try:
+        execute(tasks, brancher(run, model.agent(), car.agent.OutcomeFn(model.outcome)),
+                BudgetMeter(None), journal=StoreJournal(store, aid), keep=keep,
+                on_result=sample, progress=False)
+    finally:
+        tracemalloc.stop()
+    per_branch = (held[99] - held[19]) / 80
+    # measured here: about 20 kB per kept 24-step trajectory, under 400 bytes per summary;
+    # the bounds sit a factor of about 5 from each, so allocator noise cannot flip them
+    if grows:
+        assert per_branch > 4_000
+    else:
+        assert per_branch < 2_000

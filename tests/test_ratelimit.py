@@ -53,7 +53,7 @@ def limiter(clock: FakeClock, **kw: Any) -> RateLimiter:
 def max_in_window(times: list[float], weights: list[float] | None = None) -> float:
     """The largest total over any half-open 60-second window [t, t + 60)."""
     weights = weights or [1.0] * len(times)
-    pairs = sorted(zip(times, weights))
+    pairs = sorted(zip(times, weights, strict=True))
     return max(sum(w for u, w in pairs if t <= u < t + 60.0) for t, _ in pairs)
 
 
