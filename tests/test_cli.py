@@ -227,8 +227,14 @@ def test_attribute_finds_the_planted_locus_and_stores_it(pivot_store, pivot_mode
         assert [a["id"] for a in stored] == [result["attribution_id"]]
         assert stored[0]["result"]["locus"] == 2
         assert len(list(s.branches(result["attribution_id"]))) == result["rollouts_used"]
-    table = car("attribute", run.id, "--agent", PIVOT, cwd=folder)
+    table = car("attribute", run.id, "--agent", PIVOT, "--executor", "async", "--concurrency",
+                "4", cwd=folder)
     assert table.returncode == 0 and "◀ locus" in table.stdout and "Locus: step 2." in table.stdout
+    # The executor flag reaches the estimator: the async backend gives the same estimate
+    # (noise is keyed by task, not by scheduling).
+    with RunStore(folder / "car.db") as s:
+        first, second = (a["result"] for a in s.attributions(run.id))
+    assert second["steps"] == first["steps"] and second["arms"] == first["arms"]
 
 
 @pytest.mark.slow
@@ -374,3 +380,12 @@ def test_builtin_demo_used_when_the_adapters_demo_is_absent(tmp_path, capsys):
     assert "car attribute" in capsys.readouterr().out
     with RunStore(tmp_path / "d.db") as s:
         assert s.attributions(result.run_id)[0]["result"]["locus"] == 2
+
+
+def test_executor_flags_build_the_named_backend():
+    from car_core.cli import ExecutorName, _executor
+    from car_core.execution import AsyncioExecutor, Sequential
+    assert _executor(None, 16, None) is None  # the estimator picks one for the agent
+    assert isinstance(_executor(ExecutorName.sequential, 16, None), Sequential)
+    exe = _executor(ExecutorName.async_, 4, None)
+    assert isinstance(exe, AsyncioExecutor) and exe.concurrency == 4
