@@ -233,7 +233,8 @@ def _ci(ci: Any) -> str:
 def attribution_table(r: Mapping[str, Any]) -> Table:
     """The result of ``car attribute`` as a rich table."""
     if r.get("method") == "shapley":
-        t = Table(title=f"Shapley values (level {r.get('level')})", title_justify="left")
+        t = Table(title=f"Shapley values ({_pct(r.get('level'))} intervals, {r.get('mode')} mode)",
+                  title_justify="left")
         for col in ("player", "φ", "interval", "n"):
             t.add_column(col, justify="right" if col in ("φ", "n") else "left")
         for v in r.get("values") or []:
