@@ -9,7 +9,7 @@ from typing import Any
 from ..agent import OutcomeFn
 from ..budget import Budget, BudgetMeter
 from ..errors import InvalidBudget, InvalidInput, NothingToAttribute
-from ..execution import Executor, Failure, Task, brancher, execute
+from ..execution import Executor, Failure, Task, brancher, default_executor, execute
 from ..interventions import Plan
 from ..replay import check_run
 from ..seeding import branch_noise
@@ -49,7 +49,9 @@ class Session:
         self.outcome = OutcomeFn(outcome)
         self.coupled = bool(coupled and getattr(agent, "couples_noise", False))
         self.meter = BudgetMeter(budget)
-        self.executor, self.progress, self.method = executor, progress, method
+        # None: sequential for in-process agents, asyncio for ones that wait on a model
+        self.executor = executor or default_executor(agent)
+        self.progress, self.method = progress, method
         self.store, self.journal, self.attribution_id = store, None, attribution_id
         self.failures: list[Failure] = []  # branches that failed after their retry
         if store is not None:
