@@ -1,0 +1,81 @@
+"""Decisions per second and faithfulness of the embedded model on each backend.
+
+The same seeded tool-calling chat agent (SmolLM2-135M, grammar-constrained tool calls) runs
+in-process, through llama.cpp's OpenAI-compatible server (``OpenAIPolicy``, the server's own
+chat template with ``tool_choice`` naming the tool) and through our Ollama-protocol server
+(``OllamaPolicy`` with the real ``ollama`` client). For each backend it records ``--runs`` runs,
+reports decisions per second (model calls over wall time, HTTP included), then re-decides every
+recorded state ``--replays`` times with the run's own seed and reports ``car.action_match_rate``.
+
+    .venv/bin/python benchmarks/models.py [--runs 4] [--replays 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from typing import Any
+
+import car_core as car
+from car_adapters._testservers import OllamaServer, llama_server
+from car_adapters.chat_agent import ChatAgent, tool_schema
+from car_adapters.local import MODEL, LocalPolicy, load_model
+from car_adapters.ollama import OllamaPolicy
+from car_adapters.openai import OpenAIPolicy
+
+TOOLS = [tool_schema("lookup_order", "Look up the status of an order",
+                     {"order_id": {"type": "string"}})]
+CONTEXT = [{"role": "system", "content": "You are a support agent. Use tools to answer."},
+           {"role": "user", "content": "Where is order 42?"}]
+ORDERS = {"lookup_order": lambda order_id: {"order_id": order_id, "status": "shipped"}}
+MAX_TOKENS = 40
+
+
+def measure(name: str, make_policy: Callable[[], Any], runs: int, replays: int
+            ) -> dict[str, Any]:
+    agent = ChatAgent(make_policy(), ORDERS, max_steps=2)
+    started = time.perf_counter()
+    recorded = [car.record(agent, context=CONTEXT, outcome=lambda r: 0.0, seed=s)
+                for s in range(runs)]
+    elapsed = time.perf_counter() - started
+    decisions = sum(len(r.steps) for r in recorded)
+    rates = [car.action_match_rate(r, agent, replays=replays) for r in recorded]
+    per_step = [x for m in rates for x in m.per_step]
+    return {"backend": name, "decisions": decisions, "seconds": elapsed,
+            "per_s": decisions / elapsed, "match": sum(per_step) / len(per_step),
+            "states": len(per_step)}
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=4)
+    parser.add_argument("--replays", type=int, default=2)
+    args = parser.parse_args(argv)
+    load_model()  # load once, outside the timings
+    rows = [measure("embedded, in-process", lambda: LocalPolicy(TOOLS, max_tokens=MAX_TOKENS),
+                    args.runs, args.replays)]
+    with OllamaServer() as server:
+        rows.append(measure("Ollama protocol (ollama client)",
+                            lambda: OllamaPolicy(MODEL, host=server.host, tools=TOOLS,
+                                                 max_tokens=MAX_TOKENS), args.runs,
+                            args.replays))
+    with llama_server() as url:
+        rows.append(measure("llama.cpp server (openai client)",
+                            lambda: OpenAIPolicy(MODEL, base_url=url, tools=TOOLS,
+                                                 tool_choice={"type": "function", "function": {
+                                                     "name": "lookup_order"}},
+                                                 temperature=0.8, max_tokens=MAX_TOKENS),
+                            args.runs, args.replays))
+    base = rows[0]["per_s"]
+    print(f"{'backend':34} {'decisions':>9} {'seconds':>8} {'dec/s':>7} {'vs embedded':>11} "
+          f"{'action match':>12}")
+    for r in rows:
+        print(f"{r['backend']:34} {r['decisions']:9d} {r['seconds']:8.1f} {r['per_s']:7.2f} "
+              f"{r['per_s'] / base:10.2f}x {r['match']:8.3f} ({r['states']} states x "
+              f"{args.replays})")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
