@@ -31,7 +31,7 @@ _ENV = jinja2.Environment(
     lstrip_blocks=True,
 )
 
-PLOT_W, PLOT_H = 720, 240
+PLOT_W, PLOT_H = 720, 200
 MARGIN = {"left": 56, "right": 16, "top": 16, "bottom": 40}
 CLIP = 400  # characters of agent text shown inline before the rest goes in a fold
 RECENT = 6  # earlier context items (and identical diff lines) shown before folding the rest

@@ -19,7 +19,7 @@ from _report_data import (
 
 from car_core import synthetic as syn
 from car_core.errors import InvalidInput
-from car_core.report import render_attribution, render_run
+from car_core.report import MARGIN, PLOT_H, render_attribution, render_run
 
 
 class _Tags(HTMLParser):
@@ -70,9 +70,10 @@ def test_arms_plot_bars_are_proportional_to_failure_probability(pivot_model, piv
     plot = html[start:html.index("</svg>", start)]
     heights = [float(h) for h in re.findall(r'<rect [^>]*height="([0-9.]+)"', plot)]
     assert len(heights) == pivot_model.n_steps + 1
-    # Pixel height = P(fail) * plot height (240 - 16 - 40 = 184 px for [0, 1]).
+    # Pixel height = P(fail) * the plot's inner height (the y axis spans [0, 1]).
+    inner = PLOT_H - MARGIN["top"] - MARGIN["bottom"]
     for j, h in enumerate(heights):
-        assert h == pytest.approx(max(pivot_model.arm(j) * 184, 0.5), abs=0.02)
+        assert h == pytest.approx(max(pivot_model.arm(j) * inner, 0.5), abs=0.02)
 
 
 def test_shapley_report_shows_values_and_the_efficiency_check():
