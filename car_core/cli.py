@@ -305,8 +305,10 @@ def _print_result(r: dict[str, Any], seconds: float, store: str) -> None:
 
 # -- report --------------------------------------------------------------------------------------
 def _latest_attribution(db: Any, run_id: str) -> dict[str, Any] | None:
-    done = [a for a in db.attributions(run_id) if a.get("result")]
-    return done[-1] if done else None
+    """The newest finished attribution; a truncated one only when none finished."""
+    rows = [a for a in db.attributions(run_id) if a.get("result")]
+    complete = [a for a in rows if a.get("status") == "complete"]
+    return (complete or rows or [None])[-1]
 
 
 @app.command()
@@ -316,7 +318,7 @@ def report(run_id: Annotated[str, typer.Argument(help="Run id.")],
            out_path: Annotated[Path, typer.Option("--out", help="HTML file to write.")] = Path(
                "report.html"),
            attribution: Annotated[str | None, typer.Option(
-               "--attribution", help="Attribution id (default: the latest with a result).")] = None,
+               "--attribution", help="Attribution id (default: the latest complete one).")] = None,
            ) -> None:
     """Write the self-contained HTML report of a run's attribution (works offline)."""
     from .report import render_attribution, render_run

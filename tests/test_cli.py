@@ -197,12 +197,18 @@ def test_agent_and_outcome_load_from_the_current_folder(tmp_path):
 
 def test_report_renders_the_latest_stored_attribution(pivot_store, pivot_model):
     folder, run = pivot_store
+    truncated = {**contrastive_dict(pivot_model, run), "locus": None, "truncated": True,
+                 "reason": "the budget tripped"}
     with RunStore(folder / "car.db") as s:
         s.save_attribution(run.id, "contrastive", {}, contrastive_dict(pivot_model, run))
+        late = s.save_attribution(run.id, "contrastive", {}, truncated, status="truncated")
     proc = car("report", run.id, "--out", "r.html", cwd=folder)
     assert proc.returncode == 0, proc.stderr
     html = (folder / "r.html").read_text()
+    # A later truncated attribution does not hide the finished one.
     assert "Step 2 is where this run committed to failure" in html and run.id in html
+    proc = car("report", run.id, "--attribution", late, "--out", "t.html", cwd=folder)
+    assert proc.returncode == 0 and "the budget tripped" in (folder / "t.html").read_text()
     proc = car("report", run.id, "--attribution", "nope", cwd=folder)
     assert proc.returncode == 4
     assert "no attribution 'nope'" in one_clean_error(proc)
