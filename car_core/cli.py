@@ -244,6 +244,19 @@ def attribute(
         if row["method"] != method.value:
             raise InvalidInput(f"attribution {resume} is a {row['method']} attribution",
                                hint=f"resume it with --method {row['method']}")
+        given = {"seed": seed, "alpha": alpha, "rollouts": rollouts or 32}
+        if method is Method.shapley:
+            given = {"seed": seed, "level": 1 - alpha}
+        for key, value in given.items():
+            stored = row["params"].get(key)
+            if stored is not None and abs(float(stored) - float(value)) > 1e-12:
+                flag = {"level": "alpha", "seed": "seed", "alpha": "alpha",
+                        "rollouts": "rollouts"}[key]
+                shown = 1 - float(stored) if key == "level" else stored
+                raise InvalidInput(f"attribution {resume} was started with {flag} {shown}, "
+                                   f"not {1 - value if key == 'level' else value}",
+                                   hint=f"resume with --{flag} {shown} (the same settings "
+                                        "find the branches already run)")
     aid = resume or uuid.uuid4().hex[:16]
     common: dict[str, Any] = {"outcome": the_outcome, "seed": seed, "executor": exe,
                               "store": db, "attribution_id": aid}

@@ -395,3 +395,19 @@ def test_executor_flags_build_the_named_backend():
     assert isinstance(_executor(ExecutorName.sequential, 16, None), Sequential)
     exe = _executor(ExecutorName.async_, 4, None)
     assert isinstance(exe, AsyncioExecutor) and exe.concurrency == 4
+
+
+def test_resume_with_other_settings_is_refused(pivot_store):
+    folder, run = pivot_store
+    with RunStore(folder / "car.db") as s:
+        aid = s.begin_attribution(run.id, "contrastive", {"seed": 0, "alpha": 0.05,
+                                                          "rollouts": 32})
+    proc = car("attribute", run.id, "--agent", PIVOT, "--resume", aid, "--seed", "3", cwd=folder)
+    assert proc.returncode == 2
+    assert "was started with seed 0, not 3" in one_clean_error(proc)
+    proc = car("attribute", run.id, "--agent", PIVOT, "--resume", aid, "--method", "shapley",
+               cwd=folder)
+    assert proc.returncode == 2
+    assert "resume it with --method contrastive" in one_clean_error(proc)
+    with RunStore(folder / "car.db") as s:
+        assert s.children(run.id) == []  # refused before any rollout
