@@ -295,7 +295,7 @@ def _diff(factual: Trajectory | Mapping[str, Any], branch: Mapping[str, Any]
     matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         left, right = a[i1:i2], b[j1:j2]
-        chunk = [{"tag": tag, "left": left[i] if i < len(left) else "",
+        chunk: list[dict[str, Any]] = [{"tag": tag, "left": left[i] if i < len(left) else "",
                   "right": right[i] if i < len(right) else ""}
                  for i in range(max(len(left), len(right)))]
         keep = RECENT // 2
