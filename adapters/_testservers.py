@@ -22,7 +22,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -64,7 +64,8 @@ def llama_server(*, chat_format: str | None = None, start_timeout: float = 90.0,
     port = free_port()
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", local.model_path(),
            "--model_alias", local.MODEL, "--host", "127.0.0.1", "--port", str(port),
-           "--n_ctx", str(local.N_CTX), "--n_threads", str(n_threads), "--n_threads_batch", str(n_threads),
+           "--n_ctx", str(local.N_CTX), "--n_threads", str(n_threads),
+           "--n_threads_batch", str(n_threads),
            "--verbose", "False"]
     if chat_format:
         cmd += ["--chat_format", chat_format]
@@ -130,7 +131,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat()
+    return datetime.now(UTC).isoformat()
 
 
 class _OllamaHandler(_Handler):

@@ -33,9 +33,9 @@ from .support_agent import (
     remove_injection,
 )
 
-SETTINGS = {  # rollouts per arm, tickets to try, wall-time cap (s) for the attribution
-    "local": {"rollouts": 8, "tries": 12, "wall_time": 180.0},
-    "synthetic": {"rollouts": 32, "tries": 100, "wall_time": 60.0},
+SETTINGS = {  # rollouts per arm, tickets to try, wall-time caps (s): attribution, each do(·)
+    "local": {"rollouts": 8, "tries": 12, "wall_time": 180.0, "intervene_time": 45.0},
+    "synthetic": {"rollouts": 32, "tries": 100, "wall_time": 60.0, "intervene_time": 30.0},
 }
 
 
@@ -104,11 +104,13 @@ def run_demo(policy: str = "local", store: str = "car.db", report: str | None = 
                               budget=budget, store=db, progress=progress)
         print(res)
         decision = res.locus if res.locus is not None else _decision_step(run)
+        cap = car.Budget(wall_time=settings["intervene_time"])  # type: ignore[index]
         factual = car.intervene(run, agent, car.do_resample(decision), outcome=outcome,
-                                rollouts=rollouts, seed=seed + 1, progress=progress)
+                                rollouts=rollouts, seed=seed + 1, progress=progress,
+                                budget=cap)
         rescued = car.intervene(run, agent, car.do_context(decision, remove_injection),
                                 outcome=outcome, rollouts=rollouts, seed=seed + 1,
-                                progress=progress)
+                                progress=progress, budget=cap)
         print(f"\nstep {decision} decided again from the same messages:  {factual}")
         print(f"step {decision} decided without the injection:        {rescued}")
         written = _write_report(res, run, db, report)

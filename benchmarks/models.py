@@ -17,12 +17,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import car_core as car
 from car_adapters._testservers import OllamaServer, llama_server
 from car_adapters.chat_agent import ChatAgent, tool_schema
 from car_adapters.local import MODEL, LocalPolicy, load_model
 from car_adapters.ollama import OllamaPolicy
 from car_adapters.openai import OpenAIPolicy
+
+import car_core as car
 
 TOOLS = [tool_schema("lookup_order", "Look up the status of an order",
                      {"order_id": {"type": "string"}})]

@@ -12,10 +12,10 @@ import math
 from pathlib import Path
 
 import pytest
-
-import car_core as car
 from car_adapters.demo import run_demo
 from car_adapters.support_agent import outcome
+
+import car_core as car
 from car_core.errors import InvalidInput
 
 ROLLOUTS = 32

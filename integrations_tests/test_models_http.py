@@ -13,13 +13,13 @@ import time
 from collections.abc import Iterator
 
 import pytest
-
-import car_core as car
 from car_adapters._testservers import OllamaServer, StubOpenAIServer, free_port, llama_server
 from car_adapters.chat_agent import ChatAgent, tool_schema
 from car_adapters.local import MODEL
 from car_adapters.ollama import OllamaPolicy
 from car_adapters.openai import OpenAIPolicy
+
+import car_core as car
 from car_core.errors import InvalidInput, ModelUnavailable
 
 TOOLS = [tool_schema("lookup_order", "Look up the status of an order",

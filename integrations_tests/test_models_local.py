@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from car_adapters.chat_agent import ChatAgent, history_messages, make_action, tool_schema
+from car_adapters.local import MODEL, LocalChatModel, LocalPolicy, model_path
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
 
 import car_core as car
-from car_adapters.chat_agent import ChatAgent, history_messages, make_action, tool_schema
-from car_adapters.local import MODEL, LocalChatModel, LocalPolicy, model_path
 from car_core.testing import count_calls, run_conformance
 
 TOOLS = [tool_schema("lookup_order", "Look up the status of an order",
