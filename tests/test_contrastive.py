@@ -206,3 +206,11 @@ def test_store_keeps_the_attribution_and_a_resume_runs_nothing_again(store, pivo
                             store=store, attribution_id="a1")
     assert counter.calls == calls  # every branch came from the journal
     assert again.to_dict() == first.to_dict()
+
+
+def test_html_report_renders_the_result(pivot_model, pivot_run):
+    res = car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
+                          rollouts=16)
+    html = res.to_html()
+    assert html.lstrip().lower().startswith("<!doctype html>")
+    assert res._repr_html_() == html

@@ -193,3 +193,10 @@ def test_held_prefix_is_served_from_the_record(store):
     without_0 = sum(1 for b in branches if "0" not in b["arm"][2:].split(","))
     assert 0 < without_0 < len(branches)
     assert counter.counters[0].steps.count(0) == without_0
+
+
+def test_html_report_renders_the_result(pivot_model, pivot_run):
+    sh = car.shapley(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome, budget=200)
+    html = sh.to_html()
+    assert html.lstrip().lower().startswith("<!doctype html>")
+    assert "step 2" in html

@@ -54,6 +54,7 @@ MODES = ("auto", "exact", "permutation")
 MIN_PER_COALITION = 8  # "auto" picks exact mode only when every coalition can get this many
 MAX_EXACT_PLAYERS = 4   # beyond, 2^p coalitions cost more than antithetic units (2p rollouts) buy
 PILOT_SHARE = 0.25
+ALLOCATION_STAGES = 2
 BATCH_ROLLOUTS = 256  # rollouts handed to the executor at once (bounds memory)
 DEFAULT_CAP = 2000    # rollout cap when ``budget`` is a car.Budget without one
 
@@ -257,8 +258,13 @@ def _run_exact(game: Game, session: Session, cap: int) -> dict[int, dict[int, fl
 
     pilot = max(2, int(cap * PILOT_SHARE) // len(ys))
     fill({m: pilot for m in ys})
-    if not session.tripped:
-        fill(_neyman(_coefficients(game.p), ys, cap))
+    coef = _coefficients(game.p)
+    spent = sum(len(v) for v in ys.values())
+    for stage in range(ALLOCATION_STAGES, 0, -1):  # re-estimate σ_S between stages
+        if session.tripped:
+            break
+        fill(_neyman(coef, ys, spent + (cap - spent) // stage))
+        spent = sum(len(v) for v in ys.values())
     return ys
 
 
