@@ -25,6 +25,7 @@ from rich.text import Text
 from . import _clikit as kit
 from ._json import dumps
 from .errors import CarError, InvalidInput
+from .store import RunStore
 
 EXIT_CODES = """Exit codes: 0 ok · 1 nothing attributable (no locus) · 2 usage or bad input ·
 3 budget exhausted (the result is truncated, what was measured is kept) · 4 store or run error
@@ -317,11 +318,12 @@ def _print_result(r: dict[str, Any], seconds: float, store: str) -> None:
 
 
 # -- report --------------------------------------------------------------------------------------
-def _latest_attribution(db: Any, run_id: str) -> dict[str, Any] | None:
+def _latest_attribution(db: RunStore, run_id: str) -> dict[str, Any] | None:
     """The newest finished attribution; a truncated one only when none finished."""
     rows = [a for a in db.attributions(run_id) if a.get("result")]
     complete = [a for a in rows if a.get("status") == "complete"]
-    return (complete or rows or [None])[-1]
+    pick = complete or rows
+    return pick[-1] if pick else None
 
 
 @app.command()
