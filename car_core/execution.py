@@ -28,10 +28,12 @@ from typing import Any, Protocol, TypeVar
 
 from .budget import BudgetMeter
 from .errors import (
+    AdapterError,
     BudgetExhausted,
     InvalidInput,
     NothingToAttribute,
     RunError,
+    SideEffectBlocked,
     StoreError,
 )
 from .interventions import Plan
@@ -39,9 +41,13 @@ from .seeding import Noise
 
 R = TypeVar("R")
 
-# Errors that say the caller's inputs are wrong: retrying cannot help, so they stop the run.
+# Errors that say the caller's inputs are wrong, or that every branch would hit again (a
+# side-effect tool with no simulator, glue that cannot fork): retrying cannot help, and leaving
+# such branches out would bias the estimate towards the branches that avoided them, so they stop
+# the run.
 NOT_RETRIED: tuple[type[BaseException], ...] = (
-    InvalidInput, RunError, StoreError, BudgetExhausted, NothingToAttribute)
+    InvalidInput, RunError, StoreError, BudgetExhausted, NothingToAttribute, SideEffectBlocked,
+    AdapterError)
 _NO_SPEND = SimpleNamespace(steps=())  # what a failed branch is charged as: one rollout, no tokens
 
 
