@@ -17,20 +17,20 @@ result is the final look's level, the lowest any interval was built at.
 
 Adaptive allocation. ``rollouts=K`` is a cap per arm. A test looks at its pairs at ``K/4``,
 ``K/2`` and ``K``; it stops once its interval excludes zero, and stops for futility at an
-interim look when its estimate is ``<= 0`` (futility stops never add false positives; they only
-give up power on rescues too small to show at that sample size).
+interim look of at least four pairs when its estimate is ``<= 0`` (futility stops never add
+false positives; they only give up power on rescues too small to show at that sample size).
 
 Search. ``"full"`` tests every step as above. ``"bisection"`` (``"auto"`` for runs of more than
 eight steps) finds the step where the ``H`` curve last rises to ``H_n`` in about ``log2 n``
-arms: navigation rollouts (indices ``< K/4``) estimate ``H_0`` and ``H_n``, then bisect on
-"``H_mid`` is below ``H_n``" (decided by a paired interval at level ``1 − α``, by futility when
-the estimate is ``<= 0``, else at the navigation cap by whether the estimate exceeds half of
-``H_n − H_0``). The candidate step is then confirmed on fresh rollouts (indices ``K/4 … K``,
-independent of the navigation) with the sequential test above, ``m = 1``. Navigation mistakes
-cost power, never error control: the locus is only ever named by the confirmation interval, so
-FWER ``<= α`` still holds. Bisection assumes ``H`` reaches ``H_n`` once and stays there (one
-commitment point, or the latest one dominating); use ``search="full"`` when later steps may
-rescue the run by less than half of the total rise.
+arms. Navigation rollouts (indices ``< K/4``) estimate ``H_0`` and ``H_n``, then bisect on
+"``H_mid`` is below ``H_n``": decided by a paired interval at level ``1 − α``, by futility when
+the estimate is ``<= 0`` on at least four pairs, else at the navigation cap by whether the
+estimate exceeds half of ``H_n − H_0``. The candidate step is then confirmed on fresh rollouts
+(indices ``K/4 … K``, independent of the navigation) with the sequential test above, ``m = 1``.
+Navigation mistakes cost power, never error control: the locus is only ever named by the
+confirmation interval, so FWER ``<= α`` still holds. Bisection assumes ``H`` reaches ``H_n``
+once and stays there (one commitment point, or the latest one dominating); use
+``search="full"`` when later steps may rescue the run by less than half of the total rise.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from .stats import Difference, difference, look_levels, looks, wilson
 
 SEARCHES = ("auto", "full", "bisection")
 BISECT_ABOVE = 8  # "auto" bisects runs with more steps than this
+MIN_FUTILITY_PAIRS = 4  # fewer pairs than this say too little to give up on a step
 
 
 def arm_name(j: int) -> str:
@@ -121,6 +122,11 @@ def _check(rollouts: Any, alpha: Any, search: Any) -> None:
                            hint='use "auto", "full" or "bisection"')
 
 
+def _futile(c: Comparison, size: int, cap: int) -> bool:
+    """Stop an interim look whose estimate is not even on the positive side."""
+    return size < cap and size >= MIN_FUTILITY_PAIRS and c.diff.estimate <= 0
+
+
 def _full(arms: Arms, n: int, cap: int, alpha: float) -> tuple[dict[int, Comparison], int, float]:
     sizes = looks(cap)
     levels = look_levels(sizes, alpha, n)
@@ -136,7 +142,7 @@ def _full(arms: Arms, n: int, cap: int, alpha: float) -> tuple[dict[int, Compari
             if c is None:
                 continue
             tests[k] = c
-            if not (c.diff.excludes_zero or (s < cap and c.diff.estimate <= 0)):
+            if not (c.diff.excludes_zero or _futile(c, s, cap)):
                 still_open.append(k)
         open_steps = still_open
     return tests, n, levels[-1]
@@ -171,7 +177,7 @@ def _bisect(arms: Arms, n: int, cap: int, alpha: float
                 break
             if c.diff.ci[0] > 0:
                 below = True
-            elif c.diff.estimate <= 0:
+            elif c.diff.estimate <= 0 and s >= MIN_FUTILITY_PAIRS:
                 below = False
             elif s == nav_sizes[-1]:
                 below = c.diff.estimate > rise / 2
@@ -188,7 +194,7 @@ def _bisect(arms: Arms, n: int, cap: int, alpha: float
         if c is None:
             break
         tests[lo] = c
-        if c.diff.excludes_zero or (s < conf_sizes[-1] and c.diff.estimate <= 0):
+        if c.diff.excludes_zero or _futile(c, s, conf_sizes[-1]):
             break
         if arms.session.tripped:
             break
@@ -232,7 +238,8 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = 32
     if locus is None:
         if values and max(values) == min(values):
             reason = (f"the outcome never varied: all {len(values)} rollouts scored "
-                      f"{values[0]:g} whatever was resampled, so no step can be blamed")
+                      f"{values[0]:g} whatever was resampled, so nothing can be attributed "
+                      f"at this sample size (raise rollouts if a step may still matter)")
         elif reason is None and session.tripped and not tests:
             reason = f"the budget tripped before any step could be tested ({session.tripped})"
         elif reason is None:
