@@ -99,7 +99,8 @@ def _apply_edit(edit: Callable[[Any], Any], history: History, run_id: str, k: in
 
 def drive(agent: Any, run: Trajectory, plan: Plan, noise: Noise) -> Trajectory:
     """Run ``agent`` (a FunctionAgent) forward from ``run`` under ``plan``."""
-    prefix = [replace(s, meta={**s.meta, "origin": "held"}) for s in run.steps[:plan.start]]
+    prefix = [Step(s.index, s.action, s.observation, s.observed, s.state,
+                   {**s.meta, "origin": "held"}) for s in run.steps[:plan.start]]
     history = History(run.context, tuple(prefix), plan.start)
     status = "complete"
     done = bool(prefix) and agent.finished(prefix[-1].action)
@@ -123,6 +124,8 @@ def drive(agent: Any, run: Trajectory, plan: Plan, noise: Noise) -> Trajectory:
         else:
             action = call_policy(policy, history, noise.rng(k, "policy"), k, run.id)
             meta = policy_meta(policy)
+            if meta:
+                check_json(meta, f"the step_meta() of the policy at step {k}")
         final = agent.finished(action)
         observed, obs = False, None
         if k in plan.forced_observations:
@@ -142,8 +145,11 @@ def drive(agent: Any, run: Trajectory, plan: Plan, noise: Noise) -> Trajectory:
         history = history.with_step(step)
         done = final
         k += 1
-    return Trajectory.new(context=history.context, steps=list(history.steps), seed=noise.seed,
-                          agent=getattr(agent, "name", ""), status=status)
+    fields: dict[str, Any] = {"seed": noise.seed, "agent": getattr(agent, "name", ""),
+                              "status": status}
+    if plan.context_edits:  # an edit may have put anything in the history: check it all
+        return Trajectory.new(context=history.context, steps=list(history.steps), **fields)
+    return Trajectory._from_checked(context=history.context, steps=list(history.steps), **fields)
 
 
 def record(agent: Any, *, context: JSON = None, outcome: Callable[..., Any], seed: int = 0,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._json import JSON, check_json, digest
@@ -115,7 +115,8 @@ def seal_steps(context: JSON, steps: list[Step] | tuple[Step, ...]) -> tuple[Ste
             raise CorruptRun(f"step at position {i} says it is step {step.index}",
                              hint="steps must be numbered 0, 1, 2, … in order")
         d = digest(step.content(prev))
-        sealed.append(replace(step, digest=d))
+        sealed.append(Step(step.index, step.action, step.observation, step.observed, step.state,
+                           step.meta, d))  # dataclasses.replace costs more than the digest
         prev = d
     return tuple(sealed)
 
@@ -148,6 +149,13 @@ class Trajectory:
         fields.setdefault("created_at", time.time())
         return cls(id=id or new_run_id(), context=context, steps=seal_steps(context, steps),
                    **fields)
+
+    @classmethod
+    def _from_checked(cls, *, context: JSON, steps: list[Step], **fields: Any) -> Trajectory:
+        """``new`` for the replay engine, whose step values were checked as they were made
+        (policy and tool results on return, forced values when the intervention was built)."""
+        fields.setdefault("created_at", time.time())
+        return cls(id=new_run_id(), context=context, steps=seal_steps(context, steps), **fields)
 
     def __len__(self) -> int:
         return len(self.steps)
