@@ -381,24 +381,24 @@ def _builtin_demo(store: str, report_path: Path, progress: Any) -> Any:
     from .report import render_attribution
     from .store import RunStore
     model = synthetic.pivot()
-    db = RunStore(store)
-    run = model.failing_run()
-    db.save(run)
-    out.print(Text(f"recorded failing run {run.id} of the synthetic pivot model "
-                   f"({len(run.steps)} steps) in {store}"))
-    bar = kit.make_progress(progress, "contrastive", (len(run.steps) + 1) * 32, None)
-    started = time.monotonic()
-    try:
-        result = car.contrastive(run, model.agent(), outcome=model.outcome, rollouts=32, seed=0,
-                                 store=db, progress=bar or False)
-        if bar:
-            bar.done()
-    finally:
-        if bar:
-            bar.close()
-    r = result.to_dict()
-    _print_result(r, time.monotonic() - started, store)
-    branches = list(db.branches(r["attribution_id"])) if r.get("attribution_id") else None
+    with RunStore(store) as db:
+        run = model.failing_run()
+        db.save(run)
+        out.print(Text(f"recorded failing run {run.id} of the synthetic pivot model "
+                       f"({len(run.steps)} steps) in {store}"))
+        bar = kit.make_progress(progress, "contrastive", (len(run.steps) + 1) * 32, None)
+        started = time.monotonic()
+        try:
+            result = car.contrastive(run, model.agent(), outcome=model.outcome, rollouts=32,
+                                     seed=0, store=db, progress=bar or False)
+            if bar:
+                bar.done()
+        finally:
+            if bar:
+                bar.close()
+        r = result.to_dict()
+        _print_result(r, time.monotonic() - started, store)
+        branches = list(db.branches(r["attribution_id"])) if r.get("attribution_id") else None
     report_path.write_text(render_attribution(r, run=run, branches=branches), encoding="utf-8")
     out.print(Text(f"wrote {report_path}; re-run it with: car attribute {run.id} "
                    f"--agent car_core.synthetic:pivot --store {store}"))
