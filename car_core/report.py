@@ -33,7 +33,6 @@ _ENV = jinja2.Environment(
 
 PLOT_W, PLOT_H = 720, 200
 MARGIN = {"left": 56, "right": 16, "top": 16, "bottom": 40}
-CLIP = 400  # characters of agent text shown inline before the rest goes in a fold
 RECENT = 6  # earlier context items (and identical diff lines) shown before folding the rest
 
 
@@ -179,7 +178,8 @@ def _rescue_plot(steps: Sequence[Mapping[str, Any]], locus: int | None) -> dict[
         point: dict[str, Any] = {"x": cx, "step": s["step"], "tested": tested,
                                  "locus": s["step"] == locus,
                                  "significant": bool(s.get("significant")),
-                                 "label_every": len(steps) <= 30 or i % 5 == 0}
+                                 "label_every": len(steps) <= 30 or i % 5 == 0
+                                 or s["step"] == locus}
         if tested:
             lo, hi = s["ci"] if s.get("ci") else (s["effect"], s["effect"])
             point.update(y=y(s["effect"]), y_lo=y(lo), y_hi=y(hi),
@@ -251,7 +251,6 @@ def _timeline(run: Trajectory, locus: int | None) -> list[dict[str, Any]]:
             "model": s.meta.get("model"),
             "action": show(s.action), "observation": show(s.observation) if s.observed else None,
             "state": show(s.state) if s.state is not None else None,
-            "long_action": len(show(s.action)) > CLIP,
         })
     return items
 
