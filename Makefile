@@ -6,9 +6,17 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.car-setup
 
-.PHONY: setup demo test lint bench clean
+SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
+
+.PHONY: setup browser demo test lint bench clean
 
 setup: $(STAMP)
+
+# Debian's chromium + chromedriver: the report is tested in a real headless browser
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { $(SUDO) apt-get update -qq && \
+	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
 
 $(STAMP): pyproject.toml Makefile
 	@command -v $(PY) >/dev/null || { echo "Python 3.11 is needed (set PY=...)"; exit 2; }
@@ -23,7 +31,7 @@ $(STAMP): pyproject.toml Makefile
 demo: setup
 	$(BIN)/car demo
 
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest -q
 
 lint: setup
