@@ -14,6 +14,7 @@ is whatever the model does; the demo measures it, with intervals, and claims not
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import tempfile
 import time
@@ -97,7 +98,8 @@ def run_demo(policy: str = "local", store: str = "car.db", report: str | None = 
         for s in run.steps:
             print(f"  step {s.index}: {_describe(s)}")
 
-        agent = LangGraphAgent(app, model=wrapper, side_effect_tools=SIDE_EFFECT_TOOLS)
+        agent = LangGraphAgent(app, model=wrapper, side_effect_tools=SIDE_EFFECT_TOOLS,
+                               simulators={"issue_refund": _simulated_refund})
         budget = car.Budget(wall_time=settings["wall_time"])  # type: ignore[index]
         print(f"\ncontrastive attribution, {rollouts} rollouts per arm ...")
         res = car.contrastive(run, agent, outcome=outcome, rollouts=rollouts, seed=seed,
@@ -124,6 +126,13 @@ def run_demo(policy: str = "local", store: str = "car.db", report: str | None = 
     finally:
         db.close()
         conn.close()
+
+
+def _simulated_refund(arguments: dict[str, Any]) -> str:
+    """What a branch's refund call answers instead of moving money: the live model may ask for
+    refunds the record never made (another amount), and no branch may run the real tool."""
+    return json.dumps({"refunded": arguments.get("order_id"), "amount": arguments.get("amount"),
+                       "simulated": True})
 
 
 def _decision_step(run: car.Trajectory) -> int:
