@@ -36,7 +36,8 @@ def wire_messages(messages: Sequence[Message]) -> list[Message]:
             out.append({"role": "tool", "tool_call_id": m.get("tool_call_id"),
                         "content": m.get("content") or ""})
         elif m.get("role") == "assistant":
-            msg: Message = {"role": "assistant", "content": m.get("content")}
+            # "" rather than null: chat templates of small local models concatenate it
+            msg: Message = {"role": "assistant", "content": m.get("content") or ""}
             if m.get("tool_calls"):
                 msg["tool_calls"] = m["tool_calls"]
             out.append(msg)
