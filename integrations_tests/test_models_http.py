@@ -184,3 +184,13 @@ def test_prices_put_a_cost_on_each_step() -> None:
         run = car.record(ChatAgent(policy), context="hi", outcome=lambda r: 0.0)
     # the stub reports 10 prompt and 3 completion tokens
     assert run.steps[0].meta["cost"] == pytest.approx((10 * 2.0 + 3 * 8.0) / 1e6)
+
+
+def test_wire_messages_send_tool_turns_without_null_content() -> None:
+    from car_adapters.openai import wire_messages
+    msgs = wire_messages([{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_0_0", "type": "function",
+         "function": {"name": "lookup_order", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_0_0", "name": "lookup_order", "content": "ok"}])
+    assert msgs[0]["content"] == "" and msgs[0]["tool_calls"][0]["id"] == "call_0_0"
+    assert msgs[1] == {"role": "tool", "tool_call_id": "call_0_0", "content": "ok"}

@@ -163,3 +163,11 @@ def test_langchain_chat_model_calls_bound_tools_and_replays_with_its_seed() -> N
     follow = model.invoke(messages + [first, ToolMessage("shipped",
                                                          tool_call_id=first.tool_calls[0]["id"])])
     assert all(c["id"].startswith("call_1_") for c in follow.tool_calls)
+
+
+def test_fresh_tools_leave_only_an_answer_once_every_tool_was_called() -> None:
+    agent = ChatAgent(LocalPolicy(TOOLS, max_tokens=40, fresh_tools=True), ORDERS, max_steps=3)
+    run = car.record(agent, context=CONTEXT, outcome=made_a_call, seed=7)
+    # one tool: after it is called the grammar only admits {"answer": ...}, so the run ends
+    assert [bool(s.action["tool_calls"]) for s in run.steps] == [True, False]
+    assert run.steps[1].action["content"] and "error" not in run.steps[1].action
