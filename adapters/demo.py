@@ -15,6 +15,7 @@ is whatever the model does; the demo measures it, with intervals, and claims not
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 import tempfile
 import time
@@ -126,6 +127,7 @@ def run_demo(policy: str = "local", store: str = "car.db", report: str | None = 
     finally:
         db.close()
         conn.close()
+        shutil.rmtree(folder, ignore_errors=True)  # the branch threads' checkpoints, not the runs
 
 
 def _simulated_refund(arguments: dict[str, Any]) -> str:
