@@ -100,3 +100,23 @@ def from_dict(message: Mapping[str, Any]) -> ChatMessage:
 
 def from_dicts(messages: Iterable[Mapping[str, Any]]) -> list[ChatMessage]:
     return [from_dict(m) for m in messages]
+
+
+class MessageToolCalls:
+    """The two tool-calling hooks our LLM stand-ins share: the tools travel beside the chat
+    messages, and tool calls are read back from the reply message. Mixed in before
+    ``FunctionCallingLLM``."""
+
+    def _prepare_chat_with_tools(self, tools: Sequence[Any], user_msg: Any = None,
+                                 chat_history: list[ChatMessage] | None = None,
+                                 verbose: bool = False, allow_parallel_tool_calls: bool = False,
+                                 tool_required: bool = False, **kwargs: Any) -> dict[str, Any]:
+        messages = list(chat_history or [])
+        if user_msg:
+            messages.append(ChatMessage(role="user", content=user_msg)
+                            if isinstance(user_msg, str) else user_msg)
+        return {"messages": messages, "tools": tools}
+
+    def get_tool_calls_from_response(self, response: Any, error_on_no_tool_call: bool = False,
+                                     **kwargs: Any) -> list[Any]:
+        return selections_of(response.message)

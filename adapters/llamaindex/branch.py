@@ -34,7 +34,7 @@ from car_core.interventions import Plan
 from car_core.seeding import Noise
 
 from .._chat import ToolSafety, calls_of, canonical_arguments, check_observation, tool_result
-from ._messages import from_dict, selections_of
+from ._messages import MessageToolCalls, from_dict
 from .fake import _STEP_RNG
 
 
@@ -85,7 +85,7 @@ def _normalise(content: str | None, selections: Sequence[Any]) -> ChatMessage:
     return ChatMessage(role="assistant", blocks=blocks)
 
 
-class CarBranchLLM(FunctionCallingLLM):
+class CarBranchLLM(MessageToolCalls, FunctionCallingLLM):
     """Serves an agent's decisions on a branch (see the module docstring)."""
 
     _inner: Any = PrivateAttr()
@@ -179,20 +179,6 @@ class CarBranchLLM(FunctionCallingLLM):
             yield resp
         return gen()
 
-    def _prepare_chat_with_tools(self, tools: Sequence[Any], user_msg: Any = None,
-                                 chat_history: list[ChatMessage] | None = None,
-                                 verbose: bool = False, allow_parallel_tool_calls: bool = False,
-                                 tool_required: bool = False, **kwargs: Any) -> dict[str, Any]:
-        messages = list(chat_history or [])
-        if user_msg:
-            messages.append(ChatMessage(role="user", content=user_msg)
-                            if isinstance(user_msg, str) else user_msg)
-        return {"messages": messages, "tools": tools}
-
-    def get_tool_calls_from_response(self, response: ChatResponse,
-                                     error_on_no_tool_call: bool = False, **kwargs: Any
-                                     ) -> list[Any]:
-        return selections_of(response.message)
 
     def _sync(self, *a: Any, **k: Any) -> Any:
         raise AdapterError("CAR branches drive LlamaIndex agents through the async API only",

@@ -27,7 +27,7 @@ from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 
-from ._messages import from_dict, selections_of, to_dicts
+from ._messages import MessageToolCalls, from_dict, to_dicts
 
 Decide = Callable[[list[dict[str, Any]], list[str], np.random.Generator], Any]
 
@@ -44,7 +44,7 @@ def _tool_names(tools: Sequence[Any] | None) -> list[str]:
     return [t.metadata.name for t in tools or () if getattr(t, "metadata", None) is not None]
 
 
-class ScriptedLLM(FunctionCallingLLM):
+class ScriptedLLM(MessageToolCalls, FunctionCallingLLM):
     """A function-calling LLM whose every reply is ``decide(messages, tools, rng)``."""
 
     model: str = "scripted"
@@ -142,17 +142,3 @@ class ScriptedLLM(FunctionCallingLLM):
             yield resp
         return gen()
 
-    def _prepare_chat_with_tools(self, tools: Sequence[Any], user_msg: Any = None,
-                                 chat_history: list[ChatMessage] | None = None,
-                                 verbose: bool = False, allow_parallel_tool_calls: bool = False,
-                                 tool_required: bool = False, **kwargs: Any) -> dict[str, Any]:
-        messages = list(chat_history or [])
-        if user_msg:
-            messages.append(ChatMessage(role="user", content=user_msg)
-                            if isinstance(user_msg, str) else user_msg)
-        return {"messages": messages, "tools": tools}
-
-    def get_tool_calls_from_response(self, response: ChatResponse,
-                                     error_on_no_tool_call: bool = False, **kwargs: Any
-                                     ) -> list[Any]:
-        return selections_of(response.message)
