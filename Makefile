@@ -31,12 +31,12 @@ $(STAMP): pyproject.toml Makefile
 demo: setup
 	$(BIN)/car demo
 
-test: setup browser
+test: setup browser lint
 	$(BIN)/python -m pytest -q
 
 lint: setup
 	$(BIN)/ruff check car_core adapters tests integrations_tests examples benchmarks
-	$(BIN)/mypy car_core
+	$(BIN)/mypy --strict car_core
 
 bench: setup
 	$(BIN)/python benchmarks/replay_overhead.py
