@@ -166,7 +166,7 @@ class LangGraphAgent:
         try:
             with controlling(thread_id, control):
                 base = self._apply(run, plan, k, snapshot, config, control)
-                status = self._drive(run, plan, thread_id, control)
+                status = self._drive(run, plan, k, base, thread_id, control)
             return self._collect(run, plan, k, thread_id, base, control, noise, status)
         finally:
             if not self.keep_branches:
@@ -308,8 +308,11 @@ class LangGraphAgent:
             control.next_index = k + 1
         return base
 
-    def _drive(self, run: Trajectory, plan: Plan, thread_id: str, control: Control) -> str:
-        """Run the branch thread forward, answering tool calls that must not run live."""
+    def _drive(self, run: Trajectory, plan: Plan, k: int, base: int, thread_id: str,
+               control: Control) -> str:
+        """Run the branch thread forward, answering tool calls that must not run live. The
+        step a tool node answers is counted from the branch's own messages (the decisions after
+        ``base``), not from the model wrapper, which an app may not use."""
         intercept = list(self.tool_nodes) if (self.safety.side_effect_tools
                                              or plan.forced_observations) else None
         record = recorded_calls(run.steps)
@@ -320,8 +323,9 @@ class LangGraphAgent:
             if intercept is not None and node in self.tool_nodes:
                 # paused before a tool node: answer the calls that must not run live; with no
                 # answer, resuming runs the node live (LangGraph does not stop there twice)
-                results = self._tool_results(snap, node, control.next_index - 1, plan, record,
-                                             run)
+                decided = sum(isinstance(m, AIMessage)
+                              for m in (snap.values.get(self.messages_key) or [])[base:])
+                results = self._tool_results(snap, node, k + decided - 1, plan, record, run)
                 if results is not None:
                     self.app.update_state(_thread(thread_id), {self.messages_key: results},
                                           as_node=node)

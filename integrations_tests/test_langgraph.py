@@ -213,6 +213,21 @@ def test_do_observation_keeps_the_action_and_replaces_the_results() -> None:
     assert branch.steps[2].action["content"].startswith("Sorry")
 
 
+def test_do_observation_answers_only_its_step_in_an_app_without_the_wrapper() -> None:
+    """Without CarChatModel nothing counts model calls; the forced result must still answer
+    step 0's call only, and the later tool calls run live."""
+    model = sa.PlantedSupportModel(rng_seed=0, p_follow=1.0)
+    app = sa.build_app(model, InMemorySaver())
+    cb = CarCallback()
+    app.invoke(sa.inputs(), {"configurable": {"thread_id": "u"}, "callbacks": [cb]})
+    run = cb.run
+    forced = json.dumps({"order_id": sa.ORDER_ID, "refund_eligible": False})
+    branch = LangGraphAgent(app).branch(run, compile_plan(run, car.do_observation(0, [forced])),
+                                        branch_noise(0, 0, "t", True))
+    assert branch.steps[0].observation[0]["content"] == forced
+    assert [st.observation for st in branch.steps[1:]] == [st.observation for st in run.steps[1:]]
+
+
 def test_held_later_step_is_served_without_a_model_call() -> None:
     """A Shapley coalition: step 0 resampled, step 1 held at its factual action."""
     s = Support(InMemorySaver())
