@@ -221,6 +221,7 @@ class _StubHandler(_Handler):
         owner = self.owner
         with owner.lock:
             owner.hits += 1
+            owner.authorization = self.headers.get("authorization")
             status = owner.failures.pop(0) if owner.failures else 200
         if owner.delay:
             time.sleep(owner.delay)
@@ -245,7 +246,7 @@ class _StubHandler(_Handler):
 class StubOpenAIServer(_Server):
     """An OpenAI-shaped chat endpoint that echoes the last user message. ``failures``: status
     codes returned, in order, before it starts answering; ``delay``: seconds before each
-    answer; ``hits`` counts requests."""
+    answer; ``hits`` counts requests; ``authorization`` is the last request's header."""
 
     handler = _StubHandler
 
@@ -255,6 +256,7 @@ class StubOpenAIServer(_Server):
         self.delay = delay
         self.models = list(models)
         self.hits = 0
+        self.authorization: str | None = None
         self.lock = threading.Lock()
 
     @property

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from car_adapters._testservers import OllamaServer, StubOpenAIServer, free_port, llama_server
@@ -176,6 +177,22 @@ def test_hosted_model_without_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
         OpenAIPolicy("gpt-4o-mini")
     with pytest.raises(InvalidInput):
         OpenAIPolicy("", base_url="http://127.0.0.1:1/v1")
+
+
+def test_the_api_key_reaches_the_server_but_never_the_store(tmp_path: Path) -> None:
+    secret = "sk-car-test-0123456789abcdef"
+    with StubOpenAIServer() as stub:
+        policy = OpenAIPolicy("stub-model", base_url=stub.base_url, api_key=secret,
+                              tools=TOOLS)
+        run = car.record(ChatAgent(policy, ORDERS), context="hi", outcome=lambda r: 0.0)
+        assert stub.authorization == f"Bearer {secret}"  # the key was really used
+    with car.RunStore(tmp_path / "runs.db") as store:
+        store.save(run)
+        stored = json.dumps(store.load(run.id).to_dict())
+    assert secret not in json.dumps(run.to_dict()) and secret not in stored
+    # nor in any file SQLite wrote (the database and its WAL)
+    for f in tmp_path.iterdir():
+        assert secret.encode() not in f.read_bytes(), f.name
 
 
 def test_prices_put_a_cost_on_each_step() -> None:
