@@ -11,6 +11,7 @@ through one handler; each finished run is saved to the store and becomes ``cb.ru
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -22,12 +23,14 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import BaseMessage, ToolMessage
 from langchain_core.runnables.config import var_child_runnable_config
 
+from car_core.errors import StoreError
 from car_core.store import RunStore
 from car_core.trajectory import Step, Trajectory
 
 from ._langgraph_messages import decode, jsonable, to_dict, to_dicts, usage_of
 
 MESSAGES_KEY = "messages"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -69,7 +72,9 @@ def _model_name(message: BaseMessage | None, llm_output: dict[str, Any] | None,
 
 
 class CarCallback(BaseCallbackHandler):
-    """Records LangGraph runs as ``car.Trajectory`` values and saves each to ``store``."""
+    """Records LangGraph runs as ``car.Trajectory`` values and saves each to ``store``. A run
+    that could not be stored is still in ``runs``, and its error in ``store_errors`` (the
+    graph's run is not broken)."""
 
     run_inline = True  # keep event order; LangGraph calls handlers from the task's context
 
@@ -78,6 +83,7 @@ class CarCallback(BaseCallbackHandler):
         self.store = RunStore(store) if isinstance(store, (str, os.PathLike)) else store
         self.messages_key = messages_key
         self.runs: list[Trajectory] = []
+        self.store_errors: list[StoreError] = []
         self._open: dict[UUID, _Recording] = {}
         self._root: dict[UUID, UUID] = {}
         self._lock = threading.Lock()
@@ -172,10 +178,14 @@ class CarCallback(BaseCallbackHandler):
             for member in rec.members:
                 self._root.pop(member, None)
         run = self.build(rec, outputs, error)
-        if self.store is not None:
-            self.store.save(run)
-        with self._lock:
+        with self._lock:  # kept before storing: LangChain swallows a handler's exception
             self.runs.append(run)
+        if self.store is not None:
+            try:
+                self.store.save(run)
+            except StoreError as exc:  # never break the user's graph run over storage
+                self.store_errors.append(exc)
+                log.error("CAR could not store run %s: %s", run.id, exc)
 
     def build(self, rec: _Recording, outputs: Any, error: BaseException | None) -> Trajectory:
         calls = sorted((c for c in rec.calls.values() if c.message is not None),

@@ -20,7 +20,7 @@ from langgraph.types import Command, interrupt
 
 import car_core as car
 from car_core import synthetic
-from car_core.errors import AdapterError, InvalidIntervention
+from car_core.errors import AdapterError, InvalidIntervention, StoreError
 from car_core.interventions import compile_plan
 from car_core.seeding import branch_noise
 
@@ -184,3 +184,17 @@ def test_bad_interventions_are_refused_before_anything_runs() -> None:
         agent.branch(run, compile_plan(run, [car.do_resample(0),
                                              car.do_action(1, run.steps[1].action)]), NOISE)
     assert history(app, "user") == before and threads(saver) == {"user"}
+
+
+def test_a_run_the_store_refuses_is_kept_with_its_error(store: Any,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """LangChain swallows a handler's exception, so a store failure must not lose the run."""
+    def refuse(run: car.Trajectory) -> None:
+        raise StoreError(f"refused {run.id}")
+
+    monkeypatch.setattr(store, "save", refuse)
+    cb = CarCallback(store=store)
+    app = sa.build_app(sa.PlantedSupportModel(p_follow=0.0), InMemorySaver())
+    app.invoke(sa.inputs(), {"configurable": {"thread_id": "u"}, "callbacks": [cb]})
+    assert cb.run is not None and len(cb.run.steps) == 3  # lookup, deny, reply
+    assert [str(e) for e in cb.store_errors] == [f"refused {cb.run.id}"]
