@@ -5,9 +5,10 @@ with LangGraph's own machinery, for an app compiled with a checkpointer whose me
 ``messages`` channel with the ``add_messages`` reducer:
 
 - **Fork.** A branch from step ``k`` copies the checkpoint the step-``k`` task was scheduled from
-  (and its pending writes) into a new thread, so branches never see each other and the user's
-  thread is untouched; steps before ``k`` are therefore served from the record with no model or
-  tool call. Branch threads are deleted afterwards unless ``keep_branches=True``.
+  (not its pending writes, which would replay the recorded step) into a new thread, so branches
+  never see each other and the user's thread is untouched; steps before ``k`` are therefore
+  served from the record with no model or tool call. Branch threads are deleted afterwards
+  unless ``keep_branches=True``.
 - **Intervene** with ``update_state`` on the branch thread: ``do_action`` writes the action as the
   model node, ``do_observation`` writes the recorded action as the model node and the given tool
   results as the tool node, ``do_context`` replaces the message list with the edited one (tool
