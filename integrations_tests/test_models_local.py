@@ -1,6 +1,6 @@
 """The embedded SmolLM2 model, in-process, for real: tool calls, seeds, faithfulness, budgets.
 
-Every model call here is a real llama.cpp decode on 2 CPU threads (about half a second), so
+Every model call here is a real llama.cpp decode on one CPU thread (about half a second), so
 agents take at most two steps and replies are capped at a few dozen tokens.
 """
 
@@ -24,7 +24,7 @@ CONTEXT = [{"role": "system", "content": "You are a support agent. Use tools to 
 ORDERS = {"lookup_order": lambda order_id: {"order_id": order_id, "status": "shipped"}}
 
 
-def made_a_call(run: car.Trajectory) -> bool:
+def called_no_tool(run: car.Trajectory) -> bool:
     """Failure for these tests: the agent's first reply called no tool."""
     return not run.steps[0].action["tool_calls"]
 
@@ -32,7 +32,7 @@ def made_a_call(run: car.Trajectory) -> bool:
 @pytest.fixture(scope="module")
 def tool_run() -> car.Trajectory:
     agent = ChatAgent(LocalPolicy(TOOLS, max_tokens=48), ORDERS, max_steps=2)
-    return car.record(agent, context=CONTEXT, outcome=made_a_call, seed=7)
+    return car.record(agent, context=CONTEXT, outcome=called_no_tool, seed=7)
 
 
 def test_model_ships_inside_the_package() -> None:
@@ -75,7 +75,7 @@ def test_different_seeds_sample_different_replies() -> None:
 
 def test_a_reply_cut_off_by_max_tokens_is_a_recorded_failure_not_a_crash() -> None:
     agent = ChatAgent(LocalPolicy(TOOLS, max_tokens=4), ORDERS, max_steps=2)
-    run = car.record(agent, context=CONTEXT, outcome=made_a_call, seed=0)
+    run = car.record(agent, context=CONTEXT, outcome=called_no_tool, seed=0)
     action = run.steps[0].action
     assert action["finish_reason"] == "length" and "max_tokens=4" in action["error"]
     assert action["tool_calls"] == [] and len(run.steps) == 1 and run.outcome.value == 1.0
@@ -105,13 +105,13 @@ def test_chat_agent_on_the_embedded_model_passes_the_replay_contract() -> None:
         counted = count_calls(ChatAgent(LocalPolicy(TOOLS, max_tokens=40), ORDERS,
                                         max_steps=2))
         return counted.agent, counted.both
-    assert run_conformance(make, context=CONTEXT, outcome=made_a_call, seed=3) == [
+    assert run_conformance(make, context=CONTEXT, outcome=called_no_tool, seed=3) == [
         "replay", "prefix", "lineage", "forced", "noise"]
 
 
 def _one_step_run() -> tuple[car.FunctionAgent, car.Trajectory]:
     agent = ChatAgent(LocalPolicy(TOOLS, max_tokens=40), ORDERS, max_steps=1)
-    return agent, car.record(agent, context=CONTEXT, outcome=made_a_call, seed=1)
+    return agent, car.record(agent, context=CONTEXT, outcome=called_no_tool, seed=1)
 
 
 def test_a_token_budget_stops_intervene_and_reports_the_tokens() -> None:
@@ -119,7 +119,7 @@ def test_a_token_budget_stops_intervene_and_reports_the_tokens() -> None:
     per_call = sum(run.steps[0].meta["usage"].values())
     # room for about two rollouts of this one-decision agent, never six
     cap = int(2.5 * per_call)
-    dist = car.intervene(run, agent, car.do_resample(0), outcome=made_a_call, rollouts=6,
+    dist = car.intervene(run, agent, car.do_resample(0), outcome=called_no_tool, rollouts=6,
                          seed=0, budget=car.Budget(tokens=cap))
     assert dist.truncated and 1 <= dist.n < 6
     assert dist.tokens == sum(sum(t.steps[0].meta["usage"].values())
@@ -132,7 +132,7 @@ def test_a_cost_cap_prices_tokens_from_the_price_table() -> None:
     usage = run.steps[0].meta["usage"]
     prices = {MODEL: (1000.0, 2000.0)}  # per million tokens, so a call costs about 0.1
     per_call = (usage["prompt_tokens"] * 1000.0 + usage["completion_tokens"] * 2000.0) / 1e6
-    dist = car.intervene(run, agent, car.do_resample(0), outcome=made_a_call, rollouts=6,
+    dist = car.intervene(run, agent, car.do_resample(0), outcome=called_no_tool, rollouts=6,
                          seed=0, budget=car.Budget(cost=2.5 * per_call, prices=prices))
     assert dist.truncated and 1 <= dist.n < 6
     expected = sum((t.steps[0].meta["usage"]["prompt_tokens"] * 1000.0
@@ -167,7 +167,7 @@ def test_langchain_chat_model_calls_bound_tools_and_replays_with_its_seed() -> N
 
 def test_fresh_tools_leave_only_an_answer_once_every_tool_was_called() -> None:
     agent = ChatAgent(LocalPolicy(TOOLS, max_tokens=40, fresh_tools=True), ORDERS, max_steps=3)
-    run = car.record(agent, context=CONTEXT, outcome=made_a_call, seed=7)
+    run = car.record(agent, context=CONTEXT, outcome=called_no_tool, seed=7)
     # one tool: after it is called the grammar only admits {"answer": ...}, so the run ends
     assert [bool(s.action["tool_calls"]) for s in run.steps] == [True, False]
     assert run.steps[1].action["content"] and "error" not in run.steps[1].action
