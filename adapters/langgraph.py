@@ -428,14 +428,19 @@ def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[[dict[str, A
 
     run = replace(run, outcome=Outcome(OutcomeFn(score)(run, Noise(seed).rng(0, "outcome"))),
                   seed=seed)
-    runs = RunStore(store) if isinstance(store, (str, os.PathLike)) else store
-    if runs is not None:
-        runs.save(run)
-    if method == "contrastive":
-        return car.contrastive(run, agent, outcome=score, rollouts=rollouts, seed=seed,
-                               store=runs, **options)
-    return car.shapley(run, agent, outcome=score, budget=budget, seed=seed, store=runs,
-                       **options)
+    opened = isinstance(store, (str, os.PathLike))
+    runs = RunStore(store) if opened else store
+    try:
+        if runs is not None:
+            runs.save(run)
+        if method == "contrastive":
+            return car.contrastive(run, agent, outcome=score, rollouts=rollouts, seed=seed,
+                                   store=runs, **options)
+        return car.shapley(run, agent, outcome=score, budget=budget, seed=seed, store=runs,
+                           **options)
+    finally:
+        if opened and runs is not None:  # a store this call opened from a path
+            runs.close()
 
 
 __all__ = ["CarCallback", "CarChatModel", "LangGraphAgent", "attribute_thread"]

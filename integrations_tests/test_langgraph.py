@@ -262,6 +262,22 @@ def test_attribute_thread_imports_scores_and_stores(store: Any) -> None:
     assert user_history(s.app, run.meta["thread_id"]) == before
 
 
+def test_attribute_thread_closes_a_store_it_opened_from_a_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = Support(InMemorySaver())
+    run = s.failing_run()
+    closed: list[Path] = []
+    close = car.RunStore.close
+    monkeypatch.setattr(car.RunStore, "close", lambda self: (closed.append(self.path),
+                                                             close(self))[1])
+    res = attribute_thread(s.app, run.meta["thread_id"], outcome=sa.refund_against_policy,
+                           model=s.wrapper, store=tmp_path / "car.db", rollouts=4,
+                           progress=False)
+    assert [Path(p) for p in closed] == [tmp_path / "car.db"]
+    with car.RunStore(tmp_path / "car.db") as store:
+        assert store.attribution(res.attribution_id)["run_id"] == res.run_id
+
+
 def test_branches_never_touch_the_users_thread(saver: Any) -> None:
     s = Support(saver)
     run = s.failing_run()
