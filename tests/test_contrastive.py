@@ -15,7 +15,7 @@ from car_core.errors import InvalidInput, NothingToAttribute
 RESULT_KEYS = {"method", "run_id", "attribution_id", "locus", "reason", "alpha", "correction",
                "tests", "level", "rollouts_used", "rollouts_cap", "seed", "coupled",
                "truncated", "budget_note", "tokens", "cost", "search", "steps", "arms",
-               "example_branch", "params"}
+               "example_branch", "params", "failures"}
 STEP_KEYS = {"step", "effect", "ci", "tested", "significant", "fail_held", "fail_resampled",
              "n"}
 
@@ -141,6 +141,31 @@ def test_token_budget_trips_before_spending_more():
     # spend stays within the budget plus at most one rollout's worth of live steps.
     assert res.tokens <= 500 + 6 * TOKENS_PER_STEP
     assert res.tokens > 0
+
+
+def _breaks_at(model: syn.SyntheticSCM, step: int) -> car.FunctionAgent:
+    """The model's agent with a policy that raises whenever it decides ``step``."""
+    base = model.agent()
+
+    def policy(history, rng):
+        if history.index == step:
+            raise RuntimeError("tool server down")
+        return base.policy(history, rng)
+
+    return car.FunctionAgent(policy=policy, environment=base.environment,
+                             is_final=base.is_final, max_steps=base.max_steps, name="broken")
+
+
+def test_failed_branches_are_reported_not_silently_dropped(pivot_model, pivot_run):
+    """Every branch that decides step 4 live fails; only the arms holding steps 0-4 score, and
+    they all fail, which must not be read as "the outcome never varied"."""
+    res = car.contrastive(pivot_run, _breaks_at(pivot_model, 4), outcome=pivot_model.outcome,
+                          rollouts=8, search="full")
+    assert res.locus is None
+    assert res.failures and all(f["attempts"] == 2 for f in res.failures)
+    assert "failed after a retry" in res.reason and "tool server down" in res.reason
+    assert res.to_dict()["failures"] == list(res.failures)
+    assert "failed branch(es) left out" in str(res)
 
 
 @pytest.mark.parametrize("rollouts", [0, -1, 1.5, True])

@@ -14,7 +14,8 @@ from car_core.errors import InvalidBudget, InvalidInput, NothingToAttribute
 
 RESULT_KEYS = {"method", "run_id", "attribution_id", "mode", "values", "total", "v_full",
                "v_empty", "efficiency_gap", "level", "rollouts_used", "budget", "truncated",
-               "budget_note", "seed", "coupled", "tokens", "cost", "reason", "params"}
+               "budget_note", "seed", "coupled", "tokens", "cost", "reason", "params",
+               "failures"}
 
 
 def tolerance(n: int) -> float:
@@ -123,6 +124,26 @@ def test_token_budget_truncates_and_keeps_what_was_measured():
     assert 0 < sh.rollouts_used < 1000
     assert sh.tokens <= 2000 + 5 * 10  # at most one rollout's live steps past the forecast
     assert all(v.n >= 2 and v.ci is not None for v in sh.values)
+
+
+def test_failed_branches_are_reported_not_read_as_a_budget_trip(pivot_model, pivot_run):
+    """A policy that raises at step 4 fails every branch that decides step 4 live (all but
+    v(N)'s), so no unit completes; the reason must name the failures, not the budget."""
+    base = pivot_model.agent()
+
+    def policy(history, rng):
+        if history.index == 4:
+            raise RuntimeError("tool server down")
+        return base.policy(history, rng)
+
+    agent = car.FunctionAgent(policy=policy, environment=base.environment,
+                              is_final=base.is_final, max_steps=base.max_steps)
+    sh = car.shapley(pivot_run, agent, outcome=pivot_model.outcome, budget=48)
+    assert not sh.truncated and all(v.estimate is None for v in sh.values)
+    # exactly the coalitions without step 4 decide it live, so exactly they fail
+    assert sh.failures and all("4" not in f["arm"][2:].split(",") for f in sh.failures)
+    assert "failed after a retry" in sh.reason and "tool server down" in sh.reason
+    assert sh.to_dict()["failures"] == list(sh.failures)
 
 
 def test_budget_below_two_units_is_refused(pivot_model, pivot_run):

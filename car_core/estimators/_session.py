@@ -84,6 +84,17 @@ class Session:
                           on_result=on_result, journal=self.journal, keep=lambda traj: None)
         self.failures.extend(results.failures)
 
+    def failure_note(self) -> str | None:
+        """Why the estimate is missing branches, when some failed after their retry: left out,
+        they bias it towards the branches that did not fail, so the result must say so."""
+        if not self.failures:
+            return None
+        return (f"{len(self.failures)} branch(es) failed after a retry and were left out of "
+                f"the estimate (first: {self.failures[0].error}); fix the agent and run again")
+
+    def failure_rows(self) -> tuple[dict[str, Any], ...]:
+        return tuple(f.to_dict() for f in self.failures)
+
     @property
     def tripped(self) -> str | None:
         return self.meter.tripped

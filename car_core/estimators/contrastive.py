@@ -236,7 +236,9 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = 32
     locus = max(significant) if significant else None
     values = arms.all_values()
     if locus is None:
-        if values and max(values) == min(values):
+        if session.failures:  # the arms are incomplete: no other reason can be trusted
+            reason = session.failure_note()
+        elif values and max(values) == min(values):
             reason = (f"the outcome never varied: all {len(values)} rollouts scored "
                       f"{values[0]:g} whatever was resampled, so nothing can be attributed "
                       f"at this sample size (raise rollouts if a step may still matter)")
@@ -256,7 +258,8 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = 32
         budget_note=session.tripped, tokens=session.meter.tokens,
         cost=round(session.meter.cost, 6), search=chosen, steps=steps, arms=arm_rows,
         example_branch=arms.examples.get(locus) if locus is not None else None,
-        params=params, attribution_id=session.attribution_id)
+        params=params, attribution_id=session.attribution_id,
+        failures=session.failure_rows())
     session.finish(result.to_dict())
     return result
 

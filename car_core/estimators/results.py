@@ -105,6 +105,7 @@ class ContrastiveResult(_Rendered):
     example_branch: dict[str, Any] | None = None
     params: dict[str, Any] = field(default_factory=dict)
     attribution_id: str | None = None
+    failures: tuple[dict[str, Any], ...] = ()  # branches that failed after a retry, left out
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": "contrastive", "run_id": self.run_id,
@@ -116,7 +117,8 @@ class ContrastiveResult(_Rendered):
                 "tokens": self.tokens, "cost": self.cost, "search": self.search,
                 "steps": [s.to_dict() for s in self.steps],
                 "arms": [a.to_dict() for a in self.arms],
-                "example_branch": self.example_branch, "params": dict(self.params)}
+                "example_branch": self.example_branch, "params": dict(self.params),
+                "failures": list(self.failures)}
 
     def table(self) -> list[dict[str, Any]]:
         return [s.to_dict() for s in self.steps]
@@ -131,7 +133,8 @@ class ContrastiveResult(_Rendered):
         foot = (f"{self.tests} test(s), each at {self.level:.4f} (Bonferroni, FWER <= "
                 f"{self.alpha}); search={self.search}; rollouts used {self.rollouts_used} "
                 f"(cap {self.rollouts_cap} per arm); coupled={self.coupled}"
-                + (f"; truncated: {self.budget_note}" if self.truncated else ""))
+                + (f"; truncated: {self.budget_note}" if self.truncated else "")
+                + (f"; {len(self.failures)} failed branch(es) left out" if self.failures else ""))
         table = _text_table(["step", "rescue", "interval", "significant", "P(fail|held)",
                              "P(fail|resampled)", "n", ""], rows)
         return f"{head}\n{table}\n{foot}"
@@ -187,6 +190,7 @@ class ShapleyResult(_Rendered):
     reason: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     attribution_id: str | None = None
+    failures: tuple[dict[str, Any], ...] = ()  # branches that failed after a retry, left out
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": "shapley", "run_id": self.run_id,
@@ -197,7 +201,8 @@ class ShapleyResult(_Rendered):
                 "rollouts_used": self.rollouts_used, "budget": self.budget,
                 "truncated": self.truncated, "budget_note": self.budget_note, "seed": self.seed,
                 "coupled": self.coupled, "tokens": self.tokens, "cost": self.cost,
-                "reason": self.reason, "params": dict(self.params)}
+                "reason": self.reason, "params": dict(self.params),
+                "failures": list(self.failures)}
 
     def table(self) -> list[dict[str, Any]]:
         return [v.to_dict() for v in self.values]
@@ -210,5 +215,6 @@ class ShapleyResult(_Rendered):
                 f"{_num(self.v_full.mean)} - {_num(self.v_empty.mean)}; gap "
                 f"{_num(self.efficiency_gap)}; rollouts used {self.rollouts_used} of "
                 f"{self.budget}; coupled={self.coupled}"
-                + (f"; truncated: {self.budget_note}" if self.truncated else ""))
+                + (f"; truncated: {self.budget_note}" if self.truncated else "")
+                + (f"; {len(self.failures)} failed branch(es) left out" if self.failures else ""))
         return f"{head}\n{_text_table(['player', 'phi', 'interval', 'n'], rows)}\n{foot}"

@@ -323,12 +323,12 @@ def _finish(run: Trajectory, game: Game, session: Session, values: list[ShapleyV
     gap = (total - (v_full.mean - v_empty.mean)
            if total is not None and v_full.mean is not None and v_empty.mean is not None
            else None)
-    reason = None
-    if not measured:
+    reason = session.failure_note()  # the values are incomplete: no other reason holds
+    if reason is None and not measured:
         reason = (f"the budget tripped before every coalition had two rollouts "
                   f"({session.tripped})" if mode == "exact" else
                   f"the budget tripped before one complete unit ({session.tripped})")
-    elif seen and max(seen) == min(seen):
+    elif reason is None and seen and max(seen) == min(seen):
         reason = (f"the outcome never varied: all {len(seen)} rollouts scored {seen[0]:g} "
                   "whatever was held, so every step's value is zero")
     result = ShapleyResult(
@@ -337,7 +337,7 @@ def _finish(run: Trajectory, game: Game, session: Session, values: list[ShapleyV
         budget=cap, truncated=session.tripped is not None, budget_note=session.tripped,
         seed=seed, coupled=session.coupled, tokens=session.meter.tokens,
         cost=round(session.meter.cost, 6), reason=reason, params=params,
-        attribution_id=session.attribution_id)
+        attribution_id=session.attribution_id, failures=session.failure_rows())
     session.finish(result.to_dict())
     return result
 
