@@ -184,14 +184,8 @@ def _executor(name: ExecutorName | None, concurrency: int, address: str | None) 
     ones); otherwise the named backend."""
     if name is None:
         return None
-    from . import execution
-    make = getattr(execution, "make_executor", None)
-    if make is None:
-        if name is not ExecutorName.sequential:
-            raise InvalidInput(f"--executor {name.value} is not available in this build",
-                               hint="use --executor sequential")
-        return execution.Sequential()
-    return make(name.value, concurrency=concurrency, address=address)
+    from .execution import make_executor
+    return make_executor(name.value, concurrency=concurrency, address=address)
 
 
 def _check_resume(db: RunStore, aid: str, run_id: str, method: str,
