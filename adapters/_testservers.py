@@ -227,7 +227,8 @@ class _StubHandler(_Handler):
             time.sleep(owner.delay)
         if status != 200:
             self.send_json(status, {"error": {"message": f"scripted {status}",
-                                              "type": "server_error"}})
+                                              "type": "server_error"}},
+                           {"retry-after": owner.retry_after} if owner.retry_after else None)
             return
         if req.get("model") not in owner.models:
             self.send_json(404, {"error": {"message": f"model {req.get('model')!r} not found",
@@ -245,14 +246,17 @@ class _StubHandler(_Handler):
 
 class StubOpenAIServer(_Server):
     """An OpenAI-shaped chat endpoint that echoes the last user message. ``failures``: status
-    codes returned, in order, before it starts answering; ``delay``: seconds before each
-    answer; ``hits`` counts requests; ``authorization`` is the last request's header."""
+    codes returned, in order, before it starts answering, with a ``Retry-After`` header when
+    ``retry_after`` is given; ``delay``: seconds before each answer; ``hits`` counts requests;
+    ``authorization`` is the last request's header."""
 
     handler = _StubHandler
 
     def __init__(self, failures: Sequence[int] = (), delay: float = 0.0,
-                 models: Sequence[str] = ("stub-model",)) -> None:
+                 models: Sequence[str] = ("stub-model",), retry_after: str | None = None
+                 ) -> None:
         self.failures = list(failures)
+        self.retry_after = retry_after
         self.delay = delay
         self.models = list(models)
         self.hits = 0

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from car_core.errors import InvalidInput, ModelUnavailable, PolicyError
+from car_core.ratelimit import retry_after
 
 from .chat_agent import ChatPolicy, Message, make_action
 
@@ -156,12 +157,9 @@ class OpenAIPolicy(ChatPolicy):
 
 
 def _retry_after(exc: Exception) -> float | None:
-    response = getattr(exc, "response", None)
-    value = response.headers.get("retry-after") if response is not None else None
-    try:
-        return min(float(value), 30.0) if value is not None else None
-    except ValueError:
-        return None
+    """The server's Retry-After, capped at 30 s so one answer cannot stall a branch."""
+    told = retry_after(exc)
+    return None if told is None else min(told, 30.0)
 
 
 def _describe(exc: Exception) -> str:

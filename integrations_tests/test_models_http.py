@@ -136,6 +136,16 @@ def test_openai_policy_retries_500_then_succeeds() -> None:
     assert step.meta["retries"] == 2 and step.meta["system_fingerprint"] == "stub-fp"
 
 
+def test_openai_policy_waits_as_long_as_the_servers_retry_after() -> None:
+    with StubOpenAIServer(failures=[429], retry_after="0.4") as stub:
+        policy = OpenAIPolicy("stub-model", base_url=stub.base_url, backoff=0.01)
+        started = time.monotonic()
+        run = car.record(ChatAgent(policy), context="hi", outcome=lambda r: 0.0)
+        waited = time.monotonic() - started
+    # the server's 0.4 s, not the policy's own 0.01 s backoff
+    assert run.steps[0].meta["retries"] == 1 and stub.hits == 2 and waited >= 0.4
+
+
 def test_openai_policy_gives_up_within_its_retry_time() -> None:
     with StubOpenAIServer(failures=[500] * 50) as stub:
         policy = OpenAIPolicy("stub-model", base_url=stub.base_url, backoff=0.1,
