@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from html.parser import HTMLParser
 
 import pytest
@@ -121,6 +122,23 @@ def test_every_piece_of_agent_text_is_escaped():
     assert "support &lt;b&gt;agent&lt;/b&gt;" in html
     for raw in (SCRIPT, IMG, BREAKOUT):
         assert raw not in html
+
+
+def test_labels_roles_model_names_and_tool_names_are_escaped_too():
+    """The fields the template puts in attributes, tags and plot labels, not only in <pre>."""
+    run, branch = hostile_run()
+    steps = [replace(s, meta={"model": IMG}) for s in run.steps]
+    state = [{**m, "role": 'x" onmouseover="window.__pwned = 4'} for m in steps[1].state]
+    steps[1] = replace(steps[1], state=state)
+    run = replace(run, steps=tuple(steps))
+    shapley = shapley_dict(syn.and_game())
+    shapley["values"][0]["label"] = SCRIPT
+    for html in (render_attribution(hostile_contrastive(run, branch), run=run),
+                 render_attribution(shapley, run=run), render_run(run)):
+        tags = parse(html)
+        assert "script" not in tags.tags and "img" not in tags.tags
+        assert not [a for a in tags.attrs if a.startswith("on")]
+        assert IMG not in html and SCRIPT not in html
 
 
 def test_page_is_self_contained_and_forbids_scripts(pivot_model, pivot_run):
