@@ -172,12 +172,14 @@ class ToolSafety:
 
     def serve(self, name: str, arguments: Any, record: Mapping[tuple[str, str], Any], *,
               run_id: str | None = None, step: int | None = None) -> Any:
-        """The result a side-effect call gets on a branch, without running the tool."""
+        """The result a side-effect call gets on a branch, without running the tool: the tool
+        message content, so a simulator's non-string result is sent as JSON."""
         key = (name, canonical_arguments(arguments))
         if key in record:
             return record[key]
         if name in self.simulators:
-            return self.simulators[name](parse_arguments(arguments))
+            out = self.simulators[name](parse_arguments(arguments))
+            return out if isinstance(out, str) else json.dumps(out)
         raise SideEffectBlocked(
             f"the branch called side-effect tool {name!r} with arguments {key[1]}, which the "
             "record cannot answer", run_id=run_id, step=step,

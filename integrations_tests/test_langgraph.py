@@ -325,6 +325,10 @@ def test_side_effect_tools_never_run_on_branches(monkeypatch: pytest.MonkeyPatch
                                simulators={"issue_refund": lambda a: f"simulated {a['amount']}"})
     branch = simulated.branch(run, plan, branch_noise(0, 0, "t", True))
     assert branch.steps[2].observation[0]["content"] == "simulated 999.0"
+    as_json = LangGraphAgent(s.app, model=s.wrapper,
+                             simulators={"issue_refund": lambda a: {"simulated": a["amount"]}})
+    branch = as_json.branch(run, plan, branch_noise(0, 0, "t", True))
+    assert json.loads(branch.steps[2].observation[0]["content"]) == {"simulated": 999.0}
     assert refunds == []
     live = LangGraphAgent(s.app, model=s.wrapper).branch(run, compile_plan(
         run, car.do_resample(2)), branch_noise(0, 0, "t", True))
