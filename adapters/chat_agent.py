@@ -115,6 +115,7 @@ class ChatPolicy:
 
     model: str = ""
     tools: list[dict[str, Any]] | None = None
+    remote = False  # True when each decision waits on a model server
 
     def __init__(self) -> None:
         self._local = threading.local()
@@ -170,9 +171,13 @@ def is_final(action: Any) -> bool:
 
 def ChatAgent(policy: Callable[..., Any], tools: Mapping[str, Callable[..., Any]] | None = None,
               *, max_steps: int = 8, name: str = "chat-agent") -> car.FunctionAgent:
-    """A tool-calling chat agent as a ``car.FunctionAgent``."""
-    return car.FunctionAgent(policy=policy, environment=run_tools(dict(tools or {})),
-                             is_final=is_final, max_steps=max_steps, name=name)
+    """A tool-calling chat agent as a ``car.FunctionAgent``. Over a model server (``remote``
+    policies) it asks for the asyncio executor by default: branches then wait on the server
+    together instead of one after another."""
+    agent = car.FunctionAgent(policy=policy, environment=run_tools(dict(tools or {})),
+                              is_final=is_final, max_steps=max_steps, name=name)
+    agent.prefers_concurrency = bool(getattr(policy, "remote", False))  # type: ignore[attr-defined]
+    return agent
 
 
 def edit_context(edit: Callable[[list[Message]], list[Message]]

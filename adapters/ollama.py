@@ -52,6 +52,8 @@ def ollama_messages(messages: Sequence[Message]) -> list[Message]:
 class OllamaPolicy(ChatPolicy):
     """``policy(history, rng) -> assistant message`` from a model served by Ollama."""
 
+    remote = True
+
     def __init__(self, model: str, *, host: str | None = None, client: Any = None,
                  tools: Sequence[Mapping[str, Any]] | None = None, temperature: float = 0.8,
                  top_p: float | None = None, num_ctx: int = 2048, max_tokens: int = 256,

@@ -55,6 +55,8 @@ class OpenAIPolicy(ChatPolicy):
     its ``cost`` (otherwise a ``car.Budget(prices=...)`` table prices the tokens).
     """
 
+    remote = True
+
     def __init__(self, model: str, *, client: Any = None, base_url: str | None = None,
                  api_key: str | None = None, tools: Sequence[Mapping[str, Any]] | None = None,
                  temperature: float = 1.0, top_p: float | None = None, max_tokens: int = 256,

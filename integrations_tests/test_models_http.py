@@ -213,6 +213,18 @@ def test_prices_put_a_cost_on_each_step() -> None:
     assert run.steps[0].meta["cost"] == pytest.approx((10 * 2.0 + 3 * 8.0) / 1e6)
 
 
+def test_chat_agents_over_a_server_default_to_concurrent_branches() -> None:
+    from car_adapters.local import LocalPolicy
+
+    from car_core.execution import AsyncioExecutor, Sequential, default_executor
+    remote = [OpenAIPolicy("m", base_url="http://127.0.0.1:1/v1"),
+              OllamaPolicy(MODEL, host="http://127.0.0.1:1")]
+    for policy in remote:
+        assert isinstance(default_executor(ChatAgent(policy)), AsyncioExecutor)
+    # the embedded model decodes under one lock: threads would only wait on each other
+    assert isinstance(default_executor(ChatAgent(LocalPolicy())), Sequential)
+
+
 def test_wire_messages_send_tool_turns_without_null_content() -> None:
     from car_adapters.openai import wire_messages
     msgs = wire_messages([{"role": "assistant", "content": None, "tool_calls": [
