@@ -11,7 +11,9 @@ The budget is checked before each task starts (in-flight tasks count against it)
 was not started is simply not in the results, and the caller reports the estimate as truncated.
 A branch that raises, or whose worker dies, is retried once and then returned as a ``Failure``
 in ``Results.failures``: never silently dropped. Errors in the caller's own inputs
-(``InvalidInput``, store errors) are not retried; they stop the run.
+(``InvalidInput``, store errors) and a model server that stays unreachable after the policy's
+own bounded retries (``ModelUnavailable``) are not retried; they stop the run, and the branches
+already written to a journal stay there for a resume.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .errors import (
     AdapterError,
     BudgetExhausted,
     InvalidInput,
+    ModelUnavailable,
     NothingToAttribute,
     RunError,
     SideEffectBlocked,
@@ -42,12 +45,14 @@ from .seeding import Noise
 R = TypeVar("R")
 
 # Errors that say the caller's inputs are wrong, or that every branch would hit again (a
-# side-effect tool with no simulator, glue that cannot fork): retrying cannot help, and leaving
-# such branches out would bias the estimate towards the branches that avoided them, so they stop
-# the run.
+# side-effect tool with no simulator, glue that cannot fork, a model server that is down, has no
+# such model or refuses the key — model policies raise ModelUnavailable only after their own
+# bounded retries): retrying cannot help, and leaving such branches out would bias the estimate
+# towards the branches that avoided them (or leave nothing to estimate from), so they stop the
+# run.
 NOT_RETRIED: tuple[type[BaseException], ...] = (
     InvalidInput, RunError, StoreError, BudgetExhausted, NothingToAttribute, SideEffectBlocked,
-    AdapterError)
+    AdapterError, ModelUnavailable)
 _NO_SPEND = SimpleNamespace(steps=())  # what a failed branch is charged as: one rollout, no tokens
 
 
