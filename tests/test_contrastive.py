@@ -233,6 +233,26 @@ def test_store_keeps_the_attribution_and_a_resume_runs_nothing_again(store, pivo
     assert again.to_dict() == first.to_dict()
 
 
+@pytest.mark.parametrize("change", [{"seed": 1}, {"coupled": False}, {"run": 50}])
+def test_resume_refuses_branches_drawn_for_another_estimate(store, change):
+    """The journal keys branches by (arm, rollout); resuming with another seed, coupling or
+    run would read the first estimate's branches back as this one's."""
+    model = syn.noisy_pivot()
+    run = model.failing_run(0)
+    car.contrastive(run, model.agent(), outcome=model.outcome, rollouts=8, store=store,
+                    attribution_id="a1")
+    kwargs = {k: v for k, v in change.items() if k != "run"}
+    other = model.failing_run(change["run"]) if "run" in change else run
+    with pytest.raises(InvalidInput, match="attribution a1"):
+        car.contrastive(other, model.agent(), outcome=model.outcome, rollouts=8, store=store,
+                        attribution_id="a1", **kwargs)
+    assert store.attribution("a1")["run_id"] == run.id  # the stored attribution is untouched
+    # a larger cap is a legitimate resume: it reuses the branches and runs only the new ones
+    more = car.contrastive(run, model.agent(), outcome=model.outcome, rollouts=16,
+                           store=store, attribution_id="a1")
+    assert more.attribution_id == "a1"
+
+
 def test_html_report_renders_the_result(pivot_model, pivot_run):
     res = car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
                           rollouts=16)

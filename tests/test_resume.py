@@ -161,17 +161,18 @@ def test_sigkilled_contrastive_resumes_to_the_same_result(
     """The estimator itself, killed mid-way through its rollouts and resumed with the same
     seed and attribution id: same locus, effects, intervals and rollouts used; the resume
     makes only the policy calls the killed run had not finished."""
-    db, run = stored_run
-    reference = attribute_contrastive(db, run.id, "reference", -1, backend)
+    db, run = stored_run  # the estimator begins its own attributions (the fixture's are
+    # "resume-test" ones, which a contrastive resume rightly refuses)
+    reference = attribute_contrastive(db, run.id, "c-reference", -1, backend)
     assert reference["result"]["locus"] == syn.pivot().locus
     total = reference["calls"]
-    killed = killed_child(db, run.id, "killed", total // 2, backend, mode="contrastive")
+    killed = killed_child(db, run.id, "c-killed", total // 2, backend, mode="contrastive")
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     with RunStore(db) as store:
-        kept = list(store.branches("killed"))
+        kept = list(store.branches("c-killed"))
     assert 0 < len(kept) < reference["result"]["rollouts_used"]
 
-    resumed = attribute_contrastive(db, run.id, "killed", -1, backend)
+    resumed = attribute_contrastive(db, run.id, "c-killed", -1, backend)
     assert resumed["result"] == reference["result"]
     # a branch of arm hold<j runs steps j..5 live: 6 - j policy calls. Stored branches are
     # read back, so the resume makes exactly the calls of the branches that were not stored

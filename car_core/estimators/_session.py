@@ -8,7 +8,7 @@ from typing import Any
 
 from ..agent import OutcomeFn
 from ..budget import Budget, BudgetMeter
-from ..errors import InvalidBudget, InvalidInput, NothingToAttribute
+from ..errors import AttributionNotFound, InvalidBudget, InvalidInput, NothingToAttribute
 from ..execution import Executor, Failure, Task, brancher, default_executor, execute
 from ..interventions import Plan
 from ..replay import check_run
@@ -16,6 +16,10 @@ from ..seeding import branch_noise
 from ..trajectory import Trajectory
 
 OnValue = Callable[[Task, float, Trajectory], None]
+# The parameters that decide what a journaled (arm, rollout) branch is: its noise stream
+# (seed, coupling, which Shapley mode chose it) and the agent that ran it. Caps and levels may
+# change between a run and its resume; these may not.
+BRANCH_PARAMS = ("seed", "coupled", "mode", "agent")
 
 
 def as_budget(budget: Budget | int | None, what: str) -> Budget | None:
@@ -33,6 +37,28 @@ def check_run_has_steps(run: Trajectory) -> None:
     if not run.steps:
         raise NothingToAttribute("the run has no steps, so no step can be blamed", run_id=run.id,
                                  hint="record a run in which the agent took at least one step")
+
+
+def check_resumable(store: Any, attribution_id: str, run_id: str, method: str,
+                    params: dict[str, Any]) -> None:
+    """Refuse to continue a stored attribution with another run, method or noise: its journal
+    would hand back branches of a different estimate under the same (arm, rollout) keys."""
+    try:
+        row = store.attribution(attribution_id)
+    except AttributionNotFound:
+        return
+    if row["run_id"] != run_id or row["method"] != method:
+        raise InvalidInput(f"attribution {attribution_id} is a {row['method']} attribution of "
+                           f"run {row['run_id']}, not a {method} attribution of run {run_id}",
+                           run_id=run_id, hint="pass a new attribution_id, or resume it with "
+                                               "that run and method")
+    for key in BRANCH_PARAMS:
+        stored, given = row["params"].get(key), params.get(key)
+        if stored != given:
+            raise InvalidInput(f"attribution {attribution_id} was started with {key}={stored!r},"
+                               f" not {given!r}", run_id=run_id,
+                               hint=f"resume it with {key}={stored!r} (its stored branches were "
+                                    "drawn that way), or pass a new attribution_id")
 
 
 class Session:
@@ -56,6 +82,8 @@ class Session:
         self.failures: list[Failure] = []  # branches that failed after their retry
         if store is not None:
             from ..store import StoreJournal
+            if attribution_id is not None:
+                check_resumable(store, attribution_id, run.id, method, params)
             if not store.exists(run.id):
                 store.save(run)
             self.attribution_id = store.begin_attribution(run.id, method, params, attribution_id)
