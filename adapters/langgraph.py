@@ -18,7 +18,8 @@ with LangGraph's own machinery, for an app compiled with a checkpointer whose me
   ``CarChatModel(inner=model)``; pass that wrapper as ``LangGraphAgent(app, model=wrapper)``.
 - **Tools** run live on branches, except the ``side_effect_tools`` you name: those are answered
   from the record on an exact call match, else by ``simulators[name](arguments)``, else the branch
-  stops with ``SideEffectBlocked``. The branch is interrupted before each ``ToolNode`` to do this.
+  stops with ``SideEffectBlocked``. The branch is interrupted before each ``ToolNode`` to do this,
+  so a side-effect tool that no ``ToolNode`` runs is refused when the agent is built.
 - ``import_thread(thread_id)`` rebuilds the trajectory the callback would have recorded from
   ``get_state_history``; ``attribute_thread`` imports a thread and attributes it in one call.
 
@@ -108,6 +109,14 @@ class LangGraphAgent:
         self.recursion_limit = recursion_limit
         self.tool_nodes = {n: spec.runnable for n, spec in app.builder.nodes.items()
                            if isinstance(spec.runnable, ToolNode)}
+        served = {t for node in self.tool_nodes.values()
+                  for t in getattr(node, "tools_by_name", {})}
+        unguarded = sorted(self.safety.side_effect_tools - served)
+        if unguarded:  # a tool run by any other node would run live on every branch
+            raise AdapterError(f"side-effect tool(s) {unguarded} are not run by a ToolNode of "
+                               "this graph, so branches could not keep them from running",
+                               hint="run the graph's tools through langgraph.prebuilt.ToolNode "
+                                    "and check the tool names")
         self.couples_noise = model is not None and seedable(model.inner)
         self.name = name or f"langgraph:{app.get_name()}"
         # a graph with async-only nodes cannot run under invoke(); branches use ainvoke()
@@ -159,6 +168,11 @@ class LangGraphAgent:
             raise InvalidIntervention("do_policy on a LangGraph agent takes a LangChain chat "
                                       "model", run_id=run.id, step=policy[0],
                                       hint="pass do_policy(k, SomeChatModel(...))")
+        if plan.forced_observations and not self.tool_nodes:
+            raise AdapterError("do_observation needs the graph's tools to run in a ToolNode, "
+                               "where the branch can answer them instead", run_id=run.id,
+                               step=min(plan.forced_observations),
+                               hint="run the graph's tools through langgraph.prebuilt.ToolNode")
         forced = {j: check_action(a, step=j) for j, a in plan.forced_actions.items()}
         config = self._fork(run, k)
         thread_id = config["configurable"]["thread_id"]

@@ -198,3 +198,36 @@ def test_a_run_the_store_refuses_is_kept_with_its_error(store: Any,
     app.invoke(sa.inputs(), {"configurable": {"thread_id": "u"}, "callbacks": [cb]})
     assert cb.run is not None and len(cb.run.steps) == 3  # lookup, deny, reply
     assert [str(e) for e in cb.store_errors] == [f"refused {cb.run.id}"]
+
+
+def test_tools_outside_a_tool_node_cannot_be_guarded_or_answered() -> None:
+    """A node that runs tools itself cannot be interrupted before a tool call: naming one of its
+    tools a side effect, or forcing its result, is refused instead of running it live."""
+    runs: list[str] = []
+    by_name = {t.name: t for t in sa.TOOLS}
+    model = CarChatModel(inner=sa.PlantedSupportModel(p_follow=1.0))
+    bound = model.bind_tools(sa.TOOLS)
+
+    def tools(state: MessagesState) -> dict[str, Any]:
+        calls = state["messages"][-1].tool_calls
+        runs.extend(c["name"] for c in calls)
+        return {"messages": [ToolMessage(by_name[c["name"]].invoke(c["args"]), name=c["name"],
+                                         tool_call_id=c["id"]) for c in calls]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", lambda state: {"messages": [bound.invoke(state["messages"])]})
+    graph.add_node("tools", tools)
+    graph.add_edge(START, "agent")
+    graph.add_conditional_edges("agent", tools_condition)
+    graph.add_edge("tools", "agent")
+    saver = InMemorySaver()
+    app = graph.compile(checkpointer=saver)
+    cb = CarCallback()
+    app.invoke(sa.inputs(), {"configurable": {"thread_id": "user"}, "callbacks": [cb]})
+    run, recorded_runs = cb.run, list(runs)
+    with pytest.raises(AdapterError, match=r"\['issue_refund'\] are not run by a ToolNode"):
+        LangGraphAgent(app, model=model, side_effect_tools=["issue_refund"])
+    with pytest.raises(AdapterError, match="do_observation needs"):
+        LangGraphAgent(app, model=model).branch(
+            run, compile_plan(run, car.do_observation(0, ["{}"])), NOISE)
+    assert runs == recorded_runs and threads(saver) == {"user"}
