@@ -64,8 +64,13 @@ class FunctionAgent:
                                hint="pass policy=lambda history, rng: ...")
         if self.environment is not None and not callable(self.environment):
             raise InvalidInput("FunctionAgent: environment must be callable or None")
-        if self.max_steps < 1:
-            raise InvalidInput(f"FunctionAgent: max_steps={self.max_steps} must be at least 1")
+        if self.is_final is not None and not callable(self.is_final):
+            raise InvalidInput("FunctionAgent: is_final must be callable or None",
+                               hint="pass is_final=lambda action: ... (True ends the run)")
+        steps = self.max_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise InvalidInput(f"FunctionAgent: max_steps={steps!r} must be an int of at least 1",
+                               hint="pass max_steps=20, say")
 
     def finished(self, action: JSON) -> bool:
         return bool(self.is_final(action)) if self.is_final is not None else False

@@ -140,6 +140,11 @@ def test_a_function_agent_without_a_policy() -> None:
         car.FunctionAgent(policy="not callable")
     with pytest.raises(InvalidInput, match="max_steps=0"):
         car.FunctionAgent(policy=lambda h, r: None, max_steps=0)
+    for steps in (None, "3", 2.5, True):  # caught here, not as a TypeError in the first run
+        with pytest.raises(InvalidInput, match="max_steps="):
+            car.FunctionAgent(policy=lambda h, r: None, max_steps=steps)
+    with pytest.raises(InvalidInput, match="is_final must be callable"):
+        car.FunctionAgent(policy=lambda h, r: None, is_final=3)
 
 
 def test_a_policy_that_raises_or_returns_garbage_names_its_step(pivot_run) -> None:
