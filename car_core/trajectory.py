@@ -4,7 +4,8 @@ A run is ``τ = [s0, (a0, o0), …, (a_{n-1}, o_{n-1}), y]``. Each ``Step`` keep
 policy chose, the observation the environment returned (if any), optionally the state it decided
 from (chat messages for framework agents; for ``FunctionAgent`` the state is the prefix itself),
 and free-form metadata (model, seed, tokens, latency, framework ids). Digests are chained from
-the context through every step, so editing any stored byte is detected on load.
+the context through every step, so editing the context or any step is detected on load; the
+outcome, seed, status and lineage are outside the chain (``RunStore`` seals them separately).
 """
 
 from __future__ import annotations
