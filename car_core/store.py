@@ -207,8 +207,8 @@ class RunStore:
         except (ValueError, TypeError, AttributeError) as exc:
             raise CorruptRun(f"stored run does not parse: {exc}", run_id=run_id,
                              hint="the database was edited by hand; record the run again") from exc
-        seal = header.pop("seal", None)
-        if seal is not None and seal != _seal(row, header):
+        seal = header.pop("seal", None)  # every save writes one: a missing seal was removed
+        if seal != _seal(row, header):
             raise CorruptRun("the stored header (outcome, lineage, status …) was changed after "
                              "saving", run_id=run_id,
                              hint="the database was edited by hand; record the run again")

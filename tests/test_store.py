@@ -354,6 +354,8 @@ def test_any_trajectory_round_trips_through_the_store(tmp_path: Path, run) -> No
     "UPDATE runs SET status = 'max_steps' WHERE id = :id",
     "UPDATE runs SET header = replace(header, '\"value\": 1.0', '\"value\": 0.0') "
     "WHERE id = :id",
+    # dropping the seal along with the edit must not switch the check off
+    "UPDATE runs SET outcome = 0.0, header = json_remove(header, '$.seal') WHERE id = :id",
 ])
 def test_editing_the_stored_outcome_or_status_is_detected(tmp_path: Path, pivot_run,
                                                           sql: str) -> None:
