@@ -90,8 +90,9 @@ def test_outcome_that_never_varies_is_reported():
 
 
 def test_family_wise_alpha_controls_false_loci_when_steps_are_independent():
-    """Uncoupled arms (independent noise) on a model where no step matters: each step's
-    interval is at 1 − α/(m·looks), so a false locus should appear in ≤ α of runs."""
+    """Uncoupled arms (independent noise) on a model where no step matters: the m steps' looks
+    share α between them (stats.look_levels: shares sum to α), so a false locus should appear
+    in ≤ α of runs."""
     model = syn.no_cause(n_steps=4)
     agent = model.agent()
     agent.couples_noise = False
