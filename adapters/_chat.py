@@ -131,6 +131,32 @@ def check_observation(observation: Any, action: Any, *, step: int | None = None
     return [tool_result(cid, name, by_id[cid]) for cid, name, _ in calls]
 
 
+def consistent(messages: list[Message], *, run_id: str | None = None,
+               step: int | None = None) -> list[Message]:
+    """Keep tool calls and tool results paired after a ``do_context`` edit: a result whose call
+    was removed is dropped; a call left without a result is an error (no chat model accepts
+    it)."""
+    open_calls: set[str] = set()
+    answered: set[str] = set()
+    out = []
+    for m in messages:
+        if m.get("role") == "assistant":
+            open_calls |= {cid for cid, _, _ in calls_of(m)}
+        if m.get("role") == "tool":
+            cid = str(m.get("tool_call_id"))
+            if cid not in open_calls:
+                continue
+            answered.add(cid)
+        out.append(m)
+    missing = sorted(open_calls - answered)
+    if missing:
+        raise InvalidIntervention(
+            f"the edited messages keep tool call(s) {missing} without their results",
+            run_id=run_id, step=step,
+            hint="remove the assistant message that made the call, or keep its tool results")
+    return out
+
+
 def recorded_calls(steps: Iterable[Any]) -> dict[tuple[str, str], Any]:
     """``(tool name, canonical arguments) -> result content`` over a run's recorded steps."""
     out: dict[tuple[str, str], Any] = {}
@@ -188,4 +214,5 @@ class ToolSafety:
 
 
 __all__ = ["ToolSafety", "assistant", "calls_of", "canonical_arguments", "check_action",
-           "check_observation", "parse_arguments", "recorded_calls", "tool_call", "tool_result"]
+           "check_observation", "consistent", "parse_arguments", "recorded_calls", "tool_call",
+           "tool_result"]

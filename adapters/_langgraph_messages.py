@@ -88,29 +88,6 @@ def from_dicts(messages: Sequence[Mapping[str, Any]]) -> list[BaseMessage]:
     return out
 
 
-def consistent(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Keep tool calls and tool results paired after an edit: a result whose call was removed
-    is dropped; a call left without a result is an error (no chat model accepts it)."""
-    open_calls: set[str] = set()
-    answered: set[str] = set()
-    out = []
-    for m in messages:
-        if m.get("role") == "assistant":
-            open_calls |= {cid for cid, _, _ in calls_of(m)}
-        if m.get("role") == "tool":
-            cid = str(m.get("tool_call_id"))
-            if cid not in open_calls:
-                continue
-            answered.add(cid)
-        out.append(m)
-    missing = sorted(open_calls - answered)
-    if missing:
-        raise InvalidIntervention(
-            f"the edited messages keep tool call(s) {missing} without their results",
-            hint="remove the assistant message that made the call, or keep its tool results")
-    return out
-
-
 def decode(messages: Sequence[BaseMessage], decisions: Iterable[str] | None = None
            ) -> list[tuple[int, dict[str, Any], list[dict[str, Any]] | None, bool]]:
     """``(position, action, observation, observed)`` for each model decision in ``messages``.

@@ -55,11 +55,17 @@ from car_core.seeding import Noise
 from car_core.store import RunStore
 from car_core.trajectory import Outcome, Step, Trajectory
 
-from ._chat import ToolSafety, calls_of, check_action, check_observation, recorded_calls
+from ._chat import (
+    ToolSafety,
+    calls_of,
+    check_action,
+    check_observation,
+    consistent,
+    recorded_calls,
+)
 from ._langgraph_callback import CarCallback
 from ._langgraph_messages import (
     action_message,
-    consistent,
     decode,
     from_dicts,
     jsonable,
@@ -310,7 +316,8 @@ class LangGraphAgent:
         base = len(snapshot.values.get(key) or [])
         if k in plan.context_edits:
             edited = plan.context_edits[k](copy.deepcopy(step.state))
-            edited = consistent([dict(m) for m in _as_dicts(edited, run.id, k)])
+            edited = consistent([dict(m) for m in _as_dicts(edited, run.id, k)], run_id=run.id,
+                                step=k)
             self.app.update_state(_thread(config["configurable"]["thread_id"]),
                                   {key: [RemoveMessage(id=REMOVE_ALL_MESSAGES),
                                          *from_dicts(edited)]})  # as the node that last wrote,

@@ -268,6 +268,21 @@ def test_edit_that_drops_the_user_message_is_refused(recorder: Any, recorded: An
     assert recorder.runs == [run]                  # branches are never recorded as runs
 
 
+def test_edit_that_leaves_a_tool_call_unanswered_is_refused(recorded: Any) -> None:
+    planted, run = recorded
+    drop_results = car.do_context(2, lambda ms: [m for m in ms if m["role"] != "tool"])
+    planted.counters.reset()
+    with pytest.raises(InvalidIntervention, match="without their results") as err:
+        car.intervene(run, LlamaIndexAgent(planted.agent), drop_results, outcome=escalated,
+                      rollouts=1)
+    assert err.value.step == 2 and planted.model.calls == 0
+    # a result whose call the edit removed is dropped, so the pair stays consistent
+    drop_call = car.do_context(1, lambda ms: [m for m in ms if m["role"] != "assistant"])
+    dist = car.intervene(run, LlamaIndexAgent(planted.agent), drop_call, outcome=escalated,
+                         rollouts=1)
+    assert [m["role"] for m in dist.trajectories[0].steps[1].state] == ["system", "user"]
+
+
 def test_contrastive_names_the_planted_decision(recorder: Any) -> None:
     # With p_urgent = 0.5 the arms are H_0 = H_1 = 0.5 and H_2 = H_3 = 1 (step 0 and step 2 are
     # deterministic), so the rescues are 0, 0.5, 0 and the point of commitment is step 1.

@@ -30,7 +30,7 @@ from car_core.errors import AdapterError, CarError, InvalidIntervention
 from car_core.interventions import Plan
 from car_core.seeding import Noise
 
-from .._chat import ToolSafety, recorded_calls
+from .._chat import ToolSafety, consistent, recorded_calls
 from ._messages import from_dicts
 from .branch import BranchSession, CarBranchLLM, CarBranchTool, forced_observations
 from .recorder import BRANCH_TOKEN, CarRecorder, tool_names
@@ -55,6 +55,7 @@ def _check_history(messages: Any, run_id: str, k: int) -> list[dict[str, Any]]:
         raise InvalidIntervention("the do_context edit must return a list of message dicts",
                                   run_id=run_id, step=k,
                                   hint='return [{"role": ..., "content": ...}, ...]')
+    messages = consistent([dict(m) for m in messages], run_id=run_id, step=k)
     rest = [m for m in messages if m["role"] != "system"]
     if not rest or rest[0]["role"] != "user":
         raise InvalidIntervention(
