@@ -254,6 +254,21 @@ def test_resume_refuses_branches_drawn_for_another_estimate(store, change):
     assert more.attribution_id == "a1"
 
 
+def test_a_run_that_differs_from_the_stored_one_under_its_id_is_refused(store):
+    """The attribution would be filed under the stored run while its branches came from
+    another one."""
+    import dataclasses
+
+    from car_core.errors import StoreError
+    model = syn.pivot()
+    run = model.failing_run(0)
+    store.save(run)
+    impostor = dataclasses.replace(model.failing_run(7), id=run.id)
+    assert impostor.digest != run.digest
+    with pytest.raises(StoreError, match="different run"):
+        car.contrastive(impostor, model.agent(), outcome=model.outcome, rollouts=4, store=store)
+
+
 def test_html_report_renders_the_result(pivot_model, pivot_run):
     res = car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
                           rollouts=16)

@@ -84,8 +84,7 @@ class Session:
             from ..store import StoreJournal
             if attribution_id is not None:
                 check_resumable(store, attribution_id, run.id, method, params)
-            if not store.exists(run.id):
-                store.save(run)
+            store.save(run)  # idempotent; refuses another run stored under the same id
             self.attribution_id = store.begin_attribution(run.id, method, params, attribution_id)
             self.journal = StoreJournal(store, self.attribution_id)
 
