@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 import car_core as car
-from car_core.errors import InvalidInput
+from car_core.errors import CarError, InvalidInput
 
 from ._chat import assistant, parse_arguments, tool_call, tool_result
 
@@ -143,7 +143,8 @@ class ChatPolicy:
 
 def run_tools(tools: Mapping[str, Callable[..., Any]]) -> EnvironmentFn:
     """An environment that runs each tool call with ``tools[name](**arguments)`` and answers
-    with tool messages; a tool that raises answers with its error, as real agents see it."""
+    with tool messages; a tool that raises answers with its error, as real agents see it,
+    except a CAR error (a blocked side effect, a budget), which stops the branch."""
     def environment(history: car.History, action: Any, rng: np.random.Generator
                     ) -> list[Message]:
         results = []
@@ -155,8 +156,9 @@ def run_tools(tools: Mapping[str, Callable[..., Any]]) -> EnvironmentFn:
                 content: Any = f"error: no tool named {name!r}"
             else:
                 try:
-                    out = fn(**args)
-                    content = out
+                    content = fn(**args)
+                except CarError:
+                    raise
                 except Exception as exc:  # the tool's own failure is part of the episode
                     content = f"error: {exc}"
             results.append(tool_result(call["id"], name, content))

@@ -15,6 +15,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, Tool
 from langchain_core.tools import tool
 
 import car_core as car
+from car_core.errors import SideEffectBlocked
 from car_core.testing import count_calls, run_conformance
 
 TOOLS = [tool_schema("lookup_order", "Look up the status of an order",
@@ -89,6 +90,25 @@ def test_a_reply_cut_off_by_max_tokens_is_a_recorded_failure_not_a_crash() -> No
 def test_malformed_tool_calls_become_an_error_field(calls: list, problem: str) -> None:
     action = make_action(3, None, calls, "tool_calls", TOOLS, 64)
     assert action["tool_calls"] == [] and problem in action["error"]
+
+
+def test_a_tool_error_is_an_observation_but_a_blocked_side_effect_stops_the_run() -> None:
+    def refund(order_id: str) -> str:
+        raise SideEffectBlocked("issue_refund may not run on a branch")
+
+    def broken(order_id: str) -> str:
+        raise RuntimeError("database down")
+
+    def policy(history: car.History, rng: object) -> dict:
+        return make_action(history.index, None, [("lookup_order", {"order_id": "42"})],
+                           "tool_calls", TOOLS, 64)
+
+    run = car.record(ChatAgent(policy, {"lookup_order": broken}, max_steps=1),
+                     context=CONTEXT, outcome=called_no_tool)
+    assert run.steps[0].observation[0]["content"] == "error: database down"
+    with pytest.raises(SideEffectBlocked, match="issue_refund"):
+        car.record(ChatAgent(policy, {"lookup_order": refund}, max_steps=1),
+                   context=CONTEXT, outcome=called_no_tool)
 
 
 def test_history_messages_rebuild_the_state_a_step_decided_from(
