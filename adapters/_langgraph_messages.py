@@ -96,11 +96,16 @@ def decode(messages: Sequence[BaseMessage], decisions: Iterable[str] | None = No
     context, not decisions); None means every ``AIMessage``.
     """
     wanted = set(decisions) if decisions is not None else None
-    results = {m.tool_call_id: m for m in messages if isinstance(m, ToolMessage)}
     out = []
     for pos, m in enumerate(messages):
         if not isinstance(m, AIMessage) or (wanted is not None and m.id not in wanted):
             continue
+        results: dict[str, ToolMessage] = {}  # the answers between this decision and the next,
+        for later in messages[pos + 1:]:      # so a model that reuses call ids keeps each
+            if isinstance(later, AIMessage):  # step's own results
+                break
+            if isinstance(later, ToolMessage):
+                results.setdefault(later.tool_call_id, later)
         action = to_dict(m)
         calls = calls_of(action)
         obs = [to_dict(results[cid]) for cid, _, _ in calls if cid in results]

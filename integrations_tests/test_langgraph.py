@@ -382,6 +382,34 @@ def test_parallel_tool_calls_with_a_prebuilt_react_agent() -> None:
     assert branch.steps[1].action["content"] == "rain / dusk"
 
 
+class SameIdModel(sa.PlantedSupportModel):
+    """Reuses one tool-call id at every step, as some models and servers do."""
+
+    def decide(self, messages: Any) -> AIMessage:
+        done = sum(isinstance(m, ToolMessage) for m in messages)
+        if done < 2:
+            tool = (weather, clock)[done]
+            return AIMessage("", tool_calls=[{"id": "x", "name": tool.name,
+                                              "args": {"city": "Oslo"}}])
+        return AIMessage("done")
+
+
+@pytest.mark.filterwarnings("ignore:create_react_agent has been moved")
+def test_reused_tool_call_ids_keep_each_steps_own_result() -> None:
+    from langgraph.prebuilt import create_react_agent
+    wrapper = CarChatModel(inner=SameIdModel())
+    app = create_react_agent(wrapper, [weather, clock], checkpointer=InMemorySaver())
+    app.invoke({"messages": [{"role": "user", "content": "Oslo?"}]},
+               {"configurable": {"thread_id": "x"}})
+    agent = LangGraphAgent(app, model=wrapper)
+    run = agent.import_thread("x")
+    expected = ["sunny in Oslo", "noon in Oslo", None]
+    assert [s.observation and s.observation[0]["content"] for s in run.steps] == expected
+    branch = agent.branch(run, compile_plan(run, car.do_resample(0)),
+                          branch_noise(0, 0, "t", True))
+    assert [s.observation and s.observation[0]["content"] for s in branch.steps] == expected
+
+
 def _async_app(model: Any, saver: Any) -> Any:
     bound = model.bind_tools(sa.TOOLS)
 
