@@ -120,6 +120,14 @@ class ChatPolicy:
     def __init__(self) -> None:
         self._local = threading.local()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (Ray ships the agent to its workers): the per-thread meta stays behind."""
+        return {k: v for k, v in self.__dict__.items() if k != "_local"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
     def complete(self, messages: list[Message], seed: int, k: int
                  ) -> tuple[dict[str, Any], dict[str, Any]]:
         """One model call: (action, meta). Subclasses implement it."""

@@ -111,6 +111,15 @@ def test_a_tool_error_is_an_observation_but_a_blocked_side_effect_stops_the_run(
                    context=CONTEXT, outcome=called_no_tool)
 
 
+def test_the_local_chat_agent_pickles_for_ray_workers(tool_run: car.Trajectory) -> None:
+    import cloudpickle
+    agent = cloudpickle.loads(cloudpickle.dumps(
+        ChatAgent(LocalPolicy(TOOLS, max_tokens=48), ORDERS, max_steps=2)))
+    assert agent.policy.step_meta() == {}  # a fresh per-thread slot
+    assert car.action_match_rate(tool_run, agent, replays=1).per_step == (1.0,) * len(
+        tool_run.steps)
+
+
 def test_history_messages_rebuild_the_state_a_step_decided_from(
         tool_run: car.Trajectory) -> None:
     msgs = history_messages(tool_run.history(1))
