@@ -20,7 +20,7 @@ from typing import Any
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
-from langchain_core.messages import BaseMessage, ToolMessage
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.runnables.config import var_child_runnable_config
 
 from car_core.errors import StoreError
@@ -195,9 +195,16 @@ class CarCallback(BaseCallbackHandler):
         for m in final.get(self.messages_key) or ():
             if isinstance(m, ToolMessage):
                 results[m.tool_call_id] = m
+        # a decision found in the final messages takes the results that follow it there (a
+        # model may reuse call ids across steps); one that is not, the results by call id
+        final_messages = list(final.get(self.messages_key) or ())
+        at = {m.id: i for i, m in enumerate(final_messages) if isinstance(m, AIMessage) and m.id}
         steps = []
         for i, call in enumerate(calls):
-            (_, action, observation, observed), = decode([call.message, *results.values()])
+            pos = at.get(call.message.id) if call.message.id else None
+            answers = (final_messages[pos + 1:] if pos is not None
+                       else list(results.values()))
+            _, action, observation, observed = decode([call.message, *answers])[0]
             steps.append(Step(index=i, action=action, observation=observation,
                               observed=observed, state=call.state, meta=call.meta))
         status = "complete"

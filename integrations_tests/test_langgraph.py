@@ -399,12 +399,13 @@ def test_reused_tool_call_ids_keep_each_steps_own_result() -> None:
     from langgraph.prebuilt import create_react_agent
     wrapper = CarChatModel(inner=SameIdModel())
     app = create_react_agent(wrapper, [weather, clock], checkpointer=InMemorySaver())
+    cb = CarCallback()
     app.invoke({"messages": [{"role": "user", "content": "Oslo?"}]},
-               {"configurable": {"thread_id": "x"}})
+               {"configurable": {"thread_id": "x"}, "callbacks": [cb]})
     agent = LangGraphAgent(app, model=wrapper)
-    run = agent.import_thread("x")
     expected = ["sunny in Oslo", "noon in Oslo", None]
-    assert [s.observation and s.observation[0]["content"] for s in run.steps] == expected
+    for run in (cb.run, agent.import_thread("x")):
+        assert [s.observation and s.observation[0]["content"] for s in run.steps] == expected
     branch = agent.branch(run, compile_plan(run, car.do_resample(0)),
                           branch_noise(0, 0, "t", True))
     assert [s.observation and s.observation[0]["content"] for s in branch.steps] == expected
