@@ -40,6 +40,16 @@ class Budget:
                 "wall_time": self.wall_time}
 
 
+def as_budget(budget: Budget | int | None, what: str = "budget") -> Budget | None:
+    """Accept a ``car.Budget`` or a plain rollout count."""
+    if budget is None or isinstance(budget, Budget):
+        return budget
+    if isinstance(budget, bool) or not isinstance(budget, int):
+        raise InvalidBudget(f"{what}={budget!r} is neither a rollout count nor a car.Budget",
+                            hint="pass an int (rollouts) or car.Budget(rollouts=..., tokens=...)")
+    return Budget(rollouts=budget)
+
+
 def usage_of(run: Trajectory, prices: dict[str, tuple[float, float]] | None = None
              ) -> tuple[int, float]:
     """Tokens and money spent by the live steps of a branch (held steps cost nothing).

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ._json import JSON, check_json
-from .budget import Budget, BudgetMeter
+from .budget import Budget, BudgetMeter, as_budget
 from .errors import (
     AgentError,
     BudgetExhausted,
@@ -228,7 +228,7 @@ def check_run(run: Trajectory) -> None:
 
 def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequence[Intervention],
               *, outcome: Callable[..., Any], rollouts: int = 64, seed: int = 0,
-              coupled: bool = True, level: float = 0.95, budget: Budget | None = None,
+              coupled: bool = True, level: float = 0.95, budget: Budget | int | None = None,
               executor: Executor | None = None, progress: Any = None) -> OutcomeDistribution:
     """Apply ``interventions`` to ``run`` and estimate the outcome distribution from
     ``rollouts`` branches. Branch ``r`` draws its noise from stream ``(seed, r)``, shared by
@@ -246,7 +246,7 @@ def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequenc
     arm = plan.describe()
     tasks = [Task(arm="intervention", rollout=r, plan=plan,
                   noise=branch_noise(seed, r, arm, coupled)) for r in range(rollouts)]
-    meter = BudgetMeter(budget)
+    meter = BudgetMeter(as_budget(budget))  # a car.Budget or a rollout count, as elsewhere
     results = execute(tasks, brancher(run, agent, out), meter,
                       executor=executor, progress=progress, label="intervene")
     trajs = tuple(traj for _, traj in sorted(results, key=lambda tr: tr[0].rollout))

@@ -11,7 +11,7 @@ import pytest
 
 import car_core as car
 from car_core import synthetic as syn
-from car_core.errors import ConformanceFailure, PolicyError
+from car_core.errors import ConformanceFailure, InvalidBudget, PolicyError
 from car_core.interventions import Plan
 from car_core.replay import drive
 from car_core.seeding import Noise
@@ -175,12 +175,19 @@ def test_distribution_reports_wilson_interval_and_lineage(pivot_model, pivot_run
         t.verify()
 
 
-def test_a_rollout_budget_truncates_and_says_so(pivot_model, pivot_run) -> None:
+@pytest.mark.parametrize("budget", [car.Budget(rollouts=4), 4])  # as the estimators take it
+def test_a_rollout_budget_truncates_and_says_so(pivot_model, pivot_run, budget) -> None:
     dist = car.intervene(pivot_run, pivot_model.agent(), car.do_resample(2),
-                         outcome=pivot_model.outcome, rollouts=10, budget=car.Budget(rollouts=4),
+                         outcome=pivot_model.outcome, rollouts=10, budget=budget,
                          progress=False)
     assert dist.n == 4 and dist.rollouts_used == 4 and dist.truncated
     assert "rollout budget of 4" in dist.budget_note
+
+
+def test_a_budget_that_is_neither_a_count_nor_a_budget_is_refused(pivot_model, pivot_run):
+    with pytest.raises(InvalidBudget, match="neither a rollout count"):
+        car.intervene(pivot_run, pivot_model.agent(), car.do_resample(2),
+                      outcome=pivot_model.outcome, rollouts=10, budget="4", progress=False)
 
 
 # -- action-match rate --------------------------------------------------------------------------

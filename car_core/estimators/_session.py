@@ -8,7 +8,7 @@ from typing import Any
 
 from ..agent import OutcomeFn
 from ..budget import Budget, BudgetMeter
-from ..errors import AttributionNotFound, InvalidBudget, InvalidInput, NothingToAttribute
+from ..errors import AttributionNotFound, InvalidInput, NothingToAttribute
 from ..execution import Executor, Failure, Task, brancher, default_executor, execute
 from ..interventions import Plan
 from ..replay import check_run
@@ -20,16 +20,6 @@ OnValue = Callable[[Task, float, Trajectory], None]
 # (seed, coupling, which Shapley mode chose it) and the agent that ran it. Caps and levels may
 # change between a run and its resume; these may not.
 BRANCH_PARAMS = ("seed", "coupled", "mode", "agent")
-
-
-def as_budget(budget: Budget | int | None, what: str) -> Budget | None:
-    """Accept a ``car.Budget`` or a plain rollout count."""
-    if budget is None or isinstance(budget, Budget):
-        return budget
-    if isinstance(budget, bool) or not isinstance(budget, int):
-        raise InvalidBudget(f"{what}={budget!r} is neither a rollout count nor a car.Budget",
-                            hint="pass an int (rollouts) or car.Budget(rollouts=..., tokens=...)")
-    return Budget(rollouts=budget)
 
 
 def check_run_has_steps(run: Trajectory) -> None:

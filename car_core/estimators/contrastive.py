@@ -39,12 +39,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..budget import Budget
+from ..budget import Budget, as_budget
 from ..errors import InvalidInput
 from ..execution import Executor, Task
 from ..interventions import Plan, compile_plan, do_resample
 from ..trajectory import Trajectory
-from ._session import Session, as_budget, check_run_has_steps
+from ._session import Session, check_run_has_steps
 from .results import ArmEstimate, ContrastiveResult, StepEffect
 from .stats import Difference, difference, look_levels, looks, wilson
 

@@ -40,13 +40,13 @@ from typing import Any
 import numpy as np
 from scipy.stats import t as student_t
 
-from ..budget import Budget
+from ..budget import Budget, as_budget
 from ..errors import InvalidBudget, InvalidInput
 from ..execution import Executor, Task
 from ..interventions import Plan, compile_plan, do_action, do_resample
 from ..seeding import Noise
 from ..trajectory import Trajectory
-from ._session import Session, as_budget, check_run_has_steps
+from ._session import Session, check_run_has_steps
 from .results import GameValue, ShapleyResult, ShapleyValue
 from .stats import t_interval, wilson, z_value
 
