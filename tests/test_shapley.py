@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 from _estimator_helpers import TokenAgent, counted
 
@@ -82,9 +83,11 @@ def test_efficiency_holds_and_is_reported():
     assert sh.v_empty.ci[0] <= syn.three_way().value(()) <= sh.v_empty.ci[1]
 
 
-def test_candidate_players_group_the_rest():
+@pytest.mark.parametrize("players", [[0], np.array([0])])  # numpy indices work too
+def test_candidate_players_group_the_rest(players):
     model = syn.and_game()
-    sh = estimate(model, 0, budget=2000, players=[0])
+    sh = estimate(model, 0, budget=2000, players=players)
+    assert sh.params["players"] == [0] and isinstance(sh.params["players"][0], int)
     assert [v.step for v in sh.values] == [0, None]
     assert sh.values[1].label == "other steps (1, 2)"
     # Two players {0} and {1, 2}: v(∅)=0.09, v({0})=v({1,2})=0.3, v(N)=1, so each gets 0.455.

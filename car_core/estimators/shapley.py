@@ -34,6 +34,7 @@ the budget cut short is dropped from the estimate (its rollouts are still counte
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -106,11 +107,11 @@ def _check_players(players: Sequence[int], n: int, run_id: str) -> list[int]:
     if not chosen or len(chosen) != len(list(players)):
         raise InvalidInput(f"players={list(players)!r} must be distinct step indices, at least "
                            "one", run_id=run_id, hint="e.g. players=[2, 5, 7]")
-    for k in chosen:
-        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < n:
+    for k in chosen:  # numbers.Integral: numpy's integers are step indices too
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= k < n:
             raise InvalidInput(f"player {k!r} is not a step of this {n}-step run",
                                run_id=run_id, hint=f"use steps between 0 and {n - 1}")
-    return chosen
+    return [int(k) for k in chosen]
 
 
 def _weights(p: int) -> list[float]:
@@ -211,7 +212,8 @@ def shapley(run: Trajectory, agent: Any, *, outcome: Any, budget: int | Budget =
             f"interval", run_id=run.id,
             hint=f"give budget >= {2 * cost}, or fewer players (players=[...])")
     params = {"budget": b.to_dict(), "seed": seed, "level": level,
-              "players": list(players) if players is not None else None, "mode": mode,
+              "players": [k for k in game.steps if k is not None] if players is not None
+              else None, "mode": mode,
               "coupled": coupled, "agent": getattr(agent, "name", "")}
     session = Session(run, agent, outcome, method="shapley", seed=seed,
                       coupled=coupled and mode == "permutation",
