@@ -268,6 +268,18 @@ def test_edit_that_drops_the_user_message_is_refused(recorder: Any, recorded: An
     assert recorder.runs == [run]                  # branches are never recorded as runs
 
 
+@pytest.mark.parametrize("decide", [car.do_resample(0), car.do_context(0, lambda ms: ms)])
+def test_observation_of_a_step_decided_again_is_refused_by_name(recorded: Any,
+                                                                 decide: Any) -> None:
+    planted, run = recorded
+    planted.counters.reset()
+    with pytest.raises(InvalidIntervention, match="answers a known action") as err:
+        car.intervene(run, LlamaIndexAgent(planted.agent),
+                      [decide, car.do_observation(0, [CALM_TICKET])], outcome=escalated,
+                      rollouts=1)
+    assert err.value.step == 0 and planted.model.calls == planted.tools.calls == 0
+
+
 def test_edit_that_leaves_a_tool_call_unanswered_is_refused(recorded: Any) -> None:
     planted, run = recorded
     drop_results = car.do_context(2, lambda ms: [m for m in ms if m["role"] != "tool"])

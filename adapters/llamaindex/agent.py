@@ -111,7 +111,7 @@ class LlamaIndexAgent:
         if k in plan.context_edits:
             state = _check_history(plan.context_edits[k](copy.deepcopy(state)), run.id, k)
         session = BranchSession(plan, noise, k, self.safety, recorded_calls(run.steps), run.id,
-                                forced_observations(plan))
+                                forced_observations(plan, run.id))
         self._check_forced_tools(session, run)
         live = self._drive(state, active, run, session)
         steps = prefix + [self._renumber(s, k + i, plan) for i, s in enumerate(live.steps)]

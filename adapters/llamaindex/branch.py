@@ -29,7 +29,7 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import LLM
 from llama_index.core.tools import AsyncBaseTool, ToolMetadata, ToolOutput
 
-from car_core.errors import AdapterError, CarError, PolicyError
+from car_core.errors import AdapterError, CarError, InvalidIntervention, PolicyError
 from car_core.interventions import Plan
 from car_core.seeding import Noise
 
@@ -235,13 +235,22 @@ class CarBranchTool(AsyncBaseTool):
         return self._served(kwargs) or await self._inner.acall(*args, **kwargs)
 
 
-def forced_observations(plan: Plan) -> dict[int, list[dict[str, Any]]]:
+def forced_observations(plan: Plan, run_id: str | None = None
+                        ) -> dict[int, list[dict[str, Any]]]:
     """The plan's forced observations as tool messages matched to the forced action's calls.
     A list is read as one result per call; any other JSON value answers every call (as text),
-    and is stored on the step as given."""
+    and is stored on the step as given. The action must be known before the branch runs (the
+    recorded one, or a ``do_action`` at the same step)."""
     out = {}
     for k, obs in plan.forced_observations.items():
-        action = plan.forced_actions.get(k)
+        if k not in plan.forced_actions:
+            raise InvalidIntervention(
+                "on a LlamaIndex agent do_observation answers a known action, so it cannot be "
+                "combined with a do_resample or do_context that decides the same step again",
+                run_id=run_id, step=k,
+                hint="use do_observation alone (the recorded action) or with do_action at "
+                     "that step")
+        action = plan.forced_actions[k]
         if isinstance(obs, list):
             out[k] = check_observation(obs, action, step=k)
         else:
