@@ -17,12 +17,13 @@ This module imports no framework.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from car_core.errors import InvalidIntervention, SideEffectBlocked
+from car_core.errors import CarError, InvalidIntervention, SideEffectBlocked
 
 Message = dict[str, Any]
 Simulator = Callable[[dict[str, Any]], Any]
@@ -131,6 +132,20 @@ def check_observation(observation: Any, action: Any, *, step: int | None = None
     return [tool_result(cid, name, by_id[cid]) for cid, name, _ in calls]
 
 
+def apply_edit(edit: Callable[[Any], Any], messages: list[Message], *, run_id: str | None,
+               step: int) -> Any:
+    """Run a user's ``do_context`` edit on a copy of the messages step ``step`` decides from;
+    whatever the edit raises becomes an ``InvalidIntervention`` naming the step."""
+    try:
+        return edit(copy.deepcopy(messages))
+    except CarError:
+        raise
+    except Exception as exc:  # the user's edit
+        raise InvalidIntervention(f"the do_context edit raised {exc!r}", run_id=run_id, step=step,
+                                  hint=f"fix the edit; it receives the message dicts step {step} "
+                                       "decides from and returns them edited") from exc
+
+
 def consistent(messages: list[Message], *, run_id: str | None = None,
                step: int | None = None) -> list[Message]:
     """Keep tool calls and tool results paired after a ``do_context`` edit: a result whose call
@@ -213,6 +228,6 @@ class ToolSafety:
                  "from side_effect_tools if it is safe to run")
 
 
-__all__ = ["ToolSafety", "assistant", "calls_of", "canonical_arguments", "check_action",
-           "check_observation", "consistent", "parse_arguments", "recorded_calls", "tool_call",
-           "tool_result"]
+__all__ = ["ToolSafety", "apply_edit", "assistant", "calls_of", "canonical_arguments",
+           "check_action", "check_observation", "consistent", "parse_arguments", "recorded_calls",
+           "tool_call", "tool_result"]

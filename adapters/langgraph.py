@@ -30,7 +30,6 @@ answer. Subgraphs and several model nodes running in the same superstep are not 
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import os
 import uuid
@@ -57,6 +56,7 @@ from car_core.trajectory import Outcome, Step, Trajectory
 
 from ._chat import (
     ToolSafety,
+    apply_edit,
     calls_of,
     check_action,
     check_observation,
@@ -315,7 +315,7 @@ class LangGraphAgent:
         key = self.messages_key
         base = len(snapshot.values.get(key) or [])
         if k in plan.context_edits:
-            edited = plan.context_edits[k](copy.deepcopy(step.state))
+            edited = apply_edit(plan.context_edits[k], step.state, run_id=run.id, step=k)
             edited = consistent([dict(m) for m in _as_dicts(edited, run.id, k)], run_id=run.id,
                                 step=k)
             self.app.update_state(_thread(config["configurable"]["thread_id"]),

@@ -173,6 +173,8 @@ def test_bad_interventions_are_refused_before_anything_runs() -> None:
     before = history(app, "user")
     with pytest.raises(InvalidIntervention, match="assistant message"):
         agent.branch(run, compile_plan(run, car.do_action(1, "refund")), NOISE)
+    with pytest.raises(InvalidIntervention, match=r"edit raised IndexError.*\[step 1\]"):
+        agent.branch(run, compile_plan(run, car.do_context(1, lambda m: m[99])), NOISE)
     with pytest.raises(InvalidIntervention, match="not a list of messages"):
         agent.branch(run, compile_plan(run, car.do_context(1, lambda m: "no")), NOISE)
     with pytest.raises(InvalidIntervention, match="without their results"):

@@ -280,6 +280,13 @@ def test_observation_of_a_step_decided_again_is_refused_by_name(recorded: Any,
     assert err.value.step == 0 and planted.model.calls == planted.tools.calls == 0
 
 
+def test_an_edit_that_raises_is_an_invalid_intervention_naming_the_step(recorded: Any) -> None:
+    planted, run = recorded
+    with pytest.raises(InvalidIntervention, match=r"edit raised KeyError.*\[step 1\]"):
+        car.intervene(run, LlamaIndexAgent(planted.agent),
+                      car.do_context(1, lambda ms: ms[0]["nope"]), outcome=escalated, rollouts=1)
+
+
 def test_edit_that_leaves_a_tool_call_unanswered_is_refused(recorded: Any) -> None:
     planted, run = recorded
     drop_results = car.do_context(2, lambda ms: [m for m in ms if m["role"] != "tool"])

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import copy
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import replace
@@ -30,7 +29,7 @@ from car_core.errors import AdapterError, CarError, InvalidIntervention
 from car_core.interventions import Plan
 from car_core.seeding import Noise
 
-from .._chat import ToolSafety, consistent, recorded_calls
+from .._chat import ToolSafety, apply_edit, consistent, recorded_calls
 from ._messages import from_dicts
 from .branch import BranchSession, CarBranchLLM, CarBranchTool, forced_observations
 from .recorder import BRANCH_TOKEN, CarRecorder, tool_names
@@ -109,7 +108,8 @@ class LlamaIndexAgent:
         self._check_tools(run)
         state, active = self._state(run, k)
         if k in plan.context_edits:
-            state = _check_history(plan.context_edits[k](copy.deepcopy(state)), run.id, k)
+            state = _check_history(apply_edit(plan.context_edits[k], state, run_id=run.id,
+                                              step=k), run.id, k)
         session = BranchSession(plan, noise, k, self.safety, recorded_calls(run.steps), run.id,
                                 forced_observations(plan, run.id))
         self._check_forced_tools(session, run)
