@@ -54,6 +54,22 @@ def test_newcombe_difference_covers(paired):
     assert hits / DRAWS >= 0.92
 
 
+@pytest.mark.parametrize("n,pa,pb", [(8, 0.5, 0.45), (10, 0.5, 0.4), (32, 0.5, 0.45),
+                                     (6, 0.7, 0.3)])
+def test_paired_difference_covers_when_pairs_rarely_disagree(n, pa, pb):
+    """Nested pairs (one uniform per pair, as common random numbers give) with a small
+    difference: many samples show no disagreeing pair at all. Without Newcombe's correction of
+    the correlation these intervals covered 78-84%; DRAWS as above, same 0.92 floor."""
+    rng = np.random.default_rng(3)
+    hits = 0
+    for _ in range(DRAWS):
+        u = rng.random(n)
+        a, b = (u < pa).astype(float).tolist(), (u < pb).astype(float).tolist()
+        d = difference(a, b, 0.95, paired=True)
+        hits += d.ci[0] <= pa - pb <= d.ci[1]
+    assert hits / DRAWS >= 0.92
+
+
 def test_paired_interval_is_narrower_when_pairs_are_correlated():
     u = np.random.default_rng(2).random(40)
     a, b = (u < 0.6).astype(float).tolist(), (u < 0.3).astype(float).tolist()

@@ -6,8 +6,9 @@ interval. For fractional scores we use the same formula with the sample mean: a 
 
 Differences: Newcombe's hybrid score interval (1998, method 10) for independent arms; for
 coupled arms (common random numbers, the same rollout index in both) the paired version with
-the correlation of the pairs (Newcombe 1998b, method 10). Multiplicity: Bonferroni — each of
-``m`` intervals is built at level ``1 − α/m``, so the chance that any of them misses is ≤ α.
+the continuity-corrected correlation of the pairs (Newcombe 1998b, method 10). Multiplicity:
+Bonferroni — each of ``m`` intervals is built at level ``1 − α/m``, so the chance that any of
+them misses is ≤ α.
 """
 
 from __future__ import annotations
@@ -43,14 +44,20 @@ def wilson(mean: float, n: int, level: float = 0.95) -> tuple[float, float]:
 
 
 def _corr(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Newcombe's corrected correlation of the pairs. For 0/1 pairs ``b = n·Σxy − Σx·Σy`` is
+    ``ad − bc`` of the 2×2 table; a positive ``b`` is shrunk by ``n/2`` (to 0 if smaller).
+    Uncorrected, pairs that never disagree in a sample give φ = 1 and an interval of almost
+    no width: 95% intervals then covered 78–84% of the time at n = 6–32. Fractional scores
+    use the same formula, which only makes their interval wider."""
     n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=False))
-    sxx = sum((x - mx) ** 2 for x in xs)
-    syy = sum((y - my) ** 2 for y in ys)
-    if sxx <= 0 or syy <= 0:
+    sx, sy = sum(xs), sum(ys)
+    b = n * sum(x * y for x, y in zip(xs, ys, strict=False)) - sx * sy
+    vx = n * sum(x * x for x in xs) - sx * sx
+    vy = n * sum(y * y for y in ys) - sy * sy
+    if vx <= 0 or vy <= 0:
         return 0.0
-    return max(-1.0, min(1.0, sxy / math.sqrt(sxx * syy)))
+    b = b if b < 0 else max(b - n / 2, 0.0)
+    return max(-1.0, min(1.0, b / math.sqrt(vx * vy)))
 
 
 @dataclass(frozen=True)
