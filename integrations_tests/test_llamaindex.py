@@ -236,9 +236,12 @@ def test_side_effect_tools_are_served_from_the_record_simulated_or_blocked(recor
     planted.counters.reset()
     dist = car.intervene(run, guarded, car.do_resample(1), outcome=escalated, rollouts=16,
                          seed=0)
-    assert dist.mean > 0.5                                       # it escalated on branches...
+    # analytic P(escalate | resample 1) = 0.9; 16 rollouts: 4 standard errors of the arm
+    assert abs(dist.mean - 0.9) <= 4 * math.sqrt(0.9 * 0.1 / 16)  # it escalated on branches...
     assert planted.tools.calls == sum(1 for t in dist.trajectories
                                       if not escalated(t))       # ...without running escalate
+    assert all(t.steps[1].observation == run.steps[1].observation    # answered from the record
+               for t in dist.trajectories if escalated(t))
     other = call("call_1", "escalate", {"user": "eve"})
     with pytest.raises(SideEffectBlocked, match="escalate"):
         car.intervene(run, guarded, car.do_action(1, other), outcome=escalated, rollouts=1)
