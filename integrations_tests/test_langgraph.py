@@ -470,6 +470,23 @@ def test_sync_runs_in_parallel_threads_are_kept_apart() -> None:
         assert all(st.meta["thread_id"] == f"s{i}" for st in run.steps)
 
 
+def test_branches_in_flight_at_once_are_kept_apart() -> None:
+    """Coupled noise makes each rollout a function of its index, so branches run eight at a
+    time must give exactly the sequential values, each in its own thread."""
+    from car_core.execution import AsyncioExecutor, Sequential
+    s = Support(InMemorySaver(), side_effect_tools=("issue_refund",))
+    run = s.failing_run()
+
+    def dist(executor: Any) -> Any:
+        return car.intervene(run, s.agent, car.do_resample(1), outcome=sa.outcome, rollouts=32,
+                             seed=0, progress=False, executor=executor)
+
+    alone, together = dist(Sequential()), dist(AsyncioExecutor(concurrency=8))
+    assert together.values == alone.values and 0 < together.mean < 1
+    assert len({t.meta["thread_id"] for t in together.trajectories}) == 32
+    assert all(sa.outcome(t) == (len(t.steps) == 4) for t in together.trajectories)
+
+
 def test_action_arguments_keep_their_json_shape() -> None:
     s = Support(InMemorySaver())
     run = s.failing_run()
