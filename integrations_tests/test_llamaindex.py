@@ -189,6 +189,24 @@ def test_held_prefix_makes_no_model_or_tool_call(recorder: Any, recorded: Any) -
         assert branch.steps[2].state == run.steps[2].state   # re-entry rebuilds s_2 exactly
 
 
+def test_wrappers_of_the_same_agent_branch_one_at_a_time(recorded: Any) -> None:
+    """Branches swap the stand-ins into the agent objects; two wrappers of one agent running at
+    once must neither see each other's stand-ins nor leave one behind. The noise is coupled,
+    so each call gives exactly its sequential value."""
+    from concurrent.futures import ThreadPoolExecutor
+    planted, run = recorded
+    llm = planted.agent.llm
+
+    def mean(seed: int) -> float:
+        return car.intervene(run, LlamaIndexAgent(planted.agent), car.do_resample(1),
+                             outcome=escalated, rollouts=16, seed=seed).mean
+
+    alone = [mean(i) for i in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(mean, range(4))) == alone
+    assert planted.agent.llm is llm
+
+
 def strip_urgent(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{**m, "content": CALM_TICKET} if m["role"] == "tool" else m for m in messages]
 

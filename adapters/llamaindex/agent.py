@@ -7,9 +7,10 @@ copied from the record: no model call, no tool call. From ``k`` on, each agent's
 are stand-ins (``branch.py``) for the duration of the branch, and a private recorder collects
 the new steps through the same instrumentation as ``CarRecorder``.
 
-The stand-ins are set on the agent objects for the duration of one branch (under a lock, so
-branches of one ``LlamaIndexAgent`` run one at a time); do not run the same agent objects
-elsewhere while an attribution is running.
+The stand-ins are set on the agent objects for the duration of one branch, under a lock kept
+per workflow object, so branches over the same agent objects run one at a time whichever
+``LlamaIndexAgent`` wraps them; do not run the same agent objects elsewhere while an
+attribution is running.
 """
 
 from __future__ import annotations
@@ -36,6 +37,15 @@ from .recorder import BRANCH_TOKEN, CarRecorder, tool_names
 
 T = TypeVar("T")
 MEMORY_TOKENS = 10**9  # the re-entered history must reach the model whole
+_LOCKS: dict[int, threading.Lock] = {}  # id(workflow) -> the lock its branches share
+_LOCKS_GUARD = threading.Lock()
+
+
+def _workflow_lock(workflow: Any) -> threading.Lock:
+    """The lock for ``workflow``'s agent objects (a wrapper keeps the workflow alive, so its
+    id is not reused while the lock is in use)."""
+    with _LOCKS_GUARD:
+        return _LOCKS.setdefault(id(workflow), threading.Lock())
 
 
 def _run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -80,9 +90,10 @@ class LlamaIndexAgent:
         self.safety = ToolSafety.of(side_effect_tools, simulators)
         self.max_iterations = max_iterations
         self.name = name or f"llamaindex:{type(agent).__name__}"
-        self.couples_noise = all(getattr(a.llm, "uses_car_noise", False)
-                                 for a in self._agents().values())
-        self._lock = threading.Lock()
+        self._lock = _workflow_lock(agent)
+        with self._lock:  # another wrapper's branch may have its stand-in LLMs in place
+            self.couples_noise = all(getattr(a.llm, "uses_car_noise", False)
+                                     for a in self._agents().values())
 
     def _agents(self) -> dict[str, Any]:
         agents = getattr(self.workflow, "agents", None)
