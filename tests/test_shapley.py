@@ -125,6 +125,37 @@ def test_budget_is_never_exceeded(budget):
     assert sh.rollouts_used <= cap and sh.budget == cap
 
 
+@pytest.mark.parametrize("factory", [syn.and_game, syn.or_game])
+@pytest.mark.parametrize("budget", [64, 333, 400, 1001])
+def test_exact_mode_spends_the_whole_budget_and_no_more(factory, budget):
+    sh = estimate(factory(), 0, budget=budget, mode="exact")
+    assert sh.rollouts_used == budget and not sh.truncated
+
+
+def test_allocation_is_neyman_given_the_rollouts_already_run():
+    """Two players, four coalitions; one was over-sampled. Against every integer allocation
+    that keeps what each coalition has and spends ``cap``: the targets spend exactly ``cap``
+    and Σ_i var(φ_i) is within rounding of the least."""
+    from itertools import product
+
+    from car_core.estimators.shapley import _coefficients, _neyman, _spread
+
+    coef = _coefficients(2)
+    ys = {0: {r: float(r % 3 == 0) for r in range(4)}, 1: {r: float(r % 2) for r in range(4)},
+          2: {r: 1.0 for r in range(20)}, 3: {r: float(r == 0) for r in range(4)}}
+    a = {m: sum(c[m] ** 2 for c in coef) * _spread(v) for m, v in ys.items()}
+    have = {m: len(v) for m, v in ys.items()}
+    for cap in (32, 45, 60):
+        target = _neyman(coef, ys, cap)
+        assert sum(target.values()) == cap
+        assert all(target[m] >= have[m] for m in ys) and target[2] == have[2]
+        best = min(sum(a[m] / n for m, n in zip(ys, ns, strict=True))
+                   for ns in product(*(range(have[m], cap + 1) for m in ys))
+                   if sum(ns) == cap)
+        assert sum(a[m] / target[m] for m in ys) <= best * 1.01
+    assert _neyman(coef, ys, 20) == have  # nothing to add: it cannot un-run rollouts
+
+
 def test_token_budget_truncates_and_keeps_what_was_measured():
     model = syn.three_way()
     run = model.failing_run(0)

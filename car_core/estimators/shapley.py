@@ -12,9 +12,12 @@ Exact mode (up to ``MAX_EXACT_PLAYERS`` players, when every coalition can get
 ``MIN_PER_COALITION`` rollouts): ``φ_i = Σ_S c_{i,S} v(S)`` is linear in the ``2^p`` coalition
 values, so each ``v(S)`` is estimated from its own independent rollouts and the variance of
 ``φ_i`` is ``Σ_S c_{i,S}² σ_S² / n_S``. A pilot (a quarter of the budget, spread evenly) estimates
-each ``σ_S``; the rest is allocated where the variance is (Neyman: ``n_S ∝ σ_S ·
-sqrt(Σ_i c_{i,S}²)``; a coalition whose outcome cannot vary, such as the fully held one under a
-deterministic judge, gets little more than its pilot). ``σ_S²`` is floored at
+each ``σ_S``; the rest is allocated where the variance is, in two stages that re-estimate
+``σ_S`` (Neyman: each stage sets the totals ``n_S ∝ σ_S · sqrt(Σ_i c_{i,S}²)`` over everything
+spent so far, except that a coalition already past its share keeps what it has and the others
+share the rest the same way; counts are rounded by largest fraction, so the whole budget is
+spent. A coalition whose outcome cannot vary, such as the fully held one under a deterministic
+judge, gets little more than its pilot). ``σ_S²`` is floored at
 ``p̃(1 − p̃)`` with ``p̃ = (Σy + ½)/(n + 1)`` so a coalition that happened to show no variation is
 not taken as certain; the interval is Student-t with Welch–Satterthwaite degrees of freedom.
 Exact mode draws coalitions with independent noise (``coupled`` is False in its result): with
@@ -137,14 +140,33 @@ def _spread(values: dict[int, float]) -> float:
 
 def _neyman(coef: list[list[float]], ys: dict[int, dict[int, float]], cap: int
             ) -> dict[int, int]:
-    """Rollouts per coalition so that the total stays within ``cap`` and Σ_i var(φ_i) is least."""
+    """Rollouts per coalition, in total exactly ``max(cap, rollouts already run)``, so that
+    Σ_i var(φ_i) = Σ_S a_S / n_S with ``a_S = Σ_i c_{i,S}² σ_S²`` is least given that no
+    coalition can lose the rollouts it already has: ``n_S = max(have_S, λ sqrt(a_S))`` (the
+    optimum of the continuous problem, by its KKT conditions), λ set so the total is ``cap``;
+    rounded down, then the rollouts left go one each to the largest fractions."""
     weight = {m: math.sqrt(sum(c[m] ** 2 for c in coef) * _spread(v)) for m, v in ys.items()}
     have = {m: len(v) for m, v in ys.items()}
-    spare = cap - sum(have.values())
-    total = sum(weight.values())
-    if spare <= 0 or total <= 0:
+    if cap <= sum(have.values()) or sum(weight.values()) <= 0:
         return have
-    return {m: have[m] + int(spare * weight[m] / total) for m in ys}
+    free = set(ys)
+    while True:  # water-filling: a coalition whose share is below what it has keeps that
+        rest = cap - sum(have[m] for m in ys if m not in free)
+        scale = rest / sum(weight[m] for m in free)
+        ideal = {m: weight[m] * scale if m in free else float(have[m]) for m in ys}
+        capped = {m for m in free if ideal[m] < have[m]}
+        if not capped:
+            break
+        free -= capped
+    # free is never empty: capping every coalition would need Σ have > cap
+    target = {m: max(have[m], math.floor(ideal[m])) for m in ys}
+    left = cap - sum(target.values())
+    order = sorted(free, key=lambda m: (target[m] - ideal[m], m))  # largest fraction first
+    for m in order[:max(0, left)]:
+        target[m] += 1
+    for m in [m for m in reversed(order) if target[m] > have[m]][:max(0, -left)]:
+        target[m] -= 1  # only if rounding error made the floors overshoot
+    return target
 
 
 def _orders(seed: int, unit: int, p: int) -> tuple[list[int], list[int]]:
