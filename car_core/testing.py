@@ -258,7 +258,10 @@ def check_forced_values(agent: Any, run: Trajectory, *, seed: int = 0) -> None:
     """``do_action`` puts the given action at its step; ``do_observation`` keeps the recorded
     action and returns the given observation."""
     k = len(run.steps) - 1
-    forced = run.steps[k].action
+    # Force an action the step did not take when the run offers one (another step's action):
+    # forcing the recorded one would pass an agent that ignores forced actions altogether.
+    forced = next((s.action for s in run.steps if s.action != run.steps[k].action),
+                  run.steps[k].action)
     branch = agent.branch(run, compile_plan(run, do_action(k, forced)), _noise(seed))
     if len(branch.steps) <= k or branch.steps[k].action != forced:
         _fail("forced", "do_action did not put the forced action at its step", run, k)

@@ -292,6 +292,24 @@ def test_conformance_catches_an_agent_that_drops_forced_observations(pivot_model
         check_forced_values(agent, pivot_run)
 
 
+class IgnoresForcedActions(car.FunctionAgent):
+    """A broken agent: forced actions are dropped and the policy decides instead."""
+
+    def branch(self, run, plan, noise):
+        held = {k: a for k, a in plan.forced_actions.items() if k < plan.start}
+        return drive(self, run, dataclasses.replace(plan, forced_actions=held), noise)
+
+
+def test_conformance_catches_an_agent_that_drops_forced_actions(pivot_model, pivot_run) -> None:
+    # The last step of the pivot run re-decides its recorded action under any noise (it copies
+    # the pivot), so only forcing a different action can tell this agent from a working one.
+    base = pivot_model.agent()
+    agent = IgnoresForcedActions(policy=base.policy, environment=base.environment,
+                                 is_final=base.is_final, max_steps=6)
+    with pytest.raises(ConformanceFailure, match="did not put the forced action"):
+        check_forced_values(agent, pivot_run)
+
+
 def test_conformance_catches_an_agent_whose_noise_is_not_its_own() -> None:
     rng = np.random.default_rng(0)   # global state instead of the engine's noise
     agent = car.FunctionAgent(policy=lambda h, _: int(rng.integers(1000)), max_steps=3)
