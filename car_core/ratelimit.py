@@ -208,6 +208,20 @@ def _gave_up(exc: BaseException, attempts: int) -> ModelUnavailable:
                                  "minute, or raise the server's quota")
 
 
+def _wait_after(exc: Exception, attempt: int, policy: Backoff,
+                limiter: RateLimiter | None) -> float:
+    """How long to wait after a failed attempt: re-raise what is not a rate limit, give up after
+    the last attempt, else pause every branch sharing ``limiter`` for the backoff delay."""
+    if not is_rate_limited(exc):
+        raise exc
+    if attempt + 1 == policy.max_attempts:
+        raise _gave_up(exc, policy.max_attempts) from exc
+    wait = policy.delay(attempt, exc)
+    if limiter is not None:
+        limiter.pause(wait)
+    return wait
+
+
 def call_with_backoff(call: Callable[[], T], *, limiter: RateLimiter | None = None,
                       tokens: int = 0, backoff: Backoff | None = None,
                       sleep: Callable[[float], None] | None = None) -> T:
@@ -222,14 +236,7 @@ def call_with_backoff(call: Callable[[], T], *, limiter: RateLimiter | None = No
             with limiter.slot(tokens):
                 return call()
         except Exception as exc:
-            if not is_rate_limited(exc):
-                raise
-            if attempt + 1 == policy.max_attempts:
-                raise _gave_up(exc, policy.max_attempts) from exc
-            wait = policy.delay(attempt, exc)
-            if limiter is not None:
-                limiter.pause(wait)
-            nap(wait)
+            nap(_wait_after(exc, attempt, policy, limiter))
     raise AssertionError("unreachable")
 
 
@@ -247,12 +254,5 @@ async def acall_with_backoff(call: Callable[[], Awaitable[T]], *,
             async with limiter.aslot(tokens):
                 return await call()
         except Exception as exc:
-            if not is_rate_limited(exc):
-                raise
-            if attempt + 1 == policy.max_attempts:
-                raise _gave_up(exc, policy.max_attempts) from exc
-            wait = policy.delay(attempt, exc)
-            if limiter is not None:
-                limiter.pause(wait)
-            await nap(wait)
+            await nap(_wait_after(exc, attempt, policy, limiter))
     raise AssertionError("unreachable")
