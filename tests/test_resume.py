@@ -28,20 +28,10 @@ ROLLOUTS = 10  # per arm: arm resample@2 makes 4 policy calls a branch, resample
 CALLS_PER_BRANCH = {"resample@2": 4, "resample@3": 3}
 
 
-def attribute(db: Path, run_id: str, aid: str, kill_at: int, backend: str) -> dict[str, Any]:
-    """Two arms of ROLLOUTS branches of the pivot model (do_resample at steps 2 and 3),
-    journaled to the store as they finish. The policy counts its calls and, on call number
-    ``kill_at``, SIGKILLs its own process — in the middle of a branch."""
-    from car_core.agent import OutcomeFn
-    from car_core.budget import BudgetMeter
-    from car_core.execution import Task, brancher, execute, make_executor
-    from car_core.interventions import compile_plan
-    from car_core.seeding import branch_noise
-    from car_core.store import StoreJournal
-
-    model = syn.pivot()
-    store = RunStore(db)
-    run = store.load(run_id)
+def killing_pivot_agent(model: syn.SyntheticSCM, kill_at: int
+                        ) -> tuple[car.FunctionAgent, dict[str, int]]:
+    """The pivot model's agent with a policy that counts its calls and SIGKILLs its own
+    process on call ``kill_at`` (a crash at an arbitrary point of an attribution)."""
     calls = {"n": 0}
     lock = threading.Lock()
 
@@ -56,6 +46,24 @@ def attribute(db: Path, run_id: str, aid: str, kill_at: int, backend: str) -> di
     agent = car.FunctionAgent(policy=policy, environment=model.environment,
                               is_final=lambda a: bool(a.get("final")),
                               max_steps=model.n_steps, name="pivot")
+    return agent, calls
+
+
+def attribute(db: Path, run_id: str, aid: str, kill_at: int, backend: str) -> dict[str, Any]:
+    """Two arms of ROLLOUTS branches of the pivot model (do_resample at steps 2 and 3),
+    journaled to the store as they finish. The policy counts its calls and, on call number
+    ``kill_at``, SIGKILLs its own process — in the middle of a branch."""
+    from car_core.agent import OutcomeFn
+    from car_core.budget import BudgetMeter
+    from car_core.execution import Task, brancher, execute, make_executor
+    from car_core.interventions import compile_plan
+    from car_core.seeding import branch_noise
+    from car_core.store import StoreJournal
+
+    model = syn.pivot()
+    store = RunStore(db)
+    run = store.load(run_id)
+    agent, calls = killing_pivot_agent(model, kill_at)
     tasks = []
     for k in (2, 3):
         plan = compile_plan(run, car.do_resample(k))
@@ -83,20 +91,7 @@ def attribute_contrastive(db: Path, run_id: str, aid: str, kill_at: int,
     from car_core.execution import make_executor
 
     model = syn.pivot()
-    calls = {"n": 0}
-    lock = threading.Lock()
-
-    def policy(history: car.History, rng: Any) -> Any:
-        with lock:
-            calls["n"] += 1
-            n = calls["n"]
-        if n == kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return model.policy(history, rng)
-
-    agent = car.FunctionAgent(policy=policy, environment=model.environment,
-                              is_final=lambda a: bool(a.get("final")),
-                              max_steps=model.n_steps, name="pivot")
+    agent, calls = killing_pivot_agent(model, kill_at)
     with RunStore(db) as store:
         run = store.load(run_id)
         res = car.contrastive(run, agent, outcome=model.outcome, rollouts=16, seed=3,
