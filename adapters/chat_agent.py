@@ -27,7 +27,7 @@ import numpy as np
 import car_core as car
 from car_core.errors import CarError, InvalidInput
 
-from ._chat import assistant, parse_arguments, tool_call, tool_result
+from .chat_messages import assistant, parse_arguments, tool_call, tool_result
 
 Message = dict[str, Any]
 EnvironmentFn = Callable[[car.History, Any, np.random.Generator], list[Message]]

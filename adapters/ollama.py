@@ -14,8 +14,8 @@ from typing import Any
 
 from car_core.errors import InvalidInput, ModelUnavailable, PolicyError
 
-from ._chat import parse_arguments
 from .chat_agent import ChatPolicy, Message, make_action
+from .chat_messages import parse_arguments
 
 try:
     import httpx

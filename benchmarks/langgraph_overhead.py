@@ -25,8 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from car_adapters.demo.support_agent import PlantedSupportModel, build_app, inputs
 from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent
-from car_adapters.support_agent import PlantedSupportModel, build_app, inputs
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 

@@ -13,17 +13,22 @@ recorded state ``--replays`` times with the run's own seed and reports ``car.act
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from car_adapters._testservers import OllamaServer, llama_server
 from car_adapters.chat_agent import ChatAgent, tool_schema
 from car_adapters.local import MODEL, LocalPolicy, load_model
 from car_adapters.ollama import OllamaPolicy
 from car_adapters.openai import OpenAIPolicy
 
 import car_core as car
+
+# the loopback model servers live with the integration tests that own them
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integrations_tests"))
+from servers import OllamaServer, llama_server  # noqa: E402
 
 TOOLS = [tool_schema("lookup_order", "Look up the status of an order",
                      {"order_id": {"type": "string"}})]

@@ -25,8 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent
-from car_adapters.support_agent import (
+from car_adapters.demo.support_agent import (
     SIDE_EFFECT_TOOLS,
     PlantedSupportModel,
     build_app,
@@ -34,6 +33,7 @@ from car_adapters.support_agent import (
     outcome,
     remove_injection,
 )
+from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 import car_core as car

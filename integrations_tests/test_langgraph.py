@@ -1,8 +1,8 @@
 """The LangGraph adapter against real LangGraph graphs, InMemorySaver and SqliteSaver, and seeded
 fake chat models with planted behaviour.
 
-The support agent (``car_adapters.support_agent``) looks up an order (step 0), decides (step 1),
-refunds if it decided to (step 2) and replies. Its only random choice is the decision: "refund"
+The support agent (``car_adapters.demo.support_agent``) looks up an order (step 0), decides
+(step 1), refunds if it decided to (step 2) and replies. Its only random choice is the decision: "refund"
 with probability p_follow = 0.3 when the customer message carries the injection, p_base = 0
 without it. Failure = a refund was issued. So, for a failing run, analytically:
 
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from car_adapters import support_agent as sa
-from car_adapters._chat import assistant, tool_call
+from car_adapters.chat_messages import assistant, tool_call
+from car_adapters.demo import support_agent as sa
 from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent, attribute_thread
 from langchain_core.messages import AIMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool

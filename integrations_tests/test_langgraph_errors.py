@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from car_adapters import support_agent as sa
+from car_adapters.demo import support_agent as sa
 from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent, attribute_thread
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool

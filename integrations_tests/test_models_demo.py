@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from car_adapters.demo import run_demo
-from car_adapters.support_agent import outcome
+from car_adapters.demo.support_agent import outcome
 
 import car_core as car
 from car_core.errors import InvalidInput

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from car_adapters._testservers import OllamaServer, StubOpenAIServer, free_port, llama_server
 from car_adapters.chat_agent import ChatAgent, tool_schema
 from car_adapters.local import MODEL
 from car_adapters.ollama import OllamaPolicy
 from car_adapters.openai import OpenAIPolicy
+from servers import OllamaServer, StubOpenAIServer, free_port, llama_server
 
 import car_core as car
 from car_core.errors import InvalidInput, ModelUnavailable

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from car_adapters._testservers import _Handler, free_port
 from car_adapters.chat_agent import ChatAgent, tool_schema
 from car_adapters.openai import OpenAIPolicy
+from servers import _Handler, free_port
 
 import car_core as car
 from car_core.errors import ModelUnavailable

@@ -30,7 +30,7 @@ from car_core.errors import AdapterError, CarError, InvalidIntervention
 from car_core.interventions import Plan
 from car_core.seeding import Noise
 
-from .._chat import ToolSafety, apply_edit, consistent, recorded_calls
+from ..chat_messages import ToolSafety, apply_edit, consistent, recorded_calls
 from ._messages import from_dicts
 from .branch import BranchSession, CarBranchLLM, CarBranchTool, forced_observations
 from .recorder import BRANCH_TOKEN, CarRecorder, tool_names

@@ -33,7 +33,13 @@ from car_core.errors import AdapterError, CarError, InvalidIntervention, PolicyE
 from car_core.interventions import Plan
 from car_core.seeding import Noise
 
-from .._chat import ToolSafety, calls_of, canonical_arguments, check_observation, tool_result
+from ..chat_messages import (
+    ToolSafety,
+    calls_of,
+    canonical_arguments,
+    check_observation,
+    tool_result,
+)
 from ._messages import MessageToolCalls, from_dict
 from .fake import _STEP_RNG
 

@@ -36,7 +36,7 @@ import car_core as car
 from car_core.errors import AdapterError, StoreError
 from car_core.store import RunStore
 
-from .._chat import tool_result
+from ..chat_messages import tool_result
 from ._messages import action_of, to_dicts
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from car_core.errors import StoreError
 from car_core.store import RunStore
 from car_core.trajectory import Step, Trajectory
 
-from ._langgraph_messages import decode, jsonable, to_dict, to_dicts, usage_of
+from .messages import decode, jsonable, to_dict, to_dicts, usage_of
 
 MESSAGES_KEY = "messages"
 log = logging.getLogger(__name__)

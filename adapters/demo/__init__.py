@@ -25,7 +25,7 @@ from typing import Any
 import car_core as car
 from car_core.errors import InvalidInput
 
-from .langgraph import CarCallback, CarChatModel, LangGraphAgent
+from ..langgraph import CarCallback, CarChatModel, LangGraphAgent
 from .support_agent import (
     SIDE_EFFECT_TOOLS,
     PlantedSupportModel,
@@ -45,7 +45,7 @@ def _model(policy: str) -> Any:
     if policy == "synthetic":
         return PlantedSupportModel(rng_seed=0)
     if policy == "local":
-        from .local import LocalChatModel
+        from ..local import LocalChatModel
         return LocalChatModel(max_tokens=40, temperature=0.8, fresh_tools=True)
     raise InvalidInput(f"unknown demo policy {policy!r}",
                        hint='use policy="local" or policy="synthetic"')

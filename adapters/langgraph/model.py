@@ -25,7 +25,7 @@ from langchain_core.runnables.config import ensure_config
 
 from car_core.seeding import Noise
 
-from ._langgraph_messages import action_message, usage_of
+from .messages import action_message, usage_of
 
 
 @dataclass

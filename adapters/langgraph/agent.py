@@ -54,7 +54,7 @@ from car_core.seeding import Noise
 from car_core.store import RunStore
 from car_core.trajectory import Outcome, Step, Trajectory
 
-from ._chat import (
+from ..chat_messages import (
     ToolSafety,
     apply_edit,
     calls_of,
@@ -63,8 +63,8 @@ from ._chat import (
     consistent,
     recorded_calls,
 )
-from ._langgraph_callback import CarCallback
-from ._langgraph_messages import (
+from .callback import CarCallback
+from .messages import (
     action_message,
     decode,
     from_dicts,
@@ -73,7 +73,7 @@ from ._langgraph_messages import (
     to_dicts,
     usage_of,
 )
-from ._langgraph_model import CarChatModel, Control, controlling, seedable
+from .model import CarChatModel, Control, controlling, seedable
 
 MESSAGES_KEY = "messages"
 
@@ -464,4 +464,3 @@ def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[[dict[str, A
             runs.close()
 
 
-__all__ = ["CarCallback", "CarChatModel", "LangGraphAgent", "attribute_thread"]

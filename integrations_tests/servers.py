@@ -26,9 +26,9 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from car_core.errors import ModelUnavailable
+from car_adapters import local
 
-from . import local
+from car_core.errors import ModelUnavailable
 
 
 def free_port() -> int:

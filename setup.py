@@ -1,0 +1,15 @@
+"""Package discovery, so that a new subpackage cannot be left out of the wheel.
+
+The folder ``adapters/`` is imported as ``car_adapters`` (the bare name ``adapters`` belongs to
+another library on PyPI), which ``[tool.setuptools.packages.find]`` cannot express: every
+package with an ``__init__.py`` under ``car_core/`` and ``adapters/`` is found here instead.
+Everything else lives in pyproject.toml.
+"""
+
+from setuptools import find_packages, setup
+
+core = find_packages(include=["car_core", "car_core.*"])
+adapters = ["car_adapters" + name[len("adapters"):]
+            for name in find_packages(include=["adapters", "adapters.*"])]
+
+setup(packages=core + adapters)
