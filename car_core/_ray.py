@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .errors import CarError, ExecutorUnavailable, InvalidInput
-from .execution import Failure, Task, describe_error
+from .tasks import Failure, Task, describe_error
 
 LOCAL_ADDRESSES = (None, "", "local", "auto")
 PROBE_TIMEOUT_S = 5.0

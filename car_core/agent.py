@@ -10,23 +10,26 @@ An agent the engine can work with does three things (``Agent``):
 
 ``couples_noise`` says whether the agent's randomness is driven by ``noise`` (then branches can
 share common random numbers). Framework adapters implement these three with their own machinery;
-``FunctionAgent`` implements them from three plain callables with ``car_core.replay.drive``.
+``FunctionAgent`` implements them from three plain callables with ``drive`` (below).
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ._json import JSON
-from .errors import InvalidInput, OutcomeError
+from ._json import JSON, check_json
+from .errors import CarError, EnvironmentError_, InvalidInput, InvalidIntervention, PolicyError
 from .interventions import Plan
+from .outcome import OutcomeFn
 from .seeding import Noise
-from .trajectory import History, Trajectory
+from .trajectory import History, Step, Trajectory
+
+__all__ = ["Agent", "Environment", "FunctionAgent", "OutcomeFn", "Policy", "call_environment",
+           "call_policy", "drive", "policy_meta"]
 
 Policy = Callable[[History, np.random.Generator], JSON]
 Environment = Callable[[History, JSON, np.random.Generator], JSON]
@@ -76,59 +79,127 @@ class FunctionAgent:
         return bool(self.is_final(action)) if self.is_final is not None else False
 
     def start(self, context: JSON, noise: Noise) -> Trajectory:
-        from .replay import drive
         return drive(self, Trajectory.new(context=context, steps=[]), Plan(start=0), noise)
 
     def branch(self, run: Trajectory, plan: Plan, noise: Noise) -> Trajectory:
-        from .replay import drive
         return drive(self, run, plan, noise)
 
     def redecide(self, run: Trajectory, k: int, noise: Noise) -> JSON:
-        from .replay import call_policy
         return call_policy(self.policy, run.history(k), noise.rng(k, "policy"), k, run.id)
 
 
-class OutcomeFn:
-    """Wraps a user's outcome function: ``outcome(run)`` or ``outcome(run, rng)`` (a noisy
-    judge draws from ``rng``), returning a float in [0, 1] or a bool."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        if isinstance(fn, OutcomeFn):
-            fn = fn.fn
-        self.fn: Callable[..., Any]
-        if not callable(fn):
-            raise InvalidInput("outcome must be callable: outcome(run) -> float in [0, 1]",
-                               hint="pass outcome=lambda run: ...")
-        self.fn = fn
-        self.takes_rng = _positional_arity(fn) >= 2
-
-    def __call__(self, run: Trajectory, rng: np.random.Generator) -> float:
-        try:
-            value = self.fn(run, rng) if self.takes_rng else self.fn(run)
-        except Exception as exc:  # the user's code: wrap whatever it raises
-            raise OutcomeError(f"the outcome function raised {exc!r}", run_id=run.id,
-                               hint="fix the outcome function; it must score any branch, "
-                                    "including ones that end early") from exc
-        if isinstance(value, (bool, np.bool_)):
-            return 1.0 if value else 0.0
-        if isinstance(value, (int, float, np.integer, np.floating)):
-            v = float(value)
-            if 0.0 <= v <= 1.0:
-                return v
-        raise OutcomeError(f"the outcome function returned {value!r}", run_id=run.id,
-                           hint="return a float in [0, 1] or a bool (1 / True = the failure "
-                                "happened)")
-
-
-def _positional_arity(fn: Callable[..., Any]) -> int:
+def call_policy(policy: Callable[..., JSON], history: History, rng: np.random.Generator,
+                k: int, run_id: str | None) -> JSON:
     try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return 1
-    count = 0
-    for p in params:
-        if p.kind == p.VAR_POSITIONAL:
-            return 2
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-            count += 1
-    return count
+        action = policy(history, rng)
+    except CarError:
+        raise
+    except Exception as exc:  # the user's policy: report which step broke
+        raise PolicyError(f"the policy raised {exc!r}", run_id=run_id, step=k,
+                          hint="fix the policy; CAR calls it as policy(history, rng)") from exc
+    try:
+        check_json(action, f"the action returned at step {k}")
+    except InvalidInput as exc:
+        raise PolicyError(str(exc), run_id=run_id, step=k) from exc
+    return action
+
+
+def policy_meta(policy: Any) -> dict[str, Any]:
+    """What a policy reports about its last decision in this thread (model, token usage,
+    seed, latency) through an optional ``step_meta()`` method; kept in the step's meta so
+    budgets can count tokens and money without the action carrying them."""
+    take = getattr(policy, "step_meta", None)
+    meta = take() if callable(take) else None
+    return dict(meta) if isinstance(meta, dict) else {}
+
+
+def call_environment(env: Callable[..., JSON], history: History, action: JSON,
+                     rng: np.random.Generator, k: int, run_id: str | None) -> JSON:
+    try:
+        obs = env(history, action, rng)
+    except CarError:
+        raise
+    except Exception as exc:
+        raise EnvironmentError_(f"the environment raised {exc!r}", run_id=run_id, step=k,
+                                hint="fix the environment; CAR calls it as "
+                                     "environment(history, action, rng)") from exc
+    try:
+        check_json(obs, f"the observation returned at step {k}")
+    except InvalidInput as exc:
+        raise EnvironmentError_(str(exc), run_id=run_id, step=k) from exc
+    return obs
+
+
+def _apply_edit(edit: Callable[[Any], Any], history: History, run_id: str, k: int) -> History:
+    try:
+        edited = edit(history)
+    except CarError:
+        raise
+    except Exception as exc:  # the user's edit: say which intervention broke
+        raise InvalidIntervention(f"the do_context edit raised {exc!r}", run_id=run_id, step=k,
+                                  hint="fix the edit; it receives the car.History step "
+                                       f"{k} decides from and returns it edited") from exc
+    if not isinstance(edited, History):
+        raise InvalidIntervention(
+            f"do_context edit returned {type(edited).__name__}, not a car.History",
+            run_id=run_id, step=k,
+            hint="for FunctionAgent the edit takes and returns a car.History "
+                 "(e.g. dataclasses.replace(h, context=...))")
+    if edited.index != len(edited.steps):
+        edited = History(edited.context, tuple(edited.steps), len(edited.steps))
+    return edited
+
+
+def drive(agent: Any, run: Trajectory, plan: Plan, noise: Noise) -> Trajectory:
+    """Run ``agent`` (a FunctionAgent) forward from ``run`` under ``plan``."""
+    prefix = [Step(s.index, s.action, s.observation, s.observed, s.state,
+                   {**s.meta, "origin": "held"}) for s in run.steps[:plan.start]]
+    history = History(run.context, tuple(prefix), plan.start)
+    status = "complete"
+    done = bool(prefix) and agent.finished(prefix[-1].action)
+    k = plan.start
+    edits = dict(plan.context_edits)  # each edit applies once, even if it shortens the history
+    while not done:
+        if k >= agent.max_steps:
+            status = "max_steps"
+            break
+        edited = k in edits
+        if edited:
+            history = _apply_edit(edits.pop(k), history, run.id, k)
+            k = history.index
+        policy = agent.policy
+        swapped = plan.policy is not None and k >= plan.policy[0]
+        if swapped:
+            policy = plan.policy[1]  # type: ignore[index]
+        meta: dict[str, Any] = {}
+        if k in plan.forced_actions and not edited:
+            action = plan.forced_actions[k]
+        else:
+            action = call_policy(policy, history, noise.rng(k, "policy"), k, run.id)
+            meta = policy_meta(policy)
+            if meta:
+                check_json(meta, f"the step_meta() of the policy at step {k}")
+        final = agent.finished(action)
+        observed, obs = False, None
+        if k in plan.forced_observations:
+            observed, obs = True, plan.forced_observations[k]
+        elif agent.environment is not None and not final:
+            observed = True
+            obs = call_environment(agent.environment, history, action,
+                                   noise.rng(k, "environment"), k, run.id)
+        if edited:
+            origin = "edited"
+        elif k in plan.context_edits:  # reached again after an edit that dropped steps
+            origin = "policy-swapped" if swapped else "live"
+        else:
+            origin = plan.origin(k)
+        step = Step(index=k, action=action, observation=obs, observed=observed,
+                    meta={**meta, "origin": origin})
+        history = history.with_step(step)
+        done = final
+        k += 1
+    fields: dict[str, Any] = {"seed": noise.seed, "agent": getattr(agent, "name", ""),
+                              "status": status}
+    if plan.context_edits:  # an edit may have put anything in the history: check it all
+        return Trajectory.new(context=history.context, steps=list(history.steps), **fields)
+    return Trajectory._from_checked(context=history.context, steps=list(history.steps), **fields)

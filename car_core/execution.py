@@ -24,7 +24,6 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Protocol, TypeVar
 
@@ -41,6 +40,10 @@ from .errors import (
 )
 from .interventions import Plan
 from .seeding import Noise
+from .tasks import Failure as Failure  # re-exported: Task and Failure live in the base module
+from .tasks import Task as Task
+from .tasks import describe_error as describe_error
+from .tasks import run_branch
 
 R = TypeVar("R")
 
@@ -54,35 +57,6 @@ NOT_RETRIED: tuple[type[BaseException], ...] = (
     InvalidInput, RunError, StoreError, BudgetExhausted, NothingToAttribute, SideEffectBlocked,
     AdapterError, ModelUnavailable)
 _NO_SPEND = SimpleNamespace(steps=())  # what a failed branch is charged as: one rollout, no tokens
-
-
-@dataclass(frozen=True)
-class Task:
-    """One rollout to run: which arm it belongs to, its index, its plan and its noise."""
-
-    arm: str
-    rollout: int
-    plan: Plan
-    noise: Noise
-
-
-@dataclass(frozen=True)
-class Failure:
-    """A branch that failed on every attempt, with the last error. Estimators leave it out of
-    the estimate and report it (``to_dict``); it still counts as one rollout spent."""
-
-    task: Task
-    error: str
-    attempts: int
-    exception: BaseException | None = field(default=None, compare=False, repr=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"arm": self.task.arm, "rollout": self.task.rollout, "error": self.error,
-                "attempts": self.attempts}
-
-
-def describe_error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
 
 
 class Results(list[tuple[Task, Any]]):
@@ -152,13 +126,12 @@ class Guarded:
 
 class Brancher:
     """The ``fn`` estimators hand to ``execute``: one scored branch of ``run`` per task
-    (``car_core.replay.run_branch``). Plain data, so Ray can ship it to other machines."""
+    (``car_core.tasks.run_branch``). Plain data, so Ray can ship it to other machines."""
 
     def __init__(self, run: Any, agent: Any, outcome: Any) -> None:
         self.run, self.agent, self.outcome = run, agent, outcome
 
     def __call__(self, task: Task) -> Any:
-        from .replay import run_branch
         return run_branch(self.run, self.agent, self.outcome, task)
 
 
@@ -166,7 +139,6 @@ class _AsyncBrancher(Brancher):
     """A ``Brancher`` for an agent that offers ``abranch``: ``AsyncioExecutor`` awaits it."""
 
     async def acall(self, task: Task) -> Any:
-        from .replay import run_branch
         traj = await self.agent.abranch(self.run, task.plan, task.noise)
         return run_branch(self.run, _Finished(traj), self.outcome, task)
 

@@ -1,10 +1,10 @@
 """Held prefix, intervened step, live suffix: the engine behind every estimate.
 
-``drive`` runs a ``FunctionAgent`` under a ``Plan``: steps before ``plan.start`` are copied from
-the record (no policy call, no tool call), intervened steps take the plan's values, the rest run
-live. ``record`` runs an agent from scratch; ``intervene`` runs K branches and reports the outcome
-distribution with its Wilson interval; ``action_match_rate`` measures how faithfully a policy
-re-decides the recorded states.
+``car_core.agent.drive`` runs a ``FunctionAgent`` under a ``Plan``: steps before ``plan.start``
+are copied from the record (no policy call, no tool call), intervened steps take the plan's
+values, the rest run live. ``record`` runs an agent from scratch; ``intervene`` runs K branches
+and reports the outcome distribution with its Wilson interval; ``action_match_rate`` measures
+how faithfully a policy re-decides the recorded states.
 """
 
 from __future__ import annotations
@@ -13,176 +13,40 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
-
-from ._json import JSON, check_json
+from ._json import JSON
+from .agent import call_environment as call_environment  # re-exported: drive lives in agent
+from .agent import call_policy as call_policy
+from .agent import drive as drive
+from .agent import policy_meta as policy_meta
 from .budget import Budget, BudgetMeter, as_budget
 from .errors import (
     AgentError,
     BudgetExhausted,
-    CarError,
-    EnvironmentError_,
     InvalidInput,
-    InvalidIntervention,
-    PolicyError,
 )
-from .estimators.stats import wilson, z_value
-from .execution import Executor, Task, brancher, execute
-from .interventions import Intervention, Plan, compile_plan
+from .execution import Executor, brancher, execute
+from .interventions import Intervention, compile_plan
+from .outcome import OutcomeFn
 from .seeding import Noise, branch_noise
-from .trajectory import History, Lineage, Outcome, Step, Trajectory
+from .stats import wilson, z_value
+from .tasks import Task, returned_run
+from .tasks import run_branch as run_branch
+from .trajectory import Outcome, Trajectory
 
 TERMINAL_STATUSES = ("complete", "max_steps")
-
-
-def call_policy(policy: Callable[..., JSON], history: History, rng: np.random.Generator,
-                k: int, run_id: str | None) -> JSON:
-    try:
-        action = policy(history, rng)
-    except CarError:
-        raise
-    except Exception as exc:  # the user's policy: report which step broke
-        raise PolicyError(f"the policy raised {exc!r}", run_id=run_id, step=k,
-                          hint="fix the policy; CAR calls it as policy(history, rng)") from exc
-    try:
-        check_json(action, f"the action returned at step {k}")
-    except InvalidInput as exc:
-        raise PolicyError(str(exc), run_id=run_id, step=k) from exc
-    return action
-
-
-def policy_meta(policy: Any) -> dict[str, Any]:
-    """What a policy reports about its last decision in this thread (model, token usage,
-    seed, latency) through an optional ``step_meta()`` method; kept in the step's meta so
-    budgets can count tokens and money without the action carrying them."""
-    take = getattr(policy, "step_meta", None)
-    meta = take() if callable(take) else None
-    return dict(meta) if isinstance(meta, dict) else {}
-
-
-def call_environment(env: Callable[..., JSON], history: History, action: JSON,
-                     rng: np.random.Generator, k: int, run_id: str | None) -> JSON:
-    try:
-        obs = env(history, action, rng)
-    except CarError:
-        raise
-    except Exception as exc:
-        raise EnvironmentError_(f"the environment raised {exc!r}", run_id=run_id, step=k,
-                                hint="fix the environment; CAR calls it as "
-                                     "environment(history, action, rng)") from exc
-    try:
-        check_json(obs, f"the observation returned at step {k}")
-    except InvalidInput as exc:
-        raise EnvironmentError_(str(exc), run_id=run_id, step=k) from exc
-    return obs
-
-
-def _apply_edit(edit: Callable[[Any], Any], history: History, run_id: str, k: int) -> History:
-    try:
-        edited = edit(history)
-    except CarError:
-        raise
-    except Exception as exc:  # the user's edit: say which intervention broke
-        raise InvalidIntervention(f"the do_context edit raised {exc!r}", run_id=run_id, step=k,
-                                  hint="fix the edit; it receives the car.History step "
-                                       f"{k} decides from and returns it edited") from exc
-    if not isinstance(edited, History):
-        raise InvalidIntervention(
-            f"do_context edit returned {type(edited).__name__}, not a car.History",
-            run_id=run_id, step=k,
-            hint="for FunctionAgent the edit takes and returns a car.History "
-                 "(e.g. dataclasses.replace(h, context=...))")
-    if edited.index != len(edited.steps):
-        edited = History(edited.context, tuple(edited.steps), len(edited.steps))
-    return edited
-
-
-def drive(agent: Any, run: Trajectory, plan: Plan, noise: Noise) -> Trajectory:
-    """Run ``agent`` (a FunctionAgent) forward from ``run`` under ``plan``."""
-    prefix = [Step(s.index, s.action, s.observation, s.observed, s.state,
-                   {**s.meta, "origin": "held"}) for s in run.steps[:plan.start]]
-    history = History(run.context, tuple(prefix), plan.start)
-    status = "complete"
-    done = bool(prefix) and agent.finished(prefix[-1].action)
-    k = plan.start
-    edits = dict(plan.context_edits)  # each edit applies once, even if it shortens the history
-    while not done:
-        if k >= agent.max_steps:
-            status = "max_steps"
-            break
-        edited = k in edits
-        if edited:
-            history = _apply_edit(edits.pop(k), history, run.id, k)
-            k = history.index
-        policy = agent.policy
-        swapped = plan.policy is not None and k >= plan.policy[0]
-        if swapped:
-            policy = plan.policy[1]  # type: ignore[index]
-        meta: dict[str, Any] = {}
-        if k in plan.forced_actions and not edited:
-            action = plan.forced_actions[k]
-        else:
-            action = call_policy(policy, history, noise.rng(k, "policy"), k, run.id)
-            meta = policy_meta(policy)
-            if meta:
-                check_json(meta, f"the step_meta() of the policy at step {k}")
-        final = agent.finished(action)
-        observed, obs = False, None
-        if k in plan.forced_observations:
-            observed, obs = True, plan.forced_observations[k]
-        elif agent.environment is not None and not final:
-            observed = True
-            obs = call_environment(agent.environment, history, action,
-                                   noise.rng(k, "environment"), k, run.id)
-        if edited:
-            origin = "edited"
-        elif k in plan.context_edits:  # reached again after an edit that dropped steps
-            origin = "policy-swapped" if swapped else "live"
-        else:
-            origin = plan.origin(k)
-        step = Step(index=k, action=action, observation=obs, observed=observed,
-                    meta={**meta, "origin": origin})
-        history = history.with_step(step)
-        done = final
-        k += 1
-    fields: dict[str, Any] = {"seed": noise.seed, "agent": getattr(agent, "name", ""),
-                              "status": status}
-    if plan.context_edits:  # an edit may have put anything in the history: check it all
-        return Trajectory.new(context=history.context, steps=list(history.steps), **fields)
-    return Trajectory._from_checked(context=history.context, steps=list(history.steps), **fields)
 
 
 def record(agent: Any, *, context: JSON = None, outcome: Callable[..., Any], seed: int = 0,
            store: Any = None) -> Trajectory:
     """Run ``agent`` once from ``context`` and score it; the run is the factual record."""
-    from .agent import OutcomeFn
     out = OutcomeFn(outcome)
     noise = Noise(seed)
-    run = _returned_run(agent.start(context, noise), agent, "start")
+    run = returned_run(agent.start(context, noise), agent, "start")
     value = out(run, noise.rng(0, "outcome"))
     run = replace(run, outcome=Outcome(value), seed=noise.seed)
     if store is not None:
         store.save(run)
     return run
-
-
-def _returned_run(value: Any, agent: Any, method: str) -> Trajectory:
-    if not isinstance(value, Trajectory):
-        raise AgentError(f"{type(agent).__name__}.{method} returned {type(value).__name__}, "
-                         "not a car.Trajectory",
-                         hint="an Agent's start and branch must return car.Trajectory "
-                              "(see car_core.agent.Agent)")
-    return value
-
-
-def run_branch(run: Trajectory, agent: Any, outcome: Any, task: Task) -> Trajectory:
-    """One rollout: the agent's branch under the task's plan, scored, with its lineage."""
-    traj = _returned_run(agent.branch(run, task.plan, task.noise), agent, "branch")
-    value = outcome(traj, task.noise.rng(0, "outcome"))
-    lineage = Lineage(parent_id=run.id, interventions=tuple(task.plan.describe()),
-                      branch_step=task.plan.start if task.plan.interventions else None,
-                      arm=task.arm, rollout=task.rollout)
-    return replace(traj, outcome=Outcome(value), lineage=lineage)
 
 
 @dataclass(frozen=True)
@@ -233,7 +97,6 @@ def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequenc
     """Apply ``interventions`` to ``run`` and estimate the outcome distribution from
     ``rollouts`` branches. Branch ``r`` draws its noise from stream ``(seed, r)``, shared by
     every call with the same seed when ``coupled`` (common random numbers)."""
-    from .agent import OutcomeFn
     check_run(run)
     if isinstance(rollouts, bool) or not isinstance(rollouts, int) or rollouts < 1:
         raise InvalidInput(f"rollouts={rollouts!r}: need at least one rollout",

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from car_core.errors import InvalidInput
-from car_core.estimators.stats import (
+from car_core.stats import (
     bonferroni_level,
     difference,
     look_levels,

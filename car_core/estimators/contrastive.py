@@ -43,10 +43,10 @@ from ..budget import Budget, as_budget
 from ..errors import InvalidInput
 from ..execution import Executor, Task
 from ..interventions import Plan, compile_plan, do_resample
+from ..stats import Difference, difference, look_levels, looks, wilson
 from ..trajectory import Trajectory
 from ._session import Session, check_run_has_steps
 from .results import ArmEstimate, ContrastiveResult, StepEffect
-from .stats import Difference, difference, look_levels, looks, wilson
 
 SEARCHES = ("auto", "full", "bisection")
 BISECT_ABOVE = 8  # "auto" bisects runs with more steps than this

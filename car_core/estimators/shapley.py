@@ -49,10 +49,10 @@ from ..errors import InvalidBudget, InvalidInput
 from ..execution import Executor, Task
 from ..interventions import Plan, compile_plan, do_action, do_resample
 from ..seeding import Noise
+from ..stats import t_interval, wilson, z_value
 from ..trajectory import Trajectory
 from ._session import Session, check_run_has_steps
 from .results import GameValue, ShapleyResult, ShapleyValue
-from .stats import t_interval, wilson, z_value
 
 MODES = ("auto", "exact", "permutation")
 MIN_PER_COALITION = 8  # "auto" picks exact mode only when every coalition can get this many

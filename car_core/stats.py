@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from scipy.stats import norm
 from scipy.stats import t as student_t
 
-from ..errors import InvalidInput
+from .errors import InvalidInput
 
 
 def z_value(level: float) -> float:
