@@ -16,8 +16,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from car_core.contract import retry_after
 from car_core.errors import InvalidInput, ModelUnavailable, PolicyError
-from car_core.ratelimit import retry_after
 
 from .chat_agent import ChatPolicy, Message, make_action
 

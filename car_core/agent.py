@@ -27,6 +27,7 @@ from .interventions import Plan
 from .outcome import OutcomeFn
 from .seeding import Noise
 from .trajectory import History, Step, Trajectory
+from .vocabulary import Origin, RunStatus
 
 __all__ = ["Agent", "Environment", "FunctionAgent", "OutcomeFn", "Policy", "call_environment",
            "call_policy", "drive", "policy_meta"]
@@ -152,16 +153,15 @@ def _apply_edit(edit: Callable[[Any], Any], history: History, run_id: str, k: in
 
 def drive(agent: Any, run: Trajectory, plan: Plan, noise: Noise) -> Trajectory:
     """Run ``agent`` (a FunctionAgent) forward from ``run`` under ``plan``."""
-    prefix = [Step(s.index, s.action, s.observation, s.observed, s.state,
-                   {**s.meta, "origin": "held"}) for s in run.steps[:plan.start]]
+    prefix = run.held_prefix(plan.start)
     history = History(run.context, tuple(prefix), plan.start)
-    status = "complete"
+    status = RunStatus.COMPLETE
     done = bool(prefix) and agent.finished(prefix[-1].action)
     k = plan.start
     edits = dict(plan.context_edits)  # each edit applies once, even if it shortens the history
     while not done:
         if k >= agent.max_steps:
-            status = "max_steps"
+            status = RunStatus.MAX_STEPS
             break
         edited = k in edits
         if edited:
@@ -187,10 +187,11 @@ def drive(agent: Any, run: Trajectory, plan: Plan, noise: Noise) -> Trajectory:
             observed = True
             obs = call_environment(agent.environment, history, action,
                                    noise.rng(k, "environment"), k, run.id)
+        origin: Origin
         if edited:
-            origin = "edited"
+            origin = Origin.EDITED
         elif k in plan.context_edits:  # reached again after an edit that dropped steps
-            origin = "policy-swapped" if swapped else "live"
+            origin = Origin.POLICY_SWAPPED if swapped else Origin.LIVE
         else:
             origin = plan.origin(k)
         step = Step(index=k, action=action, observation=obs, observed=observed,

@@ -14,8 +14,7 @@ from typing import Any
 
 from .errors import InvalidBudget
 from .trajectory import Trajectory
-
-SPENDING_ORIGINS = ("live", "edited", "policy-swapped")
+from .vocabulary import SPENDING_ORIGINS
 
 
 @dataclass(frozen=True)

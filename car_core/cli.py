@@ -26,6 +26,7 @@ from . import _clikit as kit
 from ._json import dumps
 from .errors import CarError, InvalidInput
 from .store import RunStore
+from .vocabulary import AttributionStatus
 
 EXIT_CODES = """Exit codes: 0 ok · 1 nothing attributable (no locus) · 2 usage or bad input ·
 3 budget exhausted (the result is truncated, what was measured is kept) · 4 store or run error
@@ -321,7 +322,7 @@ def _print_result(r: dict[str, Any], seconds: float, store: str) -> None:
 def _latest_attribution(db: RunStore, run_id: str) -> dict[str, Any] | None:
     """The newest finished attribution; a truncated one only when none finished."""
     rows = [a for a in db.attributions(run_id) if a.get("result")]
-    complete = [a for a in rows if a.get("status") == "complete"]
+    complete = [a for a in rows if a.get("status") == AttributionStatus.COMPLETE]
     pick = complete or rows
     return pick[-1] if pick else None
 

@@ -20,6 +20,7 @@ from typing import Any
 from ._json import JSON, check_json
 from .errors import InvalidIntervention, InvalidJSONValue, StepOutOfRange
 from .trajectory import Trajectory
+from .vocabulary import Origin
 
 
 def _check_step(step: Any, kind: str) -> int:
@@ -169,16 +170,16 @@ class Plan:
     def describe(self) -> list[dict[str, Any]]:
         return [i.to_dict() for i in self.interventions]
 
-    def origin(self, k: int) -> str:
+    def origin(self, k: int) -> Origin:
         if k < self.start or k in self.held:
-            return "held"
+            return Origin.HELD
         if k in self.context_edits:
-            return "edited"
+            return Origin.EDITED
         if k in self.forced_actions:
-            return "forced"
+            return Origin.FORCED
         if self.policy is not None and k >= self.policy[0]:
-            return "policy-swapped"
-        return "live"
+            return Origin.POLICY_SWAPPED
+        return Origin.LIVE
 
 
 def as_list(interventions: Intervention | Iterable[Intervention] | None) -> list[Intervention]:
@@ -263,7 +264,7 @@ def compile_plan(run: Trajectory, interventions: Intervention | Sequence[Interve
                          "do_action at the same step")
             forced_actions[k] = run.steps[k].action
             held.add(k)
-            decided[k] = "record"
+            decided[k] = Origin.RECORD
     if policy is not None and policy[0] not in decided:
         decided[policy[0]] = "do_policy"
     start = min((i.step for i in items), default=n)

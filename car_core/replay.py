@@ -32,8 +32,9 @@ from .stats import wilson, z_value
 from .tasks import Task, returned_run
 from .tasks import run_branch as run_branch
 from .trajectory import Outcome, Trajectory
+from .vocabulary import NOT_REDECIDED, RunStatus
 
-TERMINAL_STATUSES = ("complete", "max_steps")
+TERMINAL_STATUSES = (RunStatus.COMPLETE, RunStatus.MAX_STEPS)
 
 
 def record(agent: Any, *, context: JSON = None, outcome: Callable[..., Any], seed: int = 0,
@@ -159,7 +160,7 @@ def action_match_rate(run: Trajectory, agent: Any, replays: int = 4) -> ActionMa
     noise = Noise(int(run.seed or 0))
     per_step, measured = [], []
     for k, step in enumerate(run.steps):
-        if step.meta.get("origin") in ("forced", "held", "edited", "policy-swapped"):
+        if step.meta.get("origin") in NOT_REDECIDED:
             continue
         hits = sum(agent.redecide(run, k, noise) == step.action for _ in range(replays))
         per_step.append(hits / replays)

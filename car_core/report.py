@@ -22,6 +22,7 @@ import jinja2
 
 from .errors import InvalidInput
 from .trajectory import Trajectory
+from .vocabulary import Origin
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("car_core", "templates"),
@@ -247,7 +248,7 @@ def _timeline(run: Trajectory, locus: int | None) -> list[dict[str, Any]]:
     for s in run.steps:
         items.append({
             "index": s.index, "locus": s.index == locus,
-            "origin": s.meta.get("origin", "record") if run.lineage else "record",
+            "origin": s.meta.get("origin", Origin.RECORD) if run.lineage else Origin.RECORD,
             "model": s.meta.get("model"),
             "action": show(s.action), "observation": show(s.observation) if s.observed else None,
             "state": show(s.state) if s.state is not None else None,

@@ -33,6 +33,7 @@ from .errors import (
     StoreTooNew,
 )
 from .trajectory import Trajectory
+from .vocabulary import AttributionStatus
 
 APPLICATION_ID = 0x43415231  # "CAR1" in PRAGMA application_id marks a file as ours
 MIGRATIONS = Migrations("car")
@@ -241,19 +242,19 @@ class RunStore:
         aid = attribution_id or uuid.uuid4().hex[:16]
         with self._write():
             self.db.table("attributions").upsert(
-                {"id": aid, "run_id": run_id, "method": method, "status": "running",
+                {"id": aid, "run_id": run_id, "method": method, "status": AttributionStatus.RUNNING,
                  "params": dumps(params), "result": None, "created_at": time.time(),
                  "finished_at": None}, pk="id")
         return aid
 
     def finish_attribution(self, attribution_id: str, result: dict[str, Any],
-                           status: str = "complete") -> None:
+                           status: str = AttributionStatus.COMPLETE) -> None:
         with self._write():
             self.db.table("attributions").update(attribution_id, {
                 "result": dumps(result), "status": status, "finished_at": time.time()})
 
     def save_attribution(self, run_id: str, method: str, params: dict[str, Any],
-                         result: dict[str, Any], status: str = "complete") -> str:
+                         result: dict[str, Any], status: str = AttributionStatus.COMPLETE) -> str:
         aid = self.begin_attribution(run_id, method, params)
         self.finish_attribution(aid, result, status)
         return aid

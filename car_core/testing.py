@@ -31,6 +31,7 @@ from .interventions import compile_plan, do_action, do_observation, do_resample
 from .replay import action_match_rate, intervene, record
 from .seeding import branch_noise
 from .trajectory import History, Trajectory
+from .vocabulary import Origin
 
 _MISSING: Any = object()
 
@@ -203,7 +204,7 @@ def check_replay_reproduces(agent: Any, run: Trajectory, *, seed: int = 0) -> Tr
         _fail("replay", f"the replay has {len(branch.steps)} steps, the record "
                         f"{len(run.steps)}", run)
     for s in branch.steps:
-        if s.meta.get("origin") != "held":
+        if s.meta.get("origin") != Origin.HELD:
             _fail("replay", f"a replayed step is marked {s.meta.get('origin')!r}, not 'held'",
                   run, s.index)
     return branch
@@ -249,7 +250,8 @@ def check_branch_lineage(agent: Any, run: Trajectory, outcome: Any, *, step: int
         branch.verify()
         _same_steps("lineage", run, branch, k)
         origins = [s.meta.get("origin") for s in branch.steps]
-        if any(o != "held" for o in origins[:k]) or (len(origins) > k and origins[k] != "live"):
+        if any(o != Origin.HELD for o in origins[:k]) or (len(origins) > k
+                                                          and origins[k] != Origin.LIVE):
             _fail("lineage", f"step origins {origins} should be 'held' before step {k} and "
                              f"'live' at it", run, k)
 

@@ -17,8 +17,9 @@ from typing import Any
 
 from ._json import JSON, check_json, digest
 from .errors import CorruptRun, StepOutOfRange
+from .vocabulary import Origin, RunStatus
 
-ORIGINS = ("record", "held", "forced", "live", "edited", "policy-swapped")
+ORIGINS = tuple(Origin)
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ class Trajectory:
     outcome: Outcome | None = None
     seed: int | None = None
     agent: str = ""
-    status: str = "complete"
+    status: str = RunStatus.COMPLETE
     error: str | None = None
     lineage: Lineage | None = None
     meta: dict[str, Any] = field(default_factory=dict)
@@ -176,6 +177,12 @@ class Trajectory:
                                  run_id=self.id,
                                  hint=f"use a step index between 0 and {len(self.steps) - 1}")
         return self.steps[k]
+
+    def held_prefix(self, k: int) -> list[Step]:
+        """Steps ``< k`` as a branch serves them: the recorded values, marked origin held."""
+        return [Step(s.index, s.action, s.observation, s.observed, s.state,
+                     {**s.meta, "origin": Origin.HELD}, s.digest)  # cheaper than replace
+                for s in self.steps[:k]]
 
     def history(self, k: int) -> History:
         """The state ``s_k``: context and steps ``< k``, straight from the record."""
@@ -225,7 +232,7 @@ class Trajectory:
                 steps=tuple(Step.from_dict(s) for s in data["steps"]),
                 outcome=Outcome.from_dict(data["outcome"]) if data.get("outcome") else None,
                 seed=data.get("seed"), agent=str(data.get("agent", "")),
-                status=str(data.get("status", "complete")), error=data.get("error"),
+                status=str(data.get("status", RunStatus.COMPLETE)), error=data.get("error"),
                 lineage=Lineage.from_dict(data["lineage"]) if data.get("lineage") else None,
                 meta=dict(data.get("meta") or {}), created_at=float(data.get("created_at", 0.0)))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -47,12 +47,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("car_adapters.langgraph needs LangGraph: "
                       "pip install 'causal-agent-replay[langgraph]'") from exc
 
-from car_core.agent import OutcomeFn
+from car_core import RunStore
+from car_core.contract import Noise, Origin, Outcome, OutcomeFn, Plan, RunStatus, Step, Trajectory
 from car_core.errors import AdapterError, InvalidInput, InvalidIntervention, StepOutOfRange
-from car_core.interventions import Plan
-from car_core.seeding import Noise
-from car_core.store import RunStore
-from car_core.trajectory import Outcome, Step, Trajectory
 
 from ..chat_messages import (
     ToolSafety,
@@ -158,7 +155,7 @@ class LangGraphAgent:
     def branch(self, run: Trajectory, plan: Plan, noise: Noise) -> Trajectory:
         k = plan.start
         if k >= len(run.steps):
-            steps = [replace(s, meta={**s.meta, "origin": "held"}) for s in run.steps]
+            steps = run.held_prefix(len(run.steps))
             return Trajectory.new(context=run.context, steps=steps, seed=noise.seed,
                                   agent=self.name, status=run.status, meta=dict(run.meta))
         snapshot = self._check(run, k)
@@ -236,7 +233,7 @@ class LangGraphAgent:
             for m in cur.values.get(self.messages_key) or []:
                 if isinstance(m, AIMessage) and m.id not in seen:
                     decisions[m.id] = (
-                        {"origin": "record", "thread_id": thread_id,
+                        {"origin": Origin.RECORD, "thread_id": thread_id,
                          "checkpoint_id": prev.config["configurable"]["checkpoint_id"],
                          "checkpoint_ns": "", "node": nodes[0],
                          "langgraph_step": cur.metadata.get("step"),
@@ -252,7 +249,8 @@ class LangGraphAgent:
                               state=state, meta=meta))
         context = {"messages": steps[0].state} if steps else {"input": None}
         return Trajectory.new(context=context, steps=steps, agent=self.name,
-                              status="interrupted" if chain[-1].next else "complete",
+                              status=(RunStatus.INTERRUPTED if chain[-1].next
+                                      else RunStatus.COMPLETE),
                               meta={"framework": "langgraph", "thread_id": thread_id,
                                     "final_state": jsonable(final), "imported": True})
 
@@ -354,10 +352,10 @@ class LangGraphAgent:
             try:
                 self._invoke(None, config, interrupt_before=intercept)
             except GraphRecursionError:
-                return "max_steps"
+                return RunStatus.MAX_STEPS
             snap = self.app.get_state(_thread(thread_id))
             if not snap.next:
-                return "complete"
+                return RunStatus.COMPLETE
             node = snap.next[0]
             if any(t.interrupts for t in snap.tasks) or intercept is None or (
                     node not in self.tool_nodes):
@@ -396,7 +394,7 @@ class LangGraphAgent:
                  control: Control, noise: Noise, status: str) -> Trajectory:
         final = self.app.get_state(_thread(thread_id)).values
         messages = final.get(self.messages_key) or []
-        steps = [replace(s, meta={**s.meta, "origin": "held"}) for s in run.steps[:k]]
+        steps = run.held_prefix(k)
         for i, (pos, action, obs, observed) in enumerate(decode(messages[base:])):
             j = k + i
             meta = {"thread_id": thread_id, "node": run.steps[min(j, len(run.steps) - 1)]

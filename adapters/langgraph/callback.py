@@ -23,9 +23,9 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.runnables.config import var_child_runnable_config
 
+from car_core import RunStore
+from car_core.contract import Origin, RunStatus, Step, Trajectory
 from car_core.errors import StoreError
-from car_core.store import RunStore
-from car_core.trajectory import Step, Trajectory
 
 from .messages import decode, jsonable, to_dict, to_dicts, usage_of
 
@@ -135,7 +135,7 @@ class CarCallback(BaseCallbackHandler):
         params = jsonable({k: v for k, v in (kwargs.get("invocation_params") or {}).items()
                            if k not in ("tools", "car_tools", "car_tool_kwargs")})
         checkpoint_id, checkpoint_ns = _checkpoint_ids()
-        meta = {"origin": "record", "thread_id": md.get("thread_id", rec.thread_id),
+        meta = {"origin": Origin.RECORD, "thread_id": md.get("thread_id", rec.thread_id),
                 "checkpoint_id": checkpoint_id, "checkpoint_ns": checkpoint_ns,
                 "node": md.get("langgraph_node"), "langgraph_step": md.get("langgraph_step"),
                 "task_ns": md.get("langgraph_checkpoint_ns"), "params": params,
@@ -207,11 +207,11 @@ class CarCallback(BaseCallbackHandler):
             _, action, observation, observed = decode([call.message, *answers])[0]
             steps.append(Step(index=i, action=action, observation=observation,
                               observed=observed, state=call.state, meta=call.meta))
-        status = "complete"
+        status = RunStatus.COMPLETE
         if error is not None:
-            status = "error"
+            status = RunStatus.ERROR
         elif "__interrupt__" in final:
-            status = "interrupted"
+            status = RunStatus.INTERRUPTED
         context = ({"messages": steps[0].state} if steps
                    else {"input": jsonable(rec.inputs)})
         return Trajectory.new(

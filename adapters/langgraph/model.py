@@ -23,7 +23,7 @@ from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables.config import ensure_config
 
-from car_core.seeding import Noise
+from car_core.contract import Noise, Origin
 
 from .messages import action_message, usage_of
 
@@ -112,9 +112,9 @@ class CarChatModel(BaseChatModel):
     @staticmethod
     def _forced(control: Control, k: int) -> ChatResult:
         msg = action_message(control.forced[k])
-        control.steps[k] = {"origin": "held", "model": None}
+        control.steps[k] = {"origin": Origin.HELD, "model": None}
         return ChatResult(generations=[ChatGeneration(message=msg)],
-                          llm_output={"car_origin": "held"})
+                          llm_output={"car_origin": Origin.HELD})
 
     @staticmethod
     def _note(control: Control | None, k: int | None, model: Any, result: ChatResult,

@@ -26,9 +26,8 @@ from llama_index.core.memory import ChatMemoryBuffer
 from llama_index.core.tools import BaseTool, FunctionTool, adapt_to_async_tool
 
 import car_core as car
+from car_core.contract import Noise, Plan
 from car_core.errors import AdapterError, CarError, InvalidIntervention
-from car_core.interventions import Plan
-from car_core.seeding import Noise
 
 from ..chat_messages import ToolSafety, apply_edit, consistent, recorded_calls
 from ._messages import from_dicts
@@ -112,7 +111,7 @@ class LlamaIndexAgent:
 
     def branch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
         k = plan.start
-        prefix = [replace(s, meta={**s.meta, "origin": "held"}) for s in run.steps[:k]]
+        prefix = run.held_prefix(k)
         if k >= len(run.steps):
             return car.Trajectory.new(context=run.context, steps=prefix, seed=noise.seed,
                                       agent=self.name, meta=dict(run.meta))

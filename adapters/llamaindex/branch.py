@@ -29,9 +29,8 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import LLM
 from llama_index.core.tools import AsyncBaseTool, ToolMetadata, ToolOutput
 
+from car_core.contract import Noise, Plan
 from car_core.errors import AdapterError, CarError, InvalidIntervention, PolicyError
-from car_core.interventions import Plan
-from car_core.seeding import Noise
 
 from ..chat_messages import (
     ToolSafety,

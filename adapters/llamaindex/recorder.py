@@ -33,8 +33,9 @@ from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
 from llama_index.core.workflow import Workflow
 
 import car_core as car
+from car_core import RunStore
+from car_core.contract import RunStatus
 from car_core.errors import AdapterError, StoreError
-from car_core.store import RunStore
 
 from ..chat_messages import tool_result
 from ._messages import action_of, to_dicts
@@ -333,7 +334,7 @@ class CarRecorder:
                                   meta={**s["meta"], "llamaindex_run": buf.root}))
         return car.Trajectory.new(
             context=buf.context, steps=steps, agent=f"llamaindex:{type(buf.workflow).__name__}",
-            status="error" if err is not None else "complete",
+            status=RunStatus.ERROR if err is not None else RunStatus.COMPLETE,
             error=repr(err) if err is not None else None,
             meta={"framework": "llama-index", "workflow": type(buf.workflow).__name__,
                   "tools": tool_names(buf.workflow)})

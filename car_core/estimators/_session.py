@@ -14,6 +14,7 @@ from ..interventions import Plan
 from ..replay import check_run
 from ..seeding import branch_noise
 from ..trajectory import Trajectory
+from ..vocabulary import AttributionStatus
 
 OnValue = Callable[[Task, float, Trajectory], None]
 # The parameters that decide what a journaled (arm, rollout) branch is: its noise stream
@@ -118,5 +119,6 @@ class Session:
 
     def finish(self, result: dict[str, Any]) -> None:
         if self.store is not None and self.attribution_id is not None:
-            status = "truncated" if result.get("truncated") else "complete"
+            status = (AttributionStatus.TRUNCATED if result.get("truncated")
+                      else AttributionStatus.COMPLETE)
             self.store.finish_attribution(self.attribution_id, result, status)

@@ -1,0 +1,65 @@
+"""What an adapter author needs from the core, in one place: import from here, ``car_core``,
+``car_core.errors`` and ``car_core.testing``, nothing else.
+
+An agent (``Agent``) has a ``name``, says whether its randomness follows the ``Noise`` it is
+given (``couples_noise``: then branches share common random numbers) and implements:
+
+- ``start(context, noise) -> Trajectory``: a run from scratch (``car.record``);
+- ``branch(run, plan, noise) -> Trajectory``: a counterfactual of ``run`` under ``plan``.
+  Steps ``< plan.start`` come from the record with no model or tool call (build them with
+  ``run.held_prefix(plan.start)``); at and after it, ``plan.forced_actions`` /
+  ``plan.forced_observations`` replace what the agent would decide / observe,
+  ``plan.context_edits`` edit the state before deciding, ``plan.policy`` swaps the policy from
+  a step on; every new step's ``meta["origin"]`` is ``plan.origin(k)`` (an ``Origin``);
+- ``redecide(run, k, noise) -> action``: decide step ``k`` again from the recorded state
+  (``car.action_match_rate``).
+
+Optional hooks the engine looks for (``getattr``, so an agent may leave them out):
+
+- ``async abranch(run, plan, noise)``: ``branch`` as a coroutine; the asyncio executor awaits
+  it instead of running ``branch`` in a thread (``AsyncAgent``);
+- ``prefers_concurrency = True``: the agent waits on a model server, so estimators default to
+  the asyncio executor even without ``abranch``;
+- a policy's ``step_meta() -> dict``: what the last decision cost (model, ``tokens``, ``cost``,
+  seed, latency); the engine keeps it in the step's meta, where budgets count tokens and money
+  (``ModelPolicy``).
+
+Randomness: draw a step's policy randomness from ``noise.rng(k, "policy")`` and tool randomness
+from ``noise.rng(k, "environment")``; the outcome is scored by the engine (``OutcomeFn``), not
+the agent. Check an adapter with ``car_core.testing.run_conformance(factory, context=...,
+outcome=...)``: replay with everything held reproduces the run, a held prefix makes no model or
+tool call, lineage and origins are right, forced values are used, noise is honoured.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from ._json import JSON
+from .agent import Agent
+from .interventions import Plan
+from .outcome import OutcomeFn
+from .ratelimit import retry_after
+from .seeding import Noise
+from .trajectory import History, Outcome, Step, Trajectory
+from .vocabulary import AttributionStatus, Origin, RunStatus
+
+__all__ = ["JSON", "Agent", "AsyncAgent", "AttributionStatus", "History", "ModelPolicy", "Noise",
+           "Origin", "Outcome", "OutcomeFn", "Plan", "RunStatus", "Step", "Trajectory",
+           "retry_after"]
+
+
+@runtime_checkable
+class AsyncAgent(Agent, Protocol):
+    """An ``Agent`` that can also branch as a coroutine (see the module docstring)."""
+
+    async def abranch(self, run: Trajectory, plan: Plan, noise: Noise) -> Trajectory: ...
+
+
+@runtime_checkable
+class ModelPolicy(Protocol):
+    """A policy that reports what its last decision cost (``step_meta``), as model policies do."""
+
+    def __call__(self, history: History, rng: Any) -> JSON: ...
+
+    def step_meta(self) -> dict[str, Any]: ...
