@@ -8,7 +8,7 @@ STAMP := $(VENV)/.car-setup
 
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
-.PHONY: setup browser demo test lint bench clean
+.PHONY: setup browser demo test lint bench lowest-deps clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,10 @@ test: setup browser lint
 lint: setup
 	$(BIN)/ruff check car_core adapters tests integrations_tests examples benchmarks
 	$(BIN)/mypy --strict car_core
+
+# the store against the lowest sqlite-utils pyproject.toml allows (installed in a temp folder)
+lowest-deps: setup
+	$(BIN)/python tests/support/sqlite_utils_floor.py
 
 bench: setup
 	$(BIN)/python benchmarks/replay_overhead.py

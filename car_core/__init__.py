@@ -1,6 +1,8 @@
 """Causal Agent Replay: find the step that caused an agent's failure by intervening on it.
 
-The public API is exactly ``__all__``; everything else is internal and may change.
+The public API is exactly ``__all__``. Adapter authors also use ``car_core.contract`` (the agent
+protocol and what a branch is given), ``car_core.errors`` and ``car_core.testing``; everything
+else is internal and may change.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from .interventions import (
     do_resample,
 )
 from .replay import action_match_rate, intervene, record
+from .stats import Interval
 from .store import RunStore
 from .trajectory import History, Lineage, Outcome, Step, Trajectory
 
@@ -32,6 +35,7 @@ __all__ = [
     "Budget",
     "FunctionAgent",
     "History",
+    "Interval",
     "Intervention",
     "Lineage",
     "Observation",

@@ -28,7 +28,7 @@ from .execution import Executor, brancher, execute
 from .interventions import Intervention, compile_plan
 from .outcome import OutcomeFn
 from .seeding import Noise, branch_noise
-from .stats import wilson, z_value
+from .stats import Interval, check_level, wilson
 from .tasks import Task, returned_run
 from .tasks import run_branch as run_branch
 from .trajectory import Outcome, Trajectory
@@ -55,7 +55,7 @@ class OutcomeDistribution:
     """P(failure | do(·)) estimated from ``n`` rollouts, with its Wilson interval."""
 
     mean: float
-    ci: tuple[float, float]
+    ci: Interval
     n: int
     level: float
     values: tuple[float, ...]
@@ -103,7 +103,7 @@ def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequenc
         raise InvalidInput(f"rollouts={rollouts!r}: need at least one rollout",
                            hint="pass rollouts=K with K >= 1 (32–64 is typical)")
     out = OutcomeFn(outcome)
-    z_value(level)  # a bad level fails here, not after every rollout has run
+    check_level(level)  # a bad level fails here, not after every rollout has run
     Noise(seed)  # likewise a bad seed
     plan = compile_plan(run, interventions)
     coupled = bool(coupled and getattr(agent, "couples_noise", False))
@@ -125,7 +125,8 @@ def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequenc
     values = tuple(t.outcome.value for t in trajs if t.outcome is not None)
     mean = sum(values) / len(values)
     return OutcomeDistribution(
-        mean=mean, ci=wilson(mean, len(values), level), n=len(values), level=level,
+        mean=mean, ci=Interval(*wilson(mean, len(values), level), level), n=len(values),
+        level=level,
         values=values, trajectories=trajs, interventions=tuple(arm), coupled=coupled,
         seed=seed, rollouts_used=meter.rollouts, truncated=len(values) < rollouts,
         budget_note=meter.tripped, tokens=meter.tokens, cost=meter.cost,

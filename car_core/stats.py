@@ -14,7 +14,7 @@ them misses is ≤ α.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from scipy.stats import norm
@@ -23,11 +23,53 @@ from scipy.stats import t as student_t
 from .errors import InvalidInput
 
 
-def z_value(level: float) -> float:
+def check_level(level: float) -> None:
+    """Refuse a confidence level outside (0, 1), before anything is spent on it."""
     if not 0.0 < level < 1.0:
         raise InvalidInput(f"confidence level {level} is outside (0, 1)",
                            hint="use e.g. 0.95 (alpha=0.05)")
+
+
+def z_value(level: float) -> float:
+    check_level(level)
     return float(norm.ppf(0.5 + level / 2.0))
+
+
+@dataclass(frozen=True, eq=False)
+class Interval:
+    """A confidence interval and the level it was built at (``level`` 0.95: a 95% interval).
+
+    It reads as the ``(low, high)`` pair it replaces: ``low, high = ci``, ``ci[0]``, and
+    ``ci == (low, high)`` all work; two intervals are equal when their levels are too.
+    """
+
+    low: float
+    high: float
+    level: float
+
+    @classmethod
+    def of(cls, bounds: Sequence[float] | None, level: float) -> Interval | None:
+        """An interval from a ``(low, high)`` pair built at ``level`` (None stays None)."""
+        return None if bounds is None else cls(float(bounds[0]), float(bounds[1]), float(level))
+
+    def __iter__(self) -> Iterator[float]:
+        return iter((self.low, self.high))
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> float:
+        return (self.low, self.high)[i]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Interval):
+            return (self.low, self.high, self.level) == (other.low, other.high, other.level)
+        if isinstance(other, (tuple, list)):
+            return (self.low, self.high) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.low, self.high))
 
 
 def wilson(mean: float, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -122,7 +164,7 @@ def t_interval(samples: Sequence[float], level: float = 0.95) -> MeanInterval:
     n = len(samples)
     if n == 0:
         raise InvalidInput("a mean needs at least one replicate", hint="raise the budget")
-    z_value(level)  # validates the level
+    check_level(level)
     mean = sum(samples) / n
     if n == 1:
         return MeanInterval(mean, None, 1, float("nan"))

@@ -15,7 +15,7 @@ import os
 import sqlite3
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +37,18 @@ from .vocabulary import AttributionStatus
 
 APPLICATION_ID = 0x43415231  # "CAR1" in PRAGMA application_id marks a file as ours
 MIGRATIONS = Migrations("car")
+# The names of our migrations, in order: what a file migrated by a newer CAR is told apart by
+# (kept here rather than read from the Migrations object's private list).
+MIGRATION_NAMES: list[str] = []
 
 
-@MIGRATIONS(name="0001_runs_steps_attributions")
+def _migration(name: str) -> Callable[[Callable[[sqlite_utils.Database], None]],
+                                      Callable[[sqlite_utils.Database], None]]:
+    MIGRATION_NAMES.append(name)
+    return MIGRATIONS(name=name)
+
+
+@_migration("0001_runs_steps_attributions")
 def _initial(db: sqlite_utils.Database) -> None:
     db.execute("""CREATE TABLE IF NOT EXISTS runs (
         id TEXT PRIMARY KEY, parent_id TEXT, attribution_id TEXT, arm TEXT, rollout INTEGER,
@@ -117,7 +126,7 @@ class RunStore:
 
     def _migrate(self) -> None:
         applied = {m.name for m in MIGRATIONS.applied(self.db)}
-        known = {m.name for m in MIGRATIONS._migrations}
+        known = set(MIGRATION_NAMES)
         unknown = applied - known
         if unknown:
             raise StoreTooNew(f"{self.path} was migrated by a newer CAR ({sorted(unknown)})",
@@ -130,6 +139,8 @@ class RunStore:
                 MIGRATIONS.ensure_migrations_table(self.db)
                 for migration in MIGRATIONS.pending(self.db):
                     migration.fn(self.db)
+                    # the one private call left: apply() opens its own transaction, and
+                    # migrating must share the BEGIN IMMEDIATE that makes one writer migrate
                     MIGRATIONS._record_applied(self.db, migration.name)
                 self.db.execute("COMMIT")
             except BaseException:

@@ -4,8 +4,8 @@ order of imports in ``car_core/__init__.py`` must not be what keeps ``import car
 
 The graph is read from the source with ``ast``. Importing ``a.b.c`` also runs ``a/b/__init__``,
 so a submodule import adds an edge to every package above it except those the importing
-module sits in (Python has started them before it); ``from . import x`` adds an edge to ``x`` when it is a module (and to the package only for names
-that are not modules).
+module sits in (Python has started them before it); ``from . import x`` adds an edge to ``x``
+when it is a module (and to the package only for names that are not modules).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import car_core
 ROOT = Path(__file__).resolve().parents[1]
 
 PUBLIC = [
-    "Action", "Agent", "Budget", "FunctionAgent", "History", "Intervention", "Lineage",
+    "Action", "Agent", "Budget", "FunctionAgent", "History", "Interval", "Intervention", "Lineage",
     "Observation", "Outcome", "RunStore", "Step", "Trajectory", "action_match_rate",
     "contrastive", "do_action", "do_context", "do_observation", "do_policy", "do_resample",
     "intervene", "record", "shapley",
@@ -75,8 +75,8 @@ def test_callables_and_types_are_what_design_md_says() -> None:
     for name in ("action_match_rate", "contrastive", "do_action", "do_context",
                  "do_observation", "do_policy", "do_resample", "intervene", "record", "shapley"):
         assert callable(getattr(car_core, name)), name
-    for name in ("Budget", "FunctionAgent", "History", "Lineage", "Outcome", "RunStore", "Step",
-                 "Trajectory"):
+    for name in ("Budget", "FunctionAgent", "History", "Interval", "Lineage", "Outcome",
+                 "RunStore", "Step", "Trajectory"):
         assert isinstance(getattr(car_core, name), type), name
 
 

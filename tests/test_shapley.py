@@ -222,8 +222,8 @@ def test_result_schema_and_text(pivot_model, pivot_run):
     data = json.loads(sh.to_json())
     assert set(data) == RESULT_KEYS and data["method"] == "shapley"
     assert data["mode"] == "permutation"  # 2^6 = 64 coalitions x 10 replicates exceed 300
-    assert set(data["values"][0]) == {"step", "label", "estimate", "ci", "n"}
-    assert set(data["v_full"]) == {"mean", "ci", "n"}
+    assert set(data["values"][0]) == {"step", "label", "estimate", "ci", "ci_level", "n"}
+    assert set(data["v_full"]) == {"mean", "ci", "ci_level", "n"}
     assert data["params"]["budget"]["rollouts"] == 300
     assert sh.table() == data["values"]
     assert "step 2" in str(sh) and "sum =" in str(sh)

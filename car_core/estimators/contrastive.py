@@ -43,7 +43,7 @@ from ..budget import Budget, as_budget
 from ..errors import InvalidInput
 from ..execution import Executor, Task
 from ..interventions import Plan, compile_plan, do_resample
-from ..stats import Difference, difference, look_levels, looks, wilson
+from ..stats import Difference, Interval, difference, look_levels, looks, wilson
 from ..trajectory import Trajectory
 from ._session import Session, check_run_has_steps
 from .results import ArmEstimate, ContrastiveResult, StepEffect
@@ -248,8 +248,9 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = 32
             reason = (f"no step's rescue interval lies above zero ({m} test(s) at level "
                       f"{level:.4f})")
     steps = tuple(_step(k, tests.get(k)) for k in range(n))
-    arm_rows = tuple(ArmEstimate(j, sum(v.values()) / len(v), wilson(sum(v.values()) / len(v),
-                                                                    len(v), level), len(v))
+    arm_rows = tuple(ArmEstimate(j, sum(v.values()) / len(v),
+                                 Interval(*wilson(sum(v.values()) / len(v), len(v), level), level),
+                                 len(v))
                      for j, v in sorted(arms.values.items()) if v)
     result = ContrastiveResult(
         run_id=run.id, locus=locus, reason=reason, alpha=float(alpha), tests=m, level=level,
@@ -267,6 +268,7 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = 32
 def _step(k: int, c: Comparison | None) -> StepEffect:
     if c is None:
         return StepEffect(step=k)
-    return StepEffect(step=k, effect=c.diff.estimate, ci=c.diff.ci, tested=True,
+    return StepEffect(step=k, effect=c.diff.estimate, ci=Interval.of(c.diff.ci, c.diff.level),
+                      tested=True,
                       significant=c.diff.ci[0] > 0, fail_held=c.mean_hi,
                       fail_resampled=c.mean_lo, n=min(c.diff.n_a, c.diff.n_b))

@@ -10,16 +10,31 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..stats import Interval
 
-def _ci(ci: tuple[float, float] | None) -> list[float] | None:
+
+def _ci(ci: Interval | None) -> list[float] | None:
     return None if ci is None else [float(ci[0]), float(ci[1])]
+
+
+def _ci_level(ci: Interval | None) -> float | None:
+    return None if ci is None else ci.level
+
+
+def _read_ci(data: dict[str, Any], level: float | None) -> Interval | None:
+    """The interval stored under ``ci``; results written before intervals carried their level
+    (no ``ci_level``) get the result's ``level``, the level they were labelled with then."""
+    bounds = data.get("ci")
+    built = data.get("ci_level", level)
+    return None if bounds is None else Interval.of(bounds, float(built if built is not None
+                                                                 else 0.95))
 
 
 def _num(x: float | None, digits: int = 3) -> str:
     return "-" if x is None else f"{x:+.{digits}f}" if x < 0 else f"{x:.{digits}f}"
 
 
-def _interval(ci: tuple[float, float] | None) -> str:
+def _interval(ci: Interval | None) -> str:
     return "-" if ci is None else f"[{_num(ci[0])}, {_num(ci[1])}]"
 
 
@@ -54,7 +69,7 @@ class StepEffect:
 
     step: int
     effect: float | None = None
-    ci: tuple[float, float] | None = None
+    ci: Interval | None = None
     tested: bool = False
     significant: bool = False
     fail_held: float | None = None
@@ -63,8 +78,17 @@ class StepEffect:
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "effect": self.effect, "ci": _ci(self.ci),
-                "tested": self.tested, "significant": self.significant,
-                "fail_held": self.fail_held, "fail_resampled": self.fail_resampled, "n": self.n}
+                "ci_level": _ci_level(self.ci), "tested": self.tested,
+                "significant": self.significant, "fail_held": self.fail_held,
+                "fail_resampled": self.fail_resampled, "n": self.n}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], level: float | None = None) -> StepEffect:
+        return cls(step=int(data["step"]), effect=data.get("effect"),
+                   ci=_read_ci(data, level), tested=bool(data.get("tested", False)),
+                   significant=bool(data.get("significant", False)),
+                   fail_held=data.get("fail_held"), fail_resampled=data.get("fail_resampled"),
+                   n=int(data.get("n", 0)))
 
 
 @dataclass(frozen=True)
@@ -73,12 +97,18 @@ class ArmEstimate:
 
     hold_before: int
     mean: float
-    ci: tuple[float, float]
+    ci: Interval
     n: int
 
     def to_dict(self) -> dict[str, Any]:
         return {"hold_before": self.hold_before, "mean": self.mean, "ci": _ci(self.ci),
-                "n": self.n}
+                "ci_level": self.ci.level, "n": self.n}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], level: float | None = None) -> ArmEstimate:
+        ci = _read_ci(data, level)
+        assert ci is not None, "an arm estimate always has an interval"
+        return cls(int(data["hold_before"]), float(data["mean"]), ci, int(data["n"]))
 
 
 @dataclass(frozen=True)
@@ -120,6 +150,24 @@ class ContrastiveResult(_Rendered):
                 "example_branch": self.example_branch, "params": dict(self.params),
                 "failures": list(self.failures)}
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ContrastiveResult:
+        """The result ``to_dict`` wrote (also one stored by an earlier version)."""
+        level = float(data["level"])
+        return cls(
+            run_id=str(data["run_id"]), locus=data.get("locus"), reason=data.get("reason"),
+            alpha=float(data["alpha"]), tests=int(data["tests"]), level=level,
+            rollouts_used=int(data["rollouts_used"]), rollouts_cap=int(data["rollouts_cap"]),
+            seed=int(data["seed"]), coupled=bool(data["coupled"]),
+            truncated=bool(data["truncated"]), budget_note=data.get("budget_note"),
+            tokens=int(data.get("tokens", 0)), cost=float(data.get("cost", 0.0)),
+            search=str(data.get("search", "full")),
+            steps=tuple(StepEffect.from_dict(s, level) for s in data.get("steps", [])),
+            arms=tuple(ArmEstimate.from_dict(a, level) for a in data.get("arms", [])),
+            example_branch=data.get("example_branch"), params=dict(data.get("params") or {}),
+            attribution_id=data.get("attribution_id"),
+            failures=tuple(data.get("failures") or ()))
+
     def table(self) -> list[dict[str, Any]]:
         return [s.to_dict() for s in self.steps]
 
@@ -147,12 +195,17 @@ class ShapleyValue:
     step: int | None
     label: str
     estimate: float | None
-    ci: tuple[float, float] | None
+    ci: Interval | None
     n: int
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "label": self.label, "estimate": self.estimate,
-                "ci": _ci(self.ci), "n": self.n}
+                "ci": _ci(self.ci), "ci_level": _ci_level(self.ci), "n": self.n}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], level: float | None = None) -> ShapleyValue:
+        return cls(data.get("step"), str(data["label"]), data.get("estimate"),
+                   _read_ci(data, level), int(data.get("n", 0)))
 
 
 @dataclass(frozen=True)
@@ -160,11 +213,16 @@ class GameValue:
     """``v(S)`` for the full or the empty coalition, with its Wilson interval."""
 
     mean: float | None
-    ci: tuple[float, float] | None
+    ci: Interval | None
     n: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mean": self.mean, "ci": _ci(self.ci), "n": self.n}
+        return {"mean": self.mean, "ci": _ci(self.ci), "ci_level": _ci_level(self.ci),
+                "n": self.n}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], level: float | None = None) -> GameValue:
+        return cls(data.get("mean"), _read_ci(data, level), int(data.get("n", 0)))
 
 
 @dataclass(frozen=True)
@@ -203,6 +261,24 @@ class ShapleyResult(_Rendered):
                 "coupled": self.coupled, "tokens": self.tokens, "cost": self.cost,
                 "reason": self.reason, "params": dict(self.params),
                 "failures": list(self.failures)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ShapleyResult:
+        """The result ``to_dict`` wrote (also one stored by an earlier version)."""
+        level = float(data["level"])
+        return cls(
+            run_id=str(data["run_id"]), mode=str(data["mode"]),
+            values=tuple(ShapleyValue.from_dict(v, level) for v in data.get("values", [])),
+            total=data.get("total"), v_full=GameValue.from_dict(data["v_full"], level),
+            v_empty=GameValue.from_dict(data["v_empty"], level),
+            efficiency_gap=data.get("efficiency_gap"), level=level,
+            rollouts_used=int(data["rollouts_used"]), budget=int(data["budget"]),
+            truncated=bool(data["truncated"]), budget_note=data.get("budget_note"),
+            seed=int(data["seed"]), coupled=bool(data["coupled"]),
+            tokens=int(data.get("tokens", 0)), cost=float(data.get("cost", 0.0)),
+            reason=data.get("reason"), params=dict(data.get("params") or {}),
+            attribution_id=data.get("attribution_id"),
+            failures=tuple(data.get("failures") or ()))
 
     def table(self) -> list[dict[str, Any]]:
         return [v.to_dict() for v in self.values]

@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -49,7 +50,7 @@ from ..errors import InvalidBudget, InvalidInput
 from ..execution import Executor, Task
 from ..interventions import Plan, compile_plan, do_action, do_resample
 from ..seeding import Noise
-from ..stats import t_interval, wilson, z_value
+from ..stats import Interval, t_interval, wilson
 from ..trajectory import Trajectory
 from ._session import Session, check_run_has_steps
 from .results import GameValue, ShapleyResult, ShapleyValue
@@ -308,13 +309,13 @@ def _exact_result(run: Trajectory, game: Game, session: Session,
             df = total_var ** 2 / sum(t ** 2 / (len(ys[m]) - 1) for m, t in terms.items())
             half = float(student_t.ppf(0.5 + level / 2, df)) * math.sqrt(total_var)
             values.append(ShapleyValue(game.steps[i], game.labels[i], est,
-                                       (est - half, est + half), n_all))
+                                       Interval(est - half, est + half, level), n_all))
     else:
         values = [ShapleyValue(game.steps[i], game.labels[i], None, None, 0)
                   for i in range(game.p)]
-    return _finish(run, game, session, values, list(ys[game.full].values()),
-                   list(ys[0].values()), [v for arm in ys.values() for v in arm.values()],
-                   "exact", cap, seed, level, params)
+    measured = Measured("exact", values, list(ys[game.full].values()), list(ys[0].values()),
+                        [v for arm in ys.values() for v in arm.values()])
+    return _finish(Setting(run, game, session, cap, seed, level, params), measured)
 
 
 def _result(run: Trajectory, game: Game, session: Session, y: dict[int, dict[int, float]],
@@ -329,26 +330,52 @@ def _result(run: Trajectory, game: Game, session: Session, y: dict[int, dict[int
     for i in range(p):
         if replicates:
             est = t_interval([r[i] for r in replicates], level)
-            values.append(ShapleyValue(game.steps[i], game.labels[i], est.estimate, est.ci,
-                                       est.n))
+            values.append(ShapleyValue(game.steps[i], game.labels[i], est.estimate,
+                                       Interval.of(est.ci, level), est.n))
         else:
             values.append(ShapleyValue(game.steps[i], game.labels[i], None, None, 0))
-    return _finish(run, game, session, values, [ys[game.full] for _, ys in complete],
-                   [ys[0] for _, ys in complete], [v for ys in y.values() for v in ys.values()],
-                   "permutation", cap, seed, level, params)
+    measured = Measured("permutation", values, [ys[game.full] for _, ys in complete],
+                        [ys[0] for _, ys in complete],
+                        [v for ys in y.values() for v in ys.values()])
+    return _finish(Setting(run, game, session, cap, seed, level, params), measured)
 
 
-def _finish(run: Trajectory, game: Game, session: Session, values: list[ShapleyValue],
-            full: list[float], empty: list[float], seen: list[float], mode: str, cap: int,
-            seed: int, level: float, params: dict[str, Any]) -> ShapleyResult:
-    v_full, v_empty = _game_value(full, level), _game_value(empty, level)
-    measured = all(v.estimate is not None for v in values)
-    total = sum(v.estimate for v in values if v.estimate is not None) if measured else None
+@dataclass(frozen=True)
+class Setting:
+    """What an estimate was asked for: the run, its game, the session spending the budget."""
+
+    run: Trajectory
+    game: Game
+    session: Session
+    cap: int
+    seed: int
+    level: float
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the rollouts gave: the values, the samples of v(N) and v(empty), every outcome."""
+
+    mode: str
+    values: list[ShapleyValue]
+    full: list[float]
+    empty: list[float]
+    seen: list[float]
+
+
+def _finish(setting: Setting, measured: Measured) -> ShapleyResult:
+    run, session, level = setting.run, setting.session, setting.level
+    mode, values, seen = measured.mode, measured.values, measured.seen
+    cap, seed, params = setting.cap, setting.seed, setting.params
+    v_full, v_empty = _game_value(measured.full, level), _game_value(measured.empty, level)
+    complete = all(v.estimate is not None for v in values)
+    total = sum(v.estimate for v in values if v.estimate is not None) if complete else None
     gap = (total - (v_full.mean - v_empty.mean)
            if total is not None and v_full.mean is not None and v_empty.mean is not None
            else None)
     reason = session.failure_note()  # the values are incomplete: no other reason holds
-    if reason is None and not measured:
+    if reason is None and not complete:
         reason = (f"the budget tripped before every coalition had two rollouts "
                   f"({session.tripped})" if mode == "exact" else
                   f"the budget tripped before one complete unit ({session.tripped})")
@@ -370,5 +397,4 @@ def _game_value(samples: list[float], level: float) -> GameValue:
     if not samples:
         return GameValue(None, None, 0)
     mean = float(np.mean(samples))
-    z_value(level)
-    return GameValue(mean, wilson(mean, len(samples), level), len(samples))
+    return GameValue(mean, Interval(*wilson(mean, len(samples), level), level), len(samples))
