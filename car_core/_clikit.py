@@ -27,6 +27,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from . import defaults
 from .errors import (
     AgentError,
     BudgetExhausted,
@@ -277,4 +278,4 @@ def verdict(r: Mapping[str, Any]) -> str:
         (s for s in r.get("steps") or [] if s.get("step") == locus), {})
     return (f"Locus: step {locus}. Re-drawing it lowers P(failure) by {_f(step.get('effect'))} "
             f"{_ci(step.get('ci'))} at {_pct(r.get('level'))} (family-wise "
-            f"{_pct(1 - float(r.get('alpha') or 0.05))}).")
+            f"{_pct(1 - float(r.get('alpha') or defaults.ALPHA))}).")

@@ -15,6 +15,7 @@ import socket
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from . import defaults
 from .errors import CarError, ExecutorUnavailable, InvalidInput
 from .tasks import Failure, Task, describe_error
 
@@ -77,7 +78,7 @@ class RayExecutor:
     once (``worker_retries``); a branch that kills it again is returned as a ``Failure``.
     ``local_cpus`` sizes a local cluster that this executor starts."""
 
-    def __init__(self, address: str | None = None, concurrency: int = 16,
+    def __init__(self, address: str | None = None, concurrency: int = defaults.CONCURRENCY,
                  workers: int | None = None, local_cpus: int | None = None,
                  worker_retries: int = 1) -> None:
         for name, value in (("concurrency", concurrency), ("workers", workers)):

@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import _clikit as kit
+from . import defaults
 from ._json import dumps
 from .errors import CarError, InvalidInput
 from .store import RunStore
@@ -139,7 +140,8 @@ def intervene(run_id: Annotated[str, typer.Argument(help="Run id.")],
               do: Annotated[list[str], typer.Option(
                   "--do", help="resample:K | action:K:JSON | observation:K:JSON (repeatable).")],
               outcome: OutcomeOpt = None,
-              rollouts: Annotated[int, typer.Option("--rollouts", help="Branches to run.")] = 32,
+              rollouts: Annotated[int, typer.Option(
+                  "--rollouts", help="Branches to run.")] = defaults.CLI_INTERVENE_ROLLOUTS,
               seed: Annotated[int, typer.Option("--seed")] = 0,
               store: StoreOpt = "car.db", json_out: JsonOpt = False,
               progress: ProgressOpt = None) -> None:
@@ -219,15 +221,19 @@ def attribute(
         outcome: OutcomeOpt = None,
         method: Annotated[Method, typer.Option("--method")] = Method.contrastive,
         rollouts: Annotated[int | None, typer.Option(
-            "--rollouts", help="contrastive: rollouts per arm (default 32).")] = None,
+            "--rollouts",
+            help=f"contrastive: rollouts per arm (default {defaults.ROLLOUTS}).")] = None,
         budget: Annotated[int | None, typer.Option(
-            "--budget", help="Total rollouts (contrastive: a cap; shapley: default 2000).")] = None,
-        alpha: Annotated[float, typer.Option("--alpha", help="Family-wise error rate.")] = 0.05,
+            "--budget", help="Total rollouts (contrastive: a cap; shapley: default "
+                             f"{defaults.SHAPLEY_BUDGET}).")] = None,
+        alpha: Annotated[float, typer.Option(
+            "--alpha", help="Family-wise error rate.")] = defaults.ALPHA,
         seed: Annotated[int, typer.Option("--seed")] = 0,
         executor: Annotated[ExecutorName | None, typer.Option(
             "--executor", help="How branches run (default: chosen for the agent).")] = None,
         concurrency: Annotated[int, typer.Option(
-            "--concurrency", min=1, help="Branches in flight (async, ray).")] = 16,
+            "--concurrency", min=1,
+            help="Branches in flight (async, ray).")] = defaults.CONCURRENCY,
         ray_address: Annotated[str | None, typer.Option(
             "--ray-address", help="Ray cluster to use with --executor ray.")] = None,
         resume: Annotated[str | None, typer.Option(
@@ -256,13 +262,13 @@ def attribute(
     exe = _executor(executor, concurrency, ray_address)
     if resume is not None:
         settings = ({"seed": seed, "level": 1 - alpha} if method is Method.shapley
-                    else {"seed": seed, "alpha": alpha, "rollouts": rollouts or 32})
+                    else {"seed": seed, "alpha": alpha, "rollouts": rollouts or defaults.ROLLOUTS})
         _check_resume(db, resume, run.id, method.value, settings)
     aid = resume or uuid.uuid4().hex[:16]
     common: dict[str, Any] = {"outcome": the_outcome, "seed": seed, "executor": exe,
                               "store": db, "attribution_id": aid}
     if method is Method.contrastive:
-        k = rollouts or 32
+        k = rollouts or defaults.ROLLOUTS
         planned = (len(run.steps) + 1) * k
         if budget is not None:
             planned = min(planned, budget)
@@ -270,7 +276,7 @@ def attribute(
             car.contrastive, rollouts=k, alpha=alpha,
             budget=Budget(rollouts=budget) if budget else None)
     else:
-        planned = budget or 2000
+        planned = budget or defaults.SHAPLEY_BUDGET
         call = functools.partial(car.shapley, budget=planned, level=1 - alpha)
     cap = planned if method is Method.shapley else budget
     bar = kit.make_progress(progress, f"{method.value} {run.id}", planned, cap)
@@ -381,10 +387,12 @@ def _builtin_demo(store: str, report_path: Path, progress: Any) -> Any:
         db.save(run)
         out.print(Text(f"recorded failing run {run.id} of the synthetic pivot model "
                        f"({len(run.steps)} steps) in {store}"))
-        bar = kit.make_progress(progress, "contrastive", (len(run.steps) + 1) * 32, None)
+        bar = kit.make_progress(progress, "contrastive", (len(run.steps) + 1) * defaults.ROLLOUTS,
+                                 None)
         started = time.monotonic()
         try:
-            result = car.contrastive(run, model.agent(), outcome=model.outcome, rollouts=32,
+            result = car.contrastive(run, model.agent(), outcome=model.outcome,
+                                     rollouts=defaults.ROLLOUTS,
                                      seed=0, store=db, progress=bar or False)
             if bar:
                 bar.done()

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any, Protocol, TypeVar
 
+from . import defaults
 from .budget import BudgetMeter
 from .errors import (
     AdapterError,
@@ -218,7 +219,7 @@ class AsyncioExecutor:
     stored never pile up beyond ``concurrency``.
     """
 
-    def __init__(self, concurrency: int = 16) -> None:
+    def __init__(self, concurrency: int = defaults.CONCURRENCY) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise InvalidInput(f"concurrency={concurrency!r}: need at least 1",
                                hint="pass concurrency=N with N >= 1 (16 suits most servers)")
@@ -288,7 +289,7 @@ class AsyncioExecutor:
 EXECUTORS = ("sequential", "async", "ray")
 
 
-def make_executor(name: str = "sequential", concurrency: int = 16,
+def make_executor(name: str = "sequential", concurrency: int = defaults.CONCURRENCY,
                   address: str | None = None) -> Executor:
     """An executor by name: ``sequential``, ``async`` (``concurrency`` branches at once) or
     ``ray`` (``address`` of a running cluster, or None for a local one)."""

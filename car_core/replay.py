@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from . import defaults
 from ._json import JSON
 from .agent import call_environment as call_environment  # re-exported: drive lives in agent
 from .agent import call_policy as call_policy
@@ -92,8 +93,9 @@ def check_run(run: Trajectory) -> None:
 
 
 def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequence[Intervention],
-              *, outcome: Callable[..., Any], rollouts: int = 64, seed: int = 0,
-              coupled: bool = True, level: float = 0.95, budget: Budget | int | None = None,
+              *, outcome: Callable[..., Any], rollouts: int = defaults.INTERVENE_ROLLOUTS,
+              seed: int = 0, coupled: bool = True, level: float = defaults.LEVEL,
+              budget: Budget | int | None = None,
               executor: Executor | None = None, progress: Any = None) -> OutcomeDistribution:
     """Apply ``interventions`` to ``run`` and estimate the outcome distribution from
     ``rollouts`` branches. Branch ``r`` draws its noise from stream ``(seed, r)``, shared by

@@ -39,6 +39,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .. import defaults
 from ..budget import Budget, as_budget
 from ..errors import InvalidInput
 from ..execution import Executor, Task
@@ -201,8 +202,8 @@ def _bisect(arms: Arms, n: int, cap: int, alpha: float
     return tests, 1, level, None
 
 
-def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = 32,
-                alpha: float = 0.05, seed: int = 0, coupled: bool = True,
+def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = defaults.ROLLOUTS,
+                alpha: float = defaults.ALPHA, seed: int = 0, coupled: bool = True,
                 budget: Budget | int | None = None, search: str = "auto",
                 executor: Executor | None = None, progress: Any = None, store: Any = None,
                 attribution_id: str | None = None) -> ContrastiveResult:

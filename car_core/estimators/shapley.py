@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import t as student_t
 
+from .. import defaults
 from ..budget import Budget, as_budget
 from ..errors import InvalidBudget, InvalidInput
 from ..execution import Executor, Task
@@ -208,8 +209,9 @@ def _check(budget: Any, level: Any, mode: Any) -> tuple[Budget, int]:
     return b, cap
 
 
-def shapley(run: Trajectory, agent: Any, *, outcome: Any, budget: int | Budget = 2000,
-            seed: int = 0, level: float = 0.95, players: Sequence[int] | None = None,
+def shapley(run: Trajectory, agent: Any, *, outcome: Any,
+            budget: int | Budget = defaults.SHAPLEY_BUDGET, seed: int = 0,
+            level: float = defaults.LEVEL, players: Sequence[int] | None = None,
             mode: str = "auto", coupled: bool = True, executor: Executor | None = None,
             progress: Any = None, store: Any = None, attribution_id: str | None = None
             ) -> ShapleyResult:
