@@ -191,28 +191,6 @@ def _executor(name: ExecutorName | None, concurrency: int, address: str | None) 
     return make_executor(name.value, concurrency=concurrency, address=address)
 
 
-def _check_resume(db: RunStore, aid: str, run_id: str, method: str,
-                  settings: dict[str, float]) -> None:
-    """A resume must target this run with the method and settings the attribution was
-    started with, or its stored branches would not be the ones the estimate asks for."""
-    row = db.attribution(aid)
-    if row["run_id"] != run_id:
-        raise InvalidInput(f"attribution {aid} belongs to run {row['run_id']}, not {run_id}",
-                           hint="resume it with that run id")
-    if row["method"] != method:
-        raise InvalidInput(f"attribution {aid} is a {row['method']} attribution",
-                           hint=f"resume it with --method {row['method']}")
-    for key, value in settings.items():
-        stored = row["params"].get(key)
-        if stored is None or abs(float(stored) - float(value)) <= 1e-12:
-            continue
-        if key == "level":  # shapley stores the level; the flag is --alpha
-            key, stored, value = "alpha", round(1 - float(stored), 12), round(1 - value, 12)
-        raise InvalidInput(f"attribution {aid} was started with {key} {stored}, not {value}",
-                           hint=f"resume with --{key} {stored} (the same settings find the "
-                                "branches already run)")
-
-
 @app.command()
 @_errors
 def attribute(
@@ -261,9 +239,11 @@ def attribute(
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
     exe = _executor(executor, concurrency, ray_address)
     if resume is not None:
+        from .estimators._session import check_resumable
         settings = ({"seed": seed, "level": 1 - alpha} if method is Method.shapley
                     else {"seed": seed, "alpha": alpha, "rollouts": rollouts or defaults.ROLLOUTS})
-        _check_resume(db, resume, run.id, method.value, settings)
+        check_resumable(db, resume, run.id, method.value, {}, settings=settings,
+                        must_exist=True, flags=True)
     aid = resume or uuid.uuid4().hex[:16]
     common: dict[str, Any] = {"outcome": the_outcome, "seed": seed, "executor": exe,
                               "store": db, "attribution_id": aid}

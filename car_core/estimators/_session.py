@@ -31,25 +31,53 @@ def check_run_has_steps(run: Trajectory) -> None:
 
 
 def check_resumable(store: Any, attribution_id: str, run_id: str, method: str,
-                    params: dict[str, Any]) -> None:
-    """Refuse to continue a stored attribution with another run, method or noise: its journal
-    would hand back branches of a different estimate under the same (arm, rollout) keys."""
+                    params: dict[str, Any], *, settings: dict[str, float] | None = None,
+                    must_exist: bool = False, flags: bool = False) -> None:
+    """The one resume check, for the API and the ``car`` command alike.
+
+    Always refused: another run or method, or another value of a ``BRANCH_PARAMS`` entry (the
+    journal would hand back branches of a different estimate under the same (arm, rollout)
+    keys). ``settings`` (the command passes seed, alpha or level, and rollouts) must also equal
+    what was stored, where something was; the command asks for this because its flags restate
+    the whole estimate, while the API lets a resume raise a cap. ``must_exist``: a missing
+    attribution is an error (``car attribute --resume``), not a new one. ``flags``: the hints
+    name command-line flags instead of keyword arguments."""
     try:
         row = store.attribution(attribution_id)
     except AttributionNotFound:
+        if must_exist:
+            raise
         return
+    if flags and row["run_id"] != run_id:
+        raise InvalidInput(f"attribution {attribution_id} belongs to run {row['run_id']}, "
+                           f"not {run_id}", hint="resume it with that run id")
+    if flags and row["method"] != method:
+        raise InvalidInput(f"attribution {attribution_id} is a {row['method']} attribution",
+                           hint=f"resume it with --method {row['method']}")
     if row["run_id"] != run_id or row["method"] != method:
         raise InvalidInput(f"attribution {attribution_id} is a {row['method']} attribution of "
                            f"run {row['run_id']}, not a {method} attribution of run {run_id}",
                            run_id=run_id, hint="pass a new attribution_id, or resume it with "
                                                "that run and method")
     for key in BRANCH_PARAMS:
+        if key not in params:  # the command checks what its flags set (settings) only
+            continue
         stored, given = row["params"].get(key), params.get(key)
         if stored != given:
             raise InvalidInput(f"attribution {attribution_id} was started with {key}={stored!r},"
                                f" not {given!r}", run_id=run_id,
                                hint=f"resume it with {key}={stored!r} (its stored branches were "
                                     "drawn that way), or pass a new attribution_id")
+    for key, value in (settings or {}).items():
+        stored = row["params"].get(key)
+        if stored is None or abs(float(stored) - float(value)) <= 1e-12:
+            continue
+        if key == "level":  # shapley stores the level; the flag is --alpha
+            key, stored, value = "alpha", round(1 - float(stored), 12), round(1 - value, 12)
+        raise InvalidInput(f"attribution {attribution_id} was started with {key} {stored}, "
+                           f"not {value}",
+                           hint=f"resume with --{key} {stored} (the same settings find the "
+                                "branches already run)")
 
 
 class Session:

@@ -54,8 +54,17 @@ BISECT_ABOVE = 8  # "auto" bisects runs with more steps than this
 MIN_FUTILITY_PAIRS = 4  # fewer pairs than this say too little to give up on a step
 
 
-def arm_name(j: int) -> str:
-    return f"hold<{j}"
+@dataclass(frozen=True)
+class HoldArm:
+    """Arm ``H_j``: steps ``< j`` held as recorded, the rest live."""
+
+    hold_before: int
+
+    @property
+    def key(self) -> str:
+        """The arm's name in tasks, lineages and the journal (the form earlier versions wrote,
+        so their stored branches are still found on resume); never parsed back."""
+        return f"hold<{self.hold_before}"
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,7 @@ class Arms:
         self.values: dict[int, dict[int, float]] = {}
         self.plans: dict[int, Plan] = {}
         self.examples: dict[int, dict[str, Any]] = {}  # one rescued branch (outcome 0) per arm
+        self.by_key: dict[str, HoldArm] = {}
 
     def plan(self, j: int) -> Plan:
         if j not in self.plans:
@@ -86,11 +96,16 @@ class Arms:
         leaves the arms evenly filled."""
         missing = sorted((r, j) for j, rs in wants.items() for r in rs
                          if r not in self.values.get(j, {}))
-        tasks = [self.session.task(arm_name(j), r, self.plan(j)) for r, j in missing]
+        tasks = [self.session.task(self._arm(j).key, r, self.plan(j)) for r, j in missing]
         self.session.execute(tasks, self._keep)
 
+    def _arm(self, j: int) -> HoldArm:
+        arm = HoldArm(j)
+        self.by_key[arm.key] = arm
+        return arm
+
     def _keep(self, task: Task, value: float, traj: Trajectory) -> None:
-        j = int(task.arm.split("<", 1)[1])
+        j = self.by_key[task.arm].hold_before
         self.values.setdefault(j, {})[task.rollout] = value
         if value == 0.0 and j not in self.examples:
             self.examples[j] = traj.to_dict()
