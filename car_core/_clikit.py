@@ -28,6 +28,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import defaults
+from . import formatting as fmt
 from .errors import (
     AgentError,
     BudgetExhausted,
@@ -224,11 +225,11 @@ def make_progress(mode: bool | None, label: str, planned: int | None, budget: in
 
 # -- tables ----------------------------------------------------------------------------------------
 def _f(x: Any, d: int = 2) -> str:
-    return "—" if x is None else f"{float(x):.{d}f}"
+    return fmt.num(x, d)
 
 
 def _ci(ci: Any) -> str:
-    return "—" if not ci else f"[{_f(ci[0])}, {_f(ci[1])}]"
+    return fmt.interval(ci)
 
 
 def attribution_table(r: Mapping[str, Any]) -> Table:
@@ -258,7 +259,7 @@ def attribution_table(r: Mapping[str, Any]) -> Table:
 
 
 def _pct(level: Any) -> str:
-    return "—" if level is None else f"{float(level) * 100:.1f}%"
+    return fmt.pct(level, 1)
 
 
 def verdict(r: Mapping[str, Any]) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 
 import jinja2
 
+from . import formatting as fmt
 from .errors import InvalidInput
 from .trajectory import Trajectory
 from .vocabulary import Origin
@@ -110,24 +111,15 @@ def _as_run(run: Any) -> Trajectory | None:
 
 
 def _fmt(x: Any, digits: int = 2) -> str:
-    if x is None:
-        return "—"
-    if isinstance(x, float) and not math.isfinite(x):
-        return "—"
-    return f"{float(x):.{digits}f}"
+    return fmt.num(x, digits)
 
 
 def _ci(ci: Any) -> str:
-    if not ci:
-        return "—"
-    return f"[{_fmt(ci[0])}, {_fmt(ci[1])}]"
+    return fmt.interval(ci)
 
 
 def _pct(level: Any) -> str:
-    if level is None:
-        return "—"
-    p = float(level) * 100
-    return f"{p:.0f}%" if abs(p - round(p)) < 1e-9 else f"{p:.1f}%"
+    return fmt.pct(level)
 
 
 # -- plots (geometry here, drawing in the template) -------------------------------------------

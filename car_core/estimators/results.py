@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import formatting as fmt
 from ..stats import Interval
 
 
@@ -31,11 +32,11 @@ def _read_ci(data: dict[str, Any], level: float | None) -> Interval | None:
 
 
 def _num(x: float | None, digits: int = 3) -> str:
-    return "-" if x is None else f"{x:+.{digits}f}" if x < 0 else f"{x:.{digits}f}"
+    return fmt.num(x, digits, missing="-")  # plain-text tables: ASCII only
 
 
 def _interval(ci: Interval | None) -> str:
-    return "-" if ci is None else f"[{_num(ci[0])}, {_num(ci[1])}]"
+    return fmt.interval(ci, 3, missing="-")
 
 
 def _text_table(headers: list[str], rows: list[list[str]]) -> str:
