@@ -338,7 +338,9 @@ def report(run_id: Annotated[str, typer.Argument(help="Run id.")],
         html = render_run(run)
         note = "no attribution yet, wrote the run only (run `car attribute` first)"
     else:
-        html = render_attribution(row["result"], run=run, branches=list(db.branches(row["id"])))
+        from .estimators.results import result_from_dict
+        result = result_from_dict(row["result"]).to_dict()  # typed: a damaged row fails here
+        html = render_attribution(result, run=run, branches=list(db.branches(row["id"])))
         note = f"attribution {row['id']}"
     try:
         out_path.write_text(html, encoding="utf-8")

@@ -78,3 +78,16 @@ def test_outcome_distribution_interval_has_its_level() -> None:
                          rollouts=8, level=0.9)
     assert dist.ci.level == 0.9 and dist.ci[0] <= dist.mean <= dist.ci[1]
     assert dist.to_dict()["ci"] == [dist.ci.low, dist.ci.high]
+
+
+def test_result_from_dict_types_by_method_and_refuses_damage(results) -> None:
+    from car_core.errors import InvalidInput
+    from car_core.estimators.results import result_from_dict
+    con, sh = results
+    assert result_from_dict(con.to_dict()) == con and result_from_dict(sh.to_dict()) == sh
+    damaged = con.to_dict()
+    del damaged["steps"][0]["step"]
+    with pytest.raises(InvalidInput, match="malformed"):
+        result_from_dict(damaged)
+    with pytest.raises(InvalidInput, match="not a CAR result"):
+        result_from_dict({"method": "other"})

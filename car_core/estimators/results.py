@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import formatting as fmt
+from ..errors import InvalidInput
 from ..stats import Interval
 
 
@@ -295,3 +296,18 @@ class ShapleyResult(_Rendered):
                 + (f"; truncated: {self.budget_note}" if self.truncated else "")
                 + (f"; {len(self.failures)} failed branch(es) left out" if self.failures else ""))
         return f"{head}\n{_text_table(['player', 'phi', 'interval', 'n'], rows)}\n{foot}"
+
+
+def result_from_dict(data: dict[str, Any]) -> ContrastiveResult | ShapleyResult:
+    """A stored or exported result (``to_dict``), typed by its ``method``."""
+    method = data.get("method")
+    try:
+        if method == "contrastive":
+            return ContrastiveResult.from_dict(data)
+        if method == "shapley":
+            return ShapleyResult.from_dict(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidInput(f"a {method} result with a missing or malformed field: {exc!r}",
+                           hint="re-run the attribution; the stored result was damaged") from exc
+    raise InvalidInput(f"not a CAR result: method {method!r}",
+                       hint="pass what ContrastiveResult/ShapleyResult.to_dict() wrote")
