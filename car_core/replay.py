@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ._json import JSON, check_json
+from .actions import same_action
 from .budget import Budget, BudgetMeter, as_budget
 from .errors import (
     AgentError,
@@ -287,7 +288,8 @@ class ActionMatch:
 
 def action_match_rate(run: Trajectory, agent: Any, replays: int = 4) -> ActionMatch:
     """Re-decide every recorded state ``replays`` times with the run's own seed and report,
-    per step, the fraction that gave back the recorded action. Steps the agent's own policy did
+    per step, the fraction that gave back the recorded action (``car_core.actions.same_action``:
+    tool-call ids and other provider-assigned fields do not count). Steps the agent's own policy did
     not decide from the recorded state (held, forced, edited, policy-swapped) are skipped;
     ``steps`` says which were measured."""
     check_run(run)
@@ -298,7 +300,8 @@ def action_match_rate(run: Trajectory, agent: Any, replays: int = 4) -> ActionMa
     for k, step in enumerate(run.steps):
         if step.meta.get("origin") in ("forced", "held", "edited", "policy-swapped"):
             continue
-        hits = sum(agent.redecide(run, k, noise) == step.action for _ in range(replays))
+        hits = sum(same_action(agent.redecide(run, k, noise), step.action)
+                   for _ in range(replays))
         per_step.append(hits / replays)
         measured.append(k)
     return ActionMatch(tuple(per_step), replays, tuple(measured))
