@@ -74,6 +74,7 @@ from .messages import (
     usage_of,
 )
 from .model import CarChatModel, Control, controlling, seedable
+from .thread import thread_outcome
 
 MESSAGES_KEY = "messages"
 
@@ -427,32 +428,34 @@ def _as_dicts(edited: Any, run_id: str, k: int) -> list[Mapping[str, Any]]:
     return list(edited)
 
 
-def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[[dict[str, Any]], Any],
+def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[..., Any],
                      method: str = "contrastive", store: str | os.PathLike[str] | RunStore |
                      None = None, model: CarChatModel | None = None,
                      side_effect_tools: Iterable[str] = (),
                      simulators: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
                      rollouts: int = 16, budget: int = 2000, seed: int = 0,
                      **options: Any) -> Any:
-    """Import ``thread_id`` from ``app``, score it with ``outcome(final_state)`` (the final graph
-    state as JSON, messages as OpenAI-style dicts; 1 / True = failure), store it, and attribute
-    the failure with ``car.contrastive`` or ``car.shapley``. Returns the stored attribution."""
+    """Import ``thread_id`` from ``app``, score it with ``outcome(run)`` (as everywhere; the
+    final graph state is ``run.meta["final_state"]``, messages as OpenAI-style dicts; 1 / True
+    = failure), store it, and attribute the failure with ``car.contrastive`` or
+    ``car.shapley``. Returns the stored attribution. Importing a thread again reuses the run
+    already stored for it (same steps, final state and outcome) instead of storing a copy. An
+    outcome written for the old ``outcome(final_state)`` form still works, with a
+    ``DeprecationWarning`` (see ``car_adapters.langgraph.thread``)."""
     import car_core as car
     if method not in ("contrastive", "shapley"):
         raise InvalidInput(f"method={method!r}", hint="use 'contrastive' or 'shapley'")
     agent = LangGraphAgent(app, model=model, side_effect_tools=side_effect_tools,
                            simulators=simulators)
     run = agent.import_thread(thread_id)
-
-    def score(traj: Trajectory) -> Any:
-        return outcome(traj.meta["final_state"])
-
+    score = thread_outcome(outcome)
     run = replace(run, outcome=Outcome(OutcomeFn(score)(run, Noise(seed).rng(0, "outcome"))),
                   seed=seed)
     opened = isinstance(store, (str, os.PathLike))
     runs = RunStore(store) if opened else store
     try:
         if runs is not None:
+            run = _stored_copy(runs, run)
             runs.save(run)
         if method == "contrastive":
             return car.contrastive(run, agent, outcome=score, rollouts=rollouts, seed=seed,
@@ -464,3 +467,11 @@ def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[[dict[str, A
             runs.close()
 
 
+def _stored_copy(runs: RunStore, run: Trajectory) -> Trajectory:
+    """``run`` under the id of an equal run already in the store (the same thread imported
+    before: same steps, meta and outcome), so importing twice stores one run."""
+    for run_id in runs.with_digest(run.digest):
+        stored = runs.load(run_id)
+        if stored.meta == run.meta and stored.outcome == run.outcome:
+            return replace(run, id=stored.id, created_at=stored.created_at)
+    return run
