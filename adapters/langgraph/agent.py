@@ -131,7 +131,34 @@ class LangGraphAgent:
                             and getattr(spec.runnable, "afunc", None) is not None
                             for spec in app.builder.nodes.values())
 
+    def _saver_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop an async checkpointer (AsyncSqliteSaver, AsyncPostgresSaver) is bound
+        to, or None for a sync one. Its sync methods only work from another thread while that
+        loop runs, so branches are driven from a worker thread and run on that loop."""
+        loop = getattr(self.saver, "loop", None)
+        if not isinstance(loop, asyncio.AbstractEventLoop):
+            return None
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            raise AdapterError(
+                f"{type(self.saver).__name__} runs on this event loop, which CAR would block "
+                "while it waits for each branch", hint="call CAR from a worker thread while "
+                "the loop runs: await asyncio.to_thread(car.contrastive, run, agent, ...)")
+        if loop.is_closed() or not loop.is_running():
+            raise AdapterError(f"the event loop {type(self.saver).__name__} is bound to is not "
+                               "running, so its checkpoints cannot be read",
+                               hint="attribute inside the async code that opened the "
+                                    "checkpointer: await asyncio.to_thread(car.contrastive, ...)")
+        return loop
+
     def _invoke(self, value: Any, config: dict[str, Any], **kwargs: Any) -> Any:
+        loop = self._saver_loop()
+        if loop is not None:
+            return asyncio.run_coroutine_threadsafe(self.app.ainvoke(value, config, **kwargs),
+                                                    loop).result()
         if not self.is_async:
             return self.app.invoke(value, config, **kwargs)
         try:
@@ -215,6 +242,7 @@ class LangGraphAgent:
         ``AIMessage`` a model node wrote is a step, decided from the checkpoint before it.
         A thread invoked several times (a conversation) gives one trajectory over all turns;
         the callback gives one per invocation."""
+        self._saver_loop()
         history = list(self.app.get_state_history(_thread(thread_id)))
         if not history:
             raise AdapterError(f"no thread {thread_id!r} in this app's checkpointer",
@@ -261,6 +289,7 @@ class LangGraphAgent:
 
     def _check(self, run: Trajectory, k: int) -> Any:
         """Refuse a run this app cannot fork, before anything is written anywhere."""
+        self._saver_loop()
         if run.meta.get("framework") != "langgraph":
             raise AdapterError("this run was not recorded from a LangGraph app", run_id=run.id,
                                hint="record it with CarCallback or import_thread")
