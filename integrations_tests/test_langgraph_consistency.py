@@ -10,6 +10,9 @@ probability 0.3 after the injection. ``issue_refund`` is the side-effect tool.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import uuid
 from typing import Any
 
@@ -102,7 +105,7 @@ def test_action_match_ignores_the_tool_call_ids_a_provider_assigns() -> None:
 
 
 def test_the_callback_stores_each_runs_outcome_as_it_finishes(store: Any) -> None:
-    cb = CarCallback(store=store, outcome=sa.outcome)
+    cb = CarCallback(store=store.path, outcome=sa.outcome)  # a path, as a user passes it
     app = sa.build_app(CarChatModel(inner=sa.PlantedSupportModel(rng_seed=0)), InMemorySaver())
     for i in range(12):
         app.invoke(sa.inputs(), {"configurable": {"thread_id": f"u{i}"}, "callbacks": [cb]})
@@ -110,6 +113,10 @@ def test_the_callback_stores_each_runs_outcome_as_it_finishes(store: Any) -> Non
     assert listed == {r.id: float(sa.outcome(r)) for r in cb.runs} and len(listed) == 12
     assert set(listed.values()) == {0.0, 1.0}  # p = 0.3 over 12 seeded tickets: both happen
     assert all(store.load(r.id).outcome == r.outcome for r in cb.runs)
+    shown = subprocess.run([sys.executable, "-m", "car_core.cli", "runs", "--store",
+                            str(store.path), "--json"], capture_output=True, text=True,
+                           check=True)  # what `car runs` shows
+    assert {r["id"]: r["outcome"] for r in json.loads(shown.stdout)} == listed
 
     def broken(run: car.Trajectory) -> float:
         raise RuntimeError("judge down")
@@ -121,11 +128,14 @@ def test_the_callback_stores_each_runs_outcome_as_it_finishes(store: Any) -> Non
     assert store.load(bad.run.id).outcome is None
 
 
-def test_attribute_thread_takes_outcome_of_the_run_and_stores_a_thread_once(store: Any) -> None:
+def test_attribute_thread_takes_outcome_of_the_run_and_stores_a_thread_once(
+        store: Any, ledger: SideEffectLedger) -> None:
     wrapper = CarChatModel(inner=sa.PlantedSupportModel(rng_seed=0))
     app = sa.build_app(wrapper, InMemorySaver())
     run = failing_run(app, CarCallback())
     thread = run.meta["thread_id"]
+    assert ledger.count() == 1
+    ledger.reset()
     seen: list[Any] = []
 
     def outcome(r: car.Trajectory) -> bool:
@@ -133,14 +143,15 @@ def test_attribute_thread_takes_outcome_of_the_run_and_stores_a_thread_once(stor
         return sa.outcome(r)
 
     first = attribute_thread(app, thread, outcome=outcome, model=wrapper, store=store,
-                             rollouts=16, progress=False)
+                             side_effect_tools=ledger.names, rollouts=16, progress=False)
     assert first.locus == 1 and all(issubclass(t, car.Trajectory) for t in seen)
     second = attribute_thread(app, thread, outcome=sa.outcome, model=wrapper, store=store,
-                              rollouts=4, progress=False)
+                              side_effect_tools=ledger.names, rollouts=4, progress=False)
     assert second.run_id == first.run_id
     assert [r["id"] for r in store.list()] == [first.run_id]  # one stored run, two attributions
     assert len(store.attributions(first.run_id)) == 2
     assert store.load(first.run_id).outcome.value == 1.0
+    assert ledger.count() == 0  # the import path's branches answered refunds from the record
 
 
 def test_attribute_thread_still_accepts_outcome_of_the_final_state(store: Any) -> None:
