@@ -35,7 +35,7 @@ from langgraph.prebuilt import ToolNode, tools_condition
 
 import car_core as car
 from car_core.errors import AdapterError
-from car_core.testing import SideEffectLedger
+from car_core.testing import SideEffectLedger, run_conformance
 
 ROLLOUTS = 24
 RESCUE = 1.0 - 0.3
@@ -125,9 +125,11 @@ def test_postgres_saver_with_a_streamed_app(postgres_dsn: str, ledger: SideEffec
                   ledger)
 
 
-def async_case(open_saver: Callable[[], Any], drive: str, ledger: SideEffectLedger) -> None:
+def async_case(open_saver: Callable[[], Any], drive: str, ledger: SideEffectLedger, *,
+               conformance: bool = False) -> None:
     """Record with ``ainvoke`` or ``astream`` inside the event loop the saver runs on, then
-    attribute from a worker thread while that loop keeps running."""
+    attribute (and with ``conformance``, run the whole conformance suite) from a worker thread
+    while that loop keeps running."""
     async def main() -> None:
         async with open_saver() as saver:
             if isinstance(saver, AsyncPostgresSaver):  # creates its tables
@@ -152,6 +154,12 @@ def async_case(open_saver: Callable[[], Any], drive: str, ledger: SideEffectLedg
                 car.intervene(run, agent, car.do_resample(1), outcome=sa.outcome, rollouts=2,
                               progress=False)
             assert model.calls == calls  # refused before any branch ran
+            if conformance:  # while the ledger still holds the recorded run's real call
+                ran = await asyncio.to_thread(
+                    run_conformance, lambda: agent, run=run, outcome=sa.outcome,
+                    side_effects=ledger)
+                assert ran == ["replay", "lineage", "forced", "noise", "identity",
+                               "side-effects"]
             await asyncio.to_thread(attribute, run, agent, ledger)
 
     asyncio.run(main())
@@ -165,7 +173,8 @@ def test_async_sqlite_saver_with_ainvoke(tmp_path: Path, ledger: SideEffectLedge
 
 
 def test_async_postgres_saver_with_astream(postgres_dsn: str, ledger: SideEffectLedger) -> None:
-    async_case(lambda: AsyncPostgresSaver.from_conn_string(postgres_dsn), "astream", ledger)
+    async_case(lambda: AsyncPostgresSaver.from_conn_string(postgres_dsn), "astream", ledger,
+               conformance=True)
 
 
 def test_an_async_saver_whose_loop_has_ended_is_refused(tmp_path: Path) -> None:
