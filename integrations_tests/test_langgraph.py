@@ -2,9 +2,9 @@
 fake chat models with planted behaviour.
 
 The support agent (``car_adapters.demo.support_agent``) looks up an order (step 0), decides
-(step 1), refunds if it decided to (step 2) and replies. Its only random choice is the decision: "refund"
-with probability p_follow = 0.3 when the customer message carries the injection, p_base = 0
-without it. Failure = a refund was issued. So, for a failing run, analytically:
+(step 1), refunds if it decided to (step 2) and replies. Its only random choice is the decision:
+"refund" with probability p_follow = 0.3 when the customer message carries the injection,
+p_base = 0 without it. Failure = a refund was issued. So, for a failing run, analytically:
 
     P(fail | do_resample(1)) = 0.3      P(fail | do_context(1, remove_injection)) = 0
     P(fail | do_action(1, deny)) = 0    P(fail | do_observation(1, "deny recorded")) = 0
