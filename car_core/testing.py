@@ -16,7 +16,8 @@ in its own test suite with ``run_conformance(make_agent, context=..., outcome=..
 - a ``do_context`` whose edit changes nothing is ``do_resample`` at that step: the branch decides
   the step again from the recorded state, with the same action under the same noise when the
   agent couples its noise, and the same outcome distribution (a paired sign-flip test whose false
-  alarm rate is ``alpha``, 1e-3 per step tested by default);
+  alarm rate is ``alpha``, 1e-3 per step tested by default: at most 2e-3 for the two steps
+  ``run_conformance`` tests);
 - no side-effect tool runs on any branch, counted by a ``SideEffectLedger`` the test wires into
   its real tools.
 
@@ -25,6 +26,7 @@ Each check raises ``ConformanceFailure`` (an ``AssertionError``) saying what bro
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -215,11 +217,10 @@ class SideEffectLedger:
 
     def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` counted as tool ``name``: each call is noted, then ``fn`` runs."""
+        @functools.wraps(fn)  # keeps the signature frameworks read tool schemas from
         def counted(*args: Any, **kwargs: Any) -> Any:
             self.note(name, kwargs or (list(args) if args else None))
             return fn(*args, **kwargs)
-        counted.__name__ = getattr(fn, "__name__", name)
-        counted.__doc__ = getattr(fn, "__doc__", None)
         return counted
 
     def count(self, name: str | None = None) -> int:
@@ -331,7 +332,8 @@ def check_forced_values(agent: Any, run: Trajectory, *, seed: int = 0) -> None:
     k = len(run.steps) - 1
     # Force an action the step did not take when the run offers one (another step's action):
     # forcing the recorded one would pass an agent that ignores forced actions altogether.
-    forced = next((s.action for s in run.steps if s.action != run.steps[k].action),
+    forced = next((s.action for s in run.steps if not same_action(s.action,
+                                                                  run.steps[k].action)),
                   run.steps[k].action)
     branch = agent.branch(run, compile_plan(run, do_action(k, forced)), _noise(seed))
     if len(branch.steps) <= k or not same_action(branch.steps[k].action, forced):
