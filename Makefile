@@ -8,7 +8,7 @@ STAMP := $(VENV)/.car-setup
 
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
-.PHONY: setup browser demo test lint bench lowest-deps clean
+.PHONY: setup browser postgres demo test lint bench lowest-deps clean
 
 setup: $(STAMP)
 
@@ -17,6 +17,12 @@ browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 	  { $(SUDO) apt-get update -qq && \
 	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
+
+# Debian's PostgreSQL server: the checkpointer tests initdb and start their own on a loopback port
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+	  { $(SUDO) apt-get update -qq && \
+	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }
 
 $(STAMP): pyproject.toml Makefile
 	@command -v $(PY) >/dev/null || { echo "Python 3.11 is needed (set PY=...)"; exit 2; }
@@ -31,7 +37,7 @@ $(STAMP): pyproject.toml Makefile
 demo: setup
 	$(BIN)/car demo
 
-test: setup browser lint
+test: setup browser postgres lint
 	$(BIN)/python -m pytest -q
 
 lint: setup

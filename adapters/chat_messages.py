@@ -23,22 +23,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from car_core.contract import canonical_arguments
 from car_core.errors import CarError, InvalidIntervention, SideEffectBlocked
 
 Message = dict[str, Any]
 Simulator = Callable[[dict[str, Any]], Any]
-
-
-def canonical_arguments(arguments: Any) -> str:
-    """Tool-call arguments as one canonical JSON string (sorted keys), whatever form they came
-    in (a dict, or a JSON string as OpenAI sends them), so equal calls compare equal."""
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError:
-            return arguments
-    return json.dumps(arguments if arguments is not None else {}, sort_keys=True,
-                      separators=(",", ":"), ensure_ascii=False)
 
 
 def parse_arguments(arguments: Any) -> dict[str, Any]:

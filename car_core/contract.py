@@ -29,6 +29,10 @@ from ``noise.rng(k, "environment")``; the outcome is scored by the engine (``Out
 the agent. Check an adapter with ``car_core.testing.run_conformance(factory, context=...,
 outcome=...)``: replay with everything held reproduces the run, a held prefix makes no model or
 tool call, lineage and origins are right, forced values are used, noise is honoured.
+
+Actions are compared with ``same_action`` (``canonical_action`` / ``canonical_arguments`` give
+the form it compares): tool-call ids and other provider-assigned fields do not count, so use it
+wherever an adapter checks a decision against the record.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from ._json import JSON
+from .actions import canonical_action, canonical_arguments, same_action
 from .agent import Agent
 from .interventions import Plan
 from .outcome import OutcomeFn
@@ -46,7 +51,7 @@ from .vocabulary import AttributionStatus, Origin, RunStatus
 
 __all__ = ["JSON", "Agent", "AsyncAgent", "AttributionStatus", "History", "ModelPolicy", "Noise",
            "Origin", "Outcome", "OutcomeFn", "Plan", "RunStatus", "Step", "Trajectory",
-           "retry_after"]
+           "canonical_action", "canonical_arguments", "retry_after", "same_action"]
 
 
 @runtime_checkable

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._json import JSON, check_json
+from .actions import same_action
 from .errors import InvalidIntervention, InvalidJSONValue, StepOutOfRange
 from .trajectory import Trajectory
 from .vocabulary import Origin
@@ -234,7 +235,7 @@ def compile_plan(run: Trajectory, interventions: Intervention | Sequence[Interve
         elif isinstance(item, ForceAction):
             claim_action(k, "do_action")
             forced_actions[k] = item.action
-            if item.action == run.steps[k].action:
+            if same_action(item.action, run.steps[k].action):
                 held.add(k)
         elif isinstance(item, ForceObservation):
             forced_obs[k] = item.observation

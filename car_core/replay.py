@@ -15,6 +15,7 @@ from typing import Any
 
 from . import defaults
 from ._json import JSON
+from .actions import same_action
 from .agent import call_environment as call_environment  # re-exported: drive lives in agent
 from .agent import call_policy as call_policy
 from .agent import drive as drive
@@ -154,7 +155,8 @@ class ActionMatch:
 
 def action_match_rate(run: Trajectory, agent: Any, replays: int = 4) -> ActionMatch:
     """Re-decide every recorded state ``replays`` times with the run's own seed and report,
-    per step, the fraction that gave back the recorded action. Steps the agent's own policy did
+    per step, the fraction that gave back the recorded action (``car_core.actions.same_action``:
+    tool-call ids and other provider-assigned fields do not count). Steps the agent's own policy did
     not decide from the recorded state (held, forced, edited, policy-swapped) are skipped;
     ``steps`` says which were measured."""
     check_run(run)
@@ -165,7 +167,8 @@ def action_match_rate(run: Trajectory, agent: Any, replays: int = 4) -> ActionMa
     for k, step in enumerate(run.steps):
         if step.meta.get("origin") in NOT_REDECIDED:
             continue
-        hits = sum(agent.redecide(run, k, noise) == step.action for _ in range(replays))
+        hits = sum(same_action(agent.redecide(run, k, noise), step.action)
+                   for _ in range(replays))
         per_step.append(hits / replays)
         measured.append(k)
     return ActionMatch(tuple(per_step), replays, tuple(measured))

@@ -239,6 +239,13 @@ class RunStore:
             sql += f" LIMIT {int(limit)}"
         return list(self.db.query(sql))
 
+    def with_digest(self, digest: str) -> builtins.list[str]:
+        """Ids of the recorded runs (not branches) whose content digest is ``digest``, oldest
+        first: the same steps imported or recorded again."""
+        return [r[0] for r in self.db.execute(
+            "SELECT id FROM runs WHERE digest = ? AND parent_id IS NULL ORDER BY rowid",
+            [digest]).fetchall()]
+
     def children(self, run_id: str) -> builtins.list[dict[str, Any]]:
         """Branches whose parent is ``run_id``."""
         return list(self.db.query("SELECT id, arm, rollout, branch_step, outcome, attribution_id "

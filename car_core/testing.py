@@ -12,22 +12,39 @@ in its own test suite with ``run_conformance(make_agent, context=..., outcome=..
 - a held prefix is served from the record: no model call, no tool call before the branch step;
 - branches carry their lineage, keep the record before the branch step, and are sealed;
 - forced actions and observations are used as given;
-- with the same noise an agent that couples its noise gives the same branch twice.
+- with the same noise an agent that couples its noise gives the same branch twice;
+- a ``do_context`` whose edit changes nothing is ``do_resample`` at that step: the branch decides
+  the step again from the recorded state, with the same action under the same noise when the
+  agent couples its noise, and the same outcome distribution (a paired sign-flip test whose false
+  alarm rate is ``alpha``, 1e-3 per step tested by default: at most 2e-3 for the two steps
+  ``run_conformance`` tests);
+- no side-effect tool runs on any branch, counted by a ``SideEffectLedger`` the test wires into
+  its real tools.
 
 Each check raises ``ConformanceFailure`` (an ``AssertionError``) saying what broke.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import functools
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from ._json import JSON, canonical, check_json
-from .errors import ConformanceFailure, EnvironmentError_, InvalidInput, PolicyError
-from .interventions import compile_plan, do_action, do_observation, do_resample
+from .actions import is_chat_action, same_action
+from .errors import (
+    ConformanceFailure,
+    EnvironmentError_,
+    InvalidInput,
+    PolicyError,
+    SideEffectBlocked,
+)
+from .interventions import compile_plan, do_action, do_context, do_observation, do_resample
 from .replay import action_match_rate, intervene, record
 from .seeding import branch_noise
 from .trajectory import History, Trajectory
@@ -172,15 +189,62 @@ def count_calls(agent: Any) -> CountedAgent:
     return CountedAgent(replace(agent, policy=policy, environment=env), policy, env)
 
 
+class SideEffectLedger:
+    """Counts the real calls of the tools with side effects (refunds, emails, writes), so a
+    test can prove that no branch ran one.
+
+    Wrap each such tool's function with ``ledger.wrap(name, fn)`` (or call
+    ``ledger.note(name, arguments)`` from inside the tool), give the agent
+    ``side_effect_tools=ledger.names`` and pass ``side_effects=ledger`` to
+    ``run_conformance``. ``calls`` lists ``(name, arguments)`` of every real call; it is safe to
+    use from branches that run in several threads at once.
+    """
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.names = frozenset([names] if isinstance(names, str) else names)
+        if not self.names:
+            raise InvalidInput("a SideEffectLedger needs the names of the side-effect tools",
+                               hint="SideEffectLedger(['issue_refund', ...])")
+        self.calls: list[tuple[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def note(self, name: str, arguments: Any = None) -> None:
+        """Count one real call of ``name`` (call it from the tool's body)."""
+        if name not in self.names:
+            raise InvalidInput(f"{name!r} is not one of the ledger's tools {sorted(self.names)}",
+                               hint="add it to SideEffectLedger([...])")
+        with self._lock:
+            self.calls.append((name, arguments))
+
+    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` counted as tool ``name``: each call is noted, then ``fn`` runs."""
+        @functools.wraps(fn)  # keeps the signature frameworks read tool schemas from
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.note(name, kwargs or (list(args) if args else None))
+            return fn(*args, **kwargs)
+        return counted
+
+    def count(self, name: str | None = None) -> int:
+        with self._lock:
+            return sum(1 for n, _ in self.calls if name is None or n == name)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.calls.clear()
+
+
 # -- the contract --------------------------------------------------------------------------
 def _noise(seed: int, rollout: int = 0) -> Any:
     return branch_noise(seed, rollout, "conformance", coupled=True)
 
 
-def _fail(check: str, message: str, run: Trajectory, step: int | None = None) -> None:
-    raise ConformanceFailure(f"{check}: {message}", run_id=run.id, step=step,
-                             hint="the agent must serve steps before the branch step from the "
-                                  "record and apply the plan as given (see car_core.agent)")
+_HINT = ("the agent must serve steps before the branch step from the record and apply the plan "
+         "as given (see car_core.agent)")
+
+
+def _fail(check: str, message: str, run: Trajectory, step: int | None = None, *,
+          hint: str = _HINT) -> None:
+    raise ConformanceFailure(f"{check}: {message}", run_id=run.id, step=step, hint=hint)
 
 
 def _same_steps(check: str, run: Trajectory, branch: Trajectory, upto: int) -> None:
@@ -256,25 +320,39 @@ def check_branch_lineage(agent: Any, run: Trajectory, outcome: Any, *, step: int
                              f"'live' at it", run, k)
 
 
+def _observed(observation: JSON, chat: bool) -> JSON:
+    """An observation as it was given: for a chat step, the text of each tool result."""
+    if chat and isinstance(observation, list) and all(isinstance(m, Mapping)
+                                                      for m in observation):
+        return [m.get("content") for m in observation]
+    return observation
+
+
 def check_forced_values(agent: Any, run: Trajectory, *, seed: int = 0) -> None:
     """``do_action`` puts the given action at its step; ``do_observation`` keeps the recorded
     action and returns the given observation."""
     k = len(run.steps) - 1
     # Force an action the step did not take when the run offers one (another step's action):
     # forcing the recorded one would pass an agent that ignores forced actions altogether.
-    forced = next((s.action for s in run.steps if s.action != run.steps[k].action),
+    forced = next((s.action for s in run.steps if not same_action(s.action,
+                                                                  run.steps[k].action)),
                   run.steps[k].action)
     branch = agent.branch(run, compile_plan(run, do_action(k, forced)), _noise(seed))
-    if len(branch.steps) <= k or branch.steps[k].action != forced:
+    if len(branch.steps) <= k or not same_action(branch.steps[k].action, forced):
         _fail("forced", "do_action did not put the forced action at its step", run, k)
     observed = [s.index for s in run.steps if s.observed]
     if observed:
         j = observed[-1]
-        marker = {"car-conformance": "forced observation"}
-        branch = agent.branch(run, compile_plan(run, do_observation(j, marker)), _noise(seed))
-        if len(branch.steps) <= j or branch.steps[j].observation != marker:
+        marker: JSON = {"car-conformance": "forced observation"}
+        action = run.steps[j].action
+        calls = action.get("tool_calls") if is_chat_action(action) else None
+        # a chat step takes one tool result per call: each carries the marker as its text
+        given = [canonical(marker)] * len(calls) if calls else marker
+        branch = agent.branch(run, compile_plan(run, do_observation(j, given)), _noise(seed))
+        if len(branch.steps) <= j or _observed(branch.steps[j].observation, bool(calls)
+                                               ) != given:
             _fail("forced", "do_observation did not replace the observation", run, j)
-        if branch.steps[j].action != run.steps[j].action:
+        if not same_action(branch.steps[j].action, run.steps[j].action):
             _fail("forced", "do_observation changed the recorded action", run, j)
 
 
@@ -294,45 +372,172 @@ def check_same_noise_same_branch(agent: Any, run: Trajectory, *, seed: int = 0) 
         _fail("noise", f"re-deciding the recorded states matched {match.per_step}", run)
 
 
-CHECKS = ("replay", "prefix", "lineage", "forced", "noise")
+def _unchanged(state: Any) -> Any:
+    """The identity edit: gives back what it was given."""
+    return state
 
 
-def run_conformance(agent_factory: Callable[[], Any], *, context: JSON, outcome: Any,
-                    seed: int = 0) -> list[str]:
+def _sign_flip_p(diffs: Sequence[float], rng: np.random.Generator, flips: int = 9999) -> float:
+    """Two-sided p-value of a paired sign-flip test of "mean difference 0". Under the null the
+    pairs are exchangeable (both arms have one law, with shared or independent noise), so every
+    sign pattern is equally likely; ``(1 + hits) / (1 + flips)`` keeps the level exact with
+    Monte Carlo flips (Phipson and Smyth 2010)."""
+    d = np.asarray([x for x in diffs if x != 0.0], dtype=float)
+    if d.size == 0:
+        return 1.0
+    observed = abs(float(d.sum()))
+    signs = rng.choice(np.array([-1.0, 1.0]), size=(flips, d.size))
+    hits = int(np.count_nonzero(np.abs(signs @ d) >= observed - 1e-12))
+    return (1 + hits) / (1 + flips)
+
+
+def check_identity_edit(agent: Any, run: Trajectory, outcome: Any, *,
+                        steps: Sequence[int] | None = None, rollouts: int = 32,
+                        alpha: float = 1e-3, seed: int = 0) -> None:
+    """``do_context(k, edit)`` with an edit that changes nothing must be ``do_resample(k)``.
+
+    At each step ``k`` tested (default: the first and the last), ``rollouts`` branches of each
+    arm run with the same seeds (so rollout ``r`` of both arms shares its noise when the agent
+    couples noise). Checked exactly: every identity branch decides step ``k`` again (an agent
+    whose edited branch ends at the held prefix fails here) from the recorded state, and, when
+    the agent couples its noise, with the action the resampled branch took under the same
+    noise. Checked statistically: the paired outcome differences pass a two-sided sign-flip
+    test at level ``alpha``, so a correct agent fails with probability at most ``alpha`` per
+    step tested (the test's seed is fixed, so a given agent and seed pass or fail every time).
+    """
+    if not 0 < alpha < 1:
+        raise InvalidInput(f"alpha={alpha!r}", hint="pass a false-alarm rate in (0, 1)")
+    n = len(run.steps)
+    ks = sorted({0, n - 1}) if steps is None else list(steps)
+    coupled = bool(getattr(agent, "couples_noise", False))
+    for k in ks:
+        kw = {"outcome": outcome, "rollouts": rollouts, "seed": seed + k, "progress": False}
+        same = intervene(run, agent, do_context(k, _unchanged, "unchanged"), **kw)
+        resampled = intervene(run, agent, do_resample(k), **kw)
+        by_rollout = {t.lineage.rollout: t for t in resampled.trajectories
+                      if t.lineage is not None}
+        diffs = []
+        for t in same.trajectories:
+            if len(t.steps) <= k or t.steps[k].meta.get("origin") != "edited":
+                _fail("identity", f"a do_context branch with an edit that changes nothing has "
+                                  f"no step {k} decided again (it has {len(t.steps)} steps)",
+                      run, k)
+            recorded = run.steps[k].state
+            if recorded is not None and t.steps[k].state != recorded:
+                _fail("identity", f"an edit that changes nothing changed the state step {k} "
+                                  "decided from", run, k)
+            r = t.lineage.rollout if t.lineage is not None else None
+            other = by_rollout.get(r)
+            if other is None or t.outcome is None or other.outcome is None:
+                continue
+            if coupled and len(other.steps) > k and not same_action(t.steps[k].action,
+                                                                    other.steps[k].action):
+                _fail("identity", f"under the same noise (rollout {r}) the unchanged edit "
+                                  f"decided {t.steps[k].action!r}, do_resample "
+                                  f"{other.steps[k].action!r}", run, k)
+            diffs.append(t.outcome.value - other.outcome.value)
+        if not diffs:
+            _fail("identity", "no rollout of both arms finished, so nothing was compared", run, k)
+        p = _sign_flip_p(diffs, np.random.default_rng([seed, k, 0x1d]))
+        if p < alpha:
+            _fail("identity", f"P(fail) is {same.mean:.3f} under the unchanged edit and "
+                              f"{resampled.mean:.3f} under do_resample over {len(diffs)} paired "
+                              f"rollouts (sign-flip p = {p:.2g} < alpha = {alpha:g})", run, k)
+
+
+@contextmanager
+def _ledger_stays_empty(ledger: SideEffectLedger | None, check: str, run: Trajectory
+                        ) -> Iterator[None]:
+    """Fail when the branches of ``check`` ran a side-effect tool for real."""
+    if ledger is not None:
+        ledger.reset()
+    yield
+    if ledger is not None and ledger.calls:
+        names = sorted({n for n, _ in ledger.calls})
+        _fail("side-effects", f"the {check} check's branches ran side-effect tool(s) {names} "
+                              f"for real ({len(ledger.calls)} call(s))", run,
+              hint="a branch must answer side-effect calls from the record or a simulator "
+                   "(or stop with SideEffectBlocked), never run the tool")
+
+
+def check_no_side_effects(agent: Any, run: Trajectory, ledger: SideEffectLedger, *,
+                          seed: int = 0) -> None:
+    """Branch ``do_resample(k)`` at every step and count real side-effect calls: there must be
+    none. A branch the agent stops with ``SideEffectBlocked`` kept the tool from running, which
+    is allowed."""
+    with _ledger_stays_empty(ledger, "side-effects", run):
+        for k in range(len(run.steps)):
+            try:
+                agent.branch(run, compile_plan(run, do_resample(k)), _noise(seed, k))
+            except SideEffectBlocked:
+                pass
+
+
+CHECKS = ("replay", "prefix", "lineage", "forced", "noise", "identity", "side-effects")
+
+
+def run_conformance(agent_factory: Callable[[], Any], *, context: JSON = _MISSING,
+                    outcome: Any, seed: int = 0, run: Trajectory | None = None,
+                    side_effects: SideEffectLedger | None = None,
+                    identity_rollouts: int = 32, alpha: float = 1e-3) -> list[str]:
     """Record a run with a fresh agent and put it through every check, each with a fresh agent.
 
     ``agent_factory()`` returns an agent, or ``(agent, counter)`` where the counter wraps the
-    agent's model and tool calls (then the prefix rule is checked too). Returns the names of
-    the checks that ran; the first failure raises ``ConformanceFailure``.
+    agent's model and tool calls (then the prefix rule is checked too). ``run``: a run recorded
+    beforehand (with the framework's recorder, as users record) instead of one recorded from
+    ``context``. ``side_effects``: a ``SideEffectLedger`` wired into the real side-effect tools
+    of the agents the factory builds; the recorded run must have called one for real (else the
+    check would prove nothing), and no branch of any check may (give the agent simulators for
+    calls the record cannot answer).
+    ``identity_rollouts`` and ``alpha`` size the identity check (see ``check_identity_edit``).
+    Returns the names of the checks that ran; the first failure raises ``ConformanceFailure``.
     """
     def make() -> tuple[Any, Any]:
         made = agent_factory()
         return made if isinstance(made, tuple) else (made, None)
 
-    agent, _ = make()
-    run = record(agent, context=context, outcome=outcome, seed=seed)
+    if run is None:
+        if context is _MISSING:
+            raise InvalidInput("run_conformance needs context= (to record a run) or run=",
+                               hint="pass the context the agent starts from")
+        if side_effects is not None:
+            side_effects.reset()
+        run = record(make()[0], context=context, outcome=outcome, seed=seed)
     if not run.steps:
         raise InvalidInput("the recorded run has no steps, so there is nothing to check",
                            hint="give the agent a context it acts on")
+    if side_effects is not None and not side_effects.calls:
+        raise InvalidInput(f"the ledger saw no call of {sorted(side_effects.names)} while the "
+                           "run was recorded, so counting them on branches would prove nothing",
+                           hint="wrap the real tools with ledger.wrap(name, fn) and record a "
+                                "run that calls one")
     ran = []
-    check_replay_reproduces(make()[0], run, seed=seed)
-    ran.append("replay")
+
+    def checked(name: str, fn: Callable[[], Any]) -> None:
+        assert run is not None
+        with _ledger_stays_empty(side_effects, name, run):
+            fn()
+        ran.append(name)
+
+    checked("replay", lambda: check_replay_reproduces(make()[0], run, seed=seed))
     agent, counter = make()
     if counter is not None:
-        check_prefix_makes_no_calls(agent, run, counter, seed=seed)
-        ran.append("prefix")
-    check_branch_lineage(make()[0], run, outcome, seed=seed)
-    ran.append("lineage")
-    check_forced_values(make()[0], run, seed=seed)
-    ran.append("forced")
-    check_same_noise_same_branch(make()[0], run, seed=seed)
-    ran.append("noise")
+        checked("prefix", lambda: check_prefix_makes_no_calls(agent, run, counter, seed=seed))
+    checked("lineage", lambda: check_branch_lineage(make()[0], run, outcome, seed=seed))
+    checked("forced", lambda: check_forced_values(make()[0], run, seed=seed))
+    checked("noise", lambda: check_same_noise_same_branch(make()[0], run, seed=seed))
+    checked("identity", lambda: check_identity_edit(make()[0], run, outcome, seed=seed,
+                                                    rollouts=identity_rollouts, alpha=alpha))
+    if side_effects is not None:
+        check_no_side_effects(make()[0], run, side_effects, seed=seed)
+        ran.append("side-effects")
     return ran
 
 
 __all__ = [
     "CHECKS", "CallCounter", "Choice", "CountedAgent", "Counters", "DictEnvironment",
-    "ScriptedPolicy", "action_key", "check_branch_lineage", "check_forced_values",
+    "ScriptedPolicy", "SideEffectLedger", "action_key", "check_branch_lineage",
+    "check_forced_values", "check_identity_edit", "check_no_side_effects",
     "check_prefix_makes_no_calls", "check_replay_reproduces", "check_same_noise_same_branch",
     "count_calls", "run_conformance",
 ]

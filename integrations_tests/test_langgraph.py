@@ -255,7 +255,7 @@ def test_attribute_thread_imports_scores_and_stores(store: Any) -> None:
     s = Support(InMemorySaver())
     run = s.failing_run()
     before = user_history(s.app, run.meta["thread_id"])
-    res = attribute_thread(s.app, run.meta["thread_id"], outcome=sa.refund_against_policy,
+    res = attribute_thread(s.app, run.meta["thread_id"], outcome=sa.outcome,
                            model=s.wrapper, store=store, rollouts=32, progress=False)
     assert res.locus == 1
     stored = store.attribution(res.attribution_id)
@@ -271,7 +271,7 @@ def test_attribute_thread_closes_a_store_it_opened_from_a_path(
     close = car.RunStore.close
     monkeypatch.setattr(car.RunStore, "close", lambda self: (closed.append(self.path),
                                                              close(self))[1])
-    res = attribute_thread(s.app, run.meta["thread_id"], outcome=sa.refund_against_policy,
+    res = attribute_thread(s.app, run.meta["thread_id"], outcome=sa.outcome,
                            model=s.wrapper, store=tmp_path / "car.db", rollouts=4,
                            progress=False)
     assert [Path(p) for p in closed] == [tmp_path / "car.db"]

@@ -55,7 +55,7 @@ def test_an_unknown_thread_is_refused_and_the_store_stays_empty(store: Any) -> N
     with pytest.raises(AdapterError, match="no thread 'nope'"):
         LangGraphAgent(app).import_thread("nope")
     with pytest.raises(AdapterError, match="no thread 'nope'"):
-        attribute_thread(app, "nope", outcome=sa.refund_against_policy, store=store)
+        attribute_thread(app, "nope", outcome=sa.outcome, store=store)
     assert store.list(branches=True) == []
 
 

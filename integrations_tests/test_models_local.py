@@ -134,8 +134,13 @@ def test_chat_agent_on_the_embedded_model_passes_the_replay_contract() -> None:
         counted = count_calls(ChatAgent(LocalPolicy(TOOLS, max_tokens=40), ORDERS,
                                         max_steps=2))
         return counted.agent, counted.both
-    assert run_conformance(make, context=CONTEXT, outcome=called_no_tool, seed=3) == [
-        "replay", "prefix", "lineage", "forced", "noise"]
+    # 4 identity rollouts per arm (each is a model call on 2 cores): the embedded model couples
+    # its noise, so the exact per-pair checks (the step is decided again, with the resampled
+    # branch's action under the same noise) carry the identity check here; with 4 pairs the
+    # sign-flip test cannot reach alpha = 1e-3, which only costs power, never false alarms
+    assert run_conformance(make, context=CONTEXT, outcome=called_no_tool, seed=3,
+                           identity_rollouts=4) == [
+        "replay", "prefix", "lineage", "forced", "noise", "identity"]
 
 
 def _one_step_run() -> tuple[car.FunctionAgent, car.Trajectory]:

@@ -11,7 +11,7 @@ import pytest
 
 import car_core as car
 from car_core import synthetic as syn
-from car_core.errors import ConformanceFailure, InvalidBudget, PolicyError
+from car_core.errors import ConformanceFailure, InvalidBudget, InvalidInput, PolicyError
 from car_core.interventions import Plan
 from car_core.replay import drive
 from car_core.seeding import Noise
@@ -21,7 +21,10 @@ from car_core.testing import (
     Counters,
     DictEnvironment,
     ScriptedPolicy,
+    SideEffectLedger,
+    _sign_flip_p,
     check_forced_values,
+    check_identity_edit,
     check_prefix_makes_no_calls,
     check_replay_reproduces,
     check_same_noise_same_branch,
@@ -254,7 +257,7 @@ def test_function_agent_passes_the_conformance_suite(model: syn.SyntheticSCM) ->
         return c.agent, c.both
 
     ran = run_conformance(make, context={"scm": model.name}, outcome=model.outcome, seed=1)
-    assert ran == ["replay", "prefix", "lineage", "forced", "noise"]
+    assert ran == ["replay", "prefix", "lineage", "forced", "noise", "identity"]
 
 
 class Reexecuting(car.FunctionAgent):
@@ -316,6 +319,107 @@ def test_conformance_catches_an_agent_whose_noise_is_not_its_own() -> None:
     run = car.record(agent, outcome=lambda r: 0.0)
     with pytest.raises(ConformanceFailure, match="same noise differ"):
         check_same_noise_same_branch(agent, run)
+
+
+class EndsAtTheEditedStep(car.FunctionAgent):
+    """A broken agent: a branch with a context edit stops after the held prefix, so the model
+    never decides again and any edit looks like a rescue."""
+
+    def branch(self, run, plan, noise):
+        if not plan.context_edits:
+            return super().branch(run, plan, noise)
+        return drive(dataclasses.replace(self, max_steps=plan.start), run, plan, noise)
+
+
+class OverridesEditedSteps(car.FunctionAgent):
+    """A broken agent: an edited step is decided "good" whatever the policy would draw. Its
+    noise is not coupled, so only the outcome distribution can give it away."""
+
+    def branch(self, run, plan, noise):
+        if not plan.context_edits:
+            return super().branch(run, plan, noise)
+        k, policy = min(plan.context_edits), self.policy
+        good = {**run.steps[k].action, "choice": "good"}
+        fixed = dataclasses.replace(
+            self, policy=lambda h, rng: good if h.index == k else policy(h, rng))
+        return drive(fixed, run, plan, noise)
+
+
+def test_identity_check_catches_an_edited_branch_that_ends_at_the_prefix(pivot_model,
+                                                                         pivot_run) -> None:
+    base = pivot_model.agent()
+    agent = EndsAtTheEditedStep(policy=base.policy, environment=base.environment,
+                                is_final=base.is_final, max_steps=6)
+    with pytest.raises(ConformanceFailure, match="no step 2 decided again"):
+        check_identity_edit(agent, pivot_run, pivot_model.outcome, steps=[2], rollouts=4)
+
+
+def test_identity_check_catches_an_edit_that_moves_the_outcome(pivot_model, pivot_run) -> None:
+    # P(fail | do_resample(2)) = 0.3, P(fail | this agent's unchanged edit) = 0. Over 64
+    # independent pairs about 19 differ (sd 3.7), all by -1: the sign-flip p-value is about
+    # 2^(1 - m) for m differing pairs, below alpha = 1e-3 once m >= 11 (P(m < 11) < 0.01).
+    base = pivot_model.agent()
+    agent = OverridesEditedSteps(policy=base.policy, environment=base.environment,
+                                 is_final=base.is_final, max_steps=6, couples_noise=False)
+    with pytest.raises(ConformanceFailure, match="sign-flip p"):
+        check_identity_edit(agent, pivot_run, pivot_model.outcome, steps=[2], rollouts=64)
+    # the same check passes the working agent, coupled or not
+    for coupled in (True, False):
+        working = dataclasses.replace(base, couples_noise=coupled)
+        check_identity_edit(working, pivot_run, pivot_model.outcome, steps=[2], rollouts=64)
+
+
+def test_identity_check_compares_actions_under_shared_noise(pivot_model, pivot_run) -> None:
+    """A coupled agent whose edited step draws other noise is caught by its actions, without
+    statistics."""
+    base = pivot_model.agent()
+
+    class OtherNoise(car.FunctionAgent):
+        def branch(self, run, plan, noise):
+            if plan.context_edits:
+                noise = Noise(noise.seed + 1000, noise.key)
+            return super().branch(run, plan, noise)
+
+    agent = OtherNoise(policy=base.policy, environment=base.environment,
+                       is_final=base.is_final, max_steps=6)
+    with pytest.raises(ConformanceFailure, match="under the same noise"):
+        check_identity_edit(agent, pivot_run, pivot_model.outcome, steps=[0], rollouts=16)
+
+
+def test_sign_flip_test_keeps_its_false_alarm_rate() -> None:
+    # 2000 null data sets (two arms with one law, p = 0.4, 32 pairs) tested at alpha = 0.05:
+    # the rejection rate is at most 0.05 (a permutation test is exact up to discreteness),
+    # plus 3 standard errors of 2000 draws, 3 * sqrt(0.05 * 0.95 / 2000) = 0.015.
+    rng = np.random.default_rng(0)
+    rejected = 0
+    for _ in range(2000):
+        a, b = rng.random(32) < 0.4, rng.random(32) < 0.4
+        rejected += _sign_flip_p(a.astype(float) - b, rng, flips=999) < 0.05
+    assert rejected / 2000 <= 0.05 + 0.015
+    assert _sign_flip_p([0.0] * 10, rng) == 1.0
+    assert _sign_flip_p([-1.0] * 16, rng) < 1e-3  # 2^-15 exactly, up to the Monte Carlo floor
+
+
+def test_the_ledger_catches_a_side_effect_run_on_a_branch(pivot_model) -> None:
+    ledger = SideEffectLedger(["ack"])
+
+    def make():
+        base = pivot_model.agent()
+        return dataclasses.replace(base, environment=ledger.wrap("ack", base.environment))
+
+    with pytest.raises(ConformanceFailure, match=r"side-effects: the forced check's branches "
+                                                 r"ran side-effect tool\(s\) \['ack'\]"):
+        run_conformance(make, context={"scm": "pivot"}, outcome=pivot_model.outcome,
+                        side_effects=ledger)
+    assert ledger.calls and all(name == "ack" for name, _ in ledger.calls)
+
+
+def test_a_ledger_that_counts_nothing_is_refused(pivot_model) -> None:
+    with pytest.raises(InvalidInput, match="saw no call of \\['refund'\\]"):
+        run_conformance(pivot_model.agent, context={"scm": "pivot"},
+                        outcome=pivot_model.outcome, side_effects=SideEffectLedger(["refund"]))
+    with pytest.raises(InvalidInput, match="not one of the ledger's tools"):
+        SideEffectLedger(["refund"]).note("email")
 
 
 def test_check_prefix_accepts_counters_that_cannot_tell_the_step(pivot_model,

@@ -71,6 +71,7 @@ from .messages import (
     usage_of,
 )
 from .model import CarChatModel, Control, controlling, seedable
+from .thread import thread_outcome
 
 MESSAGES_KEY = "messages"
 
@@ -127,7 +128,34 @@ class LangGraphAgent:
                             and getattr(spec.runnable, "afunc", None) is not None
                             for spec in app.builder.nodes.values())
 
+    def _saver_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop an async checkpointer (AsyncSqliteSaver, AsyncPostgresSaver) is bound
+        to, or None for a sync one. Its sync methods only work from another thread while that
+        loop runs, so branches are driven from a worker thread and run on that loop."""
+        loop = getattr(self.saver, "loop", None)
+        if not isinstance(loop, asyncio.AbstractEventLoop):
+            return None
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            raise AdapterError(
+                f"{type(self.saver).__name__} runs on this event loop, which CAR would block "
+                "while it waits for each branch", hint="call CAR from a worker thread while "
+                "the loop runs: await asyncio.to_thread(car.contrastive, run, agent, ...)")
+        if loop.is_closed() or not loop.is_running():
+            raise AdapterError(f"the event loop {type(self.saver).__name__} is bound to is not "
+                               "running, so its checkpoints cannot be read",
+                               hint="attribute inside the async code that opened the "
+                                    "checkpointer: await asyncio.to_thread(car.contrastive, ...)")
+        return loop
+
     def _invoke(self, value: Any, config: dict[str, Any], **kwargs: Any) -> Any:
+        loop = self._saver_loop()
+        if loop is not None:
+            return asyncio.run_coroutine_threadsafe(self.app.ainvoke(value, config, **kwargs),
+                                                    loop).result()
         if not self.is_async:
             return self.app.invoke(value, config, **kwargs)
         try:
@@ -211,6 +239,7 @@ class LangGraphAgent:
         ``AIMessage`` a model node wrote is a step, decided from the checkpoint before it.
         A thread invoked several times (a conversation) gives one trajectory over all turns;
         the callback gives one per invocation."""
+        self._saver_loop()
         history = list(self.app.get_state_history(_thread(thread_id)))
         if not history:
             raise AdapterError(f"no thread {thread_id!r} in this app's checkpointer",
@@ -258,6 +287,7 @@ class LangGraphAgent:
 
     def _check(self, run: Trajectory, k: int) -> Any:
         """Refuse a run this app cannot fork, before anything is written anywhere."""
+        self._saver_loop()
         if run.meta.get("framework") != "langgraph":
             raise AdapterError("this run was not recorded from a LangGraph app", run_id=run.id,
                                hint="record it with CarCallback or import_thread")
@@ -425,32 +455,34 @@ def _as_dicts(edited: Any, run_id: str, k: int) -> list[Mapping[str, Any]]:
     return list(edited)
 
 
-def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[[dict[str, Any]], Any],
+def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[..., Any],
                      method: str = "contrastive", store: str | os.PathLike[str] | RunStore |
                      None = None, model: CarChatModel | None = None,
                      side_effect_tools: Iterable[str] = (),
                      simulators: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
                      rollouts: int = 16, budget: int = 2000, seed: int = 0,
                      **options: Any) -> Any:
-    """Import ``thread_id`` from ``app``, score it with ``outcome(final_state)`` (the final graph
-    state as JSON, messages as OpenAI-style dicts; 1 / True = failure), store it, and attribute
-    the failure with ``car.contrastive`` or ``car.shapley``. Returns the stored attribution."""
+    """Import ``thread_id`` from ``app``, score it with ``outcome(run)`` (as everywhere; the
+    final graph state is ``run.meta["final_state"]``, messages as OpenAI-style dicts; 1 / True
+    = failure), store it, and attribute the failure with ``car.contrastive`` or
+    ``car.shapley``. Returns the stored attribution. Importing a thread again reuses the run
+    already stored for it (same steps, final state and outcome) instead of storing a copy. An
+    outcome written for the old ``outcome(final_state)`` form still works, with a
+    ``DeprecationWarning`` (see ``car_adapters.langgraph.thread``)."""
     import car_core as car
     if method not in ("contrastive", "shapley"):
         raise InvalidInput(f"method={method!r}", hint="use 'contrastive' or 'shapley'")
     agent = LangGraphAgent(app, model=model, side_effect_tools=side_effect_tools,
                            simulators=simulators)
     run = agent.import_thread(thread_id)
-
-    def score(traj: Trajectory) -> Any:
-        return outcome(traj.meta["final_state"])
-
+    score = thread_outcome(outcome)
     run = replace(run, outcome=Outcome(OutcomeFn(score)(run, Noise(seed).rng(0, "outcome"))),
                   seed=seed)
     opened = isinstance(store, (str, os.PathLike))
     runs = RunStore(store) if opened else store
     try:
         if runs is not None:
+            run = _stored_copy(runs, run)
             runs.save(run)
         if method == "contrastive":
             return car.contrastive(run, agent, outcome=score, rollouts=rollouts, seed=seed,
@@ -462,3 +494,11 @@ def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[[dict[str, A
             runs.close()
 
 
+def _stored_copy(runs: RunStore, run: Trajectory) -> Trajectory:
+    """``run`` under the id of an equal run already in the store (the same thread imported
+    before: same steps, meta and outcome), so importing twice stores one run."""
+    for run_id in runs.with_digest(run.digest):
+        stored = runs.load(run_id)
+        if stored.meta == run.meta and stored.outcome == run.outcome:
+            return replace(run, id=stored.id, created_at=stored.created_at)
+    return run

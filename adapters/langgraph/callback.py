@@ -6,7 +6,9 @@ node prepends, are kept apart in ``meta["prompt"]``), the ``AIMessage`` as the a
 results that answered it as the observation, and in ``meta`` the model, parameters, token usage,
 latency and the LangGraph ids needed to fork there (thread, the checkpoint the task was scheduled
 from, node, superstep). Runs are keyed by their root run id, so several graphs can run at once
-through one handler; each finished run is saved to the store and becomes ``cb.run``.
+through one handler; each finished run is saved to the store and becomes ``cb.run``. With
+``outcome=``, each run is scored as it finishes (``outcome(run)``, as ``car.intervene`` takes it)
+and stored with its outcome, so ``car runs`` shows which runs failed.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from uuid import UUID
 
@@ -24,8 +26,8 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.runnables.config import var_child_runnable_config
 
 from car_core import RunStore
-from car_core.contract import Origin, RunStatus, Step, Trajectory
-from car_core.errors import StoreError
+from car_core.contract import Noise, Origin, Outcome, OutcomeFn, RunStatus, Step, Trajectory
+from car_core.errors import OutcomeError, StoreError
 
 from .messages import decode, jsonable, to_dict, to_dicts, usage_of
 
@@ -72,18 +74,21 @@ def _model_name(message: BaseMessage | None, llm_output: dict[str, Any] | None,
 
 
 class CarCallback(BaseCallbackHandler):
-    """Records LangGraph runs as ``car.Trajectory`` values and saves each to ``store``. A run
-    that could not be stored is still in ``runs``, and its error in ``store_errors`` (the
-    graph's run is not broken)."""
+    """Records LangGraph runs as ``car.Trajectory`` values and saves each to ``store``, scored
+    by ``outcome(run)`` when given. A run that could not be stored (or scored) is still in
+    ``runs``, and its error in ``store_errors`` (or ``outcome_errors``): the graph's run is
+    not broken."""
 
     run_inline = True  # keep event order; LangGraph calls handlers from the task's context
 
     def __init__(self, store: str | os.PathLike[str] | RunStore | None = None, *,
-                 messages_key: str = MESSAGES_KEY) -> None:
+                 messages_key: str = MESSAGES_KEY, outcome: Any = None) -> None:
         self.store = RunStore(store) if isinstance(store, (str, os.PathLike)) else store
         self.messages_key = messages_key
+        self.outcome = OutcomeFn(outcome) if outcome is not None else None  # checked now
         self.runs: list[Trajectory] = []
         self.store_errors: list[StoreError] = []
+        self.outcome_errors: list[OutcomeError] = []
         self._open: dict[UUID, _Recording] = {}
         self._root: dict[UUID, UUID] = {}
         self._lock = threading.Lock()
@@ -178,6 +183,13 @@ class CarCallback(BaseCallbackHandler):
             for member in rec.members:
                 self._root.pop(member, None)
         run = self.build(rec, outputs, error)
+        if self.outcome is not None:
+            rng = Noise(0).rng(0, "outcome")  # what a noisy judge draws from: fixed
+            try:
+                run = replace(run, outcome=Outcome(self.outcome(run, rng)))
+            except OutcomeError as exc:  # stored unscored rather than breaking the graph run
+                self.outcome_errors.append(exc)
+                log.error("CAR could not score run %s: %s", run.id, exc)
         with self._lock:  # kept before storing: LangChain swallows a handler's exception
             self.runs.append(run)
         if self.store is not None:
