@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ._json import JSON
 from .agent import Agent, FunctionAgent
+from .assertions import assert_locus, assert_no_locus, assert_rescues
 from .budget import Budget
 from .estimators import contrastive, shapley
 from .interventions import (
@@ -44,6 +45,9 @@ __all__ = [
     "Step",
     "Trajectory",
     "action_match_rate",
+    "assert_locus",
+    "assert_no_locus",
+    "assert_rescues",
     "contrastive",
     "do_action",
     "do_context",

@@ -9,7 +9,9 @@ how faithfully a policy re-decides the recorded states.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -49,7 +51,24 @@ def record(agent: Any, *, context: JSON = None, outcome: Callable[..., Any], see
     run = replace(run, outcome=Outcome(value), seed=noise.seed)
     if store is not None:
         store.save(run)
+    for observer in _RECORD_OBSERVERS.get():
+        observer(run)
     return run
+
+
+_RECORD_OBSERVERS: ContextVar[tuple[Callable[[Trajectory], None], ...]] = ContextVar(
+    "car_record_observers", default=())
+
+
+@contextmanager
+def observing_records(observer: Callable[[Trajectory], None]) -> Iterator[None]:
+    """Call ``observer(run)`` with every run ``record`` makes in this context (a test fixture
+    collecting the runs a test records). An observer must not raise."""
+    token = _RECORD_OBSERVERS.set((*_RECORD_OBSERVERS.get(), observer))
+    try:
+        yield
+    finally:
+        _RECORD_OBSERVERS.reset(token)
 
 
 @dataclass(frozen=True)

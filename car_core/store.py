@@ -291,6 +291,25 @@ class RunStore:
         return [self.attribution(r["id"]) for r in self.db.query(
             "SELECT id FROM attributions WHERE run_id = ? ORDER BY created_at", [run_id])]
 
+    def merge(self, path: str | os.PathLike[str]) -> int:
+        """Copy every run, step and attribution of the CAR store at ``path`` into this one, in
+        one transaction (rows already here are kept: ids are unique, saves idempotent). For
+        stores written in parallel, such as one per test worker. Returns the runs copied."""
+        other = RunStore(path)  # refuses a file that is not a CAR store, or a newer one
+        other.close()
+        tables = ("runs", "steps", "attributions")
+        before = self.db.execute("SELECT count(*) FROM runs").fetchone()[0]
+        self.db.execute("ATTACH DATABASE ? AS merged", [str(path)])
+        try:
+            with self._write():
+                for table in tables:
+                    cols = ", ".join(f'"{c}"' for c in self.db.table(table).columns_dict)
+                    self.db.execute(f"INSERT OR IGNORE INTO main.{table} ({cols}) "
+                                    f"SELECT {cols} FROM merged.{table}")
+        finally:
+            self.db.execute("DETACH DATABASE merged")
+        return int(self.db.execute("SELECT count(*) FROM runs").fetchone()[0] - before)
+
     def branches(self, attribution_id: str) -> Iterator[dict[str, Any]]:
         """The branches an attribution has stored so far: arm, rollout, outcome, run id."""
         yield from self.db.query("SELECT id, arm, rollout, outcome FROM runs WHERE "

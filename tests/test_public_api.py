@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PUBLIC = [
     "Action", "Agent", "Budget", "FunctionAgent", "History", "Interval", "Intervention", "Lineage",
     "Observation", "Outcome", "RunStore", "Step", "Trajectory", "action_match_rate",
+    "assert_locus", "assert_no_locus", "assert_rescues",
     "contrastive", "do_action", "do_context", "do_observation", "do_policy", "do_resample",
     "intervene", "record", "shapley",
 ]
@@ -72,7 +73,8 @@ def test_every_public_name_resolves() -> None:
 
 
 def test_callables_and_types_are_what_design_md_says() -> None:
-    for name in ("action_match_rate", "contrastive", "do_action", "do_context",
+    for name in ("action_match_rate", "assert_locus", "assert_no_locus", "assert_rescues",
+                 "contrastive", "do_action", "do_context",
                  "do_observation", "do_policy", "do_resample", "intervene", "record", "shapley"):
         assert callable(getattr(car_core, name)), name
     for name in ("Budget", "FunctionAgent", "History", "Interval", "Lineage", "Outcome",

@@ -1,0 +1,181 @@
+"""The frameworks the pytest plugin records and branches, one ``Integration`` each.
+
+An integration names its framework's top module and two functions given as ``"module:name"``
+strings, so nothing is imported until a test uses the fixture with that framework loaded:
+
+- ``recorder()`` starts recording every run of the framework in the current context and returns
+  a handle with ``runs`` (the finished ``car.Trajectory`` values) and ``stop()``;
+- ``adapter(obj, options)`` turns an object the test watches (a compiled graph, a workflow) into
+  a car ``Agent`` to branch with, or returns None when ``obj`` is not of its kind. ``options``
+  holds ``side_effect_tools``, ``simulators`` and any adapter keyword (``model`` …).
+
+``owns(run)`` says which recorded runs are the framework's. Built in: ``car`` (``car.record``
+with any car Agent, ``FunctionAgent`` included), ``langgraph`` and ``llamaindex``. Another
+package adds its own with an entry point in the group ``car.pytest_integrations`` that names an
+``Integration`` (or a zero-argument callable returning one), or calls ``register``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from contextvars import ContextVar, Token
+from dataclasses import dataclass
+from typing import Any
+
+ENTRY_POINT_GROUP = "car.pytest_integrations"
+
+
+@dataclass(frozen=True)
+class Integration:
+    name: str
+    module: str                       # recorded only once this module is imported
+    recorder: str                     # "module:function" -> a handle with .runs and .stop()
+    adapter: str | None = None        # "module:function" (obj, options) -> Agent | None
+    framework: str | None = None      # run.meta["framework"] of its runs (None: no such key)
+
+    def owns(self, run: Any) -> bool:
+        return (run.meta or {}).get("framework") == self.framework
+
+    def loaded(self) -> bool:
+        return self.module in sys.modules
+
+    def start(self) -> Any:
+        return _resolve(self.recorder)()
+
+    def to_agent(self, obj: Any, options: dict[str, Any]) -> Any:
+        return _resolve(self.adapter)(obj, options) if self.adapter else None
+
+
+def _resolve(ref: str) -> Callable[..., Any]:
+    module, _, name = ref.partition(":")
+    fn: Callable[..., Any] = getattr(importlib.import_module(module), name)
+    return fn
+
+
+_REGISTRY: dict[str, Integration] = {}
+_entry_points_loaded = False
+
+
+def register(integration: Integration) -> None:
+    """Add (or replace, by name) an integration."""
+    _REGISTRY[integration.name] = integration
+
+
+def integrations() -> list[Integration]:
+    """Every registered integration, entry points loaded on first call."""
+    global _entry_points_loaded
+    if not _entry_points_loaded:
+        _entry_points_loaded = True
+        from importlib.metadata import entry_points
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            value = ep.load()
+            register(value if isinstance(value, Integration) else value())
+    return list(_REGISTRY.values())
+
+
+# -- car.record (FunctionAgent and any car Agent) -------------------------------------------
+
+class _Collected:
+    """A recording handle over a list its source appends to."""
+
+    def __init__(self, stop: Callable[[], None]) -> None:
+        self.runs: list[Any] = []
+        self._stop = stop
+
+    def stop(self) -> None:
+        self._stop()
+
+
+def car_recorder() -> _Collected:
+    from car_core.replay import observing_records
+    scope = observing_records(lambda run: handle.runs.append(run))
+    handle = _Collected(lambda: scope.__exit__(None, None, None))
+    scope.__enter__()
+    return handle
+
+
+def car_adapter(obj: Any, options: dict[str, Any]) -> Any:
+    return obj if callable(getattr(obj, "start", None)) and callable(
+        getattr(obj, "branch", None)) else None
+
+
+# -- LangGraph -----------------------------------------------------------------------------
+
+_LANGCHAIN_HANDLER: ContextVar[Any] = ContextVar("car_pytest_langchain_handler", default=None)
+_hooked = False
+
+
+class _LangGraphRecording:
+    """A ``CarCallback`` added to every LangChain run in this context (LangChain's configure
+    hook, the mechanism its own ``collect_runs`` uses), so graphs need no ``callbacks=``."""
+
+    def __init__(self) -> None:
+        global _hooked
+        from langchain_core.tracers.context import register_configure_hook
+
+        from .langgraph import CarCallback
+        if not _hooked:
+            register_configure_hook(_LANGCHAIN_HANDLER, True)
+            _hooked = True
+        self.callback = CarCallback(store=None)
+        self._token: Token[Any] | None = _LANGCHAIN_HANDLER.set(self.callback)
+
+    @property
+    def runs(self) -> list[Any]:
+        return [r for r in self.callback.runs if r.steps]  # a bare LCEL chain is no agent run
+
+    def stop(self) -> None:
+        if self._token is not None:
+            try:
+                _LANGCHAIN_HANDLER.reset(self._token)
+            except ValueError:  # set in another context: clear it here
+                _LANGCHAIN_HANDLER.set(None)
+            self._token = None
+
+
+def langgraph_recorder() -> _LangGraphRecording:
+    return _LangGraphRecording()
+
+
+def langgraph_adapter(obj: Any, options: dict[str, Any]) -> Any:
+    if not (hasattr(obj, "get_state_history") and hasattr(obj, "builder")):
+        return None
+    from .langgraph import LangGraphAgent
+    return LangGraphAgent(obj, **options)
+
+
+# -- LlamaIndex ----------------------------------------------------------------------------
+
+class _LlamaIndexRecording:
+    def __init__(self) -> None:
+        from .llamaindex import CarRecorder
+        self.recorder = CarRecorder(store=None).attach()
+
+    @property
+    def runs(self) -> list[Any]:
+        return list(self.recorder.runs)
+
+    def stop(self) -> None:
+        self.recorder.detach()
+
+
+def llamaindex_recorder() -> _LlamaIndexRecording:
+    return _LlamaIndexRecording()
+
+
+def llamaindex_adapter(obj: Any, options: dict[str, Any]) -> Any:
+    from llama_index.core.workflow import Workflow
+    if not isinstance(obj, Workflow):
+        return None
+    from .llamaindex import LlamaIndexAgent
+    return LlamaIndexAgent(obj, **options)
+
+
+# "car" is always recorded: its module is the one this plugin ships in
+register(Integration("car", "car_adapters", f"{__name__}:car_recorder", f"{__name__}:car_adapter"))
+register(Integration("langgraph", "langgraph", f"{__name__}:langgraph_recorder",
+                     f"{__name__}:langgraph_adapter", framework="langgraph"))
+register(Integration("llamaindex", "llama_index.core", f"{__name__}:llamaindex_recorder",
+                     f"{__name__}:llamaindex_adapter", framework="llama-index"))

@@ -1,0 +1,266 @@
+"""``RunRecorder``, the object behind the ``car_recorder`` fixture.
+
+It starts a recording for every framework the test has loaded, collects the runs when the test
+ends, scores the ones their recorder could not score with the outcome given to ``watch``, tags
+each with the test's node id (``run.meta["test"]``) and saves them to the session's store.
+``attribute()`` branches the latest failed run with the agent watched for its framework. It
+imports ``car_core`` and the frameworks only when used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .pytest_integrations import Integration, integrations
+
+_FRAMEWORK_OF_TYPE = (  # where an object's class lives -> run.meta["framework"] of its runs
+    ("car_adapters.langgraph", "langgraph"), ("langgraph", "langgraph"),
+    ("car_adapters.llamaindex", "llama-index"), ("llama_index", "llama-index"),
+    ("car_adapters.openai_agents", "openai-agents"), ("agents", "openai-agents"),
+)
+
+
+def framework_of(obj: Any) -> str | None:
+    module = type(obj).__module__ or ""
+    for prefix, framework in _FRAMEWORK_OF_TYPE:
+        if module == prefix or module.startswith(prefix + "."):
+            return framework
+    return None
+
+
+@dataclass
+class _Watched:
+    obj: Any
+    outcome: Callable[..., Any] | None
+    options: dict[str, Any]
+    framework: str | None
+
+
+@dataclass
+class Attribution:
+    """A finished attribution: the result, the run it explains and where its report is."""
+
+    result: Any
+    run: Any
+    report: Path | None
+    nodeid: str
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self, seconds: float) -> str:
+        r = self.result
+        lines = [self._headline()]
+        lines.append(f"run {self.run.id} ({len(self.run.steps)} steps) recorded by {self.nodeid};"
+                     f" {r.rollouts_used} rollouts in {seconds:.1f}s, coupled={r.coupled}"
+                     + (f"; truncated: {r.budget_note}" if r.truncated else ""))
+        lines += [str(r), *self.notes]
+        if self.report is not None:
+            lines.append(f"report: {self.report}")
+        return "\n".join(lines)
+
+    def _headline(self) -> str:
+        from car_core.assertions import agent_of
+        r = self.result
+        if not hasattr(r, "locus"):  # Shapley: the largest value, with its interval
+            ranked = sorted((v for v in r.values if v.step is not None and v.ci is not None),
+                            key=lambda v: -v.estimate)
+            if not ranked:
+                return f"shapley: no step could be valued ({r.reason})"
+            v = ranked[0]
+            return (f"largest Shapley value: step {v.step} phi {v.estimate:+.3f} interval "
+                    f"[{v.ci[0]:+.3f}, {v.ci[1]:+.3f}] at level {r.level}")
+        if r.locus is None:
+            return f"locus: none ({r.reason})"
+        s = r.steps[r.locus]
+        lo, hi = s.ci
+        return (f"locus: step {r.locus} (decided by {agent_of(self.run, r.locus)}), rescue "
+                f"{s.effect:+.3f} interval [{lo:+.3f}, {hi:+.3f}] at level {r.level:.4f} "
+                f"(Bonferroni over {r.tests} test(s), FWER <= {r.alpha})")
+
+
+class RunRecorder:
+    """Records the runs of one test. ``runs`` holds them once the test has finished (or after
+    ``finish()``); ``watch`` names the agent to branch with and its outcome function."""
+
+    def __init__(self, nodeid: str, path: Path, options: Mapping[str, Any] | None = None) -> None:
+        self.nodeid = nodeid
+        self.path = path
+        self.options = dict(options or {})
+        self.runs: list[Any] = []
+        self.notes: list[str] = []
+        self._handles: dict[str, Any] = {}
+        self._watched: list[_Watched] = []
+        self._finished = False
+
+    def start(self) -> None:
+        """Start recording every framework loaded now (idempotent per framework)."""
+        for integration in integrations():
+            if integration.name not in self._handles and integration.loaded():
+                self._start(integration)
+
+    def _start(self, integration: Integration) -> None:
+        try:
+            self._handles[integration.name] = integration.start()
+        except Exception as exc:  # a broken adapter must not break the user's test
+            self.notes.append(f"could not record {integration.name} runs: {exc!r}")
+
+    def watch(self, agent: Any, *, outcome: Callable[..., Any] | None = None,
+              side_effect_tools: Iterable[str] = (),
+              simulators: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
+              **adapter_options: Any) -> Any:
+        """Name ``agent`` (a compiled LangGraph app, a LlamaIndex workflow or any car Agent)
+        as the one to branch this test's runs with; ``outcome(run)`` scores them (1 / True =
+        the failure happened). Side-effect tools never run on a branch unless simulated.
+        Returns ``agent``."""
+        self.start()  # a framework imported inside the test is recorded from here on
+        options = {"side_effect_tools": tuple(side_effect_tools), **adapter_options}
+        if simulators:
+            options["simulators"] = dict(simulators)
+        self._watched.append(_Watched(agent, outcome, options, framework_of(agent)))
+        return agent
+
+    # -- when the test ends ----------------------------------------------------------------
+    def finish(self) -> list[Any]:
+        """Stop recording, score, tag and store the runs (once; later calls return them)."""
+        if self._finished:
+            return self.runs
+        self._finished = True
+        collected: list[Any] = []
+        for name, handle in self._handles.items():
+            try:
+                handle.stop()
+                collected += handle.runs
+            except Exception as exc:
+                self.notes.append(f"could not collect {name} runs: {exc!r}")
+        self.runs = [self._score(r) for r in _dedup(collected)]
+        self.runs = [replace(r, meta={**r.meta, "test": self.nodeid}) for r in self.runs]
+        if self.runs:
+            self._save()
+        return self.runs
+
+    def _save(self) -> None:
+        from car_core.errors import StoreError
+        from car_core.store import RunStore
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with RunStore(self.path) as store:
+                for run in self.runs:
+                    store.save(run)
+        except (StoreError, OSError) as exc:
+            self.notes.append(f"could not store the runs in {self.path}: {exc}")
+
+    def _score(self, run: Any) -> Any:
+        if run.outcome is not None:
+            return run
+        watched = self._watched_for(run)
+        fn = (watched.outcome if watched else None) or self.options.get("outcome")
+        if fn is None:
+            return run
+        from car_core.agent import OutcomeFn
+        from car_core.errors import CarError
+        from car_core.seeding import Noise
+        from car_core.trajectory import Outcome
+        try:
+            value = OutcomeFn(fn)(run, Noise(0).rng(0, "outcome"))
+        except CarError as exc:
+            self.notes.append(f"could not score run {run.id}: {exc}")
+            return run
+        return replace(run, outcome=Outcome(value))
+
+    def _watched_for(self, run: Any) -> _Watched | None:
+        framework = (run.meta or {}).get("framework")
+        same = [w for w in self._watched if w.framework == framework]
+        named = [w for w in same if getattr(w.obj, "name", None) == run.agent]
+        return (named or same or [None])[-1]
+
+    # -- attribution -----------------------------------------------------------------------
+    def attribute(self, *, method: str = "contrastive", budget: int = 256, rollouts: int = 16,
+                  wall_time: float = 60.0, report: Path | None = None,
+                  seed: int = 0) -> Attribution | str:
+        """Attribute the latest failed run; returns the ``Attribution``, or a one-line reason
+        when there is nothing to attribute or no agent to branch with."""
+        runs = self.finish()
+        if not runs:
+            return "the test recorded no agent run" + _also(self.notes)
+        scored = [r for r in runs if r.outcome is not None]
+        if not scored:
+            return (f"none of the {len(runs)} recorded run(s) has an outcome: pass outcome= "
+                    f"to car_recorder.watch(...)" + _also(self.notes))
+        failed = [r for r in scored if r.failed]
+        if not failed:
+            return (f"none of the {len(scored)} scored run(s) failed, so the test failed on "
+                    "something else" + _also(self.notes))
+        run = failed[-1]
+        watched = self._watched_for(run)
+        if watched is None:
+            return (f"no agent to branch run {run.id} with: call car_recorder.watch(app_or_agent,"
+                    " outcome=...) in the test")
+        outcome = watched.outcome or self.options.get("outcome")
+        if outcome is None:
+            return f"no outcome to score branches of run {run.id}: pass outcome= to watch()"
+        agent = self._agent(watched)
+        if agent is None:
+            return (f"{type(watched.obj).__name__} is no agent CAR can branch (a compiled "
+                    "LangGraph app, a LlamaIndex workflow or a car Agent)")
+        import car_core as car
+        from car_core.store import RunStore
+        cap = car.Budget(rollouts=budget, wall_time=wall_time)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with RunStore(self.path) as store:
+            if method == "shapley":
+                result: Any = car.shapley(run, agent, outcome=outcome, budget=cap, seed=seed,
+                                          store=store)
+            else:
+                result = car.contrastive(run, agent, outcome=outcome, rollouts=rollouts,
+                                         budget=cap, seed=seed, store=store)
+            written = _write_report(result, run, store, report)
+        return Attribution(result, run, written, self.nodeid, list(self.notes))
+
+    def _agent(self, watched: _Watched) -> Any:
+        options = _merged(self.options, watched.options)
+        for integration in sorted(integrations(), key=lambda i: i.name == "car"):
+            if integration.name == "car" or integration.loaded():
+                agent = integration.to_agent(watched.obj, options if integration.name != "car"
+                                             else {})
+                if agent is not None:
+                    return agent
+        return None
+
+
+def _merged(marker: Mapping[str, Any], watch: Mapping[str, Any]) -> dict[str, Any]:
+    """Marker options under the watch call's, side-effect tools and simulators united."""
+    out = {k: v for k, v in marker.items() if k != "outcome"}
+    out.update({k: v for k, v in watch.items() if k not in ("side_effect_tools", "simulators")})
+    tools = [*marker.get("side_effect_tools", ()), *watch.get("side_effect_tools", ())]
+    out["side_effect_tools"] = tuple(dict.fromkeys(tools))
+    sims = {**(marker.get("simulators") or {}), **(watch.get("simulators") or {})}
+    if sims:
+        out["simulators"] = sims
+    return out
+
+
+def _dedup(runs: list[Any]) -> list[Any]:
+    """A run both ``car.record`` and a framework recorder saw (``car.record`` of a LangGraph
+    agent): keep the scored copy, matched by thread and step count."""
+    scored = {((r.meta or {}).get("thread_id"), len(r.steps)) for r in runs
+              if r.outcome is not None and (r.meta or {}).get("thread_id")}
+    return [r for r in runs if r.outcome is not None
+            or ((r.meta or {}).get("thread_id"), len(r.steps)) not in scored]
+
+
+def _also(notes: list[str]) -> str:
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
+def _write_report(result: Any, run: Any, store: Any, path: Path | None) -> Path | None:
+    if path is None:
+        return None
+    from car_core.report import render_attribution
+    data = result.to_dict()
+    aid = data.get("attribution_id")
+    branches = list(store.branches(aid)) if aid else None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_attribution(data, run=run, branches=branches), encoding="utf-8")
+    return path
