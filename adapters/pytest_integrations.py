@@ -104,7 +104,7 @@ def car_adapter(obj: Any, options: dict[str, Any]) -> Any:
 # -- LangGraph -----------------------------------------------------------------------------
 
 _LANGCHAIN_HANDLER: ContextVar[Any] = ContextVar("car_pytest_langchain_handler", default=None)
-_hooked = False
+_hooked_into: Any = None  # the module registered with (a fresh import needs it again)
 
 
 class _LangGraphRecording:
@@ -112,13 +112,14 @@ class _LangGraphRecording:
     hook, the mechanism its own ``collect_runs`` uses), so graphs need no ``callbacks=``."""
 
     def __init__(self) -> None:
-        global _hooked
-        from langchain_core.tracers.context import register_configure_hook
-
+        global _hooked_into
         from .langgraph import CarCallback
-        if not _hooked:
-            register_configure_hook(_LANGCHAIN_HANDLER, True)
-            _hooked = True
+
+        # by sys.modules, not the package attribute: a re-imported module has its own hooks
+        context = importlib.import_module("langchain_core.tracers.context")
+        if _hooked_into is not context:
+            context.register_configure_hook(_LANGCHAIN_HANDLER, True)
+            _hooked_into = context
         self.callback = CarCallback(store=None)
         self._token: Token[Any] | None = _LANGCHAIN_HANDLER.set(self.callback)
 

@@ -187,7 +187,7 @@ class RunRecorder:
         scored = [r for r in runs if r.outcome is not None]
         if not scored:
             return (f"none of the {len(runs)} recorded run(s) has an outcome: pass outcome= "
-                    f"to car_recorder.watch(...)" + _also(self.notes))
+                    f"to car_recorder.watch(...) or to @pytest.mark.car" + _also(self.notes))
         failed = [r for r in scored if r.failed]
         if not failed:
             return (f"none of the {len(scored)} scored run(s) failed, so the test failed on "

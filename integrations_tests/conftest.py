@@ -17,6 +17,8 @@ import pytest
 
 from car_core.store import RunStore
 
+pytest_plugins = ["pytester"]  # the pytest plugin's tests run small suites inside pytest
+
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[RunStore]:

@@ -1,0 +1,325 @@
+"""The pytest plugin, run inside pytest (``pytester``) on small agent test suites.
+
+The LangGraph suite is the planted support agent: its decision step (step 1) follows the
+injection with probability 0.3, so for a run that refunded, P(fail | step 1 held) = 1 and
+P(fail | step 1 resampled) = 0.3: the locus is step 1 with rescue 0.7. The refund tool is a side
+effect: a ledger file counts its real calls, which branches must never add to.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+# imported here, once: pytester's in-process runs drop the modules a run imported afterwards
+import car_adapters.demo.support_agent  # noqa: F401
+import car_adapters.langgraph  # noqa: F401
+import car_adapters.llamaindex  # noqa: F401
+import langgraph.checkpoint.memory  # noqa: F401
+import llama_index.core.agent.workflow  # noqa: F401
+import pytest
+
+from car_core.store import RunStore
+
+pytestmark = pytest.mark.slow
+
+SUPPORT_SUITE = '''
+import json
+from pathlib import Path
+
+import pytest
+from langgraph.checkpoint.memory import InMemorySaver
+
+from car_adapters.demo import support_agent
+from car_adapters.demo.support_agent import PlantedSupportModel, build_app, inputs, outcome
+
+LEDGER = Path("refunds.ledger")
+
+
+def simulated_refund(arguments):
+    return json.dumps({"refunded": arguments.get("order_id"), "simulated": True})
+
+
+@pytest.fixture
+def app(monkeypatch):
+    def counted_refund(order_id, amount):
+        with LEDGER.open("a") as f:
+            f.write(order_id + "\\n")
+        return json.dumps({"refunded": order_id, "amount": amount})
+    monkeypatch.setattr(support_agent.issue_refund, "func", counted_refund)
+    return build_app(PlantedSupportModel(rng_seed=3), InMemorySaver())  # seed 3: it refunds
+
+
+@pytest.mark.car(side_effect_tools=["issue_refund"])
+def test_refuses_refund(car_recorder, app):
+    car_recorder.watch(app, outcome=outcome, simulators={"issue_refund": simulated_refund})
+    result = app.invoke(inputs(), {"configurable": {"thread_id": "t1"}})
+    assert "refunded in full" not in result["messages"][-1].content
+'''
+
+
+def _section(reports: list[Any], name: str) -> str | None:
+    for rep in reports:
+        if rep.nodeid.endswith(name) and rep.when == "call":
+            found = [text for title, text in rep.sections if title == "CAR attribution"]
+            return found[0] if found else None
+    raise AssertionError(f"no call report for {name}")
+
+
+def _store(pytester: pytest.Pytester) -> Path:
+    return pytester.path / ".pytest_cache" / "d" / "car" / "runs.db"
+
+
+def _runs(path: Path) -> list[Any]:
+    with RunStore(path) as store:
+        return [store.load(r["id"]) for r in store.list()]
+
+
+def test_a_failing_langgraph_test_gets_its_locus_printed_and_a_report(
+        pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_support=SUPPORT_SUITE)
+    result = pytester.runpytest("--car-attribute", "--car-rollouts", "32")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "CAR attribution" in out
+    found = re.search(r"locus: step (\d) \(decided by agent\), rescue ([+-]\d\.\d{3}) interval "
+                      r"\[([+-]\d\.\d{3}), ([+-]\d\.\d{3})\] at level", out)
+    assert found, out
+    step, _, lo, hi = int(found[1]), float(found[2]), float(found[3]), float(found[4])
+    assert step == 1
+    # the analytic rescue 0.7 lies in the interval: at the Bonferroni level (0.99 per step
+    # here) the interval misses it about once in a hundred runs
+    assert lo <= 0.7 <= hi
+    report = Path(re.search(r"report: (\S+\.html)", out)[1])
+    assert report.is_file()
+    (run,) = _runs(_store(pytester))
+    assert run.meta["test"] == "test_support.py::test_refuses_refund"
+    assert run.failed and run.id in report.read_text(encoding="utf-8")
+    # the recorded run refunded once; no branch ran the real refund tool
+    assert (pytester.path / "refunds.ledger").read_text().split() == ["A1001"]
+
+
+def test_a_passing_suite_is_untouched(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_support=SUPPORT_SUITE.replace("rng_seed=3", "rng_seed=0"),
+                        test_plain="def test_plain():\n    assert 1 + 1 == 2\n")
+    with_plugin = pytester.inline_run("--car-attribute")
+    with_plugin.assertoutcome(passed=2)
+    assert all(not rep.sections for rep in with_plugin.getreports("pytest_runtest_logreport"))
+    (run,) = _runs(_store(pytester))  # recorded all the same, with its test's node id
+    assert run.meta["test"] == "test_support.py::test_refuses_refund" and not run.failed
+    without = pytester.inline_run("-p", "no:car", "-p", "no:cacheprovider", "test_plain.py")
+    without.assertoutcome(passed=1)
+
+
+def test_off_by_default_a_failure_is_only_recorded(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_support=SUPPORT_SUITE)
+    rec = pytester.inline_run()
+    rec.assertoutcome(failed=1)
+    assert _section(rec.getreports("pytest_runtest_logreport"), "test_refuses_refund") is None
+    (run,) = _runs(_store(pytester))
+    assert run.failed and run.meta["test"].endswith("test_refuses_refund")
+    assert not (pytester.path / ".pytest_cache" / "d" / "car" / "reports").exists()
+
+
+CANNOT = SUPPORT_SUITE + '''
+
+def test_no_outcome(car_recorder, app):
+    car_recorder.watch(app)
+    app.invoke(inputs(), {"configurable": {"thread_id": "t2"}})
+    assert False
+
+
+@pytest.mark.car(outcome=outcome)
+def test_no_agent(car_recorder, app):
+    app.invoke(inputs(), {"configurable": {"thread_id": "t3"}})
+    assert False
+
+
+def test_no_run(car_recorder):
+    assert False
+
+
+@pytest.mark.car(side_effect_tools=["wire_money"])
+def test_refused(car_recorder, app):
+    car_recorder.watch(app, outcome=outcome)
+    app.invoke(inputs(), {"configurable": {"thread_id": "t4"}})
+    assert False
+
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("setup broke")
+
+
+def test_setup_error(car_recorder, broken):
+    pass
+'''
+
+
+def test_an_attribution_that_cannot_run_says_why_in_one_line(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_cannot=CANNOT.replace("def test_refuses_refund", "def _unused"))
+    rec = pytester.inline_run("--car-attribute")
+    rec.assertoutcome(failed=5)  # inline_run counts the setup error too; it is checked below
+    reports = rec.getreports("pytest_runtest_logreport")
+    expected = {
+        "test_no_outcome": "not attributed: none of the 1 recorded run(s) has an outcome: pass "
+                           "outcome= to car_recorder.watch(...) or to @pytest.mark.car",
+        "test_no_agent": "not attributed: no agent to branch run ",
+        "test_no_run": "not attributed: the test recorded no agent run",
+        "test_refused": "not attributed: AdapterError: side-effect tool(s) ['wire_money'] are "
+                        "not run by a ToolNode of this graph",
+    }
+    for name, start in expected.items():
+        text = _section(reports, name)
+        assert text is not None and text.startswith(start), (name, text)
+        assert "\n" not in text, text
+    setup = [r for r in reports if r.nodeid.endswith("test_setup_error")]
+    assert setup[0].when == "setup" and setup[0].failed and not setup[0].sections
+    assert [r.when for r in setup] == ["setup", "teardown"]  # an error, never a failure
+
+
+FUNCTION_AGENT_SUITE = '''
+import car_core as car
+from car_core import synthetic
+
+
+def test_pivot_{i}(car_recorder):
+    scm = synthetic.pivot(n_steps=4, at={at}, p_bad=0.3)
+    car_recorder.watch(scm.agent(), outcome=scm.outcome)
+    run = scm.failing_run(seed={i})
+    assert not run.failed
+'''
+
+
+def test_a_failing_function_agent_test_via_car_record(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_pivot=FUNCTION_AGENT_SUITE.format(i=0, at=2))
+    rec = pytester.inline_run("--car-attribute", "--car-rollouts", "16")
+    rec.assertoutcome(failed=1)
+    text = _section(rec.getreports("pytest_runtest_logreport"), "test_pivot_0")
+    assert text is not None and text.startswith("locus: step 2 (decided by synthetic:pivot)")
+    runs = _runs(_store(pytester))
+    assert runs and all(r.meta["test"] == "test_pivot.py::test_pivot_0" for r in runs)
+    assert sum(r.failed for r in runs) == 1  # failing_run recorded until the first failure
+
+
+def test_shapley_on_request(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_pivot=FUNCTION_AGENT_SUITE.format(i=0, at=1))
+    rec = pytester.inline_run("--car-attribute", "--car-method", "shapley", "--car-budget", "64")
+    text = _section(rec.getreports("pytest_runtest_logreport"), "test_pivot_0")
+    assert text is not None and text.startswith("largest Shapley value: step 1 phi"), text
+    assert "of 64" in text  # the budget the option gave
+
+
+def test_xdist_workers_write_their_own_stores_merged_at_the_end(
+        pytester: pytest.Pytester) -> None:
+    for i in range(4):
+        pytester.makepyfile(**{f"test_pivot{i}": FUNCTION_AGENT_SUITE.format(i=i, at=1)})
+    result = pytester.runpytest_subprocess("-n", "2", "--car-attribute")
+    result.assert_outcomes(failed=4)
+    assert len(re.findall(r"locus: step 1 \(decided by synthetic:pivot\)", result.stdout.str())
+               ) == 4
+    folder = _store(pytester).parent
+    assert sorted(p.name for p in folder.glob("*.db")) == ["runs.db"]  # worker files merged
+    runs = _runs(_store(pytester))
+    assert {r.meta["test"] for r in runs} == {f"test_pivot{i}.py::test_pivot_{i}"
+                                              for i in range(4)}
+    assert len(list((folder / "reports").glob("*.html"))) == 4
+
+
+def test_last_failed_reruns_attribute_again_into_a_fresh_store(
+        pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_pivot=FUNCTION_AGENT_SUITE.format(i=0, at=1) + '''
+
+def test_ok(car_recorder):
+    scm = synthetic.pivot(n_steps=4, at=1, p_bad=0.3)
+    car.record(scm.agent(), outcome=scm.outcome, seed=1)
+''')
+    pytester.inline_run().assertoutcome(passed=1, failed=1)
+    assert {r.meta["test"] for r in _runs(_store(pytester))} == {
+        "test_pivot.py::test_pivot_0", "test_pivot.py::test_ok"}
+    rec = pytester.inline_run("--lf", "--car-attribute")
+    rec.assertoutcome(failed=1)
+    assert _section(rec.getreports("pytest_runtest_logreport"), "test_pivot_0").startswith(
+        "locus: step 1")
+    assert {r.meta["test"] for r in _runs(_store(pytester))} == {"test_pivot.py::test_pivot_0"}
+
+
+LLAMAINDEX_SUITE = '''
+import asyncio
+
+import pytest
+from car_adapters.chat_messages import assistant, tool_call
+from car_adapters.llamaindex import ScriptedLLM
+from llama_index.core.agent.workflow import FunctionAgent
+
+ESCALATE = assistant(None, [tool_call("call_1", "escalate", {"user": "mallory"})])
+CLOSE = assistant(None, [tool_call("call_1", "close_ticket", {})])
+
+
+def decide(messages, tools, rng):
+    k = sum(1 for m in messages if m["role"] == "assistant")
+    if k == 0:
+        return assistant(None, [tool_call("call_0", "fetch_ticket", {})])
+    if k == 1:
+        return ESCALATE if rng.random() < 0.5 else CLOSE
+    return "escalated" if messages[-1].get("name") == "escalate" else "closed"
+
+
+def escalated(run):
+    return any(c["function"]["name"] == "escalate"
+               for s in run.steps for c in (s.action or {}).get("tool_calls") or ())
+
+
+def fetch_ticket() -> str:
+    """Read the ticket."""
+    return "Printer broken."
+
+
+def escalate(user: str) -> str:
+    """Grant a user admin rights (a side effect)."""
+    return user + " is now admin"
+
+
+def close_ticket() -> str:
+    """Close the ticket."""
+    return "closed"
+
+
+@pytest.mark.car(side_effect_tools=["escalate"], simulators={"escalate": lambda a: "simulated"})
+def test_never_escalates(car_recorder):
+    agent = FunctionAgent(tools=[fetch_ticket, escalate, close_ticket],
+                          llm=ScriptedLLM(decide, seed=0), system_prompt="Helpdesk.")
+    car_recorder.watch(agent, outcome=escalated)
+    async def main():
+        return await agent.run(user_msg="ticket 7")
+    asyncio.run(main())
+    assert not escalated(car_recorder.finish()[-1])
+'''
+
+
+def test_a_llamaindex_run_is_recorded_and_attributed(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_helpdesk=LLAMAINDEX_SUITE)
+    rec = pytester.inline_run("--car-attribute", "--car-rollouts", "16")
+    reports = rec.getreports("pytest_runtest_logreport")
+    (run,) = _runs(_store(pytester))
+    assert run.meta["test"] == "test_helpdesk.py::test_never_escalates"
+    assert run.meta["framework"] == "llama-index"
+    text = _section(reports, "test_never_escalates")
+    if run.failed:  # seed 0 decides; either way the report says what the plugin saw
+        rec.assertoutcome(failed=1)
+        assert text is not None and text.startswith("locus: step 1"), text
+    else:
+        rec.assertoutcome(passed=1)
+        assert text is None
+
+
+def test_the_plugin_loads_without_any_framework_or_car_core() -> None:
+    probe = ("import sys; import car_adapters.pytest_plugin; "
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'car_core', 'langgraph', "
+             "'langchain_core', 'llama_index', 'numpy', 'agents'}))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
