@@ -392,3 +392,27 @@ def test_a_save_that_fails_half_way_leaves_nothing(store: RunStore, pivot_run,
     assert store.db.execute("SELECT count(*) FROM steps").fetchone()[0] == 0
     store.save(pivot_run)
     assert store.load(pivot_run.id) == pivot_run
+
+
+def test_merge_copies_runs_branches_and_attributions_once(tmp_path: Path, pivot_model) -> None:
+    """Stores written in parallel (one per test worker) merge into one, verified on load."""
+    parts = []
+    for i in range(2):
+        with RunStore(tmp_path / f"part{i}.db") as part:
+            run = pivot_model.failing_run(seed=i)
+            part.save(run)
+            res = car.contrastive(run, pivot_model.agent(), outcome=pivot_model.outcome,
+                                  rollouts=4, seed=0, store=part)
+            parts.append((run, res.attribution_id, len(list(part.branches(res.attribution_id)))))
+    with RunStore(tmp_path / "main.db") as main:
+        copied = [main.merge(tmp_path / f"part{i}.db") for i in range(2)]
+        assert copied == [1 + n for _, _, n in parts]  # each run and its branches
+        assert main.merge(tmp_path / "part0.db") == 0  # again: nothing new
+        for run, aid, n in parts:
+            assert main.load(run.id).digest == run.digest
+            assert main.attribution(aid)["status"] == "complete"
+            assert len(list(main.branches(aid))) == n
+        (tmp_path / "other.db").write_bytes(b"")
+        sqlite3.connect(tmp_path / "other.db").execute("CREATE TABLE t (x)").connection.close()
+        with pytest.raises(NotACarStore):
+            main.merge(tmp_path / "other.db")
