@@ -194,15 +194,31 @@ def test_pivot_{i}(car_recorder):
 '''
 
 
+ATTRIBUTE_IN_THE_TEST = '''
+import car_core as car
+from car_core import synthetic
+
+
+def test_attributes_itself(car_recorder):
+    scm = synthetic.pivot(n_steps=4, at=2, p_bad=0.3)
+    car_recorder.watch(scm.agent(), outcome=scm.outcome)
+    scm.failing_run(seed=0)
+    found = car_recorder.attribute(rollouts=16)
+    car.assert_locus(found.result, step=2, agent="synthetic:pivot", run=found.run)
+'''
+
+
 def test_a_failing_function_agent_test_via_car_record(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_pivot=FUNCTION_AGENT_SUITE.format(i=0, at=2))
-    rec = pytester.inline_run("--car-attribute", "--car-rollouts", "16")
+    pytester.makepyfile(test_pivot=FUNCTION_AGENT_SUITE.format(i=0, at=2),
+                        test_itself=ATTRIBUTE_IN_THE_TEST)
+    rec = pytester.inline_run("--car-attribute", "--car-rollouts", "16", "test_pivot.py")
     rec.assertoutcome(failed=1)
     text = _section(rec.getreports("pytest_runtest_logreport"), "test_pivot_0")
     assert text is not None and text.startswith("locus: step 2 (decided by synthetic:pivot)")
     runs = _runs(_store(pytester))
     assert runs and all(r.meta["test"] == "test_pivot.py::test_pivot_0" for r in runs)
     assert sum(r.failed for r in runs) == 1  # failing_run recorded until the first failure
+    pytester.inline_run("test_itself.py").assertoutcome(passed=1)  # attribute() in a test
 
 
 def test_shapley_on_request(pytester: pytest.Pytester) -> None:
