@@ -3,7 +3,9 @@
 The suite is ``--tests`` tests, each running the planted support agent (LangGraph, 4 model
 decisions, zero-latency fake model) once and checking its reply. Each row runs the whole suite
 in a fresh ``python -m pytest`` process, so interpreter start-up and imports count; rows
-alternate, so drift on a shared machine hits all alike; figures are medians over ``--repeats``.
+alternate, so drift on a shared machine hits all alike; figures are medians over ``--repeats``
+of the process's CPU time (user + system, which other load on the machine barely moves) and of
+its wall time.
 
 - ``without plugin``: ``-p no:car`` (the baseline);
 - ``installed, off``: the plugin loaded as installed, no test uses ``car_recorder``;
@@ -17,6 +19,7 @@ alternate, so drift on a shared machine hits all alike; figures are medians over
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import subprocess
 import sys
@@ -56,14 +59,20 @@ def _write(folder: Path, tests: int) -> None:
         watch="car_recorder.watch(app, outcome=outcome)\n    "))
 
 
-def _run(folder: Path, args: list[str]) -> float:
-    start = time.perf_counter()
+def _cpu() -> float:
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
+
+
+def _run(folder: Path, args: list[str]) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of one pytest process over the suite."""
+    cpu, start = _cpu(), time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", *args],
                           cwd=folder, capture_output=True, text=True)
-    elapsed = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, _cpu() - cpu
     if done.returncode != 0:
         raise SystemExit(f"the suite did not pass:\n{done.stdout[-2000:]}")
-    return elapsed
+    return cpu, wall
 
 
 def main() -> None:
@@ -74,16 +83,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         _write(folder, a.tests)
-        times: dict[str, list[float]] = {name: [] for name in ROWS}
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in ROWS}
         for _ in range(a.repeats):
             for name, (suite, args) in ROWS.items():
                 times[name].append(_run(folder / suite, args))
-    base = statistics.median(times["without plugin"])
+    cpu0 = statistics.median(c for c, _ in times["without plugin"])
+    wall0 = statistics.median(w for _, w in times["without plugin"])
     print(f"{a.tests} passing LangGraph tests per suite, median of {a.repeats} runs each")
-    print(f"{'row':30} {'median s':>9} {'ratio':>7}")
+    print(f"{'row':30} {'CPU s':>7} {'ratio':>7} {'wall s':>7} {'ratio':>7}")
     for name, ts in times.items():
-        m = statistics.median(ts)
-        print(f"{name:30} {m:9.2f} {m / base:7.3f}")
+        cpu = statistics.median(c for c, _ in ts)
+        wall = statistics.median(w for _, w in ts)
+        print(f"{name:30} {cpu:7.2f} {cpu / cpu0:7.3f} {wall:7.2f} {wall / wall0:7.3f}")
 
 
 if __name__ == "__main__":
