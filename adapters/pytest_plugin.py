@@ -106,7 +106,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     workers = _worker_files(main) if main.parent.is_dir() else []
     if not workers:
         return
-    from car_core.store import RunStore
+    from car_core import RunStore
     with RunStore(main) as store:
         for part in workers:
             store.merge(part)

@@ -141,8 +141,8 @@ class RunRecorder:
         return self.runs
 
     def _save(self) -> None:
+        from car_core import RunStore
         from car_core.errors import StoreError
-        from car_core.store import RunStore
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with RunStore(self.path) as store:
@@ -158,10 +158,8 @@ class RunRecorder:
         fn = (watched.outcome if watched else None) or self.options.get("outcome")
         if fn is None:
             return run
-        from car_core.agent import OutcomeFn
+        from car_core.contract import Noise, Outcome, OutcomeFn
         from car_core.errors import CarError
-        from car_core.seeding import Noise
-        from car_core.trajectory import Outcome
         try:
             value = OutcomeFn(fn)(run, Noise(0).rng(0, "outcome"))
         except CarError as exc:
@@ -205,10 +203,9 @@ class RunRecorder:
             return (f"{type(watched.obj).__name__} is no agent CAR can branch (a compiled "
                     "LangGraph app, a LlamaIndex workflow or a car Agent)")
         import car_core as car
-        from car_core.store import RunStore
         cap = car.Budget(rollouts=budget, wall_time=wall_time)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with RunStore(self.path) as store:
+        with car.RunStore(self.path) as store:
             if method == "shapley":
                 result: Any = car.shapley(run, agent, outcome=outcome, budget=cap, seed=seed,
                                           store=store)

@@ -23,12 +23,13 @@ from typing import Any
 from .errors import InvalidInput
 from .estimators.results import ContrastiveResult
 from .replay import OutcomeDistribution
+from .stats import Interval
 from .trajectory import Trajectory
 
 __all__ = ["assert_locus", "assert_no_locus", "assert_rescues"]
 
 
-def _interval(ci: tuple[float, float] | None) -> str:
+def _interval(ci: Interval | tuple[float, float] | None) -> str:
     return "untested" if ci is None else f"[{ci[0]:+.3f}, {ci[1]:+.3f}]"
 
 

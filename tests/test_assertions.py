@@ -10,7 +10,7 @@ from scipy.stats import binom
 import car_core as car
 from car_core import synthetic
 from car_core.errors import InvalidInput
-from car_core.estimators.stats import wilson
+from car_core.stats import wilson
 
 ALPHA = 0.05
 SEEDS = 200
