@@ -16,7 +16,7 @@ from car_adapters.llamaindex import CarRecorder, LlamaIndexAgent
 from car_adapters.llamaindex.embedded import LocalLLM
 from llama_index.core.agent.workflow import FunctionAgent
 
-from car_core.seeding import Noise
+from car_core.contract import Noise
 
 TOOLS = [tool_schema("check_refund_policy", "Check whether an order may be refunded",
                      {"order_id": {"type": "string"}}),
