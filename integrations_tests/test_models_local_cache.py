@@ -64,9 +64,12 @@ def test_llamaindex_agent_runs_on_the_embedded_model_and_replays_its_steps() -> 
     llm = LocalLLM(seed=3, fresh_tools=True, max_tokens=40)
     agent = FunctionAgent(name="desk", tools=[check_refund_policy], llm=llm,
                           system_prompt=str(SYSTEM["content"]))
+    async def ask() -> None:
+        await agent.run(user_msg=str(ASK["content"]))
+
     rec = CarRecorder().attach()
     try:
-        asyncio.run(agent.run(user_msg=str(ASK["content"])))
+        asyncio.run(ask())
     finally:
         rec.detach()
     run = rec.run
