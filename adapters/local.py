@@ -3,9 +3,13 @@ in-process by ``llama-cpp-python``, as a car policy and as a LangChain chat mode
 
 A 135M-parameter model does not follow a tool-calling format reliably, so when tools are given
 its reply is constrained by a grammar built from the tool schemas: it must be
-``{"tool": name, "arguments": {...}}`` or ``{"answer": text}``, with short strings. Every call
-starts from an empty KV cache and a fixed seed, so the same state and seed give the same reply
-(action-match rate 1.0) and different seeds sample.
+``{"tool": name, "arguments": {...}}`` or ``{"answer": text}``, with short strings. The same
+state and seed give the same reply (action-match rate 1.0) and different seeds sample.
+
+Branches from one step share their prompt up to that step, so a call keeps the KV cache of the
+previous call's longest common prefix (``PrefixCache``). The prompt is always evaluated in blocks
+aligned to absolute positions, so a cached prefix holds exactly the numbers a fresh evaluation
+would compute: the reply still depends on the prompt and the seed only.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ N_CTX = 2048
 THREADS = int(os.environ.get("CAR_LLAMA_THREADS", "1"))
 STRING = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9 .,:;!?'@#$%&()/_+-]{0,47}$"}
 _LOCK = threading.Lock()  # one llama.cpp context per process; it is not thread-safe
+BLOCK = 32  # prompt tokens are evaluated in batches aligned to multiples of this
 
 
 def model_path() -> str:
@@ -161,16 +166,16 @@ def generate(messages: Sequence[Message], *, tools: Sequence[Mapping[str, Any]] 
         kwargs["grammar"] = _grammar(json.dumps(list(tools), sort_keys=True))
     elif offered:
         kwargs["grammar"] = _grammar("[]")  # every tool used: only an answer is left
-    with _LOCK:
-        llm.reset()  # no KV reuse: the reply must depend on the prompt and seed only
+    with _LOCK, PrefixCache.of(llm) as cache:
         resp = llm.create_chat_completion(messages=_render(messages, tools), seed=int(seed),
                                           temperature=temperature, top_p=top_p,
                                           max_tokens=max_tokens, **kwargs)
+        cached = cache.reused
     choice = resp["choices"][0]
     text = choice["message"].get("content") or ""
     finish = choice.get("finish_reason")
     usage = {"prompt_tokens": resp["usage"]["prompt_tokens"],
-             "completion_tokens": resp["usage"]["completion_tokens"]}
+             "completion_tokens": resp["usage"]["completion_tokens"], "cached_tokens": cached}
     content, calls = text, []
     if "grammar" in kwargs:
         try:
@@ -184,6 +189,58 @@ def generate(messages: Sequence[Message], *, tools: Sequence[Mapping[str, Any]] 
             content = str(reply.get("answer", ""))
     return {"content": content, "calls": calls, "finish_reason": finish, "usage": usage,
             "raw": text}
+
+
+class PrefixCache:
+    """Keeps the KV cache of the longest prompt prefix a call shares with the previous one.
+
+    llama.cpp's numbers for a token depend on how the tokens before it were batched, so reusing
+    an arbitrary prefix could change a reply. Here every prompt is evaluated in blocks of
+    ``BLOCK`` tokens aligned to absolute positions, the last partial block in one batch: a
+    prefix cut at a block boundary is then bit-for-bit what a fresh evaluation gives. Entering
+    wraps ``llm.generate`` for one call; ``reused`` counts the prompt tokens not evaluated again.
+    ``CAR_LLAMA_PREFIX_CACHE=0`` turns it off (every call evaluates its whole prompt).
+    """
+
+    enabled = os.environ.get("CAR_LLAMA_PREFIX_CACHE", "1") != "0"
+
+    def __init__(self, llm: Any) -> None:
+        self.llm, self.reused = llm, 0
+        self._generate = llm.generate
+
+    @classmethod
+    def of(cls, llm: Any) -> PrefixCache:
+        return cls(llm)
+
+    def __enter__(self) -> PrefixCache:
+        self.llm.generate = self._aligned
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self.llm.generate  # back to the class's method
+
+    def _aligned(self, tokens: Sequence[int], *args: Any, **kwargs: Any) -> Any:
+        llm, tokens = self.llm, list(tokens)
+        keep = 0
+        if self.enabled:
+            for a, b in zip(llm._input_ids, tokens, strict=False):
+                if a != b:
+                    break
+                keep += 1
+        # the blocks before the last token: kept where cached, evaluated where not
+        head = (len(tokens) - 1) // BLOCK * BLOCK
+        keep = min(keep, head) // BLOCK * BLOCK
+        if keep == 0:
+            llm.reset()
+        else:
+            llm._ctx.kv_cache_seq_rm(-1, keep, -1)
+            llm.n_tokens = keep
+        self.reused = keep
+        for start in range(keep, head, BLOCK):
+            llm.eval(tokens[start:start + BLOCK])
+        # the tail (never empty) is decoded by llama-cpp-python after the prefix it finds
+        llm._requires_eval = True
+        return self._generate(tokens, *args, **kwargs)
 
 
 class LocalPolicy(ChatPolicy):

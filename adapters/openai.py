@@ -149,6 +149,10 @@ class OpenAIPolicy(ChatPolicy):
         if resp.usage is not None:
             meta["usage"] = {"prompt_tokens": resp.usage.prompt_tokens or 0,
                              "completion_tokens": resp.usage.completion_tokens or 0}
+            details = getattr(resp.usage, "prompt_tokens_details", None)
+            cached = getattr(details, "cached_tokens", None)
+            if cached is not None:  # the provider's prompt cache served these
+                meta["usage"]["cached_tokens"] = int(cached)
             if self.prices is not None:
                 pin, pout = self.prices
                 meta["cost"] = (meta["usage"]["prompt_tokens"] * pin

@@ -11,9 +11,11 @@ removing the attachment text from what step 1 sees rescues the run.
 
 The model is pluggable: ``build_agent(llm)`` takes any LlamaIndex function-calling LLM. By
 default it is a seeded stochastic fake that follows the injection with probability 0.5 (and
-escalates unprompted with probability 0.05), so the script runs anywhere, offline.
+escalates unprompted with probability 0.05), so the script runs anywhere, offline. With
+``--model local`` it is the embedded SmolLM2 (``car_adapters.llamaindex.embedded.LocalLLM``):
+no server and no key either, and whether it follows the injection is the model's own doing.
 
-    python examples/llamaindex_ticket_agent.py [--rollouts 32] [--store runs.db]
+    python examples/llamaindex_ticket_agent.py [--model fake|local] [--rollouts 32]
 
 For ``car attribute``: ``--agent examples.llamaindex_ticket_agent:make_agent
 --outcome examples.llamaindex_ticket_agent:outcome``.
@@ -132,8 +134,12 @@ def main(argv: list[str] | None = None, llm: Any = None) -> dict[str, Any]:
     parser.add_argument("--rollouts", type=int, default=32)
     parser.add_argument("--store", default=None, help="SQLite store (default: a temp file)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", choices=["fake", "local"], default="fake")
     args = parser.parse_args(argv)
     store = args.store or str(Path(tempfile.mkdtemp()) / "runs.db")
+    if llm is None and args.model == "local":
+        from car_adapters.llamaindex.embedded import LocalLLM
+        llm = LocalLLM(seed=args.seed, fresh_tools=True)
     agent = build_agent(llm)
     rec = CarRecorder(store=store).attach()
     try:

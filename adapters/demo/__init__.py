@@ -1,15 +1,16 @@
-"""The demo behind ``make demo`` / ``car demo``: a LangGraph support agent talked into a refund
-by a prompt injection, driven by the embedded SmolLM2 model (or, with ``policy="synthetic"``,
-by the planted fake model), and the step that caused the failure.
+"""The demo behind ``make demo`` / ``car demo``: a LangGraph support agent, a prompt injection,
+and the step that caused the failure.
 
-It records tickets into the store until one fails (bounded tries), runs contrastive
-attribution with a progress bar, prints the per-step table with intervals and the locus, shows
-what ``do_context`` removing the injection does to the failure rate, and writes the HTML
-report. Nothing leaves the machine and no API key is needed.
+On the embedded SmolLM2 model (``policy="local"``) the app is the refund desk
+(``refund_desk``): the rule says to check the refund policy before refunding, the customer's
+message says to refund at once, and whether the model checks first is its own stochastic
+choice. With ``policy="synthetic"`` the app is the support agent (``support_agent``) driven by
+a planted fake model, whose answer is known analytically.
 
-The embedded model is tiny: its grammar only offers tools it has not called yet in the run
-(``fresh_tools``), so a ticket takes at most four decisions. Whether it follows the injection
-is whatever the model does; the demo measures it, with intervals, and claims nothing more.
+It records tickets into the store until one fails (bounded tries), runs contrastive attribution
+with a progress bar, prints the per-step table with intervals and the locus, shows what
+``do_context`` removing the injection does to the failure rate, and writes the HTML report.
+Nothing leaves the machine and no API key is needed.
 """
 
 from __future__ import annotations
@@ -20,33 +21,40 @@ import sqlite3
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import car_core as car
 from car_core.errors import InvalidInput
 
 from ..langgraph import CarCallback, CarChatModel, LangGraphAgent
-from .support_agent import (
-    SIDE_EFFECT_TOOLS,
-    PlantedSupportModel,
-    build_app,
-    inputs,
-    outcome,
-    remove_injection,
-)
+from . import refund_desk, support_agent
 
 SETTINGS = {  # rollouts per arm, tickets to try, wall-time caps (s): attribution, each do(·)
-    "local": {"rollouts": 8, "tries": 12, "wall_time": 180.0, "intervene_time": 45.0},
+    "local": {"rollouts": 16, "tries": 12, "wall_time": 150.0, "intervene_time": 40.0},
     "synthetic": {"rollouts": 32, "tries": 100, "wall_time": 60.0, "intervene_time": 30.0},
 }
 
 
+def _scenario(policy: str) -> SimpleNamespace:
+    """The app, its failure and its edit for each model."""
+    if policy == "local":
+        m = refund_desk
+        return SimpleNamespace(app=m, failure="refund before any policy check",
+                               simulators={"issue_refund": m.simulated_refund},
+                               decision=lambda run: 0)
+    m = support_agent
+    return SimpleNamespace(app=m, failure="refund against policy",
+                           simulators={"issue_refund": _simulated_refund},
+                           decision=_decision_step)
+
+
 def _model(policy: str) -> Any:
     if policy == "synthetic":
-        return PlantedSupportModel(rng_seed=0)
+        return support_agent.PlantedSupportModel(rng_seed=0)
     if policy == "local":
         from ..local import LocalChatModel
-        return LocalChatModel(max_tokens=40, temperature=0.8, fresh_tools=True)
+        return LocalChatModel(max_tokens=32, temperature=0.8, fresh_tools=True)
     raise InvalidInput(f"unknown demo policy {policy!r}",
                        hint='use policy="local" or policy="synthetic"')
 
@@ -58,15 +66,16 @@ def _describe(step: car.Step) -> str:
 
 
 def _record_failure(app: Any, wrapper: CarChatModel, cb: CarCallback, policy: str,
-                    tries: int) -> car.Trajectory | None:
+                    tries: int, scenario: SimpleNamespace, seed: int) -> car.Trajectory | None:
     base = wrapper.inner
+    outcome = scenario.app.outcome
     for i in range(tries):
         if policy == "local":  # a fresh sample per ticket; the seed makes each one replayable
-            wrapper.inner = base.model_copy(update={"seed": i})
-        app.invoke(inputs(), {"configurable": {"thread_id": f"ticket-{i}"}, "callbacks": [cb],
-                              "recursion_limit": 20})
+            wrapper.inner = base.model_copy(update={"seed": seed * 1000 + i})
+        app.invoke(scenario.app.inputs(), {"configurable": {"thread_id": f"ticket-{i}"},
+                                           "callbacks": [cb], "recursion_limit": 20})
         run = cb.run
-        verdict = "FAILED (refund against policy)" if outcome(run) else "ok"
+        verdict = f"FAILED ({scenario.failure})" if outcome(run) else "ok"
         print(f"  ticket {i}: {len(run.steps)} steps, {verdict}")
         if outcome(run):
             return run
@@ -80,6 +89,8 @@ def run_demo(policy: str = "local", store: str = "car.db", report: str | None = 
     """Run the demo end to end; returns the numbers it printed."""
     settings = SETTINGS.get(policy)
     model = _model(policy)
+    scenario = _scenario(policy)
+    app_module, outcome = scenario.app, scenario.app.outcome
     rollouts = rollouts or settings["rollouts"]  # type: ignore[index]
     started = time.monotonic()
     db = car.RunStore(store)
@@ -88,10 +99,11 @@ def run_demo(policy: str = "local", store: str = "car.db", report: str | None = 
     try:
         from langgraph.checkpoint.sqlite import SqliteSaver
         wrapper = CarChatModel(inner=model)
-        app = build_app(wrapper, SqliteSaver(conn))
+        app = app_module.build_app(wrapper, SqliteSaver(conn))
         cb = CarCallback(store=db)
         print(f"recording support tickets with the {policy} model into {store} ...")
-        run = _record_failure(app, wrapper, cb, policy, settings["tries"])  # type: ignore[index]
+        run = _record_failure(app, wrapper, cb, policy, settings["tries"],  # type: ignore[index]
+                              scenario, seed)
         if run is None:
             print(f"no ticket failed in {settings['tries']} tries: nothing to attribute")
             return {"run_id": None, "locus": None}
@@ -99,19 +111,19 @@ def run_demo(policy: str = "local", store: str = "car.db", report: str | None = 
         for s in run.steps:
             print(f"  step {s.index}: {_describe(s)}")
 
-        agent = LangGraphAgent(app, model=wrapper, side_effect_tools=SIDE_EFFECT_TOOLS,
-                               simulators={"issue_refund": _simulated_refund})
+        agent = LangGraphAgent(app, model=wrapper, side_effect_tools=app_module.SIDE_EFFECT_TOOLS,
+                               simulators=scenario.simulators)
         budget = car.Budget(wall_time=settings["wall_time"])  # type: ignore[index]
         print(f"\ncontrastive attribution, {rollouts} rollouts per arm ...")
         res = car.contrastive(run, agent, outcome=outcome, rollouts=rollouts, seed=seed,
                               budget=budget, store=db, progress=progress)
         print(res)
-        decision = res.locus if res.locus is not None else _decision_step(run)
+        decision = res.locus if res.locus is not None else scenario.decision(run)
         cap = car.Budget(wall_time=settings["intervene_time"])  # type: ignore[index]
         factual = car.intervene(run, agent, car.do_resample(decision), outcome=outcome,
                                 rollouts=rollouts, seed=seed + 1, progress=progress,
                                 budget=cap)
-        rescued = car.intervene(run, agent, car.do_context(decision, remove_injection),
+        rescued = car.intervene(run, agent, car.do_context(decision, app_module.remove_injection),
                                 outcome=outcome, rollouts=rollouts, seed=seed + 1,
                                 progress=progress, budget=cap)
         print(f"\nstep {decision} decided again from the same messages:  {factual}")
@@ -142,7 +154,7 @@ def _decision_step(run: car.Trajectory) -> int:
     first record_decision or issue_refund call, else the first step."""
     for s in run.steps:
         names = {c["function"]["name"] for c in s.action.get("tool_calls") or ()}
-        if names & {"record_decision", *SIDE_EFFECT_TOOLS}:
+        if names & {"record_decision", *support_agent.SIDE_EFFECT_TOOLS}:
             return s.index
     return 0
 
