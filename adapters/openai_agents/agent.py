@@ -272,6 +272,10 @@ class OpenAIAgentsAgent:
 
     def _collected(self, collector: CarRecorder, exc: BaseException | None) -> car.Trajectory:
         runs = collector.runs
+        if runs and exc is not None and runs[-1].status == "complete":
+            # the SDK calls on_agent_end before its output guardrails run, so a tripwire
+            # arrives after the hooks closed the run as complete
+            return replace(runs[-1], status="error", error=repr(exc))
         if runs:
             return runs[-1]
         return car.Trajectory.new(context=None, steps=[], status="error",

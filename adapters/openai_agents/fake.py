@@ -75,7 +75,8 @@ class ScriptedModel(Model):
         u = resp.usage
         usage = ResponseUsage(input_tokens=u.input_tokens, output_tokens=u.output_tokens,
                               total_tokens=u.total_tokens,
-                              input_tokens_details=InputTokensDetails(cached_tokens=0),
+                              input_tokens_details=InputTokensDetails.model_validate(
+                                  {"cached_tokens": 0, "cache_write_tokens": 0}),
                               output_tokens_details=OutputTokensDetails(reasoning_tokens=0))
         response = Response(id="scripted", created_at=0, model=self.model, object="response",
                             output=resp.output, tool_choice="auto", tools=[], top_p=None,

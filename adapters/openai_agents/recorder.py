@@ -8,7 +8,9 @@ calls, read from the next call's input (what the model saw) or, for the last ste
 tool hooks. Handoffs are noted on the step that made them. Runs are told apart by their usage
 object, so one recorder can watch concurrent runs. A run that ends without a final output
 (an exception, a guardrail tripwire, ``max_turns``) is closed when ``run`` / ``runs`` is read,
-with status ``"error"``.
+with status ``"error"``. The SDK runs output guardrails after its ``on_agent_end`` hook, so a
+run stopped by an output guardrail's tripwire is recorded as complete (with the output the
+guardrail refused); on branches ``OpenAIAgentsAgent`` sees the exception and marks it.
 """
 
 from __future__ import annotations
