@@ -87,6 +87,12 @@ def unsupported(agents: Mapping[str, Any], run_config: RunConfig) -> list[str]:
     return out
 
 
+def _used_tools(run: car.Trajectory, k: int) -> frozenset[str]:
+    """The agents that made tool calls before step ``k``."""
+    return frozenset(str(s.meta.get("agent")) for s in run.steps[:k]
+                     if isinstance(s.action, dict) and s.action.get("tool_calls"))
+
+
 class OpenAIAgentsAgent:
     """Wraps an OpenAI Agents SDK ``Agent`` (the one the run starts with; the agents it hands
     off to come with it) for ``car.intervene``, ``car.contrastive`` and ``car.shapley``.
@@ -153,7 +159,7 @@ class OpenAIAgentsAgent:
                                 forced_observations(plan, run.id))
         self._check_forced_tools(session, run)
         live = self._drive(items, active, session, self.max_turns - k, instructions,
-                           keep_input_guardrails=k == 0)
+                           keep_input_guardrails=k == 0, used_tools=_used_tools(run, k))
         steps = prefix + [self._renumber(s, k + i, plan) for i, s in enumerate(live.steps)]
         return car.Trajectory.new(context=run.context, steps=steps, seed=noise.seed,
                                   agent=self.name, status=live.status, error=live.error,
@@ -167,7 +173,8 @@ class OpenAIAgentsAgent:
                                 stop_after_first=True)
         items, active, _ = self._state(run, k)
         try:
-            self._drive(items, active, session, 1, None, keep_input_guardrails=False)
+            self._drive(items, active, session, 1, None, keep_input_guardrails=False,
+                        used_tools=_used_tools(run, k))
         except Decided as d:
             return d.action
         raise AdapterError("the model was not called when re-deciding the step", run_id=run.id,
@@ -245,10 +252,10 @@ class OpenAIAgentsAgent:
         return out
 
     def _drive(self, items: Any, active: str, session: BranchSession, max_turns: int,
-               instructions: tuple[str, str] | None, *, keep_input_guardrails: bool = True
-               ) -> car.Trajectory:
+               instructions: tuple[str, str] | None, *, keep_input_guardrails: bool = True,
+               used_tools: frozenset[str] = frozenset()) -> car.Trajectory:
         clones = clone_app(self.agents, self._models(), session, instructions=instructions,
-                           keep_input_guardrails=keep_input_guardrails)
+                           keep_input_guardrails=keep_input_guardrails, used_tools=used_tools)
         collector = CarRecorder()
         config = dataclasses.replace(self.run_config, model=None, tracing_disabled=True,
                                      **({} if keep_input_guardrails

@@ -162,10 +162,14 @@ def _guarded(tool: FunctionTool, session: BranchSession) -> FunctionTool:
 
 def clone_app(agents: Mapping[str, Any], models: Mapping[str, Model], session: BranchSession,
               *, instructions: tuple[str, str] | None = None,
-              keep_input_guardrails: bool = True) -> dict[str, Any]:
+              keep_input_guardrails: bool = True, used_tools: frozenset[str] = frozenset()
+              ) -> dict[str, Any]:
     """Copies of the app's agents for one branch: branch models, guarded tools, handoffs that
     lead to the copies. ``instructions``: ``(agent, text)`` replaces one agent's instructions
-    (a ``do_context`` edit of the system message)."""
+    (a ``do_context`` edit of the system message). ``used_tools``: the agents that called
+    tools in the held prefix; the SDK resets their ``tool_choice`` after a tool call
+    (``reset_tool_choice``), state a fresh ``Runner.run`` does not have, so the copies start
+    reset."""
     clones: dict[str, Any] = {}
     for name, a in agents.items():
         kw: dict[str, Any] = {
@@ -176,6 +180,8 @@ def clone_app(agents: Mapping[str, Any], models: Mapping[str, Model], session: B
             kw["instructions"] = instructions[1]
         if not keep_input_guardrails:
             kw["input_guardrails"] = []
+        if name in used_tools and a.reset_tool_choice and a.model_settings.tool_choice:
+            kw["model_settings"] = dataclasses.replace(a.model_settings, tool_choice=None)
         clones[name] = a.clone(**kw)
     for name, a in agents.items():
         links = []

@@ -69,6 +69,7 @@ def tool_names(root: Any) -> dict[str, list[str]]:
 
 def _model_name(agent: Any) -> str:
     model = agent.model
+    model = getattr(model, "inner", model)  # a CAR branch model names the one it serves
     if isinstance(model, str):
         return model
     return str(getattr(model, "model", None) or type(model).__name__ if model else "default")
