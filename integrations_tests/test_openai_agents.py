@@ -408,6 +408,25 @@ def test_adapter_passes_the_car_conformance_suite() -> None:
     assert ran == ["replay", "prefix", "lineage", "forced", "noise"]
 
 
+@pytest.mark.slow
+def test_shapley_gives_the_decision_all_the_credit(helpdesk: Any) -> None:
+    # v(S) = 1 when step 1 is held at its factual "escalate", else P(escalate) = 0.5; steps 0
+    # and 2 never change the outcome. So phi_1 = v(N) - v(empty) = 0.5 and phi_0 = phi_2 = 0.
+    # Permutation mode with coupled noise: a unit (an order and its reverse, 2 * 3 = 6
+    # rollouts) shares one noise stream, so every coalition without step 1 re-draws step 1
+    # identically and the marginal contributions of steps 0 and 2 are exactly 0, step 1's is
+    # 1 - Bernoulli(0.5). 120 rollouts buy 20 units: standard error sqrt(0.25/20) = 0.112,
+    # tolerance 4 of them. Held steps after a re-drawn one are forced (their calls replayed).
+    app, run = helpdesk
+    agent = OpenAIAgentsAgent(app.agent, side_effect_tools=["escalate"])
+    app.ledger.calls.clear()
+    sh = car.shapley(run, agent, outcome=escalated, budget=120, mode="permutation", seed=0)
+    assert sh.rollouts_used <= 120
+    assert abs(sh.values[1].estimate - 0.5) <= 4 * math.sqrt(0.25 / 20)
+    assert sh.values[0].estimate == 0.0 and sh.values[2].estimate == 0.0
+    assert app.ledger.calls["escalate"] == 0
+
+
 # -- side-effect tools and refusals ----------------------------------------------------------
 def test_side_effect_tools_are_served_from_the_record_simulated_or_blocked(helpdesk: Any
                                                                           ) -> None:

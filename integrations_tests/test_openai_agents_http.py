@@ -86,3 +86,9 @@ def test_record_and_branch_through_llama_cpp_server(llama_url: str) -> None:
         assert [s.meta["origin"] for s in branch.steps] == ["held", "live"]
         assert branch.steps[1].meta["model"] == MODEL and branch.steps[1].action["content"]
         assert branch.steps[1].meta["usage"]["completion_tokens"] > 0
+    # each branch step sends a seed drawn from the branch noise (ModelSettings.extra_args) and
+    # llama.cpp honours it: the same seed gives the same sampled reply at temperature 0.7
+    again = car.intervene(run, wrapped, car.do_resample(1), outcome=lambda t: 0.0, rollouts=2,
+                          seed=0)
+    assert [t.steps[1].action for t in again.trajectories] == [
+        t.steps[1].action for t in dist.trajectories]
