@@ -599,3 +599,21 @@ def test_parallel_tool_calls_are_one_step_and_the_decision_after_them_is_the_loc
                            outcome=transferred, rollouts=8, seed=0)
     assert failed.mean == 0.0
     assert failed.trajectories[0].steps[0].observation == ["ok: 900", "error: frozen"]
+
+
+def test_a_follow_up_turn_from_to_input_list_is_recorded_and_branched(rec: CarRecorder
+                                                                       ) -> None:
+    """The SDK's multi-turn pattern: the next run's input is ``result.to_input_list()`` plus
+    the new user message; the run's context is that item list, and branches re-enter it."""
+    app = Helpdesk(seed=1)
+    first = Runner.run_sync(app.agent, "hello", hooks=rec)
+    items = [*first.to_input_list(), {"role": "user", "content": "Please handle ticket 7."}]
+    Runner.run_sync(app.agent, items, hooks=rec)
+    run = rec.run
+    assert isinstance(run.context, list) and run.context[-1]["content"] == items[-1]["content"]
+    texts = [m.get("content") for m in run.steps[0].state]
+    assert "hello" in texts and "Please handle ticket 7." in texts
+    assert car.RunStore(rec.store.path).load(run.id).to_dict() == run.to_dict()
+    dist = car.intervene(run, OpenAIAgentsAgent(app.agent, side_effect_tools=["escalate"]),
+                         car.do_resample(len(run.steps) - 1), outcome=escalated, rollouts=2)
+    assert all(t.steps[-1].state == run.steps[-1].state for t in dist.trajectories)

@@ -84,6 +84,14 @@ def _content(result: Any) -> Any:
         return str(result)
 
 
+def _jsonable(value: Any) -> Any:
+    """Input items as plain JSON (a caller may pass SDK or pydantic objects as input)."""
+    def fallback(obj: Any) -> Any:
+        dump = getattr(obj, "model_dump", None)
+        return dump(mode="json", exclude_unset=True) if callable(dump) else str(obj)
+    return json.loads(json.dumps(value, default=fallback))
+
+
 @dataclass
 class _RunBuf:
     root: Any
@@ -132,7 +140,7 @@ class CarRecorder(RunHooks[Any]):
     async def on_llm_start(self, context: Any, agent: Any, system_prompt: str | None,
                            input_items: list[Any]) -> None:
         buf = self._buf(context, agent)
-        items = [dict(i) if isinstance(i, dict) else i for i in input_items]
+        items = _jsonable(list(input_items))
         if buf.context is None:
             buf.context = (items[0]["content"] if len(items) == 1 and isinstance(items[0], dict)
                            and items[0].get("role") == "user"
