@@ -257,9 +257,9 @@ class OpenAIAgentsAgent:
         clones = clone_app(self.agents, self._models(), session, instructions=instructions,
                            keep_input_guardrails=keep_input_guardrails, used_tools=used_tools)
         collector = CarRecorder()
-        config = dataclasses.replace(self.run_config, model=None, tracing_disabled=True,
-                                     **({} if keep_input_guardrails
-                                        else {"input_guardrails": None}))
+        config = dataclasses.replace(
+            self.run_config, model=None, tracing_disabled=True,
+            input_guardrails=self.run_config.input_guardrails if keep_input_guardrails else None)
 
         async def go() -> None:
             await Runner.run(clones[active], items, context=self.user_context,
