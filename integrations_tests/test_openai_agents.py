@@ -475,6 +475,15 @@ def test_a_run_of_another_app_is_refused(helpdesk: Any) -> None:
                       rollouts=1)
 
 
+def test_a_run_longer_than_max_turns_is_refused_before_branching(helpdesk: Any) -> None:
+    app, run = helpdesk
+    app.model_calls.reset()
+    with pytest.raises(InvalidInput, match="3 turns, more than max_turns=2"):
+        car.intervene(run, OpenAIAgentsAgent(app.agent, max_turns=2), car.do_resample(2),
+                      outcome=escalated, rollouts=1)
+    assert app.model_calls.calls == 0
+
+
 def test_edit_that_leaves_a_tool_call_unanswered_is_refused(helpdesk: Any) -> None:
     app, run = helpdesk
     app.model_calls.reset()

@@ -194,6 +194,11 @@ class OpenAIAgentsAgent:
             raise AdapterError("the run was not recorded from an OpenAI Agents SDK app",
                                run_id=run.id,
                                hint="record it with car_adapters.openai_agents.CarRecorder")
+        if len(run.steps) > self.max_turns:
+            raise InvalidInput(f"the run took {len(run.steps)} turns, more than max_turns="
+                               f"{self.max_turns}", run_id=run.id,
+                               hint="pass OpenAIAgentsAgent(..., max_turns=N) with the N your "
+                                    "app runs with")
         recorded = run.meta.get("tools")
         current = tool_names(self.root)
         if recorded is not None and recorded != current:
