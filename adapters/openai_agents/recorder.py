@@ -95,6 +95,7 @@ def _jsonable(value: Any) -> Any:
 @dataclass
 class _RunBuf:
     root: Any
+    usage: Any  # held so that its id, the run's key, is not reused while the run is open
     context: Any = None
     steps: list[dict[str, Any]] = field(default_factory=list)
     open: dict[str, Any] | None = None
@@ -131,7 +132,7 @@ class CarRecorder(RunHooks[Any]):
         key = id(context.usage)
         with self._lock:
             if key not in self._bufs:
-                self._bufs[key] = _RunBuf(root=agent)
+                self._bufs[key] = _RunBuf(root=agent, usage=context.usage)
             return self._bufs[key]
 
     async def on_agent_start(self, context: Any, agent: Any) -> None:
