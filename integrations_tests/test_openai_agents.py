@@ -349,6 +349,23 @@ def test_held_prefix_makes_no_model_or_tool_call(helpdesk: Any) -> None:
     assert dist.tokens > 0
 
 
+def test_branches_of_one_app_can_run_at_once(helpdesk: Any) -> None:
+    """Branches run on their own copies of the agents, so concurrent attributions neither
+    wait for nor see each other; with coupled noise each gives exactly its sequential value."""
+    from concurrent.futures import ThreadPoolExecutor
+    app, run = helpdesk
+    agent = OpenAIAgentsAgent(app.agent, side_effect_tools=["escalate"])
+
+    def mean(seed: int) -> float:
+        return car.intervene(run, agent, car.do_resample(1), outcome=escalated, rollouts=16,
+                             seed=seed).mean
+
+    alone = [mean(i) for i in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(mean, range(4))) == alone
+    assert app.agent.model is app.model and app.agent.tools == app.tools
+
+
 def strip_urgent(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{**m, "content": CALM} if m["role"] == "tool" else m for m in messages]
 
