@@ -23,9 +23,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from car_core.contract import canonical_arguments
+from car_core.contract import Plan, canonical_arguments
 from car_core.errors import CarError, InvalidIntervention, SideEffectBlocked
-from car_core.interventions import Plan
 
 Message = dict[str, Any]
 Simulator = Callable[[dict[str, Any]], Any]

@@ -545,7 +545,7 @@ def test_guardrails_and_max_turns_hold_on_branches(rec: CarRecorder) -> None:
     # two more turns than max_turns allows: the branch stops with the SDK's own error
     loop = car.do_action(2, call("call_2", "fetch_ticket", {}))
     dist = car.intervene(run, agent, loop, outcome=escalated, rollouts=1)
-    assert dist.trajectories[0].status == "error"
+    assert dist.trajectories[0].status == "max_steps"
     assert "MaxTurnsExceeded" in (dist.trajectories[0].error or "")
     assert len(dist.trajectories[0].steps) == 3
 

@@ -19,15 +19,15 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from agents import Agent, RunConfig, Runner
+from agents.exceptions import MaxTurnsExceeded
 from agents.handoffs import Handoff
 from agents.models.interface import Model
 from agents.run import DEFAULT_MAX_TURNS
 from agents.tool import FunctionTool
 
 import car_core as car
+from car_core.contract import Noise, Plan, RunStatus
 from car_core.errors import AdapterError, CarError, InvalidInput, InvalidIntervention
-from car_core.interventions import Plan
-from car_core.seeding import Noise
 
 from ..chat_messages import (
     ToolSafety,
@@ -140,7 +140,7 @@ class OpenAIAgentsAgent:
 
     def branch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
         k = plan.start
-        prefix = [replace(s, meta={**s.meta, "origin": "held"}) for s in run.steps[:k]]
+        prefix = run.held_prefix(k)
         if k >= len(run.steps):
             return car.Trajectory.new(context=run.context, steps=prefix, seed=noise.seed,
                                       agent=self.name, meta=dict(run.meta))
@@ -284,11 +284,12 @@ class OpenAIAgentsAgent:
 
     def _collected(self, collector: CarRecorder, exc: BaseException | None) -> car.Trajectory:
         runs = collector.runs
-        if runs and exc is not None and runs[-1].status == "complete":
+        status = RunStatus.MAX_STEPS if isinstance(exc, MaxTurnsExceeded) else RunStatus.ERROR
+        if runs and exc is not None:
             # the SDK calls on_agent_end before its output guardrails run, so a tripwire
             # arrives after the hooks closed the run as complete
-            return replace(runs[-1], status="error", error=repr(exc))
+            return replace(runs[-1], status=status, error=repr(exc))
         if runs:
             return runs[-1]
-        return car.Trajectory.new(context=None, steps=[], status="error",
+        return car.Trajectory.new(context=None, steps=[], status=status,
                                   error=repr(exc) if exc is not None else "no model call")

@@ -23,9 +23,8 @@ from agents.handoffs import Handoff
 from agents.models.interface import Model
 from agents.tool import FunctionTool
 
+from car_core.contract import Noise, Plan
 from car_core.errors import AdapterError, CarError, PolicyError
-from car_core.interventions import Plan
-from car_core.seeding import Noise
 
 from ..chat_messages import ToolSafety, calls_of, canonical_arguments
 from ._items import action_of, output_of

@@ -27,6 +27,7 @@ from agents import RunHooks
 from agents.handoffs import Handoff
 
 import car_core as car
+from car_core.contract import RunStatus
 from car_core.errors import AdapterError, StoreError
 
 from ..chat_messages import calls_of, tool_result
@@ -205,7 +206,7 @@ class CarRecorder(RunHooks[Any]):
                                   observed=bool(results), state=s["state"], meta=s["meta"]))
         run = car.Trajectory.new(
             context=buf.context, steps=steps, agent=f"openai-agents:{buf.root.name}",
-            status="error" if err is not None else "complete",
+            status=RunStatus.ERROR if err is not None else RunStatus.COMPLETE,
             error=(err if isinstance(err, str) else repr(err)) if err is not None else None,
             meta={"framework": "openai-agents", "root_agent": buf.root.name,
                   "tools": tool_names(buf.root)})
