@@ -425,7 +425,7 @@ def test_adapter_passes_the_car_conformance_suite() -> None:
         app = Helpdesk(seed=2)
         return OpenAIAgentsAgent(app.agent), Counters(app.model_calls, app.ledger.counter)
     ran = run_conformance(make, context="Please handle ticket 7.", outcome=escalated, seed=0)
-    assert ran == ["replay", "prefix", "lineage", "forced", "noise"]
+    assert ran == ["replay", "prefix", "lineage", "forced", "noise", "identity"]
 
 
 @pytest.mark.slow
