@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from car_core.contract import canonical_arguments
+from car_core.contract import Plan, canonical_arguments
 from car_core.errors import CarError, InvalidIntervention, SideEffectBlocked
 
 Message = dict[str, Any]
@@ -217,6 +217,30 @@ class ToolSafety:
                  "from side_effect_tools if it is safe to run")
 
 
+def forced_observations(plan: Plan, run_id: str | None = None
+                        ) -> dict[int, list[dict[str, Any]]]:
+    """The plan's forced observations as tool messages matched to the forced action's calls.
+    A list is read as one result per call; any other JSON value answers every call (as text),
+    and is stored on the step as given. The action must be known before the branch runs (the
+    recorded one, or a ``do_action`` at the same step)."""
+    out = {}
+    for k, obs in plan.forced_observations.items():
+        if k not in plan.forced_actions:
+            raise InvalidIntervention(
+                "on a chat agent do_observation answers a known action, so it cannot be "
+                "combined with a do_resample or do_context that decides the same step again",
+                run_id=run_id, step=k,
+                hint="use do_observation alone (the recorded action) or with do_action at "
+                     "that step")
+        action = plan.forced_actions[k]
+        if isinstance(obs, list):
+            out[k] = check_observation(obs, action, step=k)
+        else:
+            text = obs if isinstance(obs, str) else json.dumps(obs)
+            out[k] = [tool_result(cid, name, text) for cid, name, _ in calls_of(action)]
+    return out
+
+
 __all__ = ["ToolSafety", "apply_edit", "assistant", "calls_of", "canonical_arguments",
-           "check_action", "check_observation", "consistent", "parse_arguments", "recorded_calls",
-           "tool_call", "tool_result"]
+           "check_action", "check_observation", "consistent", "forced_observations",
+           "parse_arguments", "recorded_calls", "tool_call", "tool_result"]

@@ -11,7 +11,8 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[1] / "car_core"
 FORBIDDEN = ("langchain", "langchain_core", "langgraph", "llama_index", "openai", "ollama",
-             "llama_cpp", "ray", "car_adapters")
+             "llama_cpp", "ray", "car_adapters",
+             "agents")  # the OpenAI Agents SDK imports as `agents`
 # The Ray executor is an optional backend inside car_core (DESIGN.md, "execution"): only its own
 # module may import ray, and only ``make_executor("ray")`` imports that module, which the
 # fresh-interpreter check below proves by finding ray unloaded after importing car_core.

@@ -29,9 +29,15 @@ import car_core as car
 from car_core.contract import Noise, Plan
 from car_core.errors import AdapterError, CarError, InvalidIntervention
 
-from ..chat_messages import ToolSafety, apply_edit, consistent, recorded_calls
+from ..chat_messages import (
+    ToolSafety,
+    apply_edit,
+    consistent,
+    forced_observations,
+    recorded_calls,
+)
 from ._messages import from_dicts
-from .branch import BranchSession, CarBranchLLM, CarBranchTool, forced_observations
+from .branch import BranchSession, CarBranchLLM, CarBranchTool
 from .recorder import BRANCH_TOKEN, CarRecorder, tool_names
 
 T = TypeVar("T")

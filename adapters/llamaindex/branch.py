@@ -10,7 +10,6 @@ for each tool: a forced observation is served as given, a side-effect tool is an
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
@@ -30,14 +29,12 @@ from llama_index.core.llms.llm import LLM
 from llama_index.core.tools import AsyncBaseTool, ToolMetadata, ToolOutput
 
 from car_core.contract import Noise, Plan
-from car_core.errors import AdapterError, CarError, InvalidIntervention, PolicyError
+from car_core.errors import AdapterError, CarError, PolicyError
 
 from ..chat_messages import (
     ToolSafety,
     calls_of,
     canonical_arguments,
-    check_observation,
-    tool_result,
 )
 from ._messages import MessageToolCalls, from_dict
 from .fake import _STEP_RNG
@@ -238,27 +235,3 @@ class CarBranchTool(AsyncBaseTool):
 
     async def acall(self, *args: Any, **kwargs: Any) -> ToolOutput:
         return self._served(kwargs) or await self._inner.acall(*args, **kwargs)
-
-
-def forced_observations(plan: Plan, run_id: str | None = None
-                        ) -> dict[int, list[dict[str, Any]]]:
-    """The plan's forced observations as tool messages matched to the forced action's calls.
-    A list is read as one result per call; any other JSON value answers every call (as text),
-    and is stored on the step as given. The action must be known before the branch runs (the
-    recorded one, or a ``do_action`` at the same step)."""
-    out = {}
-    for k, obs in plan.forced_observations.items():
-        if k not in plan.forced_actions:
-            raise InvalidIntervention(
-                "on a LlamaIndex agent do_observation answers a known action, so it cannot be "
-                "combined with a do_resample or do_context that decides the same step again",
-                run_id=run_id, step=k,
-                hint="use do_observation alone (the recorded action) or with do_action at "
-                     "that step")
-        action = plan.forced_actions[k]
-        if isinstance(obs, list):
-            out[k] = check_observation(obs, action, step=k)
-        else:
-            text = obs if isinstance(obs, str) else json.dumps(obs)
-            out[k] = [tool_result(cid, name, text) for cid, name, _ in calls_of(action)]
-    return out

@@ -1,0 +1,22 @@
+"""OpenAI Agents SDK glue: record runs through the SDK's run hooks, branch them from any step.
+
+``CarRecorder`` is a ``RunHooks`` that turns each ``Runner.run`` / ``run_sync`` /
+``run_streamed`` run into a ``car.Trajectory``; ``OpenAIAgentsAgent`` re-enters the app at step
+``k`` with the input items that step saw (edited by ``do_context``), under the agent active at
+``k``, so ``car.intervene``, ``car.contrastive`` and ``car.shapley`` work on it.
+``ScriptedModel`` is a seeded fake ``agents.Model`` for tests and examples.
+"""
+
+from __future__ import annotations
+
+try:
+    import agents  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("car_adapters.openai_agents needs openai-agents: "
+                      "pip install 'causal-agent-replay[openai-agents]'") from exc
+
+from .agent import OpenAIAgentsAgent
+from .fake import ScriptedModel, step_rng
+from .recorder import CarRecorder
+
+__all__ = ["CarRecorder", "OpenAIAgentsAgent", "ScriptedModel", "step_rng"]

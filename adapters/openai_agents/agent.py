@@ -1,0 +1,295 @@
+"""``OpenAIAgentsAgent``: an OpenAI Agents SDK app (an ``Agent`` and its handoffs) as a CAR agent.
+
+A branch at step ``k`` re-enters the app the SDK's own way: ``Runner.run`` under the agent that
+was active at ``k`` (after any handoffs), with the input items that step saw (rebuilt from the
+edited messages under ``do_context``). Steps before ``k`` are copied from the record: no model
+call, no tool call, and input guardrails (which ran on the user's input at step 0) do not run
+again; output guardrails and ``max_turns`` (less the turns the prefix used) apply as in the
+recorded run. The branch runs on copies of the agents (``branch.clone_app``), so the user's
+agent objects are never changed and branches may run concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from agents import Agent, RunConfig, Runner
+from agents.exceptions import MaxTurnsExceeded
+from agents.handoffs import Handoff
+from agents.models.interface import Model
+from agents.run import DEFAULT_MAX_TURNS
+from agents.tool import FunctionTool
+
+import car_core as car
+from car_core.contract import Noise, Plan, RunStatus
+from car_core.errors import AdapterError, CarError, InvalidInput, InvalidIntervention
+
+from ..chat_messages import (
+    ToolSafety,
+    apply_edit,
+    consistent,
+    forced_observations,
+    recorded_calls,
+)
+from ._items import to_items
+from .branch import BranchSession, Decided, clone_app
+from .recorder import CarRecorder, agents_of, handoff_target, tool_names
+
+T = TypeVar("T")
+
+
+def _run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine to completion from sync code, even when a loop is already running."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()
+
+
+def _car_error_in(exc: BaseException) -> BaseException | None:
+    """A ``CarError`` or ``Decided`` the SDK may have wrapped in its own exception."""
+    seen = 0
+    cur: BaseException | None = exc
+    while cur is not None and seen < 10:
+        if isinstance(cur, (CarError, Decided)):
+            return cur
+        cur = cur.__cause__ or cur.__context__
+        seen += 1
+    return None
+
+
+def unsupported(agents: Mapping[str, Any], run_config: RunConfig) -> list[str]:
+    """The features of the app a branch cannot replay faithfully, by name."""
+    out = []
+    for name, a in agents.items():
+        for t in a.tools or ():
+            if not isinstance(t, FunctionTool):
+                out.append(f"agent {name!r}: tool {getattr(t, 'name', '?')!r} is a "
+                           f"{type(t).__name__} (only function tools can be served on a branch)")
+            elif t.needs_approval is not False:
+                out.append(f"agent {name!r}: tool {t.name!r} needs approval (human-in-the-loop "
+                           "interruptions cannot be replayed)")
+        if a.mcp_servers:
+            out.append(f"agent {name!r}: MCP servers (their tools are not recorded)")
+        for h in a.handoffs or ():
+            if isinstance(h, Handoff) and handoff_target(h) is None:
+                out.append(f"agent {name!r}: handoff {h.tool_name!r} keeps no reference to its "
+                           "agent")
+    if run_config.call_model_input_filter is not None:
+        out.append("run_config.call_model_input_filter (the recorded input is already filtered)")
+    return out
+
+
+def _used_tools(run: car.Trajectory, k: int) -> frozenset[str]:
+    """The agents that made tool calls before step ``k``."""
+    return frozenset(str(s.meta.get("agent")) for s in run.steps[:k]
+                     if isinstance(s.action, dict) and s.action.get("tool_calls"))
+
+
+class OpenAIAgentsAgent:
+    """Wraps an OpenAI Agents SDK ``Agent`` (the one the run starts with; the agents it hands
+    off to come with it) for ``car.intervene``, ``car.contrastive`` and ``car.shapley``.
+    ``side_effect_tools`` never run on a branch: they are answered from the record, by
+    ``simulators[name](arguments)``, or stop the branch with ``SideEffectBlocked``.
+    ``max_turns`` is the one the app runs with; ``run_config`` supplies the model provider
+    (for agents whose model is a name), guardrails and handoff filters."""
+
+    def __init__(self, agent: Agent[Any], *, side_effect_tools: Iterable[str] = (),
+                 simulators: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
+                 max_turns: int = DEFAULT_MAX_TURNS, run_config: RunConfig | None = None,
+                 context: Any = None, name: str | None = None) -> None:
+        if not isinstance(agent, Agent):
+            raise AdapterError(f"expected an agents.Agent, got {type(agent).__name__}",
+                               hint="pass the Agent your app starts Runner.run with")
+        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+            raise InvalidInput(f"max_turns={max_turns!r} must be an int of at least 1",
+                               hint="pass the max_turns your app runs with")
+        self.root = agent
+        self.agents = agents_of(agent)
+        self.run_config = run_config or RunConfig()
+        refused = unsupported(self.agents, self.run_config)
+        if refused:
+            raise AdapterError("this app uses features CAR cannot replay: " + "; ".join(refused),
+                               hint="attribute an app without them (wrap hosted tools in "
+                                    "function tools)")
+        self.safety = ToolSafety.of(side_effect_tools, simulators)
+        known = sorted({n for names in tool_names(agent).values() for n in names})
+        typos = sorted(self.safety.side_effect_tools - set(known))
+        if typos:
+            raise InvalidInput(f"side_effect_tools names unknown tool(s) {typos}",
+                               hint=f"the app's tools are {known}")
+        self.max_turns = max_turns
+        self.user_context = context
+        self.name = name or f"openai-agents:{agent.name}"
+        self.couples_noise = all(getattr(a.model, "uses_car_noise", False)
+                                 for a in self.agents.values())
+
+    # -- the car_core Agent protocol ----------------------------------------------------------
+    def start(self, context: Any, noise: Noise) -> car.Trajectory:
+        session = BranchSession(Plan(start=0), noise, 0, self.safety, {}, None, {})
+        items = context if isinstance(context, list) else str(context)
+        run = self._drive(items, self.root.name, session, self.max_turns, None)
+        return replace(run, context=context, seed=noise.seed)
+
+    def branch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
+        k = plan.start
+        prefix = run.held_prefix(k)
+        if k >= len(run.steps):
+            return car.Trajectory.new(context=run.context, steps=prefix, seed=noise.seed,
+                                      agent=self.name, meta=dict(run.meta))
+        self._check_run(run)
+        items, active, system = self._state(run, k)
+        instructions = None
+        if k in plan.context_edits:
+            edited = self._check_history(apply_edit(plan.context_edits[k], run.step(k).state,
+                                                    run_id=run.id, step=k), run.id, k)
+            new_system = edited[0]["content"] if edited and edited[0]["role"] == "system" \
+                else None
+            if new_system != system:
+                instructions = (active, str(new_system or ""))
+            items = to_items([m for m in edited if m["role"] != "system"])
+        session = BranchSession(plan, noise, k, self.safety, recorded_calls(run.steps), run.id,
+                                forced_observations(plan, run.id))
+        self._check_forced_tools(session, run)
+        live = self._drive(items, active, session, self.max_turns - k, instructions,
+                           keep_input_guardrails=k == 0, used_tools=_used_tools(run, k))
+        steps = prefix + [self._renumber(s, k + i, plan) for i, s in enumerate(live.steps)]
+        return car.Trajectory.new(context=run.context, steps=steps, seed=noise.seed,
+                                  agent=self.name, status=live.status, error=live.error,
+                                  meta=dict(run.meta))
+
+    def redecide(self, run: car.Trajectory, k: int, noise: Noise) -> Any:
+        """Decide step ``k`` again from its recorded input (one model call, no tool call)."""
+        self._check_run(run)
+        plan = car.interventions.compile_plan(run, car.do_resample(k))
+        session = BranchSession(plan, noise, k, self.safety, {}, run.id, {},
+                                stop_after_first=True)
+        items, active, _ = self._state(run, k)
+        try:
+            self._drive(items, active, session, 1, None, keep_input_guardrails=False,
+                        used_tools=_used_tools(run, k))
+        except Decided as d:
+            return d.action
+        raise AdapterError("the model was not called when re-deciding the step", run_id=run.id,
+                           step=k, hint="check the agent's model is an agents.Model")
+
+    # -- internals ---------------------------------------------------------------------------
+    @staticmethod
+    def _renumber(step: car.Step, k: int, plan: Plan) -> car.Step:
+        meta = {**step.meta, "origin": plan.origin(k)}
+        if k in plan.forced_observations:
+            return replace(step, index=k, meta=meta, observed=True,
+                           observation=plan.forced_observations[k])
+        return replace(step, index=k, meta=meta)
+
+    def _check_run(self, run: car.Trajectory) -> None:
+        if run.meta.get("framework") != "openai-agents":
+            raise AdapterError("the run was not recorded from an OpenAI Agents SDK app",
+                               run_id=run.id,
+                               hint="record it with car_adapters.openai_agents.CarRecorder")
+        if len(run.steps) > self.max_turns:
+            raise InvalidInput(f"the run took {len(run.steps)} turns, more than max_turns="
+                               f"{self.max_turns}", run_id=run.id,
+                               hint="pass OpenAIAgentsAgent(..., max_turns=N) with the N your "
+                                    "app runs with")
+        recorded = run.meta.get("tools")
+        current = tool_names(self.root)
+        if recorded is not None and recorded != current:
+            raise AdapterError(f"the app's agents and tools {current} no longer match the "
+                               f"recorded ones {recorded}", run_id=run.id,
+                               hint="branch with the app the run was recorded with, or record "
+                                    "the run again")
+
+    def _state(self, run: car.Trajectory, k: int) -> tuple[list[Any], str, str | None]:
+        step = run.step(k)
+        items = step.meta.get("input_items")
+        active = step.meta.get("agent")
+        if not isinstance(items, list) or not isinstance(step.state, list):
+            raise AdapterError("the recorded step has no input items to resume from",
+                               run_id=run.id, step=k,
+                               hint="record the run with car_adapters.openai_agents.CarRecorder")
+        if active not in self.agents:
+            raise AdapterError(f"the step was decided by agent {active!r}, which this app does "
+                               f"not have (agents: {sorted(self.agents)})", run_id=run.id,
+                               step=k, hint="wrap the Agent the run was recorded with")
+        system = step.state[0]["content"] if step.state and step.state[0].get("role") == \
+            "system" else None
+        return [dict(i) for i in items], str(active), system
+
+    @staticmethod
+    def _check_history(messages: Any, run_id: str, k: int) -> list[dict[str, Any]]:
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m
+                                                     for m in messages):
+            raise InvalidIntervention("the do_context edit must return a list of message dicts",
+                                      run_id=run_id, step=k,
+                                      hint='return [{"role": ..., "content": ...}, ...]')
+        messages = consistent([dict(m) for m in messages], run_id=run_id, step=k)
+        if not [m for m in messages if m["role"] != "system"]:
+            raise InvalidIntervention("after the edit no input message is left", run_id=run_id,
+                                      step=k, hint="keep the user's message (edit its content)")
+        return messages
+
+    def _check_forced_tools(self, session: BranchSession, run: car.Trajectory) -> None:
+        """A forced observation can only replace the result of one of the agents' own tools
+        (a handoff's result is written by the SDK)."""
+        given = {n for names in tool_names(self.root).values() for n in names}
+        for k, msgs in session.forced_obs.items():
+            for m in msgs:
+                if m.get("name") not in given:
+                    raise InvalidIntervention(
+                        f"do_observation cannot replace the result of {m.get('name')!r}: the "
+                        "SDK writes it itself (a handoff)", run_id=run.id, step=k,
+                        hint="intervene on a step that called a function tool, or force the "
+                             "next action with do_action")
+
+    def _models(self) -> dict[str, Model]:
+        out = {}
+        provider = self.run_config.model_provider
+        for name, a in self.agents.items():
+            out[name] = a.model if isinstance(a.model, Model) else provider.get_model(a.model)
+        return out
+
+    def _drive(self, items: Any, active: str, session: BranchSession, max_turns: int,
+               instructions: tuple[str, str] | None, *, keep_input_guardrails: bool = True,
+               used_tools: frozenset[str] = frozenset()) -> car.Trajectory:
+        clones = clone_app(self.agents, self._models(), session, instructions=instructions,
+                           keep_input_guardrails=keep_input_guardrails, used_tools=used_tools)
+        collector = CarRecorder()
+        config = dataclasses.replace(
+            self.run_config, model=None, tracing_disabled=True,
+            input_guardrails=self.run_config.input_guardrails if keep_input_guardrails else None)
+
+        async def go() -> None:
+            await Runner.run(clones[active], items, context=self.user_context,
+                             max_turns=max_turns, hooks=collector, run_config=config)
+
+        try:
+            _run_sync(go)
+        except Exception as exc:
+            inner = _car_error_in(exc)
+            if inner is not None:
+                raise inner from None
+            session.raise_blocked()
+            collector.close(exc)
+            return self._collected(collector, exc)
+        session.raise_blocked()
+        return self._collected(collector, None)
+
+    def _collected(self, collector: CarRecorder, exc: BaseException | None) -> car.Trajectory:
+        runs = collector.runs
+        status = RunStatus.MAX_STEPS if isinstance(exc, MaxTurnsExceeded) else RunStatus.ERROR
+        if runs and exc is not None:
+            # the SDK calls on_agent_end before its output guardrails run, so a tripwire
+            # arrives after the hooks closed the run as complete
+            return replace(runs[-1], status=status, error=repr(exc))
+        if runs:
+            return runs[-1]
+        return car.Trajectory.new(context=None, steps=[], status=status,
+                                  error=repr(exc) if exc is not None else "no model call")

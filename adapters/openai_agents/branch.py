@@ -1,0 +1,208 @@
+"""What an OpenAI Agents SDK app runs with on a CAR branch, in place of its models and tools.
+
+A branch never touches the user's agent objects: it runs a copy of the app (``clone_app``)
+whose agents carry a ``CarBranchModel`` each and whose function tools are guarded copies,
+linked by the same handoffs. ``CarBranchModel`` numbers the decisions from the branch step on,
+answers forced and held steps with the recorded action (no model call), and sends the others
+to the agent's own model (or the ``do_policy`` one) with the step's noise stream in context and
+a per-step seed in ``ModelSettings.extra_args`` for providers that honour one. A guarded tool
+serves a forced observation as given and answers a side-effect tool with ``ToolSafety``
+(record, simulator, or ``SideEffectBlocked``); other tools run live.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import weakref
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from agents import ModelResponse, ModelSettings, Usage
+from agents.handoffs import Handoff
+from agents.models.interface import Model
+from agents.tool import FunctionTool
+
+from car_core.contract import Noise, Plan
+from car_core.errors import AdapterError, CarError, PolicyError
+
+from ..chat_messages import ToolSafety, calls_of, canonical_arguments
+from ._items import action_of, output_of
+from .fake import _STEP_RNG
+from .recorder import handoff_target
+
+
+class Decided(Exception):
+    """Raised by the model on a ``redecide`` call once step ``k`` is decided (no tool runs)."""
+
+    def __init__(self, action: Any) -> None:
+        super().__init__("decided")
+        self.action = action
+
+
+class BranchSession:
+    """The state one branch's models and tools share: the plan, the noise, the step counter."""
+
+    def __init__(self, plan: Plan, noise: Noise, start: int, safety: ToolSafety,
+                 record: Mapping[tuple[str, str], Any], run_id: str | None,
+                 forced_obs: Mapping[int, list[dict[str, Any]]], *, seeds: bool = True,
+                 stop_after_first: bool = False) -> None:
+        self.plan = plan
+        self.noise = noise
+        self.next = start
+        self.current = start - 1
+        self.safety = safety
+        self.record = record
+        self.run_id = run_id
+        self.forced_obs = forced_obs
+        self.seeds = seeds
+        self.stop_after_first = stop_after_first
+        self.model_calls = 0
+        self.blocked: CarError | None = None
+        self._lock = threading.Lock()
+
+    def claim(self) -> int:
+        with self._lock:
+            k = self.next
+            self.next += 1
+            self.current = k
+            return k
+
+    def raise_blocked(self) -> None:
+        """Re-raise a refusal a tool had to hand to the SDK (which may turn tool exceptions into
+        messages for the model), so the branch stops with it."""
+        if self.blocked is not None:
+            raise self.blocked
+
+
+class CarBranchModel(Model):
+    """Serves one agent's decisions on a branch (see the module docstring)."""
+
+    def __init__(self, inner: Model, session: BranchSession, agent: str) -> None:
+        self.inner = inner
+        self.session = session
+        self.agent = agent
+
+    async def get_response(self, system_instructions: str | None, input: Any,
+                           model_settings: ModelSettings, tools: list[Any], output_schema: Any,
+                           handoffs: list[Any], tracing: Any, *, previous_response_id: Any = None,
+                           conversation_id: Any = None, prompt: Any = None) -> ModelResponse:
+        s = self.session
+        s.raise_blocked()
+        k = s.claim()
+        plan = s.plan
+        if k in plan.forced_actions and k not in plan.context_edits:
+            if s.stop_after_first:
+                raise Decided(plan.forced_actions[k])
+            return ModelResponse(output=output_of(plan.forced_actions[k]), usage=Usage(),
+                                 response_id=None)
+        model = self.inner
+        if plan.policy is not None and k >= plan.policy[0]:
+            model = plan.policy[1]
+            if not isinstance(model, Model):
+                raise AdapterError(f"do_policy gave {type(model).__name__}, not an agents.Model",
+                                   run_id=s.run_id, step=k,
+                                   hint="pass a Model instance (e.g. OpenAIChatCompletionsModel "
+                                        "or car_adapters.openai_agents.ScriptedModel)")
+        if s.seeds:
+            extra = {**(model_settings.extra_args or {}), "seed": s.noise.int_seed(k)}
+            model_settings = dataclasses.replace(model_settings, extra_args=extra)
+        token = _STEP_RNG.set(s.noise.rng(k, "policy"))
+        try:
+            s.model_calls += 1
+            resp = await model.get_response(
+                system_instructions, input, model_settings, tools, output_schema, handoffs,
+                tracing, previous_response_id=previous_response_id,
+                conversation_id=conversation_id, prompt=prompt)
+        except CarError:
+            raise
+        except Exception as exc:  # the model's failure: say which step
+            raise PolicyError(f"the model of agent {self.agent!r} raised {exc!r}",
+                              run_id=s.run_id, step=k,
+                              hint="check the model (and any do_policy model) works on its own"
+                              ) from exc
+        finally:
+            _STEP_RNG.reset(token)
+        if s.stop_after_first:
+            raise Decided(action_of(resp.output))
+        return resp
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        raise AdapterError("CAR branches drive the app with Runner.run, never streamed",
+                           hint="this is a bug in car_adapters.openai_agents; please report it")
+
+
+def _guarded(tool: FunctionTool, session: BranchSession) -> FunctionTool:
+    """A copy of ``tool`` that serves forced observations and guards side effects."""
+    inner = tool.on_invoke_tool
+    name = tool.name
+
+    async def invoke(ctx: Any, arguments: str) -> Any:
+        s = session
+        k = s.current
+        if k in s.forced_obs:
+            wanted = canonical_arguments(arguments)
+            cid = getattr(ctx, "tool_call_id", None)
+            for msg, (fcid, fname, fargs) in zip(s.forced_obs[k],
+                                                 calls_of(s.plan.forced_actions.get(k)),
+                                                 strict=False):
+                if fname == name and (fcid == cid or fargs == wanted):
+                    return msg["content"]
+        if s.safety.guards(name):
+            try:
+                return s.safety.serve(name, arguments, s.record, run_id=s.run_id, step=k)
+            except CarError as exc:
+                s.blocked = exc
+                raise
+        return await inner(ctx, arguments)
+
+    return dataclasses.replace(tool, on_invoke_tool=invoke)
+
+
+def clone_app(agents: Mapping[str, Any], models: Mapping[str, Model], session: BranchSession,
+              *, instructions: tuple[str, str] | None = None,
+              keep_input_guardrails: bool = True, used_tools: frozenset[str] = frozenset()
+              ) -> dict[str, Any]:
+    """Copies of the app's agents for one branch: branch models, guarded tools, handoffs that
+    lead to the copies. ``instructions``: ``(agent, text)`` replaces one agent's instructions
+    (a ``do_context`` edit of the system message). ``used_tools``: the agents that called
+    tools in the held prefix; the SDK resets their ``tool_choice`` after a tool call
+    (``reset_tool_choice``), state a fresh ``Runner.run`` does not have, so the copies start
+    reset."""
+    clones: dict[str, Any] = {}
+    for name, a in agents.items():
+        kw: dict[str, Any] = {
+            "model": CarBranchModel(models[name], session, name),
+            "tools": [_guarded(t, session) if isinstance(t, FunctionTool) else t
+                      for t in a.tools or ()]}
+        if instructions is not None and instructions[0] == name:
+            kw["instructions"] = instructions[1]
+        if not keep_input_guardrails:
+            kw["input_guardrails"] = []
+        if name in used_tools and a.reset_tool_choice and a.model_settings.tool_choice:
+            kw["model_settings"] = dataclasses.replace(a.model_settings, tool_choice=None)
+        clones[name] = a.clone(**kw)
+    for name, a in agents.items():
+        links = []
+        for h in a.handoffs or ():
+            if isinstance(h, Handoff):
+                links.append(_relinked(h, clones))
+            else:
+                links.append(clones[h.name])
+        clones[name].handoffs = links
+    return clones
+
+
+def _relinked(h: Handoff[Any, Any], clones: Mapping[str, Any]) -> Handoff[Any, Any]:
+    """A handoff object whose invocation returns the branch's copy of its target."""
+    original = h.on_invoke_handoff
+
+    async def invoke(ctx: Any, arguments: str) -> Any:
+        target = await original(ctx, arguments)
+        return clones.get(getattr(target, "name", ""), target)
+
+    out = dataclasses.replace(h, on_invoke_handoff=invoke)
+    target = handoff_target(h)
+    if target is not None and target.name in clones:
+        out._agent_ref = weakref.ref(clones[target.name])
+    return out

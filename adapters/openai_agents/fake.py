@@ -1,0 +1,85 @@
+"""A seeded, scripted ``agents.Model`` for tests, examples and benchmarks.
+
+``ScriptedModel(decide)`` is a real SDK model: ``Runner.run`` / ``run_sync`` / ``run_streamed``
+drive it like a hosted one. ``decide(messages, tools, rng)`` gets the OpenAI-style message list
+(system instructions first), the names of the tools and handoffs offered and a numpy
+generator, and returns an action dict (``{"role": "assistant", "content", "tool_calls"}``) or
+plain text. Inside a CAR branch the generator is the branch's per-step noise stream, so
+branches that share a rollout index share the model's randomness (common random numbers);
+outside CAR it is the model's own stream seeded at construction. ``calls`` counts the calls.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import numpy as np
+from agents import ModelResponse, Usage
+from agents.models.interface import Model
+from openai.types.responses import Response, ResponseCompletedEvent, ResponseUsage
+from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
+
+from ._items import output_of, to_dicts, tool_names_of
+
+Decide = Callable[[list[dict[str, Any]], list[str], np.random.Generator], Any]
+
+_STEP_RNG: contextvars.ContextVar[np.random.Generator | None] = contextvars.ContextVar(
+    "car_openai_agents_step_rng", default=None)
+
+
+def step_rng() -> np.random.Generator | None:
+    """The noise stream of the step a CAR branch is deciding, or None outside a branch."""
+    return _STEP_RNG.get()
+
+
+class ScriptedModel(Model):
+    """An SDK model whose every reply is ``decide(messages, tools, rng)``."""
+
+    uses_car_noise = True
+
+    def __init__(self, decide: Decide, *, seed: int = 0, model: str = "scripted") -> None:
+        self.decide = decide
+        self.model = model
+        self.calls = 0
+        self._rng = np.random.default_rng(seed)
+
+    def _respond(self, system: str | None, input: Any, tools: list[Any], handoffs: list[Any]
+                 ) -> ModelResponse:
+        self.calls += 1
+        items = [{"role": "user", "content": input}] if isinstance(input, str) else input
+        messages = to_dicts(system, items)
+        out = self.decide(messages, tool_names_of(tools, handoffs), step_rng() or self._rng)
+        if isinstance(out, str) or out is None:
+            out = {"role": "assistant", "content": out or ""}
+        prompt = sum(len(str(m.get("content") or "")) for m in messages) // 4 + 1
+        completion = len(str(out)) // 4 + 1
+        return ModelResponse(output=output_of(out), response_id=None,
+                             usage=Usage(requests=1, input_tokens=prompt,
+                                         output_tokens=completion,
+                                         total_tokens=prompt + completion))
+
+    async def get_response(self, system_instructions: str | None, input: Any,
+                           model_settings: Any, tools: list[Any], output_schema: Any,
+                           handoffs: list[Any], tracing: Any, *, previous_response_id: Any = None,
+                           conversation_id: Any = None, prompt: Any = None) -> ModelResponse:
+        return self._respond(system_instructions, input, tools, handoffs)
+
+    async def stream_response(self, system_instructions: str | None, input: Any,
+                              model_settings: Any, tools: list[Any], output_schema: Any,
+                              handoffs: list[Any], tracing: Any, *,
+                              previous_response_id: Any = None, conversation_id: Any = None,
+                              prompt: Any = None) -> AsyncIterator[Any]:
+        resp = self._respond(system_instructions, input, tools, handoffs)
+        u = resp.usage
+        usage = ResponseUsage(input_tokens=u.input_tokens, output_tokens=u.output_tokens,
+                              total_tokens=u.total_tokens,
+                              input_tokens_details=InputTokensDetails.model_validate(
+                                  {"cached_tokens": 0, "cache_write_tokens": 0}),
+                              output_tokens_details=OutputTokensDetails(reasoning_tokens=0))
+        response = Response(id="scripted", created_at=0, model=self.model, object="response",
+                            output=resp.output, tool_choice="auto", tools=[], top_p=None,
+                            parallel_tool_calls=True, status="completed", usage=usage)
+        yield ResponseCompletedEvent(type="response.completed", response=response,
+                                     sequence_number=0)

@@ -1,0 +1,221 @@
+"""``CarRecorder``: the SDK's own run hooks, turned into ``car.Trajectory`` values.
+
+Pass it as ``hooks=`` to ``Runner.run`` / ``run_sync`` / ``run_streamed``. Every model call is
+one step: the input items and instructions it saw (stored as OpenAI-style messages in
+``state``, the raw items in ``meta["input_items"]`` for exact re-entry), the agent that made
+it, its action, usage and latency. A step's observation is the tool results that answered its
+calls, read from the next call's input (what the model saw) or, for the last step, from the
+tool hooks. Handoffs are noted on the step that made them. Runs are told apart by their usage
+object, so one recorder can watch concurrent runs. A run that ends without a final output
+(an exception, a guardrail tripwire, ``max_turns``) is closed when ``run`` / ``runs`` is read,
+with status ``"error"``. The SDK runs output guardrails after its ``on_agent_end`` hook, so a
+run stopped by an output guardrail's tripwire is recorded as complete (with the output the
+guardrail refused); on branches ``OpenAIAgentsAgent`` sees the exception and marks it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agents import RunHooks
+from agents.handoffs import Handoff
+
+import car_core as car
+from car_core.contract import RunStatus
+from car_core.errors import AdapterError, StoreError
+
+from ..chat_messages import calls_of, tool_result
+from ._items import action_of, to_dicts
+
+log = logging.getLogger(__name__)
+UNFINISHED = "the run stopped before a final output (an exception, a guardrail or max_turns)"
+
+
+def agents_of(root: Any) -> dict[str, Any]:
+    """Every agent reachable from ``root`` through handoffs, by name."""
+    seen: dict[str, Any] = {}
+    todo = [root]
+    while todo:
+        a = todo.pop()
+        if a is None or a.name in seen:
+            if a is not None and seen[a.name] is not a:
+                raise AdapterError(f"two different agents are named {a.name!r}",
+                                   hint="give every agent in the app its own name")
+            continue
+        seen[a.name] = a
+        for h in getattr(a, "handoffs", None) or ():
+            todo.append(handoff_target(h))
+    return seen
+
+
+def handoff_target(h: Any) -> Any:
+    """The agent a handoff entry leads to (``None`` when the SDK keeps no reference)."""
+    if isinstance(h, Handoff):
+        ref = getattr(h, "_agent_ref", None)
+        return ref() if ref is not None else None
+    return h
+
+
+def tool_names(root: Any) -> dict[str, list[str]]:
+    """``agent name -> sorted tool names`` over the app (handoffs excluded)."""
+    return {name: sorted(str(getattr(t, "name", type(t).__name__)) for t in a.tools or ())
+            for name, a in agents_of(root).items()}
+
+
+def _model_name(agent: Any) -> str:
+    model = agent.model
+    model = getattr(model, "inner", model)  # a CAR branch model names the one it serves
+    if isinstance(model, str):
+        return model
+    return str(getattr(model, "model", None) or type(model).__name__ if model else "default")
+
+
+def _content(result: Any) -> Any:
+    if isinstance(result, str):
+        return result
+    try:
+        return json.dumps(result)
+    except (TypeError, ValueError):
+        return str(result)
+
+
+def _jsonable(value: Any) -> Any:
+    """Input items as plain JSON (a caller may pass SDK or pydantic objects as input)."""
+    def fallback(obj: Any) -> Any:
+        dump = getattr(obj, "model_dump", None)
+        return dump(mode="json", exclude_unset=True) if callable(dump) else str(obj)
+    return json.loads(json.dumps(value, default=fallback))
+
+
+@dataclass
+class _RunBuf:
+    root: Any
+    usage: Any  # held so that its id, the run's key, is not reused while the run is open
+    context: Any = None
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    open: dict[str, Any] | None = None
+    tool_results: dict[str, Any] = field(default_factory=dict)
+
+
+class CarRecorder(RunHooks[Any]):
+    """Run hooks that record each run; ``store`` (a path or ``car.RunStore``) saves each one."""
+
+    def __init__(self, store: str | Path | car.RunStore | None = None) -> None:
+        self.store = car.RunStore(store) if isinstance(store, (str, Path)) else store
+        self._runs: list[car.Trajectory] = []
+        self._bufs: dict[int, _RunBuf] = {}
+        self._lock = threading.Lock()
+        self.store_errors: list[StoreError] = []
+
+    @property
+    def runs(self) -> list[car.Trajectory]:
+        """The runs recorded so far (an unfinished one is closed as an error first)."""
+        self.close(None)
+        return list(self._runs)
+
+    @property
+    def run(self) -> car.Trajectory:
+        runs = self.runs
+        if not runs:
+            raise AdapterError("the recorder has seen no run",
+                               hint="pass hooks=recorder to Runner.run / run_sync / "
+                                    "run_streamed")
+        return runs[-1]
+
+    # -- the hooks -----------------------------------------------------------------------------
+    def _buf(self, context: Any, agent: Any) -> _RunBuf:
+        key = id(context.usage)
+        with self._lock:
+            if key not in self._bufs:
+                self._bufs[key] = _RunBuf(root=agent, usage=context.usage)
+            return self._bufs[key]
+
+    async def on_agent_start(self, context: Any, agent: Any) -> None:
+        self._buf(context, agent)
+
+    async def on_llm_start(self, context: Any, agent: Any, system_prompt: str | None,
+                           input_items: list[Any]) -> None:
+        buf = self._buf(context, agent)
+        items = _jsonable(list(input_items))
+        if buf.context is None:
+            buf.context = (items[0]["content"] if len(items) == 1 and isinstance(items[0], dict)
+                           and items[0].get("role") == "user"
+                           and isinstance(items[0].get("content"), str) else items)
+        buf.open = {"agent": agent.name, "system": system_prompt, "items": items,
+                    "started": time.monotonic()}
+
+    async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
+        buf = self._buf(context, agent)
+        opened, buf.open = buf.open, None
+        if opened is None:
+            return
+        u = response.usage
+        meta = {"agent": agent.name, "model": _model_name(agent),
+                "params": agent.model_settings.to_json_dict(),
+                "usage": {"prompt_tokens": int(u.input_tokens),
+                          "completion_tokens": int(u.output_tokens)},
+                "latency_s": round(time.monotonic() - opened["started"], 6),
+                "input_items": opened["items"]}
+        buf.steps.append({"action": action_of(response.output),
+                          "state": to_dicts(opened["system"], opened["items"]), "meta": meta})
+
+    async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: object) -> None:
+        cid = getattr(context, "tool_call_id", None)
+        if cid is not None:
+            self._buf(context, agent).tool_results[str(cid)] = _content(result)
+
+    async def on_handoff(self, context: Any, from_agent: Any, to_agent: Any) -> None:
+        buf = self._buf(context, from_agent)
+        if buf.steps:
+            buf.steps[-1]["meta"]["handoff"] = {"from": from_agent.name, "to": to_agent.name}
+
+    async def on_agent_end(self, context: Any, agent: Any, output: Any) -> None:
+        with self._lock:
+            buf = self._bufs.pop(id(context.usage), None)
+        if buf is not None:
+            self._finish(buf, None)
+
+    # -- closing runs --------------------------------------------------------------------------
+    def close(self, error: BaseException | str | None) -> None:
+        """Close every unfinished run as an error (``error`` says why)."""
+        with self._lock:
+            bufs, self._bufs = list(self._bufs.values()), {}
+        for buf in bufs:
+            if buf.steps:
+                self._finish(buf, error if error is not None else UNFINISHED)
+
+    def _finish(self, buf: _RunBuf, err: BaseException | str | None) -> None:
+        steps = []
+        for i, s in enumerate(buf.steps):
+            nxt = buf.steps[i + 1]["meta"]["input_items"] if i + 1 < len(buf.steps) else []
+            outputs = {str(it.get("call_id")): it.get("output") for it in nxt
+                       if isinstance(it, dict) and it.get("type") == "function_call_output"}
+            results = []
+            for cid, name, _ in calls_of(s["action"]):
+                if cid in outputs:
+                    results.append(tool_result(cid, name, _content(outputs[cid])))
+                elif cid in buf.tool_results:
+                    results.append(tool_result(cid, name, buf.tool_results[cid]))
+            steps.append(car.Step(index=i, action=s["action"], observation=results or None,
+                                  observed=bool(results), state=s["state"], meta=s["meta"]))
+        run = car.Trajectory.new(
+            context=buf.context, steps=steps, agent=f"openai-agents:{buf.root.name}",
+            status=RunStatus.ERROR if err is not None else RunStatus.COMPLETE,
+            error=(err if isinstance(err, str) else repr(err)) if err is not None else None,
+            meta={"framework": "openai-agents", "root_agent": buf.root.name,
+                  "tools": tool_names(buf.root)})
+        self._runs.append(run)
+        if self.store is not None:
+            try:
+                self.store.save(run)
+            except StoreError as exc:  # never break the user's agent run over storage
+                self.store_errors.append(exc)
+                log.error("CAR could not store run %s: %s", run.id, exc)
+
+

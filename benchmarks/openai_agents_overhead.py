@@ -1,0 +1,102 @@
+"""What recording costs an OpenAI Agents SDK app, measured with a model that costs nothing.
+
+The same ``Agent`` (a zero-latency ``ScriptedModel`` that calls an echo tool ``--steps - 1``
+times, then answers) runs in interleaved rounds: plain ``Runner.run``, with a ``CarRecorder``
+as its hooks (no store), and with a recorder that also writes every run to SQLite. The ratio is
+recorded time over plain time per round, reported as the median over rounds. Times are this
+process's CPU time (``time.process_time``), so other work on a shared machine does not enter
+them; interleaving cancels what drift remains. A real model call takes hundreds of
+milliseconds, so the per-step overhead in milliseconds is the figure that matters; the ratio is
+the worst case. The last row is a branch from the final step (every earlier step served from
+the record) for comparison.
+
+    .venv/bin/python benchmarks/openai_agents_overhead.py               # 10 rounds x 20 runs
+    .venv/bin/python benchmarks/openai_agents_overhead.py --rounds 5 --runs 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from agents import Agent, Runner, function_tool, set_tracing_disabled
+from car_adapters.chat_messages import assistant, tool_call
+from car_adapters.openai_agents import CarRecorder, OpenAIAgentsAgent, ScriptedModel
+
+import car_core as car
+
+
+def make_agent(steps: int) -> Agent[Any]:
+    def decide(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> Any:
+        k = sum(1 for m in messages if m["role"] == "assistant")
+        if k < steps - 1:
+            return assistant(None, [tool_call(f"call_{k}", "echo", {"text": f"step {k}"})])
+        return "done"
+
+    @function_tool
+    def echo(text: str) -> str:
+        """Echo the text."""
+        return text
+
+    return Agent(name="bench", instructions="bench", model=ScriptedModel(decide), tools=[echo])
+
+
+def timed_runs(agent: Agent[Any], runs: int, hooks: CarRecorder | None) -> float:
+    async def go() -> None:
+        for _ in range(runs):
+            await Runner.run(agent, "go", hooks=hooks, max_turns=1000)
+    gc.collect()
+    start = time.process_time()
+    asyncio.run(go())
+    return time.process_time() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--runs", type=int, default=20, help="agent runs per case per round")
+    parser.add_argument("--steps", type=int, default=5, help="model decisions per run")
+    args = parser.parse_args()
+    set_tracing_disabled(True)  # the same for every case; no export without a key anyway
+    agent = make_agent(args.steps)
+    db = Path(tempfile.mkdtemp()) / "bench.db"
+    bare_rec, stored_rec = CarRecorder(), CarRecorder(store=db)
+    timed_runs(agent, 2, None)  # warm imports and caches
+    times: dict[str, list[float]] = {"plain": [], "recorded": [], "recorded + SQLite": []}
+    for _ in range(args.rounds):
+        times["plain"].append(timed_runs(agent, args.runs, None))
+        times["recorded"].append(timed_runs(agent, args.runs, bare_rec))
+        times["recorded + SQLite"].append(timed_runs(agent, args.runs, stored_rec))
+    run = stored_rec.run
+    assert len(run.steps) == args.steps and len(stored_rec.runs) == args.rounds * args.runs
+
+    wrapped = OpenAIAgentsAgent(agent, max_turns=1000)
+    start = time.process_time()
+    car.intervene(run, wrapped, car.do_resample(args.steps - 1), outcome=lambda r: 0.0,
+                  rollouts=args.runs, progress=False)
+    branch_s = (time.process_time() - start) / args.runs
+
+    n = args.runs
+    plain = times["plain"]
+    print(f"OpenAI Agents SDK recording overhead: {args.rounds} rounds x {n} runs of "
+          f"{args.steps} decisions, zero-latency scripted model (CPU time)")
+    print(f"{'case':<36} {'ms/run':>8} {'ms/step':>8} {'overhead ms/step':>17} "
+          f"{'x plain (median)':>17}")
+    for case, ts in times.items():
+        per_run = statistics.median(ts) / n
+        ratio = statistics.median(t / p for t, p in zip(ts, plain, strict=True))
+        extra = (statistics.median(ts) - statistics.median(plain)) / n / args.steps
+        print(f"{case:<36} {per_run * 1e3:>8.2f} {per_run / args.steps * 1e3:>8.2f} "
+              f"{extra * 1e3:>17.3f} {ratio:>17.2f}")
+    print(f"{'branch at the last step (' + str(args.steps - 1) + ' held)':<36} "
+          f"{branch_s * 1e3:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()
