@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import io
 import os
 import shlex
 import sys
@@ -26,6 +27,7 @@ from . import _clikit as kit
 from . import defaults
 from ._json import dumps
 from .errors import CarError, InvalidInput
+from .redact import redact
 from .store import RunStore
 from .vocabulary import AttributionStatus
 
@@ -41,10 +43,40 @@ app = typer.Typer(
          "recorded steps and re-running the agent.",
     epilog=EXIT_CODES)
 
+
+
+class _Redacting(io.TextIOBase):
+    """The current ``sys.stdout``/``sys.stderr`` (looked up at each write, so captures work)
+    with every secret redacted from what is written."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def _target(self) -> Any:
+        return getattr(sys, self._name)
+
+    def write(self, text: str) -> int:
+        self._target.write(redact(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self._target.flush()
+
+    def isatty(self) -> bool:
+        return bool(self._target.isatty())
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return str(getattr(self._target, "encoding", None) or "utf-8")
+
+
+STDOUT: Any = _Redacting("stdout")
+STDERR: Any = _Redacting("stderr")
 # Piped output is not cut at 80 columns: scripts and captures get whole tables.
-out = Console(highlight=False, soft_wrap=True,
+out = Console(file=STDOUT, highlight=False, soft_wrap=True,
               width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", 120)))
-err = Console(stderr=True, highlight=False)
+err = Console(file=STDERR, highlight=False)
 
 StoreOpt = Annotated[str, typer.Option("--store", help="SQLite store of runs.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
@@ -76,7 +108,7 @@ def _errors(fn: F) -> F:
 
 
 def _print_json(value: Any) -> None:
-    sys.stdout.write(dumps(value) + "\n")
+    STDOUT.write(dumps(value) + "\n")
 
 
 # -- runs / show ---------------------------------------------------------------------------------

@@ -29,12 +29,16 @@ from ``noise.rng(k, "environment")``; the outcome is scored by the engine (``Out
 the agent. Check an adapter with ``car_core.testing.run_conformance(factory, context=...,
 outcome=...)``: replay with everything held reproduces the run, a held prefix makes no model or
 tool call, lineage and origins are right, forced values are used, noise is honoured.
+
+Secrets: ``redact`` is the one redaction rule; register API keys with ``redact.register``, chain
+``redact.redacted(exc)`` instead of a client's exception, and log through ``redact.logger``.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+from . import redact
 from ._json import JSON
 from .agent import Agent
 from .interventions import Plan
@@ -46,7 +50,7 @@ from .vocabulary import AttributionStatus, Origin, RunStatus
 
 __all__ = ["JSON", "Agent", "AsyncAgent", "AttributionStatus", "History", "ModelPolicy", "Noise",
            "Origin", "Outcome", "OutcomeFn", "Plan", "RunStatus", "Step", "Trajectory",
-           "retry_after"]
+           "redact", "retry_after"]
 
 
 @runtime_checkable

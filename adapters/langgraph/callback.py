@@ -11,7 +11,6 @@ through one handler; each finished run is saved to the store and becomes ``cb.ru
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -24,13 +23,13 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.runnables.config import var_child_runnable_config
 
 from car_core import RunStore
-from car_core.contract import Origin, RunStatus, Step, Trajectory
+from car_core.contract import Origin, RunStatus, Step, Trajectory, redact
 from car_core.errors import StoreError
 
 from .messages import decode, jsonable, to_dict, to_dicts, usage_of
 
 MESSAGES_KEY = "messages"
-log = logging.getLogger(__name__)
+log = redact.logger(__name__)  # log records pass the redaction rule
 
 
 @dataclass

@@ -16,7 +16,6 @@ recorder ignores them, and the branch's own private recorder takes only them.
 from __future__ import annotations
 
 import contextvars
-import logging
 import os
 import threading
 import time
@@ -34,13 +33,13 @@ from llama_index.core.workflow import Workflow
 
 import car_core as car
 from car_core import RunStore
-from car_core.contract import RunStatus
+from car_core.contract import RunStatus, redact
 from car_core.errors import AdapterError, StoreError
 
 from ..chat_messages import tool_result
 from ._messages import action_of, to_dicts
 
-log = logging.getLogger(__name__)
+log = redact.logger(__name__)  # log records pass the redaction rule
 BRANCH_TOKEN: contextvars.ContextVar[object | None] = contextvars.ContextVar(
     "car_branch_token", default=None)
 WRAPPER_MODELS = ("CarBranchLLM",)
