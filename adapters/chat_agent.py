@@ -16,21 +16,36 @@ failure is recorded and attributable like any other. What the engine needs besid
 
 from __future__ import annotations
 
+import contextvars
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 import car_core as car
 from car_core.errors import CarError, InvalidInput
+from car_core.interventions import Plan
+from car_core.seeding import Noise
 
-from .chat_messages import assistant, parse_arguments, tool_call, tool_result
+from .chat_messages import (
+    Simulator,
+    ToolSafety,
+    assistant,
+    parse_arguments,
+    recorded_calls,
+    tool_call,
+    tool_result,
+)
 
 Message = dict[str, Any]
 EnvironmentFn = Callable[[car.History, Any, np.random.Generator], list[Message]]
+# (run id, recorded calls) while a counterfactual branch of that run is being driven
+_BRANCH: contextvars.ContextVar[tuple[str, dict[tuple[str, str], Any]] | None] = \
+    contextvars.ContextVar("car_chat_branch", default=None)
 
 
 def context_messages(context: Any) -> list[Message]:
@@ -149,18 +164,25 @@ class ChatPolicy:
         return meta
 
 
-def run_tools(tools: Mapping[str, Callable[..., Any]]) -> EnvironmentFn:
+def run_tools(tools: Mapping[str, Callable[..., Any]],
+              safety: ToolSafety | None = None) -> EnvironmentFn:
     """An environment that runs each tool call with ``tools[name](**arguments)`` and answers
     with tool messages; a tool that raises answers with its error, as real agents see it,
-    except a CAR error (a blocked side effect, a budget), which stops the branch."""
+    except a CAR error (a blocked side effect, a budget), which stops the branch. On a
+    counterfactual branch the tools ``safety`` guards never run: ``safety.serve`` answers them
+    from the record, by a simulator, or stops the branch with ``SideEffectBlocked``."""
     def environment(history: car.History, action: Any, rng: np.random.Generator
                     ) -> list[Message]:
         results = []
+        branch = _BRANCH.get()
         for call in (action or {}).get("tool_calls") or []:
             name = call["function"]["name"]
             args = parse_arguments(call["function"]["arguments"] or "{}")
             fn = tools.get(name)
-            if fn is None:
+            if branch is not None and safety is not None and safety.guards(name):
+                run_id, record = branch
+                content = safety.serve(name, args, record, run_id=run_id, step=history.index)
+            elif fn is None:
                 content: Any = f"error: no tool named {name!r}"
             else:
                 try:
@@ -179,15 +201,38 @@ def is_final(action: Any) -> bool:
     return not (isinstance(action, dict) and action.get("tool_calls"))
 
 
+@dataclass
+class ChatFunctionAgent(car.FunctionAgent):
+    """The ``car.FunctionAgent`` a ``ChatAgent`` is: its branches run with the record's tool
+    calls at hand, so the environment can answer side-effect tools without running them."""
+
+    safety: ToolSafety = field(default_factory=ToolSafety)
+    prefers_concurrency: bool = False
+
+    def branch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
+        token = _BRANCH.set((run.id, recorded_calls(run.steps)))
+        try:
+            return super().branch(run, plan, noise)
+        finally:
+            _BRANCH.reset(token)
+
+
 def ChatAgent(policy: Callable[..., Any], tools: Mapping[str, Callable[..., Any]] | None = None,
-              *, max_steps: int = 8, name: str = "chat-agent") -> car.FunctionAgent:
-    """A tool-calling chat agent as a ``car.FunctionAgent``. Over a model server (``remote``
-    policies) it asks for the asyncio executor by default: branches then wait on the server
-    together instead of one after another."""
-    agent = car.FunctionAgent(policy=policy, environment=run_tools(dict(tools or {})),
-                              is_final=is_final, max_steps=max_steps, name=name)
-    agent.prefers_concurrency = bool(getattr(policy, "remote", False))  # type: ignore[attr-defined]
-    return agent
+              *, side_effect_tools: Iterable[str] = (),
+              simulators: Mapping[str, Simulator] | None = None, max_steps: int = 8,
+              name: str = "chat-agent") -> ChatFunctionAgent:
+    """A tool-calling chat agent as a ``car.FunctionAgent``. ``side_effect_tools`` never run on
+    a counterfactual branch: a call is answered from the record when it matches a recorded
+    call exactly, else by ``simulators[name](arguments)``, else the branch stops with
+    ``SideEffectBlocked``; a name that is not one of ``tools`` is refused here. Over a model
+    server (``remote`` policies) it asks for the asyncio executor by default: branches then
+    wait on the server together instead of one after another."""
+    tools = dict(tools or {})
+    safety = ToolSafety.of(side_effect_tools, simulators)
+    safety.check_names(tools, agent=f"chat agent {name!r}")
+    return ChatFunctionAgent(policy=policy, environment=run_tools(tools, safety),
+                             is_final=is_final, max_steps=max_steps, name=name, safety=safety,
+                             prefers_concurrency=bool(getattr(policy, "remote", False)))
 
 
 def edit_context(edit: Callable[[list[Message]], list[Message]]
