@@ -131,6 +131,10 @@ class ChatPolicy:
     model: str = ""
     tools: list[dict[str, Any]] | None = None
     remote = False  # True when each decision waits on a model server
+    # Whether the same state and seed give the same reply: None means measure it (once per
+    # policy object, by ``seed_check``); a backend known to honour the seed says True.
+    honours_seed: bool | None = None
+    PROBE_SEED = 1_234_567
 
     def __init__(self) -> None:
         self._local = threading.local()
@@ -156,6 +160,27 @@ class ChatPolicy:
                 "latency_s": round(time.monotonic() - started, 4)}
         self._local.meta = meta
         return action
+
+    def seed_check(self, states: Sequence[tuple[list[Message], int]]) -> str | None:
+        """Why branches cannot share this model's randomness, or None when they can: each of
+        ``states`` (messages, step) is decided twice with one seed and the replies compared
+        (llama.cpp's ``chatml-function-calling`` format, for one, ignores the request seed).
+        Measured once per policy object; the calls are not charged to any budget."""
+        if self.honours_seed is True:
+            return None
+        verdict = self.__dict__.get("_seed_verdict")
+        if verdict is None:
+            verdict = ""
+            for messages, k in states:
+                first, _ = self.complete(messages, self.PROBE_SEED, k)
+                again, _ = self.complete(messages, self.PROBE_SEED, k)
+                if first != again:
+                    verdict = (f"measured: model {self.model!r} gave two different replies to "
+                               f"the state of step {k} with one seed, so it ignores the "
+                               "request seed and branches cannot share its randomness")
+                    break
+            self.__dict__["_seed_verdict"] = verdict
+        return verdict or None
 
     def step_meta(self) -> dict[str, Any]:
         """Metadata of this thread's last decision (model, params, usage, seed, latency)."""
@@ -208,6 +233,15 @@ class ChatFunctionAgent(car.FunctionAgent):
 
     safety: ToolSafety = field(default_factory=ToolSafety)
     prefers_concurrency: bool = False
+
+    def seed_check(self, run: car.Trajectory) -> str | None:
+        """Measured by the policy (see ``ChatPolicy.seed_check``) on the run's first, middle
+        and last recorded states; a plain policy function draws from CAR's noise, so None."""
+        check = getattr(self.policy, "seed_check", None)
+        if not callable(check) or not run.steps:
+            return None
+        ks = sorted({0, len(run.steps) // 2, len(run.steps) - 1})
+        return check([(history_messages(run.history(k)), k) for k in ks])  # type: ignore[no-any-return]
 
     def branch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
         token = _BRANCH.set((run.id, recorded_calls(run.steps)))

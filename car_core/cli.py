@@ -334,6 +334,8 @@ def _print_result(r: dict[str, Any], seconds: float, store: str) -> None:
     out.print(Text(f"{r.get('rollouts_used')} rollouts in {seconds:.1f}s · seed {r.get('seed')} · "
                    f"branches {'coupled' if r.get('coupled') else 'independent'} · attribution "
                    f"{r.get('attribution_id')}"))
+    if not r.get("coupled") and r.get("coupling"):
+        out.print(Text(f"branches independent: {kit.safe(str(r['coupling']))}", style="dim"))
     if r.get("truncated"):
         out.print(Text(f"truncated: {r.get('budget_note') or 'budget reached'}", style="yellow"))
     out.print(Text(f"report: car report {r.get('run_id')} --store {store} --out report.html",
