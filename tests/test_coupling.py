@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import car_core as car
 from car_core import synthetic as syn
 from car_core.seeding import coupling
