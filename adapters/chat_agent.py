@@ -27,9 +27,8 @@ from typing import Any
 import numpy as np
 
 import car_core as car
-from car_core.errors import CarError, InvalidInput
-from car_core.interventions import Plan
-from car_core.seeding import Noise
+from car_core.contract import Noise, Plan, redact
+from car_core.errors import CarError, InvalidInput, PolicyError
 
 from .chat_messages import (
     Simulator,
@@ -172,8 +171,7 @@ class ChatPolicy:
         if verdict is None:
             verdict = ""
             for messages, k in states:
-                first, _ = self.complete(messages, self.PROBE_SEED, k)
-                again, _ = self.complete(messages, self.PROBE_SEED, k)
+                first, again = (self._probe(messages, k) for _ in range(2))
                 if first != again:
                     verdict = (f"measured: model {self.model!r} gave two different replies to "
                                f"the state of step {k} with one seed, so it ignores the "
@@ -181,6 +179,17 @@ class ChatPolicy:
                     break
             self.__dict__["_seed_verdict"] = verdict
         return verdict or None
+
+    def _probe(self, messages: list[Message], k: int) -> dict[str, Any]:
+        try:
+            return self.complete(messages, self.PROBE_SEED, k)[0]
+        except CarError:
+            raise
+        except Exception as exc:  # as call_policy reports a policy's own failure
+            raise PolicyError(f"the policy raised {redact.describe(exc)} while CAR checked whether "
+                              "it honours the seed", step=k,
+                              hint="run the policy alone to see the error"
+                              ) from redact.redacted(exc)
 
     def step_meta(self) -> dict[str, Any]:
         """Metadata of this thread's last decision (model, params, usage, seed, latency)."""

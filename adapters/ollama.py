@@ -25,6 +25,10 @@ except ImportError as exc:  # pragma: no cover - part of the default install
     raise ImportError("car_adapters.ollama needs the ollama client: pip install ollama") from exc
 
 
+# the client's own loggers (request URLs) pass the redaction rule too
+CLIENT_LOGGERS = ("ollama", "httpx", "httpx2", "httpcore", "httpcore2")
+
+
 def ollama_messages(messages: Sequence[Message]) -> list[Message]:
     """OpenAI-style messages in Ollama's shape: dict arguments, no call ids, ``tool_name``."""
     names: dict[str, str] = {}
@@ -71,6 +75,7 @@ class OllamaPolicy(ChatPolicy):
         self.max_tokens, self.timeout, self.stream = max_tokens, timeout, stream
         self.max_retries, self.retry_time, self.backoff = max_retries, retry_time, backoff
         self.client = client or ollama.Client(host=host, timeout=timeout)
+        redact.guard_loggers(*CLIENT_LOGGERS)
 
     def _options(self, seed: int) -> dict[str, Any]:
         opts: dict[str, Any] = {"seed": seed, "temperature": self.temperature,
@@ -105,7 +110,8 @@ class OllamaPolicy(ChatPolicy):
                         hint=f"run `ollama pull {self.model}` or pick one from `ollama list`"
                         ) from redact.redacted(exc)
                 if exc.status_code != 429 and exc.status_code < 500:
-                    raise PolicyError(f"the Ollama server rejected the request: {redact.describe(exc)}",
+                    raise PolicyError("the Ollama server rejected the request: "
+                                      f"{redact.describe(exc)}",
                                       hint="check the tools and options this model accepts"
                                       ) from redact.redacted(exc)
                 failure: Exception = exc

@@ -26,6 +26,8 @@ try:
 except ImportError as exc:  # pragma: no cover - part of the default install
     raise ImportError("car_adapters.openai needs the openai client: pip install openai") from exc
 
+# the client's own loggers (request URLs, retried errors) pass the redaction rule too
+CLIENT_LOGGERS = ("openai", "httpx", "httpx2", "httpcore", "httpcore2")
 RETRYABLE = (openai.RateLimitError, openai.InternalServerError, openai.APIConnectionError)
 
 
@@ -75,8 +77,13 @@ class OpenAIPolicy(ChatPolicy):
         self.backoff, self.logprobs, self.prices = backoff, logprobs, prices
         self.base_url, self.tool_choice = base_url, tool_choice
         redact.register(api_key)  # never stored, rendered or printed from here on
+        redact.guard_loggers(*CLIENT_LOGGERS)
         if client is None:
             key = api_key or os.environ.get("OPENAI_API_KEY")
+            if key is not None and not key.isascii():
+                raise InvalidInput("the API key contains a character an HTTP header cannot "
+                                   "carry (a stray non-ASCII character pasted with it?)",
+                                   hint="copy the key again, or set OPENAI_API_KEY cleanly")
             if key is None and base_url is None:
                 raise ModelUnavailable(
                     f"no API key for the hosted model {model!r}",

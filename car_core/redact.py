@@ -155,6 +155,16 @@ class LogFilter(logging.Filter):
         return True
 
 
+def guard_loggers(*prefixes: str) -> None:
+    """Put the filter on every logger created so far under ``prefixes`` (an HTTP client's
+    loggers, which log request URLs and errors): a filter acts only on its own logger's
+    records, so each one needs it."""
+    names = [n for n in list(logging.root.manager.loggerDict)
+             if any(n == p or n.startswith(p + ".") for p in prefixes)]
+    for name in {*prefixes, *names}:
+        logger(name)
+
+
 def logger(name: str) -> logging.Logger:
     """``logging.getLogger(name)`` with the redaction filter on it (added once)."""
     log = logging.getLogger(name)
@@ -163,5 +173,6 @@ def logger(name: str) -> logging.Logger:
     return log
 
 
-__all__ = ["MARK", "LogFilter", "RedactedError", "describe", "known_secrets", "logger",
+__all__ = ["MARK", "LogFilter", "RedactedError", "describe", "guard_loggers", "known_secrets",
+           "logger",
            "redact", "redact_json", "redacted", "register"]
