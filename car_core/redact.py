@@ -45,7 +45,8 @@ _PATTERNS: tuple[tuple[re.Pattern[str], Any], ...] = (
                 r"""(["']?\s*[:=]\s*["']?)(?:(bearer|basic|token)\s+)?""" + _NOT_DONE
                 + r"(?!(?i:bearer|basic|token)\s)" + _VALUE),
      _header),
-    (re.compile(r"(?i)\b(bearer|basic)\s+" + _NOT_DONE + _VALUE), r"\1 " + MARK),
+    (re.compile(r"(?i)\b(bearer|basic)\s+" + _NOT_DONE + r"""[^\s"',;}\]]{8,}"""),
+     r"\1 " + MARK),  # 8+: a credential, not "Bearer of bad news"
     (re.compile(r"\bsk-[A-Za-z0-9_\-]{12,}"), MARK),
     # URL userinfo: keep the user name, drop the password (or a lone token)
     (re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)([^/\s:@\"']+):" + _NOT_DONE
