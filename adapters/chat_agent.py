@@ -16,21 +16,35 @@ failure is recorded and attributable like any other. What the engine needs besid
 
 from __future__ import annotations
 
+import contextvars
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 import car_core as car
-from car_core.errors import CarError, InvalidInput
+from car_core.contract import Noise, Plan, redact
+from car_core.errors import CarError, InvalidInput, PolicyError
 
-from .chat_messages import assistant, parse_arguments, tool_call, tool_result
+from .chat_messages import (
+    Simulator,
+    ToolSafety,
+    assistant,
+    parse_arguments,
+    recorded_calls,
+    tool_call,
+    tool_result,
+)
 
 Message = dict[str, Any]
 EnvironmentFn = Callable[[car.History, Any, np.random.Generator], list[Message]]
+# (run id, recorded calls) while a counterfactual branch of that run is being driven
+_BRANCH: contextvars.ContextVar[tuple[str, dict[tuple[str, str], Any]] | None] = \
+    contextvars.ContextVar("car_chat_branch", default=None)
 
 
 def context_messages(context: Any) -> list[Message]:
@@ -116,6 +130,10 @@ class ChatPolicy:
     model: str = ""
     tools: list[dict[str, Any]] | None = None
     remote = False  # True when each decision waits on a model server
+    # Whether the same state and seed give the same reply: None means measure it (once per
+    # policy object, by ``seed_check``); a backend known to honour the seed says True.
+    honours_seed: bool | None = None
+    PROBE_SEED = 1_234_567
 
     def __init__(self) -> None:
         self._local = threading.local()
@@ -142,6 +160,37 @@ class ChatPolicy:
         self._local.meta = meta
         return action
 
+    def seed_check(self, states: Sequence[tuple[list[Message], int]]) -> str | None:
+        """Why branches cannot share this model's randomness, or None when they can: each of
+        ``states`` (messages, step) is decided twice with one seed and the replies compared
+        (llama.cpp's ``chatml-function-calling`` format, for one, ignores the request seed).
+        Measured once per policy object; the calls are not charged to any budget."""
+        if self.honours_seed is True:
+            return None
+        verdict = self.__dict__.get("_seed_verdict")
+        if verdict is None:
+            verdict = ""
+            for messages, k in states:
+                first, again = (self._probe(messages, k) for _ in range(2))
+                if first != again:
+                    verdict = (f"measured: model {self.model!r} gave two different replies to "
+                               f"the state of step {k} with one seed, so it ignores the "
+                               "request seed and branches cannot share its randomness")
+                    break
+            self.__dict__["_seed_verdict"] = verdict
+        return verdict or None
+
+    def _probe(self, messages: list[Message], k: int) -> dict[str, Any]:
+        try:
+            return self.complete(messages, self.PROBE_SEED, k)[0]
+        except CarError:
+            raise
+        except Exception as exc:  # as call_policy reports a policy's own failure
+            raise PolicyError(f"the policy raised {redact.describe(exc)} while CAR checked whether "
+                              "it honours the seed", step=k,
+                              hint="run the policy alone to see the error"
+                              ) from redact.redacted(exc)
+
     def step_meta(self) -> dict[str, Any]:
         """Metadata of this thread's last decision (model, params, usage, seed, latency)."""
         meta = getattr(self._local, "meta", None) or {}
@@ -149,18 +198,25 @@ class ChatPolicy:
         return meta
 
 
-def run_tools(tools: Mapping[str, Callable[..., Any]]) -> EnvironmentFn:
+def run_tools(tools: Mapping[str, Callable[..., Any]],
+              safety: ToolSafety | None = None) -> EnvironmentFn:
     """An environment that runs each tool call with ``tools[name](**arguments)`` and answers
     with tool messages; a tool that raises answers with its error, as real agents see it,
-    except a CAR error (a blocked side effect, a budget), which stops the branch."""
+    except a CAR error (a blocked side effect, a budget), which stops the branch. On a
+    counterfactual branch the tools ``safety`` guards never run: ``safety.serve`` answers them
+    from the record, by a simulator, or stops the branch with ``SideEffectBlocked``."""
     def environment(history: car.History, action: Any, rng: np.random.Generator
                     ) -> list[Message]:
         results = []
+        branch = _BRANCH.get()
         for call in (action or {}).get("tool_calls") or []:
             name = call["function"]["name"]
             args = parse_arguments(call["function"]["arguments"] or "{}")
             fn = tools.get(name)
-            if fn is None:
+            if branch is not None and safety is not None and safety.guards(name):
+                run_id, record = branch
+                content = safety.serve(name, args, record, run_id=run_id, step=history.index)
+            elif fn is None:
                 content: Any = f"error: no tool named {name!r}"
             else:
                 try:
@@ -179,15 +235,47 @@ def is_final(action: Any) -> bool:
     return not (isinstance(action, dict) and action.get("tool_calls"))
 
 
+@dataclass
+class ChatFunctionAgent(car.FunctionAgent):
+    """The ``car.FunctionAgent`` a ``ChatAgent`` is: its branches run with the record's tool
+    calls at hand, so the environment can answer side-effect tools without running them."""
+
+    safety: ToolSafety = field(default_factory=ToolSafety)
+    prefers_concurrency: bool = False
+
+    def seed_check(self, run: car.Trajectory) -> str | None:
+        """Measured by the policy (see ``ChatPolicy.seed_check``) on the run's first, middle
+        and last recorded states; a plain policy function draws from CAR's noise, so None."""
+        check = getattr(self.policy, "seed_check", None)
+        if not callable(check) or not run.steps:
+            return None
+        ks = sorted({0, len(run.steps) // 2, len(run.steps) - 1})
+        return check([(history_messages(run.history(k)), k) for k in ks])  # type: ignore[no-any-return]
+
+    def branch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
+        token = _BRANCH.set((run.id, recorded_calls(run.steps)))
+        try:
+            return super().branch(run, plan, noise)
+        finally:
+            _BRANCH.reset(token)
+
+
 def ChatAgent(policy: Callable[..., Any], tools: Mapping[str, Callable[..., Any]] | None = None,
-              *, max_steps: int = 8, name: str = "chat-agent") -> car.FunctionAgent:
-    """A tool-calling chat agent as a ``car.FunctionAgent``. Over a model server (``remote``
-    policies) it asks for the asyncio executor by default: branches then wait on the server
-    together instead of one after another."""
-    agent = car.FunctionAgent(policy=policy, environment=run_tools(dict(tools or {})),
-                              is_final=is_final, max_steps=max_steps, name=name)
-    agent.prefers_concurrency = bool(getattr(policy, "remote", False))  # type: ignore[attr-defined]
-    return agent
+              *, side_effect_tools: Iterable[str] = (),
+              simulators: Mapping[str, Simulator] | None = None, max_steps: int = 8,
+              name: str = "chat-agent") -> ChatFunctionAgent:
+    """A tool-calling chat agent as a ``car.FunctionAgent``. ``side_effect_tools`` never run on
+    a counterfactual branch: a call is answered from the record when it matches a recorded
+    call exactly, else by ``simulators[name](arguments)``, else the branch stops with
+    ``SideEffectBlocked``; a name that is not one of ``tools`` is refused here. Over a model
+    server (``remote`` policies) it asks for the asyncio executor by default: branches then
+    wait on the server together instead of one after another."""
+    tools = dict(tools or {})
+    safety = ToolSafety.of(side_effect_tools, simulators)
+    safety.check_names(tools, agent=f"chat agent {name!r}")
+    return ChatFunctionAgent(policy=policy, environment=run_tools(tools, safety),
+                             is_final=is_final, max_steps=max_steps, name=name, safety=safety,
+                             prefers_concurrency=bool(getattr(policy, "remote", False)))
 
 
 def edit_context(edit: Callable[[list[Message]], list[Message]]

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from car_core.contract import Plan, canonical_arguments
-from car_core.errors import CarError, InvalidIntervention, SideEffectBlocked
+from car_core.errors import CarError, InvalidInput, InvalidIntervention, SideEffectBlocked
 
 Message = dict[str, Any]
 Simulator = Callable[[dict[str, Any]], Any]
@@ -199,6 +199,18 @@ class ToolSafety:
 
     def guards(self, name: str) -> bool:
         return name in self.side_effect_tools
+
+    def check_names(self, available: Iterable[str], *, agent: str = "the agent") -> None:
+        """Refuse a side-effect tool (or simulator) name the agent has no tool for: a typo
+        would leave the real tool unguarded on every branch."""
+        tools = sorted(set(available))
+        unknown = sorted(self.side_effect_tools - set(tools))
+        if unknown:
+            raise InvalidInput(
+                f"side_effect_tools/simulators name {unknown}, but {agent} has no such tool "
+                f"(its tools: {tools})",
+                hint="spell each name exactly as the tool is registered, so branches can keep "
+                     "it from running")
 
     def serve(self, name: str, arguments: Any, record: Mapping[tuple[str, str], Any], *,
               run_id: str | None = None, step: int | None = None) -> Any:

@@ -249,6 +249,8 @@ class LocalPolicy(ChatPolicy):
     The seed comes from the branch's noise, so CAR's common random numbers reach the model.
     """
 
+    honours_seed = True  # every call starts from an empty KV cache with the given seed
+
     def __init__(self, tools: Sequence[Mapping[str, Any]] | None = None, *,
                  temperature: float = 0.8, max_tokens: int = 64, top_p: float = 0.95,
                  fresh_tools: bool = False) -> None:

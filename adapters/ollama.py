@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from car_core.contract import redact
 from car_core.errors import InvalidInput, ModelUnavailable, PolicyError
 
 from .chat_agent import ChatPolicy, Message, make_action
@@ -22,6 +23,10 @@ try:
     import ollama
 except ImportError as exc:  # pragma: no cover - part of the default install
     raise ImportError("car_adapters.ollama needs the ollama client: pip install ollama") from exc
+
+
+# the client's own loggers (request URLs) pass the redaction rule too
+CLIENT_LOGGERS = ("ollama", "httpx", "httpx2", "httpcore", "httpcore2")
 
 
 def ollama_messages(messages: Sequence[Message]) -> list[Message]:
@@ -70,6 +75,7 @@ class OllamaPolicy(ChatPolicy):
         self.max_tokens, self.timeout, self.stream = max_tokens, timeout, stream
         self.max_retries, self.retry_time, self.backoff = max_retries, retry_time, backoff
         self.client = client or ollama.Client(host=host, timeout=timeout)
+        redact.guard_loggers(*CLIENT_LOGGERS)
 
     def _options(self, seed: int) -> dict[str, Any]:
         opts: dict[str, Any] = {"seed": seed, "temperature": self.temperature,
@@ -102,11 +108,12 @@ class OllamaPolicy(ChatPolicy):
                     raise ModelUnavailable(
                         f"the Ollama server has no model {self.model!r}: {exc.error}",
                         hint=f"run `ollama pull {self.model}` or pick one from `ollama list`"
-                        ) from exc
+                        ) from redact.redacted(exc)
                 if exc.status_code != 429 and exc.status_code < 500:
-                    raise PolicyError(f"the Ollama server rejected the request: {exc}",
+                    raise PolicyError("the Ollama server rejected the request: "
+                                      f"{redact.describe(exc)}",
                                       hint="check the tools and options this model accepts"
-                                      ) from exc
+                                      ) from redact.redacted(exc)
                 failure: Exception = exc
             except (ConnectionError, httpx.TransportError) as exc:
                 failure = exc
@@ -114,9 +121,9 @@ class OllamaPolicy(ChatPolicy):
             if attempt >= self.max_retries or time.monotonic() + delay > deadline:
                 raise ModelUnavailable(
                     f"Ollama model {self.model!r} at {self.host or 'localhost:11434'} still "
-                    f"failing after {attempt + 1} tries: {type(failure).__name__}: {failure}",
+                    f"failing after {attempt + 1} tries: {redact.describe(failure)}",
                     hint="start the server (`ollama serve`) or fix host=; raise timeout/"
-                         "retry_time for a slow server") from failure
+                         "retry_time for a slow server") from redact.redacted(failure)
             time.sleep(delay)
             attempt += 1
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from car_core.contract import retry_after
+from car_core.contract import redact, retry_after
 from car_core.errors import InvalidInput, ModelUnavailable, PolicyError
 
 from .chat_agent import ChatPolicy, Message, make_action
@@ -26,6 +26,8 @@ try:
 except ImportError as exc:  # pragma: no cover - part of the default install
     raise ImportError("car_adapters.openai needs the openai client: pip install openai") from exc
 
+# the client's own loggers (request URLs, retried errors) pass the redaction rule too
+CLIENT_LOGGERS = ("openai", "httpx", "httpx2", "httpcore", "httpcore2")
 RETRYABLE = (openai.RateLimitError, openai.InternalServerError, openai.APIConnectionError)
 
 
@@ -74,8 +76,14 @@ class OpenAIPolicy(ChatPolicy):
         self.timeout, self.max_retries, self.retry_time = timeout, max_retries, retry_time
         self.backoff, self.logprobs, self.prices = backoff, logprobs, prices
         self.base_url, self.tool_choice = base_url, tool_choice
+        redact.register(api_key)  # never stored, rendered or printed from here on
+        redact.guard_loggers(*CLIENT_LOGGERS)
         if client is None:
             key = api_key or os.environ.get("OPENAI_API_KEY")
+            if key is not None and not key.isascii():
+                raise InvalidInput("the API key contains a character an HTTP header cannot "
+                                   "carry (a stray non-ASCII character pasted with it?)",
+                                   hint="copy the key again, or set OPENAI_API_KEY cleanly")
             if key is None and base_url is None:
                 raise ModelUnavailable(
                     f"no API key for the hosted model {model!r}",
@@ -83,6 +91,8 @@ class OpenAIPolicy(ChatPolicy):
                          "OpenAI-compatible server (llama.cpp, vLLM, Ollama's /v1)")
             client = openai.OpenAI(api_key=key or "not-needed", base_url=base_url,
                                    timeout=timeout, max_retries=0)
+        else:
+            redact.register(getattr(client, "api_key", None))
         self.client = client
 
     def _request(self, messages: list[Message], seed: int) -> Any:
@@ -110,10 +120,12 @@ class OpenAIPolicy(ChatPolicy):
             except openai.NotFoundError as exc:
                 raise ModelUnavailable(
                     f"the server has no model {self.model!r} ({exc.status_code})",
-                    hint="check the model name against the server's model list") from exc
+                    hint="check the model name against the server's model list"
+                    ) from redact.redacted(exc)
             except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
                 raise ModelUnavailable(f"the server refused the API key ({exc.status_code})",
-                                       hint="set a valid OPENAI_API_KEY or api_key=") from exc
+                                       hint="set a valid OPENAI_API_KEY or api_key="
+                                       ) from redact.redacted(exc)
             except RETRYABLE as exc:
                 delay = _retry_after(exc) or self.backoff * 2 ** attempt
                 if attempt >= self.max_retries or time.monotonic() + delay > deadline:
@@ -121,13 +133,13 @@ class OpenAIPolicy(ChatPolicy):
                         f"model {self.model!r} at {self.base_url or 'api.openai.com'} still "
                         f"failing after {attempt + 1} tries: {_describe(exc)}",
                         hint="start the server or fix base_url; raise timeout/retry_time "
-                             "for a slow server") from exc
+                             "for a slow server") from redact.redacted(exc)
                 time.sleep(delay)
                 attempt += 1
             except openai.APIStatusError as exc:
                 raise PolicyError(f"the server rejected the request: {_describe(exc)}",
                                   hint="check the tools, messages and sampling parameters "
-                                       "this server accepts") from exc
+                                       "this server accepts") from redact.redacted(exc)
 
     def complete(self, messages: list[Message], seed: int, k: int
                  ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -169,9 +181,9 @@ def _retry_after(exc: Exception) -> float | None:
 
 
 def _describe(exc: Exception) -> str:
+    """The error's type and status, or its redacted text (a server's body may echo the key)."""
     status = getattr(exc, "status_code", None)
-    name = type(exc).__name__
-    return f"{name} {status}" if status else f"{name}: {exc}"
+    return f"{type(exc).__name__} {status}" if status else redact.describe(exc)
 
 
 __all__ = ["OpenAIPolicy", "wire_messages"]

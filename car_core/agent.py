@@ -25,6 +25,7 @@ from ._json import JSON, check_json
 from .errors import CarError, EnvironmentError_, InvalidInput, InvalidIntervention, PolicyError
 from .interventions import Plan
 from .outcome import OutcomeFn
+from .redact import redacted
 from .seeding import Noise
 from .trajectory import History, Step, Trajectory
 from .vocabulary import Origin, RunStatus
@@ -97,7 +98,8 @@ def call_policy(policy: Callable[..., JSON], history: History, rng: np.random.Ge
         raise
     except Exception as exc:  # the user's policy: report which step broke
         raise PolicyError(f"the policy raised {exc!r}", run_id=run_id, step=k,
-                          hint="fix the policy; CAR calls it as policy(history, rng)") from exc
+                          hint="fix the policy; CAR calls it as policy(history, rng)"
+                          ) from redacted(exc)
     try:
         check_json(action, f"the action returned at step {k}")
     except InvalidInput as exc:
@@ -123,7 +125,7 @@ def call_environment(env: Callable[..., JSON], history: History, action: JSON,
     except Exception as exc:
         raise EnvironmentError_(f"the environment raised {exc!r}", run_id=run_id, step=k,
                                 hint="fix the environment; CAR calls it as "
-                                     "environment(history, action, rng)") from exc
+                                     "environment(history, action, rng)") from redacted(exc)
     try:
         check_json(obs, f"the observation returned at step {k}")
     except InvalidInput as exc:

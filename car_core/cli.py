@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import io
 import os
 import shlex
 import sys
@@ -26,6 +27,7 @@ from . import _clikit as kit
 from . import defaults
 from ._json import dumps
 from .errors import CarError, InvalidInput
+from .redact import redact
 from .store import RunStore
 from .vocabulary import AttributionStatus
 
@@ -41,10 +43,40 @@ app = typer.Typer(
          "recorded steps and re-running the agent.",
     epilog=EXIT_CODES)
 
+
+
+class _Redacting(io.TextIOBase):
+    """The current ``sys.stdout``/``sys.stderr`` (looked up at each write, so captures work)
+    with every secret redacted from what is written."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def _target(self) -> Any:
+        return getattr(sys, self._name)
+
+    def write(self, text: str) -> int:
+        self._target.write(redact(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self._target.flush()
+
+    def isatty(self) -> bool:
+        return bool(self._target.isatty())
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return str(getattr(self._target, "encoding", None) or "utf-8")
+
+
+STDOUT: Any = _Redacting("stdout")
+STDERR: Any = _Redacting("stderr")
 # Piped output is not cut at 80 columns: scripts and captures get whole tables.
-out = Console(highlight=False, soft_wrap=True,
+out = Console(file=STDOUT, highlight=False, soft_wrap=True,
               width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", 120)))
-err = Console(stderr=True, highlight=False)
+err = Console(file=STDERR, highlight=False)
 
 StoreOpt = Annotated[str, typer.Option("--store", help="SQLite store of runs.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
@@ -76,7 +108,7 @@ def _errors(fn: F) -> F:
 
 
 def _print_json(value: Any) -> None:
-    sys.stdout.write(dumps(value) + "\n")
+    STDOUT.write(dumps(value) + "\n")
 
 
 # -- runs / show ---------------------------------------------------------------------------------
@@ -124,12 +156,16 @@ def show(run_id: Annotated[str, typer.Argument(help="Run id (see `car runs`).")]
         out.print(Text(f"branch of {run.lineage.parent_id}  arm {run.lineage.arm}  "
                        f"rollout {run.lineage.rollout}"))
     out.print(Text("context: ") + kit.plain(run.context, width and 200))
-    for s in run.steps:
-        origin = s.meta.get("origin", "")
-        head = Text(f"[{s.index}] {origin:>7}  action: ", style="bold")
-        out.print(head + kit.plain(s.action, width))
+    # one layout whatever the run: the index and origin columns as wide as their widest entry
+    # (recorded runs of framework adapters have no origin), values starting in one column
+    origins = [kit.safe(str(s.meta.get("origin") or "")) for s in run.steps]
+    index_w = max((len(f"[{s.index}]") for s in run.steps), default=3)
+    origin_w = max((len(o) for o in origins), default=0)
+    for s, origin in zip(run.steps, origins, strict=True):
+        lead = f"[{s.index}]".ljust(index_w) + (f" {origin:>{origin_w}}" if origin_w else "")
+        out.print(Text(f"{lead}       action: ", style="bold") + kit.plain(s.action, width))
         if s.observed:
-            out.print(Text("           observation: ") + kit.plain(s.observation, width))
+            out.print(Text(" " * len(lead) + "  observation: ") + kit.plain(s.observation, width))
 
 
 # -- intervene ---------------------------------------------------------------------------------
@@ -298,6 +334,8 @@ def _print_result(r: dict[str, Any], seconds: float, store: str) -> None:
     out.print(Text(f"{r.get('rollouts_used')} rollouts in {seconds:.1f}s · seed {r.get('seed')} · "
                    f"branches {'coupled' if r.get('coupled') else 'independent'} · attribution "
                    f"{r.get('attribution_id')}"))
+    if not r.get("coupled") and r.get("coupling"):
+        out.print(Text(f"branches independent: {kit.safe(str(r['coupling']))}", style="dim"))
     if r.get("truncated"):
         out.print(Text(f"truncated: {r.get('budget_note') or 'budget reached'}", style="yellow"))
     out.print(Text(f"report: car report {r.get('run_id')} --store {store} --out report.html",

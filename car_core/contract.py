@@ -33,12 +33,16 @@ tool call, lineage and origins are right, forced values are used, noise is honou
 Actions are compared with ``same_action`` (``canonical_action`` / ``canonical_arguments`` give
 the form it compares): tool-call ids and other provider-assigned fields do not count, so use it
 wherever an adapter checks a decision against the record.
+
+Secrets: ``redact`` is the one redaction rule; register API keys with ``redact.register``, chain
+``redact.redacted(exc)`` instead of a client's exception, and log through ``redact.logger``.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+from . import redact
 from ._json import JSON
 from .actions import canonical_action, canonical_arguments, same_action
 from .agent import Agent
@@ -51,7 +55,7 @@ from .vocabulary import AttributionStatus, Origin, RunStatus
 
 __all__ = ["JSON", "Agent", "AsyncAgent", "AttributionStatus", "History", "ModelPolicy", "Noise",
            "Origin", "Outcome", "OutcomeFn", "Plan", "RunStatus", "Step", "Trajectory",
-           "canonical_action", "canonical_arguments", "retry_after", "same_action"]
+           "canonical_action", "canonical_arguments", "redact", "retry_after", "same_action"]
 
 
 @runtime_checkable

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .redact import redact
+
 
 class CarError(Exception):
     """Root of every error CAR raises."""
@@ -55,7 +57,7 @@ class CarError(Exception):
         text = " ".join(parts)
         if hint:
             text = f"{text}. {hint}"
-        super().__init__(text)
+        super().__init__(redact(text))  # a message built from a caught error may carry a key
 
 
 class InvalidInput(CarError, ValueError):

@@ -31,7 +31,7 @@ from .errors import (
 from .execution import Executor, brancher, execute
 from .interventions import Intervention, compile_plan
 from .outcome import OutcomeFn
-from .seeding import Noise, branch_noise
+from .seeding import Noise, branch_noise, coupling
 from .stats import Interval, check_level, wilson
 from .tasks import Task, returned_run
 from .tasks import run_branch as run_branch
@@ -90,11 +90,13 @@ class OutcomeDistribution:
     tokens: int = 0
     cost: float = 0.0
     failures: tuple[dict[str, Any], ...] = ()
+    coupling: str | None = None  # why branches were (or were not) coupled
 
     def to_dict(self) -> dict[str, Any]:
         return {"mean": self.mean, "ci": list(self.ci), "n": self.n, "level": self.level,
                 "values": list(self.values), "interventions": list(self.interventions),
-                "coupled": self.coupled, "seed": self.seed, "rollouts_used": self.rollouts_used,
+                "coupled": self.coupled, "coupling": self.coupling, "seed": self.seed,
+                "rollouts_used": self.rollouts_used,
                 "truncated": self.truncated, "budget_note": self.budget_note,
                 "tokens": self.tokens, "cost": self.cost, "failures": list(self.failures),
                 "branch_ids": [t.id for t in self.trajectories]}
@@ -128,7 +130,7 @@ def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequenc
     check_level(level)  # a bad level fails here, not after every rollout has run
     Noise(seed)  # likewise a bad seed
     plan = compile_plan(run, interventions)
-    coupled = bool(coupled and getattr(agent, "couples_noise", False))
+    coupled, why = coupling(agent, run, bool(coupled))
     arm = plan.describe()
     tasks = [Task(arm="intervention", rollout=r, plan=plan,
                   noise=branch_noise(seed, r, arm, coupled)) for r in range(rollouts)]
@@ -150,7 +152,7 @@ def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequenc
         mean=mean, ci=Interval(*wilson(mean, len(values), level), level), n=len(values),
         level=level,
         values=values, trajectories=trajs, interventions=tuple(arm), coupled=coupled,
-        seed=seed, rollouts_used=meter.rollouts, truncated=len(values) < rollouts,
+        coupling=why, seed=seed, rollouts_used=meter.rollouts, truncated=len(values) < rollouts,
         budget_note=meter.tripped, tokens=meter.tokens, cost=meter.cost,
         failures=tuple(f.to_dict() for f in results.failures))
 

@@ -22,6 +22,7 @@ import jinja2
 
 from . import formatting as fmt
 from .errors import InvalidInput
+from .redact import redact, redact_json
 from .trajectory import Trajectory
 from .vocabulary import Origin
 
@@ -364,8 +365,8 @@ def _arm_outcomes(branches: Iterable[Mapping[str, Any]] | None) -> list[dict[str
 # -- entry points ------------------------------------------------------------------------------
 def render_attribution(result: Any, run: Any = None,
                        branches: Iterable[Mapping[str, Any]] | None = None) -> str:
-    """The full HTML report of a contrastive or Shapley attribution."""
-    r = _as_dict(result)
+    """The full HTML report of a contrastive or Shapley attribution (secrets redacted)."""
+    r = redact_json(_as_dict(result))
     method = r.get("method")
     if method not in ("contrastive", "shapley"):
         raise InvalidInput(f"unknown attribution method {method!r}",
@@ -400,7 +401,7 @@ def render_attribution(result: Any, run: Any = None,
             ctx["efficiency"] = {"total": r.get("total"), "v_full": vf, "v_empty": ve,
                                  "target": (vf.get("mean") or 0) - (ve.get("mean") or 0),
                                  "gap": r.get("efficiency_gap")}
-    return _ENV.get_template("report.html.j2").render(**ctx)
+    return redact(_ENV.get_template("report.html.j2").render(**ctx))
 
 
 def render_run(run: Any) -> str:
@@ -408,13 +409,13 @@ def render_run(run: Any) -> str:
     traj = _as_run(run)
     if traj is None:
         raise InvalidInput("render_run needs a run", hint="pass a car.Trajectory")
-    return _ENV.get_template("report.html.j2").render(
+    return redact(_ENV.get_template("report.html.j2").render(
         r={}, method="run", fmt=_fmt, ci=_ci, pct=_pct, run=_run_summary(traj),
         timeline=_timeline(traj, None), locus_view=None, diff=[], rescue={}, arms={},
         shapley={}, arm_outcomes=[], steps=[], values=[], efficiency=None,
         verdict={"found": False, "headline": f"Run {traj.id}",
                  "detail": "No attribution yet: run `car attribute` to find the step that "
-                           "caused the failure.", "action": ""})
+                           "caused the failure.", "action": ""}))
 
 
 def _run_summary(run: Trajectory | None) -> dict[str, Any] | None:

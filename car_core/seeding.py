@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -55,3 +56,24 @@ def branch_noise(seed: int, rollout: int, arm: object, coupled: bool) -> Noise:
     if coupled:
         return Noise(seed, (1, rollout))
     return Noise(seed, (2, arm_number(arm), rollout))
+
+
+def coupling(agent: Any, run: Any, requested: bool) -> tuple[bool, str]:
+    """Whether branches of ``run`` can share common random numbers, and why (said in results).
+
+    They can only when coupling was asked for, the agent draws its randomness from CAR's noise
+    (``couples_noise``) and, for an agent over a model server (``seed_check(run)``, which
+    re-decides recorded states twice with one seed and returns the reason when the replies
+    differ), the backend was measured to honour the seed."""
+    if not requested:
+        return False, ("not requested (coupled=False, or Shapley's exact mode): every branch "
+                       "draws its own noise")
+    if not getattr(agent, "couples_noise", False):
+        return False, "the agent's randomness does not come from CAR's noise streams"
+    check = getattr(agent, "seed_check", None)
+    if callable(check):
+        reason = check(run)
+        if reason:
+            return False, str(reason)
+        return True, "measured: the model gave the same reply twice for one seed"
+    return True, "the agent draws its randomness from CAR's noise streams"

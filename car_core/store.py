@@ -32,6 +32,7 @@ from .errors import (
     StoreReadOnly,
     StoreTooNew,
 )
+from .redact import redact, redact_json
 from .trajectory import Trajectory
 from .vocabulary import AttributionStatus
 
@@ -172,8 +173,9 @@ class RunStore:
                              run_id=run.id, hint="give the new run a fresh id")
         lineage = run.lineage
         header = {"outcome": run.outcome.to_dict() if run.outcome else None,
-                  "lineage": lineage.to_dict() if lineage else None, "meta": run.meta,
-                  "error": run.error}
+                  "lineage": lineage.to_dict() if lineage else None,
+                  "meta": redact_json(run.meta),  # error texts and meta may quote a key
+                  "error": redact(run.error) if run.error else run.error}
         row = {"id": run.id, "parent_id": lineage.parent_id if lineage else None,
                "attribution_id": attribution_id or (lineage.attribution_id if lineage else None),
                "arm": lineage.arm if lineage else None,
@@ -261,7 +263,7 @@ class RunStore:
         with self._write():
             self.db.table("attributions").upsert(
                 {"id": aid, "run_id": run_id, "method": method, "status": AttributionStatus.RUNNING,
-                 "params": dumps(params), "result": None, "created_at": time.time(),
+                 "params": dumps(redact_json(params)), "result": None, "created_at": time.time(),
                  "finished_at": None}, pk="id")
         return aid
 
@@ -269,7 +271,7 @@ class RunStore:
                            status: str = AttributionStatus.COMPLETE) -> None:
         with self._write():
             self.db.table("attributions").update(attribution_id, {
-                "result": dumps(result), "status": status, "finished_at": time.time()})
+                "result": dumps(redact_json(result)), "status": status, "finished_at": time.time()})
 
     def save_attribution(self, run_id: str, method: str, params: dict[str, Any],
                          result: dict[str, Any], status: str = AttributionStatus.COMPLETE) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 from .errors import AgentError
 from .interventions import Plan
+from .redact import describe
 from .seeding import Noise
 from .trajectory import Lineage, Outcome, Trajectory
 
@@ -42,7 +43,7 @@ class Failure:
 
 
 def describe_error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+    return describe(exc)  # kept with the results and stored: never with a key in it
 
 
 def returned_run(value: Any, agent: Any, method: str) -> Trajectory:

@@ -226,7 +226,9 @@ class _StubHandler(_Handler):
         if owner.delay:
             time.sleep(owner.delay)
         if status != 200:
-            self.send_json(status, {"error": {"message": f"scripted {status}",
+            said = (f" (you sent Authorization: {owner.authorization})" if owner.echo_auth
+                    else "")
+            self.send_json(status, {"error": {"message": f"scripted {status}{said}",
                                               "type": "server_error"}},
                            {"retry-after": owner.retry_after} if owner.retry_after else None)
             return
@@ -248,14 +250,16 @@ class StubOpenAIServer(_Server):
     """An OpenAI-shaped chat endpoint that echoes the last user message. ``failures``: status
     codes returned, in order, before it starts answering, with a ``Retry-After`` header when
     ``retry_after`` is given; ``delay``: seconds before each answer; ``hits`` counts requests;
-    ``authorization`` is the last request's header."""
+    ``authorization`` is the last request's header; with ``echo_auth`` error bodies quote it
+    back, as some servers do."""
 
     handler = _StubHandler
 
     def __init__(self, failures: Sequence[int] = (), delay: float = 0.0,
-                 models: Sequence[str] = ("stub-model",), retry_after: str | None = None
-                 ) -> None:
+                 models: Sequence[str] = ("stub-model",), retry_after: str | None = None,
+                 echo_auth: bool = False) -> None:
         self.failures = list(failures)
+        self.echo_auth = echo_auth
         self.retry_after = retry_after
         self.delay = delay
         self.models = list(models)

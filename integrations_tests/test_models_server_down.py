@@ -42,6 +42,9 @@ CONTEXT = [{"role": "system", "content": "You are a support agent. Never refund 
 TOOL_FNS = {"lookup_order": lambda order_id: {"order_id": order_id, "status": "shipped"},
             "issue_refund": lambda order_id: {"order_id": order_id, "refunded": True}}
 ROLLOUTS = 16
+# Each attribution's fresh policy first measures whether the server honours the seed: two calls
+# for each of the run's first, middle and last states (steps 0, 1, 2 of the 3-step run).
+PROBE_CALLS = 6
 
 
 def reply(seed: int, messages: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -208,7 +211,8 @@ def test_server_down_mid_attribution_stops_keeps_branches_and_resumes(
     order = Logged(Sequential())
     with RunStore(tmp_path / "reference.db") as ref_store:
         reference = attribute(ref_store, run, server.base_url, "reference", order)
-        total = server.answered - recorded
+        total = server.answered - recorded - PROBE_CALLS
+        assert reference.coupled and "measured" in (reference.coupling or "")
         ref_calls = {(b["arm"], b["rollout"]): model_calls(ref_store, b["id"])
                      for b in ref_store.branches("reference")}
     assert reference.locus == 1  # the refund decision, not the lookup before it
@@ -223,8 +227,8 @@ def test_server_down_mid_attribution_stops_keeps_branches_and_resumes(
             break
         done.append(key)
         spent += ref_calls[key]
-    cut = spent + 1
-    assert 0 < len(done) < len(order.order) and cut < total
+    cut = PROBE_CALLS + spent + 1
+    assert 0 < len(done) < len(order.order) and cut < PROBE_CALLS + total
     server = serve(answers=cut)
     db = tmp_path / "car.db"
     with RunStore(db) as store, pytest.raises(ModelUnavailable) as err:
@@ -253,4 +257,4 @@ def test_server_down_mid_attribution_stops_keeps_branches_and_resumes(
         assert len(list(store.branches("interrupted"))) == reference.rollouts_used
     assert comparable(resumed) == comparable(reference)
     # only the branches that were not stored called the model again
-    assert server.answered == total - sum(ref_calls[k] for k in stored)
+    assert server.answered == PROBE_CALLS + total - sum(ref_calls[k] for k in stored)

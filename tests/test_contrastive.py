@@ -13,7 +13,7 @@ from car_core import synthetic as syn
 from car_core.errors import InvalidInput, NothingToAttribute
 
 RESULT_KEYS = {"method", "run_id", "attribution_id", "locus", "reason", "alpha", "correction",
-               "tests", "level", "rollouts_used", "rollouts_cap", "seed", "coupled",
+               "tests", "level", "rollouts_used", "rollouts_cap", "seed", "coupled", "coupling",
                "truncated", "budget_note", "tokens", "cost", "search", "steps", "arms",
                "example_branch", "params", "failures"}
 STEP_KEYS = {"step", "effect", "ci", "ci_level", "tested", "significant", "fail_held",

@@ -15,7 +15,7 @@ from car_core.errors import InvalidBudget, InvalidInput, NothingToAttribute
 
 RESULT_KEYS = {"method", "run_id", "attribution_id", "mode", "values", "total", "v_full",
                "v_empty", "efficiency_gap", "level", "rollouts_used", "budget", "truncated",
-               "budget_note", "seed", "coupled", "tokens", "cost", "reason", "params",
+               "budget_note", "seed", "coupled", "coupling", "tokens", "cost", "reason", "params",
                "failures"}
 
 

@@ -13,7 +13,6 @@ and stored with its outcome, so ``car runs`` shows which runs failed.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -26,13 +25,22 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.runnables.config import var_child_runnable_config
 
 from car_core import RunStore
-from car_core.contract import Noise, Origin, Outcome, OutcomeFn, RunStatus, Step, Trajectory
+from car_core.contract import (
+    Noise,
+    Origin,
+    Outcome,
+    OutcomeFn,
+    RunStatus,
+    Step,
+    Trajectory,
+    redact,
+)
 from car_core.errors import OutcomeError, StoreError
 
 from .messages import decode, jsonable, to_dict, to_dicts, usage_of
 
 MESSAGES_KEY = "messages"
-log = logging.getLogger(__name__)
+log = redact.logger(__name__)  # log records pass the redaction rule
 
 
 @dataclass

@@ -96,9 +96,24 @@ class LlamaIndexAgent:
         self.max_iterations = max_iterations
         self.name = name or f"llamaindex:{type(agent).__name__}"
         self._lock = _workflow_lock(agent)
+        self._check_side_effect_names()
         with self._lock:  # another wrapper's branch may have its stand-in LLMs in place
             self.couples_noise = all(getattr(a.llm, "uses_car_noise", False)
                                      for a in self._agents().values())
+
+    def _check_side_effect_names(self) -> None:
+        """Every side-effect name must be a tool of one of the workflow's agents (all of them,
+        for an ``AgentWorkflow``), or the real tool would run on every branch."""
+        if not self.safety.side_effect_tools:
+            return
+        for name, a in self._agents().items():
+            if getattr(a, "tool_retriever", None) is not None:
+                raise AdapterError(
+                    f"agent {name!r} picks its tools with a tool_retriever, so side-effect "
+                    "tools cannot be checked or guarded on branches",
+                    hint="give the agent tools=[...] for attribution")
+        given = {n for names in tool_names(self.workflow).values() for n in names}
+        self.safety.check_names(given, agent=f"the {type(self.workflow).__name__}")
 
     def _agents(self) -> dict[str, Any]:
         agents = getattr(self.workflow, "agents", None)

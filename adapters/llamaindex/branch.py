@@ -28,8 +28,13 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import LLM
 from llama_index.core.tools import AsyncBaseTool, ToolMetadata, ToolOutput
 
-from car_core.contract import Noise, Plan
-from car_core.errors import AdapterError, CarError, PolicyError
+from car_core.contract import Noise, Plan, redact
+from car_core.errors import (
+    AdapterError,
+    CarError,
+    ModelUnavailable,
+    PolicyError,
+)
 
 from ..chat_messages import (
     ToolSafety,
@@ -38,6 +43,32 @@ from ..chat_messages import (
 )
 from ._messages import MessageToolCalls, from_dict
 from .fake import _STEP_RNG
+
+# What model clients raise when the server is unreachable, or still failing after the client's
+# own retries (openai, httpx, requests, aiohttp name them so; matched by name so that no client
+# has to be installed for the adapter to work).
+_OUTAGE_NAMES = frozenset({
+    "APIConnectionError", "APITimeoutError", "RateLimitError", "InternalServerError",
+    "ServiceUnavailableError", "TransportError", "ConnectError", "ConnectTimeout",
+    "ReadTimeout", "RemoteProtocolError", "ClientConnectionError", "ServerDisconnectedError"})
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it was raised from) says the model server is down,
+    unreachable or overloaded: every later branch would hit it too."""
+    seen = 0
+    e: BaseException | None = exc
+    while e is not None and seen < 16:
+        if isinstance(e, (ConnectionError, TimeoutError)):
+            return True
+        if _OUTAGE_NAMES & {c.__name__ for c in type(e).__mro__}:
+            return True
+        status = getattr(e, "status_code", None)
+        if isinstance(status, int) and (status == 429 or status >= 500):
+            return True
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return False
 
 
 class BranchSession:
@@ -136,12 +167,21 @@ class CarBranchLLM(MessageToolCalls, FunctionCallingLLM):
             resp = await llm.achat_with_tools(tools=list(tools), chat_history=list(messages),
                                               allow_parallel_tool_calls=allow_parallel)
             selections = llm.get_tool_calls_from_response(resp, error_on_no_tool_call=False)
+        except ModelUnavailable as exc:
+            s.blocked = exc  # in case the framework wraps it: the branch must still stop
+            raise
         except CarError:
             raise
         except Exception as exc:  # the model's failure: say which step
-            raise PolicyError(f"the LLM raised {exc!r}", run_id=s.run_id, step=k,
+            if is_outage(exc):  # stop the attribution (resumable), as every adapter does
+                s.blocked = ModelUnavailable(
+                    f"the model server failed at step {k}: {redact.describe(exc)}", run_id=s.run_id,
+                    step=k, hint="start the server or fix its address, then resume the "
+                                 "attribution with the same attribution_id")
+                raise s.blocked from redact.redacted(exc)
+            raise PolicyError(f"the LLM raised {redact.describe(exc)}", run_id=s.run_id, step=k,
                               hint="check the model (and any do_policy LLM) works on its own"
-                              ) from exc
+                              ) from redact.redacted(exc)
         finally:
             _STEP_RNG.reset(token)
         return ChatResponse(message=_normalise(resp.message.content, selections or ()),

@@ -16,11 +16,11 @@ recorder ignores them, and the branch's own private recorder takes only them.
 from __future__ import annotations
 
 import contextvars
-import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from llama_index.core.agent.workflow.workflow_events import AgentOutput, ToolCallResult
@@ -34,13 +34,13 @@ from llama_index.core.workflow import Workflow
 
 import car_core as car
 from car_core import RunStore
-from car_core.contract import RunStatus
-from car_core.errors import AdapterError, StoreError
+from car_core.contract import Noise, Outcome, OutcomeFn, RunStatus, redact
+from car_core.errors import AdapterError, OutcomeError, StoreError
 
 from ..chat_messages import tool_result
 from ._messages import action_of, to_dicts
 
-log = logging.getLogger(__name__)
+log = redact.logger(__name__)  # log records pass the redaction rule
 BRANCH_TOKEN: contextvars.ContextVar[object | None] = contextvars.ContextVar(
     "car_branch_token", default=None)
 WRAPPER_MODELS = ("CarBranchLLM",)
@@ -169,15 +169,20 @@ class _Events(BaseEventHandler):
 class CarRecorder:
     """Records every agent workflow run into a ``car.Trajectory`` (stored when ``store`` is
     given: a path or a ``car.RunStore``). Call ``attach()`` once; ``run`` is the latest finished
-    run and ``runs`` all of them, in the order they finished. A run that could not be stored
-    is still in ``runs``, and its error in ``store_errors`` (the agent's run is not broken). A
+    run and ``runs`` all of them, in the order they finished. ``outcome`` (``outcome(run)`` or
+    ``outcome(run, rng)``, as for ``car.record``) scores each run as it finishes, so the store
+    knows which runs failed. A run that could not be stored or scored is still in ``runs``, and
+    the error in ``store_errors`` / ``outcome_errors`` (the agent's run is not broken). A
     workflow run inside another one (an agent used as a tool) is recorded as its own run."""
 
     def __init__(self, store: str | os.PathLike[str] | RunStore | None = None, *,
+                 outcome: Callable[..., Any] | None = None,
                  _token: object | None = None) -> None:
         self.store = RunStore(store) if isinstance(store, (str, os.PathLike)) else store
+        self.outcome = OutcomeFn(outcome) if outcome is not None else None
         self.runs: list[car.Trajectory] = []
         self.store_errors: list[StoreError] = []
+        self.outcome_errors: list[OutcomeError] = []
         self._token = _token
         self._lock = threading.RLock()
         self._run_of: dict[str, str] = {}
@@ -302,6 +307,7 @@ class CarRecorder:
             if id_ == root:
                 finished = self._finish(buf, err)
         if finished is not None:
+            finished = self._scored(finished)
             self.runs.append(finished)
             if self.store is not None:
                 try:
@@ -309,6 +315,17 @@ class CarRecorder:
                 except StoreError as exc:  # never break the user's agent run over storage
                     self.store_errors.append(exc)
                     log.error("CAR could not store run %s: %s", finished.id, exc)
+
+    def _scored(self, run: car.Trajectory) -> car.Trajectory:
+        if self.outcome is None:
+            return run
+        try:
+            value = self.outcome(run, Noise(run.seed or 0).rng(0, "outcome"))
+        except OutcomeError as exc:  # never break the user's agent run over scoring
+            self.outcome_errors.append(exc)
+            log.error("CAR could not score run %s: %s", run.id, exc)
+            return run
+        return replace(run, outcome=Outcome(value))
 
     @staticmethod
     def _step_record(step: _StepBuf, output: AgentOutput) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from ..errors import AttributionNotFound, InvalidInput, NothingToAttribute
 from ..execution import Executor, Failure, Task, brancher, default_executor, execute
 from ..interventions import Plan
 from ..replay import check_run
-from ..seeding import branch_noise
+from ..seeding import branch_noise, coupling
 from ..trajectory import Trajectory
 from ..vocabulary import AttributionStatus
 
@@ -92,7 +92,7 @@ class Session:
             raise InvalidInput(f"seed={seed!r} must be an int", hint="pass seed=0, 1, …")
         self.run, self.agent, self.seed = run, agent, seed
         self.outcome = OutcomeFn(outcome)
-        self.coupled = bool(coupled and getattr(agent, "couples_noise", False))
+        self.coupled, self.coupling = coupling(agent, run, bool(coupled))
         self.meter = BudgetMeter(budget)
         # None: sequential for in-process agents, asyncio for ones that wait on a model
         self.executor = executor or default_executor(agent)

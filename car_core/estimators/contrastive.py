@@ -271,7 +271,8 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = de
     result = ContrastiveResult(
         run_id=run.id, locus=locus, reason=reason, alpha=float(alpha), tests=m, level=level,
         rollouts_used=session.meter.rollouts, rollouts_cap=rollouts, seed=seed,
-        coupled=session.coupled, truncated=session.tripped is not None,
+        coupled=session.coupled, coupling=session.coupling,
+        truncated=session.tripped is not None,
         budget_note=session.tripped, tokens=session.meter.tokens,
         cost=round(session.meter.cost, 6), search=chosen, steps=steps, arms=arm_rows,
         example_branch=arms.examples.get(locus) if locus is not None else None,

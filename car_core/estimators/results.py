@@ -138,6 +138,7 @@ class ContrastiveResult(_Rendered):
     params: dict[str, Any] = field(default_factory=dict)
     attribution_id: str | None = None
     failures: tuple[dict[str, Any], ...] = ()  # branches that failed after a retry, left out
+    coupling: str | None = None  # why branches were (or were not) coupled
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": "contrastive", "run_id": self.run_id,
@@ -145,6 +146,7 @@ class ContrastiveResult(_Rendered):
                 "reason": self.reason, "alpha": self.alpha, "correction": "bonferroni",
                 "tests": self.tests, "level": self.level, "rollouts_used": self.rollouts_used,
                 "rollouts_cap": self.rollouts_cap, "seed": self.seed, "coupled": self.coupled,
+                "coupling": self.coupling,
                 "truncated": self.truncated, "budget_note": self.budget_note,
                 "tokens": self.tokens, "cost": self.cost, "search": self.search,
                 "steps": [s.to_dict() for s in self.steps],
@@ -161,6 +163,7 @@ class ContrastiveResult(_Rendered):
             alpha=float(data["alpha"]), tests=int(data["tests"]), level=level,
             rollouts_used=int(data["rollouts_used"]), rollouts_cap=int(data["rollouts_cap"]),
             seed=int(data["seed"]), coupled=bool(data["coupled"]),
+            coupling=data.get("coupling"),
             truncated=bool(data["truncated"]), budget_note=data.get("budget_note"),
             tokens=int(data.get("tokens", 0)), cost=float(data.get("cost", 0.0)),
             search=str(data.get("search", "full")),
@@ -183,6 +186,7 @@ class ContrastiveResult(_Rendered):
         foot = (f"{self.tests} test(s), each at {self.level:.4f} (Bonferroni, FWER <= "
                 f"{self.alpha}); search={self.search}; rollouts used {self.rollouts_used} "
                 f"(cap {self.rollouts_cap} per arm); coupled={self.coupled}"
+                + (f" ({self.coupling})" if self.coupling and not self.coupled else "")
                 + (f"; truncated: {self.budget_note}" if self.truncated else "")
                 + (f"; {len(self.failures)} failed branch(es) left out" if self.failures else ""))
         table = _text_table(["step", "rescue", "interval", "significant", "P(fail|held)",
@@ -251,6 +255,7 @@ class ShapleyResult(_Rendered):
     params: dict[str, Any] = field(default_factory=dict)
     attribution_id: str | None = None
     failures: tuple[dict[str, Any], ...] = ()  # branches that failed after a retry, left out
+    coupling: str | None = None  # why branches were (or were not) coupled
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": "shapley", "run_id": self.run_id,
@@ -260,7 +265,8 @@ class ShapleyResult(_Rendered):
                 "efficiency_gap": self.efficiency_gap, "level": self.level,
                 "rollouts_used": self.rollouts_used, "budget": self.budget,
                 "truncated": self.truncated, "budget_note": self.budget_note, "seed": self.seed,
-                "coupled": self.coupled, "tokens": self.tokens, "cost": self.cost,
+                "coupled": self.coupled, "coupling": self.coupling, "tokens": self.tokens,
+                "cost": self.cost,
                 "reason": self.reason, "params": dict(self.params),
                 "failures": list(self.failures)}
 
@@ -277,6 +283,7 @@ class ShapleyResult(_Rendered):
             rollouts_used=int(data["rollouts_used"]), budget=int(data["budget"]),
             truncated=bool(data["truncated"]), budget_note=data.get("budget_note"),
             seed=int(data["seed"]), coupled=bool(data["coupled"]),
+            coupling=data.get("coupling"),
             tokens=int(data.get("tokens", 0)), cost=float(data.get("cost", 0.0)),
             reason=data.get("reason"), params=dict(data.get("params") or {}),
             attribution_id=data.get("attribution_id"),
@@ -293,6 +300,7 @@ class ShapleyResult(_Rendered):
                 f"{_num(self.v_full.mean)} - {_num(self.v_empty.mean)}; gap "
                 f"{_num(self.efficiency_gap)}; rollouts used {self.rollouts_used} of "
                 f"{self.budget}; coupled={self.coupled}"
+                + (f" ({self.coupling})" if self.coupling and not self.coupled else "")
                 + (f"; truncated: {self.budget_note}" if self.truncated else "")
                 + (f"; {len(self.failures)} failed branch(es) left out" if self.failures else ""))
         return f"{head}\n{_text_table(['player', 'phi', 'interval', 'n'], rows)}\n{foot}"

@@ -388,7 +388,8 @@ def _finish(setting: Setting, measured: Measured) -> ShapleyResult:
         run_id=run.id, mode=mode, values=tuple(values), total=total, v_full=v_full,
         v_empty=v_empty, efficiency_gap=gap, level=level, rollouts_used=session.meter.rollouts,
         budget=cap, truncated=session.tripped is not None, budget_note=session.tripped,
-        seed=seed, coupled=session.coupled, tokens=session.meter.tokens,
+        seed=seed, coupled=session.coupled, coupling=session.coupling,
+        tokens=session.meter.tokens,
         cost=round(session.meter.cost, 6), reason=reason, params=params,
         attribution_id=session.attribution_id, failures=session.failure_rows())
     session.finish(result.to_dict())

@@ -1,0 +1,54 @@
+"""Results say whether branches were coupled and why; an agent's ``seed_check`` can veto it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import car_core as car
+from car_core import synthetic as syn
+from car_core.seeding import coupling
+
+
+@dataclass
+class Checked(car.FunctionAgent):
+    """A FunctionAgent whose backend, it says, ignores the seed (``verdict``)."""
+
+    verdict: str | None = None
+    checks: int = 0
+
+    def seed_check(self, run: car.Trajectory) -> str | None:
+        self.checks += 1
+        return self.verdict
+
+
+def _agent(verdict: str | None) -> Checked:
+    base = syn.pivot().agent()
+    return Checked(policy=base.policy, environment=base.environment, is_final=base.is_final,
+                   max_steps=base.max_steps, verdict=verdict)
+
+
+def test_coupling_reasons() -> None:
+    plain = car.FunctionAgent(policy=lambda h, rng: 0, max_steps=1)
+    assert coupling(plain, None, True) == (
+        True, "the agent draws its randomness from CAR's noise streams")
+    assert coupling(plain, None, False)[0] is False
+    assert "not requested" in coupling(plain, None, False)[1]
+    uncoupled = car.FunctionAgent(policy=lambda h, rng: 0, max_steps=1, couples_noise=False)
+    assert coupling(uncoupled, None, True) == (
+        False, "the agent's randomness does not come from CAR's noise streams")
+
+
+def test_a_seed_check_veto_reaches_every_result(pivot_model: syn.SyntheticSCM,
+                                                pivot_run: car.Trajectory) -> None:
+    outcome = pivot_model.outcome
+    agent = _agent("measured: the server ignores the request seed")
+    dist = car.intervene(pivot_run, agent, car.do_resample(0), outcome=outcome, rollouts=4)
+    res = car.contrastive(pivot_run, agent, outcome=outcome, rollouts=4)
+    sh = car.shapley(pivot_run, agent, outcome=outcome, budget=40, mode="permutation")
+    for r in (dist, res, sh):
+        assert r.coupled is False and r.to_dict()["coupling"].endswith("ignores the request seed")
+    assert "coupled=False (measured: the server ignores" in str(res)
+    honest = _agent(None)
+    res = car.contrastive(pivot_run, honest, outcome=outcome, rollouts=4)
+    assert res.coupled and res.coupling and res.coupling.startswith("measured")
+    assert honest.checks == 1
