@@ -41,7 +41,8 @@ import numpy as np
 from .sequential import ConfidenceSequence, Prior, confidence_sequence, positive_at
 
 GATE_NET = 4          # net positive pairs that make a rise worth following
-NAV_SHARE = 0.5       # of the budget, the most the gate and the bisection may spend
+NAV_SHARE = 0.45      # of the budget, the most the gate and the bisection may spend
+GATE_SHARE = 0.4      # of the navigation budget, the most the gate may spend
 NAV_ERROR = 0.01      # error each way of one bisection decision
 NAV_BATCH = 2         # pairs per look during navigation
 CONFIRM = 1 << 20     # first rollout index of the confirmation pairs
@@ -78,6 +79,7 @@ class Decision:
     pairs: int
     note: str | None
     exhausted: bool = False  # the budget ran out before the answer was decided
+    decided_spent: int = 0   # rollouts spent when the answer was decided (before the refit)
 
 
 def _counts(d: np.ndarray) -> tuple[int, int]:
@@ -120,7 +122,7 @@ def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = 
     prior = Prior()
     candidate = 0
     if n > 1:
-        gate_cap = max(8, nav_budget // (2 * (levels + 1)))
+        gate_cap = max(8, int(nav_budget * GATE_SHARE) // 2)
         s, pos, neg = 0, 0, 0
         while s < gate_cap and pos - neg < GATE_NET and src.remaining >= 2:
             s = min(gate_cap, s + 4)
@@ -131,7 +133,8 @@ def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = 
             return Decision(None, False, None, None, None, 0, None, None, 0,
                             f"holding the whole record does not raise the failure rate over "
                             f"resampling it from step 0 ({pos} pair(s) up, {neg} down of {s}), "
-                            "so there is no rise to follow")
+                            "so there is no rise to follow",
+                            decided_spent=budget - src.remaining)
         d_gate = src.diffs(n, 0, range(s))
         prior = Prior.of(d_gate)
         delta = (pos - neg) / s
@@ -161,9 +164,10 @@ def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = 
     if d.size == 0:
         return Decision(c, False, None, None, None, 0, None, None, 0,
                         "the budget ran out before the candidate step could be confirmed",
-                        exhausted=True)
+                        exhausted=True, decided_spent=budget - src.remaining)
     significant = found is not None
     held, resampled = src.means(c + 1, c, range(CONFIRM, CONFIRM + pairs))
+    decided = budget - src.remaining
     refit, refit_pairs = None, 0
     if significant:
         extra = min(pairs, src.remaining // 2)
@@ -173,4 +177,5 @@ def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = 
                 refit, refit_pairs = float(r.mean()), int(r.size)
     interval = confidence_sequence(d, alpha, prior) if intervals else None
     return Decision(c, significant, interval, float(d.mean()), refit, refit_pairs, held,
-                    resampled, int(d.size), None, exhausted=not significant)
+                    resampled, int(d.size), None, exhausted=not significant,
+                    decided_spent=decided)
