@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from car_core.errors import InvalidInput
-from car_core.estimators.sequential import Prior, confidence_sequence, positive_at
+from car_core.sequential import Prior, confidence_sequence, positive_at
 from car_core.stats import (
     bonferroni_level,
     difference,

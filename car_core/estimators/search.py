@@ -38,7 +38,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .sequential import ConfidenceSequence, Prior, confidence_sequence, positive_at
+from ..sequential import ConfidenceSequence, Prior, confidence_sequence, positive_at
 
 GATE_NET = 4          # net positive pairs that make a rise worth following
 NAV_SHARE = 0.45      # of the budget, the most the gate and the bisection may spend
