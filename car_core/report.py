@@ -321,7 +321,8 @@ def _contrastive_verdict(r: Mapping[str, Any], run: Trajectory | None) -> dict[s
             "detail": (f"re-drawing step {locus} (earlier steps held as recorded) lowers "
                        f"P(failure) by {_fmt(step.get('effect'))}, interval "
                        f"{_ci(step.get('ci'))} at {_pct(r.get('level'))} each "
-                       f"(Bonferroni over {r.get('tests', '?')} tested steps, "
+                       f"({r.get('correction', 'bonferroni')}, "
+                       f"{r.get('tests', '?')} tested step(s), "
                        f"{family} family-wise)."),
             "action": action}
 

@@ -209,3 +209,99 @@ def catalogue() -> dict[str, SyntheticSCM]:
     """Every planted model by name."""
     models = [pivot(), late_pivot(), noisy_pivot(), and_game(), or_game(), three_way(), no_cause()]
     return {m.name: m for m in models}
+
+
+COUPLINGS = ("full", "steps", "none")
+_BLOCK_BITS = 20  # rollout index r lives in block r >> 20 (navigation, confirmation, re-estimate)
+_CHUNK = 64
+
+
+class SampledArms:
+    """The arms ``H_j`` of a planted model drawn straight from its definition, vectorised.
+
+    The engine replays every step of every branch; here a rollout of arm ``j`` is the rule
+    applied to the relevant steps, each bad if held (``k < j``: the failing run's relevant
+    steps are all bad) or else bad with ``bad_prob[k]``, then the judge's flip — the same law as
+    the engine's branches. ``coupling`` says which draws arms share at one rollout index:
+    ``"full"`` (steps and judge, as the engine's coupled branches), ``"steps"`` (a judge that
+    is not seeded) or ``"none"`` (independent arms). Draws come in chunks keyed by
+    ``(seed, block, chunk)`` so they do not depend on the order they are asked for. Implements
+    the ``ArmSource`` protocol of ``car_core.estimators.search`` under a rollout budget."""
+
+    def __init__(self, model: SyntheticSCM, seed: int, budget: int,
+                 coupling: str = "full") -> None:
+        if coupling not in COUPLINGS:
+            raise InvalidInput(f"coupling={coupling!r}", hint=f"use one of {COUPLINGS}")
+        self.model, self.seed, self.budget, self.coupling = model, seed, budget, coupling
+        self.spent = 0
+        self._rel = list(model.relevant)
+        self._p = np.array([model.bad_prob[k] for k in self._rel], dtype=float)
+        self._ys: dict[tuple[int, int], np.ndarray] = {}
+        self._noise: dict[tuple[int, int, int], np.ndarray] = {}
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.budget - self.spent)
+
+    def _chunk(self, block: int, arm: int, chunk: int, part: int) -> np.ndarray:
+        # part 0: the steps' uniforms, part 1: the judge's (base rate, flip)
+        shared = self.coupling == "full" or (self.coupling == "steps" and part == 0)
+        key = (block, -1 if shared else arm, chunk * 2 + part)
+        if key not in self._noise:
+            cols = max(len(self._rel), 1) if part == 0 else 2
+            rng = np.random.default_rng([self.seed, block, key[1] + 1, chunk, part])
+            self._noise[key] = rng.random((_CHUNK, cols))
+        return self._noise[key]
+
+    def _draw(self, arm: int, block: int, start: int, stop: int) -> np.ndarray:
+        chunks = range(start // _CHUNK, (stop - 1) // _CHUNK + 1)
+        u = np.concatenate([self._chunk(block, arm, c, 0) for c in chunks])
+        judge = np.concatenate([self._chunk(block, arm, c, 1) for c in chunks])
+        first = chunks[0] * _CHUNK
+        u, judge = u[start - first:stop - first], judge[start - first:stop - first]
+        m = self.model
+        if m.rule == "none":
+            fail = judge[:, 0] < m.base_rate
+        else:
+            held = np.array([k < arm for k in self._rel], dtype=bool)
+            bad = held[None, :] | (u[:, :len(self._rel)] < self._p[None, :])
+            if m.rule == "all":
+                fail = np.asarray(bad.all(axis=1))
+            elif m.rule == "any":
+                fail = np.asarray(bad.any(axis=1))
+            else:
+                fail = np.asarray(bad.sum(axis=1) * 2 > len(self._rel))
+        if m.flip:
+            fail = fail ^ (judge[:, 1] < m.flip)
+        return fail.astype(float)
+
+    def _fill(self, arm: int, block: int, upto: int) -> np.ndarray:
+        have = self._ys.get((arm, block), np.zeros(0))
+        if upto > have.size:
+            have = np.concatenate([have, self._draw(arm, block, have.size, upto)])
+            self.spent += upto - self._ys.get((arm, block), np.zeros(0)).size
+            self._ys[(arm, block)] = have
+        return have
+
+    def _reach(self, hi: int, lo: int, indices: range) -> tuple[int, int]:
+        block, start = indices.start >> _BLOCK_BITS, indices.start & ((1 << _BLOCK_BITS) - 1)
+        if start != 0:
+            raise InvalidInput("SampledArms serves index ranges from the start of a block")
+        want = len(indices)
+        have = [self._ys.get((a, block), np.zeros(0)).size for a in (hi, lo)]
+        while want > 0 and sum(max(0, want - h) for h in have) > self.remaining:
+            want -= 1
+        return block, want
+
+    def diffs(self, hi: int, lo: int, indices: range) -> np.ndarray:
+        block, want = self._reach(hi, lo, indices)
+        if want == 0:
+            return np.zeros(0)
+        return np.asarray(self._fill(hi, block, want)[:want] - self._fill(lo, block, want)[:want])
+
+    def means(self, hi: int, lo: int, indices: range) -> tuple[float, float]:
+        block, want = self._reach(hi, lo, indices)
+        a = self._ys.get((hi, block), np.zeros(0))[:want]
+        b = self._ys.get((lo, block), np.zeros(0))[:want]
+        return (float(a.mean()) if a.size else float("nan"),
+                float(b.mean()) if b.size else float("nan"))

@@ -25,8 +25,9 @@ def test_interval_reads_as_the_pair_it_replaces() -> None:
 def test_each_rescue_interval_has_the_level_of_the_look_that_decided_it() -> None:
     model = syn.pivot()
     run = model.failing_run(0)
-    cap = 32
-    res = car.contrastive(run, model.agent(), outcome=model.outcome, rollouts=cap,
+    k = 32
+    cap = len(run.steps) * k // (len(run.steps) + 1)  # full mode: n + 1 arms share n·K
+    res = car.contrastive(run, model.agent(), outcome=model.outcome, rollouts=k,
                           search="full", seed=0)
     sizes = looks(cap)
     levels = look_levels(sizes, res.alpha, len(run.steps))

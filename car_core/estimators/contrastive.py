@@ -7,37 +7,34 @@ rollouts rather than taken from the one observed outcome, and neighbouring steps
 Rollout ``r`` of every arm draws noise ``(seed, r)`` when the agent couples noise, so arms are
 compared pair by pair (paired Newcombe interval); otherwise the arms are independent.
 
-Error control. Each of the ``m`` tested steps gets ``α/m`` (Bonferroni), split over its ``L``
-looks at the data in shares proportional to the square of the information fraction
-(``stats.look_levels``); every interval is built at its look's level, so with probability
-``>= 1 − α`` all of them cover at once. Hence the chance that any step whose true rescue is
-``<= 0`` is declared significant — and so of naming a locus that does not matter — is ``<= α``
-(FWER ``<= α``). The locus is the latest step whose interval lies above zero. ``level`` in the
-result is the final look's level, the lowest any interval was built at.
+Budget. ``rollouts=K`` keeps the paper's meaning: the estimate may spend up to ``n·K``
+rollouts (``budget=`` overrides it); where they go is the search's choice.
 
-Adaptive allocation. ``rollouts=K`` is a cap per arm. A test looks at its pairs at ``K/4``,
-``K/2`` and ``K``; it stops once its interval excludes zero, and stops for futility at an
-interim look of at least four pairs when its estimate is ``<= 0`` (futility stops never add
-false positives; they only give up power on rescues too small to show at that sample size).
+Search ``"bisection"`` (the default): the locus is the latest rise of ``H``, found by a
+sequential bisection over the ``H`` curve, then confirmed on fresh rollouts by an anytime-valid
+betting test that may look after every batch and stops as soon as the rescue is shown; the
+rescue is then re-estimated on fresh pairs, since the mean of a sequence stopped at its first
+crossing is biased up (``effect``; ``effect_raw`` keeps the stopped mean, ``estimate`` says
+which). ``search.py`` has the details and the proof that FWER ``<= α``: only the confirmed
+step is ever tested, on rollouts independent of the search that chose it.
 
-Search. ``"full"`` tests every step as above. ``"bisection"`` (``"auto"`` for runs of more than
-eight steps) finds the step where the ``H`` curve last rises to ``H_n`` in about ``log2 n``
-arms. Navigation rollouts (indices ``< K/4``) estimate ``H_0`` and ``H_n``, then bisect on
-"``H_mid`` is below ``H_n``": decided by a paired interval at level ``1 − α``, by futility when
-the estimate is ``<= 0`` on at least four pairs, else at the navigation cap by whether the
-estimate exceeds half of ``H_n − H_0``. The candidate step is then confirmed on fresh rollouts
-(indices ``K/4 … K``, independent of the navigation) with the sequential test above, ``m = 1``.
-Navigation mistakes cost power, never error control: the locus is only ever named by the
-confirmation interval, so FWER ``<= α`` still holds. Bisection assumes ``H`` reaches ``H_n``
-once and stays there (one commitment point, or the latest one dominating); use
-``search="full"`` when later steps may rescue the run by less than half of the total rise.
+Search ``"full"`` tests every step: each of the ``m`` tested steps gets ``α/m`` (Bonferroni),
+split over its ``L`` looks at the data in shares proportional to the square of the information
+fraction (``stats.look_levels``); every interval is built at its look's level, so with
+probability ``>= 1 − α`` all of them cover at once, hence FWER ``<= α``. A test looks at its
+pairs at ``K'/4``, ``K'/2`` and ``K'`` (``K' = n·K/(n+1)`` rollouts per arm), stops once its
+interval excludes zero, and stops for futility at an interim look of at least four pairs when
+its estimate is ``<= 0``. Use it when later steps may rescue the run by less than the latest
+rise: bisection assumes one commitment point (or the latest one dominating).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, cast
+
+import numpy as np
 
 from .. import defaults
 from ..budget import Budget, as_budget
@@ -46,11 +43,11 @@ from ..execution import Executor, Task
 from ..interventions import Plan, compile_plan, do_resample
 from ..stats import Difference, Interval, difference, look_levels, looks, wilson
 from ..trajectory import Trajectory
+from . import search as search_
 from ._session import Session, check_run_has_steps
 from .results import ArmEstimate, ContrastiveResult, StepEffect
 
 SEARCHES = ("auto", "full", "bisection")
-BISECT_ABOVE = 8  # "auto" bisects runs with more steps than this
 MIN_FUTILITY_PAIRS = 4  # fewer pairs than this say too little to give up on a step
 
 
@@ -164,57 +161,62 @@ def _full(arms: Arms, n: int, cap: int, alpha: float) -> tuple[dict[int, Compari
     return tests, n, levels[-1]
 
 
-def _bisect(arms: Arms, n: int, cap: int, alpha: float
-            ) -> tuple[dict[int, Comparison], int, float, str | None]:
-    nav_cap = max(2, cap // 4)
-    nav_sizes = looks(nav_cap, (0.5, 1.0))
-    conf_sizes = looks(cap - nav_cap)
-    conf_levels = look_levels(conf_sizes, alpha, 1)
-    level = conf_levels[-1]
-    nav_level = 1.0 - alpha
-    arms.fill({0: range(nav_cap), n: range(nav_cap)})
-    gate = arms.compare(n, 0, range(nav_cap), nav_level)
-    if gate is None:
-        return {}, 1, level, None
-    rise = gate.diff.estimate
-    if rise <= 0:
-        return {}, 1, level, (f"holding the whole record does not raise the failure rate over "
-                              f"resampling it from step 0 (H_n - H_0 = {rise:+.3f} on "
-                              f"{gate.diff.n_a} rollouts), so bisection has nothing to follow; "
-                              f'try search="full"')
-    lo, hi = 0, n
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        below: bool | None = None
-        for s in nav_sizes:
-            arms.fill({mid: range(s), n: range(s)})
-            c = arms.compare(n, mid, range(s), nav_level)
-            if c is None or arms.session.tripped:
+class EngineArms:
+    """``Arms`` seen as a ``search.ArmSource``: pairs by rollout index under the rollout cap."""
+
+    def __init__(self, arms: Arms, cap: int) -> None:
+        self.arms, self.cap = arms, cap
+
+    @property
+    def remaining(self) -> int:
+        meter = self.arms.session.meter
+        if meter.tripped or meter.check(1) is not None:
+            return 0
+        return max(0, self.cap - meter.rollouts)
+
+    def _pairs(self, hi: int, lo: int, indices: range) -> list[tuple[float, float]]:
+        a, b = self.arms.values.get(hi, {}), self.arms.values.get(lo, {})
+        out = []
+        for r in indices:  # the common prefix: a gap (a tripped budget) ends it
+            if r not in a or r not in b:
                 break
-            if c.diff.ci[0] > 0:
-                below = True
-            elif c.diff.estimate <= 0 and s >= MIN_FUTILITY_PAIRS:
-                below = False
-            elif s == nav_sizes[-1]:
-                below = c.diff.estimate > rise / 2
-            if below is not None:
-                break
-        if below is None:
-            return {}, 1, level, None
-        lo, hi = (mid, hi) if below else (lo, mid)
-    tests: dict[int, Comparison] = {}
-    for s, look_level in zip(conf_sizes, conf_levels, strict=False):
-        fresh = range(nav_cap, nav_cap + s)
-        arms.fill({lo: fresh, lo + 1: fresh})
-        c = arms.compare(lo + 1, lo, fresh, look_level)
-        if c is None:
-            break
-        tests[lo] = c
-        if c.diff.excludes_zero or _futile(c, s, conf_sizes[-1]):
-            break
-        if arms.session.tripped:
-            break
-    return tests, 1, level, None
+            out.append((a[r], b[r]))
+        return out
+
+    def diffs(self, hi: int, lo: int, indices: range) -> np.ndarray:
+        a, b = self.arms.values.get(hi, {}), self.arms.values.get(lo, {})
+        missing = [(j, r) for r in indices for j in (hi, lo)
+                   if r not in (a if j == hi else b)]
+        room = self.remaining
+        if missing:
+            wants: dict[int, Iterable[int]] = {}
+            for j, r in missing[:room]:
+                wants.setdefault(j, [])
+                cast(list[int], wants[j]).append(r)
+            self.arms.fill(wants)
+        return np.array([x - y for x, y in self._pairs(hi, lo, indices)], dtype=float)
+
+    def means(self, hi: int, lo: int, indices: range) -> tuple[float, float]:
+        pairs = self._pairs(hi, lo, indices)
+        if not pairs:
+            return float("nan"), float("nan")
+        return (sum(p[0] for p in pairs) / len(pairs), sum(p[1] for p in pairs) / len(pairs))
+
+
+def _searched(arms: Arms, n: int, cap: int, alpha: float
+              ) -> tuple[dict[int, StepEffect], str | None, int, bool]:
+    d = search_.search(EngineArms(arms, cap), n, cap, alpha)
+    if d.candidate is None or d.interval is None:
+        return {}, d.note, 0, d.exhausted
+    c = d.candidate
+    effect = d.refit if d.refit is not None else d.raw
+    step = StepEffect(step=c, effect=effect, ci=Interval.of(d.interval.ci, d.interval.level),
+                      tested=True,
+                      significant=d.significant and d.interval.ci[0] > 0,
+                      fail_held=d.fail_held, fail_resampled=d.fail_resampled, n=d.pairs,
+                      effect_raw=d.raw, estimate="refit" if d.refit is not None else "raw",
+                      refit_n=d.refit_pairs)
+    return {c: step}, d.note, 1, d.exhausted
 
 
 def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = defaults.ROLLOUTS,
@@ -224,33 +226,45 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = de
                 attribution_id: str | None = None) -> ContrastiveResult:
     """Find the point of commitment of ``run``: the latest step whose rescue interval lies
     above zero, with family-wise error ``<= alpha`` (see the module docstring for the arms,
-    the looks and the search). ``rollouts`` caps the rollouts per arm; ``budget`` (a
-    ``car.Budget`` or a rollout count) caps the whole estimate and is checked before each
-    rollout — when it trips, the result keeps what was measured and says ``truncated``."""
+    the error control and the search). The estimate may spend up to ``n·rollouts`` rollouts
+    (the paper's ``K`` per step) unless ``budget`` (a ``car.Budget`` or a rollout count) says
+    otherwise; the search decides where they go and stops as soon as the answer is decided.
+    The budget is checked before each rollout — when it trips, the result keeps what was
+    measured and says ``truncated``."""
     check_run_has_steps(run)
     _check(rollouts, alpha, search)
     budget = as_budget(budget, "budget")
     n = len(run.steps)
-    chosen = search if search != "auto" else (
-        "bisection" if n > BISECT_ABOVE and rollouts >= 8 else "full")
-    if chosen == "bisection" and rollouts < 4:
-        raise InvalidInput(f"bisection needs rollouts >= 4 (got {rollouts})",
-                           hint='raise rollouts or use search="full"')
+    chosen = search if search != "auto" else "bisection"
+    cap = budget.rollouts if budget is not None and budget.rollouts is not None else n * rollouts
+    if budget is None:
+        budget = Budget(rollouts=cap)
+    elif budget.rollouts is None:
+        budget = replace(budget, rollouts=cap)
     params = {"rollouts": rollouts, "alpha": alpha, "seed": seed, "coupled": coupled,
-              "search": search, "budget": budget.to_dict() if budget else None,
+              "search": search, "budget": budget.to_dict(),
               "agent": getattr(agent, "name", "")}
     session = Session(run, agent, outcome, method="contrastive", seed=seed, coupled=coupled,
                       budget=budget, executor=executor, progress=progress, store=store,
                       attribution_id=attribution_id, params=params)
     arms = Arms(run, session)
     reason: str | None = None
+    exhausted = False
     if chosen == "full":
-        tests, m, level = _full(arms, n, rollouts, alpha)
+        # n + 1 arms share the n·K rollouts the default budget allows
+        tests, m, level = _full(arms, n, max(1, cap // (n + 1)), alpha)
+        effects = {k: _step(k, c) for k, c in tests.items()}
+        correction = "bonferroni"
     else:
-        tests, m, level, reason = _bisect(arms, n, rollouts, alpha)
-    significant = [k for k, c in tests.items() if c.diff.ci[0] > 0]
+        effects, reason, m, exhausted = _searched(arms, n, cap, alpha)
+        level = 1.0 - alpha
+        correction = "anytime-valid betting test of one searched step"
+    significant = [k for k, e in effects.items() if e.significant]
     locus = max(significant) if significant else None
     values = arms.all_values()
+    budget_note = session.tripped
+    if budget_note is None and exhausted:
+        budget_note = f"rollout budget of {cap} reached before the answer was decided"
     if locus is None:
         if session.failures:  # the arms are incomplete: no other reason can be trusted
             reason = session.failure_note()
@@ -258,12 +272,12 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = de
             reason = (f"the outcome never varied: all {len(values)} rollouts scored "
                       f"{values[0]:g} whatever was resampled, so nothing can be attributed "
                       f"at this sample size (raise rollouts if a step may still matter)")
-        elif reason is None and session.tripped and not tests:
-            reason = f"the budget tripped before any step could be tested ({session.tripped})"
+        elif reason is None and budget_note and not effects:
+            reason = f"the budget tripped before any step could be tested ({budget_note})"
         elif reason is None:
             reason = (f"no step's rescue interval lies above zero ({m} test(s) at level "
                       f"{level:.4f})")
-    steps = tuple(_step(k, tests.get(k)) for k in range(n))
+    steps = tuple(effects.get(k, StepEffect(step=k)) for k in range(n))
     arm_rows = tuple(ArmEstimate(j, sum(v.values()) / len(v),
                                  Interval(*wilson(sum(v.values()) / len(v), len(v), level), level),
                                  len(v))
@@ -272,12 +286,12 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = de
         run_id=run.id, locus=locus, reason=reason, alpha=float(alpha), tests=m, level=level,
         rollouts_used=session.meter.rollouts, rollouts_cap=rollouts, seed=seed,
         coupled=session.coupled, coupling=session.coupling,
-        truncated=session.tripped is not None,
-        budget_note=session.tripped, tokens=session.meter.tokens,
+        truncated=budget_note is not None,
+        budget_note=budget_note, tokens=session.meter.tokens,
         cost=round(session.meter.cost, 6), search=chosen, steps=steps, arms=arm_rows,
         example_branch=arms.examples.get(locus) if locus is not None else None,
         params=params, attribution_id=session.attribution_id,
-        failures=session.failure_rows())
+        failures=session.failure_rows(), rollout_budget=cap, correction=correction)
     session.finish(result.to_dict())
     return result
 

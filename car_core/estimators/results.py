@@ -77,12 +77,17 @@ class StepEffect:
     fail_held: float | None = None
     fail_resampled: float | None = None
     n: int = 0
+    effect_raw: float | None = None  # the mean of the pairs the test stopped on
+    estimate: str = "raw"  # "refit": ``effect`` re-estimated on fresh pairs after stopping
+    refit_n: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "effect": self.effect, "ci": _ci(self.ci),
                 "ci_level": _ci_level(self.ci), "tested": self.tested,
                 "significant": self.significant, "fail_held": self.fail_held,
-                "fail_resampled": self.fail_resampled, "n": self.n}
+                "fail_resampled": self.fail_resampled, "n": self.n,
+                "effect_raw": self.effect if self.effect_raw is None else self.effect_raw,
+                "estimate": self.estimate, "refit_n": self.refit_n}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], level: float | None = None) -> StepEffect:
@@ -90,7 +95,9 @@ class StepEffect:
                    ci=_read_ci(data, level), tested=bool(data.get("tested", False)),
                    significant=bool(data.get("significant", False)),
                    fail_held=data.get("fail_held"), fail_resampled=data.get("fail_resampled"),
-                   n=int(data.get("n", 0)))
+                   n=int(data.get("n", 0)), effect_raw=data.get("effect_raw"),
+                   estimate=str(data.get("estimate", "raw")),
+                   refit_n=int(data.get("refit_n", 0)))
 
 
 @dataclass(frozen=True)
@@ -139,14 +146,16 @@ class ContrastiveResult(_Rendered):
     attribution_id: str | None = None
     failures: tuple[dict[str, Any], ...] = ()  # branches that failed after a retry, left out
     coupling: str | None = None  # why branches were (or were not) coupled
+    rollout_budget: int | None = None  # the rollouts the estimate was allowed (n·K by default)
+    correction: str = "bonferroni"
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": "contrastive", "run_id": self.run_id,
                 "attribution_id": self.attribution_id, "locus": self.locus,
-                "reason": self.reason, "alpha": self.alpha, "correction": "bonferroni",
+                "reason": self.reason, "alpha": self.alpha, "correction": self.correction,
                 "tests": self.tests, "level": self.level, "rollouts_used": self.rollouts_used,
-                "rollouts_cap": self.rollouts_cap, "seed": self.seed, "coupled": self.coupled,
-                "coupling": self.coupling,
+                "rollouts_cap": self.rollouts_cap, "rollout_budget": self.rollout_budget,
+                "seed": self.seed, "coupled": self.coupled, "coupling": self.coupling,
                 "truncated": self.truncated, "budget_note": self.budget_note,
                 "tokens": self.tokens, "cost": self.cost, "search": self.search,
                 "steps": [s.to_dict() for s in self.steps],
@@ -171,7 +180,9 @@ class ContrastiveResult(_Rendered):
             arms=tuple(ArmEstimate.from_dict(a, level) for a in data.get("arms", [])),
             example_branch=data.get("example_branch"), params=dict(data.get("params") or {}),
             attribution_id=data.get("attribution_id"),
-            failures=tuple(data.get("failures") or ()))
+            failures=tuple(data.get("failures") or ()),
+            rollout_budget=data.get("rollout_budget"),
+            correction=str(data.get("correction", "bonferroni")))
 
     def table(self) -> list[dict[str, Any]]:
         return [s.to_dict() for s in self.steps]
@@ -183,9 +194,9 @@ class ContrastiveResult(_Rendered):
                  "<- locus" if s.step == self.locus else ""] for s in self.steps]
         head = (f"contrastive attribution of run {self.run_id}: locus = {self.locus}"
                 + (f" ({self.reason})" if self.reason else ""))
-        foot = (f"{self.tests} test(s), each at {self.level:.4f} (Bonferroni, FWER <= "
+        foot = (f"{self.tests} test(s), each at {self.level:.4f} ({self.correction}, FWER <= "
                 f"{self.alpha}); search={self.search}; rollouts used {self.rollouts_used} "
-                f"(cap {self.rollouts_cap} per arm); coupled={self.coupled}"
+                f"of {self.rollout_budget}; coupled={self.coupled}"
                 + (f" ({self.coupling})" if self.coupling and not self.coupled else "")
                 + (f"; truncated: {self.budget_note}" if self.truncated else "")
                 + (f"; {len(self.failures)} failed branch(es) left out" if self.failures else ""))

@@ -58,7 +58,7 @@ from .results import GameValue, ShapleyResult, ShapleyValue
 
 MODES = ("auto", "exact", "permutation")
 MIN_PER_COALITION = 8  # "auto" picks exact mode only when every coalition can get this many
-MAX_EXACT_PLAYERS = 4   # beyond, 2^p coalitions cost more than antithetic units (2p rollouts) buy
+MAX_EXACT_PLAYERS = 5   # beyond, 2^p coalitions cost more than antithetic units (2p rollouts) buy
 PILOT_SHARE = 0.25
 ALLOCATION_STAGES = 2
 BATCH_ROLLOUTS = 256  # rollouts handed to the executor at once (bounds memory)
