@@ -357,7 +357,7 @@ class LangGraphAgent:
             decisions: dict[str, tuple[str, dict[str, Any], list[dict[str, Any]]]] = {}
             for prev, cur in zip(chain, chain[1:], strict=False):
                 nodes = [n for n in prev.next if (level, n) not in self.tool_nodes
-                         and _join(level, n) not in self.graphs]
+                         and _join(level, n) not in self.graphs and n != "__start__"]
                 if cur.metadata.get("source") != "loop" or len(nodes) != 1:
                     continue
                 before = prev.values.get(self.messages_key) or []
@@ -444,7 +444,8 @@ class LangGraphAgent:
                          "checkpointer= so they inherit the parent's")
             if (_recast(ns), node) in self.tool_nodes:
                 raise AdapterError(f"step {i} is not a model decision of a graph node: it "
-                                   f"ran in tool node {node!r} (a model called inside a tool)", run_id=run.id, step=i,
+                                   f"ran in tool node {node!r} (a model called inside a "
+                                   "tool)", run_id=run.id, step=i,
                                    hint="intervene on a step whose action a model node wrote")
             task = (ns, str(meta.get("checkpoint_id")), str(meta.get("task_ns")))
             key = (ns, str(meta.get("checkpoint_id")))

@@ -1,0 +1,126 @@
+"""Standard LangGraph agent shapes with planted stochastic models: ``create_agent`` (with and
+without CAR's middleware), ``create_react_agent`` v1 and v2, and a ``langgraph-supervisor`` app
+whose workers are subgraphs, on the callback and the ``import_thread`` paths.
+
+Support shapes (``car_adapters.demo.support_agent``): the decision at step 1 refunds with
+p = 0.3 when the injection is visible, 0 without. Supervisor (``supervisor_app``): the account
+worker's ``flag_account`` at step 4 closes with p = 0.5 when the injection is visible; step 5
+(``close_account``) only carries it out. Analytically, for a failing run:
+
+    P(fail | do_resample(decision)) = P(fail | do_context(decision, identity)) = p
+    P(fail | do_context(decision, remove_injection)) = 0      P(fail | do_resample(5)) = 1
+
+Tolerance: an arm's mean over n = 64 rollouts has standard error sqrt(p(1-p)/n) (0.057 at
+p = 0.3, 0.0625 at p = 0.5); we allow 4 of them. A do_context that ends branches early (0.0) or
+an edit not applied lands outside; arms at 0 or 1 are exact.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from car_adapters.demo import supervisor_app as sv
+from car_adapters.demo import support_agent as sa
+from car_adapters.langgraph import CarCallback, CarMiddleware, LangGraphAgent
+from langchain.agents import create_agent
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.prebuilt import create_react_agent
+
+import car_core as car
+from car_core.errors import InvalidInput
+
+N = 64
+
+
+def tol(p: float) -> float:
+    return 4 * math.sqrt(p * (1 - p) / N)
+
+
+def support_app(shape: str, model: Any) -> tuple[Any, Any]:
+    saver = InMemorySaver()
+    if shape.startswith("create_agent"):
+        mw = CarMiddleware() if shape.endswith("middleware") else None
+        app = create_agent(model, sa.TOOLS, system_prompt=sa.SYSTEM_PROMPT, checkpointer=saver,
+                           middleware=[mw] if mw else [])
+        return app, mw
+    with pytest.warns(Warning):  # create_react_agent is deprecated in favour of create_agent
+        app = create_react_agent(model, sa.TOOLS, prompt=sa.SYSTEM_PROMPT, checkpointer=saver,
+                                 version=shape[-2:])
+    return app, None
+
+
+def failing(app: Any, inputs: dict[str, Any], outcome: Any) -> car.Trajectory:
+    cb = CarCallback()
+    for i in range(60):  # seeded models: deterministic
+        app.invoke(inputs, {"configurable": {"thread_id": f"user-{i}"}, "callbacks": [cb]})
+        if outcome(cb.run):
+            assert cb.run is not None
+            return cb.run
+    raise AssertionError("no failing run")
+
+
+@pytest.mark.parametrize("shape", ["create_agent", "create_agent_middleware",
+                                   "react_v1", "react_v2"])
+def test_support_shapes_identity_edit_matches_resample(shape: str) -> None:
+    app, mw = support_app(shape, sa.PlantedSupportModel(rng_seed=0))
+    run = failing(app, sa.inputs(), sa.outcome)
+    agent = LangGraphAgent(app, model=mw, side_effect_tools=sa.SIDE_EFFECT_TOOLS)
+    resample = car.intervene(run, agent, car.do_resample(1), outcome=sa.outcome, rollouts=N)
+    same = car.intervene(run, agent, car.do_context(1, lambda m: m), outcome=sa.outcome,
+                         rollouts=N, seed=1)
+    fixed = car.intervene(run, agent, car.do_context(1, sa.remove_injection),
+                          outcome=sa.outcome, rollouts=N)
+    assert abs(resample.mean - 0.3) <= tol(0.3) and abs(same.mean - 0.3) <= tol(0.3)
+    assert fixed.mean == 0.0
+    assert all(len(t.steps) >= 3 for t in same.trajectories)  # the model decided again
+
+
+def test_middleware_holds_later_steps_and_seeds() -> None:
+    """do_action at the decision with a held later step needs control: the middleware gives it
+    (the plain create_agent app names what to add)."""
+    app, mw = support_app("create_agent_middleware", sa.PlantedSupportModel(rng_seed=0))
+    run = failing(app, sa.inputs(), sa.outcome)
+    agent = LangGraphAgent(app, model=mw)
+    held = [car.do_resample(1), car.do_action(2, run.steps[2].action)]
+    assert car.intervene(run, agent, held, outcome=sa.outcome, rollouts=8).mean == 1.0
+    assert agent.couples_noise
+    plain, _ = support_app("create_agent", sa.PlantedSupportModel(rng_seed=0))
+    run2 = failing(plain, sa.inputs(), sa.outcome)
+    with pytest.raises(car.errors.AdapterError, match="CarMiddleware"):
+        car.intervene(run2, LangGraphAgent(plain), [car.do_resample(1),
+                                                    car.do_action(2, run2.steps[2].action)],
+                      outcome=sa.outcome, rollouts=2)
+
+
+def test_an_unknown_side_effect_name_lists_the_graph_tools() -> None:
+    app, _ = support_app("create_agent", sa.PlantedSupportModel(rng_seed=0))
+    with pytest.raises(InvalidInput, match=r"\['issue_refnd'\].*'issue_refund', 'lookup_order'"):
+        LangGraphAgent(app, side_effect_tools=["issue_refnd"])
+
+
+@pytest.mark.parametrize("path", ["callback", "import_thread"])
+def test_supervisor_forks_inside_worker_subgraphs(path: str) -> None:
+    app = sv.build_app(sv.PlantedAgentModel(rng_seed=1), InMemorySaver())
+    run = failing(app, sv.inputs(), sv.outcome)
+    agent = LangGraphAgent(app, side_effect_tools=["close_account"])
+    if path == "import_thread":
+        imported = agent.import_thread(str(run.meta["thread_id"]))
+        assert [s.action for s in imported.steps] == [s.action for s in run.steps]
+        run = imported
+    assert [s.meta["agent"] for s in run.steps] == [
+        "supervisor", "research_agent", "research_agent", "supervisor",
+        "account_agent", "account_agent", "account_agent", "supervisor"]
+    closed = len(sv.CLOSED)
+    resample = car.intervene(run, agent, car.do_resample(4), outcome=sv.outcome, rollouts=N)
+    same = car.intervene(run, agent, car.do_context(4, lambda m: m), outcome=sv.outcome,
+                         rollouts=N, seed=1)
+    fixed = car.intervene(run, agent, car.do_context(4, sv.remove_injection),
+                          outcome=sv.outcome, rollouts=N)
+    after = car.intervene(run, agent, car.do_resample(5), outcome=sv.outcome, rollouts=16)
+    assert abs(resample.mean - 0.5) <= tol(0.5) and abs(same.mean - 0.5) <= tol(0.5)
+    assert fixed.mean == 0.0 and after.mean == 1.0
+    # every branch that closed the account was answered from the record (the note is free
+    # text, re-worded at random: matched on account_id by default)
+    assert len(sv.CLOSED) == closed
