@@ -277,7 +277,7 @@ class LangGraphAgent:
         for j, given in plan.forced_observations.items():
             if j == k:
                 for m in check_observation(given, forced.get(k, run.steps[k].action), step=k):
-                    guard.forced[str(m.get("tool_call_id"))] = m.get("content")
+                    guard.forced[str(m.get("tool_call_id"))] = _text(m.get("content"), given)
         later = {j: o for j, o in plan.forced_observations.items() if j > k}
 
         def forced_later(tool_call_id: str) -> Any:  # do_observation on a live later step
@@ -286,7 +286,8 @@ class LangGraphAgent:
             if found is None or j not in later:
                 return RUN
             given = check_observation(later[j], to_dict(found[1]), step=j)
-            return next(m.get("content") for m in given if m.get("tool_call_id") == tool_call_id)
+            return next(_text(m.get("content"), later[j]) for m in given
+                        if m.get("tool_call_id") == tool_call_id)
 
         guard.lookup = forced_later if later else None
         self._fork(run, k, thread_id, edited)  # the first write, after every check passed
@@ -554,16 +555,21 @@ class LangGraphAgent:
             rec = run.steps[k]
             results = {tid: m for tid, m in cb.tool_results().items()}
             obs = [to_dict(results[cid]) for cid, _, _ in calls_of(forced[k]) if cid in results]
-            steps.append(Step(index=k, action=dict(forced[k]), observation=obs or None,
-                              observed=bool(obs), state=rec.state,
+            given = (_as_recorded(plan.forced_observations[k], obs or None)
+                     if k in plan.forced_observations else obs or None)
+            steps.append(Step(index=k, action=dict(forced[k]), observation=given,
+                              observed=given is not None, state=rec.state,
                               meta=jsonable({**rec.meta, "thread_id": thread_id,
                                              "origin": plan.origin(k)})))
         for i, s in enumerate(live):
             j = k + offset + i
             meta = {**s.meta, "thread_id": thread_id, **control.steps.get(j, {}),
                     "origin": plan.origin(j)}
-            steps.append(Step(index=j, action=s.action, observation=s.observation,
-                              observed=s.observed, state=s.state, meta=jsonable(meta)))
+            obs = (_as_recorded(plan.forced_observations[j], s.observation)
+                   if j in plan.forced_observations else s.observation)
+            steps.append(Step(index=j, action=s.action, observation=obs,
+                              observed=s.observed or j in plan.forced_observations,
+                              state=s.state, meta=jsonable(meta)))
         return Trajectory.new(context=run.context, steps=steps, seed=noise.seed,
                               agent=self.name, status=status,
                               meta={"framework": "langgraph", "thread_id": thread_id,
@@ -585,8 +591,21 @@ def _cmap(meta: Mapping[str, Any]) -> dict[str, str]:
     return {(meta.get("checkpoint_ns") or ""): cid} if cid else {}
 
 
-def _loads(args: str) -> Any:
-    return json.loads(args)
+def _as_recorded(given: Any, results: Any) -> Any:
+    """The observation a forced step records: the tool results the graph got, when the user
+    gave results (strings or tool messages); else the value exactly as given."""
+    items = given if isinstance(given, (list, tuple)) else [given]
+    if all(isinstance(i, str) or (isinstance(i, Mapping) and "content" in i) for i in items):
+        return results
+    return given
+
+
+def _text(content: Any, given: Any) -> Any:
+    """A forced tool result's content: a given value with no ``content`` field is sent whole,
+    as JSON."""
+    if content is not None:
+        return content
+    return given if isinstance(given, str) else json.dumps(given, default=str)
 
 
 def _as_dicts(edited: Any, run_id: str, k: int) -> list[Mapping[str, Any]]:

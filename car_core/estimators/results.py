@@ -138,10 +138,12 @@ class ContrastiveResult(_Rendered):
     params: dict[str, Any] = field(default_factory=dict)
     attribution_id: str | None = None
     failures: tuple[dict[str, Any], ...] = ()  # branches that failed after a retry, left out
+    locus_label: str | None = None  # which agent and which step, e.g. "account_agent, step 4"
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": "contrastive", "run_id": self.run_id,
                 "attribution_id": self.attribution_id, "locus": self.locus,
+                "locus_label": self.locus_label,
                 "reason": self.reason, "alpha": self.alpha, "correction": "bonferroni",
                 "tests": self.tests, "level": self.level, "rollouts_used": self.rollouts_used,
                 "rollouts_cap": self.rollouts_cap, "seed": self.seed, "coupled": self.coupled,
@@ -178,7 +180,9 @@ class ContrastiveResult(_Rendered):
                  ("yes" if s.significant else "no") if s.tested else "untested",
                  _num(s.fail_held), _num(s.fail_resampled), str(s.n),
                  "<- locus" if s.step == self.locus else ""] for s in self.steps]
-        head = (f"contrastive attribution of run {self.run_id}: locus = {self.locus}"
+        who = (f" ({self.locus_label})" if self.locus_label
+               and self.locus_label != f"step {self.locus}" else "")
+        head = (f"contrastive attribution of run {self.run_id}: locus = {self.locus}{who}"
                 + (f" ({self.reason})" if self.reason else ""))
         foot = (f"{self.tests} test(s), each at {self.level:.4f} (Bonferroni, FWER <= "
                 f"{self.alpha}); search={self.search}; rollouts used {self.rollouts_used} "
