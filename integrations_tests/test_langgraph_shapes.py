@@ -18,6 +18,7 @@ an edit not applied lands outside; arms at 0 or 1 are exact.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -232,3 +233,25 @@ def test_send_fan_out_of_model_calls_is_refused_before_any_branch_runs() -> None
         car.intervene(run, LangGraphAgent(app), car.do_resample(1), outcome=sa.outcome,
                       rollouts=4)
     assert model.calls == calls
+
+
+def test_forced_values_are_written_as_the_worker_node_in_its_namespace() -> None:
+    """Without any model wrapper: do_action / do_observation at the account worker's decision
+    are written as its ``model`` node inside its subgraph, and the branch goes on from there
+    (a forced "keep", or a "keep" result, never closes: exact 0)."""
+    with pytest.warns(Warning):
+        app = sv.build_app(sv.PlantedAgentModel(rng_seed=1), InMemorySaver())
+    run = failing(app, sv.inputs(), sv.outcome)
+    agent = LangGraphAgent(app, side_effect_tools=["close_account"])
+    keep = json.loads(json.dumps(run.steps[4].action))
+    keep["tool_calls"][0]["function"]["arguments"] = json.dumps({"account_id": sv.ACCOUNT,
+                                                                 "action": "keep"})
+    forced = car.intervene(run, agent, car.do_action(4, keep), outcome=sv.outcome, rollouts=4)
+    assert forced.mean == 0.0
+    for t in forced.trajectories:
+        call = t.steps[4].action["tool_calls"][0]["function"]
+        assert json.loads(call["arguments"])["action"] == "keep"
+        assert t.steps[4].meta["ns"] == run.steps[4].meta["ns"]
+    told = car.intervene(run, agent, car.do_observation(4, [json.dumps({"flagged": "keep"})]),
+                         outcome=sv.outcome, rollouts=4)
+    assert told.mean == 0.0
