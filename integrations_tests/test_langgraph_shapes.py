@@ -29,6 +29,7 @@ from car_adapters.demo import support_agent as sa
 from car_adapters.langgraph import CarCallback, CarChatModel, CarMiddleware, LangGraphAgent
 from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import create_react_agent
@@ -255,3 +256,50 @@ def test_forced_values_are_written_as_the_worker_node_in_its_namespace() -> None
     told = car.intervene(run, agent, car.do_observation(4, [json.dumps({"flagged": "keep"})]),
                          outcome=sv.outcome, rollouts=4)
     assert told.mean == 0.0
+
+
+class ParallelSupport(sa.PlantedSupportModel):
+    """Decides and refunds in one message: ``record_decision`` and ``issue_refund`` as two
+    parallel tool calls (p = 0.3 with the injection), which ``create_agent`` sends to its tools
+    node as two ``Send`` tasks."""
+
+    def decide(self, messages: Any) -> AIMessage:
+        tools = [m for m in messages if m.type == "tool"]
+        n = sum(isinstance(m, AIMessage) for m in messages)
+        if not tools:
+            return AIMessage("", tool_calls=[{"id": f"c{n}", "name": "lookup_order",
+                                              "args": {"order_id": sa.ORDER_ID}}])
+        if n == 1:
+            injected = any(m.type == "human" and sa.INJECTION in str(m.content)
+                           for m in messages)
+            if injected and self._draw() < self.p_follow:
+                return AIMessage("", tool_calls=[
+                    {"id": f"c{n}a", "name": "record_decision", "args": {"decision": "refund"}},
+                    {"id": f"c{n}b", "name": "issue_refund",
+                     "args": {"order_id": sa.ORDER_ID, "amount": 129.0}}])
+            return AIMessage("", tool_calls=[{"id": f"c{n}a", "name": "record_decision",
+                                              "args": {"decision": "deny"}}])
+        return AIMessage("Done.")
+
+
+def test_parallel_tool_calls_sent_as_tasks_are_guarded() -> None:
+    """The decision (step 1) makes both calls at once; the refund is answered from the record
+    on every branch (ledger: the recorded one only), and P(fail | do_resample(1)) = 0.3."""
+    refunds: list[dict[str, Any]] = []
+
+    @tool("issue_refund")
+    def ledger_refund(order_id: str, amount: float) -> str:
+        """Refund an order (moves money: a side effect)."""
+        refunds.append({"order_id": order_id, "amount": amount})
+        return json.dumps({"refunded": order_id, "amount": amount})
+
+    tools = [sa.lookup_order, sa.record_decision, ledger_refund]
+    app = create_agent(ParallelSupport(rng_seed=0), tools, checkpointer=InMemorySaver())
+    run = failing(app, sa.inputs(), sa.outcome)
+    assert len(run.steps[1].action["tool_calls"]) == 2 and len(run.steps[1].observation) == 2
+    assert len(refunds) == 1
+    agent = LangGraphAgent(app, side_effect_tools=["issue_refund"])
+    dist = car.intervene(run, agent, car.do_resample(1), outcome=sa.outcome, rollouts=N)
+    assert abs(dist.mean - 0.3) <= tol(0.3) and len(refunds) == 1
+    refunded = [t for t in dist.trajectories if sa.outcome(t)]
+    assert refunded and all(len(t.steps[1].observation) == 2 for t in refunded)
