@@ -4,27 +4,31 @@
 with LangGraph's own machinery, for an app compiled with a checkpointer whose messages live in a
 ``messages`` channel with the ``add_messages`` reducer:
 
-- **Fork.** A branch from step ``k`` copies the checkpoint the step-``k`` task was scheduled from
-  (not its pending writes, which would replay the recorded step) into a new thread, so branches
-  never see each other and the user's thread is untouched; steps before ``k`` are therefore
-  served from the record with no model or tool call. Branch threads are deleted afterwards
-  unless ``keep_branches=True``.
-- **Intervene** with ``update_state`` on the branch thread: ``do_action`` writes the action as the
-  model node, ``do_observation`` writes the recorded action as the model node and the given tool
-  results as the tool node, ``do_context`` replaces the message list with the edited one (tool
-  calls and results kept paired). ``do_resample`` simply resumes, so the model decides again.
+- **Fork.** A branch from step ``k`` copies the checkpoints the step-``k`` task was scheduled
+  from — one per graph level, so a step inside a subgraph (a worker agent) resumes there under
+  its parents as recorded — into a new thread, without their pending writes (which would replay
+  the recorded step). Branches never see each other and the user's thread is untouched; steps
+  before ``k`` are served from the record with no model or tool call. Branch threads are deleted
+  afterwards unless ``keep_branches=True``. Every step of a run is checked once, before its
+  first branch runs; a run this app cannot fork is refused naming the shape and the node.
+- **Intervene.** ``do_context`` writes the edited messages into the forked checkpoint itself,
+  so the model task that was scheduled runs again (``update_state`` would guess which node
+  wrote, and guesses wrong on ``Send``-routed graphs such as ``create_agent``). ``do_action`` is
+  written with ``update_state(as_node=<the step's node>)`` in the step's namespace, so the node's
+  own routing runs; with a model wrapper or middleware it is returned by the model call instead.
+  ``do_observation`` answers the step's tool calls by id. ``do_resample`` simply resumes.
 - **The model.** Held steps after ``k`` (Shapley coalitions), ``do_policy`` (a LangChain chat
-  model that decides from ``k`` on) and per-step seeds need the app to call its model through
-  ``CarChatModel(inner=model)``; pass that wrapper as ``LangGraphAgent(app, model=wrapper)``.
-- **Tools** run live on branches, except the ``side_effect_tools`` you name: those are answered
-  from the record on an exact call match, else by ``simulators[name](arguments)``, else the branch
-  stops with ``SideEffectBlocked``. The branch is interrupted before each ``ToolNode`` to do this,
-  so a side-effect tool that no ``ToolNode`` runs is refused when the agent is built.
-- ``import_thread(thread_id)`` rebuilds the trajectory the callback would have recorded from
-  ``get_state_history``; ``attribute_thread`` imports a thread and attributes it in one call.
+  model that decides from ``k`` on) and per-step seeds need CAR to decide the model calls:
+  ``CarMiddleware`` on ``create_agent`` or ``CarChatModel(inner=model)``, passed as ``model=``.
+- **Tools** run live on branches, except the ``side_effect_tools`` you name, answered by the
+  guard (``guard``) wherever they run: from the record on a call that matches on the arguments
+  that matter (``match_on``), else by ``simulators[name](arguments)``, else ``SideEffectBlocked``.
+  A name no tool of the graph has is refused (``node_tools`` declares tools a node calls itself).
+- ``import_thread(thread_id)`` rebuilds the trajectory the callback would have recorded from the
+  checkpoint history of every namespace; ``attribute_thread`` imports and attributes in one call.
 
 A branch that stops for human input (``interrupt``) is an ``AdapterError``: nobody is there to
-answer. Subgraphs and several model nodes running in the same superstep are not forked into.
+answer.
 """
 
 from __future__ import annotations
@@ -157,10 +161,10 @@ class LangGraphAgent:
         self.recursion_limit = recursion_limit
         # every graph level CAR can fork into: "" is the app, then each subgraph namespace
         self.graphs: dict[str, Any] = {"": app, **dict(app.get_subgraphs(recurse=True))}
-        self.tool_nodes = {(ns, n): spec.runnable for ns, g in self.graphs.items()
-                           for n, spec in getattr(g, "builder", None).nodes.items()
-                           if isinstance(spec.runnable, ToolNode)} if all(
-            getattr(g, "builder", None) is not None for g in self.graphs.values()) else {}
+        specs = [(ns, n, spec) for ns, g in self.graphs.items()
+                 for n, spec in getattr(getattr(g, "builder", None), "nodes", {}).items()]
+        self.tool_nodes = {(ns, n): spec.runnable for ns, n, spec in specs
+                           if isinstance(spec.runnable, ToolNode)}
         self.tools = sorted({t for node in self.tool_nodes.values()
                              for t in getattr(node, "tools_by_name", {})} | set(node_tools))
         unknown = sorted(self.safety.side_effect_tools - set(self.tools))
@@ -177,7 +181,7 @@ class LangGraphAgent:
         # a graph with async-only nodes cannot run under invoke(); branches use ainvoke()
         self.is_async = any(getattr(spec.runnable, "func", True) is None
                             and getattr(spec.runnable, "afunc", None) is not None
-                            for spec in app.builder.nodes.values())
+                            for _, _, spec in specs)
         self._checked: set[str] = set()
         self._lock = threading.Lock()
 
