@@ -23,6 +23,7 @@ import jinja2
 from . import formatting as fmt
 from .errors import InvalidInput
 from .trajectory import Trajectory, step_label
+from .vocabulary import Origin
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("car_core", "templates"),

@@ -16,8 +16,8 @@ RESULT_KEYS = {"method", "run_id", "attribution_id", "locus", "reason", "alpha",
                "tests", "level", "rollouts_used", "rollouts_cap", "seed", "coupled",
                "truncated", "budget_note", "tokens", "cost", "search", "steps", "arms",
                "example_branch", "params", "failures", "locus_label"}
-STEP_KEYS = {"step", "effect", "ci", "tested", "significant", "fail_held", "fail_resampled",
-             "n"}
+STEP_KEYS = {"step", "effect", "ci", "ci_level", "tested", "significant", "fail_held",
+             "fail_resampled", "n"}
 
 
 def attribute(model: syn.SyntheticSCM, seed: int = 0, **kwargs):

@@ -373,7 +373,7 @@ class LangGraphAgent:
                     if (isinstance(m, AIMessage) and m.id not in seen
                             and not _framework_written(m)):
                         decisions[m.id] = (cur.config["configurable"]["checkpoint_id"], {
-                            "origin": "record", "thread_id": thread_id, "checkpoint_id": cid,
+                            "origin": Origin.RECORD, "thread_id": thread_id, "checkpoint_id": cid,
                             "checkpoint_ns": ns, "checkpoint_map": {**parents, ns: cid},
                             "ns": ns, "agent": agent_of(ns, self.app.get_name()),
                             "node": nodes[0], "langgraph_step": cur.metadata.get("step"),
@@ -388,7 +388,7 @@ class LangGraphAgent:
         steps = [replace(s, index=i) for i, (_, _, s) in enumerate(found)]
         context = {"messages": steps[0].state} if steps else {"input": None}
         return Trajectory.new(context=context, steps=steps, agent=self.name,
-                              status="interrupted" if head_next else "complete",
+                              status=RunStatus.INTERRUPTED if head_next else RunStatus.COMPLETE,
                               meta={"framework": "langgraph", "thread_id": thread_id,
                                     "final_state": jsonable(final), "imported": True})
 
@@ -539,7 +539,7 @@ class LangGraphAgent:
         try:
             self._invoke(None, config)
         except GraphRecursionError:
-            return "max_steps"
+            return RunStatus.MAX_STEPS
         snap = self.app.get_state(_thread(thread_id))
         if snap.next:
             raise AdapterError(f"the graph stopped at node {snap.next[0]!r} for input on a "
@@ -547,13 +547,13 @@ class LangGraphAgent:
                                run_id=run.id, step=control.next_index,
                                hint="attribute runs of a graph without human-in-the-loop "
                                     "interrupts, or intervene after the interrupt")
-        return "complete"
+        return RunStatus.COMPLETE
 
     def _collect(self, run: Trajectory, plan: Plan, k: int, thread_id: str, cb: CarCallback,
                  offset: int, forced: Mapping[int, Any], control: Control, noise: Noise,
                  status: str) -> Trajectory:
         final = self.app.get_state(_thread(thread_id)).values
-        steps = [replace(s, meta={**s.meta, "origin": "held"}) for s in run.steps[:k]]
+        steps = run.held_prefix(k)
         live = [s for r in cb.runs for s in r.steps]
         if offset:  # step k was written as its node, without a model call
             rec = run.steps[k]

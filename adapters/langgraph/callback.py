@@ -177,7 +177,7 @@ class CarCallback(BaseCallbackHandler):
                            if k not in ("tools", "car_tools", "car_tool_kwargs")})
         cmap = _checkpoint_map()
         checkpoint_ns, checkpoint_id = list(cmap.items())[-1] if cmap else (None, None)
-        meta = {"origin": "record", "thread_id": md.get("thread_id", rec.thread_id),
+        meta = {"origin": Origin.RECORD, "thread_id": md.get("thread_id", rec.thread_id),
                 "checkpoint_id": checkpoint_id, "checkpoint_ns": checkpoint_ns,
                 "checkpoint_map": cmap, "ns": checkpoint_ns,
                 "agent": agent_of(checkpoint_ns, rec.graph),

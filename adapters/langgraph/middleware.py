@@ -25,6 +25,8 @@ from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 
+from car_core.contract import Origin
+
 from .messages import action_message
 from .model import _current_control, seedable
 
@@ -44,7 +46,7 @@ class HeldModel(BaseChatModel):
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: Any = None, **kwargs: Any) -> ChatResult:
         return ChatResult(generations=[ChatGeneration(message=self.message.model_copy())],
-                          llm_output={"car_origin": "held"})
+                          llm_output={"car_origin": Origin.HELD})
 
 
 class CarMiddleware(AgentMiddleware):  # type: ignore[type-arg]
@@ -60,7 +62,7 @@ class CarMiddleware(AgentMiddleware):  # type: ignore[type-arg]
             return request
         k = control.take()
         if k in control.forced:
-            control.steps[k] = {"origin": "held", "model": None}
+            control.steps[k] = {"origin": Origin.HELD, "model": None}
             return request.override(model=HeldModel(message=action_message(control.forced[k])))
         model = request.model
         if control.policy is not None and k >= control.policy[0]:

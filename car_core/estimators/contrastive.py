@@ -44,6 +44,7 @@ from ..budget import Budget, as_budget
 from ..errors import InvalidInput
 from ..execution import Executor, Task
 from ..interventions import Plan, compile_plan, do_resample
+from ..stats import Difference, Interval, difference, look_levels, looks, wilson
 from ..trajectory import Trajectory, step_label
 from ._session import Session, check_run_has_steps
 from .results import ArmEstimate, ContrastiveResult, StepEffect

@@ -51,6 +51,7 @@ from ..errors import InvalidBudget, InvalidInput
 from ..execution import Executor, Task
 from ..interventions import Plan, compile_plan, do_action, do_resample
 from ..seeding import Noise
+from ..stats import Interval, t_interval, wilson
 from ..trajectory import Trajectory, step_label
 from ._session import Session, check_run_has_steps
 from .results import GameValue, ShapleyResult, ShapleyValue
