@@ -170,7 +170,7 @@ class ContrastiveResult(_Rendered):
             arms=tuple(ArmEstimate.from_dict(a, level) for a in data.get("arms", [])),
             example_branch=data.get("example_branch"), params=dict(data.get("params") or {}),
             attribution_id=data.get("attribution_id"),
-            failures=tuple(data.get("failures") or ()))
+            failures=tuple(data.get("failures") or ()), locus_label=data.get("locus_label"))
 
     def table(self) -> list[dict[str, Any]]:
         return [s.to_dict() for s in self.steps]
