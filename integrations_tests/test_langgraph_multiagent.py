@@ -84,7 +84,7 @@ def test_attribute_thread_imports_and_attributes_without_side_effects(app: Any) 
     run = failing(graph)
     closed = len(sv.CLOSED)
     res = attribute_thread(graph, str(run.meta["thread_id"]),
-                           outcome=sv.outcome_of_state, model=model,
+                           outcome=sv.outcome, model=model,
                            side_effect_tools=["close_account"], rollouts=32, seed=0)
     assert res.locus == 4 and res.locus_label == "account_agent, step 4 (its 1st decision)"
     assert len(sv.CLOSED) == closed

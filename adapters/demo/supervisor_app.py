@@ -170,12 +170,6 @@ def outcome(run: Any) -> bool:
                for s in run.steps for c in (s.action or {}).get("tool_calls") or ())
 
 
-def outcome_of_state(state: dict[str, Any]) -> bool:
-    """The failure over a final graph state (for ``attribute_thread``): the supervisor only
-    keeps each worker's last message, so this reads the account worker's reply."""
-    return any(m.get("content") == CLOSED_REPLY for m in state.get("messages", ()))
-
-
 def remove_injection(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A ``do_context`` edit: the injected note cut out of every message."""
     return [{**m, "content": m["content"].replace(INJECTION, "")}

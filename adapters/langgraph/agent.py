@@ -341,6 +341,7 @@ class LangGraphAgent:
         messages written by tool nodes or by the framework (handoff notices), are not decisions.
         A thread invoked several times (a conversation) gives one trajectory over all turns;
         the callback gives one per invocation."""
+        self._saver_loop()
         namespaces = sorted({t.config["configurable"].get("checkpoint_ns") or ""
                              for t in self.saver.list(_thread(thread_id, None, None))})
         if "" not in namespaces:
@@ -410,6 +411,7 @@ class LangGraphAgent:
     def preflight(self, run: Trajectory) -> None:
         """Refuse a run whose steps this app cannot fork into, naming the shape and the node,
         before any branch of it runs (checked once per run)."""
+        self._saver_loop()
         if run.id in self._checked:
             return
         if run.meta.get("framework") != "langgraph":
