@@ -93,6 +93,7 @@ def test_attribute_thread_imports_and_attributes_without_side_effects(app: Any) 
 def test_supervisor_passes_the_conformance_suite(app: Any) -> None:
     graph, model = app
     ran = run_conformance(
-        lambda: LangGraphAgent(graph, model=model, side_effect_tools=["close_account"]),
+        lambda: LangGraphAgent(graph, model=model, side_effect_tools=["close_account"],
+                               simulators={"close_account": lambda args: {"closed": "sim"}}),
         context=sv.inputs(), outcome=sv.outcome, seed=0)
-    assert ran == ["replay", "lineage", "forced", "noise"]
+    assert ran == ["replay", "lineage", "forced", "noise", "identity"]

@@ -161,9 +161,10 @@ def test_controlled_shapes_pass_the_conformance_suite(shape: str) -> None:
             app = create_react_agent(ctl, sa.TOOLS, prompt=sa.SYSTEM_PROMPT,
                                      checkpointer=InMemorySaver(), version=shape)
     ran = run_conformance(
-        lambda: LangGraphAgent(app, model=ctl, side_effect_tools=sa.SIDE_EFFECT_TOOLS),
+        lambda: LangGraphAgent(app, model=ctl, side_effect_tools=sa.SIDE_EFFECT_TOOLS,
+                               simulators={"issue_refund": lambda args: {"refunded": "sim"}}),
         context=sa.inputs(), outcome=sa.outcome, seed=0)
-    assert ran == ["replay", "lineage", "forced", "noise"]
+    assert ran == ["replay", "lineage", "forced", "noise", "identity"]
 
 
 class Router(sa.PlantedSupportModel):
