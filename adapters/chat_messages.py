@@ -180,14 +180,23 @@ class ToolSafety:
     ``side_effect_tools``: names of tools with effects outside the agent (refunds, emails,
     writes). ``simulators``: ``name -> fn(arguments dict) -> result`` used when a branch makes a
     call the record cannot answer.
+
+    A branch call is answered from the record when it matches a recorded call of the same tool
+    on the arguments that matter. ``match_on[name]`` lists them for a tool (``()`` or
+    ``"exact"``: every argument). The default for a tool not in ``match_on`` is every argument
+    except free text — a string argument holding whitespace (a note, a reason) — so a resampled
+    wording of the reason for the same action gets the recorded result instead of stopping the
+    estimate; the exact match is tried first either way.
     """
 
     side_effect_tools: frozenset[str] = frozenset()
     simulators: Mapping[str, Simulator] = field(default_factory=dict)
+    match_on: Mapping[str, tuple[str, ...] | str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, side_effect_tools: Iterable[str] = (),
-           simulators: Mapping[str, Simulator] | None = None) -> ToolSafety:
+           simulators: Mapping[str, Simulator] | None = None,
+           match_on: Mapping[str, Iterable[str] | str] | None = None) -> ToolSafety:
         if isinstance(side_effect_tools, str):
             side_effect_tools = [side_effect_tools]
         sims = dict(simulators or {})
@@ -195,7 +204,40 @@ class ToolSafety:
             if not callable(fn):
                 raise InvalidIntervention(f"the simulator for {name!r} is not callable",
                                           hint="pass simulators={name: fn(arguments) -> str}")
-        return cls(frozenset(side_effect_tools) | frozenset(sims), sims)
+        keys: dict[str, tuple[str, ...] | str] = {}
+        for name, spec in (match_on or {}).items():
+            if spec == "exact" or spec == ():
+                keys[name] = "exact"
+            elif isinstance(spec, str) or not all(isinstance(a, str) for a in spec):
+                raise InvalidIntervention(f"match_on[{name!r}] = {spec!r}",
+                                          hint="give the argument names that matter, as a "
+                                               "list of strings, or 'exact'")
+            else:
+                keys[name] = tuple(spec)
+        return cls(frozenset(side_effect_tools) | frozenset(sims), sims, keys)
+
+    def _key_args(self, name: str, arguments: Any) -> dict[str, Any] | None:
+        """The arguments a call is matched on (None: match exactly)."""
+        spec = self.match_on.get(name)
+        if spec == "exact":
+            return None
+        args = parse_arguments(arguments)
+        if not isinstance(args, dict):
+            return None
+        if spec is None:
+            return {k: v for k, v in args.items()
+                    if not (isinstance(v, str) and any(c.isspace() for c in v))}
+        return {k: args.get(k) for k in spec}
+
+    def _relaxed(self, name: str, arguments: Any,
+                 record: Mapping[tuple[str, str], Any]) -> tuple[bool, Any]:
+        wanted = self._key_args(name, arguments)
+        if wanted is None:
+            return False, None
+        for (rec_name, rec_args), content in record.items():
+            if rec_name == name and self._key_args(name, rec_args) == wanted:
+                return True, content
+        return False, None
 
     def guards(self, name: str) -> bool:
         return name in self.side_effect_tools
@@ -219,6 +261,9 @@ class ToolSafety:
         key = (name, canonical_arguments(arguments))
         if key in record:
             return record[key]
+        found, content = self._relaxed(name, arguments, record)
+        if found:
+            return content
         if name in self.simulators:
             out = self.simulators[name](parse_arguments(arguments))
             return out if isinstance(out, str) else json.dumps(out)

@@ -278,6 +278,9 @@ def verdict(r: Mapping[str, Any]) -> str:
         return f"No locus: {r.get('reason') or 'no step rescue interval excludes zero'}."
     step: Mapping[str, Any] = next(
         (s for s in r.get("steps") or [] if s.get("step") == locus), {})
-    return (f"Locus: step {locus}. Re-drawing it lowers P(failure) by {_f(step.get('effect'))} "
+    label = r.get("locus_label")
+    who = f" ({safe(str(label))})" if label and label != f"step {locus}" else ""
+    return (f"Locus: step {locus}{who}. Re-drawing it lowers P(failure) by "
+            f"{_f(step.get('effect'))} "
             f"{_ci(step.get('ci'))} at {_pct(r.get('level'))} (family-wise "
             f"{_pct(1 - float(r.get('alpha') or defaults.ALPHA))}).")

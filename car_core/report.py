@@ -23,7 +23,7 @@ import jinja2
 from . import formatting as fmt
 from .errors import InvalidInput
 from .redact import redact, redact_json
-from .trajectory import Trajectory
+from .trajectory import Trajectory, step_label
 from .vocabulary import Origin
 
 _ENV = jinja2.Environment(
@@ -243,6 +243,11 @@ def _timeline(run: Trajectory, locus: int | None) -> list[dict[str, Any]]:
             "index": s.index, "locus": s.index == locus,
             "origin": s.meta.get("origin", Origin.RECORD) if run.lineage else Origin.RECORD,
             "model": s.meta.get("model"),
+            "who": step_label(run, s.index) if s.meta.get("agent") else None,
+            "node": s.meta.get("node"),
+            "prompt": show(" ".join(_message_text(m) for m in s.meta["prompt"]
+                                    if isinstance(m, Mapping)))
+            if isinstance(s.meta.get("prompt"), list) else None,
             "action": show(s.action), "observation": show(s.observation) if s.observed else None,
             "state": show(s.state) if s.state is not None else None,
         })
@@ -317,7 +322,9 @@ def _contrastive_verdict(r: Mapping[str, Any], run: Trajectory | None) -> dict[s
     if run is not None and 0 <= locus < len(run.steps):
         action = _clip(compact(run.steps[locus].action))
     return {"found": True,
-            "headline": f"Step {locus} is where this run committed to failure",
+            "headline": (f"Step {locus} is where this run committed to failure"
+                         + (f" ({step_label(run, locus)})" if run is not None
+                            and step_label(run, locus) != f"step {locus}" else "")),
             "detail": (f"re-drawing step {locus} (earlier steps held as recorded) lowers "
                        f"P(failure) by {_fmt(step.get('effect'))}, interval "
                        f"{_ci(step.get('ci'))} at {_pct(r.get('level'))} each "

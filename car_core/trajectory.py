@@ -263,3 +263,20 @@ class Trajectory:
 
 def new_run_id() -> str:
     return uuid.uuid4().hex[:16]
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def step_label(run: Trajectory, k: int) -> str:
+    """Who decided step ``k`` and when: ``"account_agent, step 4 (its 2nd decision)"`` for a
+    step whose adapter recorded ``meta["agent"]`` (multi-agent apps), else ``"step 4"``."""
+    if not 0 <= k < len(run.steps):
+        return f"step {k}"
+    agent = run.steps[k].meta.get("agent")
+    if not agent:
+        return f"step {k}"
+    nth = sum(1 for s in run.steps[:k + 1] if s.meta.get("agent") == agent)
+    return f"{agent}, step {k} (its {_ordinal(nth)} decision)"

@@ -3,6 +3,7 @@ the CAR store left as they were."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from langgraph.types import Command, interrupt
 
 import car_core as car
 from car_core import synthetic
-from car_core.errors import AdapterError, InvalidIntervention, StoreError
+from car_core.errors import AdapterError, InvalidInput, InvalidIntervention, StoreError
 from car_core.interventions import compile_plan
 from car_core.seeding import branch_noise
 
@@ -202,11 +203,20 @@ def test_a_run_the_store_refuses_is_kept_with_its_error(store: Any,
     assert [str(e) for e in cb.store_errors] == [f"refused {cb.run.id}"]
 
 
-def test_tools_outside_a_tool_node_cannot_be_guarded_or_answered() -> None:
-    """A node that runs tools itself cannot be interrupted before a tool call: naming one of its
-    tools a side effect, or forcing its result, is refused instead of running it live."""
+def test_tools_a_node_calls_itself_are_guarded_when_named() -> None:
+    """A node that runs tools itself: a side-effect name CAR cannot find among the graph's
+    tools is refused (listing them) unless declared in node_tools; declared, the call is
+    answered on branches and never runs. Forcing a result there (no ToolNode) is refused."""
     runs: list[str] = []
-    by_name = {t.name: t for t in sa.TOOLS}
+    refunds: list[dict[str, Any]] = []  # the ledger: real executions of the side effect
+
+    @tool("issue_refund")
+    def ledger_refund(order_id: str, amount: float) -> str:
+        """Refund an order (moves money: a side effect)."""
+        refunds.append({"order_id": order_id, "amount": amount})
+        return json.dumps({"refunded": order_id, "amount": amount})
+
+    by_name = {**{t.name: t for t in sa.TOOLS}, "issue_refund": ledger_refund}
     model = CarChatModel(inner=sa.PlantedSupportModel(p_follow=1.0))
     bound = model.bind_tools(sa.TOOLS)
 
@@ -227,9 +237,16 @@ def test_tools_outside_a_tool_node_cannot_be_guarded_or_answered() -> None:
     cb = CarCallback()
     app.invoke(sa.inputs(), {"configurable": {"thread_id": "user"}, "callbacks": [cb]})
     run, recorded_runs = cb.run, list(runs)
-    with pytest.raises(AdapterError, match=r"\['issue_refund'\] are not run by a ToolNode"):
+    with pytest.raises(InvalidInput, match=r"\['issue_refund'\] are not tools of this graph; "
+                                           r"its tools are \[\]"):
         LangGraphAgent(app, model=model, side_effect_tools=["issue_refund"])
     with pytest.raises(AdapterError, match="do_observation needs"):
         LangGraphAgent(app, model=model).branch(
             run, compile_plan(run, car.do_observation(0, ["{}"])), NOISE)
     assert runs == recorded_runs and threads(saver) == {"user"}
+    agent = LangGraphAgent(app, model=model, side_effect_tools=["issue_refund"],
+                           node_tools=["issue_refund"])
+    branch = agent.branch(run, compile_plan(run, car.do_resample(2)), NOISE)
+    assert [c["function"]["name"] for c in branch.steps[2].action["tool_calls"]] == [
+        "issue_refund"]  # decided again on the branch, answered from the record
+    assert len(refunds) == 1  # the recorded run's refund only

@@ -16,7 +16,7 @@ RESULT_KEYS = {"method", "run_id", "attribution_id", "locus", "reason", "alpha",
                "tests", "level", "rollouts_used", "rollouts_cap", "rollout_budget", "seed",
                "coupled", "coupling", "truncated", "budget_note", "tokens", "cost", "search",
                "steps", "arms",
-               "example_branch", "params", "failures"}
+               "example_branch", "params", "failures", "locus_label"}
 STEP_KEYS = {"step", "effect", "ci", "ci_level", "tested", "significant", "fail_held",
              "fail_resampled", "n", "effect_raw", "estimate", "refit_n"}
 

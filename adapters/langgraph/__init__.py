@@ -1,7 +1,8 @@
 """LangGraph adapter: record with a callback, fork checkpoints under interventions, attribute.
 
 ``agent`` holds ``LangGraphAgent`` (the car_core agent protocol over checkpoints), ``callback``
-the recorder, ``model`` the model proxy for forced and resampled steps, ``messages`` the
+the recorder, ``guard`` the side-effect guard, ``middleware`` the ``create_agent``
+middleware, ``model`` the model proxy for forced and resampled steps, ``messages`` the
 conversion between LangChain messages and the OpenAI-style dicts CAR stores.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from .agent import LangGraphAgent, attribute_thread
 from .callback import CarCallback
+from .middleware import CarMiddleware
 from .model import CarChatModel
 
-__all__ = ["CarCallback", "CarChatModel", "LangGraphAgent", "attribute_thread"]
+__all__ = ["CarCallback", "CarChatModel", "CarMiddleware", "LangGraphAgent", "attribute_thread"]

@@ -4,27 +4,31 @@
 with LangGraph's own machinery, for an app compiled with a checkpointer whose messages live in a
 ``messages`` channel with the ``add_messages`` reducer:
 
-- **Fork.** A branch from step ``k`` copies the checkpoint the step-``k`` task was scheduled from
-  (not its pending writes, which would replay the recorded step) into a new thread, so branches
-  never see each other and the user's thread is untouched; steps before ``k`` are therefore
-  served from the record with no model or tool call. Branch threads are deleted afterwards
-  unless ``keep_branches=True``.
-- **Intervene** with ``update_state`` on the branch thread: ``do_action`` writes the action as the
-  model node, ``do_observation`` writes the recorded action as the model node and the given tool
-  results as the tool node, ``do_context`` replaces the message list with the edited one (tool
-  calls and results kept paired). ``do_resample`` simply resumes, so the model decides again.
+- **Fork.** A branch from step ``k`` copies the checkpoints the step-``k`` task was scheduled
+  from — one per graph level, so a step inside a subgraph (a worker agent) resumes there under
+  its parents as recorded — into a new thread, without their pending writes (which would replay
+  the recorded step). Branches never see each other and the user's thread is untouched; steps
+  before ``k`` are served from the record with no model or tool call. Branch threads are deleted
+  afterwards unless ``keep_branches=True``. Every step of a run is checked once, before its
+  first branch runs; a run this app cannot fork is refused naming the shape and the node.
+- **Intervene.** ``do_context`` writes the edited messages into the forked checkpoint itself,
+  so the model task that was scheduled runs again (``update_state`` would guess which node
+  wrote, and guesses wrong on ``Send``-routed graphs such as ``create_agent``). ``do_action`` is
+  written with ``update_state(as_node=<the step's node>)`` in the step's namespace, so the node's
+  own routing runs; with a model wrapper or middleware it is returned by the model call instead.
+  ``do_observation`` answers the step's tool calls by id. ``do_resample`` simply resumes.
 - **The model.** Held steps after ``k`` (Shapley coalitions), ``do_policy`` (a LangChain chat
-  model that decides from ``k`` on) and per-step seeds need the app to call its model through
-  ``CarChatModel(inner=model)``; pass that wrapper as ``LangGraphAgent(app, model=wrapper)``.
-- **Tools** run live on branches, except the ``side_effect_tools`` you name: those are answered
-  from the record on an exact call match, else by ``simulators[name](arguments)``, else the branch
-  stops with ``SideEffectBlocked``. The branch is interrupted before each ``ToolNode`` to do this,
-  so a side-effect tool that no ``ToolNode`` runs is refused when the agent is built.
-- ``import_thread(thread_id)`` rebuilds the trajectory the callback would have recorded from
-  ``get_state_history``; ``attribute_thread`` imports a thread and attributes it in one call.
+  model that decides from ``k`` on) and per-step seeds need CAR to decide the model calls:
+  ``CarMiddleware`` on ``create_agent`` or ``CarChatModel(inner=model)``, passed as ``model=``.
+- **Tools** run live on branches, except the ``side_effect_tools`` you name, answered by the
+  guard (``guard``) wherever they run: from the record on a call that matches on the arguments
+  that matter (``match_on``), else by ``simulators[name](arguments)``, else ``SideEffectBlocked``.
+  A name no tool of the graph has is refused (``node_tools`` declares tools a node calls itself).
+- ``import_thread(thread_id)`` rebuilds the trajectory the callback would have recorded from the
+  checkpoint history of every namespace; ``attribute_thread`` imports and attributes in one call.
 
 A branch that stops for human input (``interrupt``) is an ``AdapterError``: nobody is there to
-answer. Subgraphs and several model nodes running in the same superstep are not forked into.
+answer.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -39,9 +44,9 @@ from dataclasses import replace
 from typing import Any
 
 try:
-    from langchain_core.messages import AIMessage, RemoveMessage, ToolMessage
+    from langchain_core.callbacks import BaseCallbackHandler
+    from langchain_core.messages import AIMessage
     from langgraph.errors import GraphRecursionError
-    from langgraph.graph.message import REMOVE_ALL_MESSAGES
     from langgraph.prebuilt import ToolNode
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("car_adapters.langgraph needs LangGraph: "
@@ -60,7 +65,8 @@ from ..chat_messages import (
     consistent,
     recorded_calls,
 )
-from .callback import CarCallback
+from .callback import CarCallback, agent_of
+from .guard import RUN, Guard, guarding
 from .messages import (
     action_message,
     decode,
@@ -70,25 +76,65 @@ from .messages import (
     to_dicts,
     usage_of,
 )
+from .middleware import CarMiddleware
 from .model import CarChatModel, Control, controlling, seedable
 from .thread import thread_outcome
 
 MESSAGES_KEY = "messages"
 
 
-def _thread(thread_id: str, checkpoint_id: str | None = None) -> dict[str, Any]:
-    conf: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": ""}
+def _thread(thread_id: str, checkpoint_id: str | None = None,
+            ns: str | None = "") -> dict[str, Any]:
+    """The config of a thread at namespace ``ns`` (None: every namespace, for listing)."""
+    conf: dict[str, Any] = {"thread_id": thread_id}
+    if ns is not None:
+        conf["checkpoint_ns"] = ns
     if checkpoint_id is not None:
         conf["checkpoint_id"] = checkpoint_id
     return {"configurable": conf}
 
 
+def _join(level: str, node: str) -> str:
+    return f"{level}|{node}" if level else node
+
+
+def _framework_written(message: Any) -> bool:
+    """A message the framework wrote, not a model (langgraph-supervisor's handoff notices)."""
+    return any(str(k).startswith("__is_handoff") for k in (message.response_metadata or {}))
+
+
+class _FirstDecision(BaseCallbackHandler):
+    """Stops a throwaway branch as soon as its first model decision is made."""
+
+    raise_error = True
+    run_inline = True
+
+    def __init__(self) -> None:
+        self.message: Any = None
+
+    def on_llm_end(self, response: Any, **kwargs: Any) -> None:
+        if self.message is None and response.generations and response.generations[0]:
+            self.message = getattr(response.generations[0][0], "message", None)
+            raise _Decided
+
+
+class _Decided(Exception):
+    pass
+
+
+def _recast(ns: str) -> str:
+    """A checkpoint namespace without its task ids: ``a:<id>|b:<id>`` -> ``a|b``."""
+    return "|".join(part.split(":")[0] for part in ns.split("|")) if ns else ""
+
+
 class LangGraphAgent:
     """A compiled LangGraph app as a car_core ``Agent`` (see the module docstring)."""
 
-    def __init__(self, app: Any, *, model: CarChatModel | None = None,
+    def __init__(self, app: Any, *, model: CarChatModel | CarMiddleware | None = None,
                  side_effect_tools: Iterable[str] = (),
                  simulators: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
+                 match_on: Mapping[str, Iterable[str] | str] | None = None,
+                 node_tools: Iterable[str] = (),
                  messages_key: str = MESSAGES_KEY, keep_branches: bool = False,
                  recursion_limit: int = 50, name: str | None = None) -> None:
         saver = getattr(app, "checkpointer", None)
@@ -100,33 +146,44 @@ class LangGraphAgent:
                                "nothing to fork from",
                                hint="compile it with checkpointer=SqliteSaver(conn) or "
                                     "InMemorySaver()")
-        if model is not None and not isinstance(model, CarChatModel):
-            raise InvalidInput("model= must be the CarChatModel the app calls",
-                               hint="build the app with CarChatModel(inner=your_model) and "
-                                    "pass that same object as model=")
+        if model is not None and not isinstance(model, (CarChatModel, CarMiddleware)):
+            raise InvalidInput("model= must be the CarChatModel the app calls or the "
+                               "CarMiddleware its create_agent runs",
+                               hint="build the app with CarChatModel(inner=your_model) (or "
+                                    "create_agent(..., middleware=[CarMiddleware()])) and pass "
+                                    "that same object as model=")
         self.app = app
         self.saver = saver
         self.model = model
-        self.safety = ToolSafety.of(side_effect_tools, simulators)
+        self.safety = ToolSafety.of(side_effect_tools, simulators, match_on)
         self.messages_key = messages_key
         self.keep_branches = keep_branches
         self.recursion_limit = recursion_limit
-        self.tool_nodes = {n: spec.runnable for n, spec in app.builder.nodes.items()
+        # every graph level CAR can fork into: "" is the app, then each subgraph namespace
+        self.graphs: dict[str, Any] = {"": app, **dict(app.get_subgraphs(recurse=True))}
+        specs = [(ns, n, spec) for ns, g in self.graphs.items()
+                 for n, spec in getattr(getattr(g, "builder", None), "nodes", {}).items()]
+        self.tool_nodes = {(ns, n): spec.runnable for ns, n, spec in specs
                            if isinstance(spec.runnable, ToolNode)}
-        served = {t for node in self.tool_nodes.values()
-                  for t in getattr(node, "tools_by_name", {})}
-        unguarded = sorted(self.safety.side_effect_tools - served)
-        if unguarded:  # a tool run by any other node would run live on every branch
-            raise AdapterError(f"side-effect tool(s) {unguarded} are not run by a ToolNode of "
-                               "this graph, so branches could not keep them from running",
-                               hint="run the graph's tools through langgraph.prebuilt.ToolNode "
-                                    "and check the tool names")
-        self.couples_noise = model is not None and seedable(model.inner)
+        self.tools = sorted({t for node in self.tool_nodes.values()
+                             for t in getattr(node, "tools_by_name", {})} | set(node_tools))
+        unknown = sorted(self.safety.side_effect_tools - set(self.tools))
+        if unknown:  # a typo would leave the real tool unguarded on every branch
+            raise InvalidInput(f"side-effect tool(s) {unknown} are not tools of this graph; "
+                               f"its tools are {self.tools}",
+                               hint="check the names; a tool a node function calls itself "
+                                    "(not through a ToolNode) is named in node_tools=[...]")
+        if isinstance(model, CarChatModel):
+            self.couples_noise = seedable(model.inner)
+        else:
+            self.couples_noise = bool(model is not None and model.seed_models)
         self.name = name or f"langgraph:{app.get_name()}"
         # a graph with async-only nodes cannot run under invoke(); branches use ainvoke()
         self.is_async = any(getattr(spec.runnable, "func", True) is None
                             and getattr(spec.runnable, "afunc", None) is not None
-                            for spec in app.builder.nodes.values())
+                            for _, _, spec in specs)
+        self._checked: set[str] = set()
+        self._lock = threading.Lock()
 
     def _saver_loop(self) -> asyncio.AbstractEventLoop | None:
         """The event loop an async checkpointer (AsyncSqliteSaver, AsyncPostgresSaver) is bound
@@ -182,18 +239,20 @@ class LangGraphAgent:
 
     def branch(self, run: Trajectory, plan: Plan, noise: Noise) -> Trajectory:
         k = plan.start
+        self.preflight(run)
         if k >= len(run.steps):
             steps = run.held_prefix(len(run.steps))
             return Trajectory.new(context=run.context, steps=steps, seed=noise.seed,
                                   agent=self.name, status=run.status, meta=dict(run.meta))
-        snapshot = self._check(run, k)
-        needs_wrapper = plan.policy is not None or any(j > k for j in plan.forced_actions)
-        if needs_wrapper and self.model is None:
+        self._check(run, k)
+        needs_control = plan.policy is not None or any(j > k for j in plan.forced_actions)
+        if needs_control and self.model is None:
             raise AdapterError(
-                "holding steps after the branch step or swapping the policy needs the app's "
-                "model wrapped in CarChatModel", run_id=run.id, step=k,
-                hint="build the app with model=CarChatModel(inner=your_model) and pass "
-                     "LangGraphAgent(app, model=that_wrapper)")
+                "holding steps after the branch step or swapping the policy needs CAR to "
+                "decide the app's model calls", run_id=run.id, step=k,
+                hint="add CarMiddleware() to create_agent(..., middleware=[...]), or build "
+                     "the app with CarChatModel(inner=your_model); pass that object as "
+                     "LangGraphAgent(app, model=...)")
         policy = plan.policy
         if policy is not None and not hasattr(policy[1], "_generate"):
             raise InvalidIntervention("do_policy on a LangGraph agent takes a LangChain chat "
@@ -201,236 +260,322 @@ class LangGraphAgent:
                                       hint="pass do_policy(k, SomeChatModel(...))")
         if plan.forced_observations and not self.tool_nodes:
             raise AdapterError("do_observation needs the graph's tools to run in a ToolNode, "
-                               "where the branch can answer them instead", run_id=run.id,
-                               step=min(plan.forced_observations),
+                               "whose calls carry the ids the forced results answer",
+                               run_id=run.id, step=min(plan.forced_observations),
                                hint="run the graph's tools through langgraph.prebuilt.ToolNode")
         forced = {j: check_action(a, step=j) for j, a in plan.forced_actions.items()}
-        config = self._fork(run, k)
-        thread_id = config["configurable"]["thread_id"]
-        control = Control(k, forced={j: a for j, a in forced.items() if j > k},
+        edited = None
+        if k in plan.context_edits:
+            step = run.steps[k]
+            edited = apply_edit(plan.context_edits[k], step.state, run_id=run.id, step=k)
+            edited = consistent([dict(m) for m in _as_dicts(edited, run.id, k)],
+                                run_id=run.id, step=k)
+        thread_id = f"car-branch-{uuid.uuid4().hex}"
+        control = Control(k, forced={j: a for j, a in forced.items()
+                                     if j > k or (j == k and self.model is not None)},
                           policy=policy, noise=noise if self.couples_noise else None)
+        cb = CarCallback(messages_key=self.messages_key)
+        offset = 0
+        guard = Guard(self.safety, recorded_calls(run.steps), run_id=run.id)
+        guard.step = lambda: k + offset + max(cb.decisions_started - 1, 0)
+        for j, given in plan.forced_observations.items():
+            if j == k:
+                for m in check_observation(given, forced.get(k, run.steps[k].action), step=k):
+                    guard.forced[str(m.get("tool_call_id"))] = _text(m.get("content"), given)
+        later = {j: o for j, o in plan.forced_observations.items() if j > k}
+
+        def forced_later(tool_call_id: str) -> Any:  # do_observation on a live later step
+            found = cb.decision_with_call(tool_call_id)
+            j = k + offset + found[0] if found is not None else None
+            if found is None or j not in later:
+                return RUN
+            given = check_observation(later[j], to_dict(found[1]), step=j)
+            return next(_text(m.get("content"), later[j]) for m in given
+                        if m.get("tool_call_id") == tool_call_id)
+
+        guard.lookup = forced_later if later else None
+        self._fork(run, k, thread_id, edited)  # the first write, after every check passed
         try:
-            with controlling(thread_id, control):
-                base = self._apply(run, plan, k, snapshot, config, control)
-                status = self._drive(run, plan, k, base, thread_id, control)
-            return self._collect(run, plan, k, thread_id, base, control, noise, status)
+            with controlling(thread_id, control), guarding(thread_id, guard):
+                if k in forced and self.model is None:
+                    self._write_action(run, k, thread_id, forced[k])
+                    control.next_index = k + 1
+                    offset = 1
+                status = self._drive(run, k, thread_id, cb, control)
+            return self._collect(run, plan, k, thread_id, cb, offset, forced, control,
+                                 noise, status)
         finally:
             if not self.keep_branches:
                 self.saver.delete_thread(thread_id)
 
     def redecide(self, run: Trajectory, k: int, noise: Noise) -> Any:
-        """Decide step ``k`` again from its recorded checkpoint, in a throwaway thread."""
+        """Decide step ``k`` again from its recorded checkpoint, in a throwaway thread that
+        stops at its first model decision."""
+        self.preflight(run)
         self._check(run, k)
-        config = self._fork(run, k)
-        thread_id = config["configurable"]["thread_id"]
-        node = run.steps[k].meta["node"]
+        thread_id = f"car-branch-{uuid.uuid4().hex}"
+        self._fork(run, k, thread_id, None)
+        stop = _FirstDecision()
+        guard = Guard(self.safety, recorded_calls(run.steps), run_id=run.id)
         try:
-            with controlling(thread_id, Control(k, noise=noise if self.couples_noise else None)):
-                self._invoke(None, _thread(thread_id), interrupt_after=[node])
-            messages = self.app.get_state(_thread(thread_id)).values[self.messages_key]
-            return to_dict(next(m for m in reversed(messages) if isinstance(m, AIMessage)))
+            with controlling(thread_id, Control(k, noise=noise if self.couples_noise
+                                                else None)), guarding(thread_id, guard):
+                try:
+                    self._invoke(None, {**_thread(thread_id), "callbacks": [stop]})
+                except _Decided:
+                    pass
+            if stop.message is None:
+                raise AdapterError(f"step {k} made no model decision when decided again",
+                                   run_id=run.id, step=k,
+                                   hint="use the app the run was recorded with")
+            return to_dict(stop.message)
         finally:
             self.saver.delete_thread(thread_id)
 
     # -- import -------------------------------------------------------------------------------
 
     def import_thread(self, thread_id: str) -> Trajectory:
-        """The trajectory of an existing thread, rebuilt from its checkpoint history: each
-        ``AIMessage`` a model node wrote is a step, decided from the checkpoint before it.
+        """The trajectory of an existing thread, rebuilt from its checkpoint history in every
+        namespace (subgraphs included): each ``AIMessage`` a model node wrote is a step, decided
+        from the checkpoint before it. Messages a subgraph node passes up to its parent, and
+        messages written by tool nodes or by the framework (handoff notices), are not decisions.
         A thread invoked several times (a conversation) gives one trajectory over all turns;
         the callback gives one per invocation."""
         self._saver_loop()
-        history = list(self.app.get_state_history(_thread(thread_id)))
-        if not history:
+        namespaces = sorted({t.config["configurable"].get("checkpoint_ns") or ""
+                             for t in self.saver.list(_thread(thread_id, None, None))})
+        if "" not in namespaces:
             raise AdapterError(f"no thread {thread_id!r} in this app's checkpointer",
                                hint="check the thread id and that the app uses the same "
                                     "checkpointer (database file) the run was recorded with")
+        found: list[tuple[str, int, Step]] = []
+        head_next: tuple[str, ...] = ()
+        final: dict[str, Any] = {}
+        for ns in namespaces:
+            level = _recast(ns)
+            if level not in self.graphs:
+                raise AdapterError(f"thread {thread_id!r} has checkpoints of subgraph {level!r}"
+                                   ", which this app does not expose as a subgraph",
+                                   hint="import with the app the thread was recorded with")
+            chain = self._chain(thread_id, ns)
+            if ns == "":
+                head_next, final = tuple(chain[-1].next), chain[-1].values
+            decisions: dict[str, tuple[str, dict[str, Any], list[dict[str, Any]]]] = {}
+            for prev, cur in zip(chain, chain[1:], strict=False):
+                nodes = [n for n in prev.next if (level, n) not in self.tool_nodes
+                         and _join(level, n) not in self.graphs and n != "__start__"]
+                if cur.metadata.get("source") != "loop" or len(nodes) != 1:
+                    continue
+                before = prev.values.get(self.messages_key) or []
+                seen = {m.id for m in before}
+                cid = prev.config["configurable"]["checkpoint_id"]
+                parents = dict(prev.metadata.get("parents") or {})
+                for m in cur.values.get(self.messages_key) or []:
+                    if (isinstance(m, AIMessage) and m.id not in seen
+                            and not _framework_written(m)):
+                        decisions[m.id] = (cur.config["configurable"]["checkpoint_id"], {
+                            "origin": Origin.RECORD, "thread_id": thread_id, "checkpoint_id": cid,
+                            "checkpoint_ns": ns, "checkpoint_map": {**parents, ns: cid},
+                            "ns": ns, "agent": agent_of(ns, self.app.get_name()),
+                            "node": nodes[0], "langgraph_step": cur.metadata.get("step"),
+                            "model": (m.response_metadata or {}).get("model_name"),
+                            "usage": usage_of(m)}, to_dicts(before))
+            messages = chain[-1].values.get(self.messages_key) or []
+            for pos, action, obs, observed in decode(messages, decisions):
+                order, meta, state = decisions[messages[pos].id]
+                found.append((order, pos, Step(index=0, action=action, observation=obs,
+                                               observed=observed, state=state, meta=meta)))
+        found.sort(key=lambda f: (f[0], f[1]))  # checkpoint ids are time-ordered (uuid6)
+        steps = [replace(s, index=i) for i, (_, _, s) in enumerate(found)]
+        context = {"messages": steps[0].state} if steps else {"input": None}
+        return Trajectory.new(context=context, steps=steps, agent=self.name,
+                              status=RunStatus.INTERRUPTED if head_next else RunStatus.COMPLETE,
+                              meta={"framework": "langgraph", "thread_id": thread_id,
+                                    "final_state": jsonable(final), "imported": True})
+
+    def _chain(self, thread_id: str, ns: str) -> list[Any]:
+        """The checkpoints of one namespace from its first to its head, following parents (so
+        earlier forks are skipped)."""
+        history = list(self.app.get_state_history(_thread(thread_id, None, ns)))
         by_id = {h.config["configurable"]["checkpoint_id"]: h for h in history}
-        chain, snap = [], history[0]
-        while snap is not None:  # follow parents from the head, so earlier forks are skipped
+        chain, snap = [], history[0] if history else None
+        while snap is not None:
             chain.append(snap)
             parent = (snap.parent_config or {}).get("configurable", {}).get("checkpoint_id")
             snap = by_id.get(parent) if parent else None
         chain.reverse()
-        decisions: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
-        for prev, cur in zip(chain, chain[1:], strict=False):
-            nodes = [n for n in prev.next if n not in self.tool_nodes]
-            if cur.metadata.get("source") != "loop" or not nodes:
-                continue
-            before = prev.values.get(self.messages_key) or []
-            seen = {m.id for m in before}
-            for m in cur.values.get(self.messages_key) or []:
-                if isinstance(m, AIMessage) and m.id not in seen:
-                    decisions[m.id] = (
-                        {"origin": Origin.RECORD, "thread_id": thread_id,
-                         "checkpoint_id": prev.config["configurable"]["checkpoint_id"],
-                         "checkpoint_ns": "", "node": nodes[0],
-                         "langgraph_step": cur.metadata.get("step"),
-                         "model": (m.response_metadata or {}).get("model_name"),
-                         "usage": usage_of(m)},
-                        to_dicts(before))
-        final = chain[-1].values
-        messages = final.get(self.messages_key) or []
-        steps = []
-        for i, (pos, action, obs, observed) in enumerate(decode(messages, decisions)):
-            meta, state = decisions[messages[pos].id]
-            steps.append(Step(index=i, action=action, observation=obs, observed=observed,
-                              state=state, meta=meta))
-        context = {"messages": steps[0].state} if steps else {"input": None}
-        return Trajectory.new(context=context, steps=steps, agent=self.name,
-                              status=(RunStatus.INTERRUPTED if chain[-1].next
-                                      else RunStatus.COMPLETE),
-                              meta={"framework": "langgraph", "thread_id": thread_id,
-                                    "final_state": jsonable(final), "imported": True})
+        return chain
 
-    # -- the machinery ------------------------------------------------------------------------
+    # -- checks -------------------------------------------------------------------------------
 
-    def _check(self, run: Trajectory, k: int) -> Any:
-        """Refuse a run this app cannot fork, before anything is written anywhere."""
+    def preflight(self, run: Trajectory) -> None:
+        """Refuse a run whose steps this app cannot fork into, naming the shape and the node,
+        before any branch of it runs (checked once per run)."""
         self._saver_loop()
+        if run.id in self._checked:
+            return
         if run.meta.get("framework") != "langgraph":
             raise AdapterError("this run was not recorded from a LangGraph app", run_id=run.id,
                                hint="record it with CarCallback or import_thread")
+        thread_id = str(run.meta.get("thread_id"))
+        if self.saver.get_tuple(_thread(thread_id)) is None:
+            raise AdapterError(f"thread {thread_id!r} does not exist in this app's "
+                               "checkpointer", run_id=run.id,
+                               hint="use the app and checkpointer the run was recorded with")
+        tasks: dict[tuple[str, str], int] = {}
+        for i, step in enumerate(run.steps):
+            meta = step.meta
+            node, ns = meta.get("node"), meta.get("checkpoint_ns") or ""
+            cmap = _cmap(meta)
+            if not cmap:
+                raise AdapterError(
+                    f"step {i} (a model call in node {node!r}) ran outside any graph task "
+                    "with a checkpoint — a model called inside a tool, or a graph without "
+                    "checkpoints — so no branch can start there", run_id=run.id, step=i,
+                    hint="call models from graph nodes; tools that call models are not forked")
+            graph = self.graphs.get(_recast(ns))
+            if graph is None:
+                raise AdapterError(
+                    f"step {i} was decided inside subgraph {_recast(ns)!r} (node {node!r}), "
+                    "which this app does not expose as a subgraph", run_id=run.id, step=i,
+                    hint="add the compiled subgraph as a node, or call it from a node "
+                         "function, so it inherits the parent's checkpointer")
+            if node not in graph.nodes:
+                where = f"subgraph {_recast(ns)!r}" if ns else "this graph"
+                raise AdapterError(
+                    f"step {i} was decided by node {node!r}, which {where} does not have: "
+                    "either the run comes from a different graph, or the model ran in a "
+                    "subgraph that keeps no checkpoints (compiled with checkpointer=False, or "
+                    "with its own checkpointer)", run_id=run.id, step=i,
+                    hint="use the app the run was recorded with; compile subgraphs without "
+                         "checkpointer= so they inherit the parent's")
+            if (_recast(ns), node) in self.tool_nodes:
+                raise AdapterError(f"step {i} is not a model decision of a graph node: it "
+                                   f"ran in tool node {node!r} (a model called inside a "
+                                   "tool)", run_id=run.id, step=i,
+                                   hint="intervene on a step whose action a model node wrote")
+            task = (ns, str(meta.get("checkpoint_id")), str(meta.get("task_ns")))
+            key = (ns, str(meta.get("checkpoint_id")))
+            if key in tasks and tasks[key] != hash(task):
+                raise AdapterError(
+                    f"steps {tasks_step(run, key)} and {i} are model calls scheduled from the "
+                    f"same checkpoint in parallel (node {node!r}: several model nodes in one "
+                    "superstep, or a Send fan-out of model calls); forking one of them would "
+                    "re-run the other", run_id=run.id, step=i,
+                    hint="run model nodes one superstep at a time to attribute this app")
+            if key in tasks:
+                raise AdapterError(
+                    f"node {node!r} made several model calls in one task (steps "
+                    f"{tasks_step(run, key)} and {i}); forking at the later one would re-run "
+                    "the earlier one", run_id=run.id, step=i,
+                    hint="make one model call per node run (split the node)")
+            tasks[key] = hash(task)
+        with self._lock:
+            self._checked.add(run.id)
+
+    def _check(self, run: Trajectory, k: int) -> Any:
+        """Refuse a step this app cannot fork at, before anything is written anywhere."""
         if not 0 <= k < len(run.steps):
             raise StepOutOfRange(f"step {k} does not exist; the run has {len(run.steps)} steps",
                                  run_id=run.id)
         step = run.steps[k]
-        node, checkpoint_id = step.meta.get("node"), step.meta.get("checkpoint_id")
-        thread_id = run.meta.get("thread_id")
-        if node not in self.app.nodes:
-            raise AdapterError(f"step {k} was decided by node {node!r}, which this graph does "
-                               "not have: the run comes from a different graph", run_id=run.id,
-                               step=k, hint="use the app the run was recorded with")
-        if node in self.tool_nodes or not checkpoint_id or step.meta.get("checkpoint_ns"):
-            raise AdapterError(f"step {k} is not a model decision of the top-level graph "
-                               f"(it ran in node {node!r})", run_id=run.id, step=k,
-                               hint="intervene on a step whose action a model node wrote")
-        if self.saver.get_tuple(_thread(str(thread_id))) is None:
-            raise AdapterError(f"thread {thread_id!r} does not exist in this app's "
-                               "checkpointer", run_id=run.id,
-                               hint="use the app and checkpointer the run was recorded with")
-        config = _thread(str(thread_id), checkpoint_id)
-        if self.saver.get_tuple(config) is None:
-            raise AdapterError(f"checkpoint {checkpoint_id} of thread {thread_id!r} was deleted",
-                               run_id=run.id, step=k,
-                               hint="the run cannot be forked there; record it again")
-        snapshot = self.app.get_state(config)
-        if node not in snapshot.next or to_dicts(
-                snapshot.values.get(self.messages_key) or []) != step.state:
+        thread_id = str(run.meta.get("thread_id"))
+        for ns, cid in _cmap(step.meta).items():
+            if self.saver.get_tuple(_thread(thread_id, cid, ns)) is None:
+                raise AdapterError(f"checkpoint {cid} of thread {thread_id!r} (namespace "
+                                   f"{ns!r}) was deleted", run_id=run.id, step=k,
+                                   hint="the run cannot be forked there; record it again")
+        ns = step.meta.get("checkpoint_ns") or ""
+        snapshot = self.saver.get_tuple(_thread(thread_id, step.meta["checkpoint_id"], ns))
+        values = snapshot.checkpoint["channel_values"].get(self.messages_key) or []
+        if to_dicts(values) != step.state:
             raise AdapterError(f"the checkpoint step {k} was scheduled from does not match the "
                                "record: the run comes from a different graph or thread",
                                run_id=run.id, step=k,
                                hint="use the app and thread the run was recorded with")
         return snapshot
 
-    def _fork(self, run: Trajectory, k: int) -> dict[str, Any]:
-        """Copy the checkpoint step ``k`` was scheduled from into a new thread. Its pending
-        writes are left behind: they hold what the step-``k`` task wrote in the record, and
-        LangGraph would replay them instead of deciding again."""
+    # -- the machinery ------------------------------------------------------------------------
+
+    def _fork(self, run: Trajectory, k: int, thread_id: str,
+              edited: list[dict[str, Any]] | None) -> None:
+        """Copy the checkpoints step ``k`` was scheduled from — one per graph level, so a fork
+        inside a subgraph resumes there under its parents as recorded — into ``thread_id``.
+        Their pending writes are left behind: they hold what the step-``k`` task wrote in the
+        record, and LangGraph would replay them instead of deciding again. A ``do_context``
+        edit is written into the copy of the step's own level directly: the checkpoint keeps
+        its channel versions, so exactly the model task that was scheduled runs again (no
+        ``update_state``, whose guess of the writing node breaks ``Send``-routed graphs)."""
         meta = run.steps[k].meta
-        source = self.saver.get_tuple(_thread(str(run.meta["thread_id"]), meta["checkpoint_id"]))
-        thread_id = f"car-branch-{uuid.uuid4().hex}"
-        checkpoint = source.checkpoint
-        return self.saver.put(_thread(thread_id), checkpoint,
-                              {**source.metadata, "car_fork_of": meta["checkpoint_id"]},
-                              dict(checkpoint["channel_versions"]))
+        source_thread = str(run.meta["thread_id"])
+        own = meta.get("checkpoint_ns") or ""
+        for ns, cid in _cmap(meta).items():
+            source = self.saver.get_tuple(_thread(source_thread, cid, ns))
+            checkpoint = dict(source.checkpoint)
+            if ns == own and edited is not None:
+                messages = from_dicts(edited)
+                for m in messages:
+                    if m.id is None:
+                        m.id = str(uuid.uuid4())
+                checkpoint["channel_values"] = {**checkpoint["channel_values"],
+                                                self.messages_key: messages}
+            self.saver.put(_thread(thread_id, None, ns), checkpoint,
+                           {**source.metadata, "car_fork_of": cid},
+                           dict(checkpoint["channel_versions"]))
 
-    def _apply(self, run: Trajectory, plan: Plan, k: int, snapshot: Any,
-               config: dict[str, Any], control: Control) -> int:
-        """Write the intervention at ``k`` into the branch thread; return how many messages
-        precede step ``k``'s action there."""
-        step = run.steps[k]
-        key = self.messages_key
-        base = len(snapshot.values.get(key) or [])
-        if k in plan.context_edits:
-            edited = apply_edit(plan.context_edits[k], step.state, run_id=run.id, step=k)
-            edited = consistent([dict(m) for m in _as_dicts(edited, run.id, k)], run_id=run.id,
-                                step=k)
-            self.app.update_state(_thread(config["configurable"]["thread_id"]),
-                                  {key: [RemoveMessage(id=REMOVE_ALL_MESSAGES),
-                                         *from_dicts(edited)]})  # as the node that last wrote,
-            # so the model task that was scheduled is scheduled again
-            base = len(edited)
-        elif k in plan.forced_actions:
-            action = check_action(plan.forced_actions[k], step=k)
-            self.app.update_state(_thread(config["configurable"]["thread_id"]),
-                                  {key: [action_message(action)]}, as_node=step.meta["node"])
-            control.next_index = k + 1
-        return base
+    def _write_action(self, run: Trajectory, k: int, thread_id: str,
+                      action: Mapping[str, Any]) -> None:
+        """Write ``action`` as step ``k``'s node in its own namespace, so the node's routing
+        (edges, ``Send``, ``Command``) runs as if the model had decided it."""
+        meta = run.steps[k].meta
+        ns = meta.get("checkpoint_ns") or ""
+        self.app.update_state(_thread(thread_id, None, ns) if ns else _thread(thread_id),
+                              {self.messages_key: [action_message(action)]},
+                              as_node=meta["node"])
 
-    def _drive(self, run: Trajectory, plan: Plan, k: int, base: int, thread_id: str,
+    def _drive(self, run: Trajectory, k: int, thread_id: str, cb: CarCallback,
                control: Control) -> str:
-        """Run the branch thread forward, answering tool calls that must not run live. The
-        step a tool node answers is counted from the branch's own messages (the decisions after
-        ``base``), not from the model wrapper, which an app may not use."""
-        intercept = list(self.tool_nodes) if (self.safety.side_effect_tools
-                                             or plan.forced_observations) else None
-        record = recorded_calls(run.steps)
-        config = {**_thread(thread_id), "recursion_limit": self.recursion_limit}
-        while True:
-            snap = self.app.get_state(_thread(thread_id))
-            node = snap.next[0] if snap.next else None
-            if intercept is not None and node in self.tool_nodes:
-                # paused before a tool node: answer the calls that must not run live; with no
-                # answer, resuming runs the node live (LangGraph does not stop there twice)
-                decided = sum(isinstance(m, AIMessage)
-                              for m in (snap.values.get(self.messages_key) or [])[base:])
-                results = self._tool_results(snap, node, k + decided - 1, plan, record, run)
-                if results is not None:
-                    self.app.update_state(_thread(thread_id), {self.messages_key: results},
-                                          as_node=node)
-            try:
-                self._invoke(None, config, interrupt_before=intercept)
-            except GraphRecursionError:
-                return RunStatus.MAX_STEPS
-            snap = self.app.get_state(_thread(thread_id))
-            if not snap.next:
-                return RunStatus.COMPLETE
-            node = snap.next[0]
-            if any(t.interrupts for t in snap.tasks) or intercept is None or (
-                    node not in self.tool_nodes):
-                raise AdapterError(f"the graph stopped at node {node!r} for input on a branch "
-                                   "(interrupt); a branch has nobody to answer it",
-                                   run_id=run.id, step=control.next_index,
-                                   hint="attribute runs of a graph without human-in-the-loop "
-                                        "interrupts, or intervene after the interrupt")
+        """Run the branch thread forward; side-effect tools are answered by the guard."""
+        config = {**_thread(thread_id), "recursion_limit": self.recursion_limit,
+                  "callbacks": [cb]}
+        try:
+            self._invoke(None, config)
+        except GraphRecursionError:
+            return RunStatus.MAX_STEPS
+        snap = self.app.get_state(_thread(thread_id))
+        if snap.next:
+            raise AdapterError(f"the graph stopped at node {snap.next[0]!r} for input on a "
+                               "branch (interrupt); a branch has nobody to answer it",
+                               run_id=run.id, step=control.next_index,
+                               hint="attribute runs of a graph without human-in-the-loop "
+                                    "interrupts, or intervene after the interrupt")
+        return RunStatus.COMPLETE
 
-    def _tool_results(self, snap: Any, node: str, j: int, plan: Plan,
-                      record: Mapping[tuple[str, str], Any], run: Trajectory
-                      ) -> list[ToolMessage] | None:
-        messages = snap.values.get(self.messages_key) or []
-        action = to_dict(next(m for m in reversed(messages) if isinstance(m, AIMessage)))
-        calls = calls_of(action)
-        if j in plan.forced_observations:
-            given = check_observation(plan.forced_observations[j], action, step=j)
-            return from_dicts(given)  # type: ignore[return-value]
-        if not any(self.safety.guards(name) for _, name, _ in calls):
-            return None
-        tools = getattr(self.tool_nodes[node], "tools_by_name", {})
-        out: list[ToolMessage] = []
-        for cid, name, args in calls:
-            if self.safety.guards(name):
-                content = self.safety.serve(name, args, record, run_id=run.id, step=j)
-                out.append(ToolMessage(content=content if isinstance(content, str)
-                                       else str(content), name=name, tool_call_id=cid))
-            else:
-                result = tools[name].invoke({"type": "tool_call", "id": cid, "name": name,
-                                             "args": _loads(args)})
-                out.append(result if isinstance(result, ToolMessage) else
-                           ToolMessage(content=str(result), name=name, tool_call_id=cid))
-        return out
-
-    def _collect(self, run: Trajectory, plan: Plan, k: int, thread_id: str, base: int,
-                 control: Control, noise: Noise, status: str) -> Trajectory:
+    def _collect(self, run: Trajectory, plan: Plan, k: int, thread_id: str, cb: CarCallback,
+                 offset: int, forced: Mapping[int, Any], control: Control, noise: Noise,
+                 status: str) -> Trajectory:
         final = self.app.get_state(_thread(thread_id)).values
-        messages = final.get(self.messages_key) or []
         steps = run.held_prefix(k)
-        for i, (pos, action, obs, observed) in enumerate(decode(messages[base:])):
-            j = k + i
-            meta = {"thread_id": thread_id, "node": run.steps[min(j, len(run.steps) - 1)]
-                    .meta.get("node"), **control.steps.get(j, {}), "origin": plan.origin(j)}
-            steps.append(Step(index=j, action=action, observation=obs, observed=observed,
-                              state=to_dicts(messages[:base + pos]), meta=jsonable(meta)))
+        live = [s for r in cb.runs for s in r.steps]
+        if offset:  # step k was written as its node, without a model call
+            rec = run.steps[k]
+            results = {tid: m for tid, m in cb.tool_results().items()}
+            obs = [to_dict(results[cid]) for cid, _, _ in calls_of(forced[k]) if cid in results]
+            given = (_as_recorded(plan.forced_observations[k], obs or None)
+                     if k in plan.forced_observations else obs or None)
+            steps.append(Step(index=k, action=dict(forced[k]), observation=given,
+                              observed=given is not None, state=rec.state,
+                              meta=jsonable({**rec.meta, "thread_id": thread_id,
+                                             "origin": plan.origin(k)})))
+        for i, s in enumerate(live):
+            j = k + offset + i
+            meta = {**s.meta, "thread_id": thread_id, **control.steps.get(j, {}),
+                    "origin": plan.origin(j)}
+            obs = (_as_recorded(plan.forced_observations[j], s.observation)
+                   if j in plan.forced_observations else s.observation)
+            steps.append(Step(index=j, action=s.action, observation=obs,
+                              observed=s.observed or j in plan.forced_observations,
+                              state=s.state, meta=jsonable(meta)))
         return Trajectory.new(context=run.context, steps=steps, seed=noise.seed,
                               agent=self.name, status=status,
                               meta={"framework": "langgraph", "thread_id": thread_id,
@@ -438,8 +583,35 @@ class LangGraphAgent:
                                     "final_state": jsonable(final)})
 
 
-def _loads(args: str) -> Any:
-    return json.loads(args)
+def tasks_step(run: Trajectory, key: tuple[str, str]) -> int:
+    return next(i for i, s in enumerate(run.steps)
+                if ((s.meta.get("checkpoint_ns") or ""), str(s.meta.get("checkpoint_id"))) == key)
+
+
+def _cmap(meta: Mapping[str, Any]) -> dict[str, str]:
+    """The checkpoint of every graph level a step was scheduled from (older records: one)."""
+    cmap = meta.get("checkpoint_map")
+    if cmap:
+        return dict(cmap)
+    cid = meta.get("checkpoint_id")
+    return {(meta.get("checkpoint_ns") or ""): cid} if cid else {}
+
+
+def _as_recorded(given: Any, results: Any) -> Any:
+    """The observation a forced step records: the tool results the graph got, when the user
+    gave results (strings or tool messages); else the value exactly as given."""
+    items = given if isinstance(given, (list, tuple)) else [given]
+    if all(isinstance(i, str) or (isinstance(i, Mapping) and "content" in i) for i in items):
+        return results
+    return given
+
+
+def _text(content: Any, given: Any) -> Any:
+    """A forced tool result's content: a given value with no ``content`` field is sent whole,
+    as JSON."""
+    if content is not None:
+        return content
+    return given if isinstance(given, str) else json.dumps(given, default=str)
 
 
 def _as_dicts(edited: Any, run_id: str, k: int) -> list[Mapping[str, Any]]:
@@ -457,9 +629,10 @@ def _as_dicts(edited: Any, run_id: str, k: int) -> list[Mapping[str, Any]]:
 
 def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[..., Any],
                      method: str = "contrastive", store: str | os.PathLike[str] | RunStore |
-                     None = None, model: CarChatModel | None = None,
+                     None = None, model: CarChatModel | CarMiddleware | None = None,
                      side_effect_tools: Iterable[str] = (),
                      simulators: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
+                     match_on: Mapping[str, Iterable[str] | str] | None = None,
                      rollouts: int = 16, budget: int = 2000, seed: int = 0,
                      **options: Any) -> Any:
     """Import ``thread_id`` from ``app``, score it with ``outcome(run)`` (as everywhere; the
@@ -473,7 +646,7 @@ def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[..., Any],
     if method not in ("contrastive", "shapley"):
         raise InvalidInput(f"method={method!r}", hint="use 'contrastive' or 'shapley'")
     agent = LangGraphAgent(app, model=model, side_effect_tools=side_effect_tools,
-                           simulators=simulators)
+                           simulators=simulators, match_on=match_on)
     run = agent.import_thread(thread_id)
     score = thread_outcome(outcome)
     run = replace(run, outcome=Outcome(OutcomeFn(score)(run, Noise(seed).rng(0, "outcome"))),

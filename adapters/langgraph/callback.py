@@ -56,20 +56,36 @@ class _Call:
 class _Recording:
     thread_id: str | None
     inputs: Any
+    graph: str | None = None
     calls: dict[UUID, _Call] = field(default_factory=dict)
     tool_results: dict[str, ToolMessage] = field(default_factory=dict)
     members: set[UUID] = field(default_factory=set)
 
 
-def _checkpoint_ids() -> tuple[str | None, str | None]:
-    """The checkpoint the running task was scheduled from, read from the runnable config
-    LangGraph propagates to the model call (the deepest namespace in ``checkpoint_map``)."""
+def _checkpoint_map() -> dict[str, str]:
+    """The checkpoints the running task was scheduled from, one per graph level (``""`` the
+    top-level graph, then each subgraph namespace), read from the runnable config LangGraph
+    propagates to the model call. A fork inside a subgraph copies every level."""
     config = var_child_runnable_config.get() or {}
     cmap = (config.get("configurable") or {}).get("checkpoint_map") or {}
-    if not cmap:
-        return None, None
-    ns, cid = list(cmap.items())[-1]
-    return cid, ns
+    return {str(ns): str(cid) for ns, cid in cmap.items()}
+
+
+def agent_of(ns: str | None, graph: str | None) -> str | None:
+    """The agent a step belongs to: the innermost subgraph node of its namespace
+    (``"account_agent:<task>"`` -> ``account_agent``), else the graph's own name."""
+    if not ns:
+        return graph
+    return ns.split("|")[-1].split(":")[0]
+
+
+def _tool_messages(output: Any) -> list[ToolMessage]:
+    """The tool messages a tool returned: itself, or those in a ``Command`` update (handoffs)."""
+    if isinstance(output, ToolMessage):
+        return [output]
+    update = getattr(output, "update", None)
+    messages = update.get("messages") if isinstance(update, dict) else None
+    return [m for m in messages or () if isinstance(m, ToolMessage)]
 
 
 def _model_name(message: BaseMessage | None, llm_output: dict[str, Any] | None,
@@ -98,8 +114,28 @@ class CarCallback(BaseCallbackHandler):
         self.store_errors: list[StoreError] = []
         self.outcome_errors: list[OutcomeError] = []
         self._open: dict[UUID, _Recording] = {}
+        self._done: list[_Recording] = []
         self._root: dict[UUID, UUID] = {}
         self._lock = threading.Lock()
+        self.decisions_started = 0
+
+    def tool_results(self) -> dict[str, ToolMessage]:
+        """Every tool result seen so far, by tool call id (open and finished runs)."""
+        with self._lock:
+            return {cid: m for rec in [*self._open.values(), *self._done]
+                    for cid, m in rec.tool_results.items()}
+
+    def decision_with_call(self, tool_call_id: str) -> tuple[int, BaseMessage] | None:
+        """``(position among this handler's decisions, message)`` of the decision that made
+        the tool call ``tool_call_id``, while its run is still open."""
+        with self._lock:
+            for rec in self._open.values():
+                for call in rec.calls.values():
+                    msg = call.message
+                    if msg is not None and any(c.get("id") == tool_call_id
+                                               for c in getattr(msg, "tool_calls", ()) or ()):
+                        return call.order, msg
+        return None
 
     @property
     def run(self) -> Trajectory | None:
@@ -121,7 +157,7 @@ class CarCallback(BaseCallbackHandler):
         if parent_run_id is None:
             with self._lock:
                 self._open[run_id] = _Recording((metadata or {}).get("thread_id"), inputs,
-                                                members={run_id})
+                                                kwargs.get("name"), members={run_id})
                 self._root[run_id] = run_id
         else:
             self._join(run_id, parent_run_id)
@@ -134,8 +170,8 @@ class CarCallback(BaseCallbackHandler):
                     **kwargs: Any) -> None:
         with self._lock:
             rec = self._open.get(self._root.get(run_id))  # type: ignore[arg-type]
-        if rec is not None and isinstance(output, ToolMessage):
-            rec.tool_results[output.tool_call_id] = output
+        for m in _tool_messages(output) if rec is not None else ():
+            rec.tool_results[m.tool_call_id] = m
 
     def on_chat_model_start(self, serialized: Any, messages: list[list[BaseMessage]], *,
                             run_id: UUID, parent_run_id: UUID | None = None,
@@ -147,9 +183,12 @@ class CarCallback(BaseCallbackHandler):
         seen = messages[0] if messages else []
         params = jsonable({k: v for k, v in (kwargs.get("invocation_params") or {}).items()
                            if k not in ("tools", "car_tools", "car_tool_kwargs")})
-        checkpoint_id, checkpoint_ns = _checkpoint_ids()
+        cmap = _checkpoint_map()
+        checkpoint_ns, checkpoint_id = list(cmap.items())[-1] if cmap else (None, None)
         meta = {"origin": Origin.RECORD, "thread_id": md.get("thread_id", rec.thread_id),
                 "checkpoint_id": checkpoint_id, "checkpoint_ns": checkpoint_ns,
+                "checkpoint_map": cmap, "ns": checkpoint_ns,
+                "agent": agent_of(checkpoint_ns, rec.graph),
                 "node": md.get("langgraph_node"), "langgraph_step": md.get("langgraph_step"),
                 "task_ns": md.get("langgraph_checkpoint_ns"), "params": params,
                 "seed": params.get("seed") if isinstance(params, dict) else None}
@@ -157,6 +196,7 @@ class CarCallback(BaseCallbackHandler):
         if prompt:
             meta["prompt"] = prompt
         with self._lock:
+            self.decisions_started += 1
             rec.calls[run_id] = _Call(len(rec.calls), to_dicts(m for m in seen if m.id is not None),
                                       meta, time.perf_counter())
 
@@ -188,6 +228,7 @@ class CarCallback(BaseCallbackHandler):
             rec = self._open.pop(run_id, None)
             if rec is None:
                 return
+            self._done = [rec]  # the latest only: a branch reads it, users never grow it
             for member in rec.members:
                 self._root.pop(member, None)
         run = self.build(rec, outputs, error)

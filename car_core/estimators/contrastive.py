@@ -42,7 +42,7 @@ from ..errors import InvalidInput
 from ..execution import Executor, Task
 from ..interventions import Plan, compile_plan, do_resample
 from ..stats import Difference, Interval, difference, look_levels, looks, wilson
-from ..trajectory import Trajectory
+from ..trajectory import Trajectory, step_label
 from . import search as search_
 from ._session import Session, check_run_has_steps
 from .results import ArmEstimate, ContrastiveResult, StepEffect
@@ -291,7 +291,8 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = de
         cost=round(session.meter.cost, 6), search=chosen, steps=steps, arms=arm_rows,
         example_branch=arms.examples.get(locus) if locus is not None else None,
         params=params, attribution_id=session.attribution_id,
-        failures=session.failure_rows(), rollout_budget=cap, correction=correction)
+        failures=session.failure_rows(), rollout_budget=cap, correction=correction,
+        locus_label=step_label(run, locus) if locus is not None else None)
     session.finish(result.to_dict())
     return result
 

@@ -148,10 +148,12 @@ class ContrastiveResult(_Rendered):
     coupling: str | None = None  # why branches were (or were not) coupled
     rollout_budget: int | None = None  # the rollouts the estimate was allowed (n·K by default)
     correction: str = "bonferroni"
+    locus_label: str | None = None  # which agent and which step, e.g. "account_agent, step 4"
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": "contrastive", "run_id": self.run_id,
                 "attribution_id": self.attribution_id, "locus": self.locus,
+                "locus_label": self.locus_label,
                 "reason": self.reason, "alpha": self.alpha, "correction": self.correction,
                 "tests": self.tests, "level": self.level, "rollouts_used": self.rollouts_used,
                 "rollouts_cap": self.rollouts_cap, "rollout_budget": self.rollout_budget,
@@ -182,7 +184,8 @@ class ContrastiveResult(_Rendered):
             attribution_id=data.get("attribution_id"),
             failures=tuple(data.get("failures") or ()),
             rollout_budget=data.get("rollout_budget"),
-            correction=str(data.get("correction", "bonferroni")))
+            correction=str(data.get("correction", "bonferroni")),
+            locus_label=data.get("locus_label"))
 
     def table(self) -> list[dict[str, Any]]:
         return [s.to_dict() for s in self.steps]
@@ -192,7 +195,9 @@ class ContrastiveResult(_Rendered):
                  ("yes" if s.significant else "no") if s.tested else "untested",
                  _num(s.fail_held), _num(s.fail_resampled), str(s.n),
                  "<- locus" if s.step == self.locus else ""] for s in self.steps]
-        head = (f"contrastive attribution of run {self.run_id}: locus = {self.locus}"
+        who = (f" ({self.locus_label})" if self.locus_label
+               and self.locus_label != f"step {self.locus}" else "")
+        head = (f"contrastive attribution of run {self.run_id}: locus = {self.locus}{who}"
                 + (f" ({self.reason})" if self.reason else ""))
         foot = (f"{self.tests} test(s), each at {self.level:.4f} ({self.correction}, FWER <= "
                 f"{self.alpha}); search={self.search}; rollouts used {self.rollouts_used} "

@@ -52,7 +52,7 @@ from ..execution import Executor, Task
 from ..interventions import Plan, compile_plan, do_action, do_resample
 from ..seeding import Noise
 from ..stats import Interval, t_interval, wilson
-from ..trajectory import Trajectory
+from ..trajectory import Trajectory, step_label
 from ._session import Session, check_run_has_steps
 from .results import GameValue, ShapleyResult, ShapleyValue
 
@@ -73,13 +73,13 @@ class Game:
         self.run = run
         if players is None:
             self.groups: list[tuple[int, ...]] = [(k,) for k in range(n)]
-            self.labels = [f"step {k}" for k in range(n)]
+            self.labels = [step_label(run, k) for k in range(n)]
             self.steps: list[int | None] = list(range(n))
         else:
             chosen = _check_players(players, n, run.id)
             rest = tuple(k for k in range(n) if k not in chosen)
             self.groups = [(k,) for k in chosen] + ([rest] if rest else [])
-            self.labels = [f"step {k}" for k in chosen] + (
+            self.labels = [step_label(run, k) for k in chosen] + (
                 [f"other steps ({', '.join(map(str, rest))})"] if rest else [])
             self.steps = list(chosen) + ([None] if rest else [])
         self.p = len(self.groups)

@@ -1,0 +1,82 @@
+"""``CarMiddleware``: what ``CarChatModel`` gives, for ``create_agent`` users, without wrapping
+the model.
+
+``create_agent(model, tools, middleware=[CarMiddleware()])`` — pass the same object as
+``LangGraphAgent(app, model=mw)``. Outside CAR branches it hands every model call on unchanged.
+On a branch thread its ``wrap_model_call`` decides the call by step index, as ``CarChatModel``
+does: a held step answers with its recorded action (through a stand-in model, so the call is
+still seen and recorded, but no real model is called), steps from a ``do_policy`` on go to the
+swapped-in model, and live calls get a per-step seed from the branch noise when the model has a
+``seed`` field. Every model of a multi-agent app must go through CAR (this middleware on each
+``create_agent``, or ``CarChatModel``), or the step count would skip its calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+try:
+    from langchain.agents.middleware import AgentMiddleware
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("CarMiddleware needs LangChain 1.x: "
+                      "pip install 'causal-agent-replay[langgraph]'") from exc
+from langchain_core.language_models.chat_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+
+from car_core.contract import Origin
+
+from .messages import action_message
+from .model import _current_control, seedable
+
+
+class HeldModel(BaseChatModel):
+    """A stand-in chat model that answers with one fixed message (a held step's action)."""
+
+    message: AIMessage
+
+    @property
+    def _llm_type(self) -> str:
+        return "car-held"
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Any:
+        return self
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        return ChatResult(generations=[ChatGeneration(message=self.message.model_copy())],
+                          llm_output={"car_origin": Origin.HELD})
+
+
+class CarMiddleware(AgentMiddleware):  # type: ignore[type-arg]
+    """Lets CAR hold, force, swap and seed a ``create_agent`` app's model calls."""
+
+    def __init__(self, *, seed_models: bool = True) -> None:
+        super().__init__()
+        self.seed_models = seed_models  # branches share noise when the model takes a seed
+
+    def _route(self, request: Any) -> Any:
+        control = _current_control()
+        if control is None:
+            return request
+        k = control.take()
+        if k in control.forced:
+            control.steps[k] = {"origin": Origin.HELD, "model": None}
+            return request.override(model=HeldModel(message=action_message(control.forced[k])))
+        model = request.model
+        if control.policy is not None and k >= control.policy[0]:
+            model = control.policy[1]
+        if self.seed_models and control.noise is not None and seedable(model):
+            model = model.model_copy(update={"seed": control.noise.int_seed(k)})
+        control.steps[k] = {"seed": getattr(model, "seed", None),
+                            "model": getattr(model, "model_name", None)
+                            or getattr(model, "model", None) or model._llm_type}
+        return request if model is request.model else request.override(model=model)
+
+    def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        return handler(self._route(request))
+
+    async def awrap_model_call(self, request: Any,
+                               handler: Callable[[Any], Awaitable[Any]]) -> Any:
+        return await handler(self._route(request))
