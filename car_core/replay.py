@@ -130,8 +130,8 @@ def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequenc
     plan = compile_plan(run, interventions)
     coupled = bool(coupled and getattr(agent, "couples_noise", False))
     arm = plan.describe()
-    tasks = [Task(arm="intervention", rollout=r, plan=plan,
-                  noise=branch_noise(seed, r, arm, coupled)) for r in range(rollouts)]
+    tasks = (Task(arm="intervention", rollout=r, plan=plan,  # lazy: the budget decides
+                  noise=branch_noise(seed, r, arm, coupled)) for r in range(rollouts))
     meter = BudgetMeter(as_budget(budget))  # a car.Budget or a rollout count, as elsewhere
     results = execute(tasks, brancher(run, agent, out), meter,
                       executor=executor, progress=progress, label="intervene")

@@ -344,7 +344,9 @@ def test_a_copied_store_file_opens_elsewhere(tmp_path: Path, pivot_run) -> None:
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(trajectories())
 def test_any_trajectory_round_trips_through_the_store(tmp_path: Path, run) -> None:
-    with RunStore(tmp_path / "h.db") as store:
+    # a fresh store per example: two generated runs may claim one (attribution, arm, rollout)
+    import uuid
+    with RunStore(tmp_path / f"{uuid.uuid4().hex}.db") as store:
         store.save(run)
         assert store.load(run.id) == run
 

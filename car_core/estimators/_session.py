@@ -3,7 +3,7 @@ batches of tasks under one budget meter, and keep outcome values rather than tra
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..agent import OutcomeFn
@@ -96,7 +96,7 @@ class Session:
         self.meter = BudgetMeter(budget)
         # None: sequential for in-process agents, asyncio for ones that wait on a model
         self.executor = executor or default_executor(agent)
-        self.progress, self.method = progress, method
+        self.progress, self.method, self.params = progress, method, params
         self.store, self.journal, self.attribution_id = store, None, attribution_id
         self.failures: list[Failure] = []  # branches that failed after their retry
         if store is not None:
@@ -111,10 +111,10 @@ class Session:
         return Task(arm=arm, rollout=rollout, plan=plan,
                     noise=branch_noise(self.seed, rollout, arm, self.coupled))
 
-    def execute(self, tasks: Sequence[Task], on_value: OnValue) -> None:
+    def execute(self, tasks: Iterable[Task], on_value: OnValue) -> None:
         """Run ``tasks`` (budget checked before each); hand each outcome value to ``on_value``.
         The batch's trajectories are dropped when this returns."""
-        if not tasks or self.tripped:
+        if self.tripped:
             return
 
         def on_result(task: Task, traj: Trajectory) -> None:
@@ -149,4 +149,5 @@ class Session:
         if self.store is not None and self.attribution_id is not None:
             status = (AttributionStatus.TRUNCATED if result.get("truncated")
                       else AttributionStatus.COMPLETE)
-            self.store.finish_attribution(self.attribution_id, result, status)
+            self.store.finish_attribution(self.attribution_id, result, status,
+                                          params=self.params)

@@ -35,7 +35,7 @@ once and stays there (one commitment point, or the latest one dominating); use
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,13 +91,22 @@ class Arms:
             self.plans[j] = compile_plan(self.run, [do_resample(j)] if j < self.n else [])
         return self.plans[j]
 
-    def fill(self, wants: dict[int, Iterable[int]]) -> None:
+    def fill(self, wants: dict[int, range]) -> None:
         """Run the missing rollouts of each arm, interleaved by index so a budget that trips
-        leaves the arms evenly filled."""
-        missing = sorted((r, j) for j, rs in wants.items() for r in rs
-                         if r not in self.values.get(j, {}))
-        tasks = [self.session.task(self._arm(j).key, r, self.plan(j)) for r, j in missing]
-        self.session.execute(tasks, self._keep)
+        leaves the arms evenly filled. Tasks are made as the executor asks for them, so a cap
+        far above the budget costs only what the budget lets run."""
+        if not wants:
+            return
+        arms = sorted(wants)
+
+        def missing() -> Iterator[Task]:
+            for r in range(min(w.start for w in wants.values()),
+                           max(w.stop for w in wants.values())):
+                for j in arms:
+                    if r in wants[j] and r not in self.values.get(j, {}):
+                        yield self.session.task(self._arm(j).key, r, self.plan(j))
+
+        self.session.execute(missing(), self._keep)
 
     def _arm(self, j: int) -> HoldArm:
         arm = HoldArm(j)
@@ -112,12 +121,13 @@ class Arms:
 
     def compare(self, hi: int, lo: int, indices: range, level: float) -> Comparison | None:
         a, b = self.values.get(hi, {}), self.values.get(lo, {})
+        # walk what was measured, not ``indices``: a cap far above the budget stays cheap
         if self.session.coupled:
-            common = [r for r in indices if r in a and r in b]
+            common = sorted(r for r in a if r in indices and r in b)
             xs, ys = [a[r] for r in common], [b[r] for r in common]
         else:
-            xs = [a[r] for r in indices if r in a]
-            ys = [b[r] for r in indices if r in b]
+            xs = [a[r] for r in sorted(a) if r in indices]
+            ys = [b[r] for r in sorted(b) if r in indices]
         if not xs or not ys:
             return None
         d = difference(xs, ys, level, paired=self.session.coupled)
