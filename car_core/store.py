@@ -231,10 +231,13 @@ class RunStore:
         """A read-only open migrates nothing: the file must be ours, not newer, and have the
         tables reads need (an older store whose pending migration only adds seals is read
         as it is)."""
+        tables = set(self.db.table_names())
         if self.db.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
+            if tables:
+                raise NotACarStore(f"{self.path} holds tables {sorted(tables)[:5]} that CAR did "
+                                   "not create", hint="pass the path of a store CAR wrote")
             raise NotACarStore(f"{self.path} is not a CAR store",
                                hint="pass the path of a store CAR wrote")
-        tables = set(self.db.table_names())
         if MIGRATIONS.migrations_table not in tables:
             raise CorruptStore(f"{self.path} has lost its migrations table",
                                hint="the database was edited by hand; restore it from a copy")
@@ -535,6 +538,11 @@ class RunStore:
         aid = self.begin_attribution(run_id, method, params)
         self.finish_attribution(aid, result, status)
         return aid
+
+    @_guarded
+    def attribution_exists(self, attribution_id: str) -> bool:
+        return self.db.execute("SELECT 1 FROM attributions WHERE id = ?",
+                               [attribution_id]).fetchone() is not None
 
     @_guarded
     def attribution(self, attribution_id: str) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..agent import OutcomeFn
+from ..agent import OutcomeFn, check_agent
 from ..budget import Budget, BudgetMeter
 from ..errors import AttributionNotFound, InvalidInput, NothingToAttribute
 from ..execution import Executor, Failure, Task, brancher, default_executor, execute
@@ -87,9 +87,10 @@ class Session:
     def __init__(self, run: Trajectory, agent: Any, outcome: Any, *, method: str, seed: int,
                  coupled: bool, budget: Budget | None, executor: Executor | None,
                  progress: Any, store: Any, attribution_id: str | None,
-                 params: dict[str, Any]) -> None:
+                 params: dict[str, Any], force_agent: bool = False) -> None:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise InvalidInput(f"seed={seed!r} must be an int", hint="pass seed=0, 1, …")
+        check_agent(run, agent, force=force_agent)
         self.run, self.agent, self.seed = run, agent, seed
         self.outcome = OutcomeFn(outcome)
         self.coupled = bool(coupled and getattr(agent, "couples_noise", False))

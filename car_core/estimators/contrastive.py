@@ -231,12 +231,14 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = de
                 alpha: float = defaults.ALPHA, seed: int = 0, coupled: bool = True,
                 budget: Budget | int | None = None, search: str = "auto",
                 executor: Executor | None = None, progress: Any = None, store: Any = None,
-                attribution_id: str | None = None) -> ContrastiveResult:
+                attribution_id: str | None = None, force_agent: bool = False
+                ) -> ContrastiveResult:
     """Find the point of commitment of ``run``: the latest step whose rescue interval lies
     above zero, with family-wise error ``<= alpha`` (see the module docstring for the arms,
     the looks and the search). ``rollouts`` caps the rollouts per arm; ``budget`` (a
     ``car.Budget`` or a rollout count) caps the whole estimate and is checked before each
-    rollout — when it trips, the result keeps what was measured and says ``truncated``."""
+    rollout — when it trips, the result keeps what was measured and says ``truncated``. An
+    agent other than the one that recorded ``run`` is refused unless ``force_agent``."""
     check_run_has_steps(run)
     _check(rollouts, alpha, search)
     budget = as_budget(budget, "budget")
@@ -251,7 +253,7 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = de
               "agent": getattr(agent, "name", "")}
     session = Session(run, agent, outcome, method="contrastive", seed=seed, coupled=coupled,
                       budget=budget, executor=executor, progress=progress, store=store,
-                      attribution_id=attribution_id, params=params)
+                      attribution_id=attribution_id, params=params, force_agent=force_agent)
     arms = Arms(run, session)
     reason: str | None = None
     if chosen == "full":
