@@ -60,6 +60,13 @@ OutcomeOpt = Annotated[str | None, typer.Option(
     "--outcome", help="MODULE:FUNCTION scoring a run in [0, 1] (1 = the failure happened).")]
 
 F = TypeVar("F", bound=Callable[..., Any])
+MAX_SEED = 2**63 - 1  # stored with every branch, in an SQLite INTEGER
+
+
+def _check_seed(seed: int) -> None:
+    if not 0 <= seed <= MAX_SEED:
+        raise InvalidInput(f"--seed {seed} is outside 0 … 2**63 - 1",
+                           hint="pass a smaller non-negative seed, e.g. --seed 0")
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -175,6 +182,7 @@ def intervene(run_id: Annotated[str, typer.Argument(help="Run id.")],
               progress: ProgressOpt = None) -> None:
     """Apply do(·) to a stored run and estimate P(failure) from re-run branches."""
     from .replay import intervene as run_intervene
+    _check_seed(seed)
     interventions = [kit.parse_do(spec) for spec in do]
     if rollouts < 1:
         raise InvalidInput(f"--rollouts {rollouts}: need at least one", hint="e.g. --rollouts 32")
@@ -260,6 +268,7 @@ def attribute(
     import car_core as car
 
     from .budget import Budget
+    _check_seed(seed)
     if not 0.0 < alpha < 1.0:
         raise InvalidInput(f"--alpha {alpha} is outside (0, 1)", hint="e.g. --alpha 0.05")
     if rollouts is not None and rollouts < 1:
