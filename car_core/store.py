@@ -74,7 +74,7 @@ def _initial(db: sqlite_utils.Database) -> None:
     db.execute("CREATE INDEX IF NOT EXISTS attributions_run ON attributions(run_id)")
 
 
-@MIGRATIONS(name="0002_sealed_attributions_unique_branches_leases")
+@_migration("0002_sealed_attributions_unique_branches_leases")
 def _sealed_unique_leased(db: sqlite_utils.Database) -> None:
     """Attributions get a seal (sealed here for the rows already stored), an attribution's
     branches become unique per (arm, rollout) — duplicates two concurrent resumes stored
