@@ -258,7 +258,8 @@ def test_intervene_reports_failed_branches_and_estimates_from_the_rest(
         return action
 
     agent = car.FunctionAgent(policy=policy, environment=pivot_model.environment,
-                              is_final=lambda a: bool(a.get("final")), max_steps=6)
+                              is_final=lambda a: bool(a.get("final")), max_steps=6,
+                              name=pivot_model.agent().name)  # the run's agent, a flaky tool
     dist = car.intervene(pivot_run, agent, car.do_resample(2), outcome=pivot_model.outcome,
                          rollouts=20, seed=0)
     assert dist.failures and all(f["attempts"] == 2 for f in dist.failures)
@@ -271,9 +272,10 @@ def test_intervene_raises_when_every_branch_fails(pivot_run: car.Trajectory) -> 
     def policy(history: car.History, rng: Any) -> Any:
         raise KeyError("missing field")
 
-    agent = car.FunctionAgent(policy=policy, max_steps=6)
+    agent = car.FunctionAgent(policy=policy, max_steps=6)  # another agent on purpose: forced
     with pytest.raises(PolicyError, match="missing field"):
-        car.intervene(pivot_run, agent, car.do_resample(2), outcome=lambda r: 1.0, rollouts=3)
+        car.intervene(pivot_run, agent, car.do_resample(2), outcome=lambda r: 1.0, rollouts=3,
+                      force_agent=True)
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
