@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -40,11 +41,12 @@ from .errors import (
     RunError,
     StoreError,
 )
-from .interventions import Intervention, do_action, do_observation, do_resample
+from .interventions import Intervention, do_action, do_context, do_observation, do_resample
 from .report import compact
 
 # -- exit codes (documented in ``car --help``) -------------------------------------------------
 OK, NOTHING, USAGE, BUDGET, STORE, AGENT, INTERRUPTED = 0, 1, 2, 3, 4, 5, 130
+INTERNAL = 70  # an unexpected error inside CAR or a library it uses (EX_SOFTWARE)
 
 
 def exit_code(exc: CarError) -> int:
@@ -62,11 +64,28 @@ def exit_code(exc: CarError) -> int:
 
 # -- terminal-safe text --------------------------------------------------------------------------
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# Bidirectional overrides, embeddings, isolates and marks: they reorder what a terminal shows
+# (a "Trojan Source" id reads as another), so they are shown as escapes too.
+_BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def safe(text: str) -> str:
-    """Agent text with control characters (ANSI escapes included) shown, not executed."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    """Agent text with control characters (ANSI escapes included) and bidirectional
+    overrides shown as escapes, not executed. Print the result as ``rich.text.Text`` (or
+    ``cell``) so rich markup in it is not parsed either."""
+    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+    return _BIDI.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def cell(value: Any) -> Text:
+    """A table cell or title from stored text: escaped, and never read as rich markup."""
+    return Text(safe("" if value is None else str(value)))
+
+
+def json_line(text: str) -> str:
+    """JSON for a terminal or a pipe: bidirectional overrides written as ``\\uXXXX``
+    escapes (still the same JSON value; controls are escaped by the encoder already)."""
+    return _BIDI.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def plain(value: Any, limit: int | None = 120) -> Text:
@@ -131,15 +150,16 @@ def load_agent_and_outcome(agent_spec: str, outcome_spec: str | None) -> tuple[A
 
 # -- --do specs -----------------------------------------------------------------------------------
 def parse_do(spec: str) -> Intervention:
-    """``resample:K``, ``action:K:JSON`` or ``observation:K:JSON``."""
+    """``resample:K``, ``action:K:JSON``, ``observation:K:JSON`` or
+    ``context:K:MODULE:FUNCTION`` (``FUNCTION(messages)`` returns the edited messages)."""
     kind, _, rest = spec.partition(":")
     step_text, _, payload = rest.partition(":")
     try:
         step = int(step_text)
     except ValueError:
-        raise InvalidIntervention(f"--do {spec!r}: {step_text!r} is not a step number",
-                                  hint="use resample:3, action:3:JSON or observation:2:JSON"
-                                  ) from None
+        raise InvalidIntervention(f"--do {spec[:80]!r}: {step_text[:40]!r} is not a step "
+                                  "number", hint="use resample:3, action:3:JSON or "
+                                                 "observation:2:JSON") from None
     if kind == "resample":
         if payload:
             raise InvalidIntervention(f"--do {spec!r}: resample takes no value",
@@ -148,25 +168,32 @@ def parse_do(spec: str) -> Intervention:
     if kind in ("action", "observation"):
         try:
             value = json.loads(payload)
+        except RecursionError:
+            raise InvalidJSONValue(f"--do {kind}:{step_text}:…: the value is nested too deep "
+                                   "to read", hint="give a flatter JSON value") from None
         except ValueError as exc:
-            raise InvalidJSONValue(f"--do {spec!r}: the value is not JSON ({exc})",
+            raise InvalidJSONValue(f"--do {spec[:80]!r}: the value is not JSON ({exc})",
                                    hint="quote it for the shell, e.g. "
                                         "'observation:2:\"refund denied\"'") from None
         return do_action(step, value) if kind == "action" else do_observation(step, value)
-    raise InvalidIntervention(f"--do {spec!r}: unknown intervention {kind!r}",
-                              hint="use resample:K, action:K:JSON or observation:K:JSON")
+    if kind == "context":
+        edit = load_object(payload, "do") if payload else None
+        if not callable(edit):
+            raise InvalidIntervention(f"--do {spec!r}: context needs MODULE:FUNCTION, a "
+                                      "function that edits the messages",
+                                      hint="use context:2:my_edits:drop_refund_policy")
+        return do_context(step, edit)
+    raise InvalidIntervention(f"--do {spec[:80]!r}: unknown intervention {kind[:40]!r}",
+                              hint="use resample:K, action:K:JSON, observation:K:JSON or "
+                                   "context:K:MODULE:FUNCTION")
 
 
 # -- the store ------------------------------------------------------------------------------
 def existing_store(path: str) -> Any:
-    """Open a store that must already exist (read commands never create one)."""
+    """Open a store that must already exist, read-only: read commands never create, migrate
+    or leave a file beside it."""
     from .store import RunStore
-    p = Path(path)
-    if not p.is_file():
-        raise StoreError(f"no CAR store at {p}",
-                         hint="record a run first (`car demo` writes ./car.db) or pass "
-                              "--store PATH")
-    return RunStore(p)
+    return RunStore(Path(path), readonly=True)
 
 
 # -- progress ------------------------------------------------------------------------------------
@@ -194,7 +221,7 @@ class RichProgress:
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                                  MofNCompleteColumn(), _Rate(), _Left(), TimeElapsedColumn(),
                                  console=Console(stderr=True))
-        self.task = self.progress.add_task(label, total=planned, budget=budget)
+        self.task = self.progress.add_task(escape(safe(label)), total=planned, budget=budget)
         self.progress.start()
         self.closed = False
 

@@ -11,8 +11,9 @@ the caller journals them one by one.
 
 from __future__ import annotations
 
+import itertools
 import socket
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from . import defaults
@@ -113,10 +114,13 @@ class RayExecutor:
                                            "same Ray and Python versions") from exc
         return ray
 
-    def run(self, fn: Callable[[Task], Any], tasks: Sequence[Task],
+    def run(self, fn: Callable[[Task], Any], tasks: Iterable[Task],
             may_start: Callable[[], bool]) -> Iterator[tuple[Task, Any]]:
-        if not tasks:
+        queue = iter(tasks)
+        first = next(queue, None)
+        if first is None:
             return
+        queue = itertools.chain([first], queue)
         ray = self.connect()
         from ray.exceptions import RayError, RayTaskError
 
@@ -130,7 +134,6 @@ class RayExecutor:
         actors = [actor.remote(fn_ref) for _ in range(n_workers)]
         load = [0] * n_workers
         pending: dict[Any, tuple[Task, int]] = {}
-        queue = iter(tasks)
         more = True
         try:
             while True:

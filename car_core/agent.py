@@ -21,8 +21,15 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ._json import JSON, check_json
-from .errors import CarError, EnvironmentError_, InvalidInput, InvalidIntervention, PolicyError
+from ._json import JSON, check_json, digest
+from .errors import (
+    AgentMismatch,
+    CarError,
+    EnvironmentError_,
+    InvalidInput,
+    InvalidIntervention,
+    PolicyError,
+)
 from .interventions import Plan
 from .outcome import OutcomeFn
 from .redact import redacted
@@ -30,8 +37,8 @@ from .seeding import Noise
 from .trajectory import History, Step, Trajectory
 from .vocabulary import Origin, RunStatus
 
-__all__ = ["Agent", "Environment", "FunctionAgent", "OutcomeFn", "Policy", "call_environment",
-           "call_policy", "drive", "policy_meta"]
+__all__ = ["Agent", "Environment", "FunctionAgent", "OutcomeFn", "Policy", "agent_fingerprint",
+           "call_environment", "call_policy", "check_agent", "drive", "policy_meta"]
 
 Policy = Callable[[History, np.random.Generator], JSON]
 Environment = Callable[[History, JSON, np.random.Generator], JSON]
@@ -49,6 +56,33 @@ class Agent(Protocol):
     def branch(self, run: Trajectory, plan: Plan, noise: Noise) -> Trajectory: ...
 
     def redecide(self, run: Trajectory, k: int, noise: Noise) -> JSON: ...
+
+
+def agent_fingerprint(agent: Any) -> str:
+    """A short digest naming the agent: its optional ``fingerprint()`` hook (an adapter
+    returns its tools or graph), else its ``name`` (a ``FunctionAgent`` is known by its name:
+    wrapping its callables, to count or rate-limit them, keeps it the same agent). Recorded
+    with a run and compared with the agent an estimate is given, so a run is never attributed
+    with another agent by mistake."""
+    hook = getattr(agent, "fingerprint", None)
+    value = hook() if callable(hook) else {"name": getattr(agent, "name", "")}
+    return digest({"agent": value})[:16]
+
+
+def check_agent(run: Trajectory, agent: Any, *, force: bool = False) -> None:
+    """Refuse, before any branch runs, an agent other than the one ``run`` was recorded with
+    (runs recorded without a fingerprint are not checked). ``force`` skips the check."""
+    recorded = run.meta.get("agent_fingerprint")
+    if force or not isinstance(recorded, str):
+        return
+    given = agent_fingerprint(agent)
+    if given != recorded:
+        raise AgentMismatch(
+            f"run {run.id} was recorded with agent {run.agent or '?'!r} (fingerprint "
+            f"{recorded}), not with the agent given, {getattr(agent, 'name', '?')!r} "
+            f"(fingerprint {given})", run_id=run.id,
+            hint="pass the agent the run was recorded with, or force_agent=True (--force-agent)"
+                 " if it is the same agent under a new name or tools")
 
 
 @dataclass

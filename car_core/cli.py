@@ -9,6 +9,7 @@ import importlib
 import io
 import os
 import shlex
+import sqlite3
 import sys
 import time
 import uuid
@@ -31,10 +32,12 @@ from .redact import redact
 from .store import RunStore
 from .vocabulary import AttributionStatus
 
-EXIT_CODES = """Exit codes: 0 ok · 1 nothing attributable (no locus) · 2 usage or bad input ·
-3 budget exhausted (the result is truncated, what was measured is kept) · 4 store or run error
-(no store, unknown run id, not a CAR store, corrupt run) · 5 the agent under test failed ·
-130 interrupted (Ctrl-C; finished branches are kept, resume with --resume)."""
+EXIT_CODES = """Exit codes: 0 ok · 1 nothing attributable (no locus) · 2 usage or bad input
+(also a run recorded with another agent) · 3 budget exhausted (the result is truncated, what
+was measured is kept) · 4 store or run error (no store, unknown id, not a CAR store, damaged or
+edited store, read-only folder, attribution busy) · 5 the agent under test failed (also when
+every branch failed, or its code called sys.exit) · 70 internal error · 130 interrupted
+(Ctrl-C; finished branches are kept, resume with --resume)."""
 
 app = typer.Typer(
     name="car", add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -89,6 +92,13 @@ OutcomeOpt = Annotated[str | None, typer.Option(
     "--outcome", help="MODULE:FUNCTION scoring a run in [0, 1] (1 = the failure happened).")]
 
 F = TypeVar("F", bound=Callable[..., Any])
+MAX_SEED = 2**63 - 1  # stored with every branch, in an SQLite INTEGER
+
+
+def _check_seed(seed: int) -> None:
+    if not 0 <= seed <= MAX_SEED:
+        raise InvalidInput(f"--seed {seed} is outside 0 … 2**63 - 1",
+                           hint="pass a smaller non-negative seed, e.g. --seed 0")
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -97,18 +107,34 @@ def _fail(message: str, code: int) -> typer.Exit:
 
 
 def _errors(fn: F) -> F:
-    """CAR errors become one clean line and their exit code, never a traceback."""
+    """CAR errors become one clean line and their exit code, never a traceback; so do a
+    sys.exit from the user's code (never a silent success), a damaged file SQLite reports
+    itself, Ctrl-C, and anything unexpected (70; ``CAR_DEBUG=1`` re-raises it)."""
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort):
+            raise
         except CarError as exc:
             raise _fail(str(exc), kit.exit_code(exc)) from None
+        except SystemExit as exc:
+            raise _fail(f"the agent's code called sys.exit({exc.code!r}) instead of returning",
+                        kit.AGENT) from None
+        except KeyboardInterrupt:
+            raise _fail("interrupted", kit.INTERRUPTED) from None
+        except sqlite3.Error as exc:
+            raise _fail(f"the store cannot be read: {exc}", kit.STORE) from None
+        except Exception as exc:
+            if os.environ.get("CAR_DEBUG"):
+                raise
+            raise _fail(f"internal error: {type(exc).__name__}: {str(exc)[:200]} (set "
+                        "CAR_DEBUG=1 for the traceback and report it)", kit.INTERNAL) from None
     return wrapper  # type: ignore[return-value]
 
 
 def _print_json(value: Any) -> None:
-    STDOUT.write(dumps(value) + "\n")
+    STDOUT.write(kit.json_line(dumps(value)) + "\n")
 
 
 # -- runs / show ---------------------------------------------------------------------------------
@@ -123,16 +149,16 @@ def runs(store: StoreOpt = "car.db", json_out: JsonOpt = False,
         _print_json(rows)
         return
     if not rows:
-        out.print(f"no runs in {store}")
+        out.print(Text(f"no runs in {kit.safe(store)}"))
         return
-    t = Table(title=f"runs in {store}", title_justify="left")
+    t = Table(title=kit.cell(f"runs in {store}"), title_justify="left")
     t.add_column("id", no_wrap=True, min_width=16)
     for col in ("created (UTC)", "agent", "status", "outcome", "steps", "seed"):
         t.add_column(col, justify="right" if col in ("outcome", "steps", "seed") else "left")
     for r in rows:
         created = datetime.fromtimestamp(r["created_at"] or 0, UTC)
-        t.add_row(r["id"], created.strftime("%Y-%m-%d %H:%M:%S"), Text(kit.safe(r["agent"] or "")),
-                  r["status"] or "", "—" if r["outcome"] is None else f"{r['outcome']:.2f}",
+        t.add_row(kit.cell(r["id"]), created.strftime("%Y-%m-%d %H:%M:%S"), kit.cell(r["agent"]),
+                  kit.cell(r["status"]), "—" if r["outcome"] is None else f"{r['outcome']:.2f}",
                   str(r["n_steps"]), "—" if r["seed"] is None else str(r["seed"]))
     out.print(t)
 
@@ -150,11 +176,11 @@ def show(run_id: Annotated[str, typer.Argument(help="Run id (see `car runs`).")]
         _print_json(run.to_dict())
         return
     outcome = "—" if run.outcome is None else f"{run.outcome.value:.2f}"
-    out.print(Text(f"run {run.id}  agent {kit.safe(run.agent or '—')}  status {run.status}  "
-                   f"outcome {outcome}  seed {run.seed}"))
+    out.print(Text(kit.safe(f"run {run.id}  agent {run.agent or '—'}  status {run.status}  "
+                            f"outcome {outcome}  seed {run.seed}")))
     if run.lineage:
-        out.print(Text(f"branch of {run.lineage.parent_id}  arm {run.lineage.arm}  "
-                       f"rollout {run.lineage.rollout}"))
+        out.print(Text(kit.safe(f"branch of {run.lineage.parent_id}  arm {run.lineage.arm}  "
+                                f"rollout {run.lineage.rollout}")))
     out.print(Text("context: ") + kit.plain(run.context, width and 200))
     # one layout whatever the run: the index and origin columns as wide as their widest entry
     # (recorded runs of framework adapters have no origin), values starting in one column
@@ -169,29 +195,46 @@ def show(run_id: Annotated[str, typer.Argument(help="Run id (see `car runs`).")]
 
 
 # -- intervene ---------------------------------------------------------------------------------
+ForceAgentOpt = Annotated[bool, typer.Option(
+    "--force-agent", help="Use --agent even when it is not the agent the run was recorded with "
+                          "(same agent under a new name or tools).")]
+
+
 @app.command()
 @_errors
 def intervene(run_id: Annotated[str, typer.Argument(help="Run id.")],
               agent: AgentOpt,
               do: Annotated[list[str], typer.Option(
-                  "--do", help="resample:K | action:K:JSON | observation:K:JSON (repeatable).")],
+                  "--do", help="resample:K | action:K:JSON | observation:K:JSON | "
+                               "context:K:MODULE:FUNCTION (repeatable).")],
               outcome: OutcomeOpt = None,
               rollouts: Annotated[int, typer.Option(
                   "--rollouts", help="Branches to run.")] = defaults.CLI_INTERVENE_ROLLOUTS,
+              budget: Annotated[int | None, typer.Option(
+                  "--budget", help="Cap on the rollouts actually run.")] = None,
               seed: Annotated[int, typer.Option("--seed")] = 0,
+              force_agent: ForceAgentOpt = False,
               store: StoreOpt = "car.db", json_out: JsonOpt = False,
               progress: ProgressOpt = None) -> None:
     """Apply do(·) to a stored run and estimate P(failure) from re-run branches."""
     from .replay import intervene as run_intervene
+    _check_seed(seed)
     interventions = [kit.parse_do(spec) for spec in do]
     if rollouts < 1:
         raise InvalidInput(f"--rollouts {rollouts}: need at least one", hint="e.g. --rollouts 32")
-    run = kit.existing_store(store).load(run_id)
+    if budget is not None and budget < 1:
+        raise InvalidInput(f"--budget {budget} cannot pay for any rollout",
+                           hint="give a positive number of rollouts, e.g. --budget 64")
+    db = kit.existing_store(store)
+    run = db.load(run_id)
+    db.close()
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
-    bar = kit.make_progress(progress, "intervene", rollouts, None)
+    planned = rollouts if budget is None else min(rollouts, budget)
+    bar = kit.make_progress(progress, "intervene", planned, budget)
     try:
         dist = run_intervene(run, the_agent, interventions, outcome=the_outcome,
-                             rollouts=rollouts, seed=seed, progress=bar or False)
+                             rollouts=rollouts, seed=seed, progress=bar or False,
+                             budget=budget, force_agent=force_agent)
     except KeyboardInterrupt:
         raise _fail("interrupted; no result was kept (car intervene stores nothing)",
                     kit.INTERRUPTED) from None
@@ -201,7 +244,7 @@ def intervene(run_id: Annotated[str, typer.Argument(help="Run id.")],
     if json_out:
         _print_json(dist.to_dict())
     else:
-        out.print(Text(f"do({', '.join(do)}) on run {run.id}: {dist}"))
+        out.print(Text(kit.safe(f"do({', '.join(do)}) on run {run.id}: {dist}")))
     if dist.truncated:
         raise typer.Exit(kit.BUDGET)
 
@@ -254,6 +297,7 @@ def attribute(
         resume: Annotated[str | None, typer.Option(
             "--resume", metavar="ATTRIBUTION_ID",
             help="Continue an interrupted attribution; finished branches are not re-run.")] = None,
+        force_agent: ForceAgentOpt = False,
         store: StoreOpt = "car.db", json_out: JsonOpt = False,
         progress: ProgressOpt = None) -> None:
     """Find the step that caused the failure (contrastive) or split the blame (shapley).
@@ -261,6 +305,7 @@ def attribute(
     import car_core as car
 
     from .budget import Budget
+    _check_seed(seed)
     if not 0.0 < alpha < 1.0:
         raise InvalidInput(f"--alpha {alpha} is outside (0, 1)", hint="e.g. --alpha 0.05")
     if rollouts is not None and rollouts < 1:
@@ -271,8 +316,10 @@ def attribute(
     if method is Method.shapley and rollouts is not None:
         raise InvalidInput("--rollouts applies to contrastive only",
                            hint="for shapley give the total with --budget B")
-    db = kit.existing_store(store)
-    run = db.load(run_id)
+    reader = kit.existing_store(store)  # read-only first: a damaged store is refused untouched
+    run = reader.load(run_id)
+    reader.close()
+    db = RunStore(store)
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
     exe = _executor(executor, concurrency, ray_address)
     if resume is not None:
@@ -283,7 +330,7 @@ def attribute(
                         must_exist=True, flags=True)
     aid = resume or uuid.uuid4().hex[:16]
     common: dict[str, Any] = {"outcome": the_outcome, "seed": seed, "executor": exe,
-                              "store": db, "attribution_id": aid}
+                              "store": db, "attribution_id": aid, "force_agent": force_agent}
     if method is Method.contrastive:
         k = rollouts or defaults.ROLLOUTS
         planned = (len(run.steps) + 1) * k
@@ -302,17 +349,18 @@ def attribute(
         result = call(run, the_agent, progress=bar or False, **common)
         if bar:
             bar.done()
-    except KeyboardInterrupt:
+    except BaseException as exc:  # every abnormal stop says how to resume
         if bar:
             bar.close()
-        argv = [a for a in sys.argv[1:] if not a.startswith("--resume=")]
-        if "--resume" in argv:
-            i = argv.index("--resume")
-            del argv[i:i + 2]
-        err.print(Text(f"interrupted: the branches that finished are kept in {store} "
-                       f"(attribution {aid}). Resume with:\n  "
-                       f"{shlex.join(['car', *argv, '--resume', aid])}"), soft_wrap=True)
-        raise typer.Exit(kit.INTERRUPTED) from None
+        code, what = _stopped(exc)
+        if code is None:
+            raise
+        err.print(Text(kit.safe(f"car: error: {what}")), soft_wrap=True)
+        if db.attribution_exists(aid):  # refused before it started: nothing to resume
+            err.print(Text(kit.safe(f"the branches that finished are kept in {store} "
+                                    f"(attribution {aid}). Resume with:\n  "
+                                    f"{_resume_command(aid)}")), soft_wrap=True)
+        raise typer.Exit(code) from None
     finally:
         if bar:
             bar.close()
@@ -322,11 +370,43 @@ def attribute(
     else:
         _print_result(r, time.monotonic() - started, store)
     if r.get("truncated"):
+        err.print(Text(kit.safe(f"the budget ran out (attribution {aid}); raise --budget and "
+                                f"resume with:\n  {_resume_command(aid)}")), soft_wrap=True)
         raise typer.Exit(kit.BUDGET)
-    if method is Method.contrastive and r.get("locus") is None:
+    nothing = (r.get("locus") is None if method is Method.contrastive
+               else bool(r.get("reason")))
+    if nothing and r.get("failures"):  # the agent broke on branches: as `car intervene` says
+        raise typer.Exit(kit.AGENT)
+    if nothing:
         raise typer.Exit(kit.NOTHING)
-    if method is Method.shapley and r.get("reason"):
-        raise typer.Exit(kit.NOTHING)
+
+
+def _stopped(exc: BaseException) -> tuple[int | None, str]:
+    """Exit code and message of an attribution that stopped early (None: not ours to
+    handle, e.g. typer's own exit)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return kit.INTERRUPTED, "interrupted"
+    if isinstance(exc, CarError):
+        return kit.exit_code(exc), str(exc)
+    if isinstance(exc, SystemExit):
+        return kit.AGENT, f"the agent's code called sys.exit({exc.code!r}) instead of returning"
+    if isinstance(exc, sqlite3.Error):
+        return kit.STORE, f"the store failed: {exc}"
+    if isinstance(exc, Exception) and not isinstance(exc, (typer.Exit, typer.Abort)):
+        if os.environ.get("CAR_DEBUG"):
+            return None, ""
+        return kit.INTERNAL, (f"internal error: {type(exc).__name__}: {str(exc)[:200]} (set "
+                              "CAR_DEBUG=1 for the traceback and report it)")
+    return None, ""
+
+
+def _resume_command(aid: str) -> str:
+    """The command line that was run, with ``--resume AID`` (replacing any earlier one)."""
+    argv = [a for a in sys.argv[1:] if not a.startswith("--resume=")]
+    if "--resume" in argv:
+        i = argv.index("--resume")
+        del argv[i:i + 2]
+    return shlex.join(["car", *argv, "--resume", aid])
 
 
 def _print_result(r: dict[str, Any], seconds: float, store: str) -> None:
@@ -343,10 +423,13 @@ def _print_result(r: dict[str, Any], seconds: float, store: str) -> None:
                    style="dim"))
 
 
-# -- report --------------------------------------------------------------------------------------
-def _latest_attribution(db: RunStore, run_id: str) -> dict[str, Any] | None:
-    """The newest finished attribution; a truncated one only when none finished."""
-    rows = [a for a in db.attributions(run_id) if a.get("result")]
+# -- report / attributions ----------------------------------------------------------------------
+def _latest_attribution(db: RunStore, run_id: str, method: str | None = None
+                        ) -> dict[str, Any] | None:
+    """The newest finished attribution (of ``method`` when given); a truncated one only when
+    none finished."""
+    rows = [a for a in db.attributions(run_id) if a.get("result")
+            and (method is None or a.get("method") == method)]
     complete = [a for a in rows if a.get("status") == AttributionStatus.COMPLETE]
     pick = complete or rows
     return pick[-1] if pick else None
@@ -359,34 +442,90 @@ def report(run_id: Annotated[str, typer.Argument(help="Run id.")],
            out_path: Annotated[Path, typer.Option("--out", help="HTML file to write.")] = Path(
                "report.html"),
            attribution: Annotated[str | None, typer.Option(
-               "--attribution", help="Attribution id (default: the latest complete one).")] = None,
+               "--attribution", help="Attribution id to show (see `car attributions RUN_ID`; "
+                                     "default: the latest complete one).")] = None,
+           method: Annotated[Method | None, typer.Option(
+               "--method", help="Show the latest complete attribution of this method.")] = None,
            ) -> None:
-    """Write the self-contained HTML report of a run's attribution (works offline)."""
+    """Write the self-contained HTML report of a run's attribution (works offline). The page
+    says which attribution it shows; pick another with --attribution or --method."""
     from .report import render_attribution, render_run
     db = kit.existing_store(store)
     run = db.load(run_id)
-    row = db.attribution(attribution) if attribution else _latest_attribution(db, run.id)
+    row = (db.attribution(attribution) if attribution
+           else _latest_attribution(db, run.id, method.value if method else None))
     if row is not None and row["run_id"] != run.id:
         raise InvalidInput(f"attribution {attribution} belongs to run {row['run_id']}",
                            hint=f"run `car report {row['run_id']}`")
+    if row is not None and method is not None and row["method"] != method.value:
+        raise InvalidInput(f"attribution {row['id']} is a {row['method']} attribution, not "
+                           f"{method.value}", hint="drop --method or --attribution")
     if row is not None and not row.get("result"):
         raise InvalidInput(f"attribution {row['id']} has no result yet (status {row['status']})",
                            hint="finish it with `car attribute ... --resume "
                                 f"{row['id']}`")
+    if row is None and method is not None:
+        raise InvalidInput(f"run {run.id} has no finished {method.value} attribution",
+                           hint=f"run `car attribute {run.id} --method {method.value} ...`")
     if row is None:
         html = render_run(run)
         note = "no attribution yet, wrote the run only (run `car attribute` first)"
     else:
         from .estimators.results import result_from_dict
         result = result_from_dict(row["result"]).to_dict()  # typed: a damaged row fails here
-        html = render_attribution(result, run=run, branches=list(db.branches(row["id"])))
-        note = f"attribution {row['id']}"
+        others = [a for a in db.attributions(run.id) if a["id"] != row["id"]]
+        choice = (f"Showing attribution {row['id']} ({row['method']}, {row['status']}"
+                  f"{', chosen' if attribution else ', the latest complete one'}) of "
+                  f"{len(others) + 1} for this run. Pick another with `car report {run.id} "
+                  f"--attribution ID` or `--method contrastive|shapley`; list them with "
+                  f"`car attributions {run.id}`.")
+        html = render_attribution(result, run=run, branches=db.branches(row["id"]),
+                                  choice=choice)
+        note = f"attribution {row['id']}, {row['method']}"
+        if others:
+            note += f"; {len(others)} other(s): see `car attributions {run.id}`"
     try:
         out_path.write_text(html, encoding="utf-8")
     except OSError as exc:
         raise InvalidInput(f"cannot write {out_path}: {exc.strerror}",
                            hint="pass --out a writable path") from None
-    out.print(Text(f"wrote {out_path} ({note})"))
+    out.print(Text(kit.safe(f"wrote {out_path} ({note})")))
+
+
+@app.command()
+@_errors
+def attributions(run_id: Annotated[str | None, typer.Argument(
+                     help="Run id (default: every run's attributions).")] = None,
+                 store: StoreOpt = "car.db", json_out: JsonOpt = False) -> None:
+    """List stored attributions, oldest first: method, status, locus, rollouts. An
+    interrupted one is resumed with `car attribute RUN_ID ... --resume ID`."""
+    db = kit.existing_store(store)
+    if run_id is not None:
+        db.load(run_id)  # an unknown or damaged run is an error, not an empty list
+    rows = []
+    for a in db.attributions(run_id):
+        res = a.get("result") or {}
+        rows.append({"id": a["id"], "run_id": a["run_id"], "method": a["method"],
+                     "status": a["status"], "locus": res.get("locus"),
+                     "rollouts": res.get("rollouts_used"),
+                     "branches": len(db.branches(a["id"])), "created_at": a.get("created_at")})
+    if json_out:
+        _print_json(rows)
+        return
+    if not rows:
+        out.print(Text(kit.safe(f"no attributions in {store}"
+                                + (f" for run {run_id}" if run_id else ""))))
+        return
+    t = Table(title=kit.cell(f"attributions in {store}"), title_justify="left")
+    for col in ("id", "run", "method", "status", "locus", "rollouts", "branches stored"):
+        t.add_column(col, justify="right" if col in ("locus", "rollouts", "branches stored")
+                     else "left", no_wrap=col in ("id", "run"))
+    for r in rows:
+        t.add_row(kit.cell(r["id"]), kit.cell(r["run_id"]), kit.cell(r["method"]),
+                  kit.cell(r["status"]), kit.cell("—" if r["locus"] is None else r["locus"]),
+                  kit.cell("—" if r["rollouts"] is None else r["rollouts"]),
+                  str(r["branches"]))
+    out.print(t)
 
 
 # -- demo ---------------------------------------------------------------------------------------
@@ -457,13 +596,32 @@ def demo(policy: Annotated[DemoPolicy, typer.Option(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``car`` console script; returns the exit status."""
+    """Entry point of the ``car`` console script; returns the exit status. A usage error is
+    one line (with where to read the help), like every other error."""
+    try:  # typer >= 0.20 vendors click; older ones use it directly
+        from typer._click import exceptions as cx
+    except ImportError:  # pragma: no cover - depends on the installed typer
+        from click import exceptions as cx  # type: ignore[no-redef]
     try:
-        app(args=argv, prog_name="car")
+        code = app(args=argv, prog_name="car", standalone_mode=False)
+    except cx.UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `car`: the help, as a usage error
+            exc.show()
+            return kit.USAGE
+        name = exc.ctx.command_path if exc.ctx is not None else "car"
+        err.print(Text(kit.safe(f"car: error: {exc.format_message()} (see `{name} --help`)")),
+                  soft_wrap=True)
+        return kit.USAGE
+    except cx.ClickException as exc:
+        err.print(Text(kit.safe(f"car: error: {exc.format_message()}")), soft_wrap=True)
+        return int(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        err.print(Text("car: error: interrupted"))
+        return kit.INTERRUPTED
     except SystemExit as exc:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ The tree::
     │   ├── StepOutOfRange (IndexError)         a step index past the end of the run
     │   ├── InvalidJSONValue                    an action/observation/context that is not JSON
     │   ├── InvalidBudget                       a budget of zero, negative, or too small
+    │   ├── AgentMismatch                       the agent given is not the one the run recorded
     │   └── OutcomeError                        an outcome function that raised or left [0, 1]
     ├── RunError                                a recorded run that cannot be trusted
     │   ├── CorruptRun                          digest mismatch, hand-edited or truncated JSON
@@ -17,7 +18,10 @@ The tree::
     │   ├── AttributionNotFound (KeyError)      unknown attribution id
     │   ├── NotACarStore                        a database file that is not ours
     │   ├── StoreTooNew                         written by a newer CAR than this one
-    │   └── StoreReadOnly                       the file or its folder cannot be written
+    │   ├── StoreReadOnly                       the file or its folder cannot be written
+    │   ├── CorruptStore                        damaged pages, missing tables, bad values
+    │   │   └── CorruptAttribution              an attribution edited after it was stored
+    │   └── AttributionBusy                     another process is running that attribution
     ├── AgentError                              the agent under test misbehaved
     │   ├── PolicyError                         the policy raised or returned garbage
     │   ├── EnvironmentError_                   the environment (a tool) raised
@@ -80,6 +84,10 @@ class InvalidBudget(InvalidInput):
     """A budget that cannot buy anything: zero, negative, below one rollout or coalition."""
 
 
+class AgentMismatch(InvalidInput):
+    """The agent given is not the one the run was recorded with (name or fingerprint)."""
+
+
 class OutcomeError(InvalidInput):
     """The outcome function raised or returned something outside [0, 1]."""
 
@@ -126,6 +134,19 @@ class StoreReadOnly(StoreError):
     """The database (or its folder) cannot be written."""
 
 
+class CorruptStore(StoreError):
+    """A CAR store that cannot be read as one: damaged pages, a missing table, a value of the
+    wrong type or text that is not UTF-8."""
+
+
+class CorruptAttribution(CorruptStore):
+    """A stored attribution whose seal does not match its content (edited by hand)."""
+
+
+class AttributionBusy(StoreError):
+    """Another live process holds the attribution's lease (it is running or resuming it)."""
+
+
 class AgentError(CarError):
     """The agent under test misbehaved."""
 
@@ -167,10 +188,11 @@ class NothingToAttribute(CarError):
 
 
 __all__ = [
-    "AdapterError", "AgentError", "AttributionNotFound", "BudgetExhausted", "CarError",
-    "ConformanceFailure", "CorruptRun", "EnvironmentError_", "ExecutorUnavailable",
-    "InvalidBudget", "InvalidIntervention", "InvalidInput", "InvalidJSONValue",
-    "ModelUnavailable", "NotACarStore", "NothingToAttribute", "OutcomeError", "PolicyError",
-    "ReplayMismatch", "RunError", "RunNotFound", "SideEffectBlocked", "StepOutOfRange",
-    "StoreError", "StoreReadOnly", "StoreTooNew",
+    "AdapterError", "AgentError", "AgentMismatch", "AttributionBusy", "AttributionNotFound",
+    "BudgetExhausted", "CarError", "ConformanceFailure", "CorruptAttribution", "CorruptRun",
+    "CorruptStore", "EnvironmentError_", "ExecutorUnavailable", "InvalidBudget",
+    "InvalidIntervention", "InvalidInput", "InvalidJSONValue", "ModelUnavailable",
+    "NotACarStore", "NothingToAttribute", "OutcomeError", "PolicyError", "ReplayMismatch",
+    "RunError", "RunNotFound", "SideEffectBlocked", "StepOutOfRange", "StoreError",
+    "StoreReadOnly", "StoreTooNew",
 ]

@@ -1,5 +1,6 @@
-"""How rollouts run. The engine hands a list of independent ``Task``s to an executor; every
-task carries its own noise, so results never depend on the order or place they ran in.
+"""How rollouts run. The engine hands a stream of independent ``Task``s to an executor,
+produced lazily so a cap far above the budget costs nothing; every task carries its own noise,
+so results never depend on the order or place they ran in.
 
 Executors share one small interface (``Executor.run``): ``Sequential`` (in-process, one at a
 time: reproducible, the default for synthetic agents), ``AsyncioExecutor`` (bounded concurrency
@@ -22,7 +23,8 @@ import asyncio
 import queue
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence, Sized
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any, Protocol, TypeVar
@@ -74,6 +76,10 @@ class Journal(Protocol):
     """Where finished branches are kept so an interrupted estimate can resume: ``lookup``
     returns the stored result of a task that already ran (or None), ``write`` stores one."""
 
+    def stored(self) -> Collection[tuple[str, int]]:
+        """The ``(arm, rollout)`` keys already kept, read once when a batch starts."""
+        ...
+
     def lookup(self, task: Task) -> Any: ...
 
     def write(self, task: Task, result: Any) -> None: ...
@@ -85,7 +91,7 @@ class Executor(Protocol):
     returns False. ``fn`` never raises for a failed branch (it returns a ``Failure``); anything
     it does raise stops the run and is re-raised to the caller."""
 
-    def run(self, fn: Callable[[Task], Any], tasks: Sequence[Task],
+    def run(self, fn: Callable[[Task], Any], tasks: Iterable[Task],
             may_start: Callable[[], bool]) -> Iterator[tuple[Task, Any]]: ...
 
 
@@ -163,7 +169,7 @@ def brancher(run: Any, agent: Any, outcome: Any) -> Brancher:
 class Sequential:
     """In-process, one task at a time: reproducible and the default for synthetic agents."""
 
-    def run(self, fn: Callable[[Task], R], tasks: Sequence[Task],
+    def run(self, fn: Callable[[Task], R], tasks: Iterable[Task],
             may_start: Callable[[], bool]) -> Iterator[tuple[Task, R]]:
         for task in tasks:
             if not may_start():
@@ -225,7 +231,7 @@ class AsyncioExecutor:
                                hint="pass concurrency=N with N >= 1 (16 suits most servers)")
         self.concurrency = concurrency
 
-    def run(self, fn: Callable[[Task], Any], tasks: Sequence[Task],
+    def run(self, fn: Callable[[Task], Any], tasks: Iterable[Task],
             may_start: Callable[[], bool]) -> Iterator[tuple[Task, Any]]:
         handoff: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         ctl = _Control()
@@ -246,7 +252,7 @@ class AsyncioExecutor:
             ctl.stop()
             thread.join()
 
-    async def _drive(self, fn: Callable[[Task], Any], tasks: Sequence[Task],
+    async def _drive(self, fn: Callable[[Task], Any], tasks: Iterable[Task],
                      may_start: Callable[[], bool],
                      handoff: queue.SimpleQueue[tuple[str, Any]], ctl: _Control) -> None:
         loop = asyncio.get_running_loop()
@@ -311,7 +317,7 @@ def default_executor(agent: Any) -> Executor:
     return Sequential()
 
 
-def _progress_bar(progress: Any, total: int, label: str) -> Any:
+def _progress_bar(progress: Any, total: int | None, label: str) -> Any:
     """None → a bar only when stderr is a terminal; True → always; False → never; an object
     with ``update(n)`` and ``close()`` is used as is."""
     if progress is False or (progress is None and not sys.stderr.isatty()):
@@ -322,13 +328,16 @@ def _progress_bar(progress: Any, total: int, label: str) -> Any:
     return progress
 
 
-def execute(tasks: Sequence[Task], fn: Callable[[Task], R], meter: BudgetMeter, *,
+def execute(tasks: Iterable[Task], fn: Callable[[Task], R], meter: BudgetMeter, *,
             executor: Executor | None = None, progress: Any = None, label: str = "rollouts",
             on_result: Callable[[Task, R], None] | None = None,
             journal: Journal | None = None, keep: Callable[[R], Any] | None = None,
             retries: int = 1) -> Results:
     """Run ``tasks`` under the budget; return the finished ``(task, result)`` pairs in task
     order, with the branches that failed after ``retries`` retries in ``.failures``.
+
+    ``tasks`` may be a lazy iterable: it is consumed only as far as the budget lets tasks
+    start, so memory and time follow what the budget allows, not how many tasks were asked for.
 
     With a ``journal``, tasks that already finished in an earlier, interrupted call are taken
     from it (and still counted against the budget, so a resumed estimate spends and reports
@@ -339,14 +348,19 @@ def execute(tasks: Sequence[Task], fn: Callable[[Task], R], meter: BudgetMeter, 
     the full result. A journal that cannot be written stops the run with its error; every
     branch written before it stays written.
     """
-    position = {id(task): i for i, task in enumerate(tasks)}
-    slots: list[tuple[Task, Any] | None] = [None] * len(tasks)
+    total = len(tasks) if isinstance(tasks, Sized) else None
+    started: dict[int, int] = {}  # id(task) -> position, for tasks handed to the executor
+    slots: dict[int, tuple[Task, Any]] = {}
     failures: list[tuple[int, Failure]] = []
     lock = threading.Lock()  # the meter is shared with the executor's scheduling thread
-    bar = _progress_bar(progress, len(tasks), label)
+    bar = _progress_bar(progress, total, label)
+    guarded = Guarded(fn, retries)
+    # Journaled tasks found while the executor pulls tasks (possibly on its own thread) wait
+    # here and are loaded and accepted on this thread, which owns the journal's connection.
+    cached: deque[tuple[int, Task]] = deque()
+    done = journal.stored() if journal is not None else frozenset()
 
-    def accept(task: Task, result: Any, fresh: bool) -> None:
-        pos = position[id(task)]
+    def accept(pos: int, task: Task, result: Any, fresh: bool) -> None:
         if isinstance(result, Failure):
             with lock:
                 meter.charge(_NO_SPEND)  # type: ignore[arg-type]
@@ -366,20 +380,33 @@ def execute(tasks: Sequence[Task], fn: Callable[[Task], R], meter: BudgetMeter, 
         with lock:
             return meter.reserve()
 
+    def feed() -> Iterator[Task]:
+        for pos, task in enumerate(tasks):
+            if (task.arm, task.rollout) in done:
+                if not may_start():
+                    return
+                cached.append((pos, task))
+                continue
+            started[id(task)] = pos
+            yield task
+
+    def drain() -> None:
+        while cached:
+            pos, task = cached.popleft()
+            stored = journal.lookup(task) if journal is not None else None
+            if stored is None:  # gone since ``stored()`` was read: run it (already reserved)
+                result = guarded(task)
+                accept(pos, task, result, fresh=True)
+            else:
+                accept(pos, task, stored, fresh=False)
+
     try:
-        pending: Sequence[Task] = tasks
-        if journal is not None:
-            pending = []
-            for task in tasks:
-                cached = journal.lookup(task)
-                if cached is None:
-                    pending.append(task)
-                elif may_start():
-                    accept(task, cached, fresh=False)
-        stream = (executor or Sequential()).run(Guarded(fn, retries), pending, may_start)
+        stream = (executor or Sequential()).run(guarded, feed(), may_start)
         try:
             for task, result in stream:
-                accept(task, result, fresh=True)
+                drain()
+                accept(started.pop(id(task)), task, result, fresh=True)
+            drain()
         finally:
             close = getattr(stream, "close", None)
             if close is not None:
@@ -387,5 +414,5 @@ def execute(tasks: Sequence[Task], fn: Callable[[Task], R], meter: BudgetMeter, 
     finally:
         if bar is not None and progress is not bar:
             bar.close()
-    return Results([s for s in slots if s is not None],
+    return Results([slots[p] for p in sorted(slots)],
                    [f for _, f in sorted(failures, key=lambda pf: pf[0])])

@@ -48,7 +48,9 @@ def record(agent: Any, *, context: JSON = None, outcome: Callable[..., Any], see
     noise = Noise(seed)
     run = returned_run(agent.start(context, noise), agent, "start")
     value = out(run, noise.rng(0, "outcome"))
-    run = replace(run, outcome=Outcome(value), seed=noise.seed)
+    from .agent import agent_fingerprint
+    run = replace(run, outcome=Outcome(value), seed=noise.seed,
+                  meta={**run.meta, "agent_fingerprint": agent_fingerprint(agent)})
     if store is not None:
         store.save(run)
     for observer in _RECORD_OBSERVERS.get():
@@ -118,11 +120,15 @@ def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequenc
               *, outcome: Callable[..., Any], rollouts: int = defaults.INTERVENE_ROLLOUTS,
               seed: int = 0, coupled: bool = True, level: float = defaults.LEVEL,
               budget: Budget | int | None = None,
-              executor: Executor | None = None, progress: Any = None) -> OutcomeDistribution:
+              executor: Executor | None = None, progress: Any = None,
+              force_agent: bool = False) -> OutcomeDistribution:
     """Apply ``interventions`` to ``run`` and estimate the outcome distribution from
     ``rollouts`` branches. Branch ``r`` draws its noise from stream ``(seed, r)``, shared by
-    every call with the same seed when ``coupled`` (common random numbers)."""
+    every call with the same seed when ``coupled`` (common random numbers). An agent other
+    than the one that recorded ``run`` is refused unless ``force_agent``."""
+    from .agent import check_agent
     check_run(run)
+    check_agent(run, agent, force=force_agent)
     if isinstance(rollouts, bool) or not isinstance(rollouts, int) or rollouts < 1:
         raise InvalidInput(f"rollouts={rollouts!r}: need at least one rollout",
                            hint="pass rollouts=K with K >= 1 (32–64 is typical)")
@@ -132,8 +138,8 @@ def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequenc
     plan = compile_plan(run, interventions)
     coupled, why = coupling(agent, run, bool(coupled))
     arm = plan.describe()
-    tasks = [Task(arm="intervention", rollout=r, plan=plan,
-                  noise=branch_noise(seed, r, arm, coupled)) for r in range(rollouts)]
+    tasks = (Task(arm="intervention", rollout=r, plan=plan,  # lazy: the budget decides
+                  noise=branch_noise(seed, r, arm, coupled)) for r in range(rollouts))
     meter = BudgetMeter(as_budget(budget))  # a car.Budget or a rollout count, as elsewhere
     results = execute(tasks, brancher(run, agent, out), meter,
                       executor=executor, progress=progress, label="intervene")

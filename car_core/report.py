@@ -372,8 +372,10 @@ def _arm_outcomes(branches: Iterable[Mapping[str, Any]] | None) -> list[dict[str
 
 # -- entry points ------------------------------------------------------------------------------
 def render_attribution(result: Any, run: Any = None,
-                       branches: Iterable[Mapping[str, Any]] | None = None) -> str:
-    """The full HTML report of a contrastive or Shapley attribution (secrets redacted)."""
+                       branches: Iterable[Mapping[str, Any]] | None = None,
+                       choice: str | None = None) -> str:
+    """The full HTML report of a contrastive or Shapley attribution (secrets redacted);
+    ``choice`` says which stored attribution the page shows and how to pick another."""
     r = redact_json(_as_dict(result))
     method = r.get("method")
     if method not in ("contrastive", "shapley"):
@@ -384,7 +386,7 @@ def render_attribution(result: Any, run: Any = None,
                            "run": _run_summary(traj), "timeline": [], "locus_view": None,
                            "diff": [], "rescue": {}, "arms": {}, "shapley": {},
                            "arm_outcomes": _arm_outcomes(branches), "steps": [],
-                           "values": [], "efficiency": None}
+                           "values": [], "efficiency": None, "choice": choice}
     locus = r.get("locus") if method == "contrastive" else None
     if traj is not None:
         ctx["timeline"] = _timeline(traj, locus)
@@ -420,7 +422,7 @@ def render_run(run: Any) -> str:
     return redact(_ENV.get_template("report.html.j2").render(
         r={}, method="run", fmt=_fmt, ci=_ci, pct=_pct, run=_run_summary(traj),
         timeline=_timeline(traj, None), locus_view=None, diff=[], rescue={}, arms={},
-        shapley={}, arm_outcomes=[], steps=[], values=[], efficiency=None,
+        shapley={}, arm_outcomes=[], steps=[], values=[], efficiency=None, choice=None,
         verdict={"found": False, "headline": f"Run {traj.id}",
                  "detail": "No attribution yet: run `car attribute` to find the step that "
                            "caused the failure.", "action": ""}))

@@ -11,21 +11,29 @@ migrated, is refused before anything is written to it.
 from __future__ import annotations
 
 import builtins
+import functools
+import math
 import os
+import socket
 import sqlite3
 import time
+import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
 from ._json import digest, dumps, loads
 from .errors import (
+    AttributionBusy,
     AttributionNotFound,
+    CarError,
+    CorruptAttribution,
     CorruptRun,
+    CorruptStore,
     NotACarStore,
     RunNotFound,
     StoreError,
@@ -67,6 +75,44 @@ def _initial(db: sqlite_utils.Database) -> None:
     db.execute("CREATE INDEX IF NOT EXISTS attributions_run ON attributions(run_id)")
 
 
+@_migration("0002_sealed_attributions_unique_branches_leases")
+def _sealed_unique_leased(db: sqlite_utils.Database) -> None:
+    """Attributions get a seal (sealed here for the rows already stored), an attribution's
+    branches become unique per (arm, rollout) — duplicates two concurrent resumes stored
+    before this rule are removed, the first stored of each pair kept (they ran the same task
+    with the same noise) — and a lease table lets one process at a time run an attribution."""
+    columns = {r[1] for r in db.execute("PRAGMA table_info(attributions)").fetchall()}
+    if "seal" not in columns:
+        db.execute("ALTER TABLE attributions ADD COLUMN seal TEXT")
+    for row in db.query("SELECT * FROM attributions"):
+        db.execute("UPDATE attributions SET seal = ? WHERE id = ?",
+                   [_attribution_seal(row), row["id"]])
+    dupes = """SELECT id FROM runs r WHERE attribution_id IS NOT NULL AND EXISTS (
+        SELECT 1 FROM runs o WHERE o.attribution_id = r.attribution_id AND o.arm IS r.arm
+        AND o.rollout IS r.rollout AND o.rowid < r.rowid)"""
+    db.execute(f"DELETE FROM steps WHERE run_id IN ({dupes})")
+    db.execute(f"DELETE FROM runs WHERE id IN ({dupes})")
+    db.execute("CREATE UNIQUE INDEX IF NOT EXISTS runs_branch_unique ON runs("
+               "attribution_id, arm, rollout) WHERE attribution_id IS NOT NULL")
+    db.execute("""CREATE TABLE IF NOT EXISTS attribution_leases (
+        attribution_id TEXT PRIMARY KEY, owner TEXT NOT NULL, host TEXT, pid INTEGER,
+        acquired_at REAL)""")
+
+
+ATTRIBUTION_SEALED = ("id", "run_id", "method", "status", "params", "result", "created_at",
+                      "finished_at")
+
+
+def _attribution_seal(row: dict[str, Any]) -> str:
+    """A digest over an attribution row as stored, so an edited locus or status is caught."""
+    def column(name: str) -> Any:
+        value = row.get(name)
+        if value is None or isinstance(value, str):
+            return value
+        return float(value)
+    return digest({"attribution": {c: column(c) for c in ATTRIBUTION_SEALED}})
+
+
 SEALED_COLUMNS = ("id", "parent_id", "attribution_id", "arm", "rollout", "branch_step", "agent",
                   "status", "outcome", "n_steps", "digest", "seed", "created_at")
 
@@ -88,47 +134,165 @@ def _is_readonly_error(exc: sqlite3.Error) -> bool:
     return "readonly" in text or "read-only" in text or "unable to open" in text
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+# What a damaged file or a hand-edited value raises while it is read: SQLite's own errors
+# (a malformed page, a dropped table, text that is not UTF-8) and what parsing a stored value
+# can raise (a JSON nested too deep, a number out of range, a string where a number belongs).
+_DAMAGE = (sqlite3.DatabaseError, ValueError, TypeError, OverflowError, RecursionError,
+           UnicodeError, KeyError, AttributeError)
+
+
+def _guarded(fn: F) -> F:
+    """A store method whose damage becomes a ``CorruptStore`` (our own errors pass through)."""
+    @functools.wraps(fn)
+    def wrapper(self: RunStore, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        except CarError:
+            raise
+        except sqlite3.OperationalError as exc:
+            if _is_readonly_error(exc):
+                raise StoreReadOnly(f"{self.path} is read-only: {exc}",
+                                    hint="point the store at a writable file") from None
+            raise self._damaged(exc) from None
+        except _DAMAGE as exc:
+            raise self._damaged(exc) from None
+    return wrapper  # type: ignore[return-value]
+
+
+def _number(value: Any, what: str, run_id: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
+            value):
+        raise CorruptStore(f"stored run {run_id!r} has {what} {str(value)[:40]!r}, not a number",
+                           hint="the database was edited by hand; restore it from a copy or "
+                                "record the run again")
+
+
 class RunStore:
     """``RunStore(path)``: save, load and list runs, branches and attributions."""
 
-    def __init__(self, path: str | os.PathLike[str] = "car.db", *, timeout: float = 30.0) -> None:
+    def __init__(self, path: str | os.PathLike[str] = "car.db", *, timeout: float = 30.0,
+                 readonly: bool = False) -> None:
         self.path = Path(path)
-        try:
-            conn = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None)
-        except sqlite3.Error as exc:
-            raise StoreReadOnly(f"cannot open {self.path}: {exc}",
-                                hint="check the folder exists and is writable") from exc
+        self.readonly = readonly
+        self.legacy = False  # a store that predates sealed attributions (read-only opens)
+        if readonly:
+            conn = self._connect_readonly(timeout)
+        else:
+            try:
+                conn = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None)
+            except sqlite3.Error as exc:
+                raise StoreReadOnly(f"cannot open {self.path}: {exc}",
+                                    hint="check the folder exists and is writable") from exc
         self.db = sqlite_utils.Database(conn)
         try:
-            self._check_ours()
             self.db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-            self._migrate()
+            if readonly:
+                self._check_readable()
+            else:
+                self._check_ours()
+                self._migrate()
         except StoreError:
             conn.close()  # refused before anything was written; do not leak the handle
             raise
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, UnicodeError) as exc:
             conn.close()
-            if _is_readonly_error(exc):
+            if isinstance(exc, sqlite3.Error) and _is_readonly_error(exc):
                 raise StoreReadOnly(f"{self.path} is read-only: {exc}",
                                     hint="point --store at a writable file") from exc
             raise NotACarStore(f"{self.path} is not a SQLite database CAR can use: {exc}",
                                hint="pass the path of a CAR store, or a new file") from exc
 
     # -- opening ---------------------------------------------------------------------------
-    def _check_ours(self) -> None:
-        app_id = self.db.execute("PRAGMA application_id").fetchone()[0]
+    def _connect_readonly(self, timeout: float) -> sqlite3.Connection:
+        """Read without writing anything: no new file, no ``-wal``/``-shm`` left behind.
+        With no ``-wal`` beside it the file holds every committed write, so it is opened
+        immutable (no lock files at all, also in a read-only folder); with one, a writer may
+        be active and its WAL is read the ordinary read-only way."""
+        if not self.path.is_file():
+            raise StoreError(f"no CAR store at {self.path}",
+                             hint="record a run first (`car demo` writes ./car.db) or pass "
+                                  "--store PATH")
+        if self.path.stat().st_size == 0:
+            raise NotACarStore(f"{self.path} is an empty file, not a CAR store",
+                               hint="pass the path of a CAR store (an empty file is never "
+                                    "turned into one by a read command)")
+        wal = Path(f"{self.path}-wal").exists()
+        uri = (f"file:{urllib.parse.quote(str(self.path.resolve()))}?mode=ro"
+               + ("" if wal else "&immutable=1"))
+        try:
+            return sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise StoreReadOnly(f"cannot read {self.path}: {exc}",
+                                hint="check the file and its folder are readable") from exc
+
+    def _check_readable(self) -> None:
+        """A read-only open migrates nothing: the file must be ours, not newer, and have the
+        tables reads need (an older store whose pending migration only adds seals is read
+        as it is)."""
         tables = set(self.db.table_names())
-        if app_id == APPLICATION_ID:
+        if self.db.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
+            if tables:
+                raise NotACarStore(f"{self.path} holds tables {sorted(tables)[:5]} that CAR did "
+                                   "not create", hint="pass the path of a store CAR wrote")
+            raise NotACarStore(f"{self.path} is not a CAR store",
+                               hint="pass the path of a store CAR wrote")
+        if MIGRATIONS.migrations_table not in tables:
+            raise CorruptStore(f"{self.path} has lost its migrations table",
+                               hint="the database was edited by hand; restore it from a copy")
+        missing = {"runs", "steps", "attributions"} - tables
+        if missing:
+            raise CorruptStore(f"{self.path} has lost its {', '.join(sorted(missing))} table(s)",
+                               hint="the database was edited by hand; restore it from a copy")
+        applied = self._applied()
+        if applied - self._known():
+            raise StoreTooNew(f"{self.path} was migrated by a newer CAR "
+                              f"({sorted(applied - self._known())})",
+                              hint="upgrade causal-agent-replay to open it")
+        self.legacy = "0002_sealed_attributions_unique_branches_leases" not in applied
+
+    def _applied(self) -> set[str]:
+        return {str(m.name) for m in MIGRATIONS.applied(self.db)}
+
+    @staticmethod
+    def _known() -> set[str]:
+        return set(MIGRATION_NAMES)
+
+    def _damaged(self, exc: BaseException) -> CorruptStore:
+        text = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        return CorruptStore(f"{self.path} is damaged: {text}",
+                            hint="the file was edited or truncated; restore it from a copy "
+                                 "(`PRAGMA integrity_check` in sqlite3 says where)")
+
+    def _check_ours(self) -> None:
+        """Mark a new, empty file as ours, or refuse a file someone else wrote. The check and
+        the mark are one transaction, so two processes creating one store do not race."""
+        if self.db.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID:
             return
-        if tables:
-            raise NotACarStore(f"{self.path} already holds tables {sorted(tables)[:5]} that CAR "
-                               "did not create", hint="use a new file for the CAR store")
-        self.db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            app_id = self.db.execute("PRAGMA application_id").fetchone()[0]
+            tables = set(self.db.table_names())
+            if app_id != APPLICATION_ID:
+                if tables:
+                    raise NotACarStore(f"{self.path} already holds tables {sorted(tables)[:5]}"
+                                       " that CAR did not create",
+                                       hint="use a new file for the CAR store")
+                self.db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
 
     def _migrate(self) -> None:
-        applied = {m.name for m in MIGRATIONS.applied(self.db)}
-        known = set(MIGRATION_NAMES)
+        applied = self._applied()
+        known = self._known()
         unknown = applied - known
+        if not applied and "runs" in set(self.db.table_names()):
+            raise CorruptStore(f"{self.path} has lost its migrations table",
+                               hint="the database was edited by hand; restore it from a copy")
         if unknown:
             raise StoreTooNew(f"{self.path} was migrated by a newer CAR ({sorted(unknown)})",
                               hint="upgrade causal-agent-replay to open it")
@@ -158,6 +322,9 @@ class RunStore:
         self.close()
 
     def _write(self) -> Any:
+        if self.readonly:
+            raise StoreReadOnly(f"{self.path} was opened read-only",
+                                hint="open it with RunStore(path) to write")
         return _Transaction(self)
 
     # -- runs ------------------------------------------------------------------------------
@@ -191,14 +358,23 @@ class RunStore:
                   "observation": dumps(s.observation), "observed": int(s.observed),
                   "state": dumps(s.state), "meta": dumps(s.meta)} for s in run.steps]
         with self._write():
+            if row["attribution_id"] is not None and self.db.execute(
+                    "SELECT 1 FROM runs WHERE attribution_id = ? AND arm IS ? AND rollout IS ?",
+                    [row["attribution_id"], row["arm"], row["rollout"]]).fetchone():
+                raise StoreError(f"attribution {row['attribution_id']} already holds a branch "
+                                 f"for arm {row['arm']!r} rollout {row['rollout']!r}",
+                                 run_id=run.id, hint="each (arm, rollout) of an attribution "
+                                                     "is run once; resume it instead")
             self.db.table("runs").insert(row)
             if steps:
                 self.db.table("steps").insert_all(steps)
         return run.id
 
+    @_guarded
     def exists(self, run_id: str) -> bool:
         return self.db.execute("SELECT 1 FROM runs WHERE id = ?", [run_id]).fetchone() is not None
 
+    @_guarded
     def load(self, run_id: str) -> Trajectory:
         """The stored run, digests verified. Raises RunNotFound / CorruptRun."""
         rows = list(self.db.query("SELECT * FROM runs WHERE id = ?", [run_id]))
@@ -218,29 +394,61 @@ class RunStore:
                     "agent": row["agent"] or "", "status": row["status"],
                     "error": header.get("error"), "lineage": header.get("lineage"),
                     "meta": header.get("meta") or {}, "created_at": row["created_at"]}
-        except (ValueError, TypeError, AttributeError) as exc:
-            raise CorruptRun(f"stored run does not parse: {exc}", run_id=run_id,
-                             hint="the database was edited by hand; record the run again") from exc
+        except (ValueError, TypeError, AttributeError, RecursionError) as exc:
+            raise CorruptRun(f"stored run does not parse: {str(exc)[:160]}", run_id=run_id,
+                             hint="the database was edited by hand; record the run again"
+                             ) from None
+        if not isinstance(header, dict):
+            raise CorruptRun("the stored header is not an object", run_id=run_id,
+                             hint="the database was edited by hand; record the run again")
         seal = header.pop("seal", None)  # every save writes one: a missing seal was removed
         if seal != _seal(row, header):
             raise CorruptRun("the stored header (outcome, lineage, status …) was changed after "
                              "saving", run_id=run_id,
                              hint="the database was edited by hand; record the run again")
-        run = Trajectory.from_dict(data)
+        try:
+            run = Trajectory.from_dict(data)
+        except CorruptRun:
+            raise
+        except (CarError, ValueError, TypeError, AttributeError, RecursionError) as exc:
+            raise CorruptRun(f"stored run does not parse: {str(exc)[:160]}", run_id=run_id,
+                             hint="the database was edited by hand; record the run again"
+                             ) from None
         if len(run.steps) != row["n_steps"] or run.digest != row["digest"]:
             raise CorruptRun("stored run is incomplete or its digest changed", run_id=run_id,
                              hint="the database was edited by hand; record the run again")
         return run
 
+    @_guarded
     def list(self, *, branches: bool = False, limit: int | None = None) -> list[dict[str, Any]]:
         """Summaries of stored runs, newest first (only recorded runs unless ``branches``)."""
         where = "" if branches else "WHERE parent_id IS NULL"
         sql = (f"SELECT id, created_at, agent, status, outcome, n_steps, parent_id, seed "
                f"FROM runs {where} ORDER BY created_at DESC, rowid DESC")
         if limit:
-            sql += f" LIMIT {int(limit)}"
-        return list(self.db.query(sql))
+            sql += f" LIMIT {min(int(limit), 2**63 - 1)}"
+        rows = list(self.db.query(sql))
+        for r in rows:  # a summary is shown without loading the run: check what it shows
+            _number(r["created_at"], "created_at", r["id"])
+            _number(r["outcome"], "outcome", r["id"])
+            if r["created_at"] is not None and not 0 <= r["created_at"] < 253402300800:
+                raise CorruptStore(f"stored run {r['id']!r} has created_at {r['created_at']!r},"
+                                   " not a date", hint="the database was edited by hand; "
+                                                       "restore it from a copy")
+            for key in ("id", "agent", "status", "parent_id"):
+                if r[key] is not None and not isinstance(r[key], str):
+                    raise CorruptStore(f"stored run {r['id']!r} has {key} {r[key]!r}, not text",
+                                       hint="the database was edited by hand; restore it from "
+                                            "a copy")
+            for key in ("n_steps", "seed"):
+                if r[key] is not None and (isinstance(r[key], bool)
+                                           or not isinstance(r[key], int)):
+                    raise CorruptStore(f"stored run {r['id']!r} has {key} {r[key]!r}, not an "
+                                       "integer", hint="the database was edited by hand; "
+                                                       "restore it from a copy")
+        return rows
 
+    @_guarded
     def with_digest(self, digest: str) -> builtins.list[str]:
         """Ids of the recorded runs (not branches) whose content digest is ``digest``, oldest
         first: the same steps imported or recorded again."""
@@ -248,30 +456,85 @@ class RunStore:
             "SELECT id FROM runs WHERE digest = ? AND parent_id IS NULL ORDER BY rowid",
             [digest]).fetchall()]
 
+    @_guarded
     def children(self, run_id: str) -> builtins.list[dict[str, Any]]:
         """Branches whose parent is ``run_id``."""
         return list(self.db.query("SELECT id, arm, rollout, branch_step, outcome, attribution_id "
                                   "FROM runs WHERE parent_id = ? ORDER BY rowid", [run_id]))
 
     # -- attributions ----------------------------------------------------------------------
+    # An attribution row is sealed like a run (``seal``: a digest of the row as stored). A
+    # resume adds branches but leaves the stored result, status and params alone until it has
+    # a new result; one process at a time may run an attribution (a lease row, claimed in a
+    # write transaction and freed when it finishes or its process is gone).
+    @_guarded
     def begin_attribution(self, run_id: str, method: str, params: dict[str, Any],
                           attribution_id: str | None = None) -> str:
+        """Start (or resume) an attribution and take its lease: ``AttributionBusy`` when a
+        live process holds it. A stored attribution's result is not touched here."""
         if not self.exists(run_id):
             raise RunNotFound(f"no run {run_id!r} in {self.path}", run_id=run_id,
                               hint="save the run before attributing it")
         aid = attribution_id or uuid.uuid4().hex[:16]
         with self._write():
-            self.db.table("attributions").upsert(
-                {"id": aid, "run_id": run_id, "method": method, "status": AttributionStatus.RUNNING,
-                 "params": dumps(redact_json(params)), "result": None, "created_at": time.time(),
-                 "finished_at": None}, pk="id")
+            self._claim(aid)
+            existing = self.db.execute("SELECT 1 FROM attributions WHERE id = ?",
+                                       [aid]).fetchone()
+            if existing is None:
+                row = {"id": aid, "run_id": run_id, "method": method,
+                       "status": str(AttributionStatus.RUNNING),
+                       "params": dumps(redact_json(params)), "result": None,
+                       "created_at": time.time(), "finished_at": None}
+                row["seal"] = _attribution_seal(row)
+                self.db.table("attributions").insert(row, pk="id")
         return aid
 
-    def finish_attribution(self, attribution_id: str, result: dict[str, Any],
-                           status: str = AttributionStatus.COMPLETE) -> None:
+    def _claim(self, aid: str) -> None:
+        holder = self.db.execute("SELECT owner, host, pid FROM attribution_leases WHERE "
+                                 "attribution_id = ?", [aid]).fetchone()
+        if holder is not None and holder[0] != self._owner and _alive(holder[1], holder[2]):
+            raise AttributionBusy(f"attribution {aid} is being run by process {holder[2]} on "
+                                  f"{holder[1]}", hint="wait for it to finish, then resume it "
+                                                       "if it stopped early")
+        self.db.execute("INSERT OR REPLACE INTO attribution_leases (attribution_id, owner, "
+                        "host, pid, acquired_at) VALUES (?, ?, ?, ?, ?)",
+                        [aid, self._owner, socket.gethostname(), os.getpid(), time.time()])
+
+    @functools.cached_property
+    def _owner(self) -> str:
+        return uuid.uuid4().hex
+
+    @_guarded
+    def release_attribution(self, attribution_id: str) -> None:
+        """Give up this store's lease on an attribution (its branches and result stay)."""
         with self._write():
-            self.db.table("attributions").update(attribution_id, {
-                "result": dumps(redact_json(result)), "status": status, "finished_at": time.time()})
+            self.db.execute("DELETE FROM attribution_leases WHERE attribution_id = ? AND "
+                            "owner = ?", [attribution_id, self._owner])
+
+    @_guarded
+    def finish_attribution(self, attribution_id: str, result: dict[str, Any],
+                           status: str = AttributionStatus.COMPLETE,
+                           params: dict[str, Any] | None = None) -> None:
+        """Store the attribution's result (a complete result is never replaced by a truncated
+        one) and free its lease, in one transaction."""
+        with self._write():
+            rows = list(self.db.query("SELECT * FROM attributions WHERE id = ?",
+                                      [attribution_id]))
+            if not rows:
+                raise AttributionNotFound(f"no attribution {attribution_id!r} in {self.path}",
+                                          hint="start it with begin_attribution")
+            row = dict(rows[0])
+            complete = AttributionStatus.COMPLETE
+            if not (row["status"] == complete and status != complete):
+                row.update(result=dumps(redact_json(result)), status=str(status),
+                           finished_at=time.time())
+                if params is not None:
+                    row["params"] = dumps(redact_json(params))
+                row["seal"] = _attribution_seal(row)
+                self.db.table("attributions").update(attribution_id, {
+                    k: row[k] for k in ("result", "status", "finished_at", "params", "seal")})
+            self.db.execute("DELETE FROM attribution_leases WHERE attribution_id = ? AND "
+                            "owner = ?", [attribution_id, self._owner])
 
     def save_attribution(self, run_id: str, method: str, params: dict[str, Any],
                          result: dict[str, Any], status: str = AttributionStatus.COMPLETE) -> str:
@@ -279,19 +542,46 @@ class RunStore:
         self.finish_attribution(aid, result, status)
         return aid
 
+    @_guarded
+    def attribution_exists(self, attribution_id: str) -> bool:
+        return self.db.execute("SELECT 1 FROM attributions WHERE id = ?",
+                               [attribution_id]).fetchone() is not None
+
+    @_guarded
     def attribution(self, attribution_id: str) -> dict[str, Any]:
+        """The stored attribution, its seal checked: ``CorruptAttribution`` when edited."""
         rows = list(self.db.query("SELECT * FROM attributions WHERE id = ?", [attribution_id]))
         if not rows:
             raise AttributionNotFound(f"no attribution {attribution_id!r} in {self.path}",
-                                      hint="list them with RunStore.attributions(run_id)")
+                                      hint="list them with `car attributions RUN_ID` or "
+                                           "RunStore.attributions()")
         row = dict(rows[0])
+        seal = row.pop("seal", None)
+        if not self.legacy and seal != _attribution_seal(row):
+            raise CorruptAttribution(f"attribution {attribution_id} was changed after it was "
+                                     "stored", hint="the database was edited by hand; run the "
+                                                    "attribution again (a new id)")
+        for key in ("id", "run_id", "method", "status"):
+            if not isinstance(row[key], str):
+                raise CorruptAttribution(f"attribution {attribution_id} has {key} "
+                                         f"{row[key]!r}, not text",
+                                         hint="the database was edited by hand")
         row["params"] = loads(row["params"] or "{}")
         row["result"] = loads(row["result"]) if row["result"] else None
+        if not isinstance(row["params"], dict) or not isinstance(row["result"], (dict, type(None))):
+            raise CorruptAttribution(f"attribution {attribution_id} holds a malformed result",
+                                     hint="the database was edited by hand")
         return row
 
-    def attributions(self, run_id: str) -> builtins.list[dict[str, Any]]:
-        return [self.attribution(r["id"]) for r in self.db.query(
-            "SELECT id FROM attributions WHERE run_id = ? ORDER BY created_at", [run_id])]
+    @_guarded
+    def attributions(self, run_id: str | None = None) -> builtins.list[dict[str, Any]]:
+        """Attributions of ``run_id`` (every run's when None), oldest first."""
+        if run_id is None:
+            ids = self.db.execute("SELECT id FROM attributions ORDER BY created_at, rowid")
+        else:
+            ids = self.db.execute("SELECT id FROM attributions WHERE run_id = ? "
+                                  "ORDER BY created_at, rowid", [run_id])
+        return [self.attribution(r[0]) for r in ids.fetchall()]
 
     def merge(self, path: str | os.PathLike[str]) -> int:
         """Copy every run, step and attribution of the CAR store at ``path`` into this one, in
@@ -312,10 +602,28 @@ class RunStore:
             self.db.execute("DETACH DATABASE merged")
         return int(self.db.execute("SELECT count(*) FROM runs").fetchone()[0] - before)
 
-    def branches(self, attribution_id: str) -> Iterator[dict[str, Any]]:
+    @_guarded
+    def branches(self, attribution_id: str) -> builtins.list[dict[str, Any]]:
         """The branches an attribution has stored so far: arm, rollout, outcome, run id."""
-        yield from self.db.query("SELECT id, arm, rollout, outcome FROM runs WHERE "
-                                 "attribution_id = ? ORDER BY arm, rollout", [attribution_id])
+        return list(self.db.query("SELECT id, arm, rollout, outcome FROM runs WHERE "
+                                  "attribution_id = ? ORDER BY arm, rollout", [attribution_id]))
+
+
+def _alive(host: str | None, pid: int | None) -> bool:
+    """Whether a lease's process may still run: on this host, whether the pid exists; on
+    another host we cannot tell, so it counts as alive. This process's own leases are never
+    in its way (an estimate that raised gave its lease up with it)."""
+    if host != socket.gethostname():
+        return True
+    if not isinstance(pid, int) or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class _Transaction:
@@ -361,6 +669,10 @@ class StoreJournal:
     def __init__(self, store: RunStore, attribution_id: str) -> None:
         self.store = store
         self.attribution_id = attribution_id
+
+    def stored(self) -> set[tuple[str, int]]:
+        return {(r[0], r[1]) for r in self.store.db.execute(
+            "SELECT arm, rollout FROM runs WHERE attribution_id = ?", [self.attribution_id])}
 
     def lookup(self, task: Any) -> Trajectory | None:
         row = self.store.db.execute(

@@ -153,13 +153,14 @@ def test_a_policy_that_raises_or_returns_garbage_names_its_step(pivot_run) -> No
             raise RuntimeError("model down")
         return {"ok": True}
 
+    # another agent than the run's on purpose: force_agent skips the recorded-agent check
     agent = car.FunctionAgent(policy=flaky, max_steps=6)
     with pytest.raises(PolicyError, match="fix the policy") as info:
-        intervene(pivot_run, agent, car.do_resample(3), lambda r: 0.0)
+        intervene(pivot_run, agent, car.do_resample(3), lambda r: 0.0, force_agent=True)
     assert info.value.step == 4
     agent = car.FunctionAgent(policy=lambda h, r: {"set": {1, 2}}, max_steps=6)
     with pytest.raises(PolicyError, match="a tuple must become a list") as info:
-        intervene(pivot_run, agent, car.do_resample(3), lambda r: 0.0)
+        intervene(pivot_run, agent, car.do_resample(3), lambda r: 0.0, force_agent=True)
     assert info.value.step == 3
 
 
@@ -213,7 +214,7 @@ def test_an_agent_that_returns_something_other_than_a_trajectory(pivot_model,
             return [s.action for s in run.steps]
 
     base = pivot_model.agent()
-    agent = Sloppy(policy=base.policy, max_steps=6)
+    agent = Sloppy(policy=base.policy, max_steps=6, name=base.name)
     with pytest.raises(AgentError, match="must return car.Trajectory"):
         car.record(agent, outcome=pivot_model.outcome)
     with pytest.raises(AgentError, match="must return car.Trajectory"):

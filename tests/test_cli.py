@@ -87,6 +87,34 @@ def test_show_prints_terminal_escapes_and_markup_as_text(tmp_path):
     assert "\\x1b[2J\\x1b[31m[bold red]owned[/]" in proc.stdout
 
 
+HOSTILE_ID = "[link=http://evil.example]innocent[/link]\x1b]8;;http://x\x07id[/]\u202egnp.exe"
+
+
+def test_run_ids_and_statuses_reach_the_terminal_escaped(tmp_path):
+    """Ids, agents and statuses are agent-controlled text too: no rich markup is parsed
+    (no live hyperlink), no escape sequence runs, no bidi override reorders the line; JSON
+    keeps the same value with the override written as an escape."""
+    run = Trajectory.new(context="ctx", steps=[Step(0, "\u202eaction", None, False)],
+                         id=HOSTILE_ID, agent="agent\u2066[red]x[/red]")
+    with RunStore(tmp_path / "car.db") as s:
+        s.save(run)
+    for args in (["runs"], ["show", HOSTILE_ID], ["show", HOSTILE_ID, "--full"],
+                 ["show", HOSTILE_ID, "--json"], ["runs", "--json"]):
+        proc = car(*args, cwd=tmp_path)
+        assert proc.returncode == 0, (args, proc.stderr)
+        for raw in ("\x1b", "\x07", "\u202e", "\u2066"):
+            assert raw not in proc.stdout, (args, raw)
+        if "--json" in args:
+            data = json.loads(proc.stdout)
+            ids = [r["id"] for r in data] if isinstance(data, list) else [data["id"]]
+            assert ids == [HOSTILE_ID]
+        else:
+            assert "[link=http://evil.example]innocent[/link]" in proc.stdout
+            assert "\\u202e" in proc.stdout and "\\x1b" in proc.stdout
+    proc = car("show", HOSTILE_ID + "x", cwd=tmp_path)  # in an error line as well
+    assert proc.returncode == 4 and "\x1b" not in proc.stderr and "\u202e" not in proc.stderr
+
+
 def test_unknown_run_id_exits_4(pivot_store):
     folder, _ = pivot_store
     for args in (("show", "nope"), ("attribute", "nope", "--agent", PIVOT)):
@@ -415,3 +443,229 @@ def test_resume_with_other_settings_is_refused(pivot_store):
     assert "resume it with --method contrastive" in one_clean_error(proc)
     with RunStore(folder / "car.db") as s:
         assert s.children(run.id) == []  # refused before any rollout
+
+
+# -- read commands write nothing; safety and recovery ----------------------------------------
+def settled_store(folder: Path, *runs: Trajectory) -> Path:
+    db = folder / "car.db"
+    with RunStore(db) as s:
+        for r in runs:
+            s.save(r)
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    for suffix in ("-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    return db
+
+
+def test_read_commands_leave_no_file_beside_the_store(tmp_path, pivot_run):
+    db = settled_store(tmp_path, pivot_run)
+    before = (sorted(os.listdir(tmp_path)), db.read_bytes())
+    out = tmp_path.parent / f"{tmp_path.name}-report.html"
+    for args in (["runs"], ["show", pivot_run.id], ["attributions"],
+                 ["report", pivot_run.id, "--out", str(out)]):
+        proc = car(*args, cwd=tmp_path)
+        assert proc.returncode == 0, (args, proc.stderr)
+        assert (sorted(os.listdir(tmp_path)), db.read_bytes()) == before, args
+
+
+def as_nobody(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``car`` as an unprivileged user (file modes do not bind root, who runs the tests)."""
+    code = textwrap.dedent(f"""
+        import os, sys
+        import car_core, car_core.report, car_core.synthetic, car_core.execution
+        import rich.progress, tqdm, unicodedata, encodings.idna
+        from car_core.cli import main
+        if os.geteuid() == 0:  # after the imports: the interpreter's files are root's
+            os.setgid(65534); os.setuid(65534)
+        sys.exit(main({list(args)!r}))
+    """)
+    env = {**os.environ, "COLUMNS": "120", "PYTHONPATH": str(Path(__file__).parents[1])}
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_store_in_a_read_only_folder_is_listable_and_refuses_an_attribution(
+        tmp_path, pivot_run):
+    import shutil
+    import tempfile
+    folder = Path(tempfile.mkdtemp(prefix="car-ro-"))  # pytest's own tmp is root-only
+    db = settled_store(folder, pivot_run)
+    before = (sorted(os.listdir(folder)), db.read_bytes())
+    os.chmod(db, 0o444)
+    os.chmod(folder, 0o555)
+    try:
+        listed = as_nobody("runs", "--json", cwd=folder)
+        assert listed.returncode == 0, listed.stderr
+        assert [r["id"] for r in json.loads(listed.stdout)] == [pivot_run.id]
+        shown = as_nobody("show", pivot_run.id, cwd=folder)
+        assert shown.returncode == 0, shown.stderr
+        attributed = as_nobody("attribute", pivot_run.id, "--agent", PIVOT, "--rollouts", "4",
+                               cwd=folder)
+        assert attributed.returncode == 4, attributed.stderr
+        assert "read-only" in one_clean_error(attributed)
+    finally:
+        os.chmod(folder, 0o755)
+        os.chmod(db, 0o644)
+    assert (sorted(os.listdir(folder)), db.read_bytes()) == before
+    shutil.rmtree(folder)
+
+
+def test_a_run_recorded_with_another_agent_is_refused_unless_forced(tmp_path):
+    and_run = syn.and_game().failing_run()
+    settled_store(tmp_path, and_run)
+    proc = car("attribute", and_run.id, "--agent", PIVOT, "--rollouts", "4", cwd=tmp_path)
+    assert proc.returncode == 2
+    line = one_clean_error(proc)  # refused before it began: no attribution, no resume line
+    assert "recorded with agent 'synthetic:and'" in line and "--force-agent" in line
+    with RunStore(tmp_path / "car.db") as s:
+        assert s.attributions(and_run.id) == [] and s.list(branches=True) == s.list()
+    proc = car("intervene", and_run.id, "--agent", PIVOT, "--do", "resample:1", cwd=tmp_path)
+    assert proc.returncode == 2 and "--force-agent" in one_clean_error(proc)
+    forced = car("attribute", and_run.id, "--agent", PIVOT, "--rollouts", "4",
+                 "--force-agent", cwd=tmp_path)
+    assert forced.returncode in (0, 1, 3), forced.stderr  # it ran, whatever it found
+
+
+def test_attributions_lists_them_and_report_says_which_it_shows(pivot_store):
+    folder, run = pivot_store
+    c = car("attribute", run.id, "--agent", PIVOT, "--rollouts", "8", "--json", cwd=folder)
+    s = car("attribute", run.id, "--agent", PIVOT, "--method", "shapley", "--budget", "600",
+            "--json", cwd=folder)
+    cid, sid = json.loads(c.stdout)["attribution_id"], json.loads(s.stdout)["attribution_id"]
+    listed = car("attributions", run.id, "--json", cwd=folder)
+    assert listed.returncode == 0, listed.stderr
+    rows = {r["id"]: r for r in json.loads(listed.stdout)}
+    assert rows[cid]["method"] == "contrastive" and rows[sid]["method"] == "shapley"
+    assert rows[cid]["locus"] == json.loads(c.stdout)["locus"]
+    assert rows[cid]["rollouts"] == json.loads(c.stdout)["rollouts_used"]
+    assert rows[cid]["status"] == "complete"
+    table = car("attributions", cwd=folder)
+    assert cid in table.stdout and "shapley" in table.stdout
+    latest = car("report", run.id, cwd=folder)
+    assert sid in latest.stdout and "car attributions" in latest.stdout
+    page = (folder / "report.html").read_text()
+    assert f"Showing attribution {sid} (shapley" in page and "--attribution ID" in page
+    picked = car("report", run.id, "--method", "contrastive", cwd=folder)
+    assert picked.returncode == 0 and cid in picked.stdout
+    assert f"Showing attribution {cid} (contrastive" in (folder / "report.html").read_text()
+
+
+EDITS_MODULE = '''
+import os
+def keep(history):
+    with open("edits.log", "a") as f:
+        f.write(str(history.index) + "\\n")
+    return history
+'''
+
+
+def test_intervene_do_context_loads_the_edit_function(pivot_store):
+    folder, run = pivot_store
+    (folder / "edits.py").write_text(EDITS_MODULE)
+    proc = car("intervene", run.id, "--agent", PIVOT, "--do", "context:2:edits:keep",
+               "--rollouts", "4", "--json", cwd=folder)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["n"] == 4
+    assert (folder / "edits.log").read_text().split() == ["2"] * 4  # once per branch
+    bad = car("intervene", run.id, "--agent", PIVOT, "--do", "context:2:edits:nope", cwd=folder)
+    assert bad.returncode == 2 and "has no attribute" in one_clean_error(bad)
+
+
+def test_a_huge_rollout_count_under_a_small_budget_runs_in_bounded_memory(pivot_store):
+    """10**9 rollouts per arm under --budget 40, in a process limited to 2 GiB of address
+    space: building the tasks up front would need hundreds of GB."""
+    folder, run = pivot_store
+    code = textwrap.dedent(f"""
+        import resource, sys
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+        from car_core.cli import main
+        sys.exit(main(["attribute", {run.id!r}, "--agent", {PIVOT!r}, "--rollouts",
+                       str(10**9), "--budget", "40", "--json"]))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True,
+                          text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert proc.returncode == 3, proc.stderr  # the budget ran out, as asked
+    assert json.loads(proc.stdout)["rollouts_used"] == 40
+    assert "--resume" in proc.stderr  # and it says how to continue
+
+
+@pytest.mark.parametrize(("args", "code", "message"), [
+    (["runs", "--limit", str(2**70)], 0, None),
+    (["attribute", "RUN", "--agent", PIVOT, "--seed", str(2**64)], 2, "--seed"),
+    (["intervene", "RUN", "--agent", PIVOT, "--do", "resample:1", "--seed", str(2**64)], 2,
+     "--seed"),
+    # 20,000 deep (the shell's limit on one argument is 128 KiB); Python's JSON reader stops
+    # at about 1,000
+    (["intervene", "RUN", "--agent", PIVOT, "--do", "action:1:" + "[" * 20000 + "]" * 20000],
+     2, "nested too deep"),
+    (["intervene", "RUN", "--agent", PIVOT, "--do", "x" * 50000], 2, "is not a step number"),
+    (["attribute", "RUN"], 2, "Missing option '--agent'"),
+    (["attribute", "RUN", "--agent", PIVOT, "--method", "bogus"], 2, "--method"),
+    (["show", "id[/]"], 4, "id[/]"),
+    (["show", "[link=http://evil.example]innocent[/link]"], 4, "[link=http://evil.example]"),
+])
+def test_small_bad_inputs_exit_cleanly(pivot_store, args, code, message):
+    folder, run = pivot_store
+    args = [run.id if a == "RUN" else a for a in args]
+    proc = car(*args, cwd=folder)
+    assert proc.returncode == code, proc.stderr
+    if code:
+        line = one_clean_error(proc)
+        assert len(line) < 2000 and message in line
+
+
+EXITING = '''
+import sys
+import car_core.synthetic as syn
+
+def factory():
+    sys.exit(0)
+
+def agent_exits():
+    model = syn.pivot()
+    agent = model.agent()
+    def policy(history, rng):
+        sys.exit(0)
+    agent.policy = policy
+    return agent
+
+def outcome_exits(run):
+    sys.exit(0)
+
+def agent_fails():
+    model = syn.pivot()
+    agent = model.agent()
+    def policy(history, rng):
+        raise RuntimeError("broken tool")
+    agent.policy = policy
+    return agent
+
+outcome = syn.pivot().outcome
+'''
+
+
+@pytest.mark.parametrize(("agent", "outcome"), [
+    ("exiting:factory", "exiting:outcome"), ("exiting:agent_exits", "exiting:outcome"),
+    (PIVOT, "exiting:outcome_exits")])
+def test_user_code_calling_sys_exit_is_not_a_silent_success(pivot_store, agent, outcome):
+    folder, run = pivot_store
+    (folder / "exiting.py").write_text(EXITING)
+    for command in (["attribute", run.id, "--rollouts", "4"],
+                    ["intervene", run.id, "--do", "resample:2", "--rollouts", "4"]):
+        proc = car(*command, "--agent", agent, "--outcome", outcome, cwd=folder)
+        assert proc.returncode == 5, (command, proc.stderr)
+        assert "called sys.exit(0)" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_every_branch_failing_exits_5_in_attribute_and_intervene(pivot_store):
+    folder, run = pivot_store
+    (folder / "exiting.py").write_text(EXITING)
+    common = ["--agent", "exiting:agent_fails", "--outcome", "exiting:outcome",
+              "--rollouts", "4"]
+    attributed = car("attribute", run.id, *common, cwd=folder)
+    intervened = car("intervene", run.id, "--do", "resample:2", *common, cwd=folder)
+    assert attributed.returncode == intervened.returncode == 5, (attributed.stderr,
+                                                                  intervened.stderr)

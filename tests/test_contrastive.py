@@ -161,7 +161,7 @@ def _breaks_at(model: syn.SyntheticSCM, step: int) -> car.FunctionAgent:
         return base.policy(history, rng)
 
     return car.FunctionAgent(policy=policy, environment=base.environment,
-                             is_final=base.is_final, max_steps=base.max_steps, name="broken")
+                             is_final=base.is_final, max_steps=base.max_steps, name=base.name)
 
 
 def test_failed_branches_are_reported_not_silently_dropped(pivot_model, pivot_run):

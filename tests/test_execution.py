@@ -258,7 +258,8 @@ def test_intervene_reports_failed_branches_and_estimates_from_the_rest(
         return action
 
     agent = car.FunctionAgent(policy=policy, environment=pivot_model.environment,
-                              is_final=lambda a: bool(a.get("final")), max_steps=6)
+                              is_final=lambda a: bool(a.get("final")), max_steps=6,
+                              name=pivot_model.agent().name)  # the run's agent, a flaky tool
     dist = car.intervene(pivot_run, agent, car.do_resample(2), outcome=pivot_model.outcome,
                          rollouts=20, seed=0)
     assert dist.failures and all(f["attempts"] == 2 for f in dist.failures)
@@ -271,9 +272,10 @@ def test_intervene_raises_when_every_branch_fails(pivot_run: car.Trajectory) -> 
     def policy(history: car.History, rng: Any) -> Any:
         raise KeyError("missing field")
 
-    agent = car.FunctionAgent(policy=policy, max_steps=6)
+    agent = car.FunctionAgent(policy=policy, max_steps=6)  # another agent on purpose: forced
     with pytest.raises(PolicyError, match="missing field"):
-        car.intervene(pivot_run, agent, car.do_resample(2), outcome=lambda r: 1.0, rollouts=3)
+        car.intervene(pivot_run, agent, car.do_resample(2), outcome=lambda r: 1.0, rollouts=3,
+                      force_agent=True)
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
@@ -397,3 +399,78 @@ def test_memory_stays_flat_with_a_journal_and_keep(keep: Any, grows: bool,
         assert per_branch > 4_000
     else:
         assert per_branch < 2_000
+
+
+class CountingTasks:
+    """Wraps ``Session.task`` to count the tasks an estimator builds."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from car_core.estimators import _session
+        self.made = 0
+        original = _session.Session.task
+
+        def task(session: Any, *args: Any) -> Task:
+            self.made += 1
+            return original(session, *args)
+        monkeypatch.setattr(_session.Session, "task", task)
+
+
+@pytest.mark.parametrize("make", [lambda: Sequential(), lambda: AsyncioExecutor(4)])
+def test_a_huge_rollout_cap_builds_only_the_tasks_the_budget_allows(
+        monkeypatch, pivot_model, pivot_run, tmp_path, make) -> None:
+    # 10**9 rollouts per arm would be ~10**10 tasks if built up front; the budget of 40 lets
+    # 40 start, and each batch pulls at most one more (refused) task per executor slot.
+    counter = CountingTasks(monkeypatch)
+    with RunStore(tmp_path / "car.db") as store:
+        res = car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
+                              rollouts=10**9, budget=40, seed=0, progress=False,
+                              executor=make(), store=store)
+        assert res.rollouts_used == 40 and res.truncated
+        assert len(list(store.branches(res.attribution_id))) == 40
+    assert counter.made <= 40 + 4
+
+
+def test_intervene_with_a_huge_rollout_count_pulls_only_what_the_budget_allows(
+        pivot_model, pivot_run) -> None:
+    pulled = 0
+    original = execute
+
+    def counting(tasks: Any, *args: Any, **kw: Any) -> Results:
+        def count() -> Any:
+            nonlocal pulled
+            for t in tasks:
+                pulled += 1
+                yield t
+        return original(count(), *args, **kw)
+
+    import car_core.replay as replay
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(replay, "execute", counting)
+        dist = car.intervene(pivot_run, pivot_model.agent(), car.do_resample(2),
+                             outcome=pivot_model.outcome, rollouts=10**12, budget=40,
+                             progress=False)
+    assert dist.n == 40 and dist.truncated
+    assert pulled == 41  # the 41st is pulled, refused by the budget and never run
+
+
+def test_a_resumed_lazy_batch_takes_journaled_branches_in_task_order(
+        pivot_model, pivot_run, tmp_path) -> None:
+    # half the branches are journaled by a first, budget-capped call; a second call over the
+    # same lazy tasks takes them from the journal and runs only the rest, in task order
+    agent = pivot_model.agent()
+    with RunStore(tmp_path / "car.db") as store:
+        store.save(pivot_run)
+        aid = store.begin_attribution(pivot_run.id, "test", {})
+        journal = StoreJournal(store, aid)
+        fn = brancher(pivot_run, agent, pivot_model.outcome)
+        first = execute(iter(two_arm_tasks(pivot_run, (1, 3), 6)), fn,
+                        BudgetMeter(Budget(rollouts=5)), journal=journal, progress=False)
+        assert len(first) == 5
+        fresh: list[tuple[str, int]] = []
+        second = execute(iter(two_arm_tasks(pivot_run, (1, 3), 6)), fn, BudgetMeter(None),
+                         journal=journal, progress=False,
+                         on_result=lambda t, r: fresh.append((t.arm, t.rollout)))
+        assert [(t.arm, t.rollout) for t, _ in second] == [
+            (t.arm, t.rollout) for t in two_arm_tasks(pivot_run, (1, 3), 6)]
+        assert [r.id for _, r in second][:5] == [r.id for _, r in first]
+        assert len(fresh) == 12 and len(list(store.branches(aid))) == 12

@@ -178,7 +178,7 @@ def test_failed_branches_are_reported_not_read_as_a_budget_trip(pivot_model, piv
         return base.policy(history, rng)
 
     agent = car.FunctionAgent(policy=policy, environment=base.environment,
-                              is_final=base.is_final, max_steps=base.max_steps)
+                              is_final=base.is_final, max_steps=base.max_steps, name=base.name)
     sh = car.shapley(pivot_run, agent, outcome=pivot_model.outcome, budget=48)
     assert not sh.truncated and all(v.estimate is None for v in sh.values)
     # exactly the coalitions without step 4 decide it live, so exactly they fail

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -344,7 +345,9 @@ def test_a_copied_store_file_opens_elsewhere(tmp_path: Path, pivot_run) -> None:
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(trajectories())
 def test_any_trajectory_round_trips_through_the_store(tmp_path: Path, run) -> None:
-    with RunStore(tmp_path / "h.db") as store:
+    # a fresh store per example: two generated runs may claim one (attribution, arm, rollout)
+    import uuid
+    with RunStore(tmp_path / f"{uuid.uuid4().hex}.db") as store:
         store.save(run)
         assert store.load(run.id) == run
 
@@ -416,3 +419,211 @@ def test_merge_copies_runs_branches_and_attributions_once(tmp_path: Path, pivot_
         sqlite3.connect(tmp_path / "other.db").execute("CREATE TABLE t (x)").connection.close()
         with pytest.raises(NotACarStore):
             main.merge(tmp_path / "other.db")
+
+
+# -- sealed attributions, resumes, leases, unique branches ------------------------------------
+def finished_attribution(store: RunStore, model: syn.SyntheticSCM, run: car.Trajectory,
+                         **kw: object) -> Any:
+    return car.contrastive(run, model.agent(), outcome=model.outcome, rollouts=4, seed=0,
+                           store=store, progress=False, **kw)
+
+
+def test_an_edited_attribution_is_a_typed_error_on_load(store: RunStore, pivot_model,
+                                                        pivot_run) -> None:
+    from car_core.errors import CorruptAttribution
+    res = finished_attribution(store, pivot_model, pivot_run)
+    assert store.attribution(res.attribution_id)["result"]["locus"] == res.locus
+    store.db.execute("UPDATE attributions SET result = json_set(result, '$.locus', 3)")
+    with pytest.raises(CorruptAttribution, match="changed after it was stored"):
+        store.attribution(res.attribution_id)
+    with pytest.raises(CorruptAttribution):
+        store.attributions(pivot_run.id)
+
+
+def test_an_interrupted_resume_leaves_the_finished_result_alone(store: RunStore, pivot_model,
+                                                                pivot_run) -> None:
+    res = finished_attribution(store, pivot_model, pivot_run)
+    before = store.attribution(res.attribution_id)
+
+    class Stop(Exception):
+        pass
+
+    class Interrupting:
+        def update(self, n: int = 1) -> None:
+            raise Stop
+
+        def close(self) -> None:
+            pass
+
+    # a resume with a larger cap (new branches to run) that dies on its first new branch
+    with pytest.raises(Stop):
+        car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
+                        rollouts=8, seed=0, store=store, attribution_id=res.attribution_id,
+                        progress=Interrupting())
+    assert store.attribution(res.attribution_id) == before  # still complete, same result
+
+
+def test_one_process_at_a_time_runs_an_attribution(store: RunStore, pivot_run) -> None:
+    from car_core.errors import AttributionBusy
+    store.save(pivot_run)
+    aid = store.begin_attribution(pivot_run.id, "manual", {})
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:  # another live process on this host holds the lease
+        store.db.execute("UPDATE attribution_leases SET owner = 'other', pid = ?",
+                         [holder.pid])
+        with pytest.raises(AttributionBusy, match=f"process {holder.pid}"):
+            store.begin_attribution(pivot_run.id, "manual", {}, attribution_id=aid)
+        with RunStore(store.path) as other:
+            with pytest.raises(AttributionBusy):
+                other.begin_attribution(pivot_run.id, "manual", {}, attribution_id=aid)
+    finally:
+        holder.kill()
+        holder.wait()
+    # its process is gone: the lease is stale and the resume takes it over
+    assert store.begin_attribution(pivot_run.id, "manual", {}, attribution_id=aid) == aid
+    store.finish_attribution(aid, {"done": True})
+    assert store.db.execute("SELECT count(*) FROM attribution_leases").fetchone()[0] == 0
+
+
+def test_two_concurrent_resumes_store_each_branch_once(tmp_path: Path, pivot_model,
+                                                       pivot_run) -> None:
+    """Two processes resume one attribution at once: one runs it, the other is refused
+    (AttributionBusy), and every (arm, rollout) is stored exactly once."""
+    db = tmp_path / "car.db"
+    with RunStore(db) as s:
+        s.save(pivot_run)
+    code = textwrap.dedent(f"""
+        import sys, car_core as car
+        from car_core import synthetic as syn
+        from car_core.errors import AttributionBusy
+        model = syn.pivot()
+        with car.RunStore({str(db)!r}) as s:
+            run = s.load({pivot_run.id!r})
+            try:
+                car.contrastive(run, model.agent(), outcome=model.outcome, rollouts=24,
+                                seed=0, store=s, attribution_id="shared", progress=False)
+            except AttributionBusy:
+                print("busy")
+                sys.exit(0)
+        print("ran")
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=ROOT) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert "ran" in {o.strip() for o, _ in outs}
+    conn = sqlite3.connect(db)
+    keys = conn.execute("SELECT arm, rollout FROM runs WHERE attribution_id = 'shared'"
+                        ).fetchall()
+    conn.close()
+    assert keys and len(keys) == len(set(keys))
+
+
+def test_a_second_branch_for_one_arm_and_rollout_is_refused(store: RunStore, pivot_model,
+                                                            pivot_run) -> None:
+    store.save(pivot_run)
+    aid = store.begin_attribution(pivot_run.id, "manual", {})
+    a, b = car.intervene(pivot_run, pivot_model.agent(), car.do_resample(2),
+                         outcome=pivot_model.outcome, rollouts=2, progress=False).trajectories
+    store.save(a, attribution_id=aid)
+    twin = dataclasses_replace_lineage(b, rollout=a.lineage.rollout)
+    with pytest.raises(StoreError, match="already holds a branch"):
+        store.save(twin, attribution_id=aid)
+    with pytest.raises(sqlite3.IntegrityError):  # and the schema itself says so
+        store.db.execute("INSERT INTO runs (id, attribution_id, arm, rollout, digest) "
+                         "VALUES ('x', ?, ?, ?, 'd')", [aid, a.lineage.arm, a.lineage.rollout])
+
+
+def dataclasses_replace_lineage(run: car.Trajectory, **changes) -> car.Trajectory:
+    import dataclasses
+    return dataclasses.replace(run, lineage=dataclasses.replace(run.lineage, **changes))
+
+
+def test_an_older_store_migrates_seals_and_drops_duplicate_branches(tmp_path: Path,
+                                                                    pivot_model,
+                                                                    pivot_run) -> None:
+    """A store written before sealed attributions and unique branches, holding the duplicate
+    branches two concurrent resumes stored: opening it migrates it, keeps the first branch of
+    each (arm, rollout), and seals its attributions."""
+    import sqlite_utils
+    path = tmp_path / "old.db"
+    db = sqlite_utils.Database(path)
+    db.execute("PRAGMA application_id = 1128354353")
+    MIGRATIONS.apply(db, stop_before="0002_sealed_attributions_unique_branches_leases")
+    db.execute("PRAGMA journal_mode = WAL")
+    db.conn.close()
+    dist = car.intervene(pivot_run, pivot_model.agent(), car.do_resample(2),
+                         outcome=pivot_model.outcome, rollouts=3, progress=False)
+    conn = sqlite3.connect(path)
+    conn.execute("INSERT INTO attributions (id, run_id, method, status, params, result, "
+                 "created_at) VALUES ('old', ?, 'contrastive', 'complete', '{}', "
+                 "'{\"locus\": 2}', 1.0)", [pivot_run.id])
+    conn.commit()
+    conn.close()
+    # the rows as the old code stored them, then a duplicate of each under a fresh id
+    with RunStore(tmp_path / "scratch.db") as scratch:
+        scratch.save(pivot_run)
+        for t in dist.trajectories:
+            scratch.save(t, attribution_id="old")
+    src = sqlite3.connect(tmp_path / "scratch.db")
+    dst = sqlite3.connect(path)
+    for table in ("runs", "steps"):
+        cols = [r[1] for r in src.execute(f"PRAGMA table_info({table})")]
+        for row in src.execute(f"SELECT * FROM {table}"):
+            dst.execute(f"INSERT INTO {table} VALUES ({','.join('?' * len(cols))})", row)
+    for row in src.execute("SELECT * FROM runs WHERE attribution_id = 'old'"):
+        dst.execute(f"INSERT INTO runs VALUES ({','.join('?' * len(row))})",
+                    ["dup-" + row[0], *row[1:]])
+    dst.commit()
+    dst.close()
+    src.close()
+    with RunStore(path) as store:
+        kept = [(b["arm"], b["rollout"], b["id"]) for b in store.branches("old")]
+        assert sorted(kept) == sorted((t.lineage.arm, t.lineage.rollout, t.id)
+                                      for t in dist.trajectories)
+        assert store.attribution("old")["result"] == {"locus": 2}  # sealed as it was
+        for t in dist.trajectories:
+            assert store.load(t.id) == t
+
+
+def test_concurrent_creation_of_a_fresh_store_never_refuses_it(tmp_path: Path) -> None:
+    """Several processes open one new file at the same moment: the check that the file is
+    ours and the mark that makes it ours are one transaction, so none sees a half-made store
+    as someone else's (NotACarStore)."""
+    code = textwrap.dedent("""
+        import sys, time
+        from car_core.store import RunStore
+        start = float(sys.argv[2])
+        while time.time() < start:
+            pass
+        RunStore(sys.argv[1]).close()
+        print("ok")
+    """)
+    import time
+    for i in range(4):
+        path = tmp_path / f"fresh-{i}.db"
+        start = time.time() + 1.5
+        procs = [subprocess.Popen([sys.executable, "-c", code, str(path), str(start)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  cwd=ROOT) for _ in range(4)]
+        outs = [p.communicate(timeout=120) for p in procs]
+        assert [o.strip() for o, _ in outs] == ["ok"] * 4, outs
+
+
+def test_a_read_only_open_writes_nothing(tmp_path: Path, pivot_run) -> None:
+    path = tmp_path / "car.db"
+    with RunStore(path) as store:
+        store.save(pivot_run)
+    settled(path)
+    before = fingerprint(path)
+    with RunStore(path, readonly=True) as ro:
+        assert ro.load(pivot_run.id) == pivot_run
+        assert [r["id"] for r in ro.list()] == [pivot_run.id]
+        with pytest.raises(StoreReadOnly, match="opened read-only"):
+            ro.begin_attribution(pivot_run.id, "x", {})
+    assert fingerprint(path) == before
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    with pytest.raises(NotACarStore, match="empty file"):
+        RunStore(empty, readonly=True)
+    assert empty.read_bytes() == b""

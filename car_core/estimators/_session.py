@@ -3,10 +3,10 @@ batches of tasks under one budget meter, and keep outcome values rather than tra
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..agent import OutcomeFn
+from ..agent import OutcomeFn, check_agent
 from ..budget import Budget, BudgetMeter
 from ..errors import AttributionNotFound, InvalidInput, NothingToAttribute
 from ..execution import Executor, Failure, Task, brancher, default_executor, execute
@@ -87,16 +87,17 @@ class Session:
     def __init__(self, run: Trajectory, agent: Any, outcome: Any, *, method: str, seed: int,
                  coupled: bool, budget: Budget | None, executor: Executor | None,
                  progress: Any, store: Any, attribution_id: str | None,
-                 params: dict[str, Any]) -> None:
+                 params: dict[str, Any], force_agent: bool = False) -> None:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise InvalidInput(f"seed={seed!r} must be an int", hint="pass seed=0, 1, …")
+        check_agent(run, agent, force=force_agent)
         self.run, self.agent, self.seed = run, agent, seed
         self.outcome = OutcomeFn(outcome)
         self.coupled, self.coupling = coupling(agent, run, bool(coupled))
         self.meter = BudgetMeter(budget)
         # None: sequential for in-process agents, asyncio for ones that wait on a model
         self.executor = executor or default_executor(agent)
-        self.progress, self.method = progress, method
+        self.progress, self.method, self.params = progress, method, params
         self.store, self.journal, self.attribution_id = store, None, attribution_id
         self.failures: list[Failure] = []  # branches that failed after their retry
         if store is not None:
@@ -111,10 +112,10 @@ class Session:
         return Task(arm=arm, rollout=rollout, plan=plan,
                     noise=branch_noise(self.seed, rollout, arm, self.coupled))
 
-    def execute(self, tasks: Sequence[Task], on_value: OnValue) -> None:
+    def execute(self, tasks: Iterable[Task], on_value: OnValue) -> None:
         """Run ``tasks`` (budget checked before each); hand each outcome value to ``on_value``.
         The batch's trajectories are dropped when this returns."""
-        if not tasks or self.tripped:
+        if self.tripped:
             return
 
         def on_result(task: Task, traj: Trajectory) -> None:
@@ -149,4 +150,5 @@ class Session:
         if self.store is not None and self.attribution_id is not None:
             status = (AttributionStatus.TRUNCATED if result.get("truncated")
                       else AttributionStatus.COMPLETE)
-            self.store.finish_attribution(self.attribution_id, result, status)
+            self.store.finish_attribution(self.attribution_id, result, status,
+                                          params=self.params)

@@ -30,7 +30,7 @@ rise: bisection assumes one commitment point (or the latest one dominating).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -88,13 +88,25 @@ class Arms:
             self.plans[j] = compile_plan(self.run, [do_resample(j)] if j < self.n else [])
         return self.plans[j]
 
-    def fill(self, wants: dict[int, Iterable[int]]) -> None:
+    def fill(self, wants: Mapping[int, Iterable[int]]) -> None:
         """Run the missing rollouts of each arm, interleaved by index so a budget that trips
-        leaves the arms evenly filled."""
-        missing = sorted((r, j) for j, rs in wants.items() for r in rs
-                         if r not in self.values.get(j, {}))
-        tasks = [self.session.task(self._arm(j).key, r, self.plan(j)) for r, j in missing]
-        self.session.execute(tasks, self._keep)
+        leaves the arms evenly filled. Tasks are made as the executor asks for them, so a cap
+        far above the budget costs only what the budget lets run (a ``range`` is never
+        materialised; other collections of indices are small)."""
+        if not wants:
+            return
+        arms = sorted(wants)
+        sets = {j: w if isinstance(w, range) else frozenset(w) for j, w in wants.items()}
+        bounds = [(w.start, w.stop) if isinstance(w, range)
+                  else (min(w, default=0), max(w, default=-1) + 1) for w in sets.values()]
+
+        def missing() -> Iterator[Task]:
+            for r in range(min(lo for lo, _ in bounds), max(hi for _, hi in bounds)):
+                for j in arms:
+                    if r in sets[j] and r not in self.values.get(j, {}):
+                        yield self.session.task(self._arm(j).key, r, self.plan(j))
+
+        self.session.execute(missing(), self._keep)
 
     def _arm(self, j: int) -> HoldArm:
         arm = HoldArm(j)
@@ -109,12 +121,13 @@ class Arms:
 
     def compare(self, hi: int, lo: int, indices: range, level: float) -> Comparison | None:
         a, b = self.values.get(hi, {}), self.values.get(lo, {})
+        # walk what was measured, not ``indices``: a cap far above the budget stays cheap
         if self.session.coupled:
-            common = [r for r in indices if r in a and r in b]
+            common = sorted(r for r in a if r in indices and r in b)
             xs, ys = [a[r] for r in common], [b[r] for r in common]
         else:
-            xs = [a[r] for r in indices if r in a]
-            ys = [b[r] for r in indices if r in b]
+            xs = [a[r] for r in sorted(a) if r in indices]
+            ys = [b[r] for r in sorted(b) if r in indices]
         if not xs or not ys:
             return None
         d = difference(xs, ys, level, paired=self.session.coupled)
@@ -223,14 +236,16 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = de
                 alpha: float = defaults.ALPHA, seed: int = 0, coupled: bool = True,
                 budget: Budget | int | None = None, search: str = "auto",
                 executor: Executor | None = None, progress: Any = None, store: Any = None,
-                attribution_id: str | None = None) -> ContrastiveResult:
+                attribution_id: str | None = None, force_agent: bool = False
+                ) -> ContrastiveResult:
     """Find the point of commitment of ``run``: the latest step whose rescue interval lies
     above zero, with family-wise error ``<= alpha`` (see the module docstring for the arms,
     the error control and the search). The estimate may spend up to ``n·rollouts`` rollouts
     (the paper's ``K`` per step) unless ``budget`` (a ``car.Budget`` or a rollout count) says
     otherwise; the search decides where they go and stops as soon as the answer is decided.
     The budget is checked before each rollout — when it trips, the result keeps what was
-    measured and says ``truncated``."""
+    measured and says ``truncated``. An agent other than the one that recorded ``run``
+    is refused unless ``force_agent``."""
     check_run_has_steps(run)
     _check(rollouts, alpha, search)
     budget = as_budget(budget, "budget")
@@ -246,7 +261,7 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = de
               "agent": getattr(agent, "name", "")}
     session = Session(run, agent, outcome, method="contrastive", seed=seed, coupled=coupled,
                       budget=budget, executor=executor, progress=progress, store=store,
-                      attribution_id=attribution_id, params=params)
+                      attribution_id=attribution_id, params=params, force_agent=force_agent)
     arms = Arms(run, session)
     reason: str | None = None
     exhausted = False

@@ -213,12 +213,13 @@ def shapley(run: Trajectory, agent: Any, *, outcome: Any,
             budget: int | Budget = defaults.SHAPLEY_BUDGET, seed: int = 0,
             level: float = defaults.LEVEL, players: Sequence[int] | None = None,
             mode: str = "auto", coupled: bool = True, executor: Executor | None = None,
-            progress: Any = None, store: Any = None, attribution_id: str | None = None
-            ) -> ShapleyResult:
+            progress: Any = None, store: Any = None, attribution_id: str | None = None,
+            force_agent: bool = False) -> ShapleyResult:
     """Shapley values of the steps of ``run`` for ``v(S)`` = P(fail | S held, the rest
     resampled), each with a ``level`` interval (see the module docstring for the game and the
     two modes). ``budget`` is a rollout count or a ``car.Budget``; it is checked before every
-    rollout, and a result cut short by it keeps what was measured with ``truncated=True``."""
+    rollout, and a result cut short by it keeps what was measured with ``truncated=True``.
+    An agent other than the one that recorded ``run`` is refused unless ``force_agent``."""
     check_run_has_steps(run)
     b, cap = _check(budget, level, mode)
     game = Game(run, players)
@@ -243,7 +244,7 @@ def shapley(run: Trajectory, agent: Any, *, outcome: Any,
     session = Session(run, agent, outcome, method="shapley", seed=seed,
                       coupled=coupled and mode == "permutation",
                       budget=b, executor=executor, progress=progress, store=store,
-                      attribution_id=attribution_id, params=params)
+                      attribution_id=attribution_id, params=params, force_agent=force_agent)
     if mode == "exact":
         ys = _run_exact(game, session, cap)
         return _exact_result(run, game, session, ys, cap, seed, level, params)
