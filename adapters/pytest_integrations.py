@@ -9,8 +9,12 @@ strings, so nothing is imported until a test uses the fixture with that framewor
   a car ``Agent`` to branch with, or returns None when ``obj`` is not of its kind. ``options``
   holds ``side_effect_tools``, ``simulators`` and any adapter keyword (``model`` …).
 
+A handle may also have ``hooks``: what the test must hand each run itself, for a framework
+with no way to watch every run (``car_recorder.hooks_for(agent)`` returns it).
+
 ``owns(run)`` says which recorded runs are the framework's. Built in: ``car`` (``car.record``
-with any car Agent, ``FunctionAgent`` included), ``langgraph`` and ``llamaindex``. Another
+with any car Agent, ``FunctionAgent`` included), ``langgraph``, ``llamaindex`` and
+``openai-agents``. Another
 package adds its own with an entry point in the group ``car.pytest_integrations`` that names an
 ``Integration`` (or a zero-argument callable returning one), or calls ``register``.
 """
@@ -174,9 +178,43 @@ def llamaindex_adapter(obj: Any, options: dict[str, Any]) -> Any:
     return LlamaIndexAgent(obj, **options)
 
 
+# -- OpenAI Agents SDK ---------------------------------------------------------------------
+
+class _OpenAIAgentsRecording:
+    """One ``CarRecorder`` (the SDK's ``RunHooks``) per test, passed by the test as
+    ``Runner.run(..., hooks=car_recorder.hooks_for(agent))``: the SDK takes hooks per run only
+    (its swappable default runner is marked experimental, not public), and branches, which run
+    without these hooks, are then never mistaken for the test's runs."""
+
+    def __init__(self) -> None:
+        from .openai_agents import CarRecorder
+        self.hooks = CarRecorder(store=None)
+
+    @property
+    def runs(self) -> list[Any]:
+        return self.hooks.runs  # an unfinished run is closed as an error first
+
+    def stop(self) -> None:
+        self.hooks.close(None)
+
+
+def openai_agents_recorder() -> _OpenAIAgentsRecording:
+    return _OpenAIAgentsRecording()
+
+
+def openai_agents_adapter(obj: Any, options: dict[str, Any]) -> Any:
+    from agents import Agent
+    if not isinstance(obj, Agent):
+        return None
+    from .openai_agents import OpenAIAgentsAgent
+    return OpenAIAgentsAgent(obj, **options)
+
+
 # "car" is always recorded: its module is the one this plugin ships in
 register(Integration("car", "car_adapters", f"{__name__}:car_recorder", f"{__name__}:car_adapter"))
 register(Integration("langgraph", "langgraph", f"{__name__}:langgraph_recorder",
                      f"{__name__}:langgraph_adapter", framework="langgraph"))
 register(Integration("llamaindex", "llama_index.core", f"{__name__}:llamaindex_recorder",
                      f"{__name__}:llamaindex_adapter", framework="llama-index"))
+register(Integration("openai-agents", "agents", f"{__name__}:openai_agents_recorder",
+                     f"{__name__}:openai_agents_adapter", framework="openai-agents"))

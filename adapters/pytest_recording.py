@@ -110,16 +110,32 @@ class RunRecorder:
               side_effect_tools: Iterable[str] = (),
               simulators: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
               **adapter_options: Any) -> Any:
-        """Name ``agent`` (a compiled LangGraph app, a LlamaIndex workflow or any car Agent)
-        as the one to branch this test's runs with; ``outcome(run)`` scores them (1 / True =
-        the failure happened). Side-effect tools never run on a branch unless simulated.
-        Returns ``agent``."""
+        """Name ``agent`` (a compiled LangGraph app, a LlamaIndex workflow, an OpenAI Agents SDK
+        ``Agent`` or any car Agent) as the one to branch this test's runs with; ``outcome(run)``
+        scores them (1 / True = the failure happened). Side-effect tools never run on a branch
+        unless simulated. Returns ``agent``."""
         self.start()  # a framework imported inside the test is recorded from here on
         options = {"side_effect_tools": tuple(side_effect_tools), **adapter_options}
         if simulators:
             options["simulators"] = dict(simulators)
         self._watched.append(_Watched(agent, outcome, options, framework_of(agent)))
         return agent
+
+    def hooks_for(self, agent: Any) -> Any:
+        """The run hooks to pass to every run of ``agent`` in this test, for a framework that
+        takes them per run: ``Runner.run(agent, input, hooks=car_recorder.hooks_for(agent))``
+        with the OpenAI Agents SDK. Raises ``AdapterError`` for an agent of another kind."""
+        from car_core.errors import AdapterError
+        self.start()
+        framework = framework_of(agent)
+        for integration in integrations():
+            if framework is not None and integration.framework == framework:
+                hooks = getattr(self._handles.get(integration.name), "hooks", None)
+                if hooks is not None:
+                    return hooks
+        raise AdapterError(f"no run hooks for a {type(agent).__name__}" + _also(self.notes),
+                           hint="LangGraph, LlamaIndex and car.record runs are recorded without "
+                                "hooks; hooks_for is for OpenAI Agents SDK agents")
 
     # -- when the test ends ----------------------------------------------------------------
     def finish(self) -> list[Any]:
@@ -201,7 +217,8 @@ class RunRecorder:
         agent = self._agent(watched)
         if agent is None:
             return (f"{type(watched.obj).__name__} is no agent CAR can branch (a compiled "
-                    "LangGraph app, a LlamaIndex workflow or a car Agent)")
+                    "LangGraph app, a LlamaIndex workflow, an OpenAI Agents SDK Agent or a car "
+                    "Agent)")
         import car_core as car
         cap = car.Budget(rollouts=budget, wall_time=wall_time)
         self.path.parent.mkdir(parents=True, exist_ok=True)

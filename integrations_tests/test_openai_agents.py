@@ -43,7 +43,7 @@ from car_adapters.openai_agents import CarRecorder, OpenAIAgentsAgent, ScriptedM
 
 import car_core as car
 from car_core.errors import AdapterError, InvalidInput, InvalidIntervention, SideEffectBlocked
-from car_core.testing import CallCounter, Counters, run_conformance
+from car_core.testing import CallCounter, Counters, SideEffectLedger, run_conformance
 
 set_tracing_disabled(True)  # no trace export from tests (it would need an API key)
 
@@ -89,7 +89,8 @@ class Helpdesk:
     ESCALATE = call("call_1", "escalate", {"user": "mallory"})
     CLOSE = call("call_1", "close_ticket", {})
 
-    def __init__(self, ticket: str = URGENT, seed: int = 0, p: float = P) -> None:
+    def __init__(self, ticket: str = URGENT, seed: int = 0, p: float = P,
+                 side_effects: SideEffectLedger | None = None) -> None:
         self.ledger = Ledger()
         self.model_calls = CallCounter(self.decide, step_of=lambda ms, *a, **k: decisions(ms))
         self.p = p
@@ -106,6 +107,8 @@ class Helpdesk:
         def escalate(user: str) -> str:
             """Grant a user admin rights (a side effect)."""
             ledger("escalate")
+            if side_effects is not None:
+                side_effects.note("escalate", {"user": user})
             return f"{user} is now admin"
 
         @function_tool
@@ -426,6 +429,27 @@ def test_adapter_passes_the_car_conformance_suite() -> None:
         return OpenAIAgentsAgent(app.agent), Counters(app.model_calls, app.ledger.counter)
     ran = run_conformance(make, context="Please handle ticket 7.", outcome=escalated, seed=0)
     assert ran == ["replay", "prefix", "lineage", "forced", "noise", "identity"]
+
+
+def test_adapter_with_a_side_effect_tool_runs_it_on_no_branch() -> None:
+    """The conformance checks with a ledger on the real escalate tool: a run recorded as users
+    record (the tools unguarded) escalates for real and the ledger counts it; no check's branch
+    (the agent now guarding escalate) may run it again."""
+    ledger = SideEffectLedger(["escalate"])
+
+    def record(seed: int) -> car.Trajectory:
+        user = OpenAIAgentsAgent(Helpdesk(side_effects=ledger).agent)
+        return car.record(user, context="Please handle ticket 7.", outcome=escalated, seed=seed)
+    run = next(r for r in map(record, range(20)) if escalated(r))  # the first seed escalating
+    assert ledger.count("escalate") == 1
+
+    def make() -> Any:
+        app = Helpdesk(side_effects=ledger)
+        return (OpenAIAgentsAgent(app.agent, side_effect_tools=sorted(ledger.names)),
+                Counters(app.model_calls, app.ledger.counter))
+    ran = run_conformance(make, run=run, outcome=escalated, seed=0, side_effects=ledger)
+    assert ran == ["replay", "prefix", "lineage", "forced", "noise", "identity",
+                   "side-effects"]
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ from typing import Any
 import car_adapters.demo.support_agent  # noqa: F401
 import car_adapters.langgraph  # noqa: F401
 import car_adapters.llamaindex  # noqa: F401
+import car_adapters.openai_agents  # noqa: F401
 import langgraph.checkpoint.memory  # noqa: F401
 import llama_index.core.agent.workflow  # noqa: F401
 import pytest
@@ -327,6 +328,96 @@ def test_a_llamaindex_run_is_recorded_and_attributed(pytester: pytest.Pytester) 
     rec.assertoutcome(failed=1)
     text = _section(reports, "test_never_escalates")
     assert text is not None and text.startswith("locus: step 1 (decided by Agent)"), text
+
+
+OPENAI_AGENTS_SUITE = '''
+from pathlib import Path
+
+import pytest
+from agents import Agent, Runner, function_tool, set_tracing_disabled
+from car_adapters.chat_messages import assistant, tool_call
+from car_adapters.openai_agents import ScriptedModel
+
+set_tracing_disabled(True)  # no trace export (it would need an API key)
+LEDGER = Path("escalations.ledger")
+ESCALATE = assistant(None, [tool_call("call_1", "escalate", {"user": "mallory"})])
+CLOSE = assistant(None, [tool_call("call_1", "close_ticket", {})])
+
+
+def decide(messages, tools, rng):
+    k = sum(1 for m in messages if m["role"] == "assistant")
+    if k == 0:
+        return assistant(None, [tool_call("call_0", "fetch_ticket", {})])
+    if k == 1:
+        return ESCALATE if rng.random() < 0.5 else CLOSE
+    return "escalated" if messages[-1].get("name") == "escalate" else "closed"
+
+
+def escalated(run):
+    return any(c["function"]["name"] == "escalate"
+               for s in run.steps for c in (s.action or {}).get("tool_calls") or ())
+
+
+@function_tool
+def fetch_ticket() -> str:
+    """Read the ticket."""
+    return "Printer broken."
+
+
+@function_tool
+def escalate(user: str) -> str:
+    """Grant a user admin rights (a side effect: the ledger counts each real call)."""
+    with LEDGER.open("a") as f:
+        f.write(user + "\\n")
+    return user + " is now admin"
+
+
+@function_tool
+def close_ticket() -> str:
+    """Close the ticket."""
+    return "closed"
+
+
+@pytest.mark.car(side_effect_tools=["escalate"], simulators={"escalate": lambda a: "simulated"})
+def test_never_escalates(car_recorder):
+    agent = Agent(name="Helpdesk", instructions="You are a helpdesk agent.",
+                  model=ScriptedModel(decide, seed=2), tools=[fetch_ticket, escalate, close_ticket])
+    car_recorder.watch(agent, outcome=escalated)
+    Runner.run_sync(agent, "Please handle ticket 7.", hooks=car_recorder.hooks_for(agent))
+    assert not escalated(car_recorder.finish()[-1])
+'''
+
+
+def test_a_failing_openai_agents_test_gets_its_locus_and_no_branch_escalates(
+        pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_helpdesk=OPENAI_AGENTS_SUITE)
+    result = pytester.runpytest("--car-attribute", "--car-rollouts", "32")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    found = re.search(r"locus: step (\d) \(decided by Helpdesk\), rescue [+-]\d\.\d{3} interval "
+                      r"\[([+-]\d\.\d{3}), ([+-]\d\.\d{3})\] at level", out)
+    assert found, out
+    # step 1 escalates with probability 0.5 and nothing else is random: P(fail | held) = 1,
+    # P(fail | step 1 resampled) = 0.5, so the analytic rescue 0.5 lies in its interval (at
+    # the Bonferroni level over the 3 steps this misses about once in a hundred runs)
+    assert int(found[1]) == 1 and float(found[2]) <= 0.5 <= float(found[3])
+    (run,) = _runs(_store(pytester))
+    assert run.meta["framework"] == "openai-agents" and run.failed  # seed 2's draw 0.26 < 0.5
+    assert run.meta["test"] == "test_helpdesk.py::test_never_escalates"
+    # the recorded run escalated once; no branch ran the real tool (record or simulator)
+    assert (pytester.path / "escalations.ledger").read_text().split() == ["mallory"]
+
+
+def test_hooks_for_refuses_an_agent_recorded_without_hooks(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_hooks='''
+import pytest
+from car_core.errors import AdapterError
+
+def test_hooks(car_recorder):
+    with pytest.raises(AdapterError, match="no run hooks for a object"):
+        car_recorder.hooks_for(object())
+''')
+    pytester.inline_run().assertoutcome(passed=1)
 
 
 def test_the_plugin_loads_without_any_framework_or_car_core() -> None:
