@@ -332,7 +332,8 @@ def test_contrastive_names_the_planted_decision_and_runs_no_side_effect(helpdesk
     assert res.locus == 1
     low, high = res.steps[1].ci
     assert low > 0 and low <= 0.5 <= high
-    assert res.steps[0].effect == 0.0 and res.steps[2].effect == 0.0
+    # the search tests only the steps it needs: any other step it measured shows no rescue
+    assert all(res.steps[k].effect in (None, 0.0) for k in (0, 2))
     assert app.ledger.calls["escalate"] == 0       # escalations on branches came from the record
     # step 0's tool ran only on branches from step 0 (where it is live), never as a prefix
     assert app.ledger.calls["fetch_ticket"] == app.model_calls.steps.count(0) > 0

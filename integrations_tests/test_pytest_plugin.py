@@ -86,7 +86,8 @@ def test_a_failing_langgraph_test_gets_its_locus_printed_and_a_report(
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
     assert "CAR attribution" in out
-    found = re.search(r"locus: step (\d) \(decided by agent\), rescue ([+-]\d\.\d{3}) interval "
+    # a single-graph app's steps belong to the graph (LangGraph's default name is "LangGraph")
+    found = re.search(r"locus: step (\d) \(decided by LangGraph\), rescue ([+-]\d\.\d{3}) interval "
                       r"\[([+-]\d\.\d{3}), ([+-]\d\.\d{3})\] at level", out)
     assert found, out
     step, _, lo, hi = int(found[1]), float(found[2]), float(found[3]), float(found[4])
@@ -170,8 +171,8 @@ def test_an_attribution_that_cannot_run_says_why_in_one_line(pytester: pytest.Py
                            "outcome= to car_recorder.watch(...) or to @pytest.mark.car",
         "test_no_agent": "not attributed: no agent to branch run ",
         "test_no_run": "not attributed: the test recorded no agent run",
-        "test_refused": "not attributed: AdapterError: side-effect tool(s) ['wire_money'] are "
-                        "not run by a ToolNode of this graph",
+        "test_refused": "not attributed: InvalidInput: side-effect tool(s) ['wire_money'] are "
+                        "not tools of this graph",
     }
     for name, start in expected.items():
         text = _section(reports, name)
