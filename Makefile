@@ -24,7 +24,7 @@ postgres:
 	  { $(SUDO) apt-get update -qq && \
 	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml setup.py Makefile
 	@command -v $(PY) >/dev/null || { echo "Python 3.11 is needed (set PY=...)"; exit 2; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -37,8 +37,9 @@ $(STAMP): pyproject.toml Makefile
 demo: setup
 	$(BIN)/car demo
 
+# two workers (pytest-xdist), one per core: the suite is mostly model and subprocess waits
 test: setup browser postgres lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 lint: setup
 	$(BIN)/ruff check car_core adapters tests integrations_tests examples benchmarks
