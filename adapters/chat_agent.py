@@ -47,6 +47,14 @@ _BRANCH: contextvars.ContextVar[tuple[str, dict[tuple[str, str], Any]] | None] =
     contextvars.ContextVar("car_chat_branch", default=None)
 
 
+def _current_branch() -> tuple[str, dict[tuple[str, str], Any]] | None:
+    """The branch being driven, if any. Environments read it through this module-level
+    function, not the ContextVar itself: a closure pickled by value (cloudpickle, for Ray
+    workers) then refers to the function by name instead of capturing an unpicklable
+    ContextVar."""
+    return _BRANCH.get()
+
+
 def context_messages(context: Any) -> list[Message]:
     """The run's context as a message list: a list of messages, or a string as one user turn."""
     if isinstance(context, str):
@@ -208,7 +216,7 @@ def run_tools(tools: Mapping[str, Callable[..., Any]],
     def environment(history: car.History, action: Any, rng: np.random.Generator
                     ) -> list[Message]:
         results = []
-        branch = _BRANCH.get()
+        branch = _current_branch()
         for call in (action or {}).get("tool_calls") or []:
             name = call["function"]["name"]
             args = parse_arguments(call["function"]["arguments"] or "{}")

@@ -150,14 +150,18 @@ def _one_step_run() -> tuple[car.FunctionAgent, car.Trajectory]:
 
 def test_a_token_budget_stops_intervene_and_reports_the_tokens() -> None:
     agent, run = _one_step_run()
-    per_call = sum(run.steps[0].meta["usage"].values())
+    # cached_tokens is the part of prompt_tokens the prefix cache reused, not extra spend
+    def spent(t: car.Trajectory) -> int:
+        u = t.steps[0].meta["usage"]
+        return int(u["prompt_tokens"]) + int(u["completion_tokens"])
+
+    per_call = spent(run)
     # room for about two rollouts of this one-decision agent, never six
     cap = int(2.5 * per_call)
     dist = car.intervene(run, agent, car.do_resample(0), outcome=called_no_tool, rollouts=6,
                          seed=0, budget=car.Budget(tokens=cap))
     assert dist.truncated and 1 <= dist.n < 6
-    assert dist.tokens == sum(sum(t.steps[0].meta["usage"].values())
-                              for t in dist.trajectories)
+    assert dist.tokens == sum(spent(t) for t in dist.trajectories)
     assert "token budget" in dist.budget_note
 
 

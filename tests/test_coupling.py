@@ -24,7 +24,7 @@ class Checked(car.FunctionAgent):
 def _agent(verdict: str | None) -> Checked:
     base = syn.pivot().agent()
     return Checked(policy=base.policy, environment=base.environment, is_final=base.is_final,
-                   max_steps=base.max_steps, verdict=verdict)
+                   max_steps=base.max_steps, name=base.name, verdict=verdict)
 
 
 def test_coupling_reasons() -> None:

@@ -349,7 +349,7 @@ def test_identity_check_catches_an_edited_branch_that_ends_at_the_prefix(pivot_m
                                                                          pivot_run) -> None:
     base = pivot_model.agent()
     agent = EndsAtTheEditedStep(policy=base.policy, environment=base.environment,
-                                is_final=base.is_final, max_steps=6)
+                                is_final=base.is_final, max_steps=6, name=base.name)
     with pytest.raises(ConformanceFailure, match="no step 2 decided again"):
         check_identity_edit(agent, pivot_run, pivot_model.outcome, steps=[2], rollouts=4)
 
@@ -360,7 +360,8 @@ def test_identity_check_catches_an_edit_that_moves_the_outcome(pivot_model, pivo
     # 2^(1 - m) for m differing pairs, below alpha = 1e-3 once m >= 11 (P(m < 11) < 0.01).
     base = pivot_model.agent()
     agent = OverridesEditedSteps(policy=base.policy, environment=base.environment,
-                                 is_final=base.is_final, max_steps=6, couples_noise=False)
+                                 is_final=base.is_final, max_steps=6, couples_noise=False,
+                                 name=base.name)
     with pytest.raises(ConformanceFailure, match="sign-flip p"):
         check_identity_edit(agent, pivot_run, pivot_model.outcome, steps=[2], rollouts=64)
     # the same check passes the working agent, coupled or not
@@ -381,7 +382,7 @@ def test_identity_check_compares_actions_under_shared_noise(pivot_model, pivot_r
             return super().branch(run, plan, noise)
 
     agent = OtherNoise(policy=base.policy, environment=base.environment,
-                       is_final=base.is_final, max_steps=6)
+                       is_final=base.is_final, max_steps=6, name=base.name)
     with pytest.raises(ConformanceFailure, match="under the same noise"):
         check_identity_edit(agent, pivot_run, pivot_model.outcome, steps=[0], rollouts=16)
 
