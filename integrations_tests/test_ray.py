@@ -125,7 +125,8 @@ def test_an_address_where_no_cluster_answers_is_a_clear_error() -> None:
         return model.policy(history, rng)
 
     agent = car.FunctionAgent(policy=policy, environment=model.environment, max_steps=6,
-                              is_final=lambda a: bool(a.get("final")))
+                              is_final=lambda a: bool(a.get("final")),
+                              name=model.agent().name)  # the run's agent, its policy counted
     executor = make_executor("ray", address=f"127.0.0.1:{_closed_port()}")
     with pytest.raises(ExecutorUnavailable, match="no Ray cluster answers") as err:
         car.intervene(run, agent, car.do_resample(2), outcome=model.outcome, rollouts=4,
