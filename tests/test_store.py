@@ -404,8 +404,11 @@ def test_merge_copies_runs_branches_and_attributions_once(tmp_path: Path, pivot_
         with RunStore(tmp_path / f"part{i}.db") as part:
             run = pivot_model.failing_run(seed=i)
             part.save(run)
+            # 16 rollouts a step: enough for the search to decide (at 4 it runs out and
+            # the attribution is stored truncated, which is not what this test is about)
             res = car.contrastive(run, pivot_model.agent(), outcome=pivot_model.outcome,
-                                  rollouts=4, seed=0, store=part)
+                                  rollouts=16, seed=0, store=part)
+            assert part.attribution(res.attribution_id)["status"] == "complete"
             parts.append((run, res.attribution_id, len(list(part.branches(res.attribution_id)))))
     with RunStore(tmp_path / "main.db") as main:
         copied = [main.merge(tmp_path / f"part{i}.db") for i in range(2)]

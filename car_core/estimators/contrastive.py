@@ -278,7 +278,10 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = de
     locus = max(significant) if significant else None
     values = arms.all_values()
     budget_note = session.tripped
-    if budget_note is None and exhausted:
+    if not values and session.failures:
+        # every branch failed: the agent, not the budget, stopped the estimate
+        budget_note = None
+    elif budget_note is None and exhausted:
         budget_note = f"rollout budget of {cap} reached before the answer was decided"
     if locus is None:
         if session.failures:  # the arms are incomplete: no other reason can be trusted

@@ -128,6 +128,9 @@ def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = 
             s = min(gate_cap, s + 4)
             d = src.diffs(n, 0, range(s))
             pos, neg = _counts(d)
+            if d.size == 0:  # not one pair came back (every branch failed): stop spending
+                s = 0
+                break
             s = d.size if d.size < s else s
         if pos - neg <= 0:
             return Decision(None, False, None, None, None, 0, None, None, 0,
