@@ -19,11 +19,9 @@ import json
 import re
 from typing import Any
 
-from langchain_core.messages import BaseMessage, SystemMessage
 from langchain_core.tools import tool
-from langgraph.graph import START, MessagesState, StateGraph
-from langgraph.prebuilt import ToolNode, tools_condition
 
+from . import support_agent
 from .support_agent import _calls, _role
 
 ORDER_ID = "A1001"
@@ -52,20 +50,9 @@ SIDE_EFFECT_TOOLS = ("issue_refund",)
 
 
 def build_app(model: Any, checkpointer: Any = None) -> Any:
-    """An ``agent`` node calling ``model`` with the tools bound and the system prompt prepended,
-    and a ``tools`` ToolNode, looping until the model answers in text."""
-    bound = model.bind_tools(TOOLS)
-
-    def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
-        return {"messages": [bound.invoke([SystemMessage(SYSTEM_PROMPT), *state["messages"]])]}
-
-    graph = StateGraph(MessagesState)
-    graph.add_node("agent", agent)
-    graph.add_node("tools", ToolNode(TOOLS))
-    graph.add_edge(START, "agent")
-    graph.add_conditional_edges("agent", tools_condition)
-    graph.add_edge("tools", "agent")
-    return graph.compile(checkpointer=checkpointer)
+    """The support agent's graph (``support_agent.build_app``) with this desk's tools and
+    prompt."""
+    return support_agent.build_app(model, checkpointer, tools=TOOLS, system_prompt=SYSTEM_PROMPT)
 
 
 def inputs(message: str = CUSTOMER_MESSAGE) -> dict[str, Any]:

@@ -66,17 +66,19 @@ TOOLS = [lookup_order, record_decision, issue_refund]
 SIDE_EFFECT_TOOLS = ("issue_refund",)
 
 
-def build_app(model: Any, checkpointer: Any = None) -> Any:
-    """The support graph: an ``agent`` node calling ``model`` (with the tools bound and the
-    system prompt prepended) and a ``tools`` ToolNode, looping until the model answers in text."""
-    bound = model.bind_tools(TOOLS)
+def build_app(model: Any, checkpointer: Any = None, *, tools: Sequence[Any] = tuple(TOOLS),
+              system_prompt: str = SYSTEM_PROMPT) -> Any:
+    """The support graph: an ``agent`` node calling ``model`` (with ``tools`` bound and
+    ``system_prompt`` prepended) and a ``tools`` ToolNode, looping until the model answers in
+    text. The demo's other apps are this graph with other tools and another prompt."""
+    bound = model.bind_tools(list(tools))
 
     def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
-        return {"messages": [bound.invoke([SystemMessage(SYSTEM_PROMPT), *state["messages"]])]}
+        return {"messages": [bound.invoke([SystemMessage(system_prompt), *state["messages"]])]}
 
     graph = StateGraph(MessagesState)
     graph.add_node("agent", agent)
-    graph.add_node("tools", ToolNode(TOOLS))
+    graph.add_node("tools", ToolNode(list(tools)))
     graph.add_edge(START, "agent")
     graph.add_conditional_edges("agent", tools_condition)
     graph.add_edge("tools", "agent")
