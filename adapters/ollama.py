@@ -3,20 +3,21 @@
 Ollama's tool calls carry their arguments as dicts and have no ids; the action gets stable ids
 from the step and position (``call_<k>_<i>``) so replays compare equal. The seed, temperature,
 ``num_ctx`` and ``num_predict`` go in ``options``; token counts come from ``prompt_eval_count``
-and ``eval_count``. Busy or failing servers are retried within a bounded total time.
+and ``eval_count``. Busy or failing servers are retried with jittered backoff within a bounded
+total time (``car_adapters.server_policy``).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from car_core.contract import redact
+from car_core.contract import Backoff, RateLimiter, redact
 from car_core.errors import InvalidInput, ModelUnavailable, PolicyError
 
-from .chat_agent import ChatPolicy, Message, make_action
+from .chat_agent import Message, make_action
 from .chat_messages import parse_arguments
+from .server_policy import ServerPolicy
 
 try:
     import httpx
@@ -54,28 +55,27 @@ def ollama_messages(messages: Sequence[Message]) -> list[Message]:
     return out
 
 
-class OllamaPolicy(ChatPolicy):
-    """``policy(history, rng) -> assistant message`` from a model served by Ollama."""
-
-    remote = True
+class OllamaPolicy(ServerPolicy):
+    """``policy(history, rng) -> assistant message`` from a model served by Ollama. Retries,
+    ``limiter`` and pickling: see ``car_adapters.server_policy``."""
 
     def __init__(self, model: str, *, host: str | None = None, client: Any = None,
                  tools: Sequence[Mapping[str, Any]] | None = None, temperature: float = 0.8,
                  top_p: float | None = None, num_ctx: int = 2048, max_tokens: int = 256,
                  timeout: float = 60.0, max_retries: int = 5, retry_time: float = 60.0,
-                 backoff: float = 0.5, stream: bool = False) -> None:
-        super().__init__()
+                 backoff: float | Backoff = 0.5, stream: bool = False,
+                 limiter: RateLimiter | None = None) -> None:
         if not isinstance(model, str) or not model:
             raise InvalidInput("OllamaPolicy needs a model name", hint='pass model="llama3.2"')
-        if timeout <= 0 or retry_time < 0 or max_retries < 0:
-            raise InvalidInput("timeout must be positive and retries non-negative",
-                               hint="e.g. timeout=60, max_retries=5, retry_time=60")
+        super().__init__(client=client, timeout=timeout, max_retries=max_retries,
+                         retry_time=retry_time, backoff=backoff, limiter=limiter)
         self.model, self.tools, self.host = model, [dict(t) for t in tools or ()], host
         self.temperature, self.top_p, self.num_ctx = temperature, top_p, num_ctx
-        self.max_tokens, self.timeout, self.stream = max_tokens, timeout, stream
-        self.max_retries, self.retry_time, self.backoff = max_retries, retry_time, backoff
-        self.client = client or ollama.Client(host=host, timeout=timeout)
+        self.max_tokens, self.stream = max_tokens, stream
         redact.guard_loggers(*CLIENT_LOGGERS)
+
+    def _new_client(self) -> Any:
+        return ollama.Client(host=self.host, timeout=self.timeout)
 
     def _options(self, seed: int) -> dict[str, Any]:
         opts: dict[str, Any] = {"seed": seed, "temperature": self.temperature,
@@ -97,35 +97,33 @@ class OllamaPolicy(ChatPolicy):
             last = chunk
         return _reply(last, "".join(content), calls)
 
-    def _call(self, messages: list[Message], seed: int) -> tuple[dict[str, Any], int]:
-        deadline = time.monotonic() + self.retry_time
-        attempt = 0
-        while True:
-            try:
-                return self._request(messages, seed), attempt
-            except ollama.ResponseError as exc:
-                if exc.status_code == 404:
-                    raise ModelUnavailable(
-                        f"the Ollama server has no model {self.model!r}: {exc.error}",
-                        hint=f"run `ollama pull {self.model}` or pick one from `ollama list`"
-                        ) from redact.redacted(exc)
-                if exc.status_code != 429 and exc.status_code < 500:
-                    raise PolicyError("the Ollama server rejected the request: "
-                                      f"{redact.describe(exc)}",
-                                      hint="check the tools and options this model accepts"
-                                      ) from redact.redacted(exc)
-                failure: Exception = exc
-            except (ConnectionError, httpx.TransportError) as exc:
-                failure = exc
-            delay = self.backoff * 2 ** attempt
-            if attempt >= self.max_retries or time.monotonic() + delay > deadline:
+    def _transient(self, exc: Exception) -> bool:
+        """Busy (429), failing (5xx) or unreachable servers are retried; an unknown model or a
+        rejected request is said at once."""
+        if isinstance(exc, ollama.ResponseError):
+            if exc.status_code == 404:
                 raise ModelUnavailable(
-                    f"Ollama model {self.model!r} at {self.host or 'localhost:11434'} still "
-                    f"failing after {attempt + 1} tries: {redact.describe(failure)}",
-                    hint="start the server (`ollama serve`) or fix host=; raise timeout/"
-                         "retry_time for a slow server") from redact.redacted(failure)
-            time.sleep(delay)
-            attempt += 1
+                    f"the Ollama server has no model {self.model!r}: {exc.error}",
+                    hint=f"run `ollama pull {self.model}` or pick one from `ollama list`"
+                    ) from redact.redacted(exc)
+            if exc.status_code != 429 and exc.status_code < 500:
+                raise PolicyError("the Ollama server rejected the request: "
+                                  f"{redact.describe(exc)}",
+                                  hint="check the tools and options this model accepts"
+                                  ) from redact.redacted(exc)
+            return True
+        return isinstance(exc, ConnectionError | httpx.TransportError)
+
+    def _still_failing(self, attempts: int, exc: Exception) -> ModelUnavailable:
+        return ModelUnavailable(
+            f"Ollama model {self.model!r} at {self.host or 'localhost:11434'} still failing "
+            f"after {attempts} tries: {redact.describe(exc)}",
+            hint="start the server (`ollama serve`) or fix host=; raise timeout/retry_time "
+                 "for a slow server")
+
+    def _tokens(self, response: Any) -> int | None:
+        usage = response.get("usage") or {}
+        return int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
 
     def complete(self, messages: list[Message], seed: int, k: int
                  ) -> tuple[dict[str, Any], dict[str, Any]]:

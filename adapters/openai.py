@@ -4,22 +4,22 @@ server, Ollama's ``/v1``).
 
 Each decision passes a seed drawn from the branch's noise plus the sampling parameters, and
 records the model, token usage, ``system_fingerprint`` and (when asked for) logprobs in the
-step's meta. 429 and 5xx answers and dropped connections are retried with exponential backoff
-within a bounded total time; what is still failing then becomes a ``ModelUnavailable`` that
-says what to do.
+step's meta. 429 and 5xx answers and dropped connections are retried with jittered backoff
+within a bounded total time (``car_adapters.server_policy``); what is still failing then
+becomes a ``ModelUnavailable`` that says what to do.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from car_core.contract import redact, retry_after
+from car_core.contract import Backoff, RateLimiter, redact
 from car_core.errors import InvalidInput, ModelUnavailable, PolicyError
 
-from .chat_agent import ChatPolicy, Message, make_action
+from .chat_agent import Message, make_action
+from .server_policy import ServerPolicy
 
 try:
     import openai
@@ -49,51 +49,54 @@ def wire_messages(messages: Sequence[Message]) -> list[Message]:
     return out
 
 
-class OpenAIPolicy(ChatPolicy):
+class OpenAIPolicy(ServerPolicy):
     """``policy(history, rng) -> assistant message`` from a chat-completions model.
 
     ``tool_choice`` is passed through ("auto", "required" or a named function).
     ``prices``: (input, output) price per million tokens; when given, each step's meta carries
-    its ``cost`` (otherwise a ``car.Budget(prices=...)`` table prices the tokens).
+    its ``cost`` (otherwise a ``car.Budget(prices=...)`` table prices the tokens). Retries,
+    ``limiter`` and pickling: see ``car_adapters.server_policy``.
     """
-
-    remote = True
 
     def __init__(self, model: str, *, client: Any = None, base_url: str | None = None,
                  api_key: str | None = None, tools: Sequence[Mapping[str, Any]] | None = None,
                  temperature: float = 1.0, top_p: float | None = None, max_tokens: int = 256,
                  timeout: float = 60.0, max_retries: int = 5, retry_time: float = 60.0,
-                 backoff: float = 0.5, logprobs: bool = False, tool_choice: Any = None,
-                 prices: tuple[float, float] | None = None) -> None:
-        super().__init__()
+                 backoff: float | Backoff = 0.5, logprobs: bool = False, tool_choice: Any = None,
+                 prices: tuple[float, float] | None = None,
+                 limiter: RateLimiter | None = None) -> None:
         if not isinstance(model, str) or not model:
             raise InvalidInput("OpenAIPolicy needs a model name", hint='pass model="gpt-4o-mini"')
-        if timeout <= 0 or retry_time < 0 or max_retries < 0:
-            raise InvalidInput("timeout must be positive and retries non-negative",
-                               hint="e.g. timeout=60, max_retries=5, retry_time=60")
+        super().__init__(client=client, timeout=timeout, max_retries=max_retries,
+                         retry_time=retry_time, backoff=backoff, limiter=limiter)
         self.model, self.tools = model, [dict(t) for t in tools or ()]
         self.temperature, self.top_p, self.max_tokens = temperature, top_p, max_tokens
-        self.timeout, self.max_retries, self.retry_time = timeout, max_retries, retry_time
-        self.backoff, self.logprobs, self.prices = backoff, logprobs, prices
+        self.logprobs, self.prices = logprobs, prices
         self.base_url, self.tool_choice = base_url, tool_choice
         redact.register(api_key)  # never stored, rendered or printed from here on
         redact.guard_loggers(*CLIENT_LOGGERS)
-        if client is None:
-            key = api_key or os.environ.get("OPENAI_API_KEY")
-            if key is not None and not key.isascii():
-                raise InvalidInput("the API key contains a character an HTTP header cannot "
-                                   "carry (a stray non-ASCII character pasted with it?)",
-                                   hint="copy the key again, or set OPENAI_API_KEY cleanly")
-            if key is None and base_url is None:
-                raise ModelUnavailable(
-                    f"no API key for the hosted model {model!r}",
-                    hint="set OPENAI_API_KEY, pass api_key=..., or pass base_url= for a local "
-                         "OpenAI-compatible server (llama.cpp, vLLM, Ollama's /v1)")
-            client = openai.OpenAI(api_key=key or "not-needed", base_url=base_url,
-                                   timeout=timeout, max_retries=0)
+        if client is None:  # built now, so a missing or broken key is said at once
+            self._client = self._new_client(api_key)
         else:
             redact.register(getattr(client, "api_key", None))
-        self.client = client
+
+    def _new_client(self, api_key: str | None = None) -> Any:
+        """A client from the settings; the key is ``api_key`` or, where a pickled policy lands,
+        the process's ``OPENAI_API_KEY`` (an explicit key is never pickled)."""
+        key = api_key or os.environ.get("OPENAI_API_KEY")
+        redact.register(key)
+        if key is not None and not key.isascii():
+            raise InvalidInput("the API key contains a character an HTTP header cannot "
+                               "carry (a stray non-ASCII character pasted with it?)",
+                               hint="copy the key again, or set OPENAI_API_KEY cleanly")
+        if key is None and self.base_url is None:
+            raise ModelUnavailable(
+                f"no API key for the hosted model {self.model!r} in this process",
+                hint="set OPENAI_API_KEY (on every worker too: an api_key= passed in code "
+                     "is never sent to other processes), pass api_key=..., or pass base_url= "
+                     "for a local OpenAI-compatible server (llama.cpp, vLLM, Ollama's /v1)")
+        return openai.OpenAI(api_key=key or "not-needed", base_url=self.base_url,
+                             timeout=self.timeout, max_retries=0)
 
     def _request(self, messages: list[Message], seed: int) -> Any:
         kwargs: dict[str, Any] = {"model": self.model, "messages": wire_messages(messages),
@@ -109,37 +112,37 @@ class OpenAIPolicy(ChatPolicy):
             kwargs["logprobs"] = True
         return self.client.chat.completions.create(**kwargs)
 
-    def _call(self, messages: list[Message], seed: int) -> tuple[Any, int]:
-        """The response and the number of retries it took; retries 429/5xx/connection errors
-        with exponential backoff (or the server's Retry-After) until the time budget is spent."""
-        deadline = time.monotonic() + self.retry_time
-        attempt = 0
-        while True:
-            try:
-                return self._request(messages, seed), attempt
-            except openai.NotFoundError as exc:
-                raise ModelUnavailable(
-                    f"the server has no model {self.model!r} ({exc.status_code})",
-                    hint="check the model name against the server's model list"
-                    ) from redact.redacted(exc)
-            except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
-                raise ModelUnavailable(f"the server refused the API key ({exc.status_code})",
-                                       hint="set a valid OPENAI_API_KEY or api_key="
-                                       ) from redact.redacted(exc)
-            except RETRYABLE as exc:
-                delay = _retry_after(exc) or self.backoff * 2 ** attempt
-                if attempt >= self.max_retries or time.monotonic() + delay > deadline:
-                    raise ModelUnavailable(
-                        f"model {self.model!r} at {self.base_url or 'api.openai.com'} still "
-                        f"failing after {attempt + 1} tries: {_describe(exc)}",
-                        hint="start the server or fix base_url; raise timeout/retry_time "
-                             "for a slow server") from redact.redacted(exc)
-                time.sleep(delay)
-                attempt += 1
-            except openai.APIStatusError as exc:
-                raise PolicyError(f"the server rejected the request: {_describe(exc)}",
-                                  hint="check the tools, messages and sampling parameters "
-                                       "this server accepts") from redact.redacted(exc)
+    def _transient(self, exc: Exception) -> bool:
+        """429s, 5xx and dropped connections are retried; a wrong model or key is said at once;
+        any other refusal is the request's fault."""
+        if isinstance(exc, openai.NotFoundError):
+            raise ModelUnavailable(
+                f"the server has no model {self.model!r} ({exc.status_code})",
+                hint="check the model name against the server's model list"
+                ) from redact.redacted(exc)
+        if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
+            raise ModelUnavailable(f"the server refused the API key ({exc.status_code})",
+                                   hint="set a valid OPENAI_API_KEY or api_key="
+                                   ) from redact.redacted(exc)
+        if isinstance(exc, RETRYABLE):
+            return True
+        if isinstance(exc, openai.APIStatusError):
+            raise PolicyError(f"the server rejected the request: {_describe(exc)}",
+                              hint="check the tools, messages and sampling parameters "
+                                   "this server accepts") from redact.redacted(exc)
+        return False
+
+    def _still_failing(self, attempts: int, exc: Exception) -> ModelUnavailable:
+        return ModelUnavailable(
+            f"model {self.model!r} at {self.base_url or 'api.openai.com'} still failing after "
+            f"{attempts} tries: {_describe(exc)}",
+            hint="start the server or fix base_url; raise timeout/retry_time for a slow server")
+
+    def _tokens(self, response: Any) -> int | None:
+        usage = getattr(response, "usage", None)
+        if usage is None:
+            return None
+        return int(usage.prompt_tokens or 0) + int(usage.completion_tokens or 0)
 
     def complete(self, messages: list[Message], seed: int, k: int
                  ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -172,12 +175,6 @@ class OpenAIPolicy(ChatPolicy):
         if self.logprobs and choice.logprobs is not None and choice.logprobs.content:
             meta["logprobs"] = [round(float(t.logprob), 6) for t in choice.logprobs.content]
         return action, meta
-
-
-def _retry_after(exc: Exception) -> float | None:
-    """The server's Retry-After, capped at 30 s so one answer cannot stall a branch."""
-    told = retry_after(exc)
-    return None if told is None else min(told, 30.0)
 
 
 def _describe(exc: Exception) -> str:

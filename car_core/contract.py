@@ -34,6 +34,10 @@ Actions are compared with ``same_action`` (``canonical_action`` / ``canonical_ar
 the form it compares): tool-call ids and other provider-assigned fields do not count, so use it
 wherever an adapter checks a decision against the record.
 
+Model servers: ``RateLimiter`` (one per model, shared by its branches) and ``Backoff`` (the
+server's ``Retry-After``, else jittered exponential waits) pace requests; ``is_rate_limited``
+and ``retry_after`` read a client's 429.
+
 Secrets: ``redact`` is the one redaction rule; register API keys with ``redact.register``, chain
 ``redact.redacted(exc)`` instead of a client's exception, and log through ``redact.logger``.
 """
@@ -48,14 +52,15 @@ from .actions import canonical_action, canonical_arguments, same_action
 from .agent import Agent
 from .interventions import Plan
 from .outcome import OutcomeFn
-from .ratelimit import retry_after
+from .ratelimit import Backoff, RateLimiter, is_rate_limited, retry_after
 from .seeding import Noise
 from .trajectory import History, Outcome, Step, Trajectory
 from .vocabulary import AttributionStatus, Origin, RunStatus
 
-__all__ = ["JSON", "Agent", "AsyncAgent", "AttributionStatus", "History", "ModelPolicy", "Noise",
-           "Origin", "Outcome", "OutcomeFn", "Plan", "RunStatus", "Step", "Trajectory",
-           "canonical_action", "canonical_arguments", "redact", "retry_after", "same_action"]
+__all__ = ["JSON", "Agent", "AsyncAgent", "AttributionStatus", "Backoff", "History",
+           "ModelPolicy", "Noise", "Origin", "Outcome", "OutcomeFn", "Plan", "RateLimiter",
+           "RunStatus", "Step", "Trajectory", "canonical_action", "canonical_arguments",
+           "is_rate_limited", "redact", "retry_after", "same_action"]
 
 
 @runtime_checkable

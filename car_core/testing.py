@@ -3,7 +3,8 @@
 The fakes are plain callables for ``car.FunctionAgent``: ``ScriptedPolicy`` (actions fixed per
 step, or drawn from given distributions with the engine's rng), ``DictEnvironment`` (a tool
 that answers by looking the action up) and ``CallCounter`` (counts the calls a wrapped policy or
-environment receives, and at which step).
+environment receives, and at which step). ``FakeClock`` is monotonic time that moves only when
+someone waits, for rate limits and retries tested without real waiting.
 
 The conformance checks state the replay contract as executable tests, so an adapter proves it
 in its own test suite with ``run_conformance(make_agent, context=..., outcome=...)``:
@@ -26,6 +27,7 @@ Each check raises ``ConformanceFailure`` (an ``AssertionError``) saying what bro
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -534,8 +536,31 @@ def run_conformance(agent_factory: Callable[[], Any], *, context: JSON = _MISSIN
     return ran
 
 
+class FakeClock:
+    """Monotonic time that only moves when someone waits: pass it as a ``RateLimiter``'s
+    ``clock`` and its ``sleep`` / ``asleep`` as the waits; ``waits`` lists what was waited."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.lock = threading.Lock()
+        self.waits: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        with self.lock:
+            self.waits.append(seconds)
+            self.now += max(seconds, 0.0)
+
+    async def asleep(self, seconds: float) -> None:
+        self.sleep(seconds)
+        await asyncio.sleep(0)  # let the other coroutines look at the new time
+
+
 __all__ = [
     "CHECKS", "CallCounter", "Choice", "CountedAgent", "Counters", "DictEnvironment",
+    "FakeClock",
     "ScriptedPolicy", "SideEffectLedger", "action_key", "check_branch_lineage",
     "check_forced_values", "check_identity_edit", "check_no_side_effects",
     "check_prefix_makes_no_calls", "check_replay_reproduces", "check_same_noise_same_branch",

@@ -9,6 +9,8 @@
 from __future__ import annotations
 
 import json
+import pickle
+import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +24,8 @@ from servers import OllamaServer, StubOpenAIServer, free_port, llama_server
 
 import car_core as car
 from car_core.errors import InvalidInput, ModelUnavailable
+from car_core.ratelimit import Backoff, RateLimiter
+from car_core.testing import FakeClock
 
 TOOLS = [tool_schema("lookup_order", "Look up the status of an order",
                      {"order_id": {"type": "string"}})]
@@ -146,15 +150,109 @@ def test_openai_policy_waits_as_long_as_the_servers_retry_after() -> None:
     assert run.steps[0].meta["retries"] == 1 and stub.hits == 2 and waited >= 0.4
 
 
+class _NoJitter(random.Random):
+    """Draws the top of every jitter range, so the waits are the deterministic 0.1, 0.2, 0.4."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return b
+
+
 def test_openai_policy_gives_up_within_its_retry_time() -> None:
     with StubOpenAIServer(failures=[500] * 50) as stub:
-        policy = OpenAIPolicy("stub-model", base_url=stub.base_url, backoff=0.1,
-                              retry_time=0.5, max_retries=50)
+        policy = OpenAIPolicy("stub-model", base_url=stub.base_url, retry_time=0.5,
+                              max_retries=50,
+                              backoff=Backoff(max_attempts=51, base=0.1, rng=_NoJitter()))
         started = time.monotonic()
         with pytest.raises(ModelUnavailable, match="still failing after"):
             car.record(ChatAgent(policy), context="hi", outcome=lambda r: 0.0)
         # backoff 0.1, 0.2 fit in 0.5 s; the next (0.4) would not, so it stops after 3 tries
         assert stub.hits == 3 and time.monotonic() - started < 2.0
+
+
+def test_retries_wait_a_jittered_share_of_the_backoff() -> None:
+    """Branches that failed together must not come back together: each wait is drawn from
+    [0, base * 2^attempt], so two policies with different draws wait differently."""
+    waits: list[list[float]] = []
+    for seed in (1, 2):
+        with StubOpenAIServer(failures=[500, 503, 500]) as stub:
+            policy = OpenAIPolicy("stub-model", base_url=stub.base_url,
+                                  backoff=Backoff(base=0.2, rng=random.Random(seed)))
+            policy.sleep = (mine := []).append  # type: ignore[method-assign]
+            run = car.record(ChatAgent(policy), context="hi", outcome=lambda r: 0.0)
+        assert run.steps[0].meta["retries"] == 3 and stub.hits == 4
+        assert all(0 <= w <= 0.2 * 2 ** i for i, w in enumerate(mine))
+        waits.append(mine)
+    assert waits[0] != waits[1]
+
+
+def test_the_limiter_counts_the_tokens_the_server_reported() -> None:
+    """The stub reports 13 tokens a call; under a 10-tokens-per-minute limit the second call
+    waits for the first to leave the 60-second window, on the limiter's clock. On the estimate
+    alone (~2 tokens for "hi" and max_tokens=1) both would fit at once."""
+    clock = FakeClock()
+    limiter = RateLimiter(tokens_per_minute=10, clock=clock, sleep=clock.sleep)
+    with StubOpenAIServer() as stub:
+        policy = OpenAIPolicy("stub-model", base_url=stub.base_url, max_tokens=1,
+                              limiter=limiter)
+        for _ in range(2):
+            car.record(ChatAgent(policy), context="hi", outcome=lambda r: 0.0)
+        assert stub.hits == 2
+    assert clock.now >= 60.0
+
+
+def test_a_429_pauses_every_branch_on_the_limiter() -> None:
+    clock = FakeClock()
+    limiter = RateLimiter(requests_per_minute=100, clock=clock, sleep=clock.sleep)
+    paused: list[float] = []
+    limiter.pause = paused.append  # type: ignore[method-assign]
+    with StubOpenAIServer(failures=[429], retry_after="3") as stub:
+        policy = OpenAIPolicy("stub-model", base_url=stub.base_url, limiter=limiter)
+        policy.sleep = clock.sleep  # type: ignore[method-assign]
+        run = car.record(ChatAgent(policy), context="hi", outcome=lambda r: 0.0)
+    assert paused == [3.0] and run.steps[0].meta["retries"] == 1
+
+
+# -- policies travel to other processes (Ray workers) without their client or key -------------
+def test_a_pickled_policy_rebuilds_its_client_and_never_carries_the_key(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "sk-car-pickle-0123456789abcdef"
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with StubOpenAIServer() as stub:
+        policy = OpenAIPolicy("stub-model", base_url=stub.base_url, api_key=secret)
+        car.record(ChatAgent(policy), context="hi", outcome=lambda r: 0.0)  # builds the client
+        shipped = pickle.dumps(policy)
+        assert secret.encode() not in shipped
+        landed = pickle.loads(shipped)
+        run = car.record(ChatAgent(landed), context="hello again", outcome=lambda r: 0.0)
+        assert run.steps[0].action["content"] == "echo: hello again" and stub.hits == 2
+        # the worker's own environment provides the key; the one passed in code stayed behind
+        assert stub.authorization == "Bearer not-needed"
+
+
+def test_a_pickled_hosted_policy_without_a_key_where_it_lands_says_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    landed = pickle.loads(pickle.dumps(OpenAIPolicy("gpt-4o-mini", api_key="sk-only-here")))
+    with pytest.raises(ModelUnavailable, match="on every worker too"):
+        car.record(ChatAgent(landed), context="hi", outcome=lambda r: 0.0)
+
+
+def test_what_cannot_travel_is_refused_when_pickled() -> None:
+    import openai
+    own = OpenAIPolicy("m", client=openai.OpenAI(api_key="x", base_url="http://127.0.0.1:1/v1"))
+    with pytest.raises(InvalidInput, match="its own client"):
+        pickle.dumps(own)
+    limited = OllamaPolicy(MODEL, host="http://127.0.0.1:1", limiter=RateLimiter(concurrency=2))
+    with pytest.raises(InvalidInput, match="one process only"):
+        pickle.dumps(limited)
+
+
+def test_a_pickled_ollama_policy_replays_the_same_run(ollama_host: str) -> None:
+    policy = OllamaPolicy(MODEL, host=ollama_host, tools=TOOLS, max_tokens=64)
+    run = car.record(ChatAgent(policy, ORDERS), context=CONTEXT, outcome=no_call, seed=3)
+    landed = pickle.loads(pickle.dumps(policy))
+    again = car.record(ChatAgent(landed, ORDERS), context=CONTEXT, outcome=no_call, seed=3)
+    assert [s.action for s in again.steps] == [s.action for s in run.steps]
 
 
 def test_openai_policy_honours_its_timeout() -> None:

@@ -135,3 +135,25 @@ def test_an_address_where_no_cluster_answers_is_a_clear_error() -> None:
     assert calls["n"] == 0
     with pytest.raises(ExecutorUnavailable, match="has no port"):
         RayExecutor(address="headnode").connect()
+
+
+def test_a_model_server_policy_runs_on_ray_workers(cluster: None) -> None:
+    """An OpenAIPolicy travels without its client: each worker builds its own and calls the
+    server itself, and the estimate equals the in-process one."""
+    from car_adapters.chat_agent import ChatAgent
+    from car_adapters.openai import OpenAIPolicy
+    from servers import StubOpenAIServer
+
+    with StubOpenAIServer() as stub:
+        agent = ChatAgent(OpenAIPolicy("stub-model", base_url=stub.base_url))
+        run = car.record(agent, context="ping", outcome=lambda r: 1.0)
+        here = car.intervene(run, agent, car.do_resample(0), outcome=lambda r: 1.0,
+                             rollouts=4, seed=2)
+        before = stub.hits
+        there = car.intervene(run, agent, car.do_resample(0), outcome=lambda r: 1.0,
+                              rollouts=4, seed=2, executor=RayExecutor(concurrency=2))
+        assert stub.hits - before == 4  # every branch reached the server from a worker
+    # the same decisions (the digests differ: each step's meta carries its own latency)
+    assert there.values == here.values
+    assert ([[s.action for s in t.steps] for t in there.trajectories]
+            == [[s.action for s in t.steps] for t in here.trajectories])

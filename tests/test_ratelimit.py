@@ -23,27 +23,7 @@ from car_core.ratelimit import (
     is_rate_limited,
     retry_after,
 )
-
-
-class FakeClock:
-    """Monotonic time that only moves when someone waits."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.lock = threading.Lock()
-        self.waits: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        with self.lock:
-            self.waits.append(seconds)
-            self.now += max(seconds, 0.0)
-
-    async def asleep(self, seconds: float) -> None:
-        self.sleep(seconds)
-        await asyncio.sleep(0)  # let the other coroutines look at the new time
+from car_core.testing import FakeClock
 
 
 def limiter(clock: FakeClock, **kw: Any) -> RateLimiter:
