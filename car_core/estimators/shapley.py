@@ -10,15 +10,27 @@ never reaches it, and steps a branch adds beyond the run's length run live.
 
 Exact mode (up to ``MAX_EXACT_PLAYERS`` players, when every coalition can get
 ``MIN_PER_COALITION`` rollouts): ``φ_i = Σ_S c_{i,S} v(S)`` is linear in the ``2^p`` coalition
-values, so each ``v(S)`` is estimated from its own independent rollouts and the variance of
-``φ_i`` is ``Σ_S c_{i,S}² σ_S² / n_S``. A pilot (a quarter of the budget, spread evenly) estimates
-each ``σ_S``; the rest is allocated where the variance is, in two stages that re-estimate
-``σ_S`` (Neyman: each stage sets the totals ``n_S ∝ σ_S · sqrt(Σ_i c_{i,S}²)`` over everything
-spent so far, except that a coalition already past its share keeps what it has and the others
-share the rest the same way; counts are rounded by largest fraction, so the whole budget is
-spent. A coalition whose outcome cannot vary, such as the fully held one under a deterministic
-judge, gets little more than its pilot). ``σ_S²`` is floored at
-``p̃(1 − p̃)`` with ``p̃ = (Σy + ½)/(n + 1)`` so a coalition that happened to show no variation is
+values, so each ``v(S)`` is estimated from its own independent rollouts. A pilot
+(``PILOT_SHARE`` of the budget, spread evenly) estimates each ``σ_S``; the rest is allocated
+where the variance is, in two stages that re-estimate ``σ_S`` (Neyman: each stage sets the
+totals ``n_S ∝ σ_S · sqrt(Σ_i c_{i,S}²)`` over everything spent so far, except that a coalition
+already past its share keeps what it has and the others share the rest the same way; counts
+are rounded by largest fraction, so the whole budget is spent. A coalition whose outcome cannot
+vary, such as the fully held one under a deterministic judge, gets little more than its pilot).
+
+Control variate. Every coalition ``S`` but the full one has a first resampled step ``f``;
+the steps before it are served from the record, so step ``f`` decides from the recorded state
+in every coalition that shares ``f``, and the indicator ``x`` "step ``f`` drew its factual
+action again" has one mean ``q_f`` across them, estimated by pooling their rollouts (``q̂_f``).
+The outcome usually follows ``x`` (a repeated pivot fails again), so each coalition uses
+``v̂(S) = ȳ_S − β_S (x̄_S − q̂_f)`` with ``β_S`` its own least-squares slope (for a 0/1
+control the difference of the outcome means at ``x = 1`` and ``x = 0``, so in [−1, 1]; 0 when
+``x`` never varied). With the slopes fixed, ``φ̂_i`` is a sum over coalitions of the mean of
+their own per-rollout combination ``c_{i,S} y + d_{i,S} x`` (``d`` collects ``−c β`` and ``S``'s
+share ``n_S / n_f`` of the pooled term), so the coalitions stay independent and
+``var(φ̂_i) = Σ_S var(c y + d x)_S / n_S``. Each term is floored by ``c² p̃(1 − p̃)(1 − r²)``
+(``p̃ = (Σy + ½)/(n + 1)``, ``r`` the sample correlation of ``y`` and ``x``), plus
+``d² x̃(1 − x̃)`` when ``x`` never varied, so a coalition that happened to show no variation is
 not taken as certain; the interval is Student-t with Welch–Satterthwaite degrees of freedom.
 Exact mode draws coalitions with independent noise (``coupled`` is False in its result): with
 unequal ``n_S`` common random numbers would need every coalition covariance, and on the planted
@@ -59,7 +71,7 @@ from .results import GameValue, ShapleyResult, ShapleyValue
 MODES = ("auto", "exact", "permutation")
 MIN_PER_COALITION = 8  # "auto" picks exact mode only when every coalition can get this many
 MAX_EXACT_PLAYERS = 5   # beyond, 2^p coalitions cost more than antithetic units (2p rollouts) buy
-PILOT_SHARE = 0.25
+PILOT_SHARE = 0.1
 ALLOCATION_STAGES = 2
 BATCH_ROLLOUTS = 256  # rollouts handed to the executor at once (bounds memory)
 DEFAULT_CAP = 2000    # rollout cap when ``budget`` is a car.Budget without one
@@ -88,6 +100,11 @@ class Game:
 
     def held(self, mask: int) -> list[int]:
         return sorted(k for i, g in enumerate(self.groups) if mask >> i & 1 for k in g)
+
+    def first_free(self, mask: int) -> int | None:
+        """The first resampled step of coalition ``mask`` (None when every step is held)."""
+        held = set(self.held(mask))
+        return next((k for k in range(len(self.run.steps)) if k not in held), None)
 
     def arm(self, mask: int) -> str:
         return "S=" + ",".join(map(str, self.held(mask)))
@@ -246,8 +263,8 @@ def shapley(run: Trajectory, agent: Any, *, outcome: Any,
                       budget=b, executor=executor, progress=progress, store=store,
                       attribution_id=attribution_id, params=params, force_agent=force_agent)
     if mode == "exact":
-        ys = _run_exact(game, session, cap)
-        return _exact_result(run, game, session, ys, cap, seed, level, params)
+        samples = _run_exact(game, session, cap)
+        return _exact_result(run, game, session, samples, cap, seed, level, params)
     units = cap // cost
     y: dict[int, dict[int, float]] = {}  # unit -> coalition mask -> outcome
 
@@ -268,13 +285,21 @@ def shapley(run: Trajectory, agent: Any, *, outcome: Any,
     return _result(run, game, session, y, cap, seed, level, params)
 
 
-def _run_exact(game: Game, session: Session, cap: int) -> dict[int, dict[int, float]]:
-    """Pilot every coalition evenly, then spend the rest by Neyman allocation."""
+def _run_exact(game: Game, session: Session, cap: int) -> Samples:
+    """Pilot every coalition evenly, then spend the rest by Neyman allocation. Each rollout
+    also records whether its first resampled step drew the factual action again."""
     ys: dict[int, dict[int, float]] = {m: {} for m in range(1 << game.p)}
+    ms: dict[int, dict[int, float]] = {m: {} for m in ys}
     arms = {game.arm(m): m for m in ys}
+    run = game.run
 
     def keep(task: Task, value: float, traj: Trajectory) -> None:
-        ys[arms[task.arm]][task.rollout] = value
+        m = arms[task.arm]
+        ys[m][task.rollout] = value
+        f = game.first_free(m)
+        if f is not None:
+            ms[m][task.rollout] = float(len(traj.steps) > f
+                                        and traj.steps[f].action == run.steps[f].action)
 
     def fill(targets: dict[int, int]) -> None:
         todo = sorted((r, m) for m, t in targets.items() for r in range(t) if r not in ys[m])
@@ -293,24 +318,79 @@ def _run_exact(game: Game, session: Session, cap: int) -> dict[int, dict[int, fl
             break
         fill(_neyman(coef, ys, spent + (cap - spent) // stage))
         spent = sum(len(v) for v in ys.values())
-    return ys
+    first = {m: game.first_free(m) for m in ys}
+    return Samples(ys, {m: ms[m] for m in ys if first[m] is not None},
+                   {m: f for m, f in first.items() if f is not None})
 
 
-def _exact_result(run: Trajectory, game: Game, session: Session,
-                  ys: dict[int, dict[int, float]], cap: int, seed: int, level: float,
-                  params: dict[str, Any]) -> ShapleyResult:
+@dataclass(frozen=True)
+class Samples:
+    """Exact mode's rollouts: outcome per coalition and rollout, the repeat indicator of the
+    coalition's first resampled step (coalitions with one), and that step."""
+
+    y: dict[int, dict[int, float]]
+    repeat: dict[int, dict[int, float]]
+    first: dict[int, int]
+
+
+def _slope(y: np.ndarray, x: np.ndarray) -> float:
+    """Least-squares slope of ``y`` on the control ``x`` (0 when ``x`` never varied)."""
+    if len(y) < 3 or float(np.var(x)) == 0.0:
+        return 0.0
+    return float(np.cov(y, x)[0, 1] / np.var(x, ddof=1))
+
+
+def _floor(values: np.ndarray) -> float:
+    """Smoothed Bernoulli variance ``p̃(1 − p̃)``, ``p̃ = (Σy + ½)/(n + 1)``."""
+    q = (float(values.sum()) + 0.5) / (len(values) + 1)
+    return q * (1 - q)
+
+
+def exact_values(coef: list[list[float]], samples: Samples, level: float
+                 ) -> list[tuple[float, float]]:
+    """``(φ_i, half-width)`` for each player from the coalition samples, with the repeat
+    control variate (see the module docstring): every coalition contributes the mean of its
+    own per-rollout combination ``c y + d x``, so the coalitions stay independent and the
+    variance is the sum of their sample variances over ``n_S``."""
+    ys = {m: np.array(list(v.values())) for m, v in samples.y.items()}
+    xs = {m: np.array([samples.repeat[m][r] for r in samples.y[m]]) for m in samples.repeat}
+    beta = {m: _slope(ys[m], x) for m, x in xs.items()}
+    groups: dict[int, list[int]] = {}
+    for m, f in samples.first.items():
+        groups.setdefault(f, []).append(m)
+    n_group = {f: sum(len(ys[m]) for m in g) for f, g in groups.items()}
+    out = []
+    for c in coef:
+        pooled = {f: sum(c[m] * beta[m] for m in g) for f, g in groups.items()}
+        est, terms = 0.0, {}
+        for m, y in ys.items():
+            n = len(y)
+            z, floor = c[m] * y, c[m] ** 2 * _floor(y)
+            if m in xs:
+                x, f = xs[m], samples.first[m]
+                d = -c[m] * beta[m] + n / n_group[f] * pooled[f]
+                z = z + d * x
+                fitted = float(np.var(x)) > 0 and float(np.var(y)) > 0
+                r2 = float(np.corrcoef(y, x)[0, 1]) ** 2 if fitted else 0.0
+                floor = floor * (1 - r2) + (d ** 2 * _floor(x) if float(np.var(x)) == 0 else 0.0)
+            est += float(z.mean())
+            terms[m] = max(float(np.var(z, ddof=1)), floor) / n
+        total = sum(terms.values())
+        if total <= 0:
+            out.append((est, 0.0))
+            continue
+        df = total ** 2 / sum(t ** 2 / (len(ys[m]) - 1) for m, t in terms.items())
+        out.append((est, float(student_t.ppf(0.5 + level / 2, df)) * math.sqrt(total)))
+    return out
+
+
+def _exact_result(run: Trajectory, game: Game, session: Session, samples: Samples, cap: int,
+                  seed: int, level: float, params: dict[str, Any]) -> ShapleyResult:
+    ys = samples.y
     values: list[ShapleyValue] = []
     if all(len(v) >= 2 for v in ys.values()):
-        coef = _coefficients(game.p)
-        mean = {m: sum(v.values()) / len(v) for m, v in ys.items()}
-        var = {m: _spread(v) / len(v) for m, v in ys.items()}
         n_all = sum(len(v) for v in ys.values())
-        for i, c in enumerate(coef):
-            est = sum(c[m] * mean[m] for m in ys)
-            terms = {m: c[m] ** 2 * var[m] for m in ys}
-            total_var = sum(terms.values())
-            df = total_var ** 2 / sum(t ** 2 / (len(ys[m]) - 1) for m, t in terms.items())
-            half = float(student_t.ppf(0.5 + level / 2, df)) * math.sqrt(total_var)
+        for i, (est, half) in enumerate(exact_values(_coefficients(game.p), samples, level)):
             values.append(ShapleyValue(game.steps[i], game.labels[i], est,
                                        Interval(est - half, est + half, level), n_all))
     else:
