@@ -27,21 +27,48 @@ def tolerance(n: int) -> float:
     return 4 * 0.5 / math.sqrt(n)
 
 
-def exact_tolerance(p: int, budget: int) -> float:
-    """Exact mode. φ_i = Σ_S c_{i,S} v̂(S) with independent coalition means; every coalition
-    gets at least the pilot's floor(budget/4 / 2^p) rollouts and an outcome in [0, 1] has
-    variance <= 1/4, so var(φ_i) <= Σ_S c_{i,S}² / (4·pilot). Four SDs, as above."""
-    pilot = max(2, budget // 4 // 2 ** p)
-    weights = [math.factorial(s) * math.factorial(p - s - 1) / math.factorial(p)
-               for s in range(p)]
-    sum_c2 = 2 * sum(math.comb(p - 1, s) * weights[s] ** 2 for s in range(p))
-    return 4 * math.sqrt(sum_c2 / (4 * pilot))
+def exact_tolerance(model, budget: int, groups=None) -> list[float]:
+    """Exact mode, per player. With the slopes at their limits (first order), φ̂_i =
+    Σ_S c_{i,S}(ȳ_S − β_S x̄_S) + Σ_f B_f q̂_f with B_f = Σ_{S: first free f} c_{i,S} β_S, where x
+    is "the first free step f drew its factual (bad) choice again": in these games that is the
+    same as holding f, so β_S = v(S ∪ f) − v(S with f good) and the residual variance of
+    y − βx is v(S)(1 − v(S)) − β² q(1 − q), q = bad_prob[f]. Every coalition gets at least the
+    pilot's floor(budget·PILOT_SHARE / 2^p) rollouts, so each q̂_f pools at least (its
+    coalitions) × pilot. The two parts are correlated: their SDs add (Minkowski). Four SDs: a
+    miss has probability < 1e-4 under the normal approximation."""
+    from car_core.estimators.shapley import PILOT_SHARE, _coefficients
+
+    groups = groups or [(k,) for k in range(model.n_steps)]
+    p = len(groups)
+    pilot = max(2, int(budget * PILOT_SHARE) // 2 ** p)
+    held = {m: {k for i, g in enumerate(groups) if m >> i & 1 for k in g} for m in range(1 << p)}
+    v = {m: model.value(h) for m, h in held.items()}
+    first = {m: min((k for k in range(model.n_steps) if k not in h), default=None)
+             for m, h in held.items()}
+    tols = []
+    for c in _coefficients(p):
+        own, pooled, size = 0.0, {}, {}
+        for m, f in first.items():
+            var_y = v[m] * (1 - v[m])
+            if f is None:
+                own += c[m] ** 2 * var_y / pilot
+                continue
+            q = model.bad_prob[f]
+            hi = model.value(held[m] | {f})
+            beta = hi - (v[m] - q * hi) / (1 - q)
+            own += c[m] ** 2 * (var_y - beta ** 2 * q * (1 - q)) / pilot
+            pooled[f] = pooled.get(f, 0.0) + c[m] * beta
+            size[f] = size.get(f, 0) + 1
+        shared = sum(b ** 2 * model.bad_prob[f] * (1 - model.bad_prob[f]) / (size[f] * pilot)
+                     for f, b in pooled.items())
+        tols.append(4 * (math.sqrt(max(own, 0.0)) + math.sqrt(shared)))
+    return tols
 
 
-def within(sh, truth, budget):
-    for value, t in zip(sh.values, truth, strict=True):
-        tol = (exact_tolerance(len(sh.values), budget) if sh.mode == "exact"
-               else tolerance(value.n))
+def within(sh, truth, budget, model=None, groups=None):
+    tols = (exact_tolerance(model, budget, groups) if sh.mode == "exact"
+            else [tolerance(v.n) for v in sh.values])
+    for value, t, tol in zip(sh.values, truth, tols, strict=True):
         assert abs(value.estimate - t) <= tol, (value, t, tol)
 
 
@@ -56,7 +83,7 @@ def test_values_match_the_analytic_game(factory, mode):
     model = factory()
     sh = estimate(model, 1, budget=2000, mode=mode)
     assert sh.mode == mode and sh.rollouts_used <= 2000
-    within(sh, model.shapley(), 2000)
+    within(sh, model.shapley(), 2000, model)
 
 
 def test_and_game_reproduces_the_published_check():
@@ -67,7 +94,7 @@ def test_and_game_reproduces_the_published_check():
     sh = estimate(model, 0, budget=2000)
     assert sh.mode == "exact" and sh.coupled is False  # 3 players: 8 coalitions
     assert [v.step for v in sh.values] == [0, 1, 2]
-    within(sh, model.shapley(), 2000)
+    within(sh, model.shapley(), 2000, model)
     for value, truth in zip(sh.values, model.shapley(), strict=True):
         assert value.ci[0] <= truth <= value.ci[1]
     # Σφ = v̂(N) − v̂(∅); v̂(N) = 1 exactly (noise-free judge), v̂(∅) has SD <= 1/(2√n).
@@ -98,7 +125,7 @@ def test_candidate_players_group_the_rest(players):
     assert [v.step for v in sh.values] == [0, None]
     assert sh.values[1].label == "other steps (1, 2)"
     # Two players {0} and {1, 2}: v(∅)=0.09, v({0})=v({1,2})=0.3, v(N)=1, so each gets 0.455.
-    within(sh, (0.455, 0.455), 2000)
+    within(sh, (0.455, 0.455), 2000, model, [(0,), (1, 2)])
 
 
 @pytest.mark.slow
@@ -262,3 +289,26 @@ def test_html_report_renders_the_result(pivot_model, pivot_run):
     html = sh.to_html()
     assert html.lstrip().lower().startswith("<!doctype html>")
     assert "step 2" in html
+
+
+def test_control_variate_pools_the_first_resampled_steps_repeat():
+    """Two players. Coalitions ∅ and {1} both resample step 0 first; where their outcome is
+    exactly the repeat indicator (slope 1), each v̂ is the pooled repeat rate q̂_0 over both
+    coalitions' rollouts, and φ is the exact combination of those values. A coalition whose
+    control never varied keeps its plain mean."""
+    from car_core.estimators.shapley import Samples, _coefficients, exact_values
+
+    x_empty = [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]   # 2 of 6 repeats
+    x_one = [1.0, 1.0, 0.0, 1.0]               # 3 of 4 repeats
+    y = {0: dict(enumerate(x_empty)), 2: dict(enumerate(x_one)),
+         1: dict(enumerate([1.0, 0.0, 1.0, 1.0])), 3: dict(enumerate([1.0] * 4))}
+    repeat = {0: dict(enumerate(x_empty)), 2: dict(enumerate(x_one)),
+              1: dict(enumerate([0.0] * 4))}   # step 1 never repeated in coalition {0}
+    samples = Samples(y, repeat, {0: 0, 2: 0, 1: 1})
+    q0 = 5 / 10
+    v = {0: q0, 2: q0, 1: 0.75, 3: 1.0}
+    coef = _coefficients(2)
+    got = exact_values(coef, samples, 0.95)
+    for c, (est, half) in zip(coef, got, strict=True):
+        assert est == pytest.approx(sum(c[m] * v[m] for m in v))
+        assert half > 0
