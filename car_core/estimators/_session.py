@@ -12,6 +12,7 @@ from ..errors import AttributionNotFound, InvalidInput, NothingToAttribute
 from ..execution import Executor, Failure, Task, brancher, default_executor, execute
 from ..interventions import Plan
 from ..replay import check_run
+from ..results import Result
 from ..seeding import branch_noise, coupling
 from ..trajectory import Trajectory
 from ..vocabulary import AttributionStatus
@@ -48,13 +49,13 @@ def check_resumable(store: Any, attribution_id: str, run_id: str, method: str,
         if must_exist:
             raise
         return
-    if flags and row["run_id"] != run_id:
+    if flags and row.run_id != run_id:
         raise InvalidInput(f"attribution {attribution_id} belongs to run {row['run_id']}, "
                            f"not {run_id}", hint="resume it with that run id")
-    if flags and row["method"] != method:
+    if flags and row.method != method:
         raise InvalidInput(f"attribution {attribution_id} is a {row['method']} attribution",
                            hint=f"resume it with --method {row['method']}")
-    if row["run_id"] != run_id or row["method"] != method:
+    if row.run_id != run_id or row.method != method:
         raise InvalidInput(f"attribution {attribution_id} is a {row['method']} attribution of "
                            f"run {row['run_id']}, not a {method} attribution of run {run_id}",
                            run_id=run_id, hint="pass a new attribution_id, or resume it with "
@@ -62,14 +63,14 @@ def check_resumable(store: Any, attribution_id: str, run_id: str, method: str,
     for key in BRANCH_PARAMS:
         if key not in params:  # the command checks what its flags set (settings) only
             continue
-        stored, given = row["params"].get(key), params.get(key)
+        stored, given = row.params.get(key), params.get(key)
         if stored != given:
             raise InvalidInput(f"attribution {attribution_id} was started with {key}={stored!r},"
                                f" not {given!r}", run_id=run_id,
                                hint=f"resume it with {key}={stored!r} (its stored branches were "
                                     "drawn that way), or pass a new attribution_id")
     for key, value in (settings or {}).items():
-        stored = row["params"].get(key)
+        stored = row.params.get(key)
         if stored is None or abs(float(stored) - float(value)) <= 1e-12:
             continue
         if key == "level":  # shapley stores the level; the flag is --alpha
@@ -146,9 +147,9 @@ class Session:
     def tripped(self) -> str | None:
         return self.meter.tripped
 
-    def finish(self, result: dict[str, Any]) -> None:
+    def finish(self, result: Result) -> None:
         if self.store is not None and self.attribution_id is not None:
-            status = (AttributionStatus.TRUNCATED if result.get("truncated")
+            status = (AttributionStatus.TRUNCATED if result.truncated
                       else AttributionStatus.COMPLETE)
             self.store.finish_attribution(self.attribution_id, result, status,
                                           params=self.params)
