@@ -325,10 +325,11 @@ def attribute(
     exe = _executor(executor, concurrency, ray_address)
     if resume is not None:
         from .estimators._session import check_resumable
-        settings = ({"seed": seed, "level": 1 - alpha} if method is Method.shapley
-                    else {"seed": seed, "alpha": alpha, "rollouts": rollouts or defaults.ROLLOUTS})
-        check_resumable(db, resume, run.id, method.value, {}, settings=settings,
-                        must_exist=True, flags=True)
+        # the API's rule (caps may change, seed and alpha may not), checked here with the
+        # flags' names in its messages; a missing attribution is an error, not a new one
+        fixed: dict[str, Any] = ({"seed": seed, "level": 1 - alpha} if method is Method.shapley
+                                 else {"seed": seed, "alpha": alpha})
+        check_resumable(db, resume, run.id, method.value, fixed, must_exist=True, flags=True)
     aid = resume or uuid.uuid4().hex[:16]
     common: dict[str, Any] = {"outcome": the_outcome, "seed": seed, "executor": exe,
                               "store": db, "attribution_id": aid, "force_agent": force_agent}

@@ -440,12 +440,38 @@ def test_resume_with_other_settings_is_refused(pivot_store):
     proc = car("attribute", run.id, "--agent", PIVOT, "--resume", aid, "--seed", "3", cwd=folder)
     assert proc.returncode == 2
     assert "was started with seed 0, not 3" in one_clean_error(proc)
+    proc = car("attribute", run.id, "--agent", PIVOT, "--resume", aid, "--alpha", "0.1",
+               cwd=folder)
+    assert proc.returncode == 2
+    assert "was started with alpha 0.05, not 0.1" in one_clean_error(proc)
     proc = car("attribute", run.id, "--agent", PIVOT, "--resume", aid, "--method", "shapley",
                cwd=folder)
     assert proc.returncode == 2
     assert "resume it with --method contrastive" in one_clean_error(proc)
     with RunStore(folder / "car.db") as s:
         assert s.children(run.id) == []  # refused before any rollout
+
+
+def test_resume_with_a_larger_rollout_cap_continues_the_attribution(pivot_store):
+    """The API's rule: raising --rollouts (or --budget) on a resume continues the same
+    attribution and prints what a fresh attribution with that cap prints."""
+    folder, run = pivot_store
+    base = ("attribute", run.id, "--agent", PIVOT, "--json")
+    small = car(*base, "--rollouts", "16", "--budget", "5", cwd=folder)
+    assert small.returncode == 3, small.stderr
+    aid = json.loads(small.stdout)["attribution_id"]
+    grown = car(*base, "--rollouts", "32", "--resume", aid, cwd=folder)
+    assert grown.returncode == 0, grown.stderr
+    fresh = car(*base, "--rollouts", "32", cwd=folder)
+    a, b = json.loads(grown.stdout), json.loads(fresh.stdout)
+    assert a["attribution_id"] == aid != b["attribution_id"]
+    for data in (a, b):  # what names the attribution and its example branch, not the estimate
+        data.pop("attribution_id")
+        example = data.pop("example_branch")
+        assert example["steps"] and example["outcome"]["value"] == 0.0
+    assert a == b
+    with RunStore(folder / "car.db") as s:
+        assert s.attribution(aid).status == "complete"
 
 
 # -- read commands write nothing; safety and recovery ----------------------------------------
