@@ -272,9 +272,8 @@ def _write_report(result: Any, run: Any, store: Any, path: Path | None) -> Path 
     if path is None:
         return None
     from car_core.report import render_attribution
-    data = result.to_dict()
-    aid = data.get("attribution_id")
+    aid = result.attribution_id
     branches = list(store.branches(aid)) if aid else None
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_attribution(data, run=run, branches=branches), encoding="utf-8")
+    path.write_text(render_attribution(result, run=run, branches=branches), encoding="utf-8")
     return path

@@ -10,9 +10,8 @@ import json
 import os
 import re
 import sys
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rich.console import Console
 from rich.markup import escape
@@ -43,6 +42,7 @@ from .errors import (
 )
 from .interventions import Intervention, do_action, do_context, do_observation, do_resample
 from .report import compact
+from .results import Result, ShapleyResult
 
 # -- exit codes (documented in ``car --help``) -------------------------------------------------
 OK, NOTHING, USAGE, BUDGET, STORE, AGENT, INTERRUPTED = 0, 1, 2, 3, 4, 5, 130
@@ -259,30 +259,29 @@ def _ci(ci: Any) -> str:
     return fmt.interval(ci)
 
 
-def attribution_table(r: Mapping[str, Any]) -> Table:
+def attribution_table(r: Result) -> Table:
     """The result of ``car attribute`` as a rich table."""
-    if r.get("method") == "shapley":
-        t = Table(title=f"Shapley values ({_pct(r.get('level'))} intervals, {r.get('mode')} mode)",
+    if isinstance(r, ShapleyResult):
+        t = Table(title=f"Shapley values ({_pct(r.level)} intervals, {r.mode} mode)",
                   title_justify="left")
         for col in ("player", "φ", "interval", "n"):
             t.add_column(col, justify="right" if col in ("φ", "n") else "left")
-        for v in r.get("values") or []:
-            t.add_row(Text(safe(str(v.get("label") or f"step {v.get('step')}"))),
-                      _f(v.get("estimate"), 3), _ci(v.get("ci")), str(v.get("n", "—")))
+        for v in r.values:
+            t.add_row(Text(safe(str(v.label or f"step {v.step}"))),
+                      _f(v.estimate, 3), _ci(v.ci), str(v.n))
         return t
-    t = Table(title=f"Rescue per step ({_pct(r.get('level'))} intervals, "
-                    f"{r.get('correction', 'bonferroni')}, {r.get('tests', '?')} test(s))",
+    t = Table(title=f"Rescue per step ({_pct(r.level)} intervals, "
+                    f"{r.correction}, {r.tests} test(s))",
               title_justify="left")
     for col in ("step", "rescue", "interval", "P(fail) held", "P(fail) re-drawn", "n", ""):
         t.add_column(col, justify="right" if col not in ("interval", "") else "left")
-    locus = r.get("locus")
-    for s in r.get("steps") or []:
-        mark = "◀ locus" if s.get("step") == locus else (
-            "not tested" if not s.get("tested") else ("significant" if s.get("significant")
-                                                      else ""))
-        t.add_row(str(s.get("step")), _f(s.get("effect")), _ci(s.get("ci")),
-                  _f(s.get("fail_held")), _f(s.get("fail_resampled")), str(s.get("n", "—")),
-                  mark, style="bold red" if s.get("step") == locus else None)
+    locus = r.locus
+    for s in r.steps:
+        mark = "◀ locus" if s.step == locus else (
+            "not tested" if not s.tested else ("significant" if s.significant else ""))
+        t.add_row(str(s.step), _f(s.effect), _ci(s.ci), _f(s.fail_held),
+                  _f(s.fail_resampled), str(s.n), mark,
+                  style="bold red" if s.step == locus else None)
     return t
 
 
@@ -290,24 +289,23 @@ def _pct(level: Any) -> str:
     return fmt.pct(level, 1)
 
 
-def verdict(r: Mapping[str, Any]) -> str:
+def verdict(r: Result) -> str:
     """One sentence: where the run failed, or why nothing could be blamed."""
-    if r.get("method") == "shapley":
-        values = [v for v in r.get("values") or [] if v.get("estimate") is not None]
+    if isinstance(r, ShapleyResult):
+        values = [v for v in r.values if v.estimate is not None]
         if not values:
-            return f"No Shapley values: {r.get('reason') or 'nothing measured'}."
-        top = max(values, key=lambda v: v["estimate"])
-        return (f"Largest share: {safe(str(top.get('label') or 'step ' + str(top.get('step'))))}"
-                f" φ = {_f(top['estimate'], 3)} {_ci(top.get('ci'))}; Σφ = {_f(r.get('total'), 3)}"
-                f", efficiency gap {_f(r.get('efficiency_gap'), 3)}.")
-    locus = r.get("locus")
+            return f"No Shapley values: {r.reason or 'nothing measured'}."
+        top = max(values, key=lambda v: cast(float, v.estimate))
+        return (f"Largest share: {safe(str(top.label or 'step ' + str(top.step)))}"
+                f" φ = {_f(top.estimate, 3)} {_ci(top.ci)}; Σφ = {_f(r.total, 3)}"
+                f", efficiency gap {_f(r.efficiency_gap, 3)}.")
+    locus = r.locus
     if locus is None:
-        return f"No locus: {r.get('reason') or 'no step rescue interval excludes zero'}."
-    step: Mapping[str, Any] = next(
-        (s for s in r.get("steps") or [] if s.get("step") == locus), {})
-    label = r.get("locus_label")
+        return f"No locus: {r.reason or 'no step rescue interval excludes zero'}."
+    step = next((s for s in r.steps if s.step == locus), None)
+    label = r.locus_label
     who = f" ({safe(str(label))})" if label and label != f"step {locus}" else ""
     return (f"Locus: step {locus}{who}. Re-drawing it lowers P(failure) by "
-            f"{_f(step.get('effect'))} "
-            f"{_ci(step.get('ci'))} at {_pct(r.get('level'))} (family-wise "
-            f"{_pct(1 - float(r.get('alpha') or defaults.ALPHA))}).")
+            f"{_f(step.effect if step else None)} "
+            f"{_ci(step.ci if step else None)} at {_pct(r.level)} (family-wise "
+            f"{_pct(1 - float(r.alpha or defaults.ALPHA))}).")

@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import InvalidInput
-from .estimators.results import ContrastiveResult
 from .replay import OutcomeDistribution
+from .results import ContrastiveResult
 from .stats import Interval
 from .trajectory import Trajectory
 

@@ -29,7 +29,8 @@ from . import defaults
 from ._json import dumps
 from .errors import CarError, InvalidInput
 from .redact import redact
-from .store import RunStore
+from .results import ContrastiveResult, Result
+from .store import Attribution, RunStore
 from .vocabulary import AttributionStatus
 
 EXIT_CODES = """Exit codes: 0 ok · 1 nothing attributable (no locus) · 2 usage or bad input
@@ -324,10 +325,11 @@ def attribute(
     exe = _executor(executor, concurrency, ray_address)
     if resume is not None:
         from .estimators._session import check_resumable
-        settings = ({"seed": seed, "level": 1 - alpha} if method is Method.shapley
-                    else {"seed": seed, "alpha": alpha, "rollouts": rollouts or defaults.ROLLOUTS})
-        check_resumable(db, resume, run.id, method.value, {}, settings=settings,
-                        must_exist=True, flags=True)
+        # the API's rule (caps may change, seed and alpha may not), checked here with the
+        # flags' names in its messages; a missing attribution is an error, not a new one
+        fixed: dict[str, Any] = ({"seed": seed, "level": 1 - alpha} if method is Method.shapley
+                                 else {"seed": seed, "alpha": alpha})
+        check_resumable(db, resume, run.id, method.value, fixed, must_exist=True, flags=True)
     aid = resume or uuid.uuid4().hex[:16]
     common: dict[str, Any] = {"outcome": the_outcome, "seed": seed, "executor": exe,
                               "store": db, "attribution_id": aid, "force_agent": force_agent}
@@ -364,18 +366,17 @@ def attribute(
     finally:
         if bar:
             bar.close()
-    r = result.to_dict()
     if json_out:
-        _print_json(r)
+        _print_json(result.to_dict())
     else:
-        _print_result(r, time.monotonic() - started, store)
-    if r.get("truncated"):
+        _print_result(result, time.monotonic() - started, store)
+    if result.truncated:
         err.print(Text(kit.safe(f"the budget ran out (attribution {aid}); raise --budget and "
                                 f"resume with:\n  {_resume_command(aid)}")), soft_wrap=True)
         raise typer.Exit(kit.BUDGET)
-    nothing = (r.get("locus") is None if method is Method.contrastive
-               else bool(r.get("reason")))
-    if nothing and r.get("failures"):  # the agent broke on branches: as `car intervene` says
+    nothing = (result.locus is None if isinstance(result, ContrastiveResult)
+               else bool(result.reason))
+    if nothing and result.failures:  # the agent broke on branches: as `car intervene` says
         raise typer.Exit(kit.AGENT)
     if nothing:
         raise typer.Exit(kit.NOTHING)
@@ -409,28 +410,28 @@ def _resume_command(aid: str) -> str:
     return shlex.join(["car", *argv, "--resume", aid])
 
 
-def _print_result(r: dict[str, Any], seconds: float, store: str) -> None:
+def _print_result(r: Result, seconds: float, store: str) -> None:
     out.print(kit.attribution_table(r))
     out.print(Text(kit.verdict(r), style="bold"))
-    out.print(Text(f"{r.get('rollouts_used')} rollouts in {seconds:.1f}s · seed {r.get('seed')} · "
-                   f"branches {'coupled' if r.get('coupled') else 'independent'} · attribution "
-                   f"{r.get('attribution_id')}"))
-    if not r.get("coupled") and r.get("coupling"):
-        out.print(Text(f"branches independent: {kit.safe(str(r['coupling']))}", style="dim"))
-    if r.get("truncated"):
-        out.print(Text(f"truncated: {r.get('budget_note') or 'budget reached'}", style="yellow"))
-    out.print(Text(f"report: car report {r.get('run_id')} --store {store} --out report.html",
+    out.print(Text(f"{r.rollouts_used} rollouts in {seconds:.1f}s · seed {r.seed} · "
+                   f"branches {'coupled' if r.coupled else 'independent'} · attribution "
+                   f"{r.attribution_id}"))
+    if not r.coupled and r.coupling:
+        out.print(Text(f"branches independent: {kit.safe(str(r.coupling))}", style="dim"))
+    if r.truncated:
+        out.print(Text(f"truncated: {r.budget_note or 'budget reached'}", style="yellow"))
+    out.print(Text(f"report: car report {r.run_id} --store {store} --out report.html",
                    style="dim"))
 
 
 # -- report / attributions ----------------------------------------------------------------------
 def _latest_attribution(db: RunStore, run_id: str, method: str | None = None
-                        ) -> dict[str, Any] | None:
+                        ) -> Attribution | None:
     """The newest finished attribution (of ``method`` when given); a truncated one only when
     none finished."""
-    rows = [a for a in db.attributions(run_id) if a.get("result")
-            and (method is None or a.get("method") == method)]
-    complete = [a for a in rows if a.get("status") == AttributionStatus.COMPLETE]
+    rows = [a for a in db.attributions(run_id) if a.result is not None
+            and (method is None or a.method == method)]
+    complete = [a for a in rows if a.status == AttributionStatus.COMPLETE]
     pick = complete or rows
     return pick[-1] if pick else None
 
@@ -454,16 +455,16 @@ def report(run_id: Annotated[str, typer.Argument(help="Run id.")],
     run = db.load(run_id)
     row = (db.attribution(attribution) if attribution
            else _latest_attribution(db, run.id, method.value if method else None))
-    if row is not None and row["run_id"] != run.id:
-        raise InvalidInput(f"attribution {attribution} belongs to run {row['run_id']}",
-                           hint=f"run `car report {row['run_id']}`")
-    if row is not None and method is not None and row["method"] != method.value:
-        raise InvalidInput(f"attribution {row['id']} is a {row['method']} attribution, not "
+    if row is not None and row.run_id != run.id:
+        raise InvalidInput(f"attribution {attribution} belongs to run {row.run_id}",
+                           hint=f"run `car report {row.run_id}`")
+    if row is not None and method is not None and row.method != method.value:
+        raise InvalidInput(f"attribution {row.id} is a {row.method} attribution, not "
                            f"{method.value}", hint="drop --method or --attribution")
-    if row is not None and not row.get("result"):
-        raise InvalidInput(f"attribution {row['id']} has no result yet (status {row['status']})",
+    if row is not None and row.result is None:
+        raise InvalidInput(f"attribution {row.id} has no result yet (status {row.status})",
                            hint="finish it with `car attribute ... --resume "
-                                f"{row['id']}`")
+                                f"{row.id}`")
     if row is None and method is not None:
         raise InvalidInput(f"run {run.id} has no finished {method.value} attribution",
                            hint=f"run `car attribute {run.id} --method {method.value} ...`")
@@ -471,17 +472,15 @@ def report(run_id: Annotated[str, typer.Argument(help="Run id.")],
         html = render_run(run)
         note = "no attribution yet, wrote the run only (run `car attribute` first)"
     else:
-        from .estimators.results import result_from_dict
-        result = result_from_dict(row["result"]).to_dict()  # typed: a damaged row fails here
-        others = [a for a in db.attributions(run.id) if a["id"] != row["id"]]
-        choice = (f"Showing attribution {row['id']} ({row['method']}, {row['status']}"
+        others = [a for a in db.attributions(run.id) if a.id != row.id]
+        choice = (f"Showing attribution {row.id} ({row.method}, {row.status}"
                   f"{', chosen' if attribution else ', the latest complete one'}) of "
                   f"{len(others) + 1} for this run. Pick another with `car report {run.id} "
                   f"--attribution ID` or `--method contrastive|shapley`; list them with "
                   f"`car attributions {run.id}`.")
-        html = render_attribution(result, run=run, branches=db.branches(row["id"]),
+        html = render_attribution(row.result, run=run, branches=db.branches(row.id),
                                   choice=choice)
-        note = f"attribution {row['id']}, {row['method']}"
+        note = f"attribution {row.id}, {row.method}"
         if others:
             note += f"; {len(others)} other(s): see `car attributions {run.id}`"
     try:
@@ -504,11 +503,12 @@ def attributions(run_id: Annotated[str | None, typer.Argument(
         db.load(run_id)  # an unknown or damaged run is an error, not an empty list
     rows = []
     for a in db.attributions(run_id):
-        res = a.get("result") or {}
-        rows.append({"id": a["id"], "run_id": a["run_id"], "method": a["method"],
-                     "status": a["status"], "locus": res.get("locus"),
-                     "rollouts": res.get("rollouts_used"),
-                     "branches": len(db.branches(a["id"])), "created_at": a.get("created_at")})
+        res = a.result
+        rows.append({"id": a.id, "run_id": a.run_id, "method": a.method,
+                     "status": str(a.status),
+                     "locus": res.locus if isinstance(res, ContrastiveResult) else None,
+                     "rollouts": res.rollouts_used if res is not None else None,
+                     "branches": len(db.branches(a.id)), "created_at": a.created_at})
     if json_out:
         _print_json(rows)
         return
@@ -559,10 +559,11 @@ def _builtin_demo(store: str, report_path: Path, progress: Any) -> Any:
         finally:
             if bar:
                 bar.close()
-        r = result.to_dict()
-        _print_result(r, time.monotonic() - started, store)
-        branches = list(db.branches(r["attribution_id"])) if r.get("attribution_id") else None
-    report_path.write_text(render_attribution(r, run=run, branches=branches), encoding="utf-8")
+        _print_result(result, time.monotonic() - started, store)
+        aid = result.attribution_id
+        branches = list(db.branches(aid)) if aid else None
+    report_path.write_text(render_attribution(result, run=run, branches=branches),
+                           encoding="utf-8")
     out.print(Text(f"wrote {report_path}; re-run it with: car attribute {run.id} "
                    f"--agent car_core.synthetic:pivot --store {store}"))
     return result

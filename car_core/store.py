@@ -20,6 +20,7 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,6 +35,7 @@ from .errors import (
     CorruptAttribution,
     CorruptRun,
     CorruptStore,
+    InvalidInput,
     NotACarStore,
     RunNotFound,
     StoreError,
@@ -41,6 +43,7 @@ from .errors import (
     StoreTooNew,
 )
 from .redact import redact, redact_json
+from .results import Result, result_from_dict
 from .trajectory import Trajectory
 from .vocabulary import AttributionStatus
 
@@ -168,6 +171,21 @@ def _number(value: Any, what: str, run_id: Any) -> None:
         raise CorruptStore(f"stored run {run_id!r} has {what} {str(value)[:40]!r}, not a number",
                            hint="the database was edited by hand; restore it from a copy or "
                                 "record the run again")
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """A stored attribution: the run and method, how far it got (``status``), the parameters
+    it was run with, and its result (None until one is stored)."""
+
+    id: str
+    run_id: str
+    method: str
+    status: AttributionStatus
+    params: dict[str, Any]
+    result: Result | None
+    created_at: float | None = None
+    finished_at: float | None = None
 
 
 class RunStore:
@@ -512,11 +530,11 @@ class RunStore:
                             "owner = ?", [attribution_id, self._owner])
 
     @_guarded
-    def finish_attribution(self, attribution_id: str, result: dict[str, Any],
+    def finish_attribution(self, attribution_id: str, result: Result,
                            status: str = AttributionStatus.COMPLETE,
                            params: dict[str, Any] | None = None) -> None:
-        """Store the attribution's result (a complete result is never replaced by a truncated
-        one) and free its lease, in one transaction."""
+        """Store the attribution's result as its JSON (a complete result is never replaced by
+        a truncated one) and free its lease, in one transaction."""
         with self._write():
             rows = list(self.db.query("SELECT * FROM attributions WHERE id = ?",
                                       [attribution_id]))
@@ -526,7 +544,7 @@ class RunStore:
             row = dict(rows[0])
             complete = AttributionStatus.COMPLETE
             if not (row["status"] == complete and status != complete):
-                row.update(result=dumps(redact_json(result)), status=str(status),
+                row.update(result=dumps(redact_json(result.to_dict())), status=str(status),
                            finished_at=time.time())
                 if params is not None:
                     row["params"] = dumps(redact_json(params))
@@ -537,7 +555,7 @@ class RunStore:
                             "owner = ?", [attribution_id, self._owner])
 
     def save_attribution(self, run_id: str, method: str, params: dict[str, Any],
-                         result: dict[str, Any], status: str = AttributionStatus.COMPLETE) -> str:
+                         result: Result, status: str = AttributionStatus.COMPLETE) -> str:
         aid = self.begin_attribution(run_id, method, params)
         self.finish_attribution(aid, result, status)
         return aid
@@ -548,8 +566,9 @@ class RunStore:
                                [attribution_id]).fetchone() is not None
 
     @_guarded
-    def attribution(self, attribution_id: str) -> dict[str, Any]:
-        """The stored attribution, its seal checked: ``CorruptAttribution`` when edited."""
+    def attribution(self, attribution_id: str) -> Attribution:
+        """The stored attribution, its seal checked (``CorruptAttribution`` when edited) and
+        its result read back as the estimator's result object."""
         rows = list(self.db.query("SELECT * FROM attributions WHERE id = ?", [attribution_id]))
         if not rows:
             raise AttributionNotFound(f"no attribution {attribution_id!r} in {self.path}",
@@ -566,15 +585,25 @@ class RunStore:
                 raise CorruptAttribution(f"attribution {attribution_id} has {key} "
                                          f"{row[key]!r}, not text",
                                          hint="the database was edited by hand")
-        row["params"] = loads(row["params"] or "{}")
-        row["result"] = loads(row["result"]) if row["result"] else None
-        if not isinstance(row["params"], dict) or not isinstance(row["result"], (dict, type(None))):
+        params = loads(row["params"] or "{}")
+        data = loads(row["result"]) if row["result"] else None
+        if not isinstance(params, dict) or not isinstance(data, (dict, type(None))):
             raise CorruptAttribution(f"attribution {attribution_id} holds a malformed result",
                                      hint="the database was edited by hand")
-        return row
+        try:
+            status = AttributionStatus(row["status"])
+            result = None if data is None else result_from_dict(data)
+        except (ValueError, InvalidInput) as exc:
+            raise CorruptAttribution(f"attribution {attribution_id} holds a malformed result: "
+                                     f"{str(exc)[:160]}",
+                                     hint="the database was edited by hand; run the "
+                                          "attribution again (a new id)") from None
+        return Attribution(id=row["id"], run_id=row["run_id"], method=row["method"],
+                           status=status, params=params, result=result,
+                           created_at=row["created_at"], finished_at=row["finished_at"])
 
     @_guarded
-    def attributions(self, run_id: str | None = None) -> builtins.list[dict[str, Any]]:
+    def attributions(self, run_id: str | None = None) -> builtins.list[Attribution]:
         """Attributions of ``run_id`` (every run's when None), oldest first."""
         if run_id is None:
             ids = self.db.execute("SELECT id FROM attributions ORDER BY created_at, rowid")

@@ -248,7 +248,7 @@ def test_contrastive_names_the_decision_not_the_refund_step(store: Any) -> None:
     res = car.contrastive(run, s.agent, outcome=sa.outcome, rollouts=32, seed=0, store=store,
                           progress=False)
     assert res.locus == 1
-    assert store.attribution(res.attribution_id)["run_id"] == run.id
+    assert store.attribution(res.attribution_id).run_id == run.id
 
 
 def test_attribute_thread_imports_scores_and_stores(store: Any) -> None:
@@ -259,7 +259,7 @@ def test_attribute_thread_imports_scores_and_stores(store: Any) -> None:
                            model=s.wrapper, store=store, rollouts=32, progress=False)
     assert res.locus == 1
     stored = store.attribution(res.attribution_id)
-    assert store.load(stored["run_id"]).outcome.value == 1.0
+    assert store.load(stored.run_id).outcome.value == 1.0
     assert user_history(s.app, run.meta["thread_id"]) == before
 
 
@@ -276,7 +276,7 @@ def test_attribute_thread_closes_a_store_it_opened_from_a_path(
                            progress=False)
     assert [Path(p) for p in closed] == [tmp_path / "car.db"]
     with car.RunStore(tmp_path / "car.db") as store:
-        assert store.attribution(res.attribution_id)["run_id"] == res.run_id
+        assert store.attribution(res.attribution_id).run_id == res.run_id
 
 
 def test_branches_never_touch_the_users_thread(saver: Any) -> None:
@@ -505,7 +505,7 @@ def test_the_example_names_the_decision_and_do_context_rescues(tmp_path: Path) -
     out = example.main(["--rollouts", "16", "--store", str(tmp_path / "car.db")])
     assert out["locus"] == 1 and out["rescued"] == 0.0
     store = car.RunStore(tmp_path / "car.db")
-    assert store.attribution(out["attribution_id"])["run_id"] == out["run_id"]
+    assert store.attribution(out["attribution_id"]).run_id == out["run_id"]
     store.close()
 
 

@@ -194,12 +194,12 @@ def test_llamaindex_attribution_stops_on_an_outage_and_resumes(
     with RunStore(db) as store:
         stored = {(b["arm"], b["rollout"]) for b in store.branches("interrupted")}
         assert sorted(stored) == sorted(done)  # the finished branches, and only them
-        assert store.attribution("interrupted")["status"] == "running"
+        assert store.attribution("interrupted").status == "running"
 
     assert servers[-1].stopped.wait(10)
     servers.append(ModelServer(port))
     with RunStore(db) as store:
         resumed = attribute(store, run, servers[-1].base_url, "interrupted", Sequential())
-        assert store.attribution("interrupted")["status"] == "complete"
+        assert store.attribution("interrupted").status == "complete"
     assert comparable(resumed) == comparable(reference)
     assert servers[-1].answered == total - spent  # only the missing branches called the model

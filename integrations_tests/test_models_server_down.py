@@ -29,8 +29,8 @@ from servers import _Handler, free_port
 
 import car_core as car
 from car_core.errors import ModelUnavailable
-from car_core.estimators.results import ContrastiveResult
 from car_core.execution import AsyncioExecutor, Executor, Sequential, Task
+from car_core.results import ContrastiveResult
 from car_core.store import RunStore
 
 MODEL = "stub-model"
@@ -247,13 +247,13 @@ def test_server_down_mid_attribution_stops_keeps_branches_and_resumes(
             assert model_calls(store, branch_id) == ref_calls[key]
         for row in store.list():
             store.load(row["id"])  # raises CorruptRun on a digest mismatch
-        assert store.attribution("interrupted")["status"] == "running"
+        assert store.attribution("interrupted").status == "running"
 
     # the server is back on the same address: resume with the same id and seed
     server = serve()
     with RunStore(db) as store:
         resumed = attribute(store, run, server.base_url, "interrupted", BACKENDS[backend]())
-        assert store.attribution("interrupted")["status"] == "complete"
+        assert store.attribution("interrupted").status == "complete"
         assert len(list(store.branches("interrupted"))) == reference.rollouts_used
     assert comparable(resumed) == comparable(reference)
     # only the branches that were not stored called the model again

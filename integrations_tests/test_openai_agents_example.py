@@ -54,7 +54,7 @@ def test_example_names_the_refunds_decision_from_python_and_the_cli(tmp_path: An
     result = json.loads(proc.stdout)
     assert result["locus"] == 2
     with car.RunStore(store) as s:
-        assert [a["id"] for a in s.attributions(run.id)] == [result["attribution_id"]]
+        assert [a.id for a in s.attributions(run.id)] == [result["attribution_id"]]
 
 
 def test_edit_removes_only_the_injection() -> None:

@@ -16,6 +16,7 @@ import pytest
 from _report_data import contrastive_dict
 
 from car_core import synthetic as syn
+from car_core.results import ContrastiveResult
 from car_core.store import RunStore
 from car_core.trajectory import Step, Trajectory
 
@@ -228,8 +229,10 @@ def test_report_renders_the_latest_stored_attribution(pivot_store, pivot_model):
     truncated = {**contrastive_dict(pivot_model, run), "locus": None, "truncated": True,
                  "reason": "the budget tripped"}
     with RunStore(folder / "car.db") as s:
-        s.save_attribution(run.id, "contrastive", {}, contrastive_dict(pivot_model, run))
-        late = s.save_attribution(run.id, "contrastive", {}, truncated, status="truncated")
+        s.save_attribution(run.id, "contrastive", {}, ContrastiveResult.from_dict(
+            contrastive_dict(pivot_model, run)))
+        late = s.save_attribution(run.id, "contrastive", {},
+                                  ContrastiveResult.from_dict(truncated), status="truncated")
     proc = car("report", run.id, "--out", "r.html", cwd=folder)
     assert proc.returncode == 0, proc.stderr
     html = (folder / "r.html").read_text()
@@ -258,8 +261,8 @@ def test_attribute_finds_the_planted_locus_and_stores_it(pivot_store, pivot_mode
     assert result["locus"] == pivot_model.locus == 2
     with RunStore(folder / "car.db") as s:
         stored = s.attributions(run.id)
-        assert [a["id"] for a in stored] == [result["attribution_id"]]
-        assert stored[0]["result"]["locus"] == 2
+        assert [a.id for a in stored] == [result["attribution_id"]]
+        assert stored[0].result.locus == 2
         assert len(list(s.branches(result["attribution_id"]))) == result["rollouts_used"]
     table = car("attribute", run.id, "--agent", PIVOT, "--executor", "async", "--concurrency",
                 "4", cwd=folder)
@@ -267,8 +270,8 @@ def test_attribute_finds_the_planted_locus_and_stores_it(pivot_store, pivot_mode
     # The executor flag reaches the estimator: the async backend gives the same estimate
     # (noise is keyed by task, not by scheduling).
     with RunStore(folder / "car.db") as s:
-        first, second = (a["result"] for a in s.attributions(run.id))
-    assert second["steps"] == first["steps"] and second["arms"] == first["arms"]
+        first, second = (a.result for a in s.attributions(run.id))
+    assert second.steps == first.steps and second.arms == first.arms
 
 
 @pytest.mark.slow
@@ -349,7 +352,7 @@ def test_ctrl_c_keeps_finished_branches_and_resume_finishes_the_same_result(pivo
     aid = resume_line.split()[-1]
     with RunStore(folder / "car.db") as s:
         kept = len(list(s.branches(aid)))
-        assert kept > 0 and s.attribution(aid)["status"] == "running"
+        assert kept > 0 and s.attribution(aid).status == "running"
     resumed = car(*resume_line.split()[1:], cwd=folder)
     assert resumed.returncode == 0, resumed.stderr
     fresh = car(*args, cwd=folder)
@@ -417,7 +420,7 @@ def test_builtin_demo_used_when_the_adapters_demo_is_absent(tmp_path, capsys):
     assert "Step 2 is where this run committed to failure" in (tmp_path / "d.html").read_text()
     assert "car attribute" in capsys.readouterr().out
     with RunStore(tmp_path / "d.db") as s:
-        assert s.attributions(result.run_id)[0]["result"]["locus"] == 2
+        assert s.attributions(result.run_id)[0].result.locus == 2
 
 
 def test_executor_flags_build_the_named_backend():
@@ -437,12 +440,38 @@ def test_resume_with_other_settings_is_refused(pivot_store):
     proc = car("attribute", run.id, "--agent", PIVOT, "--resume", aid, "--seed", "3", cwd=folder)
     assert proc.returncode == 2
     assert "was started with seed 0, not 3" in one_clean_error(proc)
+    proc = car("attribute", run.id, "--agent", PIVOT, "--resume", aid, "--alpha", "0.1",
+               cwd=folder)
+    assert proc.returncode == 2
+    assert "was started with alpha 0.05, not 0.1" in one_clean_error(proc)
     proc = car("attribute", run.id, "--agent", PIVOT, "--resume", aid, "--method", "shapley",
                cwd=folder)
     assert proc.returncode == 2
     assert "resume it with --method contrastive" in one_clean_error(proc)
     with RunStore(folder / "car.db") as s:
         assert s.children(run.id) == []  # refused before any rollout
+
+
+def test_resume_with_a_larger_rollout_cap_continues_the_attribution(pivot_store):
+    """The API's rule: raising --rollouts (or --budget) on a resume continues the same
+    attribution and prints what a fresh attribution with that cap prints."""
+    folder, run = pivot_store
+    base = ("attribute", run.id, "--agent", PIVOT, "--json")
+    small = car(*base, "--rollouts", "16", "--budget", "5", cwd=folder)
+    assert small.returncode == 3, small.stderr
+    aid = json.loads(small.stdout)["attribution_id"]
+    grown = car(*base, "--rollouts", "32", "--resume", aid, cwd=folder)
+    assert grown.returncode == 0, grown.stderr
+    fresh = car(*base, "--rollouts", "32", cwd=folder)
+    a, b = json.loads(grown.stdout), json.loads(fresh.stdout)
+    assert a["attribution_id"] == aid != b["attribution_id"]
+    for data in (a, b):  # what names the attribution and its example branch, not the estimate
+        data.pop("attribution_id")
+        example = data.pop("example_branch")
+        assert example["steps"] and example["outcome"]["value"] == 0.0
+    assert a == b
+    with RunStore(folder / "car.db") as s:
+        assert s.attribution(aid).status == "complete"
 
 
 # -- read commands write nothing; safety and recovery ----------------------------------------

@@ -232,7 +232,7 @@ def test_store_keeps_the_attribution_and_a_resume_runs_nothing_again(store, pivo
                             store=store, attribution_id="a1")
     assert first.attribution_id == "a1"
     row = store.attribution("a1")
-    assert row["status"] == "complete" and row["result"]["locus"] == first.locus
+    assert row.status == "complete" and row.result == first
     assert len(list(store.branches("a1"))) == first.rollouts_used
     calls = counter.calls
     again = car.contrastive(run, agent, outcome=pivot_model.outcome, rollouts=16,
@@ -254,7 +254,7 @@ def test_resume_refuses_branches_drawn_for_another_estimate(store, change):
     with pytest.raises(InvalidInput, match="attribution a1"):
         car.contrastive(other, model.agent(), outcome=model.outcome, rollouts=8, store=store,
                         attribution_id="a1", **kwargs)
-    assert store.attribution("a1")["run_id"] == run.id  # the stored attribution is untouched
+    assert store.attribution("a1").run_id == run.id  # the stored attribution is untouched
     # a larger cap is a legitimate resume: it reuses the branches and runs only the new ones
     more = car.contrastive(run, model.agent(), outcome=model.outcome, rollouts=16,
                            store=store, attribution_id="a1")

@@ -9,7 +9,7 @@ import pytest
 
 import car_core as car
 from car_core import synthetic as syn
-from car_core.estimators.results import ContrastiveResult, ShapleyResult
+from car_core.results import ContrastiveResult, ShapleyResult
 from car_core.stats import look_levels, looks
 
 
@@ -83,7 +83,7 @@ def test_outcome_distribution_interval_has_its_level() -> None:
 
 def test_result_from_dict_types_by_method_and_refuses_damage(results) -> None:
     from car_core.errors import InvalidInput
-    from car_core.estimators.results import result_from_dict
+    from car_core.results import result_from_dict
     con, sh = results
     assert result_from_dict(con.to_dict()) == con and result_from_dict(sh.to_dict()) == sh
     damaged = con.to_dict()

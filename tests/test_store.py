@@ -5,6 +5,7 @@ the file is left exactly as it was."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import sqlite3
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _report_data import contrastive_dict
 from hypothesis import HealthCheck, given, settings
 from strategies import trajectories
 
@@ -29,6 +31,7 @@ from car_core.errors import (
     StoreReadOnly,
     StoreTooNew,
 )
+from car_core.results import ContrastiveResult
 from car_core.store import MIGRATIONS, RunStore, StoreJournal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,7 +113,8 @@ def test_lineage_queries(store: RunStore, pivot_model, pivot_run) -> None:
                          outcome=pivot_model.outcome, rollouts=3, progress=False)
     for t in dist.trajectories:
         store.save(t, attribution_id=aid)
-    store.finish_attribution(aid, {"mean": dist.mean})
+    result = ContrastiveResult.from_dict(contrastive_dict(pivot_model, pivot_run))
+    store.finish_attribution(aid, result)
 
     kids = store.children(pivot_run.id)
     assert [k["id"] for k in kids] == [t.id for t in dist.trajectories]
@@ -124,8 +128,9 @@ def test_lineage_queries(store: RunStore, pivot_model, pivot_run) -> None:
     loaded = store.load(dist.trajectories[1].id)
     assert loaded == dist.trajectories[1] and loaded.lineage.parent_id == pivot_run.id
     [att] = store.attributions(pivot_run.id)
-    assert att["id"] == aid and att["params"] == {"k": 2} and att["status"] == "complete"
-    assert att["result"] == {"mean": dist.mean}
+    assert att.id == aid and att.params == {"k": 2} and att.status == "complete"
+    assert isinstance(att.result, ContrastiveResult)  # typed, holding what was stored
+    assert att.result.to_dict() == result.to_dict()
 
 
 def test_store_journal_finds_finished_branches(store: RunStore, pivot_model, pivot_run) -> None:
@@ -408,7 +413,7 @@ def test_merge_copies_runs_branches_and_attributions_once(tmp_path: Path, pivot_
             # the attribution is stored truncated, which is not what this test is about)
             res = car.contrastive(run, pivot_model.agent(), outcome=pivot_model.outcome,
                                   rollouts=16, seed=0, store=part)
-            assert part.attribution(res.attribution_id)["status"] == "complete"
+            assert part.attribution(res.attribution_id).status == "complete"
             parts.append((run, res.attribution_id, len(list(part.branches(res.attribution_id)))))
     with RunStore(tmp_path / "main.db") as main:
         copied = [main.merge(tmp_path / f"part{i}.db") for i in range(2)]
@@ -416,7 +421,7 @@ def test_merge_copies_runs_branches_and_attributions_once(tmp_path: Path, pivot_
         assert main.merge(tmp_path / "part0.db") == 0  # again: nothing new
         for run, aid, n in parts:
             assert main.load(run.id).digest == run.digest
-            assert main.attribution(aid)["status"] == "complete"
+            assert main.attribution(aid).status == "complete"
             assert len(list(main.branches(aid))) == n
         (tmp_path / "other.db").write_bytes(b"")
         sqlite3.connect(tmp_path / "other.db").execute("CREATE TABLE t (x)").connection.close()
@@ -435,7 +440,7 @@ def test_an_edited_attribution_is_a_typed_error_on_load(store: RunStore, pivot_m
                                                         pivot_run) -> None:
     from car_core.errors import CorruptAttribution
     res = finished_attribution(store, pivot_model, pivot_run)
-    assert store.attribution(res.attribution_id)["result"]["locus"] == res.locus
+    assert store.attribution(res.attribution_id).result == res
     store.db.execute("UPDATE attributions SET result = json_set(result, '$.locus', 3)")
     with pytest.raises(CorruptAttribution, match="changed after it was stored"):
         store.attribution(res.attribution_id)
@@ -484,7 +489,8 @@ def test_one_process_at_a_time_runs_an_attribution(store: RunStore, pivot_run) -
         holder.wait()
     # its process is gone: the lease is stale and the resume takes it over
     assert store.begin_attribution(pivot_run.id, "manual", {}, attribution_id=aid) == aid
-    store.finish_attribution(aid, {"done": True})
+    store.finish_attribution(aid, ContrastiveResult.from_dict(contrastive_dict(
+        syn.pivot(), pivot_run)))
     assert store.db.execute("SELECT count(*) FROM attribution_leases").fetchone()[0] == 0
 
 
@@ -558,9 +564,10 @@ def test_an_older_store_migrates_seals_and_drops_duplicate_branches(tmp_path: Pa
     dist = car.intervene(pivot_run, pivot_model.agent(), car.do_resample(2),
                          outcome=pivot_model.outcome, rollouts=3, progress=False)
     conn = sqlite3.connect(path)
+    old = contrastive_dict(pivot_model, pivot_run)  # intervals without ci_level, as then
     conn.execute("INSERT INTO attributions (id, run_id, method, status, params, result, "
-                 "created_at) VALUES ('old', ?, 'contrastive', 'complete', '{}', "
-                 "'{\"locus\": 2}', 1.0)", [pivot_run.id])
+                 "created_at) VALUES ('old', ?, 'contrastive', 'complete', '{}', ?, 1.0)",
+                 [pivot_run.id, json.dumps(old)])
     conn.commit()
     conn.close()
     # the rows as the old code stored them, then a duplicate of each under a fresh id
@@ -584,7 +591,8 @@ def test_an_older_store_migrates_seals_and_drops_duplicate_branches(tmp_path: Pa
         kept = [(b["arm"], b["rollout"], b["id"]) for b in store.branches("old")]
         assert sorted(kept) == sorted((t.lineage.arm, t.lineage.rollout, t.id)
                                       for t in dist.trajectories)
-        assert store.attribution("old")["result"] == {"locus": 2}  # sealed as it was
+        # sealed as it was, and read back typed
+        assert store.attribution("old").result == ContrastiveResult.from_dict(old)
         for t in dist.trajectories:
             assert store.load(t.id) == t
 

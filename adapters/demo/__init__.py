@@ -167,9 +167,9 @@ def _write_report(res: Any, run: car.Trajectory, db: car.RunStore, path: str | N
         from car_core.report import render_attribution
     except ImportError:
         return None
-    r = res.to_dict()
-    branches = list(db.branches(r["attribution_id"])) if r.get("attribution_id") else None
-    Path(path).write_text(render_attribution(r, run=run, branches=branches), encoding="utf-8")
+    aid = res.attribution_id
+    branches = list(db.branches(aid)) if aid else None
+    Path(path).write_text(render_attribution(res, run=run, branches=branches), encoding="utf-8")
     return str(path)
 
 

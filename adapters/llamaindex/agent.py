@@ -29,6 +29,7 @@ import car_core as car
 from car_core.contract import Noise, Plan
 from car_core.errors import AdapterError, CarError, InvalidIntervention
 
+from ..chat_branch import renumber
 from ..chat_messages import (
     ToolSafety,
     apply_edit,
@@ -145,20 +146,10 @@ class LlamaIndexAgent:
                                 forced_observations(plan, run.id))
         self._check_forced_tools(session, run)
         live = self._drive(state, active, run, session)
-        steps = prefix + [self._renumber(s, k + i, plan) for i, s in enumerate(live.steps)]
+        steps = prefix + [renumber(s, k + i, plan) for i, s in enumerate(live.steps)]
         return car.Trajectory.new(context=run.context, steps=steps, seed=noise.seed,
                                   agent=self.name, status=live.status, error=live.error,
                                   meta=dict(run.meta))
-
-    @staticmethod
-    def _renumber(step: car.Step, k: int, plan: Plan) -> car.Step:
-        """A collected step at its place in the branch, with its origin; a forced observation
-        is stored as the user gave it."""
-        meta = {**step.meta, "origin": plan.origin(k)}
-        if k in plan.forced_observations:
-            return replace(step, index=k, meta=meta, observed=True,
-                           observation=plan.forced_observations[k])
-        return replace(step, index=k, meta=meta)
 
     def redecide(self, run: car.Trajectory, k: int, noise: Noise) -> Any:
         """Decide step ``k`` again from its recorded messages (one model call, no tools)."""

@@ -10,8 +10,7 @@ for each tool: a forced observation is served as given, a side-effect tool is an
 
 from __future__ import annotations
 
-import threading
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from llama_index.core.base.llms.types import (
@@ -28,7 +27,7 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import LLM
 from llama_index.core.tools import AsyncBaseTool, ToolMetadata, ToolOutput
 
-from car_core.contract import Noise, Plan, redact
+from car_core.contract import redact
 from car_core.errors import (
     AdapterError,
     CarError,
@@ -36,11 +35,8 @@ from car_core.errors import (
     PolicyError,
 )
 
-from ..chat_messages import (
-    ToolSafety,
-    calls_of,
-    canonical_arguments,
-)
+from ..chat_branch import BranchSession
+from ..chat_messages import calls_of, canonical_arguments
 from ._messages import MessageToolCalls, from_dict
 from .fake import _STEP_RNG
 
@@ -69,46 +65,6 @@ def is_outage(exc: BaseException) -> bool:
         e = e.__cause__ or e.__context__
         seen += 1
     return False
-
-
-class BranchSession:
-    """The state one branch's stand-ins share: the plan, the noise, and the step counter."""
-
-    def __init__(self, plan: Plan, noise: Noise, start: int, safety: ToolSafety,
-                 record: Mapping[tuple[str, str], Any], run_id: str | None,
-                 forced_obs: Mapping[int, list[dict[str, Any]]]) -> None:
-        self.plan = plan
-        self.noise = noise
-        self.next = start
-        self.current = start - 1
-        self.safety = safety
-        self.record = record
-        self.run_id = run_id
-        self.forced_obs = forced_obs
-        self.model_calls = 0
-        self.blocked: CarError | None = None
-        self._lock = threading.Lock()
-
-    def serves(self, tool: str) -> bool:
-        """Whether calls to ``tool`` on this branch must be answered without running it."""
-        return self.safety.guards(tool) or any(
-            m.get("name") == tool for msgs in self.forced_obs.values() for m in msgs)
-
-    def serves_any(self) -> bool:
-        return bool(self.safety.side_effect_tools or self.forced_obs)
-
-    def raise_blocked(self) -> None:
-        """Re-raise a refusal a tool wrapper had to hand to the framework (which turns tool
-        exceptions into error messages) so the branch stops with it."""
-        if self.blocked is not None:
-            raise self.blocked
-
-    def claim(self) -> int:
-        with self._lock:
-            k = self.next
-            self.next += 1
-            self.current = k
-            return k
 
 
 def _normalise(content: str | None, selections: Sequence[Any]) -> ChatMessage:

@@ -29,6 +29,7 @@ import car_core as car
 from car_core.contract import Noise, Plan, RunStatus
 from car_core.errors import AdapterError, CarError, InvalidInput, InvalidIntervention
 
+from ..chat_branch import renumber
 from ..chat_messages import (
     ToolSafety,
     apply_edit,
@@ -160,7 +161,7 @@ class OpenAIAgentsAgent:
         self._check_forced_tools(session, run)
         live = self._drive(items, active, session, self.max_turns - k, instructions,
                            keep_input_guardrails=k == 0, used_tools=_used_tools(run, k))
-        steps = prefix + [self._renumber(s, k + i, plan) for i, s in enumerate(live.steps)]
+        steps = prefix + [renumber(s, k + i, plan) for i, s in enumerate(live.steps)]
         return car.Trajectory.new(context=run.context, steps=steps, seed=noise.seed,
                                   agent=self.name, status=live.status, error=live.error,
                                   meta=dict(run.meta))
@@ -181,14 +182,6 @@ class OpenAIAgentsAgent:
                            step=k, hint="check the agent's model is an agents.Model")
 
     # -- internals ---------------------------------------------------------------------------
-    @staticmethod
-    def _renumber(step: car.Step, k: int, plan: Plan) -> car.Step:
-        meta = {**step.meta, "origin": plan.origin(k)}
-        if k in plan.forced_observations:
-            return replace(step, index=k, meta=meta, observed=True,
-                           observation=plan.forced_observations[k])
-        return replace(step, index=k, meta=meta)
-
     def _check_run(self, run: car.Trajectory) -> None:
         if run.meta.get("framework") != "openai-agents":
             raise AdapterError("the run was not recorded from an OpenAI Agents SDK app",

@@ -13,7 +13,6 @@ serves a forced observation as given and answers a side-effect tool with ``ToolS
 from __future__ import annotations
 
 import dataclasses
-import threading
 import weakref
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -26,6 +25,7 @@ from agents.tool import FunctionTool
 from car_core.contract import Noise, Plan
 from car_core.errors import AdapterError, CarError, PolicyError
 
+from .. import chat_branch
 from ..chat_messages import ToolSafety, calls_of, canonical_arguments
 from ._items import action_of, output_of
 from .fake import _STEP_RNG
@@ -40,39 +40,17 @@ class Decided(Exception):
         self.action = action
 
 
-class BranchSession:
-    """The state one branch's models and tools share: the plan, the noise, the step counter."""
+class BranchSession(chat_branch.BranchSession):
+    """The shared branch session, plus whether to pass a per-step seed to the provider and
+    whether to stop once the first decision is made (``redecide``)."""
 
     def __init__(self, plan: Plan, noise: Noise, start: int, safety: ToolSafety,
                  record: Mapping[tuple[str, str], Any], run_id: str | None,
                  forced_obs: Mapping[int, list[dict[str, Any]]], *, seeds: bool = True,
                  stop_after_first: bool = False) -> None:
-        self.plan = plan
-        self.noise = noise
-        self.next = start
-        self.current = start - 1
-        self.safety = safety
-        self.record = record
-        self.run_id = run_id
-        self.forced_obs = forced_obs
+        super().__init__(plan, noise, start, safety, record, run_id, forced_obs)
         self.seeds = seeds
         self.stop_after_first = stop_after_first
-        self.model_calls = 0
-        self.blocked: CarError | None = None
-        self._lock = threading.Lock()
-
-    def claim(self) -> int:
-        with self._lock:
-            k = self.next
-            self.next += 1
-            self.current = k
-            return k
-
-    def raise_blocked(self) -> None:
-        """Re-raise a refusal a tool had to hand to the SDK (which may turn tool exceptions into
-        messages for the model), so the branch stops with it."""
-        if self.blocked is not None:
-            raise self.blocked
 
 
 class CarBranchModel(Model):

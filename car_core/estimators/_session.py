@@ -12,15 +12,18 @@ from ..errors import AttributionNotFound, InvalidInput, NothingToAttribute
 from ..execution import Executor, Failure, Task, brancher, default_executor, execute
 from ..interventions import Plan
 from ..replay import check_run
+from ..results import Result
 from ..seeding import branch_noise, coupling
 from ..trajectory import Trajectory
 from ..vocabulary import AttributionStatus
 
 OnValue = Callable[[Task, float, Trajectory], None]
-# The parameters that decide what a journaled (arm, rollout) branch is: its noise stream
-# (seed, coupling, which Shapley mode chose it) and the agent that ran it. Caps and levels may
-# change between a run and its resume; these may not.
-BRANCH_PARAMS = ("seed", "coupled", "mode", "agent")
+# What a resume may not change. The first four decide what a journaled (arm, rollout) branch
+# is: its noise stream (seed, coupling, which Shapley mode chose it) and the agent that ran
+# it. The last two are the error rate the result claims (contrastive alpha, Shapley level):
+# re-testing the stored branches at a looser rate is a new attribution, not this one resumed.
+# Caps (contrastive ``rollouts``, ``budget``) may change: see ``check_resumable``.
+RESUME_FIXED = ("seed", "coupled", "mode", "agent", "alpha", "level")
 
 
 def check_run_has_steps(run: Trajectory) -> None:
@@ -31,53 +34,62 @@ def check_run_has_steps(run: Trajectory) -> None:
 
 
 def check_resumable(store: Any, attribution_id: str, run_id: str, method: str,
-                    params: dict[str, Any], *, settings: dict[str, float] | None = None,
-                    must_exist: bool = False, flags: bool = False) -> None:
-    """The one resume check, for the API and the ``car`` command alike.
+                    params: dict[str, Any], *, must_exist: bool = False,
+                    flags: bool = False) -> None:
+    """The one resume rule, for the API and the ``car`` command alike.
 
-    Always refused: another run or method, or another value of a ``BRANCH_PARAMS`` entry (the
-    journal would hand back branches of a different estimate under the same (arm, rollout)
-    keys). ``settings`` (the command passes seed, alpha or level, and rollouts) must also equal
-    what was stored, where something was; the command asks for this because its flags restate
-    the whole estimate, while the API lets a resume raise a cap. ``must_exist``: a missing
-    attribution is an error (``car attribute --resume``), not a new one. ``flags``: the hints
-    name command-line flags instead of keyword arguments."""
+    A resume continues the same attribution. It may change how far the estimate may go (the
+    contrastive ``rollouts`` K and any ``budget``, larger or smaller): the journaled branches
+    are the very branches a fresh attribution with the new caps would draw, so the resumed
+    result is the one that fresh attribution gives, without re-running them. Refused: another
+    run or method, or another value of a ``RESUME_FIXED`` entry given in ``params`` (what a
+    branch is, and the error rate the result claims); that is a new attribution (a new id).
+    ``must_exist``: a missing attribution is an error (``car attribute --resume``), not a new
+    one. ``flags``: the hints name command-line flags instead of keyword arguments."""
     try:
         row = store.attribution(attribution_id)
     except AttributionNotFound:
         if must_exist:
             raise
         return
-    if flags and row["run_id"] != run_id:
-        raise InvalidInput(f"attribution {attribution_id} belongs to run {row['run_id']}, "
+    if flags and row.run_id != run_id:
+        raise InvalidInput(f"attribution {attribution_id} belongs to run {row.run_id}, "
                            f"not {run_id}", hint="resume it with that run id")
-    if flags and row["method"] != method:
-        raise InvalidInput(f"attribution {attribution_id} is a {row['method']} attribution",
-                           hint=f"resume it with --method {row['method']}")
-    if row["run_id"] != run_id or row["method"] != method:
-        raise InvalidInput(f"attribution {attribution_id} is a {row['method']} attribution of "
-                           f"run {row['run_id']}, not a {method} attribution of run {run_id}",
+    if flags and row.method != method:
+        raise InvalidInput(f"attribution {attribution_id} is a {row.method} attribution",
+                           hint=f"resume it with --method {row.method}")
+    if row.run_id != run_id or row.method != method:
+        raise InvalidInput(f"attribution {attribution_id} is a {row.method} attribution of "
+                           f"run {row.run_id}, not a {method} attribution of run {run_id}",
                            run_id=run_id, hint="pass a new attribution_id, or resume it with "
                                                "that run and method")
-    for key in BRANCH_PARAMS:
-        if key not in params:  # the command checks what its flags set (settings) only
+    for key in RESUME_FIXED:
+        if key not in params or row.params.get(key) is None:
+            continue  # the command checks what its flags set; older rows may lack a key
+        stored, given = row.params[key], params[key]
+        if _same(stored, given):
             continue
-        stored, given = row["params"].get(key), params.get(key)
-        if stored != given:
-            raise InvalidInput(f"attribution {attribution_id} was started with {key}={stored!r},"
-                               f" not {given!r}", run_id=run_id,
-                               hint=f"resume it with {key}={stored!r} (its stored branches were "
-                                    "drawn that way), or pass a new attribution_id")
-    for key, value in (settings or {}).items():
-        stored = row["params"].get(key)
-        if stored is None or abs(float(stored) - float(value)) <= 1e-12:
-            continue
-        if key == "level":  # shapley stores the level; the flag is --alpha
-            key, stored, value = "alpha", round(1 - float(stored), 12), round(1 - value, 12)
-        raise InvalidInput(f"attribution {attribution_id} was started with {key} {stored}, "
-                           f"not {value}",
-                           hint=f"resume with --{key} {stored} (the same settings find the "
-                                "branches already run)")
+        if flags:
+            if key == "level":  # shapley stores the level; the flag is --alpha
+                key, stored, given = "alpha", round(1 - float(stored), 12), round(1 - given, 12)
+            raise InvalidInput(f"attribution {attribution_id} was started with {key} {stored}, "
+                               f"not {given}",
+                               hint=f"resume with --{key} {stored} (the same settings find the "
+                                    "branches already run), or drop --resume for a new "
+                                    "attribution")
+        raise InvalidInput(f"attribution {attribution_id} was started with {key}={stored!r},"
+                           f" not {given!r}", run_id=run_id,
+                           hint=f"resume it with {key}={stored!r} (its stored branches were "
+                                "drawn and tested that way), or pass a new attribution_id")
+
+
+def _same(stored: Any, given: Any) -> bool:
+    """Equal, with levels computed as ``1 - alpha`` compared to 1e-12."""
+    numbers = (int, float)
+    if (isinstance(stored, numbers) and isinstance(given, numbers)
+            and not isinstance(stored, bool) and not isinstance(given, bool)):
+        return abs(float(stored) - float(given)) <= 1e-12
+    return bool(stored == given)
 
 
 class Session:
@@ -146,9 +158,9 @@ class Session:
     def tripped(self) -> str | None:
         return self.meter.tripped
 
-    def finish(self, result: dict[str, Any]) -> None:
+    def finish(self, result: Result) -> None:
         if self.store is not None and self.attribution_id is not None:
-            status = (AttributionStatus.TRUNCATED if result.get("truncated")
+            status = (AttributionStatus.TRUNCATED if result.truncated
                       else AttributionStatus.COMPLETE)
             self.store.finish_attribution(self.attribution_id, result, status,
                                           params=self.params)

@@ -41,11 +41,11 @@ from ..budget import Budget, as_budget
 from ..errors import InvalidInput
 from ..execution import Executor, Task
 from ..interventions import Plan, compile_plan, do_resample
+from ..results import ArmEstimate, ContrastiveResult, StepEffect
 from ..stats import Difference, Interval, difference, look_levels, looks, wilson
 from ..trajectory import Trajectory, step_label
 from . import search as search_
 from ._session import Session, check_run_has_steps
-from .results import ArmEstimate, ContrastiveResult, StepEffect
 
 SEARCHES = ("auto", "full", "bisection")
 MIN_FUTILITY_PAIRS = 4  # fewer pairs than this say too little to give up on a step
@@ -311,7 +311,7 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = de
         params=params, attribution_id=session.attribution_id,
         failures=session.failure_rows(), rollout_budget=cap, correction=correction,
         locus_label=step_label(run, locus) if locus is not None else None)
-    session.finish(result.to_dict())
+    session.finish(result)
     return result
 
 

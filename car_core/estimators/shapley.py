@@ -62,11 +62,11 @@ from ..budget import Budget, as_budget
 from ..errors import InvalidBudget, InvalidInput
 from ..execution import Executor, Task
 from ..interventions import Plan, compile_plan, do_action, do_resample
+from ..results import GameValue, ShapleyResult, ShapleyValue
 from ..seeding import Noise
 from ..stats import Interval, t_interval, wilson
 from ..trajectory import Trajectory, step_label
 from ._session import Session, check_run_has_steps
-from .results import GameValue, ShapleyResult, ShapleyValue
 
 MODES = ("auto", "exact", "permutation")
 MIN_PER_COALITION = 8  # "auto" picks exact mode only when every coalition can get this many
@@ -473,7 +473,7 @@ def _finish(setting: Setting, measured: Measured) -> ShapleyResult:
         tokens=session.meter.tokens,
         cost=round(session.meter.cost, 6), reason=reason, params=params,
         attribution_id=session.attribution_id, failures=session.failure_rows())
-    session.finish(result.to_dict())
+    session.finish(result)
     return result
 
 

@@ -37,7 +37,7 @@ store = car.RunStore(DB)
 for row in store.list():
     store.load(row["id"]).verify()
 for aid in AIDS:
-    assert store.attribution(aid)["status"] == "complete", aid
+    assert store.attribution(aid).status == "complete", aid
 print(md.version("sqlite-utils"), len(store.list()))
 """
 

@@ -1,7 +1,8 @@
 """What the estimators return: frozen result objects that serialise to one JSON schema.
 
-The same ``to_dict()`` feeds the store, the CLI (``--json``) and the HTML report, so it holds
-every number shown and every parameter needed to reproduce the estimate.
+The store keeps ``to_dict()`` as JSON and hands back the object (``result_from_dict``); the
+CLI prints the object and writes ``to_dict()`` for ``--json``. The schema holds every number
+shown and every parameter needed to reproduce the estimate.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import formatting as fmt
-from ..errors import InvalidInput
-from ..stats import Interval
+from . import formatting as fmt
+from .errors import InvalidInput
+from .stats import Interval
 
 
 def _ci(ci: Interval | None) -> list[float] | None:
@@ -58,7 +59,7 @@ class _Rendered:
         return json.dumps(self.to_dict(), **kwargs)
 
     def to_html(self) -> str:
-        from ..report import render_attribution  # the report pulls in jinja2: load it lazily
+        from .report import render_attribution  # the report pulls in jinja2: load it lazily
         return str(render_attribution(self.to_dict()))
 
     def _repr_html_(self) -> str:
@@ -322,7 +323,10 @@ class ShapleyResult(_Rendered):
         return f"{head}\n{_text_table(['player', 'phi', 'interval', 'n'], rows)}\n{foot}"
 
 
-def result_from_dict(data: dict[str, Any]) -> ContrastiveResult | ShapleyResult:
+Result = ContrastiveResult | ShapleyResult
+
+
+def result_from_dict(data: dict[str, Any]) -> Result:
     """A stored or exported result (``to_dict``), typed by its ``method``."""
     method = data.get("method")
     try:
