@@ -27,7 +27,7 @@ from rich.text import Text
 from . import _clikit as kit
 from . import defaults
 from ._json import dumps
-from .errors import CarError, InvalidInput
+from .errors import AttributionNotFound, CarError, InvalidInput
 from .redact import redact
 from .results import ContrastiveResult, Result
 from .store import Attribution, RunStore
@@ -285,9 +285,11 @@ def attribute(
         budget: Annotated[int | None, typer.Option(
             "--budget", help="Total rollouts (contrastive: a cap; shapley: default "
                              f"{defaults.SHAPLEY_BUDGET}).")] = None,
-        alpha: Annotated[float, typer.Option(
-            "--alpha", help="Family-wise error rate.")] = defaults.ALPHA,
-        seed: Annotated[int, typer.Option("--seed")] = 0,
+        alpha: Annotated[float | None, typer.Option(
+            "--alpha", help=f"Family-wise error rate (default {defaults.ALPHA}; on --resume "
+                            "the attribution's).")] = None,
+        seed: Annotated[int | None, typer.Option(
+            "--seed", help="Default 0; on --resume the attribution's.")] = None,
         executor: Annotated[ExecutorName | None, typer.Option(
             "--executor", help="How branches run (default: chosen for the agent).")] = None,
         concurrency: Annotated[int, typer.Option(
@@ -302,10 +304,22 @@ def attribute(
         store: StoreOpt = "car.db", json_out: JsonOpt = False,
         progress: ProgressOpt = None) -> None:
     """Find the step that caused the failure (contrastive) or split the blame (shapley).
-    The result and every branch are kept in the store."""
+    The result and every branch are kept in the store. On --resume, the settings left out
+    (--rollouts, --budget, --alpha, --seed) are the attribution's own."""
     import car_core as car
 
     from .budget import Budget
+    reader = kit.existing_store(store)  # read-only first: a damaged store is refused untouched
+    try:
+        run = reader.load(run_id)
+        if resume is not None:
+            rollouts, budget, alpha, seed = _stored_settings(reader, resume, method,
+                                                             len(run.steps), rollouts, budget,
+                                                             alpha, seed)
+    finally:
+        reader.close()
+    alpha = defaults.ALPHA if alpha is None else alpha
+    seed = 0 if seed is None else seed
     _check_seed(seed)
     if not 0.0 < alpha < 1.0:
         raise InvalidInput(f"--alpha {alpha} is outside (0, 1)", hint="e.g. --alpha 0.05")
@@ -317,9 +331,6 @@ def attribute(
     if method is Method.shapley and rollouts is not None:
         raise InvalidInput("--rollouts applies to contrastive only",
                            hint="for shapley give the total with --budget B")
-    reader = kit.existing_store(store)  # read-only first: a damaged store is refused untouched
-    run = reader.load(run_id)
-    reader.close()
     db = RunStore(store)
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
     exe = _executor(executor, concurrency, ray_address)
@@ -399,6 +410,34 @@ def _stopped(exc: BaseException) -> tuple[int | None, str]:
         return kit.INTERNAL, (f"internal error: {type(exc).__name__}: {str(exc)[:200]} (set "
                               "CAR_DEBUG=1 for the traceback and report it)")
     return None, ""
+
+
+def _stored_settings(reader: RunStore, aid: str, method: Method, n_steps: int,
+                     rollouts: int | None, budget: int | None, alpha: float | None,
+                     seed: int | None) -> tuple[int | None, int | None, float | None, int | None]:
+    """The settings a resume left out, from the stored attribution: a resume continues what
+    was started, so leaving a flag out must not silently mean the default. A contrastive
+    attribution stores its n·K cap even when no --budget was given: only a smaller cap was the
+    user's. A missing attribution is left for ``check_resumable`` to report."""
+    try:
+        params = reader.attribution(aid).params
+    except AttributionNotFound:
+        return rollouts, budget, alpha, seed
+    if seed is None:
+        seed = params.get("seed")
+    if alpha is None:
+        level = params.get("level")
+        alpha = params.get("alpha") if level is None else round(1 - float(level), 12)
+    cap = (params.get("budget") or {}).get("rollouts")
+    if method is Method.contrastive:
+        stored_k = params.get("rollouts")
+        if rollouts is None:
+            rollouts = stored_k
+        if stored_k is not None and cap is not None and cap >= n_steps * stored_k:
+            cap = None  # the cap K implied, not one the user gave
+    if budget is None and cap is not None:
+        budget = int(cap)
+    return rollouts, budget, alpha, seed
 
 
 def _resume_command(aid: str) -> str:

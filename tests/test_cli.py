@@ -460,7 +460,9 @@ def test_resume_with_a_larger_rollout_cap_continues_the_attribution(pivot_store)
     small = car(*base, "--rollouts", "16", "--budget", "5", cwd=folder)
     assert small.returncode == 3, small.stderr
     aid = json.loads(small.stdout)["attribution_id"]
-    grown = car(*base, "--rollouts", "32", "--resume", aid, cwd=folder)
+    # the smaller --budget given at the start stays unless the resume lifts it too
+    cap = str(len(run.steps) * 32)  # n·K, the cap a fresh run derives
+    grown = car(*base, "--rollouts", "32", "--budget", cap, "--resume", aid, cwd=folder)
     assert grown.returncode == 0, grown.stderr
     fresh = car(*base, "--rollouts", "32", cwd=folder)
     a, b = json.loads(grown.stdout), json.loads(fresh.stdout)
@@ -472,6 +474,29 @@ def test_resume_with_a_larger_rollout_cap_continues_the_attribution(pivot_store)
     assert a == b
     with RunStore(folder / "car.db") as s:
         assert s.attribution(aid).status == "complete"
+
+
+def test_a_resume_without_flags_continues_with_the_attributions_own_settings(pivot_store):
+    """Leaving --seed, --alpha, --rollouts and --budget out of a resume means "as started",
+    not the defaults: the resumed result is the one a fresh run with those settings gives."""
+    folder, run = pivot_store
+    base = ("attribute", run.id, "--agent", PIVOT, "--json")
+    started = ("--rollouts", "12", "--seed", "3", "--alpha", "0.1")
+    small = car(*base, *started, "--budget", "5", cwd=folder)
+    assert small.returncode == 3, small.stderr
+    aid = json.loads(small.stdout)["attribution_id"]
+    with RunStore(folder / "car.db") as s:
+        assert s.attribution(aid).params["budget"]["rollouts"] == 5
+    still_capped = car(*base, "--resume", aid, cwd=folder)
+    assert still_capped.returncode == 3, still_capped.stderr  # its own --budget 5, kept
+    cap = str(len(run.steps) * 12)
+    resumed = car(*base, "--resume", aid, "--budget", cap, cwd=folder)
+    assert resumed.returncode == 0, resumed.stderr
+    fresh = car(*base, *started, cwd=folder)
+    a, b = json.loads(resumed.stdout), json.loads(fresh.stdout)
+    for data in (a, b):
+        data.pop("attribution_id"), data.pop("example_branch")
+    assert a == b
 
 
 # -- read commands write nothing; safety and recovery ----------------------------------------
