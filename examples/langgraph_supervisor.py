@@ -35,20 +35,9 @@ from ``examples/``), where it would stand in for the library in the whole proces
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import sqlite3
 import sys
-import warnings
 from pathlib import Path
-from typing import Any
-
-from car_adapters.demo import supervisor_app as sv
-from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent
-from langgraph.checkpoint.sqlite import SqliteSaver
-
-import car_core as car
 
 HERE = Path(__file__).resolve().parent
 if __name__ == "langgraph_supervisor":  # found on sys.path before the library of that name
@@ -56,8 +45,20 @@ if __name__ == "langgraph_supervisor":  # found on sys.path before the library o
         f"{__file__} is CAR's example, imported here in place of the langgraph_supervisor "
         "library it uses: import it as examples.langgraph_supervisor from the repository root "
         "(car attribute ... --agent examples.langgraph_supervisor:make)")
-if __name__ == "__main__":  # what `python -P` does: this folder must not shadow the library
+if __name__ == "__main__":  # what `python -P` does, before anything imports the library
     sys.path[:] = [p for p in sys.path if Path(p or os.curdir).resolve() != HERE]
+
+import argparse
+import json
+import sqlite3
+import warnings
+from typing import Any
+
+from car_adapters.demo import supervisor_app as sv
+from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent
+from langgraph.checkpoint.sqlite import SqliteSaver
+
+import car_core as car
 
 outcome = sv.outcome
 DIR_ENV = "CAR_SUPERVISOR_DIR"
