@@ -261,6 +261,7 @@ class ChatFunctionAgent(car.FunctionAgent):
         return check([(history_messages(run.history(k)), k) for k in ks])  # type: ignore[no-any-return]
 
     def branch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
+        self.safety.warn_free_text(run.id, run.steps)
         token = _BRANCH.set((run.id, recorded_calls(run.steps)))
         try:
             return super().branch(run, plan, noise)
@@ -270,16 +271,18 @@ class ChatFunctionAgent(car.FunctionAgent):
 
 def ChatAgent(policy: Callable[..., Any], tools: Mapping[str, Callable[..., Any]] | None = None,
               *, side_effect_tools: Iterable[str] = (),
-              simulators: Mapping[str, Simulator] | None = None, max_steps: int = 8,
+              simulators: Mapping[str, Simulator] | None = None,
+              match_on: Mapping[str, Iterable[str] | str] | None = None, max_steps: int = 8,
               name: str = "chat-agent") -> ChatFunctionAgent:
     """A tool-calling chat agent as a ``car.FunctionAgent``. ``side_effect_tools`` never run on
     a counterfactual branch: a call is answered from the record when it matches a recorded
-    call exactly, else by ``simulators[name](arguments)``, else the branch stops with
-    ``SideEffectBlocked``; a name that is not one of ``tools`` is refused here. Over a model
+    call on the arguments that matter (``match_on``, see ``ToolSafety``), else by
+    ``simulators[name](arguments)``, else the branch stops with ``SideEffectBlocked``; a name
+    that is not one of ``tools`` is refused here. Over a model
     server (``remote`` policies) it asks for the asyncio executor by default: branches then
     wait on the server together instead of one after another."""
     tools = dict(tools or {})
-    safety = ToolSafety.of(side_effect_tools, simulators)
+    safety = ToolSafety.of(side_effect_tools, simulators, match_on)
     safety.check_names(tools, agent=f"chat agent {name!r}")
     return ChatFunctionAgent(policy=policy, environment=run_tools(tools, safety),
                              is_final=is_final, max_steps=max_steps, name=name, safety=safety,

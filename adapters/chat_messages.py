@@ -10,15 +10,16 @@ see one vocabulary whatever the framework:
 - a **state** is the message list the step decided from (``do_context`` edits that list).
 
 ``ToolSafety`` is the rule for tools with side effects on counterfactual branches: they never
-run; a call is served from the record when it matches a recorded call exactly, else by a
-simulator the user supplies, else the branch stops with ``SideEffectBlocked`` naming the tool.
-This module imports no framework.
+run; a call is served from the record when it matches a recorded call on the arguments that
+matter, else by a simulator the user supplies, else the branch stops with ``SideEffectBlocked``
+naming the tool. This module imports no framework.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,16 @@ from car_core.errors import CarError, InvalidInput, InvalidIntervention, SideEff
 
 Message = dict[str, Any]
 Simulator = Callable[[dict[str, Any]], Any]
+
+
+class FreeTextMatchWarning(UserWarning):
+    """A side-effect tool was recorded with free-text arguments only, so by default a branch's
+    call of it is answered from the record only when it is identical (see ``ToolSafety``)."""
+
+
+def is_free_text(value: Any) -> bool:
+    """A string argument holding whitespace: a note, a reason, a message body."""
+    return isinstance(value, str) and any(c.isspace() for c in value)
 
 
 def parse_arguments(arguments: Any) -> dict[str, Any]:
@@ -182,16 +193,22 @@ class ToolSafety:
     call the record cannot answer.
 
     A branch call is answered from the record when it matches a recorded call of the same tool
-    on the arguments that matter. ``match_on[name]`` lists them for a tool (``()`` or
-    ``"exact"``: every argument). The default for a tool not in ``match_on`` is every argument
-    except free text — a string argument holding whitespace (a note, a reason) — so a resampled
-    wording of the reason for the same action gets the recorded result instead of stopping the
-    estimate; the exact match is tried first either way.
+    on the arguments that matter; an identical call always matches. ``match_on[name]`` says
+    which arguments matter for a tool: a list of argument names, ``"exact"`` (every argument) or
+    ``"any"`` (none: any call of the tool gets the tool's first recorded result). The default is
+    every argument except free text (a string holding whitespace: a note, a reason), so a
+    re-worded note on ``close_account(account_id, note)`` gets the recorded result instead of
+    stopping the estimate. A call whose arguments are *all* free text (``send_email(body)``)
+    leaves nothing that tells one action from another, so by default it matches only an
+    identical call: answering any wording with the recorded result could credit a branch with
+    an effect it did not ask for. Such a tool needs a choice — ``"any"``, the names that
+    matter, or a simulator — and ``warn_free_text`` says so before a run's first branch.
     """
 
     side_effect_tools: frozenset[str] = frozenset()
     simulators: Mapping[str, Simulator] = field(default_factory=dict)
     match_on: Mapping[str, tuple[str, ...] | str] = field(default_factory=dict)
+    _warned: set[str] = field(default_factory=set, compare=False, repr=False)
 
     @classmethod
     def of(cls, side_effect_tools: Iterable[str] = (),
@@ -206,14 +223,20 @@ class ToolSafety:
                                           hint="pass simulators={name: fn(arguments) -> str}")
         keys: dict[str, tuple[str, ...] | str] = {}
         for name, spec in (match_on or {}).items():
-            if spec == "exact" or spec == ():
-                keys[name] = "exact"
-            elif isinstance(spec, str) or not all(isinstance(a, str) for a in spec):
+            if spec in ("exact", "any"):
+                keys[name] = str(spec)
+            elif (isinstance(spec, str) or not all(isinstance(a, str) for a in spec)
+                  or not tuple(spec)):
                 raise InvalidIntervention(f"match_on[{name!r}] = {spec!r}",
-                                          hint="give the argument names that matter, as a "
-                                               "list of strings, or 'exact'")
+                                          hint="give the names of the arguments that decide "
+                                               "what the call does, as a list of strings, or "
+                                               "'exact' (every argument) or 'any' (none)")
             else:
                 keys[name] = tuple(spec)
+        unguarded = sorted(set(keys) - set(side_effect_tools) - set(sims))
+        if unguarded:
+            raise InvalidIntervention(f"match_on names {unguarded}, which are not side-effect "
+                                      "tools", hint="name the tool in side_effect_tools too")
         return cls(frozenset(side_effect_tools) | frozenset(sims), sims, keys)
 
     def _key_args(self, name: str, arguments: Any) -> dict[str, Any] | None:
@@ -224,9 +247,10 @@ class ToolSafety:
         args = parse_arguments(arguments)
         if not isinstance(args, dict):
             return None
-        if spec is None:
-            return {k: v for k, v in args.items()
-                    if not (isinstance(v, str) and any(c.isspace() for c in v))}
+        if spec == "any":
+            return {}
+        if spec is None:  # all but free text; nothing left (all free text): exactly
+            return {k: v for k, v in args.items() if not is_free_text(v)} or None
         return {k: args.get(k) for k in spec}
 
     def _relaxed(self, name: str, arguments: Any,
@@ -238,6 +262,34 @@ class ToolSafety:
             if rec_name == name and self._key_args(name, rec_args) == wanted:
                 return True, content
         return False, None
+
+    def _undecided(self, name: str, arguments: Any) -> bool:
+        """A call the default rule can only match exactly: every argument is free text."""
+        if name in self.match_on or name in self.simulators:
+            return False
+        args = parse_arguments(arguments)
+        return isinstance(args, dict) and bool(args) and all(map(is_free_text, args.values()))
+
+    def _choose(self, name: str) -> str:
+        return (f"choose how to answer {name!r} on branches: match_on={{{name!r}: 'any'}} if "
+                f"every call of it has the recorded effect, match_on={{{name!r}: [argument "
+                f"names]}} for the ones that decide what it does, or simulators={{{name!r}: "
+                "fn(arguments)}}")
+
+    def warn_free_text(self, run_id: str | None, steps: Iterable[Any]) -> None:
+        """Warn, once per run, before its first branch, about each guarded tool the run called
+        with free-text arguments only and for which the user chose no rule."""
+        names = sorted({n for n, args in recorded_calls(steps)
+                        if n in self.side_effect_tools and self._undecided(n, args)})
+        if not names or str(run_id) in self._warned:
+            return
+        self._warned.add(str(run_id))  # two branches racing here warn twice at worst
+        for name in names:
+            warnings.warn(
+                f"side-effect tool {name!r} was recorded with free-text arguments only, so a "
+                "branch's call of it is answered from the record only when it is identical "
+                "(a re-worded call stops the estimate with SideEffectBlocked); "
+                + self._choose(name), FreeTextMatchWarning, stacklevel=3)
 
     def guards(self, name: str) -> bool:
         return name in self.side_effect_tools
@@ -267,6 +319,11 @@ class ToolSafety:
         if name in self.simulators:
             out = self.simulators[name](parse_arguments(arguments))
             return out if isinstance(out, str) else json.dumps(out)
+        if self._undecided(name, arguments):
+            raise SideEffectBlocked(
+                f"the branch called side-effect tool {name!r} with arguments {key[1]}, all "
+                "free text and not those of any recorded call: nothing tells whether it does "
+                "what a recorded call did", run_id=run_id, step=step, hint=self._choose(name))
         raise SideEffectBlocked(
             f"the branch called side-effect tool {name!r} with arguments {key[1]}, which the "
             "record cannot answer", run_id=run_id, step=step,

@@ -8,9 +8,14 @@ The app is the support agent of ``car_adapters.demo.support_agent``: the decisio
 step is deterministic. For a failing run, analytically: P(fail | factual) = 1,
 P(fail | do_resample(1)) = 0.3, so the rescue of step 1 is 0.7 and step 1 is the locus (steps 2
 and 3 only carry the decision out: rescue 0); removing the injection gives P(fail) = 0 exactly.
-The rescue interval is contrastive's own (95%, Holm-corrected across the steps), so the truth
-falls outside it with probability at most 0.05 for a given seed; the seeds are fixed, so each
-test is deterministic.
+The multi-agent app is the supervisor of ``car_adapters.demo.supervisor_app``
+(``langgraph-supervisor`` over two ``create_agent`` workers, three checkpoint namespaces): step 4
+is ``account_agent``'s decision, "close" with p = 0.5 while the injection is in view, step 5 the
+mechanical ``close_account``; for a failing run rescue(4) = 0.5, every other rescue is 0, so the
+locus is 4, and without the injection P(fail) = 0 exactly.
+The rescue interval is contrastive's own (95%, family-wise across the steps it tests), so the
+truth falls outside it with probability at most 0.05 for a given seed; the seeds are fixed, so
+each test is deterministic.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import uuid
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from car_adapters.demo import supervisor_app as sv
 from car_adapters.demo import support_agent as sa
 from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent
 from langchain_core.messages import SystemMessage
@@ -195,3 +202,127 @@ def test_an_async_saver_whose_loop_has_ended_is_refused(tmp_path: Path) -> None:
         car.intervene(kept["run"], agent, car.do_resample(1), outcome=sa.outcome, rollouts=2,
                       progress=False)
 
+
+
+# -- the supervisor app: the same savers under a multi-agent graph ---------------------------------
+SUPERVISOR_RESCUE = 1.0 - 0.5
+LABEL = "account_agent, step 4 (its 1st decision)"
+
+
+@pytest.fixture
+def closings(monkeypatch: pytest.MonkeyPatch) -> SideEffectLedger:
+    """Counts every real call of ``close_account``."""
+    book = SideEffectLedger(["close_account"])
+    monkeypatch.setattr(sv.close_account, "func",
+                        book.wrap("close_account", sv.close_account.func))
+    return book
+
+
+def supervisor(model: Any, saver: Any) -> Any:
+    with warnings.catch_warnings():  # create_supervisor calls the deprecated create_react_agent
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return sv.build_app(model, saver)
+
+
+def first_closing(invoke: Callable[[str], Any], cb: CarCallback, tries: int = 40
+                  ) -> car.Trajectory:
+    tag = uuid.uuid4().hex[:8]
+    for i in range(tries):  # p = 0.5 per ticket; the model's rng is seeded: deterministic
+        invoke(f"ticket-{tag}-{i}")
+        if cb.run is not None and sv.outcome(cb.run):
+            return cb.run
+    raise AssertionError(f"no ticket closed the account in {tries} tries")
+
+
+async def afirst_closing(invoke: Callable[[str], Any], cb: CarCallback, tries: int = 40
+                         ) -> car.Trajectory:
+    tag = uuid.uuid4().hex[:8]
+    for i in range(tries):
+        await invoke(f"ticket-{tag}-{i}")
+        if cb.run is not None and sv.outcome(cb.run):
+            return cb.run
+    raise AssertionError(f"no ticket closed the account in {tries} tries")
+
+
+def attribute_supervisor(run: car.Trajectory, agent: LangGraphAgent,
+                         closings: SideEffectLedger) -> None:
+    """Which agent and which step, checked against the planted truth, with no real closing."""
+    assert [s.meta["agent"] for s in run.steps][3:6] == ["supervisor", "account_agent",
+                                                         "account_agent"]
+    before = threads(agent.saver)
+    closings.reset()
+    res = car.contrastive(run, agent, outcome=sv.outcome, rollouts=ROLLOUTS, seed=0,
+                          progress=False)
+    assert res.locus == 4 and res.locus_label == LABEL
+    low, high = res.steps[4].ci
+    assert 0 < low <= SUPERVISOR_RESCUE <= high, (res.steps[4].effect, res.steps[4].ci)
+    rescued = car.intervene(run, agent, car.do_context(4, sv.remove_injection),
+                            outcome=sv.outcome, rollouts=8, seed=0, progress=False)
+    assert rescued.mean == 0.0
+    assert closings.count() == 0  # closings on branches were answered from the record
+    assert threads(agent.saver) == before  # every branch thread, all namespaces, deleted
+
+
+def test_postgres_saver_with_a_supervisor_streaming_its_subgraphs(
+        postgres_dsn: str, closings: SideEffectLedger) -> None:
+    with PostgresSaver.from_conn_string(postgres_dsn) as saver:
+        saver.setup()
+        wrapper = CarChatModel(inner=sv.PlantedAgentModel(rng_seed=1))
+        app = supervisor(wrapper, saver)
+        cb = CarCallback()
+        run = first_closing(lambda t: list(app.stream(sv.inputs(), config(t, cb),
+                                                      subgraphs=True)), cb)
+        assert closings.count("close_account") == 1  # the user's own run closed it for real
+        agent = LangGraphAgent(app, model=wrapper, side_effect_tools=["close_account"])
+        imported = agent.import_thread(run.meta["thread_id"])
+        assert [s.action for s in imported.steps] == [s.action for s in run.steps]
+        assert [s.meta["agent"] for s in imported.steps] == [s.meta["agent"] for s in run.steps]
+        attribute_supervisor(run, agent, closings)
+        closings.reset()  # the import_thread path is guarded too
+        res = car.contrastive(imported, agent, outcome=sv.outcome, rollouts=ROLLOUTS, seed=0,
+                              progress=False)
+        assert res.locus == 4 and res.locus_label == LABEL and closings.count() == 0
+
+
+def supervisor_async_case(open_saver: Callable[[], Any], drive: str,
+                          closings: SideEffectLedger) -> None:
+    """Record the supervisor app with ``ainvoke`` or ``astream`` (subgraph updates included)
+    inside the saver's event loop, then attribute from a worker thread while it runs."""
+    async def main() -> None:
+        async with open_saver() as saver:
+            if isinstance(saver, AsyncPostgresSaver):
+                await saver.setup()
+            wrapper = CarChatModel(inner=sv.PlantedAgentModel(rng_seed=1))
+            app = supervisor(wrapper, saver)
+            cb = CarCallback()
+
+            async def invoke(thread_id: str) -> None:
+                if drive == "ainvoke":
+                    await app.ainvoke(sv.inputs(), config(thread_id, cb))
+                else:
+                    async for _ in app.astream(sv.inputs(), config(thread_id, cb),
+                                               stream_mode="updates", subgraphs=True):
+                        pass
+
+            run = await afirst_closing(invoke, cb)
+            assert closings.count("close_account") == 1 and len(run.steps) == 8
+            agent = LangGraphAgent(app, model=wrapper, side_effect_tools=["close_account"])
+            with pytest.raises(AdapterError, match="asyncio.to_thread"):  # would deadlock
+                car.intervene(run, agent, car.do_resample(4), outcome=sv.outcome, rollouts=2,
+                              progress=False)
+            assert closings.count() == 1  # refused before any branch ran
+            await asyncio.to_thread(attribute_supervisor, run, agent, closings)
+
+    asyncio.run(main())
+
+
+def test_async_sqlite_saver_with_a_supervisor_on_ainvoke(
+        tmp_path: Path, closings: SideEffectLedger) -> None:
+    path = str(tmp_path / "checkpoints.db")
+    supervisor_async_case(lambda: AsyncSqliteSaver.from_conn_string(path), "ainvoke", closings)
+
+
+def test_async_postgres_saver_with_a_supervisor_on_astream(
+        postgres_dsn: str, closings: SideEffectLedger) -> None:
+    supervisor_async_case(lambda: AsyncPostgresSaver.from_conn_string(postgres_dsn), "astream",
+                          closings)

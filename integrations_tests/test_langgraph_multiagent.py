@@ -97,3 +97,24 @@ def test_supervisor_passes_the_conformance_suite(app: Any) -> None:
                                simulators={"close_account": lambda args: {"closed": "sim"}}),
         context=sv.inputs(), outcome=sv.outcome, seed=0)
     assert ran == ["replay", "lineage", "forced", "noise", "identity"]
+
+
+def test_held_steps_leave_only_plain_values_in_checkpoints(app: Any) -> None:
+    """A held (forced) decision's message goes into the branch's checkpoints: it must carry
+    no CAR type, which LangGraph's checkpoint serializer warns about and will refuse to load."""
+    graph, model = app
+    run = failing(graph)
+    agent = LangGraphAgent(graph, model=model, side_effect_tools=["close_account"],
+                           keep_branches=True)
+    dist = car.intervene(run, agent, [car.do_resample(4), car.do_action(5, run.steps[5].action)],
+                         outcome=sv.outcome, rollouts=1, seed=0)
+    branch = dist.trajectories[0]
+    assert branch.steps[5].meta["origin"] == "held"
+    thread_id = branch.meta["thread_id"]
+    origins = [m.response_metadata["car_origin"]  # every namespace: the worker's hold it
+               for snap in graph.checkpointer.list(None)
+               if snap.config["configurable"]["thread_id"] == thread_id
+               for m in snap.checkpoint["channel_values"].get("messages") or ()
+               if "car_origin" in getattr(m, "response_metadata", {})]
+    assert origins and all(type(o) is str for o in origins)  # not car_core's Origin
+    graph.checkpointer.delete_thread(thread_id)

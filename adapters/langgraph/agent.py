@@ -240,6 +240,7 @@ class LangGraphAgent:
     def branch(self, run: Trajectory, plan: Plan, noise: Noise) -> Trajectory:
         k = plan.start
         self.preflight(run)
+        self.safety.warn_free_text(run.id, run.steps)
         if k >= len(run.steps):
             steps = run.held_prefix(len(run.steps))
             return Trajectory.new(context=run.context, steps=steps, seed=noise.seed,

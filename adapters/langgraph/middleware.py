@@ -46,7 +46,7 @@ class HeldModel(BaseChatModel):
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: Any = None, **kwargs: Any) -> ChatResult:
         return ChatResult(generations=[ChatGeneration(message=self.message.model_copy())],
-                          llm_output={"car_origin": Origin.HELD})
+                          llm_output={"car_origin": Origin.HELD.value})
 
 
 class CarMiddleware(AgentMiddleware):  # type: ignore[type-arg]

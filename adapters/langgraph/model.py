@@ -114,7 +114,7 @@ class CarChatModel(BaseChatModel):
         msg = action_message(control.forced[k])
         control.steps[k] = {"origin": Origin.HELD, "model": None}
         return ChatResult(generations=[ChatGeneration(message=msg)],
-                          llm_output={"car_origin": Origin.HELD})
+                          llm_output={"car_origin": Origin.HELD.value})
 
     @staticmethod
     def _note(control: Control | None, k: int | None, model: Any, result: ChatResult,

@@ -83,17 +83,19 @@ def _check_history(messages: Any, run_id: str, k: int) -> list[dict[str, Any]]:
 class LlamaIndexAgent:
     """Wraps a LlamaIndex ``FunctionAgent``, ``ReActAgent`` or ``AgentWorkflow`` for
     ``car.intervene``, ``car.contrastive`` and ``car.shapley``. ``side_effect_tools`` never run
-    on a branch: they are answered from the record, by ``simulators[name](arguments)``, or stop
-    the branch. ``max_iterations`` caps the decisions a branch makes from its branch step on."""
+    on a branch: they are answered from the record (on the arguments that matter: ``match_on``,
+    see ``ToolSafety``), by ``simulators[name](arguments)``, or stop the branch.
+    ``max_iterations`` caps the decisions a branch makes from its branch step on."""
 
     def __init__(self, agent: Any, *, side_effect_tools: Iterable[str] = (),
                  simulators: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
+                 match_on: Mapping[str, Iterable[str] | str] | None = None,
                  max_iterations: int = 20, name: str | None = None) -> None:
         if not hasattr(agent, "run"):
             raise AdapterError(f"expected a LlamaIndex agent workflow, got {type(agent).__name__}",
                                hint="pass a FunctionAgent, ReActAgent or AgentWorkflow")
         self.workflow = agent
-        self.safety = ToolSafety.of(side_effect_tools, simulators)
+        self.safety = ToolSafety.of(side_effect_tools, simulators, match_on)
         self.max_iterations = max_iterations
         self.name = name or f"llamaindex:{type(agent).__name__}"
         self._lock = _workflow_lock(agent)
@@ -132,6 +134,7 @@ class LlamaIndexAgent:
         return replace(run, context=context, seed=noise.seed)
 
     def branch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
+        self.safety.warn_free_text(run.id, run.steps)
         k = plan.start
         prefix = run.held_prefix(k)
         if k >= len(run.steps):

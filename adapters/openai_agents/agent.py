@@ -97,13 +97,15 @@ def _used_tools(run: car.Trajectory, k: int) -> frozenset[str]:
 class OpenAIAgentsAgent:
     """Wraps an OpenAI Agents SDK ``Agent`` (the one the run starts with; the agents it hands
     off to come with it) for ``car.intervene``, ``car.contrastive`` and ``car.shapley``.
-    ``side_effect_tools`` never run on a branch: they are answered from the record, by
-    ``simulators[name](arguments)``, or stop the branch with ``SideEffectBlocked``.
+    ``side_effect_tools`` never run on a branch: they are answered from the record (on the
+    arguments that matter: ``match_on``, see ``ToolSafety``), by ``simulators[name](arguments)``,
+    or stop the branch with ``SideEffectBlocked``.
     ``max_turns`` is the one the app runs with; ``run_config`` supplies the model provider
     (for agents whose model is a name), guardrails and handoff filters."""
 
     def __init__(self, agent: Agent[Any], *, side_effect_tools: Iterable[str] = (),
                  simulators: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
+                 match_on: Mapping[str, Iterable[str] | str] | None = None,
                  max_turns: int = DEFAULT_MAX_TURNS, run_config: RunConfig | None = None,
                  context: Any = None, name: str | None = None) -> None:
         if not isinstance(agent, Agent):
@@ -120,7 +122,7 @@ class OpenAIAgentsAgent:
             raise AdapterError("this app uses features CAR cannot replay: " + "; ".join(refused),
                                hint="attribute an app without them (wrap hosted tools in "
                                     "function tools)")
-        self.safety = ToolSafety.of(side_effect_tools, simulators)
+        self.safety = ToolSafety.of(side_effect_tools, simulators, match_on)
         known = sorted({n for names in tool_names(agent).values() for n in names})
         typos = sorted(self.safety.side_effect_tools - set(known))
         if typos:
@@ -140,6 +142,7 @@ class OpenAIAgentsAgent:
         return replace(run, context=context, seed=noise.seed)
 
     def branch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
+        self.safety.warn_free_text(run.id, run.steps)
         k = plan.start
         prefix = run.held_prefix(k)
         if k >= len(run.steps):

@@ -13,27 +13,45 @@ the account, then asks which agent and which step: ``car.contrastive`` names
 ``account_agent``'s decision (step 4), not ``close_account`` (step 5) or the research worker that
 only read the injection; Shapley splits the credit between the decision and the mechanical
 step; removing the injection from what step 4 sees rescues the run. ``close_account`` is a
-side-effect tool: no branch closes an account.
+side-effect tool: no branch closes an account. From the repository root:
 
-    python examples/langgraph_multiagent.py [--rollouts 32] [--dir car-supervisor]
+    python examples/langgraph_supervisor.py [--rollouts 32] [--dir car-supervisor]
+    python -m examples.langgraph_supervisor            # the same
 
-(Not named ``langgraph_supervisor.py``: run from this folder, that name would shadow the
-``langgraph_supervisor`` library it uses.) Then, from this folder, the same with the ``car``
-command (``make`` rebuilds the agent over the same checkpoint database; ``outcome`` scores a
-run; ``CAR_SUPERVISOR_DIR`` names the folder when it is not ``car-supervisor``):
+then the same with the ``car`` command (``make`` rebuilds the agent over the same checkpoint
+database; ``outcome`` scores a run; ``CAR_SUPERVISOR_DIR`` names the folder when it is not
+``car-supervisor``):
 
-    car attribute RUN_ID --store car-supervisor/car.db --agent langgraph_multiagent:make \\
-        --outcome langgraph_multiagent:outcome --rollouts 32
+    car attribute RUN_ID --store car-supervisor/car.db --agent examples.langgraph_supervisor:make \\
+        --outcome examples.langgraph_supervisor:outcome --rollouts 32
     car report RUN_ID --store car-supervisor/car.db --out report.html
+
+This file has the name of the ``langgraph_supervisor`` library it uses. Python puts a script's
+folder first on ``sys.path``, where this file would shadow the library; run as a script, it takes
+its folder off ``sys.path`` again (what ``python -P`` does: it imports nothing from there), and it
+refuses to be imported under the library's name (``--agent langgraph_supervisor:make`` run
+from ``examples/``), where it would stand in for the library in the whole process.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if __name__ == "langgraph_supervisor":  # found on sys.path before the library of that name
+    raise ImportError(
+        f"{__file__} is CAR's example, imported here in place of the langgraph_supervisor "
+        "library it uses: import it as examples.langgraph_supervisor from the repository root "
+        "(car attribute ... --agent examples.langgraph_supervisor:make)")
+if __name__ == "__main__":  # what `python -P` does, before anything imports the library
+    sys.path[:] = [p for p in sys.path if Path(p or os.curdir).resolve() != HERE]
+
+import argparse
+import json
 import sqlite3
 import warnings
-from pathlib import Path
 from typing import Any
 
 from car_adapters.demo import supervisor_app as sv
@@ -56,7 +74,7 @@ def build(folder: Path, model: Any = None) -> tuple[Any, CarChatModel]:
 
 
 def make() -> LangGraphAgent:
-    """The agent for ``car attribute --agent langgraph_multiagent:make``."""
+    """The agent for ``car attribute --agent examples.langgraph_supervisor:make``."""
     app, wrapper = build(Path(os.environ.get(DIR_ENV, "car-supervisor")))
     return LangGraphAgent(app, model=wrapper, side_effect_tools=["close_account"])
 
@@ -71,6 +89,7 @@ def main(argv: list[str] | None = None, model: Any = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=32)
     parser.add_argument("--dir", default="car-supervisor", help="where the databases go")
+    parser.add_argument("--json", action="store_true", help="end with the results as JSON")
     args = parser.parse_args(argv)
     folder = Path(args.dir)
     folder.mkdir(parents=True, exist_ok=True)
@@ -103,9 +122,15 @@ def main(argv: list[str] | None = None, model: Any = None) -> dict[str, Any]:
     print(f"accounts closed for real on {res.rollouts_used + sh.rollouts_used + rescued.n} "
           f"branches: {len(sv.CLOSED) - closed}")
     store.close()
-    return {"run_id": run.id, "locus": res.locus, "locus_label": res.locus_label,
-            "shapley": [v.estimate for v in sh.values], "rescued": rescued.mean,
-            "closed_on_branches": len(sv.CLOSED) - closed}
+    out = {"run_id": run.id, "agents": [s.meta["agent"] for s in run.steps],
+           "locus": res.locus, "locus_label": res.locus_label,
+           "rescue": res.steps[4].effect, "rescue_ci": list(res.steps[4].ci),
+           "shapley": [v.estimate for v in sh.values],
+           "shapley_labels": [v.label for v in sh.values], "rescued": rescued.mean,
+           "closed_on_branches": len(sv.CLOSED) - closed}
+    if args.json:
+        print(json.dumps(out))
+    return out
 
 
 if __name__ == "__main__":
