@@ -31,7 +31,7 @@ from ..langgraph import CarCallback, CarChatModel, LangGraphAgent
 from . import refund_desk, support_agent
 
 SETTINGS = {  # rollouts per arm, tickets to try, wall-time caps (s): attribution, each do(·)
-    "local": {"rollouts": 16, "tries": 12, "wall_time": 150.0, "intervene_time": 40.0},
+    "local": {"rollouts": 32, "tries": 12, "wall_time": 150.0, "intervene_time": 40.0},
     "synthetic": {"rollouts": 32, "tries": 100, "wall_time": 60.0, "intervene_time": 30.0},
 }
 
