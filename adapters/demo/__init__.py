@@ -31,7 +31,9 @@ from ..langgraph import CarCallback, CarChatModel, LangGraphAgent
 from . import refund_desk, support_agent
 
 SETTINGS = {  # rollouts per arm, tickets to try, wall-time caps (s): attribution, each do(·)
-    "local": {"rollouts": 32, "tries": 12, "wall_time": 150.0, "intervene_time": 40.0},
+    # branches stop once the refund rule is settled (its outcome's settled hook), so a branch
+    # costs one model call at most and n·K = 96 rollouts fit well inside the caps
+    "local": {"rollouts": 32, "tries": 12, "wall_time": 120.0, "intervene_time": 30.0},
     "synthetic": {"rollouts": 32, "tries": 100, "wall_time": 60.0, "intervene_time": 30.0},
 }
 
@@ -135,7 +137,8 @@ def run_demo(policy: str = "local", store: str = "car.db", report: str | None = 
         return {"run_id": run.id, "locus": res.locus, "attribution_id": res.attribution_id,
                 "decision_step": decision, "resampled": factual.mean, "rescued": rescued.mean,
                 "rollouts_used": res.rollouts_used + factual.rollouts_used
-                + rescued.rollouts_used, "seconds": elapsed, "report": written}
+                + rescued.rollouts_used, "seconds": elapsed, "report": written,
+                "truncated": res.truncated or factual.truncated or rescued.truncated}
     finally:
         db.close()
         conn.close()
