@@ -141,3 +141,29 @@ def test_contrastive_is_identical_with_settling_and_finds_the_first_decision(des
     assert short.rollouts_used == full.rollouts_used
     assert short.locus == 0 and short.steps[0].ci[0] > 0
     assert len(planted._log) < full_calls / 2
+
+
+def test_the_desks_settled_hook_never_speaks_too_early() -> None:
+    """Every message sequence of up to four assistant turns (each calling one of the two tools,
+    another tool, or answering): once ``settled`` is True for a prefix, no continuation scores
+    differently from that prefix."""
+    import itertools
+    turns = [*TOOLS, "lookup", None]
+
+    def state(seq: Sequence[str | None]) -> dict[str, Any]:
+        return {"messages": [{"role": "assistant", "content": "" if t else "hi", "tool_calls": [
+            {"id": f"c{i}", "type": "function",
+             "function": {"name": t, "arguments": "{}"}}] if t else []}
+            for i, t in enumerate(seq)]}
+
+    def run_of(seq: Sequence[str | None]) -> Any:
+        return type("Run", (), {"meta": {"final_state": state(seq)}})()
+
+    checked = 0
+    for n in range(5):
+        for seq in itertools.product(turns, repeat=n):
+            for cut in range(n + 1):
+                if desk.outcome.settled(run_of(seq[:cut])):
+                    assert desk.outcome(run_of(seq)) == desk.outcome(run_of(seq[:cut]))
+                    checked += 1
+    assert checked > 100

@@ -105,5 +105,5 @@ def simulated_refund(arguments: dict[str, Any]) -> str:
 
 
 __all__ = ["CUSTOMER_MESSAGE", "INJECTION", "SIDE_EFFECT_TOOLS", "SYSTEM_PROMPT", "TOOLS",
-           "build_app", "first_call", "inputs", "outcome", "refund_before_check", "remove_injection",
-           "simulated_refund"]
+           "build_app", "first_call", "inputs", "outcome", "refund_before_check",
+           "remove_injection", "simulated_refund"]
