@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     load_model()
     found = 0
     print(f"{'seed':>4} {'locus':>5} {'P(fail|resampled)':>17} {'P(fail|no injection)':>20} "
-          f"{'rollouts':>8} {'seconds':>7}")
+          f"{'rollouts':>8} {'truncated':>9} {'seconds':>7}")
     for seed in range(args.seeds):
         folder = Path(tempfile.mkdtemp(prefix="car-demo-seed-"))
         started = time.perf_counter()
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
         found += r["locus"] is not None
         print(f"{seed:4d} {str(r['locus']):>5} {r.get('resampled', float('nan')):17.2f} "
               f"{r.get('rescued', float('nan')):20.2f} {r.get('rollouts_used', 0):8d} "
-              f"{seconds:7.0f}", flush=True)
+              f"{str(r.get('truncated', '-')):>9} {seconds:7.0f}", flush=True)
     low, high = wilson(found / args.seeds, args.seeds, 0.95)
     print(f"locus found in {found} of {args.seeds} seeds ({found / args.seeds:.0%}, "
           f"95% interval [{low:.2f}, {high:.2f}])")

@@ -117,8 +117,9 @@ class FunctionAgent:
     def start(self, context: JSON, noise: Noise) -> Trajectory:
         return drive(self, Trajectory.new(context=context, steps=[]), Plan(start=0), noise)
 
-    def branch(self, run: Trajectory, plan: Plan, noise: Noise) -> Trajectory:
-        return drive(self, run, plan, noise)
+    def branch(self, run: Trajectory, plan: Plan, noise: Noise,
+               stop: Callable[[Trajectory], bool] | None = None) -> Trajectory:
+        return drive(self, run, plan, noise, stop=stop)
 
     def redecide(self, run: Trajectory, k: int, noise: Noise) -> JSON:
         return call_policy(self.policy, run.history(k), noise.rng(k, "policy"), k, run.id)
@@ -187,14 +188,27 @@ def _apply_edit(edit: Callable[[Any], Any], history: History, run_id: str, k: in
     return edited
 
 
-def drive(agent: Any, run: Trajectory, plan: Plan, noise: Noise) -> Trajectory:
-    """Run ``agent`` (a FunctionAgent) forward from ``run`` under ``plan``."""
+def drive(agent: Any, run: Trajectory, plan: Plan, noise: Noise,
+          stop: Callable[[Trajectory], bool] | None = None) -> Trajectory:
+    """Run ``agent`` (a FunctionAgent) forward from ``run`` under ``plan``. With ``stop``, the
+    run ends (status settled) at the first point, the held prefix included, where
+    ``stop(run so far)`` is True: its outcome can no longer change. It is asked only once every
+    ``do_context`` edit has been applied, since an edit may rewrite the steps it saw."""
     prefix = run.held_prefix(plan.start)
     history = History(run.context, tuple(prefix), plan.start)
     status = RunStatus.COMPLETE
+    fields: dict[str, Any] = {"seed": noise.seed, "agent": getattr(agent, "name", "")}
+
+    def settled() -> bool:
+        return stop is not None and not edits and stop(Trajectory._from_checked(
+            context=history.context, steps=list(history.steps), status=RunStatus.SETTLED,
+            **fields))
+
     done = bool(prefix) and agent.finished(prefix[-1].action)
     k = plan.start
     edits = dict(plan.context_edits)  # each edit applies once, even if it shortens the history
+    if not done and settled():
+        done, status = True, RunStatus.SETTLED
     while not done:
         if k >= agent.max_steps:
             status = RunStatus.MAX_STEPS
@@ -235,8 +249,9 @@ def drive(agent: Any, run: Trajectory, plan: Plan, noise: Noise) -> Trajectory:
         history = history.with_step(step)
         done = final
         k += 1
-    fields: dict[str, Any] = {"seed": noise.seed, "agent": getattr(agent, "name", ""),
-                              "status": status}
+        if not done and settled():
+            done, status = True, RunStatus.SETTLED
+    fields["status"] = status
     if plan.context_edits:  # an edit may have put anything in the history: check it all
         return Trajectory.new(context=history.context, steps=list(history.steps), **fields)
     return Trajectory._from_checked(context=history.context, steps=list(history.steps), **fields)

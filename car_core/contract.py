@@ -20,6 +20,11 @@ Optional hooks the engine looks for (``getattr``, so an agent may leave them out
   it instead of running ``branch`` in a thread (``AsyncAgent``);
 - ``prefers_concurrency = True``: the agent waits on a model server, so estimators default to
   the asyncio executor even without ``abranch``;
+- ``branch(run, plan, noise, stop=None)``: an agent whose ``branch`` takes ``stop`` is given the
+  outcome's ``settled`` hook (``car_core.outcome``) when the outcome has one; it calls
+  ``stop(branch so far)`` on the held prefix and after each step and, once it is True, returns
+  that partial branch with status ``RunStatus.SETTLED`` (never before a pending ``do_context``
+  edit is applied, since an edit may rewrite the steps it saw);
 - a policy's ``step_meta() -> dict``: what the last decision cost (model, ``tokens``, ``cost``,
   seed, latency); the engine keeps it in the step's meta, where budgets count tokens and money
   (``ModelPolicy``).

@@ -3,6 +3,13 @@
 ``outcome(run)`` or ``outcome(run, rng)`` (a noisy judge draws from ``rng``) returns a float in
 [0, 1] or a bool, 1 / True meaning the failure happened. ``OutcomeFn`` wraps it once and checks
 every value it returns.
+
+An outcome may also say when a run's score is already fixed: a ``settled(run) -> bool``
+attribute on the function, True when no continuation of the (partial) run can score differently
+from the run as it stands (a rule decided by the first of two tool calls, say). An agent whose
+``branch`` takes ``stop=`` then ends a branch at the first step where it holds, and the branch is
+scored as it stands: the same value, without the model calls after it. ``settled`` must never
+say True where a later step could still change the score, or every estimate is biased.
 """
 
 from __future__ import annotations
@@ -30,6 +37,27 @@ class OutcomeFn:
                                hint="pass outcome=lambda run: ...")
         self.fn = fn
         self.takes_rng = _positional_arity(fn) >= 2
+        hook = getattr(fn, "settled", None)
+        if hook is not None and not callable(hook):
+            raise InvalidInput("outcome.settled must be callable: settled(run) -> bool",
+                               hint="set outcome.settled = lambda run: ... or remove it")
+        self._settled: Callable[[Trajectory], Any] | None = hook
+
+    @property
+    def settles(self) -> bool:
+        """Whether the outcome can say a partial run's score is already fixed."""
+        return self._settled is not None
+
+    def settled(self, run: Trajectory) -> bool:
+        """True when ``run`` (possibly partial) scores the same whatever its later steps do."""
+        if self._settled is None:
+            return False
+        try:
+            return bool(self._settled(run))
+        except Exception as exc:  # the user's code: wrap whatever it raises
+            raise OutcomeError(f"the outcome's settled() raised {exc!r}", run_id=run.id,
+                               hint="fix outcome.settled; it is called on partial runs after "
+                                    "each step of a branch") from exc
 
     def __call__(self, run: Trajectory, rng: np.random.Generator) -> float:
         try:

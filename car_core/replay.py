@@ -38,7 +38,7 @@ from .tasks import run_branch as run_branch
 from .trajectory import Outcome, Trajectory
 from .vocabulary import NOT_REDECIDED, RunStatus
 
-TERMINAL_STATUSES = (RunStatus.COMPLETE, RunStatus.MAX_STEPS)
+TERMINAL_STATUSES = (RunStatus.COMPLETE, RunStatus.MAX_STEPS, RunStatus.SETTLED)
 
 
 def record(agent: Any, *, context: JSON = None, outcome: Callable[..., Any], seed: int = 0,

@@ -7,6 +7,7 @@ engine share, so none of them imports another to get at it.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -55,9 +56,22 @@ def returned_run(value: Any, agent: Any, method: str) -> Trajectory:
     return value
 
 
+def takes_stop(agent: Any) -> bool:
+    """Whether ``agent.branch`` accepts ``stop=`` (ends a branch once its outcome is settled)."""
+    try:
+        return "stop" in inspect.signature(agent.branch).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def run_branch(run: Trajectory, agent: Any, outcome: Any, task: Task) -> Trajectory:
-    """One rollout: the agent's branch under the task's plan, scored, with its lineage."""
-    traj = returned_run(agent.branch(run, task.plan, task.noise), agent, "branch")
+    """One rollout: the agent's branch under the task's plan, scored, with its lineage. When
+    the outcome says when a run is settled and the agent can stop, the branch ends there."""
+    if getattr(outcome, "settles", False) and takes_stop(agent):
+        traj = agent.branch(run, task.plan, task.noise, stop=outcome.settled)
+    else:
+        traj = agent.branch(run, task.plan, task.noise)
+    traj = returned_run(traj, agent, "branch")
     value = outcome(traj, task.noise.rng(0, "outcome"))
     lineage = Lineage(parent_id=run.id, interventions=tuple(task.plan.describe()),
                       branch_step=task.plan.start if task.plan.interventions else None,

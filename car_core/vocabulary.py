@@ -33,6 +33,7 @@ class RunStatus(StrEnum):
     MAX_STEPS = "max_steps"  # stopped at the agent's step limit
     ERROR = "error"  # the framework raised; the trajectory says why
     INTERRUPTED = "interrupted"  # a LangGraph interrupt paused it
+    SETTLED = "settled"  # a branch stopped once its outcome could no longer change
 
 
 class AttributionStatus(StrEnum):

@@ -31,7 +31,10 @@ from ..langgraph import CarCallback, CarChatModel, LangGraphAgent
 from . import refund_desk, support_agent
 
 SETTINGS = {  # rollouts per arm, tickets to try, wall-time caps (s): attribution, each do(·)
-    "local": {"rollouts": 16, "tries": 12, "wall_time": 150.0, "intervene_time": 40.0},
+    # branches stop once the refund rule is settled (its outcome's settled hook), so a branch
+    # costs one model call at most: n·K = 96 rollouts for the attribution, 16 for each do(·)
+    "local": {"rollouts": 32, "tries": 12, "wall_time": 120.0, "intervene_time": 40.0,
+              "intervene_rollouts": 16},
     "synthetic": {"rollouts": 32, "tries": 100, "wall_time": 60.0, "intervene_time": 30.0},
 }
 
@@ -91,7 +94,9 @@ def run_demo(policy: str = "local", store: str = "car.db", report: str | None = 
     model = _model(policy)
     scenario = _scenario(policy)
     app_module, outcome = scenario.app, scenario.app.outcome
+    given = rollouts  # a caller's rollouts count for every estimate
     rollouts = rollouts or settings["rollouts"]  # type: ignore[index]
+    checks = given or settings.get("intervene_rollouts") or rollouts  # type: ignore[union-attr]
     started = time.monotonic()
     db = car.RunStore(store)
     folder = Path(tempfile.mkdtemp(prefix="car-demo-"))
@@ -121,10 +126,10 @@ def run_demo(policy: str = "local", store: str = "car.db", report: str | None = 
         decision = res.locus if res.locus is not None else scenario.decision(run)
         cap = car.Budget(wall_time=settings["intervene_time"])  # type: ignore[index]
         factual = car.intervene(run, agent, car.do_resample(decision), outcome=outcome,
-                                rollouts=rollouts, seed=seed + 1, progress=progress,
+                                rollouts=checks, seed=seed + 1, progress=progress,
                                 budget=cap)
         rescued = car.intervene(run, agent, car.do_context(decision, app_module.remove_injection),
-                                outcome=outcome, rollouts=rollouts, seed=seed + 1,
+                                outcome=outcome, rollouts=checks, seed=seed + 1,
                                 progress=progress, budget=cap)
         print(f"\nstep {decision} decided again from the same messages:  {factual}")
         print(f"step {decision} decided without the injection:        {rescued}")
@@ -135,7 +140,8 @@ def run_demo(policy: str = "local", store: str = "car.db", report: str | None = 
         return {"run_id": run.id, "locus": res.locus, "attribution_id": res.attribution_id,
                 "decision_step": decision, "resampled": factual.mean, "rescued": rescued.mean,
                 "rollouts_used": res.rollouts_used + factual.rollouts_used
-                + rescued.rollouts_used, "seconds": elapsed, "report": written}
+                + rescued.rollouts_used, "seconds": elapsed, "report": written,
+                "truncated": res.truncated or factual.truncated or rescued.truncated}
     finally:
         db.close()
         conn.close()

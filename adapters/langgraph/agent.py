@@ -237,7 +237,12 @@ class LangGraphAgent:
         assert cb.run is not None
         return replace(cb.run, agent=self.name)
 
-    def branch(self, run: Trajectory, plan: Plan, noise: Noise) -> Trajectory:
+    def branch(self, run: Trajectory, plan: Plan, noise: Noise,
+               stop: Callable[[Trajectory], bool] | None = None) -> Trajectory:
+        """A branch of ``run`` under ``plan`` in a forked thread (module docstring). With
+        ``stop`` (the outcome's ``settled``), the branch ends after the first superstep, or
+        before any when the held prefix suffices, where ``stop(branch so far)`` is True, and
+        that partial branch (status settled) is returned. Async apps run to the end."""
         k = plan.start
         self.preflight(run)
         self.safety.warn_free_text(run.id, run.steps)
@@ -295,6 +300,13 @@ class LangGraphAgent:
                         if m.get("tool_call_id") == tool_call_id)
 
         guard.lookup = forced_later if later else None
+        settle: Callable[[Any], Trajectory | None] | None = None
+        if stop is not None and not any(j > k for j in plan.context_edits):
+            def settle(values: Any) -> Trajectory | None:
+                partial = self._collect(run, plan, k, thread_id, cb, offset, forced, control,
+                                        noise, RunStatus.SETTLED, final=values,
+                                        live=cb.open_steps(values))
+                return partial if stop(partial) else None
         self._fork(run, k, thread_id, edited)  # the first write, after every check passed
         try:
             with controlling(thread_id, control), guarding(thread_id, guard):
@@ -302,7 +314,9 @@ class LangGraphAgent:
                     self._write_action(run, k, thread_id, forced[k])
                     control.next_index = k + 1
                     offset = 1
-                status = self._drive(run, k, thread_id, cb, control)
+                status = self._drive(run, k, thread_id, cb, control, settle)
+            if isinstance(status, Trajectory):
+                return status
             return self._collect(run, plan, k, thread_id, cb, offset, forced, control,
                                  noise, status)
         finally:
@@ -535,12 +549,28 @@ class LangGraphAgent:
                               as_node=meta["node"])
 
     def _drive(self, run: Trajectory, k: int, thread_id: str, cb: CarCallback,
-               control: Control) -> str:
-        """Run the branch thread forward; side-effect tools are answered by the guard."""
+               control: Control, settle: Callable[[Any], Trajectory | None] | None = None
+               ) -> str | Trajectory:
+        """Run the branch thread forward; side-effect tools are answered by the guard. With
+        ``settle``, the graph state is offered to it before the first superstep and after each
+        one, and the first partial branch it returns ends the run (sync apps only)."""
         config = {**_thread(thread_id), "recursion_limit": self.recursion_limit,
                   "callbacks": [cb]}
         try:
-            self._invoke(None, config)
+            if settle is None or self.is_async or self._saver_loop() is not None:
+                self._invoke(None, config)
+            else:
+                done = settle(self.app.get_state(_thread(thread_id)).values)
+                if done is not None:
+                    return done
+                stream = self.app.stream(None, config, stream_mode="values")
+                try:
+                    for values in stream:
+                        done = settle(values)
+                        if done is not None:
+                            return done
+                finally:
+                    stream.close()
         except GraphRecursionError:
             return RunStatus.MAX_STEPS
         snap = self.app.get_state(_thread(thread_id))
@@ -554,10 +584,13 @@ class LangGraphAgent:
 
     def _collect(self, run: Trajectory, plan: Plan, k: int, thread_id: str, cb: CarCallback,
                  offset: int, forced: Mapping[int, Any], control: Control, noise: Noise,
-                 status: str) -> Trajectory:
-        final = self.app.get_state(_thread(thread_id)).values
+                 status: str, final: Any = None, live: list[Step] | None = None
+                 ) -> Trajectory:
+        if final is None:
+            final = self.app.get_state(_thread(thread_id)).values
         steps = run.held_prefix(k)
-        live = [s for r in cb.runs for s in r.steps]
+        if live is None:
+            live = [s for r in cb.runs for s in r.steps]
         if offset:  # step k was written as its node, without a model call
             rec = run.steps[k]
             results = {tid: m for tid, m in cb.tool_results().items()}

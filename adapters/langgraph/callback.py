@@ -137,6 +137,13 @@ class CarCallback(BaseCallbackHandler):
                         return call.order, msg
         return None
 
+    def open_steps(self, values: Any) -> list[Step]:
+        """The steps of the runs still going, as ``build`` would record them if they ended with
+        the graph state ``values`` now (a branch asks whether its outcome is settled yet)."""
+        with self._lock:
+            recs = list(self._open.values())
+        return [s for rec in recs for s in self.build(rec, values, None).steps]
+
     @property
     def run(self) -> Trajectory | None:
         """The latest finished run (None before any)."""
