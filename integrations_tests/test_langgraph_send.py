@@ -22,6 +22,7 @@ allow 4 of them (0.29). Arms at 0 or 1 are exact.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import math
 import threading
@@ -294,3 +295,31 @@ def test_import_thread_refuses_a_fan_out_whose_workers_wrote_model_messages() ->
         agent.import_thread("fan")
     dist = car.intervene(run, agent, car.do_resample(1), outcome=lambda r: False, rollouts=2)
     assert all(t.steps[0].action == run.steps[0].action for t in dist.trajectories)
+
+
+def test_an_async_fan_out_is_branched_with_ainvoke_in_send_order() -> None:
+    """The same board with async nodes: branches run with ``ainvoke``, the workers one at a
+    time in Send order, the earlier ones held (no model call)."""
+    model = rb.PlantedBoardModel(rng_seed=0)
+    wrapper = CarChatModel(inner=model)
+    app = rb.build_app(wrapper, InMemorySaver(), asynchronous=True)
+    cb = CarCallback()
+    for i in range(40):  # seeded model: deterministic
+        asyncio.run(app.ainvoke(rb.inputs(), {"configurable": {"thread_id": f"a-{i}"},
+                                              "callbacks": [cb]}))
+        if rb.outcome(cb.run):
+            break
+    run = cb.run
+    assert run is not None and rb.outcome(run) and aspects(run) == list(rb.ASPECTS)
+    agent = LangGraphAgent(app, model=wrapper, side_effect_tools=rb.SIDE_EFFECT_TOOLS)
+    assert agent.is_async
+    model.reset_calls()
+    dist = car.intervene(run, agent, car.do_resample(1), outcome=rb.outcome, rollouts=N,
+                         seed=4)
+    calls = collections.Counter(model.call_log)
+    assert (calls["fraud"], calls["policy"], calls["history"]) == (0, N, N)
+    assert abs(dist.mean - 0.5) <= TOL
+    assert all(aspects(t) == list(rb.ASPECTS) for t in dist.trajectories)
+    edited = car.intervene(run, agent, car.do_context(1, rb.remove_injection),
+                           outcome=rb.outcome, rollouts=8)
+    assert edited.mean == 0.0

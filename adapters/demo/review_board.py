@@ -126,10 +126,12 @@ class BoardState(TypedDict, total=False):
 
 def build_app(model: Any, checkpointer: Any, *,
               before_review: Callable[[str], None] | None = None,
-              after_review: Callable[[str], None] | None = None) -> Any:
+              after_review: Callable[[str], None] | None = None,
+              asynchronous: bool = False) -> Any:
     """The board graph over ``model``. ``before_review(aspect)`` / ``after_review(aspect)`` run
     in each reviewer task before / after its model call (tests use them to make the workers
-    run out of order, or one fail)."""
+    run out of order, or one fail). ``asynchronous=True``: the reviewers and the clerk are
+    ``async`` nodes (run with ``ainvoke``)."""
     clerk_model = model.bind_tools(TOOLS)
 
     def fan_out(state: BoardState) -> list[Send]:
@@ -144,6 +146,11 @@ def build_app(model: Any, checkpointer: Any, *,
             after_review(task["aspect"])
         return {"reviews": [{"aspect": task["aspect"], "vote": str(vote.content)}]}
 
+    async def areview(task: dict[str, str]) -> dict[str, Any]:
+        vote = await model.ainvoke([SystemMessage(reviewer_prompt(task["aspect"])),
+                                    HumanMessage(task["claim"])])
+        return {"reviews": [{"aspect": task["aspect"], "vote": str(vote.content)}]}
+
     def judge(state: BoardState) -> dict[str, Any]:
         votes = {r["aspect"]: r["vote"] for r in state["reviews"]}
         verdict = "approved" if "approve" in votes.values() else "denied"
@@ -154,10 +161,14 @@ def build_app(model: Any, checkpointer: Any, *,
         prompt = SystemMessage("You are the refunds clerk: refund approved claims, 80 EUR.")
         return {"messages": [clerk_model.invoke([prompt, *state["messages"]])]}
 
+    async def aclerk(state: BoardState) -> dict[str, Any]:
+        prompt = SystemMessage("You are the refunds clerk: refund approved claims, 80 EUR.")
+        return {"messages": [await clerk_model.ainvoke([prompt, *state["messages"]])]}
+
     graph = StateGraph(BoardState)
-    graph.add_node("reviewer", review)
+    graph.add_node("reviewer", areview if asynchronous else review)
     graph.add_node("judge", judge)
-    graph.add_node("clerk", clerk)
+    graph.add_node("clerk", aclerk if asynchronous else clerk)
     graph.add_node("tools", ToolNode(TOOLS))
     graph.add_conditional_edges(START, fan_out, ["reviewer"])
     graph.add_edge("reviewer", "judge")

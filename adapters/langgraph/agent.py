@@ -408,6 +408,7 @@ class LangGraphAgent:
                     continue
                 cid = prev.config["configurable"]["checkpoint_id"]
                 parents = dict(prev.metadata.get("parents") or {})
+                task = next((t for t in prev.tasks if t.name == nodes[0]), None)
                 for m in cur.values.get(self.messages_key) or []:
                     if (isinstance(m, AIMessage) and m.id not in seen
                             and not _framework_written(m)):
@@ -416,6 +417,10 @@ class LangGraphAgent:
                             "checkpoint_ns": ns, "checkpoint_map": {**parents, ns: cid},
                             "ns": ns, "agent": agent_of(ns, self.app.get_name()),
                             "node": nodes[0], "langgraph_step": cur.metadata.get("step"),
+                            "task_ns": (f"{_join(ns, nodes[0])}:{task.id}" if task is not None
+                                        else None),
+                            "task_path": jsonable(list(task.path)) if task is not None
+                            else None,
                             "model": (m.response_metadata or {}).get("model_name"),
                             "usage": usage_of(m)}, to_dicts(before))
             messages = chain[-1].values.get(self.messages_key) or []
@@ -541,8 +546,10 @@ class LangGraphAgent:
         cid = str(source.config["configurable"]["checkpoint_id"])
         hosts = [(j, _task_at(s.meta, ns)) for j, s in enumerate(run.steps)
                  if str(_cmap(s.meta).get(ns)) == cid]
+        if any(not run.steps[j].meta.get("task_ns") for j, _ in hosts):
+            return []  # a record that does not name its tasks: none of them is held
         later = {_task_id(t) for j, t in hosts if j >= k}
-        held = {_task_id(t): j for j, t in hosts if j < k}
+        held = {_task_id(t): j for j, t in hosts if j < k and _task_id(t) not in later}
         writes = [tuple(w) for w in source.pending_writes or ()
                   if w[0] not in later and w[0] != NULL_TASK_ID]
         done = {w[0] for w in writes if w[1] not in (ERROR, INTERRUPT)}
