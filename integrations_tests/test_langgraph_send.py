@@ -323,3 +323,23 @@ def test_an_async_fan_out_is_branched_with_ainvoke_in_send_order() -> None:
     edited = car.intervene(run, agent, car.do_context(1, rb.remove_injection),
                            outcome=rb.outcome, rollouts=8)
     assert edited.mean == 0.0
+
+
+def test_shapley_across_the_fan_out_splits_credit_between_vote_and_refund(wrapped: Any) -> None:
+    """Players {1} (the policy vote), {3} (the refund call) and the other steps grouped. A held
+    vote approves, so the clerk refunds; a held refund call refunds whatever the vote: v(S) = 1
+    when 1 or 3 is held, else p = 0.5. So phi_1 = phi_3 = 0.25 and phi_rest = 0. Coalitions
+    that hold the later votes or the closing reply force them inside the fan-out, by step."""
+    app, wrapper, _ = wrapped
+    run = failing(app)
+    refunds = len(rb.REFUNDS)
+    agent = LangGraphAgent(app, model=wrapper, side_effect_tools=rb.SIDE_EFFECT_TOOLS)
+    sh = car.shapley(run, agent, outcome=rb.outcome, budget=160, players=[1, 3], seed=0)
+    # Only v({}) and v({rest}) are random (p = 0.5, variance 0.25); phi_i weighs them by 1/3 and
+    # 1/6, so with >= 160/8 = 20 rollouts each se(phi) <= sqrt(0.25/20 * (1/9 + 1/36)) = 0.042;
+    # we allow 4 of them.
+    tol = 4 * math.sqrt(0.25 / 20 * (1 / 9 + 1 / 36))
+    est = [v.estimate for v in sh.values]
+    assert est[0] is not None and est[1] is not None and est[2] is not None
+    assert abs(est[0] - 0.25) <= tol and abs(est[1] - 0.25) <= tol and abs(est[2]) <= tol
+    assert sh.rollouts_used <= 160 and len(rb.REFUNDS) == refunds
