@@ -25,7 +25,7 @@ with LangGraph's own machinery, for an app compiled with a checkpointer whose me
   own routing runs; with a model wrapper or middleware it is returned by the model call instead.
   A ``Send`` task builds its model input from its payload, so there ``do_context`` replaces
   that input at the model call, and ``do_action`` / ``do_observation`` / ``do_context`` need
-  the wrapper (without it they are refused; ``do_resample`` works).
+  ``CarChatModel`` (without it they are refused; ``do_resample`` works).
   ``do_observation`` answers the step's tool calls by id. ``do_resample`` simply resumes.
 - **The model.** Held steps after ``k`` (Shapley coalitions), ``do_policy`` (a LangChain chat
   model that decides from ``k`` on) and per-step seeds need CAR to decide the model calls:
@@ -279,7 +279,9 @@ class LangGraphAgent:
                                run_id=run.id, step=min(plan.forced_observations),
                                hint="run the graph's tools through langgraph.prebuilt.ToolNode")
         send = is_send_task(run.steps[k].meta)
-        if send and self.model is None and (k in plan.forced_actions or k in plan.context_edits):
+        if (send and not isinstance(self.model, CarChatModel)
+                and (k in plan.forced_actions or k in plan.context_edits)):
+            # CarMiddleware only sees create_agent's model node, never a Send worker's call
             raise AdapterError(
                 f"step {k} ran in a Send task of node {run.steps[k].meta.get('node')!r}: its "
                 "input is the Send payload and its output goes to the task's own writes, so "

@@ -22,7 +22,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("CarMiddleware needs LangChain 1.x: "
                       "pip install 'causal-agent-replay[langgraph]'") from exc
 from langchain_core.language_models.chat_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
+from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 
 from car_core.contract import Origin
@@ -64,11 +64,6 @@ class CarMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         if k in control.forced:
             control.steps[k] = {"origin": Origin.HELD, "model": None}
             return request.override(model=HeldModel(message=action_message(control.forced[k])))
-        if k in control.inputs:  # do_context on a Send task's step: the edited model input
-            given = list(control.inputs[k])
-            system = given[0] if given and isinstance(given[0], SystemMessage) else None
-            request = request.override(messages=given[1:] if system else given,
-                                       system_message=system)
         model = request.model
         if control.policy is not None and k >= control.policy[0]:
             model = control.policy[1]
