@@ -28,15 +28,15 @@ from car_adapters.demo import supervisor_app as sv
 from car_adapters.demo import support_agent as sa
 from car_adapters.langgraph import CarCallback, CarChatModel, CarMiddleware, LangGraphAgent
 from langchain.agents import create_agent
-from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import create_react_agent
-from langgraph.types import Command, Send
+from langgraph.types import Command
 
 import car_core as car
-from car_core.errors import AdapterError, InvalidInput
+from car_core.errors import InvalidInput
 from car_core.testing import run_conformance
 
 N = 48
@@ -207,34 +207,6 @@ def test_command_handoff_into_a_subgraph_with_an_inherited_checkpointer() -> Non
                           outcome=sa.outcome, rollouts=16)
     assert abs(resample.mean - 0.3) <= tol(0.3) and abs(same.mean - 0.3) <= tol(0.3)
     assert fixed.mean == 0.0
-
-
-def test_send_fan_out_of_model_calls_is_refused_before_any_branch_runs() -> None:
-    """Two model tasks scheduled from one checkpoint by ``Send``: forking one would re-run the
-    other, so the run is refused by name and no branch (no model call) runs."""
-    model = sa.PlantedSupportModel(rng_seed=0)
-    bound = model.bind_tools(sa.TOOLS)
-
-    def write(state: dict[str, Any]) -> dict[str, Any]:
-        return {"messages": [bound.invoke([HumanMessage(state["topic"])])]}
-
-    graph = StateGraph(MessagesState)
-    graph.add_node("write", write)
-    graph.add_conditional_edges(START, lambda state: [Send("write", {"topic": t})
-                                                      for t in ("a", "b")])
-    app = graph.compile(checkpointer=InMemorySaver())
-    cb = CarCallback()
-    app.invoke({"messages": [HumanMessage("go")]},
-               {"configurable": {"thread_id": "fan"}, "callbacks": [cb]})
-    run = cb.run
-    assert run is not None and len(run.steps) == 2
-    calls = model.calls
-    assert calls == 2  # the ledger counts: the two recorded writes
-    with pytest.raises(AdapterError, match=r"scheduled from the same checkpoint in parallel "
-                                           r"\(node 'write'"):
-        car.intervene(run, LangGraphAgent(app), car.do_resample(1), outcome=sa.outcome,
-                      rollouts=4)
-    assert model.calls == calls
 
 
 def test_forced_values_are_written_as_the_worker_node_in_its_namespace() -> None:

@@ -11,11 +11,21 @@ with LangGraph's own machinery, for an app compiled with a checkpointer whose me
   before ``k`` are served from the record with no model or tool call. Branch threads are deleted
   afterwards unless ``keep_branches=True``. Every step of a run is checked once, before its
   first branch runs; a run this app cannot fork is refused naming the shape and the node.
+- **Send fan-out.** The model calls of parallel ``Send`` tasks are steps in LangGraph's task
+  order (``Send`` index). A fork at one of them keeps the recorded writes of the workers whose
+  steps come earlier (held, never re-run) and runs it and the later ones live; branches run a
+  superstep's tasks one at a time in that order, so step indices, held steps and seeds land on
+  the same task every time. Refused by name: parallel tasks other than one-model-call ``Send``
+  tasks (several model nodes in one superstep, a fan-out into subgraphs that call models), and
+  a run whose held ``Send`` worker did not finish in the record.
 - **Intervene.** ``do_context`` writes the edited messages into the forked checkpoint itself,
   so the model task that was scheduled runs again (``update_state`` would guess which node
   wrote, and guesses wrong on ``Send``-routed graphs such as ``create_agent``). ``do_action`` is
   written with ``update_state(as_node=<the step's node>)`` in the step's namespace, so the node's
   own routing runs; with a model wrapper or middleware it is returned by the model call instead.
+  A ``Send`` task builds its model input from its payload, so there ``do_context`` replaces
+  that input at the model call, and ``do_action`` / ``do_observation`` / ``do_context`` need
+  ``CarChatModel`` (without it they are refused; ``do_resample`` works).
   ``do_observation`` answers the step's tool calls by id. ``do_resample`` simply resumes.
 - **The model.** Held steps after ``k`` (Shapley coalitions), ``do_policy`` (a LangChain chat
   model that decides from ``k`` on) and per-step seeds need CAR to decide the model calls:
@@ -65,7 +75,7 @@ from ..chat_messages import (
     consistent,
     recorded_calls,
 )
-from .callback import CarCallback, agent_of
+from .callback import CarCallback, agent_of, is_send_task
 from .guard import RUN, Guard, guarding
 from .messages import (
     action_message,
@@ -81,6 +91,10 @@ from .model import CarChatModel, Control, controlling, seedable
 from .thread import thread_outcome
 
 MESSAGES_KEY = "messages"
+# LangGraph's pending-write markers (langgraph._internal._constants): a superstep's input, not a
+# task's output, and the writes of a task that failed or stopped for input
+NULL_TASK_ID = "00000000-0000-0000-0000-000000000000"
+ERROR, INTERRUPT = "__error__", "__interrupt__"
 
 
 def _thread(thread_id: str, checkpoint_id: str | None = None,
@@ -228,7 +242,8 @@ class LangGraphAgent:
         """Run the graph on ``context`` (its input) in a new thread, recorded by a callback."""
         thread_id = f"car-run-{uuid.uuid4().hex}"
         cb = CarCallback(messages_key=self.messages_key)
-        config = {**_thread(thread_id), "callbacks": [cb], "recursion_limit": self.recursion_limit}
+        config = {**_thread(thread_id), "callbacks": [cb], "recursion_limit": self.recursion_limit,
+                  "max_concurrency": 1}
         with controlling(thread_id, Control(0, noise=noise if self.couples_noise else None)):
             try:
                 self._invoke(context, config)
@@ -269,6 +284,17 @@ class LangGraphAgent:
                                "whose calls carry the ids the forced results answer",
                                run_id=run.id, step=min(plan.forced_observations),
                                hint="run the graph's tools through langgraph.prebuilt.ToolNode")
+        send = is_send_task(run.steps[k].meta)
+        if (send and not isinstance(self.model, CarChatModel)
+                and (k in plan.forced_actions or k in plan.context_edits)):
+            # CarMiddleware only sees create_agent's model node, never a Send worker's call
+            raise AdapterError(
+                f"step {k} ran in a Send task of node {run.steps[k].meta.get('node')!r}: its "
+                "input is the Send payload and its output goes to the task's own writes, so "
+                "do_action / do_observation / do_context there need CAR to decide the model "
+                "call", run_id=run.id, step=k,
+                hint="build the app with CarChatModel(inner=your_model) and pass it as "
+                     "LangGraphAgent(app, model=...); do_resample works without it")
         forced = {j: check_action(a, step=j) for j, a in plan.forced_actions.items()}
         edited = None
         if k in plan.context_edits:
@@ -280,6 +306,8 @@ class LangGraphAgent:
         control = Control(k, forced={j: a for j, a in forced.items()
                                      if j > k or (j == k and self.model is not None)},
                           policy=policy, noise=noise if self.couples_noise else None)
+        if send and edited is not None:  # a Send task builds its input: edit it at the call
+            control.inputs[k] = from_dicts(edited)
         cb = CarCallback(messages_key=self.messages_key)
         offset = 0
         guard = Guard(self.safety, recorded_calls(run.steps), run_id=run.id)
@@ -336,7 +364,8 @@ class LangGraphAgent:
             with controlling(thread_id, Control(k, noise=noise if self.couples_noise
                                                 else None)), guarding(thread_id, guard):
                 try:
-                    self._invoke(None, {**_thread(thread_id), "callbacks": [stop]})
+                    self._invoke(None, {**_thread(thread_id), "callbacks": [stop],
+                                        "max_concurrency": 1})
                 except _Decided:
                     pass
             if stop.message is None:
@@ -379,12 +408,24 @@ class LangGraphAgent:
             for prev, cur in zip(chain, chain[1:], strict=False):
                 nodes = [n for n in prev.next if (level, n) not in self.tool_nodes
                          and _join(level, n) not in self.graphs and n != "__start__"]
-                if cur.metadata.get("source") != "loop" or len(nodes) != 1:
+                if cur.metadata.get("source") != "loop" or not nodes:
                     continue
                 before = prev.values.get(self.messages_key) or []
                 seen = {m.id for m in before}
+                if len(nodes) > 1:
+                    if any(isinstance(m, AIMessage) and m.id not in seen
+                           and not _framework_written(m)
+                           for m in cur.values.get(self.messages_key) or []):
+                        raise AdapterError(
+                            f"thread {thread_id!r} has a superstep whose parallel tasks "
+                            f"(nodes {sorted(set(nodes))}: a Send fan-out or parallel model "
+                            "nodes) wrote model messages; its checkpoints do not say which task "
+                            "decided which message", hint="record the app with CarCallback, "
+                            "which keeps each model call's task")
+                    continue
                 cid = prev.config["configurable"]["checkpoint_id"]
                 parents = dict(prev.metadata.get("parents") or {})
+                task = next((t for t in prev.tasks if t.name == nodes[0]), None)
                 for m in cur.values.get(self.messages_key) or []:
                     if (isinstance(m, AIMessage) and m.id not in seen
                             and not _framework_written(m)):
@@ -393,6 +434,10 @@ class LangGraphAgent:
                             "checkpoint_ns": ns, "checkpoint_map": {**parents, ns: cid},
                             "ns": ns, "agent": agent_of(ns, self.app.get_name()),
                             "node": nodes[0], "langgraph_step": cur.metadata.get("step"),
+                            "task_ns": (f"{_join(ns, nodes[0])}:{task.id}" if task is not None
+                                        else None),
+                            "task_path": jsonable(list(task.path)) if task is not None
+                            else None,
                             "model": (m.response_metadata or {}).get("model_name"),
                             "usage": usage_of(m)}, to_dicts(before))
             messages = chain[-1].values.get(self.messages_key) or []
@@ -437,7 +482,7 @@ class LangGraphAgent:
             raise AdapterError(f"thread {thread_id!r} does not exist in this app's "
                                "checkpointer", run_id=run.id,
                                hint="use the app and checkpointer the run was recorded with")
-        tasks: dict[tuple[str, str], int] = {}
+        groups: dict[tuple[str, str], dict[str, list[int]]] = {}  # checkpoint -> task -> steps
         for i, step in enumerate(run.steps):
             meta = step.meta
             node, ns = meta.get("node"), meta.get("checkpoint_ns") or ""
@@ -469,22 +514,18 @@ class LangGraphAgent:
                                    f"ran in tool node {node!r} (a model called inside a "
                                    "tool)", run_id=run.id, step=i,
                                    hint="intervene on a step whose action a model node wrote")
-            task = (ns, str(meta.get("checkpoint_id")), str(meta.get("task_ns")))
-            key = (ns, str(meta.get("checkpoint_id")))
-            if key in tasks and tasks[key] != hash(task):
-                raise AdapterError(
-                    f"steps {tasks_step(run, key)} and {i} are model calls scheduled from the "
-                    f"same checkpoint in parallel (node {node!r}: several model nodes in one "
-                    "superstep, or a Send fan-out of model calls); forking one of them would "
-                    "re-run the other", run_id=run.id, step=i,
-                    hint="run model nodes one superstep at a time to attribute this app")
-            if key in tasks:
-                raise AdapterError(
-                    f"node {node!r} made several model calls in one task (steps "
-                    f"{tasks_step(run, key)} and {i}); forking at the later one would re-run "
-                    "the earlier one", run_id=run.id, step=i,
-                    hint="make one model call per node run (split the node)")
-            tasks[key] = hash(task)
+            for level, cid in cmap.items():
+                groups.setdefault((level, str(cid)), {}).setdefault(
+                    _task_at(meta, level), []).append(i)
+        for (level, _), by_task in groups.items():
+            _check_superstep(run, level, by_task)
+        parallel = {key for key, by_task in groups.items() if len(by_task) > 1}
+        for k, step in enumerate(run.steps):  # a Send worker held by its writes must have some
+            for ns, cid in _cmap(step.meta).items():
+                source = (self.saver.get_tuple(_thread(thread_id, cid, ns))
+                          if (ns, str(cid)) in parallel else None)
+                if source is not None:
+                    self._carried_writes(run, k, ns, source)
         with self._lock:
             self._checked.add(run.id)
 
@@ -503,7 +544,7 @@ class LangGraphAgent:
         ns = step.meta.get("checkpoint_ns") or ""
         snapshot = self.saver.get_tuple(_thread(thread_id, step.meta["checkpoint_id"], ns))
         values = snapshot.checkpoint["channel_values"].get(self.messages_key) or []
-        if to_dicts(values) != step.state:
+        if not is_send_task(step.meta) and to_dicts(values) != step.state:
             raise AdapterError(f"the checkpoint step {k} was scheduled from does not match the "
                                "record: the run comes from a different graph or thread",
                                run_id=run.id, step=k,
@@ -512,31 +553,67 @@ class LangGraphAgent:
 
     # -- the machinery ------------------------------------------------------------------------
 
+    def _carried_writes(self, run: Trajectory, k: int, ns: str, source: Any
+                        ) -> list[tuple[str, str, Any]]:
+        """The pending writes of checkpoint ``source`` (level ``ns``) a fork at step ``k``
+        keeps: those of every task of that superstep except the tasks that hold step ``k`` or a
+        later step (those run again). A ``Send`` worker whose step comes before ``k`` is held
+        this way, by its recorded writes, never re-run; one whose task did not finish in the
+        record (no writes, or an error) cannot be held, and the step is refused."""
+        cid = str(source.config["configurable"]["checkpoint_id"])
+        hosts = [(j, _task_at(s.meta, ns)) for j, s in enumerate(run.steps)
+                 if str(_cmap(s.meta).get(ns)) == cid]
+        if any(not run.steps[j].meta.get("task_ns") for j, _ in hosts):
+            return []  # a record that does not name its tasks: none of them is held
+        later = {_task_id(t) for j, t in hosts if j >= k}
+        held = {_task_id(t): j for j, t in hosts if j < k and _task_id(t) not in later}
+        writes = [tuple(w) for w in source.pending_writes or ()
+                  if w[0] not in later and w[0] != NULL_TASK_ID]
+        done = {w[0] for w in writes if w[1] not in (ERROR, INTERRUPT)}
+        unfinished = sorted(j for tid, j in held.items() if tid not in done)
+        if unfinished:
+            raise AdapterError(
+                f"step {unfinished[0]} ran in a parallel task of the superstep step {k} belongs "
+                f"to (node {run.steps[unfinished[0]].meta.get('node')!r}), and that task did not "
+                f"finish in the record, so a fork at step {k} could only hold it by running it "
+                "again", run_id=run.id, step=k,
+                hint="intervene at an earlier step, or record a run whose parallel tasks all "
+                     "finish")
+        return writes  # type: ignore[return-value]
+
     def _fork(self, run: Trajectory, k: int, thread_id: str,
               edited: list[dict[str, Any]] | None) -> None:
         """Copy the checkpoints step ``k`` was scheduled from — one per graph level, so a fork
         inside a subgraph resumes there under its parents as recorded — into ``thread_id``.
-        Their pending writes are left behind: they hold what the step-``k`` task wrote in the
-        record, and LangGraph would replay them instead of deciding again. A ``do_context``
-        edit is written into the copy of the step's own level directly: the checkpoint keeps
-        its channel versions, so exactly the model task that was scheduled runs again (no
-        ``update_state``, whose guess of the writing node breaks ``Send``-routed graphs)."""
+        The pending writes of the tasks that hold step ``k`` and later steps are left behind
+        (LangGraph would replay them instead of deciding again); those of the other tasks of
+        the superstep (``Send`` workers whose steps come earlier) are kept, so LangGraph hands
+        them back instead of re-running those tasks. A ``do_context`` edit is written into the
+        copy of the step's own level directly: the checkpoint keeps its channel versions, so
+        exactly the model task that was scheduled runs again (no ``update_state``, whose guess
+        of the writing node breaks ``Send``-routed graphs); a ``Send`` task's step is edited at
+        its model call instead (its input is its ``Send`` payload)."""
         meta = run.steps[k].meta
         source_thread = str(run.meta["thread_id"])
         own = meta.get("checkpoint_ns") or ""
         for ns, cid in _cmap(meta).items():
             source = self.saver.get_tuple(_thread(source_thread, cid, ns))
             checkpoint = dict(source.checkpoint)
-            if ns == own and edited is not None:
+            if ns == own and edited is not None and not is_send_task(meta):
                 messages = from_dicts(edited)
                 for m in messages:
                     if m.id is None:
                         m.id = str(uuid.uuid4())
                 checkpoint["channel_values"] = {**checkpoint["channel_values"],
                                                 self.messages_key: messages}
-            self.saver.put(_thread(thread_id, None, ns), checkpoint,
-                           {**source.metadata, "car_fork_of": cid},
-                           dict(checkpoint["channel_versions"]))
+            config = self.saver.put(_thread(thread_id, None, ns), checkpoint,
+                                    {**source.metadata, "car_fork_of": cid},
+                                    dict(checkpoint["channel_versions"]))
+            by_task: dict[str, list[tuple[str, Any]]] = {}
+            for tid, channel, value in self._carried_writes(run, k, ns, source):
+                by_task.setdefault(tid, []).append((channel, value))
+            for tid, task_writes in by_task.items():
+                self.saver.put_writes(config, task_writes, tid)
 
     def _write_action(self, run: Trajectory, k: int, thread_id: str,
                       action: Mapping[str, Any]) -> None:
@@ -555,7 +632,7 @@ class LangGraphAgent:
         ``settle``, the graph state is offered to it before the first superstep and after each
         one, and the first partial branch it returns ends the run (sync apps only)."""
         config = {**_thread(thread_id), "recursion_limit": self.recursion_limit,
-                  "callbacks": [cb]}
+                  "callbacks": [cb], "max_concurrency": 1}
         try:
             if settle is None or self.is_async or self._saver_loop() is not None:
                 self._invoke(None, config)
@@ -605,6 +682,8 @@ class LangGraphAgent:
             j = k + offset + i
             meta = {**s.meta, "thread_id": thread_id, **control.steps.get(j, {}),
                     "origin": plan.origin(j)}
+            if j in control.inputs:  # the callback saw the input before CAR replaced it
+                s = replace(s, state=to_dicts(control.inputs[j]))
             obs = (_as_recorded(plan.forced_observations[j], s.observation)
                    if j in plan.forced_observations else s.observation)
             steps.append(Step(index=j, action=s.action, observation=obs,
@@ -617,9 +696,53 @@ class LangGraphAgent:
                                     "final_state": jsonable(final)})
 
 
-def tasks_step(run: Trajectory, key: tuple[str, str]) -> int:
-    return next(i for i, s in enumerate(run.steps)
-                if ((s.meta.get("checkpoint_ns") or ""), str(s.meta.get("checkpoint_id"))) == key)
+def _task_at(meta: Mapping[str, Any], level: str) -> str:
+    """The namespace of the task at graph level ``level`` that a step ran in: the step's own
+    model task at its own level, the subgraph task holding it at a parent level."""
+    parts = str(meta.get("task_ns") or "").split("|")
+    depth = len(level.split("|")) if level else 0
+    return "|".join(parts[:depth + 1])
+
+
+def _task_id(task_ns: str) -> str:
+    return task_ns.split("|")[-1].split(":")[-1]
+
+
+def _check_superstep(run: Trajectory, level: str, by_task: Mapping[str, list[int]]) -> None:
+    """Refuse the tasks of one superstep (scheduled from one checkpoint at ``level``) that no
+    fork can hold apart: several model calls in one task, or parallel tasks other than
+    ``Send`` tasks that each make one model call in the task itself."""
+    def own(i: int) -> bool:
+        return (run.steps[i].meta.get("checkpoint_ns") or "") == level
+
+    for steps in by_task.values():
+        if len(steps) > 1 and any(own(i) for i in steps):
+            node = run.steps[steps[1]].meta.get("node")
+            raise AdapterError(
+                f"node {node!r} made several model calls in one task (steps {steps[0]} and "
+                f"{steps[1]}); forking at the later one would re-run the earlier one",
+                run_id=run.id, step=steps[1], hint="make one model call per node run (split "
+                "the node)")
+    if len(by_task) < 2:
+        return
+    first, second = sorted(steps[0] for steps in by_task.values())[:2]
+    nodes = sorted({str(run.steps[i].meta.get("node")) for s in by_task.values() for i in s})
+    inner = next((i for s in by_task.values() for i in s if not own(i)), None)
+    if inner is not None:
+        raise AdapterError(
+            f"steps {first} and {second} ran in parallel tasks of one superstep (nodes "
+            f"{nodes}), and step {inner} was decided inside a subgraph one of them runs (a Send "
+            "fan-out or parallel branches into subgraphs): their checkpoints interleave, so no "
+            "fork can hold one task apart from the others", run_id=run.id, step=inner,
+            hint="send to plain nodes that call the model themselves, or run the subgraphs one "
+                 "superstep at a time")
+    pull = next((s[0] for s in by_task.values() if not is_send_task(run.steps[s[0]].meta)), None)
+    if pull is not None:
+        raise AdapterError(
+            f"steps {first} and {second} are model calls scheduled from the same checkpoint "
+            f"in parallel (nodes {nodes}: several model nodes in one superstep, not Send "
+            "tasks); forking one of them would re-run the other", run_id=run.id, step=pull,
+            hint="run model nodes one superstep at a time, or fan out with Send")
 
 
 def _cmap(meta: Mapping[str, Any]) -> dict[str, str]:

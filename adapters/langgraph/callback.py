@@ -5,7 +5,11 @@ the graph messages it decided from (``state``; messages without an id, such as a
 node prepends, are kept apart in ``meta["prompt"]``), the ``AIMessage`` as the action, the tool
 results that answered it as the observation, and in ``meta`` the model, parameters, token usage,
 latency and the LangGraph ids needed to fork there (thread, the checkpoint the task was scheduled
-from, node, superstep). Runs are keyed by their root run id, so several graphs can run at once
+from, node, superstep, task path). A ``Send`` task decides from the messages its node built from
+the ``Send`` payload, not from the graph's messages, so its ``state`` is the whole model input.
+Model calls of parallel tasks (a ``Send`` fan-out) finish in any order; their steps are put in
+LangGraph's own task order (``Send`` index, then node name), so a run records the same way
+every time. Runs are keyed by their root run id, so several graphs can run at once
 through one handler; each finished run is saved to the store and becomes ``cb.run``. With
 ``outcome=``, each run is scored as it finishes (``outcome(run)``, as ``car.intervene`` takes it)
 and stored with its outcome, so ``car runs`` shows which runs failed.
@@ -40,6 +44,7 @@ from car_core.errors import OutcomeError, StoreError
 from .messages import decode, jsonable, to_dict, to_dicts, usage_of
 
 MESSAGES_KEY = "messages"
+PUSH = "__pregel_push"  # LangGraph's task-path tag of a Send task (langgraph._internal._constants)
 log = redact.logger(__name__)  # log records pass the redaction rule
 
 
@@ -77,6 +82,37 @@ def agent_of(ns: str | None, graph: str | None) -> str | None:
     if not ns:
         return graph
     return ns.split("|")[-1].split(":")[0]
+
+
+def is_send_task(meta: Any) -> bool:
+    """Whether a step's model call ran in a ``Send`` task (LangGraph's PUSH task path)."""
+    path = meta.get("task_path") if isinstance(meta, dict) else None
+    return bool(path) and path[0] == PUSH
+
+
+def task_key(meta: dict[str, Any]) -> tuple[int, Any]:
+    """A step's place among the tasks of its superstep, as LangGraph orders them: ``Send``
+    tasks by their index, then node tasks by name."""
+    path = meta.get("task_path") or ()
+    if len(path) > 1 and path[0] == PUSH:
+        return (0, int(path[1]) if isinstance(path[1], int) else 0)
+    return (1, str(path[1]) if len(path) > 1 else "")
+
+
+def task_order(calls: list[_Call]) -> list[_Call]:
+    """Calls in start order, except that the calls scheduled from one checkpoint (parallel
+    tasks of a superstep) take the places they occupy in LangGraph's task order."""
+    groups: dict[tuple[Any, Any], list[int]] = {}
+    for i, c in enumerate(calls):
+        groups.setdefault((c.meta.get("checkpoint_ns"), c.meta.get("checkpoint_id")), []).append(i)
+    out = list(calls)
+    for places in groups.values():
+        if len(places) > 1:
+            ordered = sorted((calls[i] for i in places),
+                             key=lambda c: (task_key(c.meta), c.order))
+            for i, c in zip(places, ordered, strict=True):
+                out[i] = c
+    return out
 
 
 def _tool_messages(output: Any) -> list[ToolMessage]:
@@ -199,13 +235,15 @@ class CarCallback(BaseCallbackHandler):
                 "node": md.get("langgraph_node"), "langgraph_step": md.get("langgraph_step"),
                 "task_ns": md.get("langgraph_checkpoint_ns"), "params": params,
                 "seed": params.get("seed") if isinstance(params, dict) else None}
+        path = md.get("langgraph_path")
+        meta["task_path"] = jsonable(list(path)) if isinstance(path, (list, tuple)) else None
         prompt = [to_dict(m) for m in seen if m.id is None]
         if prompt:
             meta["prompt"] = prompt
+        state = to_dicts(seen if is_send_task(meta) else (m for m in seen if m.id is not None))
         with self._lock:
             self.decisions_started += 1
-            rec.calls[run_id] = _Call(len(rec.calls), to_dicts(m for m in seen if m.id is not None),
-                                      meta, time.perf_counter())
+            rec.calls[run_id] = _Call(len(rec.calls), state, meta, time.perf_counter())
 
     def on_llm_end(self, response: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
                    **kwargs: Any) -> None:
@@ -256,8 +294,8 @@ class CarCallback(BaseCallbackHandler):
                 log.error("CAR could not store run %s: %s", run.id, exc)
 
     def build(self, rec: _Recording, outputs: Any, error: BaseException | None) -> Trajectory:
-        calls = sorted((c for c in rec.calls.values() if c.message is not None),
-                       key=lambda c: c.order)
+        calls = task_order(sorted((c for c in rec.calls.values() if c.message is not None),
+                                  key=lambda c: c.order))
         final = outputs if isinstance(outputs, dict) else {}
         results = dict(rec.tool_results)
         for m in final.get(self.messages_key) or ():

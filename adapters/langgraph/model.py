@@ -4,9 +4,12 @@ Build the app with ``CarChatModel(inner=your_model)`` wherever it would use ``yo
 Outside CAR branches it is transparent: every call goes to ``inner``. On a branch (a thread CAR
 created, found through the thread id in the runnable config LangGraph propagates), the branch's
 ``Control`` decides each call by step index: a held step returns its recorded action without
-calling any model, steps after a ``do_policy`` go to the swapped-in model, and every live call
-gets a per-step seed from the branch noise when the model has a ``seed`` field (so branches
-share common random numbers). The step index is counted per branch thread from the fork step.
+calling any model, steps after a ``do_policy`` go to the swapped-in model, a ``do_context`` on a
+``Send`` task's step replaces the messages the model is given (the task builds them from its
+``Send`` payload, not from the graph's messages), and every live call gets a per-step seed
+from the branch noise when the model has a ``seed`` field (so branches share common random
+numbers). The step index is counted per branch thread from the fork step (branches run a
+superstep's parallel tasks one at a time, so the count follows LangGraph's task order).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class Control:
     forced: dict[int, Mapping[str, Any]] = field(default_factory=dict)
     policy: tuple[int, Any] | None = None
     noise: Noise | None = None
+    inputs: dict[int, list[BaseMessage]] = field(default_factory=dict)  # step -> model input
     steps: dict[int, dict[str, Any]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -134,6 +138,8 @@ class CarChatModel(BaseChatModel):
         control, k, model, kw = self._plan(kwargs)
         if control is not None and k in control.forced:
             return self._forced(control, k)
+        if control is not None and k in control.inputs:
+            messages = list(control.inputs[k])
         started = time.perf_counter()
         result = model._generate(messages, stop=stop, run_manager=run_manager, **kw)
         return self._note(control, k, model, result, started)
@@ -143,6 +149,8 @@ class CarChatModel(BaseChatModel):
         control, k, model, kw = self._plan(kwargs)
         if control is not None and k in control.forced:
             return self._forced(control, k)
+        if control is not None and k in control.inputs:
+            messages = list(control.inputs[k])
         started = time.perf_counter()
         result = await model._agenerate(messages, stop=stop, run_manager=run_manager, **kw)
         return self._note(control, k, model, result, started)
