@@ -14,7 +14,6 @@ import fingerprint_apps as apps
 import pytest
 from car_adapters.demo import support_agent as sa
 from car_adapters.langgraph import LangGraphAgent
-from car_adapters.llamaindex import LlamaIndexAgent
 from car_adapters.openai_agents import OpenAIAgentsAgent
 
 import car_core as car
