@@ -110,8 +110,10 @@ def attribute_killed_in_writes(kind: str) -> Any:
     ``kill_at``-th COMMIT starts, ``timer`` ``kill_at`` microseconds after the store opened
     (wherever that lands: an fsync, a commit, a policy call). Every branch whose write
     committed is printed at once (``stored ARM ROLLOUT``), so the parent knows what must
-    survive. Returns the result, the ticks and commits made and the seconds it ran."""
-    def run(db: Path, run_id: str, aid: str, kill_at: int, backend: str) -> dict[str, Any]:
+    survive (on ``out_fd``). Returns the result, the ticks and commits made and the seconds
+    it ran."""
+    def run(db: Path, run_id: str, aid: str, kill_at: int, backend: str,
+            out_fd: int = 1) -> dict[str, Any]:
         import time
 
         from car_core.execution import make_executor
@@ -124,7 +126,7 @@ def attribute_killed_in_writes(kind: str) -> Any:
 
         def write(self: StoreJournal, task: Any, result: Any) -> None:
             journal_write(self, task, result)  # returns once the branch is committed
-            os.write(1, f"stored {task.arm} {task.rollout}\n".encode())
+            os.write(out_fd, f"stored {task.arm} {task.rollout}\n".encode())
 
         StoreJournal.write = write  # type: ignore[method-assign]
         model = syn.pivot()
@@ -359,6 +361,34 @@ def test_twenty_random_kills_then_a_resume_give_the_same_result(
 WRITE_KILLS = 24  # 8 of each kind
 
 
+def forked_child(db: Path, run_id: str, aid: str, kill_at: int, kind: str) -> tuple[int, str]:
+    """``attribute_killed_in_writes(kind)`` in a forked child (a fresh interpreter would spend
+    most of each trial importing), its lines sent back through a pipe: (exit code, output).
+    The parent holds no SQLite connection when it forks."""
+    import traceback
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 70
+        try:
+            os.close(read)
+            out = attribute_killed_in_writes(kind)(db, run_id, aid, kill_at, "sequential",
+                                                   out_fd=write)
+            os.write(write, (json.dumps(out) + "\n").encode())
+            code = 0
+        except BaseException:  # noqa: BLE001 - reported to the parent, which fails on it
+            os.write(write, traceback.format_exc().encode())
+        finally:
+            os._exit(code)
+    os.close(write)
+    chunks = []
+    while chunk := os.read(read, 1 << 16):
+        chunks.append(chunk)
+    os.close(read)
+    _, status = os.waitpid(pid, 0)  # reaped: its lease's pid is gone, not a zombie
+    return os.waitstatus_to_exitcode(status), b"".join(chunks).decode()
+
+
 def _stored_lines(stdout: str) -> set[tuple[str, int]]:
     return {(parts[1], int(parts[2])) for parts in (line.split() for line in
             stdout.splitlines()) if len(parts) == 3 and parts[0] == "stored"}
@@ -371,19 +401,19 @@ def test_kills_inside_store_writes_lose_nothing_finished(
     resumed to the end. After every kill the store opens, ``PRAGMA integrity_check`` is ok,
     every branch the child saw committed is still there with the outcome the uninterrupted
     run gave that (arm, rollout), none is stored twice; the resume gives the uninterrupted
-    result. Each kill lands within 1/26 of the work (ticks, commits, seconds of the
-    uninterrupted child), so the 24 never finish the attribution between them."""
+    result. Each kill lands in the first half of the work left (ticks, commits or seconds,
+    scaled from the uninterrupted child), so it dies mid-way and the chain progresses."""
     import json as json_
     import random
     import sqlite3
 
     db, run = stored_run
-    ref_child = killed_child(db, run.id, "w-reference", -1, "sequential", mode="write-vm")
-    assert ref_child.returncode == 0, ref_child.stderr
-    reference = json_.loads(ref_child.stdout.splitlines()[-1])
-    caps = {"vm": reference["ticks"], "commit": reference["commits"],
-            "timer": int(reference["seconds"] * 1e6)}
-    caps = {k: max(2, v // (WRITE_KILLS + 2)) for k, v in caps.items()}
+    code, out = forked_child(db, run.id, "w-reference", -1, "vm")
+    assert code == 0, out
+    reference = json_.loads(out.splitlines()[-1])
+    total = reference["result"]["rollouts_used"]  # branches, one commit each
+    per_branch = {"vm": reference["ticks"] / reference["commits"],
+                  "commit": 1.0, "timer": reference["seconds"] * 1e6 / total}
 
     def outcomes(conn: sqlite3.Connection, aid: str) -> list[tuple[str, int, float]]:
         return conn.execute("SELECT arm, rollout, outcome FROM runs WHERE attribution_id = ?"
@@ -397,13 +427,16 @@ def test_kills_inside_store_writes_lose_nothing_finished(
     rng.shuffle(kinds)
     survived: set[tuple[str, int]] = set()
     killed = 0
+    left = total
     for kind in kinds:
-        child = killed_child(db, run.id, "w-chain", rng.randint(1, caps[kind]), "sequential",
-                             mode=f"write-{kind}")
+        # somewhere in the first half of what is left to do (in ticks, commits or time), so
+        # the child always dies before it could finish and every kill lands mid-way
+        kill_at = rng.randint(1, max(2, int(per_branch[kind] * left / 2)))
+        code, out = forked_child(db, run.id, "w-chain", kill_at, kind)
         # a timer may fire after the child's last write (then it dies later, or not at all)
-        assert child.returncode == -signal.SIGKILL or kind == "timer", (kind, child.stderr)
-        killed += child.returncode == -signal.SIGKILL
-        survived |= _stored_lines(child.stdout)
+        assert code == -signal.SIGKILL or (kind == "timer" and code == 0), (kind, out)
+        killed += code == -signal.SIGKILL
+        survived |= _stored_lines(out)
         with RunStore(db) as store:  # opens: no torn write left behind
             assert store.attribution("w-chain")["run_id"] == run.id
         conn = sqlite3.connect(db)
@@ -414,11 +447,11 @@ def test_kills_inside_store_writes_lose_nothing_finished(
         assert len(keys) == len(set(keys))  # none twice
         assert survived <= set(keys)  # none that finished is lost
         assert all(truth[(a, r)] == y for a, r, y in stored)  # each one whole
-    assert killed >= 20
-    assert 0 < len(survived) < reference["result"]["rollouts_used"]
-    resumed = killed_child(db, run.id, "w-chain", -1, "sequential", mode="write-vm")
-    assert resumed.returncode == 0, resumed.stderr
-    assert json_.loads(resumed.stdout.splitlines()[-1])["result"] == reference["result"]
+        left = total - len(keys)
+    assert killed >= 20 and survived
+    code, out = forked_child(db, run.id, "w-chain", -1, "vm")
+    assert code == 0, out
+    assert json_.loads(out.splitlines()[-1])["result"] == reference["result"]
     conn = sqlite3.connect(db)
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     assert [(a, r) for a, r, _ in outcomes(conn, "w-chain")] == sorted(truth)
