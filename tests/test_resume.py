@@ -438,7 +438,7 @@ def test_kills_inside_store_writes_lose_nothing_finished(
         killed += code == -signal.SIGKILL
         survived |= _stored_lines(out)
         with RunStore(db) as store:  # opens: no torn write left behind
-            assert store.attribution("w-chain")["run_id"] == run.id
+            assert store.attribution("w-chain").run_id == run.id
         conn = sqlite3.connect(db)
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         stored = outcomes(conn, "w-chain")

@@ -548,7 +548,8 @@ def test_a_second_connection_of_this_process_is_refused_like_another_process(
     # ``other`` closed while holding it: nothing can finish that claim, so it is free
     assert store.db.execute("SELECT count(*) FROM attribution_leases").fetchone()[0] == 0
     assert store.begin_attribution(pivot_run.id, "manual", {}, attribution_id=aid) == aid
-    store.finish_attribution(aid, {"done": True})
+    store.finish_attribution(aid, ContrastiveResult.from_dict(contrastive_dict(
+        syn.pivot(), pivot_run)))
     assert store.db.execute("SELECT count(*) FROM attribution_leases").fetchone()[0] == 0
 
 
@@ -602,7 +603,7 @@ def test_two_threads_resuming_one_attribution_one_is_refused(tmp_path: Path, piv
     assert "first" not in errors, errors.get("first")
     assert isinstance(errors.get("second"), AttributionBusy), errors.get("second")
     with RunStore(db) as s:
-        assert s.attribution(aid)["status"] in ("complete", "truncated")  # the first finished
+        assert s.attribution(aid).status in ("complete", "truncated")  # the first finished
         pairs = [(b["arm"], b["rollout"]) for b in s.branches(aid)]
         assert pairs and len(pairs) == len(set(pairs))
         assert s.db.execute("SELECT count(*) FROM attribution_leases").fetchone()[0] == 0
@@ -624,13 +625,13 @@ def test_an_estimate_that_raised_frees_its_lease_for_this_process(store: RunStor
     with pytest.raises(Stop):
         car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
                         rollouts=4, seed=0, store=store, progress=Interrupting())
-    (row,) = store.attributions(pivot_run.id)
+    (stopped,) = store.attributions(pivot_run.id)
     assert store.db.execute("SELECT count(*) FROM attribution_leases").fetchone()[0] == 0
     with RunStore(store.path) as other:  # another connection resumes it at once
         res = car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
-                              rollouts=4, seed=0, store=other, attribution_id=row["id"],
+                              rollouts=4, seed=0, store=other, attribution_id=stopped.id,
                               progress=False)
-    assert res.attribution_id == row["id"]
+    assert res.attribution_id == stopped.id
 
 
 def test_a_second_branch_for_one_arm_and_rollout_is_refused(store: RunStore, pivot_model,
