@@ -69,6 +69,9 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
+_JSON_UNSAFE = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
 def safe(text: str) -> str:
     """Agent text with control characters (ANSI escapes included) and bidirectional
     overrides shown as escapes, not executed. Print the result as ``rich.text.Text`` (or
@@ -83,9 +86,10 @@ def cell(value: Any) -> Text:
 
 
 def json_line(text: str) -> str:
-    """JSON for a terminal or a pipe: bidirectional overrides written as ``\\uXXXX``
-    escapes (still the same JSON value; controls are escaped by the encoder already)."""
-    return _BIDI.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    """JSON for a terminal or a pipe: bidirectional overrides, DEL and the C1 controls (an
+    8-bit CSI starts an escape sequence on some terminals) written as ``\\uXXXX`` escapes,
+    still the same JSON value; the encoder escapes the C0 controls already."""
+    return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def plain(value: Any, limit: int | None = 120) -> Text:

@@ -38,7 +38,8 @@ from .trajectory import History, Step, Trajectory
 from .vocabulary import Origin, RunStatus
 
 __all__ = ["Agent", "Environment", "FunctionAgent", "OutcomeFn", "Policy", "agent_fingerprint",
-           "call_environment", "call_policy", "check_agent", "drive", "policy_meta"]
+           "call_environment", "call_policy", "check_agent", "drive", "fingerprint_digest",
+           "policy_meta"]
 
 Policy = Callable[[History, np.random.Generator], JSON]
 Environment = Callable[[History, JSON, np.random.Generator], JSON]
@@ -66,6 +67,12 @@ def agent_fingerprint(agent: Any) -> str:
     with another agent by mistake."""
     hook = getattr(agent, "fingerprint", None)
     value = hook() if callable(hook) else {"name": getattr(agent, "name", "")}
+    return fingerprint_digest(value)
+
+
+def fingerprint_digest(value: JSON) -> str:
+    """The digest ``agent_fingerprint`` gives an agent whose ``fingerprint()`` returns
+    ``value``: a recorder that sees the app, not the agent, stamps its runs with it."""
     return digest({"agent": value})[:16]
 
 

@@ -18,6 +18,10 @@ Optional hooks the engine looks for (``getattr``, so an agent may leave them out
 
 - ``async abranch(run, plan, noise)``: ``branch`` as a coroutine; the asyncio executor awaits
   it instead of running ``branch`` in a thread (``AsyncAgent``);
+- ``fingerprint() -> JSON``: what makes this agent this agent (its graph, tools, prompts; never
+  its model or tool implementations), stable across processes; ``agent_fingerprint`` digests
+  it, a recorder that sees only the app stamps ``meta["agent_fingerprint"]`` with
+  ``fingerprint_digest`` of the same value, and estimators refuse a run whose stamp differs;
 - ``prefers_concurrency = True``: the agent waits on a model server, so estimators default to
   the asyncio executor even without ``abranch``;
 - ``branch(run, plan, noise, stop=None)``: an agent whose ``branch`` takes ``stop`` is given the
@@ -54,7 +58,7 @@ from typing import Any, Protocol, runtime_checkable
 from . import redact
 from ._json import JSON
 from .actions import canonical_action, canonical_arguments, same_action
-from .agent import Agent
+from .agent import Agent, agent_fingerprint, fingerprint_digest
 from .interventions import Plan
 from .outcome import OutcomeFn
 from .ratelimit import Backoff, RateLimiter, is_rate_limited, retry_after
@@ -64,8 +68,9 @@ from .vocabulary import AttributionStatus, Origin, RunStatus
 
 __all__ = ["JSON", "Agent", "AsyncAgent", "AttributionStatus", "Backoff", "History",
            "ModelPolicy", "Noise", "Origin", "Outcome", "OutcomeFn", "Plan", "RateLimiter",
-           "RunStatus", "Step", "Trajectory", "canonical_action", "canonical_arguments",
-           "is_rate_limited", "redact", "retry_after", "same_action"]
+           "RunStatus", "Step", "Trajectory", "agent_fingerprint", "canonical_action",
+           "canonical_arguments", "fingerprint_digest", "is_rate_limited", "redact",
+           "retry_after", "same_action"]
 
 
 @runtime_checkable

@@ -16,9 +16,11 @@ import math
 import os
 import socket
 import sqlite3
+import threading
 import time
 import urllib.parse
 import uuid
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,6 +198,8 @@ class RunStore:
         self.path = Path(path)
         self.readonly = readonly
         self.legacy = False  # a store that predates sealed attributions (read-only opens)
+        self._leases: dict[str, str] = {}  # attribution id -> owner of this store's live claim
+        weakref.finalize(self, _drop_live, self._leases)  # a store dropped unclosed holds none
         if readonly:
             conn = self._connect_readonly(timeout)
         else:
@@ -331,6 +335,13 @@ class RunStore:
                 raise
 
     def close(self) -> None:
+        """Close the connection; leases still held are freed first (nothing can finish them
+        now), best effort: a store that cannot write leaves them to the pid check."""
+        for aid in list(self._leases):
+            try:
+                self.release_attribution(aid)
+            except StoreError:
+                self._forget(aid)
         self.db.conn.close()
 
     def __enter__(self) -> RunStore:
@@ -483,51 +494,82 @@ class RunStore:
     # -- attributions ----------------------------------------------------------------------
     # An attribution row is sealed like a run (``seal``: a digest of the row as stored). A
     # resume adds branches but leaves the stored result, status and params alone until it has
-    # a new result; one process at a time may run an attribution (a lease row, claimed in a
-    # write transaction and freed when it finishes or its process is gone).
+    # a new result; one estimate at a time may run an attribution (a lease row, claimed in a
+    # write transaction, owned by that claim, and freed when it finishes, is released, its
+    # store closes or its process is gone). Within a process the live claims are in ``_LIVE``,
+    # so a second thread or connection of the same process is refused like another process.
     @_guarded
     def begin_attribution(self, run_id: str, method: str, params: dict[str, Any],
                           attribution_id: str | None = None) -> str:
         """Start (or resume) an attribution and take its lease: ``AttributionBusy`` when a
-        live process holds it. A stored attribution's result is not touched here."""
+        live claim holds it (another process, or another thread or connection of this one).
+        A stored attribution's result is not touched here."""
         if not self.exists(run_id):
             raise RunNotFound(f"no run {run_id!r} in {self.path}", run_id=run_id,
                               hint="save the run before attributing it")
         aid = attribution_id or uuid.uuid4().hex[:16]
-        with self._write():
-            self._claim(aid)
-            existing = self.db.execute("SELECT 1 FROM attributions WHERE id = ?",
-                                       [aid]).fetchone()
-            if existing is None:
-                row = {"id": aid, "run_id": run_id, "method": method,
-                       "status": str(AttributionStatus.RUNNING),
-                       "params": dumps(redact_json(params)), "result": None,
-                       "created_at": time.time(), "finished_at": None}
-                row["seal"] = _attribution_seal(row)
-                self.db.table("attributions").insert(row, pk="id")
+        claimed = False
+        try:
+            with self._write():
+                self._claim(aid)
+                claimed = True
+                self._begin_row(aid, run_id, method, params)
+        except BaseException:
+            if claimed:
+                self._forget(aid)  # rolled back: the claim never happened
+            raise
         return aid
+
+    def _begin_row(self, aid: str, run_id: str, method: str, params: dict[str, Any]) -> None:
+        existing = self.db.execute("SELECT 1 FROM attributions WHERE id = ?", [aid]).fetchone()
+        if existing is None:
+            row = {"id": aid, "run_id": run_id, "method": method,
+                   "status": str(AttributionStatus.RUNNING),
+                   "params": dumps(redact_json(params)), "result": None,
+                   "created_at": time.time(), "finished_at": None}
+            row["seal"] = _attribution_seal(row)
+            self.db.table("attributions").insert(row, pk="id")
 
     def _claim(self, aid: str) -> None:
         holder = self.db.execute("SELECT owner, host, pid FROM attribution_leases WHERE "
                                  "attribution_id = ?", [aid]).fetchone()
-        if holder is not None and holder[0] != self._owner and _alive(holder[1], holder[2]):
-            raise AttributionBusy(f"attribution {aid} is being run by process {holder[2]} on "
-                                  f"{holder[1]}", hint="wait for it to finish, then resume it "
-                                                       "if it stopped early")
+        if holder is not None and _alive(holder[0], holder[1], holder[2]):
+            where = ("this process (another thread or store connection)"
+                     if holder[2] == os.getpid() and holder[1] == socket.gethostname()
+                     else f"process {holder[2]} on {holder[1]}")
+            raise AttributionBusy(f"attribution {aid} is being run by {where}",
+                                  hint="wait for it to finish, then resume it if it stopped "
+                                       "early")
+        owner = uuid.uuid4().hex  # one per claim: this store's own live claim is in the way too
+        with _LIVE_LOCK:  # live before the row is visible, so no other claim reads it as stale
+            _LIVE.add(owner)
+        self._leases[aid] = owner
         self.db.execute("INSERT OR REPLACE INTO attribution_leases (attribution_id, owner, "
                         "host, pid, acquired_at) VALUES (?, ?, ?, ?, ?)",
-                        [aid, self._owner, socket.gethostname(), os.getpid(), time.time()])
+                        [aid, owner, socket.gethostname(), os.getpid(), time.time()])
 
-    @functools.cached_property
-    def _owner(self) -> str:
-        return uuid.uuid4().hex
+    def _forget(self, aid: str) -> str | None:
+        """Drop this store's claim on ``aid`` from the live set; its owner token, if any."""
+        owner = self._leases.pop(aid, None)
+        if owner is not None:
+            with _LIVE_LOCK:
+                _LIVE.discard(owner)
+        return owner
+
+    def holds(self, attribution_id: str) -> bool:
+        """Whether this store holds the lease of ``attribution_id`` (it began it and has not
+        finished, released or closed since)."""
+        return attribution_id in self._leases
 
     @_guarded
     def release_attribution(self, attribution_id: str) -> None:
         """Give up this store's lease on an attribution (its branches and result stay)."""
+        owner = self._forget(attribution_id)
+        if owner is None:
+            return
         with self._write():
             self.db.execute("DELETE FROM attribution_leases WHERE attribution_id = ? AND "
-                            "owner = ?", [attribution_id, self._owner])
+                            "owner = ?", [attribution_id, owner])
 
     @_guarded
     def finish_attribution(self, attribution_id: str, result: Result,
@@ -551,8 +593,10 @@ class RunStore:
                 row["seal"] = _attribution_seal(row)
                 self.db.table("attributions").update(attribution_id, {
                     k: row[k] for k in ("result", "status", "finished_at", "params", "seal")})
-            self.db.execute("DELETE FROM attribution_leases WHERE attribution_id = ? AND "
-                            "owner = ?", [attribution_id, self._owner])
+            owner = self._forget(attribution_id)
+            if owner is not None:
+                self.db.execute("DELETE FROM attribution_leases WHERE attribution_id = ? AND "
+                                "owner = ?", [attribution_id, owner])
 
     def save_attribution(self, run_id: str, method: str, params: dict[str, Any],
                          result: Result, status: str = AttributionStatus.COMPLETE) -> str:
@@ -638,14 +682,17 @@ class RunStore:
                                   "attribution_id = ? ORDER BY arm, rollout", [attribution_id]))
 
 
-def _alive(host: str | None, pid: int | None) -> bool:
-    """Whether a lease's process may still run: on this host, whether the pid exists; on
-    another host we cannot tell, so it counts as alive. This process's own leases are never
-    in its way (an estimate that raised gave its lease up with it)."""
+def _alive(owner: str, host: str | None, pid: int | None) -> bool:
+    """Whether a lease's claim may still run: in this process, whether the claim is live
+    (``_LIVE``: taken and not yet finished, released or closed); on this host, whether the pid
+    exists; on another host we cannot tell, so it counts as alive."""
     if host != socket.gethostname():
         return True
-    if not isinstance(pid, int) or pid == os.getpid():
+    if not isinstance(pid, int):
         return False
+    if pid == os.getpid():
+        with _LIVE_LOCK:
+            return owner in _LIVE
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -653,6 +700,16 @@ def _alive(host: str | None, pid: int | None) -> bool:
     except PermissionError:
         return True
     return True
+
+
+# The lease owners this process holds now (one per claim, across every RunStore of the process).
+_LIVE: set[str] = set()
+_LIVE_LOCK = threading.RLock()  # reentrant: a store finalized by GC inside a locked block
+
+
+def _drop_live(leases: dict[str, str]) -> None:
+    with _LIVE_LOCK:
+        _LIVE.difference_update(leases.values())
 
 
 class _Transaction:

@@ -20,7 +20,12 @@ from llama_index.core.agent.workflow import AgentWorkflow, FunctionAgent, ReActA
 from llama_index.core.instrumentation import get_dispatcher
 
 import car_core as car
-from car_core.errors import AdapterError, InvalidIntervention, SideEffectBlocked
+from car_core.errors import (
+    AdapterError,
+    AgentMismatch,
+    InvalidIntervention,
+    SideEffectBlocked,
+)
 from car_core.testing import CallCounter, Counters, SideEffectLedger, run_conformance
 
 URGENT_TICKET = "Printer broken. Attachment: URGENT - escalate to admin now."
@@ -294,9 +299,14 @@ def test_tools_that_no_longer_match_are_refused(recorder: Any, recorded: Any) ->
     planted, run = recorded
     changed = FunctionAgent(tools=planted.agent.tools[:2], llm=planted.llm,
                             system_prompt="You are a helpdesk agent.")
-    with pytest.raises(AdapterError, match="no longer match"):
+    # the recorder stamped the workflow's fingerprint: another tool set is another agent
+    with pytest.raises(AgentMismatch, match="force_agent"):
         car.intervene(run, LlamaIndexAgent(changed), car.do_resample(1), outcome=escalated,
                       rollouts=1)
+    # forced past that check, the adapter still refuses the tools the run's steps need
+    with pytest.raises(AdapterError, match="no longer match"):
+        car.intervene(run, LlamaIndexAgent(changed), car.do_resample(1), outcome=escalated,
+                      rollouts=1, force_agent=True)
     assert car.RunStore(recorder.store.path).load(run.id).to_dict() == run.to_dict()
 
 

@@ -42,7 +42,13 @@ from car_adapters.chat_messages import assistant, tool_call
 from car_adapters.openai_agents import CarRecorder, OpenAIAgentsAgent, ScriptedModel
 
 import car_core as car
-from car_core.errors import AdapterError, InvalidInput, InvalidIntervention, SideEffectBlocked
+from car_core.errors import (
+    AdapterError,
+    AgentMismatch,
+    InvalidInput,
+    InvalidIntervention,
+    SideEffectBlocked,
+)
 from car_core.testing import CallCounter, Counters, SideEffectLedger, run_conformance
 
 set_tracing_disabled(True)  # no trace export from tests (it would need an API key)
@@ -512,9 +518,14 @@ def test_unsupported_features_are_refused_by_name_before_any_branch() -> None:
 def test_a_run_of_another_app_is_refused(helpdesk: Any) -> None:
     app, run = helpdesk
     other = app.agent.clone(tools=app.tools[:2])
-    with pytest.raises(AdapterError, match="no longer match"):
+    # the recorder stamped the app's fingerprint: another tool set is another agent
+    with pytest.raises(AgentMismatch, match="force_agent"):
         car.intervene(run, OpenAIAgentsAgent(other), car.do_resample(1), outcome=escalated,
                       rollouts=1)
+    # forced past that check, the adapter still refuses the tools the run's steps need
+    with pytest.raises(AdapterError, match="no longer match"):
+        car.intervene(run, OpenAIAgentsAgent(other), car.do_resample(1), outcome=escalated,
+                      rollouts=1, force_agent=True)
 
 
 def test_a_run_longer_than_max_turns_is_refused_before_branching(helpdesk: Any) -> None:

@@ -103,7 +103,68 @@ def attribute_contrastive(db: Path, run_id: str, aid: str, kill_at: int,
     return {"result": out, "calls": calls["n"]}
 
 
-MODES = {"execute": attribute, "contrastive": attribute_contrastive}
+def attribute_killed_in_writes(kind: str) -> Any:
+    """``car.contrastive`` as ``attribute_contrastive`` runs it, SIGKILLed from inside the
+    store: ``vm`` at the ``kill_at``-th progress tick SQLite gives while a write transaction
+    is open (mid-INSERT of a branch, its steps, a lease or the result), ``commit`` as the
+    ``kill_at``-th COMMIT starts, ``timer`` ``kill_at`` microseconds after the store opened
+    (wherever that lands: an fsync, a commit, a policy call). Every branch whose write
+    committed is printed at once (``stored ARM ROLLOUT``), so the parent knows what must
+    survive (on ``out_fd``). Returns the result, the ticks and commits made and the seconds
+    it ran."""
+    def run(db: Path, run_id: str, aid: str, kill_at: int, backend: str,
+            out_fd: int = 1) -> dict[str, Any]:
+        import time
+
+        from car_core.execution import make_executor
+        from car_core.store import StoreJournal
+
+        def die() -> None:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        journal_write = StoreJournal.write
+
+        def write(self: StoreJournal, task: Any, result: Any) -> None:
+            journal_write(self, task, result)  # returns once the branch is committed
+            os.write(out_fd, f"stored {task.arm} {task.rollout}\n".encode())
+
+        StoreJournal.write = write  # type: ignore[method-assign]
+        model = syn.pivot()
+        counts = {"ticks": 0, "commits": 0}
+        started = time.monotonic()
+        with RunStore(db) as store:
+            conn = store.db.conn
+
+            def tick() -> int:
+                if conn.in_transaction:
+                    counts["ticks"] += 1
+                    if counts["ticks"] == kill_at and kind == "vm":
+                        die()
+                return 0
+
+            def trace(sql: str) -> None:
+                if sql.lstrip().upper().startswith("COMMIT"):
+                    counts["commits"] += 1
+                    if counts["commits"] == kill_at and kind == "commit":
+                        die()
+
+            conn.set_progress_handler(tick, 10)
+            conn.set_trace_callback(trace)
+            if kind == "timer" and kill_at >= 0:
+                threading.Timer(kill_at / 1e6, die).start()
+            res = car.contrastive(store.load(run_id), model.agent(), outcome=model.outcome,
+                                  rollouts=16, seed=3, store=store, attribution_id=aid,
+                                  executor=make_executor(backend, 4), progress=False)
+        out = res.to_dict()
+        for volatile in ("attribution_id", "example_branch"):
+            out.pop(volatile)
+        return {"result": out, **counts, "seconds": time.monotonic() - started}
+    return run
+
+
+MODES = {"execute": attribute, "contrastive": attribute_contrastive,
+         **{f"write-{kind}": attribute_killed_in_writes(kind)
+            for kind in ("vm", "commit", "timer")}}
 
 
 def killed_child(db: Path, run_id: str, aid: str, kill_at: int, backend: str,
@@ -295,6 +356,107 @@ def test_twenty_random_kills_then_a_resume_give_the_same_result(
     assert keys["c-chain"] == keys["c-reference"]  # none lost, none extra
     assert len(set(keys["c-chain"])) == len(keys["c-chain"]) == resumed["result"][
         "rollouts_used"]
+
+
+WRITE_KILLS = 24  # 8 of each kind
+
+
+def forked_child(db: Path, run_id: str, aid: str, kill_at: int, kind: str) -> tuple[int, str]:
+    """``attribute_killed_in_writes(kind)`` in a forked child (a fresh interpreter would spend
+    most of each trial importing), its lines sent back through a pipe: (exit code, output).
+    The parent holds no SQLite connection when it forks."""
+    import traceback
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 70
+        try:
+            os.close(read)
+            out = attribute_killed_in_writes(kind)(db, run_id, aid, kill_at, "sequential",
+                                                   out_fd=write)
+            os.write(write, (json.dumps(out) + "\n").encode())
+            code = 0
+        except BaseException:  # noqa: BLE001 - reported to the parent, which fails on it
+            os.write(write, traceback.format_exc().encode())
+        finally:
+            os._exit(code)
+    os.close(write)
+    chunks = []
+    while chunk := os.read(read, 1 << 16):
+        chunks.append(chunk)
+    os.close(read)
+    _, status = os.waitpid(pid, 0)  # reaped: its lease's pid is gone, not a zombie
+    return os.waitstatus_to_exitcode(status), b"".join(chunks).decode()
+
+
+def _stored_lines(stdout: str) -> set[tuple[str, int]]:
+    return {(parts[1], int(parts[2])) for parts in (line.split() for line in
+            stdout.splitlines()) if len(parts) == 3 and parts[0] == "stored"}
+
+
+def test_kills_inside_store_writes_lose_nothing_finished(
+        stored_run: tuple[Path, car.Trajectory]) -> None:
+    """One attribution SIGKILLed 24 times in a row from inside its store writes — mid-INSERT
+    while a write transaction is open, as a COMMIT starts, and at random moments — then
+    resumed to the end. After every kill the store opens, ``PRAGMA integrity_check`` is ok,
+    every branch the child saw committed is still there with the outcome the uninterrupted
+    run gave that (arm, rollout), none is stored twice; the resume gives the uninterrupted
+    result. Each kill lands in the first half of the work left (ticks, commits or seconds,
+    scaled from the uninterrupted child), so it dies mid-way and the chain progresses."""
+    import json as json_
+    import random
+    import sqlite3
+
+    db, run = stored_run
+    code, out = forked_child(db, run.id, "w-reference", -1, "vm")
+    assert code == 0, out
+    reference = json_.loads(out.splitlines()[-1])
+    total = reference["result"]["rollouts_used"]  # branches, one commit each
+    per_branch = {"vm": reference["ticks"] / reference["commits"],
+                  "commit": 1.0, "timer": reference["seconds"] * 1e6 / total}
+
+    def outcomes(conn: sqlite3.Connection, aid: str) -> list[tuple[str, int, float]]:
+        return conn.execute("SELECT arm, rollout, outcome FROM runs WHERE attribution_id = ?"
+                            " ORDER BY arm, rollout", [aid]).fetchall()
+
+    conn = sqlite3.connect(db)
+    truth = {(a, r): y for a, r, y in outcomes(conn, "w-reference")}
+    conn.close()
+    rng = random.Random(16)
+    kinds = ["vm", "commit", "timer"] * (WRITE_KILLS // 3)
+    rng.shuffle(kinds)
+    survived: set[tuple[str, int]] = set()
+    killed = 0
+    left = total
+    for kind in kinds:
+        # somewhere in the first half of what is left to do (in ticks, commits or time), so
+        # the child always dies before it could finish and every kill lands mid-way
+        kill_at = rng.randint(1, max(2, int(per_branch[kind] * left / 2)))
+        code, out = forked_child(db, run.id, "w-chain", kill_at, kind)
+        # a timer may fire after the child's last write (then it dies later, or not at all)
+        assert code == -signal.SIGKILL or (kind == "timer" and code == 0), (kind, out)
+        killed += code == -signal.SIGKILL
+        survived |= _stored_lines(out)
+        with RunStore(db) as store:  # opens: no torn write left behind
+            assert store.attribution("w-chain").run_id == run.id
+        conn = sqlite3.connect(db)
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        stored = outcomes(conn, "w-chain")
+        conn.close()
+        keys = [(a, r) for a, r, _ in stored]
+        assert len(keys) == len(set(keys))  # none twice
+        assert survived <= set(keys)  # none that finished is lost
+        assert all(truth[(a, r)] == y for a, r, y in stored)  # each one whole
+        left = total - len(keys)
+    assert killed >= 20 and survived
+    code, out = forked_child(db, run.id, "w-chain", -1, "vm")
+    assert code == 0, out
+    assert json_.loads(out.splitlines()[-1])["result"] == reference["result"]
+    conn = sqlite3.connect(db)
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert [(a, r) for a, r, _ in outcomes(conn, "w-chain")] == sorted(truth)
+    assert conn.execute("SELECT count(*) FROM attribution_leases").fetchone()[0] == 0
+    conn.close()
 
 
 if __name__ == "__main__":  # the child process of the kill-and-resume test

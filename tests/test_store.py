@@ -528,6 +528,112 @@ def test_two_concurrent_resumes_store_each_branch_once(tmp_path: Path, pivot_mod
     assert keys and len(keys) == len(set(keys))
 
 
+def test_a_second_connection_of_this_process_is_refused_like_another_process(
+        store: RunStore, pivot_run) -> None:
+    """The lease belongs to a claim, not to a process: another RunStore of this process (or
+    this store again) cannot take a live claim; finishing, releasing or closing frees it."""
+    from car_core.errors import AttributionBusy
+    store.save(pivot_run)
+    aid = store.begin_attribution(pivot_run.id, "manual", {})
+    with RunStore(store.path) as other:
+        with pytest.raises(AttributionBusy, match="this process"):
+            other.begin_attribution(pivot_run.id, "manual", {}, attribution_id=aid)
+        with pytest.raises(AttributionBusy, match="this process"):
+            store.begin_attribution(pivot_run.id, "manual", {}, attribution_id=aid)
+        assert store.holds(aid) and not other.holds(aid)  # the refusals took nothing
+        store.release_attribution(aid)
+        assert other.begin_attribution(pivot_run.id, "manual", {}, attribution_id=aid) == aid
+        with pytest.raises(AttributionBusy):
+            store.begin_attribution(pivot_run.id, "manual", {}, attribution_id=aid)
+    # ``other`` closed while holding it: nothing can finish that claim, so it is free
+    assert store.db.execute("SELECT count(*) FROM attribution_leases").fetchone()[0] == 0
+    assert store.begin_attribution(pivot_run.id, "manual", {}, attribution_id=aid) == aid
+    store.finish_attribution(aid, ContrastiveResult.from_dict(contrastive_dict(
+        syn.pivot(), pivot_run)))
+    assert store.db.execute("SELECT count(*) FROM attribution_leases").fetchone()[0] == 0
+
+
+def test_two_threads_resuming_one_attribution_one_is_refused(tmp_path: Path, pivot_model,
+                                                             pivot_run) -> None:
+    """Two threads of one process resume one attribution, each with its own connection: the
+    second is refused with AttributionBusy while the first runs (its outcome holds it inside
+    the estimate until the second has tried), and every (arm, rollout) is stored once."""
+    import threading
+
+    from car_core.errors import AttributionBusy
+    db = tmp_path / "car.db"
+    with RunStore(db) as s:  # a short attribution, resumed below with a larger cap
+        aid = car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
+                              rollouts=2, seed=0, store=s, progress=False).attribution_id
+    inside, tried = threading.Event(), threading.Event()
+
+    def held(run: car.Trajectory, rng: Any) -> float:
+        inside.set()
+        assert tried.wait(60), "the second thread never tried"
+        return pivot_model.outcome(run, rng)
+
+    errors: dict[str, BaseException] = {}
+
+    def first() -> None:
+        try:
+            with RunStore(db) as s:
+                car.contrastive(pivot_run, pivot_model.agent(), outcome=held, rollouts=4,
+                                seed=0, store=s, attribution_id=aid, progress=False)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread below
+            errors["first"] = exc
+            inside.set()
+
+    def second() -> None:
+        assert inside.wait(60), "the first thread never started"
+        try:
+            with RunStore(db) as s:
+                car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
+                                rollouts=4, seed=0, store=s, attribution_id=aid,
+                                progress=False)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread below
+            errors["second"] = exc
+        finally:
+            tried.set()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert "first" not in errors, errors.get("first")
+    assert isinstance(errors.get("second"), AttributionBusy), errors.get("second")
+    with RunStore(db) as s:
+        assert s.attribution(aid).status in ("complete", "truncated")  # the first finished
+        pairs = [(b["arm"], b["rollout"]) for b in s.branches(aid)]
+        assert pairs and len(pairs) == len(set(pairs))
+        assert s.db.execute("SELECT count(*) FROM attribution_leases").fetchone()[0] == 0
+
+
+def test_an_estimate_that_raised_frees_its_lease_for_this_process(store: RunStore,
+                                                                  pivot_model, pivot_run):
+    class Stop(Exception):
+        pass
+
+    class Interrupting:  # a progress bar whose first update raises, as Ctrl-C would
+        def update(self, n: int = 1) -> None:
+            raise Stop
+
+        def close(self) -> None:
+            pass
+
+    store.save(pivot_run)
+    with pytest.raises(Stop):
+        car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
+                        rollouts=4, seed=0, store=store, progress=Interrupting())
+    (stopped,) = store.attributions(pivot_run.id)
+    assert store.db.execute("SELECT count(*) FROM attribution_leases").fetchone()[0] == 0
+    with RunStore(store.path) as other:  # another connection resumes it at once
+        res = car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
+                              rollouts=4, seed=0, store=other, attribution_id=stopped.id,
+                              progress=False)
+    assert res.attribution_id == stopped.id
+
+
 def test_a_second_branch_for_one_arm_and_rollout_is_refused(store: RunStore, pivot_model,
                                                             pivot_run) -> None:
     store.save(pivot_run)

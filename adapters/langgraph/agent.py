@@ -76,6 +76,7 @@ from ..chat_messages import (
     recorded_calls,
 )
 from .callback import CarCallback, agent_of, is_send_task
+from .fingerprint import app_digest, app_fingerprint
 from .guard import RUN, Guard, guarding
 from .messages import (
     action_message,
@@ -235,6 +236,11 @@ class LangGraphAgent:
             return asyncio.run(self.app.ainvoke(value, config, **kwargs))
         with ThreadPoolExecutor(max_workers=1) as pool:  # called from inside an event loop
             return pool.submit(asyncio.run, self.app.ainvoke(value, config, **kwargs)).result()
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The app's graphs, tools and node code (``car_adapters.langgraph.fingerprint``): a
+        run recorded from another app is refused before any branch runs."""
+        return app_fingerprint(self.app)
 
     # -- the protocol -------------------------------------------------------------------------
 
@@ -451,7 +457,8 @@ class LangGraphAgent:
         return Trajectory.new(context=context, steps=steps, agent=self.name,
                               status=RunStatus.INTERRUPTED if head_next else RunStatus.COMPLETE,
                               meta={"framework": "langgraph", "thread_id": thread_id,
-                                    "final_state": jsonable(final), "imported": True})
+                                    "final_state": jsonable(final), "imported": True,
+                                    "agent_fingerprint": app_digest(self.app)})
 
     def _chain(self, thread_id: str, ns: str) -> list[Any]:
         """The checkpoints of one namespace from its first to its head, following parents (so

@@ -12,7 +12,9 @@ LangGraph's own task order (``Send`` index, then node name), so a run records th
 every time. Runs are keyed by their root run id, so several graphs can run at once
 through one handler; each finished run is saved to the store and becomes ``cb.run``. With
 ``outcome=``, each run is scored as it finishes (``outcome(run)``, as ``car.intervene`` takes it)
-and stored with its outcome, so ``car runs`` shows which runs failed.
+and stored with its outcome, so ``car runs`` shows which runs failed. With ``app=`` (the compiled
+graph being run), each run carries the app's fingerprint, so attributing it with another app
+is refused; without it a run is not checked.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from car_core.contract import (
     Trajectory,
     redact,
 )
-from car_core.errors import OutcomeError, StoreError
+from car_core.errors import InvalidInput, OutcomeError, StoreError
 
 from .messages import decode, jsonable, to_dict, to_dicts, usage_of
 
@@ -142,8 +144,16 @@ class CarCallback(BaseCallbackHandler):
     run_inline = True  # keep event order; LangGraph calls handlers from the task's context
 
     def __init__(self, store: str | os.PathLike[str] | RunStore | None = None, *,
-                 messages_key: str = MESSAGES_KEY, outcome: Any = None) -> None:
+                 messages_key: str = MESSAGES_KEY, outcome: Any = None, app: Any = None) -> None:
         self.store = RunStore(store) if isinstance(store, (str, os.PathLike)) else store
+        self.fingerprint: str | None = None
+        if app is not None:
+            from .fingerprint import app_digest
+            if not hasattr(app, "get_subgraphs"):
+                raise InvalidInput(f"app= must be the compiled LangGraph app the callback "
+                                   f"records, got {type(app).__name__}",
+                                   hint="pass graph.compile(...) as app=")
+            self.fingerprint = app_digest(app)
         self.messages_key = messages_key
         self.outcome = OutcomeFn(outcome) if outcome is not None else None  # checked now
         self.runs: list[Trajectory] = []
@@ -320,9 +330,11 @@ class CarCallback(BaseCallbackHandler):
             status = RunStatus.INTERRUPTED
         context = ({"messages": steps[0].state} if steps
                    else {"input": jsonable(rec.inputs)})
+        meta = {"framework": "langgraph", "thread_id": rec.thread_id,
+                "final_state": jsonable({k: v for k, v in final.items()
+                                         if k != "__interrupt__"})}
+        if self.fingerprint is not None:
+            meta["agent_fingerprint"] = self.fingerprint
         return Trajectory.new(
             context=context, steps=steps, agent="langgraph", status=status,
-            error=repr(error) if error is not None else None,
-            meta={"framework": "langgraph", "thread_id": rec.thread_id,
-                  "final_state": jsonable({k: v for k, v in final.items()
-                                           if k != "__interrupt__"})})
+            error=repr(error) if error is not None else None, meta=meta)

@@ -39,6 +39,7 @@ from ..chat_messages import (
 )
 from ._messages import from_dicts
 from .branch import BranchSession, CarBranchLLM, CarBranchTool
+from .fingerprint import workflow_fingerprint
 from .recorder import BRANCH_TOKEN, CarRecorder, tool_names
 
 T = TypeVar("T")
@@ -123,6 +124,11 @@ class LlamaIndexAgent:
         if isinstance(agents, dict):
             return dict(agents)
         return {self.workflow.name: self.workflow}
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The workflow's agents, prompts and tools (``car_adapters.llamaindex.fingerprint``):
+        a run recorded from another workflow is refused before any branch runs."""
+        return workflow_fingerprint(self.workflow)
 
     # -- the car_core Agent protocol ----------------------------------------------------------
     def start(self, context: Any, noise: Noise) -> car.Trajectory:

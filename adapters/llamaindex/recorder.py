@@ -7,7 +7,8 @@ traced back to that root by its parent id, so runs in flight at once never mix. 
 below it gives the messages the model saw, the output gives the action, ``call_tool`` spans
 that return a ``ToolCallResult`` give the observation, and the chat events give model,
 parameters, token usage and latency. When the run span closes the trajectory is sealed, stored
-and becomes ``rec.run``.
+and becomes ``rec.run``. Each run carries the workflow's fingerprint, taken as it starts
+(``car_adapters.llamaindex.fingerprint``), so attributing it with another workflow is refused.
 
 Branch runs started by ``LlamaIndexAgent`` carry a token in a context variable: a user's
 recorder ignores them, and the branch's own private recorder takes only them.
@@ -39,6 +40,7 @@ from car_core.errors import AdapterError, OutcomeError, StoreError
 
 from ..chat_messages import tool_result
 from ._messages import action_of, to_dicts
+from .fingerprint import workflow_digest
 
 log = redact.logger(__name__)  # log records pass the redaction rule
 BRANCH_TOKEN: contextvars.ContextVar[object | None] = contextvars.ContextVar(
@@ -118,6 +120,7 @@ class _RunBuf:
     root: str
     workflow: Any
     context: Any
+    fingerprint: str | None = None
     spans: set[str] = field(default_factory=set)
     open_steps: dict[str, _StepBuf] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
@@ -253,7 +256,8 @@ class CarRecorder:
             self._run_of[id_] = id_
             self._parent[id_] = None
             self._bufs[id_] = _RunBuf(root=id_, workflow=instance, context=_context_of(start),
-                                      spans={id_})
+                                      spans={id_}, fingerprint=None if self._token is not None
+                                      else workflow_digest(instance))  # as the run began
 
     def _step_of(self, span_id: str | None) -> tuple[_RunBuf, _StepBuf] | None:
         root = self._run_of.get(span_id or "")
@@ -349,12 +353,14 @@ class CarRecorder:
             steps.append(car.Step(index=i, action=s["action"], observation=results or None,
                                   observed=bool(results), state=s["state"],
                                   meta={**s["meta"], "llamaindex_run": buf.root}))
+        meta = {"framework": "llama-index", "workflow": type(buf.workflow).__name__,
+                "tools": tool_names(buf.workflow)}
+        if buf.fingerprint is not None:
+            meta["agent_fingerprint"] = buf.fingerprint
         return car.Trajectory.new(
             context=buf.context, steps=steps, agent=f"llamaindex:{type(buf.workflow).__name__}",
             status=RunStatus.ERROR if err is not None else RunStatus.COMPLETE,
-            error=repr(err) if err is not None else None,
-            meta={"framework": "llama-index", "workflow": type(buf.workflow).__name__,
-                  "tools": tool_names(buf.workflow)})
+            error=repr(err) if err is not None else None, meta=meta)
 
 
 def _from_wrapper(response: Any) -> bool:

@@ -134,6 +134,13 @@ class OpenAIAgentsAgent:
         self.couples_noise = all(getattr(a.model, "uses_car_noise", False)
                                  for a in self.agents.values())
 
+    def fingerprint(self) -> dict[str, Any]:
+        """The app's agents, instructions, tools and handoffs
+        (``car_adapters.openai_agents.fingerprint``): a run recorded from another app is
+        refused before any branch runs."""
+        from .fingerprint import app_fingerprint
+        return app_fingerprint(self.root)
+
     # -- the car_core Agent protocol ----------------------------------------------------------
     def start(self, context: Any, noise: Noise) -> car.Trajectory:
         session = BranchSession(Plan(start=0), noise, 0, self.safety, {}, None, {})

@@ -10,7 +10,9 @@ object, so one recorder can watch concurrent runs. A run that ends without a fin
 (an exception, a guardrail tripwire, ``max_turns``) is closed when ``run`` / ``runs`` is read,
 with status ``"error"``. The SDK runs output guardrails after its ``on_agent_end`` hook, so a
 run stopped by an output guardrail's tripwire is recorded as complete (with the output the
-guardrail refused); on branches ``OpenAIAgentsAgent`` sees the exception and marks it.
+guardrail refused); on branches ``OpenAIAgentsAgent`` sees the exception and marks it. Each run
+carries the app's fingerprint (``car_adapters.openai_agents.fingerprint``), taken from the
+agent it started with, so attributing it with another app is refused.
 """
 
 from __future__ import annotations
@@ -101,6 +103,17 @@ class _RunBuf:
     steps: list[dict[str, Any]] = field(default_factory=list)
     open: dict[str, Any] | None = None
     tool_results: dict[str, Any] = field(default_factory=dict)
+    fingerprint: str | None = None
+
+
+def _fingerprint(root: Any) -> str | None:
+    """The app's fingerprint, or None (unchecked) for an app CAR cannot read: two agents
+    under one name, which ``OpenAIAgentsAgent`` refuses anyway; the user's run goes on."""
+    from .fingerprint import app_digest  # it reads the app with this module's helpers
+    try:
+        return app_digest(root)
+    except AdapterError:
+        return None
 
 
 class CarRecorder(RunHooks[Any]):
@@ -133,7 +146,8 @@ class CarRecorder(RunHooks[Any]):
         key = id(context.usage)
         with self._lock:
             if key not in self._bufs:
-                self._bufs[key] = _RunBuf(root=agent, usage=context.usage)
+                self._bufs[key] = _RunBuf(root=agent, usage=context.usage,
+                                          fingerprint=_fingerprint(agent))
             return self._bufs[key]
 
     async def on_agent_start(self, context: Any, agent: Any) -> None:
@@ -209,7 +223,7 @@ class CarRecorder(RunHooks[Any]):
             status=RunStatus.ERROR if err is not None else RunStatus.COMPLETE,
             error=(err if isinstance(err, str) else repr(err)) if err is not None else None,
             meta={"framework": "openai-agents", "root_agent": buf.root.name,
-                  "tools": tool_names(buf.root)})
+                  "tools": tool_names(buf.root), "agent_fingerprint": buf.fingerprint})
         self._runs.append(run)
         if self.store is not None:
             try:

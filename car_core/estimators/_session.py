@@ -3,12 +3,14 @@ batches of tasks under one budget meter, and keep outcome values rather than tra
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
-from typing import Any
+from contextvars import ContextVar
+from typing import Any, ParamSpec, TypeVar
 
 from ..agent import OutcomeFn, check_agent
 from ..budget import Budget, BudgetMeter
-from ..errors import AttributionNotFound, InvalidInput, NothingToAttribute
+from ..errors import AttributionNotFound, InvalidInput, NothingToAttribute, StoreError
 from ..execution import Executor, Failure, Task, brancher, default_executor, execute
 from ..interventions import Plan
 from ..replay import check_run
@@ -24,6 +26,27 @@ OnValue = Callable[[Task, float, Trajectory], None]
 # re-testing the stored branches at a looser rate is a new attribution, not this one resumed.
 # Caps (contrastive ``rollouts``, ``budget``) may change: see ``check_resumable``.
 RESUME_FIXED = ("seed", "coupled", "mode", "agent", "alpha", "level")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+_OPENED: ContextVar[list[Session] | None] = ContextVar("car_sessions_opened", default=None)
+
+
+def releasing(estimate: Callable[P, R]) -> Callable[P, R]:
+    """Wrap an estimator so every session it opens gives its lease up when it ends, however
+    it ends (a finished one has already): an estimate that raised or was interrupted never
+    keeps a resume in the same process waiting on a lease nobody runs."""
+    @functools.wraps(estimate)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        opened: list[Session] = []
+        token = _OPENED.set(opened)
+        try:
+            return estimate(*args, **kwargs)
+        finally:
+            _OPENED.reset(token)
+            for session in opened:
+                session.release()
+    return wrapper
 
 
 def check_run_has_steps(run: Trajectory) -> None:
@@ -112,6 +135,9 @@ class Session:
         self.progress, self.method, self.params = progress, method, params
         self.store, self.journal, self.attribution_id = store, None, attribution_id
         self.failures: list[Failure] = []  # branches that failed after their retry
+        opened = _OPENED.get()
+        if opened is not None:
+            opened.append(self)
         if store is not None:
             from ..store import StoreJournal
             if attribution_id is not None:
@@ -157,6 +183,17 @@ class Session:
     @property
     def tripped(self) -> str | None:
         return self.meter.tripped
+
+    def release(self) -> None:
+        """Give the attribution's lease up if the estimate ends without finishing it (it
+        raised, was interrupted, or returned early), so a resume in this process may take it;
+        the branches stored so far stay."""
+        if self.store is not None and self.attribution_id is not None \
+                and self.store.holds(self.attribution_id):
+            try:
+                self.store.release_attribution(self.attribution_id)
+            except StoreError:  # the store is gone: nothing to free, and the cause matters more
+                pass
 
     def finish(self, result: Result) -> None:
         if self.store is not None and self.attribution_id is not None:

@@ -45,7 +45,7 @@ from ..results import ArmEstimate, ContrastiveResult, StepEffect
 from ..stats import Difference, Interval, difference, look_levels, looks, wilson
 from ..trajectory import Trajectory, step_label
 from . import search as search_
-from ._session import Session, check_run_has_steps
+from ._session import Session, check_run_has_steps, releasing
 
 SEARCHES = ("auto", "full", "bisection")
 MIN_FUTILITY_PAIRS = 4  # fewer pairs than this say too little to give up on a step
@@ -232,6 +232,7 @@ def _searched(arms: Arms, n: int, cap: int, alpha: float
     return {c: step}, d.note, 1, d.exhausted
 
 
+@releasing
 def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = defaults.ROLLOUTS,
                 alpha: float = defaults.ALPHA, seed: int = 0, coupled: bool = True,
                 budget: Budget | int | None = None, search: str = "auto",

@@ -66,7 +66,7 @@ from ..results import GameValue, ShapleyResult, ShapleyValue
 from ..seeding import Noise
 from ..stats import Interval, t_interval, wilson
 from ..trajectory import Trajectory, step_label
-from ._session import Session, check_run_has_steps
+from ._session import Session, check_run_has_steps, releasing
 
 MODES = ("auto", "exact", "permutation")
 MIN_PER_COALITION = 8  # "auto" picks exact mode only when every coalition can get this many
@@ -226,6 +226,7 @@ def _check(budget: Any, level: Any, mode: Any) -> tuple[Budget, int]:
     return b, cap
 
 
+@releasing
 def shapley(run: Trajectory, agent: Any, *, outcome: Any,
             budget: int | Budget = defaults.SHAPLEY_BUDGET, seed: int = 0,
             level: float = defaults.LEVEL, players: Sequence[int] | None = None,
