@@ -84,7 +84,7 @@ def test_example_script_cli_and_report_name_the_acting_worker(tmp_path: Path) ->
     assert LABEL in html and "node model" in html
     assert "You manage accounts." in html  # the system prompt step 4 decided under
     with car.RunStore(folder / "car.db") as s:  # the CLI stored its attributions beside the run
-        ids = [a["id"] for a in s.attributions(run_id)]
+        ids = [a.id for a in s.attributions(run_id)]
     assert result["attribution_id"] in ids
 
 
