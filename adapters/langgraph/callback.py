@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
@@ -32,22 +32,19 @@ from langchain_core.runnables.config import var_child_runnable_config
 
 from car_core import RunStore
 from car_core.contract import (
-    Noise,
     Origin,
-    Outcome,
     OutcomeFn,
     RunStatus,
     Step,
     Trajectory,
-    redact,
 )
 from car_core.errors import InvalidInput, OutcomeError, StoreError
 
+from ..run_keeping import score_run, store_run
 from .messages import decode, jsonable, to_dict, to_dicts, usage_of
 
 MESSAGES_KEY = "messages"
 PUSH = "__pregel_push"  # LangGraph's task-path tag of a Send task (langgraph._internal._constants)
-log = redact.logger(__name__)  # log records pass the redaction rule
 
 
 @dataclass
@@ -287,21 +284,10 @@ class CarCallback(BaseCallbackHandler):
             for member in rec.members:
                 self._root.pop(member, None)
         run = self.build(rec, outputs, error)
-        if self.outcome is not None:
-            rng = Noise(0).rng(0, "outcome")  # what a noisy judge draws from: fixed
-            try:
-                run = replace(run, outcome=Outcome(self.outcome(run, rng)))
-            except OutcomeError as exc:  # stored unscored rather than breaking the graph run
-                self.outcome_errors.append(exc)
-                log.error("CAR could not score run %s: %s", run.id, exc)
+        run = score_run(run, self.outcome, self.outcome_errors)
         with self._lock:  # kept before storing: LangChain swallows a handler's exception
             self.runs.append(run)
-        if self.store is not None:
-            try:
-                self.store.save(run)
-            except StoreError as exc:  # never break the user's graph run over storage
-                self.store_errors.append(exc)
-                log.error("CAR could not store run %s: %s", run.id, exc)
+        store_run(run, self.store, self.store_errors)
 
     def build(self, rec: _Recording, outputs: Any, error: BaseException | None) -> Trajectory:
         calls = task_order(sorted((c for c in rec.calls.values() if c.message is not None),

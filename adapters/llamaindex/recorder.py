@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from llama_index.core.agent.workflow.workflow_events import AgentOutput, ToolCallResult
@@ -35,14 +35,14 @@ from llama_index.core.workflow import Workflow
 
 import car_core as car
 from car_core import RunStore
-from car_core.contract import Noise, Outcome, OutcomeFn, RunStatus, redact
+from car_core.contract import OutcomeFn, RunStatus
 from car_core.errors import AdapterError, OutcomeError, StoreError
 
 from ..chat_messages import tool_result
+from ..run_keeping import score_run, store_run
 from ._messages import action_of, to_dicts
 from .fingerprint import workflow_digest
 
-log = redact.logger(__name__)  # log records pass the redaction rule
 BRANCH_TOKEN: contextvars.ContextVar[object | None] = contextvars.ContextVar(
     "car_branch_token", default=None)
 WRAPPER_MODELS = ("CarBranchLLM",)
@@ -311,25 +311,9 @@ class CarRecorder:
             if id_ == root:
                 finished = self._finish(buf, err)
         if finished is not None:
-            finished = self._scored(finished)
+            finished = score_run(finished, self.outcome, self.outcome_errors)
             self.runs.append(finished)
-            if self.store is not None:
-                try:
-                    self.store.save(finished)
-                except StoreError as exc:  # never break the user's agent run over storage
-                    self.store_errors.append(exc)
-                    log.error("CAR could not store run %s: %s", finished.id, exc)
-
-    def _scored(self, run: car.Trajectory) -> car.Trajectory:
-        if self.outcome is None:
-            return run
-        try:
-            value = self.outcome(run, Noise(run.seed or 0).rng(0, "outcome"))
-        except OutcomeError as exc:  # never break the user's agent run over scoring
-            self.outcome_errors.append(exc)
-            log.error("CAR could not score run %s: %s", run.id, exc)
-            return run
-        return replace(run, outcome=Outcome(value))
+            store_run(finished, self.store, self.store_errors)
 
     @staticmethod
     def _step_record(step: _StepBuf, output: AgentOutput) -> dict[str, Any]:

@@ -18,7 +18,6 @@ agent it started with, so attributing it with another app is refused.
 from __future__ import annotations
 
 import json
-import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,9 +32,9 @@ from car_core.contract import RunStatus
 from car_core.errors import AdapterError, StoreError
 
 from ..chat_messages import calls_of, tool_result
+from ..run_keeping import store_run
 from ._items import action_of, to_dicts
 
-log = logging.getLogger(__name__)
 UNFINISHED = "the run stopped before a final output (an exception, a guardrail or max_turns)"
 
 
@@ -225,11 +224,6 @@ class CarRecorder(RunHooks[Any]):
             meta={"framework": "openai-agents", "root_agent": buf.root.name,
                   "tools": tool_names(buf.root), "agent_fingerprint": buf.fingerprint})
         self._runs.append(run)
-        if self.store is not None:
-            try:
-                self.store.save(run)
-            except StoreError as exc:  # never break the user's agent run over storage
-                self.store_errors.append(exc)
-                log.error("CAR could not store run %s: %s", run.id, exc)
+        store_run(run, self.store, self.store_errors)
 
 

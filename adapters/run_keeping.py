@@ -1,0 +1,43 @@
+"""What every recorder does with a run once it has finished: score it with the user's outcome
+and store it, without ever breaking the user's own run over either. A failure is kept in the
+recorder's error list and logged (through the redaction rule), and the run stays recorded."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import car_core as car
+from car_core.contract import Noise, Outcome, redact
+from car_core.errors import OutcomeError, StoreError
+
+log = redact.logger(__name__)  # log records pass the redaction rule
+
+
+def score_run(run: car.Trajectory, outcome: Any, errors: list[OutcomeError]
+              ) -> car.Trajectory:
+    """``run`` with its outcome (an ``OutcomeFn``, or None for none); a noisy judge draws from
+    the run's fixed outcome noise, so the score is the one a replay would give."""
+    if outcome is None:
+        return run
+    try:
+        value = outcome(run, Noise(run.seed or 0).rng(0, "outcome"))
+    except OutcomeError as exc:
+        errors.append(exc)
+        log.error("CAR could not score run %s: %s", run.id, exc)
+        return run
+    return replace(run, outcome=Outcome(value))
+
+
+def store_run(run: car.Trajectory, store: car.RunStore | None, errors: list[StoreError]) -> None:
+    """Save ``run`` when there is a store; a storage failure is kept in ``errors``."""
+    if store is None:
+        return
+    try:
+        store.save(run)
+    except StoreError as exc:
+        errors.append(exc)
+        log.error("CAR could not store run %s: %s", run.id, exc)
+
+
+__all__ = ["score_run", "store_run"]
