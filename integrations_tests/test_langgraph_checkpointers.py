@@ -93,22 +93,25 @@ def attribute(run: car.Trajectory, agent: LangGraphAgent, ledger: SideEffectLedg
     assert threads(agent.saver) == before  # every branch thread was deleted again
 
 
-def first_failure(invoke: Callable[[str], Any], cb: CarCallback, tries: int = 50
-                  ) -> car.Trajectory:
+def first_failure(invoke: Callable[[str], Any], cb: CarCallback, tries: int = 50,
+                  outcome: Callable[[car.Trajectory], Any] = sa.outcome) -> car.Trajectory:
+    """The first recorded run that fails; the planted model's rng is seeded, so which ticket
+    fails is deterministic (p = 0.3 per support ticket, 0.5 per supervisor ticket)."""
     tag = uuid.uuid4().hex[:8]  # one database serves several tests: keep their threads apart
-    for i in range(tries):  # p = 0.3 per ticket; the model's rng is seeded: deterministic
-        invoke(f"user-{tag}-{i}")
-        if cb.run is not None and sa.outcome(cb.run):
+    for i in range(tries):
+        invoke(f"ticket-{tag}-{i}")
+        if cb.run is not None and outcome(cb.run):
             return cb.run
     raise AssertionError(f"no failing run in {tries} tickets")
 
 
-async def afirst_failure(invoke: Callable[[str], Any], cb: CarCallback, tries: int = 50
+async def afirst_failure(invoke: Callable[[str], Any], cb: CarCallback, tries: int = 50,
+                         outcome: Callable[[car.Trajectory], Any] = sa.outcome
                          ) -> car.Trajectory:
     tag = uuid.uuid4().hex[:8]
     for i in range(tries):
-        await invoke(f"user-{tag}-{i}")
-        if cb.run is not None and sa.outcome(cb.run):
+        await invoke(f"ticket-{tag}-{i}")
+        if cb.run is not None and outcome(cb.run):
             return cb.run
     raise AssertionError(f"no failing run in {tries} tickets")
 
@@ -224,26 +227,6 @@ def supervisor(model: Any, saver: Any) -> Any:
         return sv.build_app(model, saver)
 
 
-def first_closing(invoke: Callable[[str], Any], cb: CarCallback, tries: int = 40
-                  ) -> car.Trajectory:
-    tag = uuid.uuid4().hex[:8]
-    for i in range(tries):  # p = 0.5 per ticket; the model's rng is seeded: deterministic
-        invoke(f"ticket-{tag}-{i}")
-        if cb.run is not None and sv.outcome(cb.run):
-            return cb.run
-    raise AssertionError(f"no ticket closed the account in {tries} tries")
-
-
-async def afirst_closing(invoke: Callable[[str], Any], cb: CarCallback, tries: int = 40
-                         ) -> car.Trajectory:
-    tag = uuid.uuid4().hex[:8]
-    for i in range(tries):
-        await invoke(f"ticket-{tag}-{i}")
-        if cb.run is not None and sv.outcome(cb.run):
-            return cb.run
-    raise AssertionError(f"no ticket closed the account in {tries} tries")
-
-
 def attribute_supervisor(run: car.Trajectory, agent: LangGraphAgent,
                          closings: SideEffectLedger) -> None:
     """Which agent and which step, checked against the planted truth, with no real closing."""
@@ -270,8 +253,9 @@ def test_postgres_saver_with_a_supervisor_streaming_its_subgraphs(
         wrapper = CarChatModel(inner=sv.PlantedAgentModel(rng_seed=1))
         app = supervisor(wrapper, saver)
         cb = CarCallback()
-        run = first_closing(lambda t: list(app.stream(sv.inputs(), config(t, cb),
-                                                      subgraphs=True)), cb)
+        run = first_failure(lambda t: list(app.stream(sv.inputs(), config(t, cb),
+                                                      subgraphs=True)), cb,
+                            tries=40, outcome=sv.outcome)
         assert closings.count("close_account") == 1  # the user's own run closed it for real
         agent = LangGraphAgent(app, model=wrapper, side_effect_tools=["close_account"])
         imported = agent.import_thread(run.meta["thread_id"])
@@ -304,7 +288,7 @@ def supervisor_async_case(open_saver: Callable[[], Any], drive: str,
                                                stream_mode="updates", subgraphs=True):
                         pass
 
-            run = await afirst_closing(invoke, cb)
+            run = await afirst_failure(invoke, cb, tries=40, outcome=sv.outcome)
             assert closings.count("close_account") == 1 and len(run.steps) == 8
             agent = LangGraphAgent(app, model=wrapper, side_effect_tools=["close_account"])
             with pytest.raises(AdapterError, match="asyncio.to_thread"):  # would deadlock
