@@ -265,14 +265,8 @@ def test_ok(car_recorder):
     assert {r.meta["test"] for r in _runs(_store(pytester))} == {"test_pivot.py::test_pivot_0"}
 
 
-LLAMAINDEX_SUITE = '''
-import asyncio
-
-import pytest
-from car_adapters.chat_messages import assistant, tool_call
-from car_adapters.llamaindex import ScriptedLLM
-from llama_index.core.agent.workflow import FunctionAgent
-
+# the planted ticket model both chat-framework suites share: escalates with p = 0.5
+TICKET_MODEL = '''
 ESCALATE = assistant(None, [tool_call("call_1", "escalate", {"user": "mallory"})])
 CLOSE = assistant(None, [tool_call("call_1", "close_ticket", {})])
 
@@ -289,7 +283,17 @@ def decide(messages, tools, rng):
 def escalated(run):
     return any(c["function"]["name"] == "escalate"
                for s in run.steps for c in (s.action or {}).get("tool_calls") or ())
+'''
 
+LLAMAINDEX_SUITE = '''
+import asyncio
+
+import pytest
+from car_adapters.chat_messages import assistant, tool_call
+from car_adapters.llamaindex import ScriptedLLM
+from llama_index.core.agent.workflow import FunctionAgent
+
+''' + TICKET_MODEL + '''
 
 def fetch_ticket() -> str:
     """Read the ticket."""
@@ -341,23 +345,7 @@ from car_adapters.openai_agents import ScriptedModel
 
 set_tracing_disabled(True)  # no trace export (it would need an API key)
 LEDGER = Path("escalations.ledger")
-ESCALATE = assistant(None, [tool_call("call_1", "escalate", {"user": "mallory"})])
-CLOSE = assistant(None, [tool_call("call_1", "close_ticket", {})])
-
-
-def decide(messages, tools, rng):
-    k = sum(1 for m in messages if m["role"] == "assistant")
-    if k == 0:
-        return assistant(None, [tool_call("call_0", "fetch_ticket", {})])
-    if k == 1:
-        return ESCALATE if rng.random() < 0.5 else CLOSE
-    return "escalated" if messages[-1].get("name") == "escalate" else "closed"
-
-
-def escalated(run):
-    return any(c["function"]["name"] == "escalate"
-               for s in run.steps for c in (s.action or {}).get("tool_calls") or ())
-
+''' + TICKET_MODEL + '''
 
 @function_tool
 def fetch_ticket() -> str:
