@@ -525,12 +525,24 @@ def test_read_commands_leave_no_file_beside_the_store(tmp_path, pivot_run):
 
 
 def as_nobody(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``car`` as an unprivileged user (file modes do not bind root, who runs the tests)."""
+    """``car`` as an unprivileged user (file modes do not bind root, who runs the tests). What
+    the command imports is imported first, as root: the checkout may sit in a folder only root
+    may enter (``mktemp -d``), where nobody could not import it after the switch."""
     code = textwrap.dedent(f"""
-        import os, sys
-        import car_core, car_core.report, car_core.synthetic, car_core.execution
-        import rich.progress, tqdm, unicodedata, encodings.idna
+        import contextlib, io, os, shutil, sys, tempfile
         from car_core.cli import main
+        # the same command first, as root, on a copy: it imports all it will need, lazily
+        # imported parts of typer, rich and pydantic included
+        here, copy = os.getcwd(), tempfile.mkdtemp()
+        shutil.copytree(here, copy, dirs_exist_ok=True)
+        os.chdir(copy)
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            try:
+                main({list(args)!r})
+            except BaseException:
+                pass
+        os.chdir(here)
+        shutil.rmtree(copy)
         if os.geteuid() == 0:  # after the imports: the interpreter's files are root's
             os.setgid(65534); os.setuid(65534)
         sys.exit(main({list(args)!r}))
