@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -253,12 +253,15 @@ class SampledArms:
             self._noise[key] = rng.random((_CHUNK, cols))
         return self._noise[key]
 
-    def _draw(self, arm: int, block: int, start: int, stop: int) -> np.ndarray:
-        chunks = range(start // _CHUNK, (stop - 1) // _CHUNK + 1)
-        u = np.concatenate([self._chunk(block, arm, c, 0) for c in chunks])
-        judge = np.concatenate([self._chunk(block, arm, c, 1) for c in chunks])
-        first = chunks[0] * _CHUNK
-        u, judge = u[start - first:stop - first], judge[start - first:stop - first]
+    def _draw(self, arm: int, block: int, rows: np.ndarray) -> np.ndarray:
+        """Outcomes of ``arm`` at the rollout ``rows`` of ``block`` (any order)."""
+        chunk = rows // _CHUNK
+        u = np.empty((rows.size, max(len(self._rel), 1)))
+        judge = np.empty((rows.size, 2))
+        for c in np.unique(chunk):
+            at = chunk == c
+            u[at] = self._chunk(block, arm, int(c), 0)[rows[at] % _CHUNK]
+            judge[at] = self._chunk(block, arm, int(c), 1)[rows[at] % _CHUNK]
         m = self.model
         if m.rule == "none":
             fail = judge[:, 0] < m.base_rate
@@ -275,33 +278,58 @@ class SampledArms:
             fail = fail ^ (judge[:, 1] < m.flip)
         return fail.astype(float)
 
-    def _fill(self, arm: int, block: int, upto: int) -> np.ndarray:
+    def _arm(self, arm: int, block: int, upto: int) -> np.ndarray:
+        """The arm's outcomes in ``block`` so far (NaN where not run), at least ``upto`` long."""
         have = self._ys.get((arm, block), np.zeros(0))
-        if upto > have.size:
-            have = np.concatenate([have, self._draw(arm, block, have.size, upto)])
-            self.spent += upto - self._ys.get((arm, block), np.zeros(0)).size
+        if have.size < upto:
+            have = np.concatenate([have, np.full(max(upto, 2 * have.size) - have.size, np.nan)])
             self._ys[(arm, block)] = have
         return have
 
-    def _reach(self, hi: int, lo: int, indices: range) -> tuple[int, int]:
-        block, start = indices.start >> _BLOCK_BITS, indices.start & ((1 << _BLOCK_BITS) - 1)
-        if start != 0:
-            raise InvalidInput("SampledArms serves index ranges from the start of a block")
-        want = len(indices)
-        have = [self._ys.get((a, block), np.zeros(0)).size for a in (hi, lo)]
-        while want > 0 and sum(max(0, want - h) for h in have) > self.remaining:
-            want -= 1
-        return block, want
+    def _run(self, arm: int, block: int, rows: np.ndarray) -> None:
+        ys = self._arm(arm, block, int(rows.max()) + 1 if rows.size else 0)
+        todo = rows[np.isnan(ys[rows])] if rows.size else rows
+        if todo.size:
+            ys[todo] = self._draw(arm, block, todo)
+            self.spent += int(todo.size)
 
-    def diffs(self, hi: int, lo: int, indices: range) -> np.ndarray:
-        block, want = self._reach(hi, lo, indices)
-        if want == 0:
+    def _missing(self, arm: int, block: int, rows: np.ndarray) -> np.ndarray:
+        """Which of ``rows`` the arm has not run yet."""
+        ys = self._ys.get((arm, block), np.zeros(0))
+        out = np.ones(rows.size, dtype=bool)
+        inside = rows < ys.size
+        out[inside] = np.isnan(ys[rows[inside]])
+        return out
+
+    def _split(self, indices: Sequence[int]) -> tuple[int, np.ndarray]:
+        rows = np.asarray(list(indices) if not isinstance(indices, range) else
+                          np.arange(indices.start, indices.stop), dtype=np.int64)
+        if rows.size == 0:
+            return 0, rows
+        block = int(rows[0]) >> _BLOCK_BITS
+        if np.any(rows >> _BLOCK_BITS != block):
+            raise InvalidInput("SampledArms serves indices of one block at a time")
+        return block, rows & ((1 << _BLOCK_BITS) - 1)
+
+    def _reach(self, hi: int, lo: int, indices: Sequence[int]) -> tuple[int, np.ndarray]:
+        """The block and the longest prefix of ``indices`` the budget lets both arms reach."""
+        block, rows = self._split(indices)
+        cost = np.cumsum(self._missing(hi, block, rows).astype(int)
+                         + self._missing(lo, block, rows).astype(int))
+        want = int(np.searchsorted(cost, self.remaining, side="right"))
+        return block, rows[:want]
+
+    def diffs(self, hi: int, lo: int, indices: Sequence[int]) -> np.ndarray:
+        block, rows = self._reach(hi, lo, indices)
+        if rows.size == 0:
             return np.zeros(0)
-        return np.asarray(self._fill(hi, block, want)[:want] - self._fill(lo, block, want)[:want])
+        self._run(hi, block, rows)
+        self._run(lo, block, rows)
+        return np.asarray(self._ys[(hi, block)][rows] - self._ys[(lo, block)][rows])
 
-    def means(self, hi: int, lo: int, indices: range) -> tuple[float, float]:
-        block, want = self._reach(hi, lo, indices)
-        a = self._ys.get((hi, block), np.zeros(0))[:want]
-        b = self._ys.get((lo, block), np.zeros(0))[:want]
+    def means(self, hi: int, lo: int, indices: Sequence[int]) -> tuple[float, float]:
+        block, rows = self._reach(hi, lo, indices)
+        a = self._ys.get((hi, block), np.zeros(0))[rows] if rows.size else np.zeros(0)
+        b = self._ys.get((lo, block), np.zeros(0))[rows] if rows.size else np.zeros(0)
         return (float(a.mean()) if a.size else float("nan"),
                 float(b.mean()) if b.size else float("nan"))
