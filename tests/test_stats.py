@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 from car_core.errors import InvalidInput
-from car_core.sequential import Prior, confidence_sequence, positive_at
+from car_core.sequential import (
+    LOW_SHARE,
+    Prior,
+    confidence_sequence,
+    final_critical,
+    positive_at,
+    positive_by_end,
+)
 from car_core.stats import (
     bonferroni_level,
     difference,
@@ -151,3 +158,66 @@ def test_prior_pseudo_data_is_scaled_to_its_weight():
     prior = Prior.of(np.ones(40), weight=8)
     assert prior.total == pytest.approx(8.0) and prior.squares == pytest.approx(8.0)
     assert Prior.of([]) == Prior()
+
+
+# -- the exact end-of-sampling sign test -------------------------------------------------------
+def test_final_critical_value_is_the_smallest_with_exact_level():
+    """Enumerate all 2^12 fair sign sequences: the anytime boundary crossed at some prefix, or
+    at least ``c`` up at the end, has probability <= θα exactly; with ``c - 1`` it would not."""
+    import itertools
+    prior = Prior(1.0, 1.2)
+    weights = tuple(float(w) for w in prior.weights())
+    m = 12
+    c = final_critical(m, 0.05, weights)
+    crossed, ups = [], []
+    for signs in itertools.product((-1.0, 1.0), repeat=m):
+        crossed.append(positive_at(signs, 0.05, prior) is not None)
+        ups.append(sum(x > 0 for x in signs))
+    crossed_a, ups_a = np.array(crossed), np.array(ups)
+    level = LOW_SHARE * 0.05
+    assert np.mean(crossed_a | (ups_a >= c)) <= level
+    assert np.mean(crossed_a | (ups_a >= c - 1)) > level
+
+
+@pytest.mark.parametrize("disagree", [0.15, 0.6])
+def test_end_of_sampling_test_error_is_at_most_theta_alpha(disagree):
+    """Fair signs on the pairs that disagree (mean 0), 120 pairs: the anytime test plus the
+    exact one at the end rejects in <= θα = 4.5% of sequences. 3000 sequences: SE <= 0.4%, so
+    0.057 is 3 SE above the bound."""
+    rng = np.random.default_rng(5)
+    false = sum(positive_by_end(_three_point(rng, 120, disagree / 2, disagree / 2), 0.05)
+                for _ in range(3000))
+    assert false / 3000 <= 0.057
+
+
+def test_end_of_sampling_test_has_the_power_of_the_fixed_exact_sign_test():
+    """Pairs up w.p. 0.135, down w.p. 0.015 (rescue 0.15 behind a 10% judge), 100 pairs. The
+    one-sided exact sign test at θα on all of them has power P computed from the binomials;
+    the anytime part takes a little of θα, so the combined test must reach P − 0.03 (1000
+    sequences: SE ≈ 0.8%, so 0.03 is also ~3.5 SE)."""
+    from scipy.stats import binom
+    up, down, n = 0.135, 0.015, 100
+    disc = up + down
+    level = LOW_SHARE * 0.05
+    power = 0.0
+    for m in range(1, n + 1):
+        c = next(c for c in range(m + 2) if binom.sf(c - 1, m, 0.5) <= level)
+        power += binom.pmf(m, n, disc) * binom.sf(c - 1, m, up / disc)
+    rng = np.random.default_rng(9)
+    prior = Prior.of(_three_point(rng, 8, up, down))
+    hits = sum(positive_by_end(_three_point(rng, n, up, down), 0.05, prior) for _ in range(1000))
+    assert hits / 1000 >= power - 0.03
+
+
+def test_end_of_sampling_test_is_the_anytime_test_for_graded_outcomes():
+    """Pairs of graded scores are not signs: only the anytime test may decide them."""
+    d = np.full(30, 0.25)
+    d[::3] = -0.5
+    assert positive_by_end(d, 0.05) == (positive_at(d, 0.05) is not None)
+
+
+def test_interval_of_a_step_shown_positive_lies_above_zero():
+    d = np.array([1.0] * 9 + [0.0] * 50 + [-1.0])
+    cs = confidence_sequence(d, 0.05, shown_positive=True)
+    assert cs.ci[0] > 0 and cs.ci[1] >= d.mean()
+    assert confidence_sequence(d, 0.05).ci[0] <= cs.ci[0]
