@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 from _estimator_helpers import TOKENS_PER_STEP, TokenAgent, counted
 
@@ -310,6 +311,75 @@ def test_sampled_arms_never_spend_past_their_budget():
     src = syn.SampledArms(syn.pivot(), 0, budget=25)
     d = src.diffs(3, 2, range(40))
     assert d.size == 12 and src.spent == 24 and src.remaining == 1
+
+
+def test_sampled_arms_serve_any_indices_and_run_each_rollout_once():
+    model = syn.pivot(n_steps=6, at=3, p_bad=0.4, flip=0.1)
+    whole = syn.SampledArms(model, 0, budget=10**6).diffs(5, 1, range(100))
+    src = syn.SampledArms(model, 0, budget=10**6)
+    picked = [7, 3, 64, 99]
+    assert np.array_equal(src.diffs(5, 1, picked), whole[picked])
+    assert src.spent == 8
+    assert np.array_equal(src.diffs(5, 1, range(100)), whole) and src.spent == 200
+    tight = syn.SampledArms(model, 0, budget=5)
+    assert tight.diffs(5, 1, picked).size == 2 and tight.spent == 4
+
+
+class _Calls:
+    """An ArmSource that records which indices each comparison asked for."""
+
+    def __init__(self, src):
+        self.src, self.calls = src, []
+
+    def diffs(self, hi, lo, indices):
+        self.calls.append((hi, lo, list(indices)))
+        return self.src.diffs(hi, lo, indices)
+
+    def means(self, hi, lo, indices):
+        return self.src.means(hi, lo, indices)
+
+    @property
+    def remaining(self):
+        return self.src.remaining
+
+
+def test_coupled_probes_are_placed_by_the_gates_witnesses_alone():
+    """Coupled noise: an arm before the pivot draws what H_0 drew, one after it what H_n drew,
+    so after the gate every probe of the bisection looks only at indices the gate ran; the
+    navigation then costs the gate plus PROBE rollouts per probe, and the locus is right."""
+    from car_core.estimators.search import CONFIRM, PROBE, search
+    model = syn.pivot(n_steps=8, at=5, p_bad=0.7, flip=0.1)
+    for s in range(30):
+        src = _Calls(syn.SampledArms(model, s, 8 * 32))
+        d = search(src, 8, 8 * 32, 0.05, intervals=False)
+        gate = max(len(ix) for hi, lo, ix in src.calls if (hi, lo) == (8, 0))
+        probes = [ix for hi, lo, ix in src.calls if hi == 8 and lo != 0]
+        assert len(probes) == 3 and all(max(ix) < gate and len(ix) <= PROBE for ix in probes)
+        assert all(ix[0] >= CONFIRM for hi, lo, ix in src.calls if (hi, lo) == (6, 5))
+        nav = d.decided_spent - 2 * d.pairs  # what the gate and the probes ran
+        assert d.candidate == 5 and nav <= 2 * gate + 3 * PROBE
+
+
+def test_a_probe_that_only_matches_h_n_is_not_called_level_until_coupling_is_shown():
+    """Arms that share no noise agree with H_n by chance; a level verdict from the witnesses
+    waits until some probe matched H_0 at every one of them."""
+    from car_core.estimators.search import Witnesses
+
+    class Fixed:
+        remaining = 100
+
+        def __init__(self, d):
+            self.d = d
+
+        def diffs(self, hi, lo, indices):
+            return self.d[list(indices)]
+
+    gate = np.array([0.0, 1.0, 0.0, 0.0, 1.0, 0.0])
+    w = Witnesses.of(gate)
+    assert w.side(Fixed(np.zeros(6)), 6, 3) is None
+    assert w.side(Fixed(gate), 6, 2) is True and w.coupled
+    assert w.side(Fixed(np.zeros(6)), 6, 3) is False
+    assert w.side(Fixed(np.array([0.0, 1.0, 1.0, 0.0, 0.0, 0.0])), 6, 4) is None
 
 
 @pytest.mark.parametrize("model,coupling", [

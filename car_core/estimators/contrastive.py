@@ -11,8 +11,10 @@ Budget. ``rollouts=K`` keeps the paper's meaning: the estimate may spend up to `
 rollouts (``budget=`` overrides it); where they go is the search's choice.
 
 Search ``"bisection"`` (the default): the locus is the latest rise of ``H``, found by a
-sequential bisection over the ``H`` curve, then confirmed on fresh rollouts by an anytime-valid
-betting test that may look after every batch and stops as soon as the rescue is shown; the
+sequential bisection over the ``H`` curve (placed by a few shared rollouts when the agent
+couples noise), then confirmed on fresh rollouts by an anytime-valid betting test that may look
+after every batch and stops as soon as the rescue is shown, and, for pass/fail outcomes whose
+budget runs out first, by an exact sign test that spends the rest of the level; the
 rescue is then re-estimated on fresh pairs, since the mean of a sequence stopped at its first
 crossing is biased up (``effect``; ``effect_raw`` keeps the stopped mean, ``estimate`` says
 which). ``search.py`` has the details and the proof that FWER ``<= α``: only the confirmed
@@ -30,7 +32,7 @@ rise: bisection assumes one commitment point (or the latest one dominating).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -187,7 +189,7 @@ class EngineArms:
             return 0
         return max(0, self.cap - meter.rollouts)
 
-    def _pairs(self, hi: int, lo: int, indices: range) -> list[tuple[float, float]]:
+    def _pairs(self, hi: int, lo: int, indices: Sequence[int]) -> list[tuple[float, float]]:
         a, b = self.arms.values.get(hi, {}), self.arms.values.get(lo, {})
         out = []
         for r in indices:  # the common prefix: a gap (a tripped budget) ends it
@@ -196,7 +198,7 @@ class EngineArms:
             out.append((a[r], b[r]))
         return out
 
-    def diffs(self, hi: int, lo: int, indices: range) -> np.ndarray:
+    def diffs(self, hi: int, lo: int, indices: Sequence[int]) -> np.ndarray:
         a, b = self.arms.values.get(hi, {}), self.arms.values.get(lo, {})
         missing = [(j, r) for r in indices for j in (hi, lo)
                    if r not in (a if j == hi else b)]
@@ -209,7 +211,7 @@ class EngineArms:
             self.arms.fill(wants)
         return np.array([x - y for x, y in self._pairs(hi, lo, indices)], dtype=float)
 
-    def means(self, hi: int, lo: int, indices: range) -> tuple[float, float]:
+    def means(self, hi: int, lo: int, indices: Sequence[int]) -> tuple[float, float]:
         pairs = self._pairs(hi, lo, indices)
         if not pairs:
             return float("nan"), float("nan")
@@ -274,7 +276,7 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = de
     else:
         effects, reason, m, exhausted = _searched(arms, n, cap, alpha)
         level = 1.0 - alpha
-        correction = "anytime-valid betting test of one searched step"
+        correction = "betting test of one searched step, exact sign test at the end"
     significant = [k for k, e in effects.items() if e.significant]
     locus = max(significant) if significant else None
     values = arms.all_values()
