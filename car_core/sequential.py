@@ -40,6 +40,7 @@ SPREAD = 0.15        # how far around the prior's bet its weight spreads
 EVEN_SHARE = 0.3     # of the mixture weight, the part spread evenly over every bet
 GRID = np.linspace(-1.0, 1.0, 801)  # candidate means of the confidence sequence
 PRIOR_WEIGHT = 8.0   # prior pseudo-data count at most this many pairs
+EXACT_MAX = 2000     # disagreeing pairs beyond which the exact walk (quadratic) is not run
 
 
 @dataclass(frozen=True)
@@ -131,12 +132,13 @@ def positive_by_end(d: Sequence[float] | np.ndarray, alpha: float, prior: Prior 
                     ) -> bool:
     """The anytime test, or — for pairs in ``{-1, 0, 1}`` whose sampling ends here — the exact
     sign test that spends the rest of ``θα`` (module docstring): error ``≤ θα`` under ``μ ≤ 0``
-    when the number of pairs does not depend on their signs."""
+    when the number of pairs does not depend on their signs. Beyond ``EXACT_MAX`` disagreeing
+    pairs the anytime test decides alone (it has the power by then)."""
     x = np.asarray(d, dtype=float)
     if positive_at(x, alpha, prior) is not None:
         return True
     signs = _signs(x)
-    if signs is None or signs.size == 0:
+    if signs is None or signs.size == 0 or signs.size > EXACT_MAX:
         return False
     weights = tuple(float(v) for v in prior.weights())
     return int((signs > 0).sum()) >= final_critical(int(signs.size), float(alpha), weights)

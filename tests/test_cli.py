@@ -640,21 +640,21 @@ def test_intervene_do_context_loads_the_edit_function(pivot_store):
 
 
 def test_a_huge_rollout_count_under_a_small_budget_runs_in_bounded_memory(pivot_store):
-    """10**9 rollouts per arm under --budget 40, in a process limited to 2 GiB of address
-    space: building the tasks up front would need hundreds of GB."""
+    """10**9 rollouts per arm under --budget 12 (too few to decide this run), in a process
+    limited to 2 GiB of address space: building the tasks up front would need hundreds of GB."""
     folder, run = pivot_store
     code = textwrap.dedent(f"""
         import resource, sys
         resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
         from car_core.cli import main
         sys.exit(main(["attribute", {run.id!r}, "--agent", {PIVOT!r}, "--rollouts",
-                       str(10**9), "--budget", "40", "--json"]))
+                       str(10**9), "--budget", "12", "--json"]))
     """)
     proc = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True,
                           text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
     assert proc.returncode == 3, proc.stderr  # the budget ran out, as asked
-    assert json.loads(proc.stdout)["rollouts_used"] == 40
+    assert json.loads(proc.stdout)["rollouts_used"] == 12
     assert "--resume" in proc.stderr  # and it says how to continue
 
 
