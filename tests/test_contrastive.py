@@ -208,7 +208,7 @@ def test_result_serialises_with_the_documented_schema(pivot_model, pivot_run):
                           rollouts=16)
     data = json.loads(res.to_json())
     assert set(data) == RESULT_KEYS
-    assert data["method"] == "contrastive" and data["correction"].startswith("anytime-valid")
+    assert data["method"] == "contrastive" and data["correction"].startswith("betting test")
     assert all(set(s) == STEP_KEYS for s in data["steps"])
     assert {a["hold_before"] for a in data["arms"]} <= set(range(7))
     assert data["params"]["rollouts"] == 16 and data["locus"] == 2
