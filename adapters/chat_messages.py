@@ -80,6 +80,18 @@ def calls_of(action: Any) -> list[tuple[str, str, str]]:
     return out
 
 
+def describe_action(action: Any, limit: int | None = None) -> str:
+    """One line for a person: the tool calls as ``name(arguments)``, as recorded, or else the
+    reply (its first ``limit`` characters when given)."""
+    if not isinstance(action, Mapping):
+        action = {"content": action}
+    fns = [call.get("function") or {} for call in action.get("tool_calls") or ()]
+    calls = [f"{fn.get('name')}({fn.get('arguments')})" for fn in fns]
+    content = action.get("content")
+    text = content if limit is None else str(content)[:limit]
+    return ", ".join(calls) or f"reply: {text!r}"
+
+
 def check_action(action: Any, *, step: int | None = None) -> Message:
     """Validate an action given by a user (``do_action``) and return it normalised."""
     if not isinstance(action, Mapping) or action.get("role", "assistant") != "assistant":

@@ -54,6 +54,7 @@ import sqlite3
 import warnings
 from typing import Any
 
+from car_adapters.chat_messages import describe_action
 from car_adapters.demo import supervisor_app as sv
 from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -79,12 +80,6 @@ def make() -> LangGraphAgent:
     return LangGraphAgent(app, model=wrapper, side_effect_tools=["close_account"])
 
 
-def _describe(step: car.Step) -> str:
-    calls = [f"{c['function']['name']}({c['function']['arguments']})"
-             for c in step.action.get("tool_calls") or ()]
-    return ", ".join(calls) or f"reply: {step.action.get('content')!r}"
-
-
 def main(argv: list[str] | None = None, model: Any = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=32)
@@ -107,7 +102,7 @@ def main(argv: list[str] | None = None, model: Any = None) -> dict[str, Any]:
         raise SystemExit("no ticket closed the account in 100 tries; nothing to attribute")
     print(f"ticket {run.meta['thread_id']} closed the account; run {run.id}:")
     for s in run.steps:
-        print(f"  step {s.index} [{s.meta['agent']}/{s.meta['node']}]: {_describe(s)}")
+        print(f"  step {s.index} [{s.meta['agent']}/{s.meta['node']}]: {describe_action(s.action)}")
     closed = len(sv.CLOSED)
     agent = LangGraphAgent(app, model=wrapper, side_effect_tools=["close_account"])
     res = car.contrastive(run, agent, outcome=outcome, rollouts=args.rollouts, seed=0,

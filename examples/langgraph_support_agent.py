@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from car_adapters.chat_messages import describe_action
 from car_adapters.demo.support_agent import (
     SIDE_EFFECT_TOOLS,
     PlantedSupportModel,
@@ -37,12 +38,6 @@ from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 import car_core as car
-
-
-def _describe(step: car.Step) -> str:
-    calls = [f"{c['function']['name']}({c['function']['arguments']})"
-             for c in step.action.get("tool_calls") or ()]
-    return ", ".join(calls) or f"reply: {step.action.get('content')!r}"
 
 
 def main(argv: list[str] | None = None, model: Any = None) -> dict[str, Any]:
@@ -66,7 +61,7 @@ def main(argv: list[str] | None = None, model: Any = None) -> dict[str, Any]:
         raise SystemExit("no ticket failed in 100 tries; nothing to attribute")
     print(f"ticket {run.meta['thread_id']} refunded against policy; run {run.id}:")
     for s in run.steps:
-        print(f"  step {s.index}: {_describe(s)}")
+        print(f"  step {s.index}: {describe_action(s.action)}")
 
     agent = LangGraphAgent(app, model=wrapper, side_effect_tools=SIDE_EFFECT_TOOLS)
     res = car.contrastive(run, agent, outcome=outcome, rollouts=args.rollouts, seed=0,

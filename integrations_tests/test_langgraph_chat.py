@@ -10,6 +10,7 @@ from car_adapters.chat_messages import (
     canonical_arguments,
     check_action,
     check_observation,
+    describe_action,
     recorded_calls,
     tool_call,
     tool_result,
@@ -60,3 +61,12 @@ def test_side_effect_calls_are_served_from_the_record_then_a_simulator_then_refu
     assert simulated.serve("refund", {"order": "A1", "amount": 6}, record) == "would refund 6"
     with pytest.raises(InvalidIntervention, match="not callable"):
         ToolSafety.of(["refund"], {"refund": "nope"})  # type: ignore[dict-item]
+
+
+def test_an_action_reads_as_its_calls_as_recorded_or_its_reply():
+    both = assistant(None, [tool_call("c1", "check", '{"order_id":"A1"}'),
+                            tool_call("c2", "refund", "{}")])
+    assert describe_action(both) == 'check({"order_id":"A1"}), refund({})'
+    assert describe_action(assistant("Refunded the whole order.")) == \
+        "reply: 'Refunded the whole order.'"
+    assert describe_action(assistant("Refunded the whole order."), limit=8) == "reply: 'Refunded'"

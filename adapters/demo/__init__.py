@@ -27,6 +27,7 @@ from typing import Any
 import car_core as car
 from car_core.errors import InvalidInput
 
+from ..chat_messages import describe_action
 from ..langgraph import CarCallback, CarChatModel, LangGraphAgent
 from . import refund_desk, support_agent
 
@@ -60,12 +61,6 @@ def _model(policy: str) -> Any:
         return LocalChatModel(max_tokens=32, temperature=0.8, fresh_tools=True)
     raise InvalidInput(f"unknown demo policy {policy!r}",
                        hint='use policy="local" or policy="synthetic"')
-
-
-def _describe(step: car.Step) -> str:
-    calls = [f"{c['function']['name']}({c['function']['arguments']})"
-             for c in step.action.get("tool_calls") or ()]
-    return ", ".join(calls) or f"reply: {str(step.action.get('content'))[:70]!r}"
 
 
 def _record_failure(app: Any, wrapper: CarChatModel, cb: CarCallback, policy: str,
@@ -114,7 +109,7 @@ def run_demo(policy: str = "local", store: str = "car.db", report: str | None = 
             return {"run_id": None, "locus": None}
         print(f"run {run.id} failed; its steps:")
         for s in run.steps:
-            print(f"  step {s.index}: {_describe(s)}")
+            print(f"  step {s.index}: {describe_action(s.action, limit=70)}")
 
         agent = LangGraphAgent(app, model=wrapper, side_effect_tools=app_module.SIDE_EFFECT_TOOLS,
                                simulators=scenario.simulators)
