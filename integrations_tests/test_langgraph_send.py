@@ -257,12 +257,17 @@ def test_parallel_model_nodes_and_fan_outs_into_subgraphs_are_refused_by_name() 
     parallel.add_node("b", node("b"))
     parallel.add_edge(START, "a")
     parallel.add_edge(START, "b")
-    app = parallel.compile(checkpointer=InMemorySaver())
-    run = _recorded(app)
-    model.reset_calls()
-    with pytest.raises(AdapterError, match=r"several model nodes in one superstep, not Send"):
-        car.intervene(run, LangGraphAgent(app), car.do_resample(1), outcome=rb.outcome,
-                      rollouts=2)
+
+    def refused(app: Any, match: str) -> None:
+        run = _recorded(app)
+        model.reset_calls()
+        with pytest.raises(AdapterError, match=match):
+            car.intervene(run, LangGraphAgent(app), car.do_resample(1), outcome=rb.outcome,
+                          rollouts=2)
+        assert model.call_log == []  # refused before any model call
+
+    refused(parallel.compile(checkpointer=InMemorySaver()),
+            r"several model nodes in one superstep, not Send")
 
     inner = StateGraph(MessagesState)
     inner.add_node("think", lambda state: {"messages": [model.invoke(state["messages"])]})
@@ -271,13 +276,8 @@ def test_parallel_model_nodes_and_fan_outs_into_subgraphs_are_refused_by_name() 
     outer.add_node("worker", inner.compile())
     outer.add_conditional_edges(START, lambda state: [
         Send("worker", {"messages": [HumanMessage(t)]}) for t in ("x", "y")], ["worker"])
-    app = outer.compile(checkpointer=InMemorySaver())
-    run = _recorded(app)
-    model.reset_calls()
-    with pytest.raises(AdapterError, match=r"decided inside a subgraph one of them runs"):
-        car.intervene(run, LangGraphAgent(app), car.do_resample(1), outcome=rb.outcome,
-                      rollouts=2)
-    assert model.call_log == []
+    refused(outer.compile(checkpointer=InMemorySaver()),
+            r"decided inside a subgraph one of them runs")
 
 
 def test_import_thread_refuses_a_fan_out_whose_workers_wrote_model_messages() -> None:
