@@ -15,11 +15,10 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import pytest
 from car_adapters.demo import refund_desk as desk
+from car_adapters.demo.planted import SeededChatModel
 from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent
-from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langgraph.checkpoint.memory import InMemorySaver
@@ -34,11 +33,11 @@ P_REFUND = 0.6
 TOOLS = ("issue_refund", "check_refund_policy")
 
 
-class PlantedDesk(BaseChatModel):
+class PlantedDesk(SeededChatModel):
     """Seeded: the first decision refunds with probability P_REFUND; ``calls`` is shared by
     the per-step copies CAR makes."""
 
-    seed: int = 0
+    seed: int | None = 0
     _log: list[int] = PrivateAttr(default_factory=list)
 
     @property
@@ -54,7 +53,7 @@ class PlantedDesk(BaseChatModel):
         called = [m.name for m in messages if isinstance(m, ToolMessage)]
         n_ai = sum(isinstance(m, AIMessage) for m in messages)
         if not called:
-            refund = np.random.default_rng(self.seed).random() < P_REFUND
+            refund = self._draw() < P_REFUND
             name = "issue_refund" if refund else "check_refund_policy"
         else:
             name = next((t for t in TOOLS if t not in called), None)

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 from car_adapters.chat_agent import ChatAgent
 from car_adapters.chat_messages import FreeTextMatchWarning, ToolSafety, assistant, tool_call
+from car_adapters.demo.planted import SeededChatModel
 from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent
-from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
@@ -101,15 +101,8 @@ def test_chat_agent_free_text_only_tool() -> None:
     check_choices(run, make, ledger)
 
 
-class PlantedReplyModel(BaseChatModel):
+class PlantedReplyModel(SeededChatModel):
     """The planted agent as a LangChain chat model (``seed`` set: per-step draws from it)."""
-
-    seed: int | None = None
-    rng_seed: int = 0
-    _rng: Any = None
-
-    def model_post_init(self, context: Any) -> None:
-        self._rng = np.random.default_rng(self.rng_seed)
 
     @property
     def _llm_type(self) -> str:
@@ -120,7 +113,7 @@ class PlantedReplyModel(BaseChatModel):
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: Any = None, **kwargs: Any) -> ChatResult:
-        rng = np.random.default_rng(self.seed) if self.seed is not None else self._rng
+        rng = self.generator()
         n = sum(isinstance(m, AIMessage) for m in messages)
         if n == 0:
             msg = AIMessage("", tool_calls=[{"id": "c0", "name": "lookup_order",
