@@ -210,14 +210,21 @@ def test_end_of_sampling_test_has_the_power_of_the_fixed_exact_sign_test():
 
 
 def test_end_of_sampling_test_is_the_anytime_test_for_graded_outcomes():
-    """Pairs of graded scores are not signs: only the anytime test may decide them."""
-    d = np.full(30, 0.25)
-    d[::3] = -0.5
-    assert positive_by_end(d, 0.05) == (positive_at(d, 0.05) is not None)
+    """Graded scores are not signs: 25 small gains and 5 large losses have a negative mean,
+    though a sign test would call 25 of 30 up significant; only the anytime test decides."""
+    d = np.array([0.1] * 25 + [-0.9] * 5)
+    np.random.default_rng(1).shuffle(d)
+    assert d.mean() < 0 and positive_at(d, 0.05) is None
+    assert positive_by_end(d, 0.05) is False
 
 
 def test_interval_of_a_step_shown_positive_lies_above_zero():
-    d = np.array([1.0] * 9 + [0.0] * 50 + [-1.0])
-    cs = confidence_sequence(d, 0.05, shown_positive=True)
-    assert cs.ci[0] > 0 and cs.ci[1] >= d.mean()
-    assert confidence_sequence(d, 0.05).ci[0] <= cs.ci[0]
+    """8 up and 1 down among 60 pairs: too little for the anytime test, whose interval still
+    reaches below zero, enough for the exact sign test at the end (P(≥8 of 9) = 0.02 < θα);
+    the interval reported with that verdict starts above zero and keeps its upper end."""
+    d = np.array([1.0] * 8 + [-1.0] + [0.0] * 51)
+    np.random.default_rng(0).shuffle(d)
+    plain = confidence_sequence(d, 0.05)
+    assert positive_at(d, 0.05) is None and plain.ci[0] <= 0 and positive_by_end(d, 0.05)
+    shown = confidence_sequence(d, 0.05, shown_positive=True)
+    assert shown.ci[0] > 0 and shown.ci[1] == plain.ci[1]
