@@ -14,6 +14,7 @@ from typing import Any
 from . import formatting as fmt
 from .errors import InvalidInput
 from .stats import Interval
+from .vocabulary import Answer
 
 
 def _ci(ci: Interval | None) -> list[float] | None:
@@ -121,6 +122,13 @@ class ArmEstimate:
         return cls(int(data["hold_before"]), float(data["mean"]), ci, int(data["n"]))
 
 
+def _legacy_answer(data: dict[str, Any]) -> Answer:
+    """The answer of a result stored before results named it."""
+    if data.get("locus") is not None:
+        return Answer.LOCUS
+    return Answer.UNDECIDED if data.get("truncated") else Answer.NO_CAUSE
+
+
 @dataclass(frozen=True)
 class ContrastiveResult(_Rendered):
     """The point of commitment of a failed run, with every rescue interval behind it."""
@@ -150,10 +158,13 @@ class ContrastiveResult(_Rendered):
     rollout_budget: int | None = None  # the rollouts the estimate was allowed (n·K by default)
     correction: str = "bonferroni"
     locus_label: str | None = None  # which agent and which step, e.g. "account_agent, step 4"
+    answer: str = Answer.NO_CAUSE  # locus / no cause / undecided (car_core.vocabulary.Answer)
+    candidate: int | None = None  # when undecided: the step the search was testing
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": "contrastive", "run_id": self.run_id,
                 "attribution_id": self.attribution_id, "locus": self.locus,
+                "answer": str(self.answer), "candidate": self.candidate,
                 "locus_label": self.locus_label,
                 "reason": self.reason, "alpha": self.alpha, "correction": self.correction,
                 "tests": self.tests, "level": self.level, "rollouts_used": self.rollouts_used,
@@ -186,7 +197,9 @@ class ContrastiveResult(_Rendered):
             failures=tuple(data.get("failures") or ()),
             rollout_budget=data.get("rollout_budget"),
             correction=str(data.get("correction", "bonferroni")),
-            locus_label=data.get("locus_label"))
+            locus_label=data.get("locus_label"),
+            answer=Answer(data.get("answer") or _legacy_answer(data)),
+            candidate=data.get("candidate"))
 
     def table(self) -> list[dict[str, Any]]:
         return [s.to_dict() for s in self.steps]

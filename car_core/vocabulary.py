@@ -36,6 +36,14 @@ class RunStatus(StrEnum):
     SETTLED = "settled"  # a branch stopped once its outcome could no longer change
 
 
+class Answer(StrEnum):
+    """Which of the three answers an attribution gives; every surface says which one it is."""
+
+    LOCUS = "locus"  # a step is shown to matter, with family-wise error <= alpha
+    NO_CAUSE = "no cause"  # the estimate finished and no step's rescue was shown positive
+    UNDECIDED = "undecided"  # the budget ran out first; ``candidate`` is the step it was testing
+
+
 class AttributionStatus(StrEnum):
     """The state of a stored attribution."""
 

@@ -17,7 +17,7 @@ RESULT_KEYS = {"method", "run_id", "attribution_id", "locus", "reason", "alpha",
                "tests", "level", "rollouts_used", "rollouts_cap", "rollout_budget", "seed",
                "coupled", "coupling", "truncated", "budget_note", "tokens", "cost", "search",
                "steps", "arms",
-               "example_branch", "params", "failures", "locus_label"}
+               "example_branch", "params", "failures", "locus_label", "answer", "candidate"}
 STEP_KEYS = {"step", "effect", "ci", "ci_level", "tested", "significant", "fail_held",
              "fail_resampled", "n", "effect_raw", "estimate", "refit_n"}
 
@@ -212,6 +212,8 @@ def test_result_serialises_with_the_documented_schema(pivot_model, pivot_run):
     assert all(set(s) == STEP_KEYS for s in data["steps"])
     assert {a["hold_before"] for a in data["arms"]} <= set(range(7))
     assert data["params"]["rollouts"] == 16 and data["locus"] == 2
+    assert data["answer"] == "locus" and data["candidate"] is None
+    assert type(res).from_dict(data).answer == res.answer
     assert res.table() == data["steps"]
     text = str(res)
     assert "locus = 2" in text and "<- locus" in text

@@ -46,6 +46,7 @@ from ..interventions import Plan, compile_plan, do_resample
 from ..results import ArmEstimate, ContrastiveResult, StepEffect
 from ..stats import Difference, Interval, difference, look_levels, looks, wilson
 from ..trajectory import Trajectory, step_label
+from ..vocabulary import Answer
 from . import search as search_
 from ._session import Session, check_run_has_steps, releasing
 
@@ -298,6 +299,7 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = de
         elif reason is None:
             reason = (f"no step's rescue interval lies above zero ({m} test(s) at level "
                       f"{level:.4f})")
+    answer, candidate = _answer(locus, effects, budget_note, bool(session.failures))
     steps = tuple(effects.get(k, StepEffect(step=k)) for k in range(n))
     arm_rows = tuple(ArmEstimate(j, sum(v.values()) / len(v),
                                  Interval(*wilson(sum(v.values()) / len(v), len(v), level), level),
@@ -313,9 +315,22 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = de
         example_branch=arms.examples.get(locus) if locus is not None else None,
         params=params, attribution_id=session.attribution_id,
         failures=session.failure_rows(), rollout_budget=cap, correction=correction,
-        locus_label=step_label(run, locus) if locus is not None else None)
+        locus_label=step_label(run, locus) if locus is not None else None,
+        answer=answer, candidate=candidate)
     session.finish(result)
     return result
+
+
+def _answer(locus: int | None, effects: dict[int, StepEffect], budget_note: str | None,
+            failed: bool) -> tuple[Answer, int | None]:
+    """Which of the three answers the estimate gives, and the step it was testing when the
+    budget (or failed branches) left it undecided."""
+    if locus is not None:
+        return Answer.LOCUS, None
+    if budget_note is None and not failed:
+        return Answer.NO_CAUSE, None
+    tested = [k for k, e in effects.items() if e.tested]
+    return Answer.UNDECIDED, max(tested) if tested else None
 
 
 def _step(k: int, c: Comparison | None) -> StepEffect:
