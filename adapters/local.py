@@ -15,13 +15,14 @@ would compute: the reply still depends on the prompt and the seed only.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import hashlib
 import importlib.util
 import json
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from car_core.errors import ModelUnavailable
@@ -45,6 +46,7 @@ N_CTX = 2048
 THREADS = int(os.environ.get("CAR_LLAMA_THREADS", "1"))
 STRING = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9 .,:;!?'@#$%&()/_+-]{0,47}$"}
 _LOCK = threading.Lock()  # one llama.cpp context per process; it is not thread-safe
+_LOAD_LOCK = threading.Lock()  # loads adjust llama-cpp-python's module defaults one at a time
 BLOCK = 32  # prompt tokens are evaluated in batches aligned to multiples of this
 
 
@@ -71,10 +73,35 @@ def load_model(path: str | None = None) -> Any:
     except ImportError as exc:
         raise ModelUnavailable("llama-cpp-python is not installed",
                                hint="run: pip install llama-cpp-python") from exc
-    llm = llama_cpp.Llama(model_path=path or model_path(), n_ctx=N_CTX, n_threads=THREADS,
-                          n_threads_batch=THREADS, verbose=False, seed=0)
+    with _without_weight_repacking(llama_cpp):
+        llm = llama_cpp.Llama(model_path=path or model_path(), n_ctx=N_CTX, n_threads=THREADS,
+                              n_threads_batch=THREADS, verbose=False, seed=0)
     atexit.register(llm.close)  # free it before interpreter teardown, which it does not survive
     return llm
+
+
+@contextlib.contextmanager
+def _without_weight_repacking(llama_cpp: Any) -> Iterator[None]:
+    """Load with llama.cpp's extra buffer types (weights repacked for the CPU's widest kernels)
+    off. On AVX-512/AMX machines their Q4 path crashes the process on every decode of more
+    than one token (llama-cpp-python 0.3.36, SmolLM2's Q4_1 weights); the plain kernels are
+    fast enough for a 135M model. llama-cpp-python has no argument for it, so the default
+    parameters its constructor reads are adjusted while it runs."""
+    bindings = llama_cpp.llama_cpp
+    default = bindings.llama_model_default_params
+
+    def params() -> Any:
+        p = default()
+        if hasattr(p, "use_extra_bufts"):
+            p.use_extra_bufts = False
+        return p
+
+    with _LOAD_LOCK:
+        bindings.llama_model_default_params = params
+        try:
+            yield
+        finally:
+            bindings.llama_model_default_params = default
 
 
 def _bounded(schema: Any) -> Any:
