@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import threading
 import uuid
@@ -56,6 +57,7 @@ from typing import Any
 try:
     from langchain_core.callbacks import BaseCallbackHandler
     from langchain_core.messages import AIMessage
+    from langchain_core.tools import BaseTool
     from langgraph.errors import GraphRecursionError
     from langgraph.prebuilt import ToolNode
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
@@ -64,7 +66,13 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from car_core import RunStore
 from car_core.contract import Noise, Origin, Outcome, OutcomeFn, Plan, RunStatus, Step, Trajectory
-from car_core.errors import AdapterError, InvalidInput, InvalidIntervention, StepOutOfRange
+from car_core.errors import (
+    AdapterError,
+    AgentMismatch,
+    InvalidInput,
+    InvalidIntervention,
+    StepOutOfRange,
+)
 
 from ..chat_messages import (
     ToolSafety,
@@ -89,6 +97,7 @@ from .messages import (
 )
 from .middleware import CarMiddleware
 from .model import CarChatModel, Control, controlling, seedable
+from .reach import reach
 from .thread import thread_outcome
 
 MESSAGES_KEY = "messages"
@@ -137,6 +146,17 @@ class _Decided(Exception):
     pass
 
 
+class _QuietStop(logging.Filter):
+    """LangChain logs a callback's exception before re-raising it; ``_Decided`` is how a
+    throwaway branch stops, not an error, so that line is dropped (nothing else is)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return f"{_FirstDecision.__name__}." not in record.getMessage()
+
+
+logging.getLogger("langchain_core.callbacks.manager").addFilter(_QuietStop())
+
+
 def _recast(ns: str) -> str:
     """A checkpoint namespace without its task ids: ``a:<id>|b:<id>`` -> ``a|b``."""
     return "|".join(part.split(":")[0] for part in ns.split("|")) if ns else ""
@@ -149,7 +169,7 @@ class LangGraphAgent:
                  side_effect_tools: Iterable[str] = (),
                  simulators: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
                  match_on: Mapping[str, Iterable[str] | str] | None = None,
-                 node_tools: Iterable[str] = (),
+                 node_tools: Iterable[str | BaseTool] = (),
                  messages_key: str = MESSAGES_KEY, keep_branches: bool = False,
                  recursion_limit: int = 50, name: str | None = None) -> None:
         saver = getattr(app, "checkpointer", None)
@@ -167,6 +187,9 @@ class LangGraphAgent:
                                hint="build the app with CarChatModel(inner=your_model) (or "
                                     "create_agent(..., middleware=[CarMiddleware()])) and pass "
                                     "that same object as model=")
+        side_effect_tools = ([side_effect_tools] if isinstance(side_effect_tools, str)
+                             else list(side_effect_tools))
+        node_tools = [node_tools] if isinstance(node_tools, str) else list(node_tools)
         self.app = app
         self.saver = saver
         self.model = model
@@ -180,18 +203,18 @@ class LangGraphAgent:
                  for n, spec in getattr(getattr(g, "builder", None), "nodes", {}).items()]
         self.tool_nodes = {(ns, n): spec.runnable for ns, n, spec in specs
                            if isinstance(spec.runnable, ToolNode)}
+        # what every other node can call: its tools, its models, whether CAR decides them
+        self.reaches = {(ns, n): reach(spec.runnable) for ns, n, spec in specs
+                        if (ns, n) not in self.tool_nodes and _join(ns, n) not in self.graphs}
         self.tools = sorted({t for node in self.tool_nodes.values()
-                             for t in getattr(node, "tools_by_name", {})} | set(node_tools))
-        unknown = sorted(self.safety.side_effect_tools - set(self.tools))
-        if unknown:  # a typo would leave the real tool unguarded on every branch
-            raise InvalidInput(f"side-effect tool(s) {unknown} are not tools of this graph; "
-                               f"its tools are {self.tools}",
-                               hint="check the names; a tool a node function calls itself "
-                                    "(not through a ToolNode) is named in node_tools=[...]")
-        if isinstance(model, CarChatModel):
-            self.couples_noise = seedable(model.inner)
-        else:
-            self.couples_noise = bool(model is not None and model.seed_models)
+                             for t in getattr(node, "tools_by_name", {})}
+                            | {t for r in self.reaches.values() for t in r.tools}
+                            | {t.name for t in node_tools if isinstance(t, BaseTool)})
+        self._check_tool_names({
+            "side_effect_tools": side_effect_tools, "simulators": list(simulators or {}),
+            "match_on": list(match_on or {}),
+            "node_tools": [t for t in node_tools if not isinstance(t, BaseTool)]})
+        self.couples_noise = self._couples(model)
         self.name = name or f"langgraph:{app.get_name()}"
         # a graph with async-only nodes cannot run under invoke(); branches use ainvoke()
         self.is_async = any(getattr(spec.runnable, "func", True) is None
@@ -199,6 +222,31 @@ class LangGraphAgent:
                             for _, _, spec in specs)
         self._checked: set[str] = set()
         self._lock = threading.Lock()
+
+    def _check_tool_names(self, given: Mapping[str, list[str]]) -> None:
+        """Refuse any tool name, in any parameter, that no tool of the graph has: a typo would
+        leave the real tool unguarded on every branch."""
+        unknown = {param: sorted(set(names) - set(self.tools))
+                   for param, names in given.items() if set(names) - set(self.tools)}
+        if unknown:
+            where = "; ".join(f"side-effect tool(s) {names} are not tools of this graph"
+                              if param == "side_effect_tools" else
+                              f"{param} names {names}, which are not tools of this graph"
+                              for param, names in unknown.items())
+            raise InvalidInput(f"{where}; its tools are {self.tools}",
+                               hint="spell each name exactly as the tool is registered; a tool "
+                                    "a node reaches in a way CAR cannot see (built inside the "
+                                    "node function) is passed itself: node_tools=[the_tool]")
+
+    def _couples(self, model: CarChatModel | CarMiddleware | None) -> bool:
+        """Whether CAR's noise drives the app's model calls: every model CAR decides takes a
+        per-step ``seed``. Models it cannot see, or without a seed field, do not couple."""
+        if isinstance(model, CarChatModel):
+            return seedable(model.inner)
+        if not isinstance(model, CarMiddleware) or not model.seed_models:
+            return False
+        decided = [m for r in self.reaches.values() if r.wrapped for m in r.models]
+        return bool(decided) and all(seedable(m) for m in decided)
 
     def _saver_loop(self) -> asyncio.AbstractEventLoop | None:
         """The event loop an async checkpointer (AsyncSqliteSaver, AsyncPostgresSaver) is bound
@@ -485,10 +533,12 @@ class LangGraphAgent:
             raise AdapterError("this run was not recorded from a LangGraph app", run_id=run.id,
                                hint="record it with CarCallback or import_thread")
         thread_id = str(run.meta.get("thread_id"))
-        if self.saver.get_tuple(_thread(thread_id)) is None:
-            raise AdapterError(f"thread {thread_id!r} does not exist in this app's "
-                               "checkpointer", run_id=run.id,
-                               hint="use the app and checkpointer the run was recorded with")
+        if self.saver.get_tuple(_thread(thread_id)) is None:  # a setup error, not the agent's
+            raise AgentMismatch(f"thread {thread_id!r} does not exist in this app's "
+                                "checkpointer", run_id=run.id,
+                                hint="build the agent on the checkpointer (database) the run "
+                                     "was recorded with; an InMemorySaver keeps its threads "
+                                     "only in the process that recorded them")
         groups: dict[tuple[str, str], dict[str, list[int]]] = {}  # checkpoint -> task -> steps
         for i, step in enumerate(run.steps):
             meta = step.meta
@@ -599,20 +649,36 @@ class LangGraphAgent:
         copy of the step's own level directly: the checkpoint keeps its channel versions, so
         exactly the model task that was scheduled runs again (no ``update_state``, whose guess
         of the writing node breaks ``Send``-routed graphs); a ``Send`` task's step is edited at
-        its model call instead (its input is its ``Send`` payload)."""
+        its model call instead (its input is its ``Send`` payload). A step inside a subgraph
+        (a supervisor or worker agent) decides from messages its parents hold too, under the
+        same ids: the edit replaces them at every level, so what the subgraph hands back, and
+        every later agent reading the parent's messages, sees the edited history."""
         meta = run.steps[k].meta
         source_thread = str(run.meta["thread_id"])
         own = meta.get("checkpoint_ns") or ""
-        for ns, cid in _cmap(meta).items():
-            source = self.saver.get_tuple(_thread(source_thread, cid, ns))
+        cmap = _cmap(meta)
+        sources = {ns: self.saver.get_tuple(_thread(source_thread, cid, ns))
+                   for ns, cid in cmap.items()}
+        replaced: set[str] = set()
+        messages: list[Any] = []
+        if edited is not None and not is_send_task(meta):
+            messages = from_dicts(edited)
+            for m in messages:
+                if m.id is None:
+                    m.id = str(uuid.uuid4())
+            replaced = {m.id for m in sources[own].checkpoint["channel_values"].get(
+                self.messages_key) or () if m.id is not None}
+        for ns, cid in cmap.items():
+            source = sources[ns]
             checkpoint = dict(source.checkpoint)
+            values = checkpoint["channel_values"].get(self.messages_key) or []
             if ns == own and edited is not None and not is_send_task(meta):
-                messages = from_dicts(edited)
-                for m in messages:
-                    if m.id is None:
-                        m.id = str(uuid.uuid4())
                 checkpoint["channel_values"] = {**checkpoint["channel_values"],
                                                 self.messages_key: messages}
+            elif replaced and any(getattr(m, "id", None) in replaced for m in values):
+                checkpoint["channel_values"] = {**checkpoint["channel_values"],
+                                                self.messages_key: _splice(values, replaced,
+                                                                           messages)}
             config = self.saver.put(_thread(thread_id, None, ns), checkpoint,
                                     {**source.metadata, "car_fork_of": cid},
                                     dict(checkpoint["channel_versions"]))
@@ -701,6 +767,20 @@ class LangGraphAgent:
                               meta={"framework": "langgraph", "thread_id": thread_id,
                                     "parent_thread_id": run.meta.get("thread_id"),
                                     "final_state": jsonable(final)})
+
+
+def _splice(values: list[Any], replaced: set[str], messages: list[Any]) -> list[Any]:
+    """A parent level's messages with those of ids ``replaced`` (what the edited step saw)
+    replaced by ``messages`` (the edit) where the first of them stood; the rest kept."""
+    out: list[Any] = []
+    placed = False
+    for m in values:
+        if getattr(m, "id", None) not in replaced:
+            out.append(m)
+        elif not placed:
+            out.extend(messages)
+            placed = True
+    return out
 
 
 def _task_at(meta: Mapping[str, Any], level: str) -> str:
