@@ -99,6 +99,7 @@ from .middleware import CarMiddleware
 from .model import CarChatModel, Control, controlling, seedable
 from .reach import reach
 from .thread import thread_outcome
+from .undecided import UndecidedCalls, refuse_undecided, undecided_nodes
 
 MESSAGES_KEY = "messages"
 # LangGraph's pending-write markers (langgraph._internal._constants): a superstep's input, not a
@@ -147,11 +148,13 @@ class _Decided(Exception):
 
 
 class _QuietStop(logging.Filter):
-    """LangChain logs a callback's exception before re-raising it; ``_Decided`` is how a
-    throwaway branch stops, not an error, so that line is dropped (nothing else is)."""
+    """LangChain logs a callback's exception before re-raising it. ``_Decided`` is how a
+    throwaway branch stops, not an error, and ``UndecidedCalls``' refusal is raised to the
+    caller anyway, so their lines are dropped (nothing else is)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return f"{_FirstDecision.__name__}." not in record.getMessage()
+        text = record.getMessage()
+        return not any(f"{quiet.__name__}." in text for quiet in (_FirstDecision, UndecidedCalls))
 
 
 logging.getLogger("langchain_core.callbacks.manager").addFilter(_QuietStop())
@@ -215,6 +218,8 @@ class LangGraphAgent:
             "match_on": list(match_on or {}),
             "node_tools": [t for t in node_tools if not isinstance(t, BaseTool)]})
         self.couples_noise = self._couples(model)
+        # CAR numbers the model calls it decides: a node calling a model it cannot see is refused
+        self.undecided = undecided_nodes(self.reaches) if model is not None else []
         self.name = name or f"langgraph:{app.get_name()}"
         # a graph with async-only nodes cannot run under invoke(); branches use ainvoke()
         self.is_async = any(getattr(spec.runnable, "func", True) is None
@@ -418,8 +423,8 @@ class LangGraphAgent:
             with controlling(thread_id, Control(k, noise=noise if self.couples_noise
                                                 else None)), guarding(thread_id, guard):
                 try:
-                    self._invoke(None, {**_thread(thread_id), "callbacks": [stop],
-                                        "max_concurrency": 1})
+                    self._invoke(None, {**_thread(thread_id), "callbacks": [
+                        *self._watch(run), stop], "max_concurrency": 1})
                 except _Decided:
                     pass
             if stop.message is None:
@@ -539,6 +544,8 @@ class LangGraphAgent:
                                 hint="build the agent on the checkpointer (database) the run "
                                      "was recorded with; an InMemorySaver keeps its threads "
                                      "only in the process that recorded them")
+        if self.model is not None:
+            refuse_undecided(run, self.undecided)
         groups: dict[tuple[str, str], dict[str, list[int]]] = {}  # checkpoint -> task -> steps
         for i, step in enumerate(run.steps):
             meta = step.meta
@@ -688,6 +695,11 @@ class LangGraphAgent:
             for tid, task_writes in by_task.items():
                 self.saver.put_writes(config, task_writes, tid)
 
+    def _watch(self, run: Trajectory) -> list[BaseCallbackHandler]:
+        """The handler that stops a branch at a model call CAR does not decide (only where CAR
+        numbers the calls it decides)."""
+        return [UndecidedCalls(run.id)] if self.model is not None else []
+
     def _write_action(self, run: Trajectory, k: int, thread_id: str,
                       action: Mapping[str, Any]) -> None:
         """Write ``action`` as step ``k``'s node in its own namespace, so the node's routing
@@ -705,7 +717,7 @@ class LangGraphAgent:
         ``settle``, the graph state is offered to it before the first superstep and after each
         one, and the first partial branch it returns ends the run (sync apps only)."""
         config = {**_thread(thread_id), "recursion_limit": self.recursion_limit,
-                  "callbacks": [cb], "max_concurrency": 1}
+                  "callbacks": [*self._watch(run), cb], "max_concurrency": 1}
         try:
             if settle is None or self.is_async or self._saver_loop() is not None:
                 self._invoke(None, config)

@@ -42,6 +42,7 @@ from car_core.errors import InvalidInput, OutcomeError, StoreError
 
 from ..run_keeping import score_run, store_run
 from .messages import decode, jsonable, to_dict, to_dicts, usage_of
+from .model import CAR_DECIDED, decided_by_car
 
 MESSAGES_KEY = "messages"
 PUSH = "__pregel_push"  # LangGraph's task-path tag of a Send task (langgraph._internal._constants)
@@ -232,7 +233,7 @@ class CarCallback(BaseCallbackHandler):
         md = metadata or {}
         seen = messages[0] if messages else []
         params = jsonable({k: v for k, v in (kwargs.get("invocation_params") or {}).items()
-                           if k not in ("tools", "car_tools", "car_tool_kwargs")})
+                           if k not in ("tools", "car_tools", "car_tool_kwargs", CAR_DECIDED)})
         cmap = _checkpoint_map()
         checkpoint_ns, checkpoint_id = list(cmap.items())[-1] if cmap else (None, None)
         meta = {"origin": Origin.RECORD, "thread_id": md.get("thread_id", rec.thread_id),
@@ -241,7 +242,8 @@ class CarCallback(BaseCallbackHandler):
                 "agent": agent_of(checkpoint_ns, rec.graph),
                 "node": md.get("langgraph_node"), "langgraph_step": md.get("langgraph_step"),
                 "task_ns": md.get("langgraph_checkpoint_ns"), "params": params,
-                "seed": params.get("seed") if isinstance(params, dict) else None}
+                "seed": params.get("seed") if isinstance(params, dict) else None,
+                "car_decided": decided_by_car(kwargs.get("invocation_params"))}
         path = md.get("langgraph_path")
         meta["task_path"] = jsonable(list(path)) if isinstance(path, (list, tuple)) else None
         prompt = [to_dict(m) for m in seen if m.id is None]
