@@ -369,7 +369,7 @@ class LangGraphAgent:
             control.inputs[k] = from_dicts(edited)
         cb = CarCallback(messages_key=self.messages_key)
         offset = 0
-        guard = Guard(self.safety, recorded_calls(run.steps), run_id=run.id)
+        guard = Guard(self.safety, _recorded(run), run_id=run.id)
         guard.step = lambda: k + offset + max(cb.decisions_started - 1, 0)
         for j, given in plan.forced_observations.items():
             if j == k:
@@ -418,7 +418,7 @@ class LangGraphAgent:
         thread_id = f"car-branch-{uuid.uuid4().hex}"
         self._fork(run, k, thread_id, None)
         stop = _FirstDecision()
-        guard = Guard(self.safety, recorded_calls(run.steps), run_id=run.id)
+        guard = Guard(self.safety, _recorded(run), run_id=run.id)
         try:
             with controlling(thread_id, Control(k, noise=noise if self.couples_noise
                                                 else None)), guarding(thread_id, guard):
@@ -441,7 +441,8 @@ class LangGraphAgent:
         """The trajectory of an existing thread, rebuilt from its checkpoint history in every
         namespace (subgraphs included): each ``AIMessage`` a model node wrote is a step, decided
         from the checkpoint before it. Messages a subgraph node passes up to its parent, and
-        messages written by tool nodes or by the framework (handoff notices), are not decisions.
+        messages written by tool nodes, by the framework (handoff notices) or by a node that
+        calls no model (``_model_wrote``), are not decisions.
         A thread invoked several times (a conversation) gives one trajectory over all turns;
         the callback gives one per invocation."""
         self._saver_loop()
@@ -487,7 +488,8 @@ class LangGraphAgent:
                 task = next((t for t in prev.tasks if t.name == nodes[0]), None)
                 for m in cur.values.get(self.messages_key) or []:
                     if (isinstance(m, AIMessage) and m.id not in seen
-                            and not _framework_written(m)):
+                            and not _framework_written(m)
+                            and self._model_wrote(level, nodes[0], m)):
                         decisions[m.id] = (cur.config["configurable"]["checkpoint_id"], {
                             "origin": Origin.RECORD, "thread_id": thread_id, "checkpoint_id": cid,
                             "checkpoint_ns": ns, "checkpoint_map": {**parents, ns: cid},
@@ -512,6 +514,19 @@ class LangGraphAgent:
                               meta={"framework": "langgraph", "thread_id": thread_id,
                                     "final_state": jsonable(final), "imported": True,
                                     "agent_fingerprint": app_digest(self.app)})
+
+    def _model_wrote(self, level: str, node: str, message: Any) -> bool:
+        """Whether ``message`` (an ``AIMessage`` node ``node`` wrote) is a model decision, as
+        the callback would have recorded it: a node that reaches no chat model and a message
+        under a plain uuid (the id ``add_messages`` gives a message written without one; a
+        chat model's output carries its run id or the provider's) is a node's own message."""
+        reached = self.reaches.get((level, node))
+        if reached is None or reached.calls_a_model:
+            return True
+        try:
+            return str(uuid.UUID(str(message.id))) != str(message.id)
+        except ValueError:
+            return True
 
     def _chain(self, thread_id: str, ns: str) -> list[Any]:
         """The checkpoints of one namespace from its first to its head, following parents (so
@@ -781,6 +796,16 @@ class LangGraphAgent:
                                     "final_state": jsonable(final)})
 
 
+def _recorded(run: Trajectory) -> dict[tuple[str, str], Any]:
+    """Every tool call of ``run`` a branch's matching call may be answered with: the tool calls
+    of its decisions, and the calls its nodes made themselves (recorded by the callback)."""
+    out = recorded_calls(run.steps)
+    for call in run.meta.get("node_tool_calls") or ():
+        if isinstance(call, Mapping) and call.get("name"):
+            out.setdefault((str(call["name"]), str(call.get("arguments"))), call.get("content"))
+    return out
+
+
 def _splice(values: list[Any], replaced: set[str], messages: list[Any]) -> list[Any]:
     """A parent level's messages with those of ids ``replaced`` (what the edited step saw)
     replaced by ``messages`` (the edit) where the first of them stood; the rest kept."""
@@ -889,6 +914,7 @@ def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[..., Any],
                      side_effect_tools: Iterable[str] = (),
                      simulators: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
                      match_on: Mapping[str, Iterable[str] | str] | None = None,
+                     node_tools: Iterable[str | BaseTool] = (),
                      rollouts: int = 16, budget: int = 2000, seed: int = 0,
                      **options: Any) -> Any:
     """Import ``thread_id`` from ``app``, score it with ``outcome(run)`` (as everywhere; the
@@ -902,7 +928,7 @@ def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[..., Any],
     if method not in ("contrastive", "shapley"):
         raise InvalidInput(f"method={method!r}", hint="use 'contrastive' or 'shapley'")
     agent = LangGraphAgent(app, model=model, side_effect_tools=side_effect_tools,
-                           simulators=simulators, match_on=match_on)
+                           simulators=simulators, match_on=match_on, node_tools=node_tools)
     run = agent.import_thread(thread_id)
     score = thread_outcome(outcome)
     run = replace(run, outcome=Outcome(OutcomeFn(score)(run, Noise(seed).rng(0, "outcome"))),

@@ -37,6 +37,7 @@ from car_core.contract import (
     RunStatus,
     Step,
     Trajectory,
+    canonical_arguments,
 )
 from car_core.errors import InvalidInput, OutcomeError, StoreError
 
@@ -65,6 +66,8 @@ class _Recording:
     calls: dict[UUID, _Call] = field(default_factory=dict)
     tool_results: dict[str, ToolMessage] = field(default_factory=dict)
     members: set[UUID] = field(default_factory=set)
+    node_calls: dict[UUID, dict[str, Any]] = field(default_factory=dict)  # open, by tool run
+    node_results: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _checkpoint_map() -> dict[str, str]:
@@ -215,12 +218,23 @@ class CarCallback(BaseCallbackHandler):
 
     def on_tool_start(self, serialized: Any, input_str: str, *, run_id: UUID,
                       parent_run_id: UUID | None = None, **kwargs: Any) -> None:
-        self._join(run_id, parent_run_id)
+        rec = self._join(run_id, parent_run_id)
+        inputs = kwargs.get("inputs")
+        if rec is not None and kwargs.get("tool_call_id") is None and isinstance(inputs, dict):
+            # a tool a node calls itself: kept, so a branch's matching call is answered
+            node = (kwargs.get("metadata") or {}).get("langgraph_node")
+            with self._lock:
+                rec.node_calls[run_id] = {"node": node, "name": (serialized or {}).get("name"),
+                                          "arguments": canonical_arguments(jsonable(inputs))}
 
     def on_tool_end(self, output: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
                     **kwargs: Any) -> None:
         with self._lock:
             rec = self._open.get(self._root.get(run_id))  # type: ignore[arg-type]
+            call = rec.node_calls.pop(run_id, None) if rec is not None else None
+            if call is not None:
+                content = output.content if isinstance(output, ToolMessage) else output
+                rec.node_results.append({**call, "content": jsonable(content)})
         for m in _tool_messages(output) if rec is not None else ():
             rec.tool_results[m.tool_call_id] = m
 
@@ -321,6 +335,8 @@ class CarCallback(BaseCallbackHandler):
         meta = {"framework": "langgraph", "thread_id": rec.thread_id,
                 "final_state": jsonable({k: v for k, v in final.items()
                                          if k != "__interrupt__"})}
+        if rec.node_results:
+            meta["node_tool_calls"] = list(rec.node_results)
         if self.fingerprint is not None:
             meta["agent_fingerprint"] = self.fingerprint
         return Trajectory.new(
