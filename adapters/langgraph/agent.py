@@ -196,7 +196,6 @@ class LangGraphAgent:
         self.app = app
         self.saver = saver
         self.model = model
-        self.safety = ToolSafety.of(side_effect_tools, simulators, match_on)
         self.messages_key = messages_key
         self.keep_branches = keep_branches
         self.recursion_limit = recursion_limit
@@ -217,6 +216,7 @@ class LangGraphAgent:
             "side_effect_tools": side_effect_tools, "simulators": list(simulators or {}),
             "match_on": list(match_on or {}),
             "node_tools": [t for t in node_tools if not isinstance(t, BaseTool)]})
+        self.safety = ToolSafety.of(side_effect_tools, simulators, match_on)
         self.couples_noise = self._couples(model)
         # CAR numbers the model calls it decides: a node calling a model it cannot see is refused
         self.undecided = undecided_nodes(self.reaches) if model is not None else []
