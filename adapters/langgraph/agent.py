@@ -33,7 +33,13 @@ with LangGraph's own machinery, for an app compiled with a checkpointer whose me
 - **Tools** run live on branches, except the ``side_effect_tools`` you name, answered by the
   guard (``guard``) wherever they run: from the record on a call that matches on the arguments
   that matter (``match_on``), else by ``simulators[name](arguments)``, else ``SideEffectBlocked``.
-  A name no tool of the graph has is refused (``node_tools`` declares tools a node calls itself).
+  The record holds the calls a node makes itself too (the callback keeps them), so those are
+  answered like a ``ToolNode``'s. A tool name, in any parameter, that no tool of the graph has
+  is refused; the graph's tools are its ``ToolNode``s' and those a node's code reaches
+  (``reach``), plus tool objects given as ``node_tools``.
+- **Undecided model calls.** With ``model=``, CAR numbers the model calls it decides; a node
+  that can call a model CAR does not decide is refused before the first branch, and a branch
+  that calls one anyway is stopped at that call (``undecided``).
 - ``import_thread(thread_id)`` rebuilds the trajectory the callback would have recorded from the
   checkpoint history of every namespace; ``attribute_thread`` imports and attributes in one call.
 

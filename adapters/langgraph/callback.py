@@ -5,7 +5,10 @@ the graph messages it decided from (``state``; messages without an id, such as a
 node prepends, are kept apart in ``meta["prompt"]``), the ``AIMessage`` as the action, the tool
 results that answered it as the observation, and in ``meta`` the model, parameters, token usage,
 latency and the LangGraph ids needed to fork there (thread, the checkpoint the task was scheduled
-from, node, superstep, task path). A ``Send`` task decides from the messages its node built from
+from, node, superstep, task path), and ``car_decided``: whether CAR decides that call
+(``CarChatModel`` or ``CarMiddleware``). Tools a node calls itself (not through a ``ToolNode``)
+are kept in the run's ``meta["node_tool_calls"]`` (node, tool, arguments, result), so a branch's
+matching call can be answered from the record. A ``Send`` task decides from the messages its node built from
 the ``Send`` payload, not from the graph's messages, so its ``state`` is the whole model input.
 Model calls of parallel tasks (a ``Send`` fan-out) finish in any order; their steps are put in
 LangGraph's own task order (``Send`` index, then node name), so a run records the same way
