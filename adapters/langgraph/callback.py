@@ -8,9 +8,9 @@ latency and the LangGraph ids needed to fork there (thread, the checkpoint the t
 from, node, superstep, task path), and ``car_decided``: whether CAR decides that call
 (``CarChatModel`` or ``CarMiddleware``). Tools a node calls itself (not through a ``ToolNode``)
 are kept in the run's ``meta["node_tool_calls"]`` (node, tool, arguments, result), so a branch's
-matching call can be answered from the record. A ``Send`` task decides from the messages its node built from
-the ``Send`` payload, not from the graph's messages, so its ``state`` is the whole model input.
-Model calls of parallel tasks (a ``Send`` fan-out) finish in any order; their steps are put in
+matching call can be answered from the record. A ``Send`` task decides from the messages its
+node built from the ``Send`` payload, not from the graph's messages, so its ``state`` is the
+whole model input. Model calls of parallel tasks (a ``Send`` fan-out) finish in any order; their steps are put in
 LangGraph's own task order (``Send`` index, then node name), so a run records the same way
 every time. Runs are keyed by their root run id, so several graphs can run at once
 through one handler; each finished run is saved to the store and becomes ``cb.run``. With
