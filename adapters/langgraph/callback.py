@@ -4,20 +4,20 @@ Pass it in ``config["callbacks"]``. Each chat-model call inside the graph become
 the graph messages it decided from (``state``; messages without an id, such as a system prompt a
 node prepends, are kept apart in ``meta["prompt"]``), the ``AIMessage`` as the action, the tool
 results that answered it as the observation, and in ``meta`` the model, parameters, token usage,
-latency and the LangGraph ids needed to fork there (thread, the checkpoint the task was scheduled
-from, node, superstep, task path), and ``car_decided``: whether CAR decides that call
+latency and the LangGraph ids needed to fork there (thread, the checkpoint the task was
+scheduled from, node, superstep, task path), and ``car_decided``: whether CAR decides that call
 (``CarChatModel`` or ``CarMiddleware``). Tools a node calls itself (not through a ``ToolNode``)
 are kept in the run's ``meta["node_tool_calls"]`` (node, tool, arguments, result), so a branch's
 matching call can be answered from the record. A ``Send`` task decides from the messages its
 node built from the ``Send`` payload, not from the graph's messages, so its ``state`` is the
-whole model input. Model calls of parallel tasks (a ``Send`` fan-out) finish in any order; their steps are put in
-LangGraph's own task order (``Send`` index, then node name), so a run records the same way
-every time. Runs are keyed by their root run id, so several graphs can run at once
+whole model input. Model calls of parallel tasks (a ``Send`` fan-out) finish in any order; their
+steps are put in LangGraph's own task order (``Send`` index, then node name), so a run records
+the same way every time. Runs are keyed by their root run id, so several graphs can run at once
 through one handler; each finished run is saved to the store and becomes ``cb.run``. With
-``outcome=``, each run is scored as it finishes (``outcome(run)``, as ``car.intervene`` takes it)
-and stored with its outcome, so ``car runs`` shows which runs failed. With ``app=`` (the compiled
-graph being run), each run carries the app's fingerprint, so attributing it with another app
-is refused; without it a run is not checked.
+``outcome=``, each run is scored as it finishes (``outcome(run)``, as ``car.intervene`` takes
+it) and stored with its outcome, so ``car runs`` shows which runs failed. With ``app=`` (the
+compiled graph being run), each run carries the app's fingerprint, so attributing it with
+another app is refused; without it a run is not checked.
 """
 
 from __future__ import annotations
