@@ -362,10 +362,13 @@ def test_do_context_at_create_supervisors_supervisor_reaches_later_workers() -> 
 
 
 def test_action_match_rate_is_quiet(caplog: pytest.LogCaptureFixture,
-                                    capfd: pytest.CaptureFixture[str]) -> None:
+                                    capfd: pytest.CaptureFixture[str],
+                                    ledger: list[Any]) -> None:
+    """Re-deciding each step stops at its first decision without a logged callback error."""
     model = CarChatModel(inner=DeskModel(p_follow=1.0))
     app = desk(model, InMemorySaver())
     run = record(app, True)
+    recorded = len(ledger)
     with caplog.at_level("DEBUG"):
         match = car.action_match_rate(run, LangGraphAgent(app, model=model,
                                                           side_effect_tools=["issue_refund"]),
@@ -373,6 +376,7 @@ def test_action_match_rate_is_quiet(caplog: pytest.LogCaptureFixture,
     assert match.steps == (0, 1, 2) and match.per_step[0] == 1.0
     assert not [r for r in caplog.records if "callback" in r.getMessage()]
     assert "Error in" not in capfd.readouterr().err
+    assert len(ledger) == recorded
 
 
 AGENT_MODULE = '''
