@@ -7,7 +7,7 @@ a bound method's object, ``functools.partial`` arguments and the runnables it wr
 name the user gives against the tools the graph really has (a ``ToolNode``'s and those a node
 calls itself), to tell a node that calls a model from one that only writes messages, and to
 find the chat models that would run on a branch without CAR deciding them. The walk is bounded
-(depth and object count) and reads attributes only; it never calls anything.
+(depth and object count) and only reads attributes: it calls no node, tool or model.
 """
 
 from __future__ import annotations
@@ -121,7 +121,11 @@ def reach(root: Any) -> Reach:
         if type(obj).__name__ != "CarMiddleware" and _is_middleware(obj):
             found.middleware.append(obj)
         if depth < _DEPTH:
-            stack.extend((child, depth + 1) for child in _children(obj))
+            try:
+                children = list(_children(obj))
+            except Exception:  # an object whose attribute lookup raises: not walked further
+                children = []
+            stack.extend((child, depth + 1) for child in children)
     return found
 
 
