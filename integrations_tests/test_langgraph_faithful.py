@@ -264,7 +264,8 @@ def test_an_unwrapped_summarizer_is_refused_before_any_branch(ledger: list[Any])
     agent = LangGraphAgent(app, model=mw, side_effect_tools=["issue_refund"])
     with pytest.raises(AdapterError, match=r"node 'SummarizationMiddleware.before_model' can "
                                            r"call chat model FakeListChatModel, which CAR does "
-                                           r"not decide \(configured to fire"):
+                                           r"not decide \(SummarizationMiddleware configured "
+                                           r"to fire \(trigger=\('messages', 6\)\)\)"):
         car.intervene(run, agent, plan, outcome=sa.outcome, rollouts=4)
     assert threads(app.checkpointer) == {"t"} and summarizer.i == calls  # no branch began
     assert len(ledger) == recorded
@@ -285,12 +286,9 @@ def test_an_unwrapped_summarizer_is_refused_before_any_branch(ledger: list[Any])
     assert len(ledger) == recorded
 
 
-def test_a_model_a_node_builds_itself_is_refused_at_its_first_call(ledger: list[Any]) -> None:
-    """Node ``review`` builds its own model (invisible to any check up front) and calls it only
-    after a denial. The record refunds, so it never ran; a branch that denies reaches it and
-    is stopped there, naming the node and the model, with no refund run."""
-    model = CarChatModel(inner=DeskModel(p_follow=1.0))
-
+def reviewed_desk(model: Any) -> Any:
+    """The desk with node ``review``, which builds its own model (invisible to any check up
+    front) and calls it only after a denial, and a ``fulfil`` that refunds itself."""
     def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [model.invoke(state["messages"])]}
 
@@ -317,7 +315,15 @@ def test_a_model_a_node_builds_itself_is_refused_at_its_first_call(ledger: list[
                                 "record_decision" else "agent", ["review", "agent"])
     graph.add_edge("review", "fulfil")
     graph.add_edge("fulfil", "agent")
-    app = graph.compile(checkpointer=InMemorySaver())
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+def test_a_model_a_node_builds_itself_is_refused_at_its_first_call(ledger: list[Any]) -> None:
+    """The record refunds, so ``review``'s model never ran in it; a branch that denies reaches
+    it and is stopped at that call, naming the node and the model, with no refund run. A record
+    that denied holds review's call as a step CAR did not decide: refused before any branch."""
+    model = CarChatModel(inner=DeskModel(p_follow=1.0))
+    app = reviewed_desk(model)
     cb = CarCallback()
     app.invoke(sa.inputs(), {"configurable": {"thread_id": "t"}, "callbacks": [cb]})
     run = cb.run
@@ -331,6 +337,19 @@ def test_a_model_a_node_builds_itself_is_refused_at_its_first_call(ledger: list[
     with pytest.raises(AdapterError, match=r"a branch called chat model 'fake-list-chat-model' "
                                            r"in node 'review', which CAR does not decide"):
         car.intervene(run, graph_agent, car.do_action(1, deny), outcome=refunded, rollouts=1)
+
+    denying = CarChatModel(inner=DeskModel(p_follow=0.0))
+    denied_app = reviewed_desk(denying)
+    denied_app.invoke(sa.inputs(), {"configurable": {"thread_id": "d"}, "callbacks": [cb]})
+    denied = cb.run
+    assert denied is not None and [s.meta["car_decided"] for s in denied.steps] == [
+        True, True, False, True]
+    with pytest.raises(AdapterError, match=r"step 2 is a call of chat model "
+                                           r"'fake-list-chat-model' in node 'review' that CAR "
+                                           r"did not decide"):
+        car.intervene(denied, LangGraphAgent(denied_app, model=denying), car.do_resample(3),
+                      outcome=refunded, rollouts=1)
+    assert threads(denied_app.checkpointer) == {"d"}  # no branch began
     assert len(ledger) == recorded
 
 

@@ -36,22 +36,26 @@ def _fires(reached: Reach) -> bool:
 
 
 def undecided_nodes(reaches: Mapping[tuple[str, str], Reach]) -> list[tuple[str, str, str]]:
-    """``(namespace, node, model)`` for each node that can call a chat model CAR does not
-    decide: it reaches an unwrapped model and no CAR wrapper, and, for middleware, is
-    configured to fire."""
-    return [(ns, node, model_name(r.models[0])) for (ns, node), r in sorted(reaches.items())
-            if r.models and not r.wrapped and _fires(r)]
+    """``(node, model, why)`` for each node that can call a chat model CAR does not decide: it
+    reaches an unwrapped model and no CAR wrapper, and, for middleware, is configured to fire."""
+    out = []
+    for (ns, node), r in sorted(reaches.items()):
+        if r.models and not r.wrapped and _fires(r):
+            where = f"node {node!r}" + (f" of subgraph {ns!r}" if ns else "")
+            why = "; ".join(f"{type(m).__name__} configured to fire (trigger="
+                            f"{getattr(m, 'trigger', None)!r})" for m in r.middleware)
+            out.append((where, model_name(r.models[0]), why))
+    return out
 
 
 def refuse_undecided(run: Trajectory, nodes: list[tuple[str, str, str]]) -> None:
     """Refuse, before any branch, a graph node or a recorded step whose model CAR does not
     decide."""
     if nodes:
-        ns, node, model = nodes[0]
-        where = f"node {node!r}" + (f" of subgraph {ns!r}" if ns else "")
+        where, model, why = nodes[0]
         raise AdapterError(
-            f"{where} can call chat model {model}, which CAR does not decide (configured to "
-            "fire, e.g. a summarizer's trigger): on a branch its calls would shift the steps "
+            f"{where} can call chat model {model}, which CAR does not decide"
+            + (f" ({why})" if why else "") + ": on a branch its calls would shift the steps "
             "CAR holds, forces and seeds", run_id=run.id, hint=_HINT)
     for i, step in enumerate(run.steps):
         if step.meta.get("car_decided") is False:
