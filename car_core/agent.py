@@ -78,18 +78,22 @@ def fingerprint_digest(value: JSON) -> str:
 
 def check_agent(run: Trajectory, agent: Any, *, force: bool = False) -> None:
     """Refuse, before any branch runs, an agent other than the one ``run`` was recorded with
-    (runs recorded without a fingerprint are not checked). ``force`` skips the check."""
+    (runs recorded without a fingerprint are not checked; ``force`` skips that check), then
+    let the agent's optional ``preflight(run)`` hook refuse a run it cannot branch (a thread
+    its checkpointer does not have, a graph shape it cannot fork)."""
     recorded = run.meta.get("agent_fingerprint")
-    if force or not isinstance(recorded, str):
-        return
-    given = agent_fingerprint(agent)
-    if given != recorded:
-        raise AgentMismatch(
-            f"run {run.id} was recorded with agent {run.agent or '?'!r} (fingerprint "
-            f"{recorded}), not with the agent given, {getattr(agent, 'name', '?')!r} "
-            f"(fingerprint {given})", run_id=run.id,
-            hint="pass the agent the run was recorded with, or force_agent=True (--force-agent)"
-                 " if it is the same agent under a new name or tools")
+    if not force and isinstance(recorded, str):
+        given = agent_fingerprint(agent)
+        if given != recorded:
+            raise AgentMismatch(
+                f"run {run.id} was recorded with agent {run.agent or '?'!r} (fingerprint "
+                f"{recorded}), not with the agent given, {getattr(agent, 'name', '?')!r} "
+                f"(fingerprint {given})", run_id=run.id,
+                hint="pass the agent the run was recorded with, or force_agent=True "
+                     "(--force-agent) if it is the same agent under a new name or tools")
+    preflight = getattr(agent, "preflight", None)
+    if callable(preflight):
+        preflight(run)
 
 
 @dataclass

@@ -22,6 +22,8 @@ Optional hooks the engine looks for (``getattr``, so an agent may leave them out
   its model or tool implementations), stable across processes; ``agent_fingerprint`` digests
   it, a recorder that sees only the app stamps ``meta["agent_fingerprint"]`` with
   ``fingerprint_digest`` of the same value, and estimators refuse a run whose stamp differs;
+- ``preflight(run)``: refuse, before an estimate stores anything or runs a branch, a run this
+  agent cannot branch (raise a ``car_core.errors`` error naming what to fix);
 - ``prefers_concurrency = True``: the agent waits on a model server, so estimators default to
   the asyncio executor even without ``abranch``;
 - ``branch(run, plan, noise, stop=None)``: an agent whose ``branch`` takes ``stop`` is given the

@@ -21,7 +21,13 @@ from langgraph.types import Command, interrupt
 
 import car_core as car
 from car_core import synthetic
-from car_core.errors import AdapterError, InvalidInput, InvalidIntervention, StoreError
+from car_core.errors import (
+    AdapterError,
+    AgentMismatch,
+    InvalidInput,
+    InvalidIntervention,
+    StoreError,
+)
 from car_core.interventions import compile_plan
 from car_core.seeding import branch_noise
 
@@ -71,7 +77,7 @@ def test_a_run_from_a_different_graph_is_refused() -> None:
     with pytest.raises(AdapterError, match="different graph"):
         LangGraphAgent(other_app).branch(run, compile_plan(run, car.do_resample(1)), NOISE)
     same_shape_elsewhere = sa.build_app(sa.PlantedSupportModel(), InMemorySaver())
-    with pytest.raises(AdapterError, match="does not exist in this app's checkpointer"):
+    with pytest.raises(AgentMismatch, match="does not exist in this app's checkpointer"):
         LangGraphAgent(same_shape_elsewhere).branch(run, compile_plan(run, car.do_resample(1)),
                                                     NOISE)
     assert history(app, "user") == before and threads(saver) == {"user"}
@@ -204,8 +210,8 @@ def test_a_run_the_store_refuses_is_kept_with_its_error(store: Any,
 
 
 def test_tools_a_node_calls_itself_are_guarded_when_named() -> None:
-    """A node that runs tools itself: a side-effect name CAR cannot find among the graph's
-    tools is refused (listing them) unless declared in node_tools; declared, the call is
+    """A node that runs tools itself: CAR finds them in the node's code, so a typo is refused
+    (listing them, this node's included) and the right name needs no node_tools; the call is
     answered on branches and never runs. Forcing a result there (no ToolNode) is refused."""
     runs: list[str] = []
     refunds: list[dict[str, Any]] = []  # the ledger: real executions of the side effect
@@ -237,15 +243,15 @@ def test_tools_a_node_calls_itself_are_guarded_when_named() -> None:
     cb = CarCallback()
     app.invoke(sa.inputs(), {"configurable": {"thread_id": "user"}, "callbacks": [cb]})
     run, recorded_runs = cb.run, list(runs)
-    with pytest.raises(InvalidInput, match=r"\['issue_refund'\] are not tools of this graph; "
-                                           r"its tools are \[\]"):
-        LangGraphAgent(app, model=model, side_effect_tools=["issue_refund"])
+    with pytest.raises(InvalidInput, match=r"\['issue_refnd'\] are not tools of this graph; "
+                                           r"its tools are \['issue_refund', 'lookup_order', "
+                                           r"'record_decision'\]"):
+        LangGraphAgent(app, model=model, side_effect_tools=["issue_refnd"])
     with pytest.raises(AdapterError, match="do_observation needs"):
         LangGraphAgent(app, model=model).branch(
             run, compile_plan(run, car.do_observation(0, ["{}"])), NOISE)
     assert runs == recorded_runs and threads(saver) == {"user"}
-    agent = LangGraphAgent(app, model=model, side_effect_tools=["issue_refund"],
-                           node_tools=["issue_refund"])
+    agent = LangGraphAgent(app, model=model, side_effect_tools=["issue_refund"])
     branch = agent.branch(run, compile_plan(run, car.do_resample(2)), NOISE)
     assert [c["function"]["name"] for c in branch.steps[2].action["tool_calls"]] == [
         "issue_refund"]  # decided again on the branch, answered from the record

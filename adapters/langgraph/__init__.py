@@ -3,7 +3,9 @@
 ``agent`` holds ``LangGraphAgent`` (the car_core agent protocol over checkpoints), ``callback``
 the recorder, ``guard`` the side-effect guard, ``middleware`` the ``create_agent``
 middleware, ``model`` the model proxy for forced and resampled steps, ``messages`` the
-conversion between LangChain messages and the OpenAI-style dicts CAR stores.
+conversion between LangChain messages and the OpenAI-style dicts CAR stores, ``reach`` what a
+node's code can call (tools, models), ``undecided`` the refusal of model calls CAR does not
+decide.
 """
 
 from __future__ import annotations

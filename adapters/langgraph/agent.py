@@ -33,7 +33,13 @@ with LangGraph's own machinery, for an app compiled with a checkpointer whose me
 - **Tools** run live on branches, except the ``side_effect_tools`` you name, answered by the
   guard (``guard``) wherever they run: from the record on a call that matches on the arguments
   that matter (``match_on``), else by ``simulators[name](arguments)``, else ``SideEffectBlocked``.
-  A name no tool of the graph has is refused (``node_tools`` declares tools a node calls itself).
+  The record holds the calls a node makes itself too (the callback keeps them), so those are
+  answered like a ``ToolNode``'s. A tool name, in any parameter, that no tool of the graph has
+  is refused; the graph's tools are its ``ToolNode``s' and those a node's code reaches
+  (``reach``), plus tool objects given as ``node_tools``.
+- **Undecided model calls.** With ``model=``, CAR numbers the model calls it decides; a node
+  that can call a model CAR does not decide is refused before the first branch, and a branch
+  that calls one anyway is stopped at that call (``undecided``).
 - ``import_thread(thread_id)`` rebuilds the trajectory the callback would have recorded from the
   checkpoint history of every namespace; ``attribute_thread`` imports and attributes in one call.
 
@@ -45,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import threading
 import uuid
@@ -56,6 +63,7 @@ from typing import Any
 try:
     from langchain_core.callbacks import BaseCallbackHandler
     from langchain_core.messages import AIMessage
+    from langchain_core.tools import BaseTool
     from langgraph.errors import GraphRecursionError
     from langgraph.prebuilt import ToolNode
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
@@ -64,7 +72,13 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from car_core import RunStore
 from car_core.contract import Noise, Origin, Outcome, OutcomeFn, Plan, RunStatus, Step, Trajectory
-from car_core.errors import AdapterError, InvalidInput, InvalidIntervention, StepOutOfRange
+from car_core.errors import (
+    AdapterError,
+    AgentMismatch,
+    InvalidInput,
+    InvalidIntervention,
+    StepOutOfRange,
+)
 
 from ..chat_messages import (
     ToolSafety,
@@ -89,7 +103,9 @@ from .messages import (
 )
 from .middleware import CarMiddleware
 from .model import CarChatModel, Control, controlling, seedable
+from .reach import reach
 from .thread import thread_outcome
+from .undecided import UndecidedCalls, refuse_undecided, undecided_nodes
 
 MESSAGES_KEY = "messages"
 # LangGraph's pending-write markers (langgraph._internal._constants): a superstep's input, not a
@@ -137,6 +153,19 @@ class _Decided(Exception):
     pass
 
 
+class _QuietStop(logging.Filter):
+    """LangChain logs a callback's exception before re-raising it. ``_Decided`` is how a
+    throwaway branch stops, not an error, and ``UndecidedCalls``' refusal is raised to the
+    caller anyway, so their lines are dropped (nothing else is)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not any(f"{quiet.__name__}." in text for quiet in (_FirstDecision, UndecidedCalls))
+
+
+logging.getLogger("langchain_core.callbacks.manager").addFilter(_QuietStop())
+
+
 def _recast(ns: str) -> str:
     """A checkpoint namespace without its task ids: ``a:<id>|b:<id>`` -> ``a|b``."""
     return "|".join(part.split(":")[0] for part in ns.split("|")) if ns else ""
@@ -149,7 +178,7 @@ class LangGraphAgent:
                  side_effect_tools: Iterable[str] = (),
                  simulators: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
                  match_on: Mapping[str, Iterable[str] | str] | None = None,
-                 node_tools: Iterable[str] = (),
+                 node_tools: Iterable[str | BaseTool] = (),
                  messages_key: str = MESSAGES_KEY, keep_branches: bool = False,
                  recursion_limit: int = 50, name: str | None = None) -> None:
         saver = getattr(app, "checkpointer", None)
@@ -167,10 +196,12 @@ class LangGraphAgent:
                                hint="build the app with CarChatModel(inner=your_model) (or "
                                     "create_agent(..., middleware=[CarMiddleware()])) and pass "
                                     "that same object as model=")
+        side_effect_tools = ([side_effect_tools] if isinstance(side_effect_tools, str)
+                             else list(side_effect_tools))
+        node_tools = [node_tools] if isinstance(node_tools, str) else list(node_tools)
         self.app = app
         self.saver = saver
         self.model = model
-        self.safety = ToolSafety.of(side_effect_tools, simulators, match_on)
         self.messages_key = messages_key
         self.keep_branches = keep_branches
         self.recursion_limit = recursion_limit
@@ -180,18 +211,21 @@ class LangGraphAgent:
                  for n, spec in getattr(getattr(g, "builder", None), "nodes", {}).items()]
         self.tool_nodes = {(ns, n): spec.runnable for ns, n, spec in specs
                            if isinstance(spec.runnable, ToolNode)}
+        # what every other node can call: its tools, its models, whether CAR decides them
+        self.reaches = {(ns, n): reach(spec.runnable) for ns, n, spec in specs
+                        if (ns, n) not in self.tool_nodes and _join(ns, n) not in self.graphs}
         self.tools = sorted({t for node in self.tool_nodes.values()
-                             for t in getattr(node, "tools_by_name", {})} | set(node_tools))
-        unknown = sorted(self.safety.side_effect_tools - set(self.tools))
-        if unknown:  # a typo would leave the real tool unguarded on every branch
-            raise InvalidInput(f"side-effect tool(s) {unknown} are not tools of this graph; "
-                               f"its tools are {self.tools}",
-                               hint="check the names; a tool a node function calls itself "
-                                    "(not through a ToolNode) is named in node_tools=[...]")
-        if isinstance(model, CarChatModel):
-            self.couples_noise = seedable(model.inner)
-        else:
-            self.couples_noise = bool(model is not None and model.seed_models)
+                             for t in getattr(node, "tools_by_name", {})}
+                            | {t for r in self.reaches.values() for t in r.tools}
+                            | {t.name for t in node_tools if isinstance(t, BaseTool)})
+        self._check_tool_names({
+            "side_effect_tools": side_effect_tools, "simulators": list(simulators or {}),
+            "match_on": list(match_on or {}),
+            "node_tools": [t for t in node_tools if not isinstance(t, BaseTool)]})
+        self.safety = ToolSafety.of(side_effect_tools, simulators, match_on)
+        self.couples_noise = self._couples(model)
+        # CAR numbers the model calls it decides: a node calling a model it cannot see is refused
+        self.undecided = undecided_nodes(self.reaches) if model is not None else []
         self.name = name or f"langgraph:{app.get_name()}"
         # a graph with async-only nodes cannot run under invoke(); branches use ainvoke()
         self.is_async = any(getattr(spec.runnable, "func", True) is None
@@ -199,6 +233,31 @@ class LangGraphAgent:
                             for _, _, spec in specs)
         self._checked: set[str] = set()
         self._lock = threading.Lock()
+
+    def _check_tool_names(self, given: Mapping[str, list[str]]) -> None:
+        """Refuse any tool name, in any parameter, that no tool of the graph has: a typo would
+        leave the real tool unguarded on every branch."""
+        unknown = {param: sorted(set(names) - set(self.tools))
+                   for param, names in given.items() if set(names) - set(self.tools)}
+        if unknown:
+            where = "; ".join(f"side-effect tool(s) {names} are not tools of this graph"
+                              if param == "side_effect_tools" else
+                              f"{param} names {names}, which are not tools of this graph"
+                              for param, names in unknown.items())
+            raise InvalidInput(f"{where}; its tools are {self.tools}",
+                               hint="spell each name exactly as the tool is registered; a tool "
+                                    "a node reaches in a way CAR cannot see (built inside the "
+                                    "node function) is passed itself: node_tools=[the_tool]")
+
+    def _couples(self, model: CarChatModel | CarMiddleware | None) -> bool:
+        """Whether CAR's noise drives the app's model calls: every model CAR decides takes a
+        per-step ``seed``. Models it cannot see, or without a seed field, do not couple."""
+        if isinstance(model, CarChatModel):
+            return seedable(model.inner)
+        if not isinstance(model, CarMiddleware) or not model.seed_models:
+            return False
+        decided = [m for r in self.reaches.values() if r.wrapped for m in r.models]
+        return bool(decided) and all(seedable(m) for m in decided)
 
     def _saver_loop(self) -> asyncio.AbstractEventLoop | None:
         """The event loop an async checkpointer (AsyncSqliteSaver, AsyncPostgresSaver) is bound
@@ -316,7 +375,7 @@ class LangGraphAgent:
             control.inputs[k] = from_dicts(edited)
         cb = CarCallback(messages_key=self.messages_key)
         offset = 0
-        guard = Guard(self.safety, recorded_calls(run.steps), run_id=run.id)
+        guard = Guard(self.safety, _recorded(run), run_id=run.id)
         guard.step = lambda: k + offset + max(cb.decisions_started - 1, 0)
         for j, given in plan.forced_observations.items():
             if j == k:
@@ -365,13 +424,13 @@ class LangGraphAgent:
         thread_id = f"car-branch-{uuid.uuid4().hex}"
         self._fork(run, k, thread_id, None)
         stop = _FirstDecision()
-        guard = Guard(self.safety, recorded_calls(run.steps), run_id=run.id)
+        guard = Guard(self.safety, _recorded(run), run_id=run.id)
         try:
             with controlling(thread_id, Control(k, noise=noise if self.couples_noise
                                                 else None)), guarding(thread_id, guard):
                 try:
-                    self._invoke(None, {**_thread(thread_id), "callbacks": [stop],
-                                        "max_concurrency": 1})
+                    self._invoke(None, {**_thread(thread_id), "callbacks": [
+                        *self._watch(run), stop], "max_concurrency": 1})
                 except _Decided:
                     pass
             if stop.message is None:
@@ -388,7 +447,8 @@ class LangGraphAgent:
         """The trajectory of an existing thread, rebuilt from its checkpoint history in every
         namespace (subgraphs included): each ``AIMessage`` a model node wrote is a step, decided
         from the checkpoint before it. Messages a subgraph node passes up to its parent, and
-        messages written by tool nodes or by the framework (handoff notices), are not decisions.
+        messages written by tool nodes, by the framework (handoff notices) or by a node that
+        calls no model (``_model_wrote``), are not decisions.
         A thread invoked several times (a conversation) gives one trajectory over all turns;
         the callback gives one per invocation."""
         self._saver_loop()
@@ -434,7 +494,8 @@ class LangGraphAgent:
                 task = next((t for t in prev.tasks if t.name == nodes[0]), None)
                 for m in cur.values.get(self.messages_key) or []:
                     if (isinstance(m, AIMessage) and m.id not in seen
-                            and not _framework_written(m)):
+                            and not _framework_written(m)
+                            and self._model_wrote(level, nodes[0], m)):
                         decisions[m.id] = (cur.config["configurable"]["checkpoint_id"], {
                             "origin": Origin.RECORD, "thread_id": thread_id, "checkpoint_id": cid,
                             "checkpoint_ns": ns, "checkpoint_map": {**parents, ns: cid},
@@ -459,6 +520,19 @@ class LangGraphAgent:
                               meta={"framework": "langgraph", "thread_id": thread_id,
                                     "final_state": jsonable(final), "imported": True,
                                     "agent_fingerprint": app_digest(self.app)})
+
+    def _model_wrote(self, level: str, node: str, message: Any) -> bool:
+        """Whether ``message`` (an ``AIMessage`` node ``node`` wrote) is a model decision, as
+        the callback would have recorded it: a node that reaches no chat model and a message
+        under a plain uuid (the id ``add_messages`` gives a message written without one; a
+        chat model's output carries its run id or the provider's) is a node's own message."""
+        reached = self.reaches.get((level, node))
+        if reached is None or reached.calls_a_model:
+            return True
+        try:
+            return str(uuid.UUID(str(message.id))) != str(message.id)
+        except ValueError:
+            return True
 
     def _chain(self, thread_id: str, ns: str) -> list[Any]:
         """The checkpoints of one namespace from its first to its head, following parents (so
@@ -485,10 +559,14 @@ class LangGraphAgent:
             raise AdapterError("this run was not recorded from a LangGraph app", run_id=run.id,
                                hint="record it with CarCallback or import_thread")
         thread_id = str(run.meta.get("thread_id"))
-        if self.saver.get_tuple(_thread(thread_id)) is None:
-            raise AdapterError(f"thread {thread_id!r} does not exist in this app's "
-                               "checkpointer", run_id=run.id,
-                               hint="use the app and checkpointer the run was recorded with")
+        if self.saver.get_tuple(_thread(thread_id)) is None:  # a setup error, not the agent's
+            raise AgentMismatch(f"thread {thread_id!r} does not exist in this app's "
+                                "checkpointer", run_id=run.id,
+                                hint="build the agent on the checkpointer (database) the run "
+                                     "was recorded with; an InMemorySaver keeps its threads "
+                                     "only in the process that recorded them")
+        if self.model is not None:
+            refuse_undecided(run, self.undecided)
         groups: dict[tuple[str, str], dict[str, list[int]]] = {}  # checkpoint -> task -> steps
         for i, step in enumerate(run.steps):
             meta = step.meta
@@ -599,20 +677,36 @@ class LangGraphAgent:
         copy of the step's own level directly: the checkpoint keeps its channel versions, so
         exactly the model task that was scheduled runs again (no ``update_state``, whose guess
         of the writing node breaks ``Send``-routed graphs); a ``Send`` task's step is edited at
-        its model call instead (its input is its ``Send`` payload)."""
+        its model call instead (its input is its ``Send`` payload). A step inside a subgraph
+        (a supervisor or worker agent) decides from messages its parents hold too, under the
+        same ids: the edit replaces them at every level, so what the subgraph hands back, and
+        every later agent reading the parent's messages, sees the edited history."""
         meta = run.steps[k].meta
         source_thread = str(run.meta["thread_id"])
         own = meta.get("checkpoint_ns") or ""
-        for ns, cid in _cmap(meta).items():
-            source = self.saver.get_tuple(_thread(source_thread, cid, ns))
+        cmap = _cmap(meta)
+        sources = {ns: self.saver.get_tuple(_thread(source_thread, cid, ns))
+                   for ns, cid in cmap.items()}
+        replaced: set[str] = set()
+        messages: list[Any] = []
+        if edited is not None and not is_send_task(meta):
+            messages = from_dicts(edited)
+            for m in messages:
+                if m.id is None:
+                    m.id = str(uuid.uuid4())
+            replaced = {m.id for m in sources[own].checkpoint["channel_values"].get(
+                self.messages_key) or () if m.id is not None}
+        for ns, cid in cmap.items():
+            source = sources[ns]
             checkpoint = dict(source.checkpoint)
+            values = checkpoint["channel_values"].get(self.messages_key) or []
             if ns == own and edited is not None and not is_send_task(meta):
-                messages = from_dicts(edited)
-                for m in messages:
-                    if m.id is None:
-                        m.id = str(uuid.uuid4())
                 checkpoint["channel_values"] = {**checkpoint["channel_values"],
                                                 self.messages_key: messages}
+            elif replaced and any(getattr(m, "id", None) in replaced for m in values):
+                checkpoint["channel_values"] = {**checkpoint["channel_values"],
+                                                self.messages_key: _splice(values, replaced,
+                                                                           messages)}
             config = self.saver.put(_thread(thread_id, None, ns), checkpoint,
                                     {**source.metadata, "car_fork_of": cid},
                                     dict(checkpoint["channel_versions"]))
@@ -621,6 +715,11 @@ class LangGraphAgent:
                 by_task.setdefault(tid, []).append((channel, value))
             for tid, task_writes in by_task.items():
                 self.saver.put_writes(config, task_writes, tid)
+
+    def _watch(self, run: Trajectory) -> list[BaseCallbackHandler]:
+        """The handler that stops a branch at a model call CAR does not decide (only where CAR
+        numbers the calls it decides)."""
+        return [UndecidedCalls(run.id)] if self.model is not None else []
 
     def _write_action(self, run: Trajectory, k: int, thread_id: str,
                       action: Mapping[str, Any]) -> None:
@@ -639,7 +738,7 @@ class LangGraphAgent:
         ``settle``, the graph state is offered to it before the first superstep and after each
         one, and the first partial branch it returns ends the run (sync apps only)."""
         config = {**_thread(thread_id), "recursion_limit": self.recursion_limit,
-                  "callbacks": [cb], "max_concurrency": 1}
+                  "callbacks": [*self._watch(run), cb], "max_concurrency": 1}
         try:
             if settle is None or self.is_async or self._saver_loop() is not None:
                 self._invoke(None, config)
@@ -701,6 +800,30 @@ class LangGraphAgent:
                               meta={"framework": "langgraph", "thread_id": thread_id,
                                     "parent_thread_id": run.meta.get("thread_id"),
                                     "final_state": jsonable(final)})
+
+
+def _recorded(run: Trajectory) -> dict[tuple[str, str], Any]:
+    """Every tool call of ``run`` a branch's matching call may be answered with: the tool calls
+    of its decisions, and the calls its nodes made themselves (recorded by the callback)."""
+    out = recorded_calls(run.steps)
+    for call in run.meta.get("node_tool_calls") or ():
+        if isinstance(call, Mapping) and call.get("name"):
+            out.setdefault((str(call["name"]), str(call.get("arguments"))), call.get("content"))
+    return out
+
+
+def _splice(values: list[Any], replaced: set[str], messages: list[Any]) -> list[Any]:
+    """A parent level's messages with those of ids ``replaced`` (what the edited step saw)
+    replaced by ``messages`` (the edit) where the first of them stood; the rest kept."""
+    out: list[Any] = []
+    placed = False
+    for m in values:
+        if getattr(m, "id", None) not in replaced:
+            out.append(m)
+        elif not placed:
+            out.extend(messages)
+            placed = True
+    return out
 
 
 def _task_at(meta: Mapping[str, Any], level: str) -> str:
@@ -797,6 +920,7 @@ def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[..., Any],
                      side_effect_tools: Iterable[str] = (),
                      simulators: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
                      match_on: Mapping[str, Iterable[str] | str] | None = None,
+                     node_tools: Iterable[str | BaseTool] = (),
                      rollouts: int = 16, budget: int = 2000, seed: int = 0,
                      **options: Any) -> Any:
     """Import ``thread_id`` from ``app``, score it with ``outcome(run)`` (as everywhere; the
@@ -810,7 +934,7 @@ def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[..., Any],
     if method not in ("contrastive", "shapley"):
         raise InvalidInput(f"method={method!r}", hint="use 'contrastive' or 'shapley'")
     agent = LangGraphAgent(app, model=model, side_effect_tools=side_effect_tools,
-                           simulators=simulators, match_on=match_on)
+                           simulators=simulators, match_on=match_on, node_tools=node_tools)
     run = agent.import_thread(thread_id)
     score = thread_outcome(outcome)
     run = replace(run, outcome=Outcome(OutcomeFn(score)(run, Noise(seed).rng(0, "outcome"))),

@@ -4,17 +4,20 @@ Pass it in ``config["callbacks"]``. Each chat-model call inside the graph become
 the graph messages it decided from (``state``; messages without an id, such as a system prompt a
 node prepends, are kept apart in ``meta["prompt"]``), the ``AIMessage`` as the action, the tool
 results that answered it as the observation, and in ``meta`` the model, parameters, token usage,
-latency and the LangGraph ids needed to fork there (thread, the checkpoint the task was scheduled
-from, node, superstep, task path). A ``Send`` task decides from the messages its node built from
-the ``Send`` payload, not from the graph's messages, so its ``state`` is the whole model input.
-Model calls of parallel tasks (a ``Send`` fan-out) finish in any order; their steps are put in
-LangGraph's own task order (``Send`` index, then node name), so a run records the same way
-every time. Runs are keyed by their root run id, so several graphs can run at once
+latency and the LangGraph ids needed to fork there (thread, the checkpoint the task was
+scheduled from, node, superstep, task path), and ``car_decided``: whether CAR decides that call
+(``CarChatModel`` or ``CarMiddleware``). Tools a node calls itself (not through a ``ToolNode``)
+are kept in the run's ``meta["node_tool_calls"]`` (node, tool, arguments, result), so a branch's
+matching call can be answered from the record. A ``Send`` task decides from the messages its
+node built from the ``Send`` payload, not from the graph's messages, so its ``state`` is the
+whole model input. Model calls of parallel tasks (a ``Send`` fan-out) finish in any order; their
+steps are put in LangGraph's own task order (``Send`` index, then node name), so a run records
+the same way every time. Runs are keyed by their root run id, so several graphs can run at once
 through one handler; each finished run is saved to the store and becomes ``cb.run``. With
-``outcome=``, each run is scored as it finishes (``outcome(run)``, as ``car.intervene`` takes it)
-and stored with its outcome, so ``car runs`` shows which runs failed. With ``app=`` (the compiled
-graph being run), each run carries the app's fingerprint, so attributing it with another app
-is refused; without it a run is not checked.
+``outcome=``, each run is scored as it finishes (``outcome(run)``, as ``car.intervene`` takes
+it) and stored with its outcome, so ``car runs`` shows which runs failed. With ``app=`` (the
+compiled graph being run), each run carries the app's fingerprint, so attributing it with
+another app is refused; without it a run is not checked.
 """
 
 from __future__ import annotations
@@ -37,11 +40,13 @@ from car_core.contract import (
     RunStatus,
     Step,
     Trajectory,
+    canonical_arguments,
 )
 from car_core.errors import InvalidInput, OutcomeError, StoreError
 
 from ..run_keeping import score_run, store_run
 from .messages import decode, jsonable, to_dict, to_dicts, usage_of
+from .model import CAR_DECIDED, decided_by_car
 
 MESSAGES_KEY = "messages"
 PUSH = "__pregel_push"  # LangGraph's task-path tag of a Send task (langgraph._internal._constants)
@@ -64,6 +69,8 @@ class _Recording:
     calls: dict[UUID, _Call] = field(default_factory=dict)
     tool_results: dict[str, ToolMessage] = field(default_factory=dict)
     members: set[UUID] = field(default_factory=set)
+    node_calls: dict[UUID, dict[str, Any]] = field(default_factory=dict)  # open, by tool run
+    node_results: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _checkpoint_map() -> dict[str, str]:
@@ -214,12 +221,23 @@ class CarCallback(BaseCallbackHandler):
 
     def on_tool_start(self, serialized: Any, input_str: str, *, run_id: UUID,
                       parent_run_id: UUID | None = None, **kwargs: Any) -> None:
-        self._join(run_id, parent_run_id)
+        rec = self._join(run_id, parent_run_id)
+        inputs = kwargs.get("inputs")
+        if rec is not None and kwargs.get("tool_call_id") is None and isinstance(inputs, dict):
+            # a tool a node calls itself: kept, so a branch's matching call is answered
+            node = (kwargs.get("metadata") or {}).get("langgraph_node")
+            with self._lock:
+                rec.node_calls[run_id] = {"node": node, "name": (serialized or {}).get("name"),
+                                          "arguments": canonical_arguments(jsonable(inputs))}
 
     def on_tool_end(self, output: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
                     **kwargs: Any) -> None:
         with self._lock:
             rec = self._open.get(self._root.get(run_id))  # type: ignore[arg-type]
+            call = rec.node_calls.pop(run_id, None) if rec is not None else None
+            if call is not None:
+                content = output.content if isinstance(output, ToolMessage) else output
+                rec.node_results.append({**call, "content": jsonable(content)})
         for m in _tool_messages(output) if rec is not None else ():
             rec.tool_results[m.tool_call_id] = m
 
@@ -232,7 +250,7 @@ class CarCallback(BaseCallbackHandler):
         md = metadata or {}
         seen = messages[0] if messages else []
         params = jsonable({k: v for k, v in (kwargs.get("invocation_params") or {}).items()
-                           if k not in ("tools", "car_tools", "car_tool_kwargs")})
+                           if k not in ("tools", "car_tools", "car_tool_kwargs", CAR_DECIDED)})
         cmap = _checkpoint_map()
         checkpoint_ns, checkpoint_id = list(cmap.items())[-1] if cmap else (None, None)
         meta = {"origin": Origin.RECORD, "thread_id": md.get("thread_id", rec.thread_id),
@@ -241,7 +259,8 @@ class CarCallback(BaseCallbackHandler):
                 "agent": agent_of(checkpoint_ns, rec.graph),
                 "node": md.get("langgraph_node"), "langgraph_step": md.get("langgraph_step"),
                 "task_ns": md.get("langgraph_checkpoint_ns"), "params": params,
-                "seed": params.get("seed") if isinstance(params, dict) else None}
+                "seed": params.get("seed") if isinstance(params, dict) else None,
+                "car_decided": decided_by_car(kwargs.get("invocation_params"))}
         path = md.get("langgraph_path")
         meta["task_path"] = jsonable(list(path)) if isinstance(path, (list, tuple)) else None
         prompt = [to_dict(m) for m in seen if m.id is None]
@@ -319,6 +338,8 @@ class CarCallback(BaseCallbackHandler):
         meta = {"framework": "langgraph", "thread_id": rec.thread_id,
                 "final_state": jsonable({k: v for k, v in final.items()
                                          if k != "__interrupt__"})}
+        if rec.node_results:
+            meta["node_tool_calls"] = list(rec.node_results)
         if self.fingerprint is not None:
             meta["agent_fingerprint"] = self.fingerprint
         return Trajectory.new(

@@ -23,6 +23,8 @@ from langchain_core.messages import ToolMessage
 from langchain_core.runnables.config import ensure_config
 from langchain_core.tools import BaseTool
 
+from car_core.errors import SideEffectBlocked
+
 from ..chat_messages import ToolSafety
 
 
@@ -31,15 +33,18 @@ class Guard:
     """What one branch thread answers instead of running a tool."""
 
     safety: ToolSafety
-    record: Mapping[tuple[str, str], Any]
+    record: Mapping[tuple[str, str], Any]  # (name, canonical arguments) -> recorded content
     run_id: str | None = None
     step: Callable[[], int | None] = lambda: None
     forced: dict[str, Any] = field(default_factory=dict)  # tool_call_id -> forced content
     lookup: Callable[[str], Any] | None = None  # tool_call_id -> forced content, or RUN
     served: list[tuple[str, str]] = field(default_factory=list)
 
-    def answer(self, tool: BaseTool, tool_input: Any, tool_call_id: str | None) -> Any:
-        """The content to return instead of running ``tool``, or ``RUN`` to run it."""
+    def answer(self, tool: BaseTool, tool_input: Any, tool_call_id: str | None,
+               node: str | None = None) -> Any:
+        """The content to return instead of running ``tool``, or ``RUN`` to run it. A call
+        with no tool call id is one node ``node`` makes itself: it answers no model decision,
+        so a refusal names the node, not a step."""
         if tool_call_id is not None and tool_call_id in self.forced:
             return self.forced[tool_call_id]
         if tool_call_id is not None and self.lookup is not None:
@@ -50,8 +55,17 @@ class Guard:
             return RUN
         args = tool_input if isinstance(tool_input, Mapping) else {"input": tool_input}
         args = {k: v for k, v in args.items() if k not in _injected(tool)}
-        content = self.safety.serve(tool.name, args, self.record, run_id=self.run_id,
-                                    step=self.step())
+        if tool_call_id is not None:
+            content = self.safety.serve(tool.name, args, self.record, run_id=self.run_id,
+                                        step=self.step())
+        else:
+            try:
+                content = self.safety.serve(tool.name, args, self.record, run_id=self.run_id)
+            except SideEffectBlocked as exc:
+                blocked = SideEffectBlocked(f"in node {node!r} (a call the node makes itself, "
+                                            f"not a model's tool call): {exc}")
+                blocked.run_id, blocked.hint = exc.run_id, exc.hint
+                raise blocked from None
         self.served.append((tool.name, str(tool_call_id)))
         return content
 
@@ -76,6 +90,11 @@ def _guard_for(config: Any) -> Guard | None:
         return None
     with _LOCK:
         return _GUARDS.get(str(thread_id))
+
+
+def _node_of(config: Any) -> str | None:
+    node = ((config or ensure_config()).get("metadata") or {}).get("langgraph_node")
+    return str(node) if node is not None else None
 
 
 def _answered(content: Any, tool: BaseTool, tool_input: Any, kwargs: Mapping[str, Any]) -> Any:
@@ -105,7 +124,8 @@ def install() -> None:
     def guarded_run(self: BaseTool, tool_input: Any, *args: Any, **kwargs: Any) -> Any:
         guard = _guard_for(kwargs.get("config"))
         if guard is not None:
-            content = guard.answer(self, tool_input, kwargs.get("tool_call_id"))
+            content = guard.answer(self, tool_input, kwargs.get("tool_call_id"),
+                                   _node_of(kwargs.get("config")))
             if content is not RUN:
                 return _answered(content, self, tool_input, kwargs)
         return run(self, tool_input, *args, **kwargs)
@@ -113,7 +133,8 @@ def install() -> None:
     async def guarded_arun(self: BaseTool, tool_input: Any, *args: Any, **kwargs: Any) -> Any:
         guard = _guard_for(kwargs.get("config"))
         if guard is not None:
-            content = guard.answer(self, tool_input, kwargs.get("tool_call_id"))
+            content = guard.answer(self, tool_input, kwargs.get("tool_call_id"),
+                                   _node_of(kwargs.get("config")))
             if content is not RUN:
                 return _answered(content, self, tool_input, kwargs)
         return await arun(self, tool_input, *args, **kwargs)

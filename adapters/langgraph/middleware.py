@@ -28,7 +28,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from car_core.contract import Origin
 
 from .messages import action_message
-from .model import _current_control, seedable
+from .model import _current_control, deciding, seedable
 
 
 class HeldModel(BaseChatModel):
@@ -75,8 +75,10 @@ class CarMiddleware(AgentMiddleware):  # type: ignore[type-arg]
         return request if model is request.model else request.override(model=model)
 
     def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
-        return handler(self._route(request))
+        with deciding():
+            return handler(self._route(request))
 
     async def awrap_model_call(self, request: Any,
                                handler: Callable[[Any], Awaitable[Any]]) -> Any:
-        return await handler(self._route(request))
+        with deciding():
+            return await handler(self._route(request))

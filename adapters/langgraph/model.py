@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +75,29 @@ def _current_control() -> Control | None:
         return _CONTROLS.get(str(thread_id))
 
 
+# A chat-model call CAR decides is marked, so a recorder or a branch can tell it from a model
+# call CAR never sees (one that would shift the step count): CarChatModel puts the marker in
+# its invocation params; CarMiddleware sets the context variable around the model call it
+# routes (the call's callbacks run in that context).
+CAR_DECIDED = "car_decided"
+_DECIDING: ContextVar[bool] = ContextVar("car_deciding", default=False)
+
+
+@contextmanager
+def deciding() -> Iterator[None]:
+    """Mark the chat-model calls made inside the block as decided by CAR."""
+    token = _DECIDING.set(True)
+    try:
+        yield
+    finally:
+        _DECIDING.reset(token)
+
+
+def decided_by_car(invocation_params: Mapping[str, Any] | None) -> bool:
+    """Whether the chat-model call with these invocation params goes through CAR."""
+    return _DECIDING.get() or bool((invocation_params or {}).get(CAR_DECIDED))
+
+
 def seedable(model: Any) -> bool:
     return "seed" in getattr(type(model), "model_fields", {})
 
@@ -90,6 +114,10 @@ class CarChatModel(BaseChatModel):
     @property
     def _identifying_params(self) -> Mapping[str, Any]:
         return self.inner._identifying_params
+
+    def _get_invocation_params(self, stop: list[str] | None = None,
+                               **kwargs: Any) -> dict[str, Any]:
+        return {**super()._get_invocation_params(stop=stop, **kwargs), CAR_DECIDED: True}
 
     def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Any:
         # Keep the tools, not the inner model's binding: a swapped-in model binds them itself.
