@@ -2,10 +2,13 @@
 
 LlamaIndex keeps no per-step checkpoints, so a branch at step ``k`` re-enters the workflow with
 the message history the recorder kept for step ``k`` (edited by ``do_context``) as its chat
-history, with the agent that was active at ``k`` as the root agent. Steps before ``k`` are
-copied from the record: no model call, no tool call. From ``k`` on, each agent's LLM and tools
-are stand-ins (``branch.py``) for the duration of the branch, and a private recorder collects
-the new steps through the same instrumentation as ``CarRecorder``.
+history, the agent that was active at ``k`` as the root agent, and a fresh ``Context`` whose
+store holds what the recorder kept for step ``k`` (``store_state``), so tools reading
+``ctx.store`` see what the held steps wrote. The recorded messages already carry the state
+prompt the framework put on the first message, so a branch formats nothing again. Steps
+before ``k`` are copied from the record: no model call, no tool call. From ``k`` on, each
+agent's LLM and tools are stand-ins (``branch.py``) for the duration of the branch, and a
+private recorder collects the new steps through the same instrumentation as ``CarRecorder``.
 
 The stand-ins are set on the agent objects for the duration of one branch, under a lock kept
 per workflow object, so branches over the same agent objects run one at a time whichever
@@ -23,7 +26,9 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from llama_index.core.memory import ChatMemoryBuffer
+from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import BaseTool, FunctionTool, adapt_to_async_tool
+from llama_index.core.workflow import Context
 
 import car_core as car
 from car_core.contract import Noise, Plan
@@ -40,10 +45,14 @@ from ..chat_messages import (
 from ._messages import from_dicts
 from .branch import BranchSession, CarBranchLLM, CarBranchTool
 from .fingerprint import workflow_fingerprint
-from .recorder import BRANCH_TOKEN, CarRecorder, tool_names
+from .recorder import BRANCH_TOKEN, CarRecorder, agents_of, tool_names
+from .store_state import STORE_KEY, recorded, restore
 
 T = TypeVar("T")
 MEMORY_TOKENS = 10**9  # the re-entered history must reach the model whole
+# On a branch the state prompt is already in the re-entered messages (the recorded ones): a
+# template that gives the message back unchanged keeps the framework from adding it twice.
+_AS_RECORDED = PromptTemplate("{msg}")
 _LOCKS: dict[int, threading.Lock] = {}  # id(workflow) -> the lock its branches share
 _LOCKS_GUARD = threading.Lock()
 
@@ -120,10 +129,14 @@ class LlamaIndexAgent:
         self.safety.check_names(given, agent=f"the {type(self.workflow).__name__}")
 
     def _agents(self) -> dict[str, Any]:
-        agents = getattr(self.workflow, "agents", None)
-        if isinstance(agents, dict):
-            return dict(agents)
-        return {self.workflow.name: self.workflow}
+        return agents_of(self.workflow)
+
+    @staticmethod
+    def framework_state(run: car.Trajectory, k: int) -> Any:
+        """The workflow store step ``k`` of ``run`` decided from, as its recorder took it from
+        the live ``Context`` (on a branch: the branch's own context), for the conformance
+        check that a branch starts from the recorded state."""
+        return run.step(k).meta.get(STORE_KEY)
 
     def fingerprint(self) -> dict[str, Any]:
         """The workflow's agents, prompts and tools (``car_adapters.llamaindex.fingerprint``):
@@ -136,7 +149,7 @@ class LlamaIndexAgent:
                                                                "content": str(context)}]
         session = BranchSession(Plan(start=0), noise, 0, self.safety, {}, None, {})
         root = getattr(self.workflow, "root_agent", None) or getattr(self.workflow, "name", None)
-        run = self._drive(messages, root, None, session)
+        run = self._drive(messages, root, None, session, store=None)
         return replace(run, context=context, seed=noise.seed)
 
     def branch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
@@ -148,13 +161,14 @@ class LlamaIndexAgent:
                                       agent=self.name, meta=dict(run.meta))
         self._check_tools(run)
         state, active = self._state(run, k)
+        store = recorded(run.step(k).meta, run_id=run.id, step=k)
         if k in plan.context_edits:
             state = _check_history(apply_edit(plan.context_edits[k], state, run_id=run.id,
                                               step=k), run.id, k)
         session = BranchSession(plan, noise, k, self.safety, recorded_calls(run.steps), run.id,
                                 forced_observations(plan, run.id))
         self._check_forced_tools(session, run)
-        live = self._drive(state, active, run, session)
+        live = self._drive(state, active, run, session, store=store)
         steps = prefix + [renumber(s, k + i, plan) for i, s in enumerate(live.steps)]
         return car.Trajectory.new(context=run.context, steps=steps, seed=noise.seed,
                                   agent=self.name, status=live.status, error=live.error,
@@ -166,7 +180,9 @@ class LlamaIndexAgent:
         session = BranchSession(plan, noise, k, self.safety, recorded_calls(run.steps), run.id,
                                 {})
         state, active = self._state(run, k)
-        return self._drive(state, active, run, session, stop_after_first=True).steps[0].action
+        store = recorded(run.step(k).meta, run_id=run.id, step=k)
+        return self._drive(state, active, run, session, store=store,
+                           stop_after_first=True).steps[0].action
 
     # -- internals ---------------------------------------------------------------------------
     def _state(self, run: car.Trajectory, k: int) -> tuple[list[dict[str, Any]], str | None]:
@@ -205,8 +221,11 @@ class LlamaIndexAgent:
                                     "with, or record the run again")
 
     def _drive(self, messages: list[dict[str, Any]], active: str | None,
-               run: car.Trajectory | None, session: BranchSession,
-               stop_after_first: bool = False) -> car.Trajectory:
+               run: car.Trajectory | None, session: BranchSession, *,
+               store: Mapping[str, Any] | None, stop_after_first: bool = False
+               ) -> car.Trajectory:
+        """Run the workflow from ``messages`` under the branch's stand-ins. ``store``: the
+        recorded store to start from (a branch), or None for a run from scratch."""
         agents = self._agents()
         target = agents.get(active) if active else None
         system = None
@@ -220,18 +239,27 @@ class LlamaIndexAgent:
         async def go() -> None:
             BRANCH_TOKEN.set(token)
             memory = ChatMemoryBuffer.from_defaults(token_limit=MEMORY_TOKENS)
-            await self.workflow.run(chat_history=from_dicts(messages), memory=memory,
+            ctx = Context(self.workflow)
+            if store is not None:
+                await restore(ctx, store)
+            await self.workflow.run(ctx=ctx, chat_history=from_dicts(messages), memory=memory,
                                     max_iterations=max_iter, early_stopping_method="force")
 
         self._check_retrievers(agents, session)
         with self._lock:
-            saved = {n: (a.llm, a.tools, a.system_prompt) for n, a in agents.items()}
+            saved = {n: (a.llm, a.tools, a.system_prompt, a.state_prompt)
+                     for n, a in agents.items()}
             root = getattr(self.workflow, "root_agent", None)
+            flow_prompt = getattr(self.workflow, "state_prompt", None) if root else None
             collector.attach()
             try:
                 for a in agents.values():
                     a.llm = CarBranchLLM(a.llm, session)
                     a.tools = [self._stand_in(t, session) for t in a.tools or ()]
+                    if store is not None:
+                        a.state_prompt = _AS_RECORDED
+                if store is not None and flow_prompt is not None:  # AgentWorkflow's own
+                    self.workflow.state_prompt = _AS_RECORDED
                 if target is not None:
                     if root is not None:
                         self.workflow.root_agent = active
@@ -249,9 +277,11 @@ class LlamaIndexAgent:
             finally:
                 collector.detach()
                 for n, a in agents.items():
-                    a.llm, a.tools, a.system_prompt = saved[n]
+                    a.llm, a.tools, a.system_prompt, a.state_prompt = saved[n]
                 if root is not None:
                     self.workflow.root_agent = root
+                if flow_prompt is not None:
+                    self.workflow.state_prompt = flow_prompt
         if not collector.runs:
             raise AdapterError("the branch produced no run", hint="check the agent runs alone")
         return collector.runs[-1]
