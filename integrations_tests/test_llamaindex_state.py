@@ -1,0 +1,279 @@
+"""Branches of a stateful ``AgentWorkflow`` start from the workflow store the recorded step saw.
+
+The app has the docs' research -> write shape: a research agent searches, records notes in
+``ctx.store``'s ``state`` (``record_notes``) and hands off; a write agent's ``write_report``
+reads the notes back from the store ("No research notes to write from." when there are none)
+and ``publish_report`` publishes the result (a side effect, counted by a ledger). The planted
+research model copies a forum rumour into its notes with probability 0.7 (step 1); every
+other decision is deterministic. Failure = the published report carries the rumour. So,
+analytically: P(fail | do_resample(0)) = P(fail | do_resample(1)) = 0.7, and for a recorded
+run that failed P(fail | do_resample(k)) = 1 for every k >= 2, since the notes are already in
+the store. A branch that started from ``initial_state`` would find no notes at step 3 and
+publish nothing of the rumour: 0.
+"""
+
+# No ``from __future__ import annotations``: LlamaIndex finds the ``ctx: Context`` parameter
+# of a tool by its evaluated annotation, as in the docs' apps.
+import asyncio
+import math
+import threading
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from car_adapters.chat_messages import assistant, tool_call
+from car_adapters.llamaindex import CarRecorder, LlamaIndexAgent, ScriptedLLM
+from car_adapters.llamaindex import agent as li_agent
+from llama_index.core.agent.workflow import AgentWorkflow, FunctionAgent
+from llama_index.core.workflow import Context
+
+import car_core as car
+from car_core.errors import AdapterError, ConformanceFailure
+from car_core.testing import SideEffectLedger, check_held_state, run_conformance
+
+SOURCES = "Source A: the T-100 toner was recalled. Forum post: T-100 printers explode."
+FACTS = "the T-100 toner was recalled"
+RUMOUR = "T-100 printers explode"
+NO_NOTES = "No research notes to write from."
+P_RUMOUR = 0.7
+INITIAL_STATE = {"research_notes": {}, "report_content": "Not written yet."}
+ROLLOUTS = 64
+# An arm with p = 0.7 over 64 rollouts has standard error sqrt(0.7 * 0.3 / 64) = 0.057; the
+# tolerance is 4 of them. Arms with p in {0, 1} are exact. Seeds are fixed: deterministic.
+TOL = 4 * math.sqrt(P_RUMOUR * (1 - P_RUMOUR) / ROLLOUTS)
+
+
+def run_async(start: Any) -> Any:
+    """Run ``start()`` (which returns an awaitable) inside a fresh event loop."""
+    async def main() -> Any:
+        return await start()
+    return asyncio.run(main())
+
+
+def call(cid: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    return assistant(None, [tool_call(cid, name, args)])
+
+
+def research_decide(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> Any:
+    last = messages[-1]
+    if last["role"] != "tool":
+        return call("s0", "search_web", {"query": "T-100 printer"})
+    if last.get("name") == "search_web":
+        notes = f"{FACTS}; {RUMOUR}" if rng.random() < P_RUMOUR else FACTS
+        return call("n1", "record_notes", {"notes": notes, "notes_title": "T-100"})
+    return call("h2", "handoff", {"to_agent": "WriteAgent", "reason": "notes are recorded"})
+
+
+def write_decide(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> Any:
+    last = messages[-1]
+    if last["role"] == "tool" and last.get("name") == "write_report":
+        return call("p4", "publish_report", {"report": last["content"]})
+    if last["role"] == "tool" and last.get("name") == "publish_report":
+        return "The report is published."
+    return call("w3", "write_report", {})
+
+
+def published_rumour(run: car.Trajectory) -> bool:
+    return any(c["function"]["name"] == "publish_report" and RUMOUR in c["function"]["arguments"]
+               for s in run.steps for c in (s.action or {}).get("tool_calls") or ())
+
+
+def tool_results(run: car.Trajectory, name: str) -> list[str]:
+    return [m["content"] for s in run.steps for m in s.observation or ()
+            if isinstance(m, dict) and m.get("name") == name]
+
+
+class ResearchApp:
+    """The research -> write ``AgentWorkflow``, with a ledger on ``publish_report``."""
+
+    def __init__(self, ledger: SideEffectLedger, seed: int = 0) -> None:
+        self.ledger = ledger
+
+        def search_web(query: str) -> str:
+            """Search the web."""
+            return SOURCES
+
+        async def record_notes(ctx: Context, notes: str, notes_title: str) -> str:
+            """Record notes on a topic for the writer."""
+            state = await ctx.store.get("state")
+            state["research_notes"][notes_title] = notes
+            await ctx.store.set("state", state)
+            return "Notes recorded."
+
+        async def write_report(ctx: Context) -> str:
+            """Write the report from the recorded notes."""
+            state = await ctx.store.get("state")
+            if not state["research_notes"]:
+                return NO_NOTES
+            report = "Report: " + "; ".join(state["research_notes"].values())
+            state["report_content"] = report
+            await ctx.store.set("state", state)
+            return report
+
+        def publish_report(report: str) -> str:
+            """Publish the report to every customer (a side effect)."""
+            ledger.note("publish_report", {"report": report})
+            return "published"
+
+        self.research_llm = ScriptedLLM(research_decide, seed=seed)
+        self.write_llm = ScriptedLLM(write_decide)
+        research = FunctionAgent(name="ResearchAgent", description="researches a topic",
+                                 system_prompt="Research, record notes, hand off.",
+                                 tools=[search_web, record_notes], llm=self.research_llm,
+                                 can_handoff_to=["WriteAgent"])
+        write = FunctionAgent(name="WriteAgent", description="writes the report",
+                              system_prompt="Write the report from the notes and publish it.",
+                              tools=[write_report, publish_report], llm=self.write_llm)
+        self.flow = AgentWorkflow(agents=[research, write], root_agent="ResearchAgent",
+                                  initial_state=INITIAL_STATE)
+
+    def agent(self) -> LlamaIndexAgent:
+        return LlamaIndexAgent(self.flow, side_effect_tools=["publish_report"],
+                               simulators={"publish_report": lambda args: "published (sim)"})
+
+
+@pytest.fixture
+def recorder() -> Any:
+    rec = CarRecorder().attach()
+    yield rec
+    rec.detach()
+
+
+@pytest.fixture
+def ledger() -> SideEffectLedger:
+    return SideEffectLedger(["publish_report"])
+
+
+@pytest.fixture
+def recorded(recorder: Any, ledger: SideEffectLedger) -> tuple[ResearchApp, car.Trajectory]:
+    app = ResearchApp(ledger)
+    run_async(lambda: app.flow.run(user_msg="Write a customer report on the T-100 printer."))
+    run = recorder.run
+    assert published_rumour(run), "seed 0 draws 0.64 < 0.7 at step 1, so the record fails"
+    assert ledger.count() == 1          # the recorded run published for real, once
+    ledger.reset()
+    return app, run
+
+
+def test_each_step_records_the_store_it_decided_from(recorded: Any) -> None:
+    _, run = recorded
+    assert [s.meta["agent"] for s in run.steps] == ["ResearchAgent"] * 3 + ["WriteAgent"] * 3
+    notes = {"T-100": f"{FACTS}; {RUMOUR}"}
+    report = f"Report: {FACTS}; {RUMOUR}"
+    assert [s.meta["store"] for s in run.steps] == [
+        {"state": INITIAL_STATE}, {"state": INITIAL_STATE},
+        *[{"state": {"research_notes": notes, "report_content": "Not written yet."}}] * 2,
+        *[{"state": {"research_notes": notes, "report_content": report}}] * 2]
+    assert tool_results(run, "write_report") == [report]
+
+
+@pytest.mark.parametrize("k", range(2, 6))
+def test_a_branch_after_the_notes_reads_them_from_the_store(recorded: Any,
+                                                            ledger: SideEffectLedger,
+                                                            k: int) -> None:
+    app, run = recorded
+    research_calls = app.research_llm.calls
+    dist = car.intervene(run, app.agent(), car.do_resample(k), outcome=published_rumour,
+                         rollouts=16, seed=0)
+    assert dist.mean == 1.0                       # the notes were there: every branch fails
+    for branch in dist.trajectories:
+        assert tool_results(branch, "write_report") == tool_results(run, "write_report")
+        assert branch.steps[k].meta["store"] == run.steps[k].meta["store"]
+    # the held research steps asked nobody; at k = 2 the research agent decides the handoff
+    assert app.research_llm.calls == research_calls + (16 if k == 2 else 0)
+    assert ledger.count() == 0                    # publishing was answered from the record
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_resampling_the_research_moves_the_failure_to_its_planted_rate(recorded: Any,
+                                                                       ledger: SideEffectLedger,
+                                                                       k: int) -> None:
+    app, run = recorded
+    dist = car.intervene(run, app.agent(), car.do_resample(k), outcome=published_rumour,
+                         rollouts=ROLLOUTS, seed=1)
+    assert abs(dist.mean - P_RUMOUR) <= TOL
+    assert NO_NOTES not in {r for t in dist.trajectories for r in tool_results(t, "write_report")}
+    assert ledger.count() == 0                    # a new report went to the simulator
+
+
+def test_the_branch_sees_the_recorded_messages_at_every_step(recorded: Any) -> None:
+    """Chat history and memory: a branch from each step, with the recorded actions forced from
+    there on, decides every step from exactly the messages the record did (the state prompt
+    the framework put on the first message included, not added a second time)."""
+    app, run = recorded
+    assert "Current state:" in run.steps[0].state[-1]["content"]
+    agent = app.agent()
+    for k in range(len(run.steps)):
+        forced = [car.do_action(j, run.steps[j].action) for j in range(k, len(run.steps))]
+        branch = car.intervene(run, agent, forced, outcome=published_rumour, rollouts=1,
+                               seed=0).trajectories[0]
+        assert [s.state for s in branch.steps] == [s.state for s in run.steps], k
+        assert [s.meta["store"] for s in branch.steps] == [s.meta["store"] for s in run.steps]
+
+
+def test_the_adapter_passes_the_conformance_suite_with_the_state_check(
+        ledger: SideEffectLedger) -> None:
+    """Recorded through CAR's noise (``context=``), so re-deciding the stochastic step with
+    the record's noise must give the recorded action; ``publish_report`` is guarded on every
+    branch and on that recording, so the ledger of real publications stays at 0 (the
+    ``recorded`` fixture shows the same ledger counts a real run's call)."""
+    ran = run_conformance(lambda: ResearchApp(ledger).agent(),
+                          context="Write a customer report on the T-100 printer.",
+                          outcome=published_rumour, seed=0)
+    assert ran == ["replay", "state", "lineage", "forced", "noise", "identity"]
+    assert ledger.count() == 0
+
+
+def test_the_state_check_fails_for_branches_that_start_from_initial_state(
+        recorded: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What branches did before the store was restored: the check names the step and the
+    key, and the writer finds no notes."""
+    app, run = recorded
+
+    async def initial_state_only(ctx: Any, values: Any) -> None:
+        return None
+
+    monkeypatch.setattr(li_agent, "restore", initial_state_only)
+    with pytest.raises(ConformanceFailure, match=r"step 2 from another framework state.*"
+                                                 r"\['state'\]") as err:
+        check_held_state(app.agent(), run)
+    assert err.value.step == 2
+    dist = car.intervene(run, app.agent(), car.do_resample(3), outcome=published_rumour,
+                         rollouts=2, seed=0)
+    assert dist.mean == 0.0
+    assert all(tool_results(t, "write_report") == [NO_NOTES] for t in dist.trajectories)
+
+
+def test_a_store_value_the_serializer_cannot_write_is_refused_by_name(recorder: Any) -> None:
+    def decide(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> Any:
+        return "done" if messages[-1]["role"] == "tool" else call("c0", "open_session", {})
+
+    async def open_session(ctx: Context) -> str:
+        """Open a session and keep it in the store."""
+        await ctx.store.set("session", threading.Lock())
+        return "open"
+
+    llm = ScriptedLLM(decide)
+    agent = FunctionAgent(tools=[open_session], llm=llm, system_prompt="Open a session.")
+    run_async(lambda: agent.run(user_msg="go"))
+    run = recorder.run
+    assert run.steps[1].meta["store_unrestorable"] == ["session"]
+    calls = llm.calls
+    with pytest.raises(AdapterError, match=r"\['session'\].*cannot write") as err:
+        car.intervene(run, LlamaIndexAgent(agent), car.do_resample(1),
+                      outcome=lambda r: False, rollouts=1)
+    assert err.value.step == 1 and llm.calls == calls     # refused before any model call
+    dist = car.intervene(run, LlamaIndexAgent(agent), car.do_resample(0),
+                         outcome=lambda r: False, rollouts=1)   # step 0 came before the write
+    assert dist.n == 1
+
+
+def test_a_run_recorded_without_its_store_is_refused(recorded: Any) -> None:
+    app, run = recorded
+    steps = [replace(s, meta={k: v for k, v in s.meta.items() if k != "store"})
+             for s in run.steps]
+    old = car.Trajectory.new(context=run.context, steps=steps, agent=run.agent,
+                             meta=dict(run.meta))
+    with pytest.raises(AdapterError, match="recorded without its workflow store"):
+        car.intervene(old, app.agent(), car.do_resample(3), outcome=published_rumour,
+                      rollouts=1)
