@@ -277,3 +277,95 @@ def test_a_run_recorded_without_its_store_is_refused(recorded: Any) -> None:
     with pytest.raises(AdapterError, match="recorded without its workflow store"):
         car.intervene(old, app.agent(), car.do_resample(3), outcome=published_rumour,
                       rollouts=1)
+
+
+# -- the orchestrator pattern: sub-agents called as tools, notes in the orchestrator's store --
+def orchestrator_decide(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> Any:
+    last = messages[-1]
+    if last["role"] != "tool":
+        topic = "T-100 forum posts" if rng.random() < P_RUMOUR else "T-100 recall notice"
+        return call("r0", "call_research_agent", {"prompt": topic})
+    if last.get("name") == "call_research_agent":
+        return call("w1", "call_write_agent", {})
+    if last.get("name") == "call_write_agent":
+        return call("p2", "publish_report", {"report": last["content"]})
+    return "The report is published."
+
+
+def notes_on(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> str:
+    return f"{FACTS}; {RUMOUR}" if "forum" in (messages[-1]["content"] or "") else FACTS
+
+
+def report_from(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> str:
+    return "Report: " + (messages[-1]["content"] or "").split("<notes>")[-1]
+
+
+class OrchestratorApp:
+    """An orchestrator ``FunctionAgent`` whose tools run a research and a write agent and
+    keep the research notes in the orchestrator's ``ctx.store``."""
+
+    def __init__(self, ledger: SideEffectLedger, seed: int = 0) -> None:
+        self.research_llm, self.write_llm = ScriptedLLM(notes_on), ScriptedLLM(report_from)
+        research_agent = FunctionAgent(name="research", llm=self.research_llm,
+                                       system_prompt="Take notes.")
+        write_agent = FunctionAgent(name="write", llm=self.write_llm,
+                                    system_prompt="Write a report.")
+
+        async def call_research_agent(ctx: Context, prompt: str) -> str:
+            """Record research notes on a topic."""
+            notes = str(await research_agent.run(user_msg=f"Notes on: {prompt}"))
+            state = await ctx.store.get("state")
+            state["research_notes"].append(notes)
+            await ctx.store.set("state", state)
+            return notes
+
+        async def call_write_agent(ctx: Context) -> str:
+            """Write the report from the research notes."""
+            state = await ctx.store.get("state")
+            if not state["research_notes"]:
+                return NO_NOTES
+            report = str(await write_agent.run(
+                user_msg="Write a report from <notes>" + "; ".join(state["research_notes"])))
+            state["report_content"] = report
+            await ctx.store.set("state", state)
+            return report
+
+        def publish_report(report: str) -> str:
+            """Publish the report to every customer (a side effect)."""
+            ledger.note("publish_report", {"report": report})
+            return "published"
+
+        self.orchestrator = FunctionAgent(
+            name="orchestrator", system_prompt="Research, write, then publish.",
+            llm=ScriptedLLM(orchestrator_decide, seed=seed),
+            tools=[call_research_agent, call_write_agent, publish_report],
+            initial_state={"research_notes": [], "report_content": None})
+
+    def agent(self) -> LlamaIndexAgent:
+        return LlamaIndexAgent(self.orchestrator, side_effect_tools=["publish_report"],
+                               simulators={"publish_report": lambda args: "published (sim)"})
+
+
+def test_the_orchestrators_writer_finds_the_notes_on_a_branch(recorder: Any,
+                                                              ledger: SideEffectLedger) -> None:
+    """Analytically P(fail | do_resample(0)) = 0.7 and, after a recorded run that researched
+    the forum posts, P(fail | do_resample(k)) = 1 for k = 1, 2."""
+    app = OrchestratorApp(ledger)
+    run_async(lambda: app.orchestrator.run(user_msg="Publish a report on the T-100 printer."))
+    run = recorder.run
+    assert published_rumour(run) and ledger.count() == 1, "seed 0 draws 0.64 < 0.7 at step 0"
+    ledger.reset()
+    assert run.steps[1].meta["store"] == {"state": {"research_notes": [f"{FACTS}; {RUMOUR}"],
+                                                    "report_content": None}}
+    research_calls = app.research_llm.calls
+    for k in (1, 2):
+        dist = car.intervene(run, app.agent(), car.do_resample(k), outcome=published_rumour,
+                             rollouts=8, seed=0)
+        assert dist.mean == 1.0, k
+        assert all(NO_NOTES not in tool_results(t, "call_write_agent")
+                   for t in dist.trajectories)
+    assert app.research_llm.calls == research_calls   # the held research step ran no agent
+    dist = car.intervene(run, app.agent(), car.do_resample(0), outcome=published_rumour,
+                         rollouts=ROLLOUTS, seed=1)
+    assert abs(dist.mean - P_RUMOUR) <= TOL
+    assert ledger.count() == 0
