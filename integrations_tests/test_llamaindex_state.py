@@ -25,6 +25,7 @@ from car_adapters.chat_messages import assistant, tool_call
 from car_adapters.llamaindex import CarRecorder, LlamaIndexAgent, ScriptedLLM
 from car_adapters.llamaindex import agent as li_agent
 from llama_index.core.agent.workflow import AgentWorkflow, FunctionAgent
+from llama_index.core.memory import ChatMemoryBuffer
 from llama_index.core.workflow import Context
 
 import car_core as car
@@ -369,3 +370,45 @@ def test_the_orchestrators_writer_finds_the_notes_on_a_branch(recorder: Any,
                          rollouts=ROLLOUTS, seed=1)
     assert abs(dist.mean - P_RUMOUR) <= TOL
     assert ledger.count() == 0
+
+
+# -- what is refused, by name, before any branch runs -------------------------------------
+def test_a_memory_that_dropped_messages_refuses_the_branches_it_would_mislead(
+        recorder: Any, ledger: SideEffectLedger) -> None:
+    """A 60-token ``ChatMemoryBuffer`` drops the oldest messages, the user's first, when the
+    handoff flushes the research into memory: step 3 sees one message where step 2 saw five.
+    A branch keeps every message, so a branch from before the drop is refused; one from the
+    drop on would have to re-enter from a history with no user message, which LlamaIndex
+    cannot start from, and is refused too. Both before any model call or publication."""
+    app = ResearchApp(ledger)
+    run_async(lambda: app.flow.run(user_msg="Write a customer report on the T-100 printer.",
+                                   memory=ChatMemoryBuffer.from_defaults(token_limit=60)))
+    run = recorder.run
+    ledger.reset()
+    assert [len(s.state) for s in run.steps] == [2, 4, 6, 2, 4, 6]  # system prompt included
+    calls = (app.research_llm.calls, app.write_llm.calls)
+    for k in (0, 1, 2):
+        with pytest.raises(AdapterError, match=r"dropped or rewrote messages before step 3.*"
+                                               r"branch from step 3 or later") as err:
+            car.intervene(run, app.agent(), car.do_resample(k), outcome=published_rumour,
+                          rollouts=1)
+        assert err.value.step == k
+    for k in (3, 4, 5):
+        with pytest.raises(AdapterError, match=r"begin with tool, not a user message") as err:
+            car.intervene(run, app.agent(), car.do_resample(k), outcome=published_rumour,
+                          rollouts=1)
+        assert err.value.step == k
+    assert (app.research_llm.calls, app.write_llm.calls) == calls and ledger.count() == 0
+
+
+def test_a_side_effect_tool_that_takes_the_context_is_refused(ledger: SideEffectLedger) -> None:
+    async def publish_and_note(ctx: Context, report: str) -> str:
+        """Publish the report and note that it went out."""
+        ledger.note("publish_report", {"report": report})
+        await ctx.store.set("published", True)
+        return "published"
+
+    agent = FunctionAgent(tools=[publish_and_note], llm=ScriptedLLM(lambda m, t, r: "done"),
+                          system_prompt="Publish.")
+    with pytest.raises(AdapterError, match=r"'publish_and_note'.*takes the workflow Context"):
+        LlamaIndexAgent(agent, side_effect_tools=["publish_and_note"])

@@ -90,6 +90,30 @@ def _check_history(messages: Any, run_id: str, k: int) -> list[dict[str, Any]]:
     return messages
 
 
+def _check_memory_kept(run: car.Trajectory, k: int) -> None:
+    """Refuse a branch from ``k`` when the app's memory dropped or rewrote messages at a later
+    recorded step (a token limit, a summary): the branch's memory keeps every message, so its
+    live steps would see a history the app's memory would not have given them. Kept means each
+    step's messages start with the previous step's (system prompts aside where a handoff
+    changed the agent)."""
+    for j in range(k + 1, len(run.steps)):
+        before, after = run.steps[j - 1], run.steps[j]
+        if not isinstance(before.state, list) or not isinstance(after.state, list):
+            continue
+        same_agent = before.meta.get("agent") == after.meta.get("agent")
+        a = [m for m in before.state if same_agent or m.get("role") != "system"]
+        b = [m for m in after.state if same_agent or m.get("role") != "system"]
+        if b[:len(a)] != a:
+            raise AdapterError(
+                f"the app's memory dropped or rewrote messages before step {j} (it saw "
+                f"{len(b)} messages after {len(a)} at step {j - 1}), and a branch keeps every "
+                f"message, so a branch from step {k} would not see what the app's memory "
+                "gives its later steps", run_id=run.id, step=k,
+                hint="record the run with a memory that holds it whole (memory="
+                     "ChatMemoryBuffer.from_defaults(token_limit=...)), or branch from step "
+                     f"{j} or later")
+
+
 class LlamaIndexAgent:
     """Wraps a LlamaIndex ``FunctionAgent``, ``ReActAgent`` or ``AgentWorkflow`` for
     ``car.intervene``, ``car.contrastive`` and ``car.shapley``. ``side_effect_tools`` never run
@@ -127,6 +151,24 @@ class LlamaIndexAgent:
                     hint="give the agent tools=[...] for attribution")
         given = {n for names in tool_names(self.workflow).values() for n in names}
         self.safety.check_names(given, agent=f"the {type(self.workflow).__name__}")
+        self._check_guarded_tools_keep_out_of_the_store()
+
+    def _check_guarded_tools_keep_out_of_the_store(self) -> None:
+        """A side-effect tool is answered on branches without running, so one that is handed
+        the workflow ``Context`` would lose whatever it writes to ``ctx.store``, and the later
+        steps of the branch would read a store the app never had."""
+        for name, a in self._agents().items():
+            for t in a.tools or ():
+                tool = t if isinstance(t, BaseTool) else FunctionTool.from_defaults(t)
+                if (self.safety.guards(tool.metadata.name or "")
+                        and getattr(tool, "requires_context", False)):
+                    raise AdapterError(
+                        f"side-effect tool {tool.metadata.name!r} of agent {name!r} takes the "
+                        "workflow Context, so answering it from the record or a simulator "
+                        "would drop what it writes to ctx.store",
+                        hint="keep the side effect in a tool without a ctx parameter (a "
+                             "separate tool can write the store), or leave the tool out of "
+                             "side_effect_tools if it is safe to run")
 
     def _agents(self) -> dict[str, Any]:
         return agents_of(self.workflow)
@@ -160,6 +202,7 @@ class LlamaIndexAgent:
             return car.Trajectory.new(context=run.context, steps=prefix, seed=noise.seed,
                                       agent=self.name, meta=dict(run.meta))
         self._check_tools(run)
+        _check_memory_kept(run, k)
         state, active = self._state(run, k)
         store = recorded(run.step(k).meta, run_id=run.id, step=k)
         if k in plan.context_edits:
@@ -196,6 +239,15 @@ class LlamaIndexAgent:
             raise AdapterError(f"the run was decided by agent {active!r}, which this workflow "
                                "does not have", run_id=run.id, step=k,
                                hint="wrap the same workflow the run was recorded with")
+        rest = [m for m in step.state if isinstance(m, dict) and m.get("role") != "system"]
+        if not rest or rest[0].get("role") != "user":
+            first = rest[0].get("role") if rest else "nothing"
+            raise AdapterError(
+                f"the messages step {k} decided from begin with {first}, not a user message "
+                "(the app's memory dropped it), and a LlamaIndex workflow is re-entered only "
+                "from a history that has one", run_id=run.id, step=k,
+                hint="record the run with a memory that holds it whole (memory="
+                     "ChatMemoryBuffer.from_defaults(token_limit=...))")
         return list(step.state), active
 
     def _check_forced_tools(self, session: BranchSession, run: car.Trajectory) -> None:
