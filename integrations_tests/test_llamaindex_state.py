@@ -24,7 +24,7 @@ import pytest
 from car_adapters.chat_messages import assistant, tool_call
 from car_adapters.llamaindex import CarRecorder, LlamaIndexAgent, ScriptedLLM
 from car_adapters.llamaindex import agent as li_agent
-from llama_index.core.agent.workflow import AgentWorkflow, FunctionAgent
+from llama_index.core.agent.workflow import AgentWorkflow, FunctionAgent, ReActAgent
 from llama_index.core.memory import ChatMemoryBuffer
 from llama_index.core.workflow import Context
 
@@ -278,6 +278,11 @@ def test_a_run_recorded_without_its_store_is_refused(recorded: Any) -> None:
     with pytest.raises(AdapterError, match="recorded without its workflow store"):
         car.intervene(old, app.agent(), car.do_resample(3), outcome=published_rumour,
                       rollouts=1)
+    # before the first step only the framework's setup ran: step 0 starts from initial_state
+    branch = car.intervene(old, app.agent(), car.do_resample(0), outcome=published_rumour,
+                           rollouts=1, seed=0).trajectories[0]
+    assert branch.steps[0].meta["store"] == {"state": INITIAL_STATE}
+    assert branch.steps[0].state == run.steps[0].state
 
 
 # -- the orchestrator pattern: sub-agents called as tools, notes in the orchestrator's store --
@@ -412,3 +417,46 @@ def test_a_side_effect_tool_that_takes_the_context_is_refused(ledger: SideEffect
                           system_prompt="Publish.")
     with pytest.raises(AdapterError, match=r"'publish_and_note'.*takes the workflow Context"):
         LlamaIndexAgent(agent, side_effect_tools=["publish_and_note"])
+
+
+def test_only_the_apps_keys_are_recorded_for_every_agent_kind(recorder: Any) -> None:
+    """The framework's own keys (memory, scratchpads, ReAct reasoning, hand-off bookkeeping)
+    are rebuilt on re-entry, never recorded: an app whose tools leave the store alone records
+    only the (empty) ``state`` at every step, whichever agent kind ran; and a branch of each
+    kind sees the record's messages at every step."""
+    def add(a: int, b: int) -> int:
+        """Add two numbers."""
+        return a + b
+
+    def tool_then_answer(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> Any:
+        return "3" if messages[-1]["role"] == "tool" else call("a0", "add", {"a": 1, "b": 2})
+
+    def react(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> str:
+        if any((m["content"] or "").startswith("Observation") for m in messages[1:]):
+            return "Thought: I can answer without using any more tools.\nAnswer: 3"
+        return 'Thought: I need the sum.\nAction: add\nAction Input: {"a": 1, "b": 2}'
+
+    def triage(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> Any:
+        return call("h0", "handoff", {"to_agent": "maths", "reason": "a sum"})
+
+    maths = FunctionAgent(name="maths", description="adds", tools=[add],
+                          llm=ScriptedLLM(tool_then_answer), system_prompt="Add.")
+    apps = [
+        FunctionAgent(tools=[add], llm=ScriptedLLM(tool_then_answer), system_prompt="Add."),
+        ReActAgent(tools=[add], llm=ScriptedLLM(react)),
+        AgentWorkflow(agents=[FunctionAgent(name="triage", description="routes",
+                                            llm=ScriptedLLM(triage), system_prompt="Route.",
+                                            can_handoff_to=["maths"]), maths],
+                      root_agent="triage"),
+    ]
+    for app in apps:
+        run_async(lambda app=app: app.run(user_msg="What is 1 + 2?"))
+        run = recorder.run
+        assert len(run.steps) >= 2, type(app).__name__
+        assert [s.meta["store"] for s in run.steps] == [{"state": {}}] * len(run.steps), \
+            type(app).__name__
+        # the models are deterministic, so a branch from the first step replays the record,
+        # and sees at every step the messages the record's memory gave (none refused)
+        branch = car.intervene(run, LlamaIndexAgent(app), car.do_resample(0),
+                               outcome=lambda r: False, rollouts=1, seed=0).trajectories[0]
+        assert [s.state for s in branch.steps] == [s.state for s in run.steps]

@@ -277,7 +277,8 @@ class LlamaIndexAgent:
                store: Mapping[str, Any] | None, stop_after_first: bool = False
                ) -> car.Trajectory:
         """Run the workflow from ``messages`` under the branch's stand-ins. ``store``: the
-        recorded store to start from (a branch), or None for a run from scratch."""
+        recorded store a branch starts from (the messages are recorded ones too), or None for
+        a run from scratch."""
         agents = self._agents()
         target = agents.get(active) if active else None
         system = None

@@ -51,7 +51,10 @@ def snapshot(ctx: Any, skip: frozenset[str]) -> tuple[dict[str, Any] | None, lis
     checkpoint = getattr(getattr(ctx, "store", None), "checkpoint", None)
     if not callable(checkpoint):
         return None, []
-    state = checkpoint().state
+    try:
+        state = checkpoint().state
+    except TypeError:  # the store was given a serializer other than JsonSerializer
+        return None, []
     items = state.items() if hasattr(state, "items") else state.model_dump().items()
     serializer = JsonSerializer()
     values: dict[str, Any] = {}
@@ -67,7 +70,9 @@ def snapshot(ctx: Any, skip: frozenset[str]) -> tuple[dict[str, Any] | None, lis
 
 
 def recorded(meta: Mapping[str, Any], *, run_id: str, step: int) -> dict[str, Any]:
-    """The store step ``step`` decided from, or a refusal saying why a branch cannot have it."""
+    """The store step ``step`` decided from, or a refusal saying why a branch cannot have it.
+    Nothing runs before the first step but the framework's own setup, so step 0 recorded
+    without its store starts from the workflow's initial state, as the record did."""
     bad = meta.get(UNRESTORABLE_KEY) or []
     if bad:
         raise AdapterError(
@@ -77,6 +82,8 @@ def recorded(meta: Mapping[str, Any], *, run_id: str, step: int) -> dict[str, An
             hint="keep JSON values or pydantic models in ctx.store (put clients and "
                  "connections on the tools instead), then record the run again")
     values = meta.get(STORE_KEY)
+    if values is None and step == 0:
+        return {}
     if not isinstance(values, dict):
         raise AdapterError(
             f"step {step} was recorded without its workflow store (a durable state store, or "
