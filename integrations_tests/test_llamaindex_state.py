@@ -27,6 +27,7 @@ from car_adapters.llamaindex import agent as li_agent
 from llama_index.core.agent.workflow import AgentWorkflow, FunctionAgent, ReActAgent
 from llama_index.core.memory import ChatMemoryBuffer
 from llama_index.core.workflow import Context
+from pydantic import BaseModel
 
 import car_core as car
 from car_core.errors import AdapterError, ConformanceFailure
@@ -243,6 +244,42 @@ def test_the_state_check_fails_for_branches_that_start_from_initial_state(
                          rollouts=2, seed=0)
     assert dist.mean == 0.0
     assert all(tool_results(t, "write_report") == [NO_NOTES] for t in dist.trajectories)
+
+
+class Ticket(BaseModel):
+    """A pydantic value a tool keeps in ``ctx.store``."""
+
+    number: int
+    priority: str
+
+
+def test_a_pydantic_value_in_the_store_comes_back_as_the_same_model(recorder: Any) -> None:
+    def decide(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> Any:
+        if messages[-1]["role"] != "tool":
+            return call("t0", "open_ticket", {})
+        if messages[-1].get("name") == "open_ticket":
+            return call("t1", "read_priority", {})
+        return "priority " + messages[-1]["content"]
+
+    async def open_ticket(ctx: Context) -> str:
+        """Open ticket 7."""
+        await ctx.store.set("ticket", Ticket(number=7, priority="high"))
+        return "opened"
+
+    async def read_priority(ctx: Context) -> str:
+        """Read the ticket's priority."""
+        ticket = await ctx.store.get("ticket")
+        return f"{type(ticket).__name__} {ticket.number}: {ticket.priority}"
+
+    agent = FunctionAgent(tools=[open_ticket, read_priority], llm=ScriptedLLM(decide),
+                          system_prompt="Triage.")
+    run_async(lambda: agent.run(user_msg="go"))
+    run = recorder.run
+    assert tool_results(run, "read_priority") == ["Ticket 7: high"]
+    dist = car.intervene(run, LlamaIndexAgent(agent), car.do_resample(1),
+                         outcome=lambda r: False, rollouts=2, seed=0)
+    assert all(tool_results(t, "read_priority") == ["Ticket 7: high"]
+               for t in dist.trajectories)
 
 
 def test_a_store_value_the_serializer_cannot_write_is_refused_by_name(recorder: Any) -> None:
