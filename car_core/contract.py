@@ -24,6 +24,10 @@ Optional hooks the engine looks for (``getattr``, so an agent may leave them out
   ``fingerprint_digest`` of the same value, and estimators refuse a run whose stamp differs;
 - ``preflight(run)``: refuse, before an estimate stores anything or runs a branch, a run this
   agent cannot branch (raise a ``car_core.errors`` error naming what to fix);
+- ``framework_state(run, k) -> JSON``: the framework state step ``k`` of ``run`` decided from
+  (a workflow store, graph channels, a run context), read off the trajectory where the
+  adapter's recorder put it, on a branch as the branch's own recorder saw it;
+  ``car_core.testing.check_held_state`` then proves a branch starts from the recorded state;
 - ``prefers_concurrency = True``: the agent waits on a model server, so estimators default to
   the asyncio executor even without ``abranch``;
 - ``branch(run, plan, noise, stop=None)``: an agent whose ``branch`` takes ``stop`` is given the

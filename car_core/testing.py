@@ -11,6 +11,10 @@ in its own test suite with ``run_conformance(make_agent, context=..., outcome=..
 
 - replay with every step held gives back the recorded actions and observations;
 - a held prefix is served from the record: no model call, no tool call before the branch step;
+- a branch from step ``k`` starts from the state step ``k`` was recorded deciding from: the
+  held tool results, the messages, and, for an agent with the optional
+  ``framework_state(run, k)`` hook, the framework's own state (a workflow store, graph
+  channels, a run context) as the branch itself recorded it;
 - branches carry their lineage, keep the record before the branch step, and are sealed;
 - forced actions and observations are used as given;
 - with the same noise an agent that couples its noise gives the same branch twice;
@@ -297,6 +301,48 @@ def check_prefix_makes_no_calls(agent: Any, run: Trajectory, counter: Any, *,
         _same_steps("prefix", run, branch, k)
 
 
+def _differing(want: Any, got: Any) -> str:
+    """What differs between two recorded states, in a few words: the top-level keys of two
+    mappings, else both values."""
+    if isinstance(want, Mapping) and isinstance(got, Mapping):
+        keys = sorted(str(key) for key in set(want) | set(got)
+                      if canonical(want.get(key)) != canonical(got.get(key)))
+        return f"key(s) {keys} differ"
+    return f"{got!r} instead of {want!r}"
+
+
+def check_held_state(agent: Any, run: Trajectory, *, steps: Sequence[int] | None = None,
+                     seed: int = 0) -> None:
+    """A branch from step ``k`` (default: every step) decides step ``k`` from the state the
+    record decided it from: the held steps' actions and tool results, the messages step ``k``
+    saw (``Step.state``, where the agent records one) and, when the agent has the optional
+    ``framework_state(run, k)`` hook, the framework state step ``k`` decided from. The hook
+    reads that state off a trajectory (where the agent's recorder put it), and the check reads
+    it off both the record and the branch, so a branch that starts from anything else (a
+    workflow's initial state instead of what the held steps wrote) fails here. The branch
+    forces the recorded actions from step ``k`` on, so it needs no model decision and makes
+    no side-effect call the record cannot answer."""
+    read = getattr(agent, "framework_state", None)
+    for k in (range(len(run.steps)) if steps is None else steps):
+        forced = [do_action(j, run.steps[j].action) for j in range(k, len(run.steps))]
+        branch: Trajectory = agent.branch(run, compile_plan(run, forced), _noise(seed, k))
+        _same_steps("state", run, branch, k)
+        if len(branch.steps) <= k:
+            _fail("state", f"the branch from step {k} has no step {k} ({len(branch.steps)} "
+                           "steps)", run, k)
+        want = run.steps[k].state
+        if want is not None and canonical(branch.steps[k].state) != canonical(want):
+            _fail("state", f"the branch decided step {k} from other messages than the record: "
+                           f"{_differing(want, branch.steps[k].state)}", run, k)
+        if callable(read):
+            want_fw, got_fw = read(run, k), read(branch, k)
+            if canonical(got_fw) != canonical(want_fw):
+                _fail("state", f"the branch decided step {k} from another framework state than "
+                               f"the record: {_differing(want_fw, got_fw)}", run, k,
+                      hint="restore the framework state as of step k (record it at each "
+                           "step, or rebuild it from the held steps) before the branch decides")
+
+
 def check_branch_lineage(agent: Any, run: Trajectory, outcome: Any, *, step: int | None = None,
                          seed: int = 0) -> None:
     """Branches from ``car.intervene`` name their parent, interventions, branch step and
@@ -475,7 +521,8 @@ def check_no_side_effects(agent: Any, run: Trajectory, ledger: SideEffectLedger,
                 pass
 
 
-CHECKS = ("replay", "prefix", "lineage", "forced", "noise", "identity", "side-effects")
+CHECKS = ("replay", "prefix", "state", "lineage", "forced", "noise", "identity",
+          "side-effects")
 
 
 def run_conformance(agent_factory: Callable[[], Any], *, context: JSON = _MISSING,
@@ -492,6 +539,7 @@ def run_conformance(agent_factory: Callable[[], Any], *, context: JSON = _MISSIN
     check would prove nothing), and no branch of any check may (give the agent simulators for
     calls the record cannot answer).
     ``identity_rollouts`` and ``alpha`` size the identity check (see ``check_identity_edit``).
+    The ``state`` check (``check_held_state``) runs for agents with a ``framework_state`` hook.
     Returns the names of the checks that ran; the first failure raises ``ConformanceFailure``.
     """
     def make() -> tuple[Any, Any]:
@@ -525,6 +573,8 @@ def run_conformance(agent_factory: Callable[[], Any], *, context: JSON = _MISSIN
     agent, counter = make()
     if counter is not None:
         checked("prefix", lambda: check_prefix_makes_no_calls(agent, run, counter, seed=seed))
+    if callable(getattr(agent, "framework_state", None)):
+        checked("state", lambda: check_held_state(make()[0], run, seed=seed))
     checked("lineage", lambda: check_branch_lineage(make()[0], run, outcome, seed=seed))
     checked("forced", lambda: check_forced_values(make()[0], run, seed=seed))
     checked("noise", lambda: check_same_noise_same_branch(make()[0], run, seed=seed))
@@ -562,7 +612,7 @@ __all__ = [
     "CHECKS", "CallCounter", "Choice", "CountedAgent", "Counters", "DictEnvironment",
     "FakeClock",
     "ScriptedPolicy", "SideEffectLedger", "action_key", "check_branch_lineage",
-    "check_forced_values", "check_identity_edit", "check_no_side_effects",
+    "check_forced_values", "check_held_state", "check_identity_edit", "check_no_side_effects",
     "check_prefix_makes_no_calls", "check_replay_reproduces", "check_same_noise_same_branch",
     "count_calls", "run_conformance",
 ]

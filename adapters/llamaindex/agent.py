@@ -2,10 +2,13 @@
 
 LlamaIndex keeps no per-step checkpoints, so a branch at step ``k`` re-enters the workflow with
 the message history the recorder kept for step ``k`` (edited by ``do_context``) as its chat
-history, with the agent that was active at ``k`` as the root agent. Steps before ``k`` are
-copied from the record: no model call, no tool call. From ``k`` on, each agent's LLM and tools
-are stand-ins (``branch.py``) for the duration of the branch, and a private recorder collects
-the new steps through the same instrumentation as ``CarRecorder``.
+history, the agent that was active at ``k`` as the root agent, and a fresh ``Context`` whose
+store holds what the recorder kept for step ``k`` (``store_state``), so tools reading
+``ctx.store`` see what the held steps wrote. The recorded messages already carry the state
+prompt the framework put on the first message, so a branch formats nothing again. Steps
+before ``k`` are copied from the record: no model call, no tool call. From ``k`` on, each
+agent's LLM and tools are stand-ins (``branch.py``) for the duration of the branch, and a
+private recorder collects the new steps through the same instrumentation as ``CarRecorder``.
 
 The stand-ins are set on the agent objects for the duration of one branch, under a lock kept
 per workflow object, so branches over the same agent objects run one at a time whichever
@@ -23,7 +26,9 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from llama_index.core.memory import ChatMemoryBuffer
+from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import BaseTool, FunctionTool, adapt_to_async_tool
+from llama_index.core.workflow import Context
 
 import car_core as car
 from car_core.contract import Noise, Plan
@@ -40,10 +45,14 @@ from ..chat_messages import (
 from ._messages import from_dicts
 from .branch import BranchSession, CarBranchLLM, CarBranchTool
 from .fingerprint import workflow_fingerprint
-from .recorder import BRANCH_TOKEN, CarRecorder, tool_names
+from .recorder import BRANCH_TOKEN, CarRecorder, agents_of, tool_names
+from .store_state import STORE_KEY, recorded, restore
 
 T = TypeVar("T")
 MEMORY_TOKENS = 10**9  # the re-entered history must reach the model whole
+# On a branch the state prompt is already in the re-entered messages (the recorded ones): a
+# template that gives the message back unchanged keeps the framework from adding it twice.
+_AS_RECORDED = PromptTemplate("{msg}")
 _LOCKS: dict[int, threading.Lock] = {}  # id(workflow) -> the lock its branches share
 _LOCKS_GUARD = threading.Lock()
 
@@ -79,6 +88,30 @@ def _check_history(messages: Any, run_id: str, k: int) -> list[dict[str, Any]]:
             run_id=run_id, step=k,
             hint="keep the first user message (edit its content instead of removing it)")
     return messages
+
+
+def _check_memory_kept(run: car.Trajectory, k: int) -> None:
+    """Refuse a branch from ``k`` when the app's memory dropped or rewrote messages at a later
+    recorded step (a token limit, a summary): the branch's memory keeps every message, so its
+    live steps would see a history the app's memory would not have given them. Kept means each
+    step's messages start with the previous step's (system prompts aside where a handoff
+    changed the agent)."""
+    for j in range(k + 1, len(run.steps)):
+        before, after = run.steps[j - 1], run.steps[j]
+        if not isinstance(before.state, list) or not isinstance(after.state, list):
+            continue
+        same_agent = before.meta.get("agent") == after.meta.get("agent")
+        a = [m for m in before.state if same_agent or m.get("role") != "system"]
+        b = [m for m in after.state if same_agent or m.get("role") != "system"]
+        if b[:len(a)] != a:
+            raise AdapterError(
+                f"the app's memory dropped or rewrote messages before step {j} (it saw "
+                f"{len(b)} messages after {len(a)} at step {j - 1}), and a branch keeps every "
+                f"message, so a branch from step {k} would not see what the app's memory "
+                "gives its later steps", run_id=run.id, step=k,
+                hint="record the run with a memory that holds it whole (memory="
+                     "ChatMemoryBuffer.from_defaults(token_limit=...)), or branch from step "
+                     f"{j} or later")
 
 
 class LlamaIndexAgent:
@@ -118,12 +151,34 @@ class LlamaIndexAgent:
                     hint="give the agent tools=[...] for attribution")
         given = {n for names in tool_names(self.workflow).values() for n in names}
         self.safety.check_names(given, agent=f"the {type(self.workflow).__name__}")
+        self._check_guarded_tools_keep_out_of_the_store()
+
+    def _check_guarded_tools_keep_out_of_the_store(self) -> None:
+        """A side-effect tool is answered on branches without running, so one that is handed
+        the workflow ``Context`` would lose whatever it writes to ``ctx.store``, and the later
+        steps of the branch would read a store the app never had."""
+        for name, a in self._agents().items():
+            for t in a.tools or ():
+                tool = t if isinstance(t, BaseTool) else FunctionTool.from_defaults(t)
+                if (self.safety.guards(tool.metadata.name or "")
+                        and getattr(tool, "requires_context", False)):
+                    raise AdapterError(
+                        f"side-effect tool {tool.metadata.name!r} of agent {name!r} takes the "
+                        "workflow Context, so answering it from the record or a simulator "
+                        "would drop what it writes to ctx.store",
+                        hint="keep the side effect in a tool without a ctx parameter (a "
+                             "separate tool can write the store), or leave the tool out of "
+                             "side_effect_tools if it is safe to run")
 
     def _agents(self) -> dict[str, Any]:
-        agents = getattr(self.workflow, "agents", None)
-        if isinstance(agents, dict):
-            return dict(agents)
-        return {self.workflow.name: self.workflow}
+        return agents_of(self.workflow)
+
+    @staticmethod
+    def framework_state(run: car.Trajectory, k: int) -> Any:
+        """The workflow store step ``k`` of ``run`` decided from, as its recorder took it from
+        the live ``Context`` (on a branch: the branch's own context), for the conformance
+        check that a branch starts from the recorded state."""
+        return run.step(k).meta.get(STORE_KEY)
 
     def fingerprint(self) -> dict[str, Any]:
         """The workflow's agents, prompts and tools (``car_adapters.llamaindex.fingerprint``):
@@ -136,7 +191,7 @@ class LlamaIndexAgent:
                                                                "content": str(context)}]
         session = BranchSession(Plan(start=0), noise, 0, self.safety, {}, None, {})
         root = getattr(self.workflow, "root_agent", None) or getattr(self.workflow, "name", None)
-        run = self._drive(messages, root, None, session)
+        run = self._drive(messages, root, None, session, store=None)
         return replace(run, context=context, seed=noise.seed)
 
     def branch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
@@ -147,14 +202,16 @@ class LlamaIndexAgent:
             return car.Trajectory.new(context=run.context, steps=prefix, seed=noise.seed,
                                       agent=self.name, meta=dict(run.meta))
         self._check_tools(run)
+        _check_memory_kept(run, k)
         state, active = self._state(run, k)
+        store = recorded(run.step(k).meta, run_id=run.id, step=k)
         if k in plan.context_edits:
             state = _check_history(apply_edit(plan.context_edits[k], state, run_id=run.id,
                                               step=k), run.id, k)
         session = BranchSession(plan, noise, k, self.safety, recorded_calls(run.steps), run.id,
                                 forced_observations(plan, run.id))
         self._check_forced_tools(session, run)
-        live = self._drive(state, active, run, session)
+        live = self._drive(state, active, run, session, store=store)
         steps = prefix + [renumber(s, k + i, plan) for i, s in enumerate(live.steps)]
         return car.Trajectory.new(context=run.context, steps=steps, seed=noise.seed,
                                   agent=self.name, status=live.status, error=live.error,
@@ -166,7 +223,9 @@ class LlamaIndexAgent:
         session = BranchSession(plan, noise, k, self.safety, recorded_calls(run.steps), run.id,
                                 {})
         state, active = self._state(run, k)
-        return self._drive(state, active, run, session, stop_after_first=True).steps[0].action
+        store = recorded(run.step(k).meta, run_id=run.id, step=k)
+        return self._drive(state, active, run, session, store=store,
+                           stop_after_first=True).steps[0].action
 
     # -- internals ---------------------------------------------------------------------------
     def _state(self, run: car.Trajectory, k: int) -> tuple[list[dict[str, Any]], str | None]:
@@ -180,6 +239,15 @@ class LlamaIndexAgent:
             raise AdapterError(f"the run was decided by agent {active!r}, which this workflow "
                                "does not have", run_id=run.id, step=k,
                                hint="wrap the same workflow the run was recorded with")
+        rest = [m for m in step.state if isinstance(m, dict) and m.get("role") != "system"]
+        if not rest or rest[0].get("role") != "user":
+            first = rest[0].get("role") if rest else "nothing"
+            raise AdapterError(
+                f"the messages step {k} decided from begin with {first}, not a user message "
+                "(the app's memory dropped it), and a LlamaIndex workflow is re-entered only "
+                "from a history that has one", run_id=run.id, step=k,
+                hint="record the run with a memory that holds it whole (memory="
+                     "ChatMemoryBuffer.from_defaults(token_limit=...))")
         return list(step.state), active
 
     def _check_forced_tools(self, session: BranchSession, run: car.Trajectory) -> None:
@@ -205,8 +273,12 @@ class LlamaIndexAgent:
                                     "with, or record the run again")
 
     def _drive(self, messages: list[dict[str, Any]], active: str | None,
-               run: car.Trajectory | None, session: BranchSession,
-               stop_after_first: bool = False) -> car.Trajectory:
+               run: car.Trajectory | None, session: BranchSession, *,
+               store: Mapping[str, Any] | None, stop_after_first: bool = False
+               ) -> car.Trajectory:
+        """Run the workflow from ``messages`` under the branch's stand-ins. ``store``: the
+        recorded store a branch starts from (the messages are recorded ones too), or None for
+        a run from scratch."""
         agents = self._agents()
         target = agents.get(active) if active else None
         system = None
@@ -220,18 +292,27 @@ class LlamaIndexAgent:
         async def go() -> None:
             BRANCH_TOKEN.set(token)
             memory = ChatMemoryBuffer.from_defaults(token_limit=MEMORY_TOKENS)
-            await self.workflow.run(chat_history=from_dicts(messages), memory=memory,
+            ctx = Context(self.workflow)
+            if store is not None:
+                await restore(ctx, store)
+            await self.workflow.run(ctx=ctx, chat_history=from_dicts(messages), memory=memory,
                                     max_iterations=max_iter, early_stopping_method="force")
 
         self._check_retrievers(agents, session)
         with self._lock:
-            saved = {n: (a.llm, a.tools, a.system_prompt) for n, a in agents.items()}
+            saved = {n: (a.llm, a.tools, a.system_prompt, a.state_prompt)
+                     for n, a in agents.items()}
             root = getattr(self.workflow, "root_agent", None)
+            flow_prompt = getattr(self.workflow, "state_prompt", None) if root else None
             collector.attach()
             try:
                 for a in agents.values():
                     a.llm = CarBranchLLM(a.llm, session)
                     a.tools = [self._stand_in(t, session) for t in a.tools or ()]
+                    if store is not None:
+                        a.state_prompt = _AS_RECORDED
+                if store is not None and flow_prompt is not None:  # AgentWorkflow's own
+                    self.workflow.state_prompt = _AS_RECORDED
                 if target is not None:
                     if root is not None:
                         self.workflow.root_agent = active
@@ -249,9 +330,11 @@ class LlamaIndexAgent:
             finally:
                 collector.detach()
                 for n, a in agents.items():
-                    a.llm, a.tools, a.system_prompt = saved[n]
+                    a.llm, a.tools, a.system_prompt, a.state_prompt = saved[n]
                 if root is not None:
                     self.workflow.root_agent = root
+                if flow_prompt is not None:
+                    self.workflow.state_prompt = flow_prompt
         if not collector.runs:
             raise AdapterError("the branch produced no run", hint="check the agent runs alone")
         return collector.runs[-1]

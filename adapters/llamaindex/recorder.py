@@ -5,8 +5,10 @@ One span handler and one event handler on the root dispatcher. A workflow run sp
 traced back to that root by its parent id, so runs in flight at once never mix. Each
 ``run_agent_step`` span that returns an ``AgentOutput`` is one step: the first chat-start event
 below it gives the messages the model saw, the output gives the action, ``call_tool`` spans
-that return a ``ToolCallResult`` give the observation, and the chat events give model,
-parameters, token usage and latency. When the run span closes the trajectory is sealed, stored
+that return a ``ToolCallResult`` give the observation, the workflow ``Context`` the step span
+is given gives the store the step decided from (``store_state``: every key but the framework's
+own bookkeeping, in ``meta["store"]``), and the chat events give model, parameters, token usage
+and latency. When the run span closes the trajectory is sealed, stored
 and becomes ``rec.run``. Each run carries the workflow's fingerprint, taken as it starts
 (``car_adapters.llamaindex.fingerprint``), so attributing it with another workflow is refused.
 
@@ -42,6 +44,13 @@ from ..chat_messages import tool_result
 from ..run_keeping import score_run, store_run
 from ._messages import action_of, to_dicts
 from .fingerprint import workflow_digest
+from .store_state import (
+    FRAMEWORK_KEYS,
+    STORE_KEY,
+    UNRESTORABLE_KEY,
+    framework_keys,
+    snapshot,
+)
 
 BRANCH_TOKEN: contextvars.ContextVar[object | None] = contextvars.ContextVar(
     "car_branch_token", default=None)
@@ -73,13 +82,17 @@ def _params(model_dict: dict[str, Any]) -> dict[str, Any]:
             if k in model_dict and isinstance(model_dict[k], (str, int, float, bool))}
 
 
+def agents_of(workflow: Any) -> dict[str, Any]:
+    """The agents of an ``AgentWorkflow`` by name, or a single agent under its own name."""
+    agents = getattr(workflow, "agents", None)
+    return dict(agents) if isinstance(agents, dict) else {getattr(workflow, "name", ""):
+                                                          workflow}
+
+
 def tool_names(workflow: Any) -> dict[str, list[str]]:
     """Per agent, the names of the tools it was given (what a branch must still offer)."""
-    agents = getattr(workflow, "agents", None)
-    agents = dict(agents) if isinstance(agents, dict) else {getattr(workflow, "name", ""):
-                                                           workflow}
     out = {}
-    for name, agent in agents.items():
+    for name, agent in agents_of(workflow).items():
         names = []
         for t in getattr(agent, "tools", None) or ():
             meta = getattr(t, "metadata", None)
@@ -113,6 +126,8 @@ class _StepBuf:
     started: float | None = None
     ended: float | None = None
     llm_calls: int = 0
+    store: dict[str, Any] | None = None
+    unrestorable: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -121,6 +136,7 @@ class _RunBuf:
     workflow: Any
     context: Any
     fingerprint: str | None = None
+    skip_keys: frozenset[str] = FRAMEWORK_KEYS
     spans: set[str] = field(default_factory=set)
     open_steps: dict[str, _StepBuf] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
@@ -246,7 +262,9 @@ class CarRecorder:
                 buf = self._bufs[root]
                 buf.spans.add(id_)
                 if _span_name(id_).endswith(".run_agent_step"):
-                    buf.open_steps[id_] = _StepBuf()
+                    ctx = bound_args.arguments.get("ctx") if bound_args is not None else None
+                    store, bad = snapshot(ctx, buf.skip_keys)
+                    buf.open_steps[id_] = _StepBuf(store=store, unrestorable=bad)
                 return
             if not nested_run:
                 return
@@ -257,7 +275,8 @@ class CarRecorder:
             self._parent[id_] = None
             self._bufs[id_] = _RunBuf(root=id_, workflow=instance, context=_context_of(start),
                                       spans={id_}, fingerprint=None if self._token is not None
-                                      else workflow_digest(instance))  # as the run began
+                                      else workflow_digest(instance),  # as the run began
+                                      skip_keys=framework_keys(agents_of(instance).values()))
 
     def _step_of(self, span_id: str | None) -> tuple[_RunBuf, _StepBuf] | None:
         root = self._run_of.get(span_id or "")
@@ -321,7 +340,9 @@ class CarRecorder:
         latency = (step.ended - step.started) if step.started and step.ended else 0.0
         meta = {"agent": output.current_agent_name, "model": step.model, "params": step.params,
                 "usage": dict(step.usage), "latency_s": round(latency, 6),
-                "llm_calls": step.llm_calls}
+                "llm_calls": step.llm_calls, STORE_KEY: step.store}
+        if step.unrestorable:
+            meta[UNRESTORABLE_KEY] = step.unrestorable
         return {"action": action, "state": step.state, "meta": meta, "results": []}
 
     def _finish(self, buf: _RunBuf, err: BaseException | None) -> car.Trajectory:

@@ -1,0 +1,104 @@
+"""The workflow ``Context`` store a step decided from: taken at each step, put back on branches.
+
+Tools of a ``FunctionAgent`` / ``AgentWorkflow`` keep what later steps read in ``ctx.store``
+(the docs' ``await ctx.store.get("state")`` notes, or keys of their own). A branch from step
+``k`` re-enters the workflow with a fresh ``Context``, so without this module it would start
+from the workflow's ``initial_state`` and a tool reading the notes a held step wrote would find
+none. The recorder takes, as each step's ``run_agent_step`` begins, every store key that is not
+the framework's own bookkeeping (``FRAMEWORK_KEYS`` and each agent's scratchpad / reasoning
+key, which the framework rebuilds from the re-entered messages); the branch puts those keys
+into its ``Context`` before the run starts, and the framework keeps them (it sets its defaults
+only for keys that are missing).
+
+Values travel as the workflow's own ``JsonSerializer`` writes them, parsed into JSON, so a
+pydantic model in the store comes back as the same model. A value that serializer cannot write
+is named in the step's record, and a branch that would need it is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from llama_index.core.workflow import JsonSerializer
+
+from car_core.errors import AdapterError
+
+STORE_KEY = "store"              # step meta: {key: JSON value} the step decided from
+UNRESTORABLE_KEY = "store_unrestorable"  # step meta: keys whose values could not be written
+
+# What AgentWorkflow / FunctionAgent / ReActAgent write for their own running (llama-index-core
+# 0.14): rebuilt on every run from the start event, the chat history and the root agent.
+FRAMEWORK_KEYS = frozenset({
+    "memory", "agents", "can_handoff_to", "current_agent_name", "handoff_output_prompt",
+    "max_iterations", "early_stopping_method", "num_iterations", "formatted_input_with_state",
+    "user_msg_str", "current_tool_calls", "num_tool_calls", "next_agent"})
+
+
+def framework_keys(agents: Iterable[Any]) -> frozenset[str]:
+    """The framework's keys for these agents: the shared ones and each agent's scratchpad
+    (``FunctionAgent``, ``CodeActAgent``) or reasoning list (``ReActAgent``)."""
+    own = {getattr(a, attr) for a in agents for attr in ("scratchpad_key", "reasoning_key")
+           if isinstance(getattr(a, attr, None), str)}
+    return FRAMEWORK_KEYS | own
+
+
+def snapshot(ctx: Any, skip: frozenset[str]) -> tuple[dict[str, Any] | None, list[str]]:
+    """The store's user keys as JSON, and the keys whose values could not be written.
+    ``None`` when the store keeps its state outside the process (a durable store), where no
+    synchronous read exists."""
+    checkpoint = getattr(getattr(ctx, "store", None), "checkpoint", None)
+    if not callable(checkpoint):
+        return None, []
+    try:
+        state = checkpoint().state
+    except TypeError:  # the store was given a serializer other than JsonSerializer
+        return None, []
+    items = state.items() if hasattr(state, "items") else state.model_dump().items()
+    serializer = JsonSerializer()
+    values: dict[str, Any] = {}
+    unrestorable: list[str] = []
+    for key, value in items:
+        if key in skip:
+            continue
+        try:
+            values[str(key)] = json.loads(serializer.serialize(value))
+        except Exception:  # the workflow's serializer cannot write it: name it, refuse later
+            unrestorable.append(str(key))
+    return values, sorted(unrestorable)
+
+
+def recorded(meta: Mapping[str, Any], *, run_id: str, step: int) -> dict[str, Any]:
+    """The store step ``step`` decided from, or a refusal saying why a branch cannot have it.
+    Nothing runs before the first step but the framework's own setup, so step 0 recorded
+    without its store starts from the workflow's initial state, as the record did."""
+    bad = meta.get(UNRESTORABLE_KEY) or []
+    if bad:
+        raise AdapterError(
+            f"ctx.store key(s) {sorted(bad)} held values the workflow's JsonSerializer cannot "
+            f"write when step {step} began, so a branch cannot start from that state",
+            run_id=run_id, step=step,
+            hint="keep JSON values or pydantic models in ctx.store (put clients and "
+                 "connections on the tools instead), then record the run again")
+    values = meta.get(STORE_KEY)
+    if values is None and step == 0:
+        return {}
+    if not isinstance(values, dict):
+        raise AdapterError(
+            f"step {step} was recorded without its workflow store (a durable state store, or "
+            "a recorder from before the store was recorded), so a branch cannot start from "
+            "the state it saw", run_id=run_id, step=step,
+            hint="record the run again with car_adapters.llamaindex.CarRecorder on an "
+                 "in-memory workflow Context")
+    return values
+
+
+async def restore(ctx: Any, values: Mapping[str, Any]) -> None:
+    """Put recorded store values into a fresh ``Context`` before its run starts."""
+    if not values:
+        return
+    serializer = JsonSerializer()
+    async with ctx.store.edit_state() as state:  # keys as recorded (``set`` reads dots as paths)
+        for key, value in values.items():
+            state[key] = serializer.deserialize(json.dumps(value))
