@@ -175,8 +175,13 @@ class AdapterError(AgentError):
 class BranchesFailed(AgentError):
     """Branches that raised (or came back with status ``error``) stopped the estimate: any at
     the arm that holds every recorded step, or more than the share an estimate may leave out.
-    ``failures`` lists them, ``first`` names the first; the branches that finished stay in the
-    store, so the attribution resumes once the agent is fixed."""
+    ``failures`` lists them, ``first`` names the first, ``ran`` counts every branch run; the
+    branches that finished stay in the store, so the attribution resumes once the agent is
+    fixed."""
+
+    @property
+    def ran(self) -> int:
+        return int(self.context.get("ran", 0))
 
     @property
     def failures(self) -> tuple[Any, ...]:
@@ -205,8 +210,8 @@ class NothingToAttribute(CarError):
 
 __all__ = [
     "AdapterError", "AgentError", "AgentMismatch", "AttributionBusy", "AttributionNotFound",
-    "BranchesFailed", "BudgetExhausted", "CarError", "ConformanceFailure", "CorruptAttribution", "CorruptRun",
-    "CorruptStore", "EnvironmentError_", "ExecutorUnavailable", "InvalidBudget",
+    "BranchesFailed", "BudgetExhausted", "CarError", "ConformanceFailure", "CorruptAttribution",
+    "CorruptRun", "CorruptStore", "EnvironmentError_", "ExecutorUnavailable", "InvalidBudget",
     "InvalidIntervention", "InvalidInput", "InvalidJSONValue", "ModelUnavailable",
     "NotACarStore", "NothingToAttribute", "OutcomeError", "PolicyError", "ReplayMismatch",
     "RunError", "RunNotFound", "SideEffectBlocked", "StepOutOfRange", "StoreError",

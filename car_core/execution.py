@@ -12,10 +12,10 @@ The budget is checked before each task starts (in-flight tasks count against it)
 was not started is simply not in the results, and the caller reports the estimate as truncated.
 A branch that raises, comes back with status ``error`` or whose worker dies, is retried once and
 then returned as a ``Failure`` in ``Results.failures``: never silently dropped, never scored
-(``car_core.tasks``). The estimators judge what failed with ``tasks.check_failures``. Errors in the caller's own inputs
-(``InvalidInput``, store errors) and a model server that stays unreachable after the policy's
-own bounded retries (``ModelUnavailable``) are not retried; they stop the run, and the branches
-already written to a journal stay there for a resume.
+(``car_core.tasks``); the estimators judge what failed with ``tasks.check_failures``. Errors
+in the caller's own inputs (``InvalidInput``, store errors) and a model server that stays
+unreachable after the policy's own bounded retries (``ModelUnavailable``) are not retried; they
+stop the run, and the branches already written to a journal stay there for a resume.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@
 are copied from the record (no policy call, no tool call), intervened steps take the plan's
 values, the rest run live. ``record`` runs an agent from scratch; ``intervene`` runs K branches
 and reports the outcome distribution with its Wilson interval (branches that raised or ended in
-error are left out and listed, and stop it past ``car_core.tasks.check_failures``); ``action_match_rate`` measures
-how faithfully a policy re-decides the recorded states.
+error are left out and listed, and stop it past ``car_core.tasks.check_failures``);
+``action_match_rate`` measures how faithfully a policy re-decides the recorded states.
 """
 
 from __future__ import annotations

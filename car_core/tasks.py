@@ -14,23 +14,26 @@ engine share, so none of them imports another to get at it.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
-
-from collections.abc import Sequence
 
 from .errors import AgentError, BranchesFailed
 from .interventions import Plan
 from .redact import describe
 from .seeding import Noise
+from .stats import wilson
 from .trajectory import Lineage, Outcome, Trajectory
 from .vocabulary import RunStatus
 
 # The most an estimate may leave out: a failed branch is missing data whose outcome could be
 # anything, so each arm mean it leaves out of is off by up to the failed share.
 FAILED_SHARE = 0.10
-# The share is judged once this many branches ran (or when the estimate ends): fewer, and a
-# single failure would already be more than the share.
+# While the estimate runs it stops early only once the failed share is clearly above
+# FAILED_SHARE (the lower end of its Wilson interval at this level, from FAILED_SHARE_FROM
+# branches on): a few failures early on are not yet a share. When it ends, the share itself is
+# judged.
+FAILED_SHARE_LEVEL = 0.95
 FAILED_SHARE_FROM = 10
 
 
@@ -65,8 +68,14 @@ class Failure:
         means the replay itself breaks, not that some step's resample did."""
         return not self.task.plan.interventions
 
+    @property
+    def where(self) -> int:
+        """The step it failed at, or, when its error does not say, the first step it ran live."""
+        return self.step if self.step is not None else self.task.plan.start
+
     def describe(self) -> str:
-        at = f" at step {self.step}" if self.step is not None else ""
+        at = (f" at step {self.step}" if self.step is not None
+              else f", live from step {self.task.plan.start}")
         return f"arm {self.task.arm}, rollout {self.task.rollout}{at}: {self.error}"
 
 
@@ -127,7 +136,7 @@ def check_failures(failures: Sequence[Failure], ran: int, *, run_id: str,
                    final: bool = False, resumable: bool = True) -> None:
     """Stop the estimate (``BranchesFailed``) when what failed makes what is left untrustworthy:
     any branch of the held arm (everything held as recorded), or more than ``FAILED_SHARE`` of
-    the ``ran`` branches (judged once ``FAILED_SHARE_FROM`` ran, and always when ``final``)."""
+    the ``ran`` branches (when ``final``; before, only once that is clear, see above)."""
     if not failures:
         return
     then = ("resume the attribution; the branches that finished are kept" if resumable
@@ -137,14 +146,18 @@ def check_failures(failures: Sequence[Failure], ran: int, *, run_id: str,
         raise BranchesFailed(
             f"a branch that holds every recorded step failed, so the replay itself breaks "
             f"({len(failures)} of {ran} branches failed; {held.describe()})",
-            run_id=run_id, step=held.step, failures=tuple(failures), first=held,
+            run_id=run_id, step=held.where, failures=tuple(failures), first=held, ran=ran,
             hint="replaying the record must not raise: fix the agent (or the hook that raises "
                  f"on branches) and {then}")
-    if len(failures) <= FAILED_SHARE * ran or (ran < FAILED_SHARE_FROM and not final):
+    share = len(failures) / max(ran, len(failures))
+    if final and share <= FAILED_SHARE:
+        return
+    if not final and (ran < FAILED_SHARE_FROM
+                      or wilson(share, ran, FAILED_SHARE_LEVEL)[0] <= FAILED_SHARE):
         return
     first = failures[0]
     raise BranchesFailed(
         f"{len(failures)} of {ran} branches failed, more than the {FAILED_SHARE:.0%} an "
         f"estimate may leave out (first: {first.describe()})",
-        run_id=run_id, step=first.step, failures=tuple(failures), first=first,
+        run_id=run_id, step=first.where, failures=tuple(failures), first=first, ran=ran,
         hint=f"fix the agent (or the hook that raises on branches) and {then}")
