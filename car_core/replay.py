@@ -126,7 +126,10 @@ def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequenc
     """Apply ``interventions`` to ``run`` and estimate the outcome distribution from
     ``rollouts`` branches. Branch ``r`` draws its noise from stream ``(seed, r)``, shared by
     every call with the same seed when ``coupled`` (common random numbers). An agent other
-    than the one that recorded ``run`` is refused unless ``force_agent``."""
+    than the one that recorded ``run`` is refused unless ``force_agent``. A branch that raises or
+    comes back with status ``error`` is left out and listed in ``failures``; more than a tenth
+    of them, or any that holds every recorded step, raise ``BranchesFailed`` (when every branch
+    failed, the first branch's own error is raised)."""
     from .agent import check_agent
     check_run(run)
     check_agent(run, agent, force=force_agent)

@@ -4,12 +4,15 @@ every recorded step, the estimate stops with ``BranchesFailed`` and stays resuma
 
 from __future__ import annotations
 
+import contextlib
+import io
 from typing import Any
 
 import numpy as np
 import pytest
 
 import car_core as car
+from car_core import cli
 from car_core import synthetic as syn
 from car_core.budget import BudgetMeter
 from car_core.errors import AgentError, BranchesFailed
@@ -244,3 +247,67 @@ def test_a_stored_branch_with_status_error_is_read_back_as_a_failure(tmp_path: A
     assert [t.rollout for t, _ in results] == [0, 2]
     (failure,) = results.failures
     assert failure.task.rollout == 1 and "KeyError" in failure.error and failure.step == 2
+
+
+@pytest.mark.parametrize("way", sorted(WAYS))
+def test_intervene_leaves_errored_branches_out_and_lists_them(way: str) -> None:
+    """Resampling from step 3 runs step 4 live on every branch; the hook crashes 4% of them
+    (this seed: 2 of 60). They are listed with their step, and no crash is among the scored
+    branches (a crash never reaches the last step, so it would score 0, a rescue)."""
+    _, run, hook, outcome = planted(rate=0.04)
+    dist = car.intervene(run, WAYS[way](hook.agent()), car.do_resample(3), outcome=outcome,
+                         rollouts=60, seed=0)
+    assert 1 <= len(dist.failures) <= FAILED_SHARE * 60
+    assert all(f["step"] == HOOK_STEP for f in dist.failures)
+    assert dist.n == 60 - len(dist.failures)
+    assert all(t.status != RunStatus.ERROR and len(t.steps) == 6 for t in dist.trajectories)
+
+
+HOOKED_APP = '''
+from car_core import synthetic as syn
+
+MODEL = syn.pivot(n_steps=6, at=2)
+
+
+def environment(history, action, rng):
+    if history.index == 4 and rng.random() < RATE:  # an audit hook that is down on branches
+        raise RuntimeError("audit hook unavailable on branches")
+    return MODEL.environment(history, action, rng)
+
+
+def make():
+    import car_core as car
+    return car.FunctionAgent(policy=MODEL.policy, environment=environment,
+                             is_final=lambda a: bool(a.get("final")), max_steps=6,
+                             name=MODEL.agent().name)
+
+
+def outcome(run, rng):
+    return MODEL.outcome(run, rng) if len(run.steps) == 6 else 0.0
+'''
+
+
+def test_the_command_shows_the_failed_branches_or_stops_on_them(tmp_path: Any) -> None:
+    _, run, _, _ = planted()
+    db = str(tmp_path / "car.db")
+    with RunStore(db) as store:
+        store.save(run)
+    (tmp_path / "hooked.py").write_text("RATE = 1.0\n" + HOOKED_APP, encoding="utf-8")
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(tmp_path), contextlib.redirect_stdout(out), \
+            contextlib.redirect_stderr(err):
+        code = cli.main(["attribute", run.id, "--agent", "hooked:make", "--outcome",
+                         "hooked:outcome", "--store", db, "--no-progress"])
+    assert code == 5  # the agent's fault, as for any AgentError
+    text = err.getvalue()
+    assert "car: error: " in text and "branches failed, more than the 10%" in text
+    assert "audit hook unavailable on branches" in text and "Resume with:" in text
+    # a result with a few failed branches prints them under its verdict
+    _, run, hook, outcome = planted(rate=0.04)
+    res = car.contrastive(run, hook.agent(), outcome=outcome, rollouts=32, seed=0,
+                          search="full", coupled=False)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        cli._print_result(res, 1.0, db)
+    assert (f"{len(res.failures)} failed branch(es) left out of the estimate (first: arm "
+            f"{res.failures[0]['arm']}") in out.getvalue()
