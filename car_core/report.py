@@ -21,9 +21,9 @@ from typing import Any
 import jinja2
 
 from . import formatting as fmt
+from .budget import budget_call, larger_budget
 from .errors import InvalidInput
 from .redact import redact, redact_json
-from .results import budget_call, larger_budget
 from .trajectory import Trajectory, step_label
 from .vocabulary import Answer, Origin
 

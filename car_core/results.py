@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import formatting as fmt
+from .budget import budget_call, larger_budget
 from .errors import InvalidInput
 from .stats import Interval
 from .vocabulary import Answer
@@ -120,28 +121,6 @@ class ArmEstimate:
         ci = _read_ci(data, level)
         assert ci is not None, "an arm estimate always has an interval"
         return cls(int(data["hold_before"]), float(data["mean"]), ci, int(data["n"]))
-
-
-def larger_budget(given: dict[str, Any] | None, note: str | None, rollouts: int | None
-                  ) -> dict[str, Any]:
-    """The budget to resume with: the one given, with the limit that stopped the estimate (the
-    rollout cap unless the note names another) doubled. Resuming with it re-uses every branch
-    already run and spends the rest where the estimate left off."""
-    out = {k: v for k, v in (given or {}).items() if v is not None}
-    text = note or ""
-    limit = ("wall_time" if "wall-time" in text else "tokens" if "token budget" in text
-             else "cost" if "cost budget" in text else "rollouts")
-    base = out.get(limit, rollouts if limit == "rollouts" else None)
-    if base:
-        out[limit] = int(base) * 2 if limit in ("rollouts", "tokens") else float(base) * 2
-    return out
-
-
-def budget_call(budget: dict[str, Any]) -> str:
-    """``car.Budget(...)`` spelled out, for a hint the user can paste."""
-    args = ", ".join(f"{k}={budget[k]:g}" if isinstance(budget[k], float) else f"{k}={budget[k]}"
-                     for k in ("rollouts", "tokens", "cost", "wall_time") if k in budget)
-    return f"car.Budget({args})"
 
 
 def _resume_call(method: str, budget: dict[str, Any], attribution_id: str | None) -> str:

@@ -16,8 +16,8 @@ from _estimator_helpers import TokenAgent
 import car_core as car
 from car_core import _clikit as kit
 from car_core import synthetic as syn
+from car_core.budget import larger_budget
 from car_core.report import render_attribution
-from car_core.results import larger_budget
 from car_core.store import RunStore
 from car_core.vocabulary import Answer
 
