@@ -123,8 +123,9 @@ class ArmEstimate:
         return cls(int(data["hold_before"]), float(data["mean"]), ci, int(data["n"]))
 
 
-def _resume_call(method: str, budget: dict[str, Any], attribution_id: str | None) -> str:
-    call = f"car.{method}(run, agent, outcome=..., budget={budget_call(budget)}"
+def _resume_call(method: str, budget: dict[str, Any], attribution_id: str | None,
+                 extra: str = "") -> str:
+    call = f"car.{method}(run, agent, outcome=..., budget={budget_call(budget)}{extra}"
     if attribution_id is None:
         return (f"run it again with a larger budget: {call}); pass store= and attribution_id= "
                 "so the next one can resume")
@@ -378,8 +379,9 @@ class ShapleyResult(_Rendered):
         """For a truncated result, how to continue; None for one that spent what it planned."""
         if not self.truncated:
             return None
+        # the mode is kept: a larger budget could make "auto" choose another one
         return "to continue, " + _resume_call("shapley", self.larger_budget(),
-                                              self.attribution_id)
+                                              self.attribution_id, f", mode={self.mode!r}")
 
     def __str__(self) -> str:
         rows = [[v.label, _num(v.estimate), _interval(v.ci), str(v.n)] for v in self.values]

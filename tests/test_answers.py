@@ -172,7 +172,8 @@ def test_a_truncated_shapley_result_says_so_everywhere(pivot_model, pivot_run, s
     assert f": truncated ({res.budget_note}), the values are from what was measured" in head
     assert str(res).splitlines()[-1] == (
         "to continue, resume with a larger budget: car.shapley(run, agent, outcome=..., "
-        "budget=car.Budget(rollouts=400, tokens=4000), store=<the store>, attribution_id='s1')")
+        "budget=car.Budget(rollouts=400, tokens=4000), mode='permutation', store=<the store>, "
+        "attribution_id='s1')")
     assert kit.verdict(res).startswith(f"Truncated ({res.budget_note}): the values are from")
     assert kit.answer_cell(res) == "values (truncated)"
     html = render_attribution(res, run=pivot_run)
