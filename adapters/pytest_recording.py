@@ -9,6 +9,7 @@ imports ``car_core`` and the frameworks only when used.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -60,19 +61,45 @@ class Attribution:
             lines.append(f"report: {self.report}")
         return "\n".join(lines)
 
+    def continue_command(self) -> str | None:
+        """The pytest command that continues an undecided (or truncated Shapley) attribution:
+        this test again with the limit that stopped it doubled. The same seed draws the same
+        branches, so the larger run finishes what this one started."""
+        if self.result.continue_hint() is None:
+            return None
+        r = self.result
+        more = r.larger_budget()
+        flags = ["--car-attribute"]
+        if hasattr(r, "locus"):
+            flags += ["--car-rollouts", str(r.params.get("rollouts", r.rollouts_cap))]
+        else:
+            flags += ["--car-method", "shapley"]
+        if more.get("rollouts"):
+            flags += ["--car-budget", str(more["rollouts"])]
+        if more.get("wall_time"):
+            flags += ["--car-wall-time", f"{more['wall_time']:g}"]
+        return shlex.join(["pytest", self.nodeid, *flags])
+
     def _headline(self) -> str:
         from car_core.assertions import agent_of
         r = self.result
+        again = self.continue_command()
+        tail = f"; to continue: {again}" if again else ""
         if not hasattr(r, "locus"):  # Shapley: the largest value, with its interval
+            cut = f" (truncated: {r.budget_note}{tail})" if r.truncated else ""
             ranked = sorted((v for v in r.values if v.step is not None and v.ci is not None),
                             key=lambda v: -v.estimate)
             if not ranked:
-                return f"shapley: no step could be valued ({r.reason})"
+                return f"shapley: no step could be valued ({r.reason}){cut}"
             v = ranked[0]
             return (f"largest Shapley value: step {v.step} phi {v.estimate:+.3f} interval "
-                    f"[{v.ci[0]:+.3f}, {v.ci[1]:+.3f}] at level {r.level}")
+                    f"[{v.ci[0]:+.3f}, {v.ci[1]:+.3f}] at level {r.level}{cut}")
+        if r.answer == "undecided":
+            c = r.candidate
+            who = f" (decided by {agent_of(self.run, c)})" if c is not None else ""
+            return f"undecided: {r.undecided_why()}; {r.candidate_text()}{who}{tail}"
         if r.locus is None:
-            return f"locus: none ({r.reason})"
+            return f"no cause: {r.reason}"
         s = r.steps[r.locus]
         lo, hi = s.ci
         return (f"locus: step {r.locus} (decided by {agent_of(self.run, r.locus)}), rescue "

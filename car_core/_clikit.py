@@ -43,6 +43,7 @@ from .errors import (
 from .interventions import Intervention, do_action, do_context, do_observation, do_resample
 from .report import compact
 from .results import Result, ShapleyResult
+from .vocabulary import Answer
 
 # -- exit codes (documented in ``car --help``) -------------------------------------------------
 OK, NOTHING, USAGE, BUDGET, STORE, AGENT, INTERRUPTED = 0, 1, 2, 3, 4, 5, 130
@@ -294,18 +295,23 @@ def _pct(level: Any) -> str:
 
 
 def verdict(r: Result) -> str:
-    """One sentence: where the run failed, or why nothing could be blamed."""
+    """One sentence that says which answer this is: the locus, no cause (and why), undecided
+    (and the candidate), or for Shapley the largest share (and whether it was truncated)."""
     if isinstance(r, ShapleyResult):
+        cut = (f"Truncated ({safe(str(r.budget_note))}): the values are from what was measured. "
+               if r.truncated else "")
         values = [v for v in r.values if v.estimate is not None]
         if not values:
-            return f"No Shapley values: {r.reason or 'nothing measured'}."
+            return f"{cut}No Shapley values: {r.reason or 'nothing measured'}."
         top = max(values, key=lambda v: cast(float, v.estimate))
-        return (f"Largest share: {safe(str(top.label or 'step ' + str(top.step)))}"
+        return (f"{cut}Largest share: {safe(str(top.label or 'step ' + str(top.step)))}"
                 f" φ = {_f(top.estimate, 3)} {_ci(top.ci)}; Σφ = {_f(r.total, 3)}"
                 f", efficiency gap {_f(r.efficiency_gap, 3)}.")
     locus = r.locus
+    if r.answer == Answer.UNDECIDED:
+        return f"Undecided: {safe(r.undecided_why())}; {safe(r.candidate_text())}."
     if locus is None:
-        return f"No locus: {r.reason or 'no step rescue interval excludes zero'}."
+        return f"No cause: {safe(r.reason or 'no step rescue interval excludes zero')}."
     step = next((s for s in r.steps if s.step == locus), None)
     label = r.locus_label
     who = f" ({safe(str(label))})" if label and label != f"step {locus}" else ""
@@ -313,3 +319,16 @@ def verdict(r: Result) -> str:
             f"{_f(step.effect if step else None)} "
             f"{_ci(step.ci if step else None)} at {_pct(r.level)} (family-wise "
             f"{_pct(1 - float(r.alpha or defaults.ALPHA))}).")
+
+
+def answer_cell(r: Result | None) -> str:
+    """The answer of a stored result in a few words, for the list of attributions."""
+    if r is None:
+        return "—"
+    if isinstance(r, ShapleyResult):
+        return "values (truncated)" if r.truncated else "values"
+    if r.answer == Answer.LOCUS:
+        return f"locus {r.locus}"
+    if r.answer == Answer.UNDECIDED:
+        return ("undecided" + (f", candidate {r.candidate}" if r.candidate is not None else ""))
+    return "no cause"

@@ -7,7 +7,8 @@ stated in its docstring, and its message shows the interval that decided:
 - ``assert_locus(result, step=k)`` passes when the contrastive locus is step ``k``. The locus
   is the latest step whose rescue interval lies above zero with family-wise error ``<= alpha``
   (Bonferroni), so when step ``k`` has no effect and nothing after it does either, the
-  assertion passes wrongly with probability ``<= alpha``.
+  assertion passes wrongly with probability ``<= alpha``. Its message says which answer it got
+  instead: another step, no cause, or undecided (the candidate, and how to continue).
 - ``assert_no_locus(result)`` fails when any step's rescue interval lies above zero: on a run
   where no step matters it fails with probability ``<= alpha``.
 - ``assert_rescues(dist, below=p)`` fails when the whole interval of P(failure | do(·)) lies at
@@ -25,6 +26,7 @@ from .replay import OutcomeDistribution
 from .results import ContrastiveResult
 from .stats import Interval
 from .trajectory import Trajectory
+from .vocabulary import Answer
 
 __all__ = ["assert_locus", "assert_no_locus", "assert_rescues"]
 
@@ -44,7 +46,7 @@ def _describe(result: ContrastiveResult) -> str:
     rows = [f"step {s.step}: rescue {s.effect:+.3f} {_interval(s.ci)}"
             + (" significant" if s.significant else "")
             for s in result.steps if s.tested and s.effect is not None]
-    level = f"each interval at {result.level:.4f} (Bonferroni over {result.tests} test(s), " \
+    level = f"each interval at {result.level:.4f} ({result.correction}, {result.tests} test(s), " \
             f"FWER <= {result.alpha})"
     tail = f"; truncated: {result.budget_note}" if result.truncated else ""
     return "\n  ".join([f"{level}{tail}", *rows])
@@ -71,9 +73,14 @@ def assert_locus(result: Any, step: int | None = None, *, agent: str | None = No
     if agent is not None and (run is None or run.id != res.run_id):
         raise InvalidInput("assert_locus(agent=...) needs run= the attributed run",
                            run_id=res.run_id, hint="pass run=the trajectory you attributed")
+    if res.locus is None and res.answer == Answer.UNDECIDED:
+        raise AssertionError(f"expected the locus at {_want(step, agent)}, but the attribution "
+                             f"is undecided: {res.undecided_why()}; {res.candidate_text()}; "
+                             f"{res.continue_hint()}\n  {_describe(res)}")
     if res.locus is None:
-        raise AssertionError(f"expected the locus at {_want(step, agent)}, but no step's rescue "
-                             f"interval lies above zero ({res.reason})\n  {_describe(res)}")
+        raise AssertionError(f"expected the locus at {_want(step, agent)}, but the answer is no "
+                             f"cause: no step's rescue interval lies above zero ({res.reason})"
+                             f"\n  {_describe(res)}")
     if step is not None and res.locus != step:
         raise AssertionError(f"expected the locus at step {step}, got step {res.locus}\n  "
                              f"{_describe(res)}")

@@ -128,3 +128,25 @@ class BudgetMeter:
     def used(self) -> dict[str, Any]:
         return {"rollouts": self.rollouts, "tokens": self.tokens, "cost": round(self.cost, 6),
                 "wall_time": round(time.monotonic() - self.started, 3)}
+
+
+def larger_budget(given: dict[str, Any] | None, note: str | None, rollouts: int | None
+                  ) -> dict[str, Any]:
+    """The budget to resume with: the one given, with the limit that stopped the estimate (the
+    rollout cap unless the note names another) doubled. Resuming with it re-uses every branch
+    already run and spends the rest where the estimate left off."""
+    out = {k: v for k, v in (given or {}).items() if v is not None}
+    text = note or ""
+    limit = ("wall_time" if "wall-time" in text else "tokens" if "token budget" in text
+             else "cost" if "cost budget" in text else "rollouts")
+    base = out.get(limit, rollouts if limit == "rollouts" else None)
+    if base:
+        out[limit] = int(base) * 2 if limit in ("rollouts", "tokens") else float(base) * 2
+    return out
+
+
+def budget_call(budget: dict[str, Any]) -> str:
+    """``car.Budget(...)`` spelled out, for a hint the user can paste."""
+    args = ", ".join(f"{k}={budget[k]:g}" if isinstance(budget[k], float) else f"{k}={budget[k]}"
+                     for k in ("rollouts", "tokens", "cost", "wall_time") if k in budget)
+    return f"car.Budget({args})"

@@ -31,7 +31,7 @@ from .errors import AttributionNotFound, CarError, InvalidInput
 from .redact import redact
 from .results import ContrastiveResult, Result
 from .store import Attribution, RunStore
-from .vocabulary import AttributionStatus
+from .vocabulary import Answer, AttributionStatus
 
 EXIT_CODES = """Exit codes: 0 ok · 1 nothing attributable (no locus) · 2 usage or bad input
 (also a run recorded with another agent) · 3 budget exhausted (the result is truncated, what
@@ -381,13 +381,20 @@ def attribute(
         _print_json(result.to_dict())
     else:
         _print_result(result, time.monotonic() - started, store)
+    undecided = isinstance(result, ContrastiveResult) and result.answer == Answer.UNDECIDED
     if result.truncated:
-        err.print(Text(kit.safe(f"the budget ran out (attribution {aid}); raise --budget and "
-                                f"resume with:\n  {_resume_command(aid)}")), soft_wrap=True)
+        what = "undecided" if undecided else "the budget ran out"
+        more = result.larger_budget().get("rollouts")
+        err.print(Text(kit.safe(f"{what} (attribution {aid}); to continue, resume with a larger "
+                                f"budget:\n  {_resume_command(aid, more)}")), soft_wrap=True)
         raise typer.Exit(kit.BUDGET)
     nothing = (result.locus is None if isinstance(result, ContrastiveResult)
                else bool(result.reason))
     if nothing and result.failures:  # the agent broke on branches: as `car intervene` says
+        if undecided:
+            err.print(Text(kit.safe(f"undecided (attribution {aid}): {len(result.failures)} "
+                                    "branch(es) failed; fix the agent and resume with:\n  "
+                                    f"{_resume_command(aid)}")), soft_wrap=True)
         raise typer.Exit(kit.AGENT)
     if nothing:
         raise typer.Exit(kit.NOTHING)
@@ -440,13 +447,17 @@ def _stored_settings(reader: RunStore, aid: str, method: Method, n_steps: int,
     return rollouts, budget, alpha, seed
 
 
-def _resume_command(aid: str) -> str:
-    """The command line that was run, with ``--resume AID`` (replacing any earlier one)."""
-    argv = [a for a in sys.argv[1:] if not a.startswith("--resume=")]
-    if "--resume" in argv:
-        i = argv.index("--resume")
-        del argv[i:i + 2]
-    return shlex.join(["car", *argv, "--resume", aid])
+def _resume_command(aid: str, budget: int | None = None) -> str:
+    """The command line that was run, with ``--resume AID`` (replacing any earlier one) and,
+    given ``budget``, ``--budget BUDGET`` in place of the one it had."""
+    argv = list(sys.argv[1:])
+    for flag in ("--resume", *(("--budget",) if budget is not None else ())):
+        argv = [a for a in argv if not a.startswith(f"{flag}=")]
+        while flag in argv:
+            i = argv.index(flag)
+            del argv[i:i + 2]
+    tail = ["--budget", str(budget)] if budget is not None else []
+    return shlex.join(["car", *argv, *tail, "--resume", aid])
 
 
 def _print_result(r: Result, seconds: float, store: str) -> None:
@@ -459,6 +470,11 @@ def _print_result(r: Result, seconds: float, store: str) -> None:
         out.print(Text(f"branches independent: {kit.safe(str(r.coupling))}", style="dim"))
     if r.truncated:
         out.print(Text(f"truncated: {r.budget_note or 'budget reached'}", style="yellow"))
+    if r.failures:
+        first = r.failures[0]
+        out.print(Text(kit.safe(f"{len(r.failures)} failed branch(es) left out of the estimate "
+                                f"(first: arm {first.get('arm')}, rollout {first.get('rollout')}"
+                                f": {first.get('error')})"), style="yellow"))
     out.print(Text(f"report: car report {r.run_id} --store {store} --out report.html",
                    style="dim"))
 
@@ -535,17 +551,23 @@ def report(run_id: Annotated[str, typer.Argument(help="Run id.")],
 def attributions(run_id: Annotated[str | None, typer.Argument(
                      help="Run id (default: every run's attributions).")] = None,
                  store: StoreOpt = "car.db", json_out: JsonOpt = False) -> None:
-    """List stored attributions, oldest first: method, status, locus, rollouts. An
-    interrupted one is resumed with `car attribute RUN_ID ... --resume ID`."""
+    """List stored attributions, oldest first: method, status, answer (locus N, no cause,
+    undecided with its candidate), rollouts. An interrupted or undecided one is resumed with
+    `car attribute RUN_ID ... --resume ID` (undecided: with a larger --budget)."""
     db = kit.existing_store(store)
     if run_id is not None:
         db.load(run_id)  # an unknown or damaged run is an error, not an empty list
     rows = []
+    results: dict[str, Result | None] = {}
     for a in db.attributions(run_id):
-        res = a.result
+        res = results[a.id] = a.result
         rows.append({"id": a.id, "run_id": a.run_id, "method": a.method,
                      "status": str(a.status),
+                     "answer": (str(res.answer) if isinstance(res, ContrastiveResult)
+                                else None),
                      "locus": res.locus if isinstance(res, ContrastiveResult) else None,
+                     "candidate": (res.candidate if isinstance(res, ContrastiveResult)
+                                   else None),
                      "rollouts": res.rollouts_used if res is not None else None,
                      "branches": len(db.branches(a.id)), "created_at": a.created_at})
     if json_out:
@@ -556,15 +578,24 @@ def attributions(run_id: Annotated[str | None, typer.Argument(
                                 + (f" for run {run_id}" if run_id else ""))))
         return
     t = Table(title=kit.cell(f"attributions in {store}"), title_justify="left")
-    for col in ("id", "run", "method", "status", "locus", "rollouts", "branches stored"):
-        t.add_column(col, justify="right" if col in ("locus", "rollouts", "branches stored")
+    for col in ("id", "run", "method", "status", "answer", "rollouts", "branches stored"):
+        t.add_column(col, justify="right" if col in ("rollouts", "branches stored")
                      else "left", no_wrap=col in ("id", "run"))
     for r in rows:
         t.add_row(kit.cell(r["id"]), kit.cell(r["run_id"]), kit.cell(r["method"]),
-                  kit.cell(r["status"]), kit.cell("—" if r["locus"] is None else r["locus"]),
+                  kit.cell(r["status"]), kit.cell(kit.answer_cell(results.get(r["id"]))),
                   kit.cell("—" if r["rollouts"] is None else r["rollouts"]),
                   str(r["branches"]))
     out.print(t)
+    for r in rows:
+        res = results.get(r["id"])
+        if res is not None and res.continue_hint() is not None:
+            more = res.larger_budget().get("rollouts")
+            out.print(Text(kit.safe(
+                f"{r['id']} is {kit.answer_cell(res)}; to continue, resume it with a larger "
+                f"budget: car attribute {r['run_id']} --agent MODULE:FACTORY --method "
+                f"{r['method']}" + (f" --budget {more}" if more else "")
+                + f" --store {store} --resume {r['id']}")), soft_wrap=True)
 
 
 # -- demo ---------------------------------------------------------------------------------------

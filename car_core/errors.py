@@ -28,6 +28,7 @@ The tree::
     │   ├── SideEffectBlocked                   a side-effect tool asked to run on a branch
     │   ├── ModelUnavailable                    a model server that is down or unreachable
     │   ├── AdapterError                        framework glue: no checkpointer, unknown thread…
+    │   ├── BranchesFailed                      too many branches raised or ended in error
     │   └── ConformanceFailure (AssertionError) an agent broke the contract car_core.testing checks
     ├── ExecutorUnavailable                     an execution backend (Ray) that cannot be reached
     ├── BudgetExhausted                         a budget tripped (results keep what was measured)
@@ -171,6 +172,26 @@ class AdapterError(AgentError):
     """Framework glue failed: no checkpointer, unknown thread, a run from another graph."""
 
 
+class BranchesFailed(AgentError):
+    """Branches that raised (or came back with status ``error``) stopped the estimate: any at
+    the arm that holds every recorded step, or more than the share an estimate may leave out.
+    ``failures`` lists them, ``first`` names the first, ``ran`` counts every branch run; the
+    branches that finished stay in the store, so the attribution resumes once the agent is
+    fixed."""
+
+    @property
+    def ran(self) -> int:
+        return int(self.context.get("ran", 0))
+
+    @property
+    def failures(self) -> tuple[Any, ...]:
+        return tuple(self.context.get("failures", ()))
+
+    @property
+    def first(self) -> Any:
+        return self.context.get("first")
+
+
 class ConformanceFailure(AgentError, AssertionError):
     """An agent implementation broke the replay contract (``car_core.testing`` checks)."""
 
@@ -189,8 +210,8 @@ class NothingToAttribute(CarError):
 
 __all__ = [
     "AdapterError", "AgentError", "AgentMismatch", "AttributionBusy", "AttributionNotFound",
-    "BudgetExhausted", "CarError", "ConformanceFailure", "CorruptAttribution", "CorruptRun",
-    "CorruptStore", "EnvironmentError_", "ExecutorUnavailable", "InvalidBudget",
+    "BranchesFailed", "BudgetExhausted", "CarError", "ConformanceFailure", "CorruptAttribution",
+    "CorruptRun", "CorruptStore", "EnvironmentError_", "ExecutorUnavailable", "InvalidBudget",
     "InvalidIntervention", "InvalidInput", "InvalidJSONValue", "ModelUnavailable",
     "NotACarStore", "NothingToAttribute", "OutcomeError", "PolicyError", "ReplayMismatch",
     "RunError", "RunNotFound", "SideEffectBlocked", "StepOutOfRange", "StoreError",

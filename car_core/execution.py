@@ -10,11 +10,12 @@ order, so the same root seed gives the same estimate on every backend.
 
 The budget is checked before each task starts (in-flight tasks count against it); a task that
 was not started is simply not in the results, and the caller reports the estimate as truncated.
-A branch that raises, or whose worker dies, is retried once and then returned as a ``Failure``
-in ``Results.failures``: never silently dropped. Errors in the caller's own inputs
-(``InvalidInput``, store errors) and a model server that stays unreachable after the policy's
-own bounded retries (``ModelUnavailable``) are not retried; they stop the run, and the branches
-already written to a journal stay there for a resume.
+A branch that raises, comes back with status ``error`` or whose worker dies, is retried once and
+then returned as a ``Failure`` in ``Results.failures``: never silently dropped, never scored
+(``car_core.tasks``); the estimators judge what failed with ``tasks.check_failures``. Errors
+in the caller's own inputs (``InvalidInput``, store errors) and a model server that stays
+unreachable after the policy's own bounded retries (``ModelUnavailable``) are not retried; they
+stop the run, and the branches already written to a journal stay there for a resume.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ from .seeding import Noise
 from .tasks import Failure as Failure  # re-exported: Task and Failure live in the base module
 from .tasks import Task as Task
 from .tasks import describe_error as describe_error
-from .tasks import run_branch
+from .tasks import errored_branch, failure_of, run_branch
+from .vocabulary import RunStatus
 
 R = TypeVar("R")
 
@@ -127,8 +129,7 @@ class Guarded:
         return self._failure(task, last)
 
     def _failure(self, task: Task, exc: BaseException | None) -> Failure:
-        return Failure(task, describe_error(exc) if exc else "unknown error",
-                       self.retries + 1, exc)
+        return failure_of(task, exc, self.retries + 1)
 
 
 class Brancher:
@@ -397,6 +398,11 @@ def execute(tasks: Iterable[Task], fn: Callable[[Task], R], meter: BudgetMeter, 
             if stored is None:  # gone since ``stored()`` was read: run it (already reserved)
                 result = guarded(task)
                 accept(pos, task, result, fresh=True)
+            elif getattr(stored, "status", None) == RunStatus.ERROR:
+                # kept by a version that scored errored branches: a failure, never an outcome
+                parent = stored.lineage.parent_id if stored.lineage is not None else None
+                exc = errored_branch(stored, parent)
+                accept(pos, task, failure_of(task, exc, 0), fresh=False)
             else:
                 accept(pos, task, stored, fresh=False)
 

@@ -3,8 +3,9 @@
 ``car_core.agent.drive`` runs a ``FunctionAgent`` under a ``Plan``: steps before ``plan.start``
 are copied from the record (no policy call, no tool call), intervened steps take the plan's
 values, the rest run live. ``record`` runs an agent from scratch; ``intervene`` runs K branches
-and reports the outcome distribution with its Wilson interval; ``action_match_rate`` measures
-how faithfully a policy re-decides the recorded states.
+and reports the outcome distribution with its Wilson interval (branches that raised or ended in
+error are left out and listed, and stop it past ``car_core.tasks.check_failures``);
+``action_match_rate`` measures how faithfully a policy re-decides the recorded states.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from .interventions import Intervention, compile_plan
 from .outcome import OutcomeFn
 from .seeding import Noise, branch_noise, coupling
 from .stats import Interval, check_level, wilson
-from .tasks import Task, returned_run
+from .tasks import Task, check_failures, returned_run
 from .tasks import run_branch as run_branch
 from .trajectory import Outcome, Trajectory
 from .vocabulary import NOT_REDECIDED, RunStatus
@@ -125,7 +126,10 @@ def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequenc
     """Apply ``interventions`` to ``run`` and estimate the outcome distribution from
     ``rollouts`` branches. Branch ``r`` draws its noise from stream ``(seed, r)``, shared by
     every call with the same seed when ``coupled`` (common random numbers). An agent other
-    than the one that recorded ``run`` is refused unless ``force_agent``."""
+    than the one that recorded ``run`` is refused unless ``force_agent``. A branch that raises or
+    comes back with status ``error`` is left out and listed in ``failures``; more than a tenth
+    of them, or any that holds every recorded step, raise ``BranchesFailed`` (when every branch
+    failed, the first branch's own error is raised)."""
     from .agent import check_agent
     check_run(run)
     check_agent(run, agent, force=force_agent)
@@ -149,6 +153,8 @@ def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequenc
         if first.exception is not None:
             raise first.exception
         raise AgentError(f"every branch failed; the first: {first.error}", run_id=run.id)
+    check_failures(results.failures, len(trajs) + len(results.failures), run_id=run.id,
+                   final=True, resumable=False)
     if not trajs:
         raise BudgetExhausted(f"no rollout could run: {meter.tripped or 'the budget tripped'}",
                               run_id=run.id, hint="raise the budget")

@@ -21,10 +21,11 @@ from typing import Any
 import jinja2
 
 from . import formatting as fmt
+from .budget import budget_call, larger_budget
 from .errors import InvalidInput
 from .redact import redact, redact_json
 from .trajectory import Trajectory, step_label
-from .vocabulary import Origin
+from .vocabulary import Answer, Origin
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("car_core", "templates"),
@@ -309,19 +310,74 @@ def _diff(factual: Trajectory | Mapping[str, Any], branch: Mapping[str, Any]
 
 
 # -- verdicts ----------------------------------------------------------------------------------
+def _failure_note(r: Mapping[str, Any]) -> str:
+    failures = r.get("failures") or []
+    if not failures:
+        return ""
+    first = failures[0]
+    error = _clip(str(first.get("error")))
+    return (f"{len(failures)} failed branch(es) left out of the estimate (first: arm "
+            f"{first.get('arm')}, rollout {first.get('rollout')}: {error})")
+
+
+def _continue(r: Mapping[str, Any], method: str, cap: Any) -> str:
+    """The command that resumes the attribution with a larger budget (the API call when it
+    was not stored, so has nothing to resume)."""
+    more = larger_budget(r.get("params", {}).get("budget"), r.get("budget_note"), cap)
+    aid = r.get("attribution_id")
+    if aid is None:
+        return f"run it again with a larger budget: budget={budget_call(more)}"
+    flag = f" --budget {more['rollouts']}" if more.get("rollouts") else ""
+    return (f"car attribute {r.get('run_id')} --agent MODULE:FACTORY --method {method}{flag} "
+            f"--store STORE --resume {aid}")
+
+
+def _answer(r: Mapping[str, Any]) -> str:
+    answer = r.get("answer")
+    if answer:
+        return str(answer)
+    if r.get("locus") is not None:
+        return Answer.LOCUS
+    return Answer.UNDECIDED if r.get("truncated") else Answer.NO_CAUSE
+
+
+def _candidate(r: Mapping[str, Any]) -> str:
+    c = r.get("candidate")
+    if c is None:
+        return "No step had been tested yet."
+    s: Mapping[str, Any] = next((x for x in r.get("steps") or [] if x.get("step") == c), {})
+    if not s.get("tested") or s.get("effect") is None:
+        return f"The candidate is step {c}, not yet measured."
+    return (f"The candidate is step {c}: rescue so far {_fmt(s.get('effect'))}, interval "
+            f"{_ci(s.get('ci'))} from {s.get('n')} pair(s).")
+
+
 def _contrastive_verdict(r: Mapping[str, Any], run: Trajectory | None) -> dict[str, Any]:
     locus = r.get("locus")
     family = _pct(1 - float(r["alpha"])) if r.get("alpha") is not None else "—"
+    answer = _answer(r)
+    note = _failure_note(r)
+    if answer == Answer.UNDECIDED:
+        why = (f"the budget ran out before the answer was decided ({r.get('budget_note')})"
+               if r.get("truncated") else "branches failed, so no cause cannot be claimed")
+        return {"found": False, "answer": "Answer: undecided",
+                "headline": "Undecided: " + why,
+                "detail": _candidate(r) + (f" {r['reason']}" if r.get("reason") else ""),
+                "note": note,
+                "action": "To continue, resume with a larger budget: "
+                          + _continue(r, "contrastive", r.get("rollout_budget")
+                                      or r.get("rollouts_used"))}
     if locus is None:
-        return {"found": False, "headline": "No step could be blamed.",
+        return {"found": False, "answer": "Answer: no cause",
+                "headline": "No cause: no step could be blamed.",
                 "detail": r.get("reason") or "no step's rescue interval excludes zero",
-                "action": ""}
+                "note": note, "action": ""}
     step: Mapping[str, Any] = next(
         (s for s in r.get("steps") or [] if s.get("step") == locus), {})
     action = ""
     if run is not None and 0 <= locus < len(run.steps):
         action = _clip(compact(run.steps[locus].action))
-    return {"found": True,
+    return {"found": True, "answer": "Answer: locus",
             "headline": (f"Step {locus} is where this run committed to failure"
                          + (f" ({step_label(run, locus)})" if run is not None
                             and step_label(run, locus) != f"step {locus}" else "")),
@@ -331,22 +387,30 @@ def _contrastive_verdict(r: Mapping[str, Any], run: Trajectory | None) -> dict[s
                        f"({r.get('correction', 'bonferroni')}, "
                        f"{r.get('tests', '?')} tested step(s), "
                        f"{family} family-wise)."),
-            "action": action}
+            "note": note, "action": action}
 
 
 def _shapley_verdict(r: Mapping[str, Any]) -> dict[str, Any]:
+    note = _failure_note(r)
+    if r.get("truncated"):
+        cut = (f"Truncated ({r.get('budget_note')}): the values are from what was measured. "
+               "To continue, resume with a larger budget: "
+               + _continue(r, "shapley", r.get("budget")))
+        note = f"{cut} {note}".strip()
+    answer = "Answer: Shapley values" + (" (truncated)" if r.get("truncated") else "")
     values = [v for v in r.get("values") or [] if v.get("estimate") is not None]
     if not values:
-        return {"found": False, "headline": "No Shapley values could be estimated.",
-                "detail": r.get("reason") or "", "action": ""}
+        return {"found": False, "answer": answer,
+                "headline": "No Shapley values could be estimated.",
+                "detail": r.get("reason") or "", "note": note, "action": ""}
     top = max(values, key=lambda v: v["estimate"])
     label = top.get("label") or f"step {top.get('step')}"
-    return {"found": top["estimate"] > 0,
+    return {"found": top["estimate"] > 0, "answer": answer,
             "headline": f"{label.capitalize()} carries the largest share of the blame",
             "detail": (f"Shapley value {_fmt(top['estimate'])}, interval {_ci(top.get('ci'))} at "
                        f"{_pct(r.get('level'))}; all steps together account for "
                        f"{_fmt(r.get('total'))} of the failure probability."),
-            "action": ""}
+            "note": note, "action": ""}
 
 
 def _arm_outcomes(branches: Iterable[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
@@ -423,7 +487,7 @@ def render_run(run: Any) -> str:
         r={}, method="run", fmt=_fmt, ci=_ci, pct=_pct, run=_run_summary(traj),
         timeline=_timeline(traj, None), locus_view=None, diff=[], rescue={}, arms={},
         shapley={}, arm_outcomes=[], steps=[], values=[], efficiency=None, choice=None,
-        verdict={"found": False, "headline": f"Run {traj.id}",
+        verdict={"found": False, "answer": "", "note": "", "headline": f"Run {traj.id}",
                  "detail": "No attribution yet: run `car attribute` to find the step that "
                            "caused the failure.", "action": ""}))
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import formatting as fmt
+from .budget import budget_call, larger_budget
 from .errors import InvalidInput
 from .stats import Interval
 from .vocabulary import Answer
@@ -122,6 +123,16 @@ class ArmEstimate:
         return cls(int(data["hold_before"]), float(data["mean"]), ci, int(data["n"]))
 
 
+def _resume_call(method: str, budget: dict[str, Any], attribution_id: str | None,
+                 extra: str = "") -> str:
+    call = f"car.{method}(run, agent, outcome=..., budget={budget_call(budget)}{extra}"
+    if attribution_id is None:
+        return (f"run it again with a larger budget: {call}); pass store= and attribution_id= "
+                "so the next one can resume")
+    return (f"resume with a larger budget: {call}, store=<the store>, "
+            f"attribution_id={attribution_id!r})")
+
+
 def _legacy_answer(data: dict[str, Any]) -> Answer:
     """The answer of a result stored before results named it."""
     if data.get("locus") is not None:
@@ -204,6 +215,38 @@ class ContrastiveResult(_Rendered):
     def table(self) -> list[dict[str, Any]]:
         return [s.to_dict() for s in self.steps]
 
+    def larger_budget(self) -> dict[str, Any]:
+        """The budget to resume an undecided attribution with (see ``larger_budget``)."""
+        return larger_budget(self.params.get("budget"), self.budget_note,
+                             self.rollout_budget or self.rollouts_used)
+
+    def undecided_why(self) -> str:
+        """Why an undecided result could not decide: the budget, or the branches that failed."""
+        if self.truncated:
+            return f"the budget ran out before the answer was decided ({self.budget_note})"
+        if self.failures:
+            return (f"{len(self.failures)} branch(es) failed and were left out, so no cause "
+                    "cannot be claimed")
+        return self.reason or "the estimate stopped before the answer was decided"
+
+    def candidate_text(self) -> str:
+        """The step an undecided search was testing, with what it measured so far."""
+        c = self.candidate
+        if c is None:
+            return "no step had been tested yet"
+        s = next((e for e in self.steps if e.step == c), None)
+        if s is None or not s.tested or s.effect is None:
+            return f"the candidate is step {c} (not yet measured)"
+        return (f"the candidate is step {c}: rescue so far {_num(s.effect)} "
+                f"{_interval(s.ci)} from {s.n} pair(s)")
+
+    def continue_hint(self) -> str | None:
+        """For an undecided result, how to continue; None for a decided one."""
+        if self.answer != Answer.UNDECIDED:
+            return None
+        return "to continue, " + _resume_call("contrastive", self.larger_budget(),
+                                              self.attribution_id)
+
     def __str__(self) -> str:
         rows = [[str(s.step), _num(s.effect), _interval(s.ci),
                  ("yes" if s.significant else "no") if s.tested else "untested",
@@ -211,8 +254,13 @@ class ContrastiveResult(_Rendered):
                  "<- locus" if s.step == self.locus else ""] for s in self.steps]
         who = (f" ({self.locus_label})" if self.locus_label
                and self.locus_label != f"step {self.locus}" else "")
-        head = (f"contrastive attribution of run {self.run_id}: locus = {self.locus}{who}"
-                + (f" ({self.reason})" if self.reason else ""))
+        head = f"contrastive attribution of run {self.run_id}: "
+        if self.answer == Answer.LOCUS:
+            head += f"locus = {self.locus}{who}" + (f" ({self.reason})" if self.reason else "")
+        elif self.answer == Answer.NO_CAUSE:
+            head += "no cause" + (f" ({self.reason})" if self.reason else "")
+        else:
+            head += f"undecided: {self.undecided_why()}; {self.candidate_text()}"
         foot = (f"{self.tests} test(s), each at {self.level:.4f} ({self.correction}, FWER <= "
                 f"{self.alpha}); search={self.search}; rollouts used {self.rollouts_used} "
                 f"of {self.rollout_budget}; coupled={self.coupled}"
@@ -221,7 +269,8 @@ class ContrastiveResult(_Rendered):
                 + (f"; {len(self.failures)} failed branch(es) left out" if self.failures else ""))
         table = _text_table(["step", "rescue", "interval", "significant", "P(fail|held)",
                              "P(fail|resampled)", "n", ""], rows)
-        return f"{head}\n{table}\n{foot}"
+        hint = self.continue_hint()
+        return f"{head}\n{table}\n{foot}" + (f"\n{hint}" if hint else "")
 
 
 @dataclass(frozen=True)
@@ -322,9 +371,23 @@ class ShapleyResult(_Rendered):
     def table(self) -> list[dict[str, Any]]:
         return [v.to_dict() for v in self.values]
 
+    def larger_budget(self) -> dict[str, Any]:
+        """The budget to resume a truncated attribution with (see ``larger_budget``)."""
+        return larger_budget(self.params.get("budget"), self.budget_note, self.budget)
+
+    def continue_hint(self) -> str | None:
+        """For a truncated result, how to continue; None for one that spent what it planned."""
+        if not self.truncated:
+            return None
+        # the mode is kept: a larger budget could make "auto" choose another one
+        return "to continue, " + _resume_call("shapley", self.larger_budget(),
+                                              self.attribution_id, f", mode={self.mode!r}")
+
     def __str__(self) -> str:
         rows = [[v.label, _num(v.estimate), _interval(v.ci), str(v.n)] for v in self.values]
         head = (f"Shapley attribution of run {self.run_id} ({self.mode}, level {self.level})"
+                + (f": truncated ({self.budget_note}), the values are from what was "
+                   "measured" if self.truncated else "")
                 + (f": {self.reason}" if self.reason else ""))
         foot = (f"sum = {_num(self.total)}; v(N) - v(empty) = "
                 f"{_num(self.v_full.mean)} - {_num(self.v_empty.mean)}; gap "
@@ -333,7 +396,9 @@ class ShapleyResult(_Rendered):
                 + (f" ({self.coupling})" if self.coupling and not self.coupled else "")
                 + (f"; truncated: {self.budget_note}" if self.truncated else "")
                 + (f"; {len(self.failures)} failed branch(es) left out" if self.failures else ""))
-        return f"{head}\n{_text_table(['player', 'phi', 'interval', 'n'], rows)}\n{foot}"
+        hint = self.continue_hint()
+        return (f"{head}\n{_text_table(['player', 'phi', 'interval', 'n'], rows)}\n{foot}"
+                + (f"\n{hint}" if hint else ""))
 
 
 Result = ContrastiveResult | ShapleyResult

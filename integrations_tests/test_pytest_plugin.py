@@ -416,3 +416,21 @@ def test_the_plugin_loads_without_any_framework_or_car_core() -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_an_undecided_attribution_says_so_and_its_command_decides_it(
+        pytester: pytest.Pytester) -> None:
+    """16 rollouts are too few for the planted step 2 to be confirmed: the headline says
+    "undecided", names the step the search was testing and the command that continues; run,
+    that command's doubled budget decides it."""
+    pytester.makepyfile(test_pivot=FUNCTION_AGENT_SUITE.format(i=0, at=2))
+    rec = pytester.inline_run("--car-attribute", "--car-rollouts", "16", "--car-budget", "16")
+    text = _section(rec.getreports("pytest_runtest_logreport"), "test_pivot_0")
+    assert text is not None and text.startswith("undecided: the budget ran out"), text
+    assert "the candidate is step 2" in text and "(decided by synthetic:pivot)" in text
+    command = ("pytest test_pivot.py::test_pivot_0 --car-attribute --car-rollouts 16 "
+               "--car-budget 32 --car-wall-time 60")
+    assert f"to continue: {command}" in text
+    again = pytester.inline_run(*command.split()[1:])
+    text = _section(again.getreports("pytest_runtest_logreport"), "test_pivot_0")
+    assert text is not None and text.startswith("locus: step 2 (decided by synthetic:pivot)")

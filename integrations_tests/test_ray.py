@@ -157,3 +157,38 @@ def test_a_model_server_policy_runs_on_ray_workers(cluster: None) -> None:
     assert there.values == here.values
     assert ([[s.action for s in t.steps] for t in there.trajectories]
             == [[s.action for s in t.steps] for t in here.trajectories])
+
+
+class ErrorsOnSome:
+    """The model's agent, whose framework reports a crash (status ``error``) on the branches
+    whose noise draws below ``rate``: the same branches wherever they run."""
+
+    couples_noise = True
+
+    def __init__(self, model: syn.SyntheticSCM, rate: float) -> None:
+        self.inner, self.rate = model.agent(), rate
+        self.name = self.inner.name
+
+    def start(self, context: Any, noise: Any) -> car.Trajectory:
+        return self.inner.start(context, noise)
+
+    def branch(self, run: car.Trajectory, plan: Any, noise: Any) -> car.Trajectory:
+        traj = self.inner.branch(run, plan, noise)
+        if noise.rng(99, "environment").random() >= self.rate:
+            return traj
+        return car.Trajectory.new(context=traj.context, steps=list(traj.steps), seed=traj.seed,
+                                  agent=traj.agent, status="error", error="hook raised")
+
+
+@pytest.mark.slow
+def test_ray_leaves_errored_branches_out_as_in_process(cluster: None) -> None:
+    model = syn.pivot()
+    run = model.failing_run(seed=0)
+    agent = ErrorsOnSome(model, 0.05)  # with seed 1: 3 of the 40 branches
+    kw: dict[str, Any] = {"outcome": model.outcome, "rollouts": 40, "seed": 1}
+    seq = car.intervene(run, agent, car.do_resample(2), **kw)
+    on_ray = car.intervene(run, agent, car.do_resample(2), executor=RayExecutor(concurrency=4),
+                           **kw)
+    assert seq.failures and on_ray.failures == seq.failures  # the same branches, same steps
+    assert all("hook raised" in f["error"] and f["attempts"] == 2 for f in seq.failures)
+    assert on_ray.values == seq.values and seq.n == 40 - len(seq.failures)

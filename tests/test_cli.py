@@ -299,7 +299,7 @@ def test_attribute_exits_1_when_no_step_matters(tmp_path):
         s.save(run)
     proc = car("attribute", run.id, "--agent", "car_core.synthetic:no_cause", cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
-    assert "No locus:" in proc.stdout
+    assert "No cause:" in proc.stdout
 
 
 def test_attribute_exits_3_when_the_budget_runs_out_and_shows_progress(pivot_store):

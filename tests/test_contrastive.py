@@ -11,7 +11,7 @@ from _estimator_helpers import TOKENS_PER_STEP, TokenAgent, counted
 
 import car_core as car
 from car_core import synthetic as syn
-from car_core.errors import InvalidInput, NothingToAttribute
+from car_core.errors import BranchesFailed, InvalidInput, NothingToAttribute
 
 RESULT_KEYS = {"method", "run_id", "attribution_id", "locus", "reason", "alpha", "correction",
                "tests", "level", "rollouts_used", "rollouts_cap", "rollout_budget", "seed",
@@ -165,16 +165,17 @@ def _breaks_at(model: syn.SyntheticSCM, step: int) -> car.FunctionAgent:
                              is_final=base.is_final, max_steps=base.max_steps, name=base.name)
 
 
-def test_failed_branches_are_reported_not_silently_dropped(pivot_model, pivot_run):
+def test_failed_branches_stop_the_estimate_instead_of_answering(pivot_model, pivot_run):
     """Every branch that decides step 4 live fails; only the arms holding steps 0-4 score, and
-    they all fail, which must not be read as "the outcome never varied"."""
-    res = car.contrastive(pivot_run, _breaks_at(pivot_model, 4), outcome=pivot_model.outcome,
-                          rollouts=8, search="full")
-    assert res.locus is None
-    assert res.failures and all(f["attempts"] == 2 for f in res.failures)
-    assert "failed after a retry" in res.reason and "tool server down" in res.reason
-    assert res.to_dict()["failures"] == list(res.failures)
-    assert "failed branch(es) left out" in str(res)
+    they all fail, which must be read neither as "the outcome never varied" nor as an answer:
+    far more than the share an estimate may leave out failed, so it stops and names the first
+    failure and its step."""
+    with pytest.raises(BranchesFailed, match="tool server down") as info:
+        car.contrastive(pivot_run, _breaks_at(pivot_model, 4), outcome=pivot_model.outcome,
+                        rollouts=8, search="full")
+    err = info.value
+    assert err.step == 4 and err.first.step == 4 and "more than the 10%" in str(err)
+    assert err.failures and all(f.attempts == 2 and f.step == 4 for f in err.failures)
 
 
 @pytest.mark.parametrize("rollouts", [0, -1, 1.5, True])

@@ -9,8 +9,8 @@ import pytest
 
 import car_core as car
 from car_core import redact as rd
-from car_core.errors import ModelUnavailable, PolicyError
-from car_core.report import render_attribution
+from car_core.errors import BranchesFailed, ModelUnavailable, PolicyError
+from car_core.report import render_run
 from car_core.store import RunStore
 
 KEY = "sk-unitCANARY8c1d5e9f03ab"
@@ -92,13 +92,14 @@ def test_a_policy_that_raises_a_key_is_stored_and_rendered_without_it(tmp_path) 
     db = tmp_path / "car.db"
     with RunStore(db) as store:
         store.save(run)
-        res = car.contrastive(run, agent, outcome=lambda r: 1.0, rollouts=2, store=store,
-                              search="full")
-        assert res.failures  # every branch from step 1 failed with the key in its error
-        html = render_attribution(res, run)
+        with pytest.raises(BranchesFailed) as info:  # every branch from step 1 failed
+            car.contrastive(run, agent, outcome=lambda r: 1.0, rollouts=2, store=store,
+                            search="full")
+        shown = str(info.value) + "".join(f.error for f in info.value.failures)
+        html = render_run(run)
     blob = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("car.db"))
-    assert KEY.encode() not in blob and KEY not in html and KEY not in str(res)
-    assert rd.MARK in html
+    assert KEY.encode() not in blob and KEY not in html and KEY not in shown
+    assert rd.MARK in shown
 
 
 def test_log_filter_redacts_message_arguments_and_exceptions() -> None:

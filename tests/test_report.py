@@ -97,7 +97,7 @@ def test_no_locus_says_why():
     r = contrastive_dict(model, run)
     r["reason"] = "no step's rescue interval excludes zero"
     html = render_attribution(r, run=run)
-    assert "No step could be blamed." in html
+    assert "No cause: no step could be blamed." in html and "Answer: no cause" in html
     assert "no step&#39;s rescue interval excludes zero" in html
     assert 'id="locus"' not in html
 

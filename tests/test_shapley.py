@@ -11,7 +11,7 @@ from _estimator_helpers import TokenAgent, counted
 
 import car_core as car
 from car_core import synthetic as syn
-from car_core.errors import InvalidBudget, InvalidInput, NothingToAttribute
+from car_core.errors import BranchesFailed, InvalidBudget, InvalidInput, NothingToAttribute
 
 RESULT_KEYS = {"method", "run_id", "attribution_id", "mode", "values", "total", "v_full",
                "v_empty", "efficiency_gap", "level", "rollouts_used", "budget", "truncated",
@@ -194,9 +194,10 @@ def test_token_budget_truncates_and_keeps_what_was_measured():
     assert all(v.n >= 2 and v.ci is not None for v in sh.values)
 
 
-def test_failed_branches_are_reported_not_read_as_a_budget_trip(pivot_model, pivot_run):
+def test_failed_branches_stop_the_estimate_not_read_as_a_budget_trip(pivot_model, pivot_run):
     """A policy that raises at step 4 fails every branch that decides step 4 live (all but
-    v(N)'s), so no unit completes; the reason must name the failures, not the budget."""
+    v(N)'s): the estimate stops on the failures, naming the first and its step, and never
+    reads them as a budget trip."""
     base = pivot_model.agent()
 
     def policy(history, rng):
@@ -206,12 +207,12 @@ def test_failed_branches_are_reported_not_read_as_a_budget_trip(pivot_model, piv
 
     agent = car.FunctionAgent(policy=policy, environment=base.environment,
                               is_final=base.is_final, max_steps=base.max_steps, name=base.name)
-    sh = car.shapley(pivot_run, agent, outcome=pivot_model.outcome, budget=48)
-    assert not sh.truncated and all(v.estimate is None for v in sh.values)
+    with pytest.raises(BranchesFailed, match="tool server down") as info:
+        car.shapley(pivot_run, agent, outcome=pivot_model.outcome, budget=48)
+    err = info.value
+    assert err.step == 4 and "budget" not in str(err)
     # exactly the coalitions without step 4 decide it live, so exactly they fail
-    assert sh.failures and all("4" not in f["arm"][2:].split(",") for f in sh.failures)
-    assert "failed after a retry" in sh.reason and "tool server down" in sh.reason
-    assert sh.to_dict()["failures"] == list(sh.failures)
+    assert err.failures and all("4" not in f.task.arm[2:].split(",") for f in err.failures)
 
 
 def test_budget_below_two_units_is_refused(pivot_model, pivot_run):

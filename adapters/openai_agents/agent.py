@@ -19,7 +19,11 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from agents import Agent, RunConfig, Runner
-from agents.exceptions import MaxTurnsExceeded
+from agents.exceptions import (
+    InputGuardrailTripwireTriggered,
+    MaxTurnsExceeded,
+    OutputGuardrailTripwireTriggered,
+)
 from agents.handoffs import Handoff
 from agents.models.interface import Model
 from agents.run import DEFAULT_MAX_TURNS
@@ -288,6 +292,10 @@ class OpenAIAgentsAgent:
     def _collected(self, collector: CarRecorder, exc: BaseException | None) -> car.Trajectory:
         runs = collector.runs
         status = RunStatus.MAX_STEPS if isinstance(exc, MaxTurnsExceeded) else RunStatus.ERROR
+        if isinstance(exc, (InputGuardrailTripwireTriggered, OutputGuardrailTripwireTriggered)):
+            # the app stopped the run by design, as the recorder records it: an outcome to
+            # score (the error says which guardrail), not a crash to leave out
+            status = RunStatus.COMPLETE
         if runs and exc is not None:
             # the SDK calls on_agent_end before its output guardrails run, so a tripwire
             # arrives after the hooks closed the run as complete

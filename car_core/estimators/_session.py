@@ -1,5 +1,7 @@
 """What both estimators do around their rollouts: check the run, open the store journal, run
-batches of tasks under one budget meter, and keep outcome values rather than trajectories."""
+batches of tasks under one budget meter, keep outcome values rather than trajectories, and stop
+(``BranchesFailed``, the attribution left resumable) when failed branches make the estimate
+untrustworthy (``car_core.tasks.check_failures``)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from ..interventions import Plan
 from ..replay import check_run
 from ..results import Result
 from ..seeding import branch_noise, coupling
+from ..tasks import check_failures
 from ..trajectory import Trajectory
 from ..vocabulary import AttributionStatus
 
@@ -135,6 +138,7 @@ class Session:
         self.progress, self.method, self.params = progress, method, params
         self.store, self.journal, self.attribution_id = store, None, attribution_id
         self.failures: list[Failure] = []  # branches that failed after their retry
+        self.ran = 0  # branches run (failed ones included), for the failed share
         opened = _OPENED.get()
         if opened is not None:
             opened.append(self)
@@ -167,15 +171,19 @@ class Session:
         results = execute(tasks, brancher(self.run, self.agent, self.outcome), self.meter,
                           executor=self.executor, progress=self.progress, label=self.method,
                           on_result=on_result, journal=self.journal, keep=lambda traj: None)
+        self.ran += len(results) + len(results.failures)
         self.failures.extend(results.failures)
+        check_failures(self.failures, self.ran, run_id=self.run.id,
+                       resumable=self.journal is not None)
 
     def failure_note(self) -> str | None:
         """Why the estimate is missing branches, when some failed after their retry: left out,
         they bias it towards the branches that did not fail, so the result must say so."""
         if not self.failures:
             return None
-        return (f"{len(self.failures)} branch(es) failed after a retry and were left out of "
-                f"the estimate (first: {self.failures[0].error}); fix the agent and run again")
+        return (f"{len(self.failures)} of {self.ran} branch(es) failed after a retry and were "
+                f"left out of the estimate (first: {self.failures[0].describe()}); fix the "
+                "agent and run again")
 
     def failure_rows(self) -> tuple[dict[str, Any], ...]:
         return tuple(f.to_dict() for f in self.failures)
@@ -196,6 +204,10 @@ class Session:
                 pass
 
     def finish(self, result: Result) -> None:
+        """Store the result, unless the branches that failed are too many to leave out (then
+        ``BranchesFailed``, and the attribution stays open for a resume)."""
+        check_failures(self.failures, self.ran, run_id=self.run.id, final=True,
+                       resumable=self.journal is not None)
         if self.store is not None and self.attribution_id is not None:
             status = (AttributionStatus.TRUNCATED if result.truncated
                       else AttributionStatus.COMPLETE)

@@ -1,0 +1,93 @@
+"""A LangGraph app whose refund tool raises on branches: the LangGraph adapter lets the graph's
+error out of ``branch``, so such a branch is a failure, never an outcome. A few are left out,
+counted and shown; when every branch that reaches the tool crashes, the estimate refuses."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from car_adapters.demo import support_agent as sa
+from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent
+from langchain_core.tools import tool
+from langgraph.checkpoint.memory import InMemorySaver
+
+import car_core as car
+from car_core.errors import BranchesFailed
+from car_core.execution import Sequential
+from car_core.report import render_attribution
+
+
+class PaymentsHook:
+    """The payment provider's sandbox, down for branches: calls ``down`` (a set of call
+    numbers among the branches' refund calls, or ``all``) raise."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.down: set[int] | str = "all"
+        self.calls = 0
+
+    def check(self) -> None:
+        if not self.armed:
+            return
+        self.calls += 1
+        if self.down == "all" or self.calls in self.down:
+            raise RuntimeError("payments sandbox unavailable")
+
+
+HOOK = PaymentsHook()
+
+
+@tool
+def issue_refund(order_id: str, amount: float) -> str:
+    """Refund an order (moves money: a side effect)."""
+    HOOK.check()
+    return json.dumps({"refunded": order_id, "amount": amount})
+
+
+@pytest.fixture
+def support() -> Any:
+    HOOK.armed, HOOK.down, HOOK.calls = False, "all", 0
+    model = sa.PlantedSupportModel(rng_seed=0)
+    wrapper = CarChatModel(inner=model)
+    app = sa.build_app(wrapper, InMemorySaver(),
+                       tools=[sa.lookup_order, sa.record_decision, issue_refund])
+    cb = CarCallback()
+    for i in range(50):  # p = 0.3 per ticket; the rng is seeded, so this is deterministic
+        app.invoke(sa.inputs(), {"configurable": {"thread_id": f"user-{i}"}, "callbacks": [cb]})
+        if sa.outcome(cb.run):
+            break
+    run = cb.run
+    assert sa.outcome(run) and len(run.steps) == 4  # lookup, decide refund, refund, reply
+    HOOK.armed = True
+    yield LangGraphAgent(app, model=wrapper), run
+    HOOK.armed = False
+
+
+def test_a_branch_whose_tool_raises_is_counted_and_shown_not_scored(support: Any,
+                                                                    store: Any) -> None:
+    agent, run = support
+    HOOK.down = {1, 2}  # the first branch that refunds, and its retry
+    res = car.contrastive(run, agent, outcome=sa.outcome, rollouts=32, seed=0, store=store,
+                          search="full", executor=Sequential(), progress=False)
+    (failure,) = res.failures
+    assert "payments sandbox unavailable" in failure["error"] and failure["attempts"] == 2
+    # left out of the arms, not scored as a rescue (the crashed branch issued no refund)
+    assert sum(a.n for a in res.arms) == res.rollouts_used - 1
+    assert not any(b["arm"] == failure["arm"] and b["rollout"] == failure["rollout"]
+                   for b in store.branches(res.attribution_id))
+    assert res.locus == 1
+    assert "1 failed branch(es) left out" in str(res)
+    assert "1 failed branch(es) left out of the estimate" in render_attribution(res, run=run)
+
+
+def test_a_tool_that_raises_on_every_branch_stops_the_estimate(support: Any) -> None:
+    agent, run = support
+    with pytest.raises(BranchesFailed, match="payments sandbox unavailable") as info:
+        car.contrastive(run, agent, outcome=sa.outcome, rollouts=32, seed=0,
+                        executor=Sequential(), progress=False)
+    err = info.value
+    assert err.failures and all(f.attempts == 2 for f in err.failures)
+    # only branches that decide step 2 (the refund) live reach the tool
+    assert all(f.task.plan.start <= 2 for f in err.failures)

@@ -1,0 +1,180 @@
+"""Every surface says which of the three answers an attribution gives: the locus, no cause, or
+undecided, and for undecided the step the search was testing and the command that continues
+it (a resume with a larger budget, which re-uses every branch already run)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _estimator_helpers import TokenAgent
+
+import car_core as car
+from car_core import _clikit as kit
+from car_core import synthetic as syn
+from car_core.budget import larger_budget
+from car_core.report import render_attribution
+from car_core.store import RunStore
+from car_core.vocabulary import Answer
+
+# On the planted pivot (six steps, cause at step 2) with the default search: 22 rollouts leave
+# step 2 a candidate the confirmation has not shown yet, twice as many decide it.
+UNDECIDED_BUDGET = 22
+
+
+@pytest.fixture
+def undecided(pivot_model, pivot_run, store):
+    res = car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
+                          budget=UNDECIDED_BUDGET, store=store, attribution_id="u1")
+    assert res.answer == Answer.UNDECIDED and res.candidate == 2 and res.truncated
+    return res
+
+
+@pytest.fixture
+def no_cause():
+    model = syn.no_cause()
+    res = car.contrastive(model.failing_run(0), model.agent(), outcome=model.outcome)
+    assert res.answer == Answer.NO_CAUSE
+    return res
+
+
+@pytest.fixture
+def located(pivot_model, pivot_run):
+    res = car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
+                          budget=60)
+    assert res.answer == Answer.LOCUS and res.locus == 2
+    return res
+
+
+def test_the_result_text_names_each_answer(located, no_cause, undecided) -> None:
+    assert str(located).splitlines()[0].endswith(": locus = 2")
+    assert located.continue_hint() is None and no_cause.continue_hint() is None
+    head = str(no_cause).splitlines()[0]
+    assert ": no cause (" in head and "no rise to follow" in head
+    text = str(undecided)
+    assert text.splitlines()[0].endswith(
+        "undecided: the budget ran out before the answer was decided (rollout budget of 22 "
+        f"reached); {undecided.candidate_text()}")
+    assert undecided.candidate_text().startswith("the candidate is step 2: rescue so far ")
+    assert text.splitlines()[-1] == (
+        "to continue, resume with a larger budget: car.contrastive(run, agent, outcome=..., "
+        "budget=car.Budget(rollouts=44), store=<the store>, attribution_id='u1')")
+
+
+def test_following_the_hint_decides_and_reuses_what_was_run(pivot_model, pivot_run, store,
+                                                            undecided) -> None:
+    resumed = car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
+                              budget=car.Budget(rollouts=44), store=store,
+                              attribution_id="u1")
+    fresh = car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
+                            budget=44)
+    assert resumed.answer == Answer.LOCUS and resumed.locus == 2
+    assert resumed.rollouts_used == fresh.rollouts_used  # the same branches, none re-run twice
+    assert len(store.branches("u1")) == resumed.rollouts_used
+
+
+def test_without_a_store_the_hint_says_to_run_again(pivot_model, pivot_run) -> None:
+    res = car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
+                          budget=UNDECIDED_BUDGET)
+    assert res.continue_hint() == (
+        "to continue, run it again with a larger budget: car.contrastive(run, agent, "
+        "outcome=..., budget=car.Budget(rollouts=44)); pass store= and attribution_id= so "
+        "the next one can resume")
+
+
+def test_the_larger_budget_doubles_the_limit_that_tripped() -> None:
+    given = {"rollouts": 256, "tokens": None, "cost": None, "wall_time": 60.0}
+    assert larger_budget(given, "rollout budget of 256 reached", 256) == {
+        "rollouts": 512, "wall_time": 60.0}
+    assert larger_budget(given, "wall-time budget of 60s reached", 256) == {
+        "rollouts": 256, "wall_time": 120.0}
+    assert larger_budget({"rollouts": 90, "tokens": 1000}, "token budget of 1000 would be "
+                         "exceeded", 90) == {"rollouts": 90, "tokens": 2000}
+    assert larger_budget(None, None, 30) == {"rollouts": 60}  # the n·K cap it ran under
+
+
+def test_the_cli_verdict_names_each_answer(located, no_cause, undecided) -> None:
+    assert kit.verdict(located).startswith("Locus: step 2. Re-drawing it lowers P(failure)")
+    assert kit.verdict(no_cause).startswith("No cause: holding the whole record")
+    assert kit.verdict(undecided) == (f"Undecided: {undecided.undecided_why()}; "
+                                      f"{undecided.candidate_text()}.")
+    assert [kit.answer_cell(r) for r in (located, no_cause, undecided)] == [
+        "locus 2", "no cause", "undecided, candidate 2"]
+
+
+def _car(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(Path(__file__).parents[1])}
+    return subprocess.run([sys.executable, "-m", "car_core.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_car_attribute_prints_the_command_that_continues_and_it_decides(
+        tmp_path, pivot_run) -> None:
+    db = str(tmp_path / "car.db")
+    with RunStore(db) as s:
+        s.save(pivot_run)
+    first = _car("attribute", pivot_run.id, "--agent", "car_core.synthetic:pivot", "--budget",
+                 str(UNDECIDED_BUDGET), "--store", db, "--no-progress", cwd=tmp_path)
+    assert first.returncode == 3, first.stderr
+    assert "Undecided: the budget ran out" in first.stdout
+    assert "the candidate is step 2" in first.stdout
+    lines = first.stderr.strip().splitlines()
+    assert lines[0].startswith("undecided (attribution ") and "larger budget" in lines[0]
+    aid = lines[0].split()[2].rstrip(");")
+    command = lines[1].strip()
+    assert command == (f"car attribute {pivot_run.id} --agent car_core.synthetic:pivot "
+                       f"--store {db} --no-progress --budget 44 --resume {aid}")
+    listed = _car("attributions", "--store", db, cwd=tmp_path)
+    assert "undecided, candidate 2" in listed.stdout
+    assert (f"{aid} is undecided, candidate 2; to continue, resume it with a larger budget: "
+            f"car attribute {pivot_run.id} --agent MODULE:FACTORY --method contrastive "
+            f"--budget 44 --store {db} --resume {aid}") in listed.stdout
+    again = _car(*shlex.split(command)[1:], cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "Locus: step 2." in again.stdout
+    listed = _car("attributions", "--store", db, cwd=tmp_path)
+    assert "locus 2" in listed.stdout and "to continue" not in listed.stdout
+
+
+def test_the_report_verdict_names_each_answer(located, no_cause, undecided,
+                                              pivot_run) -> None:
+    html = render_attribution(undecided, run=pivot_run)
+    assert "Answer: undecided" in html and "Undecided: the budget ran out" in html
+    assert "The candidate is step 2: rescue so far" in html
+    assert ("To continue, resume with a larger budget: car attribute "
+            f"{pivot_run.id} --agent MODULE:FACTORY --method contrastive --budget 44 --store "
+            "STORE --resume u1") in html
+    assert "Answer: no cause" in render_attribution(no_cause)
+    html = render_attribution(located, run=pivot_run)
+    assert "Answer: locus" in html and "Step 2 is where this run committed to failure" in html
+
+
+def test_assert_locus_says_undecided_or_no_cause(undecided, no_cause) -> None:
+    with pytest.raises(AssertionError, match="the attribution is undecided: the budget ran "
+                                             "out") as info:
+        car.assert_locus(undecided, step=2)
+    assert "the candidate is step 2" in str(info.value)
+    assert "budget=car.Budget(rollouts=44)" in str(info.value)
+    with pytest.raises(AssertionError, match="but the answer is no cause: no step's rescue"):
+        car.assert_locus(no_cause, step=2)
+
+
+def test_a_truncated_shapley_result_says_so_everywhere(pivot_model, pivot_run, store) -> None:
+    res = car.shapley(pivot_run, TokenAgent(pivot_model.agent()), outcome=pivot_model.outcome,
+                      budget=car.Budget(rollouts=400, tokens=2000), store=store,
+                      attribution_id="s1", mode="permutation")
+    assert res.truncated and "token budget" in (res.budget_note or "")
+    head = str(res).splitlines()[0]
+    assert f": truncated ({res.budget_note}), the values are from what was measured" in head
+    assert str(res).splitlines()[-1] == (
+        "to continue, resume with a larger budget: car.shapley(run, agent, outcome=..., "
+        "budget=car.Budget(rollouts=400, tokens=4000), mode='permutation', store=<the store>, "
+        "attribution_id='s1')")
+    assert kit.verdict(res).startswith(f"Truncated ({res.budget_note}): the values are from")
+    assert kit.answer_cell(res) == "values (truncated)"
+    html = render_attribution(res, run=pivot_run)
+    assert "Answer: Shapley values (truncated)" in html and "To continue" in html
