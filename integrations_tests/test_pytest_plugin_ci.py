@@ -209,6 +209,9 @@ def test_progress_lines_say_what_is_being_attributed(pytester: pytest.Pytester) 
 
 REASONS = '''
 import pytest
+from langgraph.checkpoint.memory import InMemorySaver
+
+from car_adapters.demo.support_agent import PlantedSupportModel, build_app, inputs
 from car_core import synthetic
 from car_core.errors import AdapterError
 
@@ -224,9 +227,17 @@ def broken_outcome(run):
     raise ValueError("the judge is down")
 
 
-def test_outcome_raises(car_recorder):
+def test_outcome_raises_on_the_recorded_run(car_recorder):
+    app = build_app(PlantedSupportModel(rng_seed=3), InMemorySaver())
+    car_recorder.watch(app, outcome=broken_outcome, side_effect_tools=["issue_refund"])
+    # a LangGraph run is recorded unscored: the recorder scores it with watch's outcome
+    app.invoke(inputs(), {"configurable": {"thread_id": "t1"}})
+    assert False
+
+
+def test_outcome_raises_on_branches(car_recorder):
     car_recorder.watch(SCM.agent(), outcome=broken_outcome)
-    SCM.failing_run(seed=0)
+    SCM.failing_run(seed=0)  # scored by the planted outcome; branches get the broken one
     assert False
 '''
 
@@ -234,8 +245,13 @@ def test_outcome_raises(car_recorder):
 def test_reasons_name_the_real_cause(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_reasons=REASONS)
     rec = pytester.inline_run("--car-attribute")
-    rec.assertoutcome(passed=1, failed=1)
-    text = _section(rec.getreports("pytest_runtest_logreport"), "test_outcome_raises")
+    rec.assertoutcome(passed=1, failed=2)
+    reports = rec.getreports("pytest_runtest_logreport")
+    text = _section(reports, "test_outcome_raises_on_the_recorded_run")
     assert text is not None and text.startswith(
-        "not attributed: the outcome raised while scoring"), text
+        "not attributed: the outcome raised while scoring 1 of the 1 recorded run(s)"), text
     assert "the judge is down" in text and "pass outcome=" not in text
+    text = _section(reports, "test_outcome_raises_on_branches")
+    assert text is not None and text.startswith(
+        "not attributed: OutcomeError: the outcome function raised ValueError('the judge is "
+        "down')"), text
