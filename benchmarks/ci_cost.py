@@ -3,12 +3,13 @@
 1. ``python -c "import car_core"`` in a fresh process, against ``python -c pass`` (wall time,
    median of ``--imports`` interleaved pairs; the OS file cache is warm, the interpreter cold).
 2. The first ``car_recorder`` use in a process that has already imported LangGraph and built
-   its app: ``RunRecorder.start()`` + one recorded run + ``finish()``, minus the same run
-   unrecorded (median over ``--imports`` fresh processes).
+   its app (a one-node graph over LangChain's fake chat model; CAR not yet imported):
+   ``RunRecorder.start()`` + one recorded run + ``finish()``, imports included, minus the same
+   run unrecorded (median over ``--imports`` fresh processes).
 3. LangGraph recording overhead with the store: the planted support agent (4 decisions, a
    zero-latency model) with ``CarCallback(store=path)`` against the same run without it
-   (median of ``--runs`` interleaved pairs in one process; the writes are flushed at the end,
-   outside the timing, as the durability promise allows).
+   (median of the ratios of ``--runs`` interleaved pairs in one process, which of a pair runs
+   first alternating; the writes are flushed at the end, as the durability promise allows).
 
     .venv/bin/python benchmarks/ci_cost.py                 # 15 processes, 300 pairs
     .venv/bin/python benchmarks/ci_cost.py --imports 30 --runs 500
@@ -23,23 +24,31 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 FIRST_USE = '''
 import sys, time
 from pathlib import Path
+from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langgraph.checkpoint.memory import InMemorySaver
-from car_adapters.demo.support_agent import PlantedSupportModel, build_app, inputs
+from langgraph.graph import START, MessagesState, StateGraph
 import car_adapters.pytest_plugin  # loaded by pytest before any test
-app = build_app(PlantedSupportModel(rng_seed=0), InMemorySaver())
-app.invoke(inputs(), {"configurable": {"thread_id": "warm"}})
+
+model = FakeListChatModel(responses=["done"] * 10)
+graph = StateGraph(MessagesState)
+graph.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
+graph.add_edge(START, "agent")
+app = graph.compile(checkpointer=InMemorySaver())
+ask = {"messages": [("user", "hello")]}
+app.invoke(ask, {"configurable": {"thread_id": "warm"}})
 t = time.perf_counter()
-app.invoke(inputs(), {"configurable": {"thread_id": "plain"}})
+app.invoke(ask, {"configurable": {"thread_id": "plain"}})
 plain = time.perf_counter() - t
 t = time.perf_counter()
 from car_adapters.pytest_recording import RunRecorder, close_writers
 rec = RunRecorder("test_x.py::test_x", Path(sys.argv[1]))
 rec.start()
-app.invoke(inputs(), {"configurable": {"thread_id": "recorded"}})
+app.invoke(ask, {"configurable": {"thread_id": "recorded"}})
 rec.finish()
 recorded = time.perf_counter() - t
 close_writers()
@@ -79,13 +88,18 @@ def recording(runs: int, folder: Path) -> tuple[float, float]:
     app = build_app(PlantedSupportModel(rng_seed=0), InMemorySaver())
     cb = CarCallback(store=folder / "recorded.db")
     plain, stored = [], []
+    def timed(config: dict[str, Any]) -> float:
+        t = time.perf_counter()
+        app.invoke(inputs(), config)
+        return time.perf_counter() - t
+
     for i in range(runs + 5):  # the first 5 pairs warm caches and are dropped
-        t = time.perf_counter()
-        app.invoke(inputs(), {"configurable": {"thread_id": f"p{i}"}})
-        t_plain = time.perf_counter() - t
-        t = time.perf_counter()
-        app.invoke(inputs(), {"configurable": {"thread_id": f"r{i}"}, "callbacks": [cb]})
-        t_stored = time.perf_counter() - t
+        plain_cfg = {"configurable": {"thread_id": f"p{i}"}}
+        stored_cfg = {"configurable": {"thread_id": f"r{i}"}, "callbacks": [cb]}
+        if i % 2:  # which of the pair runs first alternates, so order effects cancel
+            t_stored, t_plain = timed(stored_cfg), timed(plain_cfg)
+        else:
+            t_plain, t_stored = timed(plain_cfg), timed(stored_cfg)
         if i >= 5:
             plain.append(t_plain)
             stored.append(t_stored)
