@@ -255,3 +255,31 @@ def test_reasons_name_the_real_cause(pytester: pytest.Pytester) -> None:
     assert text is not None and text.startswith(
         "not attributed: OutcomeError: the outcome function raised ValueError('the judge is "
         "down')"), text
+
+
+SHAPLEY_ON_A_PLAIN_GRAPH = '''
+import json
+
+from langgraph.checkpoint.memory import InMemorySaver
+
+from car_adapters.demo.support_agent import PlantedSupportModel, build_app, inputs, outcome
+
+
+def test_plain_graph(car_recorder):
+    app = build_app(PlantedSupportModel(rng_seed=3), InMemorySaver())  # no CarChatModel
+    car_recorder.watch(app, outcome=outcome, side_effect_tools=["issue_refund"],
+                       simulators={"issue_refund": lambda a: json.dumps({"simulated": True})})
+    app.invoke(inputs(), {"configurable": {"thread_id": "t1"}})
+    assert False
+'''
+
+
+def test_a_refusal_says_how_to_fix_it(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_plain=SHAPLEY_ON_A_PLAIN_GRAPH)
+    rec = pytester.inline_run("--car-attribute", "--car-method", "shapley", "--car-budget", "32")
+    rec.assertoutcome(failed=1)
+    text = _section(rec.getreports("pytest_runtest_logreport"), "test_plain_graph")
+    # Shapley holds steps after a resampled one, which needs CAR to decide the model calls:
+    # the one line says so and says how (the error's hint)
+    assert text is not None and text.startswith("not attributed: AdapterError: "), text
+    assert "CarChatModel" in text and "CarMiddleware" in text and "\n" not in text
