@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from .pytest_recording import RunRecorder
+from .pytest_recording import RunRecorder, close_writers
 
 __all__ = ["RunRecorder"]
 
@@ -100,6 +100,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
+    problems = close_writers()  # every run this process recorded is stored from here on
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    for line in problems if reporter is not None else ():
+        reporter.write_line(f"CAR: {line}")
     if not _controller(config):
         return
     main = store_path(config)
@@ -130,13 +134,18 @@ _RECORDER = pytest.StashKey[RunRecorder]()
 
 
 class _Attributor:
-    """Registered only with ``--car-attribute``: attributes failing tests' runs."""
+    """Registered only with ``--car-attribute``: attributes failing tests' runs, tells the
+    terminal while it does, adds what it found to the test's report (a section, and
+    ``car_*`` properties that JUnit XML carries) and lists every attributed test at the end.
+    Under pytest-xdist the workers attribute and the controller lists what their reports say."""
 
     def __init__(self, config: pytest.Config) -> None:
+        self.config = config
         self.method = config.getoption("car_method")
         self.budget = config.getoption("car_budget")
         self.rollouts = config.getoption("car_rollouts")
         self.wall_time = config.getoption("car_wall_time")
+        self.found: dict[str, dict[str, str]] = {}  # node id -> its car_* properties
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: Any) -> Any:
@@ -144,21 +153,110 @@ class _Attributor:
         recorder = item.stash.get(_RECORDER, None)
         if recorder is None or report.when != "call" or not report.failed:
             return report
-        report.sections.append(("CAR attribution", self.attribute(recorder, item)))
+        text, properties = self.attribute(recorder, item)
+        report.sections.append(("CAR attribution", text))
+        # the teardown report, which JUnit XML reads properties from, copies the item's
+        item.user_properties.extend(properties.items())
         return report
 
-    def attribute(self, recorder: RunRecorder, item: pytest.Item) -> str:
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "teardown":
+            props = {k: str(v) for k, v in report.user_properties if k.startswith("car_")}
+            if props:
+                self.found[report.nodeid] = props
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not _controller(self.config) or not self.found:
+            return
+        terminalreporter.section("CAR attribution summary")
+        for nodeid, props in self.found.items():
+            terminalreporter.write_line(summary_line(nodeid, props))
+
+    def attribute(self, recorder: RunRecorder, item: pytest.Item) -> tuple[str, dict[str, str]]:
         started = time.monotonic()
+        progress = _Progress(self.config, item.nodeid, self.budget, self.wall_time)
         try:
             found = recorder.attribute(method=self.method, budget=self.budget,
                                        rollouts=self.rollouts, wall_time=self.wall_time,
-                                       report=_report_path(recorder.path, item.nodeid))
-        except Exception as exc:  # never let CAR turn a failure into an error
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            return f"not attributed: {type(exc).__name__}: {first}"
+                                       report=_report_path(recorder.path, item.nodeid),
+                                       progress=progress)
+        except KeyboardInterrupt:
+            raise  # the user stopping the session, as in any test
+        except BaseException as exc:  # noqa: B036 - skip(), exit() from user code on a branch
+            # never let CAR turn a failure into an error or end the session
+            why = one_line(exc)
+            if not isinstance(exc, Exception):  # skip(), exit(): not CAR's error, say whose
+                why += " raised on a branch (by the outcome, the agent or a tool it called)"
+            progress.done(f"not attributed: {why}")
+            return f"not attributed: {why}", {"car_answer": "not attributed", "car_reason": why}
         if isinstance(found, str):
-            return f"not attributed: {found}"
-        return found.summary(time.monotonic() - started)
+            progress.done(f"not attributed: {found}")
+            return f"not attributed: {found}", {"car_answer": "not attributed",
+                                                "car_reason": found}
+        progress.done(found.headline())
+        return found.summary(time.monotonic() - started), found.properties()
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: its type, its first line and the hint that says what to do."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    hint = getattr(exc, "hint", None)
+    line = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return line + (f" ({hint})" if hint and hint not in line else "")
+
+
+def summary_line(nodeid: str, props: dict[str, str]) -> str:
+    """One attributed test in the end-of-session list."""
+    if props.get("car_answer") == "not attributed":
+        return f"{nodeid}: not attributed: {props.get('car_reason', '')}"
+    parts = [f"{nodeid}: {props.get('car_headline', props.get('car_answer', ''))}"]
+    if props.get("car_report"):
+        parts.append(f"report {props['car_report']}")
+    return "; ".join(parts)
+
+
+class _Progress:
+    """The estimator's progress hook (``update(n)`` / ``close()``): a line on the terminal when
+    an attribution starts, every few seconds while it runs and when it ends, so a failing test
+    never sits silent while its branches run. Quiet under xdist workers, which have no terminal,
+    and with ``-qq``."""
+
+    EVERY_S = 5.0
+
+    def __init__(self, config: pytest.Config, nodeid: str, budget: int, wall_time: float) -> None:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        quiet = config.get_verbosity() < -1 or not _controller(config)
+        self.reporter = None if quiet else reporter
+        self.capture = config.pluginmanager.get_plugin("capturemanager")
+        self.nodeid, self.budget = nodeid, budget
+        self.rollouts = 0
+        self.started = self.last = time.monotonic()
+        self._write(f"CAR: attributing {nodeid} (at most {budget} rollouts, {wall_time:g} s)")
+
+    def update(self, n: int = 1) -> None:
+        self.rollouts += n
+        now = time.monotonic()
+        if now - self.last >= self.EVERY_S:
+            self.last = now
+            self._write(f"CAR: {self.nodeid}: {self.rollouts} of at most {self.budget} "
+                        f"rollouts, {now - self.started:.0f} s")
+
+    def close(self) -> None:
+        pass  # ``done`` says how it ended
+
+    def done(self, what: str) -> None:
+        self._write(f"CAR: {self.nodeid}: {what} ({self.rollouts} rollouts, "
+                    f"{time.monotonic() - self.started:.1f} s)")
+
+    def _write(self, line: str) -> None:
+        if self.reporter is None:
+            return
+        if self.capture is not None:
+            with self.capture.global_and_fixture_disabled():
+                self.reporter.write_line(line)
+        else:
+            self.reporter.write_line(line)
 
 
 def _report_path(store: Path, nodeid: str) -> Path:

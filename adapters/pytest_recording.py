@@ -52,7 +52,7 @@ class Attribution:
 
     def summary(self, seconds: float) -> str:
         r = self.result
-        lines = [self._headline()]
+        lines = [self.headline()]
         lines.append(f"run {self.run.id} ({len(self.run.steps)} steps) recorded by {self.nodeid};"
                      f" {r.rollouts_used} rollouts in {seconds:.1f}s, coupled={r.coupled}"
                      + (f"; truncated: {r.budget_note}" if r.truncated else ""))
@@ -80,7 +80,26 @@ class Attribution:
             flags += ["--car-wall-time", f"{more['wall_time']:g}"]
         return shlex.join(["pytest", self.nodeid, *flags])
 
-    def _headline(self) -> str:
+    def properties(self) -> dict[str, str]:
+        """What the test's report carries for CI (JUnit XML ``<property>`` elements)."""
+        r = self.result
+        props = {"car_headline": self.headline(), "car_run": str(self.run.id),
+                 "car_method": "contrastive" if hasattr(r, "locus") else "shapley",
+                 "car_rollouts": str(r.rollouts_used)}
+        if hasattr(r, "locus"):
+            props["car_answer"] = str(r.answer)
+            if r.locus is not None:
+                s = r.steps[r.locus]
+                props.update(car_locus=str(r.locus), car_rescue=f"{s.effect:.3f}",
+                             car_interval=f"[{s.ci[0]:.3f}, {s.ci[1]:.3f}]",
+                             car_level=f"{r.level:g}")
+        else:
+            props["car_answer"] = "truncated" if r.truncated else "valued"
+        if self.report is not None:
+            props["car_report"] = str(self.report)
+        return props
+
+    def headline(self) -> str:
         from car_core.assertions import agent_of
         r = self.result
         again = self.continue_command()
@@ -104,7 +123,7 @@ class Attribution:
         lo, hi = s.ci
         return (f"locus: step {r.locus} (decided by {agent_of(self.run, r.locus)}), rescue "
                 f"{s.effect:+.3f} interval [{lo:+.3f}, {hi:+.3f}] at level {r.level:.4f} "
-                f"(Bonferroni over {r.tests} test(s), FWER <= {r.alpha})")
+                f"({r.correction}, FWER <= {r.alpha})")
 
 
 class RunRecorder:
@@ -117,6 +136,7 @@ class RunRecorder:
         self.options = dict(options or {})
         self.runs: list[Any] = []
         self.notes: list[str] = []
+        self.outcome_errors: list[str] = []  # the outcome raised while scoring a recorded run
         self._handles: dict[str, Any] = {}
         self._watched: list[_Watched] = []
         self._finished = False
@@ -141,6 +161,12 @@ class RunRecorder:
         ``Agent`` or any car Agent) as the one to branch this test's runs with; ``outcome(run)``
         scores them (1 / True = the failure happened). Side-effect tools never run on a branch
         unless simulated. Returns ``agent``."""
+        if framework_of(agent) is None and not _is_car_agent(agent):
+            from car_core.errors import AdapterError
+            raise AdapterError(f"car_recorder.watch() got a {type(agent).__name__}, which CAR "
+                               "cannot branch",
+                               hint="watch a compiled LangGraph app, a LlamaIndex workflow, an "
+                                    "OpenAI Agents SDK Agent or a car Agent (car.FunctionAgent)")
         self.start()  # a framework imported inside the test is recorded from here on
         options = {"side_effect_tools": tuple(side_effect_tools), **adapter_options}
         if simulators:
@@ -184,13 +210,11 @@ class RunRecorder:
         return self.runs
 
     def _save(self) -> None:
-        from car_core import RunStore
         from car_core.errors import StoreError
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with RunStore(self.path) as store:
-                for run in self.runs:
-                    store.save(run)
+            writer = writer_for(self.path)
+            for run in self.runs:
+                writer.save(run)
         except (StoreError, OSError) as exc:
             self.notes.append(f"could not store the runs in {self.path}: {exc}")
 
@@ -206,7 +230,7 @@ class RunRecorder:
         try:
             value = OutcomeFn(fn)(run, Noise(0).rng(0, "outcome"))
         except CarError as exc:
-            self.notes.append(f"could not score run {run.id}: {exc}")
+            self.outcome_errors.append(f"run {run.id}: {exc}")
             return run
         return replace(run, outcome=Outcome(value))
 
@@ -219,13 +243,17 @@ class RunRecorder:
     # -- attribution -----------------------------------------------------------------------
     def attribute(self, *, method: str = "contrastive", budget: int = 256, rollouts: int = 16,
                   wall_time: float = 60.0, report: Path | None = None,
-                  seed: int = 0) -> Attribution | str:
+                  seed: int = 0, progress: Any = None) -> Attribution | str:
         """Attribute the latest failed run; returns the ``Attribution``, or a one-line reason
         when there is nothing to attribute or no agent to branch with."""
         runs = self.finish()
         if not runs:
             return "the test recorded no agent run" + _also(self.notes)
         scored = [r for r in runs if r.outcome is not None]
+        if not scored and self.outcome_errors:
+            return (f"the outcome raised while scoring {len(self.outcome_errors)} of the "
+                    f"{len(runs)} recorded run(s), so none has an outcome (first: "
+                    f"{self.outcome_errors[0]})" + _also(self.notes))
         if not scored:
             return (f"none of the {len(runs)} recorded run(s) has an outcome: pass outcome= "
                     f"to car_recorder.watch(...) or to @pytest.mark.car" + _also(self.notes))
@@ -248,14 +276,14 @@ class RunRecorder:
                     "Agent)")
         import car_core as car
         cap = car.Budget(rollouts=budget, wall_time=wall_time)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        flush_writers()  # the store holds every run the session recorded so far
         with car.RunStore(self.path) as store:
             if method == "shapley":
                 result: Any = car.shapley(run, agent, outcome=outcome, budget=cap, seed=seed,
-                                          store=store)
+                                          store=store, progress=progress)
             else:
                 result = car.contrastive(run, agent, outcome=outcome, rollouts=rollouts,
-                                         budget=cap, seed=seed, store=store)
+                                         budget=cap, seed=seed, store=store, progress=progress)
             written = _write_report(result, run, store, report)
         return Attribution(result, run, written, self.nodeid, list(self.notes))
 
@@ -268,6 +296,38 @@ class RunRecorder:
                 if agent is not None:
                     return agent
         return None
+
+
+_WRITERS: dict[Path, Any] = {}  # store path -> the session's RunWriter for it
+
+
+def writer_for(path: Path) -> Any:
+    """The one ``RunWriter`` this process saves a store's runs through: a test's runs are
+    written while the next test runs, and every write is done by ``flush_writers``."""
+    writer = _WRITERS.get(path)
+    if writer is None:
+        from car_core.contract import RunWriter
+        path.parent.mkdir(parents=True, exist_ok=True)
+        writer = _WRITERS[path] = RunWriter(path)
+    return writer
+
+
+def flush_writers() -> list[str]:
+    """Wait for every queued run to be stored; what could not be stored, one line each."""
+    return [f"could not store a run in {path}: {err}"
+            for path, writer in _WRITERS.items() for err in writer.flush()]
+
+
+def close_writers() -> list[str]:
+    """``flush_writers``, then stop the writers (a session's end)."""
+    problems = flush_writers()
+    while _WRITERS:
+        _WRITERS.popitem()[1].close()
+    return problems
+
+
+def _is_car_agent(obj: Any) -> bool:
+    return callable(getattr(obj, "start", None)) and callable(getattr(obj, "branch", None))
 
 
 def _merged(marker: Mapping[str, Any], watch: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,14 +1,19 @@
 """What every recorder does with a run once it has finished: score it with the user's outcome
 and store it, without ever breaking the user's own run over either. A failure is kept in the
-recorder's error list and logged (through the redaction rule), and the run stays recorded."""
+recorder's error list and logged (through the redaction rule), and the run stays recorded.
+
+A recorder given a path writes through a ``RunWriter`` (the SQLite write off the run's critical
+path, flushed when the run is read back, at ``close()`` and at exit); one given a ``RunStore``
+writes to it at once."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from typing import Any
 
 import car_core as car
-from car_core.contract import Noise, Outcome, redact
+from car_core.contract import Noise, Outcome, RunWriter, redact
 from car_core.errors import OutcomeError, StoreError
 
 log = redact.logger(__name__)  # log records pass the redaction rule
@@ -29,7 +34,16 @@ def score_run(run: car.Trajectory, outcome: Any, errors: list[OutcomeError]
     return replace(run, outcome=Outcome(value))
 
 
-def store_run(run: car.Trajectory, store: car.RunStore | None, errors: list[StoreError]) -> None:
+def open_store(store: Any, errors: list[StoreError]) -> Any:
+    """Where a recorder keeps its runs: a ``RunWriter`` for a path (its save errors go to
+    ``errors``), the ``RunStore`` (or None) it was given otherwise."""
+    if isinstance(store, (str, os.PathLike)):
+        return RunWriter(store, errors=errors)
+    return store
+
+
+def store_run(run: car.Trajectory, store: car.RunStore | RunWriter | None,
+              errors: list[StoreError]) -> None:
     """Save ``run`` when there is a store; a storage failure is kept in ``errors``."""
     if store is None:
         return
@@ -40,4 +54,4 @@ def store_run(run: car.Trajectory, store: car.RunStore | None, errors: list[Stor
         log.error("CAR could not store run %s: %s", run.id, exc)
 
 
-__all__ = ["score_run", "store_run"]
+__all__ = ["open_store", "score_run", "store_run"]

@@ -7,6 +7,8 @@ else is internal and may change.
 
 from __future__ import annotations
 
+import typing as _typing
+
 from ._json import JSON
 from .agent import Agent, FunctionAgent
 from .assertions import assert_locus, assert_no_locus, assert_rescues
@@ -22,13 +24,25 @@ from .interventions import (
 )
 from .replay import action_match_rate, intervene, record
 from .stats import Interval
-from .store import RunStore
 from .trajectory import History, Lineage, Outcome, Step, Trajectory
+
+if _typing.TYPE_CHECKING:
+    from .store import RunStore
 
 Action = JSON
 Observation = JSON
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> _typing.Any:
+    """``RunStore`` loads on first use: the store brings sqlite-utils, which ``import car_core``
+    (a recorder in a test suite, ``car --help``) should not pay for."""
+    if name == "RunStore":
+        from .store import RunStore
+        globals()["RunStore"] = RunStore
+        return RunStore
+    raise AttributeError(f"module 'car_core' has no attribute {name!r}")
 
 __all__ = [
     "Action",

@@ -179,6 +179,8 @@ def show(run_id: Annotated[str, typer.Argument(help="Run id (see `car runs`).")]
     outcome = "—" if run.outcome is None else f"{run.outcome.value:.2f}"
     out.print(Text(kit.safe(f"run {run.id}  agent {run.agent or '—'}  status {run.status}  "
                             f"outcome {outcome}  seed {run.seed}")))
+    if (run.meta or {}).get("test"):
+        out.print(Text(kit.safe(f"recorded by test {run.meta['test']}")))
     if run.lineage:
         out.print(Text(kit.safe(f"branch of {run.lineage.parent_id}  arm {run.lineage.arm}  "
                                 f"rollout {run.lineage.rollout}")))

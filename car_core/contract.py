@@ -53,6 +53,9 @@ Model servers: ``RateLimiter`` (one per model, shared by its branches) and ``Bac
 server's ``Retry-After``, else jittered exponential waits) pace requests; ``is_rate_limited``
 and ``retry_after`` read a client's 429.
 
+Recorders: ``in_branch()`` is True while the engine runs a branch; a recorder the user attached
+to every run (a callback, an instrumentation handler) leaves those runs out.
+
 Secrets: ``redact`` is the one redaction rule; register API keys with ``redact.register``, chain
 ``redact.redacted(exc)`` instead of a client's exception, and log through ``redact.logger``.
 """
@@ -65,17 +68,19 @@ from . import redact
 from ._json import JSON
 from .actions import canonical_action, canonical_arguments, same_action
 from .agent import Agent, agent_fingerprint, fingerprint_digest
+from .branching import in_branch
 from .interventions import Plan
 from .outcome import OutcomeFn
 from .ratelimit import Backoff, RateLimiter, is_rate_limited, retry_after
+from .run_writer import RunWriter
 from .seeding import Noise
 from .trajectory import History, Outcome, Step, Trajectory
 from .vocabulary import AttributionStatus, Origin, RunStatus
 
 __all__ = ["JSON", "Agent", "AsyncAgent", "AttributionStatus", "Backoff", "History",
            "ModelPolicy", "Noise", "Origin", "Outcome", "OutcomeFn", "Plan", "RateLimiter",
-           "RunStatus", "Step", "Trajectory", "agent_fingerprint", "canonical_action",
-           "canonical_arguments", "fingerprint_digest", "is_rate_limited", "redact",
+           "RunStatus", "RunWriter", "Step", "Trajectory", "agent_fingerprint", "canonical_action",
+           "canonical_arguments", "fingerprint_digest", "in_branch", "is_rate_limited", "redact",
            "retry_after", "same_action"]
 
 

@@ -31,6 +31,7 @@ from types import SimpleNamespace
 from typing import Any, Protocol, TypeVar
 
 from . import defaults
+from .branching import branch_scope
 from .budget import BudgetMeter
 from .errors import (
     AdapterError,
@@ -147,7 +148,8 @@ class _AsyncBrancher(Brancher):
     """A ``Brancher`` for an agent that offers ``abranch``: ``AsyncioExecutor`` awaits it."""
 
     async def acall(self, task: Task) -> Any:
-        traj = await self.agent.abranch(self.run, task.plan, task.noise)
+        with branch_scope():
+            traj = await self.agent.abranch(self.run, task.plan, task.noise)
         return run_branch(self.run, _Finished(traj), self.outcome, task)
 
 

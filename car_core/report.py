@@ -498,7 +498,8 @@ def _run_summary(run: Trajectory | None) -> dict[str, Any] | None:
     return {"id": run.id, "agent": run.agent, "status": run.status, "seed": run.seed,
             "n_steps": len(run.steps),
             "outcome": _fmt(run.outcome.value) if run.outcome else "—",
-            "failed": run.failed, "context": show(run.context)}
+            "failed": run.failed, "context": show(run.context),
+            "test": str((run.meta or {}).get("test") or "")}
 
 
 __all__ = ["compact", "render_attribution", "render_run", "show"]

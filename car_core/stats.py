@@ -17,9 +17,6 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from scipy.stats import norm
-from scipy.stats import t as student_t
-
 from .errors import InvalidInput
 
 
@@ -32,7 +29,14 @@ def check_level(level: float) -> None:
 
 def z_value(level: float) -> float:
     check_level(level)
+    from scipy.stats import norm  # scipy.stats loads at the first estimate, not on import
     return float(norm.ppf(0.5 + level / 2.0))
+
+
+def t_quantile(p: float, df: float) -> float:
+    """Student's t quantile (scipy.stats loads at the first estimate, not on import)."""
+    from scipy.stats import t as student_t
+    return float(student_t.ppf(p, df))
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,7 +173,7 @@ def t_interval(samples: Sequence[float], level: float = 0.95) -> MeanInterval:
     if n == 1:
         return MeanInterval(mean, None, 1, float("nan"))
     sd = math.sqrt(sum((x - mean) ** 2 for x in samples) / (n - 1))
-    half = float(student_t.ppf(0.5 + level / 2.0, n - 1)) * sd / math.sqrt(n)
+    half = t_quantile(0.5 + level / 2.0, n - 1) * sd / math.sqrt(n)
     return MeanInterval(mean, (mean - half, mean + half), n, sd)
 
 

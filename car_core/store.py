@@ -26,9 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import sqlite_utils
-from sqlite_utils.migrations import Migrations
-
+from ._deps import sqlite_utils
+from ._deps import sqlite_utils_migrations as Migrations
 from ._json import digest, dumps, loads
 from .errors import (
     AttributionBusy,

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .branching import branch_scope
 from .errors import AgentError, BranchesFailed
 from .interventions import Plan
 from .redact import describe
@@ -103,10 +104,11 @@ def takes_stop(agent: Any) -> bool:
 def run_branch(run: Trajectory, agent: Any, outcome: Any, task: Task) -> Trajectory:
     """One rollout: the agent's branch under the task's plan, scored, with its lineage. When
     the outcome says when a run is settled and the agent can stop, the branch ends there."""
-    if getattr(outcome, "settles", False) and takes_stop(agent):
-        traj = agent.branch(run, task.plan, task.noise, stop=outcome.settled)
-    else:
-        traj = agent.branch(run, task.plan, task.noise)
+    with branch_scope():
+        if getattr(outcome, "settles", False) and takes_stop(agent):
+            traj = agent.branch(run, task.plan, task.noise, stop=outcome.settled)
+        else:
+            traj = agent.branch(run, task.plan, task.noise)
     traj = returned_run(traj, agent, "branch")
     if traj.status == RunStatus.ERROR:  # no outcome: retried and left out like a raise
         raise errored_branch(traj, run.id)

@@ -15,6 +15,11 @@ from pathlib import Path
 
 import pytest
 
+# scipy loads with car_core's first estimate; the pytester suites run pytest in this process,
+# which drops every module a run imported when it ends, and scipy's C extensions cannot be
+# loaded a second time: imported here, before any such run, it stays.
+import scipy.stats  # noqa: F401
+
 from car_core.store import RunStore
 
 pytest_plugins = ["pytester"]  # the pytest plugin's tests run small suites inside pytest

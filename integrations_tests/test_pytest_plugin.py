@@ -237,8 +237,10 @@ def test_xdist_workers_write_their_own_stores_merged_at_the_end(
         pytester.makepyfile(**{f"test_pivot{i}": FUNCTION_AGENT_SUITE.format(i=i, at=1)})
     result = pytester.runpytest_subprocess("-n", "2", "--car-attribute")
     result.assert_outcomes(failed=4)
-    assert len(re.findall(r"locus: step 1 \(decided by synthetic:pivot\)", result.stdout.str())
-               ) == 4
+    out = result.stdout.str()
+    sections, summary = out.split("CAR attribution summary")
+    assert len(re.findall(r"locus: step 1 \(decided by synthetic:pivot\)", sections)) == 4
+    assert len(re.findall(r"test_pivot\d.py::test_pivot_\d: locus: step 1 ", summary)) == 4
     folder = _store(pytester).parent
     assert sorted(p.name for p in folder.glob("*.db")) == ["runs.db"]  # worker files merged
     runs = _runs(_store(pytester))

@@ -41,10 +41,11 @@ from car_core.contract import (
     Step,
     Trajectory,
     canonical_arguments,
+    in_branch,
 )
 from car_core.errors import InvalidInput, OutcomeError, StoreError
 
-from ..run_keeping import score_run, store_run
+from ..run_keeping import open_store, score_run, store_run
 from .messages import decode, jsonable, to_dict, to_dicts, usage_of
 from .model import CAR_DECIDED, decided_by_car
 
@@ -149,7 +150,8 @@ class CarCallback(BaseCallbackHandler):
 
     def __init__(self, store: str | os.PathLike[str] | RunStore | None = None, *,
                  messages_key: str = MESSAGES_KEY, outcome: Any = None, app: Any = None) -> None:
-        self.store = RunStore(store) if isinstance(store, (str, os.PathLike)) else store
+        self.store_errors: list[StoreError] = []
+        self.store = open_store(store, self.store_errors)
         self.fingerprint: str | None = None
         if app is not None:
             from .fingerprint import app_digest
@@ -161,10 +163,11 @@ class CarCallback(BaseCallbackHandler):
         self.messages_key = messages_key
         self.outcome = OutcomeFn(outcome) if outcome is not None else None  # checked now
         self.runs: list[Trajectory] = []
-        self.store_errors: list[StoreError] = []
         self.outcome_errors: list[OutcomeError] = []
         self._open: dict[UUID, _Recording] = {}
         self._done: list[_Recording] = []
+        # one made inside a branch records that branch; one made outside never records one
+        self._records_branches = in_branch()
         self._root: dict[UUID, UUID] = {}
         self._lock = threading.Lock()
         self.decisions_started = 0
@@ -196,8 +199,17 @@ class CarCallback(BaseCallbackHandler):
 
     @property
     def run(self) -> Trajectory | None:
-        """The latest finished run (None before any)."""
+        """The latest finished run (None before any), already in the store when there is one."""
+        self.flush()
         return self.runs[-1] if self.runs else None
+
+    def flush(self) -> None:
+        """Wait until every finished run is in the store. A store given as a path is written
+        off the graph's critical path (``car_core.contract.RunWriter``): reading ``run``, this
+        call and a normal exit each make the writes durable."""
+        flush = getattr(self.store, "flush", None)
+        if flush is not None:
+            flush()
 
     def _join(self, run_id: UUID, parent_run_id: UUID | None) -> _Recording | None:
         with self._lock:
@@ -212,6 +224,8 @@ class CarCallback(BaseCallbackHandler):
                        parent_run_id: UUID | None = None, metadata: dict[str, Any] | None = None,
                        **kwargs: Any) -> None:
         if parent_run_id is None:
+            if in_branch() and not self._records_branches:
+                return  # CAR's own branch, not a run of the user's
             with self._lock:
                 self._open[run_id] = _Recording((metadata or {}).get("thread_id"), inputs,
                                                 kwargs.get("name"), members={run_id})

@@ -41,7 +41,7 @@ from car_core.contract import OutcomeFn, RunStatus
 from car_core.errors import AdapterError, OutcomeError, StoreError
 
 from ..chat_messages import tool_result
-from ..run_keeping import score_run, store_run
+from ..run_keeping import open_store, score_run, store_run
 from ._messages import action_of, to_dicts
 from .fingerprint import workflow_digest
 from .store_state import (
@@ -197,10 +197,10 @@ class CarRecorder:
     def __init__(self, store: str | os.PathLike[str] | RunStore | None = None, *,
                  outcome: Callable[..., Any] | None = None,
                  _token: object | None = None) -> None:
-        self.store = RunStore(store) if isinstance(store, (str, os.PathLike)) else store
+        self.store_errors: list[StoreError] = []
+        self.store = open_store(store, self.store_errors)
         self.outcome = OutcomeFn(outcome) if outcome is not None else None
         self.runs: list[car.Trajectory] = []
-        self.store_errors: list[StoreError] = []
         self.outcome_errors: list[OutcomeError] = []
         self._token = _token
         self._lock = threading.RLock()
@@ -222,8 +222,17 @@ class CarRecorder:
                 self._attached = True
         return self
 
+    def flush(self) -> None:
+        """Wait until every finished run is in the store. A store given as a path is written
+        off the agent's critical path (``car_core.contract.RunWriter``): reading ``run``,
+        ``detach()``, this call and a normal exit each make the writes durable."""
+        flush = getattr(self.store, "flush", None)
+        if flush is not None:
+            flush()
+
     def detach(self) -> None:
-        """Unregister; runs still in flight are dropped."""
+        """Unregister (runs still in flight are dropped) and flush the finished ones."""
+        self.flush()
         with self._lock:
             if self._attached:
                 root = get_dispatcher()
@@ -242,7 +251,8 @@ class CarRecorder:
 
     @property
     def run(self) -> car.Trajectory:
-        """The latest finished run."""
+        """The latest finished run, already in the store when there is one."""
+        self.flush()
         if self.runs:
             return self.runs[-1]
         if not self._attached:

@@ -55,7 +55,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.stats import t as student_t
 
 from .. import defaults
 from ..budget import Budget, as_budget
@@ -64,7 +63,7 @@ from ..execution import Executor, Task
 from ..interventions import Plan, compile_plan, do_action, do_resample
 from ..results import GameValue, ShapleyResult, ShapleyValue
 from ..seeding import Noise
-from ..stats import Interval, t_interval, wilson
+from ..stats import Interval, t_interval, t_quantile, wilson
 from ..trajectory import Trajectory, step_label
 from ._session import Session, check_run_has_steps, releasing
 
@@ -381,7 +380,7 @@ def exact_values(coef: list[list[float]], samples: Samples, level: float
             out.append((est, 0.0))
             continue
         df = total ** 2 / sum(t ** 2 / (len(ys[m]) - 1) for m, t in terms.items())
-        out.append((est, float(student_t.ppf(0.5 + level / 2, df)) * math.sqrt(total)))
+        out.append((est, t_quantile(0.5 + level / 2, df) * math.sqrt(total)))
     return out
 
 
