@@ -73,7 +73,7 @@ def load_model(path: str | None = None) -> Any:
     except ImportError as exc:
         raise ModelUnavailable("llama-cpp-python is not installed",
                                hint="run: pip install llama-cpp-python") from exc
-    with _without_weight_repacking(llama_cpp):
+    with without_weight_repacking(llama_cpp):
         llm = llama_cpp.Llama(model_path=path or model_path(), n_ctx=N_CTX, n_threads=THREADS,
                               n_threads_batch=THREADS, verbose=False, seed=0)
     atexit.register(llm.close)  # free it before interpreter teardown, which it does not survive
@@ -81,7 +81,7 @@ def load_model(path: str | None = None) -> Any:
 
 
 @contextlib.contextmanager
-def _without_weight_repacking(llama_cpp: Any) -> Iterator[None]:
+def without_weight_repacking(llama_cpp: Any) -> Iterator[None]:
     """Load with llama.cpp's extra buffer types (weights repacked for the CPU's widest kernels)
     off. On AVX-512/AMX machines their Q4 path crashes the process on every decode of more
     than one token (llama-cpp-python 0.3.36, SmolLM2's Q4_1 weights); the plain kernels are

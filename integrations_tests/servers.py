@@ -52,6 +52,15 @@ def _wait_http(url: str, deadline: float, proc: subprocess.Popen[bytes] | None =
                            "raise start_timeout")
 
 
+# llama_cpp.server, with the model loaded as the embedded policy loads it (weight repacking
+# off: its AVX-512/AMX kernels crash on multi-token decodes, see local.without_weight_repacking)
+_SERVE = """import runpy, llama_cpp
+from car_adapters import local
+with local.without_weight_repacking(llama_cpp):
+    runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
+"""
+
+
 @contextlib.contextmanager
 def llama_server(*, chat_format: str | None = None, start_timeout: float = 90.0,
                  n_threads: int = local.THREADS) -> Iterator[str]:
@@ -62,7 +71,7 @@ def llama_server(*, chat_format: str | None = None, start_timeout: float = 90.0,
     makes tool calls when ``tool_choice`` names a function; ``"chatml-function-calling"``
     lets the model choose tools itself but, in llama-cpp-python 0.3, ignores the seed."""
     port = free_port()
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", local.model_path(),
+    cmd = [sys.executable, "-c", _SERVE, "--model", local.model_path(),
            "--model_alias", local.MODEL, "--host", "127.0.0.1", "--port", str(port),
            "--n_ctx", str(local.N_CTX), "--n_threads", str(n_threads),
            "--n_threads_batch", str(n_threads),
