@@ -17,8 +17,8 @@ or failing (refused connection, timeout, 429, 5xx) stops the attribution with
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
+import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -50,14 +50,37 @@ from .recorder import CarRecorder, agents_of, handoff_target, tool_names
 T = TypeVar("T")
 
 
+_LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def _branch_loop() -> asyncio.AbstractEventLoop:
+    """The one event loop every branch runs on, in a daemon thread of its own. A model's async
+    client (``AsyncOpenAI``'s connection pool) binds to the loop it first ran on and fails on
+    any other, so a loop per branch would make each branch's first call fail (and the branch
+    be retried: every model call paid twice)."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None or _LOOP.is_closed():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="car-openai-agents-branches",
+                             daemon=True).start()
+            _LOOP = loop
+        return _LOOP
+
+
 def _run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run a coroutine to completion from sync code, even when a loop is already running."""
+    """Run a coroutine to completion on the branch loop, from sync code (also from inside a
+    running loop, which then waits, as any blocking call makes it)."""
+    loop = _branch_loop()
     try:
-        asyncio.get_running_loop()
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(make())
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(lambda: asyncio.run(make())).result()
+        running = None
+    if running is loop:
+        raise AdapterError("a CAR branch was started from inside another branch",
+                           hint="call car.intervene / contrastive / shapley outside the app")
+    return asyncio.run_coroutine_threadsafe(make(), loop).result()
 
 
 def _car_error_in(exc: BaseException) -> BaseException | None:
