@@ -18,7 +18,6 @@ from car_core.errors import CarError, ModelUnavailable
 
 from .chat_messages import ToolSafety
 
-
 # What model clients raise when the server is unreachable, or still failing after the client's
 # own retries (openai, httpx, requests, aiohttp name them so; matched by name so that no client
 # has to be installed for an adapter to work).

@@ -15,6 +15,7 @@ with 1, and the point of commitment is step 2 (the booking decision).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import math
@@ -22,13 +23,24 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from agents import Agent, RunContextWrapper, Runner, function_tool, handoff, set_tracing_disabled
+from agents.exceptions import ModelBehaviorError
+from agents.models.interface import Model
 from car_adapters.chat_messages import assistant, tool_call
 from car_adapters.openai_agents import CarRecorder, OpenAIAgentsAgent, ScriptedModel
+from openai.types.responses import (
+    Response,
+    ResponseCompletedEvent,
+    ResponseOutputItemDoneEvent,
+    ResponseTextDeltaEvent,
+    ResponseUsage,
+)
+from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 from pydantic import BaseModel
 
 import car_core as car
@@ -97,6 +109,7 @@ class Airline:
 
     def __init__(self, seed: int = 0, seat_map_text: str = INJECTED,
                  side_effects: SideEffectLedger | None = None, model: Any = None) -> None:
+        self.seed = seed
         self.bookings: list[tuple[str | None, str, str]] = []
         self.hook_saw: list[str | None] = []
         self.triage_calls = CallCounter(self.triage, step_of=lambda ms, *a, **k: decisions(ms))
@@ -361,8 +374,9 @@ def test_policy_agents_says_whose_model_is_swapped(recorded: Any, scope: Any,
     assert not dist.failures
     assert abs(dist.mean - expected) <= (TOL if 0 < expected < 1 else 0.0)
     origins = {s.meta["agent"]: s.meta["origin"] for t in dist.trajectories for s in t.steps}
-    assert origins["Triage Agent"] == ("live" if scope == ["Seat Booking Agent"] else "policy-swapped")
-    assert origins["Seat Booking Agent"] == ("live" if scope == "deciding" else "policy-swapped")
+    swapped = "policy-swapped"
+    assert origins["Triage Agent"] == ("live" if scope == ["Seat Booking Agent"] else swapped)
+    assert origins["Seat Booking Agent"] == ("live" if scope == "deciding" else swapped)
     assert len(app.bookings) == 1
 
 
@@ -403,3 +417,97 @@ def test_runs_shows_the_outcome_and_show_names_each_step_s_agent(tmp_path: Path)
     assert "Triage Agent" in actions[0] and "transfer_to_seat_booking_agent" in actions[0]
     assert all("Seat Booking Agent" in ln for ln in actions[1:])
     assert len({ln.index("action: ") for ln in actions}) == 1  # values start in one column
+
+
+# -- run_streamed ----------------------------------------------------------------------------
+class StreamingModel(Model):
+    """A planted model that streams as a provider does: each reply as text deltas, one
+    ``response.output_item.done`` per output item, then ``response.completed`` whose
+    ``response.output`` is left empty (some backends do; the SDK then takes the items from
+    the done events) and which carries the usage. ``completed=False`` leaves the completed
+    event out."""
+
+    def __init__(self, inner: ScriptedModel, completed: bool = True) -> None:
+        self.inner = inner
+        self.completed = completed
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> Any:
+        return await self.inner.get_response(*args, **kwargs)
+
+    async def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        resp = await self.inner.get_response(*args, **kwargs)
+        seq = 0
+        for i, item in enumerate(resp.output):
+            for part in getattr(item, "content", None) or ():
+                for word in str(part.text).split(" "):
+                    yield ResponseTextDeltaEvent(type="response.output_text.delta", delta=word,
+                                                 item_id=str(item.id), output_index=i,
+                                                 content_index=0, logprobs=[],
+                                                 sequence_number=seq)
+                    seq += 1
+            yield ResponseOutputItemDoneEvent(type="response.output_item.done", item=item,
+                                              output_index=i, sequence_number=seq)
+            seq += 1
+        if not self.completed:
+            return
+        u = resp.usage
+        usage = ResponseUsage(input_tokens=u.input_tokens, output_tokens=u.output_tokens,
+                              total_tokens=u.total_tokens,
+                              input_tokens_details=InputTokensDetails.model_validate(
+                                  {"cached_tokens": 0, "cache_write_tokens": 0}),
+                              output_tokens_details=OutputTokensDetails(reasoning_tokens=0))
+        yield ResponseCompletedEvent(type="response.completed", sequence_number=seq,
+                                     response=Response(
+                                         id="streamed", created_at=0, model="planted",
+                                         object="response", output=[], tool_choice="auto",
+                                         tools=[], parallel_tool_calls=True, usage=usage,
+                                         status="completed"))
+
+
+def streaming(app: Airline, seat_agent_completes: bool = True) -> Airline:
+    for a in (app.agent, app.faq_agent, app.seat_agent):
+        a.model = StreamingModel(a.model, completed=seat_agent_completes
+                                 or a is not app.seat_agent)
+    return app
+
+
+def test_a_streamed_run_is_recorded_as_the_same_run_and_branches_alike(tmp_path: Path) -> None:
+    rec = CarRecorder(store=tmp_path / "runs.db", outcome=booked_exit_row)
+    app, plain = record_failing(rec, CONTEXTS["pydantic"])   # run_sync, non-streamed
+    streamed_app = streaming(Airline(seed=app.seed))
+
+    async def run_streamed() -> None:
+        result = Runner.run_streamed(streamed_app.agent, REQUEST, hooks=rec,
+                                     context=AirlineContext(passenger_name="Ada Lovelace"))
+        async for _ in result.stream_events():
+            pass
+    asyncio.run(run_streamed())
+    streamed = rec.run
+    assert streamed.status == "complete" and booked_exit_row(streamed)
+    assert [(s.action, s.observation, s.state, s.meta["agent"], s.meta["run_context"])
+            for s in streamed.steps] == [
+        (s.action, s.observation, s.state, s.meta["agent"], s.meta["run_context"])
+        for s in plain.steps]
+    assert all(s.meta["usage"]["completion_tokens"] > 0 for s in streamed.steps)
+    assert streamed.outcome is not None and streamed.outcome.value == 1.0
+    dist = car.intervene(streamed, wrap(streamed_app), car.do_resample(2),
+                         outcome=booked_exit_row, rollouts=ROLLOUTS, seed=2)
+    assert abs(dist.mean - P) <= TOL and not dist.failures
+    assert len(streamed_app.bookings) == 1                # the recorded run's own
+
+
+def test_a_stream_without_its_completed_event_records_an_error_run() -> None:
+    """Without ``response.completed`` the SDK has no response to give the hooks: it raises
+    ``ModelBehaviorError``, and the run is recorded up to that call, as an error."""
+    rec = CarRecorder()
+    app = streaming(Airline(), seat_agent_completes=False)
+
+    async def run_streamed() -> None:
+        result = Runner.run_streamed(app.agent, REQUEST, hooks=rec,
+                                     context=AirlineContext(passenger_name="Ada Lovelace"))
+        async for _ in result.stream_events():
+            pass
+    with pytest.raises(ModelBehaviorError, match="final response"):
+        asyncio.run(run_streamed())
+    run = rec.run
+    assert run.status == "error" and [s.meta["agent"] for s in run.steps] == ["Triage Agent"]
