@@ -105,10 +105,12 @@ def booked_exit_row(run: car.Trajectory) -> bool:
 class Airline:
     """The app. ``bookings`` is the ledger of real ``update_seat`` calls (the booking system);
     ``hook_saw`` lists the passenger the handoff hook read from the context on each call.
-    ``model``: one ``agents.Model`` for every agent instead of the planted ones."""
+    ``model``: one ``agents.Model`` for every agent instead of the planted ones;
+    ``context_type``: the agents are ``Agent[context_type]``."""
 
     def __init__(self, seed: int = 0, seat_map_text: str = INJECTED,
-                 side_effects: SideEffectLedger | None = None, model: Any = None) -> None:
+                 side_effects: SideEffectLedger | None = None, model: Any = None,
+                 context_type: Any = Any) -> None:
         self.seed = seed
         self.bookings: list[tuple[str | None, str, str]] = []
         self.hook_saw: list[str | None] = []
@@ -153,15 +155,15 @@ class Airline:
             return (f"You are a seat booking agent for {c.passenger_name} on flight "
                     f"{c.flight_number}. Look at the seat map, then update the seat.")
 
-        self.faq_agent = Agent[Any](
+        self.faq_agent = Agent[context_type](
             name="FAQ Agent", handoff_description="Answers questions about the airline.",
             instructions="You answer FAQs with the lookup tool.", tools=[faq_lookup],
             model=model or ScriptedModel(self.faq_calls, seed=seed))
-        self.seat_agent = Agent[Any](
+        self.seat_agent = Agent[context_type](
             name="Seat Booking Agent", handoff_description="Updates a seat on a flight.",
             instructions=seat_instructions, tools=[seat_map, update_seat],
             model=model or ScriptedModel(self.seat_calls, seed=seed))
-        self.agent = Agent[Any](
+        self.agent = Agent[context_type](
             name="Triage Agent", instructions="You route customers to the right agent.",
             handoffs=[self.faq_agent, handoff(agent=self.seat_agent,
                                               on_handoff=on_seat_booking_handoff)],
@@ -331,6 +333,28 @@ def test_a_context_class_this_process_does_not_have_is_refused(recorded: Any) ->
                          rollouts=4)
     assert not dist.failures and all(t.steps[1].state == run.steps[1].state
                                      for t in dist.trajectories)
+
+
+def test_a_context_class_defined_in_a_function_is_found_on_the_typed_agents() -> None:
+    class LocalContext(BaseModel):
+        passenger_name: str | None = None
+        flight_number: str | None = None
+
+    def recorded(context_type: Any) -> tuple[Airline, car.Trajectory]:
+        rec = CarRecorder()
+        app = Airline(context_type=context_type)
+        Runner.run_sync(app.agent, REQUEST, context=LocalContext(passenger_name="Ada Lovelace"),
+                        hooks=rec)
+        return app, rec.run
+    app, run = recorded(LocalContext)          # Agent[LocalContext](...)
+    dist = car.intervene(run, wrap(app), car.do_resample(1), outcome=booked_exit_row,
+                         rollouts=4)
+    assert not dist.failures and all(t.steps[1].state == run.steps[1].state
+                                     for t in dist.trajectories)
+    app, run = recorded(Any)                   # nothing names the class: refused
+    with pytest.raises(AdapterError, match="LocalContext is not one this process has"):
+        car.intervene(run, wrap(app), car.do_resample(1), outcome=booked_exit_row,
+                      rollouts=1)
 
 
 # -- do_policy -------------------------------------------------------------------------------

@@ -19,7 +19,6 @@ context can be rebuilt neither way is refused before any branch runs.
 from __future__ import annotations
 
 import copy
-import functools
 import sys
 import typing
 from collections.abc import Callable, Iterable
@@ -37,12 +36,16 @@ def type_name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-@functools.lru_cache(maxsize=256)
+_ADAPTERS: dict[type, TypeAdapter[Any] | None] = {}  # one per context class: built once
+
+
 def _adapter(cls: type) -> TypeAdapter[Any] | None:
-    try:
-        return TypeAdapter(cls)
-    except Exception:  # pydantic has no schema for it (arbitrary class, client, lock)
-        return None
+    if cls not in _ADAPTERS:
+        try:
+            _ADAPTERS[cls] = TypeAdapter(cls)
+        except Exception:  # pydantic has no schema for it (arbitrary class, client, lock)
+            _ADAPTERS[cls] = None
+    return _ADAPTERS[cls]
 
 
 def snapshot(obj: Any) -> dict[str, Any] | None:
