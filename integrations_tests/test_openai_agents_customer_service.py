@@ -443,6 +443,19 @@ def test_runs_shows_the_outcome_and_show_names_each_step_s_agent(tmp_path: Path)
     assert len({ln.index("action: ") for ln in actions}) == 1  # values start in one column
 
 
+def test_an_outcome_that_raises_leaves_the_run_recorded_and_unscored(tmp_path: Path) -> None:
+    def judge_down(run: car.Trajectory) -> float:
+        raise RuntimeError("judge down")
+    rec = CarRecorder(store=tmp_path / "runs.db", outcome=judge_down)
+    result = Runner.run_sync(Airline().agent, REQUEST, hooks=rec,
+                             context=AirlineContext(passenger_name="Ada Lovelace"))
+    assert result.final_output                     # the user's run was not broken
+    run = rec.run
+    assert run.outcome is None and len(run.steps) == 4
+    assert len(rec.outcome_errors) == 1 and "judge down" in str(rec.outcome_errors[0])
+    assert car.RunStore(tmp_path / "runs.db").load(run.id).outcome is None
+
+
 # -- run_streamed ----------------------------------------------------------------------------
 class StreamingModel(Model):
     """A planted model that streams as a provider does: each reply as text deltas, one

@@ -242,8 +242,8 @@ class OpenAIAgentsAgent:
         names = frozenset([given] if isinstance(given, str) else given)
         unknown = sorted(names - set(self.agents))
         if unknown or not names:
-            raise InvalidInput(f"policy_agents={given!r} names no agent of the app "
-                               f"({unknown or 'none given'})",
+            raise InvalidInput(f"policy_agents={given!r}: "
+                               + (f"the app has no agent {unknown}" if unknown else "no name"),
                                hint=f'pass "deciding", "all" or names from {sorted(self.agents)}')
         return names
 
