@@ -6,7 +6,7 @@ of a run, and they may change it as the run goes (a handoff hook that books a fl
 that writes the seat). A branch from step ``k`` must start from the context *as it was* when
 step ``k`` was decided, so the recorder stores a snapshot of it with every step
 (``meta["run_context"]``): ``{"type": "module:QualName", "value": JSON}`` for a context
-pydantic can dump and load back unchanged (a pydantic model, a dataclass, a typed dict, plain
+pydantic can dump and load back unchanged (a pydantic model, a dataclass, a dict of plain
 JSON), ``{"type": ...}`` alone for one it cannot (a client, a lock, an open connection).
 
 A branch rebuilds the snapshot with the context's own class, found among the classes the
