@@ -1,7 +1,9 @@
 """What every chat-framework adapter's branch shares, whatever the framework: the session its
 stand-in models and tools read (the plan, the noise, the step counter, the record of tool
-calls and a refusal to re-raise) and how a collected step takes its place in the branch.
-This module imports no framework."""
+calls and a refusal to re-raise), how a collected step takes its place in the branch, and
+how a model client's outage becomes ``ModelUnavailable`` (the attribution stops, resumable,
+instead of every later branch failing on the same dead server). This module imports no
+framework."""
 
 from __future__ import annotations
 
@@ -11,10 +13,50 @@ from dataclasses import replace
 from typing import Any
 
 import car_core as car
-from car_core.contract import Noise, Plan
-from car_core.errors import CarError
+from car_core.contract import Noise, Plan, redact
+from car_core.errors import CarError, ModelUnavailable
 
 from .chat_messages import ToolSafety
+
+# What model clients raise when the server is unreachable, or still failing after the client's
+# own retries (openai, httpx, requests, aiohttp name them so; matched by name so that no client
+# has to be installed for an adapter to work).
+_OUTAGE_NAMES = frozenset({
+    "APIConnectionError", "APITimeoutError", "RateLimitError", "InternalServerError",
+    "ServiceUnavailableError", "TransportError", "ConnectError", "ConnectTimeout",
+    "ReadTimeout", "RemoteProtocolError", "ClientConnectionError", "ServerDisconnectedError"})
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it was raised from) says the model server is down,
+    unreachable or overloaded (a refused connection, a timeout, 429 or 5xx): every later
+    branch would hit it too."""
+    seen = 0
+    e: BaseException | None = exc
+    while e is not None and seen < 16:
+        if isinstance(e, (ConnectionError, TimeoutError)):
+            return True
+        if _OUTAGE_NAMES & {c.__name__ for c in type(e).__mro__}:
+            return True
+        status = getattr(e, "status_code", None)
+        if isinstance(status, int) and (status == 429 or status >= 500):
+            return True
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return False
+
+
+def model_unavailable(exc: BaseException, *, step: int, run_id: str | None,
+                      who: str = "the model server") -> ModelUnavailable:
+    """The error that stops an attribution on an outage, saying how to go on (its text and
+    cause pass the redaction rule: a client's error may quote a key)."""
+    out = ModelUnavailable(f"{who} failed at step {step}: {redact.describe(exc)}",
+                           run_id=run_id, step=step,
+                           hint="start the server or fix its address, then resume the "
+                                "attribution with the same attribution_id (`car attribute "
+                                "... --resume ID`)")
+    out.__cause__ = redact.redacted(exc)
+    return out
 
 
 class BranchSession:

@@ -185,13 +185,17 @@ def show(run_id: Annotated[str, typer.Argument(help="Run id (see `car runs`).")]
         out.print(Text(kit.safe(f"branch of {run.lineage.parent_id}  arm {run.lineage.arm}  "
                                 f"rollout {run.lineage.rollout}")))
     out.print(Text("context: ") + kit.plain(run.context, width and 200))
-    # one layout whatever the run: the index and origin columns as wide as their widest entry
-    # (recorded runs of framework adapters have no origin), values starting in one column
+    # one layout whatever the run: the index, origin and agent columns as wide as their widest
+    # entry (recorded runs of framework adapters have no origin, runs of plain agents no agent),
+    # values starting in one column
     origins = [kit.safe(str(s.meta.get("origin") or "")) for s in run.steps]
+    agents = [kit.safe(str(s.meta.get("agent") or "")) for s in run.steps]
     index_w = max((len(f"[{s.index}]") for s in run.steps), default=3)
     origin_w = max((len(o) for o in origins), default=0)
-    for s, origin in zip(run.steps, origins, strict=True):
-        lead = f"[{s.index}]".ljust(index_w) + (f" {origin:>{origin_w}}" if origin_w else "")
+    agent_w = max((len(a) for a in agents), default=0)
+    for s, origin, by in zip(run.steps, origins, agents, strict=True):
+        lead = f"[{s.index}]".ljust(index_w) + (f" {origin:>{origin_w}}" if origin_w else "") \
+            + (f" {by:<{agent_w}}" if agent_w else "")
         out.print(Text(f"{lead}       action: ", style="bold") + kit.plain(s.action, width))
         if s.observed:
             out.print(Text(" " * len(lead) + "  observation: ") + kit.plain(s.observation, width))

@@ -77,7 +77,7 @@ def test_record_and_branch_through_llama_cpp_server(llama_url: str) -> None:
     assert KEY not in json.dumps(run.to_dict())          # the key is never stored
     before = len(lookups)
     wrapped = OpenAIAgentsAgent(agent, side_effect_tools=["lookup_order"], max_turns=4)
-    assert not wrapped.couples_noise                     # a server's sampling is its own
+    assert wrapped.couples_noise    # CAR's noise drives it (a per-step seed, checked below)
     dist = car.intervene(run, wrapped, car.do_resample(1),
                          outcome=lambda t: "shipped" not in str(t.steps[-1].action["content"]),
                          rollouts=2, seed=0)

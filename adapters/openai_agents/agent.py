@@ -6,14 +6,19 @@ edited messages under ``do_context``). Steps before ``k`` are copied from the re
 call, no tool call, and input guardrails (which ran on the user's input at step 0) do not run
 again; output guardrails and ``max_turns`` (less the turns the prefix used) apply as in the
 recorded run. The branch runs on copies of the agents (``branch.clone_app``), so the user's
-agent objects are never changed and branches may run concurrently.
+agent objects are never changed and branches may run concurrently, each with a fresh run
+context equal to the one step ``k`` was decided with (``_context``). ``do_policy(k, model)``
+swaps the model of the agent that decides step ``k`` (for its decisions from ``k`` on); the
+other agents keep theirs unless ``policy_agents`` says otherwise. A model server that is down
+or failing (refused connection, timeout, 429, 5xx) stops the attribution with
+``ModelUnavailable``, resumable, as on every adapter.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
+import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -30,7 +35,7 @@ from agents.run import DEFAULT_MAX_TURNS
 from agents.tool import FunctionTool
 
 import car_core as car
-from car_core.contract import Noise, Plan, RunStatus
+from car_core.contract import Noise, Origin, Plan, RunStatus
 from car_core.errors import AdapterError, CarError, InvalidInput, InvalidIntervention
 
 from ..chat_branch import renumber
@@ -41,6 +46,7 @@ from ..chat_messages import (
     forced_observations,
     recorded_calls,
 )
+from ._context import ContextFactory, ContextRebuilder
 from ._items import to_items
 from .branch import BranchSession, Decided, clone_app
 from .recorder import CarRecorder, agents_of, handoff_target, tool_names
@@ -48,14 +54,37 @@ from .recorder import CarRecorder, agents_of, handoff_target, tool_names
 T = TypeVar("T")
 
 
+_LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def _branch_loop() -> asyncio.AbstractEventLoop:
+    """The one event loop every branch runs on, in a daemon thread of its own. A model's async
+    client (``AsyncOpenAI``'s connection pool) binds to the loop it first ran on and fails on
+    any other, so a loop per branch would make each branch's first call fail (and the branch
+    be retried: every model call paid twice)."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None or _LOOP.is_closed():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="car-openai-agents-branches",
+                             daemon=True).start()
+            _LOOP = loop
+        return _LOOP
+
+
 def _run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run a coroutine to completion from sync code, even when a loop is already running."""
+    """Run a coroutine to completion on the branch loop, from sync code (also from inside a
+    running loop, which then waits, as any blocking call makes it)."""
+    loop = _branch_loop()
     try:
-        asyncio.get_running_loop()
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(make())
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(lambda: asyncio.run(make())).result()
+        running = None
+    if running is loop:
+        raise AdapterError("a CAR branch was started from inside another branch",
+                           hint="call car.intervene / contrastive / shapley outside the app")
+    return asyncio.run_coroutine_threadsafe(make(), loop).result()
 
 
 def _car_error_in(exc: BaseException) -> BaseException | None:
@@ -105,13 +134,23 @@ class OpenAIAgentsAgent:
     arguments that matter: ``match_on``, see ``ToolSafety``), by ``simulators[name](arguments)``,
     or stop the branch with ``SideEffectBlocked``.
     ``max_turns`` is the one the app runs with; ``run_config`` supplies the model provider
-    (for agents whose model is a name), guardrails and handoff filters."""
+    (for agents whose model is a name), guardrails and handoff filters.
+    Each branch gets the run context the recorded step saw, rebuilt from the record; pass
+    ``context_factory(recorded)`` to build it yourself (``recorded`` is the step's snapshot,
+    or None for a context CAR could not record). ``policy_agents``: whose model
+    ``do_policy`` swaps: ``"deciding"`` (the agent deciding its step), ``"all"``, or agent
+    names.
+    CAR's noise drives every branch decision (the step's stream for CAR-aware models such as
+    ``ScriptedModel``, a per-step request seed for providers), so ``couples_noise`` is True;
+    whether a model honours it is measured by the estimators, not assumed."""
 
     def __init__(self, agent: Agent[Any], *, side_effect_tools: Iterable[str] = (),
                  simulators: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
                  match_on: Mapping[str, Iterable[str] | str] | None = None,
                  max_turns: int = DEFAULT_MAX_TURNS, run_config: RunConfig | None = None,
-                 context: Any = None, name: str | None = None) -> None:
+                 context_factory: ContextFactory | None = None,
+                 policy_agents: str | Iterable[str] = "deciding",
+                 name: str | None = None) -> None:
         if not isinstance(agent, Agent):
             raise AdapterError(f"expected an agents.Agent, got {type(agent).__name__}",
                                hint="pass the Agent your app starts Runner.run with")
@@ -133,10 +172,10 @@ class OpenAIAgentsAgent:
             raise InvalidInput(f"side_effect_tools names unknown tool(s) {typos}",
                                hint=f"the app's tools are {known}")
         self.max_turns = max_turns
-        self.user_context = context
+        self.contexts = ContextRebuilder(self.agents.values(), context_factory)
+        self.policy_agents = self._policy_scope(policy_agents)
         self.name = name or f"openai-agents:{agent.name}"
-        self.couples_noise = all(getattr(a.model, "uses_car_noise", False)
-                                 for a in self.agents.values())
+        self.couples_noise = True
 
     def fingerprint(self) -> dict[str, Any]:
         """The app's agents, instructions, tools and handoffs
@@ -149,7 +188,9 @@ class OpenAIAgentsAgent:
     def start(self, context: Any, noise: Noise) -> car.Trajectory:
         session = BranchSession(Plan(start=0), noise, 0, self.safety, {}, None, {})
         items = context if isinstance(context, list) else str(context)
-        run = self._drive(items, self.root.name, session, self.max_turns, None)
+        factory = self.contexts.factory
+        run = self._drive(items, self.root.name, session, self.max_turns, None,
+                          run_context=factory(None) if factory is not None else None)
         return replace(run, context=context, seed=noise.seed)
 
     def branch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
@@ -171,11 +212,14 @@ class OpenAIAgentsAgent:
                 instructions = (active, str(new_system or ""))
             items = to_items([m for m in edited if m["role"] != "system"])
         session = BranchSession(plan, noise, k, self.safety, recorded_calls(run.steps), run.id,
-                                forced_observations(plan, run.id))
+                                forced_observations(plan, run.id),
+                                policy_agents=self.policy_agents)
         self._check_forced_tools(session, run)
         live = self._drive(items, active, session, self.max_turns - k, instructions,
-                           keep_input_guardrails=k == 0, used_tools=_used_tools(run, k))
-        steps = prefix + [renumber(s, k + i, plan) for i, s in enumerate(live.steps)]
+                           keep_input_guardrails=k == 0, used_tools=_used_tools(run, k),
+                           run_context=self.contexts.at(run, k))
+        steps = prefix + [self._placed(s, k + i, plan, session)
+                          for i, s in enumerate(live.steps)]
         return car.Trajectory.new(context=run.context, steps=steps, seed=noise.seed,
                                   agent=self.name, status=live.status, error=live.error,
                                   meta=dict(run.meta))
@@ -189,13 +233,33 @@ class OpenAIAgentsAgent:
         items, active, _ = self._state(run, k)
         try:
             self._drive(items, active, session, 1, None, keep_input_guardrails=False,
-                        used_tools=_used_tools(run, k))
+                        used_tools=_used_tools(run, k), run_context=self.contexts.at(run, k))
         except Decided as d:
             return d.action
         raise AdapterError("the model was not called when re-deciding the step", run_id=run.id,
                            step=k, hint="check the agent's model is an agents.Model")
 
     # -- internals ---------------------------------------------------------------------------
+    def _policy_scope(self, given: str | Iterable[str]) -> str | frozenset[str]:
+        if given in ("deciding", "all"):
+            return str(given)
+        names = frozenset([given] if isinstance(given, str) else given)
+        unknown = sorted(names - set(self.agents))
+        if unknown or not names:
+            raise InvalidInput(f"policy_agents={given!r}: "
+                               + (f"the app has no agent {unknown}" if unknown else "no name"),
+                               hint=f'pass "deciding", "all" or names from {sorted(self.agents)}')
+        return names
+
+    @staticmethod
+    def _placed(step: car.Step, k: int, plan: Plan, session: BranchSession) -> car.Step:
+        """A collected step at its place; after a ``do_policy``, a step whose agent kept its
+        own model is live, not swapped."""
+        placed = renumber(step, k, plan)
+        if placed.meta.get("origin") == Origin.POLICY_SWAPPED and k not in session.swapped:
+            return replace(placed, meta={**placed.meta, "origin": Origin.LIVE})
+        return placed
+
     def _check_run(self, run: car.Trajectory) -> None:
         if run.meta.get("framework") != "openai-agents":
             raise AdapterError("the run was not recorded from an OpenAI Agents SDK app",
@@ -213,6 +277,7 @@ class OpenAIAgentsAgent:
                                f"recorded ones {recorded}", run_id=run.id,
                                hint="branch with the app the run was recorded with, or record "
                                     "the run again")
+        self.contexts.check(run)
 
     def _state(self, run: car.Trajectory, k: int) -> tuple[list[Any], str, str | None]:
         step = run.step(k)
@@ -265,7 +330,8 @@ class OpenAIAgentsAgent:
 
     def _drive(self, items: Any, active: str, session: BranchSession, max_turns: int,
                instructions: tuple[str, str] | None, *, keep_input_guardrails: bool = True,
-               used_tools: frozenset[str] = frozenset()) -> car.Trajectory:
+               used_tools: frozenset[str] = frozenset(), run_context: Any = None
+               ) -> car.Trajectory:
         clones = clone_app(self.agents, self._models(), session, instructions=instructions,
                            keep_input_guardrails=keep_input_guardrails, used_tools=used_tools)
         collector = CarRecorder()
@@ -274,7 +340,7 @@ class OpenAIAgentsAgent:
             input_guardrails=self.run_config.input_guardrails if keep_input_guardrails else None)
 
         async def go() -> None:
-            await Runner.run(clones[active], items, context=self.user_context,
+            await Runner.run(clones[active], items, context=run_context,
                              max_turns=max_turns, hooks=collector, run_config=config)
 
         try:

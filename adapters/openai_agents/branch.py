@@ -4,8 +4,9 @@ A branch never touches the user's agent objects: it runs a copy of the app (``cl
 whose agents carry a ``CarBranchModel`` each and whose function tools are guarded copies,
 linked by the same handoffs. ``CarBranchModel`` numbers the decisions from the branch step on,
 answers forced and held steps with the recorded action (no model call), and sends the others
-to the agent's own model (or the ``do_policy`` one) with the step's noise stream in context and
-a per-step seed in ``ModelSettings.extra_args`` for providers that honour one. A guarded tool
+to the agent's own model (or the ``do_policy`` one, for the agents it applies to) with the
+step's noise stream in context and a per-step seed in ``ModelSettings.extra_args`` for
+providers that honour one; a model client's outage becomes ``ModelUnavailable``. A guarded tool
 serves a forced observation as given and answers a side-effect tool with ``ToolSafety``
 (record, simulator, or ``SideEffectBlocked``); other tools run live.
 """
@@ -22,8 +23,8 @@ from agents.handoffs import Handoff
 from agents.models.interface import Model
 from agents.tool import FunctionTool
 
-from car_core.contract import Noise, Plan
-from car_core.errors import AdapterError, CarError, PolicyError
+from car_core.contract import Noise, Plan, redact
+from car_core.errors import AdapterError, CarError, ModelUnavailable, PolicyError
 
 from .. import chat_branch
 from ..chat_messages import ToolSafety, calls_of, canonical_arguments
@@ -41,16 +42,34 @@ class Decided(Exception):
 
 
 class BranchSession(chat_branch.BranchSession):
-    """The shared branch session, plus whether to pass a per-step seed to the provider and
-    whether to stop once the first decision is made (``redecide``)."""
+    """The shared branch session, plus whether to pass a per-step seed to the provider,
+    whether to stop once the first decision is made (``redecide``), and whose model a
+    ``do_policy`` swaps: ``"deciding"`` (the agent that decides the policy's step, found as
+    the branch gets there), ``"all"``, or a set of agent names; ``swapped`` notes the steps
+    the swapped-in model decided."""
 
     def __init__(self, plan: Plan, noise: Noise, start: int, safety: ToolSafety,
                  record: Mapping[tuple[str, str], Any], run_id: str | None,
                  forced_obs: Mapping[int, list[dict[str, Any]]], *, seeds: bool = True,
-                 stop_after_first: bool = False) -> None:
+                 stop_after_first: bool = False,
+                 policy_agents: str | frozenset[str] = "deciding") -> None:
         super().__init__(plan, noise, start, safety, record, run_id, forced_obs)
         self.seeds = seeds
         self.stop_after_first = stop_after_first
+        self.policy_agents = policy_agents
+        self.swapped: set[int] = set()
+
+    def policy_for(self, k: int, agent: str) -> Any:
+        """The ``do_policy`` model when it decides step ``k`` of ``agent``, else None."""
+        if self.plan.policy is None or k < self.plan.policy[0]:
+            return None
+        if k == self.plan.policy[0] and self.policy_agents == "deciding":
+            self.policy_agents = frozenset({agent})
+        scope = self.policy_agents
+        if scope != "all" and (isinstance(scope, str) or agent not in scope):
+            return None
+        self.swapped.add(k)
+        return self.plan.policy[1]
 
 
 class CarBranchModel(Model):
@@ -69,14 +88,16 @@ class CarBranchModel(Model):
         s.raise_blocked()
         k = s.claim()
         plan = s.plan
+        swap = s.policy_for(k, self.agent)
         if k in plan.forced_actions and k not in plan.context_edits:
+            s.swapped.discard(k)
             if s.stop_after_first:
                 raise Decided(plan.forced_actions[k])
             return ModelResponse(output=output_of(plan.forced_actions[k]), usage=Usage(),
                                  response_id=None)
         model = self.inner
-        if plan.policy is not None and k >= plan.policy[0]:
-            model = plan.policy[1]
+        if swap is not None:
+            model = swap
             if not isinstance(model, Model):
                 raise AdapterError(f"do_policy gave {type(model).__name__}, not an agents.Model",
                                    run_id=s.run_id, step=k,
@@ -92,13 +113,20 @@ class CarBranchModel(Model):
                 system_instructions, input, model_settings, tools, output_schema, handoffs,
                 tracing, previous_response_id=previous_response_id,
                 conversation_id=conversation_id, prompt=prompt)
+        except ModelUnavailable as exc:
+            s.blocked = exc  # the SDK may wrap it: the branch must still stop with it
+            raise
         except CarError:
             raise
         except Exception as exc:  # the model's failure: say which step
-            raise PolicyError(f"the model of agent {self.agent!r} raised {exc!r}",
-                              run_id=s.run_id, step=k,
+            if chat_branch.is_outage(exc):  # stop the attribution (resumable)
+                s.blocked = chat_branch.model_unavailable(
+                    exc, step=k, run_id=s.run_id, who=f"the model server of agent {self.agent!r}")
+                raise s.blocked from s.blocked.__cause__
+            raise PolicyError(f"the model of agent {self.agent!r} raised "
+                              f"{redact.describe(exc)}", run_id=s.run_id, step=k,
                               hint="check the model (and any do_policy model) works on its own"
-                              ) from exc
+                              ) from redact.redacted(exc)
         finally:
             _STEP_RNG.reset(token)
         if s.stop_after_first:

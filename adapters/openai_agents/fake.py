@@ -37,8 +37,6 @@ def step_rng() -> np.random.Generator | None:
 class ScriptedModel(Model):
     """An SDK model whose every reply is ``decide(messages, tools, rng)``."""
 
-    uses_car_noise = True
-
     def __init__(self, decide: Decide, *, seed: int = 0, model: str = "scripted") -> None:
         self.decide = decide
         self.model = model

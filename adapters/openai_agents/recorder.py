@@ -5,14 +5,19 @@ one step: the input items and instructions it saw (stored as OpenAI-style messag
 ``state``, the raw items in ``meta["input_items"]`` for exact re-entry), the agent that made
 it, its action, usage and latency. A step's observation is the tool results that answered its
 calls, read from the next call's input (what the model saw) or, for the last step, from the
-tool hooks. Handoffs are noted on the step that made them. Runs are told apart by their usage
+tool hooks. Handoffs are noted on the step that made them. The run context (``context=``) is
+snapshotted as the step's model call starts (``meta["run_context"]``, see ``_context``), so a
+branch from that step starts from it as it was. Runs are told apart by their usage
 object, so one recorder can watch concurrent runs. A run that ends without a final output
 (an exception, a guardrail tripwire, ``max_turns``) is closed when ``run`` / ``runs`` is read,
 with status ``"error"``. The SDK runs output guardrails after its ``on_agent_end`` hook, so a
 run stopped by an output guardrail's tripwire is recorded as complete (with the output the
 guardrail refused); on branches ``OpenAIAgentsAgent`` sees the exception and marks it. Each run
 carries the app's fingerprint (``car_adapters.openai_agents.fingerprint``), taken from the
-agent it started with, so attributing it with another app is refused.
+agent it started with, so attributing it with another app is refused. With ``outcome=``
+(``outcome(run)`` or ``outcome(run, rng)``, as for ``car.record``) each run is scored as it
+closes, so ``car runs`` shows which runs failed; a judge that raises leaves the run unscored
+(the error is kept in ``outcome_errors``) and never breaks the user's run.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,11 +34,12 @@ from agents import RunHooks
 from agents.handoffs import Handoff
 
 import car_core as car
-from car_core.contract import RunStatus
-from car_core.errors import AdapterError, StoreError
+from car_core.contract import OutcomeFn, RunStatus
+from car_core.errors import AdapterError, OutcomeError, StoreError
 
 from ..chat_messages import calls_of, tool_result
-from ..run_keeping import store_run
+from ..run_keeping import score_run, store_run
+from ._context import snapshot
 from ._items import action_of, to_dicts
 
 UNFINISHED = "the run stopped before a final output (an exception, a guardrail or max_turns)"
@@ -116,10 +123,14 @@ def _fingerprint(root: Any) -> str | None:
 
 
 class CarRecorder(RunHooks[Any]):
-    """Run hooks that record each run; ``store`` (a path or ``car.RunStore``) saves each one."""
+    """Run hooks that record each run; ``store`` (a path or ``car.RunStore``) saves each one,
+    ``outcome`` scores it."""
 
-    def __init__(self, store: str | Path | car.RunStore | None = None) -> None:
+    def __init__(self, store: str | Path | car.RunStore | None = None, *,
+                 outcome: Callable[..., Any] | None = None) -> None:
         self.store = car.RunStore(store) if isinstance(store, (str, Path)) else store
+        self.outcome = OutcomeFn(outcome) if outcome is not None else None
+        self.outcome_errors: list[OutcomeError] = []
         self._runs: list[car.Trajectory] = []
         self._bufs: dict[int, _RunBuf] = {}
         self._lock = threading.Lock()
@@ -161,7 +172,7 @@ class CarRecorder(RunHooks[Any]):
                            and items[0].get("role") == "user"
                            and isinstance(items[0].get("content"), str) else items)
         buf.open = {"agent": agent.name, "system": system_prompt, "items": items,
-                    "started": time.monotonic()}
+                    "context": snapshot(context.context), "started": time.monotonic()}
 
     async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
         buf = self._buf(context, agent)
@@ -175,6 +186,8 @@ class CarRecorder(RunHooks[Any]):
                           "completion_tokens": int(u.output_tokens)},
                 "latency_s": round(time.monotonic() - opened["started"], 6),
                 "input_items": opened["items"]}
+        if opened["context"] is not None:
+            meta["run_context"] = opened["context"]
         buf.steps.append({"action": action_of(response.output),
                           "state": to_dicts(opened["system"], opened["items"]), "meta": meta})
 
@@ -223,6 +236,7 @@ class CarRecorder(RunHooks[Any]):
             error=(err if isinstance(err, str) else repr(err)) if err is not None else None,
             meta={"framework": "openai-agents", "root_agent": buf.root.name,
                   "tools": tool_names(buf.root), "agent_fingerprint": buf.fingerprint})
+        run = score_run(run, self.outcome, self.outcome_errors)
         self._runs.append(run)
         store_run(run, self.store, self.store_errors)
 

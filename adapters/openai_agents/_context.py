@@ -1,0 +1,148 @@
+"""The run context (``Runner.run(..., context=obj)``) as a step records it and a branch
+rebuilds it.
+
+The SDK hands the same context object to every hook, tool, dynamic instruction and guardrail
+of a run, and they may change it as the run goes (a handoff hook that books a flight, a tool
+that writes the seat). A branch from step ``k`` must start from the context *as it was* when
+step ``k`` was decided, so the recorder stores a snapshot of it with every step
+(``meta["run_context"]``): ``{"type": "module:QualName", "value": JSON}`` for a context
+pydantic can dump and load back unchanged (a pydantic model, a dataclass, a dict of plain
+JSON), ``{"type": ...}`` alone for one it cannot (a client, a lock, an open connection).
+
+A branch rebuilds the snapshot with the context's own class, found among the classes the
+process already has (the app's ``Agent[Ctx]`` type arguments, then the recorded module's
+attribute; nothing is imported from a name read from the store), or hands it to the user's
+``context_factory(value)`` (``value`` is None where no snapshot could be taken). A run whose
+context can be rebuilt neither way is refused before any branch runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import typing
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from pydantic import TypeAdapter
+
+import car_core as car
+from car_core.errors import AdapterError
+
+ContextFactory = Callable[[Any], Any]
+
+
+def type_name(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+_ADAPTERS: dict[type, TypeAdapter[Any] | None] = {}  # one per context class: built once
+
+
+def _adapter(cls: type) -> TypeAdapter[Any] | None:
+    if cls not in _ADAPTERS:
+        try:
+            _ADAPTERS[cls] = TypeAdapter(cls)
+        except Exception:  # pydantic has no schema for it (arbitrary class, client, lock)
+            _ADAPTERS[cls] = None
+    return _ADAPTERS[cls]
+
+
+def snapshot(obj: Any) -> dict[str, Any] | None:
+    """What a step records of the run context (None when the run has none)."""
+    if obj is None:
+        return None
+    cls = type(obj)
+    out: dict[str, Any] = {"type": type_name(cls)}
+    adapter = _adapter(cls)
+    if adapter is None:
+        return out
+    try:
+        value = adapter.dump_python(obj, mode="json")
+        # kept only when it loads back to the same value: a rebuilt branch context must
+        # equal the recorded one
+        if adapter.dump_python(adapter.validate_python(value), mode="json") == value:
+            out["value"] = value
+    except Exception:  # a field pydantic cannot dump, or a type that does not load back
+        pass
+    return out
+
+
+def context_types(agents: Iterable[Any]) -> dict[str, type]:
+    """The context classes the app names itself: ``Agent[Ctx](...)`` keeps ``Ctx`` on the
+    agent (``__orig_class__``), so contexts defined inside a function are found too."""
+    out: dict[str, type] = {}
+    for a in agents:
+        for arg in typing.get_args(getattr(a, "__orig_class__", None)):
+            if isinstance(arg, type):
+                out[type_name(arg)] = arg
+    return out
+
+
+def _known_class(name: str, app_types: dict[str, type]) -> type | None:
+    if name in app_types:
+        return app_types[name]
+    module, _, qualname = name.partition(":")
+    if "<locals>" in qualname or module not in sys.modules:
+        return None  # never imported on the store's word
+    obj: Any = sys.modules[module]
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return obj if isinstance(obj, type) and type_name(obj) == name else None
+
+
+class ContextRebuilder:
+    """Builds each branch's context from the recorded snapshot at its step."""
+
+    def __init__(self, agents: Iterable[Any], factory: ContextFactory | None) -> None:
+        if factory is not None and not callable(factory):
+            raise AdapterError(f"context_factory must be callable, got {type(factory).__name__}",
+                               hint="pass context_factory=lambda recorded: MyContext(**recorded)")
+        self.factory = factory
+        self.app_types = context_types(agents)
+
+    def check(self, run: car.Trajectory) -> None:
+        """Refuse, before any branch, a run with a context no branch could be given."""
+        if self.factory is not None:
+            return
+        for step in run.steps:
+            rec = step.meta.get("run_context")
+            if rec is None:
+                continue
+            name = str(rec.get("type"))
+            if "value" not in rec:
+                raise AdapterError(
+                    f"the run's context (a {name}) could not be recorded: pydantic cannot "
+                    "dump and load it back, so no branch can be given the context the recorded "
+                    "step saw", run_id=run.id, step=step.index,
+                    hint="make the context a pydantic model or a dataclass of JSON fields, or "
+                         "pass OpenAIAgentsAgent(..., context_factory=lambda recorded: ...) "
+                         "that builds a fresh one (recorded is None for this context)")
+            if _known_class(name, self.app_types) is None:
+                raise AdapterError(
+                    f"the run's context class {name} is not one this process has loaded",
+                    run_id=run.id, step=step.index,
+                    hint="import the module that defines it, type the agents "
+                         "(Agent[MyContext](...)), or pass context_factory=lambda recorded: "
+                         "MyContext.model_validate(recorded)")
+
+    def at(self, run: car.Trajectory, k: int) -> Any:
+        """A fresh context equal to the one step ``k`` was decided with (None: no context)."""
+        rec = run.step(k).meta.get("run_context") if k < len(run.steps) else None
+        # a copy: the record is shared by every branch, and the app may change its context
+        value = copy.deepcopy(rec.get("value")) if rec is not None else None
+        if self.factory is not None:
+            return self.factory(value)
+        if rec is None:
+            return None
+        cls = _known_class(str(rec["type"]), self.app_types)
+        if cls is None:
+            raise AdapterError(f"the run's context class {rec['type']} is not loaded",
+                               run_id=run.id, step=k, hint="see OpenAIAgentsAgent's "
+                               "context_factory")
+        adapter = _adapter(cls)
+        if adapter is None:  # recorded with a value, so pydantic could load it then
+            raise AdapterError(f"pydantic can no longer load the context class {rec['type']}",
+                               run_id=run.id, step=k, hint="see OpenAIAgentsAgent's "
+                               "context_factory")
+        return adapter.validate_python(value)
