@@ -17,6 +17,7 @@ from typing import Any
 
 from ._json import JSON, check_json, digest
 from .errors import CorruptRun, StepOutOfRange
+from .redact import scrub
 from .vocabulary import Origin, RunStatus
 
 ORIGINS = tuple(Origin)
@@ -116,6 +117,11 @@ def seal_steps(context: JSON, steps: list[Step] | tuple[Step, ...]) -> tuple[Ste
         if step.index != i:
             raise CorruptRun(f"step at position {i} says it is step {step.index}",
                              hint="steps must be numbered 0, 1, 2, … in order")
+        # a registered secret never reaches a record (nor, so, a digest or the store)
+        a, o = scrub(step.action), scrub(step.observation)
+        s, m = scrub(step.state), scrub(step.meta)
+        if not (a is step.action and o is step.observation and s is step.state and m is step.meta):
+            step = Step(step.index, a, o, step.observed, s, m)
         d = digest(step.content(prev))
         sealed.append(Step(step.index, step.action, step.observation, step.observed, step.state,
                            step.meta, d))  # dataclasses.replace costs more than the digest
@@ -149,6 +155,7 @@ class Trajectory:
             check_json(s.state, f"state of step {s.index}")
             check_json(s.meta, f"meta of step {s.index}")
         fields.setdefault("created_at", time.time())
+        context = scrub(context)
         return cls(id=id or new_run_id(), context=context, steps=seal_steps(context, steps),
                    **fields)
 
@@ -157,6 +164,7 @@ class Trajectory:
         """``new`` for the replay engine, whose step values were checked as they were made
         (policy and tool results on return, forced values when the intervention was built)."""
         fields.setdefault("created_at", time.time())
+        context = scrub(context)
         return cls(id=new_run_id(), context=context, steps=seal_steps(context, steps), **fields)
 
     def __len__(self) -> int:
