@@ -214,6 +214,8 @@ def register_from(obj: Any, _depth: int = 0, _seen: set[int] | None = None) -> N
     seen = set() if _seen is None else _seen
     if obj is None or isinstance(obj, _LEAVES) or id(obj) in seen or _depth > 5:
         return
+    if _seen is None:
+        guard_records()  # the client's own loggers write what it holds
     seen.add(id(obj))
     if isinstance(obj, Mapping | list | tuple | set | frozenset):
         for child in obj.values() if isinstance(obj, Mapping) else obj:
@@ -407,14 +409,38 @@ class LogFilter(logging.Filter):
         return True
 
 
+_FILTER = LogFilter()
+
+
+def guard_records() -> None:
+    """Redact every log record made in this process from now on, whatever its logger: a
+    filter acts only on its own logger's records, and HTTP clients create their loggers
+    (``httpcore.http11``, ``httpx2``…) lazily, under names no list foresees. Installed as
+    the record factory, around the one in place (once); a record is made only when its
+    level is enabled, so quiet logging costs nothing."""
+    previous = logging.getLogRecordFactory()
+    if getattr(previous, "car_redacting", False):
+        return
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        _FILTER.filter(record)
+        return record
+
+    factory.car_redacting = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(factory)
+
+
 def guard_loggers(*prefixes: str) -> None:
     """Put the filter on every logger created so far under ``prefixes`` (an HTTP client's
-    loggers, which log request URLs and errors): a filter acts only on its own logger's
-    records, so each one needs it."""
+    loggers, which log request URLs and errors), and redact every record made from now on
+    (``guard_records``), so a logger created later, or a record factory replaced by the
+    application, still leaves one guard in place."""
     names = [n for n in list(logging.root.manager.loggerDict)
              if any(n == p or n.startswith(p + ".") for p in prefixes)]
     for name in {*prefixes, *names}:
         logger(name)
+    guard_records()
 
 
 def logger(name: str) -> logging.Logger:
@@ -426,6 +452,7 @@ def logger(name: str) -> logging.Logger:
 
 
 __all__ = ["MARK", "PUBLIC_HEADERS", "LogFilter", "RedactedError", "describe", "guard_loggers",
+           "guard_records",
            "known_secrets", "logger", "redact", "redact_json", "redacted", "register",
            "register_credential", "register_from", "register_headers", "register_url",
            "scrub", "userinfo_secrets"]
