@@ -32,6 +32,7 @@ import binascii
 import logging
 import os
 import re
+import traceback
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -104,6 +105,7 @@ def register(secret: str | None) -> None:
     if _is_secret(secret) and secret not in _registered:
         assert isinstance(secret, str)
         _registered.append(secret)
+        guard_records()  # from now on every log record could quote it
 
 
 def register_credential(value: str | None) -> None:
@@ -394,7 +396,10 @@ def redacted(exc: BaseException | None, _depth: int = 0) -> RedactedError | None
 
 
 class LogFilter(logging.Filter):
-    """Redacts a record's message (arguments merged) before any handler sees it."""
+    """Redacts a record's message (arguments merged), its traceback and its stack before any
+    handler sees it. The exception becomes its redacted stand-in (a handler that reads
+    ``exc_info`` itself finds no client attributes holding the request), keeping the frames;
+    the formatted traceback is the original's, redacted."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
@@ -403,9 +408,16 @@ class LogFilter(logging.Filter):
             return True
         record.msg, record.args = redact(message), None
         if record.exc_info and record.exc_info[1] is not None:
-            stand_in = redacted(record.exc_info[1])
-            record.exc_text = None
-            record.exc_info = (RedactedError, stand_in, None) if stand_in else None
+            kind, exc, tb = record.exc_info
+            try:
+                text = "".join(traceback.format_exception(kind, exc, tb)).rstrip("\n")
+            except Exception:  # an exception whose text cannot be made: its stand-in only
+                text = ""
+            stand_in = redacted(exc)
+            record.exc_text = redact(text) or None
+            record.exc_info = (RedactedError, stand_in, tb) if stand_in else None
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
         return True
 
 

@@ -305,3 +305,31 @@ def test_a_collection_inside_redaction_whose_finalizers_log_does_not_hang(
     assert len(outcome) == 8 and all(KEY not in o for o in outcome)
     assert DroppedClient.count > 0 and KEY not in stream.getvalue()
     assert "closing client" in stream.getvalue()
+
+
+def test_every_log_record_is_redacted_whatever_logger_made_it() -> None:
+    """An HTTP client creates loggers lazily (``httpcore.http11``…): no filter is on them, so
+    the guard sits where every record is made. The traceback keeps its frames."""
+    secret = "lazy;logger=key-5150"
+    rd.register(secret)  # registering installs the guard
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    log = logging.getLogger("car_core.tests.never.guarded.before")
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+
+    def request() -> None:
+        raise ConnectionError(f"POST http://user:{quote(secret)}@host/v1 failed")
+
+    try:
+        try:
+            request()
+        except ConnectionError:
+            log.debug("request to %s", f"http://user:{secret}@host/v1", exc_info=True,
+                      stack_info=True)
+    finally:
+        log.removeHandler(handler)
+    out = stream.getvalue()
+    assert secret not in out and quote(secret) not in out and rd.MARK in out
+    assert "in request" in out and "ConnectionError" in out  # the frames are still there
