@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import logging
 import os
 import re
@@ -90,6 +91,7 @@ class _Rule:
     secrets: tuple[str, ...]  # every value hidden, pieces included, longest first
     entries: tuple[tuple[str, re.Pattern[str]], ...]  # (anchor, any form of one secret)
     literals: tuple[str, ...]  # their base64 forms, longest first
+    shortest: int = 0  # text shorter than this holds no form of any secret
 
 
 _compiled: dict[str, tuple[str, re.Pattern[str]]] = {}  # per secret; inserts are atomic
@@ -276,8 +278,10 @@ def _compile(source: tuple[int, tuple[str, ...]], values: Iterable[str]) -> _Rul
         found |= {value, *forms.pieces(value, MIN_SECRET)}
     secrets = tuple(sorted((s for s in found if _is_secret(s)), key=lambda s: (-len(s), s)))
     encoded = {b for s in secrets for b in forms.base64_forms(s) if len(b) >= MIN_SECRET}
-    return _Rule(source, secrets, tuple(_entry(s) for s in secrets),
-                 tuple(sorted(encoded, key=lambda b: (-len(b), b))))
+    entries = tuple(_entry(s) for s in secrets)
+    shortest = min([len(a) or 1 for a, _ in entries] + [len(b) for b in encoded], default=0)
+    return _Rule(source, secrets, entries, tuple(sorted(encoded, key=lambda b: (-len(b), b))),
+                 shortest)
 
 
 def _current() -> _Rule:
@@ -297,6 +301,8 @@ def known_secrets() -> list[str]:
 
 
 def _by_value(rule: _Rule, text: str) -> str:
+    if len(text) < rule.shortest:
+        return text
     for anchor, regex in rule.entries:
         if anchor in text:
             text = regex.sub(MARK, text)
@@ -339,27 +345,53 @@ def redact_json(value: Any, secrets: list[str] | None = None) -> Any:
     return _apply_json(rule, value)
 
 
-def scrub(value: Any) -> Any:
+def scrub(value: Any, memo: dict[str, str] | None = None) -> Any:
     """``value`` (any JSON value) with every registered or environment secret removed, in any
     form; the patterns are not applied. For recorded content (context, actions,
     observations, state), which must stay what the agent saw unless it holds a secret: the
-    same object comes back when nothing matched, and at once when nothing is registered."""
+    same object comes back when nothing matched, and at once when nothing is registered.
+    ``memo`` (shared across the calls for one run) remembers strings already looked at: a
+    run's states repeat the same messages step after step."""
     rule = _current()
-    if not rule.secrets:
+    if not rule.secrets or isinstance(value, bool | int | float | type(None)):
         return value
-    return _scrub(rule, value)
+    if not isinstance(value, str):
+        try:  # one pass over the value's JSON text in C, instead of a walk in Python
+            if not _found(rule, json.dumps(value, ensure_ascii=False)):
+                return value
+        except (TypeError, ValueError):  # not JSON: walk it
+            pass
+    return _scrub(rule, value, {} if memo is None else memo)
 
 
-def _scrub(rule: _Rule, value: Any) -> Any:
+def holds_secret(text: str) -> bool:
+    """Whether ``text`` (a JSON encoding, say) holds any form of a registered or environment
+    secret: the cheap test before ``scrub``."""
+    rule = _current()
+    return bool(rule.secrets) and _found(rule, text)
+
+
+def _found(rule: _Rule, text: str) -> bool:
+    """Whether ``text`` holds any form of any secret (JSON escapes included)."""
+    if len(text) < rule.shortest:
+        return False
+    return (any(anchor in text and regex.search(text) for anchor, regex in rule.entries)
+            or any(literal in text for literal in rule.literals))
+
+
+def _scrub(rule: _Rule, value: Any, memo: dict[str, str]) -> Any:
     if isinstance(value, str):
-        return _by_value(rule, value)  # the same str object when nothing matched
+        done = memo.get(value)
+        if done is None:
+            done = memo[value] = _by_value(rule, value)
+        return value if done == value else done  # the same object when nothing matched
     if isinstance(value, dict):
-        out = {_scrub(rule, k): _scrub(rule, v) for k, v in value.items()}
+        out = {_scrub(rule, k, memo): _scrub(rule, v, memo) for k, v in value.items()}
         same = all(a is b and ka is kb for (ka, a), (kb, b) in zip(out.items(), value.items(),
                                                                     strict=True))
         return value if same else out
     if isinstance(value, list | tuple):
-        items = [_scrub(rule, v) for v in value]
+        items = [_scrub(rule, v, memo) for v in value]
         if all(a is b for a, b in zip(items, value, strict=True)):
             return value
         return items if isinstance(value, list) else tuple(items)
@@ -467,4 +499,4 @@ __all__ = ["MARK", "PUBLIC_HEADERS", "LogFilter", "RedactedError", "describe", "
            "guard_records",
            "known_secrets", "logger", "redact", "redact_json", "redacted", "register",
            "register_credential", "register_from", "register_headers", "register_url",
-           "scrub", "userinfo_secrets"]
+           "holds_secret", "scrub", "userinfo_secrets"]

@@ -15,9 +15,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._json import JSON, check_json, digest
+from ._json import JSON, canonical, check_json, digest, digest_of
 from .errors import CorruptRun, StepOutOfRange
-from .redact import scrub
+from .redact import holds_secret, scrub
 from .vocabulary import Origin, RunStatus
 
 ORIGINS = tuple(Origin)
@@ -113,16 +113,17 @@ def seal_steps(context: JSON, steps: list[Step] | tuple[Step, ...]) -> tuple[Ste
     """Number-check the steps and fill in their chained digests."""
     prev = _context_root(context)
     sealed = []
+    memo: dict[str, str] = {}
     for i, step in enumerate(steps):
         if step.index != i:
             raise CorruptRun(f"step at position {i} says it is step {step.index}",
                              hint="steps must be numbered 0, 1, 2, … in order")
-        # a registered secret never reaches a record (nor, so, a digest or the store)
-        a, o = scrub(step.action), scrub(step.observation)
-        s, m = scrub(step.state), scrub(step.meta)
-        if not (a is step.action and o is step.observation and s is step.state and m is step.meta):
-            step = Step(step.index, a, o, step.observed, s, m)
-        d = digest(step.content(prev))
+        text = canonical(step.content(prev))
+        if holds_secret(text):  # a registered secret never reaches a record, digest or store
+            step = Step(step.index, scrub(step.action, memo), scrub(step.observation, memo),
+                        step.observed, scrub(step.state, memo), scrub(step.meta, memo))
+            text = canonical(step.content(prev))
+        d = digest_of(text)
         sealed.append(Step(step.index, step.action, step.observation, step.observed, step.state,
                            step.meta, d))  # dataclasses.replace costs more than the digest
         prev = d
