@@ -17,12 +17,15 @@ By value first: what a secret *is*, not what keys usually look like. Replaced by
 Strings shorter than ``MIN_SECRET`` are placeholders ("test", "none"), never registered.
 
 ``redact(text)`` applies the rule to a string, ``redact_json(value)`` to every string in a
-JSON value, ``redacted(exc)`` to an exception and its chained causes (a stand-in exception
-carrying the redacted text, safe to chain with ``raise … from``), and ``LogFilter`` to log
-records. No redaction path takes a lock: a garbage collection inside it may run a dropped
-client's ``__del__`` whose log record comes straight back here. Registration appends to a list
-(atomic), and the compiled rule is an immutable snapshot, rebuilt and swapped in one assignment
-when what it was built from has changed. Imports nothing outside the standard library.
+JSON value, ``scrub(value)`` the by-value part alone to recorded content (``holds_secret``
+first: the cheap test), ``redacted(exc)`` to an exception and its chained causes (a stand-in
+exception carrying the redacted text, safe to chain with ``raise … from``), and ``LogFilter``
+to log records, installed on every record made once a secret is registered
+(``guard_records``). No redaction path takes a lock: a garbage collection inside it may run
+a dropped client's ``__del__`` whose log record comes straight back here. Registration
+appends to a list (atomic), and the compiled rule is an immutable snapshot, rebuilt and
+swapped in one assignment when what it was built from has changed. Imports nothing outside
+the standard library.
 """
 
 from __future__ import annotations

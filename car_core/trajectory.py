@@ -109,6 +109,15 @@ def _context_root(context: JSON) -> str:
     return digest({"context": context})
 
 
+def _scrub_fields(context: JSON, fields: dict[str, Any]) -> JSON:
+    """The run's context, error and meta without any registered secret (a framework's error
+    text may quote the request that carried one)."""
+    for name in ("error", "meta"):
+        if fields.get(name):
+            fields[name] = scrub(fields[name])
+    return scrub(context)
+
+
 def seal_steps(context: JSON, steps: list[Step] | tuple[Step, ...]) -> tuple[Step, ...]:
     """Number-check the steps and fill in their chained digests."""
     prev = _context_root(context)
@@ -156,7 +165,7 @@ class Trajectory:
             check_json(s.state, f"state of step {s.index}")
             check_json(s.meta, f"meta of step {s.index}")
         fields.setdefault("created_at", time.time())
-        context = scrub(context)
+        context = _scrub_fields(context, fields)
         return cls(id=id or new_run_id(), context=context, steps=seal_steps(context, steps),
                    **fields)
 
@@ -165,7 +174,7 @@ class Trajectory:
         """``new`` for the replay engine, whose step values were checked as they were made
         (policy and tool results on return, forced values when the intervention was built)."""
         fields.setdefault("created_at", time.time())
-        context = scrub(context)
+        context = _scrub_fields(context, fields)
         return cls(id=new_run_id(), context=context, steps=seal_steps(context, steps), **fields)
 
     def __len__(self) -> int:

@@ -333,3 +333,12 @@ def test_every_log_record_is_redacted_whatever_logger_made_it() -> None:
     out = stream.getvalue()
     assert secret not in out and quote(secret) not in out and rd.MARK in out
     assert "in request" in out and "ConnectionError" in out  # the frames are still there
+
+
+def test_a_run_error_and_meta_hand_back_no_registered_secret() -> None:
+    secret = "run;error=secret-4411"
+    rd.register(secret)
+    run = car.Trajectory.new(context="hi", steps=[], error=f"AuthenticationError({secret!r})",
+                             meta={"final_state": {"body": json.dumps(secret)}})
+    assert secret not in run.error and rd.MARK in run.error
+    assert secret not in json.dumps(run.meta) and "final_state" in run.meta
