@@ -232,7 +232,7 @@ def run_tools(tools: Mapping[str, Callable[..., Any]],
                 except CarError:
                     raise
                 except Exception as exc:  # the tool's own failure is part of the episode
-                    content = f"error: {exc}"
+                    content = f"error: {redact.redact(str(exc))}"
             results.append(tool_result(call["id"], name, content))
         return results
     return environment

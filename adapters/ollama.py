@@ -72,6 +72,7 @@ class OllamaPolicy(ServerPolicy):
         self.model, self.tools, self.host = model, [dict(t) for t in tools or ()], host
         self.temperature, self.top_p, self.num_ctx = temperature, top_p, num_ctx
         self.max_tokens, self.stream = max_tokens, stream
+        redact.register_url(host)  # a host's userinfo (a given client's: ServerPolicy)
         redact.guard_loggers(*CLIENT_LOGGERS)
 
     def _new_client(self) -> Any:

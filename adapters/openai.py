@@ -73,18 +73,18 @@ class OpenAIPolicy(ServerPolicy):
         self.temperature, self.top_p, self.max_tokens = temperature, top_p, max_tokens
         self.logprobs, self.prices = logprobs, prices
         self.base_url, self.tool_choice = base_url, tool_choice
-        redact.register(api_key)  # never stored, rendered or printed from here on
+        # never stored, rendered or printed from here on (a given client's: ServerPolicy)
+        redact.register_credential(api_key)
+        redact.register_url(base_url)
         redact.guard_loggers(*CLIENT_LOGGERS)
         if client is None:  # built now, so a missing or broken key is said at once
             self._client = self._new_client(api_key)
-        else:
-            redact.register(getattr(client, "api_key", None))
 
     def _new_client(self, api_key: str | None = None) -> Any:
         """A client from the settings; the key is ``api_key`` or, where a pickled policy lands,
         the process's ``OPENAI_API_KEY`` (an explicit key is never pickled)."""
         key = api_key or os.environ.get("OPENAI_API_KEY")
-        redact.register(key)
+        redact.register_credential(key)
         if key is not None and not key.isascii():
             raise InvalidInput("the API key contains a character an HTTP header cannot "
                                "carry (a stray non-ASCII character pasted with it?)",

@@ -59,6 +59,7 @@ class ServerPolicy(ChatPolicy):
         self.backoff = backoff if isinstance(backoff, Backoff) else Backoff(
             max_attempts=max_retries + 1, base=backoff, cap=RETRY_AFTER_CAP_S)
         self.limiter = limiter
+        redact.register_from(client)  # a given client's key, headers and URL userinfo
         self._own_client = client is None
         self._client = client
 

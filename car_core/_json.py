@@ -68,7 +68,12 @@ def canonical(value: JSON) -> str:
 
 def digest(value: JSON) -> str:
     """A short content address (sha256 over the canonical encoding, 32 hex digits)."""
-    return hashlib.sha256(canonical(value).encode("utf-8")).hexdigest()[:32]
+    return digest_of(canonical(value))
+
+
+def digest_of(text: str) -> str:
+    """``digest`` of a value whose canonical encoding is ``text``."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
 
 def dumps(value: JSON) -> str:

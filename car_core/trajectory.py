@@ -15,8 +15,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._json import JSON, check_json, digest
+from ._json import JSON, canonical, check_json, digest, digest_of
 from .errors import CorruptRun, StepOutOfRange
+from .redact import holds_secret, scrub
 from .vocabulary import Origin, RunStatus
 
 ORIGINS = tuple(Origin)
@@ -108,15 +109,30 @@ def _context_root(context: JSON) -> str:
     return digest({"context": context})
 
 
+def _scrub_fields(context: JSON, fields: dict[str, Any]) -> JSON:
+    """The run's context, error and meta without any registered secret (a framework's error
+    text may quote the request that carried one)."""
+    for name in ("error", "meta"):
+        if fields.get(name):
+            fields[name] = scrub(fields[name])
+    return scrub(context)
+
+
 def seal_steps(context: JSON, steps: list[Step] | tuple[Step, ...]) -> tuple[Step, ...]:
     """Number-check the steps and fill in their chained digests."""
     prev = _context_root(context)
     sealed = []
+    memo: dict[str, str] = {}
     for i, step in enumerate(steps):
         if step.index != i:
             raise CorruptRun(f"step at position {i} says it is step {step.index}",
                              hint="steps must be numbered 0, 1, 2, … in order")
-        d = digest(step.content(prev))
+        text = canonical(step.content(prev))
+        if holds_secret(text):  # a registered secret never reaches a record, digest or store
+            step = Step(step.index, scrub(step.action, memo), scrub(step.observation, memo),
+                        step.observed, scrub(step.state, memo), scrub(step.meta, memo))
+            text = canonical(step.content(prev))
+        d = digest_of(text)
         sealed.append(Step(step.index, step.action, step.observation, step.observed, step.state,
                            step.meta, d))  # dataclasses.replace costs more than the digest
         prev = d
@@ -149,6 +165,7 @@ class Trajectory:
             check_json(s.state, f"state of step {s.index}")
             check_json(s.meta, f"meta of step {s.index}")
         fields.setdefault("created_at", time.time())
+        context = _scrub_fields(context, fields)
         return cls(id=id or new_run_id(), context=context, steps=seal_steps(context, steps),
                    **fields)
 
@@ -157,6 +174,7 @@ class Trajectory:
         """``new`` for the replay engine, whose step values were checked as they were made
         (policy and tool results on return, forced values when the intervention was built)."""
         fields.setdefault("created_at", time.time())
+        context = _scrub_fields(context, fields)
         return cls(id=new_run_id(), context=context, steps=seal_steps(context, steps), **fields)
 
     def __len__(self) -> int:

@@ -27,7 +27,7 @@ from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables.config import ensure_config
 
-from car_core.contract import Noise, Origin
+from car_core.contract import Noise, Origin, redact
 
 from .messages import action_message, usage_of
 
@@ -106,6 +106,10 @@ class CarChatModel(BaseChatModel):
     """Wraps the app's chat model so CAR can hold, force, swap and seed its calls."""
 
     inner: BaseChatModel
+
+    def model_post_init(self, context: Any, /) -> None:
+        super().model_post_init(context)
+        redact.register_from(self.inner)  # its key, headers and URL userinfo are never written
 
     @property
     def _llm_type(self) -> str:

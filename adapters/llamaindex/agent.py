@@ -31,7 +31,7 @@ from llama_index.core.tools import BaseTool, FunctionTool, adapt_to_async_tool
 from llama_index.core.workflow import Context
 
 import car_core as car
-from car_core.contract import Noise, Plan
+from car_core.contract import Noise, Plan, redact
 from car_core.errors import AdapterError, CarError, InvalidIntervention
 
 from ..chat_branch import renumber
@@ -129,6 +129,7 @@ class LlamaIndexAgent:
             raise AdapterError(f"expected a LlamaIndex agent workflow, got {type(agent).__name__}",
                                hint="pass a FunctionAgent, ReActAgent or AgentWorkflow")
         self.workflow = agent
+        redact.register_from(agent)  # its LLMs' keys are never stored, rendered or printed
         self.safety = ToolSafety.of(side_effect_tools, simulators, match_on)
         self.max_iterations = max_iterations
         self.name = name or f"llamaindex:{type(agent).__name__}"

@@ -37,7 +37,7 @@ from llama_index.core.workflow import Workflow
 
 import car_core as car
 from car_core import RunStore
-from car_core.contract import OutcomeFn, RunStatus
+from car_core.contract import OutcomeFn, RunStatus, redact
 from car_core.errors import AdapterError, OutcomeError, StoreError
 
 from ..chat_messages import tool_result
@@ -283,6 +283,7 @@ class CarRecorder:
             start = bound_args.arguments.get("start_event") if bound_args is not None else None
             self._run_of[id_] = id_
             self._parent[id_] = None
+            redact.register_from(instance)  # its LLMs' keys are never recorded
             self._bufs[id_] = _RunBuf(root=id_, workflow=instance, context=_context_of(start),
                                       spans={id_}, fingerprint=None if self._token is not None
                                       else workflow_digest(instance),  # as the run began

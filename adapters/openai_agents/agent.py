@@ -35,7 +35,7 @@ from agents.run import DEFAULT_MAX_TURNS
 from agents.tool import FunctionTool
 
 import car_core as car
-from car_core.contract import Noise, Origin, Plan, RunStatus
+from car_core.contract import Noise, Origin, Plan, RunStatus, redact
 from car_core.errors import AdapterError, CarError, InvalidInput, InvalidIntervention
 
 from ..chat_branch import renumber
@@ -160,6 +160,7 @@ class OpenAIAgentsAgent:
         self.root = agent
         self.agents = agents_of(agent)
         self.run_config = run_config or RunConfig()
+        redact.register_from([self.agents, self.run_config])  # model clients' keys and headers
         refused = unsupported(self.agents, self.run_config)
         if refused:
             raise AdapterError("this app uses features CAR cannot replay: " + "; ".join(refused),

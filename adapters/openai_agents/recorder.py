@@ -34,7 +34,7 @@ from agents import RunHooks
 from agents.handoffs import Handoff
 
 import car_core as car
-from car_core.contract import OutcomeFn, RunStatus
+from car_core.contract import OutcomeFn, RunStatus, redact
 from car_core.errors import AdapterError, OutcomeError, StoreError
 
 from ..chat_messages import calls_of, tool_result
@@ -161,6 +161,7 @@ class CarRecorder(RunHooks[Any]):
             return self._bufs[key]
 
     async def on_agent_start(self, context: Any, agent: Any) -> None:
+        redact.register_from(agent)  # its model client's key is never recorded
         self._buf(context, agent)
 
     async def on_llm_start(self, context: Any, agent: Any, system_prompt: str | None,
