@@ -244,6 +244,7 @@ def _read_only_child(db: Path) -> str:
         import os, sys
         import car_core as car
         from car_core.errors import StoreReadOnly
+        car.RunStore  # loads the store's modules while they are readable (root's own Python)
         if os.geteuid() == 0:
             os.setgid(65534); os.setuid(65534)
         try:
