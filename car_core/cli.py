@@ -250,7 +250,8 @@ def intervene(run_id: Annotated[str, typer.Argument(help="Run id.")],
     try:
         dist = run_intervene(run, the_agent, interventions, outcome=the_outcome,
                              rollouts=rollouts, seed=seed, progress=bar or False,
-                             budget=budget, force_agent=force_agent)
+                             budget=budget, force_agent=force_agent,
+                             keep_trajectories=False)  # nothing is stored: keep the outcomes
     except KeyboardInterrupt:
         raise _fail("interrupted; no result was kept (car intervene stores nothing)",
                     kit.INTERRUPTED) from None

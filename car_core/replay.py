@@ -109,6 +109,10 @@ class OutcomeDistribution:
                 f"n={self.n}{' (truncated)' if self.truncated else ''}")
 
 
+def _outcome_only(branch: Trajectory) -> float | None:
+    return branch.outcome.value if branch.outcome is not None else None
+
+
 def check_run(run: Trajectory) -> None:
     if not isinstance(run, Trajectory):
         raise InvalidInput(f"expected a car.Trajectory, got {type(run).__name__}",
@@ -121,11 +125,15 @@ def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequenc
               seed: int = 0, coupled: bool = True, level: float = defaults.LEVEL,
               budget: Budget | int | None = None,
               executor: Executor | None = None, progress: Any = None,
-              force_agent: bool = False) -> OutcomeDistribution:
+              force_agent: bool = False, keep_trajectories: bool = True
+              ) -> OutcomeDistribution:
     """Apply ``interventions`` to ``run`` and estimate the outcome distribution from
     ``rollouts`` branches. Branch ``r`` draws its noise from stream ``(seed, r)``, shared by
     every call with the same seed when ``coupled`` (common random numbers). An agent other
-    than the one that recorded ``run`` is refused unless ``force_agent``."""
+    than the one that recorded ``run`` is refused unless ``force_agent``. With
+    ``keep_trajectories=False`` only each branch's outcome stays in memory (``trajectories``
+    is empty): a branch's steps are dropped as it finishes, so many rollouts cost a number
+    each, not a run each."""
     from .agent import check_agent
     check_run(run)
     check_agent(run, agent, force=force_agent)
@@ -142,17 +150,20 @@ def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequenc
                   noise=branch_noise(seed, r, arm, coupled)) for r in range(rollouts))
     meter = BudgetMeter(as_budget(budget))  # a car.Budget or a rollout count, as elsewhere
     results = execute(tasks, brancher(run, agent, out), meter,
-                      executor=executor, progress=progress, label="intervene")
-    trajs = tuple(traj for _, traj in sorted(results, key=lambda tr: tr[0].rollout))
-    if not trajs and results.failures:  # every branch failed twice: the agent is broken
+                      executor=executor, progress=progress, label="intervene",
+                      keep=None if keep_trajectories else _outcome_only)
+    kept = [kept for _, kept in sorted(results, key=lambda tr: tr[0].rollout)]
+    trajs = tuple(kept) if keep_trajectories else ()
+    if not kept and results.failures:  # every branch failed twice: the agent is broken
         first = results.failures[0]
         if first.exception is not None:
             raise first.exception
         raise AgentError(f"every branch failed; the first: {first.error}", run_id=run.id)
-    if not trajs:
+    if not kept:
         raise BudgetExhausted(f"no rollout could run: {meter.tripped or 'the budget tripped'}",
                               run_id=run.id, hint="raise the budget")
-    values = tuple(t.outcome.value for t in trajs if t.outcome is not None)
+    values = (tuple(t.outcome.value for t in trajs if t.outcome is not None) if keep_trajectories
+              else tuple(v for v in kept if v is not None))
     mean = sum(values) / len(values)
     return OutcomeDistribution(
         mean=mean, ci=Interval(*wilson(mean, len(values), level), level), n=len(values),

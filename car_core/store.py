@@ -855,12 +855,21 @@ class RunStore:
 
     @_guarded
     def branches(self, attribution_id: str) -> builtins.list[dict[str, Any]]:
-        """The branches an attribution has stored so far: arm, rollout, outcome, run id (each
-        row's seal checked: ``CorruptRun`` names a damaged one)."""
-        return self._verified(f"SELECT {', '.join(SEALED_COLUMNS)}, header FROM runs WHERE "
-                              "attribution_id = ? ORDER BY arm, rollout", [attribution_id],
-                              ("id", "arm", "rollout", "outcome"))
-
+        """The branches an attribution has stored so far: arm, rollout, outcome, run id. How
+        many there are is only as good as the rows that say so: every row that names this
+        attribution or its run as its own is checked, so a branch whose attribution id was
+        edited away is named (``CorruptRun``) rather than silently not counted."""
+        found = self.db.execute("SELECT run_id FROM attributions WHERE id = ?",
+                                [attribution_id]).fetchone()
+        rows, damaged = self._checked(
+            f"SELECT {', '.join(SEALED_COLUMNS)}, header FROM runs WHERE attribution_id = ? "
+            "OR parent_id = ? ORDER BY arm, rollout",
+            [attribution_id, found[0] if found else None],
+            ("id", "arm", "rollout", "outcome", "attribution_id"))
+        if damaged:
+            raise damaged_rows(damaged, len(rows))
+        return [{k: r[k] for k in ("id", "arm", "rollout", "outcome")} for r in rows
+                if r["attribution_id"] == attribution_id]
 
 def _alive(owner: str, host: str | None, pid: int | None) -> bool:
     """Whether a lease's claim may still run: in this process, whether the claim is live
