@@ -176,7 +176,7 @@ def damaged_rows(damaged: builtins.list[tuple[str, str]], intact: int) -> Corrup
     run_id, wrong = damaged[0]
     more = f" ({len(damaged) - 1} more damaged row(s))" if len(damaged) > 1 else ""
     return CorruptRun(f"stored run {run_id} is damaged: {wrong}{more}; {intact} other row(s) "
-                      "check", run_id=None,
+                      "are intact", run_id=None,
                       hint="the database was edited by hand or damaged; the other runs stay "
                            "readable; record this one again or restore it from a copy")
 
@@ -252,8 +252,7 @@ def _read_plan(path: Path) -> str:
     a rollback-journal file, a hot ``-journal``, a live WAL with its ``-shm``), ``"immutable"``
     (a WAL-mode file with no ``-wal``, or a ``-wal`` SQLite would ignore, and no ``-journal``:
     the file alone holds every committed write, and ``mode=ro`` would create the ``-wal`` and
-    ``-shm``), or ``"copy"``
-    (a WAL with frames but no ``-shm``: read from a private copy, see ``_private_copy``)."""
+    ``-shm``), or ``"copy"`` (a WAL with frames but no ``-shm``: see ``_private_copy``)."""
     wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
     if Path(f"{path}-journal").exists():
         return "locked"
@@ -421,15 +420,22 @@ class RunStore:
         self._check_integrity()
 
     def _check_integrity(self) -> None:
-        """``PRAGMA integrity_check``: a damaged page or an index that disagrees with its
-        table (a read through it would silently miss rows) refuses the whole file, naming
-        the first problem SQLite found. ``quick_check`` does not compare indexes."""
-        found = self.db.execute("PRAGMA integrity_check(1)").fetchone()
-        problem = "no answer" if found is None else str(found[0])
-        if problem != "ok":
-            raise CorruptStore(f"{self.path} is damaged: SQLite's integrity check reports "
-                               f"{' '.join(problem.split())[:160]!r}",
-                               hint="restore it from a copy; reads refuse a damaged file")
+        """SQLite's own checks before anything is read: ``quick_check`` over the whole file
+        (every page and record well formed), then ``integrity_check`` of ``runs`` and
+        ``attributions``, which also compares each index with its table — reads go through
+        those indexes (a run by id, an attribution's branches), and an index entry that
+        disagrees with its row would silently drop or swap rows, which ``quick_check`` does not
+        see. The ``steps`` index is not compared (on a large store that is most of the cost):
+        a run's steps are read through it, but a missing, extra or swapped step fails the
+        run's chained digests and step count. A problem refuses the whole file, named."""
+        for check in ("quick_check(1)", "integrity_check(runs)",
+                      "integrity_check(attributions)"):
+            found = self.db.execute(f"PRAGMA {check}").fetchone()
+            problem = "no answer" if found is None else str(found[0])
+            if problem != "ok":
+                raise CorruptStore(f"{self.path} is damaged: SQLite's integrity check reports "
+                                   f"{' '.join(problem.split())[:160]!r}",
+                                   hint="restore it from a copy; reads refuse a damaged file")
 
     def _applied(self) -> set[str]:
         return {str(m.name) for m in MIGRATIONS.applied(self.db)}
@@ -568,6 +574,9 @@ class RunStore:
             raise RunNotFound(f"no run {run_id!r} in {self.path}", run_id=run_id,
                               hint="list the stored runs with `car runs` or RunStore.list()")
         row = rows[0]
+        if row["id"] != run_id:  # a lookup through a damaged index can land on another row
+            raise CorruptRun("the store's index of run ids points at another row",
+                             run_id=run_id, hint="the file is damaged; restore it from a copy")
         try:
             header = loads(row["header"] or "{}")
             steps = [{"index": s["idx"], "digest": s["digest"], "action": loads(s["action"]),
@@ -791,6 +800,10 @@ class RunStore:
                                       hint="list them with `car attributions RUN_ID` or "
                                            "RunStore.attributions()")
         row = dict(rows[0])
+        if row["id"] != attribution_id:  # a lookup through a damaged index
+            raise CorruptAttribution(f"the store's index of attribution ids points at another "
+                                     f"row than {attribution_id}",
+                                     hint="the file is damaged; restore it from a copy")
         seal = row.pop("seal", None)
         if not self.legacy and seal != _attribution_seal(row):
             raise CorruptAttribution(f"attribution {attribution_id} was changed after it was "

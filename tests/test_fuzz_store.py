@@ -33,7 +33,7 @@ NAMES_DAMAGE = re.compile(r"is damaged|was changed after|digest mismatch|changed
                           r"(saving|recording)|not a SQLite database|not a CAR store|did not "
                           r"create|has lost|unfinished write|newer CAR|incomplete|does not "
                           r"parse|malformed|not text|not a number|not an integer|not a date|"
-                          r"not JSON|not an object")
+                          r"not JSON|not an object|points at another")
 RANDOM_VARIANTS = 200
 
 

@@ -24,8 +24,8 @@ import car_core as car
 from car_core import synthetic as syn
 from car_core.errors import (
     AttributionNotFound,
-    CorruptStore,
     CorruptRun,
+    CorruptStore,
     NotACarStore,
     RunNotFound,
     StoreError,
