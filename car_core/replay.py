@@ -146,16 +146,23 @@ def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequenc
     plan = compile_plan(run, interventions)
     coupled, why = coupling(agent, run, bool(coupled))
     arm = plan.describe()
-    tasks = (Task(arm="intervention", rollout=r, plan=plan,  # lazy: the budget decides
-                  noise=branch_noise(seed, r, arm, coupled)) for r in range(rollouts))
+
+    def tasks(rows: range) -> Iterator[Task]:  # lazy: the budget decides how many start
+        return (Task(arm="intervention", rollout=r, plan=plan,
+                     noise=branch_noise(seed, r, arm, coupled)) for r in rows)
+
     meter = BudgetMeter(as_budget(budget))  # a car.Budget or a rollout count, as elsewhere
-    results = execute(tasks, brancher(run, agent, out), meter,
-                      executor=executor, progress=progress, label="intervene",
-                      keep=None if keep_trajectories else _outcome_only)
-    kept = [kept for _, kept in sorted(results, key=lambda tr: tr[0].rollout)]
+    fn = brancher(run, agent, out)
+    if keep_trajectories:
+        results = execute(tasks(range(rollouts)), fn, meter, executor=executor,
+                          progress=progress, label="intervene")
+        kept: list[Any] = [t for _, t in sorted(results, key=lambda tr: tr[0].rollout)]
+        failures = list(results.failures)
+    else:
+        kept, failures = _outcomes_in_batches(tasks, rollouts, fn, meter, executor, progress)
     trajs = tuple(kept) if keep_trajectories else ()
-    if not kept and results.failures:  # every branch failed twice: the agent is broken
-        first = results.failures[0]
+    if not kept and failures:  # every branch failed twice: the agent is broken
+        first = failures[0]
         if first.exception is not None:
             raise first.exception
         raise AgentError(f"every branch failed; the first: {first.error}", run_id=run.id)
@@ -171,7 +178,36 @@ def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequenc
         values=values, trajectories=trajs, interventions=tuple(arm), coupled=coupled,
         coupling=why, seed=seed, rollouts_used=meter.rollouts, truncated=len(values) < rollouts,
         budget_note=meter.tripped, tokens=meter.tokens, cost=meter.cost,
-        failures=tuple(f.to_dict() for f in results.failures))
+        failures=tuple(f.to_dict() for f in failures))
+
+
+OUTCOME_BATCH = 1024  # branches run per ``execute`` call when only outcomes are kept
+
+
+def _outcomes_in_batches(tasks: Callable[[range], Iterator[Task]], rollouts: int,
+                         fn: Any, meter: BudgetMeter, executor: Executor | None,
+                         progress: Any) -> tuple[list[Any], list[Any]]:
+    """The outcomes of ``rollouts`` branches, in rollout order, run a batch at a time under
+    one meter and one progress bar: what ``execute`` holds per finished branch (its task and
+    its kept value) is freed batch by batch, so memory is a float per branch, not a task and
+    a run."""
+    from .execution import _progress_bar
+    bar = _progress_bar(progress, rollouts, "intervene")
+    values: list[Any] = []
+    failures: list[Any] = []
+    try:
+        for start in range(0, rollouts, OUTCOME_BATCH):
+            results = execute(tasks(range(start, min(start + OUTCOME_BATCH, rollouts))), fn,
+                              meter, executor=executor, progress=bar or False,
+                              label="intervene", keep=_outcome_only)
+            values.extend(v for _, v in sorted(results, key=lambda tr: tr[0].rollout))
+            failures.extend(results.failures)
+            if meter.tripped:
+                break
+    finally:
+        if bar is not None and bar is not progress:
+            bar.close()
+    return values, failures
 
 
 @dataclass(frozen=True)
