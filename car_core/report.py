@@ -3,7 +3,10 @@
 Everything an agent wrote (actions, observations, contexts, tool output) is hostile input: a
 transcript may carry HTML and script from a prompt injection. Every value reaches the page
 through a Jinja2 template with autoescaping on, nothing is marked safe, and the page carries a
-Content-Security-Policy that forbids scripts, so even a missed escape could not run anything.
+Content-Security-Policy that forbids scripts, so even a missed escape could not run anything,
+and forbids a ``<base>`` (relative links re-pointed) and form targets. ``frame-ancestors`` is not
+in it: a policy in a ``<meta>`` element cannot carry it (browsers ignore it there and log an
+error), and a file opened from disk has no HTTP header to carry it instead.
 
 ``render_attribution(result, run=None, branches=None)`` takes a contrastive or Shapley result
 (the object or its ``to_dict()``); ``render_run(run)`` draws a run on its own.
