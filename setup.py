@@ -12,4 +12,5 @@ core = find_packages(include=["car_core", "car_core.*"])
 adapters = ["car_adapters" + name[len("adapters"):]
             for name in find_packages(include=["adapters", "adapters.*"])]
 
-setup(packages=core + adapters)
+# _car_entry: the console script's entry point, importable before car_core (see its docstring)
+setup(packages=core + adapters, py_modules=["_car_entry"])

@@ -27,18 +27,18 @@ from rich.text import Text
 from . import _clikit as kit
 from . import defaults
 from ._json import dumps
-from .errors import AttributionNotFound, CarError, InvalidInput
+from .errors import AttributionNotFound, CarError, CorruptRun, CorruptStore, InvalidInput
 from .redact import redact
 from .results import ContrastiveResult, Result
-from .store import Attribution, RunStore
+from .store import Attribution, RunStore, damaged_rows
 from .vocabulary import Answer, AttributionStatus
 
 EXIT_CODES = """Exit codes: 0 ok · 1 nothing attributable (no locus) · 2 usage or bad input
 (also a run recorded with another agent) · 3 budget exhausted (the result is truncated, what
-was measured is kept) · 4 store or run error (no store, unknown id, not a CAR store, damaged or
-edited store, read-only folder, attribution busy) · 5 the agent under test failed (also when
-every branch failed, or its code called sys.exit) · 70 internal error · 130 interrupted
-(Ctrl-C; finished branches are kept, resume with --resume)."""
+was measured is kept) or memory ran out · 4 store or run error (no store, unknown id, not a
+CAR store, damaged or edited store, read-only folder, attribution busy) · 5 the agent under
+test failed (also when every branch failed, or its code called sys.exit) · 70 internal error
+· 130 interrupted (Ctrl-C; finished branches are kept, resume with --resume)."""
 
 app = typer.Typer(
     name="car", add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -102,6 +102,10 @@ def _check_seed(seed: int) -> None:
                            hint="pass a smaller non-negative seed, e.g. --seed 0")
 
 
+OUT_OF_MEMORY = ("out of memory: this machine cannot hold what was asked for; lower --rollouts "
+                 "or --concurrency, or cap the run with --budget")
+
+
 def _fail(message: str, code: int) -> typer.Exit:
     err.print(Text(f"car: error: {kit.safe(message)}"), soft_wrap=True)
     return typer.Exit(code)
@@ -124,6 +128,8 @@ def _errors(fn: F) -> F:
                         kit.AGENT) from None
         except KeyboardInterrupt:
             raise _fail("interrupted", kit.INTERRUPTED) from None
+        except MemoryError:
+            raise _fail(OUT_OF_MEMORY, kit.BUDGET) from None
         except sqlite3.Error as exc:
             raise _fail(f"the store cannot be read: {exc}", kit.STORE) from None
         except Exception as exc:
@@ -144,13 +150,22 @@ def _print_json(value: Any) -> None:
 def runs(store: StoreOpt = "car.db", json_out: JsonOpt = False,
          branches: Annotated[bool, typer.Option("--branches", help="Include branches.")] = False,
          limit: Annotated[int | None, typer.Option("--limit", min=1)] = None) -> None:
-    """List the stored runs, newest first."""
-    rows = kit.existing_store(store).list(branches=branches, limit=limit)
+    """List the stored runs, newest first. A damaged row is named (exit 4) and the intact
+    ones are still listed."""
+    rows, damaged = kit.existing_store(store).scan(branches=branches, limit=limit)
+    _print_runs(rows, store, json_out, damaged)
+    if damaged:
+        raise damaged_rows(damaged, len(rows))
+
+
+def _print_runs(rows: list[dict[str, Any]], store: str, json_out: bool,
+                damaged: list[tuple[str, str]]) -> None:
     if json_out:
         _print_json(rows)
         return
     if not rows:
-        out.print(Text(f"no runs in {kit.safe(store)}"))
+        if not damaged:
+            out.print(Text(f"no runs in {kit.safe(store)}"))
         return
     t = Table(title=kit.cell(f"runs in {store}"), title_justify="left")
     t.add_column("id", no_wrap=True, min_width=16)
@@ -241,7 +256,8 @@ def intervene(run_id: Annotated[str, typer.Argument(help="Run id.")],
     try:
         dist = run_intervene(run, the_agent, interventions, outcome=the_outcome,
                              rollouts=rollouts, seed=seed, progress=bar or False,
-                             budget=budget, force_agent=force_agent)
+                             budget=budget, force_agent=force_agent,
+                             keep_trajectories=False)  # nothing is stored: keep the outcomes
     except KeyboardInterrupt:
         raise _fail("interrupted; no result was kept (car intervene stores nothing)",
                     kit.INTERRUPTED) from None
@@ -397,10 +413,15 @@ def attribute(
     nothing = (result.locus is None if isinstance(result, ContrastiveResult)
                else bool(result.reason))
     if nothing and result.failures:  # the agent broke on branches: as `car intervene` says
+        first = result.failures[0]
+        why = (f"{len(result.failures)} branch(es) failed after a retry; the first (arm "
+               f"{first.get('arm')}, rollout {first.get('rollout')}): {first.get('error')}")
         if undecided:
-            err.print(Text(kit.safe(f"undecided (attribution {aid}): {len(result.failures)} "
-                                    "branch(es) failed; fix the agent and resume with:\n  "
-                                    f"{_resume_command(aid)}")), soft_wrap=True)
+            err.print(Text(kit.safe(f"undecided (attribution {aid}): {why}; fix the agent and "
+                                    f"resume with:\n  {_resume_command(aid)}")), soft_wrap=True)
+        else:
+            err.print(Text(kit.safe(f"car: error: nothing could be attributed: {why}. Fix the "
+                                    "agent and run again")), soft_wrap=True)
         raise typer.Exit(kit.AGENT)
     if nothing:
         raise typer.Exit(kit.NOTHING)
@@ -411,6 +432,8 @@ def _stopped(exc: BaseException) -> tuple[int | None, str]:
     handle, e.g. typer's own exit)."""
     if isinstance(exc, KeyboardInterrupt):
         return kit.INTERRUPTED, "interrupted"
+    if isinstance(exc, MemoryError):
+        return kit.BUDGET, OUT_OF_MEMORY
     if isinstance(exc, CarError):
         return kit.exit_code(exc), str(exc)
     if isinstance(exc, SystemExit):
@@ -481,8 +504,8 @@ def _print_result(r: Result, seconds: float, store: str) -> None:
         out.print(Text(kit.safe(f"{len(r.failures)} failed branch(es) left out of the estimate "
                                 f"(first: arm {first.get('arm')}, rollout {first.get('rollout')}"
                                 f": {first.get('error')})"), style="yellow"))
-    out.print(Text(f"report: car report {r.run_id} --store {store} --out report.html",
-                   style="dim"))
+    out.print(Text(kit.safe(f"report: car report {shlex.quote(str(r.run_id))} --store "
+                            f"{shlex.quote(store)} --out report.html"), style="dim"))
 
 
 # -- report / attributions ----------------------------------------------------------------------
@@ -563,9 +586,15 @@ def attributions(run_id: Annotated[str | None, typer.Argument(
     db = kit.existing_store(store)
     if run_id is not None:
         db.load(run_id)  # an unknown or damaged run is an error, not an empty list
-    rows = []
+    rows, damaged = [], []
     results: dict[str, Result | None] = {}
-    for a in db.attributions(run_id):
+    for aid in db.attribution_ids(run_id):
+        try:  # one damaged attribution (or branch of one) is named; the others are listed
+            a = db.attribution(aid)
+            count = len(db.branches(a.id))
+        except (CorruptStore, CorruptRun) as exc:
+            damaged.append(str(exc))
+            continue
         res = results[a.id] = a.result
         rows.append({"id": a.id, "run_id": a.run_id, "method": a.method,
                      "status": str(a.status),
@@ -575,9 +604,19 @@ def attributions(run_id: Annotated[str | None, typer.Argument(
                      "candidate": (res.candidate if isinstance(res, ContrastiveResult)
                                    else None),
                      "rollouts": res.rollouts_used if res is not None else None,
-                     "branches": len(db.branches(a.id)), "created_at": a.created_at})
+                     "branches": count, "created_at": a.created_at})
+    _print_attributions(rows, results, store, run_id, json_out, bool(damaged))
+    if damaged:
+        more = f" ({len(damaged) - 1} more damaged)" if len(damaged) > 1 else ""
+        raise CorruptStore(f"{damaged[0]}{more}; {len(rows)} other attribution(s) listed")
+
+
+def _print_attributions(rows: list[dict[str, Any]], results: dict[str, Result | None],
+                        store: str, run_id: str | None, json_out: bool, damaged: bool) -> None:
     if json_out:
         _print_json(rows)
+        return
+    if not rows and damaged:
         return
     if not rows:
         out.print(Text(kit.safe(f"no attributions in {store}"
@@ -679,6 +718,30 @@ def main(argv: list[str] | None = None) -> int:
         from typer._click import exceptions as cx
     except ImportError:  # pragma: no cover - depends on the installed typer
         from click import exceptions as cx  # type: ignore[no-redef]
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = _unraisable_hook(previous_hook)
+    try:
+        return _main(argv, cx)
+    finally:
+        sys.unraisablehook = previous_hook
+
+
+def _unraisable_hook(previous: Callable[[Any], Any]) -> Callable[[Any], None]:
+    """An error in a finalizer while the command runs: a MemoryError there is the one the
+    command already reports (printing it would need memory too, and its failure would print
+    "Exception ignored in sys.unraisablehook"); anything else goes to the usual hook, whose
+    own failure is dropped rather than printed."""
+    def hook(info: Any) -> None:
+        if isinstance(info.exc_value, MemoryError) or info.exc_type is MemoryError:
+            return
+        try:
+            previous(info)
+        except BaseException:  # a hook must never raise
+            pass
+    return hook
+
+
+def _main(argv: list[str] | None, cx: Any) -> int:
     try:
         code = app(args=argv, prog_name="car", standalone_mode=False)
     except cx.UsageError as exc:
@@ -695,6 +758,9 @@ def main(argv: list[str] | None = None) -> int:
     except (typer.Abort, KeyboardInterrupt):
         err.print(Text("car: error: interrupted"))
         return kit.INTERRUPTED
+    except MemoryError:
+        err.print(Text(f"car: error: {OUT_OF_MEMORY}"))
+        return kit.BUDGET
     except SystemExit as exc:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)

@@ -110,6 +110,10 @@ class OutcomeDistribution:
                 f"n={self.n}{' (truncated)' if self.truncated else ''}")
 
 
+def _outcome_only(branch: Trajectory) -> float | None:
+    return branch.outcome.value if branch.outcome is not None else None
+
+
 def check_run(run: Trajectory) -> None:
     if not isinstance(run, Trajectory):
         raise InvalidInput(f"expected a car.Trajectory, got {type(run).__name__}",
@@ -122,14 +126,17 @@ def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequenc
               seed: int = 0, coupled: bool = True, level: float = defaults.LEVEL,
               budget: Budget | int | None = None,
               executor: Executor | None = None, progress: Any = None,
-              force_agent: bool = False) -> OutcomeDistribution:
+              force_agent: bool = False, keep_trajectories: bool = True
+              ) -> OutcomeDistribution:
     """Apply ``interventions`` to ``run`` and estimate the outcome distribution from
     ``rollouts`` branches. Branch ``r`` draws its noise from stream ``(seed, r)``, shared by
     every call with the same seed when ``coupled`` (common random numbers). An agent other
     than the one that recorded ``run`` is refused unless ``force_agent``. A branch that raises or
     comes back with status ``error`` is left out and listed in ``failures``; more than a tenth
     of them, or any that holds every recorded step, raise ``BranchesFailed`` (when every branch
-    failed, the first branch's own error is raised)."""
+    failed, the first branch's own error is raised). With ``keep_trajectories=False`` only each
+    branch's outcome stays in memory (``trajectories`` is empty): a branch's steps are dropped
+    as it finishes, so many rollouts cost a number each, not a run each."""
     from .agent import check_agent
     check_run(run)
     check_agent(run, agent, force=force_agent)
@@ -142,23 +149,33 @@ def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequenc
     plan = compile_plan(run, interventions)
     coupled, why = coupling(agent, run, bool(coupled))
     arm = plan.describe()
-    tasks = (Task(arm="intervention", rollout=r, plan=plan,  # lazy: the budget decides
-                  noise=branch_noise(seed, r, arm, coupled)) for r in range(rollouts))
+
+    def tasks(rows: range) -> Iterator[Task]:  # lazy: the budget decides how many start
+        return (Task(arm="intervention", rollout=r, plan=plan,
+                     noise=branch_noise(seed, r, arm, coupled)) for r in rows)
+
     meter = BudgetMeter(as_budget(budget))  # a car.Budget or a rollout count, as elsewhere
-    results = execute(tasks, brancher(run, agent, out), meter,
-                      executor=executor, progress=progress, label="intervene")
-    trajs = tuple(traj for _, traj in sorted(results, key=lambda tr: tr[0].rollout))
-    if not trajs and results.failures:  # every branch failed twice: the agent is broken
-        first = results.failures[0]
+    fn = brancher(run, agent, out)
+    if keep_trajectories:
+        results = execute(tasks(range(rollouts)), fn, meter, executor=executor,
+                          progress=progress, label="intervene")
+        kept: list[Any] = [t for _, t in sorted(results, key=lambda tr: tr[0].rollout)]
+        failures = list(results.failures)
+    else:
+        kept, failures = _outcomes_in_batches(tasks, rollouts, fn, meter, executor, progress)
+    trajs = tuple(kept) if keep_trajectories else ()
+    if not kept and failures:  # every branch failed twice: the agent is broken
+        first = failures[0]
         if first.exception is not None:
             raise first.exception
         raise AgentError(f"every branch failed; the first: {first.error}", run_id=run.id)
-    check_failures(results.failures, len(trajs) + len(results.failures), run_id=run.id,
-                   final=True, resumable=False)
-    if not trajs:
+    check_failures(failures, len(kept) + len(failures), run_id=run.id, final=True,
+                   resumable=False)
+    if not kept:
         raise BudgetExhausted(f"no rollout could run: {meter.tripped or 'the budget tripped'}",
                               run_id=run.id, hint="raise the budget")
-    values = tuple(t.outcome.value for t in trajs if t.outcome is not None)
+    values = (tuple(t.outcome.value for t in trajs if t.outcome is not None) if keep_trajectories
+              else tuple(v for v in kept if v is not None))
     mean = sum(values) / len(values)
     return OutcomeDistribution(
         mean=mean, ci=Interval(*wilson(mean, len(values), level), level), n=len(values),
@@ -166,7 +183,36 @@ def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequenc
         values=values, trajectories=trajs, interventions=tuple(arm), coupled=coupled,
         coupling=why, seed=seed, rollouts_used=meter.rollouts, truncated=len(values) < rollouts,
         budget_note=meter.tripped, tokens=meter.tokens, cost=meter.cost,
-        failures=tuple(f.to_dict() for f in results.failures))
+        failures=tuple(f.to_dict() for f in failures))
+
+
+OUTCOME_BATCH = 1024  # branches run per ``execute`` call when only outcomes are kept
+
+
+def _outcomes_in_batches(tasks: Callable[[range], Iterator[Task]], rollouts: int,
+                         fn: Any, meter: BudgetMeter, executor: Executor | None,
+                         progress: Any) -> tuple[list[Any], list[Any]]:
+    """The outcomes of ``rollouts`` branches, in rollout order, run a batch at a time under
+    one meter and one progress bar: what ``execute`` holds per finished branch (its task and
+    its kept value) is freed batch by batch, so memory is a float per branch, not a task and
+    a run."""
+    from .execution import _progress_bar
+    bar = _progress_bar(progress, rollouts, "intervene")
+    values: list[Any] = []
+    failures: list[Any] = []
+    try:
+        for start in range(0, rollouts, OUTCOME_BATCH):
+            results = execute(tasks(range(start, min(start + OUTCOME_BATCH, rollouts))), fn,
+                              meter, executor=executor, progress=bar or False,
+                              label="intervene", keep=_outcome_only)
+            values.extend(v for _, v in sorted(results, key=lambda tr: tr[0].rollout))
+            failures.extend(results.failures)
+            if meter.tripped:
+                break
+    finally:
+        if bar is not None and bar is not progress:
+            bar.close()
+    return values, failures
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,10 @@
 Everything an agent wrote (actions, observations, contexts, tool output) is hostile input: a
 transcript may carry HTML and script from a prompt injection. Every value reaches the page
 through a Jinja2 template with autoescaping on, nothing is marked safe, and the page carries a
-Content-Security-Policy that forbids scripts, so even a missed escape could not run anything.
+Content-Security-Policy that forbids scripts, so even a missed escape could not run anything,
+and forbids a ``<base>`` (relative links re-pointed) and form targets. ``frame-ancestors`` is not
+in it: a policy in a ``<meta>`` element cannot carry it (browsers ignore it there and log an
+error), and a file opened from disk has no HTTP header to carry it instead.
 
 ``render_attribution(result, run=None, branches=None)`` takes a contrastive or Shapley result
 (the object or its ``to_dict()``); ``render_run(run)`` draws a run on its own.
@@ -261,7 +264,8 @@ def _decided_from(run: Trajectory, k: int) -> dict[str, Any]:
     step = run.steps[k]
     if step.state is not None:
         if isinstance(step.state, list) and all(_is_message(m) for m in step.state):
-            msgs = [{"role": m.get("role"), "text": _message_text(m)} for m in step.state]
+            msgs = [{"role": _role_class(m.get("role")), "text": _message_text(m)}
+                    for m in step.state]
             return {"messages": msgs[-RECENT:], "folded_messages": msgs[:-RECENT],
                     "context": None, "prior": [], "folded": []}
         return {"messages": None, "folded_messages": [], "context": show(step.state),
@@ -271,6 +275,16 @@ def _decided_from(run: Trajectory, k: int) -> dict[str, Any]:
              for p in run.steps[:k]]
     return {"messages": None, "folded_messages": [], "context": show(run.context),
             "prior": prior[-RECENT:], "folded": prior[:-RECENT]}
+
+
+ROLE_CLASSES = ("system", "user", "assistant", "tool")
+
+
+def _role_class(role: Any) -> str:
+    """The style a message's role gets: one of the four chat roles, else ``other``. The role
+    is the agent's text, so it never becomes a class name of its own (``system tag locus``
+    would otherwise be styled as the locus)."""
+    return role if role in ROLE_CLASSES else "other"
 
 
 def _diff_lines(run: Trajectory | Mapping[str, Any]) -> list[str]:

@@ -133,6 +133,53 @@ def _seal(row: dict[str, Any], header: dict[str, Any]) -> str:
     return digest({"row": {c: column(c) for c in SEALED_COLUMNS}, "header": header})
 
 
+SUMMARY_COLUMNS = ("id", "created_at", "agent", "status", "outcome", "n_steps", "parent_id",
+                   "seed")
+_LAST_DATE = 253402300800  # 10000-01-01: a created_at past it is not a date
+
+
+def _row_problem(row: dict[str, Any]) -> str | None:
+    """What is wrong with a ``runs`` row read without its steps (None: its seal checks and
+    every shown column has its type): the columns a listing shows are trusted only so."""
+    try:
+        header = loads(row["header"] or "{}")
+        if not isinstance(header, dict):
+            return "its header is not an object"
+        seal = header.pop("seal", None)
+        if seal != _seal(row, header):
+            return "its row (outcome, agent, status, lineage …) was changed after saving"
+    except _DAMAGE as exc:
+        return f"it does not parse ({type(exc).__name__})"
+    for key in ("created_at", "outcome"):
+        value = row[key]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value)):
+            return f"its {key} {str(value)[:40]!r} is not a number"
+    if row["created_at"] is not None and not 0 <= row["created_at"] < _LAST_DATE:
+        return f"its created_at {row['created_at']!r} is not a date"
+    for key in ("id", "agent", "status", "parent_id"):
+        if row[key] is not None and not isinstance(row[key], str):
+            return f"its {key} is not text"
+    for key in ("n_steps", "seed"):
+        if row[key] is not None and (isinstance(row[key], bool) or not isinstance(row[key], int)):
+            return f"its {key} is not an integer"
+    return None
+
+
+def _shown_id(value: Any) -> str:
+    return value if isinstance(value, str) else repr(value)[:40]
+
+
+def damaged_rows(damaged: builtins.list[tuple[str, str]], intact: int) -> CorruptRun:
+    """One error for the damaged runs rows of a listing: the first by name, with how many."""
+    run_id, wrong = damaged[0]
+    more = f" ({len(damaged) - 1} more damaged row(s))" if len(damaged) > 1 else ""
+    return CorruptRun(f"stored run {run_id} is damaged: {wrong}{more}; {intact} other row(s) "
+                      "are intact", run_id=None,
+                      hint="the database was edited by hand or damaged; the other runs stay "
+                           "readable; record this one again or restore it from a copy")
+
+
 def _is_readonly_error(exc: sqlite3.Error) -> bool:
     text = str(exc).lower()
     return "readonly" in text or "read-only" in text or "unable to open" in text
@@ -164,14 +211,61 @@ def _guarded(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _number(value: Any, what: str, run_id: Any) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
-            value):
-        raise CorruptStore(f"stored run {run_id!r} has {what} {str(value)[:40]!r}, not a number",
-                           hint="the database was edited by hand; restore it from a copy or "
-                                "record the run again")
+_WAL_MAGIC = (0x377F0682, 0x377F0683)
+
+
+def _wal_checksum(data: bytes, big_endian: bool) -> tuple[int, int]:
+    """SQLite's WAL checksum over ``data`` (a multiple of 8 bytes)."""
+    import struct
+    words = struct.unpack((">" if big_endian else "<") + f"{len(data) // 4}I", data)
+    s0 = s1 = 0
+    for i in range(0, len(words), 2):
+        s0 = (s0 + words[i] + s1) & 0xFFFFFFFF
+        s1 = (s1 + words[i + 1] + s0) & 0xFFFFFFFF
+    return s0, s1
+
+
+def _wal_may_hold_frames(wal: Path) -> bool:
+    """Whether SQLite would read anything from ``wal``: a WAL whose header is not valid (wrong
+    magic, version or checksum) or that is too short for one frame is ignored whole."""
+    import struct
+    try:
+        with wal.open("rb") as f:
+            head = f.read(32)
+        size = wal.stat().st_size
+    except OSError:
+        return True  # cannot tell: read it the careful way
+    if len(head) < 32:
+        return False
+    magic, version, page_size = struct.unpack(">III", head[:12])
+    if magic not in _WAL_MAGIC or version != 3007000:
+        return False
+    if _wal_checksum(head[:24], big_endian=magic & 1 == 1) != struct.unpack(">II", head[24:]):
+        return False
+    return bool(size >= 32 + 24 + int(page_size))
+
+
+def _read_plan(path: Path) -> str:
+    """How a read-only open reads ``path`` without writing beside it or trusting an
+    unfinished write: ``"locked"`` (``mode=ro``: SQLite's locks and journals are honoured —
+    a rollback-journal file, a hot ``-journal``, a live WAL with its ``-shm``), ``"immutable"``
+    (a WAL-mode file with no ``-wal``, or a ``-wal`` SQLite would ignore, and no ``-journal``:
+    the file alone holds every committed write, and ``mode=ro`` would create the ``-wal`` and
+    ``-shm``), or ``"copy"`` (a WAL with frames but no ``-shm``: see ``_private_copy``)."""
+    wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+    if Path(f"{path}-journal").exists():
+        return "locked"
+    if wal.exists():  # mode=ro beside a -wal without its -shm would create the -shm
+        if shm.exists():
+            return "locked"
+        return "copy" if _wal_may_hold_frames(wal) else "immutable"
+    try:
+        with path.open("rb") as f:
+            header = f.read(20)
+    except OSError:
+        return "locked"
+    is_wal_file = len(header) == 20 and header[:16] == b"SQLite format 3\x00" and header[18] == 2
+    return "immutable" if is_wal_file else "locked"
 
 
 @dataclass(frozen=True)
@@ -197,6 +291,7 @@ class RunStore:
         self.path = Path(path)
         self.readonly = readonly
         self.legacy = False  # a store that predates sealed attributions (read-only opens)
+        self._scratch: Any = None  # a private copy a read-only open reads from, if any
         self._leases: dict[str, str] = {}  # attribution id -> owner of this store's live claim
         weakref.finalize(self, _drop_live, self._leases)  # a store dropped unclosed holds none
         if readonly:
@@ -217,21 +312,27 @@ class RunStore:
                 self._migrate()
         except StoreError:
             conn.close()  # refused before anything was written; do not leak the handle
+            self._drop_scratch()
             raise
         except (sqlite3.DatabaseError, UnicodeError) as exc:
             conn.close()
+            self._drop_scratch()
+            if readonly and isinstance(exc, sqlite3.OperationalError):
+                refusal = self._unreadable_now(exc)
+                if refusal is not None:
+                    raise refusal from None
             if isinstance(exc, sqlite3.Error) and _is_readonly_error(exc):
                 raise StoreReadOnly(f"{self.path} is read-only: {exc}",
                                     hint="point --store at a writable file") from exc
+            if "malformed" in str(exc) or isinstance(exc, UnicodeError):
+                raise self._damaged(exc) from None
             raise NotACarStore(f"{self.path} is not a SQLite database CAR can use: {exc}",
                                hint="pass the path of a CAR store, or a new file") from exc
 
     # -- opening ---------------------------------------------------------------------------
     def _connect_readonly(self, timeout: float) -> sqlite3.Connection:
-        """Read without writing anything: no new file, no ``-wal``/``-shm`` left behind.
-        With no ``-wal`` beside it the file holds every committed write, so it is opened
-        immutable (no lock files at all, also in a read-only folder); with one, a writer may
-        be active and its WAL is read the ordinary read-only way."""
+        """Read without writing anything: no new file, no ``-wal``/``-shm`` left behind, and
+        never an uncommitted write read as committed (``_read_plan`` says how)."""
         if not self.path.is_file():
             raise StoreError(f"no CAR store at {self.path}",
                              hint="record a run first (`car demo` writes ./car.db) or pass "
@@ -240,14 +341,50 @@ class RunStore:
             raise NotACarStore(f"{self.path} is an empty file, not a CAR store",
                                hint="pass the path of a CAR store (an empty file is never "
                                     "turned into one by a read command)")
-        wal = Path(f"{self.path}-wal").exists()
-        uri = (f"file:{urllib.parse.quote(str(self.path.resolve()))}?mode=ro"
-               + ("" if wal else "&immutable=1"))
+        plan = _read_plan(self.path)
+        source = self.path.resolve()
+        if plan == "copy":
+            source = self._private_copy()
+        uri = (f"file:{urllib.parse.quote(str(source))}?mode=ro"
+               + ("&immutable=1" if plan == "immutable" else ""))
         try:
             return sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None)
         except sqlite3.Error as exc:
             raise StoreReadOnly(f"cannot read {self.path}: {exc}",
                                 hint="check the file and its folder are readable") from exc
+
+    def _private_copy(self) -> Path:
+        """The file and its ``-wal`` copied to a folder of our own: reading committed frames
+        of a WAL whose ``-shm`` is gone needs a new ``-shm``, which is made there, not beside
+        the user's file. Removed on ``close``."""
+        import shutil
+        import tempfile
+        folder = tempfile.TemporaryDirectory(prefix="car-read-")
+        self._scratch = folder
+        target = Path(folder.name) / "car.db"
+        shutil.copyfile(self.path, target)
+        shutil.copyfile(f"{self.path}-wal", f"{target}-wal")
+        return target
+
+    def _unreadable_now(self, exc: sqlite3.OperationalError) -> StoreError | None:
+        """A rollback-journal store a read-only open cannot read as committed: a writer holds
+        it, or a writer died and left its ``-journal`` to roll back (a read never does)."""
+        text = str(exc).lower()
+        if "locked" in text or "busy" in text:
+            return StoreError(f"{self.path} is being written by another process",
+                              hint="try again when that write has finished")
+        if _is_readonly_error(exc) and Path(f"{self.path}-journal").exists():
+            return StoreError(f"{self.path} has an unfinished write (a rollback journal "
+                              f"{self.path.name}-journal that no process holds)",
+                              hint="open it once for writing, which rolls the write back "
+                                   "(e.g. `sqlite3 FILE 'PRAGMA integrity_check'`), then read "
+                                   "it again")
+        return None
+
+    def _drop_scratch(self) -> None:
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch = None
 
     def _check_readable(self) -> None:
         """A read-only open migrates nothing: the file must be ours, not newer, and have the
@@ -272,7 +409,32 @@ class RunStore:
             raise StoreTooNew(f"{self.path} was migrated by a newer CAR "
                               f"({sorted(applied - self._known())})",
                               hint="upgrade causal-agent-replay to open it")
-        self.legacy = "0002_sealed_attributions_unique_branches_leases" not in applied
+        if MIGRATION_NAMES[0] not in applied:
+            raise CorruptStore(f"{self.path} has lost the record of its migrations",
+                               hint="the database was edited by hand; restore it from a copy")
+        # unsealed attributions are an older store's only when there is no seal column at all
+        # (a lost migration record must not turn the seal check off)
+        columns = {r[1] for r in self.db.execute("PRAGMA table_info(attributions)")}
+        self.legacy = "seal" not in columns
+        self._check_integrity()
+
+    def _check_integrity(self) -> None:
+        """SQLite's own checks before anything is read: ``quick_check`` over the whole file
+        (every page and record well formed), then ``integrity_check`` of ``runs`` and
+        ``attributions``, which also compares each index with its table — reads go through
+        those indexes (a run by id, an attribution's branches), and an index entry that
+        disagrees with its row would silently drop or swap rows, which ``quick_check`` does not
+        see. The ``steps`` index is not compared (on a large store that is most of the cost):
+        a run's steps are read through it, but a missing, extra or swapped step fails the
+        run's chained digests and step count. A problem refuses the whole file, named."""
+        for check in ("quick_check(1)", "integrity_check(runs)",
+                      "integrity_check(attributions)"):
+            found = self.db.execute(f"PRAGMA {check}").fetchone()
+            problem = "no answer" if found is None else str(found[0])
+            if problem != "ok":
+                raise CorruptStore(f"{self.path} is damaged: SQLite's integrity check reports "
+                                   f"{' '.join(problem.split())[:160]!r}",
+                                   hint="restore it from a copy; reads refuse a damaged file")
 
     def _applied(self) -> set[str]:
         return {str(m.name) for m in MIGRATIONS.applied(self.db)}
@@ -342,6 +504,7 @@ class RunStore:
             except StoreError:
                 self._forget(aid)
         self.db.conn.close()
+        self._drop_scratch()
 
     def __enter__(self) -> RunStore:
         return self
@@ -410,6 +573,9 @@ class RunStore:
             raise RunNotFound(f"no run {run_id!r} in {self.path}", run_id=run_id,
                               hint="list the stored runs with `car runs` or RunStore.list()")
         row = rows[0]
+        if row["id"] != run_id:  # a lookup through a damaged index can land on another row
+            raise CorruptRun("the store's index of run ids points at another row",
+                             run_id=run_id, hint="the file is damaged; restore it from a copy")
         try:
             header = loads(row["header"] or "{}")
             steps = [{"index": s["idx"], "digest": s["digest"], "action": loads(s["action"]),
@@ -449,32 +615,37 @@ class RunStore:
 
     @_guarded
     def list(self, *, branches: bool = False, limit: int | None = None) -> list[dict[str, Any]]:
-        """Summaries of stored runs, newest first (only recorded runs unless ``branches``)."""
+        """Summaries of stored runs, newest first (only recorded runs unless ``branches``),
+        each row's seal checked: a damaged row raises ``CorruptRun`` naming it."""
+        rows, damaged = self.scan(branches=branches, limit=limit)
+        if damaged:
+            raise damaged_rows(damaged, len(rows))
+        return rows
+
+    @_guarded
+    def scan(self, *, branches: bool = False, limit: int | None = None
+             ) -> tuple[builtins.list[dict[str, Any]], builtins.list[tuple[str, str]]]:
+        """Like ``list``, but a damaged row does not hide the others: the intact summaries,
+        and ``(id, what is wrong)`` for each row whose seal or types do not check."""
         where = "" if branches else "WHERE parent_id IS NULL"
-        sql = (f"SELECT id, created_at, agent, status, outcome, n_steps, parent_id, seed "
-               f"FROM runs {where} ORDER BY created_at DESC, rowid DESC")
+        sql = (f"SELECT {', '.join(SEALED_COLUMNS)}, header FROM runs {where} "
+               "ORDER BY created_at DESC, rowid DESC")
         if limit:
             sql += f" LIMIT {min(int(limit), 2**63 - 1)}"
-        rows = list(self.db.query(sql))
-        for r in rows:  # a summary is shown without loading the run: check what it shows
-            _number(r["created_at"], "created_at", r["id"])
-            _number(r["outcome"], "outcome", r["id"])
-            if r["created_at"] is not None and not 0 <= r["created_at"] < 253402300800:
-                raise CorruptStore(f"stored run {r['id']!r} has created_at {r['created_at']!r},"
-                                   " not a date", hint="the database was edited by hand; "
-                                                       "restore it from a copy")
-            for key in ("id", "agent", "status", "parent_id"):
-                if r[key] is not None and not isinstance(r[key], str):
-                    raise CorruptStore(f"stored run {r['id']!r} has {key} {r[key]!r}, not text",
-                                       hint="the database was edited by hand; restore it from "
-                                            "a copy")
-            for key in ("n_steps", "seed"):
-                if r[key] is not None and (isinstance(r[key], bool)
-                                           or not isinstance(r[key], int)):
-                    raise CorruptStore(f"stored run {r['id']!r} has {key} {r[key]!r}, not an "
-                                       "integer", hint="the database was edited by hand; "
-                                                       "restore it from a copy")
-        return rows
+        return self._checked(sql, [], SUMMARY_COLUMNS)
+
+    def _checked(self, sql: str, params: builtins.list[Any], keys: tuple[str, ...]
+                 ) -> tuple[builtins.list[dict[str, Any]], builtins.list[tuple[str, str]]]:
+        """Rows of ``runs`` (every sealed column and the header selected) whose seal checks,
+        cut to ``keys``, and the damaged ones by id."""
+        intact, damaged = [], []
+        for row in self.db.query(sql, params):
+            wrong = _row_problem(row)
+            if wrong is None:
+                intact.append({k: row[k] for k in keys})
+            else:
+                damaged.append((_shown_id(row.get("id")), wrong))
+        return intact, damaged
 
     @_guarded
     def with_digest(self, digest: str) -> builtins.list[str]:
@@ -486,9 +657,19 @@ class RunStore:
 
     @_guarded
     def children(self, run_id: str) -> builtins.list[dict[str, Any]]:
-        """Branches whose parent is ``run_id``."""
-        return list(self.db.query("SELECT id, arm, rollout, branch_step, outcome, attribution_id "
-                                  "FROM runs WHERE parent_id = ? ORDER BY rowid", [run_id]))
+        """Branches whose parent is ``run_id`` (seals checked: ``CorruptRun`` names a damaged
+        one)."""
+        return self._verified(f"SELECT {', '.join(SEALED_COLUMNS)}, header FROM runs WHERE "
+                              "parent_id = ? ORDER BY rowid", [run_id],
+                              ("id", "arm", "rollout", "branch_step", "outcome",
+                               "attribution_id"))
+
+    def _verified(self, sql: str, params: builtins.list[Any], keys: tuple[str, ...]
+                  ) -> builtins.list[dict[str, Any]]:
+        rows, damaged = self._checked(sql, params, keys)
+        if damaged:
+            raise damaged_rows(damaged, len(rows))
+        return rows
 
     # -- attributions ----------------------------------------------------------------------
     # An attribution row is sealed like a run (``seal``: a digest of the row as stored). A
@@ -618,6 +799,10 @@ class RunStore:
                                       hint="list them with `car attributions RUN_ID` or "
                                            "RunStore.attributions()")
         row = dict(rows[0])
+        if row["id"] != attribution_id:  # a lookup through a damaged index
+            raise CorruptAttribution(f"the store's index of attribution ids points at another "
+                                     f"row than {attribution_id}",
+                                     hint="the file is damaged; restore it from a copy")
         seal = row.pop("seal", None)
         if not self.legacy and seal != _attribution_seal(row):
             raise CorruptAttribution(f"attribution {attribution_id} was changed after it was "
@@ -648,12 +833,18 @@ class RunStore:
     @_guarded
     def attributions(self, run_id: str | None = None) -> builtins.list[Attribution]:
         """Attributions of ``run_id`` (every run's when None), oldest first."""
+        return [self.attribution(aid) for aid in self.attribution_ids(run_id)]
+
+    @_guarded
+    def attribution_ids(self, run_id: str | None = None) -> builtins.list[str]:
+        """Ids of the attributions of ``run_id`` (every run's when None), oldest first, read
+        without their rows, so one damaged row can be named while the others are read."""
         if run_id is None:
             ids = self.db.execute("SELECT id FROM attributions ORDER BY created_at, rowid")
         else:
             ids = self.db.execute("SELECT id FROM attributions WHERE run_id = ? "
                                   "ORDER BY created_at, rowid", [run_id])
-        return [self.attribution(r[0]) for r in ids.fetchall()]
+        return [_shown_id(r[0]) for r in ids.fetchall()]
 
     def merge(self, path: str | os.PathLike[str]) -> int:
         """Copy every run, step and attribution of the CAR store at ``path`` into this one, in
@@ -676,10 +867,21 @@ class RunStore:
 
     @_guarded
     def branches(self, attribution_id: str) -> builtins.list[dict[str, Any]]:
-        """The branches an attribution has stored so far: arm, rollout, outcome, run id."""
-        return list(self.db.query("SELECT id, arm, rollout, outcome FROM runs WHERE "
-                                  "attribution_id = ? ORDER BY arm, rollout", [attribution_id]))
-
+        """The branches an attribution has stored so far: arm, rollout, outcome, run id. How
+        many there are is only as good as the rows that say so: every row that names this
+        attribution or its run as its own is checked, so a branch whose attribution id was
+        edited away is named (``CorruptRun``) rather than silently not counted."""
+        found = self.db.execute("SELECT run_id FROM attributions WHERE id = ?",
+                                [attribution_id]).fetchone()
+        rows, damaged = self._checked(
+            f"SELECT {', '.join(SEALED_COLUMNS)}, header FROM runs WHERE attribution_id = ? "
+            "OR parent_id = ? ORDER BY arm, rollout",
+            [attribution_id, found[0] if found else None],
+            ("id", "arm", "rollout", "outcome", "attribution_id"))
+        if damaged:
+            raise damaged_rows(damaged, len(rows))
+        return [{k: r[k] for k in ("id", "arm", "rollout", "outcome")} for r in rows
+                if r["attribution_id"] == attribution_id]
 
 def _alive(owner: str, host: str | None, pid: int | None) -> bool:
     """Whether a lease's claim may still run: in this process, whether the claim is live

@@ -141,6 +141,34 @@ def test_labels_roles_model_names_and_tool_names_are_escaped_too():
         assert IMG not in html and SCRIPT not in html
 
 
+def test_agent_chosen_roles_never_become_class_names():
+    """A role is the agent's text: ``system tag locus`` must not style a message as the locus
+    badge. The four chat roles get their style; any other role is ``role-other``, and the
+    role itself is still shown in the message."""
+    run, branch = hostile_run()
+    state = [{**m, "role": "system tag locus"} if m["role"] == "system" else m
+             for m in run.steps[1].state]
+    steps = list(run.steps)
+    steps[1] = replace(steps[1], state=state)
+    run = replace(run, steps=tuple(steps))
+    html = render_attribution(hostile_contrastive(run, branch), run=run)
+    locus = html[html.index('id="locus"'):html.index('id="diff"')]
+    classes = re.findall(r'<div class="([^"]*)"><pre>', locus)
+    assert classes == ["msg role-other", "msg role-user", "msg role-assistant", "msg role-tool"]
+    assert "[system tag locus]" in locus
+
+
+def test_the_content_security_policy_also_pins_base_and_form_targets(pivot_model, pivot_run):
+    """``base-uri`` and ``form-action`` do not fall back to ``default-src``, so they are
+    named; ``frame-ancestors`` cannot be set from a ``<meta>`` policy (browsers ignore it
+    there and log an error, which the browser test would catch), so it is not."""
+    html = render_attribution(contrastive_dict(pivot_model, pivot_run), run=pivot_run)
+    policy = re.search(r'http-equiv="Content-Security-Policy" content="([^"]*)"', html).group(1)
+    directives = dict(d.strip().split(" ", 1) for d in policy.split(";"))
+    assert directives == {"default-src": "'none'", "style-src": "'unsafe-inline'",
+                          "img-src": "data:", "base-uri": "'none'", "form-action": "'none'"}
+
+
 def test_page_is_self_contained_and_forbids_scripts(pivot_model, pivot_run):
     html = render_attribution(contrastive_dict(pivot_model, pivot_run), run=pivot_run)
     assert not re.search(r'(src|href)\s*=\s*"(https?:)?//', html)

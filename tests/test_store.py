@@ -25,6 +25,7 @@ from car_core import synthetic as syn
 from car_core.errors import (
     AttributionNotFound,
     CorruptRun,
+    CorruptStore,
     NotACarStore,
     RunNotFound,
     StoreError,
@@ -744,3 +745,113 @@ def test_a_read_only_open_writes_nothing(tmp_path: Path, pivot_run) -> None:
     with pytest.raises(NotACarStore, match="empty file"):
         RunStore(empty, readonly=True)
     assert empty.read_bytes() == b""
+
+
+HOLD_UNCOMMITTED = textwrap.dedent("""
+    import sqlite3, sys
+    conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+    conn.execute("PRAGMA cache_size = 1")  # spill: the uncommitted pages reach the main file
+    conn.execute("BEGIN")
+    conn.execute("UPDATE runs SET outcome = 0")
+    conn.execute("UPDATE steps SET meta = meta || ' '")
+    print("held", flush=True)
+    sys.stdin.read()  # hold the write until killed
+""")
+
+
+def test_uncommitted_writes_of_a_rollback_journal_store_are_never_read(tmp_path: Path,
+                                                                       pivot_run) -> None:
+    """A rollback-journal store whose writer has written uncommitted pages into the file: a
+    read waits for it and then refuses (never shows those pages); once the writer is gone, its
+    hot journal is refused by reads (which cannot roll it back) until a writing open rolls it
+    back, and then the committed run reads as it was."""
+    path = tmp_path / "car.db"
+    with RunStore(path) as store:
+        store.save(pivot_run)
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode = DELETE")
+    conn.close()
+    writer = subprocess.Popen([sys.executable, "-c", HOLD_UNCOMMITTED, str(path)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "held"
+        assert Path(f"{path}-journal").exists()
+        before = fingerprint(path)
+        with pytest.raises(StoreError, match="being written by another process"):
+            RunStore(path, readonly=True, timeout=0.1)
+        assert fingerprint(path) == before
+    finally:
+        writer.kill()
+        writer.wait()
+    before = fingerprint(path)
+    with pytest.raises(StoreError, match="unfinished write"):
+        RunStore(path, readonly=True, timeout=0.1)
+    assert fingerprint(path) == before
+    with RunStore(path) as store:  # a writing open rolls the dead writer's pages back
+        assert store.load(pivot_run.id) == pivot_run
+    with RunStore(path, readonly=True) as store:
+        assert [r["outcome"] for r in store.list()] == [1.0]
+
+
+def test_a_flipped_byte_in_an_index_page_is_refused_not_read_short(tmp_path: Path,
+                                                                    pivot_model,
+                                                                    pivot_run) -> None:
+    """An index entry that no longer matches its row: a query through the index silently
+    misses the branch, and ``quick_check`` says ok; reads run ``integrity_check``, which
+    compares every index with its table, and refuse the file."""
+    path = tmp_path / "car.db"
+    with RunStore(path) as store:
+        car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
+                        rollouts=2, seed=0, store=store, progress=False)
+    settled(path)
+    conn = sqlite3.connect(path)
+    root = conn.execute("SELECT rootpage FROM sqlite_schema WHERE name = 'runs_attribution'"
+                        ).fetchone()[0]
+    aid = conn.execute("SELECT attribution_id FROM runs WHERE attribution_id IS NOT NULL "
+                       "LIMIT 1").fetchone()[0]
+    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    conn.close()
+    raw = bytearray(path.read_bytes())
+    page = raw[(root - 1) * page_size: root * page_size]
+    at = page.rindex(aid.encode())  # one index entry's copy of the attribution id
+    raw[(root - 1) * page_size + at] ^= 0x01  # '0'..'f' -> another character, still text
+    path.write_bytes(bytes(raw))
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    assert conn.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] != "ok"
+    conn.close()
+    before = fingerprint(path)
+    with pytest.raises(CorruptStore, match="integrity check"):
+        RunStore(path, readonly=True)
+    assert fingerprint(path) == before
+
+
+def test_a_store_from_before_sealed_attributions_still_opens_for_reading(tmp_path: Path,
+                                                                         pivot_run) -> None:
+    """A store at the first migration (no attribution seals yet) is read as it is, migrating
+    nothing: its runs list and load, its attribution reads back unsealed."""
+    import sqlite_utils
+    path = tmp_path / "old.db"
+    db = sqlite_utils.Database(path)
+    db.execute("PRAGMA application_id = 1128354353")
+    MIGRATIONS.apply(db, stop_before="0002_sealed_attributions_unique_branches_leases")
+    db.conn.close()
+    with RunStore(tmp_path / "scratch.db") as scratch:
+        scratch.save(pivot_run)
+    src, dst = sqlite3.connect(tmp_path / "scratch.db"), sqlite3.connect(path)
+    for table in ("runs", "steps"):
+        for row in src.execute(f"SELECT * FROM {table}"):
+            dst.execute(f"INSERT INTO {table} VALUES ({','.join('?' * len(row))})", row)
+    dst.execute("INSERT INTO attributions (id, run_id, method, status, params, result, "
+                "created_at) VALUES ('old', ?, 'contrastive', 'running', '{}', NULL, 1.0)",
+                [pivot_run.id])
+    dst.commit()
+    dst.close()
+    src.close()
+    before = fingerprint(path)
+    with RunStore(path, readonly=True) as store:
+        assert store.legacy
+        assert [r["id"] for r in store.list()] == [pivot_run.id]
+        assert store.load(pivot_run.id) == pivot_run
+        assert store.attribution("old").status == "running"
+    assert fingerprint(path) == before

@@ -16,9 +16,7 @@ Nothing leaves the machine and no API key is needed.
 from __future__ import annotations
 
 import json
-import shutil
 import sqlite3
-import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -94,8 +92,8 @@ def run_demo(policy: str = "local", store: str = "car.db", report: str | None = 
     checks = given or settings.get("intervene_rollouts") or rollouts  # type: ignore[union-attr]
     started = time.monotonic()
     db = car.RunStore(store)
-    folder = Path(tempfile.mkdtemp(prefix="car-demo-"))
-    conn = sqlite3.connect(folder / "checkpoints.db", check_same_thread=False)
+    # the branch threads' checkpoints are scratch: in memory, so a killed demo leaves no folder
+    conn = sqlite3.connect(":memory:", check_same_thread=False)
     try:
         from langgraph.checkpoint.sqlite import SqliteSaver
         wrapper = CarChatModel(inner=model)
@@ -140,7 +138,6 @@ def run_demo(policy: str = "local", store: str = "car.db", report: str | None = 
     finally:
         db.close()
         conn.close()
-        shutil.rmtree(folder, ignore_errors=True)  # the branch threads' checkpoints, not the runs
 
 
 def _simulated_refund(arguments: dict[str, Any]) -> str:
