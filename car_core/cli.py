@@ -171,11 +171,16 @@ def _print_runs(rows: list[dict[str, Any]], store: str, json_out: bool,
     t.add_column("id", no_wrap=True, min_width=16)
     for col in ("created (UTC)", "agent", "status", "outcome", "steps", "seed"):
         t.add_column(col, justify="right" if col in ("outcome", "steps", "seed") else "left")
+    tests = any(r.get("test") for r in rows)  # recorded by the pytest plugin: say by which test
+    if tests:
+        t.add_column("test", overflow="fold")
     for r in rows:
         created = datetime.fromtimestamp(r["created_at"] or 0, UTC)
-        t.add_row(kit.cell(r["id"]), created.strftime("%Y-%m-%d %H:%M:%S"), kit.cell(r["agent"]),
-                  kit.cell(r["status"]), "—" if r["outcome"] is None else f"{r['outcome']:.2f}",
-                  str(r["n_steps"]), "—" if r["seed"] is None else str(r["seed"]))
+        cells: list[Any] = [
+            kit.cell(r["id"]), created.strftime("%Y-%m-%d %H:%M:%S"), kit.cell(r["agent"]),
+            kit.cell(r["status"]), "—" if r["outcome"] is None else f"{r['outcome']:.2f}",
+            str(r["n_steps"]), "—" if r["seed"] is None else str(r["seed"])]
+        t.add_row(*cells, *([kit.cell(r.get("test") or "—")] if tests else []))
     out.print(t)
 
 

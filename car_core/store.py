@@ -642,7 +642,12 @@ class RunStore:
         for row in self.db.query(sql, params):
             wrong = _row_problem(row)
             if wrong is None:
-                intact.append({k: row[k] for k in keys})
+                summary = {k: row[k] for k in keys}
+                if keys is SUMMARY_COLUMNS:  # which test recorded it, from the sealed header
+                    meta = loads(row["header"] or "{}").get("meta") or {}
+                    test = meta.get("test") if isinstance(meta, dict) else None
+                    summary["test"] = test if isinstance(test, str) else None
+                intact.append(summary)
             else:
                 damaged.append((_shown_id(row.get("id")), wrong))
         return intact, damaged

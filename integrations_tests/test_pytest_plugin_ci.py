@@ -9,7 +9,10 @@ P(fail | step 1 resampled) = 0.3 — the locus is step 1 with rescue 0.7.
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -196,6 +199,11 @@ def test_junit_properties_and_the_terminal_summary_carry_the_locus(
                          summary)
         assert line and Path(line[1]).is_file(), summary
     assert "test_plain" not in summary
+    # `car runs` says which test recorded each run
+    listed = subprocess.run([sys.executable, "-m", "car_core.cli", "runs", "--json", "--store",
+                             str(_store(pytester))], capture_output=True, text=True, check=True)
+    assert {r["test"] for r in json.loads(listed.stdout)} == {
+        f"test_pivot{i}.py::test_pivot_{i}" for i in range(2)}
 
 
 def test_progress_lines_say_what_is_being_attributed(pytester: pytest.Pytester) -> None:

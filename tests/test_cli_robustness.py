@@ -213,4 +213,6 @@ def test_every_branch_failing_says_why(tmp_path, pivot_run):
         sys.modules.pop("broken", None)
     assert code == 5
     lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "broken tool" in lines[0], stderr
+    # one line that says why, then the command that resumes once the agent is fixed
+    assert "broken tool" in lines[0] and "branches failed" in lines[0], stderr
+    assert lines[1:] and "Resume with:" in lines[1] and "--resume" in lines[-1], stderr

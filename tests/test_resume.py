@@ -244,7 +244,9 @@ def _read_only_child(db: Path) -> str:
         import os, sys
         import car_core as car
         from car_core.errors import StoreReadOnly
-        car.RunStore  # loads the store's modules while they are readable (root's own Python)
+        # a read-only open first, as root, loads what a store needs while root's own Python
+        # is readable (the store's modules load on first use); it writes nothing
+        car.RunStore({str(db)!r}, readonly=True).close()
         if os.geteuid() == 0:
             os.setgid(65534); os.setuid(65534)
         try:
