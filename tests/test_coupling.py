@@ -50,5 +50,7 @@ def test_a_seed_check_veto_reaches_every_result(pivot_model: syn.SyntheticSCM,
     assert "coupled=False (measured: the server ignores" in str(res)
     honest = _agent(None)
     res = car.contrastive(pivot_run, honest, outcome=outcome, rollouts=4)
-    assert res.coupled and res.coupling and res.coupling.startswith("measured")
+    assert res.coupling and res.coupling.startswith("measured")
+    # ``coupled`` is what the rollouts showed, not what the check said
+    assert res.coupled == (res.coupling_ci is not None and res.coupling_ci[0] > 0)
     assert honest.checks == 1
