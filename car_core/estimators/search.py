@@ -90,7 +90,7 @@ PROBE = 4             # gate indices a probe looks at first (its witnesses among
 PAIRED_COUPLING = 0.5  # measured coupling above which index pairs navigate (else locate)
 PROBE_WITNESSES = 1   # disagreeing gate pairs a probe needs before it may decide on them
 FIRST_SHARE = 0.8     # of α, what the first confirmation spends; each later one half the rest
-FUTILITY = 100.0      # likelihood ratio "no rise" : "the gate's rise" that gives a candidate up
+FUTILITY = 1000.0     # likelihood ratio "no rise" : "the gate's rise" that gives a candidate up
 FUTILITY_MIN = 12     # pairs a confirmation runs before it may be given up
 FUTILITY_RISE = 0.75  # of the rise the navigation saw, the one futility weighs against
 CONFIRM = 1 << 20     # first rollout index of the confirmation pairs
@@ -271,6 +271,7 @@ class Navigator:
         self.witnesses: Witnesses | None = None
         self.reach: dict[int, int] = {}  # probed arm -> navigation indices it ran from 0
         self.extra: dict[int, tuple[float, int]] = {}  # arm -> outcomes seen elsewhere
+        self.looked: set[int] = set()  # arms looked at on the witness indices
         self.scale = 1           # caps grow and errors shrink with every resumed search
         self.shortcuts = True    # witness verdicts repeat themselves: off once one misled
         self.sized = False
@@ -289,16 +290,26 @@ class Navigator:
 
     def coupling(self) -> Coupling:
         """Coupling measured on navigation pairs only: the gate's, and each probe's with
-        ``H_0`` where both ran."""
-        s = self.d_gate.size
-        h0 = self.src.outcomes(0, range(s)) if s else np.zeros(0)
-        comparisons = [(self.src.outcomes(self.n, range(s)), h0)] if s else []
+        ``H_0`` and with ``H_n`` where both ran."""
+        s = max(self.d_gate.size, min(self.reach.get(0, 0), self.reach.get(self.n, 0)))
+        h0 = self.src.outcomes(0, range(max(s, self.reach.get(0, 0))))
+        comparisons = [(self.src.outcomes(self.n, range(s)), h0[:s])] if s else []
         for j, reached in sorted(self.reach.items()):
             if j in (0, self.n):
                 continue
-            m = min(s, reached)
+            m = min(h0.size, reached)
             if m:
                 comparisons.append((self.src.outcomes(j, range(m)), h0[:m]))
+            m = min(self.reach.get(self.n, 0), reached)
+            if m:  # a probe level with H_n copies it where noise is shared
+                comparisons.append((self.src.outcomes(j, range(m)),
+                                    self.src.outcomes(self.n, range(m))))
+        if self.witnesses is not None and self.looked:
+            idx = self.witnesses.indices
+            h0w = self.src.outcomes(0, idx)
+            for j in sorted(self.looked - set(self.reach)):
+                y = self.src.outcomes(j, idx)
+                comparisons.append((y, h0w[:y.size]))
         return coupling_of([(a.tolist(), b.tolist()) for a, b in comparisons])
 
     def rates(self) -> tuple[float, float]:
@@ -314,6 +325,7 @@ class Navigator:
         w = self.witnesses
         if w is not None and self.shortcuts:
             verdict = w.side(self.src, self.n, mid)
+            self.looked.add(mid)
             if verdict is not None:  # a level verdict needs the witnesses' own coupling
                 return verdict
         if not self.sized:  # the witnesses did not settle it: size the rise first
@@ -340,6 +352,7 @@ class Navigator:
         w = self.witnesses
         if self.shortcuts and w is not None and not w.coupled and hi - lo > 1:
             w.side(self.src, self.n, (lo + hi) // 2)  # one cheap look: do probes copy H_0?
+            self.looked.add((lo + hi) // 2)
         if not (shared.shared and (shared.estimate or 0.0) >= PAIRED_COUPLING) \
                 and not (w is not None and w.coupled):
             return self.locate(lo, hi, nav_budget)
@@ -406,8 +419,8 @@ class Navigator:
             self.reach[j] = int(y.size)
             for end in (0, self.n):  # the two rates every split leans on stay as well known
                 have = max(self.reach.get(end, 0), self.d_gate.size)
-                if have < y.size and self.src.remaining >= 1:
-                    self.reach[end] = int(self.src.outcomes(end, range(y.size)).size)
+                if 2 * have < y.size and self.src.remaining >= 1:
+                    self.reach[end] = int(self.src.outcomes(end, range(y.size // 2)).size)
 
     def split_rates(self, c: int) -> tuple[float, float]:
         """The failure rates of the arms after ``c`` and of those up to it, as seen."""
