@@ -4,21 +4,30 @@ Arms. ``H_j`` holds steps ``< j`` as recorded and runs steps ``>= j`` live (``do
 ``H_n`` holds every step and only re-draws the outcome). The rescue of step ``k`` is
 ``mean(H_{k+1}) − mean(H_k)``: the factual arm of step ``k`` is ``H_{k+1}``, estimated from
 rollouts rather than taken from the one observed outcome, and neighbouring steps share arms.
-Rollout ``r`` of every arm draws noise ``(seed, r)`` when the agent couples noise, so arms are
-compared pair by pair (paired Newcombe interval); otherwise the arms are independent.
+Rollout ``r`` of every arm draws noise ``(seed, r)`` when CAR can hand the agent shared noise
+(``coupled=True`` and an agent that draws from CAR's streams); whether the arms then really
+share it is measured from the rollouts (``stats.coupling_of``: agreement of index-paired arms
+beyond what independent arms with the same rates give), never taken from that flag: a hosted
+model that ignores its seed or a judge with its own randomness share less. The result reports
+the measurement (``coupling_measured``, ``coupling_ci``, ``coupling_pairs``), and ``coupled``
+says whether it showed sharing; paired statistics are used only where it did.
 
 Budget. ``rollouts=K`` keeps the paper's meaning: the estimate may spend up to ``n·K``
 rollouts (``budget=`` overrides it); where they go is the search's choice.
 
-Search ``"bisection"`` (the default): the locus is the latest rise of ``H``, found by a
-sequential bisection over the ``H`` curve (placed by a few shared rollouts when the agent
-couples noise), then confirmed on fresh rollouts by an anytime-valid betting test that may look
-after every batch and stops as soon as the rescue is shown, and, for pass/fail outcomes whose
-budget runs out first, by an exact sign test that spends the rest of the level; the
-rescue is then re-estimated on fresh pairs, since the mean of a sequence stopped at its first
-crossing is biased up (``effect``; ``effect_raw`` keeps the stopped mean, ``estimate`` says
-which). ``search.py`` has the details and the proof that FWER ``<= α``: only the confirmed
-step is ever tested, on rollouts independent of the search that chose it.
+Search ``"bisection"`` (the default): the locus is the latest rise of ``H``, found by a search
+over the ``H`` curve (a bisection placed by a few shared rollouts where noise is measured
+shared, a probabilistic bisection over the arms' outcomes where it is not), then confirmed on
+fresh rollouts by an anytime-valid betting test that may look after every batch and stops as
+soon as the rescue is shown, and, for pass/fail outcomes whose budget runs out first, by an
+exact sign test that spends the rest of the level. A candidate that does not confirm is given
+up on a futility bound and the search resumes while the budget lasts (``given_up``), the
+confirmations sharing α between them. Once the locus is decided the rescue is re-estimated on
+fresh pairs, as many as make its interval as tight as the paper's fixed-``K`` one (unless
+``early_stop``), since the mean of a sequence stopped at its first crossing is biased up
+(``effect``, inside ``ci`` by construction; ``effect_raw`` keeps the stopped mean,
+``estimate`` says which). ``search.py`` has the details and the proof that FWER ``<= α``:
+each confirmation tests its step on rollouts independent of everything that chose it.
 
 Search ``"full"`` tests every step: each of the ``m`` tested steps gets ``α/m`` (Bonferroni),
 split over its ``L`` looks at the data in shares proportional to the square of the information
@@ -334,8 +343,9 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = de
     if not values and session.failures:
         # every branch failed: the agent, not the budget, stopped the estimate
         budget_note = None
-    elif budget_note is None and exhausted:
-        budget_note = f"rollout budget of {cap} reached before the answer was decided"
+    elif budget_note is None and exhausted:  # the meter's own words when its cap is spent
+        budget_note = (session.meter.check(1)
+                       or f"rollout budget of {cap} reached before the answer was decided")
     if locus is None:
         if session.failures:  # the arms are incomplete: no other reason can be trusted
             reason = session.failure_note()
