@@ -12,25 +12,29 @@ run the same decisions.
    the same rates would (``stats.coupling_of``), on the gate's pairs and every probe's pairs
    with ``H_0`` on navigation indices. It decides which navigation statistics are used; no
    adapter flag does.
-3. Bisection over ``[lo, hi)`` with ``H_lo`` below and ``H_hi`` level with ``H_n``. Each ``mid``
-   is first looked at on a few gate indices, witnesses among them (``Witnesses``): under
-   shared noise an arm before the rise draws what ``H_0`` drew there and one after it what
-   ``H_n`` drew, so a probe that matches one of them index by index is placed at once. Else a
-   truncated sequential probability ratio test with error ``NAV_ERROR`` each way decides
-   "level" against "below": on the pairs ``(H_n, H_mid)`` (signs, sized by the gate) when the
-   noise is measured shared, on ``H_mid``'s own outcomes against the two rates the gate
-   measured when it is not (arms that share nothing gain nothing from pairing, and a probe
-   then costs one rollout, not two).
+3. Navigation. Where the noise is measured shared (or a probe copied ``H_0`` at every witness
+   index), a bisection over ``[lo, hi)`` with ``H_lo`` below and ``H_hi`` level with ``H_n``:
+   each ``mid`` is first looked at on a few gate indices, witnesses among them
+   (``Witnesses``): an arm before the rise draws what ``H_0`` drew there and one after it
+   what ``H_n`` drew, so a probe that matches one of them index by index is placed at once;
+   else a truncated sequential probability ratio test on the signs of the pairs
+   ``(H_n, H_mid)`` with error ``NAV_ERROR`` each way. Where it is not shared, index pairs
+   carry nothing, and a probabilistic bisection (``Navigator.locate``) works on the arms'
+   own outcomes: under one rise, arms up to the locus fail at one rate and later arms at
+   another, which gives a posterior over the locus; the arm whose next outcome tells most
+   about it is run, a few rollouts at a time, until one step holds ``1 − NAV_ERROR`` of it
+   or the navigation's share of the budget is spent.
 4. Confirmation of the candidate ``c = lo`` on rollout indices no earlier stage used: the pairs
    ``(H_{c+1}, H_c)`` feed the anytime betting test of ``sequential.positive_at`` at level
    ``α_i``, looked at after every batch, until it shows the rescue positive, the budget is
    spent (then pass/fail pairs get the exact sign test of ``sequential.positive_by_end`` with
    what is left of ``α_i``), or a futility bound gives the candidate up: the likelihood ratio
-   of "no rise" against the rise the gate measured reaches ``FUTILITY``. A candidate given up
-   tells the search on which side of it the rise lies (its arms' rates against the gate's),
-   and the search resumes there with doubled caps and halved errors and the witness shortcuts
-   off, while the budget lasts; before each resume the gate is extended, and a gate that no
-   longer shows a rise ends the search ("no cause").
+   of "no rise" against the rise the navigation measured reaches ``FUTILITY``, or (unshared
+   noise) the locus posterior with these pairs' arms added puts less than
+   ``FUTILITY_BELIEF`` on the candidate. A candidate given up adds its arms' outcomes to
+   what the navigation knows, and the search resumes with doubled caps and halved errors and
+   the witness shortcuts off, while the budget lasts; before each resume the gate is
+   extended, and a gate that no longer shows a rise ends the search ("no cause").
 5. Re-estimate. The mean of a sequence stopped when it first crossed a boundary is biased up,
    so after the locus is decided the rescue is re-estimated on fresh pairs, as many as give an
    interval no wider than the paper's fixed-``K`` one at the same budget (``K`` rollouts of the
@@ -64,7 +68,7 @@ Fisher test.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -91,6 +95,7 @@ PAIRED_COUPLING = 0.5  # measured coupling above which index pairs navigate (els
 PROBE_WITNESSES = 1   # disagreeing gate pairs a probe needs before it may decide on them
 FIRST_SHARE = 0.8     # of α, what the first confirmation spends; each later one half the rest
 FUTILITY = 1000.0     # likelihood ratio "no rise" : "the gate's rise" that gives a candidate up
+FUTILITY_BELIEF = 0.03  # locus posterior below which a candidate is given up (unshared noise)
 FUTILITY_MIN = 12     # pairs a confirmation runs before it may be given up
 FUTILITY_RISE = 0.75  # of the rise the navigation saw, the one futility weighs against
 CONFIRM = 1 << 20     # first rollout index of the confirmation pairs
@@ -180,10 +185,6 @@ def _gate_signs(d_gate: np.ndarray) -> tuple[float, float]:
     return (pos + 0.5) / (s + 1.5), (neg + 0.5) / (s + 1.5)
 
 
-def _rate(y: np.ndarray) -> float:
-    return (float(y.sum()) + 0.5) / (y.size + 1)
-
-
 def _decide_paired(src: ArmSource, n: int, mid: int, delta: float, q: float, cap: int,
                    error: float) -> tuple[bool, int]:
     """True when ``H_mid`` is below ``H_n``, from the signs of the pairs ``(H_n, H_mid)``:
@@ -201,24 +202,6 @@ def _decide_paired(src: ArmSource, n: int, mid: int, delta: float, q: float, cap
         llr = pos * up + int((d == 0).sum()) * flat
         if d.size < want or llr >= bound or llr <= -bound or want >= cap:
             return llr > 0, d.size
-        t = want
-
-
-def _decide_unpaired(src: ArmSource, mid: int, high: float, low: float, cap: int,
-                     error: float) -> tuple[bool, int]:
-    """True when ``H_mid`` is below ``H_n``, from ``H_mid``'s own outcomes: rate ``high``
-    (level with ``H_n``) against rate ``low`` (``H_0``'s)."""
-    bound = math.log((1 - error) / error)
-    fail, ok = math.log(low / high), math.log((1 - low) / (1 - high))
-    t, llr = 0, 0.0
-    while True:
-        want = min(cap, t + NAV_BATCH)
-        if want <= t or src.remaining < 1:
-            return llr > 0, t
-        y = src.outcomes(mid, range(want))
-        llr = float(y.sum()) * fail + float((1 - y).sum()) * ok
-        if y.size < want or abs(llr) >= bound or want >= cap:
-            return llr > 0, y.size
         t = want
 
 
@@ -265,7 +248,6 @@ class Navigator:
 
     def __init__(self, src: ArmSource, n: int, budget: int) -> None:
         self.src, self.n, self.budget = src, n, budget
-        self.levels = max(1, math.ceil(math.log2(n))) if n > 1 else 0
         self.gate_cap = max(8, int(budget * NAV_SHARE) // 2)
         self.d_gate = np.zeros(0)
         self.witnesses: Witnesses | None = None
@@ -312,16 +294,8 @@ class Navigator:
                 comparisons.append((y, h0w[:y.size]))
         return coupling_of([(a.tolist(), b.tolist()) for a, b in comparisons])
 
-    def rates(self) -> tuple[float, float]:
-        """``H_n``'s and ``H_0``'s failure rates on the gate (smoothed, ``H_n``'s above)."""
-        s = self.d_gate.size
-        high = _rate(self.src.outcomes(self.n, range(s)))
-        low = _rate(self.src.outcomes(0, range(s)))
-        return high, min(low, high - 1e-3)
-
     def below(self, mid: int, spent_cap: int) -> bool:
         """Whether ``H_mid`` is below ``H_n`` (the locus is at or after ``mid``)."""
-        shared = self.coupling()
         w = self.witnesses
         if w is not None and self.shortcuts:
             verdict = w.side(self.src, self.n, mid)
@@ -332,15 +306,11 @@ class Navigator:
             self.d_gate = _gate(self.src, self.n, GATE_NET, self.gate_cap, self.d_gate,
                                 least=min(GATE_MIN, self.gate_cap))
             self.sized = True
-            shared = self.coupling()
         cap = max(8, spent_cap) * self.scale
         error = NAV_ERROR / self.scale
-        if shared.shared or (w is not None and w.coupled):
-            verdict, reached = _decide_paired(self.src, self.n, mid, *_rise(self.d_gate), cap,
-                                              error)
-        else:
-            high, low = self.rates()
-            verdict, reached = _decide_unpaired(self.src, mid, high, low, cap, error)
+        # bisection runs only on shared noise (``bisect``): the pairs' signs decide
+        verdict, reached = _decide_paired(self.src, self.n, mid, *_rise(self.d_gate), cap,
+                                          error)
         self.reach[mid] = max(reached, self.reach.get(mid, 0))
         return verdict
 
@@ -363,7 +333,8 @@ class Navigator:
             lo, hi = (mid, hi) if self.below(mid, per) else (lo, mid)
         return lo
 
-    def _arm_counts(self) -> tuple[np.ndarray, np.ndarray]:
+    def _arm_counts(self, more: dict[int, tuple[float, int]] | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
         """Failures and rollouts of every arm ``H_0 … H_n`` the navigation has seen."""
         fails, runs = np.zeros(self.n + 1), np.zeros(self.n + 1)
         s = self.d_gate.size
@@ -374,16 +345,18 @@ class Navigator:
             y = self.src.outcomes(j, range(m)) if m else np.zeros(0)
             fails[j] += float(y.sum())
             runs[j] += y.size
-        for j, (f, r) in self.extra.items():
-            fails[j] += f
-            runs[j] += r
+        for extra in (self.extra, more or {}):
+            for j, (f, r) in extra.items():
+                fails[j] += f
+                runs[j] += r
         return fails, runs
 
-    def posterior(self, lo: int, hi: int) -> np.ndarray:
+    def posterior(self, lo: int, hi: int, more: dict[int, tuple[float, int]] | None = None
+                  ) -> np.ndarray:
         """P(locus = c | every arm's outcomes) for ``c`` in ``[lo, hi)``, under one rise: arms
         ``≤ c`` fail at one unknown rate, arms ``> c`` at another (Jeffreys priors), the locus
         uniform. Arms are taken as independent samples, which is what unshared noise gives."""
-        fails, runs = self._arm_counts()
+        fails, runs = self._arm_counts(more)
         cf, cr = np.cumsum(fails), np.cumsum(runs)
         c = np.arange(lo, hi)
         f_lo, r_lo = cf[c], cr[c]
@@ -409,9 +382,7 @@ class Navigator:
             spent = self.budget - self.src.remaining - start
             if post[best] >= 1 - error or spent >= nav_budget or self.src.remaining < 1:
                 return lo + best
-            below = np.cumsum(post)  # P(locus < lo + i + 1)
-            j = lo + 1 + int(np.searchsorted(below, 0.5))
-            j = min(max(j, lo + 1), hi)
+            j = self._most_telling(lo, hi, post, lo + best)
             m = self.reach.get(j, 0)
             y = self.src.outcomes(j, range(m + NAV_BATCH))
             if y.size <= m:
@@ -428,6 +399,31 @@ class Navigator:
         high = (fails[c + 1:].sum() + 0.5) / (runs[c + 1:].sum() + 1)
         low = (fails[:c + 1].sum() + 0.5) / (runs[:c + 1].sum() + 1)
         return float(high), float(min(low, high))
+
+    def _most_telling(self, lo: int, hi: int, post: np.ndarray, best: int) -> int:
+        """The arm in ``(lo, hi)`` whose next outcome tells most about the locus: arm ``j``
+        fails at the low rate when the locus is at or after ``j`` and at the high one before
+        it, so one outcome carries ``h(mix) − E h(rate)`` about which (``h``: binary entropy)."""
+        high, low = self.split_rates(best)
+        def h(p: np.ndarray | float) -> np.ndarray:
+            q = np.clip(p, 1e-9, 1 - 1e-9)
+            return np.asarray(-(q * np.log(q) + (1 - q) * np.log(1 - q)))
+        arms = np.arange(lo + 1, hi)
+        p_low = np.array([post[j - lo:].sum() for j in arms])  # P(locus >= j)
+        mix = p_low * low + (1 - p_low) * high
+        gain = h(mix) - (p_low * h(low) + (1 - p_low) * h(high))
+        return int(arms[int(np.argmax(gain))])
+
+    def doubts(self, c: int) -> Callable[[int, int], bool]:
+        """Whether the locus posterior, given a confirmation's pairs of ``c`` so far, puts
+        less than ``FUTILITY_BELIEF`` on ``c``: the arms say the rise is elsewhere."""
+        def unlikely(start: int, pairs: int) -> bool:
+            more = {}
+            for arm in (c, c + 1):
+                y = self.src.outcomes(arm, range(start, start + pairs))
+                more[arm] = (float(y.sum()), int(y.size))
+            return bool(self.posterior(0, self.n, more)[c] < FUTILITY_BELIEF)
+        return unlikely
 
     def learn(self, arm: int, ys: np.ndarray) -> None:
         """Outcomes of ``arm`` seen outside the navigation indices (a given-up confirmation)."""
@@ -463,7 +459,11 @@ class Confirmation:
 
 
 def _confirm(src: ArmSource, c: int, start: int, alpha: float, prior: Prior,
-             rise: tuple[float, float]) -> Confirmation:
+             rise: tuple[float, float], unlikely: Callable[[int, int], bool] | None = None
+             ) -> Confirmation:
+    """Confirmation of ``c`` on pairs from ``start`` (module docstring, step 4).
+    ``unlikely(start, pairs)``: a second futility bound, the navigation's belief in ``c``
+    once these pairs' arms are added to what it saw."""
     pairs = 0
     d = np.zeros(0)
     found = futile = False
@@ -478,7 +478,8 @@ def _confirm(src: ArmSource, c: int, start: int, alpha: float, prior: Prior,
             found = True
             break
         if (pairs >= FUTILITY_MIN and src.remaining >= 2
-                and _futility_llr(d, rise) <= -math.log(FUTILITY)):
+                and (_futility_llr(d, rise) <= -math.log(FUTILITY)
+                     or (unlikely is not None and unlikely(start, pairs)))):
             futile = True
             break
     if not found and not futile and d.size:
@@ -559,7 +560,8 @@ def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = 
                 high = low + FUTILITY_RISE * (high - low)  # give up on a rise smaller than this
                 rise = (max(high * (1 - low), 1e-3), max(low * (1 - high), 1e-3))
         level = alpha * share(attempt)
-        conf = _confirm(src, candidate, start, level, prior, rise)
+        conf = _confirm(src, candidate, start, level, prior, rise,
+                        None if n == 1 or coupling.shared else nav.doubts(candidate))
         start += conf.d.size
         if conf.found or not conf.futile or src.remaining < 2 or n == 1:
             break
