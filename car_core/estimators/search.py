@@ -10,8 +10,9 @@ run the same decisions.
    indices where the two disagreed are the witnesses.
 2. Coupling, measured. How often index-paired arms agree beyond what independent arms with
    the same rates would (``stats.coupling_of``), on the gate's pairs and every probe's pairs
-   with ``H_0`` on navigation indices. It decides which navigation statistics are used; no
-   adapter flag does.
+   with ``H_0`` and ``H_n`` on navigation indices. It decides which navigation statistics are
+   used; no adapter flag does. The confirmation's pairs are added for the re-estimate's
+   interval (paired or not) and for the reported number: both come after them.
 3. Navigation. Where the noise is measured shared (or a probe copied ``H_0`` at every witness
    index), a bisection over ``[lo, hi)`` with ``H_lo`` below and ``H_hi`` level with ``H_n``:
    each ``mid`` is first looked at on a few gate indices, witnesses among them
@@ -270,7 +271,7 @@ class Navigator:
                             self.d_gate, least=self.d_gate.size + 8)
         return _counts(self.d_gate)
 
-    def coupling(self) -> Coupling:
+    def coupling(self, more: Sequence[tuple[np.ndarray, np.ndarray]] = ()) -> Coupling:
         """Coupling measured on navigation pairs only: the gate's, and each probe's with
         ``H_0`` and with ``H_n`` where both ran."""
         s = max(self.d_gate.size, min(self.reach.get(0, 0), self.reach.get(self.n, 0)))
@@ -292,6 +293,7 @@ class Navigator:
             for j in sorted(self.looked - set(self.reach)):
                 y = self.src.outcomes(j, idx)
                 comparisons.append((y, h0w[:y.size]))
+        comparisons.extend(more)
         return coupling_of([(a.tolist(), b.tolist()) for a, b in comparisons])
 
     def below(self, mid: int, spent_cap: int) -> bool:
@@ -594,6 +596,8 @@ def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = 
                         given_up=tuple(given_up), level=level)
     indices = range(conf.start, conf.start + d.size)
     held, resampled = src.means(c + 1, c, indices)
+    if n > 1:  # the confirmation's pairs measure too: the re-estimate's are fresh again
+        coupling = nav.coupling([(src.outcomes(c + 1, indices), src.outcomes(c, indices))])
     re_hi = re_lo = r = None
     if conf.found and refit:
         want = min(_refit_size(d, held, resampled, coupling.shared, k), src.remaining // 2)
