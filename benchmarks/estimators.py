@@ -1,8 +1,9 @@
 """CAR's estimators against the paper's rules and an oracle, through the engine, on planted
 agents at three levels of shared noise; Shapley against the paper and shapiq.
 
-    nice -n 10 .venv/bin/python benchmarks/estimators.py [--seeds 100] [--fwer-seeds 2000]
-        [--workers 2] [--quick] [--rescue 0.3 ...] [--steps 8 ...] [--flip 0 ...]
+    nice -n 10 .venv/bin/python benchmarks/estimators.py [--seeds 100] [--long-seeds 40]
+        [--fwer-seeds 2000] [--fwer-sim-seeds 2000] [--workers 2] [--quick]
+        [--rescue 0.3 ...] [--steps 8 ...] [--flip 0 ...]
         [--coupling none ...] [--skip grid fwer fwer-sim shapley]
 
 Locus grid. Each row is a ``synthetic.PlantedDesk``: an ``n``-step ``car.FunctionAgent`` whose
@@ -10,9 +11,11 @@ step ``⌊2n/3⌋`` denies a refund (the recorded failure) and approves w.p. ``r
 resampled, judged by an LLM-judge-like outcome that errs w.p. ``flip``, so the rescue the
 estimators can see is ``(1 − 2·flip)·rescue``. ``coupling``: ``full`` (policy, tool and judge
 draw from CAR's noise), ``steps`` (the judge draws its own), ``none`` (nothing draws from
-CAR's noise). The agent never tells CAR which. Seed ``s`` records the desk's first failing run
-from ``s`` on and runs every estimator with ``seed=s``. Per row, over ``--seeds`` seeds, with
-95% Wilson intervals:
+CAR's noise). The agent never tells CAR which. A judge that never errs draws nothing, so at
+``flip = 0`` the ``steps`` desk is the ``full`` one and its row reuses those runs. Seed ``s``
+records the desk's first failing run from ``s`` on and runs every estimator with ``seed=s``.
+Per row, over ``--seeds`` seeds (``--long-seeds`` for rows of more than 8 steps, which cost
+several times more), with 95% Wilson intervals:
 
 - CAR: ``car.contrastive(run, agent, outcome=judge, rollouts=K)`` with its defaults (budget
   ``n·K``, K = 32): accuracy (locus = the pivot), wrong step (another step named), undecided
@@ -34,9 +37,10 @@ when the 95% interval still reaches the target (the seeds cannot tell).
 
 Family-wise error: desks with no cause (``rescue = 0``: the judge's error is the only thing
 that varies the outcome), through the engine at every coupling over ``--fwer-seeds`` seeds
-(from 10000); ``fwer-sim`` repeats it on the vectorised simulator (``synthetic.SampledArms``,
-the search ``car.contrastive`` runs, on arms drawn with the engine's law) for the longer runs
-the engine cannot afford at that seed count.
+(from 10000); ``fwer-sim`` repeats it over ``--fwer-sim-seeds`` on the vectorised simulator
+(``synthetic.SampledArms``: the search ``car.contrastive`` runs, on arms drawn with the
+engine's law; a no-cause desk and ``synthetic.no_cause`` are the same coin at every coupling)
+for the seed counts and run lengths the engine cannot afford.
 
 Shapley RMSE at equal budget against the paper's estimator and shapiq's approximators on the
 same noisy games, with our interval coverage.
@@ -75,6 +79,7 @@ from car_core.vocabulary import Answer  # noqa: E402
 K = 32
 ALPHA = 0.05
 CHUNK = 5          # seeds per job handed to a worker
+LONG = 8           # rows with more steps than this cost ~7x more a seed (``--long-seeds``)
 FWER_BASE = 10_000  # first seed of the family-wise error runs
 
 
@@ -206,7 +211,7 @@ def _num(x: float | None) -> str:
     return "—" if x is None else f"{x:.3f}"
 
 
-def cost_table(cpu: Cpu, seeds: dict[str, int]) -> None:
+def cost_table(cpu: Cpu, seeds: Callable[[str, int], int]) -> None:
     print("\nCPU seconds per seed (mean over the rows of each n; one core)")
     print("| estimator | n | coupling | s/seed |")
     print("|---|---|---|---|")
@@ -216,21 +221,27 @@ def cost_table(cpu: Cpu, seeds: dict[str, int]) -> None:
         rows[(kind, n, coupling)] += seconds
         cells[(kind, n, coupling)] += 1
     for (kind, n, coupling), seconds in sorted(rows.items()):
-        per = seconds / (seeds[kind] * cells[(kind, n, coupling)])
+        per = seconds / (seeds(kind, n) * cells[(kind, n, coupling)])
         print(f"| {kind} | {n} | {coupling} | {per:.3f} |")
 
 
 # -- the locus grid ----------------------------------------------------------------------------
 def grid(args: argparse.Namespace) -> None:
     cells = [Cell(r, n, f) for r in args.rescue for n in args.steps for f in args.flip]
-    seeds = range(args.seeds)
     jobs = [job for cell in cells for coupling in args.coupling
-            for job in chunks("car", cell, coupling, seeds)]
-    jobs += [job for cell in cells for job in chunks("paper", cell, "none", seeds)]
+            if not same_as_full(cell, coupling, args)
+            for job in chunks("car", cell, coupling, seeds_of(cell, args))]
+    jobs += [job for cell in cells for job in chunks("paper", cell, "none", seeds_of(cell, args))]
     jobs.sort(key=lambda j: -j[1].n)  # the long runs first, so the pool ends evenly
     results, cpu = run_jobs(jobs, args.workers)
-    print(f"Locus grid through the engine: {args.seeds} seeds (0–{args.seeds - 1}) per row, "
-          f"K = {K}, budget n·K, α = {ALPHA}; rates with 95% Wilson intervals")
+    for cell in cells:
+        if same_as_full(cell, "steps", args):
+            results[("car", cell, "steps")] = results[("car", cell, "full")]
+    long = f"; {args.long_seeds} (0–{args.long_seeds - 1}) where n > {LONG}" if any(
+        c.n > LONG for c in cells) and args.long_seeds != args.seeds else ""
+    print(f"Locus grid through the engine: {args.seeds} seeds (0–{args.seeds - 1}) per row"
+          f"{long}, K = {K}, budget n·K, α = {ALPHA}; rates with 95% Wilson intervals. Without a "
+          "judge error the judge draws nothing, so `steps` is `full` there (the same runs).")
     print("| rescue | n | flip | coupling | CAR accuracy | wrong step | undecided "
           "| CAR rollouts | CAR med \\|err\\| | paper accuracy | paper med \\|err\\| | oracle "
           "| targets |")
@@ -258,7 +269,17 @@ def grid(args: argparse.Namespace) -> None:
     print(f"\nRows missing a target (of {total}): "
           + ", ".join(f"{name} {misses[name]}" for name in ("accuracy", "wrong", "undecided",
                                                               "error")))
-    cost_table(cpu, {"car": args.seeds, "paper": args.seeds})
+    cost_table(cpu, lambda kind, n: (args.long_seeds if n > LONG else args.seeds))
+
+
+def same_as_full(cell: Cell, coupling: str, args: argparse.Namespace) -> bool:
+    """A judge that never errs draws nothing, so its own stream changes nothing: the
+    ``steps`` desk runs exactly the ``full`` desk's branches, and they are run once."""
+    return coupling == "steps" and cell.flip == 0 and "full" in args.coupling
+
+
+def seeds_of(cell: Cell, args: argparse.Namespace) -> range:
+    return range(args.long_seeds if cell.n > LONG else args.seeds)
 
 
 def targets(hits: int, wrong: int, und: int, s: int, err: float | None, p_err: float | None,
@@ -286,13 +307,14 @@ FWER_CELLS = (Cell(0.0, 8, 0.5), Cell(0.0, 4, 0.2))   # the judge a fair coin; a
 FWER_SIM_CELLS = (Cell(0.0, 8, 0.5), Cell(0.0, 24, 0.5))
 
 
-def _fwer(args: argparse.Namespace, kind: str, cells: tuple[Cell, ...], what: str) -> None:
-    seeds = range(FWER_BASE, FWER_BASE + args.fwer_seeds)
+def _fwer(args: argparse.Namespace, kind: str, cells: tuple[Cell, ...], what: str,
+          count: int) -> None:
+    seeds = range(FWER_BASE, FWER_BASE + count)
     jobs = [job for cell in cells for coupling in args.coupling
             for job in chunks(kind, cell, coupling, seeds)]
     results, cpu = run_jobs(jobs, args.workers)
     print(f"\nFamily-wise error at α = {ALPHA} on models with no cause, {what}, "
-          f"{args.fwer_seeds} seeds each ({FWER_BASE}–{FWER_BASE + args.fwer_seeds - 1}), "
+          f"{count} seeds each ({FWER_BASE}–{FWER_BASE + count - 1}), "
           f"budget n·{K}: a locus named at all is a false one")
     print("| model | coupling | false loci | FWER [95% Wilson] | undecided | rollouts | ≤ α |")
     print("|---|---|---|---|---|---|---|")
@@ -308,16 +330,17 @@ def _fwer(args: argparse.Namespace, kind: str, cells: tuple[Cell, ...], what: st
             print(f"| {cell.n} steps, {judge} | {coupling} | {false} | {pct(false, s)} "
                   f"| {pct(und, s)} | {np.mean([r['used'] for r in rows]):.0f} | {ok} |",
                   flush=True)
-    cost_table(cpu, {kind: args.fwer_seeds})
+    cost_table(cpu, lambda kind, n: count)
 
 
 def fwer(args: argparse.Namespace) -> None:
-    _fwer(args, "fwer", FWER_CELLS, "through the engine (planted desks)")
+    _fwer(args, "fwer", FWER_CELLS, "through the engine (planted desks)", args.fwer_seeds)
 
 
 def fwer_sim(args: argparse.Namespace) -> None:
     _fwer(args, "fwer-sim", FWER_SIM_CELLS,
-          "on the simulator (synthetic.no_cause on SampledArms, the search car.contrastive runs)")
+          "on the simulator (synthetic.no_cause on SampledArms, the search car.contrastive runs)",
+          args.fwer_sim_seeds)
 
 
 # -- Shapley -----------------------------------------------------------------------------------
@@ -408,7 +431,10 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], Any]] = {
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--seeds", type=int, default=100, help="seeds per grid row")
-    parser.add_argument("--fwer-seeds", type=int, default=2000)
+    parser.add_argument("--long-seeds", type=int, default=None,
+                        help=f"seeds per grid row of more than {LONG} steps (default --seeds)")
+    parser.add_argument("--fwer-seeds", type=int, default=2000, help="engine FWER seeds")
+    parser.add_argument("--fwer-sim-seeds", type=int, default=2000, help="simulator FWER seeds")
     parser.add_argument("--shapley-seeds", type=int, default=100)
     parser.add_argument("--shapley-budget", type=int, default=400)
     parser.add_argument("--rescue", type=float, nargs="+", default=[0.15, 0.3, 0.5])
@@ -424,8 +450,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.fwer_seeds = min(args.seeds, 6), min(args.fwer_seeds, 60)
+        args.fwer_sim_seeds = min(args.fwer_sim_seeds, 200)
         args.steps = [n for n in args.steps if n <= 8] or [4]
         args.skip = sorted({*args.skip, "shapley"})
+    if args.long_seeds is None:
+        args.long_seeds = args.seeds
     started = time.monotonic()
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; command: "
           f"estimators.py {' '.join(sys.argv[1:] if argv is None else argv)}\n")
