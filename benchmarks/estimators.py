@@ -310,12 +310,22 @@ FWER_SIM_CELLS = (Cell(0.0, 8, 0.5), Cell(0.0, 24, 0.5))
 def _fwer(args: argparse.Namespace, kind: str, cells: tuple[Cell, ...], what: str,
           count: int) -> None:
     seeds = range(FWER_BASE, FWER_BASE + count)
+    # the simulator's no-cause outcome reads only the judge's draws, which ``steps`` does not
+    # share either: those arms are the ``none`` arms, draw for draw, so they are run once
+    reuse = kind == "fwer-sim" and "none" in args.coupling
     jobs = [job for cell in cells for coupling in args.coupling
+            if not (reuse and coupling == "steps")
             for job in chunks(kind, cell, coupling, seeds)]
     results, cpu = run_jobs(jobs, args.workers)
+    for cell in cells:
+        if reuse:
+            results[(kind, cell, "steps")] = results[(kind, cell, "none")]
     print(f"\nFamily-wise error at α = {ALPHA} on models with no cause, {what}, "
           f"{count} seeds each ({FWER_BASE}–{FWER_BASE + count - 1}), "
           f"budget n·{K}: a locus named at all is a false one")
+    if reuse:
+        print("(`steps` is `none` here, the same runs: only the judge draws, and neither "
+              "shares it)")
     print("| model | coupling | false loci | FWER [95% Wilson] | undecided | rollouts | ≤ α |")
     print("|---|---|---|---|---|---|---|")
     for cell in cells:
