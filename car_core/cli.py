@@ -452,10 +452,17 @@ def _resume_command(aid: str) -> str:
 def _print_result(r: Result, seconds: float, store: str) -> None:
     out.print(kit.attribution_table(r))
     out.print(Text(kit.verdict(r), style="bold"))
+    measured = getattr(r, "coupling_measured", None)
+    shared = "coupled" if r.coupled else "independent"
+    contrastive = hasattr(r, "coupling_measured")
+    if measured is not None:  # contrastive: what the rollouts showed, not what was handed
+        shared = f"{'coupled' if r.coupled else 'not shown coupled'} (measured {measured:.2f})"
+    elif contrastive:
+        shared = "coupling not measured"
     out.print(Text(f"{r.rollouts_used} rollouts in {seconds:.1f}s · seed {r.seed} · "
-                   f"branches {'coupled' if r.coupled else 'independent'} · attribution "
-                   f"{r.attribution_id}"))
-    if not r.coupled and r.coupling:
+                   f"branches {shared} · attribution {r.attribution_id}"))
+    handed = "does not come" not in str(r.coupling) and "not requested" not in str(r.coupling)
+    if not r.coupled and r.coupling and not (contrastive and handed):
         out.print(Text(f"branches independent: {kit.safe(str(r.coupling))}", style="dim"))
     if r.truncated:
         out.print(Text(f"truncated: {r.budget_note or 'budget reached'}", style="yellow"))

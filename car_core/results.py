@@ -160,6 +160,13 @@ class ContrastiveResult(_Rendered):
     locus_label: str | None = None  # which agent and which step, e.g. "account_agent, step 4"
     answer: str = Answer.NO_CAUSE  # locus / no cause / undecided (car_core.vocabulary.Answer)
     candidate: int | None = None  # when undecided: the step the search was testing
+    # how much index-paired arms shared their noise, measured (stats.Coupling); ``coupled``
+    # says whether that measurement showed sharing, not what the adapter claimed
+    coupling_measured: float | None = None
+    coupling_ci: Interval | None = None
+    coupling_pairs: int = 0
+    given_up: tuple[int, ...] = ()  # candidate steps a futility bound gave up, in order
+    more_rollouts: int | None = None  # when undecided: roughly what confirming would still cost
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": "contrastive", "run_id": self.run_id,
@@ -175,7 +182,10 @@ class ContrastiveResult(_Rendered):
                 "steps": [s.to_dict() for s in self.steps],
                 "arms": [a.to_dict() for a in self.arms],
                 "example_branch": self.example_branch, "params": dict(self.params),
-                "failures": list(self.failures)}
+                "failures": list(self.failures),
+                "coupling_measured": self.coupling_measured,
+                "coupling_ci": _ci(self.coupling_ci), "coupling_pairs": self.coupling_pairs,
+                "given_up": list(self.given_up), "more_rollouts": self.more_rollouts}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ContrastiveResult:
@@ -199,7 +209,12 @@ class ContrastiveResult(_Rendered):
             correction=str(data.get("correction", "bonferroni")),
             locus_label=data.get("locus_label"),
             answer=Answer(data.get("answer") or _legacy_answer(data)),
-            candidate=data.get("candidate"))
+            candidate=data.get("candidate"),
+            coupling_measured=data.get("coupling_measured"),
+            coupling_ci=_read_ci({"ci": data.get("coupling_ci")}, 0.95),
+            coupling_pairs=int(data.get("coupling_pairs") or 0),
+            given_up=tuple(data.get("given_up") or ()),
+            more_rollouts=data.get("more_rollouts"))
 
     def table(self) -> list[dict[str, Any]]:
         return [s.to_dict() for s in self.steps]
@@ -217,6 +232,13 @@ class ContrastiveResult(_Rendered):
                 f"{self.alpha}); search={self.search}; rollouts used {self.rollouts_used} "
                 f"of {self.rollout_budget}; coupled={self.coupled}"
                 + (f" ({self.coupling})" if self.coupling and not self.coupled else "")
+                + (f"; coupling measured {_num(self.coupling_measured, 2)} "
+                   f"{_interval(self.coupling_ci)} from {self.coupling_pairs} pairs"
+                   if self.coupling_measured is not None else "")
+                + (f"; given up: step(s) {', '.join(map(str, self.given_up))}"
+                   if self.given_up else "")
+                + (f"; about {self.more_rollouts} more rollouts would decide it"
+                   if self.more_rollouts else "")
                 + (f"; truncated: {self.budget_note}" if self.truncated else "")
                 + (f"; {len(self.failures)} failed branch(es) left out" if self.failures else ""))
         table = _text_table(["step", "rescue", "interval", "significant", "P(fail|held)",

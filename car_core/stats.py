@@ -189,3 +189,63 @@ def look_levels(sizes: Sequence[int], alpha: float, m: int) -> list[float]:
     weights = [(s / sizes[-1]) ** 2 for s in sizes]
     total = sum(weights)
     return [1.0 - alpha * w / total / max(m, 1) for w in weights]
+
+
+@dataclass(frozen=True)
+class Coupling:
+    """How much two arms compared rollout by rollout share their noise, measured from pairs.
+
+    ``estimate`` is the agreement of the pairs above what independent arms with the same
+    failure rates would give, as a share of the most those rates allow (the Fréchet bound
+    ``1 − |p_a − p_b|``): 1 when the arms agree whenever they can, 0 when they agree as often as
+    independent arms would. ``None`` when no comparison could say (an arm that never varied
+    agrees by its rate alone). ``ci`` carries the Wilson interval of the pooled agreement over,
+    with the rates held at their sample values."""
+
+    estimate: float | None
+    ci: tuple[float, float] | None
+    pairs: int
+    level: float = 0.95
+
+    @property
+    def shared(self) -> bool:
+        """The pairs show shared noise: their agreement is above independence at ``level``."""
+        return self.ci is not None and self.ci[0] > 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {"estimate": self.estimate, "ci": None if self.ci is None else list(self.ci),
+                "pairs": self.pairs, "level": self.level, "shared": self.shared}
+
+
+def coupling_of(comparisons: Sequence[tuple[Sequence[float], Sequence[float]]],
+                level: float = 0.95) -> Coupling:
+    """The ``Coupling`` pooled over comparisons of index-paired outcomes ``(a[r], b[r])``.
+
+    Each comparison adds its pairs' agreement ``1 − |a − b|``, the agreement independent arms
+    with its two rates would give, and the most its rates allow; the estimate is the pooled
+    excess over the pooled room. Comparisons whose rates leave no room (an arm that never
+    varied) say nothing about coupling and are left out."""
+    check_level(level)
+    agree = indep = room = 0.0
+    pairs = 0
+    for a_raw, b_raw in comparisons:
+        a, b = list(a_raw), list(b_raw)
+        s = min(len(a), len(b))
+        if s < 2:
+            continue
+        a, b = a[:s], b[:s]
+        pa, pb = sum(a) / s, sum(b) / s
+        free = pa * pb + (1 - pa) * (1 - pb)
+        most = 1 - abs(pa - pb)
+        if most - free <= 1e-9:
+            continue
+        agree += sum(1 - abs(x - y) for x, y in zip(a, b, strict=True))
+        indep += s * free
+        room += s * (most - free)
+        pairs += s
+    if pairs == 0:
+        return Coupling(None, None, 0, level)
+    low, high = wilson(agree / pairs, pairs, level)
+    def scale(x: float) -> float:
+        return max(-1.0, min(1.0, (x * pairs - indep) / room))
+    return Coupling(scale(agree / pairs), (scale(low), scale(high)), pairs, level)

@@ -319,6 +319,15 @@ class SampledArms:
         want = int(np.searchsorted(cost, self.remaining, side="right"))
         return block, rows[:want]
 
+    def outcomes(self, arm: int, indices: Sequence[int]) -> np.ndarray:
+        block, rows = self._split(indices)
+        cost = np.cumsum(self._missing(arm, block, rows).astype(int))
+        rows = rows[:int(np.searchsorted(cost, self.remaining, side="right"))]
+        if rows.size == 0:
+            return np.zeros(0)
+        self._run(arm, block, rows)
+        return np.asarray(self._ys[(arm, block)][rows])
+
     def diffs(self, hi: int, lo: int, indices: Sequence[int]) -> np.ndarray:
         block, rows = self._reach(hi, lo, indices)
         if rows.size == 0:

@@ -50,5 +50,41 @@ def test_a_seed_check_veto_reaches_every_result(pivot_model: syn.SyntheticSCM,
     assert "coupled=False (measured: the server ignores" in str(res)
     honest = _agent(None)
     res = car.contrastive(pivot_run, honest, outcome=outcome, rollouts=4)
-    assert res.coupled and res.coupling and res.coupling.startswith("measured")
+    assert res.coupling and res.coupling.startswith("measured")
+    # ``coupled`` is what the rollouts showed, not what the check said
+    assert res.coupled == (res.coupling_ci is not None and res.coupling_ci[0] > 0)
     assert honest.checks == 1
+
+
+def test_coupling_is_measured_from_the_pairs_not_taken_from_a_flag() -> None:
+    """Arms that copy each other rollout by rollout measure 1; independent ones 0 within the
+    noise (4000 pairs at rates 0.5: SD of the agreement 0.008, of the estimate 0.016, so 0.07
+    is > 4 SD); an arm that never varies says nothing."""
+    import numpy as np
+
+    from car_core.stats import coupling_of
+    rng = np.random.default_rng(0)
+    a = (rng.random(4000) < 0.5).astype(float)
+    b = (rng.random(4000) < 0.5).astype(float)
+    same = coupling_of([(a.tolist(), a.tolist())])
+    assert same.estimate == 1.0 and same.shared
+    free = coupling_of([(a.tolist(), b.tolist())])
+    assert free.estimate is not None and abs(free.estimate) <= 0.07 and not free.shared
+    assert coupling_of([([1.0] * 50, b[:50].tolist())]).estimate is None
+
+
+def test_results_report_the_measured_coupling(pivot_model: syn.SyntheticSCM) -> None:
+    """A noisy pivot (the judge gives both arms variance) through the engine: the coupling is
+    measured and reported with the pairs it came from; the same agent without CAR's noise is
+    not measured as shared (a 2.5% chance per run; this seed is fixed)."""
+    model = syn.noisy_pivot()
+    run = model.failing_run(0)
+    shared = car.contrastive(run, model.agent(), outcome=model.outcome, rollouts=32)
+    assert shared.coupling_measured is not None and shared.coupling_pairs > 0
+    loose = model.agent()
+    loose.couples_noise = False
+    free = car.contrastive(run, loose, outcome=model.outcome, rollouts=32)
+    assert free.coupling == "the agent's randomness does not come from CAR's noise streams"
+    assert not free.coupled and free.coupling_pairs > 0
+    data = shared.to_dict()
+    assert type(shared).from_dict(data).coupling_ci == shared.coupling_ci

@@ -4,21 +4,30 @@ Arms. ``H_j`` holds steps ``< j`` as recorded and runs steps ``>= j`` live (``do
 ``H_n`` holds every step and only re-draws the outcome). The rescue of step ``k`` is
 ``mean(H_{k+1}) − mean(H_k)``: the factual arm of step ``k`` is ``H_{k+1}``, estimated from
 rollouts rather than taken from the one observed outcome, and neighbouring steps share arms.
-Rollout ``r`` of every arm draws noise ``(seed, r)`` when the agent couples noise, so arms are
-compared pair by pair (paired Newcombe interval); otherwise the arms are independent.
+Rollout ``r`` of every arm draws noise ``(seed, r)`` when CAR can hand the agent shared noise
+(``coupled=True`` and an agent that draws from CAR's streams); whether the arms then really
+share it is measured from the rollouts (``stats.coupling_of``: agreement of index-paired arms
+beyond what independent arms with the same rates give), never taken from that flag: a hosted
+model that ignores its seed or a judge with its own randomness share less. The result reports
+the measurement (``coupling_measured``, ``coupling_ci``, ``coupling_pairs``), and ``coupled``
+says whether it showed sharing; paired statistics are used only where it did.
 
 Budget. ``rollouts=K`` keeps the paper's meaning: the estimate may spend up to ``n·K``
 rollouts (``budget=`` overrides it); where they go is the search's choice.
 
-Search ``"bisection"`` (the default): the locus is the latest rise of ``H``, found by a
-sequential bisection over the ``H`` curve (placed by a few shared rollouts when the agent
-couples noise), then confirmed on fresh rollouts by an anytime-valid betting test that may look
-after every batch and stops as soon as the rescue is shown, and, for pass/fail outcomes whose
-budget runs out first, by an exact sign test that spends the rest of the level; the
-rescue is then re-estimated on fresh pairs, since the mean of a sequence stopped at its first
-crossing is biased up (``effect``; ``effect_raw`` keeps the stopped mean, ``estimate`` says
-which). ``search.py`` has the details and the proof that FWER ``<= α``: only the confirmed
-step is ever tested, on rollouts independent of the search that chose it.
+Search ``"bisection"`` (the default): the locus is the latest rise of ``H``, found by a search
+over the ``H`` curve (a bisection placed by a few shared rollouts where noise is measured
+shared, a probabilistic bisection over the arms' outcomes where it is not), then confirmed on
+fresh rollouts by an anytime-valid betting test that may look after every batch and stops as
+soon as the rescue is shown, and, for pass/fail outcomes whose budget runs out first, by an
+exact sign test that spends the rest of the level. A candidate that does not confirm is given
+up on a futility bound and the search resumes while the budget lasts (``given_up``), the
+confirmations sharing α between them. Once the locus is decided the rescue is re-estimated on
+fresh pairs, as many as make its interval as tight as the paper's fixed-``K`` one (unless
+``early_stop``), since the mean of a sequence stopped at its first crossing is biased up
+(``effect``, inside ``ci`` by construction; ``effect_raw`` keeps the stopped mean,
+``estimate`` says which). ``search.py`` has the details and the proof that FWER ``<= α``:
+each confirmation tests its step on rollouts independent of everything that chose it.
 
 Search ``"full"`` tests every step: each of the ``m`` tested steps gets ``α/m`` (Bonferroni),
 split over its ``L`` looks at the data in shares proportional to the square of the information
@@ -44,7 +53,16 @@ from ..errors import InvalidInput
 from ..execution import Executor, Task
 from ..interventions import Plan, compile_plan, do_resample
 from ..results import ArmEstimate, ContrastiveResult, StepEffect
-from ..stats import Difference, Interval, difference, look_levels, looks, wilson
+from ..stats import (
+    Coupling,
+    Difference,
+    Interval,
+    coupling_of,
+    difference,
+    look_levels,
+    looks,
+    wilson,
+)
 from ..trajectory import Trajectory, step_label
 from ..vocabulary import Answer
 from . import search as search_
@@ -122,10 +140,12 @@ class Arms:
         if value == 0.0 and j not in self.examples:
             self.examples[j] = traj.to_dict()
 
-    def compare(self, hi: int, lo: int, indices: range, level: float) -> Comparison | None:
+    def compare(self, hi: int, lo: int, indices: range, level: float, paired: bool
+                ) -> Comparison | None:
+        """``H_hi − H_lo`` on ``indices``: index pairs when the noise was measured shared."""
         a, b = self.values.get(hi, {}), self.values.get(lo, {})
         # walk what was measured, not ``indices``: a cap far above the budget stays cheap
-        if self.session.coupled:
+        if paired:
             common = sorted(r for r in a if r in indices and r in b)
             xs, ys = [a[r] for r in common], [b[r] for r in common]
         else:
@@ -133,7 +153,7 @@ class Arms:
             ys = [b[r] for r in sorted(b) if r in indices]
         if not xs or not ys:
             return None
-        d = difference(xs, ys, level, paired=self.session.coupled)
+        d = difference(xs, ys, level, paired=paired)
         return Comparison(d, sum(xs) / len(xs), sum(ys) / len(ys))
 
     def all_values(self) -> list[float]:
@@ -156,25 +176,29 @@ def _futile(c: Comparison, size: int, cap: int) -> bool:
     return size < cap and size >= MIN_FUTILITY_PAIRS and c.diff.estimate <= 0
 
 
-def _full(arms: Arms, n: int, cap: int, alpha: float) -> tuple[dict[int, Comparison], int, float]:
+def _full(arms: Arms, n: int, cap: int, alpha: float
+          ) -> tuple[dict[int, Comparison], int, float, Coupling]:
     sizes = looks(cap)
     levels = look_levels(sizes, alpha, n)
     tests: dict[int, Comparison] = {}
     open_steps = list(range(n))
-    for s, level in zip(sizes, levels, strict=False):
+    measured = Coupling(None, None, 0)
+    for i, (s, level) in enumerate(zip(sizes, levels, strict=False)):
         if not open_steps or arms.session.tripped:
             break
         arms.fill({j: range(s) for k in open_steps for j in (k, k + 1)})
+        if i == 0:
+            measured = _first_look_coupling(arms, n)
         still_open = []
         for k in open_steps:
-            c = arms.compare(k + 1, k, range(s), level)
+            c = arms.compare(k + 1, k, range(s), level, paired=measured.shared)
             if c is None:
                 continue
             tests[k] = c
             if not (c.diff.excludes_zero or _futile(c, s, cap)):
                 still_open.append(k)
         open_steps = still_open
-    return tests, n, levels[-1]
+    return tests, n, levels[-1], measured
 
 
 class EngineArms:
@@ -186,9 +210,11 @@ class EngineArms:
     @property
     def remaining(self) -> int:
         meter = self.arms.session.meter
-        if meter.tripped or meter.check(1) is not None:
+        left = self.cap - meter.rollouts
+        # a spent rollout cap is no trip: asking what is left must not mark one
+        if left <= 0 or meter.tripped or meter.check(1) is not None:
             return 0
-        return max(0, self.cap - meter.rollouts)
+        return left
 
     def _pairs(self, hi: int, lo: int, indices: Sequence[int]) -> list[tuple[float, float]]:
         a, b = self.arms.values.get(hi, {}), self.arms.values.get(lo, {})
@@ -198,6 +224,19 @@ class EngineArms:
                 break
             out.append((a[r], b[r]))
         return out
+
+    def outcomes(self, arm: int, indices: Sequence[int]) -> np.ndarray:
+        have = self.arms.values.get(arm, {})
+        missing = [r for r in indices if r not in have][:self.remaining]
+        if missing:
+            self.arms.fill({arm: missing})
+        have = self.arms.values.get(arm, {})
+        out = []
+        for r in indices:  # the prefix reached: a gap (a tripped budget) ends it
+            if r not in have:
+                break
+            out.append(have[r])
+        return np.array(out, dtype=float)
 
     def diffs(self, hi: int, lo: int, indices: Sequence[int]) -> np.ndarray:
         a, b = self.arms.values.get(hi, {}), self.arms.values.get(lo, {})
@@ -219,20 +258,30 @@ class EngineArms:
         return (sum(p[0] for p in pairs) / len(pairs), sum(p[1] for p in pairs) / len(pairs))
 
 
-def _searched(arms: Arms, n: int, cap: int, alpha: float
-              ) -> tuple[dict[int, StepEffect], str | None, int, bool]:
-    d = search_.search(EngineArms(arms, cap), n, cap, alpha)
+def _searched(arms: Arms, n: int, cap: int, alpha: float, k: int, refit: bool
+              ) -> tuple[dict[int, StepEffect], search_.Decision]:
+    d = search_.search(EngineArms(arms, cap), n, cap, alpha, refit=refit, k=k)
     if d.candidate is None or d.interval is None:
-        return {}, d.note, 0, d.exhausted
+        return {}, d
     c = d.candidate
-    effect = d.refit if d.refit is not None else d.raw
+    effect = d.estimate if d.estimate is not None else d.raw
     step = StepEffect(step=c, effect=effect, ci=Interval.of(d.interval.ci, d.interval.level),
-                      tested=True,
-                      significant=d.significant and d.interval.ci[0] > 0,
+                      tested=True, significant=d.significant,
                       fail_held=d.fail_held, fail_resampled=d.fail_resampled, n=d.pairs,
                       effect_raw=d.raw, estimate="refit" if d.refit is not None else "raw",
                       refit_n=d.refit_pairs)
-    return {c: step}, d.note, 1, d.exhausted
+    return {c: step}, d
+
+
+def _first_look_coupling(arms: Arms, n: int) -> Coupling:
+    """Coupling measured on the first look of ``search="full"``: ``H_n`` against ``H_0`` and
+    every neighbouring pair of arms, by rollout index."""
+    pairs = []
+    for hi, lo in [(n, 0), *((k + 1, k) for k in range(n))]:
+        a, b = arms.values.get(hi, {}), arms.values.get(lo, {})
+        common = sorted(r for r in a if r in b)
+        pairs.append(([a[r] for r in common], [b[r] for r in common]))
+    return coupling_of(pairs)
 
 
 @releasing
@@ -240,8 +289,8 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = de
                 alpha: float = defaults.ALPHA, seed: int = 0, coupled: bool = True,
                 budget: Budget | int | None = None, search: str = "auto",
                 executor: Executor | None = None, progress: Any = None, store: Any = None,
-                attribution_id: str | None = None, force_agent: bool = False
-                ) -> ContrastiveResult:
+                attribution_id: str | None = None, force_agent: bool = False,
+                early_stop: bool = False) -> ContrastiveResult:
     """Find the point of commitment of ``run``: the latest step whose rescue interval lies
     above zero, with family-wise error ``<= alpha`` (see the module docstring for the arms,
     the error control and the search). The estimate may spend up to ``n·rollouts`` rollouts
@@ -249,7 +298,9 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = de
     otherwise; the search decides where they go and stops as soon as the answer is decided.
     The budget is checked before each rollout — when it trips, the result keeps what was
     measured and says ``truncated``. An agent other than the one that recorded ``run``
-    is refused unless ``force_agent``."""
+    is refused unless ``force_agent``. ``early_stop``: stop once the locus is decided,
+    rather than spend what is left re-estimating its rescue. ``coupled`` decides whether CAR
+    hands branches shared noise; whether they share it is measured (``coupling_measured``)."""
     check_run_has_steps(run)
     _check(rollouts, alpha, search)
     budget = as_budget(budget, "budget")
@@ -269,15 +320,22 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = de
     arms = Arms(run, session)
     reason: str | None = None
     exhausted = False
+    given_up: tuple[int, ...] = ()
+    more: int | None = None
     if chosen == "full":
         # n + 1 arms share the n·K rollouts the default budget allows
-        tests, m, level = _full(arms, n, max(1, cap // (n + 1)), alpha)
+        tests, m, level, measured = _full(arms, n, max(1, cap // (n + 1)), alpha)
         effects = {k: _step(k, c) for k, c in tests.items()}
         correction = "bonferroni"
     else:
-        effects, reason, m, exhausted = _searched(arms, n, cap, alpha)
+        effects, decision = _searched(arms, n, cap, alpha, max(1, cap // n), not early_stop)
+        reason, exhausted, measured = decision.note, decision.exhausted, decision.coupling
+        given_up = decision.given_up
+        m = 1 + len(given_up) if decision.candidate is not None else 0
+        more = decision.more_pairs
         level = 1.0 - alpha
-        correction = "betting test of one searched step, exact sign test at the end"
+        correction = ("betting test of each searched step (alpha spent over confirmations), "
+                      "exact sign test at the end")
     significant = [k for k, e in effects.items() if e.significant]
     locus = max(significant) if significant else None
     values = arms.all_values()
@@ -285,8 +343,9 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = de
     if not values and session.failures:
         # every branch failed: the agent, not the budget, stopped the estimate
         budget_note = None
-    elif budget_note is None and exhausted:
-        budget_note = f"rollout budget of {cap} reached before the answer was decided"
+    elif budget_note is None and exhausted:  # the meter's own words when its cap is spent
+        budget_note = (session.meter.check(1)
+                       or f"rollout budget of {cap} reached before the answer was decided")
     if locus is None:
         if session.failures:  # the arms are incomplete: no other reason can be trusted
             reason = session.failure_note()
@@ -300,6 +359,8 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = de
             reason = (f"no step's rescue interval lies above zero ({m} test(s) at level "
                       f"{level:.4f})")
     answer, candidate = _answer(locus, effects, budget_note, bool(session.failures))
+    if answer == Answer.UNDECIDED and chosen != "full" and decision.candidate is not None:
+        candidate = decision.candidate  # the step being confirmed when the budget ran out
     steps = tuple(effects.get(k, StepEffect(step=k)) for k in range(n))
     arm_rows = tuple(ArmEstimate(j, sum(v.values()) / len(v),
                                  Interval(*wilson(sum(v.values()) / len(v), len(v), level), level),
@@ -308,7 +369,10 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = de
     result = ContrastiveResult(
         run_id=run.id, locus=locus, reason=reason, alpha=float(alpha), tests=m, level=level,
         rollouts_used=session.meter.rollouts, rollouts_cap=rollouts, seed=seed,
-        coupled=session.coupled, coupling=session.coupling,
+        coupled=measured.shared, coupling=session.coupling,
+        coupling_measured=measured.estimate,
+        coupling_ci=Interval.of(measured.ci, measured.level), coupling_pairs=measured.pairs,
+        given_up=given_up, more_rollouts=None if more is None else 2 * more,
         truncated=budget_note is not None,
         budget_note=budget_note, tokens=session.meter.tokens,
         cost=round(session.meter.cost, 6), search=chosen, steps=steps, arms=arm_rows,

@@ -1,78 +1,114 @@
-"""Where the contrastive budget goes: search the ``H`` curve, confirm one step, re-estimate it.
+"""Where the contrastive budget goes: search the ``H`` curve, confirm a step, re-estimate it.
 
 The locus is the latest rise of ``H`` (``H_j`` holds steps ``< j``): every arm after it equals
 ``H_n``, so it is the largest ``j`` with ``H_j ≠ H_n``. The search works on an ``ArmSource``
-(pairs of arms by rollout index) so that the engine and a vectorised simulator of the planted
-models run the same decisions.
+(arms by rollout index) so that the engine and a vectorised simulator of the planted models
+run the same decisions.
 
 1. Gate. Pairs ``(H_n, H_0)`` on navigation indices until one more pair is up than down (or
-   the gate's share of the budget is spent): no rise, nothing to follow. The indices where the
-   two disagreed are the witnesses.
-2. Bisection over ``[lo, hi)`` with ``H_lo`` below and ``H_hi`` level with ``H_n``. Each ``mid``
-   is first looked at on a few gate indices, witnesses among them (``Witnesses``): under
-   coupled noise an arm before the rise draws what ``H_0`` drew there and one after it what
-   ``H_n`` drew, so a probe that matches one of them index by index is placed for ``PROBE``
-   rollouts. Otherwise the gate goes on until ``GATE_NET`` net pairs size the rise ``δ`` and the
-   rate ``q`` of pairs that disagree by noise, and ``mid`` is decided by a truncated sequential
-   probability ratio test on the pairs ``(H_n, H_mid)`` between "level" (each sign w.p. ``q``)
-   and "below" (``+`` w.p. ``q + δ``), with error ``NAV_ERROR`` each way; ``H_n``'s rollouts
-   are shared by every comparison.
-3. Confirmation of the candidate ``c = lo`` on fresh rollout indices (independent of the
-   search): the pairs ``(H_{c+1}, H_c)`` feed the anytime betting test of
-   ``sequential.positive_at``, looked at after every batch, until it shows the rescue positive
-   or the budget is spent; then pass/fail pairs get the exact sign test of
-   ``sequential.positive_by_end`` with what is left of the level.
-4. Re-estimate. The mean of a sequence stopped when it first crossed a boundary is biased up;
-   when rollouts are left, the rescue is re-estimated on as many fresh pairs (capped by what
-   is left), which are independent of the stopping time, so that mean is unbiased. The raw
-   mean is kept beside it.
+   the gate's share of the budget is spent): no rise, nothing to follow ("no cause"). The
+   indices where the two disagreed are the witnesses.
+2. Coupling, measured. How often index-paired arms agree beyond what independent arms with
+   the same rates would (``stats.coupling_of``), on the gate's pairs and every probe's pairs
+   with ``H_0`` and ``H_n`` on navigation indices. It decides which navigation statistics are
+   used; no adapter flag does. The confirmation's pairs are added for the re-estimate's
+   interval (paired or not) and for the reported number: both come after them.
+3. Navigation. Where the noise is measured shared (or a probe copied ``H_0`` at every witness
+   index), a bisection over ``[lo, hi)`` with ``H_lo`` below and ``H_hi`` level with ``H_n``:
+   each ``mid`` is first looked at on a few gate indices, witnesses among them
+   (``Witnesses``): an arm before the rise draws what ``H_0`` drew there and one after it
+   what ``H_n`` drew, so a probe that matches one of them index by index is placed at once;
+   else a truncated sequential probability ratio test on the signs of the pairs
+   ``(H_n, H_mid)`` with error ``NAV_ERROR`` each way. Where it is not shared, index pairs
+   carry nothing, and a probabilistic bisection (``Navigator.locate``) works on the arms'
+   own outcomes: under one rise, arms up to the locus fail at one rate and later arms at
+   another, which gives a posterior over the locus; the arm whose next outcome tells most
+   about it is run, a few rollouts at a time, until one step holds ``1 − NAV_ERROR`` of it
+   or the navigation's share of the budget is spent.
+4. Confirmation of the candidate ``c = lo`` on rollout indices no earlier stage used: the pairs
+   ``(H_{c+1}, H_c)`` feed the anytime betting test of ``sequential.positive_at`` at level
+   ``α_i``, looked at after every batch, until it shows the rescue positive, the budget is
+   spent (then pass/fail pairs get the exact sign test of ``sequential.positive_by_end`` with
+   what is left of ``α_i``), or a futility bound gives the candidate up: the likelihood ratio
+   of "no rise" against the rise the navigation measured reaches ``FUTILITY``, or (unshared
+   noise) the locus posterior with these pairs' arms added puts less than
+   ``FUTILITY_BELIEF`` on the candidate. A candidate given up adds its arms' outcomes to
+   what the navigation knows, and the search resumes with doubled caps and halved errors and
+   the witness shortcuts off, while the budget lasts; before each resume the gate is
+   extended, and a gate that no longer shows a rise ends the search ("no cause").
+5. Re-estimate. The mean of a sequence stopped when it first crossed a boundary is biased up,
+   so after the locus is decided the rescue is re-estimated on fresh pairs, as many as give an
+   interval no wider than the paper's fixed-``K`` one at the same budget (``K`` rollouts of the
+   resampled arm against a fixed factual baseline), or what the budget has left. The reported
+   effect is their mean and the interval their Newcombe interval at ``1 − α`` (paired when the
+   noise was measured shared), whose lower end is raised to zero when the step is confirmed;
+   the effect lies inside it by construction. Without a re-estimate the interval is the
+   betting confidence sequence of the confirmation's pairs, widened to hold their mean.
 
-Error control (FWER ≤ α). A step is named only by step 3. The candidate and the prior of the
-bets are functions of the navigation rollouts; the confirmation rollouts are independent of
-them, so conditionally on the candidate its pairs are i.i.d. with mean equal to its true rescue.
-If that rescue is ``≤ 0``, the betting wealth is a non-negative supermartingale and by Ville's
-inequality the anytime test ever crosses ``1/(θα)`` with probability ``≤ θα`` however often it
-looks. For pass/fail outcomes the signs of the disagreeing pairs are then coins with
-``P(up) ≤ 1/2``, independent of which pairs disagree and of the number of pairs (set by the
-budget), so the probability that the anytime boundary is crossed or the end-of-sampling count
-reaches its critical value is computed exactly and held at ``θα`` (``sequential``). Only one
-hypothesis is ever tested, so the chance of naming a step whose rescue is ``≤ 0`` is
-``≤ θα < α``; navigation mistakes, and arms that share less noise than the witnesses assume,
-cost power, never validity. The interval reported is the betting confidence sequence of the
-same pairs at level ``1 − α``, whose lower end is raised to zero when the exact test showed the
-rescue positive.
+Error control (FWER ≤ α). A step is named only by a confirmation. Confirmation ``i`` spends
+``α_i = α · share_i`` with ``Σ share_i ≤ 1`` (``FIRST_SHARE`` for the first, half the rest for
+each later one). Everything that chooses the ``i``-th candidate, its level and the prior of its
+bets — navigation rollouts, the measured coupling, earlier confirmations — is a function of
+rollouts at other indices, and the rollouts of confirmation ``i`` are independent of them. So
+conditionally on that history its pairs are i.i.d. with mean equal to the candidate's true
+rescue. If that rescue is ``≤ 0``, the betting wealth is a non-negative supermartingale and by
+Ville's inequality the anytime test ever crosses ``1/(θα_i)`` with probability ``≤ θα_i``
+however often it looks; for pass/fail outcomes the signs of the disagreeing pairs are then
+coins with ``P(up) ≤ 1/2`` (this holds for any coupling: ``P(+) ≤ P(−)`` is what a mean
+``≤ 0`` says), so the probability that the anytime boundary is crossed or the end-of-sampling
+count reaches its critical value is held at ``θα_i`` exactly (``sequential``). The futility
+bound only ever stops a test without rejecting, so its rejections are a subset of the test
+run to the end. By the union bound over confirmations the chance of naming any step whose
+rescue is ``≤ 0`` is ``≤ Σ θα_i < α``; navigation mistakes and a mis-measured coupling cost
+power, never validity. Without shared noise the index pairs are an arbitrary pairing of two
+independent samples; the sign test on them conditions on the disagreeing pairs as the
+two-sample test conditions on the pooled margin, and has the same efficiency as the one-sided
+Fisher test.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+from scipy.special import betaln
 
 from ..sequential import (
+    LOW_SHARE,
     ConfidenceSequence,
     Prior,
     confidence_sequence,
     positive_at,
     positive_by_end,
 )
+from ..stats import Coupling, coupling_of, difference
 
 GATE_NET = 4          # net positive pairs that size a rise for the sequential probes
-NAV_SHARE = 0.45      # of the budget, the most the gate and the bisection may spend
-GATE_SHARE = 1.0      # of the navigation budget, the most the gate may spend
+GATE_MIN = 12         # pairs the gate runs at least before it sizes a rise
+NAV_SHARE = 0.45      # of the budget, the most the gate and the first bisection may spend
 NAV_ERROR = 0.01      # error each way of one bisection decision
-NAV_BATCH = 2         # pairs per look during navigation
+NAV_BATCH = 2         # pairs (or one arm's rollouts) per look during navigation
 PROBE = 4             # gate indices a probe looks at first (its witnesses among them)
+PAIRED_COUPLING = 0.5  # measured coupling above which index pairs navigate (else locate)
 PROBE_WITNESSES = 1   # disagreeing gate pairs a probe needs before it may decide on them
+FIRST_SHARE = 0.8     # of α, what the first confirmation spends; each later one half the rest
+FUTILITY = 1000.0     # likelihood ratio "no rise" : "the gate's rise" that gives a candidate up
+FUTILITY_BELIEF = 0.03  # locus posterior below which a candidate is given up (unshared noise)
+FUTILITY_MIN = 12     # pairs a confirmation runs before it may be given up
+FUTILITY_RISE = 0.75  # of the rise the navigation saw, the one futility weighs against
 CONFIRM = 1 << 20     # first rollout index of the confirmation pairs
 REFIT = 2 << 20       # first rollout index of the re-estimate
 
 
 class ArmSource(Protocol):
-    """Pairs of arms by rollout index, run on demand under one rollout budget."""
+    """Arms by rollout index, run on demand under one rollout budget."""
+
+    def outcomes(self, arm: int, indices: Sequence[int]) -> np.ndarray:
+        """``y_arm[r]`` for the longest prefix of ``indices`` the arm reaches (missing
+        rollouts are run first, as far as the budget allows)."""
 
     def diffs(self, hi: int, lo: int, indices: Sequence[int]) -> np.ndarray:
         """``y_hi[r] − y_lo[r]`` for the longest prefix of ``indices`` both arms reach
@@ -102,17 +138,32 @@ class Decision:
     note: str | None
     exhausted: bool = False  # the budget ran out before the answer was decided
     decided_spent: int = 0   # rollouts spent when the answer was decided (before the refit)
+    coupling: Coupling = field(default_factory=lambda: Coupling(None, None, 0))
+    given_up: tuple[int, ...] = ()  # candidates a futility bound gave up, in order
+    level: float | None = None      # the α_i the deciding confirmation spent
+    more_pairs: int | None = None   # undecided: pairs a confirmation would still need, roughly
+    estimate: float | None = None   # the reported effect (inside ``interval`` by construction)
 
 
 def _counts(d: np.ndarray) -> tuple[int, int]:
     return int((d > 0).sum()), int((d < 0).sum())
 
 
-def _gate(src: ArmSource, n: int, net: int, cap: int, d: np.ndarray) -> np.ndarray:
+def share(attempt: int) -> float:
+    """The share of α confirmation ``attempt`` (0-based) may spend; they sum to at most 1."""
+    if attempt == 0:
+        return FIRST_SHARE
+    return (1.0 - FIRST_SHARE) * 0.5 ** attempt
+
+
+def _gate(src: ArmSource, n: int, net: int, cap: int, d: np.ndarray, least: int = 0
+          ) -> np.ndarray:
     """Pairs ``(H_n, H_0)`` on navigation indices from 0, extended four at a time until their
-    net count of positive pairs reaches ``net`` or ``cap`` pairs (or the budget) are spent."""
+    net count of positive pairs reaches ``net`` (and ``least`` pairs are run) or ``cap``
+    pairs (or the budget) are spent."""
     s = d.size
-    while s < cap and int(np.sign(d).sum()) < net and src.remaining >= 2:
+    while (s < cap and (int(np.sign(d).sum()) < net or s < least)
+           and src.remaining >= 2):
         s = min(cap, s + 4)
         d = src.diffs(n, 0, range(s))
         if d.size < s:  # the budget ran out, or no branch came back
@@ -125,42 +176,41 @@ def _rise(d_gate: np.ndarray) -> tuple[float, float]:
     pos, neg = _counts(d_gate)
     s = max(d_gate.size, 1)
     q = (neg + 0.5) / (s + 1)
-    return min((pos - neg) / s, 1 - 2 * q - 1e-3), q
+    return max(min((pos - neg) / s, 1 - 2 * q - 1e-3), 1e-3), q
 
 
-def _decide_level(src: ArmSource, n: int, mid: int, delta: float, q: float, cap: int,
-                  start: int) -> bool:
-    """True when ``H_mid`` is below ``H_n`` (the locus is at or after ``mid``)."""
-    bound = math.log((1 - NAV_ERROR) / NAV_ERROR)
+def _gate_signs(d_gate: np.ndarray) -> tuple[float, float]:
+    """The gate's rates of up and down pairs, smoothed away from 0 and 1."""
+    pos, neg = _counts(d_gate)
+    s = d_gate.size
+    return (pos + 0.5) / (s + 1.5), (neg + 0.5) / (s + 1.5)
+
+
+def _decide_paired(src: ArmSource, n: int, mid: int, delta: float, q: float, cap: int,
+                   error: float) -> tuple[bool, int]:
+    """True when ``H_mid`` is below ``H_n``, from the signs of the pairs ``(H_n, H_mid)``:
+    "level" (each sign w.p. ``q``) against "below" (``+`` w.p. ``q + δ``)."""
+    bound = math.log((1 - error) / error)
     up = math.log((q + delta) / q)
     flat = math.log((1 - 2 * q - delta) / (1 - 2 * q))
-    t = start
-    llr = 0.0
+    t, llr = 0, 0.0
     while True:
         want = min(cap, t + NAV_BATCH)
         if want <= t or src.remaining < 2:
-            return llr > 0
+            return llr > 0, t
         d = src.diffs(n, mid, range(want))
-        if d.size < want:  # the budget ran out
-            t = want
-            pos, _ = _counts(d)
-            zero = int((d == 0).sum())
-            return pos * up + zero * flat > 0
-        t = want
         pos, _ = _counts(d)
-        zero = int((d == 0).sum())
-        llr = pos * up + zero * flat
-        if llr >= bound:
-            return True
-        if llr <= -bound or t >= cap:
-            return llr > 0
+        llr = pos * up + int((d == 0).sum()) * flat
+        if d.size < want or llr >= bound or llr <= -bound or want >= cap:
+            return llr > 0, d.size
+        t = want
 
 
 @dataclass
 class Witnesses:
     """Gate indices where ``H_n`` and ``H_0`` disagreed, and some where they agreed.
 
-    Under coupled noise an arm before the rise draws, rollout by rollout, what ``H_0`` drew and
+    Under shared noise an arm before the rise draws, rollout by rollout, what ``H_0`` drew and
     an arm after it what ``H_n`` drew; then one look at these indices places a probe. Arms that
     share less noise agree by chance too, which would make every probe look level, so a level
     verdict is taken from them only once some probe agreed with ``H_0`` at every one of them
@@ -193,69 +243,373 @@ class Witnesses:
         return None
 
 
-def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = True
-           ) -> Decision:
-    """Gate, bisect, confirm and re-estimate within ``budget`` rollouts (module docstring)."""
-    nav_budget = int(budget * NAV_SHARE)
-    levels = max(1, math.ceil(math.log2(n))) if n > 1 else 0
+class Navigator:
+    """The navigation stages: the gate, the measured coupling and the bisection decisions,
+    all on navigation indices (below ``CONFIRM``)."""
+
+    def __init__(self, src: ArmSource, n: int, budget: int) -> None:
+        self.src, self.n, self.budget = src, n, budget
+        self.gate_cap = max(8, int(budget * NAV_SHARE) // 2)
+        self.d_gate = np.zeros(0)
+        self.witnesses: Witnesses | None = None
+        self.reach: dict[int, int] = {}  # probed arm -> navigation indices it ran from 0
+        self.extra: dict[int, tuple[float, int]] = {}  # arm -> outcomes seen elsewhere
+        self.looked: set[int] = set()  # arms looked at on the witness indices
+        self.scale = 1           # caps grow and errors shrink with every resumed search
+        self.shortcuts = True    # witness verdicts repeat themselves: off once one misled
+        self.sized = False
+
+    def gate(self) -> tuple[int, int]:
+        self.d_gate = _gate(self.src, self.n, 1, self.gate_cap, self.d_gate)
+        self.witnesses = Witnesses.of(self.d_gate)
+        return _counts(self.d_gate)
+
+    def regate(self) -> tuple[int, int]:
+        """More gate pairs after a candidate was given up; the gate's cap grows with them."""
+        self.gate_cap += max(8, self.gate_cap // 2)
+        self.d_gate = _gate(self.src, self.n, GATE_NET * self.scale, self.gate_cap,
+                            self.d_gate, least=self.d_gate.size + 8)
+        return _counts(self.d_gate)
+
+    def coupling(self, more: Sequence[tuple[np.ndarray, np.ndarray]] = ()) -> Coupling:
+        """Coupling measured on navigation pairs only: the gate's, and each probe's with
+        ``H_0`` and with ``H_n`` where both ran."""
+        s = max(self.d_gate.size, min(self.reach.get(0, 0), self.reach.get(self.n, 0)))
+        h0 = self.src.outcomes(0, range(max(s, self.reach.get(0, 0))))
+        comparisons = [(self.src.outcomes(self.n, range(s)), h0[:s])] if s else []
+        for j, reached in sorted(self.reach.items()):
+            if j in (0, self.n):
+                continue
+            m = min(h0.size, reached)
+            if m:
+                comparisons.append((self.src.outcomes(j, range(m)), h0[:m]))
+            m = min(self.reach.get(self.n, 0), reached)
+            if m:  # a probe level with H_n copies it where noise is shared
+                comparisons.append((self.src.outcomes(j, range(m)),
+                                    self.src.outcomes(self.n, range(m))))
+        if self.witnesses is not None and self.looked:
+            idx = self.witnesses.indices
+            h0w = self.src.outcomes(0, idx)
+            for j in sorted(self.looked - set(self.reach)):
+                y = self.src.outcomes(j, idx)
+                comparisons.append((y, h0w[:y.size]))
+        comparisons.extend(more)
+        return coupling_of([(a.tolist(), b.tolist()) for a, b in comparisons])
+
+    def below(self, mid: int, spent_cap: int) -> bool:
+        """Whether ``H_mid`` is below ``H_n`` (the locus is at or after ``mid``)."""
+        w = self.witnesses
+        if w is not None and self.shortcuts:
+            verdict = w.side(self.src, self.n, mid)
+            self.looked.add(mid)
+            if verdict is not None:  # a level verdict needs the witnesses' own coupling
+                return verdict
+        if not self.sized:  # the witnesses did not settle it: size the rise first
+            self.d_gate = _gate(self.src, self.n, GATE_NET, self.gate_cap, self.d_gate,
+                                least=min(GATE_MIN, self.gate_cap))
+            self.sized = True
+        cap = max(8, spent_cap) * self.scale
+        error = NAV_ERROR / self.scale
+        # bisection runs only on shared noise (``bisect``): the pairs' signs decide
+        verdict, reached = _decide_paired(self.src, self.n, mid, *_rise(self.d_gate), cap,
+                                          error)
+        self.reach[mid] = max(reached, self.reach.get(mid, 0))
+        return verdict
+
+    def bisect(self, lo: int, hi: int, nav_budget: int) -> int:
+        """The candidate in ``[lo, hi)``: a bisection on shared noise, where index pairs make
+        each decision cheap; otherwise the probabilistic bisection of ``locate``."""
+        start = self.budget - self.src.remaining
+        shared = self.coupling()
+        w = self.witnesses
+        if self.shortcuts and w is not None and not w.coupled and hi - lo > 1:
+            w.side(self.src, self.n, (lo + hi) // 2)  # one cheap look: do probes copy H_0?
+            self.looked.add((lo + hi) // 2)
+        if not (shared.shared and (shared.estimate or 0.0) >= PAIRED_COUPLING) \
+                and not (w is not None and w.coupled):
+            return self.locate(lo, hi, nav_budget)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            left = max(1, math.ceil(math.log2(hi - lo)))
+            per = (nav_budget - (self.budget - self.src.remaining - start)) // left
+            lo, hi = (mid, hi) if self.below(mid, per) else (lo, mid)
+        return lo
+
+    def _arm_counts(self, more: dict[int, tuple[float, int]] | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """Failures and rollouts of every arm ``H_0 … H_n`` the navigation has seen."""
+        fails, runs = np.zeros(self.n + 1), np.zeros(self.n + 1)
+        s = self.d_gate.size
+        reach = dict(self.reach)
+        reach[0] = max(reach.get(0, 0), s)
+        reach[self.n] = max(reach.get(self.n, 0), s)
+        for j, m in reach.items():
+            y = self.src.outcomes(j, range(m)) if m else np.zeros(0)
+            fails[j] += float(y.sum())
+            runs[j] += y.size
+        for extra in (self.extra, more or {}):
+            for j, (f, r) in extra.items():
+                fails[j] += f
+                runs[j] += r
+        return fails, runs
+
+    def posterior(self, lo: int, hi: int, more: dict[int, tuple[float, int]] | None = None
+                  ) -> np.ndarray:
+        """P(locus = c | every arm's outcomes) for ``c`` in ``[lo, hi)``, under one rise: arms
+        ``≤ c`` fail at one unknown rate, arms ``> c`` at another (Jeffreys priors), the locus
+        uniform. Arms are taken as independent samples, which is what unshared noise gives."""
+        fails, runs = self._arm_counts(more)
+        cf, cr = np.cumsum(fails), np.cumsum(runs)
+        c = np.arange(lo, hi)
+        f_lo, r_lo = cf[c], cr[c]
+        f_hi, r_hi = cf[-1] - f_lo, cr[-1] - r_lo
+        ll = (betaln(0.5 + f_lo, 0.5 + r_lo - f_lo) + betaln(0.5 + f_hi, 0.5 + r_hi - f_hi))
+        # one rise, upwards: a split whose early arms fail more than its late ones is penalised
+        wrong = (f_lo + 0.5) / (r_lo + 1) > (f_hi + 0.5) / (r_hi + 1)
+        ll = ll - np.where(wrong, 5.0, 0.0)
+        w = np.exp(ll - ll.max())
+        return np.asarray(w / w.sum())
+
+    def locate(self, lo: int, hi: int, nav_budget: int) -> int:
+        """Probabilistic bisection: run the arm that splits the posterior of the locus in half,
+        a few rollouts at a time, until one step holds ``1 − NAV_ERROR`` of it or the
+        navigation budget is spent; the most probable step is the candidate."""
+        if hi - lo <= 1:
+            return lo
+        start = self.budget - self.src.remaining
+        error = NAV_ERROR / self.scale
+        while True:
+            post = self.posterior(lo, hi)
+            best = int(np.argmax(post))
+            spent = self.budget - self.src.remaining - start
+            if post[best] >= 1 - error or spent >= nav_budget or self.src.remaining < 1:
+                return lo + best
+            j = self._most_telling(lo, hi, post, lo + best)
+            m = self.reach.get(j, 0)
+            y = self.src.outcomes(j, range(m + NAV_BATCH))
+            if y.size <= m:
+                return lo + best
+            self.reach[j] = int(y.size)
+            for end in (0, self.n):  # the two rates every split leans on stay as well known
+                have = max(self.reach.get(end, 0), self.d_gate.size)
+                if 2 * have < y.size and self.src.remaining >= 1:
+                    self.reach[end] = int(self.src.outcomes(end, range(y.size // 2)).size)
+
+    def split_rates(self, c: int) -> tuple[float, float]:
+        """The failure rates of the arms after ``c`` and of those up to it, as seen."""
+        fails, runs = self._arm_counts()
+        high = (fails[c + 1:].sum() + 0.5) / (runs[c + 1:].sum() + 1)
+        low = (fails[:c + 1].sum() + 0.5) / (runs[:c + 1].sum() + 1)
+        return float(high), float(min(low, high))
+
+    def _most_telling(self, lo: int, hi: int, post: np.ndarray, best: int) -> int:
+        """The arm in ``(lo, hi)`` whose next outcome tells most about the locus: arm ``j``
+        fails at the low rate when the locus is at or after ``j`` and at the high one before
+        it, so one outcome carries ``h(mix) − E h(rate)`` about which (``h``: binary entropy)."""
+        high, low = self.split_rates(best)
+        def h(p: np.ndarray | float) -> np.ndarray:
+            q = np.clip(p, 1e-9, 1 - 1e-9)
+            return np.asarray(-(q * np.log(q) + (1 - q) * np.log(1 - q)))
+        arms = np.arange(lo + 1, hi)
+        p_low = np.array([post[j - lo:].sum() for j in arms])  # P(locus >= j)
+        mix = p_low * low + (1 - p_low) * high
+        gain = h(mix) - (p_low * h(low) + (1 - p_low) * h(high))
+        return int(arms[int(np.argmax(gain))])
+
+    def doubts(self, c: int) -> Callable[[int, int], bool]:
+        """Whether the locus posterior, given a confirmation's pairs of ``c`` so far, puts
+        less than ``FUTILITY_BELIEF`` on ``c``: the arms say the rise is elsewhere."""
+        def unlikely(start: int, pairs: int) -> bool:
+            more = {}
+            for arm in (c, c + 1):
+                y = self.src.outcomes(arm, range(start, start + pairs))
+                more[arm] = (float(y.sum()), int(y.size))
+            return bool(self.posterior(0, self.n, more)[c] < FUTILITY_BELIEF)
+        return unlikely
+
+    def learn(self, arm: int, ys: np.ndarray) -> None:
+        """Outcomes of ``arm`` seen outside the navigation indices (a given-up confirmation)."""
+        f, r = self.extra.get(arm, (0.0, 0))
+        self.extra[arm] = (f + float(ys.sum()), r + int(ys.size))
+
+
+def _futility_llr(d: np.ndarray, rise: tuple[float, float]) -> float:
+    """Log likelihood ratio of the signs of ``d`` between "no rise" (up and down equally
+    likely, at the rate the pairs show: the best such fit) and the rise the gate measured
+    (up w.p. ``rise[0]``, down w.p. ``rise[1]``). Negative: the pairs look level. The rate
+    of disagreement counts too: two level arms disagree less often than ``H_n`` and ``H_0``
+    when they share noise, and at another rate when they do not."""
+    pos, neg = _counts(d)
+    zero = int(d.size) - pos - neg
+    up, down = rise
+    tie = (pos + neg) / (2 * max(d.size, 1))
+    flat = 1 - up - down
+
+    def term(count: int, p: float, q: float) -> float:
+        return 0.0 if count == 0 else count * (math.log(p) - math.log(q))
+
+    return (term(pos, up, tie) + term(neg, down, tie)
+            + term(zero, flat, max(1 - 2 * tie, 1e-12)))
+
+
+@dataclass
+class Confirmation:
+    d: np.ndarray
+    start: int
+    found: bool
+    futile: bool
+
+
+def _confirm(src: ArmSource, c: int, start: int, alpha: float, prior: Prior,
+             rise: tuple[float, float], unlikely: Callable[[int, int], bool] | None = None
+             ) -> Confirmation:
+    """Confirmation of ``c`` on pairs from ``start`` (module docstring, step 4).
+    ``unlikely(start, pairs)``: a second futility bound, the navigation's belief in ``c``
+    once these pairs' arms are added to what it saw."""
+    pairs = 0
+    d = np.zeros(0)
+    found = futile = False
+    while src.remaining >= 2:
+        want = pairs + max(2, pairs // 8)
+        want = min(want, pairs + src.remaining // 2)
+        d = src.diffs(c + 1, c, range(start, start + want))
+        if d.size <= pairs:
+            break
+        pairs = d.size
+        if positive_at(d, alpha, prior) is not None:
+            found = True
+            break
+        if (pairs >= FUTILITY_MIN and src.remaining >= 2
+                and (_futility_llr(d, rise) <= -math.log(FUTILITY)
+                     or (unlikely is not None and unlikely(start, pairs)))):
+            futile = True
+            break
+    if not found and not futile and d.size:
+        found = positive_by_end(d, alpha, prior)
+    return Confirmation(d, start, found, futile)
+
+
+def _more_pairs(d: np.ndarray, alpha: float) -> int | None:
+    """Pairs a confirmation at the rescue measured so far would roughly need in all: the
+    betting wealth grows by about ``μ²/(2σ²)`` a pair and must reach ``log(1/(θα))``."""
+    if d.size < 2 or d.mean() <= 0:
+        return None
+    var = float(d.var()) + 1e-9
+    need = 2 * math.log(1 / (LOW_SHARE * alpha)) * var / float(d.mean()) ** 2
+    return max(0, math.ceil(need) - d.size)
+
+
+def _refit_size(d: np.ndarray, held: float, resampled: float, shared: bool, k: int) -> int:
+    """Fresh pairs whose interval is no wider than the paper's fixed-``K`` one: ``K``
+    rollouts of the resampled arm against a fixed factual baseline (variance ``p(1 − p)/K``)."""
+    paper = max(resampled * (1 - resampled), 0.25 / max(k, 1))
+    ours = float(d.var()) if shared else held * (1 - held) + resampled * (1 - resampled)
+    return max(4, math.ceil(k * max(ours, 1e-3) / paper))
+
+
+def _interval(d: np.ndarray, refit: np.ndarray | None, alpha: float, paired: bool,
+              shown: bool, prior: Prior, intervals: bool, held_hi: np.ndarray | None,
+              held_lo: np.ndarray | None) -> tuple[float, ConfidenceSequence | None]:
+    """The reported effect and the interval it lies in (module docstring, step 5)."""
+    if refit is not None and held_hi is not None and held_lo is not None and refit.size:
+        diff = difference(held_hi.tolist(), held_lo.tolist(), 1.0 - alpha, paired=paired)
+        low, high = diff.ci
+        est = diff.estimate
+        if shown and est > 0 and low <= 0:
+            low = float(np.nextafter(0.0, 1.0))
+        return est, ConfidenceSequence(est, (min(low, est), max(high, est)), 1.0 - alpha,
+                                       int(refit.size))
+    est = float(d.mean())
+    if not intervals:
+        return est, None
+    cs = confidence_sequence(d, alpha, prior, shown)
+    return est, ConfidenceSequence(est, (min(cs.ci[0], est), max(cs.ci[1], est)), cs.level,
+                                   cs.n)
+
+
+def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = True,
+           refit: bool = True, k: int | None = None) -> Decision:
+    """Gate, bisect, confirm (resuming past candidates given up) and re-estimate within
+    ``budget`` rollouts (module docstring). ``k``: the paper's rollouts per step, which sizes
+    the re-estimate (``budget // n`` when not given); ``refit=False`` stops once decided."""
+    k = k if k is not None else max(1, budget // max(n, 1))
+    nav = Navigator(src, n, budget)
     prior = Prior()
+    rise = (0.5, 0.1)
     candidate = 0
+    lo, hi = 0, n
     if n > 1:
-        gate_cap = max(8, int(nav_budget * GATE_SHARE) // 2)
-        d_gate = _gate(src, n, 1, gate_cap, np.zeros(0))
-        pos, neg = _counts(d_gate)
+        pos, neg = nav.gate()
         if pos - neg <= 0:
             return Decision(None, False, None, None, None, 0, None, None, 0,
                             f"holding the whole record does not raise the failure rate over "
                             f"resampling it from step 0 ({pos} pair(s) up, {neg} down of "
-                            f"{d_gate.size}), so there is no rise to follow",
-                            decided_spent=budget - src.remaining)
-        witnesses = Witnesses.of(d_gate)
-        sprt: tuple[float, float] | None = None
-        per_decision = 8
+                            f"{nav.d_gate.size}), so there is no rise to follow",
+                            decided_spent=budget - src.remaining, coupling=nav.coupling())
+        candidate = nav.bisect(lo, hi, int(budget * NAV_SHARE) - (budget - src.remaining))
+    given_up: list[int] = []
+    start = CONFIRM
+    attempt = 0
+    conf: Confirmation | None = None
+    coupling = nav.coupling() if n > 1 else Coupling(None, None, 0)
+    while True:
+        if n > 1:
+            prior = Prior.of(nav.d_gate)
+            coupling = nav.coupling()
+            rise = _gate_signs(nav.d_gate)
+            if not coupling.shared:
+                high, low = nav.split_rates(candidate)
+                high = low + FUTILITY_RISE * (high - low)  # give up on a rise smaller than this
+                rise = (max(high * (1 - low), 1e-3), max(low * (1 - high), 1e-3))
+        level = alpha * share(attempt)
+        conf = _confirm(src, candidate, start, level, prior, rise,
+                        None if n == 1 or coupling.shared else nav.doubts(candidate))
+        start += conf.d.size
+        if conf.found or not conf.futile or src.remaining < 2 or n == 1:
+            break
+        # given up: the rise is on the side of it its arms are not
+        given_up.append(candidate)
+        attempt += 1
+        for arm in (candidate, candidate + 1):
+            nav.learn(arm, src.outcomes(arm, range(conf.start, start)))
         lo, hi = 0, n
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            below = witnesses.side(src, n, mid)
-            if below is None:
-                if sprt is None:  # the witnesses did not settle it: size the rise first
-                    d_gate = _gate(src, n, GATE_NET, gate_cap, d_gate)
-                    sprt = _rise(d_gate)
-                    per_decision = max(8, (nav_budget - (budget - src.remaining))
-                                       // max(levels, 1))
-                below = _decide_level(src, n, mid, *sprt, per_decision, 0)
-            lo, hi = (mid, hi) if below else (lo, mid)
-        prior = Prior.of(d_gate)
-        candidate = lo
+        nav.scale *= 2
+        nav.shortcuts = False
+        pos, neg = nav.regate()
+        if pos - neg <= 0:
+            return Decision(None, False, None, None, None, 0, None, None, 0,
+                            f"after {len(given_up)} candidate step(s) were given up "
+                            f"({', '.join(map(str, given_up))}), holding the whole record no "
+                            f"longer raises the failure rate over resampling it from step 0 "
+                            f"({pos} pair(s) up, {neg} down of {nav.d_gate.size}): no rise "
+                            f"to follow", decided_spent=budget - src.remaining,
+                            coupling=nav.coupling(), given_up=tuple(given_up))
+        nav_budget = int(src.remaining * NAV_SHARE)
+        candidate = nav.bisect(lo, hi, nav_budget) if hi - lo > 1 else lo
     c = candidate
-    pairs = 0
-    found = None
-    while src.remaining >= 2:
-        want = pairs + max(2, pairs // 8)
-        want = min(want, pairs + src.remaining // 2)
-        d = src.diffs(c + 1, c, range(CONFIRM, CONFIRM + want))
-        if d.size <= pairs:
-            break
-        pairs = d.size
-        found = positive_at(d, alpha, prior)
-        if found is not None:
-            break
-    d = src.diffs(c + 1, c, range(CONFIRM, CONFIRM + pairs)) if pairs else np.zeros(0)
+    d = conf.d
+    decided = budget - src.remaining
     if d.size == 0:
         return Decision(c, False, None, None, None, 0, None, None, 0,
                         "the budget ran out before the candidate step could be confirmed",
-                        exhausted=True, decided_spent=budget - src.remaining)
-    significant = found is not None or positive_by_end(d, alpha, prior)
-    held, resampled = src.means(c + 1, c, range(CONFIRM, CONFIRM + pairs))
-    decided = budget - src.remaining
-    refit, refit_pairs = None, 0
-    if significant:
-        extra = min(pairs, src.remaining // 2)
-        if extra >= 1:
-            r = src.diffs(c + 1, c, range(REFIT, REFIT + extra))
-            if r.size:
-                refit, refit_pairs = float(r.mean()), int(r.size)
-    interval = confidence_sequence(d, alpha, prior, significant) if intervals else None
-    return Decision(c, significant, interval, float(d.mean()), refit, refit_pairs, held,
-                    resampled, int(d.size), None, exhausted=not significant,
-                    decided_spent=decided)
+                        exhausted=True, decided_spent=decided, coupling=coupling,
+                        given_up=tuple(given_up), level=level)
+    indices = range(conf.start, conf.start + d.size)
+    held, resampled = src.means(c + 1, c, indices)
+    if n > 1:  # the confirmation's pairs measure too: the re-estimate's are fresh again
+        coupling = nav.coupling([(src.outcomes(c + 1, indices), src.outcomes(c, indices))])
+    re_hi = re_lo = r = None
+    if conf.found and refit:
+        want = min(_refit_size(d, held, resampled, coupling.shared, k), src.remaining // 2)
+        if want >= 1:
+            r = src.diffs(c + 1, c, range(REFIT, REFIT + want))
+            re_hi = src.outcomes(c + 1, range(REFIT, REFIT + r.size))
+            re_lo = src.outcomes(c, range(REFIT, REFIT + r.size))
+    est, interval = _interval(d, r, alpha, coupling.shared, conf.found, prior, intervals,
+                              re_hi, re_lo)
+    refit_mean = float(r.mean()) if r is not None and r.size else None
+    return Decision(c, conf.found, interval, float(d.mean()), refit_mean,
+                    int(r.size) if r is not None else 0, held, resampled, int(d.size),
+                    None, exhausted=not conf.found, decided_spent=decided, coupling=coupling,
+                    given_up=tuple(given_up), level=level,
+                    more_pairs=None if conf.found else _more_pairs(d, level), estimate=est)
