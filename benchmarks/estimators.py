@@ -227,49 +227,58 @@ def cost_table(cpu: Cpu, seeds: Callable[[str, int], int]) -> None:
 
 # -- the locus grid ----------------------------------------------------------------------------
 def grid(args: argparse.Namespace) -> None:
-    cells = [Cell(r, n, f) for r in args.rescue for n in args.steps for f in args.flip]
-    jobs = [job for cell in cells for coupling in args.coupling
-            if not same_as_full(cell, coupling, args)
-            for job in chunks("car", cell, coupling, seeds_of(cell, args))]
-    jobs += [job for cell in cells for job in chunks("paper", cell, "none", seeds_of(cell, args))]
-    jobs.sort(key=lambda j: -j[1].n)  # the long runs first, so the pool ends evenly
-    results, cpu = run_jobs(jobs, args.workers)
-    for cell in cells:
-        if same_as_full(cell, "steps", args):
-            results[("car", cell, "steps")] = results[("car", cell, "full")]
+    """The table, printed a run length at a time (shortest first) so a long run that is
+    stopped still leaves whole rows behind."""
     long = f"; {args.long_seeds} (0–{args.long_seeds - 1}) where n > {LONG}" if any(
-        c.n > LONG for c in cells) and args.long_seeds != args.seeds else ""
+        n > LONG for n in args.steps) and args.long_seeds != args.seeds else ""
     print(f"Locus grid through the engine: {args.seeds} seeds (0–{args.seeds - 1}) per row"
           f"{long}, K = {K}, budget n·K, α = {ALPHA}; rates with 95% Wilson intervals. Without a "
           "judge error the judge draws nothing, so `steps` is `full` there (the same runs).")
-    print("| rescue | n | flip | coupling | CAR accuracy | wrong step | undecided "
+    print("| n | rescue | flip | coupling | CAR accuracy | wrong step | undecided "
           "| CAR rollouts | CAR med \\|err\\| | paper accuracy | paper med \\|err\\| | oracle "
           "| targets |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     misses: dict[str, int] = defaultdict(int)
-    for cell in cells:
-        paper = results[("paper", cell, "none")]
-        p_hits = sum(r["hit"] for r in paper)
-        p_err = median([r["err"] for r in paper])
-        for coupling in args.coupling:
-            rows = results[("car", cell, coupling)]
-            s = len(rows)
-            hits = sum(r["hit"] for r in rows)
-            wrong = sum(r["wrong"] for r in rows)
-            und = sum(r["undecided"] for r in rows)
-            err = median([r["err"] for r in rows if r["err"] is not None])
-            oracle = matched_power(coupling, cell.n * K, cell.rescue, cell.flip, ALPHA)
-            verdict = targets(hits, wrong, und, s, err, p_err, oracle, misses)
-            print(f"| {cell.rescue} | {cell.n} | {cell.flip} | {coupling} | {pct(hits, s)} "
-                  f"| {pct(wrong, s)} | {pct(und, s)} "
-                  f"| {np.mean([r['used'] for r in rows]):.0f} of {cell.n * K} | {_num(err)} "
-                  f"| {pct(p_hits, len(paper))} | {_num(p_err)} | {oracle:.1%} | {verdict} |",
-                  flush=True)
-    total = len(cells) * len(args.coupling)
+    cpu: Cpu = defaultdict(float)
+    for n in sorted(args.steps):
+        cells = [Cell(r, n, f) for r in args.rescue for f in args.flip]
+        jobs = [job for cell in cells for coupling in args.coupling
+                if not same_as_full(cell, coupling, args)
+                for job in chunks("car", cell, coupling, seeds_of(cell, args))]
+        jobs += [job for cell in cells
+                 for job in chunks("paper", cell, "none", seeds_of(cell, args))]
+        results, spent = run_jobs(jobs, args.workers)
+        cpu.update(spent)
+        for cell in cells:
+            if same_as_full(cell, "steps", args):
+                results[("car", cell, "steps")] = results[("car", cell, "full")]
+            grid_rows(cell, results, args, misses)
+    total = len(args.steps) * len(args.rescue) * len(args.flip) * len(args.coupling)
     print(f"\nRows missing a target (of {total}): "
           + ", ".join(f"{name} {misses[name]}" for name in ("accuracy", "wrong", "undecided",
                                                               "error")))
     cost_table(cpu, lambda kind, n: (args.long_seeds if n > LONG else args.seeds))
+
+
+def grid_rows(cell: Cell, results: dict[tuple[str, Cell, str], list[Any]],
+              args: argparse.Namespace, misses: dict[str, int]) -> None:
+    paper = results[("paper", cell, "none")]
+    p_hits = sum(r["hit"] for r in paper)
+    p_err = median([r["err"] for r in paper])
+    for coupling in args.coupling:
+        rows = results[("car", cell, coupling)]
+        s = len(rows)
+        hits = sum(r["hit"] for r in rows)
+        wrong = sum(r["wrong"] for r in rows)
+        und = sum(r["undecided"] for r in rows)
+        err = median([r["err"] for r in rows if r["err"] is not None])
+        oracle = matched_power(coupling, cell.n * K, cell.rescue, cell.flip, ALPHA)
+        verdict = targets(hits, wrong, und, s, err, p_err, oracle, misses)
+        print(f"| {cell.n} | {cell.rescue} | {cell.flip} | {coupling} | {pct(hits, s)} "
+              f"| {pct(wrong, s)} | {pct(und, s)} "
+              f"| {np.mean([r['used'] for r in rows]):.0f} of {cell.n * K} | {_num(err)} "
+              f"| {pct(p_hits, len(paper))} | {_num(p_err)} | {oracle:.1%} | {verdict} |",
+              flush=True)
 
 
 def same_as_full(cell: Cell, coupling: str, args: argparse.Namespace) -> bool:
