@@ -4,7 +4,9 @@ Contrastive: for each step ``k``, ``K`` rollouts with steps ``< k`` held and ste
 resampled (independent noise per rollout); the effect of step ``k`` is the single observed
 outcome minus each rollout's outcome (a size-1 factual baseline); a percentile bootstrap
 interval of its mean, no multiplicity control; the locus is the latest step whose interval
-excludes zero. It always costs ``n·K`` rollouts.
+excludes zero. It always costs ``n·K`` rollouts. ``steps=`` tests only some steps (a benchmark
+that asks only "is the latest significant step the pivot?" needs the pivot and the steps after
+it; every other step's rollouts could not change that answer).
 
 Shapley: Monte-Carlo permutation sampling with antithetic (reversed) permutations; at every
 visit ``v(S)`` is re-estimated from a few fresh rollouts (no common random numbers), including
@@ -18,6 +20,7 @@ that a comparison measures the estimators and nothing else.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +39,7 @@ from car_core.trajectory import Trajectory
 @dataclass(frozen=True)
 class PaperContrastive:
     locus: int | None
+    tested: tuple[int, ...]          # the steps the rule ran; effects and cis follow them
     effects: tuple[float, ...]
     cis: tuple[tuple[float, float], ...]
     rollouts_used: int
@@ -57,14 +61,16 @@ def _score(run: Trajectory, agent: Any, outcome: OutcomeFn, plan: Any, noise: No
 
 
 def paper_contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = 32,
-                      seed: int = 0, level: float = 0.95, boot: int = 1000) -> PaperContrastive:
+                      seed: int = 0, level: float = 0.95, boot: int = 1000,
+                      steps: Sequence[int] | None = None) -> PaperContrastive:
     out = OutcomeFn(outcome)
     assert run.outcome is not None
     observed = run.outcome.value
     rng = np.random.default_rng([seed, 99])
     effects, cis, used = [], [], 0
     tail = (1 - level) / 2
-    for k in range(len(run.steps)):
+    tested = tuple(range(len(run.steps)) if steps is None else sorted(steps))
+    for k in tested:
         plan = compile_plan(run, [do_resample(k)])
         ys = np.array([_score(run, agent, out, plan, Noise(seed, (5, k, r)), f"paper<{k}", r)
                        for r in range(rollouts)])
@@ -74,8 +80,8 @@ def paper_contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: in
         lo, hi = np.quantile(means, [tail, 1 - tail])
         effects.append(float(diffs.mean()))
         cis.append((float(lo), float(hi)))
-    significant = [k for k, (lo, hi) in enumerate(cis) if lo > 0 or hi < 0]
-    return PaperContrastive(max(significant) if significant else None, tuple(effects),
+    significant = [k for k, (lo, hi) in zip(tested, cis, strict=True) if lo > 0 or hi < 0]
+    return PaperContrastive(max(significant) if significant else None, tested, tuple(effects),
                             tuple(cis), used)
 
 

@@ -342,3 +342,93 @@ class SampledArms:
         b = self._ys.get((lo, block), np.zeros(0))[rows] if rows.size else np.zeros(0)
         return (float(a.mean()) if a.size else float("nan"),
                 float(b.mean()) if b.size else float("nan"))
+
+
+class PlantedDesk:
+    """A refund desk with a planted pivot, written the way users write agents: a policy, a
+    tool and an LLM-judge-like outcome — for benchmarking the estimators through the engine at
+    each level of shared noise.
+
+    Steps ``< at`` look things up (coin flips the outcome never reads); step ``at`` decides
+    ``"approve"`` with probability ``rescue`` (the recorded run denied); later steps write the
+    reply from that decision. The judge reads the final reply, calls a denial a failure, and
+    errs with probability ``flip``. So ``H_j = (1 − 2·flip)(1 − rescue) + flip`` for
+    ``j ≤ at`` and ``1 − flip`` after, the rescue at ``at`` is ``(1 − 2·flip)·rescue`` and
+    every other step's is 0 (``locus = at``); ``rescue = 0`` plants no cause at all (then
+    ``flip = 0.5`` makes the judge a fair coin).
+
+    ``coupling`` says where the randomness comes from: ``"full"`` — policy, tool and judge
+    draw from CAR's noise (a seeded local model); ``"steps"`` — the judge draws from a stream of
+    its own (an unseeded LLM judge); ``"none"`` — nothing draws from CAR's noise (a hosted
+    model that ignores its seed, judged by another). The agent does not say which: like a
+    user's, it is a plain ``FunctionAgent``, so the estimator has to find out. The private
+    stream is seeded from ``seed`` and advances with every call, so a benchmark table
+    reproduces while no two calls share a draw."""
+
+    def __init__(self, n_steps: int, at: int, rescue: float, flip: float = 0.0,
+                 coupling: str = "full", seed: int = 0) -> None:
+        if coupling not in COUPLINGS:
+            raise InvalidInput(f"coupling={coupling!r}", hint=f"use one of {COUPLINGS}")
+        if not 0 <= at < n_steps:
+            raise InvalidInput(f"at={at} is not a step of a {n_steps}-step run")
+        if not (0 <= rescue < 1 and 0 <= flip <= 0.5):
+            raise InvalidInput(f"rescue={rescue}, flip={flip}",
+                               hint="need 0 <= rescue < 1 and 0 <= flip <= 0.5")
+        self.n_steps, self.at, self.rescue, self.flip = n_steps, at, rescue, flip
+        self.coupling, self.seed = coupling, seed
+        self._own = np.random.default_rng([seed, 0x0DE5C])
+
+    def _draw(self, rng: np.random.Generator, shared: bool) -> float:
+        return float((rng if shared else self._own).random())
+
+    def policy(self, history: History, rng: np.random.Generator) -> dict[str, Any]:
+        k = history.index
+        u = self._draw(rng, self.coupling != "none")
+        if k < self.at:
+            return {"step": k, "tool": "lookup", "field": "address" if u < 0.5 else "orders"}
+        if k == self.at:
+            return {"step": k, "tool": "decide", "decision": "approve" if u < self.rescue
+                    else "deny"}
+        decision = history.steps[self.at].action["decision"]
+        words = "refund issued" if decision == "approve" else "refund denied"
+        return {"step": k, "tool": "reply", "text": f"{words} (draft {int(u * 100)})",
+                "final": k == self.n_steps - 1}
+
+    def environment(self, history: History, action: Any, rng: np.random.Generator) -> Any:
+        return {"ok": True, "latency_ms": int(5 + 45 * self._draw(rng, self.coupling != "none"))}
+
+    def agent(self) -> FunctionAgent:
+        return FunctionAgent(policy=self.policy, environment=self.environment,
+                             is_final=lambda a: bool(a.get("final")),
+                             max_steps=self.n_steps, name=f"planted-desk:{self.n_steps}")
+
+    def judge(self, run: Trajectory, rng: np.random.Generator) -> float:
+        """1 when the final reply denies the refund, wrong with probability ``flip``."""
+        last = run.steps[-1].action if run.steps else {}
+        text = last.get("text", "") if isinstance(last, dict) else ""
+        fail = "denied" in text if self.at < self.n_steps - 1 else (
+            isinstance(last, dict) and last.get("decision") == "deny")
+        if self.flip and self._draw(rng, self.coupling == "full") < self.flip:
+            fail = not fail
+        return 1.0 if fail else 0.0
+
+    def failing_run(self, tries: int = 100_000) -> Trajectory:
+        """The first recorded run from ``seed`` on that denied and was judged a failure."""
+        agent = self.agent()
+        for s in range(self.seed, self.seed + tries):
+            run = record(agent, context={"desk": self.n_steps}, outcome=self.judge, seed=s)
+            if run.steps[self.at].action["decision"] == "deny" and run.failed:
+                return run
+        raise InvalidInput(f"no failing run of the planted desk within {tries} seeds")
+
+    def arm(self, j: int) -> float:
+        """``H_j``: P(fail | steps < j held as recorded, the rest live)."""
+        p = 1.0 if j > self.at else 1.0 - self.rescue
+        return (1 - 2 * self.flip) * p + self.flip
+
+    def effect(self, k: int) -> float:
+        return self.arm(k + 1) - self.arm(k)
+
+    @property
+    def locus(self) -> int | None:
+        return self.at if self.rescue > 0 else None
