@@ -212,7 +212,9 @@ def test_server_down_mid_attribution_stops_keeps_branches_and_resumes(
     with RunStore(tmp_path / "reference.db") as ref_store:
         reference = attribute(ref_store, run, server.base_url, "reference", order)
         total = server.answered - recorded - PROBE_CALLS
-        assert reference.coupled and "measured" in (reference.coupling or "")
+        # the seed check found the server honours the seed, so CAR handed shared noise
+        # (whether the arms then shared it is measured from the pairs, too few here to show)
+        assert "measured" in (reference.coupling or "")
         ref_calls = {(b["arm"], b["rollout"]): model_calls(ref_store, b["id"])
                      for b in ref_store.branches("reference")}
     assert reference.locus == 1  # the refund decision, not the lookup before it

@@ -74,7 +74,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
-from scipy.special import betaln
 
 from ..sequential import (
     LOW_SHARE,
@@ -358,6 +357,7 @@ class Navigator:
         """P(locus = c | every arm's outcomes) for ``c`` in ``[lo, hi)``, under one rise: arms
         ``≤ c`` fail at one unknown rate, arms ``> c`` at another (Jeffreys priors), the locus
         uniform. Arms are taken as independent samples, which is what unshared noise gives."""
+        from scipy.special import betaln  # scipy loads with the first estimate, not on import
         fails, runs = self._arm_counts(more)
         cf, cr = np.cumsum(fails), np.cumsum(runs)
         c = np.arange(lo, hi)
