@@ -80,13 +80,13 @@ def first_use(n: int, folder: Path) -> float:
     return statistics.median(extra)
 
 
-def recording(runs: int, folder: Path) -> tuple[float, float]:
+def recording(runs: int, folder: Path, store: bool = True) -> tuple[float, float]:
     from car_adapters.demo.support_agent import PlantedSupportModel, build_app, inputs
     from car_adapters.langgraph import CarCallback
     from langgraph.checkpoint.memory import InMemorySaver
 
     app = build_app(PlantedSupportModel(rng_seed=0), InMemorySaver())
-    cb = CarCallback(store=folder / "recorded.db")
+    cb = CarCallback(store=folder / "recorded.db") if store else CarCallback()
     plain, stored = [], []
     def timed(config: dict[str, Any]) -> float:
         t = time.perf_counter()
@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     bare, car = imports(args.imports)
     extra = first_use(args.imports, folder)
     plain, ratio = recording(args.runs, folder)
+    bare_plain, bare_ratio = recording(args.runs, folder, store=False)
     print(f"{'figure':<52} {'value':>10} {'baseline':>10} {'ratio':>7}")
     label = 'python -c "import car_core" (wall s)'
     print(f"{label:<52} {car:>10.3f} {bare:>10.3f} {car / bare:>6.2f}x")
@@ -125,6 +126,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{'':>10} {'':>7}")
     print(f"{'LangGraph run recorded into the store (ms/run)':<52} {plain * ratio * 1e3:>10.2f} "
           f"{plain * 1e3:>10.2f} {ratio:>6.2f}x")
+    print(f"{'LangGraph run recorded, no store (ms/run)':<52} "
+          f"{bare_plain * bare_ratio * 1e3:>10.2f} {bare_plain * 1e3:>10.2f} {bare_ratio:>6.2f}x")
     print(f"(medians: {args.imports} processes, {args.runs} interleaved pairs)")
 
 
