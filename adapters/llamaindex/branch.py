@@ -35,36 +35,10 @@ from car_core.errors import (
     PolicyError,
 )
 
-from ..chat_branch import BranchSession
+from ..chat_branch import BranchSession, is_outage
 from ..chat_messages import calls_of, canonical_arguments
 from ._messages import MessageToolCalls, from_dict
 from .fake import _STEP_RNG
-
-# What model clients raise when the server is unreachable, or still failing after the client's
-# own retries (openai, httpx, requests, aiohttp name them so; matched by name so that no client
-# has to be installed for the adapter to work).
-_OUTAGE_NAMES = frozenset({
-    "APIConnectionError", "APITimeoutError", "RateLimitError", "InternalServerError",
-    "ServiceUnavailableError", "TransportError", "ConnectError", "ConnectTimeout",
-    "ReadTimeout", "RemoteProtocolError", "ClientConnectionError", "ServerDisconnectedError"})
-
-
-def is_outage(exc: BaseException) -> bool:
-    """Whether ``exc`` (or an error it was raised from) says the model server is down,
-    unreachable or overloaded: every later branch would hit it too."""
-    seen = 0
-    e: BaseException | None = exc
-    while e is not None and seen < 16:
-        if isinstance(e, (ConnectionError, TimeoutError)):
-            return True
-        if _OUTAGE_NAMES & {c.__name__ for c in type(e).__mro__}:
-            return True
-        status = getattr(e, "status_code", None)
-        if isinstance(status, int) and (status == 429 or status >= 500):
-            return True
-        e = e.__cause__ or e.__context__
-        seen += 1
-    return False
 
 
 def _normalise(content: str | None, selections: Sequence[Any]) -> ChatMessage:
