@@ -12,7 +12,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 # imported here, once: pytester's in-process runs drop the modules a run imported afterwards
 import car_adapters.demo.support_agent  # noqa: F401
@@ -22,8 +21,7 @@ import car_adapters.openai_agents  # noqa: F401
 import langgraph.checkpoint.memory  # noqa: F401
 import llama_index.core.agent.workflow  # noqa: F401
 import pytest
-
-from car_core.store import RunStore
+from plugin_runs import section, session_store, stored_runs
 
 pytestmark = pytest.mark.slow
 
@@ -62,23 +60,6 @@ def test_refuses_refund(car_recorder, app):
 '''
 
 
-def _section(reports: list[Any], name: str) -> str | None:
-    for rep in reports:
-        if rep.nodeid.endswith(name) and rep.when == "call":
-            found = [text for title, text in rep.sections if title == "CAR attribution"]
-            return found[0] if found else None
-    raise AssertionError(f"no call report for {name}")
-
-
-def _store(pytester: pytest.Pytester) -> Path:
-    return pytester.path / ".pytest_cache" / "d" / "car" / "runs.db"
-
-
-def _runs(path: Path) -> list[Any]:
-    with RunStore(path) as store:
-        return [store.load(r["id"]) for r in store.list()]
-
-
 def test_a_failing_langgraph_test_gets_its_locus_printed_and_a_report(
         pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_support=SUPPORT_SUITE)
@@ -97,7 +78,7 @@ def test_a_failing_langgraph_test_gets_its_locus_printed_and_a_report(
     assert lo <= 0.7 <= hi
     report = Path(re.search(r"report: (\S+\.html)", out)[1])
     assert report.is_file()
-    (run,) = _runs(_store(pytester))
+    (run,) = stored_runs(session_store(pytester))
     assert run.meta["test"] == "test_support.py::test_refuses_refund"
     assert run.failed and run.id in report.read_text(encoding="utf-8")
     # the recorded run refunded once; no branch ran the real refund tool
@@ -110,7 +91,7 @@ def test_a_passing_suite_is_untouched(pytester: pytest.Pytester) -> None:
     with_plugin = pytester.inline_run("--car-attribute")
     with_plugin.assertoutcome(passed=2)
     assert all(not rep.sections for rep in with_plugin.getreports("pytest_runtest_logreport"))
-    (run,) = _runs(_store(pytester))  # recorded all the same, with its test's node id
+    (run,) = stored_runs(session_store(pytester))  # recorded all the same, with its test's node id
     assert run.meta["test"] == "test_support.py::test_refuses_refund" and not run.failed
     without = pytester.inline_run("-p", "no:car", "-p", "no:cacheprovider", "test_plain.py")
     without.assertoutcome(passed=1)
@@ -120,8 +101,8 @@ def test_off_by_default_a_failure_is_only_recorded(pytester: pytest.Pytester) ->
     pytester.makepyfile(test_support=SUPPORT_SUITE)
     rec = pytester.inline_run()
     rec.assertoutcome(failed=1)
-    assert _section(rec.getreports("pytest_runtest_logreport"), "test_refuses_refund") is None
-    (run,) = _runs(_store(pytester))
+    assert section(rec.getreports("pytest_runtest_logreport"), "test_refuses_refund") is None
+    (run,) = stored_runs(session_store(pytester))
     assert run.failed and run.meta["test"].endswith("test_refuses_refund")
     assert not (pytester.path / ".pytest_cache" / "d" / "car" / "reports").exists()
 
@@ -175,7 +156,7 @@ def test_an_attribution_that_cannot_run_says_why_in_one_line(pytester: pytest.Py
                         "not tools of this graph",
     }
     for name, start in expected.items():
-        text = _section(reports, name)
+        text = section(reports, name)
         assert text is not None and text.startswith(start), (name, text)
         assert "\n" not in text, text
     setup = [r for r in reports if r.nodeid.endswith("test_setup_error")]
@@ -215,9 +196,9 @@ def test_a_failing_function_agent_test_via_car_record(pytester: pytest.Pytester)
                         test_itself=ATTRIBUTE_IN_THE_TEST)
     rec = pytester.inline_run("--car-attribute", "--car-rollouts", "16", "test_pivot.py")
     rec.assertoutcome(failed=1)
-    text = _section(rec.getreports("pytest_runtest_logreport"), "test_pivot_0")
+    text = section(rec.getreports("pytest_runtest_logreport"), "test_pivot_0")
     assert text is not None and text.startswith("locus: step 2 (decided by synthetic:pivot)")
-    runs = _runs(_store(pytester))
+    runs = stored_runs(session_store(pytester))
     assert runs and all(r.meta["test"] == "test_pivot.py::test_pivot_0" for r in runs)
     assert sum(r.failed for r in runs) == 1  # failing_run recorded until the first failure
     pytester.inline_run("test_itself.py").assertoutcome(passed=1)  # attribute() in a test
@@ -226,7 +207,7 @@ def test_a_failing_function_agent_test_via_car_record(pytester: pytest.Pytester)
 def test_shapley_on_request(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_pivot=FUNCTION_AGENT_SUITE.format(i=0, at=1))
     rec = pytester.inline_run("--car-attribute", "--car-method", "shapley", "--car-budget", "64")
-    text = _section(rec.getreports("pytest_runtest_logreport"), "test_pivot_0")
+    text = section(rec.getreports("pytest_runtest_logreport"), "test_pivot_0")
     assert text is not None and text.startswith("largest Shapley value: step 1 phi"), text
     assert "of 64" in text  # the budget the option gave
 
@@ -241,9 +222,9 @@ def test_xdist_workers_write_their_own_stores_merged_at_the_end(
     sections, summary = out.split("CAR attribution summary")
     assert len(re.findall(r"locus: step 1 \(decided by synthetic:pivot\)", sections)) == 4
     assert len(re.findall(r"test_pivot\d.py::test_pivot_\d: locus: step 1 ", summary)) == 4
-    folder = _store(pytester).parent
+    folder = session_store(pytester).parent
     assert sorted(p.name for p in folder.glob("*.db")) == ["runs.db"]  # worker files merged
-    runs = _runs(_store(pytester))
+    runs = stored_runs(session_store(pytester))
     assert {r.meta["test"] for r in runs} == {f"test_pivot{i}.py::test_pivot_{i}"
                                               for i in range(4)}
     assert len(list((folder / "reports").glob("*.html"))) == 4
@@ -258,13 +239,14 @@ def test_ok(car_recorder):
     car.record(scm.agent(), outcome=scm.outcome, seed=1)
 ''')
     pytester.inline_run().assertoutcome(passed=1, failed=1)
-    assert {r.meta["test"] for r in _runs(_store(pytester))} == {
+    assert {r.meta["test"] for r in stored_runs(session_store(pytester))} == {
         "test_pivot.py::test_pivot_0", "test_pivot.py::test_ok"}
     rec = pytester.inline_run("--lf", "--car-attribute")
     rec.assertoutcome(failed=1)
-    assert _section(rec.getreports("pytest_runtest_logreport"), "test_pivot_0").startswith(
+    assert section(rec.getreports("pytest_runtest_logreport"), "test_pivot_0").startswith(
         "locus: step 1")
-    assert {r.meta["test"] for r in _runs(_store(pytester))} == {"test_pivot.py::test_pivot_0"}
+    assert {r.meta["test"] for r in stored_runs(session_store(pytester))} == {
+        "test_pivot.py::test_pivot_0"}
 
 
 # the planted ticket model both chat-framework suites share: escalates with p = 0.5
@@ -328,12 +310,12 @@ def test_a_llamaindex_run_is_recorded_and_attributed(pytester: pytest.Pytester) 
     pytester.makepyfile(test_helpdesk=LLAMAINDEX_SUITE)
     rec = pytester.inline_run("--car-attribute", "--car-rollouts", "16")
     reports = rec.getreports("pytest_runtest_logreport")
-    (run,) = _runs(_store(pytester))
+    (run,) = stored_runs(session_store(pytester))
     assert run.meta["test"] == "test_helpdesk.py::test_never_escalates"
     assert run.meta["framework"] == "llama-index"
     assert run.failed  # seed 2: the model's first draw (0.26 < 0.5) escalates
     rec.assertoutcome(failed=1)
-    text = _section(reports, "test_never_escalates")
+    text = section(reports, "test_never_escalates")
     assert text is not None and text.startswith("locus: step 1 (decided by Agent)"), text
 
 
@@ -392,7 +374,7 @@ def test_a_failing_openai_agents_test_gets_its_locus_and_no_branch_escalates(
     # P(fail | step 1 resampled) = 0.5, so the analytic rescue 0.5 lies in its interval (at
     # the Bonferroni level over the 3 steps this misses about once in a hundred runs)
     assert int(found[1]) == 1 and float(found[2]) <= 0.5 <= float(found[3])
-    (run,) = _runs(_store(pytester))
+    (run,) = stored_runs(session_store(pytester))
     assert run.meta["framework"] == "openai-agents" and run.failed  # seed 2's draw 0.26 < 0.5
     assert run.meta["test"] == "test_helpdesk.py::test_never_escalates"
     # the recorded run escalated once; no branch ran the real tool (record or simulator)
@@ -427,12 +409,12 @@ def test_an_undecided_attribution_says_so_and_its_command_decides_it(
     that command's doubled budget decides it."""
     pytester.makepyfile(test_pivot=FUNCTION_AGENT_SUITE.format(i=0, at=2))
     rec = pytester.inline_run("--car-attribute", "--car-rollouts", "16", "--car-budget", "16")
-    text = _section(rec.getreports("pytest_runtest_logreport"), "test_pivot_0")
+    text = section(rec.getreports("pytest_runtest_logreport"), "test_pivot_0")
     assert text is not None and text.startswith("undecided: the budget ran out"), text
     assert "the candidate is step 2" in text and "(decided by synthetic:pivot)" in text
     command = ("pytest test_pivot.py::test_pivot_0 --car-attribute --car-rollouts 16 "
                "--car-budget 32 --car-wall-time 60")
     assert f"to continue: {command}" in text
     again = pytester.inline_run(*command.split()[1:])
-    text = _section(again.getreports("pytest_runtest_logreport"), "test_pivot_0")
+    text = section(again.getreports("pytest_runtest_logreport"), "test_pivot_0")
     assert text is not None and text.startswith("locus: step 2 (decided by synthetic:pivot)")

@@ -15,15 +15,13 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any
 
 # imported here, once: pytester's in-process runs drop the modules a run imported afterwards
 import car_adapters.demo.support_agent  # noqa: F401
 import car_adapters.langgraph  # noqa: F401
 import langgraph.checkpoint.memory  # noqa: F401
 import pytest
-
-from car_core.store import RunStore
+from plugin_runs import section, session_store, stored_runs
 
 pytestmark = pytest.mark.slow
 
@@ -72,23 +70,6 @@ def test_after_them_all():
 '''
 
 
-def _store(pytester: pytest.Pytester) -> Path:
-    return pytester.path / ".pytest_cache" / "d" / "car" / "runs.db"
-
-
-def _runs(path: Path) -> list[Any]:
-    with RunStore(path) as store:
-        return [store.load(r["id"]) for r in store.list()]
-
-
-def _section(reports: list[Any], name: str) -> str | None:
-    for rep in reports:
-        if rep.nodeid.endswith(name) and rep.when == "call":
-            found = [text for title, text in rep.sections if title == "CAR attribution"]
-            return found[0] if found else None
-    raise AssertionError(f"no call report for {name}")
-
-
 def test_skip_exit_and_base_exceptions_on_a_branch_end_only_that_attribution(
         pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_raising=RAISING_OUTCOME)
@@ -98,7 +79,7 @@ def test_skip_exit_and_base_exceptions_on_a_branch_end_only_that_attribution(
     reports = rec.getreports("pytest_runtest_logreport")
     for name, raised in (("skip", "Skipped: no judge on branches"), ("exit", "SystemExit: 3"),
                          ("base", "BaseException: odd")):
-        text = _section(reports, f"test_raises_on_branches[{name}]")
+        text = section(reports, f"test_raises_on_branches[{name}]")
         assert text == (f"not attributed: {raised} raised on a branch (by the outcome, the "
                         "agent or a tool it called)"), text
 
@@ -147,10 +128,10 @@ def test_a_test_that_attributes_itself_records_only_its_own_run(
     pytester.makepyfile(test_self=SELF_ATTRIBUTING)
     rec = pytester.inline_run("--car-attribute", "--car-rollouts", "16")
     rec.assertoutcome(failed=1)
-    (run,) = _runs(_store(pytester))  # the test's one run; none of CAR's branches
+    (run,) = stored_runs(session_store(pytester))  # the test's one run; none of CAR's branches
     assert run.meta["test"] == "test_self.py::test_attributes_itself_then_fails"
     assert not (run.meta.get("thread_id") or "").startswith("car-branch-")
-    text = _section(rec.getreports("pytest_runtest_logreport"), "test_attributes_itself_then_fails")
+    text = section(rec.getreports("pytest_runtest_logreport"), "test_attributes_itself_then_fails")
     assert text is not None and text.startswith("locus: step 1 (decided by LangGraph)"), text
 
 
@@ -201,7 +182,8 @@ def test_junit_properties_and_the_terminal_summary_carry_the_locus(
     assert "test_plain" not in summary
     # `car runs` says which test recorded each run
     listed = subprocess.run([sys.executable, "-m", "car_core.cli", "runs", "--json", "--store",
-                             str(_store(pytester))], capture_output=True, text=True, check=True)
+                             str(session_store(pytester))], capture_output=True, text=True,
+                            check=True)
     assert {r["test"] for r in json.loads(listed.stdout)} == {
         f"test_pivot{i}.py::test_pivot_{i}" for i in range(2)}
 
@@ -255,11 +237,11 @@ def test_reasons_name_the_real_cause(pytester: pytest.Pytester) -> None:
     rec = pytester.inline_run("--car-attribute")
     rec.assertoutcome(passed=1, failed=2)
     reports = rec.getreports("pytest_runtest_logreport")
-    text = _section(reports, "test_outcome_raises_on_the_recorded_run")
+    text = section(reports, "test_outcome_raises_on_the_recorded_run")
     assert text is not None and text.startswith(
         "not attributed: the outcome raised while scoring 1 of the 1 recorded run(s)"), text
     assert "the judge is down" in text and "pass outcome=" not in text
-    text = _section(reports, "test_outcome_raises_on_branches")
+    text = section(reports, "test_outcome_raises_on_branches")
     assert text is not None and text.startswith(
         "not attributed: OutcomeError: the outcome function raised ValueError('the judge is "
         "down')"), text
@@ -286,7 +268,7 @@ def test_a_refusal_says_how_to_fix_it(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_plain=SHAPLEY_ON_A_PLAIN_GRAPH)
     rec = pytester.inline_run("--car-attribute", "--car-method", "shapley", "--car-budget", "32")
     rec.assertoutcome(failed=1)
-    text = _section(rec.getreports("pytest_runtest_logreport"), "test_plain_graph")
+    text = section(rec.getreports("pytest_runtest_logreport"), "test_plain_graph")
     # Shapley holds steps after a resampled one, which needs CAR to decide the model calls:
     # the one line says so and says how (the error's hint)
     assert text is not None and text.startswith("not attributed: AdapterError: "), text
