@@ -279,7 +279,9 @@ class ContrastiveResult(_Rendered):
         foot = (f"{self.tests} test(s), each at {self.level:.4f} ({self.correction}, FWER <= "
                 f"{self.alpha}); search={self.search}; rollouts used {self.rollouts_used} "
                 f"of {self.rollout_budget}; coupled={self.coupled}"
-                + (f" ({self.coupling})" if self.coupling and not self.coupled else "")
+                # coupled is what the pairs showed; the reason says what noise CAR handed out
+                + (f" (noise handed out: {self.coupling})"
+                   if self.coupling and not self.coupled else "")
                 + (f"; coupling measured {_num(self.coupling_measured, 2)} "
                    f"{_interval(self.coupling_ci)} from {self.coupling_pairs} pairs"
                    if self.coupling_measured is not None else "")

@@ -47,7 +47,7 @@ def test_a_seed_check_veto_reaches_every_result(pivot_model: syn.SyntheticSCM,
     sh = car.shapley(pivot_run, agent, outcome=outcome, budget=40, mode="permutation")
     for r in (dist, res, sh):
         assert r.coupled is False and r.to_dict()["coupling"].endswith("ignores the request seed")
-    assert "coupled=False (measured: the server ignores" in str(res)
+    assert "coupled=False (noise handed out: measured: the server ignores" in str(res)
     honest = _agent(None)
     res = car.contrastive(pivot_run, honest, outcome=outcome, rollouts=4)
     assert res.coupling and res.coupling.startswith("measured")
