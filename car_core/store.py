@@ -308,8 +308,7 @@ class RunStore:
             if readonly:
                 self._check_readable()
             else:
-                self._check_ours()
-                self._migrate()
+                self._open_for_writing(timeout)
         except StoreError:
             conn.close()  # refused before anything was written; do not leak the handle
             self._drop_scratch()
@@ -448,6 +447,24 @@ class RunStore:
         return CorruptStore(f"{self.path} is damaged: {text}",
                             hint="the file was edited or truncated; restore it from a copy "
                                  "(`PRAGMA integrity_check` in sqlite3 says where)")
+
+    def _open_for_writing(self, timeout: float) -> None:
+        """Check the file is ours and migrate it, waiting out other processes doing the same.
+        A new file's switch to WAL and its first transactions can meet another opener's lock
+        in a way SQLite reports as "database is locked" at once, without its busy handler
+        (lock upgrades that could deadlock): retried until ``timeout``, as the busy handler
+        would have waited."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._check_ours()
+                self._migrate()
+                return
+            except sqlite3.OperationalError as exc:
+                text = str(exc).lower()
+                if not ("locked" in text or "busy" in text) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
 
     def _check_ours(self) -> None:
         """Mark a new, empty file as ours, or refuse a file someone else wrote. The check and
