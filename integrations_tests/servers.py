@@ -95,9 +95,10 @@ class _Server:
     """A ThreadingHTTPServer on a free loopback port, run in a daemon thread."""
 
     handler: type[BaseHTTPRequestHandler]
+    server_class: type[ThreadingHTTPServer] = ThreadingHTTPServer
 
     def __enter__(self) -> _Server:
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self.handler)
+        self.httpd = self.server_class(("127.0.0.1", 0), self.handler)
         self.httpd.owner = self  # type: ignore[attr-defined]
         self.port = int(self.httpd.server_address[1])
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -281,4 +282,18 @@ class StubOpenAIServer(_Server):
         return f"http://127.0.0.1:{self.port}/v1"
 
 
-__all__ = ["OllamaServer", "StubOpenAIServer", "free_port", "llama_server"]
+def halfway(order: list[Any], calls: dict[Any, int]) -> tuple[list[Any], int]:
+    """The branches (in the order they ran) a server may answer before it dies half-way
+    through an attribution, at the start of a branch that needs two or more calls, and the
+    calls they spent: the cut a server-down test makes so that one branch dies mid-way."""
+    total = sum(calls[key] for key in order)
+    done, spent = [], 0
+    for key in order:
+        if spent >= total // 2 and calls[key] >= 2:
+            break
+        done.append(key)
+        spent += calls[key]
+    return done, spent
+
+
+__all__ = ["OllamaServer", "StubOpenAIServer", "free_port", "halfway", "llama_server"]

@@ -27,7 +27,7 @@ from llama_index.core.base.llms.types import ChatMessage, ChatResponse, LLMMetad
 from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.llms.callbacks import llm_chat_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
-from servers import free_port
+from servers import free_port, halfway
 from test_models_server_down import TOOLS, ModelServer
 
 import car_core as car
@@ -178,12 +178,7 @@ def test_llamaindex_attribution_stops_on_an_outage_and_resumes(
     order = list(counted.calls)
 
     # die after answering the first call of a branch half-way through that needs two or more
-    done, spent = [], 0
-    for key in order:
-        if spent >= total // 2 and counted.calls[key] >= 2:
-            break
-        done.append(key)
-        spent += counted.calls[key]
+    done, spent = halfway(order, counted.calls)
     assert 0 < len(done) < len(order)
     servers[0].stop()
     servers.append(ModelServer(port, answers=spent + 1))

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from car_adapters.chat_agent import ChatAgent, tool_schema
 from car_adapters.openai import OpenAIPolicy
-from servers import _Handler, free_port
+from servers import _Handler, free_port, halfway
 
 import car_core as car
 from car_core.errors import ModelUnavailable
@@ -223,12 +223,7 @@ def test_server_down_mid_attribution_stops_keeps_branches_and_resumes(
 
     # the same attribution on a fresh store; about half-way through, the server answers the
     # first call of a branch that needs two or more, then dies
-    done, spent = [], 0
-    for key in order.order:
-        if spent >= total // 2 and ref_calls[key] >= 2:
-            break
-        done.append(key)
-        spent += ref_calls[key]
+    done, spent = halfway(order.order, ref_calls)
     cut = PROBE_CALLS + spent + 1
     assert 0 < len(done) < len(order.order) and cut < PROBE_CALLS + total
     server = serve(answers=cut)

@@ -32,7 +32,7 @@ import pytest
 from agents import OpenAIChatCompletionsModel, Runner
 from car_adapters.openai_agents import CarRecorder, OpenAIAgentsAgent
 from openai import AsyncOpenAI
-from servers import StubOpenAIServer, _Handler, free_port
+from servers import StubOpenAIServer, _Handler, free_port, halfway
 from test_openai_agents_customer_service import (
     REQUEST,
     Airline,
@@ -224,12 +224,7 @@ def test_an_outage_stops_the_attribution_and_a_resume_finishes_it(
     order = list(counted.calls)
 
     # go down after the first answer of a branch, half-way through, that needs two or more
-    done, spent = [], 0
-    for key in order:
-        if spent >= total // 2 and counted.calls[key] >= 2:
-            break
-        done.append(key)
-        spent += counted.calls[key]
+    done, spent = halfway(order, counted.calls)
     assert 0 < len(done) < len(order)
     servers[0].stop()
     servers.append(AirlineServer(port, answers=spent + 1))

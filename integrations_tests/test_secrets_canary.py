@@ -55,6 +55,7 @@ from llama_index.core.base.llms.types import ChatMessage, ChatResponse, LLMMetad
 from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.llms.callbacks import llm_chat_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
+from servers import _Server
 
 import car_core as car
 from car_core import cli
@@ -132,25 +133,18 @@ class _Quiet(ThreadingHTTPServer):
         pass  # a client that timed out and hung up is one of the modes, not a failure
 
 
-class EchoServer:
+class EchoServer(_Server):
+    handler = _Echo
+    server_class = _Quiet
+
     def __init__(self) -> None:
         self.mode = "ok"
         self.sent: list[dict[str, str]] = []
         self.released = threading.Event()  # lets hanging handlers go when the server stops
 
-    def __enter__(self) -> EchoServer:
-        self.httpd = _Quiet(("127.0.0.1", 0), _Echo)
-        self.httpd.owner = self  # type: ignore[attr-defined]
-        self.port = int(self.httpd.server_address[1])
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-        return self
-
     def __exit__(self, *exc: Any) -> None:
         self.released.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=10)
+        super().__exit__(*exc)
 
     def url(self, userinfo: str = "", path: str = "/v1") -> str:
         return f"http://{userinfo + '@' if userinfo else ''}127.0.0.1:{self.port}{path}"
