@@ -45,7 +45,7 @@ t = time.perf_counter()
 app.invoke(ask, {"configurable": {"thread_id": "plain"}})
 plain = time.perf_counter() - t
 t = time.perf_counter()
-from car_adapters.pytest_recording import RunRecorder, close_writers
+from car_adapters.pytest_plugin.recording import RunRecorder, close_writers
 rec = RunRecorder("test_x.py::test_x", Path(sys.argv[1]))
 rec.start()
 app.invoke(ask, {"configurable": {"thread_id": "recorded"}})

@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from car_adapters import local
+from car_adapters.models import local
 from car_adapters.demo import refund_desk as desk
 from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent
-from car_adapters.local import LocalChatModel, load_model
+from car_adapters.models.local import LocalChatModel, load_model
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from car_core.interventions import compile_plan, do_resample

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from car_adapters.demo import refund_desk as desk
-from car_adapters.local import LocalChatModel, load_model
+from car_adapters.models.local import LocalChatModel, load_model
 from langgraph.checkpoint.memory import InMemorySaver
 
 from car_core.stats import wilson

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from car_adapters.demo import run_demo
-from car_adapters.local import load_model
+from car_adapters.models.local import load_model
 
 from car_core.stats import wilson
 

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from car_adapters.chat_agent import ChatAgent, tool_schema
-from car_adapters.local import MODEL, LocalPolicy, PrefixCache, load_model
+from car_adapters.models.chat_agent import ChatAgent, tool_schema
+from car_adapters.models.local import MODEL, LocalPolicy, PrefixCache, load_model
 from car_adapters.ollama import OllamaPolicy
 from car_adapters.openai import OpenAIPolicy
 

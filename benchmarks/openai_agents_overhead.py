@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agents import Agent, Runner, function_tool, set_tracing_disabled
-from car_adapters.chat_messages import assistant, tool_call
+from car_adapters.common.messages import assistant, tool_call
 from car_adapters.openai_agents import CarRecorder, OpenAIAgentsAgent, ScriptedModel
 
 import car_core as car

@@ -49,10 +49,6 @@ Actions are compared with ``same_action`` (``canonical_action`` / ``canonical_ar
 the form it compares): tool-call ids and other provider-assigned fields do not count, so use it
 wherever an adapter checks a decision against the record.
 
-Model servers: ``RateLimiter`` (one per model, shared by its branches) and ``Backoff`` (the
-server's ``Retry-After``, else jittered exponential waits) pace requests; ``is_rate_limited``
-and ``retry_after`` read a client's 429.
-
 Recorders: ``in_branch()`` is True while the engine runs a branch; a recorder the user attached
 to every run (a callback, an instrumentation handler) leaves those runs out.
 
@@ -71,17 +67,15 @@ from .agent import Agent, agent_fingerprint, fingerprint_digest
 from .branching import in_branch
 from .interventions import Plan
 from .outcome import OutcomeFn
-from .ratelimit import Backoff, RateLimiter, is_rate_limited, retry_after
 from .run_writer import RunWriter
 from .seeding import Noise
 from .trajectory import History, Outcome, Step, Trajectory
 from .vocabulary import AttributionStatus, Origin, RunStatus
 
-__all__ = ["JSON", "Agent", "AsyncAgent", "AttributionStatus", "Backoff", "History",
-           "ModelPolicy", "Noise", "Origin", "Outcome", "OutcomeFn", "Plan", "RateLimiter",
-           "RunStatus", "RunWriter", "Step", "Trajectory", "agent_fingerprint", "canonical_action",
-           "canonical_arguments", "fingerprint_digest", "in_branch", "is_rate_limited", "redact",
-           "retry_after", "same_action"]
+__all__ = ["JSON", "Agent", "AsyncAgent", "AttributionStatus", "History", "ModelPolicy", "Noise",
+           "Origin", "Outcome", "OutcomeFn", "Plan", "RunStatus", "RunWriter", "Step", "Trajectory",
+           "agent_fingerprint", "canonical_action", "canonical_arguments", "fingerprint_digest",
+           "in_branch", "redact", "same_action"]
 
 
 @runtime_checkable

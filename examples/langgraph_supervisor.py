@@ -54,7 +54,7 @@ import sqlite3
 import warnings
 from typing import Any
 
-from car_adapters.chat_messages import describe_action
+from car_adapters.common.messages import describe_action
 from car_adapters.demo import supervisor_app as sv
 from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent
 from langgraph.checkpoint.sqlite import SqliteSaver

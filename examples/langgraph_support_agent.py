@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from car_adapters.chat_messages import describe_action
+from car_adapters.common.messages import describe_action
 from car_adapters.demo.support_agent import (
     SIDE_EFFECT_TOOLS,
     PlantedSupportModel,

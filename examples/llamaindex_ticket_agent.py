@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from car_adapters.chat_messages import assistant, tool_call
+from car_adapters.common.messages import assistant, tool_call
 from car_adapters.llamaindex import CarRecorder, LlamaIndexAgent, ScriptedLLM
 from llama_index.core.agent.workflow import FunctionAgent
 

@@ -10,7 +10,7 @@ import sqlite3
 import sys
 from typing import Any
 
-from car_adapters.chat_messages import assistant, tool_call
+from car_adapters.common.messages import assistant, tool_call
 
 PROMPT = "You are the ticket desk. Escalate only what policy says to escalate."
 OTHER_PROMPT = "You are the ticket desk. Escalate everything."

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from car_adapters import local
+from car_adapters.models import local
 
 from car_core.errors import ModelUnavailable
 
@@ -55,7 +55,7 @@ def _wait_http(url: str, deadline: float, proc: subprocess.Popen[bytes] | None =
 # llama_cpp.server, with the model loaded as the embedded policy loads it (weight repacking
 # off: its AVX-512/AMX kernels crash on multi-token decodes, see local.without_weight_repacking)
 _SERVE = """import runpy, llama_cpp
-from car_adapters import local
+from car_adapters.models import local
 with local.without_weight_repacking(llama_cpp):
     runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
 """

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from car_adapters.chat_messages import assistant, tool_call
+from car_adapters.common.messages import assistant, tool_call
 from car_adapters.demo import support_agent as sa
 from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent, attribute_thread
 from langchain_core.messages import AIMessage, SystemMessage, ToolMessage

@@ -4,7 +4,7 @@ side-effect rule for tools on branches."""
 from __future__ import annotations
 
 import pytest
-from car_adapters.chat_messages import (
+from car_adapters.common.messages import (
     ToolSafety,
     assistant,
     canonical_arguments,

@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 import pytest
-from car_adapters.chat_messages import assistant, tool_call
+from car_adapters.common.messages import assistant, tool_call
 from car_adapters.llamaindex import CarRecorder, LlamaIndexAgent, ScriptedLLM
 from llama_index.core.agent.workflow import AgentWorkflow, FunctionAgent, ReActAgent
 from llama_index.core.instrumentation import get_dispatcher

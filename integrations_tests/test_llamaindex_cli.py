@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from car_adapters.chat_messages import assistant, tool_call
+from car_adapters.common.messages import assistant, tool_call
 from car_adapters.llamaindex import CarRecorder, ScriptedLLM
 from llama_index.core.agent.workflow import FunctionAgent
 

@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from car_adapters.chat_messages import assistant, tool_call
+from car_adapters.common.messages import assistant, tool_call
 from car_adapters.llamaindex import CarRecorder, LlamaIndexAgent, ScriptedLLM
 from car_adapters.llamaindex import agent as li_agent
 from llama_index.core.agent.workflow import AgentWorkflow, FunctionAgent, ReActAgent

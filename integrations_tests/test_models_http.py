@@ -16,15 +16,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from car_adapters.chat_agent import ChatAgent, tool_schema
-from car_adapters.local import MODEL
+from car_adapters.models.chat_agent import ChatAgent, tool_schema
+from car_adapters.models.local import MODEL
+from car_adapters.models.ratelimit import Backoff, RateLimiter
 from car_adapters.ollama import OllamaPolicy
 from car_adapters.openai import OpenAIPolicy
 from servers import OllamaServer, StubOpenAIServer, free_port, llama_server
 
 import car_core as car
 from car_core.errors import InvalidInput, ModelUnavailable
-from car_core.ratelimit import Backoff, RateLimiter
 from car_core.testing import FakeClock
 
 TOOLS = [tool_schema("lookup_order", "Look up the status of an order",
@@ -312,7 +312,7 @@ def test_prices_put_a_cost_on_each_step() -> None:
 
 
 def test_chat_agents_over_a_server_default_to_concurrent_branches() -> None:
-    from car_adapters.local import LocalPolicy
+    from car_adapters.models.local import LocalPolicy
 
     from car_core.execution import AsyncioExecutor, Sequential, default_executor
     remote = [OpenAIPolicy("m", base_url="http://127.0.0.1:1/v1"),

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from car_adapters.chat_agent import ChatAgent, history_messages, make_action, tool_schema
-from car_adapters.local import MODEL, LocalChatModel, LocalPolicy, model_path
+from car_adapters.models.chat_agent import ChatAgent, history_messages, make_action, tool_schema
+from car_adapters.models.local import MODEL, LocalChatModel, LocalPolicy, model_path
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
 

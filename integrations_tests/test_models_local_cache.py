@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from car_adapters import local
-from car_adapters.chat_agent import tool_schema
+from car_adapters.models import local
 from car_adapters.llamaindex import CarRecorder, LlamaIndexAgent
 from car_adapters.llamaindex.embedded import LocalLLM
+from car_adapters.models.chat_agent import tool_schema
 from llama_index.core.agent.workflow import FunctionAgent
 
 from car_core.contract import Noise

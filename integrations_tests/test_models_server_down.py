@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from car_adapters.chat_agent import ChatAgent, tool_schema
+from car_adapters.models.chat_agent import ChatAgent, tool_schema
 from car_adapters.openai import OpenAIPolicy
 from servers import _Handler, free_port, halfway
 

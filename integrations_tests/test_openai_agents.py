@@ -38,7 +38,7 @@ from agents import (
     output_guardrail,
     set_tracing_disabled,
 )
-from car_adapters.chat_messages import assistant, tool_call
+from car_adapters.common.messages import assistant, tool_call
 from car_adapters.openai_agents import CarRecorder, OpenAIAgentsAgent, ScriptedModel
 
 import car_core as car

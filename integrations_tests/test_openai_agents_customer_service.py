@@ -31,7 +31,7 @@ import pytest
 from agents import Agent, RunContextWrapper, Runner, function_tool, handoff, set_tracing_disabled
 from agents.exceptions import ModelBehaviorError
 from agents.models.interface import Model
-from car_adapters.chat_messages import assistant, tool_call
+from car_adapters.common.messages import assistant, tool_call
 from car_adapters.openai_agents import CarRecorder, OpenAIAgentsAgent, ScriptedModel
 from openai.types.responses import (
     Response,

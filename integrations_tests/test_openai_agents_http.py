@@ -16,7 +16,7 @@ from agents import (
     function_tool,
     set_tracing_disabled,
 )
-from car_adapters.local import MODEL
+from car_adapters.models.local import MODEL
 from car_adapters.openai_agents import CarRecorder, OpenAIAgentsAgent
 from openai import AsyncOpenAI
 from servers import llama_server

@@ -273,7 +273,7 @@ LLAMAINDEX_SUITE = '''
 import asyncio
 
 import pytest
-from car_adapters.chat_messages import assistant, tool_call
+from car_adapters.common.messages import assistant, tool_call
 from car_adapters.llamaindex import ScriptedLLM
 from llama_index.core.agent.workflow import FunctionAgent
 
@@ -324,7 +324,7 @@ from pathlib import Path
 
 import pytest
 from agents import Agent, Runner, function_tool, set_tracing_disabled
-from car_adapters.chat_messages import assistant, tool_call
+from car_adapters.common.messages import assistant, tool_call
 from car_adapters.openai_agents import ScriptedModel
 
 set_tracing_disabled(True)  # no trace export (it would need an API key)

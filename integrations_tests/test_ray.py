@@ -140,7 +140,7 @@ def test_an_address_where_no_cluster_answers_is_a_clear_error() -> None:
 def test_a_model_server_policy_runs_on_ray_workers(cluster: None) -> None:
     """An OpenAIPolicy travels without its client: each worker builds its own and calls the
     server itself, and the estimate equals the in-process one."""
-    from car_adapters.chat_agent import ChatAgent
+    from car_adapters.models.chat_agent import ChatAgent
     from car_adapters.openai import OpenAIPolicy
     from servers import StubOpenAIServer
 

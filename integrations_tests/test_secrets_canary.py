@@ -38,11 +38,11 @@ import ollama
 import openai
 import pytest
 from agents import Agent, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
-from car_adapters.chat_agent import ChatAgent
 from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent
 from car_adapters.llamaindex import CarRecorder as LlamaRecorder
 from car_adapters.llamaindex import LlamaIndexAgent
 from car_adapters.llamaindex._messages import MessageToolCalls, from_dict, to_dicts
+from car_adapters.models.chat_agent import ChatAgent
 from car_adapters.ollama import OllamaPolicy
 from car_adapters.openai import OpenAIPolicy, wire_messages
 from car_adapters.openai_agents import CarRecorder as AgentsRecorder

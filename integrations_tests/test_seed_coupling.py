@@ -9,8 +9,8 @@ independent and why, and the measurement runs once per policy object.
 from __future__ import annotations
 
 import pytest
-from car_adapters import local
-from car_adapters.chat_agent import ChatAgent
+from car_adapters.models import local
+from car_adapters.models.chat_agent import ChatAgent
 from car_adapters.openai import OpenAIPolicy
 from servers import llama_server
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from car_adapters.chat_agent import ChatAgent
-from car_adapters.chat_messages import FreeTextMatchWarning, ToolSafety, assistant, tool_call
+from car_adapters.common.messages import FreeTextMatchWarning, ToolSafety, assistant, tool_call
 from car_adapters.demo.planted import SeededChatModel
 from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent
+from car_adapters.models.chat_agent import ChatAgent
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from car_adapters.chat_agent import ChatAgent, ChatFunctionAgent
-from car_adapters.chat_messages import assistant, tool_call
+from car_adapters.common.messages import assistant, tool_call
 from car_adapters.llamaindex import LlamaIndexAgent, ScriptedLLM
+from car_adapters.models.chat_agent import ChatAgent, ChatFunctionAgent
 from llama_index.core.agent.workflow import AgentWorkflow, FunctionAgent
 
 import car_core as car

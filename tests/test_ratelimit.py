@@ -13,9 +13,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-
-from car_core.errors import InvalidInput, ModelUnavailable
-from car_core.ratelimit import (
+from car_adapters.models.ratelimit import (
     Backoff,
     RateLimiter,
     acall_with_backoff,
@@ -23,6 +21,8 @@ from car_core.ratelimit import (
     is_rate_limited,
     retry_after,
 )
+
+from car_core.errors import InvalidInput, ModelUnavailable
 from car_core.testing import FakeClock
 
 

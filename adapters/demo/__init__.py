@@ -25,7 +25,7 @@ from typing import Any
 import car_core as car
 from car_core.errors import InvalidInput
 
-from ..chat_messages import describe_action
+from ..common.messages import describe_action
 from ..langgraph import CarCallback, CarChatModel, LangGraphAgent
 from . import refund_desk, support_agent
 
@@ -55,7 +55,7 @@ def _model(policy: str) -> Any:
     if policy == "synthetic":
         return support_agent.PlantedSupportModel(rng_seed=0)
     if policy == "local":
-        from ..local import LocalChatModel
+        from ..models.local import LocalChatModel
         return LocalChatModel(max_tokens=32, temperature=0.8, fresh_tools=True)
     raise InvalidInput(f"unknown demo policy {policy!r}",
                        hint='use policy="local" or policy="synthetic"')

@@ -80,7 +80,7 @@ from car_core.errors import (
     StepOutOfRange,
 )
 
-from ..chat_messages import (
+from ..common.messages import (
     ToolSafety,
     apply_edit,
     calls_of,

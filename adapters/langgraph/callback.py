@@ -45,7 +45,7 @@ from car_core.contract import (
 )
 from car_core.errors import InvalidInput, OutcomeError, StoreError
 
-from ..run_keeping import open_store, score_run, store_run
+from ..common.run_keeping import open_store, score_run, store_run
 from .messages import decode, jsonable, to_dict, to_dicts, usage_of
 from .model import CAR_DECIDED, decided_by_car
 

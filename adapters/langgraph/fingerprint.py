@@ -1,4 +1,4 @@
-"""The fingerprint of a compiled LangGraph app (see ``car_adapters.fingerprint``): per graph
+"""The fingerprint of a compiled LangGraph app (see ``car_adapters.common.fingerprint``): per graph
 level, its nodes (a tool node by its tools, a subgraph by its name, any other by the code it
 runs), its edges and its conditional edges. ``LangGraphAgent.fingerprint()``, ``CarCallback(app=
 app)`` and ``import_thread`` all stamp this value, so a run recorded any of those ways is
@@ -12,7 +12,7 @@ from langgraph.prebuilt import ToolNode
 
 from car_core.contract import fingerprint_digest
 
-from ..fingerprint import callable_print, tool_print
+from ..common.fingerprint import callable_print, tool_print
 
 
 def _runnable(r: Any) -> Any:

@@ -25,7 +25,7 @@ from langchain_core.tools import BaseTool
 
 from car_core.errors import SideEffectBlocked
 
-from ..chat_messages import ToolSafety
+from ..common.messages import ToolSafety
 
 
 @dataclass

@@ -22,7 +22,7 @@ from langchain_core.messages import (
 
 from car_core.errors import InvalidIntervention
 
-from ..chat_messages import assistant, calls_of, parse_arguments, tool_call, tool_result
+from ..common.messages import assistant, calls_of, parse_arguments, tool_call, tool_result
 
 
 def _text(content: Any) -> Any:

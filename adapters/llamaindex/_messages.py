@@ -15,7 +15,7 @@ from typing import Any
 from llama_index.core.base.llms.types import ChatMessage, TextBlock, ToolCallBlock
 from llama_index.core.llms.llm import ToolSelection
 
-from ..chat_messages import assistant, calls_of, parse_arguments, tool_call, tool_result
+from ..common.messages import assistant, calls_of, parse_arguments, tool_call, tool_result
 
 Message = dict[str, Any]
 

@@ -35,8 +35,8 @@ from car_core.errors import (
     PolicyError,
 )
 
-from ..chat_branch import BranchSession, is_outage
-from ..chat_messages import calls_of, canonical_arguments
+from ..common.branch import BranchSession, is_outage
+from ..common.messages import calls_of, canonical_arguments
 from ._messages import MessageToolCalls, from_dict
 from .fake import _STEP_RNG
 

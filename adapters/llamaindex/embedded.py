@@ -1,13 +1,13 @@
 """The embedded SmolLM2 model as a LlamaIndex function-calling LLM: no server, no key.
 
 ``LocalLLM`` drives ``FunctionAgent`` / ``AgentWorkflow`` like a hosted model. Its replies come
-from ``car_adapters.local.generate`` (grammar-constrained tool calls, the prefix-cached
+from ``car_adapters.models.local.generate`` (grammar-constrained tool calls, the prefix-cached
 llama.cpp context). The seed of a call is drawn from the CAR branch's per-step noise when there
 is one (so branches share common random numbers), else from the LLM's own stream seeded by
 ``seed`` (so successive runs sample afresh), exactly as ``ScriptedLLM`` draws its randomness.
 
-It needs the ``local`` extra (llama-cpp-python) and langchain-core, which ``car_adapters.local``
-imports for its LangChain chat model.
+It needs the ``local`` extra (llama-cpp-python) and langchain-core, which
+``car_adapters.models.local`` imports for its LangChain chat model.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse
 
-from .. import local
-from ..chat_agent import make_action
+from ..models import local
+from ..models.chat_agent import make_action
 from ._messages import from_dict, to_dicts
 from .fake import ScriptedLLM, step_rng
 
@@ -28,7 +28,7 @@ def _unused(messages: Any, tools: Any, rng: Any) -> Any:  # ScriptedLLM wants a 
 
 
 class LocalLLM(ScriptedLLM):
-    """SmolLM2-135M-Instruct in-process; ``fresh_tools`` as in ``car_adapters.local.generate``."""
+    """SmolLM2-135M-Instruct in-process; ``fresh_tools`` as in ``models.local.generate``."""
 
     temperature: float = 0.8
     max_tokens: int = 48

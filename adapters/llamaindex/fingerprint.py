@@ -1,4 +1,4 @@
-"""The fingerprint of a LlamaIndex agent workflow (see ``car_adapters.fingerprint``): each
+"""The fingerprint of a LlamaIndex agent workflow (see ``car_adapters.common.fingerprint``): each
 agent's name, description, system prompt, tools (name, description, argument schema) and
 handoff targets, the workflow's own prompts and its root agent; never its LLM (a branch swaps
 in stand-ins, a test a scripted model). ``LlamaIndexAgent.fingerprint()`` and ``CarRecorder``
@@ -11,7 +11,7 @@ from typing import Any
 
 from car_core.contract import fingerprint_digest
 
-from ..fingerprint import callable_print, jsonable, tool_print
+from ..common.fingerprint import callable_print, jsonable, tool_print
 
 _WORKFLOW_PROMPTS = ("handoff_prompt", "handoff_output_prompt", "state_prompt")
 _AGENT_TEXT = ("description", "system_prompt")

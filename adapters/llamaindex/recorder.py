@@ -40,8 +40,8 @@ from car_core import RunStore
 from car_core.contract import OutcomeFn, RunStatus, redact
 from car_core.errors import AdapterError, OutcomeError, StoreError
 
-from ..chat_messages import tool_result
-from ..run_keeping import open_store, score_run, store_run
+from ..common.messages import tool_result
+from ..common.run_keeping import open_store, score_run, store_run
 from ._messages import action_of, to_dicts
 from .fingerprint import workflow_digest
 from .store_state import (

@@ -16,7 +16,7 @@ from agents.models.chatcmpl_converter import Converter
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage
 from openai.types.responses.response_output_text import ResponseOutputText
 
-from ..chat_messages import assistant, calls_of, tool_call
+from ..common.messages import assistant, calls_of, tool_call
 
 Message = dict[str, Any]
 

@@ -38,8 +38,8 @@ import car_core as car
 from car_core.contract import Noise, Origin, Plan, RunStatus, redact
 from car_core.errors import AdapterError, CarError, InvalidInput, InvalidIntervention
 
-from ..chat_branch import renumber
-from ..chat_messages import (
+from ..common.branch import renumber
+from ..common.messages import (
     ToolSafety,
     apply_edit,
     consistent,

@@ -26,8 +26,8 @@ from agents.tool import FunctionTool
 from car_core.contract import Noise, Plan, redact
 from car_core.errors import AdapterError, CarError, ModelUnavailable, PolicyError
 
-from .. import chat_branch
-from ..chat_messages import ToolSafety, calls_of, canonical_arguments
+from ..common import branch as chat_branch
+from ..common.messages import ToolSafety, calls_of, canonical_arguments
 from ._items import action_of, output_of
 from .fake import _STEP_RNG
 from .recorder import handoff_target

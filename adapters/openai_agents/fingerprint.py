@@ -1,4 +1,4 @@
-"""The fingerprint of an OpenAI Agents SDK app (see ``car_adapters.fingerprint``): every agent
+"""The fingerprint of an OpenAI Agents SDK app (see ``common.fingerprint``): every agent
 reachable from the starting one through handoffs, by its name, instructions (text, or the code
 of an instructions function), handoff description, tools (name, description, parameter
 schema), handoff targets, output type and tool-use behaviour; never its model or model
@@ -11,7 +11,7 @@ from typing import Any
 
 from car_core.contract import fingerprint_digest
 
-from ..fingerprint import callable_print, tool_print
+from ..common.fingerprint import callable_print, tool_print
 from .recorder import agents_of, handoff_target
 
 

@@ -37,8 +37,8 @@ import car_core as car
 from car_core.contract import OutcomeFn, RunStatus, redact
 from car_core.errors import AdapterError, OutcomeError, StoreError
 
-from ..chat_messages import calls_of, tool_result
-from ..run_keeping import score_run, store_run
+from ..common.messages import calls_of, tool_result
+from ..common.run_keeping import score_run, store_run
 from ._context import snapshot
 from ._items import action_of, to_dicts
 

@@ -16,7 +16,7 @@ import car_core as car
 from car_core.contract import Noise, Plan, redact
 from car_core.errors import CarError, ModelUnavailable
 
-from .chat_messages import ToolSafety
+from .messages import ToolSafety
 
 # What model clients raise when the server is unreachable, or still failing after the client's
 # own retries (openai, httpx, requests, aiohttp name them so; matched by name so that no client

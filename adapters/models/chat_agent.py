@@ -30,7 +30,7 @@ import car_core as car
 from car_core.contract import Noise, Plan, redact
 from car_core.errors import CarError, InvalidInput, PolicyError
 
-from .chat_messages import (
+from ..common.messages import (
     Simulator,
     ToolSafety,
     assistant,

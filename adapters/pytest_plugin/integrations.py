@@ -117,7 +117,7 @@ class _LangGraphRecording:
 
     def __init__(self) -> None:
         global _hooked_into
-        from .langgraph import CarCallback
+        from ..langgraph import CarCallback
 
         # by sys.modules, not the package attribute: a re-imported module has its own hooks
         context = importlib.import_module("langchain_core.tracers.context")
@@ -147,7 +147,7 @@ def langgraph_recorder() -> _LangGraphRecording:
 def langgraph_adapter(obj: Any, options: dict[str, Any]) -> Any:
     if not (hasattr(obj, "get_state_history") and hasattr(obj, "builder")):
         return None
-    from .langgraph import LangGraphAgent
+    from ..langgraph import LangGraphAgent
     return LangGraphAgent(obj, **options)
 
 
@@ -155,7 +155,7 @@ def langgraph_adapter(obj: Any, options: dict[str, Any]) -> Any:
 
 class _LlamaIndexRecording:
     def __init__(self) -> None:
-        from .llamaindex import CarRecorder
+        from ..llamaindex import CarRecorder
         self.recorder = CarRecorder(store=None).attach()
 
     @property
@@ -174,7 +174,7 @@ def llamaindex_adapter(obj: Any, options: dict[str, Any]) -> Any:
     from llama_index.core.workflow import Workflow
     if not isinstance(obj, Workflow):
         return None
-    from .llamaindex import LlamaIndexAgent
+    from ..llamaindex import LlamaIndexAgent
     return LlamaIndexAgent(obj, **options)
 
 
@@ -187,7 +187,7 @@ class _OpenAIAgentsRecording:
     without these hooks, are then never mistaken for the test's runs."""
 
     def __init__(self) -> None:
-        from .openai_agents import CarRecorder
+        from ..openai_agents import CarRecorder
         self.hooks = CarRecorder(store=None)
 
     @property
@@ -206,7 +206,7 @@ def openai_agents_adapter(obj: Any, options: dict[str, Any]) -> Any:
     from agents import Agent
     if not isinstance(obj, Agent):
         return None
-    from .openai_agents import OpenAIAgentsAgent
+    from ..openai_agents import OpenAIAgentsAgent
     return OpenAIAgentsAgent(obj, **options)
 
 

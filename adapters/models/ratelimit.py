@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
-from .errors import InvalidInput, ModelUnavailable
+from car_core.errors import InvalidInput, ModelUnavailable
 
 T = TypeVar("T")
 WINDOW_S = 60.0

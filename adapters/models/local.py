@@ -33,7 +33,7 @@ try:
     from langchain_core.outputs import ChatGeneration, ChatResult
     from langchain_core.utils.function_calling import convert_to_openai_tool
 except ImportError as exc:  # pragma: no cover - the extra is part of the default install
-    raise ImportError("car_adapters.local needs langchain-core: "
+    raise ImportError("car_adapters.models.local needs langchain-core: "
                       "pip install 'causal-agent-replay[local]'") from exc
 
 from .chat_agent import ChatPolicy, Message, make_action

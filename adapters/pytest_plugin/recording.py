@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .pytest_integrations import Integration, integrations
+from .integrations import Integration, integrations
 
 _FRAMEWORK_OF_TYPE = (  # where an object's class lives -> run.meta["framework"] of its runs
     ("car_adapters.langgraph", "langgraph"), ("langgraph", "langgraph"),

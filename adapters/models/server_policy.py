@@ -8,9 +8,10 @@ together. Retrying stops after ``max_retries`` retries or when the next wait wou
 ``retry_time`` seconds from the first try; what is still failing becomes the subclass's
 ``ModelUnavailable``.
 
-Rate limits. With ``limiter=`` (a ``car_core.ratelimit.RateLimiter``, one per model, shared by
-every policy object that calls it) each request waits for a slot, counts the tokens the server
-reported, and a 429 pauses the limiter for the wait, so the other branches do not pile on.
+Rate limits. With ``limiter=`` (a ``car_adapters.models.ratelimit.RateLimiter``, one per
+model, shared by every policy object that calls it) each request waits for a slot, counts the
+tokens the server reported, and a 429 pauses the limiter for the wait, so the other branches do
+not pile on.
 
 Pickling (Ray ships the agent to its workers). A client holds sockets and locks, and a client
 built from an explicit ``api_key`` holds the key: neither is pickled. A policy that built its
@@ -25,10 +26,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from car_core.contract import Backoff, RateLimiter, is_rate_limited, redact
+from car_core.contract import redact
 from car_core.errors import InvalidInput, ModelUnavailable
 
 from .chat_agent import ChatPolicy, Message
+from .ratelimit import Backoff, RateLimiter, is_rate_limited
 
 RETRY_AFTER_CAP_S = 30.0  # one server answer may not stall a branch longer than this
 
@@ -53,8 +55,9 @@ class ServerPolicy(ChatPolicy):
                                hint="e.g. timeout=60, max_retries=5, retry_time=60")
         if limiter is not None and not isinstance(limiter, RateLimiter):
             raise InvalidInput(f"limiter={limiter!r} is not a RateLimiter",
-                               hint="pass car_core.ratelimit.RateLimiter(requests_per_minute="
-                                    "..., tokens_per_minute=..., concurrency=...)")
+                               hint="pass car_adapters.models.ratelimit.RateLimiter("
+                                    "requests_per_minute=..., tokens_per_minute=..., "
+                                    "concurrency=...)")
         self.timeout, self.max_retries, self.retry_time = timeout, max_retries, retry_time
         self.backoff = backoff if isinstance(backoff, Backoff) else Backoff(
             max_attempts=max_retries + 1, base=backoff, cap=RETRY_AFTER_CAP_S)

@@ -4,7 +4,7 @@ Registered by entry point (``pytest11``), so installing the package enables it; 
 framework and not even ``car_core`` until a test asks for the ``car_recorder`` fixture.
 
 - ``car_recorder`` records every run the test makes through the frameworks it has loaded (see
-  ``car_adapters.pytest_integrations``) into the session's SQLite store, each with the test's
+  ``car_adapters.pytest_plugin.integrations``) into the session's SQLite store, each with the test's
   node id in ``run.meta["test"]``. ``car_recorder.watch(app_or_agent, outcome=...)`` names the
   agent to branch with and scores the runs the recorder could not score itself.
 - ``--car-attribute`` (off by default): when a test that used the fixture fails, its latest
@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from .pytest_recording import RunRecorder, close_writers
+from .recording import RunRecorder, close_writers
 
 __all__ = ["RunRecorder"]
 
