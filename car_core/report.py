@@ -40,6 +40,7 @@ _ENV = jinja2.Environment(
 
 PLOT_W, PLOT_H = 720, 200
 MARGIN = {"left": 56, "right": 16, "top": 16, "bottom": 40}
+UNTESTED_FILL = "#eceff3"  # the shaded column of an untested step, and its legend swatch
 RECENT = 6  # earlier context items (and identical diff lines) shown before folding the rest
 
 
@@ -161,7 +162,8 @@ def _range(values: Iterable[float | None], include: Sequence[float] = (0.0,),
 
 
 def _rescue_plot(steps: Sequence[Mapping[str, Any]], locus: int | None) -> dict[str, Any]:
-    """Per-step rescue with its interval; untested steps drawn as hollow marks at zero."""
+    """Per-step rescue with its interval; an untested step is a shaded column with no mark
+    on the value axis, so it cannot be read as a rescue of zero."""
     if not steps:
         return {}
     lows = [s["ci"][0] for s in steps if s.get("ci")]
@@ -184,10 +186,16 @@ def _rescue_plot(steps: Sequence[Mapping[str, Any]], locus: int | None) -> dict[
                          title=f"step {s['step']}: rescue {_fmt(s['effect'])} {_ci(s.get('ci'))}"
                                f", n={s.get('n', '?')}")
         else:
-            point.update(y=y(0.0), title=f"step {s['step']}: not tested")
+            # No measurement, so no mark on the value axis (a dot at 0 reads as "no effect"):
+            # a shaded column over the whole plot height, with a question mark in it.
+            point.update(col_x=round(cx - slot * 0.4, 2), col_w=round(slot * 0.8, 2),
+                         col_y=MARGIN["top"], col_h=PLOT_H - MARGIN["top"] - MARGIN["bottom"],
+                         mark_y=round(MARGIN["top"] + 14, 2),
+                         title=f"step {s['step']}: not tested (no rescue measured)")
         points.append(point)
     return {"w": PLOT_W, "h": PLOT_H, "m": MARGIN, "zero": y(0.0), "ticks": y.ticks(),
-            "points": points, "cap": min(8.0, slot / 4)}
+            "points": points, "cap": min(8.0, slot / 4), "untested": UNTESTED_FILL,
+            "any_untested": any(not p["tested"] for p in points)}
 
 
 def _arms_plot(arms: Sequence[Mapping[str, Any]], n_steps: int | None) -> dict[str, Any]:
@@ -212,31 +220,88 @@ def _arms_plot(arms: Sequence[Mapping[str, Any]], n_steps: int | None) -> dict[s
             "bars": bars, "cap": min(8.0, slot / 4)}
 
 
+FONT_PX = 12  # the plots' text size (the template's ``svg text`` rule)
+# Advance widths in em, grouped and rounded up from DejaVu Sans, the widest of the template's
+# fonts on a stock Linux (Roboto, Segoe UI, Helvetica and Arial are narrower), so a column
+# sized from them holds its text in any of them. A character in no group (other scripts,
+# symbols) counts as 1 em, the width of a CJK ideograph.
+_EM_WIDTHS = ((0.42, " fijlrtIJ'!,.:;|/\\()[]"),
+              (0.64, "abcdeghknopqsuvxyz0123456789$?*_`\"{}-"),
+              (0.82, "ABCDEFGHKLNOPQRSTUVXYZ&w"))
+
+
+def text_width(text: str, px: float = FONT_PX) -> float:
+    """An upper bound of ``text``'s rendered width in pixels at ``px``, so a label column laid
+    out from it never clips its text."""
+    em = 0.0
+    for ch in text:
+        em += next((w for w, chars in _EM_WIDTHS if ch in chars), 1.0)
+    return em * px
+
+
+def wrap_label(text: str, width: float) -> list[str]:
+    """``text`` in lines of at most ``width`` pixels, broken at spaces (a word longer than a
+    line is broken where it must be)."""
+    lines: list[str] = []
+    line = ""
+    for word in text.split(" "):
+        trial = f"{line} {word}" if line else word
+        if text_width(trial) <= width:
+            line = trial
+            continue
+        if line:
+            lines.append(line)
+        line = ""
+        for ch in word:  # a word wider than the column on its own
+            if text_width(line + ch) > width and line:
+                lines.append(line)
+                line = ""
+            line += ch
+    if line or not lines:
+        lines.append(line)
+    return lines
+
+
+LABEL_GAP = 8  # pixels between a Shapley label and the plot area
+LABEL_MAX = 0.45  # the share of the plot's width the label column may take before wrapping
+
+
 def _shapley_plot(values: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Horizontal bars: each step's Shapley value with its interval."""
+    """Horizontal bars: each step's Shapley value with its interval. The label column is as
+    wide as its longest label (measured, not guessed from a fixed margin); a label wider than
+    ``LABEL_MAX`` of the plot wraps onto more lines and its row grows to hold them."""
     values = [v for v in values if v.get("estimate") is not None]
     if not values:
         return {}
-    row = 28
-    left = 120
-    h = MARGIN["top"] + row * len(values) + MARGIN["bottom"]
+    labels = [str(v.get("label") or f"step {v.get('step')}") for v in values]
+    cap = PLOT_W * LABEL_MAX
+    widest = max(text_width(t) for t in labels)
+    left = LABEL_GAP + math.ceil(min(widest, cap)) + LABEL_GAP
+    lines = [wrap_label(t, cap) if text_width(t) > cap else [t] for t in labels]
+    line_h = FONT_PX * 1.25
+    rows = [max(28.0, len(ls) * line_h + 10) for ls in lines]
+    h = round(MARGIN["top"] + sum(rows) + MARGIN["bottom"], 2)
     lows = [v["ci"][0] for v in values if v.get("ci")]
     highs = [v["ci"][1] for v in values if v.get("ci")]
     x = _Axis(*_range(lows + highs + [v["estimate"] for v in values]), left,
               PLOT_W - MARGIN["right"])
     bars = []
-    for i, v in enumerate(values):
-        cy = MARGIN["top"] + row * i + row / 2
+    top = float(MARGIN["top"])
+    for v, label, ls, row in zip(values, labels, lines, rows, strict=True):
+        cy = top + row / 2
+        top += row
         lo, hi = v.get("ci") or (v["estimate"], v["estimate"])
         x0, x1 = sorted((x(0.0), x(v["estimate"])))
-        bars.append({"y": round(cy - row * 0.3, 2), "h": round(row * 0.6, 2), "cy": round(cy, 2),
+        first = cy - (len(ls) - 1) * line_h / 2 + FONT_PX / 3  # baseline of the first line
+        bars.append({"y": round(cy - 8.4, 2), "h": 16.8, "cy": round(cy, 2),
                      "x": x0, "w": round(max(x1 - x0, 1.0), 2), "x_lo": x(lo), "x_hi": x(hi),
-                     "label": v.get("label") or f"step {v.get('step')}",
+                     "label": label, "lines": [{"text": t, "y": round(first + i * line_h, 2)}
+                                               for i, t in enumerate(ls)],
                      "negative": v["estimate"] < 0,
-                     "title": f"{v.get('label') or v.get('step')}: φ = {_fmt(v['estimate'])} "
+                     "title": f"{label}: φ = {_fmt(v['estimate'])} "
                               f"{_ci(v.get('ci'))}, n={v.get('n', '?')}"})
-    return {"w": PLOT_W, "h": h, "m": MARGIN, "left": left, "zero": x(0.0), "ticks": x.ticks(),
-            "bars": bars, "axis_y": h - MARGIN["bottom"]}
+    return {"w": PLOT_W, "h": h, "m": MARGIN, "left": left, "label_x": left - LABEL_GAP,
+            "zero": x(0.0), "ticks": x.ticks(), "bars": bars, "axis_y": h - MARGIN["bottom"]}
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -254,8 +319,48 @@ def _timeline(run: Trajectory, locus: int | None) -> list[dict[str, Any]]:
             if isinstance(s.meta.get("prompt"), list) else None,
             "action": show(s.action), "observation": show(s.observation) if s.observed else None,
             "state": show(s.state) if s.state is not None else None,
+            **_cost(s.meta),
         })
     return items
+
+
+def _cost(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """A step's latency and tokens as its recorder stored them (``latency_s``, ``usage``), each
+    None when it did not."""
+    latency = meta.get("latency_s")
+    usage = meta.get("usage") if isinstance(meta.get("usage"), Mapping) else None
+    ok = isinstance(latency, (int, float)) and not isinstance(latency, bool) \
+        and math.isfinite(latency) and latency >= 0
+
+    def count(key: str) -> int | None:
+        v = (usage or {}).get(key)
+        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    return {"latency": float(latency) if ok else None, "prompt_tokens": count("prompt_tokens"),
+            "completion_tokens": count("completion_tokens")}
+
+
+def seconds(x: float | None) -> str:
+    """A latency for people: milliseconds under a second, else seconds; ``—`` when absent."""
+    if x is None:
+        return fmt.MISSING
+    return f"{x * 1000:.0f} ms" if x < 1 else f"{x:.2f} s"
+
+
+def _costs(timeline: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The per-step latency and token table, with totals over the steps that recorded them."""
+    if not timeline:
+        return {}
+
+    def total(key: str) -> Any:
+        vals = [t[key] for t in timeline if t[key] is not None]
+        return sum(vals) if vals else None
+
+    recorded = any(t[k] is not None for t in timeline
+                   for k in ("latency", "prompt_tokens", "completion_tokens"))
+    return {"recorded": recorded, "latency": seconds(total("latency")),
+            "prompt_tokens": total("prompt_tokens"),
+            "completion_tokens": total("completion_tokens")}
 
 
 def _decided_from(run: Trajectory, k: int) -> dict[str, Any]:
@@ -404,6 +509,38 @@ def _contrastive_verdict(r: Mapping[str, Any], run: Trajectory | None) -> dict[s
             "note": note, "action": action}
 
 
+def _value_label(v: Mapping[str, Any]) -> str:
+    return str(v.get("label") or f"step {v.get('step')}")
+
+
+def _cap(text: str) -> str:
+    """The first letter upper case, the rest as written (an agent's name keeps its case)."""
+    return text[:1].upper() + text[1:]
+
+
+def _joined(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def shapley_leaders(values: Sequence[Mapping[str, Any]]) -> tuple[str, list[Mapping[str, Any]]]:
+    """Who carries the largest share, honestly: ``("one", [top])`` when the top value's
+    interval lies above every other's, ``("equal", tied)`` when several share the top value
+    (to the precision shown), ``("overlap", contenders)`` when others' intervals reach the
+    top's, so the data cannot rank them. Contenders come largest first; the order among
+    equal values is the steps' order and means nothing."""
+    ranked = sorted((v for v in values if v.get("estimate") is not None),
+                    key=lambda v: -float(v["estimate"]))
+    if not ranked:
+        return "one", []
+    top = ranked[0]
+    same = [v for v in ranked if fmt.num(v["estimate"], 3) == fmt.num(top["estimate"], 3)]
+    if len(same) > 1:
+        return "equal", same
+    top_lo = (top.get("ci") or (top["estimate"],))[0]
+    overlap = [v for v in ranked[1:] if (v.get("ci") or (v["estimate"],) * 2)[1] >= top_lo]
+    return ("overlap", [top, *overlap]) if overlap else ("one", [top])
+
+
 def _shapley_verdict(r: Mapping[str, Any]) -> dict[str, Any]:
     note = _failure_note(r)
     if r.get("truncated"):
@@ -417,14 +554,29 @@ def _shapley_verdict(r: Mapping[str, Any]) -> dict[str, Any]:
         return {"found": False, "answer": answer,
                 "headline": "No Shapley values could be estimated.",
                 "detail": r.get("reason") or "", "note": note, "action": ""}
-    top = max(values, key=lambda v: v["estimate"])
-    label = top.get("label") or f"step {top.get('step')}"
-    return {"found": top["estimate"] > 0, "answer": answer,
-            "headline": f"{label.capitalize()} carries the largest share of the blame",
-            "detail": (f"Shapley value {_fmt(top['estimate'])}, interval {_ci(top.get('ci'))} at "
-                       f"{_pct(r.get('level'))}; all steps together account for "
-                       f"{_fmt(r.get('total'))} of the failure probability."),
-            "note": note, "action": ""}
+    kind, leaders = shapley_leaders(values)
+    top = leaders[0]
+    level = _pct(r.get("level"))
+    total = (f"all steps together account for {_fmt(r.get('total'))} of the failure "
+             "probability.")
+    names = [_value_label(v) for v in leaders]
+    each = "; ".join(f"{_value_label(v)} {_fmt(v['estimate'])} {_ci(v.get('ci'))}"
+                     for v in leaders)
+    if kind == "equal":
+        headline = _cap(f"{_joined(names)} tie for the largest share of the blame")
+        detail = (f"Shapley value {_fmt(top['estimate'])} each ({each} at {level}): no one "
+                  f"of them carries more than the others; {total}")
+    elif kind == "overlap":
+        headline = _cap(f"{_joined(names)} cannot be told apart: any of them may carry "
+                        "the largest share of the blame")
+        detail = (f"Shapley values {each} at {level}: the intervals overlap, so this budget "
+                  f"does not rank them; {total}")
+    else:
+        headline = _cap(f"{names[0]} carries the largest share of the blame")
+        detail = (f"Shapley value {_fmt(top['estimate'])}, interval {_ci(top.get('ci'))} at "
+                  f"{level}, above every other step's interval; {total}")
+    return {"found": top["estimate"] > 0, "answer": answer, "headline": headline,
+            "detail": detail, "note": note, "action": ""}
 
 
 def _arm_outcomes(branches: Iterable[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
@@ -464,10 +616,12 @@ def render_attribution(result: Any, run: Any = None,
                            "run": _run_summary(traj), "timeline": [], "locus_view": None,
                            "diff": [], "rescue": {}, "arms": {}, "shapley": {},
                            "arm_outcomes": _arm_outcomes(branches), "steps": [],
-                           "values": [], "efficiency": None, "choice": choice}
+                           "values": [], "efficiency": None, "choice": choice,
+                           "costs": {}, "seconds": seconds}
     locus = r.get("locus") if method == "contrastive" else None
     if traj is not None:
         ctx["timeline"] = _timeline(traj, locus)
+        ctx["costs"] = _costs(ctx["timeline"])
     if method == "contrastive":
         ctx["verdict"] = _contrastive_verdict(r, traj)
         ctx["steps"] = r.get("steps") or []
@@ -497,9 +651,11 @@ def render_run(run: Any) -> str:
     traj = _as_run(run)
     if traj is None:
         raise InvalidInput("render_run needs a run", hint="pass a car.Trajectory")
+    timeline = _timeline(traj, None)
     return redact(_ENV.get_template("report.html.j2").render(
         r={}, method="run", fmt=_fmt, ci=_ci, pct=_pct, run=_run_summary(traj),
-        timeline=_timeline(traj, None), locus_view=None, diff=[], rescue={}, arms={},
+        timeline=timeline, costs=_costs(timeline), seconds=seconds, locus_view=None, diff=[],
+        rescue={}, arms={},
         shapley={}, arm_outcomes=[], steps=[], values=[], efficiency=None, choice=None,
         verdict={"found": False, "answer": "", "note": "", "headline": f"Run {traj.id}",
                  "detail": "No attribution yet: run `car attribute` to find the step that "
