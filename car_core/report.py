@@ -329,14 +329,15 @@ def _cost(meta: Mapping[str, Any]) -> dict[str, Any]:
     None when it did not."""
     latency = meta.get("latency_s")
     usage = meta.get("usage") if isinstance(meta.get("usage"), Mapping) else None
-    ok = isinstance(latency, (int, float)) and not isinstance(latency, bool) \
-        and math.isfinite(latency) and latency >= 0
+    if isinstance(latency, bool) or not isinstance(latency, (int, float)) \
+            or not math.isfinite(latency) or latency < 0:
+        latency = None
 
     def count(key: str) -> int | None:
         v = (usage or {}).get(key)
         return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
-    return {"latency": float(latency) if ok else None, "prompt_tokens": count("prompt_tokens"),
+    return {"latency": None if latency is None else float(latency), "prompt_tokens": count("prompt_tokens"),
             "completion_tokens": count("completion_tokens")}
 
 
