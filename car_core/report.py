@@ -337,7 +337,8 @@ def _cost(meta: Mapping[str, Any]) -> dict[str, Any]:
         v = (usage or {}).get(key)
         return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
-    return {"latency": None if latency is None else float(latency), "prompt_tokens": count("prompt_tokens"),
+    return {"latency": None if latency is None else float(latency),
+            "prompt_tokens": count("prompt_tokens"),
             "completion_tokens": count("completion_tokens")}
 
 
@@ -604,9 +605,11 @@ def _arm_outcomes(branches: Iterable[Mapping[str, Any]] | None) -> list[dict[str
 # -- entry points ------------------------------------------------------------------------------
 def render_attribution(result: Any, run: Any = None,
                        branches: Iterable[Mapping[str, Any]] | None = None,
-                       choice: str | None = None) -> str:
+                       choice: str | None = None, home: str | None = None) -> str:
     """The full HTML report of a contrastive or Shapley attribution (secrets redacted);
-    ``choice`` says which stored attribution the page shows and how to pick another."""
+    ``choice`` says which stored attribution the page shows and how to pick another, ``home``
+    is the relative link back to the index that lists it (our own file name, never agent
+    text)."""
     r = redact_json(_as_dict(result))
     method = r.get("method")
     if method not in ("contrastive", "shapley"):
@@ -618,7 +621,7 @@ def render_attribution(result: Any, run: Any = None,
                            "diff": [], "rescue": {}, "arms": {}, "shapley": {},
                            "arm_outcomes": _arm_outcomes(branches), "steps": [],
                            "values": [], "efficiency": None, "choice": choice,
-                           "costs": {}, "seconds": seconds}
+                           "costs": {}, "seconds": seconds, "home": home}
     locus = r.get("locus") if method == "contrastive" else None
     if traj is not None:
         ctx["timeline"] = _timeline(traj, locus)
@@ -647,7 +650,7 @@ def render_attribution(result: Any, run: Any = None,
     return redact(_ENV.get_template("report.html.j2").render(**ctx))
 
 
-def render_run(run: Any) -> str:
+def render_run(run: Any, home: str | None = None) -> str:
     """A run on its own: header and timeline (used when no attribution exists yet)."""
     traj = _as_run(run)
     if traj is None:
@@ -655,7 +658,8 @@ def render_run(run: Any) -> str:
     timeline = _timeline(traj, None)
     return redact(_ENV.get_template("report.html.j2").render(
         r={}, method="run", fmt=_fmt, ci=_ci, pct=_pct, run=_run_summary(traj),
-        timeline=timeline, costs=_costs(timeline), seconds=seconds, locus_view=None, diff=[],
+        timeline=timeline, costs=_costs(timeline), seconds=seconds, home=home,
+        locus_view=None, diff=[],
         rescue={}, arms={},
         shapley={}, arm_outcomes=[], steps=[], values=[], efficiency=None, choice=None,
         verdict={"found": False, "answer": "", "note": "", "headline": f"Run {traj.id}",
