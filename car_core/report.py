@@ -280,7 +280,7 @@ def _shapley_plot(values: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     lines = [wrap_label(t, cap) if text_width(t) > cap else [t] for t in labels]
     line_h = FONT_PX * 1.25
     rows = [max(28.0, len(ls) * line_h + 10) for ls in lines]
-    h = round(MARGIN["top"] + sum(rows) + MARGIN["bottom"], 2)
+    h = MARGIN["top"] + math.ceil(sum(rows)) + MARGIN["bottom"]
     lows = [v["ci"][0] for v in values if v.get("ci")]
     highs = [v["ci"][1] for v in values if v.get("ci")]
     x = _Axis(*_range(lows + highs + [v["estimate"] for v in values]), left,
@@ -569,8 +569,9 @@ def _shapley_verdict(r: Mapping[str, Any]) -> dict[str, Any]:
         detail = (f"Shapley value {_fmt(top['estimate'])} each ({each} at {level}): no one "
                   f"of them carries more than the others; {total}")
     elif kind == "overlap":
-        headline = _cap(f"{_joined(names)} cannot be told apart: any of them may carry "
-                        "the largest share of the blame")
+        some = "either" if len(names) == 2 else "any of them"
+        headline = _cap(f"{_joined(names)} cannot be told apart: {some} may carry the "
+                        "largest share of the blame")
         detail = (f"Shapley values {each} at {level}: the intervals overlap, so this budget "
                   f"does not rank them; {total}")
     else:

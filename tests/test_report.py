@@ -146,8 +146,8 @@ def test_shapley_headline_says_overlapping_leaders_cannot_be_told_apart():
     # Step 2 is largest but step 0's interval reaches step 2's lower end (0.30 >= 0.30).
     r["values"] = _values((0.25, (0.2, 0.3)), (0.05, (0.0, 0.1)), (0.4, (0.3, 0.5)))
     html = render_attribution(r)
-    assert _headline(html) == ("Step 2 and step 0 cannot be told apart: any of them may carry "
-                               "the largest share of the blame")
+    assert _headline(html) == ("Step 2 and step 0 cannot be told apart: either may carry the "
+                               "largest share of the blame")
     assert "the intervals overlap, so this budget does not rank them" in html
 
 
