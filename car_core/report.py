@@ -346,6 +346,8 @@ def seconds(x: float | None) -> str:
     """A latency for people: milliseconds under a second, else seconds; ``—`` when absent."""
     if x is None:
         return fmt.MISSING
+    if x < 0.01:
+        return f"{x * 1000:.1f} ms"
     return f"{x * 1000:.0f} ms" if x < 1 else f"{x:.2f} s"
 
 

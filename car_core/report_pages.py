@@ -40,11 +40,14 @@ def latest_attribution(attributions: Iterable[Attribution], method: str | None =
 
 
 def run_page(db: RunStore, run: Trajectory, attribution: str | None = None,
-             method: str | None = None, home: str | None = None) -> tuple[str, str]:
+             method: str | None = None, home: str | None = None,
+             known: Sequence[Attribution] | None = None) -> tuple[str, str]:
     """The report of ``run``: the attribution chosen by id, else the latest complete one (of
-    ``method``), else the run alone. Returns (html, a note saying what the page shows)."""
-    row = (db.attribution(attribution) if attribution
-           else latest_attribution(db.attributions(run.id), method))
+    ``method``), else the run alone. Returns (html, a note saying what the page shows).
+    ``known``: the run's attributions already read (the index passes the intact ones, so a
+    damaged one it has named does not stop the page)."""
+    own = list(db.attributions(run.id) if known is None else known)
+    row = (db.attribution(attribution) if attribution else latest_attribution(own, method))
     if row is not None and row.run_id != run.id:
         raise InvalidInput(f"attribution {attribution} belongs to run {row.run_id}",
                            hint=f"run `car report {row.run_id}`")
@@ -60,7 +63,7 @@ def run_page(db: RunStore, run: Trajectory, attribution: str | None = None,
     if row is None:
         return (render_run(run, home=home),
                 "no attribution yet, wrote the run only (run `car attribute` first)")
-    others = [a for a in db.attributions(run.id) if a.id != row.id]
+    others = [a for a in own if a.id != row.id]
     choice = (f"Showing attribution {row.id} ({row.method}, {row.status}"
               f"{', chosen' if attribution else ', the latest complete one'}) of "
               f"{len(others) + 1} for this run. Pick another with `car report {run.id} "
@@ -180,8 +183,7 @@ def write_index(db: RunStore, out: Path, store: str) -> IndexWritten:
         own = by_run.get(run.id, [])
         latest = latest_attribution(own)
         link = f"runs/{page_name(run.id)}"
-        pages[folder / link] = run_page(db, run, latest.id if latest else None,
-                                        home="../" + index.name)[0]
+        pages[folder / link] = run_page(db, run, home="../" + index.name, known=own)[0]
         for a in own:
             row = attribution_summary(a)
             if a.result is not None:

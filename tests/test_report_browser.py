@@ -7,6 +7,7 @@ that open, and hostile transcripts stay text. (The README's screenshots are made
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -96,6 +97,15 @@ def test_demo_report_loads_cleanly_shows_verdict_and_plots(browser, demo_report)
     assert len(marks) == len(rows) > 0  # one mark per step of the result
     bars = browser.find_elements(By.CSS_SELECTOR, "#arms-plot g.bar rect")
     assert bars and all(b.size["height"] > 0 for b in bars)
+    # The demo's LangGraph recorder stored each step's latency and token usage: the table
+    # shows them for every step (none reads "—"), and its total row adds them up.
+    cells = browser.execute_script(
+        "return [...document.querySelectorAll('table.costs tbody tr')].map("
+        "r => [...r.querySelectorAll('td')].map(c => c.textContent))")
+    steps, total = cells[:-1], cells[-1]
+    assert steps and all(re.fullmatch(r"[0-9.]+ (ms|s)", row[2]) for row in steps)
+    assert all(row[3].isdigit() and row[4].isdigit() for row in steps)
+    assert int(total[3]) == sum(int(row[3]) for row in steps)
 
 
 @pytest.mark.parametrize("csp", [True, False], ids=["as-shipped", "without-csp"])

@@ -113,6 +113,10 @@ def test_every_link_points_at_a_page_that_was_written_and_shows_its_subject(writ
     assert '<a href="../index.html">' in shown  # and back
     run_page = (folder / "runs" / page_name("passing")).read_text(encoding="utf-8")
     assert "No attribution yet" in run_page
+    # a run's page is what `car report RUN_ID` writes: its latest complete attribution
+    pivot = (folder / "runs" / page_name("pivot")).read_text(encoding="utf-8")
+    assert f"Showing attribution {made['attributions']['locus']} (contrastive, complete, " \
+           "the latest complete one) of 2 for this run." in pivot
 
 
 def test_index_written_to_a_named_file_puts_the_pages_beside_it(tmp_path: Path):
@@ -167,3 +171,29 @@ def test_car_report_all_from_the_command_line(tmp_path: Path):
                            "--store", "car.db"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert both.returncode == 2 and "--all writes every run's report" in both.stderr
+
+
+def test_a_damaged_run_or_attribution_is_named_and_the_rest_still_indexed(tmp_path: Path):
+    import sqlite3
+    made = index_store(tmp_path / "car.db")
+    with sqlite3.connect(tmp_path / "car.db") as con:
+        con.execute("UPDATE runs SET agent = 'someone else' WHERE id = 'game'")
+        con.execute("UPDATE attributions SET result = json_set(result, '$.locus', 4) "
+                    "WHERE id = ?", [made["attributions"]["locus"]])
+    con.close()
+    with RunStore(tmp_path / "car.db", readonly=True) as db:
+        result = write_index(db, tmp_path / "out", "car.db")
+    assert result.runs == 3  # pivot, none, passing
+    assert result.attributions == 2  # the undecided one and no cause (game's run is damaged)
+    assert [d.split(":")[0] for d in result.damaged] == ["run game", "attribution "
+                                                         + made["attributions"]["locus"]]
+    page = _Links(result.index.read_text(encoding="utf-8"))
+    assert "2 damaged row(s) left out" in "".join(page.text)
+
+
+def test_an_empty_store_gets_an_index_that_says_so(tmp_path: Path):
+    RunStore(tmp_path / "car.db").close()
+    with RunStore(tmp_path / "car.db", readonly=True) as db:
+        result = write_index(db, tmp_path / "out", "car.db")
+    text = "".join(_Links(result.index.read_text(encoding="utf-8")).text)
+    assert result.pages == 0 and "No recorded runs." in text and "No attributions yet" in text
