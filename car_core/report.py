@@ -567,13 +567,15 @@ def _shapley_verdict(r: Mapping[str, Any]) -> dict[str, Any]:
     each = "; ".join(f"{_value_label(v)} {_fmt(v['estimate'])} {_ci(v.get('ci'))}"
                      for v in leaders)
     if kind == "equal":
-        headline = _cap(f"{_joined(names)} tie for the largest share of the blame")
+        who = _joined(names) if len(names) <= 3 else f"{len(names)} steps"
+        headline = _cap(f"{who} tie for the largest share of the blame")
         detail = (f"Shapley value {_fmt(top['estimate'])} each ({each} at {level}): no one "
                   f"of them carries more than the others; {total}")
     elif kind == "overlap":
         some = "either" if len(names) == 2 else "any of them"
-        headline = _cap(f"{_joined(names)} cannot be told apart: {some} may carry the "
-                        "largest share of the blame")
+        who = _joined(names) if len(names) <= 3 else f"{len(names)} steps"  # all in the detail
+        headline = _cap(f"{who} cannot be told apart: {some} may carry the largest share of "
+                        "the blame")
         detail = (f"Shapley values {each} at {level}: the intervals overlap, so this budget "
                   f"does not rank them; {total}")
     else:

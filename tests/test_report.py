@@ -159,6 +159,17 @@ def test_shapley_headline_with_equal_values_names_all_of_them_in_step_order():
                                                "share of the blame")
 
 
+def test_shapley_headline_counts_many_contenders_and_the_detail_names_them_all():
+    r = shapley_dict(syn.and_game())
+    r["values"] = _values(*[(0.3 - 0.01 * k, (0.25 - 0.01 * k, 0.35 - 0.01 * k))
+                            for k in range(5)])
+    html = render_attribution(r)
+    assert _headline(html) == ("5 steps cannot be told apart: any of them may carry the largest "
+                               "share of the blame")
+    detail = re.search(r'<p class="detail">([^<]*)</p>', html).group(1)
+    assert all(f"step {k} 0.{30 - k}" in detail for k in range(5))
+
+
 def test_shapley_headline_keeps_an_agent_name_as_written():
     r = shapley_dict(syn.and_game())
     r["values"] = _values((0.6, (0.5, 0.7)), (0.1, (0.0, 0.2)))
