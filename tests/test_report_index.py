@@ -171,6 +171,10 @@ def test_car_report_all_from_the_command_line(tmp_path: Path):
                            "--store", "car.db"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert both.returncode == 2 and "--all writes every run's report" in both.stderr
+    neither = subprocess.run([sys.executable, "-m", "car_core.cli", "report", "--store",
+                              "car.db"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=120)
+    assert neither.returncode == 2 and "needs a RUN_ID, or --all" in neither.stderr
 
 
 def test_a_damaged_run_or_attribution_is_named_and_the_rest_still_indexed(tmp_path: Path):
