@@ -20,15 +20,14 @@ from _report_data import (
 
 from car_core import synthetic as syn
 from car_core.errors import InvalidInput
-from car_core.report import (
+from car_core.report import render_attribution, render_run
+from car_core.report_plots import (
     LABEL_GAP,
     LABEL_MAX,
     MARGIN,
     PLOT_H,
     PLOT_W,
     UNTESTED_FILL,
-    render_attribution,
-    render_run,
     text_width,
     wrap_label,
 )

@@ -27,8 +27,9 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
 from car_core import synthetic as syn
-from car_core.report import UNTESTED_FILL, render_attribution
+from car_core.report import render_attribution
 from car_core.report_pages import write_index
+from car_core.report_plots import UNTESTED_FILL
 from car_core.store import RunStore
 
 ROOT = Path(__file__).parents[1]
