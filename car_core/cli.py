@@ -30,8 +30,8 @@ from ._json import dumps
 from .errors import AttributionNotFound, CarError, CorruptRun, CorruptStore, InvalidInput
 from .redact import redact
 from .results import ContrastiveResult, Result
-from .store import Attribution, RunStore, damaged_rows
-from .vocabulary import Answer, AttributionStatus
+from .store import RunStore, damaged_rows
+from .vocabulary import Answer
 
 EXIT_CODES = """Exit codes: 0 ok · 1 nothing attributable (no locus) · 2 usage or bad input
 (also a run recorded with another agent) · 3 budget exhausted (the result is truncated, what
@@ -521,64 +521,47 @@ def _print_result(r: Result, seconds: float, store: str) -> None:
 
 
 # -- report / attributions ----------------------------------------------------------------------
-def _latest_attribution(db: RunStore, run_id: str, method: str | None = None
-                        ) -> Attribution | None:
-    """The newest finished attribution (of ``method`` when given); a truncated one only when
-    none finished."""
-    rows = [a for a in db.attributions(run_id) if a.result is not None
-            and (method is None or a.method == method)]
-    complete = [a for a in rows if a.status == AttributionStatus.COMPLETE]
-    pick = complete or rows
-    return pick[-1] if pick else None
-
-
 @app.command()
 @_errors
-def report(run_id: Annotated[str, typer.Argument(help="Run id.")],
+def report(run_id: Annotated[str | None, typer.Argument(
+               help="Run id (leave it out with --all).")] = None,
            store: StoreOpt = "car.db",
-           out_path: Annotated[Path, typer.Option("--out", help="HTML file to write.")] = Path(
-               "report.html"),
+           out_path: Annotated[Path | None, typer.Option(
+               "--out", "-o", help="HTML file to write (default report.html); with --all a "
+                                   "folder (default car-report/) or the index's .html file.")
+           ] = None,
            attribution: Annotated[str | None, typer.Option(
                "--attribution", help="Attribution id to show (see `car attributions RUN_ID`; "
                                      "default: the latest complete one).")] = None,
            method: Annotated[Method | None, typer.Option(
                "--method", help="Show the latest complete attribution of this method.")] = None,
+           every: Annotated[bool, typer.Option(
+               "--all", help="Write an index of every run and attribution in the store, with "
+                             "a report for each beside it.")] = False,
            ) -> None:
     """Write the self-contained HTML report of a run's attribution (works offline). The page
-    says which attribution it shows; pick another with --attribution or --method."""
-    from .report import render_attribution, render_run
+    says which attribution it shows; pick another with --attribution or --method. With --all,
+    an index page across the store's runs and attributions, linking to a report of each."""
+    from .report_pages import run_page, write_index
+    if every:
+        if run_id is not None or attribution is not None or method is not None:
+            raise InvalidInput("--all writes every run's report; it takes no RUN_ID, "
+                               "--attribution or --method",
+                               hint="drop them, or drop --all to write one run's report")
+        written = write_index(kit.existing_store(store), out_path or Path("car-report"), store)
+        out.print(Text(kit.safe(f"wrote {written.index} ({written.runs} run(s), "
+                                f"{written.attributions} attribution(s), {written.pages} "
+                                f"report(s) beside it)")))
+        for problem in written.damaged:
+            out.print(Text(kit.safe(f"left out: {problem}"), style="yellow"))
+        return
+    if run_id is None:
+        raise InvalidInput("car report needs a RUN_ID, or --all for the whole store",
+                           hint="list runs with `car runs`")
+    out_path = out_path or Path("report.html")
     db = kit.existing_store(store)
     run = db.load(run_id)
-    row = (db.attribution(attribution) if attribution
-           else _latest_attribution(db, run.id, method.value if method else None))
-    if row is not None and row.run_id != run.id:
-        raise InvalidInput(f"attribution {attribution} belongs to run {row.run_id}",
-                           hint=f"run `car report {row.run_id}`")
-    if row is not None and method is not None and row.method != method.value:
-        raise InvalidInput(f"attribution {row.id} is a {row.method} attribution, not "
-                           f"{method.value}", hint="drop --method or --attribution")
-    if row is not None and row.result is None:
-        raise InvalidInput(f"attribution {row.id} has no result yet (status {row.status})",
-                           hint="finish it with `car attribute ... --resume "
-                                f"{row.id}`")
-    if row is None and method is not None:
-        raise InvalidInput(f"run {run.id} has no finished {method.value} attribution",
-                           hint=f"run `car attribute {run.id} --method {method.value} ...`")
-    if row is None:
-        html = render_run(run)
-        note = "no attribution yet, wrote the run only (run `car attribute` first)"
-    else:
-        others = [a for a in db.attributions(run.id) if a.id != row.id]
-        choice = (f"Showing attribution {row.id} ({row.method}, {row.status}"
-                  f"{', chosen' if attribution else ', the latest complete one'}) of "
-                  f"{len(others) + 1} for this run. Pick another with `car report {run.id} "
-                  f"--attribution ID` or `--method contrastive|shapley`; list them with "
-                  f"`car attributions {run.id}`.")
-        html = render_attribution(row.result, run=run, branches=db.branches(row.id),
-                                  choice=choice)
-        note = f"attribution {row.id}, {row.method}"
-        if others:
-            note += f"; {len(others)} other(s): see `car attributions {run.id}`"
+    html, note = run_page(db, run, attribution, method.value if method else None)
     try:
         out_path.write_text(html, encoding="utf-8")
     except OSError as exc:

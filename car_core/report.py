@@ -27,6 +27,7 @@ from . import formatting as fmt
 from .budget import budget_call, larger_budget
 from .errors import InvalidInput
 from .redact import redact, redact_json
+from .report_plots import arms_plot, rescue_plot, shapley_plot
 from .trajectory import Trajectory, step_label
 from .vocabulary import Answer, Origin
 
@@ -38,8 +39,6 @@ _ENV = jinja2.Environment(
     lstrip_blocks=True,
 )
 
-PLOT_W, PLOT_H = 720, 200
-MARGIN = {"left": 56, "right": 16, "top": 16, "bottom": 40}
 RECENT = 6  # earlier context items (and identical diff lines) shown before folding the rest
 
 
@@ -127,118 +126,6 @@ def _pct(level: Any) -> str:
     return fmt.pct(level)
 
 
-# -- plots (geometry here, drawing in the template) -------------------------------------------
-class _Axis:
-    """Linear map from data values to pixels, with round tick marks."""
-
-    def __init__(self, lo: float, hi: float, p0: float, p1: float) -> None:
-        if hi - lo < 1e-9:
-            lo, hi = lo - 0.5, hi + 0.5
-        self.lo, self.hi, self.p0, self.p1 = lo, hi, p0, p1
-
-    def __call__(self, v: float) -> float:
-        v = min(max(v, self.lo), self.hi)
-        return round(self.p0 + (v - self.lo) / (self.hi - self.lo) * (self.p1 - self.p0), 2)
-
-    def ticks(self) -> list[dict[str, Any]]:
-        span = self.hi - self.lo
-        step = next(s for s in (0.05, 0.1, 0.2, 0.25, 0.5, 1.0) if span / s <= 8)
-        first = math.ceil(self.lo / step - 1e-9)
-        out = []
-        v = first * step
-        while v <= self.hi + 1e-9:
-            out.append({"pos": self(v), "label": f"{v:.2f}".rstrip("0").rstrip(".")
-                        if abs(v) > 1e-12 else "0"})
-            v += step
-        return out
-
-
-def _range(values: Iterable[float | None], include: Sequence[float] = (0.0,),
-           pad: float = 0.05) -> tuple[float, float]:
-    vals = [v for v in values if v is not None] + list(include)
-    lo, hi = min(vals), max(vals)
-    return max(-1.0, lo - pad), min(1.0, hi + pad)
-
-
-def _rescue_plot(steps: Sequence[Mapping[str, Any]], locus: int | None) -> dict[str, Any]:
-    """Per-step rescue with its interval; untested steps drawn as hollow marks at zero."""
-    if not steps:
-        return {}
-    lows = [s["ci"][0] for s in steps if s.get("ci")]
-    highs = [s["ci"][1] for s in steps if s.get("ci")]
-    y = _Axis(*_range(lows + highs), PLOT_H - MARGIN["bottom"], MARGIN["top"])
-    inner = PLOT_W - MARGIN["left"] - MARGIN["right"]
-    slot = inner / len(steps)
-    points = []
-    for i, s in enumerate(steps):
-        cx = round(MARGIN["left"] + slot * (i + 0.5), 2)
-        tested = bool(s.get("tested")) and s.get("effect") is not None
-        point: dict[str, Any] = {"x": cx, "step": s["step"], "tested": tested,
-                                 "locus": s["step"] == locus,
-                                 "significant": bool(s.get("significant")),
-                                 "label_every": len(steps) <= 30 or i % 5 == 0
-                                 or s["step"] == locus}
-        if tested:
-            lo, hi = s["ci"] if s.get("ci") else (s["effect"], s["effect"])
-            point.update(y=y(s["effect"]), y_lo=y(lo), y_hi=y(hi),
-                         title=f"step {s['step']}: rescue {_fmt(s['effect'])} {_ci(s.get('ci'))}"
-                               f", n={s.get('n', '?')}")
-        else:
-            point.update(y=y(0.0), title=f"step {s['step']}: not tested")
-        points.append(point)
-    return {"w": PLOT_W, "h": PLOT_H, "m": MARGIN, "zero": y(0.0), "ticks": y.ticks(),
-            "points": points, "cap": min(8.0, slot / 4)}
-
-
-def _arms_plot(arms: Sequence[Mapping[str, Any]], n_steps: int | None) -> dict[str, Any]:
-    """P(failure) per arm ``hold < j`` with its interval, as bars."""
-    if not arms:
-        return {}
-    y = _Axis(0.0, 1.0, PLOT_H - MARGIN["bottom"], MARGIN["top"])
-    inner = PLOT_W - MARGIN["left"] - MARGIN["right"]
-    slot = inner / len(arms)
-    bars = []
-    for i, a in enumerate(arms):
-        j = a["hold_before"]
-        x = MARGIN["left"] + slot * i
-        lo, hi = a.get("ci") or (a["mean"], a["mean"])
-        label = "all held" if n_steps is not None and j >= n_steps else f"<{j}"
-        bars.append({"x": round(x + slot * 0.15, 2), "w": round(slot * 0.7, 2),
-                     "cx": round(x + slot / 2, 2), "y": y(a["mean"]), "y_lo": y(lo), "y_hi": y(hi),
-                     "label": label, "show_label": len(arms) <= 30 or i % 5 == 0,
-                     "title": f"hold steps < {j}: P(failure) {_fmt(a['mean'])} {_ci(a.get('ci'))}"
-                              f", n={a.get('n', '?')}"})
-    return {"w": PLOT_W, "h": PLOT_H, "m": MARGIN, "base": y(0.0), "ticks": y.ticks(),
-            "bars": bars, "cap": min(8.0, slot / 4)}
-
-
-def _shapley_plot(values: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Horizontal bars: each step's Shapley value with its interval."""
-    values = [v for v in values if v.get("estimate") is not None]
-    if not values:
-        return {}
-    row = 28
-    left = 120
-    h = MARGIN["top"] + row * len(values) + MARGIN["bottom"]
-    lows = [v["ci"][0] for v in values if v.get("ci")]
-    highs = [v["ci"][1] for v in values if v.get("ci")]
-    x = _Axis(*_range(lows + highs + [v["estimate"] for v in values]), left,
-              PLOT_W - MARGIN["right"])
-    bars = []
-    for i, v in enumerate(values):
-        cy = MARGIN["top"] + row * i + row / 2
-        lo, hi = v.get("ci") or (v["estimate"], v["estimate"])
-        x0, x1 = sorted((x(0.0), x(v["estimate"])))
-        bars.append({"y": round(cy - row * 0.3, 2), "h": round(row * 0.6, 2), "cy": round(cy, 2),
-                     "x": x0, "w": round(max(x1 - x0, 1.0), 2), "x_lo": x(lo), "x_hi": x(hi),
-                     "label": v.get("label") or f"step {v.get('step')}",
-                     "negative": v["estimate"] < 0,
-                     "title": f"{v.get('label') or v.get('step')}: φ = {_fmt(v['estimate'])} "
-                              f"{_ci(v.get('ci'))}, n={v.get('n', '?')}"})
-    return {"w": PLOT_W, "h": h, "m": MARGIN, "left": left, "zero": x(0.0), "ticks": x.ticks(),
-            "bars": bars, "axis_y": h - MARGIN["bottom"]}
-
-
 # -- the run ---------------------------------------------------------------------------------
 def _timeline(run: Trajectory, locus: int | None) -> list[dict[str, Any]]:
     items = []
@@ -254,8 +141,52 @@ def _timeline(run: Trajectory, locus: int | None) -> list[dict[str, Any]]:
             if isinstance(s.meta.get("prompt"), list) else None,
             "action": show(s.action), "observation": show(s.observation) if s.observed else None,
             "state": show(s.state) if s.state is not None else None,
+            **_cost(s.meta),
         })
     return items
+
+
+def _cost(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """A step's latency and tokens as its recorder stored them (``latency_s``, ``usage``), each
+    None when it did not."""
+    latency = meta.get("latency_s")
+    usage = meta.get("usage") if isinstance(meta.get("usage"), Mapping) else None
+    if isinstance(latency, bool) or not isinstance(latency, (int, float)) \
+            or not math.isfinite(latency) or latency < 0:
+        latency = None
+
+    def count(key: str) -> int | None:
+        v = (usage or {}).get(key)
+        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    return {"latency": None if latency is None else float(latency),
+            "prompt_tokens": count("prompt_tokens"),
+            "completion_tokens": count("completion_tokens")}
+
+
+def seconds(x: float | None) -> str:
+    """A latency for people: milliseconds under a second, else seconds; ``—`` when absent."""
+    if x is None:
+        return fmt.MISSING
+    if x < 0.01:
+        return f"{x * 1000:.1f} ms"
+    return f"{x * 1000:.0f} ms" if x < 1 else f"{x:.2f} s"
+
+
+def _costs(timeline: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The per-step latency and token table, with totals over the steps that recorded them."""
+    if not timeline:
+        return {}
+
+    def total(key: str) -> Any:
+        vals = [t[key] for t in timeline if t[key] is not None]
+        return sum(vals) if vals else None
+
+    recorded = any(t[k] is not None for t in timeline
+                   for k in ("latency", "prompt_tokens", "completion_tokens"))
+    return {"recorded": recorded, "latency": seconds(total("latency")),
+            "prompt_tokens": total("prompt_tokens"),
+            "completion_tokens": total("completion_tokens")}
 
 
 def _decided_from(run: Trajectory, k: int) -> dict[str, Any]:
@@ -404,6 +335,38 @@ def _contrastive_verdict(r: Mapping[str, Any], run: Trajectory | None) -> dict[s
             "note": note, "action": action}
 
 
+def _value_label(v: Mapping[str, Any]) -> str:
+    return str(v.get("label") or f"step {v.get('step')}")
+
+
+def _cap(text: str) -> str:
+    """The first letter upper case, the rest as written (an agent's name keeps its case)."""
+    return text[:1].upper() + text[1:]
+
+
+def _joined(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def shapley_leaders(values: Sequence[Mapping[str, Any]]) -> tuple[str, list[Mapping[str, Any]]]:
+    """Who carries the largest share, honestly: ``("one", [top])`` when the top value's
+    interval lies above every other's, ``("equal", tied)`` when several share the top value
+    (to the precision shown), ``("overlap", contenders)`` when others' intervals reach the
+    top's, so the data cannot rank them. Contenders come largest first; the order among
+    equal values is the steps' order and means nothing."""
+    ranked = sorted((v for v in values if v.get("estimate") is not None),
+                    key=lambda v: -float(v["estimate"]))
+    if not ranked:
+        return "one", []
+    top = ranked[0]
+    same = [v for v in ranked if fmt.num(v["estimate"], 3) == fmt.num(top["estimate"], 3)]
+    if len(same) > 1:
+        return "equal", same
+    top_lo = (top.get("ci") or (top["estimate"],))[0]
+    overlap = [v for v in ranked[1:] if (v.get("ci") or (v["estimate"],) * 2)[1] >= top_lo]
+    return ("overlap", [top, *overlap]) if overlap else ("one", [top])
+
+
 def _shapley_verdict(r: Mapping[str, Any]) -> dict[str, Any]:
     note = _failure_note(r)
     if r.get("truncated"):
@@ -417,14 +380,32 @@ def _shapley_verdict(r: Mapping[str, Any]) -> dict[str, Any]:
         return {"found": False, "answer": answer,
                 "headline": "No Shapley values could be estimated.",
                 "detail": r.get("reason") or "", "note": note, "action": ""}
-    top = max(values, key=lambda v: v["estimate"])
-    label = top.get("label") or f"step {top.get('step')}"
-    return {"found": top["estimate"] > 0, "answer": answer,
-            "headline": f"{label.capitalize()} carries the largest share of the blame",
-            "detail": (f"Shapley value {_fmt(top['estimate'])}, interval {_ci(top.get('ci'))} at "
-                       f"{_pct(r.get('level'))}; all steps together account for "
-                       f"{_fmt(r.get('total'))} of the failure probability."),
-            "note": note, "action": ""}
+    kind, leaders = shapley_leaders(values)
+    top = leaders[0]
+    level = _pct(r.get("level"))
+    total = (f"all steps together account for {_fmt(r.get('total'))} of the failure "
+             "probability.")
+    names = [_value_label(v) for v in leaders]
+    each = "; ".join(f"{_value_label(v)} {_fmt(v['estimate'])} {_ci(v.get('ci'))}"
+                     for v in leaders)
+    if kind == "equal":
+        who = _joined(names) if len(names) <= 3 else f"{len(names)} steps"
+        headline = _cap(f"{who} tie for the largest share of the blame")
+        detail = (f"Shapley value {_fmt(top['estimate'])} each ({each} at {level}): no one "
+                  f"of them carries more than the others; {total}")
+    elif kind == "overlap":
+        some = "either" if len(names) == 2 else "any of them"
+        who = _joined(names) if len(names) <= 3 else f"{len(names)} steps"  # all in the detail
+        headline = _cap(f"{who} cannot be told apart: {some} may carry the largest share of "
+                        "the blame")
+        detail = (f"Shapley values {each} at {level}: the intervals overlap, so this budget "
+                  f"does not rank them; {total}")
+    else:
+        headline = _cap(f"{names[0]} carries the largest share of the blame")
+        detail = (f"Shapley value {_fmt(top['estimate'])}, interval {_ci(top.get('ci'))} at "
+                  f"{level}, above every other step's interval; {total}")
+    return {"found": top["estimate"] > 0, "answer": answer, "headline": headline,
+            "detail": detail, "note": note, "action": ""}
 
 
 def _arm_outcomes(branches: Iterable[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
@@ -451,9 +432,11 @@ def _arm_outcomes(branches: Iterable[Mapping[str, Any]] | None) -> list[dict[str
 # -- entry points ------------------------------------------------------------------------------
 def render_attribution(result: Any, run: Any = None,
                        branches: Iterable[Mapping[str, Any]] | None = None,
-                       choice: str | None = None) -> str:
+                       choice: str | None = None, home: str | None = None) -> str:
     """The full HTML report of a contrastive or Shapley attribution (secrets redacted);
-    ``choice`` says which stored attribution the page shows and how to pick another."""
+    ``choice`` says which stored attribution the page shows and how to pick another, ``home``
+    is the relative link back to the index that lists it (our own file name, never agent
+    text)."""
     r = redact_json(_as_dict(result))
     method = r.get("method")
     if method not in ("contrastive", "shapley"):
@@ -464,15 +447,17 @@ def render_attribution(result: Any, run: Any = None,
                            "run": _run_summary(traj), "timeline": [], "locus_view": None,
                            "diff": [], "rescue": {}, "arms": {}, "shapley": {},
                            "arm_outcomes": _arm_outcomes(branches), "steps": [],
-                           "values": [], "efficiency": None, "choice": choice}
+                           "values": [], "efficiency": None, "choice": choice,
+                           "costs": {}, "seconds": seconds, "home": home}
     locus = r.get("locus") if method == "contrastive" else None
     if traj is not None:
         ctx["timeline"] = _timeline(traj, locus)
+        ctx["costs"] = _costs(ctx["timeline"])
     if method == "contrastive":
         ctx["verdict"] = _contrastive_verdict(r, traj)
         ctx["steps"] = r.get("steps") or []
-        ctx["rescue"] = _rescue_plot(ctx["steps"], locus)
-        ctx["arms"] = _arms_plot(r.get("arms") or [], len(traj.steps) if traj else None)
+        ctx["rescue"] = rescue_plot(ctx["steps"], locus)
+        ctx["arms"] = arms_plot(r.get("arms") or [], len(traj.steps) if traj else None)
         if locus is not None and traj is not None and 0 <= locus < len(traj.steps):
             ctx["locus_view"] = _decided_from(traj, locus)
         example = r.get("example_branch")
@@ -483,7 +468,7 @@ def render_attribution(result: Any, run: Any = None,
     else:
         ctx["verdict"] = _shapley_verdict(r)
         ctx["values"] = r.get("values") or []
-        ctx["shapley"] = _shapley_plot(ctx["values"])
+        ctx["shapley"] = shapley_plot(ctx["values"])
         vf, ve = r.get("v_full") or {}, r.get("v_empty") or {}
         if vf and ve:
             ctx["efficiency"] = {"total": r.get("total"), "v_full": vf, "v_empty": ve,
@@ -492,14 +477,17 @@ def render_attribution(result: Any, run: Any = None,
     return redact(_ENV.get_template("report.html.j2").render(**ctx))
 
 
-def render_run(run: Any) -> str:
+def render_run(run: Any, home: str | None = None) -> str:
     """A run on its own: header and timeline (used when no attribution exists yet)."""
     traj = _as_run(run)
     if traj is None:
         raise InvalidInput("render_run needs a run", hint="pass a car.Trajectory")
+    timeline = _timeline(traj, None)
     return redact(_ENV.get_template("report.html.j2").render(
         r={}, method="run", fmt=_fmt, ci=_ci, pct=_pct, run=_run_summary(traj),
-        timeline=_timeline(traj, None), locus_view=None, diff=[], rescue={}, arms={},
+        timeline=timeline, costs=_costs(timeline), seconds=seconds, home=home,
+        locus_view=None, diff=[],
+        rescue={}, arms={},
         shapley={}, arm_outcomes=[], steps=[], values=[], efficiency=None, choice=None,
         verdict={"found": False, "answer": "", "note": "", "headline": f"Run {traj.id}",
                  "detail": "No attribution yet: run `car attribute` to find the step that "

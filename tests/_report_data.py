@@ -104,3 +104,47 @@ def hostile_contrastive(run: Trajectory, branch: Trajectory) -> dict[str, Any]:
             "coupled": True, "truncated": False, "budget_note": None, "tokens": 1234,
             "cost": 0.0, "search": "full", "steps": steps, "arms": arms,
             "example_branch": branch.to_dict(), "params": {"note": SCRIPT}}
+
+
+def index_store(path: Any, hostile: str | None = None) -> dict[str, Any]:
+    """A store for the index page: a failing pivot run (attributed twice: a locus, then an
+    undecided one), a failing AND-game run with a Shapley attribution, a no-cause run and a
+    passing run with none. With ``hostile`` set, that text is in every run's id, agent and
+    test name and in the Shapley labels. Returns the runs and attribution ids by name."""
+    from car_core.results import result_from_dict
+    from car_core.store import RunStore
+
+    tag = hostile or ""
+    pivot, game, none = syn.pivot(), syn.and_game(), syn.no_cause()
+
+    def named(run: Trajectory, name: str, test: str) -> Trajectory:
+        return replace(run, id=f"{name}{tag}", agent=f"{run.agent}{tag}",
+                       meta={**run.meta, "test": f"tests/test_desk.py::{test}{tag}"})
+
+    runs = {"pivot": named(pivot.failing_run(0), "pivot", "test_refund"),
+            "game": named(game.failing_run(0), "game", "test_and"),
+            "none": named(none.failing_run(0), "none", "test_noise"),
+            "passing": named(Trajectory.new(context={"scm": "pass"},
+                                            steps=[Step(0, "done", None, False)],
+                                            outcome=Outcome(0.0)), "passing", "test_ok")}
+    locus = contrastive_dict(pivot, runs["pivot"], untested=(0, 1))
+    undecided = {**contrastive_dict(pivot, runs["pivot"]), "locus": None, "candidate": 2,
+                 "answer": "undecided", "truncated": True,
+                 "budget_note": "rollout budget of 40 reached"}
+    no_cause = {**contrastive_dict(none, runs["none"]), "locus": None, "answer": "no cause"}
+    shapley = shapley_dict(game, runs["game"].id)
+    for v in shapley["values"]:
+        v["label"] = f"{v['label']}{tag}"
+    ids: dict[str, str] = {}
+    with RunStore(path) as store:
+        for run in runs.values():
+            store.save(run)
+        for name, run, data in (("locus", runs["pivot"], locus),
+                                ("undecided", runs["pivot"], undecided),
+                                ("shapley", runs["game"], shapley),
+                                ("no cause", runs["none"], no_cause)):
+            data = {**data, "run_id": run.id, "attribution_id": None}
+            status = "truncated" if data.get("truncated") else "complete"
+            ids[name] = store.save_attribution(run.id, data["method"], {},
+                                               result_from_dict(data), status)
+    return {"runs": runs, "attributions": ids}

@@ -20,7 +20,17 @@ from _report_data import (
 
 from car_core import synthetic as syn
 from car_core.errors import InvalidInput
-from car_core.report import MARGIN, PLOT_H, render_attribution, render_run
+from car_core.report import render_attribution, render_run
+from car_core.report_plots import (
+    LABEL_GAP,
+    LABEL_MAX,
+    MARGIN,
+    PLOT_H,
+    PLOT_W,
+    UNTESTED_FILL,
+    text_width,
+    wrap_label,
+)
 
 
 class _Tags(HTMLParser):
@@ -54,15 +64,37 @@ def test_verdict_comes_first_and_names_the_locus_with_its_interval(pivot_model, 
     assert f"by {rescue:.2f}, interval [{rescue - 0.15:.2f}, {rescue + 0.15:.2f}]" in html
 
 
-def test_rescue_plot_has_one_mark_per_step_and_untested_steps_are_hollow(pivot_model, pivot_run):
+def test_rescue_plot_draws_untested_steps_as_shaded_columns_not_as_zero(pivot_model, pivot_run):
     html = render_attribution(contrastive_dict(pivot_model, pivot_run, untested=(0, 4)),
                               run=pivot_run)
     plot = html[html.index('id="rescue-plot"'):html.index("</svg>", html.index('id="rescue-plot"'))]
-    assert plot.count('<g class="point">') == pivot_model.n_steps
-    assert plot.count("not tested</title>") == 2
-    assert plot.count('stroke-dasharray="2 2"') == 2
+    groups = re.findall(r'<g class="(point(?: untested)?)">(.*?)</g>', plot, re.S)
+    assert len(groups) == pivot_model.n_steps
+    untested = [body for cls, body in groups if cls == "point untested"]
+    assert len(untested) == 2
+    for body in untested:
+        # no mark on the value axis at all: a full-height shaded column and a "?"
+        assert "<circle" not in body and "not tested (no rescue measured)</title>" in body
+        column = re.search(r'<rect class="untested-column" [^>]*y="([0-9.]+)" [^>]*'
+                           r'height="([0-9.]+)" fill="([^"]+)"', body)
+        assert column and float(column.group(1)) == MARGIN["top"]
+        assert float(column.group(2)) == PLOT_H - MARGIN["top"] - MARGIN["bottom"]
+        assert column.group(3) == UNTESTED_FILL
+        assert '>?</text>' in body
+    tested = [body for cls, body in groups if cls == "point"]
+    assert all("<circle" in body and "untested" not in body for body in tested)
+    # The legend names the style with the same colour; the table says "not tested".
+    legend = html[html.index('<p class="legend">'):html.index("</p>", html.index('class="legend"'))]
+    assert f'class="swatch untested" style="background:{UNTESTED_FILL}' in legend
+    assert "not a rescue of 0" in legend
+    assert html.count('<tr class="untested">') == 2
     # The locus is drawn larger and red; exactly one mark.
     assert plot.count('r="7"') == 1
+
+
+def test_legend_leaves_out_the_untested_style_when_every_step_was_tested(pivot_model, pivot_run):
+    html = render_attribution(contrastive_dict(pivot_model, pivot_run), run=pivot_run)
+    assert "swatch untested" not in html and "untested-column" not in html
 
 
 def test_arms_plot_bars_are_proportional_to_failure_probability(pivot_model, pivot_run):
@@ -88,7 +120,96 @@ def test_shapley_report_shows_values_and_the_efficiency_check():
     assert f"{phi[0]:.3f}" in html  # 0.455 for the AND game at p_bad 0.3
     assert 'id="efficiency"' in html
     assert f"Σφ = <b>{sum(phi):.3f}</b>" in html
-    assert "Step 0 carries the largest share of the blame" in html
+    # Steps 0 and 1 of the AND game have the same value: neither is named alone.
+    assert "Step 0 and step 1 tie for the largest share of the blame" in html
+    assert "carries the largest share" not in html
+
+
+def _values(*estimates_and_cis):
+    return [{"step": k, "label": f"step {k}", "estimate": e, "ci": list(ci), "n": 100}
+            for k, (e, ci) in enumerate(estimates_and_cis)]
+
+
+def _headline(html: str) -> str:
+    return re.search(r'<p class="headline">([^<]*)</p>', html).group(1)
+
+
+def test_shapley_headline_names_one_step_only_when_its_interval_clears_the_others():
+    r = shapley_dict(syn.and_game())
+    r["values"] = _values((0.6, (0.5, 0.7)), (0.2, (0.1, 0.3)), (0.0, (-0.1, 0.1)))
+    assert _headline(render_attribution(r)) == "Step 0 carries the largest share of the blame"
+
+
+def test_shapley_headline_says_overlapping_leaders_cannot_be_told_apart():
+    r = shapley_dict(syn.and_game())
+    # Step 2 is largest but step 0's interval reaches step 2's lower end (0.30 >= 0.30).
+    r["values"] = _values((0.25, (0.2, 0.3)), (0.05, (0.0, 0.1)), (0.4, (0.3, 0.5)))
+    html = render_attribution(r)
+    assert _headline(html) == ("Step 2 and step 0 cannot be told apart: either may carry the "
+                               "largest share of the blame")
+    assert "the intervals overlap, so this budget does not rank them" in html
+
+
+def test_shapley_headline_with_equal_values_names_all_of_them_in_step_order():
+    r = shapley_dict(syn.and_game())
+    r["values"] = _values((0.1, (0.0, 0.2)), (0.3, (0.29, 0.31)), (0.3, (0.29, 0.31)),
+                          (0.3, (0.29, 0.31)))
+    assert _headline(render_attribution(r)) == ("Step 1, step 2 and step 3 tie for the largest "
+                                               "share of the blame")
+
+
+def test_shapley_headline_counts_many_contenders_and_the_detail_names_them_all():
+    r = shapley_dict(syn.and_game())
+    r["values"] = _values(*[(0.3 - 0.01 * k, (0.25 - 0.01 * k, 0.35 - 0.01 * k))
+                            for k in range(5)])
+    html = render_attribution(r)
+    assert _headline(html) == ("5 steps cannot be told apart: any of them may carry the largest "
+                               "share of the blame")
+    detail = re.search(r'<p class="detail">([^<]*)</p>', html).group(1)
+    assert all(f"step {k} 0.{30 - k}" in detail for k in range(5))
+
+
+def test_shapley_headline_keeps_an_agent_name_as_written():
+    r = shapley_dict(syn.and_game())
+    r["values"] = _values((0.6, (0.5, 0.7)), (0.1, (0.0, 0.2)))
+    r["values"][0]["label"] = "LangGraph researcher, step 0 (its 1st decision)"
+    assert _headline(render_attribution(r)).startswith("LangGraph researcher, step 0")
+
+
+def _shapley_labels(html: str) -> tuple[float, list[list[str]]]:
+    start = html.index('id="shapley-plot"')
+    plot = html[start:html.index("</svg>", start)]
+    label_x = float(re.search(r'<text class="label" x="([0-9.]+)"', plot).group(1))
+    labels = [re.findall(r"<tspan [^>]*>([^<]*)</tspan>", t)
+              for t in re.findall(r'<text class="label"[^>]*>(.*?)</text>', plot)]
+    return label_x, labels
+
+
+def test_shapley_label_column_is_as_wide_as_its_longest_label():
+    r = shapley_dict(syn.and_game())
+    long = "account_agent, step 4 (its 1st decision)"
+    r["values"][1]["label"] = long
+    label_x, labels = _shapley_labels(render_attribution(r))
+    assert labels[1] == [long]  # one line, whole
+    # The labels end at label_x and the longest one still starts inside the picture.
+    assert label_x - text_width(long) >= LABEL_GAP
+
+
+def test_a_label_too_long_for_the_column_wraps_and_keeps_every_word():
+    r = shapley_dict(syn.and_game())
+    long = ("the customer-service triage agent that reads every incoming ticket, step 4 "
+            "(its 1st decision)")
+    r["values"][0]["label"] = long
+    label_x, labels = _shapley_labels(render_attribution(r))
+    assert len(labels[0]) > 1 and " ".join(labels[0]) == long
+    assert all(text_width(line) <= PLOT_W * LABEL_MAX for line in labels[0])
+    assert label_x - max(text_width(line) for line in labels[0]) >= LABEL_GAP
+
+
+def test_wrap_label_breaks_a_word_longer_than_the_line():
+    word = "x" * 80
+    lines = wrap_label(word, 100)
+    assert "".join(lines) == word and all(text_width(t) <= 100 for t in lines)
 
 
 def test_no_locus_says_why():
@@ -217,7 +338,7 @@ def test_real_contrastive_result_renders_itself(pivot_model, pivot_run):
     assert html == res._repr_html_()
     assert f"Step {pivot_model.locus} is where this run committed to failure" in html
     plot = html[html.index('id="rescue-plot"'):]
-    assert plot[:plot.index("</svg>")].count('<g class="point">') == pivot_model.n_steps
+    assert plot[:plot.index("</svg>")].count('<g class="point') == pivot_model.n_steps
     # With the run attached: the timeline, the locus context and the rescued branch's diff.
     full = render_attribution(res, run=pivot_run)
     assert full.count('<li class="locus">') == 1 and 'id="locus"' in full
@@ -257,3 +378,38 @@ def test_long_run_folds_the_held_prefix_in_context_and_diff():
     folded = re.search(r"<summary>(\d+) identical lines</summary>", diff)
     assert folded and int(folded.group(1)) == 2 * 20 - 3
     assert diff.count('<tr class="equal">') == 2 * 20  # every line is still in the page
+
+
+# -- latency and tokens ----------------------------------------------------------------------------
+def _costs_table(html: str) -> list[list[str]]:
+    table = html[html.index('<table class="costs">'):html.index("</table>",
+                                                                 html.index('class="costs"'))]
+    return [re.findall(r"<td[^>]*>([^<]*)</td>", row)
+            for row in re.findall(r"<tr[^>]*>(.*?)</tr>", table.split("<tbody>")[1])]
+
+
+def test_latency_and_tokens_per_step_as_the_recorder_stored_them():
+    """Recorders store ``meta["latency_s"]`` and ``meta["usage"]``; a step without them shows
+    ``—``, and the totals count only what was recorded."""
+    run, branch = hostile_run()
+    metas = [{"latency_s": 0.4123, "usage": {"prompt_tokens": 120, "completion_tokens": 8}},
+             {"latency_s": 2.5, "usage": {"prompt_tokens": 300, "completion_tokens": 12}},
+             {}]
+    run = replace(run, steps=tuple(replace(s, meta=m) for s, m in zip(run.steps, metas,
+                                                                       strict=True)))
+    html = render_attribution(hostile_contrastive(run, branch), run=run)
+    rows = _costs_table(html)
+    assert rows == [["0", "—", "412 ms", "120", "8"], ["1", "—", "2.50 s", "300", "12"],
+                    ["2", "—", "—", "—", "—"], ["all", "", "2.91 s", "420", "20"]]
+    assert '<details class="costs" open>' in html
+    # and on the step itself, where the timeline shows it
+    assert '<span class="tag cost">412 ms</span>' in html
+    assert '<span class="tag cost">300 in / 12 out tokens</span>' in html
+
+
+def test_a_run_without_latency_or_tokens_says_so_with_dashes(pivot_model, pivot_run):
+    html = render_run(pivot_run)
+    rows = _costs_table(html)
+    assert len(rows) == pivot_model.n_steps + 1
+    assert all(row[2:] == ["—", "—", "—"] for row in rows)
+    assert "stored no latency or token counts" in html and 'class="tag cost"' not in html
