@@ -266,7 +266,8 @@ class LangGraphAgent:
                                  decides=self.model is not None, coupled=self.couples_noise,
                                  messages_key=self.messages_key, stop=stop)
         thread_id = state.thread_id
-        fork(self.saver, self.messages_key, run, k, thread_id, state.edited)  # the first write
+        # the first write, after every check passed
+        fork(self.saver, self.messages_key, run, k, thread_id, state.edited)
         try:
             with controlling(thread_id, state.control), guarding(thread_id, state.guard):
                 if k in state.forced and self.model is None:
