@@ -5,7 +5,9 @@ the recorder, ``guard`` the side-effect guard, ``middleware`` the ``create_agent
 middleware, ``model`` the model proxy for forced and resampled steps, ``messages`` the
 conversion between LangChain messages and the OpenAI-style dicts CAR stores, ``reach`` what a
 node's code can call (tools, models), ``undecided`` the refusal of model calls CAR does not
-decide.
+decide. Beside ``agent``: ``shape`` (the app read once), ``refusals`` (every run, step or plan
+a branch cannot reproduce), ``plan`` (a plan read per step), ``branch_state`` (one branch in
+flight), ``checkpoints`` (the fork) and ``importer`` (a thread as a trajectory).
 """
 
 from __future__ import annotations

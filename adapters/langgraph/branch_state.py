@@ -1,0 +1,174 @@
+"""One branch thread in flight: what it was forked for, what it has done, and the trajectory it
+records.
+
+``BranchState.open`` checks the user's values (forced actions, the ``do_context`` edit, forced
+tool results) and converts the edit to LangChain messages once, then sets up how the thread's
+model calls are decided (``Control``) and its tools answered (``Guard``). The recorder, the
+guard and ``collect`` all read the same state, so the step a tool call belongs to counts the
+step written without a model call (``offset``) wherever it is asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from langchain_core.messages import BaseMessage
+
+from car_core.contract import Noise, RunStatus, Step, Trajectory
+from car_core.errors import InvalidIntervention
+
+from ..common.messages import (
+    ToolSafety,
+    apply_edit,
+    calls_of,
+    check_action,
+    check_observation,
+    consistent,
+    recorded_calls,
+)
+from .callback import CarCallback, is_send_task
+from .guard import RUN, Guard
+from .messages import from_dicts, jsonable, to_dict, to_dicts
+from .model import Control
+from .plan import BranchPlan, tool_content
+
+
+@dataclass
+class BranchState:
+    """A branch of ``run`` under ``plan`` in thread ``thread_id``, recorded by ``callback``."""
+
+    run: Trajectory
+    plan: BranchPlan
+    noise: Noise
+    agent: str  # the agent's name, recorded on the branch
+    thread_id: str
+    forced: dict[int, Any]  # step -> forced action, checked
+    control: Control
+    callback: CarCallback
+    guard: Guard
+    edited: list[BaseMessage] | None = None  # the edit the fork writes into the checkpoint
+    inputs: dict[int, Any] = field(default_factory=dict)  # step -> model input CAR gave, as dicts
+    stop: Callable[[Trajectory], bool] | None = None
+    offset: int = 0  # 1 once the branch step is written as its node, without a model call
+
+    @classmethod
+    def open(cls, run: Trajectory, plan: BranchPlan, noise: Noise, thread_id: str, *,
+             agent: str, safety: ToolSafety, decides: bool, coupled: bool, messages_key: str,
+             stop: Callable[[Trajectory], bool] | None = None) -> BranchState:
+        """``decides``: CAR decides the app's model calls (``model=`` was given); ``coupled``:
+        those calls take CAR's per-step seeds."""
+        k = plan.start
+        forced = {j: check_action(a, step=j) for j, a in plan.actions.items()}
+        edited = None
+        if plan.edit is not None:
+            given = apply_edit(plan.edit, run.steps[k].state, run_id=run.id, step=k)
+            edited = from_dicts(consistent([dict(m) for m in _message_dicts(given, run.id, k)],
+                                           run_id=run.id, step=k))
+        control = Control(k, forced={j: a for j, a in forced.items()
+                                     if j > k or (j == k and decides)},
+                          policy=plan.policy, noise=noise if coupled else None)
+        state = cls(run, plan, noise, agent, thread_id, forced, control,
+                    CarCallback(messages_key=messages_key),
+                    Guard(safety, answerable_calls(run), run_id=run.id), stop=stop)
+        if edited is not None and is_send_task(run.steps[k].meta):
+            control.inputs[k] = edited  # a Send task builds its input: edit it at the call
+            state.inputs[k] = to_dicts(edited)
+        else:
+            state.edited = edited
+        state.guard.step = state.current_step
+        if k in plan.observations:
+            given = plan.observations[k]
+            for m in check_observation(given, forced.get(k, run.steps[k].action), step=k):
+                state.guard.forced[str(m.get("tool_call_id"))] = tool_content(m.get("content"),
+                                                                              given)
+        state.guard.lookup = state.forced_later if plan.later_observations else None
+        return state
+
+    @property
+    def settles(self) -> bool:
+        """Whether the branch may end early where the outcome is settled (not when a later
+        step's context is edited: that edit has to run)."""
+        return self.stop is not None and not self.plan.edits_later
+
+    def current_step(self) -> int:
+        """The step the thread is deciding now (a refusal of a tool call names it)."""
+        return self.plan.start + self.offset + max(self.callback.decisions_started - 1, 0)
+
+    def forced_later(self, tool_call_id: str) -> Any:
+        """The forced result of a live later step's tool call, or ``RUN``."""
+        found = self.callback.decision_with_call(tool_call_id)
+        if found is None:
+            return RUN
+        j = self.plan.start + self.offset + found[0]
+        later = self.plan.later_observations
+        if j not in later:
+            return RUN
+        given = check_observation(later[j], to_dict(found[1]), step=j)
+        return next(tool_content(m.get("content"), later[j]) for m in given
+                    if m.get("tool_call_id") == tool_call_id)
+
+    def settle(self, values: Any) -> Trajectory | None:
+        """The branch so far, if ``stop`` says its outcome is settled with graph state
+        ``values``."""
+        assert self.stop is not None
+        partial = self.collect(RunStatus.SETTLED, values, self.callback.open_steps(values))
+        return partial if self.stop(partial) else None
+
+    def collect(self, status: str, final: Any, live: list[Step] | None = None) -> Trajectory:
+        """The branch as a trajectory: the held prefix, the step written as its node (if
+        any), then the steps the callback recorded (``live``: all it finished)."""
+        run, plan, k = self.run, self.plan, self.plan.start
+        steps = run.held_prefix(k)
+        if live is None:
+            live = [s for r in self.callback.runs for s in r.steps]
+        if self.offset:  # step k was written as its node, without a model call
+            rec = run.steps[k]
+            results = self.callback.tool_results()
+            obs = [to_dict(results[cid]) for cid, _, _ in calls_of(self.forced[k])
+                   if cid in results]
+            given = plan.recorded_observation(k, obs or None)
+            steps.append(Step(index=k, action=dict(self.forced[k]), observation=given,
+                              observed=given is not None, state=rec.state,
+                              meta=jsonable({**rec.meta, "thread_id": self.thread_id,
+                                             "origin": plan.origin(k)})))
+        for i, s in enumerate(live):
+            j = k + self.offset + i
+            meta = {**s.meta, "thread_id": self.thread_id, **self.control.steps.get(j, {}),
+                    "origin": plan.origin(j)}
+            if j in self.inputs:  # the callback saw the input before CAR replaced it
+                s = replace(s, state=self.inputs[j])
+            steps.append(Step(index=j, action=s.action,
+                              observation=plan.recorded_observation(j, s.observation),
+                              observed=s.observed or j in plan.observations,
+                              state=s.state, meta=jsonable(meta)))
+        return Trajectory.new(context=run.context, steps=steps, seed=self.noise.seed,
+                              agent=self.agent, status=status,
+                              meta={"framework": "langgraph", "thread_id": self.thread_id,
+                                    "parent_thread_id": run.meta.get("thread_id"),
+                                    "final_state": jsonable(final)})
+
+
+def answerable_calls(run: Trajectory) -> dict[tuple[str, str], Any]:
+    """Every tool call of ``run`` a branch's matching call may be answered with: the tool calls
+    of its decisions, and the calls its nodes made themselves (recorded by the callback)."""
+    out = recorded_calls(run.steps)
+    for call in run.meta.get("node_tool_calls") or ():
+        if isinstance(call, Mapping) and call.get("name"):
+            out.setdefault((str(call["name"]), str(call.get("arguments"))), call.get("content"))
+    return out
+
+
+def _message_dicts(edited: Any, run_id: str, k: int) -> list[Mapping[str, Any]]:
+    """What a ``do_context`` edit returned, refused unless it is a list of message dicts."""
+    if isinstance(edited, (str, bytes)) or not isinstance(edited, (list, tuple)):
+        raise InvalidIntervention(f"the do_context edit returned {type(edited).__name__}, not a "
+                                  "list of messages", run_id=run_id, step=k,
+                                  hint="the edit takes and returns the list of message dicts")
+    for m in edited:
+        if not isinstance(m, Mapping):
+            raise InvalidIntervention(f"the do_context edit returned a non-message {m!r}",
+                                      run_id=run_id, step=k,
+                                      hint="each message is a dict with 'role' and 'content'")
+    return list(edited)

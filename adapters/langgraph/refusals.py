@@ -1,0 +1,211 @@
+"""Every shape of run, step or plan a LangGraph branch cannot reproduce faithfully, refused by
+name before anything is written to the checkpointer.
+
+``refuse_run`` checks a run once, before its first branch: each step must have been decided by
+a model node of a graph level CAR can fork into, and the tasks of each superstep must be ones a
+fork can hold apart. ``refuse_branch`` checks one branch: its step's checkpoints and what the
+plan asks of it. ``refuse_unknown_tools`` checks the agent's own parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from car_core.contract import Trajectory
+from car_core.errors import (
+    AdapterError,
+    AgentMismatch,
+    InvalidInput,
+    InvalidIntervention,
+    StepOutOfRange,
+)
+
+from .callback import is_send_task
+from .checkpoints import carried_writes, checkpoint_map, recast, task_at, thread_config
+from .messages import to_dicts
+from .model import CarChatModel
+from .plan import BranchPlan
+from .shape import AppShape
+from .undecided import refuse_undecided
+
+
+def refuse_unknown_tools(tools: list[str], given: Mapping[str, list[str]]) -> None:
+    """Refuse any tool name, in any parameter, that no tool of the graph has: a typo would
+    leave the real tool unguarded on every branch."""
+    unknown = {param: sorted(set(names) - set(tools))
+               for param, names in given.items() if set(names) - set(tools)}
+    if unknown:
+        where = "; ".join(f"side-effect tool(s) {names} are not tools of this graph"
+                          if param == "side_effect_tools" else
+                          f"{param} names {names}, which are not tools of this graph"
+                          for param, names in unknown.items())
+        raise InvalidInput(f"{where}; its tools are {tools}",
+                           hint="spell each name exactly as the tool is registered; a tool "
+                                "a node reaches in a way CAR cannot see (built inside the "
+                                "node function) is passed itself: node_tools=[the_tool]")
+
+
+def refuse_run(shape: AppShape, run: Trajectory,
+               undecided: list[tuple[str, str, str]] | None) -> None:
+    """Refuse a run whose steps this app cannot fork into, naming the shape and the node.
+    ``undecided``: the nodes calling models CAR does not decide, when CAR decides the others
+    (None: CAR decides none)."""
+    if run.meta.get("framework") != "langgraph":
+        raise AdapterError("this run was not recorded from a LangGraph app", run_id=run.id,
+                           hint="record it with CarCallback or import_thread")
+    thread_id = str(run.meta.get("thread_id"))
+    if shape.saver.get_tuple(thread_config(thread_id)) is None:  # a setup error
+        raise AgentMismatch(f"thread {thread_id!r} does not exist in this app's "
+                            "checkpointer", run_id=run.id,
+                            hint="build the agent on the checkpointer (database) the run "
+                                 "was recorded with; an InMemorySaver keeps its threads "
+                                 "only in the process that recorded them")
+    if undecided is not None:
+        refuse_undecided(run, undecided)
+    groups: dict[tuple[str, str], dict[str, list[int]]] = {}  # checkpoint -> task -> steps
+    for i, step in enumerate(run.steps):
+        cmap = checkpoint_map(step.meta)
+        _refuse_step_shape(shape, run, i, cmap)
+        for level, cid in cmap.items():
+            groups.setdefault((level, str(cid)), {}).setdefault(
+                task_at(step.meta, level), []).append(i)
+    for (level, _), by_task in groups.items():
+        refuse_superstep(run, level, by_task)
+    parallel = {key for key, by_task in groups.items() if len(by_task) > 1}
+    for k, step in enumerate(run.steps):  # a Send worker held by its writes must have some
+        for ns, cid in checkpoint_map(step.meta).items():
+            source = (shape.saver.get_tuple(thread_config(thread_id, cid, ns))
+                      if (ns, str(cid)) in parallel else None)
+            if source is not None:
+                carried_writes(run, k, ns, source)
+
+
+def _refuse_step_shape(shape: AppShape, run: Trajectory, i: int, cmap: Mapping[str, str]
+                       ) -> None:
+    """Refuse a step that is not a model decision of a node of a graph level CAR forks."""
+    meta = run.steps[i].meta
+    node, ns = meta.get("node"), meta.get("checkpoint_ns") or ""
+    if not cmap:
+        raise AdapterError(
+            f"step {i} (a model call in node {node!r}) ran outside any graph task "
+            "with a checkpoint — a model called inside a tool, or a graph without "
+            "checkpoints — so no branch can start there", run_id=run.id, step=i,
+            hint="call models from graph nodes; tools that call models are not forked")
+    graph = shape.graphs.get(recast(ns))
+    if graph is None:
+        raise AdapterError(
+            f"step {i} was decided inside subgraph {recast(ns)!r} (node {node!r}), "
+            "which this app does not expose as a subgraph", run_id=run.id, step=i,
+            hint="add the compiled subgraph as a node, or call it from a node "
+                 "function, so it inherits the parent's checkpointer")
+    if node not in graph.nodes:
+        where = f"subgraph {recast(ns)!r}" if ns else "this graph"
+        raise AdapterError(
+            f"step {i} was decided by node {node!r}, which {where} does not have: "
+            "either the run comes from a different graph, or the model ran in a "
+            "subgraph that keeps no checkpoints (compiled with checkpointer=False, or "
+            "with its own checkpointer)", run_id=run.id, step=i,
+            hint="use the app the run was recorded with; compile subgraphs without "
+                 "checkpointer= so they inherit the parent's")
+    if (recast(ns), node) in shape.tool_nodes:
+        raise AdapterError(f"step {i} is not a model decision of a graph node: it "
+                           f"ran in tool node {node!r} (a model called inside a "
+                           "tool)", run_id=run.id, step=i,
+                           hint="intervene on a step whose action a model node wrote")
+
+
+def refuse_superstep(run: Trajectory, level: str, by_task: Mapping[str, list[int]]) -> None:
+    """Refuse the tasks of one superstep (scheduled from one checkpoint at ``level``) that no
+    fork can hold apart: several model calls in one task, or parallel tasks other than
+    ``Send`` tasks that each make one model call in the task itself."""
+    def own(i: int) -> bool:
+        return (run.steps[i].meta.get("checkpoint_ns") or "") == level
+
+    for steps in by_task.values():
+        if len(steps) > 1 and any(own(i) for i in steps):
+            node = run.steps[steps[1]].meta.get("node")
+            raise AdapterError(
+                f"node {node!r} made several model calls in one task (steps {steps[0]} and "
+                f"{steps[1]}); forking at the later one would re-run the earlier one",
+                run_id=run.id, step=steps[1], hint="make one model call per node run (split "
+                "the node)")
+    if len(by_task) < 2:
+        return
+    first, second = sorted(steps[0] for steps in by_task.values())[:2]
+    nodes = sorted({str(run.steps[i].meta.get("node")) for s in by_task.values() for i in s})
+    inner = next((i for s in by_task.values() for i in s if not own(i)), None)
+    if inner is not None:
+        raise AdapterError(
+            f"steps {first} and {second} ran in parallel tasks of one superstep (nodes "
+            f"{nodes}), and step {inner} was decided inside a subgraph one of them runs (a Send "
+            "fan-out or parallel branches into subgraphs): their checkpoints interleave, so no "
+            "fork can hold one task apart from the others", run_id=run.id, step=inner,
+            hint="send to plain nodes that call the model themselves, or run the subgraphs one "
+                 "superstep at a time")
+    pull = next((s[0] for s in by_task.values() if not is_send_task(run.steps[s[0]].meta)), None)
+    if pull is not None:
+        raise AdapterError(
+            f"steps {first} and {second} are model calls scheduled from the same checkpoint "
+            f"in parallel (nodes {nodes}: several model nodes in one superstep, not Send "
+            "tasks); forking one of them would re-run the other", run_id=run.id, step=pull,
+            hint="run model nodes one superstep at a time, or fan out with Send")
+
+
+def refuse_step(shape: AppShape, run: Trajectory, k: int) -> None:
+    """Refuse a step this app cannot fork at: out of range, a checkpoint it was scheduled from
+    deleted, or a checkpoint that no longer holds what the step decided from."""
+    if not 0 <= k < len(run.steps):
+        raise StepOutOfRange(f"step {k} does not exist; the run has {len(run.steps)} steps",
+                             run_id=run.id)
+    step = run.steps[k]
+    thread_id = str(run.meta.get("thread_id"))
+    for ns, cid in checkpoint_map(step.meta).items():
+        if shape.saver.get_tuple(thread_config(thread_id, cid, ns)) is None:
+            raise AdapterError(f"checkpoint {cid} of thread {thread_id!r} (namespace "
+                               f"{ns!r}) was deleted", run_id=run.id, step=k,
+                               hint="the run cannot be forked there; record it again")
+    ns = step.meta.get("checkpoint_ns") or ""
+    snapshot = shape.saver.get_tuple(thread_config(thread_id, step.meta["checkpoint_id"], ns))
+    values = snapshot.checkpoint["channel_values"].get(shape.messages_key) or []
+    if not is_send_task(step.meta) and to_dicts(values) != step.state:
+        raise AdapterError(f"the checkpoint step {k} was scheduled from does not match the "
+                           "record: the run comes from a different graph or thread",
+                           run_id=run.id, step=k,
+                           hint="use the app and thread the run was recorded with")
+
+
+def refuse_branch(shape: AppShape, run: Trajectory, plan: BranchPlan, model: Any) -> None:
+    """Refuse a branch of ``run`` under ``plan`` that the app cannot run faithfully: its step
+    (``refuse_step``), or a plan that needs CAR to decide the model calls (``model``: the
+    ``CarChatModel`` or ``CarMiddleware`` given, or None), a policy that is no chat model,
+    forced tool results without a ``ToolNode``, or a forced input or action on a ``Send``
+    task that only ``CarChatModel`` can reach."""
+    k = plan.start
+    refuse_step(shape, run, k)
+    if plan.needs_control and model is None:
+        raise AdapterError(
+            "holding steps after the branch step or swapping the policy needs CAR to "
+            "decide the app's model calls", run_id=run.id, step=k,
+            hint="add CarMiddleware() to create_agent(..., middleware=[...]), or build "
+                 "the app with CarChatModel(inner=your_model); pass that object as "
+                 "LangGraphAgent(app, model=...)")
+    if plan.policy is not None and not hasattr(plan.policy[1], "_generate"):
+        raise InvalidIntervention("do_policy on a LangGraph agent takes a LangChain chat "
+                                  "model", run_id=run.id, step=plan.policy[0],
+                                  hint="pass do_policy(k, SomeChatModel(...))")
+    if plan.observations and not shape.tool_nodes:
+        raise AdapterError("do_observation needs the graph's tools to run in a ToolNode, "
+                           "whose calls carry the ids the forced results answer",
+                           run_id=run.id, step=min(plan.observations),
+                           hint="run the graph's tools through langgraph.prebuilt.ToolNode")
+    if (is_send_task(run.steps[k].meta) and not isinstance(model, CarChatModel)
+            and plan.changes_start):
+        # CarMiddleware only sees create_agent's model node, never a Send worker's call
+        raise AdapterError(
+            f"step {k} ran in a Send task of node {run.steps[k].meta.get('node')!r}: its "
+            "input is the Send payload and its output goes to the task's own writes, so "
+            "do_action / do_observation / do_context there need CAR to decide the model "
+            "call", run_id=run.id, step=k,
+            hint="build the app with CarChatModel(inner=your_model) and pass it as "
+                 "LangGraphAgent(app, model=...); do_resample works without it")

@@ -1,0 +1,56 @@
+"""What CAR reads of a compiled app once, when the agent is built: its graph levels, its tool
+nodes, what every other node's code reaches, and its tools.
+
+The refusals, the fork and the thread import all read the app through this one view, so they
+agree on which nodes are tool nodes and which levels CAR can fork into.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from langchain_core.tools import BaseTool
+from langgraph.prebuilt import ToolNode
+
+from .checkpoints import join
+from .reach import Reach, reach
+
+
+@dataclass(frozen=True)
+class AppShape:
+    """A compiled app and what its builder says about it (see the module docstring)."""
+
+    app: Any
+    saver: Any
+    messages_key: str
+    graphs: dict[str, Any]  # "" is the app, then each subgraph namespace
+    tool_nodes: dict[tuple[str, str], Any]  # (level, node) -> its ToolNode
+    reaches: dict[tuple[str, str], Reach]  # every other node: its tools, its models
+    tools: list[str]
+    is_async: bool  # async-only nodes: the graph cannot run under invoke()
+
+    @classmethod
+    def of(cls, app: Any, saver: Any, messages_key: str,
+           node_tools: Iterable[str | BaseTool]) -> AppShape:
+        graphs: dict[str, Any] = {"": app, **dict(app.get_subgraphs(recurse=True))}
+        specs = [(ns, n, spec) for ns, g in graphs.items()
+                 for n, spec in getattr(getattr(g, "builder", None), "nodes", {}).items()]
+        tool_nodes = {(ns, n): spec.runnable for ns, n, spec in specs
+                      if isinstance(spec.runnable, ToolNode)}
+        reaches = {(ns, n): reach(spec.runnable) for ns, n, spec in specs
+                   if (ns, n) not in tool_nodes and join(ns, n) not in graphs}
+        tools = sorted({t for node in tool_nodes.values()
+                        for t in getattr(node, "tools_by_name", {})}
+                       | {t for r in reaches.values() for t in r.tools}
+                       | {t.name for t in node_tools if isinstance(t, BaseTool)})
+        is_async = any(getattr(spec.runnable, "func", True) is None
+                       and getattr(spec.runnable, "afunc", None) is not None
+                       for _, _, spec in specs)
+        return cls(app, saver, messages_key, graphs, tool_nodes, reaches, tools, is_async)
+
+    def runs_model(self, level: str, node: str) -> bool:
+        """Whether ``node`` at graph level ``level`` is a node whose messages may be model
+        decisions: neither a tool node nor a subgraph."""
+        return (level, node) not in self.tool_nodes and join(level, node) not in self.graphs
