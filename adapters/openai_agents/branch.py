@@ -23,7 +23,7 @@ from agents.handoffs import Handoff
 from agents.models.interface import Model
 from agents.tool import FunctionTool
 
-from car_core.contract import Noise, Plan, redact
+from car_core.contract import Noise, Plan, Stream, redact
 from car_core.errors import AdapterError, CarError, ModelUnavailable, PolicyError
 
 from ..common import branch as chat_branch
@@ -106,7 +106,7 @@ class CarBranchModel(Model):
         if s.seeds:
             extra = {**(model_settings.extra_args or {}), "seed": s.noise.int_seed(k)}
             model_settings = dataclasses.replace(model_settings, extra_args=extra)
-        token = _STEP_RNG.set(s.noise.rng(k, "policy"))
+        token = _STEP_RNG.set(s.noise.rng(k, Stream.POLICY))
         try:
             s.model_calls += 1
             resp = await model.get_response(
