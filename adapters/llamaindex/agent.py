@@ -18,12 +18,10 @@ attribution is running.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 from llama_index.core.memory import ChatMemoryBuffer
 from llama_index.core.prompts import PromptTemplate
@@ -42,13 +40,13 @@ from ..common.messages import (
     forced_observations,
     recorded_calls,
 )
+from ..common.sync import run_sync
 from ._messages import from_dicts
 from .branch import BranchSession, CarBranchLLM, CarBranchTool
 from .fingerprint import workflow_fingerprint
 from .recorder import BRANCH_TOKEN, CarRecorder, agents_of, tool_names
 from .store_state import STORE_KEY, recorded, restore
 
-T = TypeVar("T")
 MEMORY_TOKENS = 10**9  # the re-entered history must reach the model whole
 # On a branch the state prompt is already in the re-entered messages (the recorded ones): a
 # template that gives the message back unchanged keeps the framework from adding it twice.
@@ -62,16 +60,6 @@ def _workflow_lock(workflow: Any) -> threading.Lock:
     id is not reused while the lock is in use)."""
     with _LOCKS_GUARD:
         return _LOCKS.setdefault(id(workflow), threading.Lock())
-
-
-def _run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run a coroutine to completion from sync code, even when a loop is already running."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(make())
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(lambda: asyncio.run(make())).result()
 
 
 def _check_history(messages: Any, run_id: str, k: int) -> list[dict[str, Any]]:
@@ -320,7 +308,7 @@ class LlamaIndexAgent:
                     if system is not None and system != target.system_prompt:
                         target.system_prompt = system
                 try:
-                    _run_sync(go)
+                    run_sync(go)
                     session.raise_blocked()
                 except CarError:
                     raise

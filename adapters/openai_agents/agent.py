@@ -16,12 +16,10 @@ or failing (refused connection, timeout, 429, 5xx) stops the attribution with
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import threading
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 from agents import Agent, RunConfig, Runner
 from agents.exceptions import (
@@ -46,45 +44,19 @@ from ..common.messages import (
     forced_observations,
     recorded_calls,
 )
+from ..common.sync import BranchLoop, run_sync
 from ._context import ContextFactory, ContextRebuilder
 from ._items import to_items
+from .app import agents_of, handoff_target, tool_names
 from .branch import BranchSession, Decided, clone_app
-from .recorder import CarRecorder, agents_of, handoff_target, tool_names
+from .fingerprint import app_fingerprint
+from .recorder import CarRecorder
 
-T = TypeVar("T")
-
-
-_LOOP: asyncio.AbstractEventLoop | None = None
-_LOOP_LOCK = threading.Lock()
-
-
-def _branch_loop() -> asyncio.AbstractEventLoop:
-    """The one event loop every branch runs on, in a daemon thread of its own. A model's async
-    client (``AsyncOpenAI``'s connection pool) binds to the loop it first ran on and fails on
-    any other, so a loop per branch would make each branch's first call fail (and the branch
-    be retried: every model call paid twice)."""
-    global _LOOP
-    with _LOOP_LOCK:
-        if _LOOP is None or _LOOP.is_closed():
-            loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="car-openai-agents-branches",
-                             daemon=True).start()
-            _LOOP = loop
-        return _LOOP
-
-
-def _run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run a coroutine to completion on the branch loop, from sync code (also from inside a
-    running loop, which then waits, as any blocking call makes it)."""
-    loop = _branch_loop()
-    try:
-        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is loop:
-        raise AdapterError("a CAR branch was started from inside another branch",
-                           hint="call car.intervene / contrastive / shapley outside the app")
-    return asyncio.run_coroutine_threadsafe(make(), loop).result()
+# The one event loop every branch runs on, in a daemon thread of its own. A model's async
+# client (``AsyncOpenAI``'s connection pool) binds to the loop it first ran on and fails on any
+# other, so a loop per branch would make each branch's first call fail (and the branch be
+# retried: every model call paid twice).
+_BRANCH_LOOP = BranchLoop("car-openai-agents-branches")
 
 
 def _car_error_in(exc: BaseException) -> BaseException | None:
@@ -182,7 +154,6 @@ class OpenAIAgentsAgent:
         """The app's agents, instructions, tools and handoffs
         (``car_adapters.openai_agents.fingerprint``): a run recorded from another app is
         refused before any branch runs."""
-        from .fingerprint import app_fingerprint
         return app_fingerprint(self.root)
 
     # -- the car_core Agent protocol ----------------------------------------------------------
@@ -345,7 +316,7 @@ class OpenAIAgentsAgent:
                              max_turns=max_turns, hooks=collector, run_config=config)
 
         try:
-            _run_sync(go)
+            run_sync(go, _BRANCH_LOOP)
         except Exception as exc:
             inner = _car_error_in(exc)
             if inner is not None:

@@ -29,8 +29,8 @@ from car_core.errors import AdapterError, CarError, ModelUnavailable, PolicyErro
 from ..common import branch as chat_branch
 from ..common.messages import ToolSafety, calls_of, canonical_arguments
 from ._items import action_of, output_of
+from .app import handoff_target
 from .fake import _STEP_RNG
-from .recorder import handoff_target
 
 
 class Decided(Exception):
