@@ -1,6 +1,8 @@
-"""car_core's modules import one another without a cycle, counting imports made inside
-functions: a lazy import that dodges a cycle still ties the two modules together, and the
-order of imports in ``car_core/__init__.py`` must not be what keeps ``import car_core`` working.
+"""car_core's modules, and car_adapters' modules, import one another without a cycle, counting
+imports made inside functions: a lazy import that dodges a cycle still ties the two modules
+together, and the order of imports in a package's ``__init__.py`` must not be what keeps
+importing it working. car_core's top floor (the report and the CLI) is imported by nothing
+below it.
 
 The graph is read from the source with ``ast``. Importing ``a.b.c`` also runs ``a/b/__init__``,
 so a submodule import adds an edge to every package above it except those the importing
@@ -14,20 +16,25 @@ import ast
 from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[1] / "car_core"
+ADAPTERS = CORE.parent / "adapters"  # imported as car_adapters
+# The top floor: the report, the CLI and its kit. Only they and the package facade (which wires
+# the report into the results' ``to_html``) may import them.
+TOP_FLOOR = {"car_core.report", "car_core._clikit", "car_core.cli"}
 
 
-def module_name(path: Path, root: Path) -> str:
-    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+def module_name(path: Path, root: Path, top: str) -> str:
+    parts = [top, *path.relative_to(root).with_suffix("").parts]
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def import_graph(root: Path) -> dict[str, set[str]]:
-    """Module -> the modules of the same package it imports (anywhere in its source)."""
-    files = {module_name(p, root): p for p in sorted(root.rglob("*.py"))}
-    packages = {module_name(p, root) for p in root.rglob("__init__.py")}
-    top = root.name
+def import_graph(root: Path, top: str | None = None) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports (anywhere in its source); ``top`` is
+    the package's import name when it differs from its folder's."""
+    top = top or root.name
+    files = {module_name(p, root, top): p for p in sorted(root.rglob("*.py"))}
+    packages = {module_name(p, root, top) for p in root.rglob("__init__.py")}
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         package = name if name in packages else name.rpartition(".")[0]
@@ -87,6 +94,23 @@ def test_car_core_imports_have_no_cycle() -> None:
     assert len(graph) > 20
     assert "car_core.stats" in graph["car_core.replay"]  # the reader sees relative imports
     assert find_cycle(graph) is None
+
+
+def test_car_adapters_imports_have_no_cycle() -> None:
+    graph = import_graph(ADAPTERS, "car_adapters")
+    assert len(graph) > 30
+    # relative imports across subpackages resolve under the import name, not the folder's
+    assert {"car_adapters.common", "car_adapters.common.run_keeping"} <= \
+        graph["car_adapters.openai_agents.recorder"]
+    assert find_cycle(graph) is None
+
+
+def test_nothing_below_the_top_floor_imports_it() -> None:
+    graph = import_graph(CORE)
+    assert TOP_FLOOR <= graph.keys()
+    reaching_up = {m: sorted(graph[m] & TOP_FLOOR) for m in graph
+                   if m not in TOP_FLOOR | {"car_core"}}
+    assert {m: up for m, up in reaching_up.items() if up} == {}
 
 
 def test_the_checker_sees_a_lazy_cycle(tmp_path: Path) -> None:
