@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from car_adapters.models import local
 from car_adapters.llamaindex import CarRecorder, LlamaIndexAgent
 from car_adapters.llamaindex.embedded import LocalLLM
+from car_adapters.models import local
 from car_adapters.models.chat_agent import tool_schema
 from llama_index.core.agent.workflow import FunctionAgent
 
