@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from car_adapters.models import local
 from car_adapters.demo import refund_desk as desk
 from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent
+from car_adapters.models import local
 from car_adapters.models.local import LocalChatModel, load_model
 from langgraph.checkpoint.sqlite import SqliteSaver
 
