@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import typing as _typing
 
+from . import results as _results
 from ._json import JSON
 from .agent import Agent, FunctionAgent
 from .assertions import assert_locus, assert_no_locus, assert_rescues
@@ -33,6 +34,16 @@ Action = JSON
 Observation = JSON
 
 __version__ = "0.1.0"
+
+
+def _render_html(result: dict[str, _typing.Any]) -> str:
+    """A result's HTML report. The report sits on the top floor, above the results it renders,
+    so the package wires it into them; jinja2 loads with the first report, not with the import."""
+    from .report import render_attribution
+    return str(render_attribution(result))
+
+
+_results.render_html_with(_render_html)
 
 
 def __getattr__(name: str) -> _typing.Any:

@@ -33,7 +33,7 @@ from .errors import (
 from .interventions import Plan
 from .outcome import OutcomeFn
 from .redact import redacted
-from .seeding import Noise
+from .seeding import Noise, Stream
 from .trajectory import History, Step, Trajectory
 from .vocabulary import Origin, RunStatus
 
@@ -133,7 +133,7 @@ class FunctionAgent:
         return drive(self, run, plan, noise, stop=stop)
 
     def redecide(self, run: Trajectory, k: int, noise: Noise) -> JSON:
-        return call_policy(self.policy, run.history(k), noise.rng(k, "policy"), k, run.id)
+        return call_policy(self.policy, run.history(k), noise.rng(k, Stream.POLICY), k, run.id)
 
 
 def call_policy(policy: Callable[..., JSON], history: History, rng: np.random.Generator,
@@ -236,7 +236,7 @@ def drive(agent: Any, run: Trajectory, plan: Plan, noise: Noise,
         if k in plan.forced_actions and not edited:
             action = plan.forced_actions[k]
         else:
-            action = call_policy(policy, history, noise.rng(k, "policy"), k, run.id)
+            action = call_policy(policy, history, noise.rng(k, Stream.POLICY), k, run.id)
             meta = policy_meta(policy)
             if meta:
                 check_json(meta, f"the step_meta() of the policy at step {k}")
@@ -247,7 +247,7 @@ def drive(agent: Any, run: Trajectory, plan: Plan, noise: Noise,
         elif agent.environment is not None and not final:
             observed = True
             obs = call_environment(agent.environment, history, action,
-                                   noise.rng(k, "environment"), k, run.id)
+                                   noise.rng(k, Stream.ENVIRONMENT), k, run.id)
         origin: Origin
         if edited:
             origin = Origin.EDITED

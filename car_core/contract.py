@@ -39,11 +39,12 @@ Optional hooks the engine looks for (``getattr``, so an agent may leave them out
   seed, latency); the engine keeps it in the step's meta, where budgets count tokens and money
   (``ModelPolicy``).
 
-Randomness: draw a step's policy randomness from ``noise.rng(k, "policy")`` and tool randomness
-from ``noise.rng(k, "environment")``; the outcome is scored by the engine (``OutcomeFn``), not
-the agent. Check an adapter with ``car_core.testing.run_conformance(factory, context=...,
-outcome=...)``: replay with everything held reproduces the run, a held prefix makes no model or
-tool call, lineage and origins are right, forced values are used, noise is honoured.
+Randomness: draw a step's policy randomness from ``noise.rng(k, Stream.POLICY)`` and tool
+randomness from ``noise.rng(k, Stream.ENVIRONMENT)``; the outcome is scored by the engine, not
+the agent (a recorder that scores the runs it records uses ``scored``, the engine's rule).
+Check an adapter with ``car_core.testing.run_conformance(factory, context=..., outcome=...)``:
+replay with everything held reproduces the run, a held prefix makes no model or tool call,
+lineage and origins are right, forced values are used, noise is honoured.
 
 Actions are compared with ``same_action`` (``canonical_action`` / ``canonical_arguments`` give
 the form it compares): tool-call ids and other provider-assigned fields do not count, so use it
@@ -66,16 +67,16 @@ from .actions import canonical_action, canonical_arguments, same_action
 from .agent import Agent, agent_fingerprint, fingerprint_digest
 from .branching import in_branch
 from .interventions import Plan
-from .outcome import OutcomeFn
+from .outcome import OutcomeFn, scored
 from .run_writer import RunWriter
-from .seeding import Noise
+from .seeding import Noise, Stream
 from .trajectory import History, Outcome, Step, Trajectory
 from .vocabulary import AttributionStatus, Origin, RunStatus
 
 __all__ = ["JSON", "Agent", "AsyncAgent", "AttributionStatus", "History", "ModelPolicy", "Noise",
-           "Origin", "Outcome", "OutcomeFn", "Plan", "RunStatus", "RunWriter", "Step", "Trajectory",
-           "agent_fingerprint", "canonical_action", "canonical_arguments", "fingerprint_digest",
-           "in_branch", "redact", "same_action"]
+           "Origin", "Outcome", "OutcomeFn", "Plan", "RunStatus", "RunWriter", "Step", "Stream",
+           "Trajectory", "agent_fingerprint", "canonical_action", "canonical_arguments",
+           "fingerprint_digest", "in_branch", "redact", "same_action", "scored"]
 
 
 @runtime_checkable

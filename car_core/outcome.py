@@ -2,7 +2,9 @@
 
 ``outcome(run)`` or ``outcome(run, rng)`` (a noisy judge draws from ``rng``) returns a float in
 [0, 1] or a bool, 1 / True meaning the failure happened. ``OutcomeFn`` wraps it once and checks
-every value it returns.
+every value it returns; ``scored`` is the one rule every recorder, replay and branch scores a run
+by: the judge draws from the outcome stream of the noise the run was decided with, so scoring a
+run again (a resumed estimate, a replay) gives it the value it had.
 
 An outcome may also say when a run's score is already fixed: a ``settled(run) -> bool``
 attribute on the function, True when no continuation of the (partial) run can score differently
@@ -16,12 +18,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from .errors import InvalidInput, OutcomeError
-from .trajectory import Trajectory
+from .seeding import Noise, Stream
+from .trajectory import Outcome, Trajectory
 
 
 class OutcomeFn:
@@ -75,6 +79,19 @@ class OutcomeFn:
         raise OutcomeError(f"the outcome function returned {value!r}", run_id=run.id,
                            hint="return a float in [0, 1] or a bool (1 / True = the failure "
                                 "happened)")
+
+    def score(self, run: Trajectory, noise: Noise | None = None) -> float:
+        """The value of ``run``; a noisy judge draws from the outcome stream of ``noise`` (a
+        branch's own), or of the noise a recorded run was recorded with when None."""
+        noise = Noise(run.seed or 0) if noise is None else noise
+        return self(run, noise.rng(0, Stream.OUTCOME))
+
+
+def scored(run: Trajectory, outcome: Callable[..., Any], noise: Noise | None = None
+           ) -> Trajectory:
+    """``run`` with its outcome set by ``outcome`` (see ``OutcomeFn.score``)."""
+    fn = outcome if isinstance(outcome, OutcomeFn) else OutcomeFn(outcome)
+    return replace(run, outcome=Outcome(fn.score(run, noise)))
 
 
 def _positional_arity(fn: Callable[..., Any]) -> int:

@@ -19,6 +19,7 @@ from typing import Any
 from . import defaults
 from ._json import JSON
 from .actions import same_action
+from .agent import agent_fingerprint, check_agent
 from .agent import call_environment as call_environment  # re-exported: drive lives in agent
 from .agent import call_policy as call_policy
 from .agent import drive as drive
@@ -29,14 +30,14 @@ from .errors import (
     BudgetExhausted,
     InvalidInput,
 )
-from .execution import Executor, brancher, execute
+from .execution import Executor, _progress_bar, brancher, execute
 from .interventions import Intervention, compile_plan
-from .outcome import OutcomeFn
+from .outcome import OutcomeFn, scored
 from .seeding import Noise, branch_noise, coupling
 from .stats import Interval, check_level, wilson
 from .tasks import Task, check_failures, returned_run
 from .tasks import run_branch as run_branch
-from .trajectory import Outcome, Trajectory
+from .trajectory import Trajectory
 from .vocabulary import NOT_REDECIDED, RunStatus
 
 TERMINAL_STATUSES = (RunStatus.COMPLETE, RunStatus.MAX_STEPS, RunStatus.SETTLED)
@@ -47,10 +48,8 @@ def record(agent: Any, *, context: JSON = None, outcome: Callable[..., Any], see
     """Run ``agent`` once from ``context`` and score it; the run is the factual record."""
     out = OutcomeFn(outcome)
     noise = Noise(seed)
-    run = returned_run(agent.start(context, noise), agent, "start")
-    value = out(run, noise.rng(0, "outcome"))
-    from .agent import agent_fingerprint
-    run = replace(run, outcome=Outcome(value), seed=noise.seed,
+    run = scored(returned_run(agent.start(context, noise), agent, "start"), out, noise)
+    run = replace(run, seed=noise.seed,
                   meta={**run.meta, "agent_fingerprint": agent_fingerprint(agent)})
     if store is not None:
         store.save(run)
@@ -137,7 +136,6 @@ def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequenc
     failed, the first branch's own error is raised). With ``keep_trajectories=False`` only each
     branch's outcome stays in memory (``trajectories`` is empty): a branch's steps are dropped
     as it finishes, so many rollouts cost a number each, not a run each."""
-    from .agent import check_agent
     check_run(run)
     check_agent(run, agent, force=force_agent)
     if isinstance(rollouts, bool) or not isinstance(rollouts, int) or rollouts < 1:
@@ -196,7 +194,6 @@ def _outcomes_in_batches(tasks: Callable[[range], Iterator[Task]], rollouts: int
     one meter and one progress bar: what ``execute`` holds per finished branch (its task and
     its kept value) is freed batch by batch, so memory is a float per branch, not a task and
     a run."""
-    from .execution import _progress_bar
     bar = _progress_bar(progress, rollouts, "intervene")
     values: list[Any] = []
     failures: list[Any] = []

@@ -8,6 +8,7 @@ shown and every parameter needed to reproduce the estimate.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,18 @@ def _text_table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+HtmlRenderer = Callable[[dict[str, Any]], str]
+_html_renderer: HtmlRenderer | None = None
+
+
+def render_html_with(renderer: HtmlRenderer) -> None:
+    """Set what ``to_html`` renders a result's ``to_dict()`` with. The report reads results, so
+    it sits above them: the package (``car_core/__init__``) hands it down here instead of the
+    results importing the report."""
+    global _html_renderer
+    _html_renderer = renderer
+
+
 class _Rendered:
     """JSON, HTML and notebook display shared by both result types."""
 
@@ -61,8 +74,9 @@ class _Rendered:
         return json.dumps(self.to_dict(), **kwargs)
 
     def to_html(self) -> str:
-        from .report import render_attribution  # the report pulls in jinja2: load it lazily
-        return str(render_attribution(self.to_dict()))
+        if _html_renderer is None:  # pragma: no cover - ``import car_core`` always sets it
+            raise InvalidInput("no HTML renderer is set", hint="import car_core first")
+        return _html_renderer(self.to_dict())
 
     def _repr_html_(self) -> str:
         return self.to_html()

@@ -1,15 +1,17 @@
 """Random streams keyed by position, so results never depend on scheduling.
 
-Every random draw in a rollout comes from a stream named by ``(root seed, key…, step, role)``.
-A recorded run uses key ``(0,)``; rollout ``r`` of an estimator uses ``(1, r)`` when branches are
-coupled, so arms that share a rollout index share the noise of every step they do not intervene
-on (common random numbers); uncoupled branches add the arm's own number, ``(2, arm, r)``.
+Every random draw in a rollout comes from a stream named by ``(root seed, key…, step,
+stream)``, the stream a ``Stream`` member. A recorded run uses key ``(0,)``; rollout ``r`` of an
+estimator uses ``(1, r)`` when branches are coupled, so arms that share a rollout index share
+the noise of every step they do not intervene on (common random numbers); uncoupled branches
+add the arm's own number, ``(2, arm, r)``.
 """
 
 from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -17,7 +19,20 @@ import numpy as np
 from ._json import digest
 from .errors import InvalidInput
 
-ROLES = {"policy": 0, "environment": 1, "outcome": 2, "model": 3}
+
+class Stream(StrEnum):
+    """Which draw of a step a random stream feeds; each has its own stream, so drawing more of
+    one (a longer tool result) never shifts another (the next decision)."""
+
+    POLICY = "policy"  # the agent's decision at the step
+    ENVIRONMENT = "environment"  # the tool / environment's answer to it
+    OUTCOME = "outcome"  # a noisy judge scoring the run (drawn at step 0)
+    MODEL = "model"  # the integer seed handed to a model server
+
+
+# The number each stream contributes to the spawn key: fixed forever, since every recorded
+# seed and stored run was drawn with it.
+_STREAM_NUMBER = {Stream.POLICY: 0, Stream.ENVIRONMENT: 1, Stream.OUTCOME: 2, Stream.MODEL: 3}
 RECORD_KEY = (0,)
 
 
@@ -35,13 +50,17 @@ class Noise:
                                hint="pass seed=0, 1, 2, …")
         object.__setattr__(self, "seed", int(seed))
 
-    def rng(self, step: int, role: str) -> np.random.Generator:
-        seq = np.random.SeedSequence(entropy=self.seed, spawn_key=(*self.key, step, ROLES[role]))
+    def rng(self, step: int, stream: Stream) -> np.random.Generator:
+        number = _STREAM_NUMBER.get(stream)  # a member or its string (they hash alike)
+        if number is None:
+            raise InvalidInput(f"unknown noise stream {stream!r}",
+                               hint=f"use a car_core.contract.Stream: {', '.join(Stream)}")
+        seq = np.random.SeedSequence(entropy=self.seed, spawn_key=(*self.key, step, number))
         return np.random.Generator(np.random.PCG64(seq))
 
-    def int_seed(self, step: int, role: str = "model") -> int:
+    def int_seed(self, step: int, stream: Stream = Stream.MODEL) -> int:
         """A 31-bit integer seed for a model server that takes one (llama.cpp, OpenAI, Ollama)."""
-        return int(self.rng(step, role).integers(0, 2**31 - 1))
+        return int(self.rng(step, stream).integers(0, 2**31 - 1))
 
     def to_dict(self) -> dict[str, object]:
         return {"seed": self.seed, "key": list(self.key)}

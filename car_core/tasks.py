@@ -21,10 +21,11 @@ from typing import Any
 from .branching import branch_scope
 from .errors import AgentError, BranchesFailed
 from .interventions import Plan
+from .outcome import scored
 from .redact import describe
 from .seeding import Noise
 from .stats import wilson
-from .trajectory import Lineage, Outcome, Trajectory
+from .trajectory import Lineage, Trajectory
 from .vocabulary import RunStatus
 
 # The most an estimate may leave out: a failed branch is missing data whose outcome could be
@@ -112,11 +113,10 @@ def run_branch(run: Trajectory, agent: Any, outcome: Any, task: Task) -> Traject
     traj = returned_run(traj, agent, "branch")
     if traj.status == RunStatus.ERROR:  # no outcome: retried and left out like a raise
         raise errored_branch(traj, run.id)
-    value = outcome(traj, task.noise.rng(0, "outcome"))
     lineage = Lineage(parent_id=run.id, interventions=tuple(task.plan.describe()),
                       branch_step=task.plan.start if task.plan.interventions else None,
                       arm=task.arm, rollout=task.rollout)
-    return replace(traj, outcome=Outcome(value), lineage=lineage)
+    return replace(scored(traj, outcome, task.noise), lineage=lineage)
 
 
 def errored_branch(traj: Trajectory, run_id: str | None) -> AgentError:

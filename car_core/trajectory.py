@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._json import JSON, canonical, check_json, digest, digest_of
+from ._json import JSON, canonical, check_json, digest, digest_of, dumps, loads
 from .errors import CorruptRun, StepOutOfRange
 from .redact import holds_secret, scrub
 from .vocabulary import Origin, RunStatus
@@ -263,12 +263,10 @@ class Trajectory:
         return run
 
     def to_json(self) -> str:
-        from ._json import dumps
         return dumps(self.to_dict())
 
     @classmethod
     def from_json(cls, text: str, *, verify: bool = True) -> Trajectory:
-        from ._json import loads
         try:
             data = loads(text)
         except ValueError as exc:

@@ -23,7 +23,7 @@ from car_core.budget import Budget, BudgetMeter
 from car_core.errors import ExecutorUnavailable, OutcomeError
 from car_core.execution import Task, brancher, execute, make_executor
 from car_core.interventions import compile_plan
-from car_core.seeding import branch_noise
+from car_core.seeding import Stream, branch_noise
 
 # Ray workers import functions by module name; this test module is not importable there.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -174,7 +174,7 @@ class ErrorsOnSome:
 
     def branch(self, run: car.Trajectory, plan: Any, noise: Any) -> car.Trajectory:
         traj = self.inner.branch(run, plan, noise)
-        if noise.rng(99, "environment").random() >= self.rate:
+        if noise.rng(99, Stream.ENVIRONMENT).random() >= self.rate:
             return traj
         return car.Trajectory.new(context=traj.context, steps=list(traj.steps), seed=traj.seed,
                                   agent=traj.agent, status="error", error="hook raised")

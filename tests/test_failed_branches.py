@@ -18,7 +18,7 @@ from car_core.budget import BudgetMeter
 from car_core.errors import AgentError, BranchesFailed
 from car_core.execution import Sequential, execute
 from car_core.interventions import compile_plan
-from car_core.seeding import branch_noise
+from car_core.seeding import Stream, branch_noise
 from car_core.store import RunStore, StoreJournal
 from car_core.tasks import FAILED_SHARE, FAILED_SHARE_FROM, Failure, Task, check_failures
 from car_core.vocabulary import RunStatus
@@ -158,7 +158,7 @@ class HeldArmBreaks:
         return self.inner.start(context, noise)
 
     def branch(self, run: car.Trajectory, plan: Any, noise: Any) -> car.Trajectory:
-        if not plan.interventions and noise.rng(99, "environment").random() < self.rate:
+        if not plan.interventions and noise.rng(99, Stream.ENVIRONMENT).random() < self.rate:
             raise RuntimeError("the checkpoint could not be restored")
         return self.inner.branch(run, plan, noise)
 

@@ -1,10 +1,15 @@
 """The public API is exactly ``car_core.__all__``: a name that disappears or appears undocumented
 fails here, so a change to it is always deliberate. Every other public-looking name in the
-package namespace is listed below as intentionally not exported."""
+package namespace is listed below as intentionally not exported. In ``car_adapters`` every
+``__all__`` resolves, each framework subpackage exports what DESIGN.md documents, and importing
+the package itself loads no framework."""
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -100,3 +105,101 @@ def test_function_agent_satisfies_the_agent_protocol() -> None:
 
 def test_version_is_set() -> None:
     assert car_core.__version__.count(".") == 2
+
+
+def test_the_adapter_contract_exports_what_it_imports() -> None:
+    """``car_core.contract`` is the adapters' front door: every name it lists resolves, and
+    every name it brings in for them is listed (typing helpers and submodules aside)."""
+    from car_core import contract
+    assert len(contract.__all__) == len(set(contract.__all__))
+    assert [n for n in contract.__all__ if not hasattr(contract, n)] == []
+    typing_names = {"annotations", "Any", "Protocol", "runtime_checkable"}
+    brought = {n for n, v in vars(contract).items() if not n.startswith("_")
+               and not isinstance(v, types.ModuleType) and getattr(v, "__module__", "")
+               != "car_core.contract"} - typing_names
+    assert brought - set(contract.__all__) == set()
+
+
+# --- car_adapters --------------------------------------------------------------------------
+
+ADAPTERS = ROOT / "adapters"  # imported as car_adapters
+# What DESIGN.md documents each adapter module as exporting (each may export more).
+DOCUMENTED = {
+    "car_adapters.langgraph": {"CarCallback", "LangGraphAgent"},
+    "car_adapters.llamaindex": {"CarRecorder", "LlamaIndexAgent"},
+    "car_adapters.openai_agents": {"CarRecorder", "OpenAIAgentsAgent"},
+    "car_adapters.openai": {"OpenAIPolicy"},
+    "car_adapters.ollama": {"OllamaPolicy"},
+}
+FRAMEWORKS = ("langchain", "langchain_core", "langgraph", "llama_index", "agents", "openai",
+              "ollama", "llama_cpp")
+
+
+def adapter_modules() -> dict[str, list[str] | None]:
+    """``car_adapters`` module -> its ``__all__`` as the source spells it (None without one)."""
+    out: dict[str, list[str] | None] = {}
+    for path in sorted(ADAPTERS.rglob("*.py")):
+        parts = ["car_adapters", *path.relative_to(ADAPTERS).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        names = None
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+                names = list(ast.literal_eval(node.value))
+        out[".".join(parts)] = names
+    return out
+
+
+def run_python(code: str) -> object:
+    """What ``code`` prints as JSON, run in a fresh interpreter (this one stays framework-free)."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT)
+    return json.loads(out.stdout)
+
+
+def test_every_car_adapters_all_resolves() -> None:
+    exported = {m: names for m, names in adapter_modules().items() if names is not None}
+    assert DOCUMENTED.keys() <= exported.keys()
+    assert {m: names for m, names in exported.items() if len(names) != len(set(names))} == {}
+    missing = run_python(
+        "import importlib, json\n"
+        f"exported = {exported!r}\n"
+        "out = {}\n"
+        "for m, names in exported.items():\n"
+        "    mod = importlib.import_module(m)\n"
+        "    out[m] = [n for n in names if not hasattr(mod, n)]\n"
+        "print(json.dumps(out))")
+    assert isinstance(missing, dict)
+    assert {m: names for m, names in missing.items() if names} == {}
+
+
+def test_each_subpackage_that_re_exports_declares_all() -> None:
+    """A subpackage ``__init__`` that imports names from its modules says which are public."""
+    modules = adapter_modules()
+    packages = [p for p in sorted(ADAPTERS.rglob("__init__.py")) if p.parent != ADAPTERS]
+    assert len(packages) >= 6
+    undeclared = []
+    for path in packages:
+        name = "car_adapters." + ".".join(path.parent.relative_to(ADAPTERS).parts)
+        re_exports = any(isinstance(node, ast.ImportFrom) and node.level
+                         for node in ast.parse(path.read_text(encoding="utf-8")).body)
+        if re_exports and modules[name] is None:
+            undeclared.append(name)
+    assert undeclared == []
+
+
+def test_documented_adapter_names_are_exported() -> None:
+    modules = adapter_modules()
+    assert {m: sorted(names - set(modules[m] or ())) for m, names in DOCUMENTED.items()
+            if names - set(modules[m] or ())} == {}
+
+
+def test_importing_car_adapters_loads_no_framework() -> None:
+    """The package (so its ``__init__`` imports no framework, nor a framework subpackage) and
+    its framework-free parts (shared glue, model policies) load no framework: each framework
+    subpackage brings its own when imported."""
+    loaded = run_python("import json, sys, car_adapters, car_adapters.common, "
+                        "car_adapters.models; print(json.dumps(sorted(sys.modules)))")
+    assert isinstance(loaded, list) and "car_adapters.common" in loaded
+    assert [m for m in loaded if m.split(".")[0] in FRAMEWORKS] == []

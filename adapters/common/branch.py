@@ -1,6 +1,8 @@
 """What every chat-framework adapter's branch shares, whatever the framework: the session its
 stand-in models and tools read (the plan, the noise, the step counter, the record of tool
-calls and a refusal to re-raise), how a collected step takes its place in the branch, and
+calls and a refusal to re-raise), how a collected step takes its place in the branch, how a
+branch of an app re-entered at its step is put together (``reentered``) and what it refuses
+first (tools changed since the record, a forced result of a tool the app does not own), and
 how a model client's outage becomes ``ModelUnavailable`` (the attribution stops, resumable,
 instead of every later branch failing on the same dead server). This module imports no
 framework."""
@@ -8,13 +10,13 @@ framework."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 import car_core as car
 from car_core.contract import Noise, Plan, redact
-from car_core.errors import CarError, ModelUnavailable
+from car_core.errors import AdapterError, CarError, InvalidIntervention, ModelUnavailable
 
 from .messages import ToolSafety
 
@@ -107,3 +109,49 @@ def renumber(step: car.Step, k: int, plan: Plan) -> car.Step:
         return replace(step, index=k, meta=meta, observed=True,
                        observation=plan.forced_observations[k])
     return replace(step, index=k, meta=meta)
+
+
+def reentered(run: car.Trajectory, plan: Plan, noise: Noise, *, agent: str, safety: ToolSafety,
+              live: Callable[[int], tuple[Sequence[car.Step], car.Trajectory]]
+              ) -> car.Trajectory:
+    """A branch of an app that is re-entered at ``k = plan.start``: the recorded steps before
+    ``k`` (no model or tool call), then the steps ``live(k)`` collected, already in their
+    places, with the live run's status and error. A plan that starts past the record's end
+    leaves nothing to decide: the branch is the record's steps."""
+    safety.warn_free_text(run.id, run.steps)
+    k = plan.start
+    prefix = run.held_prefix(k)
+    if k >= len(run.steps):
+        return car.Trajectory.new(context=run.context, steps=prefix, seed=noise.seed,
+                                  agent=agent, meta=dict(run.meta))
+    steps, collected = live(k)
+    return car.Trajectory.new(context=run.context, steps=prefix + list(steps), seed=noise.seed,
+                              agent=agent, status=collected.status, error=collected.error,
+                              meta=dict(run.meta))
+
+
+def check_recorded_tools(run: car.Trajectory, current: Mapping[str, Sequence[str]]) -> None:
+    """Refuse a run recorded with other tools (``agent name -> tool names``, as the recorder
+    stamped ``meta["tools"]``): its branches would call tools the record never saw."""
+    recorded = run.meta.get("tools")
+    if recorded is not None and recorded != current:
+        raise AdapterError(f"the app's agents and tools {current} no longer match the recorded "
+                           f"ones {recorded}", run_id=run.id,
+                           hint="branch with the app (and tools) the run was recorded with, or "
+                                "record the run again")
+
+
+def check_forced_tools(session: BranchSession, tools: Mapping[str, Sequence[str]],
+                       run_id: str | None, *, why: str) -> None:
+    """A forced observation can only replace the result of one of the app's own tools
+    (``agent name -> tool names``), not of one the framework answers itself (``why`` says
+    which)."""
+    given = {name for names in tools.values() for name in names}
+    for k, msgs in session.forced_obs.items():
+        for m in msgs:
+            if m.get("name") not in given:
+                raise InvalidIntervention(
+                    f"do_observation cannot replace the result of {m.get('name')!r}: {why}",
+                    run_id=run_id, step=k,
+                    hint="intervene on a step that called one of the app's own tools, or force "
+                         "the next action with do_action")

@@ -158,6 +158,19 @@ def apply_edit(edit: Callable[[Any], Any], messages: list[Message], *, run_id: s
                                        "decides from and returns them edited") from exc
 
 
+def edited_messages(edit: Callable[[Any], Any], messages: list[Message], *,
+                    run_id: str | None, step: int) -> list[Message]:
+    """The messages a ``do_context`` edit returns (``apply_edit``), checked: a list of message
+    dicts with a role each, tool calls still paired with their results (``consistent``)."""
+    edited = apply_edit(edit, messages, run_id=run_id, step=step)
+    if not isinstance(edited, list) or not all(isinstance(m, dict) and "role" in m
+                                               for m in edited):
+        raise InvalidIntervention("the do_context edit must return a list of message dicts",
+                                  run_id=run_id, step=step,
+                                  hint='return [{"role": ..., "content": ...}, ...]')
+    return consistent([dict(m) for m in edited], run_id=run_id, step=step)
+
+
 def consistent(messages: list[Message], *, run_id: str | None = None,
                step: int | None = None) -> list[Message]:
     """Keep tool calls and tool results paired after a ``do_context`` edit: a result whose call
@@ -368,5 +381,6 @@ def forced_observations(plan: Plan, run_id: str | None = None
 
 
 __all__ = ["ToolSafety", "apply_edit", "assistant", "calls_of", "canonical_arguments",
-           "check_action", "check_observation", "consistent", "forced_observations",
+           "check_action", "check_observation", "consistent", "edited_messages",
+           "forced_observations",
            "parse_arguments", "recorded_calls", "tool_call", "tool_result"]

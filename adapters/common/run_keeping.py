@@ -9,11 +9,10 @@ writes to it at once."""
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from typing import Any
 
 import car_core as car
-from car_core.contract import Noise, Outcome, RunWriter, redact
+from car_core.contract import RunWriter, redact, scored
 from car_core.errors import OutcomeError, StoreError
 
 log = redact.logger(__name__)  # log records pass the redaction rule
@@ -21,17 +20,16 @@ log = redact.logger(__name__)  # log records pass the redaction rule
 
 def score_run(run: car.Trajectory, outcome: Any, errors: list[OutcomeError]
               ) -> car.Trajectory:
-    """``run`` with its outcome (an ``OutcomeFn``, or None for none); a noisy judge draws from
-    the run's fixed outcome noise, so the score is the one a replay would give."""
+    """``run`` with its outcome (an ``OutcomeFn``, or None for none), scored by the engine's
+    rule (``scored``), so the score is the one a replay would give."""
     if outcome is None:
         return run
     try:
-        value = outcome(run, Noise(run.seed or 0).rng(0, "outcome"))
+        return scored(run, outcome)
     except OutcomeError as exc:
         errors.append(exc)
         log.error("CAR could not score run %s: %s", run.id, exc)
         return run
-    return replace(run, outcome=Outcome(value))
 
 
 def open_store(store: Any, errors: list[StoreError]) -> Any:

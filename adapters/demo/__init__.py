@@ -97,7 +97,7 @@ def run_demo(policy: str = "local", store: str = "car.db", report: str | None = 
     # the branch threads' checkpoints are scratch: in memory, so a killed demo leaves no folder
     conn = sqlite3.connect(":memory:", check_same_thread=False)
     try:
-        from langgraph.checkpoint.sqlite import SqliteSaver
+        from langgraph.checkpoint.sqlite import SqliteSaver  # loaded only when a demo runs
         wrapper = CarChatModel(inner=model)
         app = app_module.build_app(wrapper, SqliteSaver(conn))
         cb = CarCallback(store=db)

@@ -16,6 +16,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
@@ -117,8 +118,7 @@ def _call(cid: str, name: str, args: dict[str, Any]) -> AIMessage:
 def build_app(model: Any, checkpointer: Any, *, middleware: Sequence[Any] = ()) -> Any:
     """The supervisor app (``langgraph_supervisor.create_supervisor``) over two
     ``create_agent`` workers; ``middleware`` goes to each worker."""
-    from langchain.agents import create_agent
-    from langgraph_supervisor import create_supervisor
+    from langgraph_supervisor import create_supervisor  # each app loads only its own library
     research = create_agent(model, [read_ticket], name="research_agent",
                             system_prompt="You read tickets and report what they say.",
                             middleware=list(middleware))
@@ -134,8 +134,7 @@ def build_app(model: Any, checkpointer: Any, *, middleware: Sequence[Any] = ()) 
 def build_swarm(model: Any, checkpointer: Any, *, middleware: Sequence[Any] = ()) -> Any:
     """The same two workers as a ``langgraph_swarm`` swarm: research hands off to account
     itself (shared message history, no supervisor)."""
-    from langchain.agents import create_agent
-    from langgraph_swarm import create_handoff_tool, create_swarm
+    from langgraph_swarm import create_handoff_tool, create_swarm  # as build_app does
     research = create_agent(model, [read_ticket,
                                     create_handoff_tool(agent_name="account_agent")],
                             name="research_agent",

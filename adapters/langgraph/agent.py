@@ -72,8 +72,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("car_adapters.langgraph needs LangGraph: "
                       "pip install 'causal-agent-replay[langgraph]'") from exc
 
+import car_core as car
 from car_core import RunStore
-from car_core.contract import Noise, Outcome, OutcomeFn, Plan, RunStatus, Trajectory
+from car_core.contract import Noise, Plan, RunStatus, Trajectory, scored
 from car_core.errors import AdapterError, InvalidInput
 
 from ..common.messages import ToolSafety
@@ -392,15 +393,13 @@ def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[..., Any],
     already stored for it (same steps, final state and outcome) instead of storing a copy. An
     outcome written for the old ``outcome(final_state)`` form still works, with a
     ``DeprecationWarning`` (see ``car_adapters.langgraph.thread``)."""
-    import car_core as car
     if method not in ("contrastive", "shapley"):
         raise InvalidInput(f"method={method!r}", hint="use 'contrastive' or 'shapley'")
     agent = LangGraphAgent(app, model=model, side_effect_tools=side_effect_tools,
                            simulators=simulators, match_on=match_on, node_tools=node_tools)
     run = agent.import_thread(thread_id)
     score = thread_outcome(outcome)
-    run = replace(run, outcome=Outcome(OutcomeFn(score)(run, Noise(seed).rng(0, "outcome"))),
-                  seed=seed)
+    run = replace(scored(run, score, Noise(seed)), seed=seed)
     opened = isinstance(store, (str, os.PathLike))
     runs = RunStore(store) if opened else store
     try:

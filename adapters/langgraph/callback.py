@@ -46,6 +46,7 @@ from car_core.contract import (
 from car_core.errors import InvalidInput, OutcomeError, StoreError
 
 from ..common.run_keeping import open_store, score_run, store_run
+from .fingerprint import app_digest
 from .messages import decode, jsonable, to_dict, to_dicts, usage_of
 from .model import CAR_DECIDED, decided_by_car
 
@@ -154,7 +155,6 @@ class CarCallback(BaseCallbackHandler):
         self.store = open_store(store, self.store_errors)
         self.fingerprint: str | None = None
         if app is not None:
-            from .fingerprint import app_digest
             if not hasattr(app, "get_subgraphs"):
                 raise InvalidInput(f"app= must be the compiled LangGraph app the callback "
                                    f"records, got {type(app).__name__}",

@@ -18,9 +18,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from langchain.agents.middleware import AgentMiddleware
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
 
+from .middleware import CarMiddleware
 from .model import CarChatModel
 
 _DEPTH = 8
@@ -96,8 +98,6 @@ def _children(obj: Any) -> Iterator[Any]:
 
 def reach(root: Any) -> Reach:
     """The tools, models and middleware reachable from ``root`` (a node's runnable)."""
-    from .middleware import CarMiddleware
-
     found = Reach()
     seen: set[int] = set()
     stack: list[tuple[Any, int]] = [(root, 0)]
@@ -130,10 +130,6 @@ def reach(root: Any) -> Reach:
 
 
 def _is_middleware(obj: Any) -> bool:
-    try:
-        from langchain.agents.middleware import AgentMiddleware
-    except ImportError:  # pragma: no cover - LangChain 1.x is a dependency of the extra
-        return False
     return isinstance(obj, AgentMiddleware)
 
 

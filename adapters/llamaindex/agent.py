@@ -18,12 +18,10 @@ attribution is running.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 from llama_index.core.memory import ChatMemoryBuffer
 from llama_index.core.prompts import PromptTemplate
@@ -34,21 +32,20 @@ import car_core as car
 from car_core.contract import Noise, Plan, redact
 from car_core.errors import AdapterError, CarError, InvalidIntervention
 
-from ..common.branch import renumber
+from ..common.branch import check_forced_tools, check_recorded_tools, reentered, renumber
 from ..common.messages import (
     ToolSafety,
-    apply_edit,
-    consistent,
+    edited_messages,
     forced_observations,
     recorded_calls,
 )
+from ..common.sync import run_sync
 from ._messages import from_dicts
 from .branch import BranchSession, CarBranchLLM, CarBranchTool
 from .fingerprint import workflow_fingerprint
 from .recorder import BRANCH_TOKEN, CarRecorder, agents_of, tool_names
 from .store_state import STORE_KEY, recorded, restore
 
-T = TypeVar("T")
 MEMORY_TOKENS = 10**9  # the re-entered history must reach the model whole
 # On a branch the state prompt is already in the re-entered messages (the recorded ones): a
 # template that gives the message back unchanged keeps the framework from adding it twice.
@@ -64,23 +61,9 @@ def _workflow_lock(workflow: Any) -> threading.Lock:
         return _LOCKS.setdefault(id(workflow), threading.Lock())
 
 
-def _run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run a coroutine to completion from sync code, even when a loop is already running."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(make())
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(lambda: asyncio.run(make())).result()
-
-
-def _check_history(messages: Any, run_id: str, k: int) -> list[dict[str, Any]]:
-    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m
-                                                 for m in messages):
-        raise InvalidIntervention("the do_context edit must return a list of message dicts",
-                                  run_id=run_id, step=k,
-                                  hint='return [{"role": ..., "content": ...}, ...]')
-    messages = consistent([dict(m) for m in messages], run_id=run_id, step=k)
+def _check_history(messages: list[dict[str, Any]], run_id: str, k: int
+                   ) -> list[dict[str, Any]]:
+    """An edited history a workflow can be re-entered from: it still starts with the user."""
     rest = [m for m in messages if m["role"] != "system"]
     if not rest or rest[0]["role"] != "user":
         raise InvalidIntervention(
@@ -196,27 +179,25 @@ class LlamaIndexAgent:
         return replace(run, context=context, seed=noise.seed)
 
     def branch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
-        self.safety.warn_free_text(run.id, run.steps)
-        k = plan.start
-        prefix = run.held_prefix(k)
-        if k >= len(run.steps):
-            return car.Trajectory.new(context=run.context, steps=prefix, seed=noise.seed,
-                                      agent=self.name, meta=dict(run.meta))
-        self._check_tools(run)
+        return reentered(run, plan, noise, agent=self.name, safety=self.safety,
+                         live=lambda k: self._live(run, plan, noise, k))
+
+    def _live(self, run: car.Trajectory, plan: Plan, noise: Noise, k: int
+              ) -> tuple[list[car.Step], car.Trajectory]:
+        """The steps from ``k`` on, in their places, and the run that collected them."""
+        check_recorded_tools(run, tool_names(self.workflow))
         _check_memory_kept(run, k)
         state, active = self._state(run, k)
         store = recorded(run.step(k).meta, run_id=run.id, step=k)
         if k in plan.context_edits:
-            state = _check_history(apply_edit(plan.context_edits[k], state, run_id=run.id,
-                                              step=k), run.id, k)
+            state = _check_history(edited_messages(plan.context_edits[k], state, run_id=run.id,
+                                                   step=k), run.id, k)
         session = BranchSession(plan, noise, k, self.safety, recorded_calls(run.steps), run.id,
                                 forced_observations(plan, run.id))
-        self._check_forced_tools(session, run)
+        check_forced_tools(session, tool_names(self.workflow), run.id,
+                           why="the framework runs that tool itself")
         live = self._drive(state, active, run, session, store=store)
-        steps = prefix + [renumber(s, k + i, plan) for i, s in enumerate(live.steps)]
-        return car.Trajectory.new(context=run.context, steps=steps, seed=noise.seed,
-                                  agent=self.name, status=live.status, error=live.error,
-                                  meta=dict(run.meta))
+        return [renumber(s, k + i, plan) for i, s in enumerate(live.steps)], live
 
     def redecide(self, run: car.Trajectory, k: int, noise: Noise) -> Any:
         """Decide step ``k`` again from its recorded messages (one model call, no tools)."""
@@ -250,28 +231,6 @@ class LlamaIndexAgent:
                 hint="record the run with a memory that holds it whole (memory="
                      "ChatMemoryBuffer.from_defaults(token_limit=...))")
         return list(step.state), active
-
-    def _check_forced_tools(self, session: BranchSession, run: car.Trajectory) -> None:
-        """A forced observation can only replace the result of a tool the agent was given (not
-        one the framework adds itself, such as ``handoff``)."""
-        given = {n for names in tool_names(self.workflow).values() for n in names}
-        for k, msgs in session.forced_obs.items():
-            for m in msgs:
-                if m.get("name") not in given:
-                    raise InvalidIntervention(
-                        f"do_observation cannot replace the result of {m.get('name')!r}: the "
-                        "framework runs that tool itself", run_id=run.id, step=k,
-                        hint="intervene on a step that called one of the agent's own tools, "
-                             "or force the next action with do_action")
-
-    def _check_tools(self, run: car.Trajectory) -> None:
-        recorded = run.meta.get("tools")
-        current = tool_names(self.workflow)
-        if recorded is not None and recorded != current:
-            raise AdapterError(f"the agent's tools {current} no longer match the recorded "
-                               f"ones {recorded}", run_id=run.id,
-                               hint="branch with the agent (and tools) the run was recorded "
-                                    "with, or record the run again")
 
     def _drive(self, messages: list[dict[str, Any]], active: str | None,
                run: car.Trajectory | None, session: BranchSession, *,
@@ -320,7 +279,7 @@ class LlamaIndexAgent:
                     if system is not None and system != target.system_prompt:
                         target.system_prompt = system
                 try:
-                    _run_sync(go)
+                    run_sync(go)
                     session.raise_blocked()
                 except CarError:
                     raise

@@ -27,7 +27,7 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import LLM
 from llama_index.core.tools import AsyncBaseTool, ToolMetadata, ToolOutput
 
-from car_core.contract import redact
+from car_core.contract import Stream, redact
 from car_core.errors import (
     AdapterError,
     CarError,
@@ -87,7 +87,7 @@ class CarBranchLLM(MessageToolCalls, FunctionCallingLLM):
                 raise AdapterError(f"do_policy gave {type(llm).__name__}, not a LlamaIndex "
                                    "function-calling LLM", run_id=s.run_id, step=k,
                                    hint="pass an LLM instance (e.g. another FunctionCallingLLM)")
-        token = _STEP_RNG.set(s.noise.rng(k, "policy"))
+        token = _STEP_RNG.set(s.noise.rng(k, Stream.POLICY))
         try:
             s.model_calls += 1
             if tools is None:

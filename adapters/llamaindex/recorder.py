@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llama_index.core.agent.workflow.workflow_events import AgentOutput, ToolCallResult
+from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
@@ -103,7 +104,6 @@ def tool_names(workflow: Any) -> dict[str, list[str]]:
 
 def _context_of(start_event: Any) -> Any:
     """What the run started from: the user message as a string, or a message list."""
-    from llama_index.core.base.llms.types import ChatMessage
     msgs: list[Any] = list(getattr(start_event, "chat_history", None) or [])
     user = getattr(start_event, "user_msg", None)
     if isinstance(user, str):

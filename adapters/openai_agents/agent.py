@@ -16,12 +16,10 @@ or failing (refused connection, timeout, 429, 5xx) stops the attribution with
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import threading
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 from agents import Agent, RunConfig, Runner
 from agents.exceptions import (
@@ -38,53 +36,26 @@ import car_core as car
 from car_core.contract import Noise, Origin, Plan, RunStatus, redact
 from car_core.errors import AdapterError, CarError, InvalidInput, InvalidIntervention
 
-from ..common.branch import renumber
+from ..common.branch import check_forced_tools, check_recorded_tools, reentered, renumber
 from ..common.messages import (
     ToolSafety,
-    apply_edit,
-    consistent,
+    edited_messages,
     forced_observations,
     recorded_calls,
 )
+from ..common.sync import BranchLoop, run_sync
 from ._context import ContextFactory, ContextRebuilder
 from ._items import to_items
+from .app import agents_of, handoff_target, tool_names
 from .branch import BranchSession, Decided, clone_app
-from .recorder import CarRecorder, agents_of, handoff_target, tool_names
+from .fingerprint import app_fingerprint
+from .recorder import CarRecorder
 
-T = TypeVar("T")
-
-
-_LOOP: asyncio.AbstractEventLoop | None = None
-_LOOP_LOCK = threading.Lock()
-
-
-def _branch_loop() -> asyncio.AbstractEventLoop:
-    """The one event loop every branch runs on, in a daemon thread of its own. A model's async
-    client (``AsyncOpenAI``'s connection pool) binds to the loop it first ran on and fails on
-    any other, so a loop per branch would make each branch's first call fail (and the branch
-    be retried: every model call paid twice)."""
-    global _LOOP
-    with _LOOP_LOCK:
-        if _LOOP is None or _LOOP.is_closed():
-            loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="car-openai-agents-branches",
-                             daemon=True).start()
-            _LOOP = loop
-        return _LOOP
-
-
-def _run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run a coroutine to completion on the branch loop, from sync code (also from inside a
-    running loop, which then waits, as any blocking call makes it)."""
-    loop = _branch_loop()
-    try:
-        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is loop:
-        raise AdapterError("a CAR branch was started from inside another branch",
-                           hint="call car.intervene / contrastive / shapley outside the app")
-    return asyncio.run_coroutine_threadsafe(make(), loop).result()
+# The one event loop every branch runs on, in a daemon thread of its own. A model's async
+# client (``AsyncOpenAI``'s connection pool) binds to the loop it first ran on and fails on any
+# other, so a loop per branch would make each branch's first call fail (and the branch be
+# retried: every model call paid twice).
+_BRANCH_LOOP = BranchLoop("car-openai-agents-branches")
 
 
 def _car_error_in(exc: BaseException) -> BaseException | None:
@@ -182,7 +153,6 @@ class OpenAIAgentsAgent:
         """The app's agents, instructions, tools and handoffs
         (``car_adapters.openai_agents.fingerprint``): a run recorded from another app is
         refused before any branch runs."""
-        from .fingerprint import app_fingerprint
         return app_fingerprint(self.root)
 
     # -- the car_core Agent protocol ----------------------------------------------------------
@@ -195,18 +165,18 @@ class OpenAIAgentsAgent:
         return replace(run, context=context, seed=noise.seed)
 
     def branch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
-        self.safety.warn_free_text(run.id, run.steps)
-        k = plan.start
-        prefix = run.held_prefix(k)
-        if k >= len(run.steps):
-            return car.Trajectory.new(context=run.context, steps=prefix, seed=noise.seed,
-                                      agent=self.name, meta=dict(run.meta))
+        return reentered(run, plan, noise, agent=self.name, safety=self.safety,
+                         live=lambda k: self._live(run, plan, noise, k))
+
+    def _live(self, run: car.Trajectory, plan: Plan, noise: Noise, k: int
+              ) -> tuple[list[car.Step], car.Trajectory]:
+        """The steps from ``k`` on, in their places, and the run that collected them."""
         self._check_run(run)
         items, active, system = self._state(run, k)
         instructions = None
         if k in plan.context_edits:
-            edited = self._check_history(apply_edit(plan.context_edits[k], run.step(k).state,
-                                                    run_id=run.id, step=k), run.id, k)
+            edited = self._check_history(edited_messages(plan.context_edits[k], run.step(k).state,
+                                                         run_id=run.id, step=k), run.id, k)
             new_system = edited[0]["content"] if edited and edited[0]["role"] == "system" \
                 else None
             if new_system != system:
@@ -215,15 +185,12 @@ class OpenAIAgentsAgent:
         session = BranchSession(plan, noise, k, self.safety, recorded_calls(run.steps), run.id,
                                 forced_observations(plan, run.id),
                                 policy_agents=self.policy_agents)
-        self._check_forced_tools(session, run)
+        check_forced_tools(session, tool_names(self.root), run.id,
+                           why="the SDK writes it itself (a handoff)")
         live = self._drive(items, active, session, self.max_turns - k, instructions,
                            keep_input_guardrails=k == 0, used_tools=_used_tools(run, k),
                            run_context=self.contexts.at(run, k))
-        steps = prefix + [self._placed(s, k + i, plan, session)
-                          for i, s in enumerate(live.steps)]
-        return car.Trajectory.new(context=run.context, steps=steps, seed=noise.seed,
-                                  agent=self.name, status=live.status, error=live.error,
-                                  meta=dict(run.meta))
+        return [self._placed(s, k + i, plan, session) for i, s in enumerate(live.steps)], live
 
     def redecide(self, run: car.Trajectory, k: int, noise: Noise) -> Any:
         """Decide step ``k`` again from its recorded input (one model call, no tool call)."""
@@ -271,13 +238,7 @@ class OpenAIAgentsAgent:
                                f"{self.max_turns}", run_id=run.id,
                                hint="pass OpenAIAgentsAgent(..., max_turns=N) with the N your "
                                     "app runs with")
-        recorded = run.meta.get("tools")
-        current = tool_names(self.root)
-        if recorded is not None and recorded != current:
-            raise AdapterError(f"the app's agents and tools {current} no longer match the "
-                               f"recorded ones {recorded}", run_id=run.id,
-                               hint="branch with the app the run was recorded with, or record "
-                                    "the run again")
+        check_recorded_tools(run, tool_names(self.root))
         self.contexts.check(run)
 
     def _state(self, run: car.Trajectory, k: int) -> tuple[list[Any], str, str | None]:
@@ -297,30 +258,13 @@ class OpenAIAgentsAgent:
         return [dict(i) for i in items], str(active), system
 
     @staticmethod
-    def _check_history(messages: Any, run_id: str, k: int) -> list[dict[str, Any]]:
-        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m
-                                                     for m in messages):
-            raise InvalidIntervention("the do_context edit must return a list of message dicts",
-                                      run_id=run_id, step=k,
-                                      hint='return [{"role": ..., "content": ...}, ...]')
-        messages = consistent([dict(m) for m in messages], run_id=run_id, step=k)
+    def _check_history(messages: list[dict[str, Any]], run_id: str, k: int
+                       ) -> list[dict[str, Any]]:
+        """An edited history the app can be re-entered from: some input is left."""
         if not [m for m in messages if m["role"] != "system"]:
             raise InvalidIntervention("after the edit no input message is left", run_id=run_id,
                                       step=k, hint="keep the user's message (edit its content)")
         return messages
-
-    def _check_forced_tools(self, session: BranchSession, run: car.Trajectory) -> None:
-        """A forced observation can only replace the result of one of the agents' own tools
-        (a handoff's result is written by the SDK)."""
-        given = {n for names in tool_names(self.root).values() for n in names}
-        for k, msgs in session.forced_obs.items():
-            for m in msgs:
-                if m.get("name") not in given:
-                    raise InvalidIntervention(
-                        f"do_observation cannot replace the result of {m.get('name')!r}: the "
-                        "SDK writes it itself (a handoff)", run_id=run.id, step=k,
-                        hint="intervene on a step that called a function tool, or force the "
-                             "next action with do_action")
 
     def _models(self) -> dict[str, Model]:
         out = {}
@@ -345,7 +289,7 @@ class OpenAIAgentsAgent:
                              max_turns=max_turns, hooks=collector, run_config=config)
 
         try:
-            _run_sync(go)
+            run_sync(go, _BRANCH_LOOP)
         except Exception as exc:
             inner = _car_error_in(exc)
             if inner is not None:

@@ -23,14 +23,14 @@ from agents.handoffs import Handoff
 from agents.models.interface import Model
 from agents.tool import FunctionTool
 
-from car_core.contract import Noise, Plan, redact
+from car_core.contract import Noise, Plan, Stream, redact
 from car_core.errors import AdapterError, CarError, ModelUnavailable, PolicyError
 
 from ..common import branch as chat_branch
 from ..common.messages import ToolSafety, calls_of, canonical_arguments
 from ._items import action_of, output_of
+from .app import handoff_target
 from .fake import _STEP_RNG
-from .recorder import handoff_target
 
 
 class Decided(Exception):
@@ -106,7 +106,7 @@ class CarBranchModel(Model):
         if s.seeds:
             extra = {**(model_settings.extra_args or {}), "seed": s.noise.int_seed(k)}
             model_settings = dataclasses.replace(model_settings, extra_args=extra)
-        token = _STEP_RNG.set(s.noise.rng(k, "policy"))
+        token = _STEP_RNG.set(s.noise.rng(k, Stream.POLICY))
         try:
             s.model_calls += 1
             resp = await model.get_response(

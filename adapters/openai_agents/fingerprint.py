@@ -12,7 +12,7 @@ from typing import Any
 from car_core.contract import fingerprint_digest
 
 from ..common.fingerprint import callable_print, tool_print
-from .recorder import agents_of, handoff_target
+from .app import agents_of, handoff_target
 
 
 def _text(value: Any) -> Any:

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from agents import RunHooks
-from agents.handoffs import Handoff
 
 import car_core as car
 from car_core.contract import OutcomeFn, RunStatus, redact
@@ -41,39 +40,10 @@ from ..common.messages import calls_of, tool_result
 from ..common.run_keeping import score_run, store_run
 from ._context import snapshot
 from ._items import action_of, to_dicts
+from .app import tool_names
+from .fingerprint import app_digest
 
 UNFINISHED = "the run stopped before a final output (an exception, a guardrail or max_turns)"
-
-
-def agents_of(root: Any) -> dict[str, Any]:
-    """Every agent reachable from ``root`` through handoffs, by name."""
-    seen: dict[str, Any] = {}
-    todo = [root]
-    while todo:
-        a = todo.pop()
-        if a is None or a.name in seen:
-            if a is not None and seen[a.name] is not a:
-                raise AdapterError(f"two different agents are named {a.name!r}",
-                                   hint="give every agent in the app its own name")
-            continue
-        seen[a.name] = a
-        for h in getattr(a, "handoffs", None) or ():
-            todo.append(handoff_target(h))
-    return seen
-
-
-def handoff_target(h: Any) -> Any:
-    """The agent a handoff entry leads to (``None`` when the SDK keeps no reference)."""
-    if isinstance(h, Handoff):
-        ref = getattr(h, "_agent_ref", None)
-        return ref() if ref is not None else None
-    return h
-
-
-def tool_names(root: Any) -> dict[str, list[str]]:
-    """``agent name -> sorted tool names`` over the app (handoffs excluded)."""
-    return {name: sorted(str(getattr(t, "name", type(t).__name__)) for t in a.tools or ())
-            for name, a in agents_of(root).items()}
 
 
 def _model_name(agent: Any) -> str:
@@ -115,7 +85,6 @@ class _RunBuf:
 def _fingerprint(root: Any) -> str | None:
     """The app's fingerprint, or None (unchecked) for an app CAR cannot read: two agents
     under one name, which ``OpenAIAgentsAgent`` refuses anyway; the user's run goes on."""
-    from .fingerprint import app_digest  # it reads the app with this module's helpers
     try:
         return app_digest(root)
     except AdapterError:

@@ -26,6 +26,7 @@ import sys
 from collections.abc import Callable
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Any
 
 ENTRY_POINT_GROUP = "car.pytest_integrations"
@@ -72,7 +73,6 @@ def integrations() -> list[Integration]:
     global _entry_points_loaded
     if not _entry_points_loaded:
         _entry_points_loaded = True
-        from importlib.metadata import entry_points
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             value = ep.load()
             register(value if isinstance(value, Integration) else value())

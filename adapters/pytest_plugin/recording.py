@@ -225,14 +225,13 @@ class RunRecorder:
         fn = (watched.outcome if watched else None) or self.options.get("outcome")
         if fn is None:
             return run
-        from car_core.contract import Noise, Outcome, OutcomeFn
+        from car_core.contract import scored
         from car_core.errors import CarError
         try:
-            value = OutcomeFn(fn)(run, Noise(0).rng(0, "outcome"))
+            return scored(run, fn)
         except CarError as exc:
             self.outcome_errors.append(f"run {run.id}: {exc}")
             return run
-        return replace(run, outcome=Outcome(value))
 
     def _watched_for(self, run: Any) -> _Watched | None:
         framework = (run.meta or {}).get("framework")

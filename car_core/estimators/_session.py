@@ -163,7 +163,7 @@ class Session:
         def on_result(task: Task, traj: Trajectory) -> None:
             value = traj.outcome.value if traj.outcome is not None else None
             if value is None:  # a journal row written without a score cannot be trusted
-                value = self.outcome(traj, task.noise.rng(0, "outcome"))
+                value = self.outcome.score(traj, task.noise)
             on_value(task, float(value), traj)
 
         # brancher: plain data, so Ray can ship it (a closure over the session would drag the

@@ -62,7 +62,7 @@ from ..errors import InvalidBudget, InvalidInput
 from ..execution import Executor, Task
 from ..interventions import Plan, compile_plan, do_action, do_resample
 from ..results import GameValue, ShapleyResult, ShapleyValue
-from ..seeding import Noise
+from ..seeding import Noise, Stream
 from ..stats import Interval, t_interval, t_quantile, wilson
 from ..trajectory import Trajectory, step_label
 from ._session import Session, check_run_has_steps, releasing
@@ -188,7 +188,7 @@ def _neyman(coef: list[list[float]], ys: dict[int, dict[int, float]], cap: int
 
 
 def _orders(seed: int, unit: int, p: int) -> tuple[list[int], list[int]]:
-    order = [int(i) for i in Noise(seed, (3, unit)).rng(0, "policy").permutation(p)]
+    order = [int(i) for i in Noise(seed, (3, unit)).rng(0, Stream.POLICY).permutation(p)]
     return order, order[::-1]
 
 
