@@ -14,6 +14,7 @@ from .agent import Agent, FunctionAgent
 from .assertions import assert_locus, assert_no_locus, assert_rescues
 from .budget import Budget
 from .estimators import contrastive, shapley
+from .estimators.context import ContextAttribution, context_attribution, context_sources
 from .interventions import (
     Intervention,
     do_action,
@@ -48,6 +49,7 @@ __all__ = [
     "Action",
     "Agent",
     "Budget",
+    "ContextAttribution",
     "FunctionAgent",
     "History",
     "Interval",
@@ -62,6 +64,8 @@ __all__ = [
     "assert_locus",
     "assert_no_locus",
     "assert_rescues",
+    "context_attribution",
+    "context_sources",
     "contrastive",
     "do_action",
     "do_context",

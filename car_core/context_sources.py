@@ -86,6 +86,17 @@ def _message_sources(messages: Sequence[Any], base: Path) -> list[tuple[str, Any
     return found
 
 
+def _string_at(path: Path, state: Any) -> Path:
+    """Where the text of the source at ``path`` sits: a message's content, else the path."""
+    node = _root(state) if isinstance(state, History) else state
+    try:
+        for key in path:
+            node = node[key]
+    except (KeyError, IndexError, TypeError):
+        return path
+    return (*path, "content") if isinstance(node, dict) and "role" in node else path
+
+
 def _context_sources(context: Any) -> list[tuple[str, Any, Path, bool]]:
     if isinstance(context, list):
         return _message_sources(context, ("context",))
@@ -119,8 +130,9 @@ def split(state: Any, splitter: Splitter | None = None) -> tuple[Source, ...]:
         if segments is None or len(segments) < 2 or not isinstance(value, str):
             sources.append(Source(len(sources), label, text, path, None, blank))
             continue
+        at = _string_at(path, state)
         for s, (start, end) in enumerate(segments):
-            sources.append(Source(len(sources), f"{label}, segment {s}", text[start:end], path,
+            sources.append(Source(len(sources), f"{label}, segment {s}", text[start:end], at,
                                   (start, end)))
     return tuple(sources)
 

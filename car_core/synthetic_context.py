@@ -43,6 +43,7 @@ class ContextWorld:
     p_lo: float = 0.1
     flip: float = 0.0
     tool_result: bool = False  # the last source is a tool result returned at step 0
+    shared_noise: bool = True  # False: every branch draws its own noise (a hosted model)
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:
@@ -97,7 +98,8 @@ class ContextWorld:
 
     def agent(self) -> FunctionAgent:
         return FunctionAgent(policy=self.policy, environment=self.environment,
-                             is_final=self.is_final, max_steps=3, name="context-world")
+                             is_final=self.is_final, max_steps=3, name="context-world",
+                             couples_noise=self.shared_noise)
 
     def outcome(self, run: Trajectory, rng: np.random.Generator) -> float:
         bad = any(s.action == "bad" for s in run.steps)
@@ -122,7 +124,7 @@ class ContextWorld:
         """The Banzhaf effect of keeping source ``j`` over random contexts of the others."""
         if j not in self.causal:
             return 0.0
-        return self.d / 2 ** (len(self.causal) - 1)  # the others all present (and) / absent (one)
+        return float(self.d / 2 ** (len(self.causal) - 1))  # the others all present (and) / absent (one)
 
     def rescue(self, j: int) -> float:
         """P(fail | full) − P(fail | without j)."""

@@ -15,7 +15,8 @@ stages, on separate rollouts, so what the first chooses cannot bias what the sec
    (``stats.coupling_of``); a causal source makes halves disagree, so it reads low, never high,
    when a cause is there, and the confirmation then uses the unpaired test.
 2. **Confirm.** The top few by the surrogate (at most ``CANDIDATES``, each with a positive
-   weight) are each left out alone, against the full context, on fresh rollouts: a one-sided
+   weight at least ``FOCUS`` times the top one, so the budget is not spread over also-rans)
+   are each left out alone, against the full context, on fresh rollouts: a one-sided
    exact test of ``P(fail | full) > P(fail | without j)`` — the sign test on discordant pairs
    when stage 1 measured shared noise, Fisher's test otherwise — with Holm's procedure over the
    candidates at ``alpha``. The sources it rejects are *named*; each carries its leave-one-out
@@ -47,6 +48,7 @@ from ..trajectory import Trajectory
 from ._arms import StepArms, check_rollouts
 
 CANDIDATES = 3  # most sources confirmed one by one
+FOCUS = 0.25  # confirm only sources whose weight is at least this share of the top weight
 SCREEN_SHARE = 0.5  # of the rollouts spent screening; the rest confirm
 LASSO_PENALTY = 0.5  # the lasso's λ as a multiple of the universal threshold σ·sqrt(2 log m / n)
 
@@ -188,7 +190,7 @@ def sign_test(wins: int, losses: int) -> float:
     n = wins + losses
     if n == 0:
         return 1.0
-    return sum(math.comb(n, i) for i in range(wins, n + 1)) / 2 ** n
+    return float(sum(math.comb(n, i) for i in range(wins, n + 1)) / 2 ** n)
 
 
 def fisher_greater(a_fail: int, a_n: int, b_fail: int, b_n: int) -> float:
@@ -289,7 +291,8 @@ def context_attribution(run: Trajectory, agent: Any, *, step: int, outcome: Call
         screened.append(SourceEffect(srcs[j], d.estimate, Interval(*d.ci, level),
                                      float(weights[j]), len(done)))
     order = sorted(range(m), key=lambda j: (-weights[j], -screened[j].effect))
-    cands = [j for j in order if weights[j] > 0][:CANDIDATES]
+    top = max(float(weights.max()), 0.0)
+    cands = [j for j in order if weights[j] > 0 and weights[j] >= FOCUS * top][:CANDIDATES]
     p_full: float | None = None
     test = "sign test on paired rollouts" if paired else "Fisher's exact test"
     per_arm = arms.remaining // (len(cands) + 1) if cands else 0
@@ -314,12 +317,12 @@ def context_attribution(run: Trajectory, agent: Any, *, step: int, outcome: Call
         verdicts = holm(pvals, alpha)
         rescue_level = 1.0 - alpha / len(cands)
         for j, (a, b), p, named in zip(cands, rows, pvals, verdicts, strict=True):
-            d = difference(a, b, rescue_level, paired=paired) if a else None
+            loo = difference(a, b, rescue_level, paired=paired) if a else None
             s = screened[j]
             screened[j] = SourceEffect(
                 s.source, s.effect, s.ci, s.weight, s.pairs,
-                rescue=None if d is None else d.estimate,
-                rescue_ci=None if d is None else Interval(*d.ci, rescue_level),
+                rescue=None if loo is None else loo.estimate,
+                rescue_ci=None if loo is None else Interval(*loo.ci, rescue_level),
                 p_value=p, named=named)
     arms.finish()
     truncated = bool(arms.meter.tripped) and (not cands or per_arm < 2)
