@@ -213,7 +213,8 @@ def remover(sources: Sequence[Source], removed: Sequence[int]) -> Callable[[Any]
 
     def edit(state: Any) -> Any:
         return ablate(state, sources, chosen)
-    edit.__name__ = "remove " + ", ".join(sources[i].label for i in chosen) if chosen else "none"
+    labels = [s.label for s in sources if s.index in chosen]
+    edit.__name__ = ("remove " + ", ".join(labels)) if labels else "remove nothing"
     return edit
 
 

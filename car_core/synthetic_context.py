@@ -124,7 +124,8 @@ class ContextWorld:
         """The Banzhaf effect of keeping source ``j`` over random contexts of the others."""
         if j not in self.causal:
             return 0.0
-        return float(self.d / 2 ** (len(self.causal) - 1))  # the others all present (and) / absent (one)
+        # the other causal sources all present (and) or all absent (one)
+        return float(self.d / 2 ** (len(self.causal) - 1))
 
     def rescue(self, j: int) -> float:
         """P(fail | full) − P(fail | without j)."""

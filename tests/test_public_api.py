@@ -17,6 +17,8 @@ PUBLIC = [
     "Observation", "Outcome", "RunStore", "Step", "Trajectory", "action_match_rate",
     "assert_locus", "assert_no_locus", "assert_rescues",
     "ContextAttribution", "context_attribution", "context_sources",
+    "Candidate", "RepairRanking", "repairs", "remove_sources", "add_instruction",
+    "guard_observation", "export_pairs",
     "contrastive", "do_action", "do_context", "do_observation", "do_policy", "do_resample",
     "intervene", "record", "shapley",
 ]
