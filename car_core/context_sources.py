@@ -6,9 +6,10 @@ tool), one part of a message whose content is a list of parts, a key or an item 
 user ``splitter(text) -> [segment, …]`` cuts every textual source finer (sentences, retrieved
 documents inside one tool result); its segments must appear in the text in order.
 
-Taking a source out (``ablate``) deletes it: a message or item is dropped, a segment is cut
-from its string, an observation becomes ``None``. A tool message keeps its place with empty
-content, so the tool call it answers stays answered (chat APIs refuse an unanswered one).
+Taking a source out (``ablate``) deletes what it says: a message keeps its place with empty
+content (so a tool call stays answered and the history still opens with a user turn, which chat
+APIs and frameworks require), a message part or a context item is dropped, a segment is cut
+from its string, an observation becomes ``None``.
 Assistant messages are the agent's own earlier decisions, which the step estimators blame;
 they are not sources.
 """
@@ -79,22 +80,9 @@ def _message_sources(messages: Sequence[Any], base: Path) -> list[tuple[str, Any
         if isinstance(content, list) and len(content) > 1:
             for p, part in enumerate(content):
                 found.append((f"{name}, part {p}", part, (*base, i, "content", p), False))
-        elif role == "tool":
-            found.append((name, content, (*base, i, "content"), True))
         else:
-            found.append((name, content, (*base, i), False))
+            found.append((name, content, (*base, i, "content"), True))
     return found
-
-
-def _string_at(path: Path, state: Any) -> Path:
-    """Where the text of the source at ``path`` sits: a message's content, else the path."""
-    node = _root(state) if isinstance(state, History) else state
-    try:
-        for key in path:
-            node = node[key]
-    except (KeyError, IndexError, TypeError):
-        return path
-    return (*path, "content") if isinstance(node, dict) and "role" in node else path
 
 
 def _context_sources(context: Any) -> list[tuple[str, Any, Path, bool]]:
@@ -130,9 +118,8 @@ def split(state: Any, splitter: Splitter | None = None) -> tuple[Source, ...]:
         if segments is None or len(segments) < 2 or not isinstance(value, str):
             sources.append(Source(len(sources), label, text, path, None, blank))
             continue
-        at = _string_at(path, state)
         for s, (start, end) in enumerate(segments):
-            sources.append(Source(len(sources), f"{label}, segment {s}", text[start:end], at,
+            sources.append(Source(len(sources), f"{label}, segment {s}", text[start:end], path,
                                   (start, end)))
     return tuple(sources)
 

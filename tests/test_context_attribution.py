@@ -33,8 +33,10 @@ def test_chat_messages_split_into_sources_and_assistant_turns_are_not_sources() 
     sources = split(messages)
     assert [s.label for s in sources] == ["system message 0", "user message 1", "tool message 3"]
     edited = ablate(messages, sources, [1, 2])
-    # the user message is dropped; the tool message keeps its place (its call stays answered)
-    assert edited == [messages[0], messages[2], {**messages[3], "content": ""}]
+    # messages keep their place with empty content: the tool call stays answered, the history
+    # still opens with a user turn
+    assert edited == [messages[0], {**messages[1], "content": ""}, messages[2],
+                      {**messages[3], "content": ""}]
     assert messages[3]["content"] == "order found"  # the recorded state is not changed
 
 
