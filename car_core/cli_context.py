@@ -44,6 +44,8 @@ CandidatesOpt = Annotated[str | None, typer.Option(
                          "(interventions, car.Candidate or (label, interventions)).")]
 InstructionOpt = Annotated[list[str] | None, typer.Option(
     "--instruction", help="A system-prompt line to try as a repair (repeatable).")]
+ReportOpt = Annotated[Path | None, typer.Option(
+    "--report", help="Also write the HTML report of the run with this panel.")]
 GuardOpt = Annotated[list[str] | None, typer.Option(
     "--guard", help="J:JSON: try the tool result of step J replaced by JSON (repeatable).")]
 
@@ -65,6 +67,21 @@ def _load(run_id: str, store: str, step: int | None) -> tuple[Trajectory, int]:
     return run, step
 
 
+def _write_report(run: Trajectory, store: str, path: Path, what: Any = None,
+                  fixes: Any = None) -> None:
+    """The run's report (its latest attribution, if any) with the "what" / "fixes" panels."""
+    from .report import render_attribution, render_run
+    db = kit.existing_store(store)
+    try:
+        found = _cli._latest_attribution(db, run.id)
+    finally:
+        db.close()
+    html = (render_attribution(found.result, run, what=what, fixes=fixes) if found is not None
+            else render_run(run, what=what, fixes=fixes))
+    path.write_text(html, encoding="utf-8")
+    _cli.err.print(Text(kit.safe(f"report written to {path}")))
+
+
 def _what(run: Trajectory, step: int, agent: Any, outcome: Any, *, rollouts: int, alpha: float,
           seed: int, splitter: str | None, force_agent: bool) -> Any:
     from .estimators.context import context_attribution
@@ -77,7 +94,7 @@ def what(run_id: Annotated[str, typer.Argument(help="Run id.")], agent: AgentOpt
          outcome: OutcomeOpt = None, step: StepOpt = None,
          rollouts: RolloutsOpt = defaults.CONTEXT_ROLLOUTS, alpha: AlphaOpt = defaults.ALPHA,
          seed: SeedOpt = 0, splitter: SplitterOpt = None, force_agent: ForceAgentOpt = False,
-         store: StoreOpt = "car.db", json_out: JsonOpt = False) -> None:
+         report: ReportOpt = None, store: StoreOpt = "car.db", json_out: JsonOpt = False) -> None:
     """Which message, tool result or document the step decided from caused the failure:
     random ablations re-run through the agent, each source's effect with its interval."""
     _cli._check_seed(seed)
@@ -85,6 +102,8 @@ def what(run_id: Annotated[str, typer.Argument(help="Run id.")], agent: AgentOpt
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
     result = _what(run, k, the_agent, the_outcome, rollouts=rollouts, alpha=alpha, seed=seed,
                    splitter=splitter, force_agent=force_agent)
+    if report is not None:
+        _write_report(run, store, report, what=result)
     if json_out:
         _cli._print_json(result.to_dict())
     else:
@@ -138,7 +157,7 @@ def fix(run_id: Annotated[str, typer.Argument(help="Run id.")], agent: AgentOpt,
         seed: SeedOpt = 0, force_agent: ForceAgentOpt = False,
         pairs: Annotated[Path | None, typer.Option(
             "--pairs", help="Also write the validated repairs as car.pair/1 JSON lines.")] = None,
-        store: StoreOpt = "car.db", json_out: JsonOpt = False) -> None:
+        report: ReportOpt = None, store: StoreOpt = "car.db", json_out: JsonOpt = False) -> None:
     """Rank candidate repairs at the step by P(failure) with simultaneous intervals. Without
     candidates, the sources `car what` names are removed, one by one."""
     _cli._check_seed(seed)
@@ -150,6 +169,8 @@ def fix(run_id: Annotated[str, typer.Argument(help="Run id.")], agent: AgentOpt,
     if pairs is not None:
         from .pairs import export_pairs
         export_pairs([(run, ranking)], pairs)
+    if report is not None:
+        _write_report(run, store, report, what=what, fixes=ranking)
     if json_out:
         _cli._print_json({**ranking.to_dict(), "what": None if what is None else what.to_dict()})
     else:
