@@ -11,7 +11,7 @@ noise of everything they do not change; whether they do is measured from the out
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..agent import check_agent
@@ -32,6 +32,14 @@ class Branch:
 
     value: float
     action: Any
+
+
+def capped(budget: Budget | int | None, rollouts: int) -> Budget:
+    """``budget`` (a ``car.Budget`` or a rollout count) with its rollout cap at most
+    ``rollouts``: the estimate's own cap always holds, whatever else the budget limits."""
+    given = as_budget(budget) or Budget()
+    cap = rollouts if given.rollouts is None else min(given.rollouts, rollouts)
+    return replace(given, rollouts=cap)
 
 
 def check_rollouts(rollouts: Any, least: int) -> int:

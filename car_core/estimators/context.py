@@ -11,9 +11,9 @@ stages, on separate rollouts, so what the first chooses cannot bias what the sec
    estimate is a mean over pairs of the kept half minus the removed half, with a paired Newcombe
    interval at ``level`` (the pairs are independent units, whatever noise their halves share).
    A sparse linear surrogate (the lasso, as ContextCite fits) on the same pairs ranks the
-   sources. How much the halves of a pair agree beyond independence is the coupling measured
-   (``stats.coupling_of``); a causal source makes halves disagree, so it reads low, never high,
-   when a cause is there, and the confirmation then uses the unpaired test.
+   sources. How much the halves of a pair agree beyond what their failure rates allow is the
+   coupling measured (``stats.coupling_of``), within the strata of the strongest source so
+   that its effect does not read as disagreement; it chooses the confirmation's test.
 2. **Confirm.** The top few by the surrogate (at most ``CANDIDATES``, each with a positive
    weight at least ``FOCUS`` times the top one, so the budget is not spread over also-rans)
    are each left out alone, against the full context, on fresh rollouts: a one-sided
@@ -40,12 +40,12 @@ from .. import defaults
 from .._json import JSON
 from ..budget import Budget
 from ..context_sources import Source, Splitter, keep_all, remover, split, state_of
-from ..errors import InvalidInput
+from ..errors import BudgetExhausted, InvalidInput
 from ..execution import Executor
 from ..interventions import do_context
 from ..stats import Coupling, Interval, check_level, coupling_of, difference
 from ..trajectory import Trajectory
-from ._arms import StepArms, check_rollouts
+from ._arms import StepArms, capped, check_rollouts
 
 CANDIDATES = 3  # most sources confirmed one by one
 FOCUS = 0.25  # confirm only sources whose weight is at least this share of the top weight
@@ -222,6 +222,14 @@ def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
     return rejected
 
 
+def _coupling(ya: np.ndarray, yb: np.ndarray, strongest: np.ndarray) -> Coupling:
+    """How much the halves of the pairs share noise, measured within the two strata of the
+    strongest source (kept in the first half, or in the second): a causal source gives the
+    halves different failure rates, which read as disagreement if the pairs were pooled."""
+    return coupling_of([(list(ya[strongest == s]), list(yb[strongest == s]))
+                        for s in (1.0, -1.0)])
+
+
 # -- the estimator ----------------------------------------------------------------------------
 def _check_sources(given: Sequence[Source] | None, found: tuple[Source, ...], run: Trajectory,
                    step: int) -> tuple[Source, ...]:
@@ -255,8 +263,7 @@ def context_attribution(run: Trajectory, agent: Any, *, step: int, outcome: Call
     if not 0.0 < alpha < 1.0:
         raise InvalidInput(f"alpha={alpha} is outside (0, 1)", hint="use e.g. alpha=0.05")
     arms = StepArms(run, agent, outcome, step=step, seed=seed,
-                    budget=rollouts if budget is None else budget, executor=executor,
-                    force_agent=force_agent)
+                    budget=capped(budget, rollouts), executor=executor, force_agent=force_agent)
     srcs = _check_sources(sources, split(state_of(run, step), splitter), run, step)
     m = len(srcs)
     rng = np.random.default_rng(np.random.SeedSequence(entropy=seed, spawn_key=(7, step)))
@@ -277,12 +284,13 @@ def context_attribution(run: Trajectory, agent: Any, *, step: int, outcome: Call
     ya = np.array([got[(f"mask-{r}a", r)].value for r in done])
     yb = np.array([got[(f"mask-{r}b", r)].value for r in done])
     if len(done) < 2:
-        raise InvalidInput("fewer than two ablation pairs could run", run_id=run.id, step=step,
-                           hint="raise rollouts (or the budget)")
+        raise BudgetExhausted(f"fewer than two ablation pairs could run "
+                              f"({arms.meter.tripped or 'their branches failed'})",
+                              run_id=run.id, hint="raise rollouts (or the budget)")
     signs = np.where(masks[done], 1.0, -1.0)
-    measured = coupling_of([(list(ya), list(yb))])
-    paired = measured.shared
     weights = surrogate(signs, ya - yb)
+    measured = _coupling(ya, yb, signs[:, int(np.argmax(np.abs(weights)))])
+    paired = measured.shared
     screened = []
     for j in range(m):
         kept = [float(a if s > 0 else b) for a, b, s in zip(ya, yb, signs[:, j], strict=True)]
