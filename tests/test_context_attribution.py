@@ -156,3 +156,19 @@ def test_a_step_outside_the_run_is_refused_before_any_branch() -> None:
     run = world.failing_run(0)
     with pytest.raises(InvalidInput, match="not a step"):
         car.context_attribution(run, world.agent(), step=5, outcome=world.outcome)
+
+
+def test_a_budget_of_another_kind_keeps_the_rollout_cap_and_the_confirmation() -> None:
+    world = injected(10)
+    run = world.failing_run(0)
+    result = car.context_attribution(run, world.agent(), step=0, outcome=world.outcome,
+                                     rollouts=64, seed=0, budget=car.Budget(wall_time=3600))
+    assert result.rollouts_used <= 64 and [s.source.index for s in result.named] == [3]
+
+
+def test_a_rollout_budget_too_small_to_screen_is_a_budget_error() -> None:
+    from car_core.errors import BudgetExhausted
+    world = injected(10)
+    with pytest.raises(BudgetExhausted, match="fewer than two"):
+        car.context_attribution(world.failing_run(0), world.agent(), step=0,
+                                outcome=world.outcome, rollouts=64, budget=3)
