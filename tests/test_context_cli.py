@@ -8,10 +8,12 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+import car_core as car_api
 from car_core.pairs import read_pairs
 from car_core.store import RunStore
 from car_core.synthetic_context import injected
@@ -84,3 +86,21 @@ def test_a_bad_guard_spec_is_a_usage_error(folder: tuple[Path, str]) -> None:
     cwd, run_id = folder
     proc = car("fix", run_id, "--step", "0", "--agent", "planted:world", "--guard", "x", cwd=cwd)
     assert proc.returncode == 2 and "J:JSON" in proc.stderr
+
+
+def test_car_what_looks_inside_the_locus_of_the_latest_attribution(
+        folder: tuple[Path, str]) -> None:
+    cwd, run_id = folder
+    world = injected(10)
+    with RunStore(cwd / "car.db") as store:
+        run = store.load(run_id)
+        found = car_api.contrastive(run, world.agent(), outcome=world.outcome, rollouts=4)
+        # a one-step run's context cause is no step's rescue: plant the locus the way a
+        # finished attribution stores it, to test that `car what` reads it
+        store.save_attribution(run_id, "contrastive", {}, replace(found, locus=0))
+    proc = car("what", run_id, "--agent", "planted:world", "--json", "--report", "r.html",
+               cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["step"] == 0
+    html = (cwd / "r.html").read_text()
+    assert 'id="what"' in html and 'id="rescue"' in html  # the attribution's page, with the panel

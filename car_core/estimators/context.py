@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .. import defaults
-from .._json import JSON
 from ..budget import Budget
 from ..context_sources import Source, Splitter, keep_all, remover, split, state_of
 from ..errors import BudgetExhausted, InvalidInput
@@ -98,7 +97,6 @@ class ContextAttribution:
     budget_note: str | None = None
     failures: tuple[dict[str, Any], ...] = ()
     test: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def named(self) -> tuple[SourceEffect, ...]:
@@ -349,9 +347,3 @@ def context_sources(run: Trajectory, step: int, splitter: Splitter | None = None
                            hint=f"pass a step between 0 and {len(run.steps) - 1}")
     return split(state_of(run, step), splitter)
 
-
-def source_texts(result: ContextAttribution) -> list[JSON]:
-    """The named sources as plain rows (label, text, rescue, interval) for reports and export."""
-    return [{"index": s.source.index, "label": s.source.label, "text": s.source.text,
-             "rescue": s.rescue, "ci": None if s.rescue_ci is None else list(s.rescue_ci)}
-            for s in result.named]

@@ -193,7 +193,7 @@ class RepairRanking:
         return "\n".join(lines)
 
 
-def _estimate(c: Candidate, values: list[float], level: float) -> tuple[float, Interval]:
+def _estimate(values: list[float], level: float) -> tuple[float, Interval]:
     mean = sum(values) / len(values)
     return mean, Interval(*wilson(mean, len(values), level), level)
 
@@ -246,7 +246,7 @@ def repairs(run: Trajectory, agent: Any, *, step: int, candidates: Iterable[Any]
         done = size
         if arms.meter.tripped or any(not values[a] for a in active):
             break
-        bounds = {a: _estimate(arm_of[a], values[a], level)[1] for a in active}
+        bounds = {a: _estimate(values[a], level)[1] for a in active}
         lowest_high = min(bounds[a][1] for a in active if a != "arm-0") if len(active) > 1 else 1
         for a in sorted(active - {"arm-0"}):
             if bounds[a][0] > lowest_high:
@@ -262,13 +262,13 @@ def repairs(run: Trajectory, agent: Any, *, step: int, candidates: Iterable[Any]
     if not values["arm-0"]:
         raise InvalidInput("no rollout of the unrepaired arm could run", run_id=run.id,
                            step=step, hint="raise the budget")
-    p0, ci0 = _estimate(base, values["arm-0"], level)
+    p0, ci0 = _estimate(values["arm-0"], level)
     unrepaired = RepairEstimate(base, p0, ci0, len(values["arm-0"]))
     rows = []
     for a, c in arm_of.items():
         if a == "arm-0" or not values[a]:
             continue
-        p, ci = _estimate(c, values[a], level)
+        p, ci = _estimate(values[a], level)
         rescue_ci = Interval(max(-1.0, ci0[0] - ci[1]), min(1.0, ci0[1] - ci[0]), level)
         rows.append(RepairEstimate(c, p, ci, len(values[a]), p0 - p, rescue_ci,
                                    dropped.get(a), rescued.get(a)))
