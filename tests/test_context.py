@@ -172,3 +172,16 @@ def test_a_rollout_budget_too_small_to_screen_is_a_budget_error() -> None:
     with pytest.raises(BudgetExhausted, match="fewer than two"):
         car.context_attribution(world.failing_run(0), world.agent(), step=0,
                                 outcome=world.outcome, rollouts=64, budget=3)
+
+
+def test_an_or_of_two_names_neither_alone_and_shows_half_the_gap_in_each_effect() -> None:
+    # Either source suffices, so removing one alone rescues nothing: naming one would be a
+    # false source. Each screened effect is d/2 = 0.4 analytically; one seed's estimate is a
+    # mean of 16 paired differences in [-1, 1] (sd ≤ 1/4), so the mean over 40 seeds has sd
+    # ≤ 0.04 and 3 of them (0.12) is the tolerance.
+    world = ContextWorld(m=10, causal=(2, 6), rule="one")
+    seeds = 40
+    results = [_attribute(world, s, 64) for s in range(seeds)]
+    assert sum(bool(r.named) for r in results) <= ALPHA * seeds
+    mean = sum(r.sources[2].effect for r in results) / seeds
+    assert world.rescue(2) == 0.0 and abs(mean - world.effect(2)) <= 0.12
