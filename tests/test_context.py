@@ -185,3 +185,4 @@ def test_an_or_of_two_names_neither_alone_and_shows_half_the_gap_in_each_effect(
     assert sum(bool(r.named) for r in results) <= ALPHA * seeds
     mean = sum(r.sources[2].effect for r in results) / seeds
     assert world.rescue(2) == 0.0 and abs(mean - world.effect(2)) <= 0.12
+

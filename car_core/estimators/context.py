@@ -331,7 +331,8 @@ def context_attribution(run: Trajectory, agent: Any, *, step: int, outcome: Call
                 rescue_ci=None if loo is None else Interval(*loo.ci, rescue_level),
                 p_value=p, named=named)
     arms.finish()
-    truncated = bool(arms.meter.tripped) and (not cands or per_arm < 2)
+    # undecided: candidates left unconfirmed for want of rollouts, or the budget cut it short
+    truncated = (bool(cands) and per_arm < 2) or bool(arms.meter.tripped)
     return ContextAttribution(
         run_id=run.id, step=step, sources=tuple(screened), alpha=alpha, level=level, seed=seed,
         rollouts_used=arms.meter.rollouts, budget=rollouts, p_full=p_full, coupled=paired,
