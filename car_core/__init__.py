@@ -15,6 +15,15 @@ from .agent import Agent, FunctionAgent
 from .assertions import assert_locus, assert_no_locus, assert_rescues
 from .budget import Budget
 from .estimators import contrastive, shapley
+from .estimators.context import ContextAttribution, context_attribution, context_sources
+from .estimators.repairs import (
+    Candidate,
+    RepairRanking,
+    add_instruction,
+    guard_observation,
+    remove_sources,
+    repairs,
+)
 from .interventions import (
     Intervention,
     do_action,
@@ -23,6 +32,7 @@ from .interventions import (
     do_policy,
     do_resample,
 )
+from .pairs import export_pairs
 from .replay import action_match_rate, intervene, record
 from .stats import Interval
 from .trajectory import History, Lineage, Outcome, Step, Trajectory
@@ -59,6 +69,8 @@ __all__ = [
     "Action",
     "Agent",
     "Budget",
+    "Candidate",
+    "ContextAttribution",
     "FunctionAgent",
     "History",
     "Interval",
@@ -66,20 +78,28 @@ __all__ = [
     "Lineage",
     "Observation",
     "Outcome",
+    "RepairRanking",
     "RunStore",
     "Step",
     "Trajectory",
     "action_match_rate",
+    "add_instruction",
     "assert_locus",
     "assert_no_locus",
     "assert_rescues",
+    "context_attribution",
+    "context_sources",
     "contrastive",
     "do_action",
     "do_context",
     "do_observation",
     "do_policy",
     "do_resample",
+    "export_pairs",
+    "guard_observation",
     "intervene",
     "record",
+    "remove_sources",
+    "repairs",
     "shapley",
 ]

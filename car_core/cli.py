@@ -762,5 +762,9 @@ def _main(argv: list[str] | None, cx: Any) -> int:
     return code if isinstance(code, int) else 0
 
 
+from .cli_context import register as _register_context  # noqa: E402  (what / fix / export)
+
+_register_context(sys.modules[__name__])
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -27,6 +27,7 @@ from . import formatting as fmt
 from .budget import budget_call, larger_budget
 from .errors import InvalidInput
 from .redact import redact, redact_json
+from .report_context import context_panels
 from .report_plots import arms_plot, rescue_plot, shapley_plot
 from .trajectory import Trajectory, step_label
 from .vocabulary import Answer, Origin
@@ -432,11 +433,12 @@ def _arm_outcomes(branches: Iterable[Mapping[str, Any]] | None) -> list[dict[str
 # -- entry points ------------------------------------------------------------------------------
 def render_attribution(result: Any, run: Any = None,
                        branches: Iterable[Mapping[str, Any]] | None = None,
-                       choice: str | None = None, home: str | None = None) -> str:
+                       choice: str | None = None, home: str | None = None,
+                       what: Any = None, fixes: Any = None) -> str:
     """The full HTML report of a contrastive or Shapley attribution (secrets redacted);
     ``choice`` says which stored attribution the page shows and how to pick another, ``home``
     is the relative link back to the index that lists it (our own file name, never agent
-    text)."""
+    text); ``what`` and ``fixes`` (a context attribution, a repair ranking) add their panels."""
     r = redact_json(_as_dict(result))
     method = r.get("method")
     if method not in ("contrastive", "shapley"):
@@ -448,7 +450,8 @@ def render_attribution(result: Any, run: Any = None,
                            "diff": [], "rescue": {}, "arms": {}, "shapley": {},
                            "arm_outcomes": _arm_outcomes(branches), "steps": [],
                            "values": [], "efficiency": None, "choice": choice,
-                           "costs": {}, "seconds": seconds, "home": home}
+                           "costs": {}, "seconds": seconds, "home": home,
+                           **context_panels(what, fixes)}
     locus = r.get("locus") if method == "contrastive" else None
     if traj is not None:
         ctx["timeline"] = _timeline(traj, locus)
@@ -477,8 +480,9 @@ def render_attribution(result: Any, run: Any = None,
     return redact(_ENV.get_template("report.html.j2").render(**ctx))
 
 
-def render_run(run: Any, home: str | None = None) -> str:
-    """A run on its own: header and timeline (used when no attribution exists yet)."""
+def render_run(run: Any, home: str | None = None, what: Any = None, fixes: Any = None) -> str:
+    """A run on its own: header and timeline (used when no attribution exists yet), with the
+    ``what`` and ``fixes`` panels when given."""
     traj = _as_run(run)
     if traj is None:
         raise InvalidInput("render_run needs a run", hint="pass a car.Trajectory")
@@ -489,6 +493,7 @@ def render_run(run: Any, home: str | None = None) -> str:
         locus_view=None, diff=[],
         rescue={}, arms={},
         shapley={}, arm_outcomes=[], steps=[], values=[], efficiency=None, choice=None,
+        **context_panels(what, fixes),
         verdict={"found": False, "answer": "", "note": "", "headline": f"Run {traj.id}",
                  "detail": "No attribution yet: run `car attribute` to find the step that "
                            "caused the failure.", "action": ""}))

@@ -21,6 +21,9 @@ PUBLIC = [
     "Action", "Agent", "Budget", "FunctionAgent", "History", "Interval", "Intervention", "Lineage",
     "Observation", "Outcome", "RunStore", "Step", "Trajectory", "action_match_rate",
     "assert_locus", "assert_no_locus", "assert_rescues",
+    "ContextAttribution", "context_attribution", "context_sources",
+    "Candidate", "RepairRanking", "repairs", "remove_sources", "add_instruction",
+    "guard_observation", "export_pairs",
     "contrastive", "do_action", "do_context", "do_observation", "do_policy", "do_resample",
     "intervene", "record", "shapley",
 ]

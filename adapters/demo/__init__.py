@@ -9,13 +9,16 @@ a planted fake model, whose answer is known analytically.
 
 It records tickets into the store until one fails (bounded tries), runs contrastive attribution
 with a progress bar, prints the per-step table with intervals and the locus, shows what
-``do_context`` removing the injection does to the failure rate, and writes the HTML report.
+``do_context`` removing the injection does to the failure rate, names the sentence of the
+decision's messages that caused it (``car.context_attribution``), and writes the HTML report
+with that "what" panel.
 Nothing leaves the machine and no API key is needed.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -23,7 +26,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import car_core as car
-from car_core.errors import InvalidInput
+from car_core.errors import CarError, InvalidInput
 
 from ..common.messages import describe_action
 from ..langgraph import CarCallback, CarChatModel, LangGraphAgent
@@ -130,14 +133,17 @@ def run_demo(policy: str = "local", store: str = "car.db", report: str | None = 
                                 progress=progress, budget=cap)
         print(f"\nstep {decision} decided again from the same messages:  {factual}")
         print(f"step {decision} decided without the injection:        {rescued}")
-        written = _write_report(res, run, db, report)
+        what = _what(run, agent, decision, outcome, 4 * checks, seed, cap)
+        written = _write_report(res, run, db, report, what)
         elapsed = time.monotonic() - started
         print(f"\n{'wrote ' + written + '; ' if written else ''}done in {elapsed:.0f}s. "
               f"Look again with: car show {run.id} --store {store}")
         return {"run_id": run.id, "locus": res.locus, "attribution_id": res.attribution_id,
                 "decision_step": decision, "resampled": factual.mean, "rescued": rescued.mean,
+                "what": [] if what is None else [s.source.text for s in what.named],
                 "rollouts_used": res.rollouts_used + factual.rollouts_used
-                + rescued.rollouts_used, "seconds": elapsed, "report": written,
+                + rescued.rollouts_used + (what.rollouts_used if what is not None else 0),
+                "seconds": elapsed, "report": written,
                 "truncated": res.truncated or factual.truncated or rescued.truncated}
     finally:
         db.close()
@@ -161,8 +167,32 @@ def _decision_step(run: car.Trajectory) -> int:
     return 0
 
 
-def _write_report(res: Any, run: car.Trajectory, db: car.RunStore, path: str | None
-                  ) -> str | None:
+def _sentences(text: str) -> list[str]:
+    return re.split(r"(?<=[.!?])\s+", text)
+
+
+def _what(run: car.Trajectory, agent: Any, step: int, outcome: Any, rollouts: int, seed: int,
+          cap: car.Budget) -> Any:
+    """Which sentence of what the decision saw caused it (context attribution), printed."""
+    print(f"\nwhat in step {step}'s messages caused it, {rollouts} rollouts ...")
+    try:
+        what = car.context_attribution(run, agent, step=step, outcome=outcome,
+                                       rollouts=rollouts, splitter=_sentences, seed=seed,
+                                       budget=cap)
+    except CarError as exc:
+        print(f"  not measured: {exc}")
+        return None
+    for s in what.named:
+        lo, hi = s.rescue_ci or (float("nan"), float("nan"))
+        print(f"  caused by {s.source.label}: {s.source.text!r}, removing it rescues "
+              f"{s.rescue:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+    if not what.named:
+        print("  no sentence shown to cause it at this budget")
+    return what
+
+
+def _write_report(res: Any, run: car.Trajectory, db: car.RunStore, path: str | None,
+                  what: Any = None) -> str | None:
     if not path:
         return None
     try:
@@ -171,7 +201,8 @@ def _write_report(res: Any, run: car.Trajectory, db: car.RunStore, path: str | N
         return None
     aid = res.attribution_id
     branches = list(db.branches(aid)) if aid else None
-    Path(path).write_text(render_attribution(res, run=run, branches=branches), encoding="utf-8")
+    Path(path).write_text(render_attribution(res, run=run, branches=branches, what=what),
+                          encoding="utf-8")
     return str(path)
 
 

@@ -1,0 +1,108 @@
+"""Batches of branches at one step, each arm a plan, scored and kept as outcome values.
+
+The context estimator and the repair ranking both run many small arms (an ablation mask, a
+candidate repair) at the same step. Rollout ``r`` of every arm draws the noise stream
+``(seed, r)`` when the agent takes CAR's noise, so arms compared at one rollout index share the
+noise of everything they do not change; whether they do is measured from the outcomes
+(``car_core.stats.coupling_of``), never assumed. A failed branch is left out and counted
+(``car_core.tasks.check_failures`` stops the estimate when too many fail).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..agent import check_agent
+from ..budget import Budget, BudgetMeter, as_budget
+from ..errors import AgentError, InvalidInput
+from ..execution import Executor, Task, brancher, execute
+from ..interventions import Intervention, compile_plan
+from ..outcome import OutcomeFn
+from ..replay import check_run
+from ..seeding import branch_noise, coupling
+from ..tasks import Failure, check_failures
+from ..trajectory import Trajectory
+
+
+@dataclass(frozen=True)
+class Branch:
+    """What is kept of one finished branch: its outcome and the action it took at the step."""
+
+    value: float
+    action: Any
+
+
+def capped(budget: Budget | int | None, rollouts: int) -> Budget:
+    """``budget`` (a ``car.Budget`` or a rollout count) with its rollout cap at most
+    ``rollouts``: the estimate's own cap always holds, whatever else the budget limits."""
+    given = as_budget(budget) or Budget()
+    cap = rollouts if given.rollouts is None else min(given.rollouts, rollouts)
+    return replace(given, rollouts=cap)
+
+
+def check_rollouts(rollouts: Any, least: int) -> int:
+    if isinstance(rollouts, bool) or not isinstance(rollouts, int) or rollouts < least:
+        raise InvalidInput(f"rollouts={rollouts!r}: this estimate needs at least {least}",
+                           hint=f"pass rollouts={max(least, 64)} or more")
+    return rollouts
+
+
+class StepArms:
+    """Runs arms at step ``step`` of ``run`` under one budget; see the module docstring."""
+
+    def __init__(self, run: Trajectory, agent: Any, outcome: Callable[..., Any], *, step: int,
+                 seed: int, budget: Budget | int | None, executor: Executor | None,
+                 force_agent: bool) -> None:
+        check_run(run)
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < len(run.steps):
+            raise InvalidInput(f"step={step!r} is not a step of run {run.id} "
+                               f"({len(run.steps)} steps)",
+                               hint="pass the locus (car.contrastive(...).locus) or a step "
+                                    "between 0 and the last")
+        check_agent(run, agent, force=force_agent)
+        self.run, self.agent, self.step, self.seed = run, agent, step, seed
+        self.outcome = OutcomeFn(outcome)
+        self.handed_noise, self.noise_note = coupling(agent, run, True)
+        self.meter = BudgetMeter(as_budget(budget))
+        self.executor = executor
+        self.failures: list[Failure] = []
+        self.ran = 0
+
+    def _keep(self, traj: Trajectory) -> Branch:
+        steps = traj.steps
+        action = steps[self.step].action if len(steps) > self.step else None
+        value = traj.outcome.value if traj.outcome is not None else float("nan")
+        return Branch(float(value), action)
+
+    def run_arms(self, jobs: Sequence[tuple[str, int, Intervention | list[Intervention]]]
+                 ) -> dict[tuple[str, int], Branch]:
+        """Run one branch per ``(arm, rollout, interventions)``; the finished ones by key."""
+        tasks = [Task(arm=arm, rollout=r, plan=compile_plan(self.run, ivs),
+                      noise=branch_noise(self.seed, r, arm, self.handed_noise))
+                 for arm, r, ivs in jobs]
+        results = execute(iter(tasks), brancher(self.run, self.agent, self.outcome), self.meter,
+                          executor=self.executor, progress=False, label="context",
+                          keep=self._keep)
+        self.failures.extend(results.failures)
+        self.ran += len(results) + len(results.failures)
+        if not results and results.failures and len(self.failures) == self.ran:
+            first = results.failures[0]
+            if first.exception is not None:
+                raise first.exception
+            raise AgentError(f"every branch failed; the first: {first.error}",
+                             run_id=self.run.id)
+        check_failures(self.failures, self.ran, run_id=self.run.id, resumable=False)
+        return {(t.arm, t.rollout): b for t, b in results}
+
+    def finish(self) -> None:
+        check_failures(self.failures, self.ran, run_id=self.run.id, final=True, resumable=False)
+
+    @property
+    def remaining(self) -> int:
+        cap = self.meter.budget.rollouts
+        return max(0, cap - self.meter.rollouts) if cap is not None else 0
+
+    def failure_rows(self) -> tuple[dict[str, Any], ...]:
+        return tuple(f.to_dict() for f in self.failures)

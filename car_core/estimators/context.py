@@ -1,0 +1,350 @@
+"""Which part of what step ``k`` saw made it fail: context attribution by ablation.
+
+The state step ``k`` decided from is cut into sources (``car_core.context_sources``). Two
+stages, on separate rollouts, so what the first chooses cannot bias what the second tests:
+
+1. **Screen.** ``P`` antithetic pairs of random ablations: a mask keeps each source with
+   probability 1/2, its complement keeps the others, and both halves of a pair run at one rollout
+   index (the same noise where the agent takes CAR's). A source's *effect* is
+   ``E[y | kept] − E[y | removed]`` over random contexts of the others: its Banzhaf value on the
+   game ``v(S) = P(fail | only S kept)``. Each pair holds the source in exactly one half, so its
+   estimate is a mean over pairs of the kept half minus the removed half, with a paired Newcombe
+   interval at ``level`` (the pairs are independent units, whatever noise their halves share).
+   A sparse linear surrogate (the lasso, as ContextCite fits) on the same pairs ranks the
+   sources. How much the halves of a pair agree beyond what their failure rates allow is the
+   coupling measured (``stats.coupling_of``), within the strata of the strongest source so
+   that its effect does not read as disagreement; it chooses the confirmation's test.
+2. **Confirm.** The top few by the surrogate (at most ``CANDIDATES``, each with a positive
+   weight at least ``FOCUS`` times the top one, so the budget is not spread over also-rans)
+   are each left out alone, against the full context, on fresh rollouts: a one-sided
+   exact test of ``P(fail | full) > P(fail | without j)`` — the sign test on discordant pairs
+   when stage 1 measured shared noise, Fisher's test otherwise — with Holm's procedure over the
+   candidates at ``alpha``. The sources it rejects are *named*; each carries its leave-one-out
+   *rescue* with a Newcombe interval at ``1 − alpha / candidates``.
+
+FWER: the candidates and the test are chosen from stage-1 data only, and stage 2's rollouts are
+independent of it, so conditionally on stage 1 Holm keeps ``P(any source named whose removal
+does not rescue) ≤ alpha``; hence unconditionally too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import defaults
+from ..budget import Budget
+from ..context_sources import Source, Splitter, keep_all, remover, split, state_of
+from ..errors import BudgetExhausted, InvalidInput
+from ..execution import Executor
+from ..interventions import do_context
+from ..stats import Coupling, Interval, check_level, coupling_of, difference
+from ..trajectory import Trajectory
+from ._arms import StepArms, capped, check_rollouts
+
+CANDIDATES = 3  # most sources confirmed one by one
+FOCUS = 0.25  # confirm only sources whose weight is at least this share of the top weight
+SCREEN_SHARE = 0.5  # of the rollouts spent screening; the rest confirm
+LASSO_PENALTY = 0.5  # the lasso's λ as a multiple of the universal threshold σ·sqrt(2 log m / n)
+
+
+@dataclass(frozen=True)
+class SourceEffect:
+    """One source: its screened effect (Banzhaf, with interval), its surrogate weight, and,
+    when it was confirmed alone, its leave-one-out rescue, the test's p-value and verdict."""
+
+    source: Source
+    effect: float
+    ci: Interval
+    weight: float
+    pairs: int
+    rescue: float | None = None
+    rescue_ci: Interval | None = None
+    p_value: float | None = None
+    named: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.source.to_dict(), "effect": self.effect, "ci": list(self.ci),
+                "level": self.ci.level, "weight": self.weight, "pairs": self.pairs,
+                "rescue": self.rescue,
+                "rescue_ci": None if self.rescue_ci is None else list(self.rescue_ci),
+                "rescue_level": None if self.rescue_ci is None else self.rescue_ci.level,
+                "p_value": self.p_value, "named": self.named}
+
+
+@dataclass(frozen=True)
+class ContextAttribution:
+    """What in step ``step``'s state caused the failure: every source's effect with its
+    interval, and the sources ``named`` (removing each alone rescues, FWER ≤ ``alpha``)."""
+
+    run_id: str
+    step: int
+    sources: tuple[SourceEffect, ...]
+    alpha: float
+    level: float
+    seed: int
+    rollouts_used: int
+    budget: int
+    p_full: float | None
+    coupled: bool
+    coupling: Coupling
+    coupling_note: str
+    truncated: bool = False
+    budget_note: str | None = None
+    failures: tuple[dict[str, Any], ...] = ()
+    test: str = ""
+
+    @property
+    def named(self) -> tuple[SourceEffect, ...]:
+        return tuple(s for s in self.sources if s.named)
+
+    @property
+    def answer(self) -> str:
+        if self.named:
+            return "named"
+        return "undecided" if self.truncated else "none shown"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "context", "run_id": self.run_id, "step": self.step,
+                "answer": self.answer, "named": [s.source.index for s in self.named],
+                "sources": [s.to_dict() for s in self.sources], "alpha": self.alpha,
+                "level": self.level, "seed": self.seed, "rollouts_used": self.rollouts_used,
+                "budget": self.budget, "p_full": self.p_full, "coupled": self.coupled,
+                "coupling": self.coupling.to_dict(), "coupling_note": self.coupling_note,
+                "truncated": self.truncated, "budget_note": self.budget_note,
+                "failures": list(self.failures), "test": self.test}
+
+    def __str__(self) -> str:
+        head = (f"What step {self.step} of run {self.run_id} decided from: "
+                f"{len(self.sources)} sources, {self.rollouts_used} rollouts")
+        if self.named:
+            lines = [head, "caused by (removing it alone rescues, FWER ≤ "
+                     f"{self.alpha:g}, {self.test}):"]
+            for s in self.named:
+                assert s.rescue is not None and s.rescue_ci is not None
+                lines.append(f"  [{s.source.index}] {s.source.label}: rescue {s.rescue:+.3f} "
+                             f"[{s.rescue_ci[0]:+.3f}, {s.rescue_ci[1]:+.3f}]  "
+                             f"{_clip(s.source.text)}")
+        else:
+            lines = [head, "no source shown to cause it" + (
+                " (undecided: the budget ran out; raise rollouts)" if self.truncated else "")]
+        lines.append(f"effect of keeping each source (Banzhaf, {self.level:.0%} intervals):")
+        for s in sorted(self.sources, key=lambda e: -e.effect):
+            lines.append(f"  [{s.source.index}] {s.effect:+.3f} [{s.ci[0]:+.3f}, "
+                         f"{s.ci[1]:+.3f}]  {s.source.label}")
+        lines.append(f"coupled={self.coupled} (measured {_pct(self.coupling.estimate)} over "
+                     f"{self.coupling.pairs} pairs)")
+        return "\n".join(lines)
+
+
+def _clip(text: str, width: int = 60) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.0%}"
+
+
+# -- the surrogate ---------------------------------------------------------------------------
+def lasso(x: np.ndarray, y: np.ndarray, penalty: float, sweeps: int = 200) -> np.ndarray:
+    """Coordinate-descent lasso without intercept: ``argmin ½‖y − xβ‖²/n + penalty·‖β‖₁``."""
+    n, m = x.shape
+    beta = np.zeros(m)
+    scale = (x * x).sum(axis=0) / n
+    resid = y.astype(float).copy()
+    for _ in range(sweeps):
+        largest = 0.0
+        for j in range(m):
+            if scale[j] == 0:
+                continue
+            rho = x[:, j] @ resid / n + scale[j] * beta[j]
+            new = np.sign(rho) * max(abs(rho) - penalty, 0.0) / scale[j]
+            if new != beta[j]:
+                resid -= x[:, j] * (new - beta[j])
+                largest = max(largest, abs(new - beta[j]))
+                beta[j] = new
+        if largest < 1e-9:
+            break
+    return beta
+
+
+def surrogate(signs: np.ndarray, diffs: np.ndarray) -> np.ndarray:
+    """Each source's weight in ``y ≈ b + Σ w_j·kept_j``, fitted on antithetic pairs: a pair's
+    difference is ``Σ w_j·s_j`` with ``s_j = ±1`` (kept in the first half or the second)."""
+    n, m = signs.shape
+    sd = float(np.std(diffs)) if n > 1 else 1.0
+    penalty = LASSO_PENALTY * max(sd, 1e-6) * math.sqrt(2 * math.log(max(m, 2)) / max(n, 1))
+    return lasso(signs, diffs, penalty)
+
+
+# -- exact one-sided tests --------------------------------------------------------------------
+def sign_test(wins: int, losses: int) -> float:
+    """P(Bin(wins + losses, 1/2) ≥ wins): the one-sided exact test on discordant pairs."""
+    n = wins + losses
+    if n == 0:
+        return 1.0
+    return float(sum(math.comb(n, i) for i in range(wins, n + 1)) / 2 ** n)
+
+
+def fisher_greater(a_fail: int, a_n: int, b_fail: int, b_n: int) -> float:
+    """One-sided Fisher exact p-value for ``P(fail | a) > P(fail | b)``."""
+    total, n = a_fail + b_fail, a_n + b_n
+    denom = math.comb(n, total)
+    return sum(math.comb(a_n, i) * math.comb(b_n, total - i)
+               for i in range(a_fail, min(a_n, total) + 1)) / denom
+
+
+def one_sided(full: Sequence[float], without: Sequence[float], paired: bool) -> float:
+    """p-value of ``P(fail | full) > P(fail | without)``; scores count as failures at ≥ 1/2."""
+    if paired:
+        wins = sum(1 for a, b in zip(full, without, strict=True) if a > b)
+        losses = sum(1 for a, b in zip(full, without, strict=True) if a < b)
+        return sign_test(wins, losses)
+    return fisher_greater(sum(v >= 0.5 for v in full), len(full),
+                          sum(v >= 0.5 for v in without), len(without))
+
+
+def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
+    """Holm's step-down procedure: which hypotheses are rejected at FWER ``alpha``."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    rejected = [False] * len(p_values)
+    for rank, i in enumerate(order):
+        if p_values[i] > alpha / (len(p_values) - rank):
+            break
+        rejected[i] = True
+    return rejected
+
+
+def _coupling(ya: np.ndarray, yb: np.ndarray, strongest: np.ndarray) -> Coupling:
+    """How much the halves of the pairs share noise, measured within the two strata of the
+    strongest source (kept in the first half, or in the second): a causal source gives the
+    halves different failure rates, which read as disagreement if the pairs were pooled."""
+    return coupling_of([(list(ya[strongest == s]), list(yb[strongest == s]))
+                        for s in (1.0, -1.0)])
+
+
+# -- the estimator ----------------------------------------------------------------------------
+def _check_sources(given: Sequence[Source] | None, found: tuple[Source, ...], run: Trajectory,
+                   step: int) -> tuple[Source, ...]:
+    if given is None:
+        chosen = found
+    else:
+        chosen = tuple(given)
+        if not all(isinstance(s, Source) for s in chosen):
+            raise InvalidInput("sources= takes the Source objects car.context_sources returns",
+                               hint="pick from car.context_sources(run, step) and pass those")
+    if len(chosen) < 1:
+        raise InvalidInput(f"step {step} of run {run.id} decided from nothing that can be "
+                           "taken out", run_id=run.id, step=step,
+                           hint="pick a step whose state holds messages or context")
+    # number them 0.. in the order given: masks and results index this tuple
+    return tuple(Source(i, s.label, s.text, s.path, s.span, s.blank) for i, s in enumerate(chosen))
+
+
+def context_attribution(run: Trajectory, agent: Any, *, step: int, outcome: Callable[..., Any],
+                        rollouts: int = defaults.CONTEXT_ROLLOUTS,
+                        sources: Sequence[Source] | None = None,
+                        splitter: Splitter | None = None, alpha: float = defaults.ALPHA,
+                        level: float = defaults.LEVEL, seed: int = 0,
+                        budget: Budget | int | None = None, executor: Executor | None = None,
+                        force_agent: bool = False) -> ContextAttribution:
+    """Which sources of the state step ``step`` decided from made ``run`` fail (see the module
+    docstring). ``rollouts`` is the whole budget (at least 8); ``sources`` restricts the
+    attribution to some of ``car.context_sources(run, step, splitter)``."""
+    check_rollouts(rollouts, 8)
+    check_level(level)
+    if not 0.0 < alpha < 1.0:
+        raise InvalidInput(f"alpha={alpha} is outside (0, 1)", hint="use e.g. alpha=0.05")
+    arms = StepArms(run, agent, outcome, step=step, seed=seed,
+                    budget=capped(budget, rollouts), executor=executor, force_agent=force_agent)
+    srcs = _check_sources(sources, split(state_of(run, step), splitter), run, step)
+    m = len(srcs)
+    rng = np.random.default_rng(np.random.SeedSequence(entropy=seed, spawn_key=(7, step)))
+    n_pairs = max(2, int(rollouts * SCREEN_SHARE) // 2)
+    masks = rng.random((n_pairs, m)) < 0.5
+
+    def jobs_for(r: int) -> list[tuple[str, int, Any]]:
+        keep = masks[r]
+        out = []
+        for half, kept in (("a", keep), ("b", ~keep)):
+            removed = [j for j in range(m) if not kept[j]]
+            out.append((f"mask-{r}{half}", r, do_context(step, remover(srcs, removed),
+                                                         label=f"ablate {sorted(removed)}")))
+        return out
+
+    got = arms.run_arms([job for r in range(n_pairs) for job in jobs_for(r)])
+    done = [r for r in range(n_pairs) if (f"mask-{r}a", r) in got and (f"mask-{r}b", r) in got]
+    ya = np.array([got[(f"mask-{r}a", r)].value for r in done])
+    yb = np.array([got[(f"mask-{r}b", r)].value for r in done])
+    if len(done) < 2:
+        raise BudgetExhausted(f"fewer than two ablation pairs could run "
+                              f"({arms.meter.tripped or 'their branches failed'})",
+                              run_id=run.id, hint="raise rollouts (or the budget)")
+    signs = np.where(masks[done], 1.0, -1.0)
+    weights = surrogate(signs, ya - yb)
+    measured = _coupling(ya, yb, signs[:, int(np.argmax(np.abs(weights)))])
+    paired = measured.shared
+    screened = []
+    for j in range(m):
+        kept = [float(a if s > 0 else b) for a, b, s in zip(ya, yb, signs[:, j], strict=True)]
+        removed = [float(b if s > 0 else a) for a, b, s in zip(ya, yb, signs[:, j], strict=True)]
+        d = difference(kept, removed, level, paired=True)  # the pair is the sampling unit
+        screened.append(SourceEffect(srcs[j], d.estimate, Interval(*d.ci, level),
+                                     float(weights[j]), len(done)))
+    order = sorted(range(m), key=lambda j: (-weights[j], -screened[j].effect))
+    top = max(float(weights.max()), 0.0)
+    cands = [j for j in order if weights[j] > 0 and weights[j] >= FOCUS * top][:CANDIDATES]
+    p_full: float | None = None
+    test = "sign test on paired rollouts" if paired else "Fisher's exact test"
+    per_arm = arms.remaining // (len(cands) + 1) if cands else 0
+    if cands and per_arm >= 2:
+        base = n_pairs
+        jobs = [("full", base + r, do_context(step, keep_all, label="full context"))
+                for r in range(per_arm)]
+        for j in cands:
+            jobs += [(f"without-{j}", base + r, do_context(step, remover(srcs, [j])))
+                     for r in range(per_arm)]
+        conf = arms.run_arms(jobs)
+        full = {r: conf[("full", base + r)].value for r in range(per_arm)
+                if ("full", base + r) in conf}
+        p_full = sum(full.values()) / len(full) if full else None
+        pvals, rows = [], []
+        for j in cands:
+            rs = [r for r in full if (f"without-{j}", base + r) in conf]
+            a = [full[r] for r in rs]
+            b = [conf[(f"without-{j}", base + r)].value for r in rs]
+            rows.append((a, b))
+            pvals.append(one_sided(a, b, paired) if rs else 1.0)
+        verdicts = holm(pvals, alpha)
+        rescue_level = 1.0 - alpha / len(cands)
+        for j, (a, b), p, named in zip(cands, rows, pvals, verdicts, strict=True):
+            loo = difference(a, b, rescue_level, paired=paired) if a else None
+            s = screened[j]
+            screened[j] = SourceEffect(
+                s.source, s.effect, s.ci, s.weight, s.pairs,
+                rescue=None if loo is None else loo.estimate,
+                rescue_ci=None if loo is None else Interval(*loo.ci, rescue_level),
+                p_value=p, named=named)
+    arms.finish()
+    # undecided: candidates left unconfirmed for want of rollouts, or the budget cut it short
+    truncated = (bool(cands) and per_arm < 2) or bool(arms.meter.tripped)
+    return ContextAttribution(
+        run_id=run.id, step=step, sources=tuple(screened), alpha=alpha, level=level, seed=seed,
+        rollouts_used=arms.meter.rollouts, budget=rollouts, p_full=p_full, coupled=paired,
+        coupling=measured, coupling_note=arms.noise_note, truncated=truncated,
+        budget_note=arms.meter.tripped, failures=arms.failure_rows(), test=test)
+
+
+def context_sources(run: Trajectory, step: int, splitter: Splitter | None = None
+                    ) -> tuple[Source, ...]:
+    """The sources ``car.context_attribution`` would attribute at ``step`` (to pick from)."""
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < len(run.steps):
+        raise InvalidInput(f"step={step!r} is not a step of run {run.id}",
+                           hint=f"pass a step between 0 and {len(run.steps) - 1}")
+    return split(state_of(run, step), splitter)
+

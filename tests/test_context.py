@@ -1,0 +1,188 @@
+"""Context attribution against planted worlds whose effects are known in closed form
+(``car_core.synthetic_context``), and the pieces it is built from."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import car_core as car
+from car_core.context_sources import ablate, split
+from car_core.errors import InvalidInput
+from car_core.estimators.context import fisher_greater, holm, lasso, sign_test
+from car_core.synthetic_context import ContextWorld, injected, interaction, no_cause, poisoned_tool
+from car_core.trajectory import History, Step
+
+ALPHA = 0.05
+
+
+def _attribute(world: ContextWorld, seed: int, rollouts: int) -> car.ContextAttribution:
+    run = world.failing_run(seed)
+    return car.context_attribution(run, world.agent(), step=world.decide_at,
+                                   outcome=world.outcome, rollouts=rollouts, seed=seed)
+
+
+# -- sources and ablations ---------------------------------------------------------------------
+def test_chat_messages_split_into_sources_and_assistant_turns_are_not_sources() -> None:
+    messages = [{"role": "system", "content": "be careful"},
+                {"role": "user", "content": "refund please"},
+                {"role": "assistant", "content": None,
+                 "tool_calls": [{"id": "c1", "function": {"name": "lookup"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "order found"}]
+    sources = split(messages)
+    assert [s.label for s in sources] == ["system message 0", "user message 1", "tool message 3"]
+    edited = ablate(messages, sources, [1, 2])
+    # messages keep their place with empty content: the tool call stays answered, the history
+    # still opens with a user turn
+    assert edited == [messages[0], {**messages[1], "content": ""}, messages[2],
+                      {**messages[3], "content": ""}]
+    assert messages[3]["content"] == "order found"  # the recorded state is not changed
+
+
+def test_a_splitter_cuts_a_source_into_segments_that_are_removed_one_by_one() -> None:
+    messages = [{"role": "user", "content": "Ship it. P.S. refund me."}]
+    sources = split(messages, lambda text: re.split(r"(?<=\.)\s+", text))
+    assert [s.text for s in sources] == ["Ship it.", "P.S.", "refund me."]
+    assert ablate(messages, sources, [1])[0]["content"] == "Ship it.  refund me."
+
+
+def test_a_splitter_whose_segments_are_not_in_the_text_is_refused() -> None:
+    with pytest.raises(InvalidInput, match="not in the text"):
+        split([{"role": "user", "content": "abc"}], lambda text: ["xyz", "abc"])
+
+
+def test_a_function_agents_history_splits_into_context_items_and_tool_results() -> None:
+    history = History({"ticket": "late", "docs": ["a", "b"]},
+                      (Step(0, "lookup", "found", True),), 1)
+    sources = split(history)
+    assert [s.label for s in sources] == ["ticket", "docs[0]", "docs[1]",
+                                         "tool result at step 0"]
+    edited = ablate(history, sources, [1, 3])
+    assert edited.context == {"ticket": "late", "docs": ["b"]}
+    assert edited.steps[0].observation is None and edited.index == 1
+
+
+# -- the tests it is built from ----------------------------------------------------------------
+def test_exact_tests_match_their_closed_forms() -> None:
+    assert sign_test(3, 0) == pytest.approx(1 / 8)
+    assert sign_test(0, 0) == 1.0
+    # Fisher, 3/3 failed vs 0/3: the only table at least as extreme, 1 / C(6, 3)
+    assert fisher_greater(3, 3, 0, 3) == pytest.approx(1 / 20)
+    assert fisher_greater(0, 3, 3, 3) == pytest.approx(1.0)
+
+
+def test_holm_steps_down() -> None:
+    assert holm([0.01, 0.04, 0.2], 0.05) == [True, False, False]  # 0.04 > 0.05 / 2
+    assert holm([0.01, 0.02, 0.04], 0.05) == [True, True, True]
+
+
+def test_lasso_recovers_a_sparse_sign_design() -> None:
+    import numpy as np
+    x = np.where(np.random.default_rng(0).random((64, 8)) < 0.5, 1.0, -1.0)
+    y = 0.8 * x[:, 2]
+    beta = lasso(x, y, penalty=0.05)
+    assert beta[2] == pytest.approx(0.75, abs=1e-6)  # shrunk by exactly the penalty
+    assert np.count_nonzero(beta) == 1
+
+
+# -- planted worlds ------------------------------------------------------------------------------
+# Seeds are fixed, so each test is deterministic; the thresholds are the targets themselves,
+# and the measured rates sit well above them (1.00 named, 0.93 coverage, ≤ 0.02 false): if the
+# true naming rate were 0.99, P(fewer than 95 of 100 seeds) = P(Bin(100, 0.01) > 5) ≈ 0.0006.
+SEEDS = 100
+
+
+@pytest.mark.parametrize("world", [injected(10), poisoned_tool(10)], ids=["injected", "tool"])
+def test_the_causal_source_is_named_in_95_percent_of_seeds_at_m10_within_64_rollouts(
+        world: ContextWorld) -> None:
+    named = covered = intervals = 0
+    for seed in range(SEEDS):
+        result = _attribute(world, seed, 64)
+        assert result.rollouts_used <= 64
+        named += world.causal[0] in {s.source.index for s in result.named}
+        for s in result.sources:
+            intervals += 1
+            covered += s.ci[0] <= world.effect(s.source.index) <= s.ci[1]
+    assert named >= 0.95 * SEEDS
+    # every source's interval at nominal 95% covers its analytic Banzhaf effect ≥ 90% of the time
+    assert covered >= 0.90 * intervals
+
+
+@pytest.mark.parametrize(("m", "rollouts"), [(4, 64), (30, 128)])
+def test_small_and_large_contexts_are_recovered(m: int, rollouts: int) -> None:
+    world = injected(m, at=m // 2)
+    seeds = 40
+    named = sum(world.causal[0] in {s.source.index for s in _attribute(world, s, rollouts).named}
+                for s in range(seeds))
+    assert named >= 0.95 * seeds
+
+
+def test_an_interaction_of_two_names_both_and_halves_their_banzhaf_effect() -> None:
+    world = interaction(10)
+    both = covered = intervals = 0
+    for seed in range(60):
+        result = _attribute(world, seed, 64)
+        both += set(world.causal) <= {s.source.index for s in result.named}
+        for s in result.sources:
+            intervals += 1
+            covered += s.ci[0] <= world.effect(s.source.index) <= s.ci[1]
+    assert world.effect(world.causal[0]) == pytest.approx(world.d / 2)
+    assert both >= 0.9 * 60  # measured 0.97: two must pass Holm, so a little below one alone
+    assert covered >= 0.90 * intervals
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-noise", "own-noise"])
+def test_no_false_source_in_more_than_alpha_of_seeds_on_a_no_cause_world(shared: bool) -> None:
+    world = no_cause(10, p=0.5, flip=0.1, shared_noise=shared)
+    seeds = 200
+    false = sum(bool(_attribute(world, s, 64).named) for s in range(seeds))
+    assert false <= ALPHA * seeds
+
+
+def test_the_result_says_what_it_found_and_round_trips_to_json() -> None:
+    import json
+    result = _attribute(injected(10), 0, 64)
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["answer"] == "named" and data["named"] == [3]
+    named = result.named[0]
+    assert named.rescue_ci is not None and named.rescue is not None
+    assert named.rescue_ci[0] <= named.rescue <= named.rescue_ci[1]
+    assert "user message 3" in str(result) and "P.S." in str(result)
+
+
+def test_a_step_outside_the_run_is_refused_before_any_branch() -> None:
+    world = injected(4)
+    run = world.failing_run(0)
+    with pytest.raises(InvalidInput, match="not a step"):
+        car.context_attribution(run, world.agent(), step=5, outcome=world.outcome)
+
+
+def test_a_budget_of_another_kind_keeps_the_rollout_cap_and_the_confirmation() -> None:
+    world = injected(10)
+    run = world.failing_run(0)
+    result = car.context_attribution(run, world.agent(), step=0, outcome=world.outcome,
+                                     rollouts=64, seed=0, budget=car.Budget(wall_time=3600))
+    assert result.rollouts_used <= 64 and [s.source.index for s in result.named] == [3]
+
+
+def test_a_rollout_budget_too_small_to_screen_is_a_budget_error() -> None:
+    from car_core.errors import BudgetExhausted
+    world = injected(10)
+    with pytest.raises(BudgetExhausted, match="fewer than two"):
+        car.context_attribution(world.failing_run(0), world.agent(), step=0,
+                                outcome=world.outcome, rollouts=64, budget=3)
+
+
+def test_an_or_of_two_names_neither_alone_and_shows_half_the_gap_in_each_effect() -> None:
+    # Either source suffices, so removing one alone rescues nothing: naming one would be a
+    # false source. Each screened effect is d/2 = 0.4 analytically; one seed's estimate is a
+    # mean of 16 paired differences in [-1, 1] (sd ≤ 1/4), so the mean over 40 seeds has sd
+    # ≤ 0.04 and 3 of them (0.12) is the tolerance.
+    world = ContextWorld(m=10, causal=(2, 6), rule="one")
+    seeds = 40
+    results = [_attribute(world, s, 64) for s in range(seeds)]
+    assert sum(bool(r.named) for r in results) <= ALPHA * seeds
+    mean = sum(r.sources[2].effect for r in results) / seeds
+    assert world.rescue(2) == 0.0 and abs(mean - world.effect(2)) <= 0.12
+
