@@ -20,6 +20,7 @@ The generic helpers (``num``, ``interval``, ``pct``) take their style as paramet
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,6 +115,8 @@ def method(r: Any) -> str:
         name = correction.capitalize()
         return (f"{name} over {r.tests} test(s), each interval at {level(r.level)}, "
                 f"family-wise {family}")
+    if not r.tests:
+        return f"no step was tested, family-wise {family}"
     if "betting" in correction:  # the search's confirmation (estimators/search.py)
         looks = r.tests
         return (f"paired betting test with an exact sign test at the end, alpha spent over "
@@ -183,12 +186,17 @@ def decided_by(who: str | None) -> str:
 
 
 def locus_name(r: Any, who: str | None = None) -> str:
-    """The locus as the result names it: its label when that names the agent (multi-agent
-    runs), else ``step k`` and, when known, who decided it."""
-    label = getattr(r, "locus_label", None)
-    if label and label != f"step {r.locus}":
-        return str(label)
-    return f"step {r.locus}{decided_by(who)}"
+    """The locus as every surface names it: ``step 4 (decided by account_agent, its 1st
+    decision)``. ``who`` decided it (the caller has the run); without it, the agent named in
+    the result's ``locus_label`` (``car_core.trajectory.step_label``)."""
+    k = r.locus
+    label = str(getattr(r, "locus_label", None) or "")
+    found = re.fullmatch(rf"(.+), step {k} \(its (\w+) decision\)", label)
+    nth = found[2] if found else None
+    who = who or (found[1] if found else None)
+    if not who:
+        return f"step {k}"
+    return f"step {k} (decided by {who}" + (f", its {nth} decision" if nth else "") + ")"
 
 
 def headline(r: Any, who: str | None = None) -> str:
@@ -206,7 +214,9 @@ def headline(r: Any, who: str | None = None) -> str:
                 f"phi {effect(v.estimate)} {effect_interval(v.ci)} at {level(r.level)}; "
                 f"sum {effect(r.total)}, efficiency gap {effect(r.efficiency_gap)}")
     if str(r.answer) == "undecided":
-        return f"undecided: {r.undecided_why()}; {r.candidate_text()}{decided_by(who)}"
+        by = f"; step {r.candidate} was decided by {who}" if who and r.candidate is not None \
+            else ""
+        return f"undecided: {r.undecided_why()}; {r.candidate_text()}{by}"
     if r.locus is None:
         return f"no cause: {r.reason or 'no step rescue interval lies above zero'}"
     s = next((e for e in r.steps if e.step == r.locus), None)
