@@ -132,7 +132,8 @@ def test_a_test_that_attributes_itself_records_only_its_own_run(
     assert run.meta["test"] == "test_self.py::test_attributes_itself_then_fails"
     assert not (run.meta.get("thread_id") or "").startswith("car-branch-")
     text = section(rec.getreports("pytest_runtest_logreport"), "test_attributes_itself_then_fails")
-    assert text is not None and text.startswith("locus: step 1 (decided by agent, its 2nd decision)"), text
+    assert text is not None, text
+    assert text.startswith("locus: step 1 (decided by agent, its 2nd decision)"), text
 
 
 PIVOT_SUITE = '''

@@ -58,7 +58,8 @@ def test_levels_are_percentages_and_numbers_have_one_format() -> None:
     assert fmt.prob(0.3125) == "0.312" and fmt.effect(0.6875) == "+0.688"
     assert fmt.effect(-0.016) == "-0.016" and fmt.effect(None) == fmt.MISSING
     assert fmt.effect_interval((0.2, 0.6)) == "[+0.200, +0.600]"
-    assert fmt.failure_rate(0.25, (0.1, 0.5), 0.95, 16) == "P(fail) 0.250 [0.100, 0.500] at 95%, n=16"
+    assert fmt.failure_rate(0.25, (0.1, 0.5), 0.95, 16) == (
+        "P(fail) 0.250 [0.100, 0.500] at 95%, n=16")
 
 
 def test_the_rescue_shown_is_held_minus_redrawn_of_its_own_sample(refit) -> None:
@@ -87,6 +88,7 @@ def test_a_stored_result_keeps_the_shown_sample(refit) -> None:
 # -- every surface says the same -----------------------------------------------------------------
 def test_text_table_and_plugin_say_the_same_row_and_headline(refit) -> None:
     from car_adapters.pytest_plugin.recording import Attribution
+
     from car_core import synthetic as syn
     run = syn.pivot().failing_run(0)
     row = fmt.step_row(refit, refit.steps[refit.locus]).cells()
