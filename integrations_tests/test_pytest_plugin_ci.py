@@ -194,7 +194,8 @@ def test_progress_lines_say_what_is_being_attributed(pytester: pytest.Pytester) 
     result = pytester.runpytest("--car-attribute", "--car-rollouts", "16", "--car-budget", "40")
     out = result.stdout.str()
     assert "CAR: attributing test_pivot0.py::test_pivot_0 (at most 40 rollouts, 60 s)" in out
-    done = re.search(r"CAR: test_pivot0.py::test_pivot_0: locus: step 1 .* \((\d+) rollouts, ", out)
+    done = re.search(r"CAR: test_pivot0.py::test_pivot_0: locus: step 1 .* \((\d+) of at most 40 "
+                     r"rollouts, ", out)
     assert done and 0 < int(done[1]) <= 40, out
 
 
