@@ -118,9 +118,10 @@ def method(r: Any) -> str:
     if not r.tests:
         return f"no step was tested, family-wise {family}"
     if "betting" in correction:  # the search's confirmation (estimators/search.py)
-        looks = r.tests
-        return (f"paired betting test with an exact sign test at the end, alpha spent over "
-                f"{looks} confirmation(s), family-wise {family}")
+        # paired when the arms were measured to share their noise, else on the two rates
+        pairing = "paired" if r.coupled else "unpaired"
+        return (f"{pairing} betting test with an exact sign test at the end, alpha spent over "
+                f"{r.tests} confirmation(s), family-wise {family}")
     return f"{correction}, {r.tests} test(s), intervals at {level(r.level)}, family-wise {family}"
 
 

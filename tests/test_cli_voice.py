@@ -109,8 +109,11 @@ def test_text_table_and_plugin_say_the_same_row_and_headline(refit) -> None:
 
 
 def test_the_method_is_named_as_computed(refit) -> None:
-    assert fmt.method(refit) == ("paired betting test with an exact sign test at the end, "
+    assert not refit.coupled  # the pairs did not show shared noise: the rates were compared
+    assert fmt.method(refit) == ("unpaired betting test with an exact sign test at the end, "
                                  "alpha spent over 1 confirmation(s), family-wise 95%")
+    coupled = ContrastiveResult.from_dict({**refit.to_dict(), "coupled": True})
+    assert fmt.method(coupled).startswith("paired betting test")
     full = ContrastiveResult.from_dict({**refit.to_dict(), "correction": "bonferroni",
                                         "tests": 6, "level": 1 - 0.05 / 6})
     assert fmt.method(full) == ("Bonferroni over 6 test(s), each interval at 99.2%, "
@@ -170,8 +173,9 @@ def test_attributions_are_newest_first_and_reverse_turns_them(tmp_path, capsys,
     db = tmp_path / "car.db"
     with RunStore(db) as s:
         made = [car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
-                                budget=10, store=s, attribution_id=f"a{i}").attribution_id
+                                budget=10, store=s, attribution_id=f"zz{i}x").attribution_id
                 for i in range(3)]
+    # ids no hex run id or path in the listing can contain
     for flags, want in (((), made[::-1]), (("--reverse",), made)):
         code, out = run_cli(capsys, "attributions", "--store", str(db), *flags)
         assert sorted(made, key=out.index) == want
