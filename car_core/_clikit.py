@@ -11,7 +11,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -27,7 +27,6 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from . import defaults
 from . import formatting as fmt
 from .errors import (
     AgentError,
@@ -234,10 +233,15 @@ class RichProgress:
         self.progress.advance(self.task, n)
 
     def done(self) -> None:
-        """The estimate finished (adaptive stopping often needs fewer rollouts than the
-        worst case planned): show the bar complete at what was actually run."""
+        """The estimate finished. Adaptive stopping often spends less than the budget allowed:
+        the bar then ends complete at what was run, and its label says it stopped early and
+        how much was allowed, so the total never silently shrinks."""
         task = self.progress.tasks[0]
-        self.progress.update(self.task, total=task.completed)
+        allowed = task.total
+        if allowed is not None and task.completed < allowed:
+            self.progress.update(self.task, total=task.completed, description=(
+                f"{task.description}: stopped early, {int(task.completed)} of {int(allowed)} "
+                "allowed"))
         self.close()
 
     def close(self) -> None:
@@ -256,69 +260,33 @@ def make_progress(mode: bool | None, label: str, planned: int | None, budget: in
 
 
 # -- tables ----------------------------------------------------------------------------------------
-def _f(x: Any, d: int = 2) -> str:
-    return fmt.num(x, d)
-
-
-def _ci(ci: Any) -> str:
-    return fmt.interval(ci)
-
-
 def attribution_table(r: Result) -> Table:
-    """The result of ``car attribute`` as a rich table."""
+    """The result of ``car attribute`` as a rich table: the columns, numbers and marks of the
+    plain-text result (``car_core.formatting``)."""
     if isinstance(r, ShapleyResult):
-        t = Table(title=f"Shapley values ({_pct(r.level)} intervals, {r.mode} mode)",
-                  title_justify="left")
-        for col in ("player", "φ", "interval", "n"):
-            t.add_column(col, justify="right" if col in ("φ", "n") else "left")
+        t = Table(title=f"Shapley values ({fmt.method(r)})", title_justify="left")
+        for col in fmt.SHAPLEY_COLUMNS:
+            t.add_column(col, justify="right" if col in (fmt.PHI, fmt.PAIRS) else "left")
         for v in r.values:
             t.add_row(Text(safe(str(v.label or f"step {v.step}"))),
-                      _f(v.estimate, 3), _ci(v.ci), str(v.n))
+                      fmt.effect(v.estimate), fmt.effect_interval(v.ci), str(v.n))
         return t
-    t = Table(title=f"Rescue per step ({_pct(r.level)} intervals, "
-                    f"{r.correction}, {r.tests} test(s))",
-              title_justify="left")
-    for col in ("step", "rescue", "interval", "P(fail) held", "P(fail) re-drawn", "n", ""):
-        t.add_column(col, justify="right" if col not in ("interval", "") else "left")
-    locus = r.locus
+    t = Table(title=f"Rescue per step ({fmt.method(r)})", title_justify="left")
+    for col in (*fmt.STEP_COLUMNS[:-1], ""):
+        t.add_column(col, justify="right" if col not in (fmt.INTERVAL, "") else "left")
     for s in r.steps:
-        mark = "◀ locus" if s.step == locus else (
-            "not tested" if not s.tested else ("significant" if s.significant else ""))
-        t.add_row(str(s.step), _f(s.effect), _ci(s.ci), _f(s.fail_held),
-                  _f(s.fail_resampled), str(s.n), mark,
-                  style="bold red" if s.step == locus else None)
+        row = fmt.step_row(r, s)
+        t.add_row(*row.cells(), style="bold red" if row.is_locus else None)
     return t
 
 
-def _pct(level: Any) -> str:
-    return fmt.pct(level, 1)
-
-
-def verdict(r: Result) -> str:
-    """One sentence that says which answer this is: the locus, no cause (and why), undecided
-    (and the candidate), or for Shapley the largest share (and whether it was truncated)."""
-    if isinstance(r, ShapleyResult):
-        cut = (f"Truncated ({safe(str(r.budget_note))}): the values are from what was measured. "
-               if r.truncated else "")
-        values = [v for v in r.values if v.estimate is not None]
-        if not values:
-            return f"{cut}No Shapley values: {r.reason or 'nothing measured'}."
-        top = max(values, key=lambda v: cast(float, v.estimate))
-        return (f"{cut}Largest share: {safe(str(top.label or 'step ' + str(top.step)))}"
-                f" φ = {_f(top.estimate, 3)} {_ci(top.ci)}; Σφ = {_f(r.total, 3)}"
-                f", efficiency gap {_f(r.efficiency_gap, 3)}.")
-    locus = r.locus
-    if r.answer == Answer.UNDECIDED:
-        return f"Undecided: {safe(r.undecided_why())}; {safe(r.candidate_text())}."
-    if locus is None:
-        return f"No cause: {safe(r.reason or 'no step rescue interval excludes zero')}."
-    step = next((s for s in r.steps if s.step == locus), None)
-    label = r.locus_label
-    who = f" ({safe(str(label))})" if label and label != f"step {locus}" else ""
-    return (f"Locus: step {locus}{who}. Re-drawing it lowers P(failure) by "
-            f"{_f(step.effect if step else None)} "
-            f"{_ci(step.ci if step else None)} at {_pct(r.level)} (family-wise "
-            f"{_pct(1 - float(r.alpha or defaults.ALPHA))}).")
+def verdict(r: Result, who: str | None = None) -> str:
+    """One sentence that says which answer this is (``car_core.formatting.headline``), then
+    why the rescue's sample differs from the test's when it was re-estimated."""
+    line = safe(fmt.headline(r, who))
+    line = line[:1].upper() + line[1:]
+    note = fmt.sample_note(r) if not isinstance(r, ShapleyResult) else None
+    return line + (f"\n{safe(note)}" if note else "")
 
 
 def answer_cell(r: Result | None) -> str:

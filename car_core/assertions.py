@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import formatting as fmt
 from .errors import InvalidInput
 from .replay import OutcomeDistribution
 from .results import ContrastiveResult
@@ -32,7 +33,7 @@ __all__ = ["assert_locus", "assert_no_locus", "assert_rescues"]
 
 
 def _interval(ci: Interval | tuple[float, float] | None) -> str:
-    return "untested" if ci is None else f"[{ci[0]:+.3f}, {ci[1]:+.3f}]"
+    return "untested" if ci is None else fmt.effect_interval(ci)
 
 
 def _contrastive(result: Any, name: str) -> ContrastiveResult:
@@ -43,11 +44,10 @@ def _contrastive(result: Any, name: str) -> ContrastiveResult:
 
 
 def _describe(result: ContrastiveResult) -> str:
-    rows = [f"step {s.step}: rescue {s.effect:+.3f} {_interval(s.ci)}"
+    rows = [f"step {s.step}: rescue {fmt.effect(s.effect)} {_interval(s.ci)}"
             + (" significant" if s.significant else "")
             for s in result.steps if s.tested and s.effect is not None]
-    level = f"each interval at {result.level:.4f} ({result.correction}, {result.tests} test(s), " \
-            f"FWER <= {result.alpha})"
+    level = fmt.method(result)
     tail = f"; truncated: {result.budget_note}" if result.truncated else ""
     return "\n  ".join([f"{level}{tail}", *rows])
 
@@ -116,8 +116,7 @@ def assert_rescues(distribution: Any, below: float, *, strict: bool = False) -> 
     if isinstance(below, bool) or not isinstance(below, (int, float)) or not 0 < below <= 1:
         raise InvalidInput(f"below={below!r}", hint="pass a failure rate in (0, 1]")
     lo, hi = distribution.ci
-    shown = (f"P(failure) = {distribution.mean:.3f} [{lo:.3f}, {hi:.3f}] at "
-             f"{distribution.level:.0%}, n={distribution.n}"
+    shown = (fmt.failure_rate(distribution.mean, (lo, hi), distribution.level, distribution.n)
              + (f" (truncated: {distribution.budget_note})" if distribution.truncated else ""))
     if strict and hi >= below:
         raise AssertionError(f"expected the intervention to bring P(failure) below {below:g} "

@@ -48,6 +48,24 @@ app = typer.Typer(
     epilog=EXIT_CODES)
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            shown = version("causal-agent-replay")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            shown = "unknown (not installed)"
+        STDOUT.write(f"car (causal-agent-replay) {shown}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _car(version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True,
+        help="Print the installed causal-agent-replay version and exit.")] = False) -> None:
+    """Causal Agent Replay: find the step that caused an agent's failure by intervening on
+    recorded steps and re-running the agent."""
+
 
 class _Redacting(io.TextIOBase):
     """The current ``sys.stdout``/``sys.stderr`` (looked up at each write, so captures work)
@@ -84,6 +102,8 @@ err = Console(file=STDERR, highlight=False)
 
 StoreOpt = Annotated[str, typer.Option("--store", help="SQLite store of runs.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+ReverseOpt = Annotated[bool, typer.Option(
+    "--reverse", help="Oldest first (the default is newest first).")]
 ProgressOpt = Annotated[bool | None, typer.Option(
     "--progress/--no-progress", help="Progress bar on stderr (default: when it is a terminal).")]
 AgentOpt = Annotated[str, typer.Option(
@@ -149,10 +169,14 @@ def _print_json(value: Any) -> None:
 @_errors
 def runs(store: StoreOpt = "car.db", json_out: JsonOpt = False,
          branches: Annotated[bool, typer.Option("--branches", help="Include branches.")] = False,
-         limit: Annotated[int | None, typer.Option("--limit", min=1)] = None) -> None:
-    """List the stored runs, newest first. A damaged row is named (exit 4) and the intact
-    ones are still listed."""
+         limit: Annotated[int | None, typer.Option(
+             "--limit", min=1, help="Show only the N newest runs.")] = None,
+         reverse: ReverseOpt = False) -> None:
+    """List the stored runs, newest first (--reverse: oldest first). A damaged row is named
+    (exit 4) and the intact ones are still listed."""
     rows, damaged = kit.existing_store(store).scan(branches=branches, limit=limit)
+    if reverse:
+        rows = rows[::-1]
     _print_runs(rows, store, json_out, damaged)
     if damaged:
         raise damaged_rows(damaged, len(rows))
@@ -205,17 +229,21 @@ def show(run_id: Annotated[str, typer.Argument(help="Run id (see `car runs`).")]
         out.print(Text(kit.safe(f"branch of {run.lineage.parent_id}  arm {run.lineage.arm}  "
                                 f"rollout {run.lineage.rollout}")))
     out.print(Text("context: ") + kit.plain(run.context, width and 200))
-    # one layout whatever the run: the index, origin and agent columns as wide as their widest
-    # entry (recorded runs of framework adapters have no origin, runs of plain agents no agent),
-    # values starting in one column
-    origins = [kit.safe(str(s.meta.get("origin") or "")) for s in run.steps]
-    agents = [kit.safe(str(s.meta.get("agent") or "")) for s in run.steps]
+    # one layout whatever the run: the index, then the origin, agent and node columns when
+    # any step has them (plain agents record none of them, multi-agent apps both who and
+    # where), each as wide as its widest entry, values starting in one column
+    columns = [(name, [kit.safe(str(s.meta.get(name) or "")) for s in run.steps])
+               for name in ("origin", "agent", "node")]
+    columns = [(name, cells) for name, cells in columns if any(cells)]
     index_w = max((len(f"[{s.index}]") for s in run.steps), default=3)
-    origin_w = max((len(o) for o in origins), default=0)
-    agent_w = max((len(a) for a in agents), default=0)
-    for s, origin, by in zip(run.steps, origins, agents, strict=True):
-        lead = f"[{s.index}]".ljust(index_w) + (f" {origin:>{origin_w}}" if origin_w else "") \
-            + (f" {by:<{agent_w}}" if agent_w else "")
+    widths = [max(len(name), *(len(c) for c in cells)) for name, cells in columns]
+    if columns and run.steps:
+        out.print(Text(" " * index_w + "".join(f" {name:<{w}}" for (name, _), w
+                                                in zip(columns, widths, strict=True)),
+                       style="dim"))
+    for i, s in enumerate(run.steps):
+        lead = f"[{s.index}]".ljust(index_w) + "".join(
+            f" {cells[i] or '-':<{w}}" for (_, cells), w in zip(columns, widths, strict=True))
         out.print(Text(f"{lead}       action: ", style="bold") + kit.plain(s.action, width))
         if s.observed:
             out.print(Text(" " * len(lead) + "  observation: ") + kit.plain(s.observation, width))
@@ -239,7 +267,8 @@ def intervene(run_id: Annotated[str, typer.Argument(help="Run id.")],
                   "--rollouts", help="Branches to run.")] = defaults.CLI_INTERVENE_ROLLOUTS,
               budget: Annotated[int | None, typer.Option(
                   "--budget", help="Cap on the rollouts actually run.")] = None,
-              seed: Annotated[int, typer.Option("--seed")] = 0,
+              seed: Annotated[int, typer.Option(
+                  "--seed", help="Seed of the branches' noise (default 0).")] = 0,
               force_agent: ForceAgentOpt = False,
               store: StoreOpt = "car.db", json_out: JsonOpt = False,
               progress: ProgressOpt = None) -> None:
@@ -304,7 +333,9 @@ def attribute(
         run_id: Annotated[str, typer.Argument(help="Run id of the failing run.")],
         agent: AgentOpt,
         outcome: OutcomeOpt = None,
-        method: Annotated[Method, typer.Option("--method")] = Method.contrastive,
+        method: Annotated[Method, typer.Option(
+            "--method", help="contrastive: the step that caused the failure; shapley: each "
+                             "step's share of it.")] = Method.contrastive,
         rollouts: Annotated[int | None, typer.Option(
             "--rollouts",
             help=f"contrastive: K, a budget of n·K rollouts for an n-step run (default "
@@ -373,17 +404,15 @@ def attribute(
                               "store": db, "attribution_id": aid, "force_agent": force_agent}
     if method is Method.contrastive:
         k = rollouts or defaults.ROLLOUTS
-        planned = (len(run.steps) + 1) * k
-        if budget is not None:
-            planned = min(planned, budget)
+        # what the estimator may spend: --budget when given, else its n·K
+        planned = budget if budget is not None else len(run.steps) * k
         call: Callable[..., Any] = functools.partial(
             car.contrastive, rollouts=k, alpha=alpha,
             budget=Budget(rollouts=budget) if budget else None)
     else:
         planned = budget or defaults.SHAPLEY_BUDGET
         call = functools.partial(car.shapley, budget=planned, level=1 - alpha)
-    cap = planned if method is Method.shapley else budget
-    bar = kit.make_progress(progress, f"{method.value} {run.id}", planned, cap)
+    bar = kit.make_progress(progress, f"{method.value} {run.id}", planned, planned)
     started = time.monotonic()
     try:
         result = call(run, the_agent, progress=bar or False, **common)
@@ -407,7 +436,7 @@ def attribute(
     if json_out:
         _print_json(result.to_dict())
     else:
-        _print_result(result, time.monotonic() - started, store)
+        _print_result(result, time.monotonic() - started, store, run)
     undecided = isinstance(result, ContrastiveResult) and result.answer == Answer.UNDECIDED
     if result.truncated:
         what = "undecided" if undecided else "the budget ran out"
@@ -494,9 +523,18 @@ def _resume_command(aid: str, budget: int | None = None) -> str:
     return shlex.join(["car", *argv, *tail, "--resume", aid])
 
 
-def _print_result(r: Result, seconds: float, store: str) -> None:
+def _decider(r: Result, run: Any) -> str | None:
+    """Who decided the step the answer names (the locus, or an undecided search's candidate)."""
+    from .assertions import agent_of
+    step = getattr(r, "locus", None)
+    if step is None:
+        step = getattr(r, "candidate", None)
+    return agent_of(run, step) if step is not None else None
+
+
+def _print_result(r: Result, seconds: float, store: str, run: Any = None) -> None:
     out.print(kit.attribution_table(r))
-    out.print(Text(kit.verdict(r), style="bold"))
+    out.print(Text(kit.verdict(r, _decider(r, run) if run is not None else None), style="bold"))
     measured = getattr(r, "coupling_measured", None)
     shared = "coupled" if r.coupled else "independent"
     contrastive = hasattr(r, "coupling_measured")
@@ -574,16 +612,19 @@ def report(run_id: Annotated[str | None, typer.Argument(
 @_errors
 def attributions(run_id: Annotated[str | None, typer.Argument(
                      help="Run id (default: every run's attributions).")] = None,
-                 store: StoreOpt = "car.db", json_out: JsonOpt = False) -> None:
-    """List stored attributions, oldest first: method, status, answer (locus N, no cause,
-    undecided with its candidate), rollouts. An interrupted or undecided one is resumed with
-    `car attribute RUN_ID ... --resume ID` (undecided: with a larger --budget)."""
+                 store: StoreOpt = "car.db", json_out: JsonOpt = False,
+                 reverse: ReverseOpt = False) -> None:
+    """List stored attributions, newest first (--reverse: oldest first): method, status,
+    answer (locus N, no cause, undecided with its candidate), rollouts. An interrupted or
+    undecided one is resumed with `car attribute RUN_ID ... --resume ID` (undecided: with a
+    larger --budget)."""
     db = kit.existing_store(store)
     if run_id is not None:
         db.load(run_id)  # an unknown or damaged run is an error, not an empty list
     rows, damaged = [], []
     results: dict[str, Result | None] = {}
-    for aid in db.attribution_ids(run_id):
+    ids = db.attribution_ids(run_id)  # oldest first
+    for aid in (ids if reverse else ids[::-1]):
         try:  # one damaged attribution (or branch of one) is named; the others are listed
             a = db.attribution(aid)
             count = len(db.branches(a.id))
@@ -657,7 +698,7 @@ def _builtin_demo(store: str, report_path: Path, progress: Any) -> Any:
         db.save(run)
         out.print(Text(f"recorded failing run {run.id} of the synthetic pivot model "
                        f"({len(run.steps)} steps) in {store}"))
-        bar = kit.make_progress(progress, "contrastive", (len(run.steps) + 1) * defaults.ROLLOUTS,
+        bar = kit.make_progress(progress, "contrastive", len(run.steps) * defaults.ROLLOUTS,
                                  None)
         started = time.monotonic()
         try:
@@ -669,7 +710,7 @@ def _builtin_demo(store: str, report_path: Path, progress: Any) -> Any:
         finally:
             if bar:
                 bar.close()
-        _print_result(result, time.monotonic() - started, store)
+        _print_result(result, time.monotonic() - started, store, run)
         aid = result.attribution_id
         branches = list(db.branches(aid)) if aid else None
     report_path.write_text(render_attribution(result, run=run, branches=branches),

@@ -104,9 +104,9 @@ class OutcomeDistribution:
                 "branch_ids": [t.id for t in self.trajectories]}
 
     def __str__(self) -> str:
-        lo, hi = self.ci
-        return (f"P(failure) = {self.mean:.3f}  [{lo:.3f}, {hi:.3f}] at {self.level:.0%}, "
-                f"n={self.n}{' (truncated)' if self.truncated else ''}")
+        from . import formatting as fmt
+        return (fmt.failure_rate(self.mean, self.ci, self.level, self.n)
+                + (" (truncated)" if self.truncated else ""))
 
 
 def _outcome_only(branch: Trajectory) -> float | None:

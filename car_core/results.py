@@ -36,14 +36,6 @@ def _read_ci(data: dict[str, Any], level: float | None) -> Interval | None:
                                                                  else 0.95))
 
 
-def _num(x: float | None, digits: int = 3) -> str:
-    return fmt.num(x, digits, missing="-")  # plain-text tables: ASCII only
-
-
-def _interval(ci: Interval | None) -> str:
-    return fmt.interval(ci, 3, missing="-")
-
-
 def _text_table(headers: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
               for i, h in enumerate(headers)]
@@ -97,6 +89,10 @@ class StepEffect:
     effect_raw: float | None = None  # the mean of the pairs the test stopped on
     estimate: str = "raw"  # "refit": ``effect`` re-estimated on fresh pairs after stopping
     refit_n: int = 0
+    # P(fail) held and re-drawn over the re-estimate's ``refit_n`` pairs: the sample
+    # ``effect`` and ``ci`` are about (``fail_held``/``fail_resampled`` are the test's pairs)
+    refit_held: float | None = None
+    refit_resampled: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "effect": self.effect, "ci": _ci(self.ci),
@@ -104,7 +100,8 @@ class StepEffect:
                 "significant": self.significant, "fail_held": self.fail_held,
                 "fail_resampled": self.fail_resampled, "n": self.n,
                 "effect_raw": self.effect if self.effect_raw is None else self.effect_raw,
-                "estimate": self.estimate, "refit_n": self.refit_n}
+                "estimate": self.estimate, "refit_n": self.refit_n,
+                "refit_held": self.refit_held, "refit_resampled": self.refit_resampled}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], level: float | None = None) -> StepEffect:
@@ -114,7 +111,9 @@ class StepEffect:
                    fail_held=data.get("fail_held"), fail_resampled=data.get("fail_resampled"),
                    n=int(data.get("n", 0)), effect_raw=data.get("effect_raw"),
                    estimate=str(data.get("estimate", "raw")),
-                   refit_n=int(data.get("refit_n", 0)))
+                   refit_n=int(data.get("refit_n", 0)),
+                   refit_held=data.get("refit_held"),
+                   refit_resampled=data.get("refit_resampled"))
 
 
 @dataclass(frozen=True)
@@ -266,8 +265,8 @@ class ContrastiveResult(_Rendered):
         s = next((e for e in self.steps if e.step == c), None)
         if s is None or not s.tested or s.effect is None:
             return f"the candidate is step {c} (not yet measured)"
-        return (f"the candidate is step {c}: rescue so far {_num(s.effect)} "
-                f"{_interval(s.ci)} from {s.n} pair(s)")
+        return (f"the candidate is step {c}: rescue so far {fmt.effect(s.effect)} "
+                f"{fmt.effect_interval(s.ci)} from {s.n} pair(s)")
 
     def continue_hint(self) -> str | None:
         """For an undecided result, how to continue; None for a decided one."""
@@ -277,38 +276,25 @@ class ContrastiveResult(_Rendered):
                                               self.attribution_id)
 
     def __str__(self) -> str:
-        rows = [[str(s.step), _num(s.effect), _interval(s.ci),
-                 ("yes" if s.significant else "no") if s.tested else "untested",
-                 _num(s.fail_held), _num(s.fail_resampled), str(s.n),
-                 "<- locus" if s.step == self.locus else ""] for s in self.steps]
-        who = (f" ({self.locus_label})" if self.locus_label
-               and self.locus_label != f"step {self.locus}" else "")
-        head = f"contrastive attribution of run {self.run_id}: "
-        if self.answer == Answer.LOCUS:
-            head += f"locus = {self.locus}{who}" + (f" ({self.reason})" if self.reason else "")
-        elif self.answer == Answer.NO_CAUSE:
-            head += "no cause" + (f" ({self.reason})" if self.reason else "")
-        else:
-            head += f"undecided: {self.undecided_why()}; {self.candidate_text()}"
-        foot = (f"{self.tests} test(s), each at {self.level:.4f} ({self.correction}, FWER <= "
-                f"{self.alpha}); search={self.search}; rollouts used {self.rollouts_used} "
-                f"of {self.rollout_budget}; coupled={self.coupled}"
+        rows = [fmt.step_row(self, s, missing="-").cells() for s in self.steps]
+        head = f"contrastive attribution of run {self.run_id}: {fmt.headline(self)}"
+        foot = (f"{fmt.method(self)}; search={self.search}; rollouts used "
+                f"{self.rollouts_used} of {self.rollout_budget}; coupled={self.coupled}"
                 # coupled is what the pairs showed; the reason says what noise CAR handed out
                 + (f" (noise handed out: {self.coupling})"
                    if self.coupling and not self.coupled else "")
-                + (f"; coupling measured {_num(self.coupling_measured, 2)} "
-                   f"{_interval(self.coupling_ci)} from {self.coupling_pairs} pairs"
-                   if self.coupling_measured is not None else "")
+                + (f"; coupling measured {fmt.num(self.coupling_measured, 2, missing='-')} "
+                   f"{fmt.interval(self.coupling_ci, 2, missing='-')} from "
+                   f"{self.coupling_pairs} pairs" if self.coupling_measured is not None else "")
                 + (f"; given up: step(s) {', '.join(map(str, self.given_up))}"
                    if self.given_up else "")
                 + (f"; about {self.more_rollouts} more rollouts would decide it"
                    if self.more_rollouts else "")
                 + (f"; truncated: {self.budget_note}" if self.truncated else "")
                 + (f"; {len(self.failures)} failed branch(es) left out" if self.failures else ""))
-        table = _text_table(["step", "rescue", "interval", "significant", "P(fail|held)",
-                             "P(fail|resampled)", "n", ""], rows)
-        hint = self.continue_hint()
-        return f"{head}\n{table}\n{foot}" + (f"\n{hint}" if hint else "")
+        table = _text_table([*fmt.STEP_COLUMNS[:-1], ""], rows)
+        extra = [x for x in (fmt.sample_note(self), self.continue_hint()) if x]
+        return "\n".join([head, table, foot, *extra])
 
 
 @dataclass(frozen=True)
@@ -422,20 +408,21 @@ class ShapleyResult(_Rendered):
                                               self.attribution_id, f", mode={self.mode!r}")
 
     def __str__(self) -> str:
-        rows = [[v.label, _num(v.estimate), _interval(v.ci), str(v.n)] for v in self.values]
-        head = (f"Shapley attribution of run {self.run_id} ({self.mode}, level {self.level})"
-                + (f": truncated ({self.budget_note}), the values are from what was "
-                   "measured" if self.truncated else "")
-                + (f": {self.reason}" if self.reason else ""))
-        foot = (f"sum = {_num(self.total)}; v(N) - v(empty) = "
-                f"{_num(self.v_full.mean)} - {_num(self.v_empty.mean)}; gap "
-                f"{_num(self.efficiency_gap)}; rollouts used {self.rollouts_used} of "
-                f"{self.budget}; coupled={self.coupled}"
+        rows = [[v.label, fmt.effect(v.estimate, missing="-"),
+                 fmt.effect_interval(v.ci, missing="-"), str(v.n)] for v in self.values]
+        head = (f"Shapley attribution of run {self.run_id}: {fmt.headline(self)}"
+                + (f"; {self.reason}" if self.reason and self.reason not in fmt.headline(self)
+                   else ""))
+        foot = (f"Shapley values, {fmt.method(self)}; sum = "
+                f"{fmt.effect(self.total, missing='-')}; "
+                f"v(N) - v(empty) = {fmt.prob(self.v_full.mean, missing='-')} - "
+                f"{fmt.prob(self.v_empty.mean, missing='-')}; gap "
+                f"{fmt.effect(self.efficiency_gap, missing='-')}; rollouts used "
+                f"{self.rollouts_used} of {self.budget}; coupled={self.coupled}"
                 + (f" ({self.coupling})" if self.coupling and not self.coupled else "")
-                + (f"; truncated: {self.budget_note}" if self.truncated else "")
                 + (f"; {len(self.failures)} failed branch(es) left out" if self.failures else ""))
         hint = self.continue_hint()
-        return (f"{head}\n{_text_table(['player', 'phi', 'interval', 'n'], rows)}\n{foot}"
+        return (f"{head}\n{_text_table(list(fmt.SHAPLEY_COLUMNS), rows)}\n{foot}"
                 + (f"\n{hint}" if hint else ""))
 
 

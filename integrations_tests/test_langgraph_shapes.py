@@ -196,7 +196,7 @@ def test_command_handoff_into_a_subgraph_with_an_inherited_checkpointer() -> Non
     app = hand_built(InMemorySaver(), sa.PlantedSupportModel(rng_seed=0))
     run = failing(app, sa.inputs(), sa.outcome)
     assert [(s.meta["agent"], s.meta["node"]) for s in run.steps][:3] == [
-        ("LangGraph", "triage"), ("support", "agent"), ("support", "agent")]
+        ("triage", "triage"), ("support", "agent"), ("support", "agent")]
     agent = LangGraphAgent(app, side_effect_tools=sa.SIDE_EFFECT_TOOLS)
     imported = agent.import_thread(str(run.meta["thread_id"]))
     assert [s.action for s in imported.steps] == [s.action for s in run.steps]

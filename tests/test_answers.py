@@ -51,10 +51,10 @@ def located(pivot_model, pivot_run):
 
 
 def test_the_result_text_names_each_answer(located, no_cause, undecided) -> None:
-    assert str(located).splitlines()[0].endswith(": locus = 2")
+    assert ": locus: step 2, rescue +" in str(located).splitlines()[0]
     assert located.continue_hint() is None and no_cause.continue_hint() is None
     head = str(no_cause).splitlines()[0]
-    assert ": no cause (" in head and "no rise to follow" in head
+    assert ": no cause: " in head and "no rise to follow" in head
     text = str(undecided)
     assert text.splitlines()[0].endswith(
         "undecided: the budget ran out before the answer was decided (rollout budget of 22 "
@@ -98,10 +98,10 @@ def test_the_larger_budget_doubles_the_limit_that_tripped() -> None:
 
 
 def test_the_cli_verdict_names_each_answer(located, no_cause, undecided) -> None:
-    assert kit.verdict(located).startswith("Locus: step 2. Re-drawing it lowers P(failure)")
+    assert kit.verdict(located).startswith("Locus: step 2, rescue +")
     assert kit.verdict(no_cause).startswith("No cause: holding the whole record")
     assert kit.verdict(undecided) == (f"Undecided: {undecided.undecided_why()}; "
-                                      f"{undecided.candidate_text()}.")
+                                      f"{undecided.candidate_text()}")
     assert [kit.answer_cell(r) for r in (located, no_cause, undecided)] == [
         "locus 2", "no cause", "undecided, candidate 2"]
 
@@ -135,7 +135,7 @@ def test_car_attribute_prints_the_command_that_continues_and_it_decides(
             f"--budget 44 --store {db} --resume {aid}") in listed.stdout
     again = _car(*shlex.split(command)[1:], cwd=tmp_path)
     assert again.returncode == 0, again.stderr
-    assert "Locus: step 2." in again.stdout
+    assert "Locus: step 2 " in again.stdout
     listed = _car("attributions", "--store", db, cwd=tmp_path)
     assert "locus 2" in listed.stdout and "to continue" not in listed.stdout
 
@@ -174,7 +174,7 @@ def test_a_truncated_shapley_result_says_so_everywhere(pivot_model, pivot_run, s
         "to continue, resume with a larger budget: car.shapley(run, agent, outcome=..., "
         "budget=car.Budget(rollouts=400, tokens=4000), mode='permutation', store=<the store>, "
         "attribution_id='s1')")
-    assert kit.verdict(res).startswith(f"Truncated ({res.budget_note}): the values are from")
+    assert kit.verdict(res).startswith(f"Truncated ({res.budget_note}), the values are from")
     assert kit.answer_cell(res) == "values (truncated)"
     html = render_attribution(res, run=pivot_run)
     assert "Answer: Shapley values (truncated)" in html and "To continue" in html

@@ -266,7 +266,7 @@ def test_attribute_finds_the_planted_locus_and_stores_it(pivot_store, pivot_mode
         assert len(list(s.branches(result["attribution_id"]))) == result["rollouts_used"]
     table = car("attribute", run.id, "--agent", PIVOT, "--executor", "async", "--concurrency",
                 "4", cwd=folder)
-    assert table.returncode == 0 and "◀ locus" in table.stdout and "Locus: step 2." in table.stdout
+    assert table.returncode == 0 and "<- locus" in table.stdout and "Locus: step 2 " in table.stdout
     # The executor flag reaches the estimator: the async backend gives the same estimate
     # (noise is keyed by task, not by scheduling).
     with RunStore(folder / "car.db") as s:

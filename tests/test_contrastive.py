@@ -20,7 +20,8 @@ RESULT_KEYS = {"method", "run_id", "attribution_id", "locus", "reason", "alpha",
                "example_branch", "params", "failures", "locus_label", "answer", "candidate",
                "coupling_measured", "coupling_ci", "coupling_pairs", "given_up", "more_rollouts"}
 STEP_KEYS = {"step", "effect", "ci", "ci_level", "tested", "significant", "fail_held",
-             "fail_resampled", "n", "effect_raw", "estimate", "refit_n"}
+             "fail_resampled", "n", "effect_raw", "estimate", "refit_n", "refit_held",
+             "refit_resampled"}
 
 
 def attribute(model: syn.SyntheticSCM, seed: int = 0, **kwargs):
@@ -220,7 +221,7 @@ def test_result_serialises_with_the_documented_schema(pivot_model, pivot_run):
     assert type(res).from_dict(data).answer == res.answer
     assert res.table() == data["steps"]
     text = str(res)
-    assert "locus = 2" in text and "<- locus" in text
+    assert "locus: step 2, rescue" in text and "<- locus" in text
 
 
 def test_example_branch_is_a_rescued_branch_of_the_locus_arm(pivot_model, pivot_run):

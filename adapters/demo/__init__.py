@@ -26,6 +26,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import car_core as car
+from car_core import formatting as fmt
 from car_core.errors import CarError, InvalidInput
 
 from ..common.messages import describe_action
@@ -131,8 +132,8 @@ def run_demo(policy: str = "local", store: str = "car.db", report: str | None = 
         rescued = car.intervene(run, agent, car.do_context(decision, app_module.remove_injection),
                                 outcome=outcome, rollouts=checks, seed=seed + 1,
                                 progress=progress, budget=cap)
-        print(f"\nstep {decision} decided again from the same messages:  {factual}")
-        print(f"step {decision} decided without the injection:        {rescued}")
+        print()
+        print(_checks(res, decision, factual, rescued))
         what = _what(run, agent, decision, outcome, 4 * checks, seed, cap)
         written = _write_report(res, run, db, report, what)
         elapsed = time.monotonic() - started
@@ -148,6 +149,24 @@ def run_demo(policy: str = "local", store: str = "car.db", report: str | None = 
     finally:
         db.close()
         conn.close()
+
+
+def _checks(res: Any, decision: int, factual: Any, rescued: Any) -> str:
+    """The two do(·) checks in the words of the table above them, and why the first need not
+    match the table's re-drawn column: it is a new sample, drawn with another seed."""
+    def rate(d: Any) -> str:
+        return fmt.failure_rate(d.mean, d.ci, d.level, d.n) + (" (truncated)" if d.truncated
+                                                             else "")
+    lines = [f"step {decision} decided again from the same messages: {rate(factual)}",
+             f"step {decision} decided without the injection:       {rate(rescued)}"]
+    step = next((s for s in res.steps if s.step == decision and s.tested), None)
+    if step is not None:
+        _, redrawn, n = fmt.shown_sample(step)
+        lines.append(f"(new branches, seed {factual.seed}: the table's {fmt.REDRAWN} "
+                     f"{fmt.prob(redrawn)} for step {decision} is from the attribution's own "
+                     f"{n} pair(s); both estimate P(fail) with step {decision} re-drawn, from "
+                     "different samples)")
+    return "\n".join(lines)
 
 
 def _simulated_refund(arguments: dict[str, Any]) -> str:

@@ -52,7 +52,8 @@ SIDE_EFFECT_TOOLS = ("issue_refund",)
 def build_app(model: Any, checkpointer: Any = None) -> Any:
     """The support agent's graph (``support_agent.build_app``) with this desk's tools and
     prompt."""
-    return support_agent.build_app(model, checkpointer, tools=TOOLS, system_prompt=SYSTEM_PROMPT)
+    return support_agent.build_app(model, checkpointer, tools=TOOLS, system_prompt=SYSTEM_PROMPT,
+                                   name="refund_desk")
 
 
 def inputs(message: str = CUSTOMER_MESSAGE) -> dict[str, Any]:

@@ -67,10 +67,11 @@ SIDE_EFFECT_TOOLS = ("issue_refund",)
 
 
 def build_app(model: Any, checkpointer: Any = None, *, tools: Sequence[Any] = tuple(TOOLS),
-              system_prompt: str = SYSTEM_PROMPT) -> Any:
+              system_prompt: str = SYSTEM_PROMPT, name: str | None = None) -> Any:
     """The support graph: an ``agent`` node calling ``model`` (with ``tools`` bound and
     ``system_prompt`` prepended) and a ``tools`` ToolNode, looping until the model answers in
-    text. The demo's other apps are this graph with other tools and another prompt."""
+    text, compiled under ``name`` (LangGraph's default when None). The demo's other apps are
+    this graph with other tools and another prompt."""
     bound = model.bind_tools(list(tools))
 
     def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
@@ -82,7 +83,7 @@ def build_app(model: Any, checkpointer: Any = None, *, tools: Sequence[Any] = tu
     graph.add_edge(START, "agent")
     graph.add_conditional_edges("agent", tools_condition)
     graph.add_edge("tools", "agent")
-    return graph.compile(checkpointer=checkpointer)
+    return graph.compile(checkpointer=checkpointer, name=name)
 
 
 def inputs(message: str = CUSTOMER_MESSAGE) -> dict[str, Any]:

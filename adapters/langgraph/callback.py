@@ -84,11 +84,16 @@ def _checkpoint_map() -> dict[str, str]:
     return {str(ns): str(cid) for ns, cid in cmap.items()}
 
 
-def agent_of(ns: str | None, graph: str | None) -> str | None:
+DEFAULT_GRAPH_NAME = "LangGraph"  # what ``compile()`` names a graph given no ``name=``
+
+
+def agent_of(ns: str | None, graph: str | None, node: str | None = None) -> str | None:
     """The agent a step belongs to: the innermost subgraph node of its namespace
-    (``"account_agent:<task>"`` -> ``account_agent``), else the graph's own name."""
+    (``"account_agent:<task>"`` -> ``account_agent``), else the graph's own name when it was
+    given one (``compile(name=...)``, ``create_react_agent(name=...)``), else the node that
+    made the call: "decided by LangGraph" would say nothing."""
     if not ns:
-        return graph
+        return graph if graph and (graph != DEFAULT_GRAPH_NAME or not node) else node
     return ns.split("|")[-1].split(":")[0]
 
 
@@ -270,7 +275,7 @@ class CarCallback(BaseCallbackHandler):
         meta = {"origin": Origin.RECORD, "thread_id": md.get("thread_id", rec.thread_id),
                 "checkpoint_id": checkpoint_id, "checkpoint_ns": checkpoint_ns,
                 "checkpoint_map": cmap, "ns": checkpoint_ns,
-                "agent": agent_of(checkpoint_ns, rec.graph),
+                "agent": agent_of(checkpoint_ns, rec.graph, md.get("langgraph_node")),
                 "node": md.get("langgraph_node"), "langgraph_step": md.get("langgraph_step"),
                 "task_ns": md.get("langgraph_checkpoint_ns"), "params": params,
                 "seed": params.get("seed") if isinstance(params, dict) else None,

@@ -77,7 +77,7 @@ def import_thread(shape: AppShape, thread_id: str, agent: str) -> Trajectory:
                     decisions[m.id] = (cur.config["configurable"]["checkpoint_id"], {
                         "origin": Origin.RECORD, "thread_id": thread_id, "checkpoint_id": cid,
                         "checkpoint_ns": ns, "checkpoint_map": {**parents, ns: cid},
-                        "ns": ns, "agent": agent_of(ns, app.get_name()),
+                        "ns": ns, "agent": agent_of(ns, app.get_name(), nodes[0]),
                         "node": nodes[0], "langgraph_step": cur.metadata.get("step"),
                         "task_ns": (f"{join(ns, nodes[0])}:{task.id}" if task is not None
                                     else None),

@@ -246,8 +246,8 @@ class _Progress:
         pass  # ``done`` says how it ended
 
     def done(self, what: str) -> None:
-        self._write(f"CAR: {self.nodeid}: {what} ({self.rollouts} rollouts, "
-                    f"{time.monotonic() - self.started:.1f} s)")
+        self._write(f"CAR: {self.nodeid}: {what} ({self.rollouts} of at most {self.budget} "
+                    f"rollouts, {time.monotonic() - self.started:.1f} s)")
 
     def _write(self, line: str) -> None:
         if self.reporter is None:

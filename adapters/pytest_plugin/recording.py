@@ -82,6 +82,7 @@ class Attribution:
 
     def properties(self) -> dict[str, str]:
         """What the test's report carries for CI (JUnit XML ``<property>`` elements)."""
+        from car_core import formatting as fmt
         r = self.result
         props = {"car_headline": self.headline(), "car_run": str(self.run.id),
                  "car_method": "contrastive" if hasattr(r, "locus") else "shapley",
@@ -90,9 +91,9 @@ class Attribution:
             props["car_answer"] = str(r.answer)
             if r.locus is not None:
                 s = r.steps[r.locus]
-                props.update(car_locus=str(r.locus), car_rescue=f"{s.effect:.3f}",
-                             car_interval=f"[{s.ci[0]:.3f}, {s.ci[1]:.3f}]",
-                             car_level=f"{r.level:g}")
+                props.update(car_locus=str(r.locus), car_rescue=fmt.effect(s.effect),
+                             car_interval=fmt.effect_interval(s.ci),
+                             car_level=f"{r.level:g}")  # for machines: 0.95
         else:
             props["car_answer"] = "truncated" if r.truncated else "valued"
         if self.report is not None:
@@ -100,30 +101,18 @@ class Attribution:
         return props
 
     def headline(self) -> str:
+        """The answer in the words of every other surface (``car_core.formatting``), with who
+        decided the step it names and, when undecided or truncated, how to continue."""
+        from car_core import formatting as fmt
         from car_core.assertions import agent_of
         r = self.result
         again = self.continue_command()
         tail = f"; to continue: {again}" if again else ""
         if not hasattr(r, "locus"):  # Shapley: the largest value, with its interval
-            cut = f" (truncated: {r.budget_note}{tail})" if r.truncated else ""
-            ranked = sorted((v for v in r.values if v.step is not None and v.ci is not None),
-                            key=lambda v: -v.estimate)
-            if not ranked:
-                return f"shapley: no step could be valued ({r.reason}){cut}"
-            v = ranked[0]
-            return (f"largest Shapley value: step {v.step} phi {v.estimate:+.3f} interval "
-                    f"[{v.ci[0]:+.3f}, {v.ci[1]:+.3f}] at level {r.level}{cut}")
-        if r.answer == "undecided":
-            c = r.candidate
-            who = f" (decided by {agent_of(self.run, c)})" if c is not None else ""
-            return f"undecided: {r.undecided_why()}; {r.candidate_text()}{who}{tail}"
-        if r.locus is None:
-            return f"no cause: {r.reason}"
-        s = r.steps[r.locus]
-        lo, hi = s.ci
-        return (f"locus: step {r.locus} (decided by {agent_of(self.run, r.locus)}), rescue "
-                f"{s.effect:+.3f} interval [{lo:+.3f}, {hi:+.3f}] at level {r.level:.4f} "
-                f"({r.correction}, FWER <= {r.alpha})")
+            return fmt.headline(r) + tail
+        step = r.locus if r.locus is not None else r.candidate
+        who = agent_of(self.run, step) if step is not None else None
+        return fmt.headline(r, who) + tail
 
 
 class RunRecorder:

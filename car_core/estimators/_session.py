@@ -118,6 +118,29 @@ def _same(stored: Any, given: Any) -> bool:
     return bool(stored == given)
 
 
+def _estimate_bar(progress: Any, meter: BudgetMeter, label: str) -> tuple[Any, bool]:
+    """One bar for the whole estimate (not one per batch), its total the rollouts the budget
+    lets it spend; and whether the session made it (and so must finish it). A caller's own
+    bar object, or False, is passed on as it is."""
+    if progress is not None and progress is not True:
+        return progress, False
+    from ..execution import _progress_bar
+    bar = _progress_bar(progress, meter.budget.rollouts, label)
+    return bar if bar is not None else False, bar is not None
+
+
+def _finish_bar(bar: Any) -> None:
+    """An estimate that stopped before its budget was spent says so: the total becomes what
+    was run, and the label how much was allowed."""
+    total = getattr(bar, "total", None)
+    done = getattr(bar, "n", None)
+    if total is not None and done is not None and done < total:
+        bar.set_description(f"{bar.desc.rstrip(': ')}: stopped early, {done} of {total} allowed")
+        bar.total = done
+        bar.refresh()
+    bar.close()
+
+
 class Session:
     """One estimate in progress: the agent, the outcome, the shared budget meter and (with a
     store) the attribution row and the journal that makes it resumable."""
@@ -135,7 +158,8 @@ class Session:
         self.meter = BudgetMeter(budget)
         # None: sequential for in-process agents, asyncio for ones that wait on a model
         self.executor = executor or default_executor(agent)
-        self.progress, self.method, self.params = progress, method, params
+        self.method, self.params = method, params
+        self.progress, self._own_bar = _estimate_bar(progress, self.meter, method)
         self.store, self.journal, self.attribution_id = store, None, attribution_id
         self.failures: list[Failure] = []  # branches that failed after their retry
         self.ran = 0  # branches run (failed ones included), for the failed share
@@ -196,6 +220,9 @@ class Session:
         """Give the attribution's lease up if the estimate ends without finishing it (it
         raised, was interrupted, or returned early), so a resume in this process may take it;
         the branches stored so far stay."""
+        if self._own_bar:
+            self._own_bar = False
+            _finish_bar(self.progress)
         if self.store is not None and self.attribution_id is not None \
                 and self.store.holds(self.attribution_id):
             try:

@@ -269,7 +269,8 @@ def _searched(arms: Arms, n: int, cap: int, alpha: float, k: int, refit: bool
                       tested=True, significant=d.significant,
                       fail_held=d.fail_held, fail_resampled=d.fail_resampled, n=d.pairs,
                       effect_raw=d.raw, estimate="refit" if d.refit is not None else "raw",
-                      refit_n=d.refit_pairs)
+                      refit_n=d.refit_pairs, refit_held=d.refit_held,
+                      refit_resampled=d.refit_resampled)
     return {c: step}, d
 
 

@@ -142,6 +142,8 @@ class Decision:
     level: float | None = None      # the α_i the deciding confirmation spent
     more_pairs: int | None = None   # undecided: pairs a confirmation would still need, roughly
     estimate: float | None = None   # the reported effect (inside ``interval`` by construction)
+    refit_held: float | None = None      # P(fail) of the re-estimate's pairs, held and
+    refit_resampled: float | None = None  # re-drawn: ``estimate`` is their difference
 
 
 def _counts(d: np.ndarray) -> tuple[int, int]:
@@ -612,4 +614,8 @@ def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = 
                     int(r.size) if r is not None else 0, held, resampled, int(d.size),
                     None, exhausted=not conf.found, decided_spent=decided, coupling=coupling,
                     given_up=tuple(given_up), level=level,
-                    more_pairs=None if conf.found else _more_pairs(d, level), estimate=est)
+                    more_pairs=None if conf.found else _more_pairs(d, level), estimate=est,
+                    refit_held=float(re_hi.mean()) if re_hi is not None and re_hi.size
+                    else None,
+                    refit_resampled=float(re_lo.mean()) if re_lo is not None and re_lo.size
+                    else None)
