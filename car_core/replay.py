@@ -14,11 +14,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import defaults
 from ._json import JSON
 from .actions import same_action
+from .agent import Agent, agent_fingerprint, check_agent
 from .agent import call_environment as call_environment  # re-exported: drive lives in agent
 from .agent import call_policy as call_policy
 from .agent import drive as drive
@@ -29,9 +30,9 @@ from .errors import (
     BudgetExhausted,
     InvalidInput,
 )
-from .execution import Executor, brancher, execute
+from .execution import Executor, Progress, brancher, execute
 from .interventions import Intervention, compile_plan
-from .outcome import OutcomeFn
+from .outcome import OutcomeFn, OutcomeLike
 from .seeding import Noise, branch_noise, coupling
 from .stats import Interval, check_level, wilson
 from .tasks import Task, check_failures, returned_run
@@ -39,17 +40,19 @@ from .tasks import run_branch as run_branch
 from .trajectory import Outcome, Trajectory
 from .vocabulary import NOT_REDECIDED, RunStatus
 
+if TYPE_CHECKING:  # the store brings sqlite-utils: loaded only where one is used
+    from .store import RunStore
+
 TERMINAL_STATUSES = (RunStatus.COMPLETE, RunStatus.MAX_STEPS, RunStatus.SETTLED)
 
 
-def record(agent: Any, *, context: JSON = None, outcome: Callable[..., Any], seed: int = 0,
-           store: Any = None) -> Trajectory:
+def record(agent: Agent, *, context: JSON = None, outcome: OutcomeLike, seed: int = 0,
+           store: RunStore | None = None) -> Trajectory:
     """Run ``agent`` once from ``context`` and score it; the run is the factual record."""
     out = OutcomeFn(outcome)
     noise = Noise(seed)
     run = returned_run(agent.start(context, noise), agent, "start")
     value = out(run, noise.rng(0, "outcome"))
-    from .agent import agent_fingerprint
     run = replace(run, outcome=Outcome(value), seed=noise.seed,
                   meta={**run.meta, "agent_fingerprint": agent_fingerprint(agent)})
     if store is not None:
@@ -121,11 +124,11 @@ def check_run(run: Trajectory) -> None:
     run.verify()
 
 
-def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequence[Intervention],
-              *, outcome: Callable[..., Any], rollouts: int = defaults.INTERVENE_ROLLOUTS,
+def intervene(run: Trajectory, agent: Agent, interventions: Intervention | Sequence[Intervention],
+              *, outcome: OutcomeLike, rollouts: int = defaults.INTERVENE_ROLLOUTS,
               seed: int = 0, coupled: bool = True, level: float = defaults.LEVEL,
               budget: Budget | int | None = None,
-              executor: Executor | None = None, progress: Any = None,
+              executor: Executor | None = None, progress: Progress = None,
               force_agent: bool = False, keep_trajectories: bool = True
               ) -> OutcomeDistribution:
     """Apply ``interventions`` to ``run`` and estimate the outcome distribution from
@@ -137,7 +140,6 @@ def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequenc
     failed, the first branch's own error is raised). With ``keep_trajectories=False`` only each
     branch's outcome stays in memory (``trajectories`` is empty): a branch's steps are dropped
     as it finishes, so many rollouts cost a number each, not a run each."""
-    from .agent import check_agent
     check_run(run)
     check_agent(run, agent, force=force_agent)
     if isinstance(rollouts, bool) or not isinstance(rollouts, int) or rollouts < 1:
@@ -232,7 +234,7 @@ class ActionMatch:
                 "steps": list(self.steps)}
 
 
-def action_match_rate(run: Trajectory, agent: Any, replays: int = 4) -> ActionMatch:
+def action_match_rate(run: Trajectory, agent: Agent, replays: int = 4) -> ActionMatch:
     """Re-decide every recorded state ``replays`` times with the run's own seed and report,
     per step, the fraction that gave back the recorded action (``car_core.actions.same_action``:
     tool-call ids and other provider-assigned fields do not count). Steps the agent's own policy did

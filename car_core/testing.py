@@ -43,6 +43,7 @@ import numpy as np
 
 from ._json import JSON, canonical, check_json
 from .actions import is_chat_action, same_action
+from .capabilities import Capability, capabilities
 from .errors import (
     ConformanceFailure,
     EnvironmentError_,
@@ -322,7 +323,7 @@ def check_held_state(agent: Any, run: Trajectory, *, steps: Sequence[int] | None
     workflow's initial state instead of what the held steps wrote) fails here. The branch
     forces the recorded actions from step ``k`` on, so it needs no model decision and makes
     no side-effect call the record cannot answer."""
-    read = getattr(agent, "framework_state", None)
+    read = agent.framework_state if Capability.FRAMEWORK_STATE in capabilities(agent) else None
     for k in (range(len(run.steps)) if steps is None else steps):
         forced = [do_action(j, run.steps[j].action) for j in range(k, len(run.steps))]
         branch: Trajectory = agent.branch(run, compile_plan(run, forced), _noise(seed, k))
@@ -407,7 +408,7 @@ def check_forced_values(agent: Any, run: Trajectory, *, seed: int = 0) -> None:
 def check_same_noise_same_branch(agent: Any, run: Trajectory, *, seed: int = 0) -> None:
     """An agent that couples its noise gives the same branch for the same noise, and the
     recorded action when it re-decides a recorded state with the record's noise."""
-    if not getattr(agent, "couples_noise", False):
+    if Capability.COUPLES_NOISE not in capabilities(agent):
         return
     plan = compile_plan(run, do_resample(0)) if run.steps else compile_plan(run, [])
     a = agent.branch(run, plan, _noise(seed, 7))
@@ -457,7 +458,7 @@ def check_identity_edit(agent: Any, run: Trajectory, outcome: Any, *,
         raise InvalidInput(f"alpha={alpha!r}", hint="pass a false-alarm rate in (0, 1)")
     n = len(run.steps)
     ks = sorted({0, n - 1}) if steps is None else list(steps)
-    coupled = bool(getattr(agent, "couples_noise", False))
+    coupled = Capability.COUPLES_NOISE in capabilities(agent)
     for k in ks:
         kw = {"outcome": outcome, "rollouts": rollouts, "seed": seed + k, "progress": False}
         same = intervene(run, agent, do_context(k, _unchanged, "unchanged"), **kw)
@@ -573,7 +574,7 @@ def run_conformance(agent_factory: Callable[[], Any], *, context: JSON = _MISSIN
     agent, counter = make()
     if counter is not None:
         checked("prefix", lambda: check_prefix_makes_no_calls(agent, run, counter, seed=seed))
-    if callable(getattr(agent, "framework_state", None)):
+    if Capability.FRAMEWORK_STATE in capabilities(agent):
         checked("state", lambda: check_held_state(make()[0], run, seed=seed))
     checked("lineage", lambda: check_branch_lineage(make()[0], run, outcome, seed=seed))
     checked("forced", lambda: check_forced_values(make()[0], run, seed=seed))
