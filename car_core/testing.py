@@ -24,7 +24,12 @@ in its own test suite with ``run_conformance(make_agent, context=..., outcome=..
   alarm rate is ``alpha``, 1e-3 per step tested by default: at most 2e-3 for the two steps
   ``run_conformance`` tests);
 - no side-effect tool runs on any branch, counted by a ``SideEffectLedger`` the test wires into
-  its real tools.
+  its real tools;
+- one check per optional capability the agent offers (``car_core.capabilities``, the checks in
+  ``car_core.capability_checks``): ``abranch`` gives ``branch``'s outcomes under the same noise
+  (``async``), ``stop`` is honoured (``stop``), ``couples_noise`` is what the branches show
+  (``coupling``) and the fingerprint is the same in a fresh interpreter (``fingerprint``, or
+  ``fingerprint-in-process`` when the factory cannot be sent to one).
 
 Each check raises ``ConformanceFailure`` (an ``AssertionError``) saying what broke.
 """
@@ -41,11 +46,20 @@ from typing import Any
 
 import numpy as np
 
+from ._conformance import fail as _fail
+from ._conformance import noise_for as _noise
+from ._conformance import same_steps as _same_steps
+from ._conformance import sign_flip_p as _sign_flip_p
 from ._json import JSON, canonical, check_json
 from .actions import is_chat_action, same_action
 from .capabilities import Capability, capabilities
+from .capability_checks import (
+    check_async_branch,
+    check_coupling_measured,
+    check_fingerprint_stable,
+    check_stop_honoured,
+)
 from .errors import (
-    ConformanceFailure,
     EnvironmentError_,
     InvalidInput,
     PolicyError,
@@ -53,7 +67,6 @@ from .errors import (
 )
 from .interventions import compile_plan, do_action, do_context, do_observation, do_resample
 from .replay import action_match_rate, intervene, record
-from .seeding import branch_noise
 from .trajectory import History, Trajectory
 from .vocabulary import Origin
 
@@ -241,31 +254,6 @@ class SideEffectLedger:
 
 
 # -- the contract --------------------------------------------------------------------------
-def _noise(seed: int, rollout: int = 0) -> Any:
-    return branch_noise(seed, rollout, "conformance", coupled=True)
-
-
-_HINT = ("the agent must serve steps before the branch step from the record and apply the plan "
-         "as given (see car_core.agent)")
-
-
-def _fail(check: str, message: str, run: Trajectory, step: int | None = None, *,
-          hint: str = _HINT) -> None:
-    raise ConformanceFailure(f"{check}: {message}", run_id=run.id, step=step, hint=hint)
-
-
-def _same_steps(check: str, run: Trajectory, branch: Trajectory, upto: int) -> None:
-    for k in range(upto):
-        if k >= len(branch.steps):
-            _fail(check, f"the branch has {len(branch.steps)} steps, the record {upto}", run, k)
-        a, b = run.steps[k], branch.steps[k]
-        if a.action != b.action:
-            _fail(check, f"action {b.action!r} differs from the recorded {a.action!r}", run, k)
-        if (a.observed, a.observation) != (b.observed, b.observation):
-            _fail(check, f"observation {b.observation!r} differs from the recorded "
-                         f"{a.observation!r}", run, k)
-
-
 def check_replay_reproduces(agent: Any, run: Trajectory, *, seed: int = 0) -> Trajectory:
     """A branch with every step held gives back the record: same actions, observations, length,
     every step marked ``held``."""
@@ -426,20 +414,6 @@ def _unchanged(state: Any) -> Any:
     return state
 
 
-def _sign_flip_p(diffs: Sequence[float], rng: np.random.Generator, flips: int = 9999) -> float:
-    """Two-sided p-value of a paired sign-flip test of "mean difference 0". Under the null the
-    pairs are exchangeable (both arms have one law, with shared or independent noise), so every
-    sign pattern is equally likely; ``(1 + hits) / (1 + flips)`` keeps the level exact with
-    Monte Carlo flips (Phipson and Smyth 2010)."""
-    d = np.asarray([x for x in diffs if x != 0.0], dtype=float)
-    if d.size == 0:
-        return 1.0
-    observed = abs(float(d.sum()))
-    signs = rng.choice(np.array([-1.0, 1.0]), size=(flips, d.size))
-    hits = int(np.count_nonzero(np.abs(signs @ d) >= observed - 1e-12))
-    return (1 + hits) / (1 + flips)
-
-
 def check_identity_edit(agent: Any, run: Trajectory, outcome: Any, *,
                         steps: Sequence[int] | None = None, rollouts: int = 32,
                         alpha: float = 1e-3, seed: int = 0) -> None:
@@ -522,8 +496,8 @@ def check_no_side_effects(agent: Any, run: Trajectory, ledger: SideEffectLedger,
                 pass
 
 
-CHECKS = ("replay", "prefix", "state", "lineage", "forced", "noise", "identity",
-          "side-effects")
+CHECKS = ("replay", "prefix", "state", "lineage", "forced", "noise", "identity", "async",
+          "stop", "coupling", "fingerprint", "fingerprint-in-process", "side-effects")
 
 
 def run_conformance(agent_factory: Callable[[], Any], *, context: JSON = _MISSING,
@@ -540,7 +514,8 @@ def run_conformance(agent_factory: Callable[[], Any], *, context: JSON = _MISSIN
     check would prove nothing), and no branch of any check may (give the agent simulators for
     calls the record cannot answer).
     ``identity_rollouts`` and ``alpha`` size the identity check (see ``check_identity_edit``).
-    The ``state`` check (``check_held_state``) runs for agents with a ``framework_state`` hook.
+    The ``state`` check (``check_held_state``) runs for agents with a ``framework_state`` hook,
+    the capability checks for agents that offer each (``stop`` needs a run of two steps).
     Returns the names of the checks that ran; the first failure raises ``ConformanceFailure``.
     """
     def make() -> tuple[Any, Any]:
@@ -581,6 +556,20 @@ def run_conformance(agent_factory: Callable[[], Any], *, context: JSON = _MISSIN
     checked("noise", lambda: check_same_noise_same_branch(make()[0], run, seed=seed))
     checked("identity", lambda: check_identity_edit(make()[0], run, outcome, seed=seed,
                                                     rollouts=identity_rollouts, alpha=alpha))
+    caps = capabilities(agent)
+    if Capability.ASYNC_BRANCH in caps:
+        checked("async", lambda: check_async_branch(make()[0], run, outcome, seed=seed,
+                                                    alpha=alpha))
+    if Capability.STOP in caps and len(run.steps) >= 2:
+        checked("stop", lambda: check_stop_honoured(make()[0], run, seed=seed))
+    if Capability.COUPLES_NOISE in caps:
+        checked("coupling", lambda: check_coupling_measured(make()[0], run, outcome, seed=seed))
+    if Capability.FINGERPRINT in caps:
+        crossed: list[bool] = []
+        checked("fingerprint", lambda: crossed.append(check_fingerprint_stable(agent_factory,
+                                                                               run)))
+        if not crossed[0]:  # said as it is: the other interpreter could not be used
+            ran[-1] = "fingerprint-in-process"
     if side_effects is not None:
         check_no_side_effects(make()[0], run, side_effects, seed=seed)
         ran.append("side-effects")
@@ -613,7 +602,9 @@ __all__ = [
     "CHECKS", "CallCounter", "Choice", "CountedAgent", "Counters", "DictEnvironment",
     "FakeClock",
     "ScriptedPolicy", "SideEffectLedger", "action_key", "check_branch_lineage",
+    "check_async_branch", "check_coupling_measured", "check_fingerprint_stable",
     "check_forced_values", "check_held_state", "check_identity_edit", "check_no_side_effects",
     "check_prefix_makes_no_calls", "check_replay_reproduces", "check_same_noise_same_branch",
+    "check_stop_honoured",
     "count_calls", "run_conformance",
 ]
