@@ -23,6 +23,7 @@ from .interventions import (
     do_resample,
 )
 from .replay import action_match_rate, intervene, record
+from .settings import ContrastiveSettings, ShapleySettings
 from .stats import Interval
 from .trajectory import History, Lineage, Outcome, Step, Trajectory
 
@@ -48,6 +49,7 @@ __all__ = [
     "Action",
     "Agent",
     "Budget",
+    "ContrastiveSettings",
     "FunctionAgent",
     "History",
     "Interval",
@@ -56,6 +58,7 @@ __all__ = [
     "Observation",
     "Outcome",
     "RunStore",
+    "ShapleySettings",
     "Step",
     "Trajectory",
     "action_match_rate",

@@ -13,8 +13,9 @@ import car_core
 ROOT = Path(__file__).resolve().parents[1]
 
 PUBLIC = [
-    "Action", "Agent", "Budget", "FunctionAgent", "History", "Interval", "Intervention", "Lineage",
-    "Observation", "Outcome", "RunStore", "Step", "Trajectory", "action_match_rate",
+    "Action", "Agent", "Budget", "ContrastiveSettings", "FunctionAgent", "History", "Interval",
+    "Intervention", "Lineage", "Observation", "Outcome", "RunStore", "ShapleySettings", "Step",
+    "Trajectory", "action_match_rate",
     "assert_locus", "assert_no_locus", "assert_rescues",
     "contrastive", "do_action", "do_context", "do_observation", "do_policy", "do_resample",
     "intervene", "record", "shapley",

@@ -165,6 +165,18 @@ class Arms:
         return [v for arm in self.values.values() for v in arm.values()]
 
 
+def rollout_budget(n_steps: int, rollouts: int, budget: Budget | int | None
+                   ) -> tuple[Budget, int]:
+    """The budget an estimate of an ``n_steps`` run spends under, and its rollout cap: the
+    rollouts ``budget`` allows, else ``n_steps · rollouts`` (the paper's ``K`` per step). The
+    one rule: ``ContrastiveSettings.budget_for`` and the ``car`` command read it here."""
+    given = as_budget(budget, "budget")
+    if given is not None and given.rollouts is not None:
+        return given, given.rollouts
+    cap = n_steps * rollouts
+    return (Budget(rollouts=cap) if given is None else replace(given, rollouts=cap)), cap
+
+
 def _check(rollouts: Any, alpha: Any, search: Any) -> None:
     if isinstance(rollouts, bool) or not isinstance(rollouts, int) or rollouts < 1:
         raise InvalidInput(f"rollouts={rollouts!r}: need at least one rollout per arm",
@@ -308,14 +320,9 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
     hands branches shared noise; whether they share it is measured (``coupling_measured``)."""
     check_run_has_steps(run)
     _check(rollouts, alpha, search)
-    budget = as_budget(budget, "budget")
     n = len(run.steps)
     chosen = search if search != "auto" else "bisection"
-    cap = budget.rollouts if budget is not None and budget.rollouts is not None else n * rollouts
-    if budget is None:
-        budget = Budget(rollouts=cap)
-    elif budget.rollouts is None:
-        budget = replace(budget, rollouts=cap)
+    budget, cap = rollout_budget(n, rollouts, budget)
     params = {"rollouts": rollouts, "alpha": alpha, "seed": seed, "coupled": coupled,
               "search": search, "budget": budget.to_dict(),
               "agent": agent.name}
