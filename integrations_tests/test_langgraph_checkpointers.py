@@ -168,8 +168,8 @@ def async_case(open_saver: Callable[[], Any], drive: str, ledger: SideEffectLedg
                 ran = await asyncio.to_thread(
                     run_conformance, lambda: agent, run=run, outcome=sa.outcome,
                     side_effects=ledger)
-                assert ran == ["replay", "lineage", "forced", "noise", "identity",
-                               "side-effects"]
+                assert ran == ["replay", "lineage", "forced", "noise", "identity", "stop",
+                               "coupling", "fingerprint-in-process", "side-effects"]
             await asyncio.to_thread(attribute, run, agent, ledger)
 
     asyncio.run(main())
