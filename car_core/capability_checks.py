@@ -133,11 +133,13 @@ def check_async_branch(agent: Agent, run: Trajectory, outcome: OutcomeLike, *,
 
 
 def check_stop_honoured(agent: Agent, run: Trajectory, *, seed: int = 0) -> bool:
-    """A branch given ``stop`` ends at the first point it holds and is marked settled: after a
+    """A branch given ``stop`` asks it, ends once it holds and is marked settled: after a
     live step (a branch from step 0) and on the held prefix (a branch from step 1), each
-    forcing the recorded actions so the cut is known. A ``stop`` that never holds cuts
-    nothing. Needs a run of at least two steps (returns False, having checked nothing,
-    otherwise)."""
+    forcing the recorded actions so the unstopped branch is the record's length. The branch
+    may end at the agent's own granularity (a LangGraph superstep can decide several steps),
+    but the branch it returns must satisfy ``stop`` and be shorter than the record. A ``stop``
+    that never holds cuts nothing. Needs a run of at least two steps (returns False, having
+    checked nothing, otherwise)."""
     if Capability.STOP not in capabilities(agent) or len(run.steps) < 2:
         return False
     n = len(run.steps)
@@ -151,13 +153,14 @@ def check_stop_honoured(agent: Agent, run: Trajectory, *, seed: int = 0) -> bool
         if not asked:
             fail("stop", f"a branch from step {k} given stop= never called it", run, k,
                  hint="call stop(branch so far) on the held prefix and after every step")
-        if len(branch.steps) != 1 or branch.status != RunStatus.SETTLED:
-            fail("stop", f"stop held {where}, but the branch has {len(branch.steps)} step(s) "
-                         f"and status {branch.status!r} (want 1 step, status 'settled')", run, k,
+        if not 1 <= len(branch.steps) < n or branch.status != RunStatus.SETTLED:
+            fail("stop", f"stop held {where}, but the branch has {len(branch.steps)} of {n} "
+                         f"step(s) and status {branch.status!r} (want it cut short, status "
+                         "'settled')", run, k,
                  hint="once stop(branch so far) is True, return that branch with status "
                       "RunStatus.SETTLED")
-        if _differs(branch.steps, run.steps[:1], observations=False) is not None:
-            fail("stop", "the settled branch does not take the record's (forced) first action",
+        if _differs(branch.steps, run.steps[:len(branch.steps)], observations=False) is not None:
+            fail("stop", "the settled branch does not take the record's (forced) actions",
                  run, 0)
     plan = compile_plan(run, [do_action(j, run.steps[j].action) for j in range(n)])
     with branch_scope():

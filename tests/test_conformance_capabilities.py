@@ -11,7 +11,7 @@ import pytest
 import car_core as car
 from car_core.agent import drive
 from car_core.capabilities import Capability, capabilities
-from car_core.errors import ConformanceFailure
+from car_core.errors import ConformanceFailure, InvalidInput
 from car_core.interventions import Plan
 from car_core.seeding import Noise
 from car_core.testing import (
@@ -203,6 +203,14 @@ def test_run_conformance_runs_the_check_of_each_capability_offered() -> None:
                           identity_rollouts=8)
     assert ran == ["replay", "lineage", "forced", "noise", "identity", "async", "stop",
                    "coupling"]
+
+
+def test_a_capability_check_can_be_skipped_by_name_and_only_such_a_check() -> None:
+    ran = run_conformance(lambda: desk(DeafToStop), context="ticket", outcome=refunded, seed=3,
+                          identity_rollouts=8, skip=["stop"])
+    assert "stop" not in ran and "coupling" in ran
+    with pytest.raises(InvalidInput, match="only capability checks may be skipped"):
+        run_conformance(named_desk, context="ticket", outcome=refunded, skip=["replay"])
 
 
 def test_run_conformance_fails_on_the_planted_capability_mistake() -> None:
