@@ -139,7 +139,7 @@ class Brancher:
     """The ``fn`` estimators hand to ``execute``: one scored branch of ``run`` per task
     (``car_core.tasks.run_branch``). Plain data, so Ray can ship it to other machines."""
 
-    def __init__(self, run: Trajectory, agent: Agent, outcome: OutcomeFn | OutcomeLike) -> None:
+    def __init__(self, run: Trajectory, agent: Agent, outcome: OutcomeLike) -> None:
         self.run, self.agent, self.outcome = run, agent, OutcomeFn(outcome)
         self.caps = capabilities(agent)  # read once, not once a branch
 
@@ -157,7 +157,7 @@ class _AsyncBrancher(Brancher):
         return score_branch(self.run, traj, self.agent, self.outcome, task)
 
 
-def brancher(run: Trajectory, agent: Agent, outcome: OutcomeFn | OutcomeLike) -> Brancher:
+def brancher(run: Trajectory, agent: Agent, outcome: OutcomeLike) -> Brancher:
     """The task function for branches of ``run``; async when the agent offers ``abranch``."""
     cls = _AsyncBrancher if Capability.ASYNC_BRANCH in capabilities(agent) else Brancher
     return cls(run, agent, outcome)
