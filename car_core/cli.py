@@ -341,25 +341,8 @@ def attribute(
         stored = _stored_params(reader, resume) if resume is not None else {}
     finally:
         reader.close()
-    if seed is not None:
-        _check_seed(seed)
-    if alpha is not None and not 0.0 < alpha < 1.0:
-        raise InvalidInput(f"--alpha {alpha} is outside (0, 1)", hint="e.g. --alpha 0.05")
-    if rollouts is not None and rollouts < 1:
-        raise InvalidInput(f"--rollouts {rollouts}: need at least one", hint="e.g. --rollouts 32")
-    if budget is not None and budget < 1:
-        raise InvalidInput(f"--budget {budget} cannot pay for any rollout",
-                           hint="give a positive number of rollouts, e.g. --budget 500")
-    if method is Method.shapley and rollouts is not None:
-        raise InvalidInput("--rollouts applies to contrastive only",
-                           hint="for shapley give the total with --budget B")
-    # what the flags leave out comes from the attribution resumed, else the defaults
-    settings: ContrastiveSettings | ShapleySettings = (
-        ContrastiveSettings.resumed(stored, len(run.steps), rollouts=rollouts, alpha=alpha,
-                                    seed=seed, budget=budget)
-        if method is Method.contrastive else
-        ShapleySettings.resumed(stored, len(run.steps), seed=seed, budget=budget,
-                                level=None if alpha is None else 1 - alpha))
+    settings = _settings(method, stored, len(run.steps), rollouts=rollouts, budget=budget,
+                         alpha=alpha, seed=seed)
     db = RunStore(store)
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
     exe = _executor(executor, concurrency, ray_address)
@@ -367,10 +350,9 @@ def attribute(
         from .estimators._session import check_resumable
         # the API's rule (caps may change, seed and alpha may not), checked here with the
         # flags' names in its messages; a missing attribution is an error, not a new one
-        fixed: dict[str, Any] = (
-            {"seed": settings.seed, "level": settings.level}
-            if isinstance(settings, ShapleySettings)
-            else {"seed": settings.seed, "alpha": settings.alpha})
+        fixed: dict[str, Any] = {"seed": settings.seed, **(
+            {"level": settings.level} if isinstance(settings, ShapleySettings)
+            else {"alpha": settings.alpha})}
         check_resumable(db, resume, run.id, method.value, fixed, must_exist=True, flags=True)
     aid = resume or uuid.uuid4().hex[:16]
     # the estimator's own rule for what it may spend: the bar's total, and its cap when the
@@ -447,6 +429,30 @@ def _stopped(exc: BaseException) -> tuple[int | None, str]:
         return kit.INTERNAL, (f"internal error: {type(exc).__name__}: {str(exc)[:200]} (set "
                               "CAR_DEBUG=1 for the traceback and report it)")
     return None, ""
+
+
+def _settings(method: Method, stored: dict[str, Any], n_steps: int, *, rollouts: int | None,
+              budget: int | None, alpha: float | None, seed: int | None
+              ) -> ContrastiveSettings | ShapleySettings:
+    """The estimator's settings from the flags given (checked here, so errors name the
+    flags), the rest from the attribution resumed (``stored``), else the defaults."""
+    if seed is not None:
+        _check_seed(seed)
+    if alpha is not None and not 0.0 < alpha < 1.0:
+        raise InvalidInput(f"--alpha {alpha} is outside (0, 1)", hint="e.g. --alpha 0.05")
+    if rollouts is not None and rollouts < 1:
+        raise InvalidInput(f"--rollouts {rollouts}: need at least one", hint="e.g. --rollouts 32")
+    if budget is not None and budget < 1:
+        raise InvalidInput(f"--budget {budget} cannot pay for any rollout",
+                           hint="give a positive number of rollouts, e.g. --budget 500")
+    if method is Method.shapley and rollouts is not None:
+        raise InvalidInput("--rollouts applies to contrastive only",
+                           hint="for shapley give the total with --budget B")
+    if method is Method.contrastive:
+        return ContrastiveSettings.resumed(stored, n_steps, rollouts=rollouts, alpha=alpha,
+                                           seed=seed, budget=budget)
+    return ShapleySettings.resumed(stored, n_steps, seed=seed, budget=budget,
+                                   level=None if alpha is None else 1 - alpha)
 
 
 def _stored_params(reader: RunStore, aid: str) -> dict[str, Any]:
