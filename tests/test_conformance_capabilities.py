@@ -12,7 +12,7 @@ import car_core as car
 from car_core.agent import drive
 from car_core.capabilities import Capability, capabilities
 from car_core.errors import ConformanceFailure, InvalidInput
-from car_core.interventions import Plan
+from car_core.interventions import Plan, compile_plan
 from car_core.seeding import Noise
 from car_core.testing import (
     Choice,
@@ -49,7 +49,9 @@ def desk(cls: type[car.FunctionAgent] = car.FunctionAgent, **kw: Any) -> car.Fun
 
 @pytest.fixture(scope="module")
 def run() -> car.Trajectory:
-    return car.record(desk(), context="ticket", outcome=refunded, seed=3)
+    """The first recorded run that refunds at step 0 (a failing run, as attributions get)."""
+    runs = (car.record(desk(), context="ticket", outcome=refunded, seed=s) for s in range(50))
+    return next(r for r in runs if r.steps[0].action == "refund")
 
 
 # -- async branch ---------------------------------------------------------------------------
@@ -65,6 +67,14 @@ class AsyncDeskOnOtherNoise(car.FunctionAgent):
         return self.branch(run, plan, Noise(noise.seed + 1, noise.key))
 
 
+class AsyncDeskThatNeverRefunds(car.FunctionAgent):
+    """Planted: its coroutine ignores the plan and escalates at every step."""
+
+    async def abranch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
+        escalate = [car.do_action(j, "escalate") for j in range(len(run.steps))]
+        return self.branch(run, compile_plan(run, escalate), noise)
+
+
 def test_async_branch_that_is_branch_as_a_coroutine_passes(run: car.Trajectory) -> None:
     agent = desk(AsyncDesk)
     assert Capability.ASYNC_BRANCH in capabilities(agent)
@@ -74,6 +84,18 @@ def test_async_branch_that_is_branch_as_a_coroutine_passes(run: car.Trajectory) 
 def test_async_branch_on_other_noise_fails(run: car.Trajectory) -> None:
     with pytest.raises(ConformanceFailure, match="async: under the same noise"):
         check_async_branch(desk(AsyncDeskOnOtherNoise), run, refunded)
+
+
+def test_an_uncoupled_async_branch_with_another_law_fails_the_paired_test(
+        run: car.Trajectory) -> None:
+    # couples_noise=False: only the outcome laws are compared. The recorded run refunds at
+    # step 0, so do_resample(3) holds a refund (outcome 1, 8 pairs) and do_resample(0)
+    # refunds with probability 3/4; the planted coroutine never refunds (outcome 0), so about
+    # 14 of 16 paired differences are -1 and none +1: sign-flip p ~ 2^-13 < alpha = 1e-3
+    agent = desk(AsyncDeskThatNeverRefunds, couples_noise=False)
+    with pytest.raises(ConformanceFailure, match="async: P\\(fail\\) differs"):
+        check_async_branch(agent, run, refunded)
+    check_async_branch(desk(AsyncDesk, couples_noise=False), run, refunded)
 
 
 # -- stop ------------------------------------------------------------------------------------
