@@ -34,6 +34,7 @@ from .interventions import (
 )
 from .pairs import export_pairs
 from .replay import action_match_rate, intervene, record
+from .settings import ContrastiveSettings, ShapleySettings
 from .stats import Interval
 from .trajectory import History, Lineage, Outcome, Step, Trajectory
 
@@ -71,6 +72,7 @@ __all__ = [
     "Budget",
     "Candidate",
     "ContextAttribution",
+    "ContrastiveSettings",
     "FunctionAgent",
     "History",
     "Interval",
@@ -80,6 +82,7 @@ __all__ = [
     "Outcome",
     "RepairRanking",
     "RunStore",
+    "ShapleySettings",
     "Step",
     "Trajectory",
     "action_match_rate",

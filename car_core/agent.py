@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ._json import JSON, check_json, digest
+from .capabilities import Capability, capabilities
 from .errors import (
     AgentMismatch,
     CarError,
@@ -37,9 +38,9 @@ from .seeding import Noise, Stream
 from .trajectory import History, Step, Trajectory
 from .vocabulary import Origin, RunStatus
 
-__all__ = ["Agent", "Environment", "FunctionAgent", "OutcomeFn", "Policy", "agent_fingerprint",
-           "call_environment", "call_policy", "check_agent", "drive", "fingerprint_digest",
-           "policy_meta"]
+__all__ = ["Agent", "AsyncAgent", "Environment", "FunctionAgent", "OutcomeFn", "Policy",
+           "agent_fingerprint", "call_environment", "call_policy", "check_agent", "drive",
+           "fingerprint_digest", "policy_meta"]
 
 Policy = Callable[[History, np.random.Generator], JSON]
 Environment = Callable[[History, JSON, np.random.Generator], JSON]
@@ -59,14 +60,23 @@ class Agent(Protocol):
     def redecide(self, run: Trajectory, k: int, noise: Noise) -> JSON: ...
 
 
-def agent_fingerprint(agent: Any) -> str:
+@runtime_checkable
+class AsyncAgent(Agent, Protocol):
+    """An ``Agent`` that can also branch as a coroutine (``Capability.ASYNC_BRANCH``)."""
+
+    async def abranch(self, run: Trajectory, plan: Plan, noise: Noise) -> Trajectory: ...
+
+
+def agent_fingerprint(agent: Agent) -> str:
     """A short digest naming the agent: its optional ``fingerprint()`` hook (an adapter
     returns its tools or graph), else its ``name`` (a ``FunctionAgent`` is known by its name:
     wrapping its callables, to count or rate-limit them, keeps it the same agent). Recorded
     with a run and compared with the agent an estimate is given, so a run is never attributed
     with another agent by mistake."""
-    hook = getattr(agent, "fingerprint", None)
-    value = hook() if callable(hook) else {"name": getattr(agent, "name", "")}
+    if Capability.FINGERPRINT in capabilities(agent):
+        value: JSON = agent.fingerprint()  # type: ignore[attr-defined]  # an optional hook
+    else:
+        value = {"name": agent.name}
     return fingerprint_digest(value)
 
 
@@ -76,7 +86,7 @@ def fingerprint_digest(value: JSON) -> str:
     return digest({"agent": value})[:16]
 
 
-def check_agent(run: Trajectory, agent: Any, *, force: bool = False) -> None:
+def check_agent(run: Trajectory, agent: Agent, *, force: bool = False) -> None:
     """Refuse, before any branch runs, an agent other than the one ``run`` was recorded with
     (runs recorded without a fingerprint are not checked; ``force`` skips that check), then
     let the agent's optional ``preflight(run)`` hook refuse a run it cannot branch (a thread
@@ -87,13 +97,12 @@ def check_agent(run: Trajectory, agent: Any, *, force: bool = False) -> None:
         if given != recorded:
             raise AgentMismatch(
                 f"run {run.id} was recorded with agent {run.agent or '?'!r} (fingerprint "
-                f"{recorded}), not with the agent given, {getattr(agent, 'name', '?')!r} "
+                f"{recorded}), not with the agent given, {agent.name!r} "
                 f"(fingerprint {given})", run_id=run.id,
                 hint="pass the agent the run was recorded with, or force_agent=True "
                      "(--force-agent) if it is the same agent under a new name or tools")
-    preflight = getattr(agent, "preflight", None)
-    if callable(preflight):
-        preflight(run)
+    if Capability.PREFLIGHT in capabilities(agent):
+        agent.preflight(run)  # type: ignore[attr-defined]  # an optional hook
 
 
 @dataclass
@@ -153,12 +162,13 @@ def call_policy(policy: Callable[..., JSON], history: History, rng: np.random.Ge
     return action
 
 
-def policy_meta(policy: Any) -> dict[str, Any]:
+def policy_meta(policy: Callable[..., JSON]) -> dict[str, Any]:
     """What a policy reports about its last decision in this thread (model, token usage,
     seed, latency) through an optional ``step_meta()`` method; kept in the step's meta so
     budgets can count tokens and money without the action carrying them."""
-    take = getattr(policy, "step_meta", None)
-    meta = take() if callable(take) else None
+    if Capability.STEP_META not in capabilities(policy):
+        return {}
+    meta = policy.step_meta()  # type: ignore[attr-defined]  # an optional hook
     return dict(meta) if isinstance(meta, dict) else {}
 
 
@@ -199,7 +209,7 @@ def _apply_edit(edit: Callable[[Any], Any], history: History, run_id: str, k: in
     return edited
 
 
-def drive(agent: Any, run: Trajectory, plan: Plan, noise: Noise,
+def drive(agent: FunctionAgent, run: Trajectory, plan: Plan, noise: Noise,
           stop: Callable[[Trajectory], bool] | None = None) -> Trajectory:
     """Run ``agent`` (a FunctionAgent) forward from ``run`` under ``plan``. With ``stop``, the
     run ends (status settled) at the first point, the held prefix included, where
@@ -208,7 +218,7 @@ def drive(agent: Any, run: Trajectory, plan: Plan, noise: Noise,
     prefix = run.held_prefix(plan.start)
     history = History(run.context, tuple(prefix), plan.start)
     status = RunStatus.COMPLETE
-    fields: dict[str, Any] = {"seed": noise.seed, "agent": getattr(agent, "name", "")}
+    fields: dict[str, Any] = {"seed": noise.seed, "agent": agent.name}
 
     def settled() -> bool:
         return stop is not None and not edits and stop(Trajectory._from_checked(

@@ -27,9 +27,11 @@ from rich.text import Text
 from . import _clikit as kit
 from . import defaults
 from ._json import dumps
+from .budget import Budget
 from .errors import AttributionNotFound, CarError, CorruptRun, CorruptStore, InvalidInput
 from .redact import redact
 from .results import ContrastiveResult, Result
+from .settings import ContrastiveSettings, ShapleySettings
 from .store import RunStore, damaged_rows
 from .vocabulary import Answer
 
@@ -364,31 +366,14 @@ def attribute(
     """Find the step that caused the failure (contrastive) or split the blame (shapley).
     The result and every branch are kept in the store. On --resume, the settings left out
     (--rollouts, --budget, --alpha, --seed) are the attribution's own."""
-    import car_core as car
-
-    from .budget import Budget
     reader = kit.existing_store(store)  # read-only first: a damaged store is refused untouched
     try:
         run = reader.load(run_id)
-        if resume is not None:
-            rollouts, budget, alpha, seed = _stored_settings(reader, resume, method,
-                                                             len(run.steps), rollouts, budget,
-                                                             alpha, seed)
+        stored = _stored_params(reader, resume) if resume is not None else {}
     finally:
         reader.close()
-    alpha = defaults.ALPHA if alpha is None else alpha
-    seed = 0 if seed is None else seed
-    _check_seed(seed)
-    if not 0.0 < alpha < 1.0:
-        raise InvalidInput(f"--alpha {alpha} is outside (0, 1)", hint="e.g. --alpha 0.05")
-    if rollouts is not None and rollouts < 1:
-        raise InvalidInput(f"--rollouts {rollouts}: need at least one", hint="e.g. --rollouts 32")
-    if budget is not None and budget < 1:
-        raise InvalidInput(f"--budget {budget} cannot pay for any rollout",
-                           hint="give a positive number of rollouts, e.g. --budget 500")
-    if method is Method.shapley and rollouts is not None:
-        raise InvalidInput("--rollouts applies to contrastive only",
-                           hint="for shapley give the total with --budget B")
+    settings = _settings(method, stored, len(run.steps), rollouts=rollouts, budget=budget,
+                         alpha=alpha, seed=seed)
     db = RunStore(store)
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
     exe = _executor(executor, concurrency, ray_address)
@@ -396,26 +381,21 @@ def attribute(
         from .estimators._session import check_resumable
         # the API's rule (caps may change, seed and alpha may not), checked here with the
         # flags' names in its messages; a missing attribution is an error, not a new one
-        fixed: dict[str, Any] = ({"seed": seed, "level": 1 - alpha} if method is Method.shapley
-                                 else {"seed": seed, "alpha": alpha})
+        fixed: dict[str, Any] = {"seed": settings.seed, **(
+            {"level": settings.level} if isinstance(settings, ShapleySettings)
+            else {"alpha": settings.alpha})}
         check_resumable(db, resume, run.id, method.value, fixed, must_exist=True, flags=True)
     aid = resume or uuid.uuid4().hex[:16]
-    common: dict[str, Any] = {"outcome": the_outcome, "seed": seed, "executor": exe,
-                              "store": db, "attribution_id": aid, "force_agent": force_agent}
-    if method is Method.contrastive:
-        k = rollouts or defaults.ROLLOUTS
-        # what the estimator may spend: --budget when given, else its n·K
-        planned = budget if budget is not None else len(run.steps) * k
-        call: Callable[..., Any] = functools.partial(
-            car.contrastive, rollouts=k, alpha=alpha,
-            budget=Budget(rollouts=budget) if budget else None)
-    else:
-        planned = budget or defaults.SHAPLEY_BUDGET
-        call = functools.partial(car.shapley, budget=planned, level=1 - alpha)
-    bar = kit.make_progress(progress, f"{method.value} {run.id}", planned, planned)
+    # the estimator's own rule for what it may spend: the bar's total, and its cap when the
+    # user (or the attribution resumed) gave one
+    planned = settings.budget_for(len(run.steps))
+    cap = planned if isinstance(settings, ShapleySettings) else (
+        settings.budget.rollouts if isinstance(settings.budget, Budget) else settings.budget)
+    bar = kit.make_progress(progress, f"{method.value} {run.id}", planned, cap)
     started = time.monotonic()
     try:
-        result = call(run, the_agent, progress=bar or False, **common)
+        result = settings.run(run, the_agent, the_outcome, progress=bar or False, executor=exe,
+                              store=db, attribution_id=aid, force_agent=force_agent)
         if bar:
             bar.done()
     except BaseException as exc:  # every abnormal stop says how to resume
@@ -482,32 +462,38 @@ def _stopped(exc: BaseException) -> tuple[int | None, str]:
     return None, ""
 
 
-def _stored_settings(reader: RunStore, aid: str, method: Method, n_steps: int,
-                     rollouts: int | None, budget: int | None, alpha: float | None,
-                     seed: int | None) -> tuple[int | None, int | None, float | None, int | None]:
-    """The settings a resume left out, from the stored attribution: a resume continues what
-    was started, so leaving a flag out must not silently mean the default. A contrastive
-    attribution stores its n·K cap even when no --budget was given: only a smaller cap was the
-    user's. A missing attribution is left for ``check_resumable`` to report."""
-    try:
-        params = reader.attribution(aid).params
-    except AttributionNotFound:
-        return rollouts, budget, alpha, seed
-    if seed is None:
-        seed = params.get("seed")
-    if alpha is None:
-        level = params.get("level")
-        alpha = params.get("alpha") if level is None else round(1 - float(level), 12)
-    cap = (params.get("budget") or {}).get("rollouts")
+def _settings(method: Method, stored: dict[str, Any], n_steps: int, *, rollouts: int | None,
+              budget: int | None, alpha: float | None, seed: int | None
+              ) -> ContrastiveSettings | ShapleySettings:
+    """The estimator's settings from the flags given (checked here, so errors name the
+    flags), the rest from the attribution resumed (``stored``), else the defaults."""
+    if seed is not None:
+        _check_seed(seed)
+    if alpha is not None and not 0.0 < alpha < 1.0:
+        raise InvalidInput(f"--alpha {alpha} is outside (0, 1)", hint="e.g. --alpha 0.05")
+    if rollouts is not None and rollouts < 1:
+        raise InvalidInput(f"--rollouts {rollouts}: need at least one", hint="e.g. --rollouts 32")
+    if budget is not None and budget < 1:
+        raise InvalidInput(f"--budget {budget} cannot pay for any rollout",
+                           hint="give a positive number of rollouts, e.g. --budget 500")
+    if method is Method.shapley and rollouts is not None:
+        raise InvalidInput("--rollouts applies to contrastive only",
+                           hint="for shapley give the total with --budget B")
     if method is Method.contrastive:
-        stored_k = params.get("rollouts")
-        if rollouts is None:
-            rollouts = stored_k
-        if stored_k is not None and cap is not None and cap >= n_steps * stored_k:
-            cap = None  # the cap K implied, not one the user gave
-    if budget is None and cap is not None:
-        budget = int(cap)
-    return rollouts, budget, alpha, seed
+        return ContrastiveSettings.resumed(stored, n_steps, rollouts=rollouts, alpha=alpha,
+                                           seed=seed, budget=budget)
+    return ShapleySettings.resumed(stored, n_steps, seed=seed, budget=budget,
+                                   level=None if alpha is None else 1 - alpha)
+
+
+def _stored_params(reader: RunStore, aid: str) -> dict[str, Any]:
+    """The settings an attribution was started with, for a resume to take what its flags
+    leave out (a resume continues what was started: leaving a flag out must not silently
+    mean the default). A missing attribution is left for ``check_resumable`` to report."""
+    try:
+        return dict(reader.attribution(aid).params)
+    except AttributionNotFound:
+        return {}
 
 
 def _resume_command(aid: str, budget: int | None = None) -> str:

@@ -14,30 +14,41 @@ given (``couples_noise``: then branches share common random numbers) and impleme
 - ``redecide(run, k, noise) -> action``: decide step ``k`` again from the recorded state
   (``car.action_match_rate``).
 
-Optional hooks the engine looks for (``getattr``, so an agent may leave them out):
+Optional hooks, each a ``Capability`` that ``capabilities(agent)`` detects (the one place the
+core looks; an agent may leave any of them out), each checked by ``run_conformance`` when the
+agent offers it:
 
-- ``async abranch(run, plan, noise)``: ``branch`` as a coroutine; the asyncio executor awaits
-  it instead of running ``branch`` in a thread (``AsyncAgent``);
-- ``fingerprint() -> JSON``: what makes this agent this agent (its graph, tools, prompts; never
-  its model or tool implementations), stable across processes; ``agent_fingerprint`` digests
-  it, a recorder that sees only the app stamps ``meta["agent_fingerprint"]`` with
-  ``fingerprint_digest`` of the same value, and estimators refuse a run whose stamp differs;
-- ``preflight(run)``: refuse, before an estimate stores anything or runs a branch, a run this
-  agent cannot branch (raise a ``car_core.errors`` error naming what to fix);
-- ``framework_state(run, k) -> JSON``: the framework state step ``k`` of ``run`` decided from
-  (a workflow store, graph channels, a run context), read off the trajectory where the
-  adapter's recorder put it, on a branch as the branch's own recorder saw it;
-  ``car_core.testing.check_held_state`` then proves a branch starts from the recorded state;
-- ``prefers_concurrency = True``: the agent waits on a model server, so estimators default to
-  the asyncio executor even without ``abranch``;
-- ``branch(run, plan, noise, stop=None)``: an agent whose ``branch`` takes ``stop`` is given the
-  outcome's ``settled`` hook (``car_core.outcome``) when the outcome has one; it calls
-  ``stop(branch so far)`` on the held prefix and after each step and, once it is True, returns
-  that partial branch with status ``RunStatus.SETTLED`` (never before a pending ``do_context``
-  edit is applied, since an edit may rewrite the steps it saw);
-- a policy's ``step_meta() -> dict``: what the last decision cost (model, ``tokens``, ``cost``,
-  seed, latency); the engine keeps it in the step's meta, where budgets count tokens and money
-  (``ModelPolicy``).
+- ``async abranch(run, plan, noise)`` (``ASYNC_BRANCH``): ``branch`` as a coroutine; the
+  asyncio executor awaits it instead of running ``branch`` in a thread (``AsyncAgent``).
+  Checked: under the same noise it gives the outcomes the sync ``branch`` gives;
+- ``couples_noise = True`` (``COUPLES_NOISE``): its randomness follows the ``Noise`` it is
+  given. Checked: the same noise gives the same branch, and the coupling measured from paired
+  arms (``stats.coupling_of``) shows the sharing the flag claims;
+- ``seed_check(run) -> reason | None`` (``SEED_CHECK``): for an agent over a model server,
+  whether the backend honours the seed (the reason when it does not);
+- ``fingerprint() -> JSON`` (``FINGERPRINT``): what makes this agent this agent (its graph,
+  tools, prompts; never its model or tool implementations), stable across processes;
+  ``agent_fingerprint`` digests it, a recorder that sees only the app stamps
+  ``meta["agent_fingerprint"]`` with ``fingerprint_digest`` of the same value, and estimators
+  refuse a run whose stamp differs. Checked: a fresh agent built in another Python process
+  gives the same digest;
+- ``preflight(run)`` (``PREFLIGHT``): refuse, before an estimate stores anything or runs a
+  branch, a run this agent cannot branch (raise a ``car_core.errors`` error naming what to fix);
+- ``framework_state(run, k) -> JSON`` (``FRAMEWORK_STATE``): the framework state step ``k`` of
+  ``run`` decided from (a workflow store, graph channels, a run context), read off the
+  trajectory where the adapter's recorder put it, on a branch as the branch's own recorder saw
+  it. Checked (``check_held_state``): a branch starts from the recorded state;
+- ``prefers_concurrency = True`` (``CONCURRENCY``): the agent waits on a model server, so
+  estimators default to the asyncio executor even without ``abranch``;
+- ``branch(run, plan, noise, stop=None)`` (``STOP``): the agent is given the outcome's
+  ``settled`` hook (``car_core.outcome``) when the outcome has one; it calls ``stop(branch so
+  far)`` on the held prefix and after each step and, once it is True, returns that partial
+  branch with status ``RunStatus.SETTLED`` (never before a pending ``do_context`` edit is
+  applied, since an edit may rewrite the steps it saw). Checked: a branch ends settled at the
+  first step where ``stop`` holds, and not before;
+- a policy's ``step_meta() -> dict`` (``STEP_META``): what the last decision cost (model,
+  ``tokens``, ``cost``, seed, latency); the engine keeps it in the step's meta, where budgets
+  count tokens and money (``ModelPolicy``).
 
 Randomness: draw a step's policy randomness from ``noise.rng(k, Stream.POLICY)`` and tool
 randomness from ``noise.rng(k, Stream.ENVIRONMENT)``; the outcome is scored by the engine, not
@@ -64,26 +75,21 @@ from typing import Any, Protocol, runtime_checkable
 from . import redact
 from ._json import JSON
 from .actions import canonical_action, canonical_arguments, same_action
-from .agent import Agent, agent_fingerprint, fingerprint_digest
+from .agent import Agent, AsyncAgent, agent_fingerprint, fingerprint_digest
 from .branching import in_branch
+from .capabilities import Capability, capabilities
 from .interventions import Plan
-from .outcome import OutcomeFn, scored
+from .outcome import OutcomeFn, OutcomeLike, scored
 from .run_writer import RunWriter
 from .seeding import Noise, Stream
 from .trajectory import History, Outcome, Step, Trajectory
 from .vocabulary import AttributionStatus, Origin, RunStatus
 
-__all__ = ["JSON", "Agent", "AsyncAgent", "AttributionStatus", "History", "ModelPolicy", "Noise",
-           "Origin", "Outcome", "OutcomeFn", "Plan", "RunStatus", "RunWriter", "Step", "Stream",
-           "Trajectory", "agent_fingerprint", "canonical_action", "canonical_arguments",
-           "fingerprint_digest", "in_branch", "redact", "same_action", "scored"]
-
-
-@runtime_checkable
-class AsyncAgent(Agent, Protocol):
-    """An ``Agent`` that can also branch as a coroutine (see the module docstring)."""
-
-    async def abranch(self, run: Trajectory, plan: Plan, noise: Noise) -> Trajectory: ...
+__all__ = ["JSON", "Agent", "AsyncAgent", "AttributionStatus", "Capability", "History",
+           "ModelPolicy", "Noise", "Origin", "Outcome", "OutcomeFn", "OutcomeLike", "Plan",
+           "RunStatus", "RunWriter", "Step", "Stream", "Trajectory", "agent_fingerprint",
+           "canonical_action", "canonical_arguments", "capabilities", "fingerprint_digest",
+           "in_branch", "redact", "same_action", "scored"]
 
 
 @runtime_checkable

@@ -28,11 +28,13 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence, Sized
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from . import defaults
+from .agent import Agent, AsyncAgent
 from .branching import branch_scope
 from .budget import BudgetMeter
+from .capabilities import Capability, capabilities
 from .errors import (
     AdapterError,
     BudgetExhausted,
@@ -43,12 +45,12 @@ from .errors import (
     SideEffectBlocked,
     StoreError,
 )
-from .interventions import Plan
-from .seeding import Noise
+from .outcome import OutcomeFn, OutcomeLike
 from .tasks import Failure as Failure  # re-exported: Task and Failure live in the base module
 from .tasks import Task as Task
 from .tasks import describe_error as describe_error
-from .tasks import errored_branch, failure_of, run_branch
+from .tasks import errored_branch, failure_of, run_branch, score_branch
+from .trajectory import Trajectory
 from .vocabulary import RunStatus
 
 R = TypeVar("R")
@@ -137,35 +139,27 @@ class Brancher:
     """The ``fn`` estimators hand to ``execute``: one scored branch of ``run`` per task
     (``car_core.tasks.run_branch``). Plain data, so Ray can ship it to other machines."""
 
-    def __init__(self, run: Any, agent: Any, outcome: Any) -> None:
-        self.run, self.agent, self.outcome = run, agent, outcome
+    def __init__(self, run: Trajectory, agent: Agent, outcome: OutcomeLike) -> None:
+        self.run, self.agent, self.outcome = run, agent, OutcomeFn(outcome)
+        self.caps = capabilities(agent)  # read once, not once a branch
 
-    def __call__(self, task: Task) -> Any:
-        return run_branch(self.run, self.agent, self.outcome, task)
+    def __call__(self, task: Task) -> Trajectory:
+        return run_branch(self.run, self.agent, self.outcome, task, self.caps)
 
 
 class _AsyncBrancher(Brancher):
     """A ``Brancher`` for an agent that offers ``abranch``: ``AsyncioExecutor`` awaits it."""
 
-    async def acall(self, task: Task) -> Any:
+    async def acall(self, task: Task) -> Trajectory:
+        agent = cast(AsyncAgent, self.agent)
         with branch_scope():
-            traj = await self.agent.abranch(self.run, task.plan, task.noise)
-        return run_branch(self.run, _Finished(traj), self.outcome, task)
+            traj = await agent.abranch(self.run, task.plan, task.noise)
+        return score_branch(self.run, traj, self.agent, self.outcome, task)
 
 
-class _Finished:
-    """Stands in for an agent whose branch already ran, so scoring stays in one place."""
-
-    def __init__(self, traj: Any) -> None:
-        self.traj = traj
-
-    def branch(self, run: Any, plan: Plan, noise: Noise) -> Any:
-        return self.traj
-
-
-def brancher(run: Any, agent: Any, outcome: Any) -> Brancher:
+def brancher(run: Trajectory, agent: Agent, outcome: OutcomeLike) -> Brancher:
     """The task function for branches of ``run``; async when the agent offers ``abranch``."""
-    cls = _AsyncBrancher if callable(getattr(agent, "abranch", None)) else Brancher
+    cls = _AsyncBrancher if Capability.ASYNC_BRANCH in capabilities(agent) else Brancher
     return cls(run, agent, outcome)
 
 
@@ -312,15 +306,27 @@ def make_executor(name: str = "sequential", concurrency: int = defaults.CONCURRE
     raise InvalidInput(f"unknown executor {name!r}", hint=f"use one of {', '.join(EXECUTORS)}")
 
 
-def default_executor(agent: Any) -> Executor:
+def default_executor(agent: Agent) -> Executor:
     """Sequential for in-process agents; ``AsyncioExecutor`` for agents that wait on a model
     (they offer ``abranch`` or set ``prefers_concurrency = True``)."""
-    if callable(getattr(agent, "abranch", None)) or getattr(agent, "prefers_concurrency", False):
+    if capabilities(agent) & {Capability.ASYNC_BRANCH, Capability.CONCURRENCY}:
         return AsyncioExecutor()
     return Sequential()
 
 
-def _progress_bar(progress: Any, total: int | None, label: str) -> Any:
+class ProgressBar(Protocol):
+    """What a progress display offers an estimate (a ``tqdm`` bar does)."""
+
+    def update(self, n: int = 1) -> object: ...
+
+    def close(self) -> object: ...
+
+
+# None: a bar when stderr is a terminal; True: always; False: never; or the user's own bar.
+Progress = bool | ProgressBar | None
+
+
+def _progress_bar(progress: Progress, total: int | None, label: str) -> Any:
     """None → a bar only when stderr is a terminal; True → always; False → never; an object
     with ``update(n)`` and ``close()`` is used as is."""
     if progress is False or (progress is None and not sys.stderr.isatty()):
@@ -332,7 +338,8 @@ def _progress_bar(progress: Any, total: int | None, label: str) -> Any:
 
 
 def execute(tasks: Iterable[Task], fn: Callable[[Task], R], meter: BudgetMeter, *,
-            executor: Executor | None = None, progress: Any = None, label: str = "rollouts",
+            executor: Executor | None = None, progress: Progress = None,
+            label: str = "rollouts",
             on_result: Callable[[Task, R], None] | None = None,
             journal: Journal | None = None, keep: Callable[[R], Any] | None = None,
             retries: int = 1) -> Results:

@@ -16,23 +16,27 @@ say True where a later step could still change the score, or every estimate is b
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from .capabilities import positional_arity
 from .errors import InvalidInput, OutcomeError
 from .seeding import Noise, Stream
 from .trajectory import Outcome, Trajectory
+
+# What an outcome may be, where the API takes one: ``outcome(run)`` or ``outcome(run, rng)``
+# returning a float in [0, 1] or a bool (a bool is an int, which typing accepts as a float).
+OutcomeLike = Callable[..., float]
 
 
 class OutcomeFn:
     """Wraps a user's outcome function: ``outcome(run)`` or ``outcome(run, rng)`` (a noisy
     judge draws from ``rng``), returning a float in [0, 1] or a bool."""
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    def __init__(self, fn: OutcomeLike) -> None:
         if isinstance(fn, OutcomeFn):
             fn = fn.fn
         self.fn: Callable[..., Any]
@@ -40,7 +44,7 @@ class OutcomeFn:
             raise InvalidInput("outcome must be callable: outcome(run) -> float in [0, 1]",
                                hint="pass outcome=lambda run: ...")
         self.fn = fn
-        self.takes_rng = _positional_arity(fn) >= 2
+        self.takes_rng = positional_arity(fn) >= 2
         hook = getattr(fn, "settled", None)
         if hook is not None and not callable(hook):
             raise InvalidInput("outcome.settled must be callable: settled(run) -> bool",
@@ -92,17 +96,3 @@ def scored(run: Trajectory, outcome: Callable[..., Any], noise: Noise | None = N
     """``run`` with its outcome set by ``outcome`` (see ``OutcomeFn.score``)."""
     fn = outcome if isinstance(outcome, OutcomeFn) else OutcomeFn(outcome)
     return replace(run, outcome=Outcome(fn.score(run, noise)))
-
-
-def _positional_arity(fn: Callable[..., Any]) -> int:
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return 1
-    count = 0
-    for p in params:
-        if p.kind == p.VAR_POSITIONAL:
-            return 2
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-            count += 1
-    return count

@@ -14,12 +14,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import defaults
 from ._json import JSON
 from .actions import same_action
-from .agent import agent_fingerprint, check_agent
+from .agent import Agent, agent_fingerprint, check_agent
 from .agent import call_environment as call_environment  # re-exported: drive lives in agent
 from .agent import call_policy as call_policy
 from .agent import drive as drive
@@ -30,9 +30,9 @@ from .errors import (
     BudgetExhausted,
     InvalidInput,
 )
-from .execution import Executor, _progress_bar, brancher, execute
+from .execution import Executor, Progress, _progress_bar, brancher, execute
 from .interventions import Intervention, compile_plan
-from .outcome import OutcomeFn, scored
+from .outcome import OutcomeFn, OutcomeLike, scored
 from .seeding import Noise, branch_noise, coupling
 from .stats import Interval, check_level, wilson
 from .tasks import Task, check_failures, returned_run
@@ -40,11 +40,14 @@ from .tasks import run_branch as run_branch
 from .trajectory import Trajectory
 from .vocabulary import NOT_REDECIDED, RunStatus
 
+if TYPE_CHECKING:  # the store brings sqlite-utils: loaded only where one is used
+    from .store import RunStore
+
 TERMINAL_STATUSES = (RunStatus.COMPLETE, RunStatus.MAX_STEPS, RunStatus.SETTLED)
 
 
-def record(agent: Any, *, context: JSON = None, outcome: Callable[..., Any], seed: int = 0,
-           store: Any = None) -> Trajectory:
+def record(agent: Agent, *, context: JSON = None, outcome: OutcomeLike, seed: int = 0,
+           store: RunStore | None = None) -> Trajectory:
     """Run ``agent`` once from ``context`` and score it; the run is the factual record."""
     out = OutcomeFn(outcome)
     noise = Noise(seed)
@@ -120,11 +123,11 @@ def check_run(run: Trajectory) -> None:
     run.verify()
 
 
-def intervene(run: Trajectory, agent: Any, interventions: Intervention | Sequence[Intervention],
-              *, outcome: Callable[..., Any], rollouts: int = defaults.INTERVENE_ROLLOUTS,
+def intervene(run: Trajectory, agent: Agent, interventions: Intervention | Sequence[Intervention],
+              *, outcome: OutcomeLike, rollouts: int = defaults.INTERVENE_ROLLOUTS,
               seed: int = 0, coupled: bool = True, level: float = defaults.LEVEL,
               budget: Budget | int | None = None,
-              executor: Executor | None = None, progress: Any = None,
+              executor: Executor | None = None, progress: Progress = None,
               force_agent: bool = False, keep_trajectories: bool = True
               ) -> OutcomeDistribution:
     """Apply ``interventions`` to ``run`` and estimate the outcome distribution from
@@ -229,7 +232,7 @@ class ActionMatch:
                 "steps": list(self.steps)}
 
 
-def action_match_rate(run: Trajectory, agent: Any, replays: int = 4) -> ActionMatch:
+def action_match_rate(run: Trajectory, agent: Agent, replays: int = 4) -> ActionMatch:
     """Re-decide every recorded state ``replays`` times with the run's own seed and report,
     per step, the fraction that gave back the recorded action (``car_core.actions.same_action``:
     tool-call ids and other provider-assigned fields do not count). Steps the agent's own policy did

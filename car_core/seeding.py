@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ._json import digest
+from .capabilities import Capability, capabilities
 from .errors import InvalidInput
 
 
@@ -87,11 +88,11 @@ def coupling(agent: Any, run: Any, requested: bool) -> tuple[bool, str]:
     if not requested:
         return False, ("not requested (coupled=False, or Shapley's exact mode): every branch "
                        "draws its own noise")
-    if not getattr(agent, "couples_noise", False):
+    caps = capabilities(agent)
+    if Capability.COUPLES_NOISE not in caps:
         return False, "the agent's randomness does not come from CAR's noise streams"
-    check = getattr(agent, "seed_check", None)
-    if callable(check):
-        reason = check(run)
+    if Capability.SEED_CHECK in caps:
+        reason = agent.seed_check(run)
         if reason:
             return False, str(reason)
         return True, "measured: the model gave the same reply twice for one seed"

@@ -13,15 +13,16 @@ engine share, so none of them imports another to get at it.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .agent import Agent
 from .branching import branch_scope
+from .capabilities import Capability, capabilities
 from .errors import AgentError, BranchesFailed
 from .interventions import Plan
-from .outcome import scored
+from .outcome import OutcomeFn, scored
 from .redact import describe
 from .seeding import Noise
 from .stats import wilson
@@ -85,7 +86,7 @@ def describe_error(exc: BaseException) -> str:
     return describe(exc)  # kept with the results and stored: never with a key in it
 
 
-def returned_run(value: Any, agent: Any, method: str) -> Trajectory:
+def returned_run(value: object, agent: object, method: str) -> Trajectory:
     if not isinstance(value, Trajectory):
         raise AgentError(f"{type(agent).__name__}.{method} returned {type(value).__name__}, "
                          "not a car.Trajectory",
@@ -94,22 +95,28 @@ def returned_run(value: Any, agent: Any, method: str) -> Trajectory:
     return value
 
 
-def takes_stop(agent: Any) -> bool:
-    """Whether ``agent.branch`` accepts ``stop=`` (ends a branch once its outcome is settled)."""
-    try:
-        return "stop" in inspect.signature(agent.branch).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def run_branch(run: Trajectory, agent: Any, outcome: Any, task: Task) -> Trajectory:
+def run_branch(run: Trajectory, agent: Agent, outcome: OutcomeFn, task: Task,
+               caps: frozenset[Capability] | None = None) -> Trajectory:
     """One rollout: the agent's branch under the task's plan, scored, with its lineage. When
-    the outcome says when a run is settled and the agent can stop, the branch ends there."""
+    the outcome says when a run is settled and the agent can stop (``Capability.STOP``), the
+    branch ends there. ``caps``: the agent's capabilities, when the caller already has them."""
+    if caps is None:
+        caps = capabilities(agent)
+    if not isinstance(outcome, OutcomeFn):  # a bare function given by a benchmark or a test
+        outcome = OutcomeFn(outcome)
     with branch_scope():
-        if getattr(outcome, "settles", False) and takes_stop(agent):
-            traj = agent.branch(run, task.plan, task.noise, stop=outcome.settled)
+        if outcome.settles and Capability.STOP in caps:
+            traj = agent.branch(run, task.plan, task.noise,
+                                stop=outcome.settled)  # type: ignore[call-arg]  # STOP says so
         else:
             traj = agent.branch(run, task.plan, task.noise)
+    return score_branch(run, traj, agent, outcome, task)
+
+
+def score_branch(run: Trajectory, traj: object, agent: object, outcome: OutcomeFn,
+                 task: Task) -> Trajectory:
+    """A finished branch (``traj``, what ``agent`` returned) scored, with its lineage; a
+    branch that came back with status ``error`` raises instead of being scored."""
     traj = returned_run(traj, agent, "branch")
     if traj.status == RunStatus.ERROR:  # no outcome: retried and left out like a raise
         raise errored_branch(traj, run.id)

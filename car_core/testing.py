@@ -24,7 +24,12 @@ in its own test suite with ``run_conformance(make_agent, context=..., outcome=..
   alarm rate is ``alpha``, 1e-3 per step tested by default: at most 2e-3 for the two steps
   ``run_conformance`` tests);
 - no side-effect tool runs on any branch, counted by a ``SideEffectLedger`` the test wires into
-  its real tools.
+  its real tools;
+- one check per optional capability the agent offers (``car_core.capabilities``, the checks in
+  ``car_core.capability_checks``): ``abranch`` gives ``branch``'s outcomes under the same noise
+  (``async``), ``stop`` is honoured (``stop``), ``couples_noise`` is what the branches show
+  (``coupling``) and the fingerprint is the same in a fresh interpreter (``fingerprint``, or
+  ``fingerprint-in-process`` when the factory cannot be sent to one).
 
 Each check raises ``ConformanceFailure`` (an ``AssertionError``) saying what broke.
 """
@@ -34,17 +39,27 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from ._conformance import fail as _fail
+from ._conformance import noise_for as _noise
+from ._conformance import same_steps as _same_steps
+from ._conformance import sign_flip_p as _sign_flip_p
 from ._json import JSON, canonical, check_json
 from .actions import is_chat_action, same_action
+from .capabilities import Capability, capabilities
+from .capability_checks import (
+    check_async_branch,
+    check_coupling_measured,
+    check_fingerprint_stable,
+    check_stop_honoured,
+)
 from .errors import (
-    ConformanceFailure,
     EnvironmentError_,
     InvalidInput,
     PolicyError,
@@ -52,7 +67,6 @@ from .errors import (
 )
 from .interventions import compile_plan, do_action, do_context, do_observation, do_resample
 from .replay import action_match_rate, intervene, record
-from .seeding import branch_noise
 from .trajectory import History, Trajectory
 from .vocabulary import Origin
 
@@ -240,31 +254,6 @@ class SideEffectLedger:
 
 
 # -- the contract --------------------------------------------------------------------------
-def _noise(seed: int, rollout: int = 0) -> Any:
-    return branch_noise(seed, rollout, "conformance", coupled=True)
-
-
-_HINT = ("the agent must serve steps before the branch step from the record and apply the plan "
-         "as given (see car_core.agent)")
-
-
-def _fail(check: str, message: str, run: Trajectory, step: int | None = None, *,
-          hint: str = _HINT) -> None:
-    raise ConformanceFailure(f"{check}: {message}", run_id=run.id, step=step, hint=hint)
-
-
-def _same_steps(check: str, run: Trajectory, branch: Trajectory, upto: int) -> None:
-    for k in range(upto):
-        if k >= len(branch.steps):
-            _fail(check, f"the branch has {len(branch.steps)} steps, the record {upto}", run, k)
-        a, b = run.steps[k], branch.steps[k]
-        if a.action != b.action:
-            _fail(check, f"action {b.action!r} differs from the recorded {a.action!r}", run, k)
-        if (a.observed, a.observation) != (b.observed, b.observation):
-            _fail(check, f"observation {b.observation!r} differs from the recorded "
-                         f"{a.observation!r}", run, k)
-
-
 def check_replay_reproduces(agent: Any, run: Trajectory, *, seed: int = 0) -> Trajectory:
     """A branch with every step held gives back the record: same actions, observations, length,
     every step marked ``held``."""
@@ -322,7 +311,7 @@ def check_held_state(agent: Any, run: Trajectory, *, steps: Sequence[int] | None
     workflow's initial state instead of what the held steps wrote) fails here. The branch
     forces the recorded actions from step ``k`` on, so it needs no model decision and makes
     no side-effect call the record cannot answer."""
-    read = getattr(agent, "framework_state", None)
+    read = agent.framework_state if Capability.FRAMEWORK_STATE in capabilities(agent) else None
     for k in (range(len(run.steps)) if steps is None else steps):
         forced = [do_action(j, run.steps[j].action) for j in range(k, len(run.steps))]
         branch: Trajectory = agent.branch(run, compile_plan(run, forced), _noise(seed, k))
@@ -407,7 +396,7 @@ def check_forced_values(agent: Any, run: Trajectory, *, seed: int = 0) -> None:
 def check_same_noise_same_branch(agent: Any, run: Trajectory, *, seed: int = 0) -> None:
     """An agent that couples its noise gives the same branch for the same noise, and the
     recorded action when it re-decides a recorded state with the record's noise."""
-    if not getattr(agent, "couples_noise", False):
+    if Capability.COUPLES_NOISE not in capabilities(agent):
         return
     plan = compile_plan(run, do_resample(0)) if run.steps else compile_plan(run, [])
     a = agent.branch(run, plan, _noise(seed, 7))
@@ -423,20 +412,6 @@ def check_same_noise_same_branch(agent: Any, run: Trajectory, *, seed: int = 0) 
 def _unchanged(state: Any) -> Any:
     """The identity edit: gives back what it was given."""
     return state
-
-
-def _sign_flip_p(diffs: Sequence[float], rng: np.random.Generator, flips: int = 9999) -> float:
-    """Two-sided p-value of a paired sign-flip test of "mean difference 0". Under the null the
-    pairs are exchangeable (both arms have one law, with shared or independent noise), so every
-    sign pattern is equally likely; ``(1 + hits) / (1 + flips)`` keeps the level exact with
-    Monte Carlo flips (Phipson and Smyth 2010)."""
-    d = np.asarray([x for x in diffs if x != 0.0], dtype=float)
-    if d.size == 0:
-        return 1.0
-    observed = abs(float(d.sum()))
-    signs = rng.choice(np.array([-1.0, 1.0]), size=(flips, d.size))
-    hits = int(np.count_nonzero(np.abs(signs @ d) >= observed - 1e-12))
-    return (1 + hits) / (1 + flips)
 
 
 def check_identity_edit(agent: Any, run: Trajectory, outcome: Any, *,
@@ -457,7 +432,7 @@ def check_identity_edit(agent: Any, run: Trajectory, outcome: Any, *,
         raise InvalidInput(f"alpha={alpha!r}", hint="pass a false-alarm rate in (0, 1)")
     n = len(run.steps)
     ks = sorted({0, n - 1}) if steps is None else list(steps)
-    coupled = bool(getattr(agent, "couples_noise", False))
+    coupled = Capability.COUPLES_NOISE in capabilities(agent)
     for k in ks:
         kw = {"outcome": outcome, "rollouts": rollouts, "seed": seed + k, "progress": False}
         same = intervene(run, agent, do_context(k, _unchanged, "unchanged"), **kw)
@@ -521,14 +496,19 @@ def check_no_side_effects(agent: Any, run: Trajectory, ledger: SideEffectLedger,
                 pass
 
 
-CHECKS = ("replay", "prefix", "state", "lineage", "forced", "noise", "identity",
-          "side-effects")
+# The check of each optional capability, by the name run_conformance lists it under.
+_CHECK_OF = {Capability.ASYNC_BRANCH: "async", Capability.STOP: "stop",
+             Capability.COUPLES_NOISE: "coupling", Capability.FINGERPRINT: "fingerprint"}
+CAPABILITY_CHECKS = tuple(_CHECK_OF.values())
+CHECKS = ("replay", "prefix", "state", "lineage", "forced", "noise", "identity", "async",
+          "stop", "coupling", "fingerprint", "fingerprint-in-process", "side-effects")
 
 
 def run_conformance(agent_factory: Callable[[], Any], *, context: JSON = _MISSING,
                     outcome: Any, seed: int = 0, run: Trajectory | None = None,
                     side_effects: SideEffectLedger | None = None,
-                    identity_rollouts: int = 32, alpha: float = 1e-3) -> list[str]:
+                    identity_rollouts: int = 32, alpha: float = 1e-3,
+                    skip: Collection[str] = ()) -> list[str]:
     """Record a run with a fresh agent and put it through every check, each with a fresh agent.
 
     ``agent_factory()`` returns an agent, or ``(agent, counter)`` where the counter wraps the
@@ -539,9 +519,17 @@ def run_conformance(agent_factory: Callable[[], Any], *, context: JSON = _MISSIN
     check would prove nothing), and no branch of any check may (give the agent simulators for
     calls the record cannot answer).
     ``identity_rollouts`` and ``alpha`` size the identity check (see ``check_identity_edit``).
-    The ``state`` check (``check_held_state``) runs for agents with a ``framework_state`` hook.
+    ``skip``: capability checks not to run (of ``CAPABILITY_CHECKS``), for an agent whose
+    documented limit makes one fail; say why where you pass it.
+    The ``state`` check (``check_held_state``) runs for agents with a ``framework_state`` hook,
+    the capability checks for agents that offer each (``stop`` needs a run of two steps).
     Returns the names of the checks that ran; the first failure raises ``ConformanceFailure``.
     """
+    unknown = set(skip) - set(CAPABILITY_CHECKS)
+    if unknown:
+        raise InvalidInput(f"skip={sorted(unknown)}: only capability checks may be skipped",
+                           hint=f"skip some of {list(CAPABILITY_CHECKS)}")
+
     def make() -> tuple[Any, Any]:
         made = agent_factory()
         return made if isinstance(made, tuple) else (made, None)
@@ -573,13 +561,27 @@ def run_conformance(agent_factory: Callable[[], Any], *, context: JSON = _MISSIN
     agent, counter = make()
     if counter is not None:
         checked("prefix", lambda: check_prefix_makes_no_calls(agent, run, counter, seed=seed))
-    if callable(getattr(agent, "framework_state", None)):
+    if Capability.FRAMEWORK_STATE in capabilities(agent):
         checked("state", lambda: check_held_state(make()[0], run, seed=seed))
     checked("lineage", lambda: check_branch_lineage(make()[0], run, outcome, seed=seed))
     checked("forced", lambda: check_forced_values(make()[0], run, seed=seed))
     checked("noise", lambda: check_same_noise_same_branch(make()[0], run, seed=seed))
     checked("identity", lambda: check_identity_edit(make()[0], run, outcome, seed=seed,
                                                     rollouts=identity_rollouts, alpha=alpha))
+    caps = {c for c in capabilities(agent) if _CHECK_OF.get(c) not in skip}
+    if Capability.ASYNC_BRANCH in caps:
+        checked("async", lambda: check_async_branch(make()[0], run, outcome, seed=seed,
+                                                    alpha=alpha))
+    if Capability.STOP in caps and len(run.steps) >= 2:
+        checked("stop", lambda: check_stop_honoured(make()[0], run, seed=seed))
+    if Capability.COUPLES_NOISE in caps:
+        checked("coupling", lambda: check_coupling_measured(make()[0], run, outcome, seed=seed))
+    if Capability.FINGERPRINT in caps:
+        crossed: list[bool] = []
+        checked("fingerprint", lambda: crossed.append(check_fingerprint_stable(agent_factory,
+                                                                               run)))
+        if not crossed[0]:  # said as it is: the other interpreter could not be used
+            ran[-1] = "fingerprint-in-process"
     if side_effects is not None:
         check_no_side_effects(make()[0], run, side_effects, seed=seed)
         ran.append("side-effects")
@@ -609,10 +611,12 @@ class FakeClock:
 
 
 __all__ = [
-    "CHECKS", "CallCounter", "Choice", "CountedAgent", "Counters", "DictEnvironment",
-    "FakeClock",
+    "CAPABILITY_CHECKS", "CHECKS", "CallCounter", "Choice", "CountedAgent", "Counters",
+    "DictEnvironment", "FakeClock",
     "ScriptedPolicy", "SideEffectLedger", "action_key", "check_branch_lineage",
+    "check_async_branch", "check_coupling_measured", "check_fingerprint_stable",
     "check_forced_values", "check_held_state", "check_identity_edit", "check_no_side_effects",
     "check_prefix_makes_no_calls", "check_replay_reproduces", "check_same_noise_same_branch",
+    "check_stop_honoured",
     "count_calls", "run_conformance",
 ]

@@ -48,7 +48,7 @@ def test_running_out_of_memory_is_one_line_and_not_an_internal_error(stored, mon
         raise MemoryError
 
     monkeypatch.setattr("car_core.replay.intervene", exhausted)
-    monkeypatch.setattr(car, "contrastive", exhausted)
+    monkeypatch.setattr("car_core.settings.contrastive", exhausted)  # what `attribute` runs
     for args in (["intervene", run.id, "--agent", PIVOT, "--do", "resample:2"],
                  ["attribute", run.id, "--agent", PIVOT, "--rollouts", "2"]):
         code, _, stderr = run_cli([*args, "--store", str(path)])

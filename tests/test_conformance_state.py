@@ -88,7 +88,7 @@ def run() -> car.Trajectory:
 def test_a_faithful_agent_passes_the_state_check_in_the_suite() -> None:
     ran = run_conformance(NotesAgent, context="ticket 7", outcome=report_failed, seed=0,
                           identity_rollouts=8)
-    assert ran == ["replay", "state", "lineage", "forced", "noise", "identity"]
+    assert ran == ["replay", "state", "lineage", "forced", "noise", "identity", "coupling"]
 
 
 def test_a_branch_that_starts_from_the_initial_store_fails_the_check(run: Any) -> None:

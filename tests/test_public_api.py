@@ -18,8 +18,9 @@ import car_core
 ROOT = Path(__file__).resolve().parents[1]
 
 PUBLIC = [
-    "Action", "Agent", "Budget", "FunctionAgent", "History", "Interval", "Intervention", "Lineage",
-    "Observation", "Outcome", "RunStore", "Step", "Trajectory", "action_match_rate",
+    "Action", "Agent", "Budget", "ContrastiveSettings", "FunctionAgent", "History", "Interval",
+    "Intervention", "Lineage", "Observation", "Outcome", "RunStore", "ShapleySettings", "Step",
+    "Trajectory", "action_match_rate",
     "assert_locus", "assert_no_locus", "assert_rescues",
     "ContextAttribution", "context_attribution", "context_sources",
     "Candidate", "RepairRanking", "repairs", "remove_sources", "add_instruction",

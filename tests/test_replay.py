@@ -257,7 +257,8 @@ def test_function_agent_passes_the_conformance_suite(model: syn.SyntheticSCM) ->
         return c.agent, c.both
 
     ran = run_conformance(make, context={"scm": model.name}, outcome=model.outcome, seed=1)
-    assert ran == ["replay", "prefix", "lineage", "forced", "noise", "identity"]
+    assert ran == ["replay", "prefix", "lineage", "forced", "noise", "identity", "stop",
+                   "coupling"]
 
 
 class Reexecuting(car.FunctionAgent):

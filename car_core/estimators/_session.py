@@ -8,19 +8,23 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from ..agent import OutcomeFn, check_agent
+from ..agent import Agent, OutcomeFn, check_agent
 from ..budget import Budget, BudgetMeter
 from ..errors import AttributionNotFound, InvalidInput, NothingToAttribute, StoreError
-from ..execution import Executor, Failure, Task, brancher, default_executor, execute
+from ..execution import Executor, Failure, Progress, Task, brancher, default_executor, execute
 from ..interventions import Plan
+from ..outcome import OutcomeLike
 from ..replay import check_run
 from ..results import Result
 from ..seeding import branch_noise, coupling
 from ..tasks import check_failures
 from ..trajectory import Trajectory
 from ..vocabulary import AttributionStatus
+
+if TYPE_CHECKING:  # the store brings sqlite-utils: loaded only where one is used
+    from ..store import RunStore
 
 OnValue = Callable[[Task, float, Trajectory], None]
 # What a resume may not change. The first four decide what a journaled (arm, rollout) branch
@@ -59,7 +63,7 @@ def check_run_has_steps(run: Trajectory) -> None:
                                  hint="record a run in which the agent took at least one step")
 
 
-def check_resumable(store: Any, attribution_id: str, run_id: str, method: str,
+def check_resumable(store: RunStore, attribution_id: str, run_id: str, method: str,
                     params: dict[str, Any], *, must_exist: bool = False,
                     flags: bool = False) -> None:
     """The one resume rule, for the API and the ``car`` command alike.
@@ -145,9 +149,10 @@ class Session:
     """One estimate in progress: the agent, the outcome, the shared budget meter and (with a
     store) the attribution row and the journal that makes it resumable."""
 
-    def __init__(self, run: Trajectory, agent: Any, outcome: Any, *, method: str, seed: int,
+    def __init__(self, run: Trajectory, agent: Agent, outcome: OutcomeLike, *, method: str,
+                 seed: int,
                  coupled: bool, budget: Budget | None, executor: Executor | None,
-                 progress: Any, store: Any, attribution_id: str | None,
+                 progress: Progress, store: RunStore | None, attribution_id: str | None,
                  params: dict[str, Any], force_agent: bool = False) -> None:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise InvalidInput(f"seed={seed!r} must be an int", hint="pass seed=0, 1, …")

@@ -43,15 +43,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from .. import defaults
+from ..agent import Agent
 from ..budget import Budget, as_budget
 from ..errors import InvalidInput
-from ..execution import Executor, Task
+from ..execution import Executor, Progress, Task
 from ..interventions import Plan, compile_plan, do_resample
+from ..outcome import OutcomeLike
 from ..results import ArmEstimate, ContrastiveResult, StepEffect
 from ..stats import (
     Coupling,
@@ -67,6 +69,9 @@ from ..trajectory import Trajectory, step_label
 from ..vocabulary import Answer
 from . import search as search_
 from ._session import Session, check_run_has_steps, releasing
+
+if TYPE_CHECKING:  # the store brings sqlite-utils: loaded only where one is used
+    from ..store import RunStore
 
 SEARCHES = ("auto", "full", "bisection")
 MIN_FUTILITY_PAIRS = 4  # fewer pairs than this say too little to give up on a step
@@ -158,6 +163,18 @@ class Arms:
 
     def all_values(self) -> list[float]:
         return [v for arm in self.values.values() for v in arm.values()]
+
+
+def rollout_budget(n_steps: int, rollouts: int, budget: Budget | int | None
+                   ) -> tuple[Budget, int]:
+    """The budget an estimate of an ``n_steps`` run spends under, and its rollout cap: the
+    rollouts ``budget`` allows, else ``n_steps · rollouts`` (the paper's ``K`` per step). The
+    one rule: ``ContrastiveSettings.budget_for`` and the ``car`` command read it here."""
+    given = as_budget(budget, "budget")
+    if given is not None and given.rollouts is not None:
+        return given, given.rollouts
+    cap = n_steps * rollouts
+    return (Budget(rollouts=cap) if given is None else replace(given, rollouts=cap)), cap
 
 
 def _check(rollouts: Any, alpha: Any, search: Any) -> None:
@@ -286,12 +303,12 @@ def _first_look_coupling(arms: Arms, n: int) -> Coupling:
 
 
 @releasing
-def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = defaults.ROLLOUTS,
-                alpha: float = defaults.ALPHA, seed: int = 0, coupled: bool = True,
-                budget: Budget | int | None = None, search: str = "auto",
-                executor: Executor | None = None, progress: Any = None, store: Any = None,
-                attribution_id: str | None = None, force_agent: bool = False,
-                early_stop: bool = False) -> ContrastiveResult:
+def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
+                rollouts: int = defaults.ROLLOUTS, alpha: float = defaults.ALPHA, seed: int = 0,
+                coupled: bool = True, budget: Budget | int | None = None, search: str = "auto",
+                executor: Executor | None = None, progress: Progress = None,
+                store: RunStore | None = None, attribution_id: str | None = None,
+                force_agent: bool = False, early_stop: bool = False) -> ContrastiveResult:
     """Find the point of commitment of ``run``: the latest step whose rescue interval lies
     above zero, with family-wise error ``<= alpha`` (see the module docstring for the arms,
     the error control and the search). The estimate may spend up to ``n·rollouts`` rollouts
@@ -304,17 +321,12 @@ def contrastive(run: Trajectory, agent: Any, *, outcome: Any, rollouts: int = de
     hands branches shared noise; whether they share it is measured (``coupling_measured``)."""
     check_run_has_steps(run)
     _check(rollouts, alpha, search)
-    budget = as_budget(budget, "budget")
     n = len(run.steps)
     chosen = search if search != "auto" else "bisection"
-    cap = budget.rollouts if budget is not None and budget.rollouts is not None else n * rollouts
-    if budget is None:
-        budget = Budget(rollouts=cap)
-    elif budget.rollouts is None:
-        budget = replace(budget, rollouts=cap)
+    budget, cap = rollout_budget(n, rollouts, budget)
     params = {"rollouts": rollouts, "alpha": alpha, "seed": seed, "coupled": coupled,
               "search": search, "budget": budget.to_dict(),
-              "agent": getattr(agent, "name", "")}
+              "agent": agent.name}
     session = Session(run, agent, outcome, method="contrastive", seed=seed, coupled=coupled,
                       budget=budget, executor=executor, progress=progress, store=store,
                       attribution_id=attribution_id, params=params, force_agent=force_agent)

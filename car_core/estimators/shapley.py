@@ -52,20 +52,25 @@ import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import defaults
+from ..agent import Agent
 from ..budget import Budget, as_budget
 from ..errors import InvalidBudget, InvalidInput
-from ..execution import Executor, Task
+from ..execution import Executor, Progress, Task
 from ..interventions import Plan, compile_plan, do_action, do_resample
+from ..outcome import OutcomeLike
 from ..results import GameValue, ShapleyResult, ShapleyValue
 from ..seeding import Noise, Stream
 from ..stats import Interval, t_interval, t_quantile, wilson
 from ..trajectory import Trajectory, step_label
 from ._session import Session, check_run_has_steps, releasing
+
+if TYPE_CHECKING:  # the store brings sqlite-utils: loaded only where one is used
+    from ..store import RunStore
 
 MODES = ("auto", "exact", "permutation")
 MIN_PER_COALITION = 8  # "auto" picks exact mode only when every coalition can get this many
@@ -226,12 +231,12 @@ def _check(budget: Any, level: Any, mode: Any) -> tuple[Budget, int]:
 
 
 @releasing
-def shapley(run: Trajectory, agent: Any, *, outcome: Any,
+def shapley(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
             budget: int | Budget = defaults.SHAPLEY_BUDGET, seed: int = 0,
             level: float = defaults.LEVEL, players: Sequence[int] | None = None,
             mode: str = "auto", coupled: bool = True, executor: Executor | None = None,
-            progress: Any = None, store: Any = None, attribution_id: str | None = None,
-            force_agent: bool = False) -> ShapleyResult:
+            progress: Progress = None, store: RunStore | None = None,
+            attribution_id: str | None = None, force_agent: bool = False) -> ShapleyResult:
     """Shapley values of the steps of ``run`` for ``v(S)`` = P(fail | S held, the rest
     resampled), each with a ``level`` interval (see the module docstring for the game and the
     two modes). ``budget`` is a rollout count or a ``car.Budget``; it is checked before every
@@ -257,7 +262,7 @@ def shapley(run: Trajectory, agent: Any, *, outcome: Any,
     params = {"budget": b.to_dict(), "seed": seed, "level": level,
               "players": [k for k in game.steps if k is not None] if players is not None
               else None, "mode": mode,
-              "coupled": coupled, "agent": getattr(agent, "name", "")}
+              "coupled": coupled, "agent": agent.name}
     session = Session(run, agent, outcome, method="shapley", seed=seed,
                       coupled=coupled and mode == "permutation",
                       budget=b, executor=executor, progress=progress, store=store,
