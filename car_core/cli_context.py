@@ -55,7 +55,8 @@ def _load(run_id: str, store: str, step: int | None) -> tuple[Trajectory, int]:
     try:
         run = db.load(run_id)
         if step is None:
-            found = _cli._latest_attribution(db, run_id, "contrastive")
+            from .report_pages import latest_attribution
+            found = latest_attribution(db.attributions(run_id), "contrastive")
             locus = getattr(found.result, "locus", None) if found is not None else None
             if locus is None:
                 raise InvalidInput(f"run {run_id} has no attributed locus to look inside",
@@ -71,9 +72,10 @@ def _write_report(run: Trajectory, store: str, path: Path, what: Any = None,
                   fixes: Any = None) -> None:
     """The run's report (its latest attribution, if any) with the "what" / "fixes" panels."""
     from .report import render_attribution, render_run
+    from .report_pages import latest_attribution
     db = kit.existing_store(store)
     try:
-        found = _cli._latest_attribution(db, run.id)
+        found = latest_attribution(db.attributions(run.id))
     finally:
         db.close()
     html = (render_attribution(found.result, run, what=what, fixes=fixes) if found is not None

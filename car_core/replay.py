@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from . import defaults
+from . import formatting as fmt
 from ._json import JSON
 from .actions import same_action
 from .agent import Agent, agent_fingerprint, check_agent
@@ -107,7 +108,6 @@ class OutcomeDistribution:
                 "branch_ids": [t.id for t in self.trajectories]}
 
     def __str__(self) -> str:
-        from . import formatting as fmt
         return (fmt.failure_rate(self.mean, self.ci, self.level, self.n)
                 + (" (truncated)" if self.truncated else ""))
 

@@ -13,7 +13,16 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from ..agent import Agent, OutcomeFn, check_agent
 from ..budget import Budget, BudgetMeter
 from ..errors import AttributionNotFound, InvalidInput, NothingToAttribute, StoreError
-from ..execution import Executor, Failure, Progress, Task, brancher, default_executor, execute
+from ..execution import (
+    Executor,
+    Failure,
+    Progress,
+    Task,
+    _progress_bar,
+    brancher,
+    default_executor,
+    execute,
+)
 from ..interventions import Plan
 from ..outcome import OutcomeLike
 from ..replay import check_run
@@ -128,7 +137,6 @@ def _estimate_bar(progress: Any, meter: BudgetMeter, label: str) -> tuple[Any, b
     bar object, or False, is passed on as it is."""
     if progress is not None and progress is not True:
         return progress, False
-    from ..execution import _progress_bar
     bar = _progress_bar(progress, meter.budget.rollouts, label)
     return bar if bar is not None else False, bar is not None
 
