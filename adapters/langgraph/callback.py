@@ -46,7 +46,7 @@ from car_core.contract import (
 from car_core.errors import InvalidInput, OutcomeError, StoreError
 
 from ..run_keeping import open_store, score_run, store_run
-from .messages import decode, jsonable, to_dict, to_dicts, usage_of
+from .messages import decode, jsonable, to_dict, usage_of
 from .model import CAR_DECIDED, decided_by_car
 
 MESSAGES_KEY = "messages"
@@ -72,6 +72,24 @@ class _Recording:
     members: set[UUID] = field(default_factory=set)
     node_calls: dict[UUID, dict[str, Any]] = field(default_factory=dict)  # open, by tool run
     node_results: list[dict[str, Any]] = field(default_factory=list)
+    converted: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # by message identity
+
+    def convert(self, message: BaseMessage) -> dict[str, Any]:
+        """``to_dict(message)``, made once per message object and shared by every step that
+        holds it: a graph's messages come back in each later model call and in the final
+        state, so converting (and then checking and sealing) each copy anew would cost the
+        square of the run. A message whose content, tool calls or name were replaced since
+        is converted again."""
+        hit = self.converted.get(id(message))
+        content = message.content
+        calls = getattr(message, "tool_calls", None)
+        name = getattr(message, "name", None)
+        if (hit is not None and hit[0] is message and hit[1] is content and hit[2] is calls
+                and hit[3] is name):
+            return hit[4]  # type: ignore[no-any-return]
+        out = to_dict(message)
+        self.converted[id(message)] = (message, content, calls, name, out)
+        return out
 
 
 def _checkpoint_map() -> dict[str, str]:
@@ -277,10 +295,11 @@ class CarCallback(BaseCallbackHandler):
                 "car_decided": decided_by_car(kwargs.get("invocation_params"))}
         path = md.get("langgraph_path")
         meta["task_path"] = jsonable(list(path)) if isinstance(path, (list, tuple)) else None
-        prompt = [to_dict(m) for m in seen if m.id is None]
+        prompt = [rec.convert(m) for m in seen if m.id is None]
         if prompt:
             meta["prompt"] = prompt
-        state = to_dicts(seen if is_send_task(meta) else (m for m in seen if m.id is not None))
+        whole = is_send_task(meta)
+        state = [rec.convert(m) for m in seen if whole or m.id is not None]
         with self._lock:
             self.decisions_started += 1
             rec.calls[run_id] = _Call(len(rec.calls), state, meta, time.perf_counter())
@@ -339,7 +358,8 @@ class CarCallback(BaseCallbackHandler):
             pos = at.get(call.message.id) if call.message.id else None
             answers = (final_messages[pos + 1:] if pos is not None
                        else list(results.values()))
-            _, action, observation, observed = decode([call.message, *answers])[0]
+            _, action, observation, observed = decode([call.message, *answers],
+                                                      convert=rec.convert)[0]
             steps.append(Step(index=i, action=action, observation=observation,
                               observed=observed, state=call.state, meta=call.meta))
         status = RunStatus.COMPLETE
@@ -351,7 +371,7 @@ class CarCallback(BaseCallbackHandler):
                    else {"input": jsonable(rec.inputs)})
         meta = {"framework": "langgraph", "thread_id": rec.thread_id,
                 "final_state": jsonable({k: v for k, v in final.items()
-                                         if k != "__interrupt__"})}
+                                         if k != "__interrupt__"}, rec.convert)}
         if rec.node_results:
             meta["node_tool_calls"] = list(rec.node_results)
         if self.fingerprint is not None:
