@@ -1,12 +1,17 @@
 """``RunWriter``: saves finished runs to a ``RunStore`` on a thread of its own.
 
 A recorder hands a finished run to the writer and returns to the user's code at once; the
-SQLite write happens off the run's critical path. The durability promise, exactly: a run is in
-the store once ``flush()`` (or ``close()``) has returned — each save is its own committed
-transaction, so a flushed run survives a SIGKILL of the process that wrote it. Writers flush at
-``close()``, when the process exits normally (``atexit``), and whenever a run is read back
-through them (``load``). A run handed over but not yet flushed is lost if the process is killed
-first; nothing already stored is damaged (the write is one transaction or none).
+SQLite write happens off the run's critical path. A recorder may also defer sealing its runs
+(the JSON check, redaction and digests) to the first read of its runs or to a flush: it
+registers its hand-over with ``feed``, and every ``flush`` and ``close`` calls it first, so
+what a flush promises holds for those runs too.
+
+The durability promise, exactly: a run is in the store once ``flush()`` (or ``close()``) has
+returned — each save is its own committed transaction, so a flushed run survives a SIGKILL of
+the process that wrote it. Writers flush at ``close()``, when the process exits normally
+(``atexit``), and whenever a run is read back through them (``load``). A run finished but not
+yet flushed (queued, or waiting to be sealed) is lost if the process is killed first; nothing
+already stored is damaged (the write is one transaction or none).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import atexit
 import os
 import queue
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +43,7 @@ class RunWriter:
         _store(self.path).close()  # a bad path is refused now, in the caller's thread
         self._queue: queue.Queue[Any] = queue.Queue()
         self._closed = False
+        self._feeds: list[Callable[[], None]] = []
         self._thread = threading.Thread(target=self._work, name=f"car-run-writer:{self.path}",
                                         daemon=True)
         self._thread.start()
@@ -50,11 +57,23 @@ class RunWriter:
         self._queue.put(run)
         return run.id
 
+    def feed(self, hand_over: Callable[[], None]) -> None:
+        """Call ``hand_over`` (a recorder's: it saves the runs it has finished but not yet
+        handed over) at the start of every ``flush`` and ``close``. It is held until the
+        writer closes, so runs a recorder deferred are stored even when the recorder itself
+        is gone (keep ``hand_over`` free of references to what should not live that long)."""
+        self._feeds.append(hand_over)
+
     def flush(self) -> list[StoreError]:
-        """Wait until every run queued so far is committed; the save errors so far."""
+        """Wait until every run finished so far is committed; the save errors so far."""
         if not self._closed:
+            self._hand_over()
             self._queue.join()
         return list(self.errors)
+
+    def _hand_over(self) -> None:
+        for hand_over in list(self._feeds):
+            hand_over()
 
     def load(self, run_id: str) -> Trajectory:
         """The stored run, after the queued ones are written."""
@@ -67,9 +86,11 @@ class RunWriter:
         """Flush, then stop the writer thread (idempotent)."""
         if self._closed:
             return
+        self._hand_over()
         self._queue.put(_STOP)
         self._queue.join()
         self._closed = True
+        self._feeds.clear()
         self._thread.join()
         atexit.unregister(self.close)
 

@@ -1,13 +1,18 @@
-"""What ``CarCallback`` keeps of a run when it converts each message once: the same record as a
-conversion per step would make, byte for byte, and a message changed between model calls
-recorded as each call saw it."""
+"""What ``CarCallback`` keeps of a run when it converts each message once and seals at flush:
+the record a conversion per step would make, byte for byte, a message changed between model
+calls recorded as each call saw it, and every finished run stored by a flush or a normal exit."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
+import pytest
 from car_adapters.demo import support_agent as sa
 from car_adapters.langgraph import CarCallback
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
@@ -63,3 +68,41 @@ def test_a_message_changed_between_model_calls_is_recorded_as_each_call_saw_it()
     assert run.steps[0].state[0]["content"] == "original"
     assert run.steps[1].state[0]["content"] == "edited in place"
     assert run.meta["final_state"]["messages"][0]["content"] == "edited in place"
+
+
+CHILD = '''
+import os, signal, sys
+from car_adapters.demo import support_agent as sa
+from car_adapters.langgraph import CarCallback
+from langgraph.checkpoint.memory import InMemorySaver
+
+path, mode = sys.argv[1], sys.argv[2]
+app = sa.build_app(sa.PlantedSupportModel(rng_seed=0), InMemorySaver())
+kept = CarCallback(store=path)
+for i in range(3):
+    app.invoke(sa.inputs(), {"configurable": {"thread_id": f"kept-{i}"}, "callbacks": [kept]})
+app.invoke(sa.inputs(), {"configurable": {"thread_id": "dropped"},
+                         "callbacks": [CarCallback(store=path)]})  # no reference kept
+if mode == "flush-then-kill":
+    kept.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+sys.exit(0)  # "exit": a normal exit; no run was read, nothing flushed
+'''
+
+
+@pytest.mark.parametrize("mode,code", [("exit", 0), ("flush-then-kill", -signal.SIGKILL)])
+def test_runs_sealed_at_flush_keep_the_durability_promise(tmp_path: Path, mode: str,
+                                                          code: int) -> None:
+    # every finished run is stored by a normal exit; a flush stores the flushed callback's
+    # runs before a SIGKILL (the dropped callback's own writer was not flushed: may be lost)
+    path = tmp_path / "runs.db"
+    done = subprocess.run([sys.executable, "-c", CHILD, str(path), mode], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == code, done.stderr
+    with car.RunStore(path, readonly=True) as store:
+        threads = sorted(store.load(r["id"]).meta["thread_id"] for r in store.list())
+    kept = ["kept-0", "kept-1", "kept-2"]
+    if mode == "exit":
+        assert threads == ["dropped", *kept]
+    else:
+        assert set(kept) <= set(threads) <= {"dropped", *kept}

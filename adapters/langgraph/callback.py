@@ -13,7 +13,10 @@ node built from the ``Send`` payload, not from the graph's messages, so its ``st
 whole model input. Model calls of parallel tasks (a ``Send`` fan-out) finish in any order; their
 steps are put in LangGraph's own task order (``Send`` index, then node name), so a run records
 the same way every time. Runs are keyed by their root run id, so several graphs can run at once
-through one handler; each finished run is saved to the store and becomes ``cb.run``. With
+through one handler; each finished run is saved to the store and becomes ``cb.run``. Its values
+are converted to JSON when it ends; the sealing (JSON check, redaction, digests) waits for the
+first read of ``runs`` / ``run`` or a flush, unless ``outcome=`` or a ``RunStore`` object asks for
+each run at once (see ``CarCallback``). With
 ``outcome=``, each run is scored as it finishes (``outcome(run)``, as ``car.intervene`` takes
 it) and stored with its outcome, so ``car runs`` shows which runs failed. With ``app=`` (the
 compiled graph being run), each run carries the app's fingerprint, so attributing it with
@@ -25,6 +28,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -38,17 +42,20 @@ from car_core.contract import (
     Origin,
     OutcomeFn,
     RunStatus,
+    RunWriter,
     Step,
     Trajectory,
     canonical_arguments,
     in_branch,
+    redact,
 )
-from car_core.errors import InvalidInput, OutcomeError, StoreError
+from car_core.errors import InvalidInput, InvalidJSONValue, OutcomeError, StoreError
 
 from ..run_keeping import open_store, score_run, store_run
 from .messages import decode, jsonable, to_dict, usage_of
 from .model import CAR_DECIDED, decided_by_car
 
+log = redact.logger(__name__)  # log records pass the redaction rule
 MESSAGES_KEY = "messages"
 PUSH = "__pregel_push"  # LangGraph's task-path tag of a Send task (langgraph._internal._constants)
 
@@ -82,8 +89,8 @@ class _Recording:
         is converted again."""
         hit = self.converted.get(id(message))
         content = message.content
-        calls = getattr(message, "tool_calls", None)
-        name = getattr(message, "name", None)
+        calls = message.tool_calls if isinstance(message, AIMessage) else None
+        name = message.name  # (getattr with a default costs a pydantic AttributeError)
         if (hit is not None and hit[0] is message and hit[1] is content and hit[2] is calls
                 and hit[3] is name):
             return hit[4]  # type: ignore[no-any-return]
@@ -158,11 +165,51 @@ def _model_name(message: BaseMessage | None, llm_output: dict[str, Any] | None,
     return params.get("_type")
 
 
+class _Unsealed:
+    """The runs a ``CarCallback`` finished and has not sealed yet; called, it seals them in
+    finish order into the callback's ``runs`` (while the callback is alive) and its store. A
+    store given as a path holds this, not the callback, so a callback dropped before any
+    flush still has its runs stored when the store flushes or the process exits."""
+
+    def __init__(self, owner: CarCallback) -> None:
+        self.owner = weakref.ref(owner)
+        self.store, self.errors = owner.store, owner.store_errors
+        self.fields: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        self.sealing = threading.Lock()  # one hand-over at a time keeps the finish order
+
+    def add(self, fields: dict[str, Any]) -> None:
+        with self.lock:
+            self.fields.append(fields)
+
+    def __call__(self) -> None:
+        with self.sealing:
+            with self.lock:
+                batch, self.fields = self.fields, []
+            for fields in batch:
+                try:
+                    run = Trajectory.new(**fields)
+                except InvalidJSONValue as exc:  # as LangChain drops a handler's error
+                    log.warning("CAR could not record a LangGraph run: %s", exc)
+                    continue
+                owner = self.owner()
+                if owner is not None:
+                    owner._keep(run)
+                store_run(run, self.store, self.errors)
+
+
 class CarCallback(BaseCallbackHandler):
     """Records LangGraph runs as ``car.Trajectory`` values and saves each to ``store``, scored
     by ``outcome(run)`` when given. A run that could not be stored (or scored) is still in
     ``runs``, and its error in ``store_errors`` (or ``outcome_errors``): the graph's run is
-    not broken."""
+    not broken.
+
+    When a run ends, what it recorded is converted to JSON values at once (the messages as
+    they are then); sealing them into a ``Trajectory`` (the JSON check, redaction, digests)
+    waits for the first read of ``runs`` / ``run``, a ``flush()``, or the store's own flush,
+    when no store is given or it is given as a path (whose writes are durable only after a
+    flush anyway). With ``outcome=`` or a ``RunStore`` object, each run is sealed, scored and
+    stored as it finishes."""
 
     run_inline = True  # keep event order; LangGraph calls handlers from the task's context
 
@@ -180,14 +227,19 @@ class CarCallback(BaseCallbackHandler):
             self.fingerprint = app_digest(app)
         self.messages_key = messages_key
         self.outcome = OutcomeFn(outcome) if outcome is not None else None  # checked now
-        self.runs: list[Trajectory] = []
+        self._runs: list[Trajectory] = []
+        self._lock = threading.Lock()
+        self._unsealed: _Unsealed | None = None
+        if self.outcome is None and (self.store is None or isinstance(self.store, RunWriter)):
+            self._unsealed = _Unsealed(self)
+            if isinstance(self.store, RunWriter):
+                self.store.feed(self._unsealed)
         self.outcome_errors: list[OutcomeError] = []
         self._open: dict[UUID, _Recording] = {}
         self._done: list[_Recording] = []
         # one made inside a branch records that branch; one made outside never records one
         self._records_branches = in_branch()
         self._root: dict[UUID, UUID] = {}
-        self._lock = threading.Lock()
         self.decisions_started = 0
 
     def tool_results(self) -> dict[str, ToolMessage]:
@@ -216,18 +268,33 @@ class CarCallback(BaseCallbackHandler):
         return [s for rec in recs for s in self.build(rec, values, None).steps]
 
     @property
+    def runs(self) -> list[Trajectory]:
+        """Every finished run, sealed, in the order they finished."""
+        self._seal_finished()
+        return self._runs
+
+    @property
     def run(self) -> Trajectory | None:
         """The latest finished run (None before any), already in the store when there is one."""
         self.flush()
-        return self.runs[-1] if self.runs else None
+        return self._runs[-1] if self._runs else None
 
     def flush(self) -> None:
-        """Wait until every finished run is in the store. A store given as a path is written
-        off the graph's critical path (``car_core.contract.RunWriter``): reading ``run``, this
-        call and a normal exit each make the writes durable."""
+        """Seal every finished run and wait until each is in the store. A store given as a
+        path is written off the graph's critical path (``car_core.contract.RunWriter``):
+        reading ``run``, this call and a normal exit each make the writes durable."""
+        self._seal_finished()
         flush = getattr(self.store, "flush", None)
         if flush is not None:
             flush()
+
+    def _seal_finished(self) -> None:
+        if self._unsealed is not None:
+            self._unsealed()
+
+    def _keep(self, run: Trajectory) -> None:
+        with self._lock:  # kept before storing: a store error never loses the run
+            self._runs.append(run)
 
     def _join(self, run_id: UUID, parent_run_id: UUID | None) -> _Recording | None:
         with self._lock:
@@ -335,13 +402,22 @@ class CarCallback(BaseCallbackHandler):
             self._done = [rec]  # the latest only: a branch reads it, users never grow it
             for member in rec.members:
                 self._root.pop(member, None)
-        run = self.build(rec, outputs, error)
-        run = score_run(run, self.outcome, self.outcome_errors)
-        with self._lock:  # kept before storing: LangChain swallows a handler's exception
-            self.runs.append(run)
+        fields = self.fields(rec, outputs, error)
+        if self._unsealed is not None:
+            self._unsealed.add(fields)
+            return
+        run = score_run(Trajectory.new(**fields), self.outcome, self.outcome_errors)
+        self._keep(run)
         store_run(run, self.store, self.store_errors)
 
     def build(self, rec: _Recording, outputs: Any, error: BaseException | None) -> Trajectory:
+        """The run ``rec`` as it would be recorded if it ended now with ``outputs``."""
+        return Trajectory.new(**self.fields(rec, outputs, error))
+
+    def fields(self, rec: _Recording, outputs: Any, error: BaseException | None
+               ) -> dict[str, Any]:
+        """What ``Trajectory.new`` takes for the run ``rec``: every value converted to JSON
+        now, so nothing the app changes later reaches the record."""
         calls = task_order(sorted((c for c in rec.calls.values() if c.message is not None),
                                   key=lambda c: c.order))
         final = outputs if isinstance(outputs, dict) else {}
@@ -358,8 +434,8 @@ class CarCallback(BaseCallbackHandler):
             pos = at.get(call.message.id) if call.message.id else None
             answers = (final_messages[pos + 1:] if pos is not None
                        else list(results.values()))
-            _, action, observation, observed = decode([call.message, *answers],
-                                                      convert=rec.convert)[0]
+            _, action, observation, observed = decode(  # this decision only, not later ones
+                [call.message, *answers], [call.message.id], convert=rec.convert)[0]
             steps.append(Step(index=i, action=action, observation=observation,
                               observed=observed, state=call.state, meta=call.meta))
         status = RunStatus.COMPLETE
@@ -376,6 +452,6 @@ class CarCallback(BaseCallbackHandler):
             meta["node_tool_calls"] = list(rec.node_results)
         if self.fingerprint is not None:
             meta["agent_fingerprint"] = self.fingerprint
-        return Trajectory.new(
-            context=context, steps=steps, agent="langgraph", status=status,
-            error=repr(error) if error is not None else None, meta=meta)
+        return {"context": context, "steps": steps, "agent": "langgraph", "status": status,
+                "error": repr(error) if error is not None else None, "meta": meta,
+                "created_at": time.time()}

@@ -22,7 +22,7 @@ from langchain_core.messages import (
 
 from car_core.errors import InvalidIntervention
 
-from ..chat_messages import assistant, calls_of, parse_arguments, tool_call, tool_result
+from ..chat_messages import assistant, parse_arguments, tool_call, tool_result
 
 
 def _text(content: Any) -> Any:
@@ -109,8 +109,8 @@ def decode(messages: Sequence[BaseMessage], decisions: Iterable[str] | None = No
             if isinstance(later, ToolMessage):
                 results.setdefault(later.tool_call_id, later)
         action = convert(m)
-        calls = calls_of(action)
-        obs = [convert(results[cid]) for cid, _, _ in calls if cid in results]
+        ids = [str(c.get("id", "")) for c in action.get("tool_calls") or ()]
+        obs = [convert(results[cid]) for cid in ids if cid in results]
         out.append((pos, action, obs or None, bool(obs)))
     return out
 
@@ -133,6 +133,11 @@ def usage_of(message: BaseMessage, llm_output: Mapping[str, Any] | None = None
 def jsonable(value: Any, convert: Callable[[BaseMessage], dict[str, Any]] = to_dict) -> Any:
     """A graph state value as JSON: messages become OpenAI-style dicts (through ``convert``),
     the rest is kept when it is JSON and stringified otherwise."""
+    kind = type(value)
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return value  # the common case first: the checks below cost an ABC lookup each
+    if kind is dict:
+        return {str(k): jsonable(v, convert) for k, v in value.items()}
     if isinstance(value, BaseMessage):
         return convert(value)
     if isinstance(value, Mapping):
