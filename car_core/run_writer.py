@@ -1,10 +1,10 @@
 """``RunWriter``: saves finished runs to a ``RunStore`` on a thread of its own.
 
 A recorder hands a finished run to the writer and returns to the user's code at once; the
-SQLite write happens off the run's critical path. A recorder may also defer sealing its runs
-(the JSON check, redaction and digests) to the first read of its runs or to a flush: it
-registers its hand-over with ``feed``, and every ``flush`` and ``close`` calls it first, so
-what a flush promises holds for those runs too.
+SQLite write happens off the run's critical path. A recorder may also hand over the sealing of
+its runs (the JSON check, redaction and digests): ``later(task)`` runs ``task`` on the writer's
+thread in queue order, and the runs it saves are written before any flush that began after
+the task was queued returns, so what a flush promises holds for those runs too.
 
 The durability promise, exactly: a run is in the store once ``flush()`` (or ``close()``) has
 returned — each save is its own committed transaction, so a flushed run survives a SIGKILL of
@@ -43,7 +43,6 @@ class RunWriter:
         _store(self.path).close()  # a bad path is refused now, in the caller's thread
         self._queue: queue.Queue[Any] = queue.Queue()
         self._closed = False
-        self._feeds: list[Callable[[], None]] = []
         self._thread = threading.Thread(target=self._work, name=f"car-run-writer:{self.path}",
                                         daemon=True)
         self._thread.start()
@@ -57,23 +56,20 @@ class RunWriter:
         self._queue.put(run)
         return run.id
 
-    def feed(self, hand_over: Callable[[], None]) -> None:
-        """Call ``hand_over`` (a recorder's: it saves the runs it has finished but not yet
-        handed over) at the start of every ``flush`` and ``close``. It is held until the
-        writer closes, so runs a recorder deferred are stored even when the recorder itself
-        is gone (keep ``hand_over`` free of references to what should not live that long)."""
-        self._feeds.append(hand_over)
+    def later(self, task: Callable[[], None]) -> None:
+        """Run ``task`` on the writer's thread, after what is queued now (a recorder's: it
+        seals the runs it finished and ``save``s them). A flush waits for it and for what it
+        saves; an error it raises is logged and kept in ``errors``."""
+        if self._closed:
+            raise StoreError(f"the run writer for {self.path} is closed",
+                             hint="save through a new RunWriter or a RunStore")
+        self._queue.put(_Task(task))
 
     def flush(self) -> list[StoreError]:
-        """Wait until every run finished so far is committed; the save errors so far."""
+        """Wait until every run handed over so far is committed; the save errors so far."""
         if not self._closed:
-            self._hand_over()
             self._queue.join()
         return list(self.errors)
-
-    def _hand_over(self) -> None:
-        for hand_over in list(self._feeds):
-            hand_over()
 
     def load(self, run_id: str) -> Trajectory:
         """The stored run, after the queued ones are written."""
@@ -86,11 +82,9 @@ class RunWriter:
         """Flush, then stop the writer thread (idempotent)."""
         if self._closed:
             return
-        self._hand_over()
         self._queue.put(_STOP)
         self._queue.join()
         self._closed = True
-        self._feeds.clear()
         self._thread.join()
         atexit.unregister(self.close)
 
@@ -101,20 +95,35 @@ class RunWriter:
                 item = self._queue.get()
                 try:
                     if item is _STOP:
-                        return
+                        if self._queue.empty():
+                            return
+                        self._queue.put(_STOP)  # a task saved runs after the stop: first those
+                        continue
+                    if isinstance(item, _Task):
+                        item.task()
+                        continue
                     if store is None:
                         store = _store(self.path)
                     store.save(item)
                 except Exception as exc:  # a writer thread must never die silently
+                    run_id = getattr(item, "id", None)
                     err = exc if isinstance(exc, StoreError) else StoreError(
-                        f"could not store run {item.id}: {exc!r}", run_id=item.id)
+                        f"could not store run {run_id or '(a handed-over task)'}: {exc!r}",
+                        run_id=run_id)
                     self.errors.append(err)
-                    log.error("CAR could not store run %s: %s", item.id, err)
+                    log.error("CAR could not store run %s: %s", run_id, err)
                 finally:
                     self._queue.task_done()
         finally:
             if store is not None:
                 store.close()
+
+
+class _Task:
+    """A callable the writer's thread runs in queue order (not a run to save)."""
+
+    def __init__(self, task: Callable[[], None]) -> None:
+        self.task = task
 
 
 def _store(path: Path, readonly: bool = False) -> Any:

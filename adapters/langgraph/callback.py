@@ -166,10 +166,11 @@ def _model_name(message: BaseMessage | None, llm_output: dict[str, Any] | None,
 
 
 class _Unsealed:
-    """The runs a ``CarCallback`` finished and has not sealed yet; called, it seals them in
-    finish order into the callback's ``runs`` (while the callback is alive) and its store. A
-    store given as a path holds this, not the callback, so a callback dropped before any
-    flush still has its runs stored when the store flushes or the process exits."""
+    """The runs a ``CarCallback`` finished and has not sealed yet; called (by the first reader
+    of ``runs``, a flush, or the store's writer thread), it seals them in finish order into the
+    callback's ``runs`` (while the callback is alive) and its store. A store given as a path
+    is handed this, not the callback, so a callback dropped before any flush still has its
+    runs stored."""
 
     def __init__(self, owner: CarCallback) -> None:
         self.owner = weakref.ref(owner)
@@ -206,10 +207,10 @@ class CarCallback(BaseCallbackHandler):
 
     When a run ends, what it recorded is converted to JSON values at once (the messages as
     they are then); sealing them into a ``Trajectory`` (the JSON check, redaction, digests)
-    waits for the first read of ``runs`` / ``run``, a ``flush()``, or the store's own flush,
-    when no store is given or it is given as a path (whose writes are durable only after a
-    flush anyway). With ``outcome=`` or a ``RunStore`` object, each run is sealed, scored and
-    stored as it finishes."""
+    is left to the store's writer thread when the store is given as a path (whose writes are
+    durable only after a flush anyway), and to the first read of ``runs`` / ``run`` or a
+    ``flush()`` when no store is given. With ``outcome=`` or a ``RunStore`` object, each run
+    is sealed, scored and stored as it finishes."""
 
     run_inline = True  # keep event order; LangGraph calls handlers from the task's context
 
@@ -232,8 +233,6 @@ class CarCallback(BaseCallbackHandler):
         self._unsealed: _Unsealed | None = None
         if self.outcome is None and (self.store is None or isinstance(self.store, RunWriter)):
             self._unsealed = _Unsealed(self)
-            if isinstance(self.store, RunWriter):
-                self.store.feed(self._unsealed)
         self.outcome_errors: list[OutcomeError] = []
         self._open: dict[UUID, _Recording] = {}
         self._done: list[_Recording] = []
@@ -405,6 +404,8 @@ class CarCallback(BaseCallbackHandler):
         fields = self.fields(rec, outputs, error)
         if self._unsealed is not None:
             self._unsealed.add(fields)
+            if isinstance(self.store, RunWriter):  # sealed and written on the writer's thread
+                self.store.later(self._unsealed)
             return
         run = score_run(Trajectory.new(**fields), self.outcome, self.outcome_errors)
         self._keep(run)
