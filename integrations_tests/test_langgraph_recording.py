@@ -106,3 +106,13 @@ def test_runs_sealed_at_flush_keep_the_durability_promise(tmp_path: Path, mode: 
         assert threads == ["dropped", *kept]
     else:
         assert set(kept) <= set(threads) <= {"dropped", *kept}
+
+
+def test_a_run_finished_after_its_writer_closed_is_kept_with_the_store_error(
+        tmp_path: Path) -> None:
+    app = sa.build_app(sa.PlantedSupportModel(rng_seed=0), InMemorySaver())
+    cb = CarCallback(store=tmp_path / "runs.db")
+    cb.store.close()
+    app.invoke(sa.inputs(), {"configurable": {"thread_id": "late"}, "callbacks": [cb]})
+    assert [r.meta["thread_id"] for r in cb.runs] == ["late"]
+    assert len(cb.store_errors) == 1 and "closed" in str(cb.store_errors[0])

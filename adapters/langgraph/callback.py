@@ -14,9 +14,9 @@ whole model input. Model calls of parallel tasks (a ``Send`` fan-out) finish in 
 steps are put in LangGraph's own task order (``Send`` index, then node name), so a run records
 the same way every time. Runs are keyed by their root run id, so several graphs can run at once
 through one handler; each finished run is saved to the store and becomes ``cb.run``. Its values
-are converted to JSON when it ends; the sealing (JSON check, redaction, digests) waits for the
-first read of ``runs`` / ``run`` or a flush, unless ``outcome=`` or a ``RunStore`` object asks for
-each run at once (see ``CarCallback``). With
+are converted to JSON when it ends; the sealing (JSON check, redaction, digests) happens on the
+store's writer thread, or at the first read of ``runs`` / ``run`` without a store, unless
+``outcome=`` or a ``RunStore`` object asks for each run at once (see ``CarCallback``). With
 ``outcome=``, each run is scored as it finishes (``outcome(run)``, as ``car.intervene`` takes
 it) and stored with its outcome, so ``car runs`` shows which runs failed. With ``app=`` (the
 compiled graph being run), each run carries the app's fingerprint, so attributing it with
@@ -405,7 +405,10 @@ class CarCallback(BaseCallbackHandler):
         if self._unsealed is not None:
             self._unsealed.add(fields)
             if isinstance(self.store, RunWriter):  # sealed and written on the writer's thread
-                self.store.later(self._unsealed)
+                try:
+                    self.store.later(self._unsealed)
+                except StoreError:  # a closed writer: seal now; the save error is kept
+                    self._unsealed()
             return
         run = score_run(Trajectory.new(**fields), self.outcome, self.outcome_errors)
         self._keep(run)
