@@ -18,8 +18,68 @@ from .errors import InvalidJSONValue
 JSON = Any  # a JSON value; Python's type system cannot say it precisely
 
 
-def check_json(value: Any, what: str, *, path: str = "$") -> None:
-    """Raise InvalidJSONValue when ``value`` is not a JSON value, naming the offending path."""
+def check_json(value: Any, what: str, *, path: str = "$",
+               checked: set[int] | None = None) -> None:
+    """Raise InvalidJSONValue when ``value`` is not a JSON value, naming the offending path.
+
+    ``checked`` (ids of lists and dicts already found valid, shared across the calls that check
+    one record while its values are alive and unchanged) lets a value that appears many times
+    be walked once: a run's states repeat the same message objects step after step. The walk
+    names no paths; only a value it refuses is walked again to say where."""
+    if not _valid(value, set() if checked is None else checked):
+        _explain(value, what, path)
+
+
+def _valid(value: Any, checked: set[int]) -> bool:
+    """Whether ``value`` is a JSON value; exact types first (the common case), subclasses
+    through ``_explain``. A container joins ``checked`` only once its content has passed, so a
+    cycle still fails as it would without it."""
+    kind = type(value)
+    if kind is str:
+        return value.isascii() or _utf8(value)
+    if kind is int or kind is bool or value is None:
+        return True
+    if kind is float:
+        return math.isfinite(value)
+    if kind is list or kind is dict:
+        if id(value) in checked:
+            return True
+        if kind is list:
+            items = value
+        else:
+            for key in value:
+                if type(key) is not str or not (key.isascii() or _utf8(key)):
+                    return False
+            items = value.values()
+        for item in items:
+            kind = type(item)
+            if kind is str:
+                if not (item.isascii() or _utf8(item)):
+                    return False
+            elif kind is float:
+                if not math.isfinite(item):
+                    return False
+            elif not (kind is int or kind is bool or item is None) and not _valid(item, checked):
+                return False
+        checked.add(id(value))
+        return True
+    try:  # a subclass of a JSON type (a StrEnum, say), or not JSON at all
+        _explain(value, "", "$")
+    except InvalidJSONValue:
+        return False
+    return True
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _explain(value: Any, what: str, path: str) -> None:
+    """The walk that names the path of the first value that is not JSON."""
     if value is None or isinstance(value, bool):
         return
     if isinstance(value, str):
@@ -34,7 +94,7 @@ def check_json(value: Any, what: str, *, path: str = "$") -> None:
         return
     if isinstance(value, list):
         for i, item in enumerate(value):
-            check_json(item, what, path=f"{path}[{i}]")
+            _explain(item, what, f"{path}[{i}]")
         return
     if isinstance(value, dict):
         for key, item in value.items():
@@ -42,7 +102,7 @@ def check_json(value: Any, what: str, *, path: str = "$") -> None:
                 raise InvalidJSONValue(f"{what} has a non-string key {key!r} at {path}",
                                        hint="JSON objects only have string keys")
             _check_text(key, what, path)
-            check_json(item, what, path=f"{path}.{key}")
+            _explain(item, what, f"{path}.{key}")
         return
     raise InvalidJSONValue(
         f"{what} is not a JSON value: {type(value).__name__} at {path}",
@@ -60,10 +120,13 @@ def _check_text(text: str, what: str, path: str) -> None:
                                         "with errors='replace')") from exc
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                              allow_nan=False).encode  # made once: json.dumps builds one a call
+
+
 def canonical(value: JSON) -> str:
     """The one encoding digests are taken over: sorted keys, no whitespace, no NaN."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False)
+    return _CANONICAL(value)
 
 
 def digest(value: JSON) -> str:

@@ -118,16 +118,39 @@ def _scrub_fields(context: JSON, fields: dict[str, Any]) -> JSON:
     return scrub(context)
 
 
+def content_text(step: Step, prev: str, memo: dict[int, str] | None = None) -> str:
+    """``canonical(step.content(prev))``, the text a step's digest is taken over. With ``memo``
+    (shared across the steps of one run, while their values are alive and unchanged), each
+    element of a list ``state`` is encoded once by identity: a run's states repeat the same
+    messages step after step, so sealing costs what the run holds, not its square. The text
+    is the same: ``state`` is the last key in sorted order, and a list's canonical encoding is
+    its elements' joined by ``,``."""
+    state = step.state
+    if memo is None or type(state) is not list or not state:
+        return canonical(step.content(prev))
+    head = canonical({"prev": prev, "index": step.index, "action": step.action,
+                      "observation": step.observation, "observed": step.observed,
+                      "meta": step.meta})
+    parts = []
+    for item in state:
+        text = memo.get(id(item))
+        if text is None:
+            text = memo[id(item)] = canonical(item)
+        parts.append(text)
+    return f'{head[:-1]},"state":[{",".join(parts)}]}}'
+
+
 def seal_steps(context: JSON, steps: list[Step] | tuple[Step, ...]) -> tuple[Step, ...]:
     """Number-check the steps and fill in their chained digests."""
     prev = _context_root(context)
     sealed = []
     memo: dict[str, str] = {}
+    encoded: dict[int, str] = {}
     for i, step in enumerate(steps):
         if step.index != i:
             raise CorruptRun(f"step at position {i} says it is step {step.index}",
                              hint="steps must be numbered 0, 1, 2, … in order")
-        text = canonical(step.content(prev))
+        text = content_text(step, prev, encoded)
         if holds_secret(text):  # a registered secret never reaches a record, digest or store
             step = Step(step.index, scrub(step.action, memo), scrub(step.observation, memo),
                         step.observed, scrub(step.state, memo), scrub(step.meta, memo))
@@ -158,12 +181,13 @@ class Trajectory:
     @classmethod
     def new(cls, *, context: JSON, steps: list[Step] | tuple[Step, ...], id: str | None = None,
             **fields: Any) -> Trajectory:
-        check_json(context, "context")
+        checked: set[int] = set()  # a value shared by several steps is walked once
+        check_json(context, "context", checked=checked)
         for s in steps:
-            check_json(s.action, f"action of step {s.index}")
-            check_json(s.observation, f"observation of step {s.index}")
-            check_json(s.state, f"state of step {s.index}")
-            check_json(s.meta, f"meta of step {s.index}")
+            check_json(s.action, f"action of step {s.index}", checked=checked)
+            check_json(s.observation, f"observation of step {s.index}", checked=checked)
+            check_json(s.state, f"state of step {s.index}", checked=checked)
+            check_json(s.meta, f"meta of step {s.index}", checked=checked)
         fields.setdefault("created_at", time.time())
         context = _scrub_fields(context, fields)
         return cls(id=id or new_run_id(), context=context, steps=seal_steps(context, steps),
@@ -217,12 +241,13 @@ class Trajectory:
         except (TypeError, ValueError) as exc:
             raise CorruptRun(f"the context is not JSON: {exc}", run_id=self.id,
                              hint="the run was edited; record it again") from exc
+        encoded: dict[int, str] = {}
         for i, step in enumerate(self.steps):
             if step.index != i:
                 raise CorruptRun(f"step at position {i} says it is step {step.index}",
                                  run_id=self.id, hint="the run was edited; record it again")
             try:
-                expected = digest(step.content(prev))
+                expected = digest_of(content_text(step, prev, encoded))
             except (TypeError, ValueError) as exc:  # not JSON, NaN, a lone surrogate
                 raise CorruptRun(f"step content is not JSON: {exc}", run_id=self.id, step=i,
                                  hint="the run was edited; record it again") from exc

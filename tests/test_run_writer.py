@@ -101,3 +101,35 @@ def test_a_bad_path_is_refused_at_once(tmp_path: Path) -> None:
     (tmp_path / "not-a-store").write_text("hello")
     with pytest.raises(StoreError):
         RunWriter(tmp_path / "not-a-store")
+
+
+
+def test_a_flush_waits_for_a_handed_over_task_and_what_it_saves(tmp_path: Path) -> None:
+    scm = synthetic.pivot(n_steps=4, at=1)
+    runs = [car.record(scm.agent(), outcome=scm.outcome, seed=s) for s in range(4)]
+    writer = RunWriter(tmp_path / "runs.db")
+    pending = list(runs[:3])
+
+    def seal_and_save() -> None:  # a recorder sealing its runs on the writer's thread
+        while pending:
+            writer.save(pending.pop(0))
+
+    writer.later(seal_and_save)
+    assert writer.flush() == []
+    assert [writer.load(r.id) for r in runs[:3]] == runs[:3]
+    pending.append(runs[3])
+    writer.later(seal_and_save)
+    writer.close()  # a normal exit closes the writer the same way
+    assert sorted(r.id for r in _stored(tmp_path / "runs.db")) == sorted(r.id for r in runs)
+
+
+def test_a_task_that_raises_reaches_errors(tmp_path: Path) -> None:
+    writer = RunWriter(tmp_path / "runs.db")
+
+    def broken() -> None:
+        raise RuntimeError("seal failed")
+
+    writer.later(broken)
+    problems = writer.flush()
+    assert len(problems) == 1 and "seal failed" in str(problems[0])
+    writer.close()

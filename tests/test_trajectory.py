@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import re
@@ -9,10 +10,13 @@ import re
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import trajectories
+from strategies import json_values, text, trajectories
 
 import car_core as car
+from car_core._json import canonical
 from car_core.errors import CorruptRun, InvalidJSONValue, StepOutOfRange
+from car_core.trajectory import content_text
+from car_core.vocabulary import Origin
 
 
 @settings(max_examples=80, deadline=None)
@@ -109,3 +113,46 @@ def test_digest_is_a_content_address(pivot_run: car.Trajectory) -> None:
     assert again.id != pivot_run.id
     assert again.digest == pivot_run.digest
     assert len({s.digest for s in pivot_run.steps}) == len(pivot_run)
+
+
+@given(st.lists(json_values, min_size=1, max_size=6), st.data())
+def test_a_state_holding_shared_values_is_encoded_as_its_copy(
+        messages: list[object], data: st.DataObject) -> None:
+    # each step's state is a prefix of one list of shared objects, as a recorder builds it
+    steps = [car.Step(k, action=m, state=messages[:k + 1], meta={"m": m})
+             for k, m in enumerate(messages)]
+    memo: dict[int, str] = {}
+    prev = data.draw(text)
+    for step in steps:
+        assert content_text(step, prev, memo) == canonical(step.content(prev))
+
+
+def test_shared_values_seal_to_the_bytes_of_their_copies() -> None:
+    message = {"role": "tool", "content": "{\"amount\": 129.0}", "extra": [1, 2.5, None]}
+    history = [{"role": "user", "content": "héllo"}, message]
+    steps = [car.Step(0, action=message, state=history[:1]),
+             car.Step(1, action="done", observation=[message], observed=True, state=history)]
+    shared = car.Trajectory.new(context={"messages": history[:1]}, steps=steps, id="r",
+                                created_at=1.0, meta={"final": history})
+    copied = car.Trajectory.new(context=copy.deepcopy({"messages": history[:1]}),
+                                steps=copy.deepcopy(steps), id="r", created_at=1.0,
+                                meta={"final": copy.deepcopy(history)})
+    assert shared.to_json() == copied.to_json()
+    shared.verify()
+
+
+def test_a_bad_value_shared_by_steps_is_refused_where_it_first_sits() -> None:
+    bad = {"role": "user", "content": ("a", "tuple")}
+    steps = [car.Step(0, action="a", state=[bad]), car.Step(1, action="b", state=[bad])]
+    with pytest.raises(InvalidJSONValue, match=re.escape("state of step 0 is not a JSON value: "
+                                                         "tuple at $[0].content")):
+        car.Trajectory.new(context=None, steps=steps)
+
+
+def test_subclasses_of_json_types_are_json_values() -> None:
+    class Label(str):
+        pass
+
+    run = car.Trajectory.new(context=None, steps=[car.Step(0, action={"label": Label("x")},
+                                                           meta={"origin": Origin.RECORD})])
+    assert run.steps[0].action == {"label": "x"}

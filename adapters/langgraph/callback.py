@@ -13,7 +13,10 @@ node built from the ``Send`` payload, not from the graph's messages, so its ``st
 whole model input. Model calls of parallel tasks (a ``Send`` fan-out) finish in any order; their
 steps are put in LangGraph's own task order (``Send`` index, then node name), so a run records
 the same way every time. Runs are keyed by their root run id, so several graphs can run at once
-through one handler; each finished run is saved to the store and becomes ``cb.run``. With
+through one handler; each finished run is saved to the store and becomes ``cb.run``. Its values
+are converted to JSON when it ends; the sealing (JSON check, redaction, digests) happens on the
+store's writer thread, or at the first read of ``runs`` / ``run`` without a store, unless
+``outcome=`` or a ``RunStore`` object asks for each run at once (see ``CarCallback``). With
 ``outcome=``, each run is scored as it finishes (``outcome(run)``, as ``car.intervene`` takes
 it) and stored with its outcome, so ``car runs`` shows which runs failed. With ``app=`` (the
 compiled graph being run), each run carries the app's fingerprint, so attributing it with
@@ -25,6 +28,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -38,18 +42,21 @@ from car_core.contract import (
     Origin,
     OutcomeFn,
     RunStatus,
+    RunWriter,
     Step,
     Trajectory,
     canonical_arguments,
     in_branch,
+    redact,
 )
-from car_core.errors import InvalidInput, OutcomeError, StoreError
+from car_core.errors import InvalidInput, InvalidJSONValue, OutcomeError, StoreError
 
 from ..common.run_keeping import open_store, score_run, store_run
 from .fingerprint import app_digest
-from .messages import decode, jsonable, to_dict, to_dicts, usage_of
+from .messages import decode, jsonable, to_dict, usage_of
 from .model import CAR_DECIDED, decided_by_car
 
+log = redact.logger(__name__)  # log records pass the redaction rule
 MESSAGES_KEY = "messages"
 PUSH = "__pregel_push"  # LangGraph's task-path tag of a Send task (langgraph._internal._constants)
 
@@ -73,6 +80,24 @@ class _Recording:
     members: set[UUID] = field(default_factory=set)
     node_calls: dict[UUID, dict[str, Any]] = field(default_factory=dict)  # open, by tool run
     node_results: list[dict[str, Any]] = field(default_factory=list)
+    converted: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # by message identity
+
+    def convert(self, message: BaseMessage) -> dict[str, Any]:
+        """``to_dict(message)``, made once per message object and shared by every step that
+        holds it: a graph's messages come back in each later model call and in the final
+        state, so converting (and then checking and sealing) each copy anew would cost the
+        square of the run. A message whose content, tool calls or name were replaced since
+        is converted again."""
+        hit = self.converted.get(id(message))
+        content = message.content
+        calls = message.tool_calls if isinstance(message, AIMessage) else None
+        name = message.name  # (getattr with a default costs a pydantic AttributeError)
+        if (hit is not None and hit[0] is message and hit[1] is content and hit[2] is calls
+                and hit[3] is name):
+            return hit[4]  # type: ignore[no-any-return]
+        out = to_dict(message)
+        self.converted[id(message)] = (message, content, calls, name, out)
+        return out
 
 
 def _checkpoint_map() -> dict[str, str]:
@@ -146,11 +171,52 @@ def _model_name(message: BaseMessage | None, llm_output: dict[str, Any] | None,
     return params.get("_type")
 
 
+class _Unsealed:
+    """The runs a ``CarCallback`` finished and has not sealed yet; called (by the first reader
+    of ``runs``, a flush, or the store's writer thread), it seals them in finish order into the
+    callback's ``runs`` (while the callback is alive) and its store. A store given as a path
+    is handed this, not the callback, so a callback dropped before any flush still has its
+    runs stored."""
+
+    def __init__(self, owner: CarCallback) -> None:
+        self.owner = weakref.ref(owner)
+        self.store, self.errors = owner.store, owner.store_errors
+        self.fields: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        self.sealing = threading.Lock()  # one hand-over at a time keeps the finish order
+
+    def add(self, fields: dict[str, Any]) -> None:
+        with self.lock:
+            self.fields.append(fields)
+
+    def __call__(self) -> None:
+        with self.sealing:
+            with self.lock:
+                batch, self.fields = self.fields, []
+            for fields in batch:
+                try:
+                    run = Trajectory.new(**fields)
+                except InvalidJSONValue as exc:  # as LangChain drops a handler's error
+                    log.warning("CAR could not record a LangGraph run: %s", exc)
+                    continue
+                owner = self.owner()
+                if owner is not None:
+                    owner._keep(run)
+                store_run(run, self.store, self.errors)
+
+
 class CarCallback(BaseCallbackHandler):
     """Records LangGraph runs as ``car.Trajectory`` values and saves each to ``store``, scored
     by ``outcome(run)`` when given. A run that could not be stored (or scored) is still in
     ``runs``, and its error in ``store_errors`` (or ``outcome_errors``): the graph's run is
-    not broken."""
+    not broken.
+
+    When a run ends, what it recorded is converted to JSON values at once (the messages as
+    they are then); sealing them into a ``Trajectory`` (the JSON check, redaction, digests)
+    is left to the store's writer thread when the store is given as a path (whose writes are
+    durable only after a flush anyway), and to the first read of ``runs`` / ``run`` or a
+    ``flush()`` when no store is given. With ``outcome=`` or a ``RunStore`` object, each run
+    is sealed, scored and stored as it finishes."""
 
     run_inline = True  # keep event order; LangGraph calls handlers from the task's context
 
@@ -167,14 +233,17 @@ class CarCallback(BaseCallbackHandler):
             self.fingerprint = app_digest(app)
         self.messages_key = messages_key
         self.outcome = OutcomeFn(outcome) if outcome is not None else None  # checked now
-        self.runs: list[Trajectory] = []
+        self._runs: list[Trajectory] = []
+        self._lock = threading.Lock()
+        self._unsealed: _Unsealed | None = None
+        if self.outcome is None and (self.store is None or isinstance(self.store, RunWriter)):
+            self._unsealed = _Unsealed(self)
         self.outcome_errors: list[OutcomeError] = []
         self._open: dict[UUID, _Recording] = {}
         self._done: list[_Recording] = []
         # one made inside a branch records that branch; one made outside never records one
         self._records_branches = in_branch()
         self._root: dict[UUID, UUID] = {}
-        self._lock = threading.Lock()
         self.decisions_started = 0
 
     def tool_results(self) -> dict[str, ToolMessage]:
@@ -203,18 +272,33 @@ class CarCallback(BaseCallbackHandler):
         return [s for rec in recs for s in self.build(rec, values, None).steps]
 
     @property
+    def runs(self) -> list[Trajectory]:
+        """Every finished run, sealed, in the order they finished."""
+        self._seal_finished()
+        return self._runs
+
+    @property
     def run(self) -> Trajectory | None:
         """The latest finished run (None before any), already in the store when there is one."""
         self.flush()
-        return self.runs[-1] if self.runs else None
+        return self._runs[-1] if self._runs else None
 
     def flush(self) -> None:
-        """Wait until every finished run is in the store. A store given as a path is written
-        off the graph's critical path (``car_core.contract.RunWriter``): reading ``run``, this
-        call and a normal exit each make the writes durable."""
+        """Seal every finished run and wait until each is in the store. A store given as a
+        path is written off the graph's critical path (``car_core.contract.RunWriter``):
+        reading ``run``, this call and a normal exit each make the writes durable."""
+        self._seal_finished()
         flush = getattr(self.store, "flush", None)
         if flush is not None:
             flush()
+
+    def _seal_finished(self) -> None:
+        if self._unsealed is not None:
+            self._unsealed()
+
+    def _keep(self, run: Trajectory) -> None:
+        with self._lock:  # kept before storing: a store error never loses the run
+            self._runs.append(run)
 
     def _join(self, run_id: UUID, parent_run_id: UUID | None) -> _Recording | None:
         with self._lock:
@@ -282,10 +366,11 @@ class CarCallback(BaseCallbackHandler):
                 "car_decided": decided_by_car(kwargs.get("invocation_params"))}
         path = md.get("langgraph_path")
         meta["task_path"] = jsonable(list(path)) if isinstance(path, (list, tuple)) else None
-        prompt = [to_dict(m) for m in seen if m.id is None]
+        prompt = [rec.convert(m) for m in seen if m.id is None]
         if prompt:
             meta["prompt"] = prompt
-        state = to_dicts(seen if is_send_task(meta) else (m for m in seen if m.id is not None))
+        whole = is_send_task(meta)
+        state = [rec.convert(m) for m in seen if whole or m.id is not None]
         with self._lock:
             self.decisions_started += 1
             rec.calls[run_id] = _Call(len(rec.calls), state, meta, time.perf_counter())
@@ -321,13 +406,27 @@ class CarCallback(BaseCallbackHandler):
             self._done = [rec]  # the latest only: a branch reads it, users never grow it
             for member in rec.members:
                 self._root.pop(member, None)
-        run = self.build(rec, outputs, error)
-        run = score_run(run, self.outcome, self.outcome_errors)
-        with self._lock:  # kept before storing: LangChain swallows a handler's exception
-            self.runs.append(run)
+        fields = self.fields(rec, outputs, error)
+        if self._unsealed is not None:
+            self._unsealed.add(fields)
+            if isinstance(self.store, RunWriter):  # sealed and written on the writer's thread
+                try:
+                    self.store.later(self._unsealed)
+                except StoreError:  # a closed writer: seal now; the save error is kept
+                    self._unsealed()
+            return
+        run = score_run(Trajectory.new(**fields), self.outcome, self.outcome_errors)
+        self._keep(run)
         store_run(run, self.store, self.store_errors)
 
     def build(self, rec: _Recording, outputs: Any, error: BaseException | None) -> Trajectory:
+        """The run ``rec`` as it would be recorded if it ended now with ``outputs``."""
+        return Trajectory.new(**self.fields(rec, outputs, error))
+
+    def fields(self, rec: _Recording, outputs: Any, error: BaseException | None
+               ) -> dict[str, Any]:
+        """What ``Trajectory.new`` takes for the run ``rec``: every value converted to JSON
+        now, so nothing the app changes later reaches the record."""
         calls = task_order(sorted((c for c in rec.calls.values() if c.message is not None),
                                   key=lambda c: c.order))
         final = outputs if isinstance(outputs, dict) else {}
@@ -344,7 +443,8 @@ class CarCallback(BaseCallbackHandler):
             pos = at.get(call.message.id) if call.message.id else None
             answers = (final_messages[pos + 1:] if pos is not None
                        else list(results.values()))
-            _, action, observation, observed = decode([call.message, *answers])[0]
+            _, action, observation, observed = decode(  # this decision only, not later ones
+                [call.message, *answers], [call.message.id], convert=rec.convert)[0]
             steps.append(Step(index=i, action=action, observation=observation,
                               observed=observed, state=call.state, meta=call.meta))
         status = RunStatus.COMPLETE
@@ -356,11 +456,11 @@ class CarCallback(BaseCallbackHandler):
                    else {"input": jsonable(rec.inputs)})
         meta = {"framework": "langgraph", "thread_id": rec.thread_id,
                 "final_state": jsonable({k: v for k, v in final.items()
-                                         if k != "__interrupt__"})}
+                                         if k != "__interrupt__"}, rec.convert)}
         if rec.node_results:
             meta["node_tool_calls"] = list(rec.node_results)
         if self.fingerprint is not None:
             meta["agent_fingerprint"] = self.fingerprint
-        return Trajectory.new(
-            context=context, steps=steps, agent="langgraph", status=status,
-            error=repr(error) if error is not None else None, meta=meta)
+        return {"context": context, "steps": steps, "agent": "langgraph", "status": status,
+                "error": repr(error) if error is not None else None, "meta": meta,
+                "created_at": time.time()}

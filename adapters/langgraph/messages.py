@@ -8,7 +8,7 @@ messages before it. Both the callback and ``import_thread`` use ``decode`` so th
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from langchain_core.messages import (
@@ -22,7 +22,7 @@ from langchain_core.messages import (
 
 from car_core.errors import InvalidIntervention
 
-from ..common.messages import assistant, calls_of, parse_arguments, tool_call, tool_result
+from ..common.messages import assistant, parse_arguments, tool_call, tool_result
 
 
 def _text(content: Any) -> Any:
@@ -88,12 +88,14 @@ def from_dicts(messages: Sequence[Mapping[str, Any]]) -> list[BaseMessage]:
     return out
 
 
-def decode(messages: Sequence[BaseMessage], decisions: Iterable[str] | None = None
+def decode(messages: Sequence[BaseMessage], decisions: Iterable[str] | None = None, *,
+           convert: Callable[[BaseMessage], dict[str, Any]] = to_dict,
            ) -> list[tuple[int, dict[str, Any], list[dict[str, Any]] | None, bool]]:
     """``(position, action, observation, observed)`` for each model decision in ``messages``.
 
     ``decisions`` restricts which ``AIMessage`` ids count (messages that came in the input are
-    context, not decisions); None means every ``AIMessage``.
+    context, not decisions); None means every ``AIMessage``. ``convert`` turns one message into
+    its dict (a recorder passes one that converts each message once).
     """
     wanted = set(decisions) if decisions is not None else None
     out = []
@@ -106,9 +108,9 @@ def decode(messages: Sequence[BaseMessage], decisions: Iterable[str] | None = No
                 break
             if isinstance(later, ToolMessage):
                 results.setdefault(later.tool_call_id, later)
-        action = to_dict(m)
-        calls = calls_of(action)
-        obs = [to_dict(results[cid]) for cid, _, _ in calls if cid in results]
+        action = convert(m)
+        ids = [str(c.get("id", "")) for c in action.get("tool_calls") or ()]
+        obs = [convert(results[cid]) for cid in ids if cid in results]
         out.append((pos, action, obs or None, bool(obs)))
     return out
 
@@ -128,15 +130,20 @@ def usage_of(message: BaseMessage, llm_output: Mapping[str, Any] | None = None
     return None
 
 
-def jsonable(value: Any) -> Any:
-    """A graph state value as JSON: messages become OpenAI-style dicts, the rest is kept when
-    it is JSON and stringified otherwise."""
+def jsonable(value: Any, convert: Callable[[BaseMessage], dict[str, Any]] = to_dict) -> Any:
+    """A graph state value as JSON: messages become OpenAI-style dicts (through ``convert``),
+    the rest is kept when it is JSON and stringified otherwise."""
+    kind = type(value)
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return value  # the common case first: the checks below cost an ABC lookup each
+    if kind is dict:
+        return {str(k): jsonable(v, convert) for k, v in value.items()}
     if isinstance(value, BaseMessage):
-        return to_dict(value)
+        return convert(value)
     if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v, convert) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
+        return [jsonable(v, convert) for v in value]
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return repr(value)
