@@ -24,12 +24,20 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+import car_core as car
+
 from . import _clikit as kit
 from . import defaults
 from ._json import dumps
+from .assertions import agent_of
 from .budget import Budget
 from .errors import AttributionNotFound, CarError, CorruptRun, CorruptStore, InvalidInput
+from .estimators._session import check_resumable
+from .execution import make_executor
 from .redact import redact
+from .replay import intervene as run_intervene
+from .report import render_attribution
+from .report_pages import run_page, write_index
 from .results import ContrastiveResult, Result
 from .settings import ContrastiveSettings, ShapleySettings
 from .store import RunStore, damaged_rows
@@ -275,7 +283,6 @@ def intervene(run_id: Annotated[str, typer.Argument(help="Run id.")],
               store: StoreOpt = "car.db", json_out: JsonOpt = False,
               progress: ProgressOpt = None) -> None:
     """Apply do(·) to a stored run and estimate P(failure) from re-run branches."""
-    from .replay import intervene as run_intervene
     _check_seed(seed)
     interventions = [kit.parse_do(spec) for spec in do]
     if rollouts < 1:
@@ -325,7 +332,6 @@ def _executor(name: ExecutorName | None, concurrency: int, address: str | None) 
     ones); otherwise the named backend."""
     if name is None:
         return None
-    from .execution import make_executor
     return make_executor(name.value, concurrency=concurrency, address=address)
 
 
@@ -378,7 +384,6 @@ def attribute(
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
     exe = _executor(executor, concurrency, ray_address)
     if resume is not None:
-        from .estimators._session import check_resumable
         # the API's rule (caps may change, seed and alpha may not), checked here with the
         # flags' names in its messages; a missing attribution is an error, not a new one
         fixed: dict[str, Any] = {"seed": settings.seed, **(
@@ -511,7 +516,6 @@ def _resume_command(aid: str, budget: int | None = None) -> str:
 
 def _decider(r: Result, run: Any) -> str | None:
     """Who decided the step the answer names (the locus, or an undecided search's candidate)."""
-    from .assertions import agent_of
     step = getattr(r, "locus", None)
     if step is None:
         step = getattr(r, "candidate", None)
@@ -566,7 +570,6 @@ def report(run_id: Annotated[str | None, typer.Argument(
     """Write the self-contained HTML report of a run's attribution (works offline). The page
     says which attribution it shows; pick another with --attribution or --method. With --all,
     an index page across the store's runs and attributions, linking to a report of each."""
-    from .report_pages import run_page, write_index
     if every:
         if run_id is not None or attribution is not None or method is not None:
             raise InvalidInput("--all writes every run's report; it takes no RUN_ID, "
@@ -673,11 +676,8 @@ class DemoPolicy(StrEnum):
 
 def _builtin_demo(store: str, report_path: Path, progress: Any) -> Any:
     """A failing run of the planted pivot model, attributed and reported: works anywhere."""
-    import car_core as car
 
     from . import synthetic
-    from .report import render_attribution
-    from .store import RunStore
     model = synthetic.pivot()
     with RunStore(store) as db:
         run = model.failing_run()

@@ -15,6 +15,11 @@ from rich.text import Text
 from . import _clikit as kit
 from . import defaults
 from .errors import InvalidInput
+from .estimators.context import context_attribution
+from .estimators.repairs import add_instruction, guard_observation, remove_sources, repairs
+from .pairs import export_pairs
+from .report import render_attribution, render_run
+from .report_pages import latest_attribution
 from .trajectory import Trajectory
 
 _cli: Any = None  # the ``car_core.cli`` module the commands were registered on
@@ -55,7 +60,6 @@ def _load(run_id: str, store: str, step: int | None) -> tuple[Trajectory, int]:
     try:
         run = db.load(run_id)
         if step is None:
-            from .report_pages import latest_attribution
             found = latest_attribution(db.attributions(run_id), "contrastive")
             locus = getattr(found.result, "locus", None) if found is not None else None
             if locus is None:
@@ -71,8 +75,6 @@ def _load(run_id: str, store: str, step: int | None) -> tuple[Trajectory, int]:
 def _write_report(run: Trajectory, store: str, path: Path, what: Any = None,
                   fixes: Any = None) -> None:
     """The run's report (its latest attribution, if any) with the "what" / "fixes" panels."""
-    from .report import render_attribution, render_run
-    from .report_pages import latest_attribution
     db = kit.existing_store(store)
     try:
         found = latest_attribution(db.attributions(run.id))
@@ -86,7 +88,6 @@ def _write_report(run: Trajectory, store: str, path: Path, what: Any = None,
 
 def _what(run: Trajectory, step: int, agent: Any, outcome: Any, *, rollouts: int, alpha: float,
           seed: int, splitter: str | None, force_agent: bool) -> Any:
-    from .estimators.context import context_attribution
     split = kit.load_object(splitter, "splitter") if splitter else None
     return context_attribution(run, agent, step=step, outcome=outcome, rollouts=rollouts,
                                alpha=alpha, seed=seed, splitter=split, force_agent=force_agent)
@@ -115,7 +116,6 @@ def what(run_id: Annotated[str, typer.Argument(help="Run id.")], agent: AgentOpt
 
 
 def _guard(spec: str) -> Any:
-    from .estimators.repairs import guard_observation
     j, sep, payload = spec.partition(":")
     if not sep or not j.strip().isdigit():
         raise InvalidInput(f"--guard {spec!r} is not J:JSON", hint='e.g. --guard 2:"no refund"')
@@ -131,7 +131,6 @@ def _rank(run: Trajectory, k: int, agent: Any, outcome: Any, *, candidates: str 
           instructions: list[str], guards: list[str], rollouts: int, alpha: float, seed: int,
           force_agent: bool) -> tuple[Any, Any]:
     """The context attribution (when it picks the sources to remove) and the ranking."""
-    from .estimators.repairs import add_instruction, remove_sources, repairs
     cands: list[Any] = [add_instruction(k, text) for text in instructions]
     cands += [_guard(g) for g in guards]
     propose = kit.load_object(candidates, "candidates") if candidates else None
@@ -169,7 +168,6 @@ def fix(run_id: Annotated[str, typer.Argument(help="Run id.")], agent: AgentOpt,
                           instructions=instruction or [], guards=guard or [],
                           rollouts=rollouts, alpha=alpha, seed=seed, force_agent=force_agent)
     if pairs is not None:
-        from .pairs import export_pairs
         export_pairs([(run, ranking)], pairs)
     if report is not None:
         _write_report(run, store, report, what=what, fixes=ranking)
@@ -196,7 +194,6 @@ def export_pairs_command(
         store: StoreOpt = "car.db") -> None:
     """Rank repairs at the step (as `car fix` does) and write (state, failing action, rescuing
     action or edit, estimated rescue with interval) as JSON lines."""
-    from .pairs import export_pairs
     _cli._check_seed(seed)
     run, k = _load(run_id, store, step)
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
