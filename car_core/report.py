@@ -19,6 +19,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import jinja2
@@ -125,6 +126,20 @@ def _ci(ci: Any) -> str:
 
 def _pct(level: Any) -> str:
     return fmt.pct(level)
+
+
+def _step_cells(s: Mapping[str, Any]) -> dict[str, str]:
+    """A rescue-table row in the words and digits of every other surface
+    (``formatting.shown_sample``): held and re-drawn are of the sample the rescue and its
+    interval were computed from, so the row's three numbers agree."""
+    held, redrawn, n = fmt.shown_sample(SimpleNamespace(
+        estimate=s.get("estimate", "raw"), refit_held=s.get("refit_held"),
+        refit_resampled=s.get("refit_resampled"), refit_n=s.get("refit_n", 0),
+        fail_held=s.get("fail_held"), fail_resampled=s.get("fail_resampled"),
+        n=s.get("n", 0) or 0))
+    return {"rescue": fmt.effect(s.get("effect")), "ci": fmt.effect_interval(s.get("ci")),
+            "held": fmt.prob(held), "redrawn": fmt.prob(redrawn),
+            "n": str(n)}
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -446,7 +461,8 @@ def render_attribution(result: Any, run: Any = None,
                            hint="render the to_dict() of car.contrastive or car.shapley")
     traj = _as_run(run)
     ctx: dict[str, Any] = {"r": r, "method": method, "fmt": _fmt, "ci": _ci, "pct": _pct,
-                           "run": _run_summary(traj), "timeline": [], "locus_view": None,
+                           "cells": _step_cells, "run": _run_summary(traj), "timeline": [],
+                           "locus_view": None,
                            "diff": [], "rescue": {}, "arms": {}, "shapley": {},
                            "arm_outcomes": _arm_outcomes(branches), "steps": [],
                            "values": [], "efficiency": None, "choice": choice,
@@ -488,7 +504,7 @@ def render_run(run: Any, home: str | None = None, what: Any = None, fixes: Any =
         raise InvalidInput("render_run needs a run", hint="pass a car.Trajectory")
     timeline = _timeline(traj, None)
     return redact(_ENV.get_template("report.html.j2").render(
-        r={}, method="run", fmt=_fmt, ci=_ci, pct=_pct, run=_run_summary(traj),
+        r={}, method="run", fmt=_fmt, ci=_ci, pct=_pct, cells=_step_cells, run=_run_summary(traj),
         timeline=timeline, costs=_costs(timeline), seconds=seconds, home=home,
         locus_view=None, diff=[],
         rescue={}, arms={},

@@ -228,9 +228,9 @@ class _Bar:
 
 def test_an_estimate_draws_one_bar_of_its_budget_and_says_when_it_stops_early(
         monkeypatch, pivot_model, pivot_run) -> None:
-    import car_core.execution as execution
+    import car_core.estimators._session as session  # where the estimate's bar is made
     _Bar.made = []
-    monkeypatch.setattr(execution, "_progress_bar",
+    monkeypatch.setattr(session, "_progress_bar",
                         lambda progress, total, label: _Bar(total, label)
                         if progress is True else progress or None)
     res = car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
