@@ -51,9 +51,11 @@ def _synopsis(block: docs.Block) -> dict[str, set[str]]:
     shown: dict[str, set[str]] = {}
     command = None
     for line in block.text.splitlines():
-        if m := re.match(r"^car (\w+)", line):
-            command = m.group(1)
-            shown.setdefault(command, set())
+        if line.startswith("car "):  # a new command line; "car --version" is none's option
+            m = re.match(r"^car (\w+)", line)
+            command = m.group(1) if m else None
+            if command:
+                shown.setdefault(command, set())
         if command:
             # "--no-progress" is the off switch of the "--progress / --no-progress" flag
             shown[command] |= {f"--{o.removeprefix('no-')}" if o == "no-progress" else f"--{o}"
