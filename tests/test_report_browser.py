@@ -109,18 +109,14 @@ def test_demo_report_loads_cleanly_shows_verdict_and_plots(browser, demo_report)
     assert int(total[3]) == sum(int(row[3]) for row in steps)
 
 
-@pytest.mark.parametrize("csp", [True, False], ids=["as-shipped", "without-csp"])
-def test_hostile_transcript_shows_as_text_and_runs_nothing(browser, tmp_path, csp):
-    """Escaping alone must stop the payloads: the second case strips the page's
-    Content-Security-Policy so a missed escape would run."""
-    run, branch = hostile_run()
-    html = render_attribution(hostile_contrastive(run, branch), run=run)
-    if not csp:
-        start = html.index('<meta http-equiv="Content-Security-Policy"')
-        html = html[:start] + html[html.index(">", start) + 1:]
-        assert "Content-Security-Policy" not in html
-    page = tmp_path / "hostile.html"
-    page.write_text(html, encoding="utf-8")
+def without_csp(html: str) -> str:
+    """The page with its Content-Security-Policy cut out, so a missed escape would run."""
+    start = html.index('<meta http-equiv="Content-Security-Policy"')
+    return html[:start] + html[html.index(">", start) + 1:]
+
+
+def assert_inert(browser, page) -> None:
+    """The page loads cleanly and nothing in it ran or became an element that could run."""
     assert severe(load(browser, page)) == []
     assert browser.execute_script("return typeof window.__pwned") == "undefined"
     counts = browser.execute_script(
@@ -128,6 +124,20 @@ def test_hostile_transcript_shows_as_text_and_runs_nothing(browser, tmp_path, cs
         " document.querySelectorAll('img').length,"
         " document.querySelectorAll('[onerror],[onload]').length]")
     assert counts == [0, 0, 0]
+
+
+@pytest.mark.parametrize("csp", [True, False], ids=["as-shipped", "without-csp"])
+def test_hostile_transcript_shows_as_text_and_runs_nothing(browser, tmp_path, csp):
+    """Escaping alone must stop the payloads: the second case strips the page's
+    Content-Security-Policy so a missed escape would run."""
+    run, branch = hostile_run()
+    html = render_attribution(hostile_contrastive(run, branch), run=run)
+    if not csp:
+        html = without_csp(html)
+        assert "Content-Security-Policy" not in html
+    page = tmp_path / "hostile.html"
+    page.write_text(html, encoding="utf-8")
+    assert_inert(browser, page)
     act = browser.find_element(By.CSS_SELECTOR, "#verdict .act").text
     assert "<script>window.__pwned = 1</script>" in act
     body = browser.find_element(By.TAG_NAME, "body").text
@@ -269,14 +279,6 @@ def test_hostile_text_on_the_index_runs_nothing(browser, tmp_path, csp):
         index = write_index(db, tmp_path / "site", "car.db").index
     html = index.read_text(encoding="utf-8")
     if not csp:
-        start = html.index('<meta http-equiv="Content-Security-Policy"')
-        html = html[:start] + html[html.index(">", start) + 1:]
-        index.write_text(html, encoding="utf-8")
-    assert severe(load(browser, index)) == []
-    assert browser.execute_script("return typeof window.__pwned") == "undefined"
-    counts = browser.execute_script(
-        "return [document.querySelectorAll('script').length,"
-        " document.querySelectorAll('img').length,"
-        " document.querySelectorAll('[onerror],[onload]').length]")
-    assert counts == [0, 0, 0]
+        index.write_text(without_csp(html), encoding="utf-8")
+    assert_inert(browser, index)
     assert payload in browser.find_element(By.CSS_SELECTOR, "table.runs").text
