@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,20 +201,55 @@ def locus_name(r: Any, who: str | None = None) -> str:
     return f"step {k} (decided by {who}" + (f", its {nth} decision" if nth else "") + ")"
 
 
+def _field(v: Any, name: str) -> Any:
+    return v.get(name) if isinstance(v, dict) else getattr(v, name, None)
+
+
+def shapley_leaders(values: Sequence[Any]) -> tuple[str, list[Any]]:
+    """Who carries the largest Shapley share, honestly (values as objects or their dicts):
+    ``("one", [top])`` when the top value's interval lies above every other's, ``("equal",
+    tied)`` when several share the top value to the digits shown, ``("overlap", contenders)``
+    when others' intervals reach the top's, so the data cannot rank them. Contenders come
+    largest first; the order among equal values is the steps' order and means nothing."""
+    ranked = sorted((v for v in values if _field(v, "estimate") is not None),
+                    key=lambda v: -float(_field(v, "estimate")))
+    if not ranked:
+        return "one", []
+    top = ranked[0]
+    shown = effect(_field(top, "estimate"))
+    same = [v for v in ranked if effect(_field(v, "estimate")) == shown]
+    if len(same) > 1:
+        return "equal", same
+    top_lo = (_field(top, "ci") or (_field(top, "estimate"),))[0]
+    overlap = [v for v in ranked[1:]
+               if (_field(v, "ci") or (_field(v, "estimate"),) * 2)[1] >= top_lo]
+    return ("overlap", [top, *overlap]) if overlap else ("one", [top])
+
+
 def headline(r: Any, who: str | None = None) -> str:
     """The answer of ``r`` in one line: the locus (``who`` decided it), no cause (and why),
     undecided (and the candidate), or for Shapley the largest value."""
     if not _is_contrastive(r):
         cut = (f"truncated ({r.budget_note}), the values are from what was measured: "
                if r.truncated else "")
-        ranked = sorted((v for v in r.values if v.estimate is not None),
-                        key=lambda v: -float(v.estimate))
-        if not ranked:
+        kind, leaders = shapley_leaders(r.values)
+        if not leaders:
             return f"{cut}no step could be valued ({r.reason or 'nothing measured'})"
-        v = ranked[0]
-        return (f"{cut}largest Shapley value: {v.label or f'step {v.step}'}{decided_by(who)} "
-                f"phi {effect(v.estimate)} {effect_interval(v.ci)} at {level(r.level)}; "
-                f"sum {effect(r.total)}, efficiency gap {effect(r.efficiency_gap)}")
+        v = leaders[0]
+        sums = (f"at {level(r.level)}; sum {effect(r.total)}, efficiency gap "
+                f"{effect(r.efficiency_gap)}")
+        names = [u.label or f"step {u.step}" for u in leaders]
+        if kind == "equal":
+            return (f"{cut}{', '.join(names[:-1])} and {names[-1]} tie for the largest Shapley "
+                    f"value, phi {effect(v.estimate)} each, {sums}")
+        if kind == "overlap":
+            rest = ", ".join(f"{n} phi {effect(u.estimate)} {effect_interval(u.ci)}"
+                             for n, u in zip(names[1:], leaders[1:], strict=True))
+            return (f"{cut}largest Shapley value: {names[0]} phi {effect(v.estimate)} "
+                    f"{effect_interval(v.ci)}, not told apart from {rest} (the intervals "
+                    f"overlap), {sums}")
+        return (f"{cut}largest Shapley value: {names[0]}{decided_by(who)} "
+                f"phi {effect(v.estimate)} {effect_interval(v.ci)} {sums}")
     if str(r.answer) == "undecided":
         by = f"; step {r.candidate} was decided by {who}" if who and r.candidate is not None \
             else ""

@@ -365,22 +365,8 @@ def _joined(names: Sequence[str]) -> str:
 
 
 def shapley_leaders(values: Sequence[Mapping[str, Any]]) -> tuple[str, list[Mapping[str, Any]]]:
-    """Who carries the largest share, honestly: ``("one", [top])`` when the top value's
-    interval lies above every other's, ``("equal", tied)`` when several share the top value
-    (to the precision shown), ``("overlap", contenders)`` when others' intervals reach the
-    top's, so the data cannot rank them. Contenders come largest first; the order among
-    equal values is the steps' order and means nothing."""
-    ranked = sorted((v for v in values if v.get("estimate") is not None),
-                    key=lambda v: -float(v["estimate"]))
-    if not ranked:
-        return "one", []
-    top = ranked[0]
-    same = [v for v in ranked if fmt.num(v["estimate"], 3) == fmt.num(top["estimate"], 3)]
-    if len(same) > 1:
-        return "equal", same
-    top_lo = (top.get("ci") or (top["estimate"],))[0]
-    overlap = [v for v in ranked[1:] if (v.get("ci") or (v["estimate"],) * 2)[1] >= top_lo]
-    return ("overlap", [top, *overlap]) if overlap else ("one", [top])
+    """``formatting.shapley_leaders`` on stored values: one rule for every surface."""
+    return fmt.shapley_leaders(values)
 
 
 def _shapley_verdict(r: Mapping[str, Any]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -313,3 +314,19 @@ def test_control_variate_pools_the_first_resampled_steps_repeat():
     for c, (est, half) in zip(coef, got, strict=True):
         assert est == pytest.approx(sum(c[m] * v[m] for m in v))
         assert half > 0
+
+
+def test_the_headline_never_crowns_one_of_two_steps_the_data_cannot_rank():
+    """Steps 0 and 1 of the AND game carry the same planted share (0.455 each), so no surface
+    may name one of them as the largest: the headline names both (tied, or not told apart when
+    their estimates differ within their intervals). The report reads the same rule."""
+    from car_core import formatting as fmt
+
+    sh = estimate(syn.and_game(), 0, budget=2000)
+    line = fmt.headline(sh)
+    kind, leaders = fmt.shapley_leaders(sh.values)
+    assert kind in ("equal", "overlap") and {v.step for v in leaders} >= {0, 1}
+    assert "step 0" in line and "step 1" in line
+    tied = replace(sh, values=[replace(v, estimate=0.25) if v.step in (0, 1) else v
+                               for v in sh.values])
+    assert " tie for the largest Shapley value" in fmt.headline(tied)
