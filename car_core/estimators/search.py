@@ -23,27 +23,34 @@ run the same decisions.
    carry nothing, and a probabilistic bisection (``Navigator.locate``) works on the arms'
    own outcomes: under one rise, arms up to the locus fail at one rate and later arms at
    another, which gives a posterior over the locus; the arm whose next outcome tells most
-   about it is run, a few rollouts at a time, until one step holds ``1 − NAV_ERROR`` of it
-   or the navigation's share of the budget is spent.
+   about it is run, a few rollouts at a time, until one step holds ``1 − LOCATE_ERROR`` of
+   it or the navigation's share of the budget is spent.
 4. Confirmation of the candidate ``c = lo`` on rollout indices no earlier stage used: the pairs
    ``(H_{c+1}, H_c)`` feed the anytime betting test of ``sequential.positive_at`` at level
    ``α_i``, looked at after every batch, until it shows the rescue positive, the budget is
    spent (then pass/fail pairs get the exact sign test of ``sequential.positive_by_end`` with
    what is left of ``α_i``), or a futility bound gives the candidate up: the likelihood ratio
-   of "no rise" against the rise the navigation measured reaches ``FUTILITY``, or (unshared
-   noise) the locus posterior with these pairs' arms added puts less than
+   of "no rise" against a rise reaches ``FUTILITY``, where the rise is whichever fits the
+   pairs better of the one the navigation measured and the best-fitting rise no smaller than
+   the least the whole budget could show (``_least_rise``; a gate stopped at its first net
+   rise sizes the rise high, and a true weak rise would look level against that alone), or
+   (unshared noise) the locus posterior with these pairs' arms added puts less than
    ``FUTILITY_BELIEF`` on the candidate. A candidate given up adds its arms' outcomes to
    what the navigation knows, and the search resumes with doubled caps and halved errors and
    the witness shortcuts off, while the budget lasts; before each resume the gate is
    extended, and a gate that no longer shows a rise ends the search ("no cause").
 5. Re-estimate. The mean of a sequence stopped when it first crossed a boundary is biased up,
-   so after the locus is decided the rescue is re-estimated on fresh pairs, as many as give an
-   interval no wider than the paper's fixed-``K`` one at the same budget (``K`` rollouts of the
-   resampled arm against a fixed factual baseline), or what the budget has left. The reported
-   effect is their mean and the interval their Newcombe interval at ``1 − α`` (paired when the
-   noise was measured shared), whose lower end is raised to zero when the step is confirmed;
-   the effect lies inside it by construction. Without a re-estimate the interval is the
-   betting confidence sequence of the confirmation's pairs, widened to hold their mean.
+   so after the locus is decided the rescue is re-estimated on fresh rollouts, as many as give
+   a variance at most the paper's fixed-``K`` one (``K`` rollouts of the resampled arm against
+   a fixed factual baseline) over ``REFIT_MARGIN``, or what the budget has left. They are
+   paired (both arms on the same indices) or unpaired (each arm on its own indices, split in
+   Neyman proportion to the arms' spread), whichever the confirmation's pairs say has the
+   smaller variance per rollout: a factual arm that always fails needs few rollouts of its
+   own. The reported effect is the difference of their means and the interval their
+   Newcombe interval at ``1 − α`` (paired or not), whose lower end is raised to zero when the
+   step is confirmed; the effect lies inside it by construction. Without a re-estimate the
+   interval is the betting confidence sequence of the confirmation's pairs, widened to hold
+   their mean.
 
 Error control (FWER ≤ α). A step is named only by a confirmation. Confirmation ``i`` spends
 ``α_i = α · share_i`` with ``Σ share_i ≤ 1`` (``FIRST_SHARE`` for the first, half the rest for
@@ -57,10 +64,13 @@ however often it looks; for pass/fail outcomes the signs of the disagreeing pair
 coins with ``P(up) ≤ 1/2`` (this holds for any coupling: ``P(+) ≤ P(−)`` is what a mean
 ``≤ 0`` says), so the probability that the anytime boundary is crossed or the end-of-sampling
 count reaches its critical value is held at ``θα_i`` exactly (``sequential``). The futility
-bound only ever stops a test without rejecting, so its rejections are a subset of the test
-run to the end. By the union bound over confirmations the chance of naming any step whose
-rescue is ``≤ 0`` is ``≤ Σ θα_i < α``; navigation mistakes and a mis-measured coupling cost
-power, never validity. Without shared noise the index pairs are an arbitrary pairing of two
+bound (whatever rise it weighs, whatever posterior it consults) only ever stops a test
+without rejecting, and the end-of-sampling test runs only at the horizon the budget fixed
+before the confirmation's pairs were drawn, so its rejections are a subset of the test run to
+that horizon. The re-estimate comes after the step is named and names nothing. By the union
+bound over confirmations the chance of naming any step whose rescue is ``≤ 0`` is
+``≤ Σ θα_i < α``; navigation mistakes and a mis-measured coupling cost power, never
+validity. Without shared noise the index pairs are an arbitrary pairing of two
 independent samples; the sign test on them conditions on the disagreeing pairs as the
 two-sample test conditions on the pooled margin, and has the same efficiency as the one-sided
 Fisher test.
@@ -89,6 +99,7 @@ GATE_NET = 4          # net positive pairs that size a rise for the sequential p
 GATE_MIN = 12         # pairs the gate runs at least before it sizes a rise
 NAV_SHARE = 0.45      # of the budget, the most the gate and the first bisection may spend
 NAV_ERROR = 0.01      # error each way of one bisection decision
+LOCATE_ERROR = 0.1    # posterior mass off the best step at which the unshared search stops
 NAV_BATCH = 2         # pairs (or one arm's rollouts) per look during navigation
 PROBE = 4             # gate indices a probe looks at first (its witnesses among them)
 PAIRED_COUPLING = 0.5  # measured coupling above which index pairs navigate (else locate)
@@ -372,12 +383,14 @@ class Navigator:
 
     def locate(self, lo: int, hi: int, nav_budget: int) -> int:
         """Probabilistic bisection: run the arm that splits the posterior of the locus in half,
-        a few rollouts at a time, until one step holds ``1 − NAV_ERROR`` of it or the
+        a few rollouts at a time, until one step holds ``1 − LOCATE_ERROR`` of it or the
         navigation budget is spent; the most probable step is the candidate."""
         if hi - lo <= 1:
             return lo
         start = self.budget - self.src.remaining
-        error = NAV_ERROR / self.scale
+        # a wrong candidate costs a confirmation that the futility bound cuts short, while
+        # certainty costs rollouts every confirmation needs: stop at a looser posterior
+        error = LOCATE_ERROR / self.scale
         while True:
             post = self.posterior(lo, hi)
             best = int(np.argmax(post))
@@ -451,8 +464,8 @@ def _fitted_rise_ll(pos: int, neg: int, zero: int, least: float) -> float:
 
 
 def _futility_llr(d: np.ndarray, rise: tuple[float, float], least: float = 0.0) -> float:
-    """Log likelihood ratio of the signs of ``d`` between "no rise" (up and down equally
-    likely, at the rate the pairs show: the best such fit) and a rise: the one the gate
+    """Log likelihood ratio of the signs of ``d`` between a rise and "no rise" (up and down
+    equally likely, at the rate the pairs show: the best such fit); the rise is the one the gate
     measured (up w.p. ``rise[0]``, down w.p. ``rise[1]``) or, when ``least > 0``, the best
     fitting rise of at least ``least``, whichever fits the pairs better. Negative: the pairs
     look level. The gate's rise alone misleads: a gate stopped at its first net rise sizes it
@@ -464,7 +477,7 @@ def _futility_llr(d: np.ndarray, rise: tuple[float, float], least: float = 0.0) 
     alt = _trinomial_ll(pos, neg, zero, *rise)
     if least > 0:
         alt = max(alt, _fitted_rise_ll(pos, neg, zero, least))
-    return null - alt
+    return alt - null
 
 
 @dataclass
@@ -544,11 +557,12 @@ def _refit_plan(d: np.ndarray, held: float, resampled: float, shared: bool, k: i
                 room: int) -> RefitPlan:
     """As many fresh rollouts as give an interval narrower than the paper's fixed-``K`` one
     (``K`` rollouts of the resampled arm against a fixed factual baseline: variance
-    ``p(1 − p)/K``; ours at most that over ``REFIT_MARGIN``), or ``room``. Whichever design has the smaller variance per rollout, as
-    the confirmation's pairs show it: pairs cost two rollouts and carry ``var(d)``; unpaired
-    arms in Neyman proportion carry ``(σ_held + σ_resampled)²`` per rollout, which wins when
-    the noise is not shared or the held arm barely varies (a factual arm that always fails
-    needs few rollouts of its own, and its pair partner's would be spent for nothing)."""
+    ``p(1 − p)/K``; ours at most that over ``REFIT_MARGIN``), or ``room``. Whichever design
+    has the smaller variance per rollout, as the confirmation's pairs show it: pairs cost two
+    rollouts and carry ``var(d)``; unpaired arms in Neyman proportion carry
+    ``(σ_held + σ_resampled)²`` per rollout, which wins when the noise is not shared or the
+    held arm barely varies (a factual arm that always fails needs few rollouts of its own, and
+    its pair partner's would be spent for nothing)."""
     m = max(int(d.size), 1)
     s_hi, s_lo = _smoothed_sd(held, m), _smoothed_sd(resampled, m)
     paper = max(resampled * (1 - resampled), 0.25 / max(k, 1)) / REFIT_MARGIN
