@@ -633,7 +633,7 @@ def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = 
         level = alpha * share(attempt)
         conf = _confirm(src, candidate, start, level, prior, rise,
                         None if n == 1 or coupling.shared else nav.doubts(candidate),
-                        least=_least_rise(budget, level) if coupling.shared else 0.0)
+                        least=_least_rise(budget, level))
         start += conf.d.size
         if conf.found or not conf.futile or src.remaining < 2 or n == 1:
             break
