@@ -201,6 +201,17 @@ def locus_name(r: Any, who: str | None = None) -> str:
     return f"step {k} (decided by {who}" + (f", its {nth} decision" if nth else "") + ")"
 
 
+def coupling_note(r: Any) -> str:
+    """How much the branches shared their noise: ``coupled`` is what the pairs showed, the
+    reason says what noise CAR handed out, and the measurement comes with its interval."""
+    note = f"coupled={r.coupled}" + (f" (noise handed out: {r.coupling})"
+                                     if r.coupling and not r.coupled else "")
+    if r.coupling_measured is not None:
+        note += (f"; coupling measured {num(r.coupling_measured, 2, missing='-')} "
+                 f"{interval(r.coupling_ci, 2, missing='-')} from {r.coupling_pairs} pairs")
+    return note
+
+
 def _field(v: Any, name: str) -> Any:
     return v.get(name) if isinstance(v, dict) else getattr(v, name, None)
 

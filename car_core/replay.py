@@ -35,7 +35,7 @@ from .execution import Executor, Progress, _progress_bar, brancher, execute
 from .interventions import Intervention, compile_plan
 from .outcome import OutcomeFn, OutcomeLike, scored
 from .seeding import Noise, branch_noise, coupling
-from .stats import Interval, check_level, wilson
+from .stats import Coupling, Interval, check_level, coupling_of, wilson
 from .tasks import Task, check_failures, returned_run
 from .tasks import run_branch as run_branch
 from .trajectory import Trajectory
@@ -96,12 +96,20 @@ class OutcomeDistribution:
     tokens: int = 0
     cost: float = 0.0
     failures: tuple[dict[str, Any], ...] = ()
-    coupling: str | None = None  # why branches were (or were not) coupled
+    coupling: str | None = None  # what noise CAR handed the branches, and why
+    # how much a branch and its twin (the same rollout re-run on the same noise) agreed
+    # beyond independent draws (stats.Coupling); ``coupled`` says whether that showed sharing
+    coupling_measured: float | None = None
+    coupling_ci: Interval | None = None
+    coupling_pairs: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"mean": self.mean, "ci": list(self.ci), "n": self.n, "level": self.level,
                 "values": list(self.values), "interventions": list(self.interventions),
                 "coupled": self.coupled, "coupling": self.coupling, "seed": self.seed,
+                "coupling_measured": self.coupling_measured,
+                "coupling_ci": None if self.coupling_ci is None else list(self.coupling_ci),
+                "coupling_pairs": self.coupling_pairs,
                 "rollouts_used": self.rollouts_used,
                 "truncated": self.truncated, "budget_note": self.budget_note,
                 "tokens": self.tokens, "cost": self.cost, "failures": list(self.failures),
@@ -128,7 +136,7 @@ def intervene(run: Trajectory, agent: Agent, interventions: Intervention | Seque
               seed: int = 0, coupled: bool = True, level: float = defaults.LEVEL,
               budget: Budget | int | None = None,
               executor: Executor | None = None, progress: Progress = None,
-              force_agent: bool = False, keep_trajectories: bool = True
+              force_agent: bool = False, keep_trajectories: bool = True, twins: int = 0
               ) -> OutcomeDistribution:
     """Apply ``interventions`` to ``run`` and estimate the outcome distribution from
     ``rollouts`` branches. Branch ``r`` draws its noise from stream ``(seed, r)``, shared by
@@ -138,32 +146,45 @@ def intervene(run: Trajectory, agent: Agent, interventions: Intervention | Seque
     of them, or any that holds every recorded step, raise ``BranchesFailed`` (when every branch
     failed, the first branch's own error is raised). With ``keep_trajectories=False`` only each
     branch's outcome stays in memory (``trajectories`` is empty): a branch's steps are dropped
-    as it finishes, so many rollouts cost a number each, not a run each."""
+    as it finishes, so many rollouts cost a number each, not a run each.
+
+    One arm has no pairs, so whether branches really share the noise CAR hands them is
+    measured only when asked: ``twins=T`` re-runs the first ``T`` rollouts on their own noise
+    (``T`` more rollouts, under the same budget, left out of the mean) and ``coupled`` says
+    whether each branch and its twin agreed beyond chance (``coupling_measured``); a model that
+    ignores its seed or a judge with its own randomness agree less. Without twins nothing is
+    measured and ``coupled`` is False; ``coupling`` says what noise was handed out."""
     check_run(run)
     check_agent(run, agent, force=force_agent)
     if isinstance(rollouts, bool) or not isinstance(rollouts, int) or rollouts < 1:
         raise InvalidInput(f"rollouts={rollouts!r}: need at least one rollout",
                            hint="pass rollouts=K with K >= 1 (32–64 is typical)")
+    if isinstance(twins, bool) or not isinstance(twins, int) or twins < 0:
+        raise InvalidInput(f"twins={twins!r}: need a count >= 0",
+                           hint="pass twins=8 to measure coupling, or leave it at 0")
     out = OutcomeFn(outcome)
     check_level(level)  # a bad level fails here, not after every rollout has run
     Noise(seed)  # likewise a bad seed
     plan = compile_plan(run, interventions)
-    coupled, why = coupling(agent, run, bool(coupled))
+    handed, why = coupling(agent, run, bool(coupled))
     arm = plan.describe()
 
     def tasks(rows: range) -> Iterator[Task]:  # lazy: the budget decides how many start
         return (Task(arm="intervention", rollout=r, plan=plan,
-                     noise=branch_noise(seed, r, arm, coupled)) for r in rows)
+                     noise=branch_noise(seed, r, arm, handed)) for r in rows)
 
     meter = BudgetMeter(as_budget(budget))  # a car.Budget or a rollout count, as elsewhere
     fn = brancher(run, agent, out)
     if keep_trajectories:
         results = execute(tasks(range(rollouts)), fn, meter, executor=executor,
                           progress=progress, label="intervene")
-        kept: list[Any] = [t for _, t in sorted(results, key=lambda tr: tr[0].rollout)]
+        ordered = sorted(results, key=lambda tr: tr[0].rollout)
+        kept: list[Any] = [t for _, t in ordered]
+        by_index = {task.rollout: _outcome_only(t) for task, t in ordered}
         failures = list(results.failures)
     else:
-        kept, failures = _outcomes_in_batches(tasks, rollouts, fn, meter, executor, progress)
+        kept, failures, by_index = _outcomes_in_batches(tasks, rollouts, fn, meter, executor,
+                                                        progress)
     trajs = tuple(kept) if keep_trajectories else ()
     if not kept and failures:  # every branch failed twice: the agent is broken
         first = failures[0]
@@ -178,11 +199,14 @@ def intervene(run: Trajectory, agent: Agent, interventions: Intervention | Seque
     values = (tuple(t.outcome.value for t in trajs if t.outcome is not None) if keep_trajectories
               else tuple(v for v in kept if v is not None))
     mean = sum(values) / len(values)
+    shared = _twin_coupling(tasks, by_index, twins if handed else 0, fn, meter, executor)
     return OutcomeDistribution(
         mean=mean, ci=Interval(*wilson(mean, len(values), level), level), n=len(values),
         level=level,
-        values=values, trajectories=trajs, interventions=tuple(arm), coupled=coupled,
-        coupling=why, seed=seed, rollouts_used=meter.rollouts, truncated=len(values) < rollouts,
+        values=values, trajectories=trajs, interventions=tuple(arm), coupled=shared.shared,
+        coupling=why, coupling_measured=shared.estimate,
+        coupling_ci=Interval.of(shared.ci, shared.level), coupling_pairs=shared.pairs,
+        seed=seed, rollouts_used=meter.rollouts, truncated=len(values) < rollouts,
         budget_note=meter.tripped, tokens=meter.tokens, cost=meter.cost,
         failures=tuple(f.to_dict() for f in failures))
 
@@ -190,9 +214,28 @@ def intervene(run: Trajectory, agent: Agent, interventions: Intervention | Seque
 OUTCOME_BATCH = 1024  # branches run per ``execute`` call when only outcomes are kept
 
 
+def _twin_coupling(tasks: Callable[[range], Iterator[Task]], by_index: dict[int, Any],
+                   twins: int, fn: Any, meter: BudgetMeter, executor: Executor | None
+                   ) -> Coupling:
+    """Re-run the first ``twins`` scored rollouts on the very noise they drew and measure how
+    much each agreed with its twin (``stats.coupling_of``); a failed twin is left out."""
+    firsts = sorted(r for r, v in by_index.items() if v is not None)[:twins]
+    if not firsts:
+        return Coupling(None, None, 0)
+    wanted = set(firsts)
+    twin_tasks = (replace(t, arm="intervention twin")
+                  for t in tasks(range(firsts[-1] + 1)) if t.rollout in wanted)
+    results = execute(twin_tasks, fn, meter, executor=executor, progress=False,
+                      label="intervene", keep=_outcome_only)
+    again = {task.rollout: v for task, v in results if v is not None}
+    common = [r for r in firsts if r in again]
+    return coupling_of([([float(by_index[r]) for r in common],
+                         [float(again[r]) for r in common])])
+
+
 def _outcomes_in_batches(tasks: Callable[[range], Iterator[Task]], rollouts: int,
                          fn: Any, meter: BudgetMeter, executor: Executor | None,
-                         progress: Any) -> tuple[list[Any], list[Any]]:
+                         progress: Any) -> tuple[list[Any], list[Any], dict[int, Any]]:
     """The outcomes of ``rollouts`` branches, in rollout order, run a batch at a time under
     one meter and one progress bar: what ``execute`` holds per finished branch (its task and
     its kept value) is freed batch by batch, so memory is a float per branch, not a task and
@@ -200,19 +243,22 @@ def _outcomes_in_batches(tasks: Callable[[range], Iterator[Task]], rollouts: int
     bar = _progress_bar(progress, rollouts, "intervene")
     values: list[Any] = []
     failures: list[Any] = []
+    by_index: dict[int, Any] = {}
     try:
         for start in range(0, rollouts, OUTCOME_BATCH):
             results = execute(tasks(range(start, min(start + OUTCOME_BATCH, rollouts))), fn,
                               meter, executor=executor, progress=bar or False,
                               label="intervene", keep=_outcome_only)
-            values.extend(v for _, v in sorted(results, key=lambda tr: tr[0].rollout))
+            ordered = sorted(results, key=lambda tr: tr[0].rollout)
+            values.extend(v for _, v in ordered)
+            by_index.update((task.rollout, v) for task, v in ordered)
             failures.extend(results.failures)
             if meter.tripped:
                 break
     finally:
         if bar is not None and bar is not progress:
             bar.close()
-    return values, failures
+    return values, failures, by_index
 
 
 @dataclass(frozen=True)

@@ -279,13 +279,7 @@ class ContrastiveResult(_Rendered):
         rows = [fmt.step_row(self, s, missing="-").cells() for s in self.steps]
         head = f"contrastive attribution of run {self.run_id}: {fmt.headline(self)}"
         foot = (f"{fmt.method(self)}; search={self.search}; rollouts used "
-                f"{self.rollouts_used} of {self.rollout_budget}; coupled={self.coupled}"
-                # coupled is what the pairs showed; the reason says what noise CAR handed out
-                + (f" (noise handed out: {self.coupling})"
-                   if self.coupling and not self.coupled else "")
-                + (f"; coupling measured {fmt.num(self.coupling_measured, 2, missing='-')} "
-                   f"{fmt.interval(self.coupling_ci, 2, missing='-')} from "
-                   f"{self.coupling_pairs} pairs" if self.coupling_measured is not None else "")
+                f"{self.rollouts_used} of {self.rollout_budget}; {fmt.coupling_note(self)}"
                 + (f"; given up: step(s) {', '.join(map(str, self.given_up))}"
                    if self.given_up else "")
                 + (f"; about {self.more_rollouts} more rollouts would decide it"
@@ -358,7 +352,12 @@ class ShapleyResult(_Rendered):
     params: dict[str, Any] = field(default_factory=dict)
     attribution_id: str | None = None
     failures: tuple[dict[str, Any], ...] = ()  # branches that failed after a retry, left out
-    coupling: str | None = None  # why branches were (or were not) coupled
+    coupling: str | None = None  # what noise CAR handed the branches, and why
+    # how much coalitions sharing a rollout index shared their noise, measured from those
+    # pairs (stats.Coupling); ``coupled`` says whether it showed sharing
+    coupling_measured: float | None = None
+    coupling_ci: Interval | None = None
+    coupling_pairs: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": "shapley", "run_id": self.run_id,
@@ -371,7 +370,9 @@ class ShapleyResult(_Rendered):
                 "coupled": self.coupled, "coupling": self.coupling, "tokens": self.tokens,
                 "cost": self.cost,
                 "reason": self.reason, "params": dict(self.params),
-                "failures": list(self.failures)}
+                "failures": list(self.failures),
+                "coupling_measured": self.coupling_measured,
+                "coupling_ci": _ci(self.coupling_ci), "coupling_pairs": self.coupling_pairs}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ShapleyResult:
@@ -390,7 +391,10 @@ class ShapleyResult(_Rendered):
             tokens=int(data.get("tokens", 0)), cost=float(data.get("cost", 0.0)),
             reason=data.get("reason"), params=dict(data.get("params") or {}),
             attribution_id=data.get("attribution_id"),
-            failures=tuple(data.get("failures") or ()))
+            failures=tuple(data.get("failures") or ()),
+            coupling_measured=data.get("coupling_measured"),
+            coupling_ci=_read_ci({"ci": data.get("coupling_ci")}, 0.95),
+            coupling_pairs=int(data.get("coupling_pairs") or 0))
 
     def table(self) -> list[dict[str, Any]]:
         return [v.to_dict() for v in self.values]
@@ -418,8 +422,7 @@ class ShapleyResult(_Rendered):
                 f"v(N) - v(empty) = {fmt.prob(self.v_full.mean, missing='-')} - "
                 f"{fmt.prob(self.v_empty.mean, missing='-')}; gap "
                 f"{fmt.effect(self.efficiency_gap, missing='-')}; rollouts used "
-                f"{self.rollouts_used} of {self.budget}; coupled={self.coupled}"
-                + (f" ({self.coupling})" if self.coupling and not self.coupled else "")
+                f"{self.rollouts_used} of {self.budget}; {fmt.coupling_note(self)}"
                 + (f"; {len(self.failures)} failed branch(es) left out" if self.failures else ""))
         hint = self.continue_hint()
         return (f"{head}\n{_text_table(list(fmt.SHAPLEY_COLUMNS), rows)}\n{foot}"

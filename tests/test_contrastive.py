@@ -522,3 +522,46 @@ def test_undecided_names_its_candidate_and_what_more_would_cost():
     assert res.locus is None and res.answer == "undecided"
     assert res.candidate is not None
     assert res.to_dict()["candidate"] == res.candidate
+
+
+def test_a_weak_true_rise_is_not_given_up_against_an_oversized_gate():
+    """Shared noise, rescue 0.15 with a judge that never errs: the confirmation's pairs are up
+    w.p. 0.15 and never down. A gate stopped at its first net rise sized it at up 0.6 / down
+    0.2; against that alone 40 such pairs (6 up, 34 level) look level by far more than the
+    futility ratio of 1000, though they are what a true rise of 0.15 gives. The best-fitting
+    rise of at least the budget's least (n = 8, budget 256: log2(1/(0.9·0.04))/128 ≈ 0.038)
+    fits them better than no rise, so they are not given up; 120 level pairs (no rise at all)
+    fit no rise better than a rise of 0.038 by 120·ln(1/(1 − 0.038)) ≈ 4.6 nats and a rise
+    of 0.15 by far more, and 200 are given up (7.7 > ln 1000 ≈ 6.9)."""
+    from car_core.estimators.search import FUTILITY, _futility_llr, _least_rise
+    least = _least_rise(256, 0.04)
+    assert least == pytest.approx(math.log2(1 / (0.9 * 0.04)) / 128)
+    weak = np.array([1.0] * 6 + [0.0] * 34)
+    gate = (0.6, 0.2)
+    assert _futility_llr(weak, gate) <= -math.log(FUTILITY)
+    assert _futility_llr(weak, gate, least) > 0
+    assert _futility_llr(np.zeros(120), gate, least) == pytest.approx(120 * math.log(1 - least))
+    assert _futility_llr(np.zeros(200), gate, least) <= -math.log(FUTILITY)
+
+
+def test_the_re_estimate_spends_its_rollouts_where_the_variance_is():
+    """A factual arm that always fails has no variance of its own: pairs would spend half the
+    re-estimate on it for nothing, so the plan is unpaired and gives it the smoothed share
+    σ_held/(σ_held + σ_resampled) (40 pairs at rate 1: p̃ = 40.5/41, σ ≈ 0.155; the resampled
+    arm at 0.3: σ ≈ 0.46, so about a quarter). Its size makes the variance
+    (σ_h + σ_r)²/R at most the paper's 0.21/32 over REFIT_MARGIN. With shared noise and a
+    judge flip both arms share, the pairs' own variance is the smaller one and it stays paired."""
+    from car_core.estimators.search import REFIT_MARGIN, _refit_plan
+    d = np.array([1.0] * 28 + [0.0] * 12)  # held 1 throughout, resampled 0.3
+    plan = _refit_plan(d, 1.0, 0.3, True, 32, 10_000)
+    s_hi = math.sqrt((40.5 / 41) * (0.5 / 41))
+    s_lo = math.sqrt((12.5 / 41) * (28.5 / 41))
+    total = plan.held + plan.resampled
+    assert not plan.paired
+    assert plan.held == pytest.approx(total * s_hi / (s_hi + s_lo), abs=1)
+    assert (s_hi + s_lo) ** 2 / total <= 0.21 / 32 / REFIT_MARGIN * 1.01
+    shared = np.array([1.0] * 10 + [0.0] * 30)  # both arms flip together: d varies less
+    paired = _refit_plan(shared, 0.7, 0.45, True, 32, 10_000)
+    assert paired.paired and paired.held == paired.resampled
+    assert _refit_plan(d, 1.0, 0.3, True, 32, 20).held + _refit_plan(d, 1.0, 0.3, True, 32,
+                                                                     20).resampled <= 20

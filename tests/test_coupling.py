@@ -88,3 +88,49 @@ def test_results_report_the_measured_coupling(pivot_model: syn.SyntheticSCM) -> 
     assert not free.coupled and free.coupling_pairs > 0
     data = shared.to_dict()
     assert type(shared).from_dict(data).coupling_ci == shared.coupling_ci
+
+
+def _desk(coupling: str) -> tuple[syn.PlantedDesk, car.Trajectory]:
+    desk = syn.PlantedDesk(4, at=2, rescue=0.5, flip=0.1, coupling=coupling)
+    return desk, car.record(desk.agent(), context=None, outcome=desk.judge, seed=0)
+
+
+def test_intervene_measures_coupling_from_twins_not_from_the_agents_claim() -> None:
+    """Both desks are plain FunctionAgents that claim CAR's noise; only the first uses it.
+    A twin on the same noise repeats its branch exactly (measured 1, shared) at ``full``; at
+    ``none`` the branch and its twin are independent draws at rate 0.5 (after the pivot
+    resampled, P(fail) = 0.5·0.9 + 0.5·0.1), and 16 such pairs look shared only when their
+    agreement's Wilson lower end clears independence: a 2.5% chance, fixed by the seed."""
+    for level, shared in (("full", True), ("none", False)):
+        desk, run = _desk(level)
+        dist = car.intervene(run, desk.agent(), car.do_resample(2), outcome=desk.judge,
+                             rollouts=16, twins=16, progress=False)
+        assert dist.coupled is shared and dist.coupling_pairs == 16
+        assert dist.rollouts_used == 32 and dist.n == 16  # twins are spent, not averaged
+        assert dist.coupling == "the agent draws its randomness from CAR's noise streams"
+        if shared:
+            assert dist.coupling_measured == 1.0
+        assert dist.to_dict()["coupling_pairs"] == 16
+    plain = car.intervene(run, desk.agent(), car.do_resample(2), outcome=desk.judge,
+                          rollouts=16, progress=False)
+    assert plain.coupling_measured is None and not plain.coupled and plain.rollouts_used == 16
+
+
+def test_shapley_reports_the_coupling_its_pairs_show() -> None:
+    """Permutation units put every coalition on one rollout index: at ``full`` a coalition
+    that resamples the pivot repeats ``v(∅)``'s outcome and one that holds it ``v(N)``'s, so the
+    pairs agree far beyond chance; at ``none`` (the agent still claims CAR's noise) they agree
+    by chance only, and exact mode hands out no shared noise at all. About 650 pairs pool
+    here; their 95% interval's half-width is about 0.21 (1.96 SD), so 0.3 is about 2.8 SD."""
+    desk, run = _desk("full")
+    sh = car.shapley(run, desk.agent(), outcome=desk.judge, budget=400, mode="permutation")
+    assert sh.coupled and sh.coupling_measured is not None and sh.coupling_measured > 0.5
+    loose_desk, loose_run = _desk("none")
+    loose = car.shapley(loose_run, loose_desk.agent(), outcome=loose_desk.judge, budget=400,
+                        mode="permutation")
+    assert not loose.coupled and loose.coupling_pairs > 0
+    assert loose.coupling_measured is not None and abs(loose.coupling_measured) < 0.3
+    assert "coupling measured" in str(loose)
+    exact = car.shapley(run, desk.agent(), outcome=desk.judge, budget=400, mode="exact")
+    assert not exact.coupled
+    assert type(sh).from_dict(sh.to_dict()).coupling_ci == sh.coupling_ci

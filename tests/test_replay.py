@@ -111,9 +111,9 @@ def test_coupled_arms_share_noise_on_steps_they_do_not_intervene_on() -> None:
     agent = model.agent()
     first = {**run.steps[0].action, "choice": "good"}
     second = {**run.steps[0].action, "choice": "bad"}
-    a = branches(run, agent, car.do_action(0, first), model.outcome, seed=9, rollouts=32)
-    b = branches(run, agent, car.do_action(0, second), model.outcome, seed=9, rollouts=32)
-    assert a.coupled and b.coupled
+    a, b = (car.intervene(run, agent, car.do_action(0, x), outcome=model.outcome, rollouts=32,
+                          seed=9, progress=False, twins=8) for x in (first, second))
+    assert a.coupled and b.coupled  # measured: each branch and its twin agreed
     for ta, tb in zip(a.trajectories, b.trajectories, strict=True):
         assert actions(ta, 1) == actions(tb, 1)
         assert ta.steps[0].observation["latency_ms"] == tb.steps[0].observation["latency_ms"]

@@ -17,7 +17,7 @@ from car_core.errors import BranchesFailed, InvalidBudget, InvalidInput, Nothing
 RESULT_KEYS = {"method", "run_id", "attribution_id", "mode", "values", "total", "v_full",
                "v_empty", "efficiency_gap", "level", "rollouts_used", "budget", "truncated",
                "budget_note", "seed", "coupled", "coupling", "tokens", "cost", "reason", "params",
-               "failures"}
+               "failures", "coupling_measured", "coupling_ci", "coupling_pairs"}
 
 
 def tolerance(n: int) -> float:

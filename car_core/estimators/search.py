@@ -23,27 +23,34 @@ run the same decisions.
    carry nothing, and a probabilistic bisection (``Navigator.locate``) works on the arms'
    own outcomes: under one rise, arms up to the locus fail at one rate and later arms at
    another, which gives a posterior over the locus; the arm whose next outcome tells most
-   about it is run, a few rollouts at a time, until one step holds ``1 − NAV_ERROR`` of it
-   or the navigation's share of the budget is spent.
+   about it is run, a few rollouts at a time, until one step holds ``1 − LOCATE_ERROR`` of
+   it or the navigation's share of the budget is spent.
 4. Confirmation of the candidate ``c = lo`` on rollout indices no earlier stage used: the pairs
    ``(H_{c+1}, H_c)`` feed the anytime betting test of ``sequential.positive_at`` at level
    ``α_i``, looked at after every batch, until it shows the rescue positive, the budget is
    spent (then pass/fail pairs get the exact sign test of ``sequential.positive_by_end`` with
    what is left of ``α_i``), or a futility bound gives the candidate up: the likelihood ratio
-   of "no rise" against the rise the navigation measured reaches ``FUTILITY``, or (unshared
-   noise) the locus posterior with these pairs' arms added puts less than
+   of "no rise" against a rise reaches ``FUTILITY``, where the rise is whichever fits the
+   pairs better of the one the navigation measured and the best-fitting rise no smaller than
+   the least the whole budget could show (``_least_rise``; a gate stopped at its first net
+   rise sizes the rise high, and a true weak rise would look level against that alone), or
+   (unshared noise) the locus posterior with these pairs' arms added puts less than
    ``FUTILITY_BELIEF`` on the candidate. A candidate given up adds its arms' outcomes to
    what the navigation knows, and the search resumes with doubled caps and halved errors and
    the witness shortcuts off, while the budget lasts; before each resume the gate is
    extended, and a gate that no longer shows a rise ends the search ("no cause").
 5. Re-estimate. The mean of a sequence stopped when it first crossed a boundary is biased up,
-   so after the locus is decided the rescue is re-estimated on fresh pairs, as many as give an
-   interval no wider than the paper's fixed-``K`` one at the same budget (``K`` rollouts of the
-   resampled arm against a fixed factual baseline), or what the budget has left. The reported
-   effect is their mean and the interval their Newcombe interval at ``1 − α`` (paired when the
-   noise was measured shared), whose lower end is raised to zero when the step is confirmed;
-   the effect lies inside it by construction. Without a re-estimate the interval is the
-   betting confidence sequence of the confirmation's pairs, widened to hold their mean.
+   so after the locus is decided the rescue is re-estimated on fresh rollouts, as many as give
+   a variance at most the paper's fixed-``K`` one (``K`` rollouts of the resampled arm against
+   a fixed factual baseline) over ``REFIT_MARGIN``, or what the budget has left. They are
+   paired (both arms on the same indices) or unpaired (each arm on its own indices, split in
+   Neyman proportion to the arms' spread), whichever the confirmation's pairs say has the
+   smaller variance per rollout: a factual arm that always fails needs few rollouts of its
+   own. The reported effect is the difference of their means and the interval their
+   Newcombe interval at ``1 − α`` (paired or not), whose lower end is raised to zero when the
+   step is confirmed; the effect lies inside it by construction. Without a re-estimate the
+   interval is the betting confidence sequence of the confirmation's pairs, widened to hold
+   their mean.
 
 Error control (FWER ≤ α). A step is named only by a confirmation. Confirmation ``i`` spends
 ``α_i = α · share_i`` with ``Σ share_i ≤ 1`` (``FIRST_SHARE`` for the first, half the rest for
@@ -57,10 +64,13 @@ however often it looks; for pass/fail outcomes the signs of the disagreeing pair
 coins with ``P(up) ≤ 1/2`` (this holds for any coupling: ``P(+) ≤ P(−)`` is what a mean
 ``≤ 0`` says), so the probability that the anytime boundary is crossed or the end-of-sampling
 count reaches its critical value is held at ``θα_i`` exactly (``sequential``). The futility
-bound only ever stops a test without rejecting, so its rejections are a subset of the test
-run to the end. By the union bound over confirmations the chance of naming any step whose
-rescue is ``≤ 0`` is ``≤ Σ θα_i < α``; navigation mistakes and a mis-measured coupling cost
-power, never validity. Without shared noise the index pairs are an arbitrary pairing of two
+bound (whatever rise it weighs, whatever posterior it consults) only ever stops a test
+without rejecting, and the end-of-sampling test runs only at the horizon the budget fixed
+before the confirmation's pairs were drawn, so its rejections are a subset of the test run to
+that horizon. The re-estimate comes after the step is named and names nothing. By the union
+bound over confirmations the chance of naming any step whose rescue is ``≤ 0`` is
+``≤ Σ θα_i < α``; navigation mistakes and a mis-measured coupling cost power, never
+validity. Without shared noise the index pairs are an arbitrary pairing of two
 independent samples; the sign test on them conditions on the disagreeing pairs as the
 two-sample test conditions on the pooled margin, and has the same efficiency as the one-sided
 Fisher test.
@@ -89,6 +99,7 @@ GATE_NET = 4          # net positive pairs that size a rise for the sequential p
 GATE_MIN = 12         # pairs the gate runs at least before it sizes a rise
 NAV_SHARE = 0.45      # of the budget, the most the gate and the first bisection may spend
 NAV_ERROR = 0.01      # error each way of one bisection decision
+LOCATE_ERROR = 0.1    # posterior mass off the best step at which the unshared search stops
 NAV_BATCH = 2         # pairs (or one arm's rollouts) per look during navigation
 PROBE = 4             # gate indices a probe looks at first (its witnesses among them)
 PAIRED_COUPLING = 0.5  # measured coupling above which index pairs navigate (else locate)
@@ -374,12 +385,14 @@ class Navigator:
 
     def locate(self, lo: int, hi: int, nav_budget: int) -> int:
         """Probabilistic bisection: run the arm that splits the posterior of the locus in half,
-        a few rollouts at a time, until one step holds ``1 − NAV_ERROR`` of it or the
+        a few rollouts at a time, until one step holds ``1 − LOCATE_ERROR`` of it or the
         navigation budget is spent; the most probable step is the candidate."""
         if hi - lo <= 1:
             return lo
         start = self.budget - self.src.remaining
-        error = NAV_ERROR / self.scale
+        # a wrong candidate costs a confirmation that the futility bound cuts short, while
+        # certainty costs rollouts every confirmation needs: stop at a looser posterior
+        error = LOCATE_ERROR / self.scale
         while True:
             post = self.posterior(lo, hi)
             best = int(np.argmax(post))
@@ -435,23 +448,38 @@ class Navigator:
         self.extra[arm] = (f + float(ys.sum()), r + int(ys.size))
 
 
-def _futility_llr(d: np.ndarray, rise: tuple[float, float]) -> float:
-    """Log likelihood ratio of the signs of ``d`` between "no rise" (up and down equally
-    likely, at the rate the pairs show: the best such fit) and the rise the gate measured
-    (up w.p. ``rise[0]``, down w.p. ``rise[1]``). Negative: the pairs look level. The rate
-    of disagreement counts too: two level arms disagree less often than ``H_n`` and ``H_0``
-    when they share noise, and at another rate when they do not."""
+def _trinomial_ll(pos: int, neg: int, zero: int, up: float, down: float) -> float:
+    def term(count: int, p: float) -> float:
+        return 0.0 if count == 0 else count * math.log(max(p, 1e-12))
+    return term(pos, up) + term(neg, down) + term(zero, 1 - up - down)
+
+
+def _fitted_rise_ll(pos: int, neg: int, zero: int, least: float) -> float:
+    """The best log likelihood of the signs under a rise of at least ``least``
+    (``P(up) − P(down) ≥ least``): the pairs' own rates when they show one, else the best fit
+    on the boundary ``P(up) = P(down) + least``."""
+    s = max(pos + neg + zero, 1)
+    if (pos - neg) / s >= least:
+        return _trinomial_ll(pos, neg, zero, pos / s, neg / s)
+    downs = np.linspace(0.0, (1 - least) / 2, 201)[:-1] if least < 1 else np.zeros(1)
+    return max(_trinomial_ll(pos, neg, zero, float(w) + least, float(w)) for w in downs)
+
+
+def _futility_llr(d: np.ndarray, rise: tuple[float, float], least: float = 0.0) -> float:
+    """Log likelihood ratio of the signs of ``d`` between a rise and "no rise" (up and down
+    equally likely, at the rate the pairs show: the best such fit); the rise is the one the gate
+    measured (up w.p. ``rise[0]``, down w.p. ``rise[1]``) or, when ``least > 0``, the best
+    fitting rise of at least ``least``, whichever fits the pairs better. Negative: the pairs
+    look level. The gate's rise alone misleads: a gate stopped at its first net rise sizes it
+    high, and a candidate whose pairs show the true, smaller rise would look level against it."""
     pos, neg = _counts(d)
     zero = int(d.size) - pos - neg
-    up, down = rise
     tie = (pos + neg) / (2 * max(d.size, 1))
-    flat = 1 - up - down
-
-    def term(count: int, p: float, q: float) -> float:
-        return 0.0 if count == 0 else count * (math.log(p) - math.log(q))
-
-    return (term(pos, up, tie) + term(neg, down, tie)
-            + term(zero, flat, max(1 - 2 * tie, 1e-12)))
+    null = _trinomial_ll(pos, neg, zero, tie, tie)
+    alt = _trinomial_ll(pos, neg, zero, *rise)
+    if least > 0:
+        alt = max(alt, _fitted_rise_ll(pos, neg, zero, least))
+    return alt - null
 
 
 @dataclass
@@ -463,8 +491,8 @@ class Confirmation:
 
 
 def _confirm(src: ArmSource, c: int, start: int, alpha: float, prior: Prior,
-             rise: tuple[float, float], unlikely: Callable[[int, int], bool] | None = None
-             ) -> Confirmation:
+             rise: tuple[float, float], unlikely: Callable[[int, int], bool] | None = None,
+             least: float = 0.0) -> Confirmation:
     """Confirmation of ``c`` on pairs from ``start`` (module docstring, step 4).
     ``unlikely(start, pairs)``: a second futility bound, the navigation's belief in ``c``
     once these pairs' arms are added to what it saw."""
@@ -482,13 +510,20 @@ def _confirm(src: ArmSource, c: int, start: int, alpha: float, prior: Prior,
             found = True
             break
         if (pairs >= FUTILITY_MIN and src.remaining >= 2
-                and (_futility_llr(d, rise) <= -math.log(FUTILITY)
+                and (_futility_llr(d, rise, least) <= -math.log(FUTILITY)
                      or (unlikely is not None and unlikely(start, pairs)))):
             futile = True
             break
     if not found and not futile and d.size:
         found = positive_by_end(d, alpha, prior)
     return Confirmation(d, start, found, futile)
+
+
+def _least_rise(budget: int, alpha: float) -> float:
+    """The smallest rise the whole budget could still show: a sign test with no pair down
+    needs ``log2(1/(θα))`` pairs up, out of the ``budget / 2`` pairs it buys. A candidate
+    is not given up while its pairs fit a rise this small better than none."""
+    return math.log2(1 / (LOW_SHARE * alpha)) / max(budget // 2, 1)
 
 
 def _more_pairs(d: np.ndarray, alpha: float) -> int | None:
@@ -501,12 +536,46 @@ def _more_pairs(d: np.ndarray, alpha: float) -> int | None:
     return max(0, math.ceil(need) - d.size)
 
 
-def _refit_size(d: np.ndarray, held: float, resampled: float, shared: bool, k: int) -> int:
-    """Fresh pairs whose interval is no wider than the paper's fixed-``K`` one: ``K``
-    rollouts of the resampled arm against a fixed factual baseline (variance ``p(1 − p)/K``)."""
-    paper = max(resampled * (1 - resampled), 0.25 / max(k, 1))
-    ours = float(d.var()) if shared else held * (1 - held) + resampled * (1 - resampled)
-    return max(4, math.ceil(k * max(ours, 1e-3) / paper))
+REFIT_APART = 1 << 19  # the held arm's offset in an unpaired re-estimate (its own indices)
+REFIT_MARGIN = 1.5     # the re-estimate's variance is at most the paper's over this
+
+
+@dataclass(frozen=True)
+class RefitPlan:
+    """Fresh rollouts for the re-estimate: paired (both arms on the same indices) or unpaired
+    (each arm on its own indices, in Neyman proportion)."""
+
+    paired: bool
+    held: int
+    resampled: int
+
+
+def _smoothed_sd(mean: float, n: int) -> float:
+    q = (mean * n + 0.5) / (n + 1)
+    return math.sqrt(q * (1 - q))
+
+
+def _refit_plan(d: np.ndarray, held: float, resampled: float, shared: bool, k: int,
+                room: int) -> RefitPlan:
+    """As many fresh rollouts as give an interval narrower than the paper's fixed-``K`` one
+    (``K`` rollouts of the resampled arm against a fixed factual baseline: variance
+    ``p(1 − p)/K``; ours at most that over ``REFIT_MARGIN``), or ``room``. Whichever design
+    has the smaller variance per rollout, as the confirmation's pairs show it: pairs cost two
+    rollouts and carry ``var(d)``; unpaired arms in Neyman proportion carry
+    ``(σ_held + σ_resampled)²`` per rollout, which wins when the noise is not shared or the
+    held arm barely varies (a factual arm that always fails needs few rollouts of its own, and
+    its pair partner's would be spent for nothing)."""
+    m = max(int(d.size), 1)
+    s_hi, s_lo = _smoothed_sd(held, m), _smoothed_sd(resampled, m)
+    paper = max(resampled * (1 - resampled), 0.25 / max(k, 1)) / REFIT_MARGIN
+    per_pair = 2 * max(float(d.var()), 1e-3)
+    apart = (s_hi + s_lo) ** 2
+    if shared and per_pair <= apart:
+        pairs = min(max(4, math.ceil(k * per_pair / 2 / paper)), room // 2)
+        return RefitPlan(True, pairs, pairs)
+    total = min(max(8, math.ceil(k * apart / paper)), room)
+    hi = max(2, round(total * s_hi / (s_hi + s_lo)))
+    return RefitPlan(False, hi, max(0, total - hi))
 
 
 def _interval(d: np.ndarray, refit: np.ndarray | None, alpha: float, paired: bool,
@@ -520,7 +589,7 @@ def _interval(d: np.ndarray, refit: np.ndarray | None, alpha: float, paired: boo
         if shown and est > 0 and low <= 0:
             low = float(np.nextafter(0.0, 1.0))
         return est, ConfidenceSequence(est, (min(low, est), max(high, est)), 1.0 - alpha,
-                                       int(refit.size))
+                                       int(refit.size if paired else held_lo.size))
     est = float(d.mean())
     if not intervals:
         return est, None
@@ -565,7 +634,8 @@ def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = 
                 rise = (max(high * (1 - low), 1e-3), max(low * (1 - high), 1e-3))
         level = alpha * share(attempt)
         conf = _confirm(src, candidate, start, level, prior, rise,
-                        None if n == 1 or coupling.shared else nav.doubts(candidate))
+                        None if n == 1 or coupling.shared else nav.doubts(candidate),
+                        least=_least_rise(budget, level))
         start += conf.d.size
         if conf.found or not conf.futile or src.remaining < 2 or n == 1:
             break
@@ -601,17 +671,28 @@ def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = 
     if n > 1:  # the confirmation's pairs measure too: the re-estimate's are fresh again
         coupling = nav.coupling([(src.outcomes(c + 1, indices), src.outcomes(c, indices))])
     re_hi = re_lo = r = None
+    paired = coupling.shared
     if conf.found and refit:
-        want = min(_refit_size(d, held, resampled, coupling.shared, k), src.remaining // 2)
-        if want >= 1:
-            r = src.diffs(c + 1, c, range(REFIT, REFIT + want))
+        plan = _refit_plan(d, held, resampled, coupling.shared, k, src.remaining)
+        paired = plan.paired
+        if plan.paired and plan.held >= 1:
+            r = src.diffs(c + 1, c, range(REFIT, REFIT + plan.held))
             re_hi = src.outcomes(c + 1, range(REFIT, REFIT + r.size))
             re_lo = src.outcomes(c, range(REFIT, REFIT + r.size))
-    est, interval = _interval(d, r, alpha, coupling.shared, conf.found, prior, intervals,
+        elif not plan.paired and plan.resampled >= 1:
+            re_lo = src.outcomes(c, range(REFIT, REFIT + plan.resampled))
+            first = REFIT + REFIT_APART
+            re_hi = src.outcomes(c + 1, range(first, first + plan.held))
+            if re_hi.size and re_lo.size:
+                r = np.array([float(re_hi.mean() - re_lo.mean())])
+            else:
+                re_hi = re_lo = None
+    est, interval = _interval(d, r, alpha, paired, conf.found, prior, intervals,
                               re_hi, re_lo)
-    refit_mean = float(r.mean()) if r is not None and r.size else None
+    refit_mean = est if r is not None and r.size else None
+    refit_n = min(re_hi.size, re_lo.size) if re_hi is not None and re_lo is not None else 0
     return Decision(c, conf.found, interval, float(d.mean()), refit_mean,
-                    int(r.size) if r is not None else 0, held, resampled, int(d.size),
+                    refit_n, held, resampled, int(d.size),
                     None, exhausted=not conf.found, decided_spent=decided, coupling=coupling,
                     given_up=tuple(given_up), level=level,
                     more_pairs=None if conf.found else _more_pairs(d, level), estimate=est,

@@ -32,7 +32,7 @@ share ``n_S / n_f`` of the pooled term), so the coalitions stay independent and
 (``p̃ = (Σy + ½)/(n + 1)``, ``r`` the sample correlation of ``y`` and ``x``), plus
 ``d² x̃(1 − x̃)`` when ``x`` never varied, so a coalition that happened to show no variation is
 not taken as certain; the interval is Student-t with Welch–Satterthwaite degrees of freedom.
-Exact mode draws coalitions with independent noise (``coupled`` is False in its result): with
+Exact mode draws coalitions with independent noise (CAR hands them none to share): with
 unequal ``n_S`` common random numbers would need every coalition covariance, and on the planted
 games they raised the variance of ``φ`` rather than lowering it.
 
@@ -40,6 +40,12 @@ Permutation mode (otherwise): a unit is a random order of the players and its re
 (antithetic), each coalition visited once with one rollout, all visits of a unit on rollout
 index ``u`` (``v(∅)`` and ``v(N)`` are shared by the two orders, so a unit costs ``2p`` rollouts).
 Units are independent, so the t-interval over units covers permutation and rollout noise.
+
+Coupling, measured. In both modes every coalition is compared, rollout index by rollout index,
+with ``v(N)`` and ``v(∅)`` (``stats.coupling_of``): ``coupling_measured`` is how much those pairs
+agree beyond independent arms with the same rates, and ``coupled`` says whether that showed
+sharing (``coupling`` keeps what noise CAR handed out). Exact mode measures about zero by design;
+permutation mode measures what the agent and judge really share, whatever they claim.
 
 In both modes ``Σφ = v(N) − v(∅)`` holds replicate by replicate; the result reports both sides
 and their gap as a check. The budget is checked before every rollout; a replicate or unit that
@@ -65,7 +71,7 @@ from ..interventions import Plan, compile_plan, do_action, do_resample
 from ..outcome import OutcomeLike
 from ..results import GameValue, ShapleyResult, ShapleyValue
 from ..seeding import Noise, Stream
-from ..stats import Interval, t_interval, t_quantile, wilson
+from ..stats import Coupling, Interval, coupling_of, t_interval, t_quantile, wilson
 from ..trajectory import Trajectory, step_label
 from ._session import Session, check_run_has_steps, releasing
 
@@ -402,7 +408,8 @@ def _exact_result(run: Trajectory, game: Game, session: Session, samples: Sample
         values = [ShapleyValue(game.steps[i], game.labels[i], None, None, 0)
                   for i in range(game.p)]
     measured = Measured("exact", values, list(ys[game.full].values()), list(ys[0].values()),
-                        [v for arm in ys.values() for v in arm.values()])
+                        [v for arm in ys.values() for v in arm.values()],
+                        measured_coupling(ys, game.full))
     return _finish(Setting(run, game, session, cap, seed, level, params), measured)
 
 
@@ -422,9 +429,14 @@ def _result(run: Trajectory, game: Game, session: Session, y: dict[int, dict[int
                                        Interval.of(est.ci, level), est.n))
         else:
             values.append(ShapleyValue(game.steps[i], game.labels[i], None, None, 0))
+    by_mask: dict[int, dict[int, float]] = {}
+    for u, ys in y.items():
+        for m, v in ys.items():
+            by_mask.setdefault(m, {})[u] = v
     measured = Measured("permutation", values, [ys[game.full] for _, ys in complete],
                         [ys[0] for _, ys in complete],
-                        [v for ys in y.values() for v in ys.values()])
+                        [v for ys in y.values() for v in ys.values()],
+                        measured_coupling(by_mask, game.full))
     return _finish(Setting(run, game, session, cap, seed, level, params), measured)
 
 
@@ -450,6 +462,19 @@ class Measured:
     full: list[float]
     empty: list[float]
     seen: list[float]
+    coupling: Coupling
+
+
+def measured_coupling(by_mask: dict[int, dict[int, float]], full: int) -> Coupling:
+    """Coupling of the coalitions' outcomes with ``v(N)``'s and ``v(∅)``'s at the same rollout
+    index (module docstring): what the rollouts showed, not what noise was handed out."""
+    comparisons = []
+    for m, ys in sorted(by_mask.items()):
+        for end in {0, full} - {m}:
+            other = by_mask.get(end, {})
+            common = sorted(r for r in ys if r in other)
+            comparisons.append(([ys[r] for r in common], [other[r] for r in common]))
+    return coupling_of(comparisons)
 
 
 def _finish(setting: Setting, measured: Measured) -> ShapleyResult:
@@ -474,7 +499,10 @@ def _finish(setting: Setting, measured: Measured) -> ShapleyResult:
         run_id=run.id, mode=mode, values=tuple(values), total=total, v_full=v_full,
         v_empty=v_empty, efficiency_gap=gap, level=level, rollouts_used=session.meter.rollouts,
         budget=cap, truncated=session.tripped is not None, budget_note=session.tripped,
-        seed=seed, coupled=session.coupled, coupling=session.coupling,
+        seed=seed, coupled=measured.coupling.shared, coupling=session.coupling,
+        coupling_measured=measured.coupling.estimate,
+        coupling_ci=Interval.of(measured.coupling.ci, measured.coupling.level),
+        coupling_pairs=measured.coupling.pairs,
         tokens=session.meter.tokens,
         cost=round(session.meter.cost, 6), reason=reason, params=params,
         attribution_id=session.attribution_id, failures=session.failure_rows())
