@@ -47,7 +47,7 @@ def test_running_out_of_memory_is_one_line_and_not_an_internal_error(stored, mon
     def exhausted(*args, **kwargs):
         raise MemoryError
 
-    monkeypatch.setattr("car_core.replay.intervene", exhausted)
+    monkeypatch.setattr("car_core.cli.run_intervene", exhausted)  # what `intervene` runs
     monkeypatch.setattr("car_core.settings.contrastive", exhausted)  # what `attribute` runs
     for args in (["intervene", run.id, "--agent", PIVOT, "--do", "resample:2"],
                  ["attribute", run.id, "--agent", PIVOT, "--rollouts", "2"]):
