@@ -367,6 +367,10 @@ def attribute(
             "--resume", metavar="ATTRIBUTION_ID",
             help="Continue an interrupted attribution; finished branches are not re-run.")] = None,
         force_agent: ForceAgentOpt = False,
+        inside_locus: Annotated[bool, typer.Option(
+            "--what", help="Then look inside the locus: which message, tool result or document "
+                           "it decided from caused the failure (`car what` at the locus, "
+                           f"{defaults.CONTEXT_ROLLOUTS} rollouts more).")] = False,
         store: StoreOpt = "car.db", json_out: JsonOpt = False,
         progress: ProgressOpt = None) -> None:
     """Find the step that caused the failure (contrastive) or split the blame (shapley).
@@ -418,10 +422,18 @@ def attribute(
     finally:
         if bar:
             bar.close()
-    if json_out:
-        _print_json(result.to_dict())
-    else:
+    if not json_out:
         _print_result(result, time.monotonic() - started, store, run)
+    inside = None
+    if (inside_locus and isinstance(result, ContrastiveResult) and result.locus is not None
+            and isinstance(settings, ContrastiveSettings)):
+        inside = _context.look_inside(run, result.locus, the_agent, the_outcome,
+                                      alpha=settings.alpha, seed=settings.seed,
+                                      force_agent=force_agent)
+    if json_out:
+        _print_json({**result.to_dict(), **({"what": inside.to_dict()} if inside else {})})
+    elif inside is not None:
+        out.print(Text(kit.safe(str(inside))))
     undecided = isinstance(result, ContrastiveResult) and result.answer == Answer.UNDECIDED
     if result.truncated:
         what = "undecided" if undecided else "the budget ran out"
@@ -789,9 +801,9 @@ def _main(argv: list[str] | None, cx: Any) -> int:
     return code if isinstance(code, int) else 0
 
 
-from .cli_context import register as _register_context  # noqa: E402  (what / fix / export)
+from . import cli_context as _context  # noqa: E402  (what / fix / export)
 
-_register_context(sys.modules[__name__])
+_context.register(sys.modules[__name__])
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -93,6 +93,14 @@ def _what(run: Trajectory, step: int, agent: Any, outcome: Any, *, rollouts: int
                                alpha=alpha, seed=seed, splitter=split, force_agent=force_agent)
 
 
+def look_inside(run: Trajectory, step: int, agent: Any, outcome: Any, *, alpha: float,
+                seed: int, force_agent: bool) -> Any:
+    """``car attribute --what``: the context attribution at the locus just found, with the
+    budget ``car what`` uses by default."""
+    return _what(run, step, agent, outcome, rollouts=defaults.CONTEXT_ROLLOUTS, alpha=alpha,
+                 seed=seed, splitter=None, force_agent=force_agent)
+
+
 def what(run_id: Annotated[str, typer.Argument(help="Run id.")], agent: AgentOpt,
          outcome: OutcomeOpt = None, step: StepOpt = None,
          rollouts: RolloutsOpt = defaults.CONTEXT_ROLLOUTS, alpha: AlphaOpt = defaults.ALPHA,

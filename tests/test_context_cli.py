@@ -104,3 +104,25 @@ def test_car_what_looks_inside_the_locus_of_the_latest_attribution(
     assert json.loads(proc.stdout)["step"] == 0
     html = (cwd / "r.html").read_text()
     assert 'id="what"' in html and 'id="rescue"' in html  # the attribution's page, with the panel
+
+
+def test_car_attribute_what_finds_the_locus_then_the_message_inside_it(tmp_path: Path) -> None:
+    """A world whose one decision follows the injected P.S. with probability 0.6 (and never
+    without it): re-drawing step 0 rescues 1 − 0.6 = 0.4, so the attribution (64 rollouts)
+    names it, and removing message 3 rescues 0.6, so `--what` names that message inside it
+    with `car what`'s default budget. Seeds are fixed, so the run is the same every time."""
+    (tmp_path / "planted.py").write_text(
+        "from car_core.synthetic_context import injected\n\n"
+        "def world():\n    return injected(10, p_hi=0.6, p_lo=0.0)\n")
+    run = injected(10, p_hi=0.6, p_lo=0.0).failing_run(0)
+    with RunStore(tmp_path / "car.db") as store:
+        store.save(run)
+    proc = car("attribute", run.id, "--agent", "planted:world", "--rollouts", "64", "--what",
+               "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["locus"] == 0 and data["what"]["step"] == 0 and data["what"]["named"] == [3]
+    text = car("attribute", run.id, "--agent", "planted:world", "--rollouts", "64", "--what",
+               cwd=tmp_path)
+    assert text.returncode == 0, text.stderr
+    assert "Locus: step 0" in text.stdout and "user message 3: rescue" in text.stdout
