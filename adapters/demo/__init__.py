@@ -33,12 +33,14 @@ from ..common.messages import describe_action
 from ..langgraph import CarCallback, CarChatModel, LangGraphAgent
 from . import refund_desk, support_agent
 
-SETTINGS = {  # rollouts per arm, tickets to try, wall-time caps (s): attribution, each do(·)
-    # branches stop once the refund rule is settled (its outcome's settled hook), so a branch
-    # costs one model call at most: n·K = 96 rollouts for the attribution, 16 for each do(·)
+SETTINGS = {  # rollouts per arm, tickets to try, wall-time caps (s): attribution, each do(·),
+    # the context attribution. Branches stop once the refund rule is settled (its outcome's
+    # settled hook), so a branch costs one model call at most: n·K = 96 rollouts for the
+    # attribution, 16 for each do(·), 64 for the context attribution (about a minute idle)
     "local": {"rollouts": 32, "tries": 12, "wall_time": 120.0, "intervene_time": 40.0,
-              "intervene_rollouts": 16},
-    "synthetic": {"rollouts": 32, "tries": 100, "wall_time": 60.0, "intervene_time": 30.0},
+              "what_time": 120.0, "intervene_rollouts": 16},
+    "synthetic": {"rollouts": 32, "tries": 100, "wall_time": 60.0, "intervene_time": 30.0,
+                  "what_time": 30.0},
 }
 
 
@@ -134,7 +136,9 @@ def run_demo(policy: str = "local", store: str = "car.db", report: str | None = 
                                 progress=progress, budget=cap)
         print()
         print(_checks(res, decision, factual, rescued))
-        what = _what(run, agent, decision, outcome, 4 * checks, seed, cap)
+        what = _what(run, agent, decision, outcome, 4 * checks, seed,
+                     car.Budget(wall_time=settings["what_time"] if time_caps else None
+                                ))  # type: ignore[index]
         written = _write_report(res, run, db, report, what)
         elapsed = time.monotonic() - started
         print(f"\n{'wrote ' + written + '; ' if written else ''}done in {elapsed:.0f}s. "
@@ -207,6 +211,9 @@ def _what(run: car.Trajectory, agent: Any, step: int, outcome: Any, rollouts: in
               f"{s.rescue:+.3f} [{lo:+.3f}, {hi:+.3f}]")
     if not what.named:
         print("  no sentence shown to cause it at this budget")
+    if what.truncated:
+        print(f"  (stopped by the wall-time cap after {what.rollouts_used} of {rollouts} "
+              "rollouts)")
     return what
 
 
