@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,6 +32,17 @@ def store(tmp_path: Path) -> Iterator[RunStore]:
     s = RunStore(tmp_path / "car.db")
     yield s
     s.close()
+
+
+@pytest.fixture
+def servers() -> Iterator[list[Any]]:
+    """Stub model servers a test starts (``dying_server.DyingServer``), in order; whatever is
+    still up at the end is stopped."""
+    started: list[Any] = []
+    yield started
+    for s in started:
+        if not s.stopped.is_set():
+            s.stop()
 
 
 

@@ -13,47 +13,38 @@ no retries of its own): a dead server surfaces as the client's own ``APIConnecti
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 from car_adapters.llamaindex import CarRecorder, LlamaIndexAgent, step_rng
-from car_adapters.llamaindex._messages import MessageToolCalls, from_dict, to_dicts
+from car_adapters.llamaindex._messages import from_dict, to_dicts
 from car_adapters.openai import wire_messages
+from dying_server import Counted, comparable
 from llama_index.core.agent.workflow import FunctionAgent
-from llama_index.core.base.llms.types import ChatMessage, ChatResponse, LLMMetadata
+from llama_index.core.base.llms.types import ChatMessage, ChatResponse
 from llama_index.core.bridge.pydantic import PrivateAttr
-from llama_index.core.llms.callbacks import llm_chat_callback
-from llama_index.core.llms.function_calling import FunctionCallingLLM
+from llamaindex_stub import AsyncReplyLLM
 from servers import free_port, halfway
 from test_models_server_down import TOOLS, ModelServer
 
 import car_core as car
 from car_core.errors import ModelUnavailable
-from car_core.execution import Executor, Sequential, Task
+from car_core.execution import Executor, Sequential
 from car_core.store import RunStore
 
 ROLLOUTS = 8
 
 
-class LoopbackLLM(MessageToolCalls, FunctionCallingLLM):
+class LoopbackLLM(AsyncReplyLLM):
     """A function-calling LLM over an OpenAI-compatible server. The request seed comes from
     the CAR step's noise on a branch (so branches are coupled), else from a counter."""
 
     base_url: str = ""
     uses_car_noise: bool = True
     _count: int = PrivateAttr(default=0)
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "LoopbackLLM"
-
-    @property
-    def metadata(self) -> LLMMetadata:
-        return LLMMetadata(is_function_calling_model=True, is_chat_model=True,
-                           model_name="stub-model")
 
     async def _reply(self, messages: Sequence[ChatMessage]) -> ChatResponse:
         rng = step_rng()
@@ -71,24 +62,6 @@ class LoopbackLLM(MessageToolCalls, FunctionCallingLLM):
              "function": {"name": c.function.name, "arguments": c.function.arguments}}
             for c in msg.tool_calls or ()]}
         return ChatResponse(message=from_dict(out))
-
-    @llm_chat_callback()
-    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return await self._reply(messages)
-
-    def chat(self, *a: Any, **k: Any) -> Any:
-        raise NotImplementedError
-
-    stream_chat = complete = stream_complete = acomplete = astream_complete = chat
-
-    @llm_chat_callback()
-    async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any
-                           ) -> AsyncGenerator[ChatResponse, None]:
-        resp = await self._reply(messages)
-
-        async def gen() -> AsyncGenerator[ChatResponse, None]:
-            yield resp
-        return gen()
 
 
 def lookup_order(order_id: str) -> str:
@@ -111,22 +84,6 @@ def refunded(run: car.Trajectory) -> bool:
                for c in (s.action or {}).get("tool_calls") or ())
 
 
-class Counted:
-    """Sequential branches, noting how many model calls each one cost."""
-
-    def __init__(self, server: Callable[[], ModelServer]) -> None:
-        self.server, self.calls = server, {}  # type: ignore[var-annotated]
-
-    def run(self, fn: Callable[[Task], Any], tasks: Sequence[Task],
-            may_start: Callable[[], bool]) -> Iterator[tuple[Task, Any]]:
-        before = self.server().answered
-        for task, result in Sequential().run(fn, tasks, may_start):
-            now = self.server().answered
-            self.calls[(task.arm, task.rollout)] = now - before
-            before = now
-            yield task, result
-
-
 def attribute(store: RunStore, run: car.Trajectory, base_url: str, aid: str,
               executor: Executor) -> Any:
     return car.contrastive(run, LlamaIndexAgent(make_agent(base_url)), outcome=refunded,
@@ -134,25 +91,9 @@ def attribute(store: RunStore, run: car.Trajectory, base_url: str, aid: str,
                            executor=executor, search="full", progress=False)
 
 
-def comparable(res: Any) -> dict[str, Any]:
-    out = res.to_dict()
-    for volatile in ("attribution_id", "example_branch"):
-        out.pop(volatile)
-    return out
-
-
 @pytest.fixture
 def port() -> int:
     return free_port()
-
-
-@pytest.fixture
-def servers(port: int) -> Iterator[list[ModelServer]]:
-    started: list[ModelServer] = []
-    yield started
-    for s in started:
-        if not s.stopped.is_set():
-            s.stop()
 
 
 def test_llamaindex_attribution_stops_on_an_outage_and_resumes(

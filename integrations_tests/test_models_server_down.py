@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 from collections.abc import Callable, Iterator, Sequence
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 from car_adapters.models.chat_agent import ChatAgent, tool_schema
 from car_adapters.openai import OpenAIPolicy
-from servers import _Handler, free_port, halfway
+from dying_server import DyingServer, chat_completion, comparable
+from servers import free_port, halfway
 
 import car_core as car
 from car_core.errors import ModelUnavailable
@@ -67,58 +66,13 @@ def _call(name: str, seed: int) -> dict[str, Any]:
          "function": {"name": name, "arguments": json.dumps({"order_id": "42"})}}]}
 
 
-class _ChatHandler(_Handler):
-    def do_POST(self) -> None:
-        owner: ModelServer = self.owner
-        req = self.body()
-        with owner.lock:
-            up = not owner.down
-            if up:
-                owner.answered += 1
-                if owner.answered == owner.answers:  # this is the last answer it gives
-                    owner.go_down()
-        if not up:  # down: hang up without a word, like a process that died
-            self.close_connection = True
-            return
-        message = reply(int(req["seed"]), req["messages"])
-        self.send_json(200, {
-            "id": f"chatcmpl-{req['seed']}", "object": "chat.completion", "created": 0,
-            "model": req["model"], "system_fingerprint": "stub-fp",
-            "choices": [{"index": 0, "logprobs": None, "message": message,
-                         "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
-            "usage": {"prompt_tokens": 20, "completion_tokens": 5, "total_tokens": 25}})
+class ModelServer(DyingServer):
+    """The stub: its reply is a function of the request's seed and messages only."""
 
-
-class ModelServer:
-    """The stub on ``127.0.0.1:port``. ``answered`` counts the chat completions it answered;
-    after ``answers`` of them (None: never) it goes down for good."""
-
-    def __init__(self, port: int, answers: int | None = None) -> None:
-        self.port, self.answers = port, answers
-        self.answered = 0
-        self.down = False
-        self.lock = threading.Lock()
-        self.stopped = threading.Event()
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), _ChatHandler)
-        self.httpd.owner = self  # type: ignore[attr-defined]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def go_down(self) -> None:
-        """Refuse everything from now on: drop requests at once, and stop listening (in a
-        helper thread, as a handler may not wait for its own server's shutdown)."""
-        self.down = True
-        threading.Thread(target=self.stop, daemon=True).start()
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=10)
-        self.stopped.set()
+    def respond(self, req: dict[str, Any]) -> dict[str, Any]:
+        return chat_completion(reply(int(req["seed"]), req["messages"]),
+                               completion_id=f"chatcmpl-{req['seed']}", model=req["model"],
+                               system_fingerprint="stub-fp")
 
 
 @pytest.fixture
@@ -177,13 +131,6 @@ def attribute(store: RunStore, run: car.Trajectory, base_url: str, aid: str,
     return car.contrastive(run, make_agent(base_url), outcome=refunded, rollouts=ROLLOUTS,
                            seed=11, store=store, attribution_id=aid, executor=executor,
                            search="full", progress=False)
-
-
-def comparable(res: ContrastiveResult) -> dict[str, Any]:
-    out = res.to_dict()
-    for volatile in ("attribution_id", "example_branch"):  # branch ids are fresh uuids
-        out.pop(volatile)
-    return out
 
 
 def model_calls(store: RunStore, branch_id: str) -> int:

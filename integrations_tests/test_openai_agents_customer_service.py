@@ -33,14 +33,8 @@ from agents.exceptions import ModelBehaviorError
 from agents.models.interface import Model
 from car_adapters.common.messages import assistant, tool_call
 from car_adapters.openai_agents import CarRecorder, OpenAIAgentsAgent, ScriptedModel
-from openai.types.responses import (
-    Response,
-    ResponseCompletedEvent,
-    ResponseOutputItemDoneEvent,
-    ResponseTextDeltaEvent,
-    ResponseUsage,
-)
-from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
+from car_adapters.openai_agents.fake import completed_event
+from openai.types.responses import ResponseOutputItemDoneEvent, ResponseTextDeltaEvent
 from pydantic import BaseModel
 
 import car_core as car
@@ -487,18 +481,8 @@ class StreamingModel(Model):
             seq += 1
         if not self.completed:
             return
-        u = resp.usage
-        usage = ResponseUsage(input_tokens=u.input_tokens, output_tokens=u.output_tokens,
-                              total_tokens=u.total_tokens,
-                              input_tokens_details=InputTokensDetails.model_validate(
-                                  {"cached_tokens": 0, "cache_write_tokens": 0}),
-                              output_tokens_details=OutputTokensDetails(reasoning_tokens=0))
-        yield ResponseCompletedEvent(type="response.completed", sequence_number=seq,
-                                     response=Response(
-                                         id="streamed", created_at=0, model="planted",
-                                         object="response", output=[], tool_choice="auto",
-                                         tools=[], parallel_tool_calls=True, usage=usage,
-                                         status="completed"))
+        yield completed_event(resp.usage, output=[], model="planted", response_id="streamed",
+                              sequence_number=seq)
 
 
 def streaming(app: Airline, seat_agent_completes: bool = True) -> Airline:

@@ -16,23 +16,20 @@ then books the exit row 4A when the seed is even (12A when odd) and says it is d
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from http.server import ThreadingHTTPServer
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from agents import OpenAIChatCompletionsModel, Runner
 from car_adapters.openai_agents import CarRecorder, OpenAIAgentsAgent
+from dying_server import Counted, DyingServer, chat_completion, comparable
 from openai import AsyncOpenAI
-from servers import StubOpenAIServer, _Handler, free_port, halfway
+from servers import StubOpenAIServer, free_port, halfway
 from test_openai_agents_customer_service import (
     REQUEST,
     Airline,
@@ -43,7 +40,7 @@ from test_openai_agents_customer_service import (
 
 import car_core as car
 from car_core.errors import ModelUnavailable
-from car_core.execution import Executor, Sequential, Task
+from car_core.execution import Executor, Sequential
 from car_core.store import RunStore
 
 ROOT = Path(__file__).resolve().parent
@@ -71,76 +68,15 @@ def _call(name: str, args: dict[str, Any], seed: int) -> dict[str, Any]:
          "function": {"name": name, "arguments": json.dumps(args)}}]}
 
 
-class _AirlineHandler(_Handler):
-    def setup(self) -> None:
-        super().setup()
-        with self.owner.lock:
-            self.owner.connections.add(self.request)
+class AirlineServer(DyingServer):
+    """The stub airline model: its reply is a function of the request's seed, messages and
+    tools (the recording run sends no seed: 0)."""
 
-    def finish(self) -> None:
-        with self.owner.lock:
-            self.owner.connections.discard(self.request)
-        super().finish()
-
-    def do_POST(self) -> None:
-        owner: AirlineServer = self.owner
-        req = self.body()
-        with owner.lock:
-            up = not owner.down
-            if up:
-                owner.answered += 1
-                if owner.answered == owner.answers:  # the last answer it gives
-                    owner.go_down()
-        if not up:  # down: hang up without a word, like a process that died
-            self.close_connection = True
-            return
+    def respond(self, req: dict[str, Any]) -> dict[str, Any]:
         tools = [t["function"]["name"] for t in req.get("tools") or ()]
-        seed = int(req.get("seed", 0))  # the recording run sends none
-        message = reply(seed, req["messages"], tools)
-        self.send_json(200, {
-            "id": f"chatcmpl-{seed}", "object": "chat.completion", "created": 0,
-            "model": req["model"],
-            "choices": [{"index": 0, "logprobs": None, "message": message,
-                         "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
-            "usage": {"prompt_tokens": 20, "completion_tokens": 5, "total_tokens": 25}})
-
-
-class AirlineServer:
-    """The stub on ``127.0.0.1:port``; after ``answers`` answers (None: never) it dies for
-    good, as a process does: it stops listening (later connections are refused) and drops
-    every open connection (the client's kept-alive ones included)."""
-
-    def __init__(self, port: int, answers: int | None = None) -> None:
-        self.port, self.answers = port, answers
-        self.answered = 0
-        self.down = False
-        self.lock = threading.Lock()
-        self.stopped = threading.Event()
-        self.connections: set[socket.socket] = set()
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), _AirlineHandler)
-        self.httpd.owner = self  # type: ignore[attr-defined]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def go_down(self) -> None:
-        self.down = True
-        threading.Thread(target=self.stop, daemon=True).start()
-
-    def stop(self) -> None:
-        self.down = True
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        with self.lock:
-            open_now = list(self.connections)
-        for conn in open_now:
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
-        self.thread.join(timeout=10)
-        self.stopped.set()
+        seed = int(req.get("seed", 0))
+        return chat_completion(reply(seed, req["messages"], tools),
+                               completion_id=f"chatcmpl-{seed}", model=req["model"])
 
 
 def http_app(base_url: str) -> Airline:
@@ -159,44 +95,11 @@ def make_agent() -> OpenAIAgentsAgent:
     return wrapped(http_app(os.environ[URL_VAR]))
 
 
-class Counted:
-    """Sequential branches, noting how many model calls each one cost."""
-
-    def __init__(self, server: Callable[[], AirlineServer]) -> None:
-        self.server = server
-        self.calls: dict[tuple[str, int], int] = {}
-
-    def run(self, fn: Callable[[Task], Any], tasks: Sequence[Task],
-            may_start: Callable[[], bool]) -> Iterator[tuple[Task, Any]]:
-        before = self.server().answered
-        for task, result in Sequential().run(fn, tasks, may_start):
-            now = self.server().answered
-            self.calls[(task.arm, task.rollout)] = now - before
-            before = now
-            yield task, result
-
-
 def attribute(store: RunStore, run: car.Trajectory, app: Airline, aid: str,
               executor: Executor) -> Any:
     return car.contrastive(run, wrapped(app), outcome=booked_exit_row, rollouts=ROLLOUTS,
                            seed=5, store=store, attribution_id=aid, executor=executor,
                            search="full", progress=False)
-
-
-def comparable(res: Any) -> dict[str, Any]:
-    out = res.to_dict()
-    for volatile in ("attribution_id", "example_branch"):
-        out.pop(volatile)
-    return out
-
-
-@pytest.fixture
-def servers() -> Iterator[list[AirlineServer]]:
-    started: list[AirlineServer] = []
-    yield started
-    for s in started:
-        if not s.stopped.is_set():
-            s.stop()
 
 
 def record(app: Airline, store: Path | None = None) -> car.Trajectory:

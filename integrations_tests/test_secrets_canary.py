@@ -27,7 +27,7 @@ import json
 import logging
 import threading
 import traceback
-from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -41,7 +41,7 @@ from agents import Agent, OpenAIChatCompletionsModel, Runner, set_tracing_disabl
 from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent
 from car_adapters.llamaindex import CarRecorder as LlamaRecorder
 from car_adapters.llamaindex import LlamaIndexAgent
-from car_adapters.llamaindex._messages import MessageToolCalls, from_dict, to_dicts
+from car_adapters.llamaindex._messages import from_dict, to_dicts
 from car_adapters.models.chat_agent import ChatAgent
 from car_adapters.ollama import OllamaPolicy
 from car_adapters.openai import OpenAIPolicy, wire_messages
@@ -51,10 +51,9 @@ from langchain_openai import ChatOpenAI
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 from llama_index.core.agent.workflow import FunctionAgent
-from llama_index.core.base.llms.types import ChatMessage, ChatResponse, LLMMetadata
+from llama_index.core.base.llms.types import ChatMessage, ChatResponse
 from llama_index.core.bridge.pydantic import PrivateAttr
-from llama_index.core.llms.callbacks import llm_chat_callback
-from llama_index.core.llms.function_calling import FunctionCallingLLM
+from llamaindex_stub import AsyncReplyLLM
 from servers import _Server
 
 import car_core as car
@@ -328,7 +327,7 @@ def _langgraph(key: Canary | None, header: Canary | None, url: Canary | None
     return make
 
 
-class CanaryLLM(MessageToolCalls, FunctionCallingLLM):
+class CanaryLLM(AsyncReplyLLM):
     """A LlamaIndex function-calling LLM over an ``openai.AsyncOpenAI`` client it holds (as
     LlamaIndex's ``OpenAI`` LLM does)."""
 
@@ -338,39 +337,12 @@ class CanaryLLM(MessageToolCalls, FunctionCallingLLM):
         super().__init__()
         self._client = client
 
-    @classmethod
-    def class_name(cls) -> str:
-        return "CanaryLLM"
-
-    @property
-    def metadata(self) -> LLMMetadata:
-        return LLMMetadata(is_function_calling_model=True, is_chat_model=True,
-                           model_name="stub-model")
-
     async def _reply(self, messages: Sequence[ChatMessage]) -> ChatResponse:
         resp = await self._client.chat.completions.create(
             model="stub-model", messages=wire_messages(to_dicts(messages)))  # type: ignore[arg-type]
         msg = resp.choices[0].message
         return ChatResponse(message=from_dict({"role": "assistant", "content": msg.content,
                                                "tool_calls": []}))
-
-    @llm_chat_callback()
-    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return await self._reply(messages)
-
-    def chat(self, *a: Any, **k: Any) -> Any:
-        raise NotImplementedError
-
-    stream_chat = complete = stream_complete = acomplete = astream_complete = chat
-
-    @llm_chat_callback()
-    async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any
-                           ) -> AsyncGenerator[ChatResponse, None]:
-        resp = await self._reply(messages)
-
-        async def gen() -> AsyncGenerator[ChatResponse, None]:
-            yield resp
-        return gen()
 
 
 def lookup_order(order_id: str) -> str:

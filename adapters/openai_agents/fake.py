@@ -70,14 +70,21 @@ class ScriptedModel(Model):
                               previous_response_id: Any = None, conversation_id: Any = None,
                               prompt: Any = None) -> AsyncIterator[Any]:
         resp = self._respond(system_instructions, input, tools, handoffs)
-        u = resp.usage
-        usage = ResponseUsage(input_tokens=u.input_tokens, output_tokens=u.output_tokens,
-                              total_tokens=u.total_tokens,
-                              input_tokens_details=InputTokensDetails.model_validate(
-                                  {"cached_tokens": 0, "cache_write_tokens": 0}),
-                              output_tokens_details=OutputTokensDetails(reasoning_tokens=0))
-        response = Response(id="scripted", created_at=0, model=self.model, object="response",
-                            output=resp.output, tool_choice="auto", tools=[], top_p=None,
-                            parallel_tool_calls=True, status="completed", usage=usage)
-        yield ResponseCompletedEvent(type="response.completed", response=response,
-                                     sequence_number=0)
+        yield completed_event(resp.usage, output=resp.output, model=self.model,
+                              response_id="scripted")
+
+
+def completed_event(usage: Usage, *, output: list[Any], model: str, response_id: str,
+                    sequence_number: int = 0) -> ResponseCompletedEvent:
+    """The ``response.completed`` event that ends a stream, carrying ``usage`` as the SDK's
+    Responses types spell it: a streaming model yields it last so the run counts its tokens."""
+    tokens = ResponseUsage(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                           total_tokens=usage.total_tokens,
+                           input_tokens_details=InputTokensDetails.model_validate(
+                               {"cached_tokens": 0, "cache_write_tokens": 0}),
+                           output_tokens_details=OutputTokensDetails(reasoning_tokens=0))
+    response = Response(id=response_id, created_at=0, model=model, object="response",
+                        output=output, tool_choice="auto", tools=[], top_p=None,
+                        parallel_tool_calls=True, status="completed", usage=tokens)
+    return ResponseCompletedEvent(type="response.completed", response=response,
+                                  sequence_number=sequence_number)
