@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,7 +28,10 @@ from car_adapters.common.messages import assistant, tool_call
 from car_adapters.llamaindex import CarRecorder, LlamaIndexAgent, ScriptedLLM
 from llama_index.core.agent.workflow import FunctionAgent
 
-import car_core as car
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from recording_table import print_recording_table  # noqa: E402
+
+import car_core as car  # noqa: E402
 
 
 def make_agent(steps: int) -> FunctionAgent:
@@ -83,20 +86,9 @@ def main() -> None:
                   rollouts=args.runs, progress=False)
     branch_s = (time.process_time() - start) / args.runs
 
-    n = args.runs
-    plain = times["plain"]
-    print(f"LlamaIndex recording overhead: {args.rounds} rounds x {n} runs of {args.steps} "
-          f"decisions, zero-latency scripted LLM (CPU time)")
-    print(f"{'case':<36} {'ms/run':>8} {'ms/step':>8} {'overhead ms/step':>17} "
-          f"{'x plain (median)':>17}")
-    for case, ts in times.items():
-        per_run = statistics.median(ts) / n
-        ratio = statistics.median(t / p for t, p in zip(ts, plain, strict=True))
-        extra = (statistics.median(ts) - statistics.median(plain)) / n / args.steps
-        print(f"{case:<36} {per_run * 1e3:>8.2f} {per_run / args.steps * 1e3:>8.2f} "
-              f"{extra * 1e3:>17.3f} {ratio:>17.2f}")
-    print(f"{'branch at the last step (' + str(args.steps - 1) + ' held)':<36} "
-          f"{branch_s * 1e3:>8.2f}")
+    title = (f"LlamaIndex recording overhead: {args.rounds} rounds x {args.runs} runs of "
+             f"{args.steps} decisions, zero-latency scripted LLM (CPU time)")
+    print_recording_table(title, times, args.runs, args.steps, branch_s)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from _broken_agent import write_raising_agent
 from _report_data import contrastive_dict
 
 from car_core import synthetic as syn
@@ -389,20 +390,7 @@ def test_demo_records_attributes_and_writes_the_report(tmp_path):
 
 def test_an_agent_that_raises_exits_5_with_the_step(pivot_store):
     folder, run = pivot_store
-    (folder / "broken.py").write_text(textwrap.dedent('''
-        import car_core.synthetic as syn
-
-        def make():
-            agent = syn.pivot().agent()
-
-            def policy(history, rng):
-                raise RuntimeError("model exploded")
-
-            agent.policy = policy
-            return agent
-
-        outcome = syn.pivot().outcome
-    '''))
+    write_raising_agent(folder, "model exploded")
     proc = car("intervene", run.id, "--agent", "broken:make", "--outcome", "broken:outcome",
                "--do", "resample:2", "--rollouts", "2", cwd=folder)
     assert proc.returncode == 5

@@ -17,6 +17,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from _broken_agent import write_raising_agent
 
 import car_core as car
 from car_core import cli
@@ -186,20 +187,7 @@ def test_cli_intervene_keeps_no_trajectory_and_prints_the_same_estimate(stored):
 
 
 def test_every_branch_failing_says_why(tmp_path, pivot_run):
-    (tmp_path / "broken.py").write_text(textwrap.dedent('''
-        import car_core.synthetic as syn
-
-        def make():
-            agent = syn.pivot().agent()
-
-            def policy(history, rng):
-                raise RuntimeError("broken tool")
-
-            agent.policy = policy
-            return agent
-
-        outcome = syn.pivot().outcome
-    '''))
+    write_raising_agent(tmp_path, "broken tool")
     path = tmp_path / "car.db"
     with RunStore(path) as s:
         s.save(pivot_run)
