@@ -30,7 +30,7 @@ from .errors import InvalidInput
 from .redact import redact, redact_json
 from .report_context import context_panels
 from .report_plots import arms_plot, rescue_plot, shapley_plot
-from .trajectory import Trajectory, step_label
+from .trajectory import Trajectory, is_failure, step_label
 from .vocabulary import Answer, Origin
 
 _ENV = jinja2.Environment(
@@ -424,7 +424,7 @@ def _arm_outcomes(branches: Iterable[Mapping[str, Any]] | None) -> list[dict[str
         return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", arm)]
 
     for arm, vals in sorted(by_arm.items(), key=lambda kv: natural(kv[0])):
-        fails = sum(1 for v in vals if v >= 0.5)
+        fails = sum(1 for v in vals if is_failure(v))
         rows.append({"arm": arm, "n": len(vals), "fail": fails, "ok": len(vals) - fails,
                      "mean": _fmt(sum(vals) / len(vals)),
                      "fail_pct": round(100 * fails / len(vals), 1)})

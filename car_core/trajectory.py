@@ -21,6 +21,13 @@ from .redact import holds_secret, scrub
 from .vocabulary import Origin, RunStatus
 
 ORIGINS = tuple(Origin)
+FAILED_AT = 0.5  # an outcome value at or above it counts as a failure where one is counted
+
+
+def is_failure(value: float) -> bool:
+    """Whether an outcome value counts as a failure: the one threshold every count uses (a
+    run's ``failed``, a report's fail / ok counts, an exact test on pass/fail outcomes)."""
+    return value >= FAILED_AT
 
 
 @dataclass(frozen=True)
@@ -211,7 +218,7 @@ class Trajectory:
 
     @property
     def failed(self) -> bool:
-        return self.outcome is not None and self.outcome.value >= 0.5
+        return self.outcome is not None and is_failure(self.outcome.value)
 
     def step(self, k: int) -> Step:
         if not 0 <= k < len(self.steps):

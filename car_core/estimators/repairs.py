@@ -41,7 +41,7 @@ from ..interventions import (
     do_observation,
 )
 from ..stats import Coupling, Interval, check_level, coupling_of, wilson
-from ..trajectory import History, Trajectory
+from ..trajectory import History, Trajectory, is_failure
 from ._arms import StepArms, check_rollouts
 
 LOOKS = (0.25, 0.5, 0.75, 1.0)  # shares of the per-arm cap at which the ranking looks
@@ -241,7 +241,7 @@ def repairs(run: Trajectory, agent: Any, *, step: int, candidates: Iterable[Any]
         got = arms.run_arms(jobs)
         for (a, _), b in sorted(got.items(), key=lambda kv: kv[0][1]):
             values[a].append(b.value)
-            if a != "arm-0" and b.value < 0.5 and a not in rescued:
+            if a != "arm-0" and not is_failure(b.value) and a not in rescued:
                 rescued[a] = b.action
         done = size
         if arms.meter.tripped or any(not values[a] for a in active):
