@@ -39,16 +39,19 @@ class BranchLoop:
             return self._loop
 
 
-def run_sync(make: Callable[[], Coroutine[Any, Any, T]], loop: BranchLoop | None = None) -> T:
+def run_sync(make: Callable[[], Coroutine[Any, Any, T]],
+             loop: BranchLoop | asyncio.AbstractEventLoop | None = None) -> T:
     """Run the coroutine ``make()`` to completion from sync code, even when a loop is already
-    running here (which then waits, as any blocking call makes it): on ``loop`` when given,
-    else on a fresh loop (in a worker thread when this thread runs one)."""
+    running here (which then waits, as any blocking call makes it): on ``loop`` when given (an
+    adapter's ``BranchLoop``, or a running loop of the app's, such as the one an async
+    checkpointer is bound to), else on a fresh loop (in a worker thread when this thread runs
+    one)."""
     try:
         running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
     except RuntimeError:
         running = None
     if loop is not None:
-        target = loop.get()
+        target = loop.get() if isinstance(loop, BranchLoop) else loop
         if running is target:
             raise AdapterError("a CAR branch was started from inside another branch",
                                hint="call car.intervene / contrastive / shapley outside the app")

@@ -60,7 +60,6 @@ import os
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -78,6 +77,7 @@ from car_core.contract import Noise, Plan, RunStatus, Trajectory, scored
 from car_core.errors import AdapterError, InvalidInput
 
 from ..common.messages import ToolSafety
+from ..common.sync import run_sync
 from .branch_state import BranchState, answerable_calls
 from .callback import CarCallback
 from .checkpoints import fork, thread_config
@@ -214,17 +214,9 @@ class LangGraphAgent:
 
     def _invoke(self, value: Any, config: dict[str, Any], **kwargs: Any) -> Any:
         loop = self._saver_loop()
-        if loop is not None:
-            return asyncio.run_coroutine_threadsafe(self.app.ainvoke(value, config, **kwargs),
-                                                    loop).result()
-        if not self.is_async:
+        if loop is None and not self.is_async:
             return self.app.invoke(value, config, **kwargs)
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(self.app.ainvoke(value, config, **kwargs))
-        with ThreadPoolExecutor(max_workers=1) as pool:  # called from inside an event loop
-            return pool.submit(asyncio.run, self.app.ainvoke(value, config, **kwargs)).result()
+        return run_sync(lambda: self.app.ainvoke(value, config, **kwargs), loop)
 
     def fingerprint(self) -> dict[str, Any]:
         """The app's graphs, tools and node code (``car_adapters.langgraph.fingerprint``): a
