@@ -70,16 +70,15 @@ def _model(policy: str) -> Any:
 def _record_failure(app: Any, wrapper: CarChatModel, cb: CarCallback, policy: str,
                     tries: int, scenario: SimpleNamespace, seed: int) -> car.Trajectory | None:
     base = wrapper.inner
-    outcome = scenario.app.outcome
     for i in range(tries):
         if policy == "local":  # a fresh sample per ticket; the seed makes each one replayable
             wrapper.inner = base.model_copy(update={"seed": seed * 1000 + i})
         app.invoke(scenario.app.inputs(), {"configurable": {"thread_id": f"ticket-{i}"},
                                            "callbacks": [cb], "recursion_limit": 20})
         run = cb.run
-        verdict = f"FAILED ({scenario.failure})" if outcome(run) else "ok"
+        verdict = f"FAILED ({scenario.failure})" if run.failed else "ok"
         print(f"  ticket {i}: {len(run.steps)} steps, {verdict}")
-        if outcome(run):
+        if run.failed:
             return run
     wrapper.inner = base
     return None
@@ -106,7 +105,7 @@ def run_demo(policy: str = "local", store: str = "car.db", report: str | None = 
         from langgraph.checkpoint.sqlite import SqliteSaver  # loaded only when a demo runs
         wrapper = CarChatModel(inner=model)
         app = app_module.build_app(wrapper, SqliteSaver(conn))
-        cb = CarCallback(store=db)
+        cb = CarCallback(store=db, outcome=outcome)  # stored scored: `car runs` shows which failed
         print(f"recording support tickets with the {policy} model into {store} ...")
         run = _record_failure(app, wrapper, cb, policy, settings["tries"],  # type: ignore[index]
                               scenario, seed)
