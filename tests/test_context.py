@@ -131,7 +131,7 @@ def test_lasso_recovers_a_sparse_sign_design() -> None:
 
 # -- planted worlds ------------------------------------------------------------------------------
 # Seeds are fixed, so each test is deterministic; the thresholds are the targets themselves,
-# and the measured rates sit well above them (1.00 named, 0.93 coverage, ≤ 0.02 false): if the
+# and the measured rates sit well above them (1.00 named, 0.93–0.96 coverage): if the
 # true naming rate were 0.99, P(fewer than 95 of 100 seeds) = P(Bin(100, 0.01) > 5) ≈ 0.0006.
 SEEDS = 100
 
@@ -181,14 +181,19 @@ def test_the_cause_is_named_in_95_percent_of_seeds_when_the_policy_draws_its_own
     # bar is the target itself, 95%: at a true rate of 0.978, P(Bin(300, 0.022) > 15) ≈ 0.001,
     # at 0.97 still 0.02; a mechanism at 0.91 (the fixed half-and-half split with Fisher's
     # test) would pass with probability 0.007.
+    # The screen's intervals, which its stopping rule looks at, still cover (measured 0.944).
     world = injected(10, shared_noise=False, flip=0.1)
     seeds = 300
-    named = 0
+    named = covered = intervals = 0
     for seed in range(seeds):
         result = _attribute(world, seed, 64)
         assert result.rollouts_used <= 64 and result.test == "Boschloo's exact test"
         named += world.causal[0] in {s.source.index for s in result.named}
+        for s in result.sources:
+            intervals += 1
+            covered += s.ci[0] <= world.effect(s.source.index) <= s.ci[1]
     assert named >= 0.95 * seeds
+    assert covered >= 0.90 * intervals
 
 
 def test_a_clear_screen_stops_early_and_hands_its_rollouts_to_the_confirmation() -> None:

@@ -308,10 +308,11 @@ class _Screen:
 
 def _read_screen(masks: np.ndarray, done: list[int], ya: np.ndarray, yb: np.ndarray,
                  z: float) -> _Screen:
-    """Fit the surrogate and choose the candidates: the top source by weight, and those with
-    a positive weight the screen does not show to trail it (they could be as strong: a
-    second cause of an interaction). ``clear`` when the screen shows the top ahead of every
-    other source, zero weights included: more screening could not add a candidate."""
+    """Fit the surrogate and choose the candidates: the top source by weight, and those the
+    screen does not show to trail it that carry at least ``FOCUS`` of its weight (they could
+    be as strong: a second cause of an interaction). ``clear`` when the screen shows the top
+    ahead of every other source, zero weights included: it is then confirmed alone, with all
+    the rollouts the screen has not spent."""
     signs = np.where(masks[done], 1.0, -1.0)
     diffs = ya - yb
     weights = surrogate(signs, diffs)
