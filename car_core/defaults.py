@@ -10,5 +10,5 @@ ALPHA = 0.05  # contrastive: family-wise error rate over the steps tested
 LEVEL = 0.95  # confidence level of intervals (shapley, intervene); 1 - ALPHA
 SHAPLEY_BUDGET = 2000  # shapley: total rollouts
 CONCURRENCY = 16  # branches in flight for the asyncio and Ray executors
-CONTEXT_ROLLOUTS = 64  # context_attribution: total rollouts (half screen, half confirm)
+CONTEXT_ROLLOUTS = 64  # context_attribution: all its rollouts (¼–½ screen, the rest confirm)
 REPAIR_ROLLOUTS = 64  # repairs: rollouts per candidate at most (the baseline arm included)

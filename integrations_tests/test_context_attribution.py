@@ -5,9 +5,10 @@ counted: no branch may run one (the ledger of real calls stays where the recordi
 Each app's decision reads one planted source; with it present the model takes the failing
 action with probability 0.9, without it 0.1 (LlamaIndex, OpenAI Agents) or 0 (LangGraph). So
 the source's leave-one-out rescue is 0.8 (0.9), every other source's is 0. Budget: 64
-rollouts = 16 antithetic pairs to screen and ≥ 8 per arm to confirm at most three sources;
-Fisher's one-sided test of 0.9 against 0.1 on 8 + 8 rollouts has p ≈ 0.001 at the expected
-counts, far under α / 3. Seeds are fixed, so each test is deterministic.
+rollouts = at most 16 antithetic pairs to screen and at least 32 rollouts to confirm at most
+three sources (unpaired, 14 for the full context and 6 for each removal); Boschloo's one-sided
+test of 0.9 against 0.1 on 14 + 6 rollouts has p ≈ 0.001 at the expected counts, far under
+α / 3. Seeds are fixed, so each test is deterministic.
 """
 
 from __future__ import annotations

@@ -10,7 +10,15 @@ import pytest
 import car_core as car
 from car_core.context_sources import ablate, split
 from car_core.errors import InvalidInput
-from car_core.estimators.context import fisher_greater, holm, lasso, sign_test
+from car_core.estimators.context import (
+    boschloo_greater,
+    confirm_sizes,
+    fisher_greater,
+    holm,
+    lasso,
+    screen_looks,
+    sign_test,
+)
 from car_core.synthetic_context import ContextWorld, injected, interaction, no_cause, poisoned_tool
 from car_core.trajectory import History, Step
 
@@ -72,6 +80,41 @@ def test_exact_tests_match_their_closed_forms() -> None:
     assert fisher_greater(0, 3, 3, 3) == pytest.approx(1.0)
 
 
+def test_boschloo_matches_its_closed_form_and_is_never_less_powerful_than_fisher() -> None:
+    # 3/3 failed vs 0/3: the only table at least as extreme has probability π³(1 − π)³ under a
+    # common rate π, largest at π = 1/2: 1/64 (Fisher conditions on the margin: 1/20)
+    assert boschloo_greater(3, 3, 0, 3) == pytest.approx(1 / 64, rel=1e-6)
+    for table in [(7, 10, 2, 10), (12, 16, 5, 16), (5, 8, 4, 9), (0, 6, 3, 6)]:
+        assert boschloo_greater(*table) <= fisher_greater(*table) + 1e-9
+
+
+def test_boschloo_keeps_its_size_at_every_common_failure_rate() -> None:
+    # exact size: the probability, under a common rate π, of every table it rejects at α
+    from math import comb
+    n = 10
+
+    def pmf(k: int, pi: float) -> float:
+        return comb(n, k) * pi ** k * (1 - pi) ** (n - k)
+
+    rejected = [(i, j) for i in range(n + 1) for j in range(n + 1)
+                if boschloo_greater(i, n, j, n) <= ALPHA]
+    for pi in (0.1, 0.3, 0.5, 0.7, 0.9):
+        assert sum(pmf(i, pi) * pmf(j, pi) for i, j in rejected) <= ALPHA + 1e-9
+
+
+def test_the_screen_looks_from_a_quarter_to_half_of_the_rollouts() -> None:
+    assert screen_looks(64) == [8, 10, 12, 14, 16]  # pairs: 16 rollouts first, 32 at most
+    assert screen_looks(8) == [2]
+    assert screen_looks(128)[0] == 16 and screen_looks(128)[-1] == 32
+
+
+def test_the_confirmation_splits_its_rollouts_in_neyman_proportion_when_unpaired() -> None:
+    assert confirm_sizes(40, 1, paired=False) == (20, 20)
+    full, each = confirm_sizes(40, 2, paired=False)
+    assert full + 2 * each <= 40 and each == 11 and full == 18  # 18 / 11 ≈ √2
+    assert confirm_sizes(40, 3, paired=True) == (10, 10)  # pairs need equal arms
+
+
 def test_holm_steps_down() -> None:
     assert holm([0.01, 0.04, 0.2], 0.05) == [True, False, False]  # 0.04 > 0.05 / 2
     assert holm([0.01, 0.02, 0.04], 0.05) == [True, True, True]
@@ -88,7 +131,7 @@ def test_lasso_recovers_a_sparse_sign_design() -> None:
 
 # -- planted worlds ------------------------------------------------------------------------------
 # Seeds are fixed, so each test is deterministic; the thresholds are the targets themselves,
-# and the measured rates sit well above them (1.00 named, 0.93 coverage, ≤ 0.02 false): if the
+# and the measured rates sit well above them (1.00 named, 0.93–0.96 coverage): if the
 # true naming rate were 0.99, P(fewer than 95 of 100 seeds) = P(Bin(100, 0.01) > 5) ≈ 0.0006.
 SEEDS = 100
 
@@ -132,12 +175,47 @@ def test_an_interaction_of_two_names_both_and_halves_their_banzhaf_effect() -> N
     assert covered >= 0.90 * intervals
 
 
+def test_the_cause_is_named_in_95_percent_of_seeds_when_the_policy_draws_its_own_noise() -> None:
+    # No shared noise and a judge that flips 10% of outcomes: P(fail) is 0.82 with the injected
+    # message and 0.18 without. Measured: 293 of these 300 seeds, 0.978 over seeds 0–599. The
+    # bar is the target itself, 95%: at a true rate of 0.978, P(Bin(300, 0.022) > 15) ≈ 0.001,
+    # at 0.97 still 0.02; a mechanism at 0.91 (the fixed half-and-half split with Fisher's
+    # test) would pass with probability 0.007.
+    # The screen's intervals, which its stopping rule looks at, still cover (measured 0.944).
+    world = injected(10, shared_noise=False, flip=0.1)
+    seeds = 300
+    named = covered = intervals = 0
+    for seed in range(seeds):
+        result = _attribute(world, seed, 64)
+        assert result.rollouts_used <= 64 and result.test == "Boschloo's exact test"
+        named += world.causal[0] in {s.source.index for s in result.named}
+        for s in result.sources:
+            intervals += 1
+            covered += s.ci[0] <= world.effect(s.source.index) <= s.ci[1]
+    assert named >= 0.95 * seeds
+    assert covered >= 0.90 * intervals
+
+
+def test_a_clear_screen_stops_early_and_hands_its_rollouts_to_the_confirmation() -> None:
+    world = injected(10)
+    stopped = 0
+    for seed in range(20):
+        result = _attribute(world, seed, 64)
+        assert result.rollouts_used == 64 and [s.source.index for s in result.named] == [3]
+        stopped += result.sources[0].pairs < screen_looks(64)[-1]
+    assert stopped >= 10  # measured: 19 of these 20 seeds stop before half the budget
+
+
 @pytest.mark.parametrize("shared", [True, False], ids=["shared-noise", "own-noise"])
 def test_no_false_source_in_more_than_alpha_of_seeds_on_a_no_cause_world(shared: bool) -> None:
+    # FWER ≤ α means the count of seeds with a false source is at most Bin(600, α): its 99th
+    # percentile is 43 (P(more) = 0.008), so a procedure at its level passes; one at 2α
+    # (mean 60) passes with probability 0.01. Measured here: 24 of 600 own noise (3.6% of
+    # 1,000 seeds), 0 shared.
     world = no_cause(10, p=0.5, flip=0.1, shared_noise=shared)
-    seeds = 200
+    seeds = 600
     false = sum(bool(_attribute(world, s, 64).named) for s in range(seeds))
-    assert false <= ALPHA * seeds
+    assert false <= 43
 
 
 def test_the_result_says_what_it_found_and_round_trips_to_json() -> None:

@@ -3,28 +3,40 @@
 The state step ``k`` decided from is cut into sources (``car_core.context_sources``). Two
 stages, on separate rollouts, so what the first chooses cannot bias what the second tests:
 
-1. **Screen.** ``P`` antithetic pairs of random ablations: a mask keeps each source with
-   probability 1/2, its complement keeps the others, and both halves of a pair run at one rollout
-   index (the same noise where the agent takes CAR's). A source's *effect* is
-   ``E[y | kept] − E[y | removed]`` over random contexts of the others: its Banzhaf value on the
-   game ``v(S) = P(fail | only S kept)``. Each pair holds the source in exactly one half, so its
-   estimate is a mean over pairs of the kept half minus the removed half, with a paired Newcombe
-   interval at ``level`` (the pairs are independent units, whatever noise their halves share).
-   A sparse linear surrogate (the lasso, as ContextCite fits) on the same pairs ranks the
-   sources. How much the halves of a pair agree beyond what their failure rates allow is the
-   coupling measured (``stats.coupling_of``), within the strata of the strongest source so
-   that its effect does not read as disagreement; it chooses the confirmation's test.
-2. **Confirm.** The top few by the surrogate (at most ``CANDIDATES``, each with a positive
-   weight at least ``FOCUS`` times the top one, so the budget is not spread over also-rans)
-   are each left out alone, against the full context, on fresh rollouts: a one-sided
-   exact test of ``P(fail | full) > P(fail | without j)`` — the sign test on discordant pairs
-   when stage 1 measured shared noise, Fisher's test otherwise — with Holm's procedure over the
-   candidates at ``alpha``. The sources it rejects are *named*; each carries its leave-one-out
-   *rescue* with a Newcombe interval at ``1 − alpha / candidates``.
+1. **Screen.** Antithetic pairs of random ablations: a mask keeps each source with probability
+   1/2, its complement keeps the others, and both halves of a pair run at one rollout index (the
+   same noise where the agent takes CAR's). A source's *effect* is ``E[y | kept] − E[y |
+   removed]`` over random contexts of the others: its Banzhaf value on the game ``v(S) = P(fail
+   | only S kept)``. Each pair holds the source in exactly one half, so its estimate is a mean
+   over pairs of the kept half minus the removed half, with a paired Newcombe interval at
+   ``level`` (the pairs are independent units, whatever noise their halves share; the stopping
+   rule below looks at the same pairs, so these intervals' coverage is measured in
+   ``benchmarks/context.py``, not proved). A sparse linear surrogate (the lasso, as ContextCite
+   fits) on the same pairs ranks the sources. The screen looks after a quarter of the rollouts
+   and then every sixteenth, and stops once its top source is *clear*: ahead of every other
+   source's effect at one-sided level ``RIVAL_LEVEL`` (a normal test on the pairs' contributions
+   to the gap). It never spends more than ``SCREEN_SHARE``; what it does not spend goes to the
+   confirmation, where one clear cause needs it. How much the halves of a pair agree beyond what
+   their failure rates allow is the coupling measured (``stats.coupling_of``), within the strata
+   of the strongest source so that its effect does not read as disagreement; it chooses the
+   confirmation's test.
+2. **Confirm.** The top source by weight, and beside it at most ``CANDIDATES − 1`` rivals the
+   screen could not show to trail it, each with a positive weight at least ``FOCUS`` times the
+   top one (a second cause of an interaction; a source with a fraction of the top weight would
+   only split the budget) are each left out alone, against the full context, on fresh
+   rollouts: a one-sided exact test of ``P(fail | full) > P(fail | without j)`` — the sign test
+   on discordant pairs when stage 1 measured shared noise (every arm the same size, since only
+   index-matched rollouts pair), Boschloo's test otherwise (the full arm, shared by the ``k``
+   comparisons, gets ``√k`` times a removal arm's rollouts: Neyman's allocation) — with Holm's
+   procedure over the candidates at ``alpha``. The sources it rejects are *named*; each carries
+   its leave-one-out *rescue* with a Newcombe interval at ``1 − alpha / candidates``.
 
-FWER: the candidates and the test are chosen from stage-1 data only, and stage 2's rollouts are
-independent of it, so conditionally on stage 1 Holm keeps ``P(any source named whose removal
-does not rescue) ≤ alpha``; hence unconditionally too.
+FWER: when the screen stops, which candidates, how many rollouts each arm gets and which test
+runs are all functions of stage-1 outcomes only, and stage 2's rollouts (indices the screen
+never used, so noise streams it never drew) are independent of them. Conditionally on stage 1,
+each candidate's p-value is therefore valid (exact tests at sizes fixed before stage 2 runs) and
+Holm keeps ``P(any source named whose removal does not rescue) ≤ alpha``; averaging over stage
+1, so does the procedure.
 """
 
 from __future__ import annotations
@@ -42,13 +54,16 @@ from ..context_sources import Source, Splitter, keep_all, remover, split, state_
 from ..errors import BudgetExhausted, InvalidInput
 from ..execution import Executor
 from ..interventions import do_context
-from ..stats import Coupling, Interval, check_level, coupling_of, difference
+from ..stats import Coupling, Interval, check_level, coupling_of, difference, z_value
 from ..trajectory import Trajectory
 from ._arms import StepArms, capped, check_rollouts
 
 CANDIDATES = 3  # most sources confirmed one by one
-FOCUS = 0.25  # confirm only sources whose weight is at least this share of the top weight
-SCREEN_SHARE = 0.5  # of the rollouts spent screening; the rest confirm
+RIVAL_LEVEL = 0.9  # a source stays a rival of the top one unless shown to trail it at this level
+FOCUS = 0.5  # and is confirmed beside it only with at least this share of the top one's weight
+SCREEN_SHARE = 0.5  # the most of the rollouts the screen spends; the rest confirm
+SCREEN_FIRST = 0.25  # of the rollouts spent before the screen's first look
+SCREEN_STEP = 1 / 16  # of the rollouts added between its looks
 LASSO_PENALTY = 0.5  # the lasso's λ as a multiple of the universal threshold σ·sqrt(2 log m / n)
 
 
@@ -199,14 +214,25 @@ def fisher_greater(a_fail: int, a_n: int, b_fail: int, b_n: int) -> float:
                for i in range(a_fail, min(a_n, total) + 1)) / denom
 
 
+def boschloo_greater(a_fail: int, a_n: int, b_fail: int, b_n: int) -> float:
+    """One-sided Boschloo exact p-value for ``P(fail | a) > P(fail | b)``: Fisher's p-value
+    as the statistic, its null distribution maximised over the common failure rate. Exact
+    like Fisher's test, and never less powerful, which counts at the few tens of rollouts
+    an arm gets here."""
+    from scipy.stats import boschloo_exact  # scipy.stats loads at the first test, not on import
+    table = [[a_fail, b_fail], [a_n - a_fail, b_n - b_fail]]
+    return float(boschloo_exact(table, alternative="greater").pvalue)
+
+
 def one_sided(full: Sequence[float], without: Sequence[float], paired: bool) -> float:
-    """p-value of ``P(fail | full) > P(fail | without)``; scores count as failures at ≥ 1/2."""
+    """p-value of ``P(fail | full) > P(fail | without)``; scores count as failures at ≥ 1/2.
+    Paired: the sign test on discordant pairs; unpaired: Boschloo's test."""
     if paired:
         wins = sum(1 for a, b in zip(full, without, strict=True) if a > b)
         losses = sum(1 for a, b in zip(full, without, strict=True) if a < b)
         return sign_test(wins, losses)
-    return fisher_greater(sum(v >= 0.5 for v in full), len(full),
-                          sum(v >= 0.5 for v in without), len(without))
+    return boschloo_greater(sum(v >= 0.5 for v in full), len(full),
+                            sum(v >= 0.5 for v in without), len(without))
 
 
 def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
@@ -246,6 +272,112 @@ def _check_sources(given: Sequence[Source] | None, found: tuple[Source, ...], ru
     return tuple(Source(i, s.label, s.text, s.path, s.span, s.blank) for i, s in enumerate(chosen))
 
 
+def screen_looks(rollouts: int) -> list[int]:
+    """The numbers of pairs after which the screen looks: a quarter of the rollouts first,
+    then a sixteenth more at a time, up to ``SCREEN_SHARE`` of them."""
+    most = max(2, int(rollouts * SCREEN_SHARE) // 2)
+    looks = [min(most, max(2, int(rollouts * SCREEN_FIRST) // 2))]
+    step = max(1, int(rollouts * SCREEN_STEP) // 2)
+    while looks[-1] < most:
+        looks.append(min(most, looks[-1] + step))
+    return looks
+
+
+def _leads(signs: np.ndarray, diffs: np.ndarray, top: int, j: int, z: float) -> bool:
+    """Whether the screen shows source ``top``'s effect above source ``j``'s at the one-sided
+    level whose normal quantile is ``z``: each pair's contribution to the gap of the two
+    Banzhaf estimates is ``(s_top − s_j)·(y_a − y_b)``, and the pairs are independent units."""
+    gap = (signs[:, top] - signs[:, j]) * diffs
+    n = len(gap)
+    se = float(np.std(gap, ddof=1)) / math.sqrt(n) if n > 1 else math.inf
+    return float(gap.mean()) > z * se
+
+
+@dataclass(frozen=True)
+class _Screen:
+    """What the screen's pairs say: per pair the halves' outcomes and each source's sign
+    (+1 kept in the first half), the surrogate's weights, and the sources to confirm."""
+
+    ya: np.ndarray
+    yb: np.ndarray
+    signs: np.ndarray
+    weights: np.ndarray
+    candidates: list[int]
+    clear: bool
+
+
+def _read_screen(masks: np.ndarray, done: list[int], ya: np.ndarray, yb: np.ndarray,
+                 z: float) -> _Screen:
+    """Fit the surrogate and choose the candidates: the top source by weight, and those the
+    screen does not show to trail it that carry at least ``FOCUS`` of its weight (they could
+    be as strong: a second cause of an interaction). ``clear`` when the screen shows the top
+    ahead of every other source, zero weights included: it is then confirmed alone, with all
+    the rollouts the screen has not spent."""
+    signs = np.where(masks[done], 1.0, -1.0)
+    diffs = ya - yb
+    weights = surrogate(signs, diffs)
+    effects = (signs * diffs[:, None]).mean(axis=0)
+    order = sorted(range(masks.shape[1]), key=lambda j: (-weights[j], -effects[j]))
+    top = order[0]
+    if weights[top] <= 0:
+        return _Screen(ya, yb, signs, weights, [], False)
+    rivals = [j for j in order[1:] if not _leads(signs, diffs, top, j, z)]
+    cands = [top] + [j for j in rivals if weights[j] > 0 and weights[j] >= FOCUS * weights[top]]
+    return _Screen(ya, yb, signs, weights, cands[:CANDIDATES], not rivals)
+
+
+def _screen(arms: StepArms, srcs: tuple[Source, ...], step: int, rollouts: int,
+            rng: np.random.Generator, run: Trajectory) -> _Screen:
+    """Antithetic pairs of random ablations, looked at after each batch: the screen stops
+    once its top source is clear of all others (the rest of the budget confirms it), or at
+    ``SCREEN_SHARE`` of the rollouts."""
+    m = len(srcs)
+    looks = screen_looks(rollouts)
+    masks = rng.random((looks[-1], m)) < 0.5
+    z = z_value(2 * RIVAL_LEVEL - 1)  # the one-sided quantile at RIVAL_LEVEL
+
+    def jobs_for(r: int) -> list[tuple[str, int, Any]]:
+        out = []
+        for half, kept in (("a", masks[r]), ("b", ~masks[r])):
+            removed = [j for j in range(m) if not kept[j]]
+            out.append((f"mask-{r}{half}", r, do_context(step, remover(srcs, removed),
+                                                         label=f"ablate {sorted(removed)}")))
+        return out
+
+    got: dict[tuple[str, int], Any] = {}
+    start = 0
+    screen: _Screen | None = None
+    for upto in looks:
+        got.update(arms.run_arms([job for r in range(start, upto) for job in jobs_for(r)]))
+        start = upto
+        done = [r for r in range(upto) if (f"mask-{r}a", r) in got and (f"mask-{r}b", r) in got]
+        if len(done) >= 2:
+            ya = np.array([got[(f"mask-{r}a", r)].value for r in done])
+            yb = np.array([got[(f"mask-{r}b", r)].value for r in done])
+            screen = _read_screen(masks, done, ya, yb, z)
+            if screen.clear:
+                break
+        if arms.meter.tripped:
+            break
+    if screen is None:
+        raise BudgetExhausted(f"fewer than two ablation pairs could run "
+                              f"({arms.meter.tripped or 'their branches failed'})",
+                              run_id=run.id, hint="raise rollouts (or the budget)")
+    return screen
+
+
+def confirm_sizes(remaining: int, candidates: int, paired: bool) -> tuple[int, int]:
+    """Rollouts of the full-context arm and of each removal arm. Paired: equal, since only
+    index-matched rollouts enter the sign test. Unpaired: Neyman's allocation for ``k``
+    differences that share the full arm (``n_full = √k · n_removal`` minimises the summed
+    variance when the arms' variances are equal); for one candidate, an even split."""
+    if paired:
+        n = remaining // (candidates + 1)
+        return n, n
+    n = int(remaining // (candidates + math.sqrt(candidates)))
+    return remaining - candidates * n, n
+
+
 def context_attribution(run: Trajectory, agent: Any, *, step: int, outcome: Callable[..., Any],
                         rollouts: int = defaults.CONTEXT_ROLLOUTS,
                         sources: Sequence[Source] | None = None,
@@ -265,28 +397,8 @@ def context_attribution(run: Trajectory, agent: Any, *, step: int, outcome: Call
     srcs = _check_sources(sources, split(state_of(run, step), splitter), run, step)
     m = len(srcs)
     rng = np.random.default_rng(np.random.SeedSequence(entropy=seed, spawn_key=(7, step)))
-    n_pairs = max(2, int(rollouts * SCREEN_SHARE) // 2)
-    masks = rng.random((n_pairs, m)) < 0.5
-
-    def jobs_for(r: int) -> list[tuple[str, int, Any]]:
-        keep = masks[r]
-        out = []
-        for half, kept in (("a", keep), ("b", ~keep)):
-            removed = [j for j in range(m) if not kept[j]]
-            out.append((f"mask-{r}{half}", r, do_context(step, remover(srcs, removed),
-                                                         label=f"ablate {sorted(removed)}")))
-        return out
-
-    got = arms.run_arms([job for r in range(n_pairs) for job in jobs_for(r)])
-    done = [r for r in range(n_pairs) if (f"mask-{r}a", r) in got and (f"mask-{r}b", r) in got]
-    ya = np.array([got[(f"mask-{r}a", r)].value for r in done])
-    yb = np.array([got[(f"mask-{r}b", r)].value for r in done])
-    if len(done) < 2:
-        raise BudgetExhausted(f"fewer than two ablation pairs could run "
-                              f"({arms.meter.tripped or 'their branches failed'})",
-                              run_id=run.id, hint="raise rollouts (or the budget)")
-    signs = np.where(masks[done], 1.0, -1.0)
-    weights = surrogate(signs, ya - yb)
+    sc = _screen(arms, srcs, step, rollouts, rng, run)
+    ya, yb, signs, weights = sc.ya, sc.yb, sc.signs, sc.weights
     measured = _coupling(ya, yb, signs[:, int(np.argmax(np.abs(weights)))])
     paired = measured.shared
     screened = []
@@ -295,35 +407,37 @@ def context_attribution(run: Trajectory, agent: Any, *, step: int, outcome: Call
         removed = [float(b if s > 0 else a) for a, b, s in zip(ya, yb, signs[:, j], strict=True)]
         d = difference(kept, removed, level, paired=True)  # the pair is the sampling unit
         screened.append(SourceEffect(srcs[j], d.estimate, Interval(*d.ci, level),
-                                     float(weights[j]), len(done)))
-    order = sorted(range(m), key=lambda j: (-weights[j], -screened[j].effect))
-    top = max(float(weights.max()), 0.0)
-    cands = [j for j in order if weights[j] > 0 and weights[j] >= FOCUS * top][:CANDIDATES]
+                                     float(weights[j]), len(ya)))
+    cands = sc.candidates
     p_full: float | None = None
-    test = "sign test on paired rollouts" if paired else "Fisher's exact test"
-    per_arm = arms.remaining // (len(cands) + 1) if cands else 0
-    if cands and per_arm >= 2:
-        base = n_pairs
+    test = "sign test on paired rollouts" if paired else "Boschloo's exact test"
+    n_full, n_each = confirm_sizes(arms.remaining, len(cands), paired) if cands else (0, 0)
+    if cands and n_each >= 2:
+        base = screen_looks(rollouts)[-1]  # rollout indices the screen never used
         jobs = [("full", base + r, do_context(step, keep_all, label="full context"))
-                for r in range(per_arm)]
+                for r in range(n_full)]
         for j in cands:
             jobs += [(f"without-{j}", base + r, do_context(step, remover(srcs, [j])))
-                     for r in range(per_arm)]
+                     for r in range(n_each)]
         conf = arms.run_arms(jobs)
-        full = {r: conf[("full", base + r)].value for r in range(per_arm)
+        full = {r: conf[("full", base + r)].value for r in range(n_full)
                 if ("full", base + r) in conf}
         p_full = sum(full.values()) / len(full) if full else None
         pvals, rows = [], []
         for j in cands:
-            rs = [r for r in full if (f"without-{j}", base + r) in conf]
-            a = [full[r] for r in rs]
-            b = [conf[(f"without-{j}", base + r)].value for r in rs]
+            without = {r: conf[(f"without-{j}", base + r)].value for r in range(n_each)
+                       if (f"without-{j}", base + r) in conf}
+            if paired:  # only index-matched rollouts pair up
+                rs = [r for r in without if r in full]
+                a, b = [full[r] for r in rs], [without[r] for r in rs]
+            else:
+                a, b = list(full.values()), list(without.values())
             rows.append((a, b))
-            pvals.append(one_sided(a, b, paired) if rs else 1.0)
+            pvals.append(one_sided(a, b, paired) if a and b else 1.0)
         verdicts = holm(pvals, alpha)
         rescue_level = 1.0 - alpha / len(cands)
         for j, (a, b), p, named in zip(cands, rows, pvals, verdicts, strict=True):
-            loo = difference(a, b, rescue_level, paired=paired) if a else None
+            loo = difference(a, b, rescue_level, paired=paired) if a and b else None
             s = screened[j]
             screened[j] = SourceEffect(
                 s.source, s.effect, s.ci, s.weight, s.pairs,
@@ -332,7 +446,7 @@ def context_attribution(run: Trajectory, agent: Any, *, step: int, outcome: Call
                 p_value=p, named=named)
     arms.finish()
     # undecided: candidates left unconfirmed for want of rollouts, or the budget cut it short
-    truncated = (bool(cands) and per_arm < 2) or bool(arms.meter.tripped)
+    truncated = (bool(cands) and n_each < 2) or bool(arms.meter.tripped)
     return ContextAttribution(
         run_id=run.id, step=step, sources=tuple(screened), alpha=alpha, level=level, seed=seed,
         rollouts_used=arms.meter.rollouts, budget=rollouts, p_full=p_full, coupled=paired,
