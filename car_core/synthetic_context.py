@@ -111,7 +111,7 @@ class ContextWorld:
         agent = self.agent()
         for s in range(seed * tries, seed * tries + tries):
             run = record(agent, context=self.context(), outcome=self.outcome, seed=s)
-            if run.outcome is not None and run.outcome.value >= 0.5:
+            if run.failed:
                 return run
         raise InvalidInput("no failing run found", hint="raise p_hi")
 

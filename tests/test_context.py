@@ -144,6 +144,9 @@ def test_the_causal_source_is_named_in_95_percent_of_seeds_at_m10_within_64_roll
         result = _attribute(world, seed, 64)
         assert result.rollouts_used <= 64
         named += world.causal[0] in {s.source.index for s in result.named}
+        for s in result.named:  # the test showed the rescue positive: so does its interval
+            assert s.rescue_ci is not None and s.rescue is not None
+            assert 0.0 <= s.rescue_ci[0] <= s.rescue <= s.rescue_ci[1]
         for s in result.sources:
             intervals += 1
             covered += s.ci[0] <= world.effect(s.source.index) <= s.ci[1]
@@ -189,6 +192,9 @@ def test_the_cause_is_named_in_95_percent_of_seeds_when_the_policy_draws_its_own
         result = _attribute(world, seed, 64)
         assert result.rollouts_used <= 64 and result.test == "Boschloo's exact test"
         named += world.causal[0] in {s.source.index for s in result.named}
+        for s in result.named:  # the test showed the rescue positive: so does its interval
+            assert s.rescue_ci is not None and s.rescue is not None
+            assert 0.0 <= s.rescue_ci[0] <= s.rescue <= s.rescue_ci[1]
         for s in result.sources:
             intervals += 1
             covered += s.ci[0] <= world.effect(s.source.index) <= s.ci[1]

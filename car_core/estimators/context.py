@@ -49,13 +49,14 @@ from typing import Any
 import numpy as np
 
 from .. import defaults
+from .. import formatting as fmt
 from ..budget import Budget
 from ..context_sources import Source, Splitter, keep_all, remover, split, state_of
 from ..errors import BudgetExhausted, InvalidInput
 from ..execution import Executor
 from ..interventions import do_context
 from ..stats import Coupling, Interval, check_level, coupling_of, difference, z_value
-from ..trajectory import Trajectory
+from ..trajectory import Trajectory, is_failure
 from ._arms import StepArms, capped, check_rollouts
 
 CANDIDATES = 3  # most sources confirmed one by one
@@ -151,18 +152,26 @@ class ContextAttribution:
         for s in sorted(self.sources, key=lambda e: -e.effect):
             lines.append(f"  [{s.source.index}] {s.effect:+.3f} [{s.ci[0]:+.3f}, "
                          f"{s.ci[1]:+.3f}]  {s.source.label}")
-        lines.append(f"coupled={self.coupled} (measured {_pct(self.coupling.estimate)} over "
-                     f"{self.coupling.pairs} pairs)")
+        lines.append(f"coupled={self.coupled}" + (
+            f"; coupling measured {fmt.num(self.coupling.estimate)} "
+            f"{fmt.interval(self.coupling.ci)} from {self.coupling.pairs} pairs"
+            if self.coupling.estimate is not None else
+            "; coupling not measurable (an arm never varied): the unpaired test is used"))
         return "\n".join(lines)
+
+
+def _rescue_interval(ci: tuple[float, float], level: float, named: bool) -> Interval:
+    """A leave-one-out rescue's interval. A named source's rescue was shown positive by the
+    exact test, so its lower end is raised to zero where the two-sided Newcombe interval
+    reached below it (as the contrastive estimator does for a confirmed step): a named source
+    never shows an interval that says its removal may not rescue."""
+    low, high = ci
+    return Interval(max(low, 0.0) if named else low, high, level)
 
 
 def _clip(text: str, width: int = 60) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= width else flat[: width - 1] + "…"
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.0%}"
 
 
 # -- the surrogate ---------------------------------------------------------------------------
@@ -231,8 +240,8 @@ def one_sided(full: Sequence[float], without: Sequence[float], paired: bool) -> 
         wins = sum(1 for a, b in zip(full, without, strict=True) if a > b)
         losses = sum(1 for a, b in zip(full, without, strict=True) if a < b)
         return sign_test(wins, losses)
-    return boschloo_greater(sum(v >= 0.5 for v in full), len(full),
-                            sum(v >= 0.5 for v in without), len(without))
+    return boschloo_greater(sum(map(is_failure, full)), len(full),
+                            sum(map(is_failure, without)), len(without))
 
 
 def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
@@ -442,7 +451,7 @@ def context_attribution(run: Trajectory, agent: Any, *, step: int, outcome: Call
             screened[j] = SourceEffect(
                 s.source, s.effect, s.ci, s.weight, s.pairs,
                 rescue=None if loo is None else loo.estimate,
-                rescue_ci=None if loo is None else Interval(*loo.ci, rescue_level),
+                rescue_ci=None if loo is None else _rescue_interval(loo.ci, rescue_level, named),
                 p_value=p, named=named)
     arms.finish()
     # undecided: candidates left unconfirmed for want of rollouts, or the budget cut it short
