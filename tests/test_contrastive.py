@@ -393,6 +393,32 @@ def test_a_probe_that_only_matches_h_n_is_not_called_level_until_coupling_is_sho
     assert w.side(Fixed(np.array([0.0, 1.0, 1.0, 0.0, 0.0, 0.0])), 6, 4) is None
 
 
+def test_a_probe_that_copies_neither_side_ends_the_witness_verdicts():
+    """Steps that share CAR's noise behind a judge that draws its own: a probe copies a side
+    at the few witness indices by chance often enough to place it wrongly (a true pivot called
+    level). Under wholly shared noise every probe copies H_0 or H_n exactly, so one that copies
+    neither shows the sharing is partial: from then on the witnesses decide nothing, even a
+    probe that copies a side, and the bisection does not rest on them."""
+    from car_core.estimators.search import Witnesses
+
+    class Fixed:
+        remaining = 100
+
+        def __init__(self, d):
+            self.d = d
+
+        def diffs(self, hi, lo, indices):
+            return self.d[list(indices)]
+
+    gate = np.array([0.0, 1.0, 0.0, 0.0, 1.0, 0.0])
+    w = Witnesses.of(gate)
+    assert w.side(Fixed(gate), 6, 2) is True and w.trusted
+    assert w.side(Fixed(np.array([0.0, 1.0, 0.0, 0.0, 0.0, 0.0])), 6, 4) is None
+    assert w.mixed and not w.trusted
+    assert w.side(Fixed(np.zeros(6)), 6, 3) is None
+    assert w.side(Fixed(gate), 6, 1) is None
+
+
 @pytest.mark.parametrize("model,coupling", [
     (syn.no_cause(n_steps=8), "none"),
     (_noise_after(8, 2, 0.5, 0.0), "none"),
@@ -540,8 +566,34 @@ def test_a_weak_true_rise_is_not_given_up_against_an_oversized_gate():
     gate = (0.6, 0.2)
     assert _futility_llr(weak, gate) <= -math.log(FUTILITY)
     assert _futility_llr(weak, gate, least) > 0
-    assert _futility_llr(np.zeros(120), gate, least) == pytest.approx(120 * math.log(1 - least))
-    assert _futility_llr(np.zeros(200), gate, least) <= -math.log(FUTILITY)
+    guess = {"guessed": True}  # pairs with no net rise weigh the least rise only then
+    assert _futility_llr(np.zeros(120), gate, least, **guess) == pytest.approx(
+        120 * math.log(1 - least))
+    assert _futility_llr(np.zeros(200), gate, least, **guess) <= -math.log(FUTILITY)
+
+
+def test_level_pairs_that_disagree_by_noise_are_given_up_against_a_sized_gate():
+    """24 steps, steps sharing noise behind a 10% judge that draws its own, rescue 0.3: a
+    candidate after the pivot is level, its pairs up and down w.p. 0.9·0.1 = 0.09 each, while
+    the gate (H_n, H_0) shows up 0.9·(0.3·0.9 + 0.7·0.1) = 0.306, down 0.1·0.66 = 0.066.
+    Against the least rise the 768-rollout budget could show (log2(1/(0.9·0.04))/384 ≈ 0.013)
+    such pairs never look level within the budget: the fit loses about m·0.013²/(2·0.18)
+    ≈ 0.0005 nats a pair, so the candidate kept the whole budget. With no net rise in the pairs
+    and a gate of GATE_MIN pairs or more, the gate's rise is the alternative: 100 pairs
+    (9 up, 9 down) fit no rise better by 9 ln(0.306/0.09) + 9 ln(0.066/0.09)
+    + 82 ln(0.628/0.82) ≈ 13.7 nats > ln 1000. While the gate's rise is a guess from a few
+    pairs, the least rise still protects, as it does for any pairs that show a net rise."""
+    from car_core.estimators.search import FUTILITY, _futility_llr, _least_rise
+    least = _least_rise(768, 0.04)
+    level = np.array([1.0] * 9 + [-1.0] * 9 + [0.0] * 82)
+    gate = (0.306, 0.066)
+    expected = 9 * math.log(0.306 / 0.09) + 9 * math.log(0.066 / 0.09) + 82 * math.log(
+        0.628 / 0.82)
+    assert _futility_llr(level, gate, least) == pytest.approx(expected)
+    assert _futility_llr(level, gate, least) <= -math.log(FUTILITY)
+    assert _futility_llr(level, gate, least, guessed=True) > -1.0
+    rising = np.array([1.0] * 10 + [-1.0] * 8 + [0.0] * 82)  # a net rise: the least fits it
+    assert _futility_llr(rising, gate, least) > 0
 
 
 def test_the_re_estimate_spends_its_rollouts_where_the_variance_is():

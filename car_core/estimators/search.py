@@ -17,11 +17,12 @@ run the same decisions.
    index), a bisection over ``[lo, hi)`` with ``H_lo`` below and ``H_hi`` level with ``H_n``:
    each ``mid`` is first looked at on a few gate indices, witnesses among them
    (``Witnesses``): an arm before the rise draws what ``H_0`` drew there and one after it
-   what ``H_n`` drew, so a probe that matches one of them index by index is placed at once;
-   else a truncated sequential probability ratio test on the signs of the pairs
-   ``(H_n, H_mid)`` with error ``NAV_ERROR`` each way. Where it is not shared, index pairs
-   carry nothing, and a probabilistic bisection (``Navigator.locate``) works on the arms'
-   own outcomes: under one rise, arms up to the locus fail at one rate and later arms at
+   what ``H_n`` drew, so a probe that matches one of them index by index is placed at once
+   (no longer once a probe has matched neither: the noise is then only partly shared, and
+   chance matches mislead); else a truncated sequential probability ratio test on the signs
+   of the pairs ``(H_n, H_mid)`` with error ``NAV_ERROR`` each way. Where it is not shared,
+   index pairs carry nothing, and a probabilistic bisection (``Navigator.locate``) works on
+   the arms' own outcomes: under one rise, arms up to the locus fail at one rate and later arms at
    another, which gives a posterior over the locus; the arm whose next outcome tells most
    about it is run, a few rollouts at a time, until one step holds ``1 − LOCATE_ERROR`` of
    it or the navigation's share of the budget is spent.
@@ -30,10 +31,13 @@ run the same decisions.
    ``α_i``, looked at after every batch, until it shows the rescue positive, the budget is
    spent (then pass/fail pairs get the exact sign test of ``sequential.positive_by_end`` with
    what is left of ``α_i``), or a futility bound gives the candidate up: the likelihood ratio
-   of "no rise" against a rise reaches ``FUTILITY``, where the rise is whichever fits the
-   pairs better of the one the navigation measured and the best-fitting rise no smaller than
+   of "no rise" against a rise reaches ``FUTILITY``, where the rise is the one the navigation
+   measured or — while the pairs show a net rise, or the gate's rise rests on fewer than
+   ``GATE_MIN`` pairs — whichever fits better of it and the best-fitting rise no smaller than
    the least the whole budget could show (``_least_rise``; a gate stopped at its first net
-   rise sizes the rise high, and a true weak rise would look level against that alone), or
+   rise sizes the rise high, and a true weak rise would look level against that alone; but
+   against the least rise alone, pairs that disagree by noise never look level within the
+   budget, so a level candidate would keep the whole budget), or
    (unshared noise) the locus posterior with these pairs' arms added puts less than
    ``FUTILITY_BELIEF`` on the candidate. A candidate given up adds its arms' outcomes to
    what the navigation knows, and the search resumes with doubled caps and halved errors and
@@ -226,11 +230,20 @@ class Witnesses:
     an arm after it what ``H_n`` drew; then one look at these indices places a probe. Arms that
     share less noise agree by chance too, which would make every probe look level, so a level
     verdict is taken from them only once some probe agreed with ``H_0`` at every one of them
-    (``coupled``): by chance that needs the probe's failures to fall exactly where ``H_0``'s did."""
+    (``coupled``): by chance that needs the probe's failures to fall exactly where ``H_0``'s did.
+    Partly shared noise (steps that share it, a judge that draws its own) copies a side at a
+    few indices often enough to mislead, and then some probe also copies neither side: once one
+    has (``mixed``), no verdict is taken from the witnesses again."""
 
     indices: list[int]
     gate: np.ndarray      # H_n − H_0 at ``indices``
     coupled: bool = False
+    mixed: bool = False   # a probe copied neither side: the noise is not wholly shared
+
+    @property
+    def trusted(self) -> bool:
+        """Every probe so far copied one side and one copied ``H_0``: the noise looks shared."""
+        return self.coupled and not self.mixed
 
     @classmethod
     def of(cls, d_gate: np.ndarray) -> Witnesses:
@@ -242,7 +255,7 @@ class Witnesses:
 
     def side(self, src: ArmSource, n: int, mid: int) -> bool | None:
         """True (below ``H_n``), False (level) or None (no clear verdict: test it)."""
-        if int((self.gate != 0).sum()) < PROBE_WITNESSES:
+        if self.mixed or int((self.gate != 0).sum()) < PROBE_WITNESSES:
             return None
         d = src.diffs(n, mid, self.indices)
         if d.size < len(self.indices):
@@ -250,8 +263,9 @@ class Witnesses:
         if np.array_equal(d, self.gate):
             self.coupled = True
             return True
-        if self.coupled and not d.any():
-            return False
+        if not d.any():
+            return False if self.coupled else None
+        self.mixed = True
         return None
 
 
@@ -334,11 +348,11 @@ class Navigator:
         start = self.budget - self.src.remaining
         shared = self.coupling()
         w = self.witnesses
-        if self.shortcuts and w is not None and not w.coupled and hi - lo > 1:
+        if self.shortcuts and w is not None and not w.coupled and not w.mixed and hi - lo > 1:
             w.side(self.src, self.n, (lo + hi) // 2)  # one cheap look: do probes copy H_0?
             self.looked.add((lo + hi) // 2)
         if not (shared.shared and (shared.estimate or 0.0) >= PAIRED_COUPLING) \
-                and not (w is not None and w.coupled):
+                and not (w is not None and w.trusted):
             return self.locate(lo, hi, nav_budget)
         while hi - lo > 1:
             mid = (lo + hi) // 2
@@ -465,19 +479,24 @@ def _fitted_rise_ll(pos: int, neg: int, zero: int, least: float) -> float:
     return max(_trinomial_ll(pos, neg, zero, float(w) + least, float(w)) for w in downs)
 
 
-def _futility_llr(d: np.ndarray, rise: tuple[float, float], least: float = 0.0) -> float:
+def _futility_llr(d: np.ndarray, rise: tuple[float, float], least: float = 0.0,
+                  guessed: bool = False) -> float:
     """Log likelihood ratio of the signs of ``d`` between a rise and "no rise" (up and down
     equally likely, at the rate the pairs show: the best such fit); the rise is the one the gate
-    measured (up w.p. ``rise[0]``, down w.p. ``rise[1]``) or, when ``least > 0``, the best
-    fitting rise of at least ``least``, whichever fits the pairs better. Negative: the pairs
-    look level. The gate's rise alone misleads: a gate stopped at its first net rise sizes it
-    high, and a candidate whose pairs show the true, smaller rise would look level against it."""
+    measured (up w.p. ``rise[0]``, down w.p. ``rise[1]``) or, when ``least > 0`` and either
+    the pairs show a net rise or the gate's rise is a guess from fewer than ``GATE_MIN`` pairs
+    (``guessed``), the best fitting rise of at least ``least``, whichever fits the pairs
+    better. Negative: the pairs look level. The gate's rise alone misleads: a gate stopped at
+    its first net rise sizes it high, and a candidate whose pairs show the true, smaller rise
+    would look level against it. The least rise alone gives nothing up where pairs disagree
+    by noise: against a rise that small, level pairs never look level within the budget (the
+    judge's own noise at 24 steps kept a wrong candidate for the whole budget)."""
     pos, neg = _counts(d)
     zero = int(d.size) - pos - neg
     tie = (pos + neg) / (2 * max(d.size, 1))
     null = _trinomial_ll(pos, neg, zero, tie, tie)
     alt = _trinomial_ll(pos, neg, zero, *rise)
-    if least > 0:
+    if least > 0 and (pos > neg or guessed):
         alt = max(alt, _fitted_rise_ll(pos, neg, zero, least))
     return alt - null
 
@@ -492,7 +511,7 @@ class Confirmation:
 
 def _confirm(src: ArmSource, c: int, start: int, alpha: float, prior: Prior,
              rise: tuple[float, float], unlikely: Callable[[int, int], bool] | None = None,
-             least: float = 0.0) -> Confirmation:
+             least: float = 0.0, guessed: bool = False) -> Confirmation:
     """Confirmation of ``c`` on pairs from ``start`` (module docstring, step 4).
     ``unlikely(start, pairs)``: a second futility bound, the navigation's belief in ``c``
     once these pairs' arms are added to what it saw."""
@@ -510,7 +529,7 @@ def _confirm(src: ArmSource, c: int, start: int, alpha: float, prior: Prior,
             found = True
             break
         if (pairs >= FUTILITY_MIN and src.remaining >= 2
-                and (_futility_llr(d, rise, least) <= -math.log(FUTILITY)
+                and (_futility_llr(d, rise, least, guessed) <= -math.log(FUTILITY)
                      or (unlikely is not None and unlikely(start, pairs)))):
             futile = True
             break
@@ -635,7 +654,8 @@ def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = 
         level = alpha * share(attempt)
         conf = _confirm(src, candidate, start, level, prior, rise,
                         None if n == 1 or coupling.shared else nav.doubts(candidate),
-                        least=_least_rise(budget, level))
+                        least=_least_rise(budget, level),
+                        guessed=n == 1 or nav.d_gate.size < GATE_MIN)
         start += conf.d.size
         if conf.found or not conf.futile or src.remaining < 2 or n == 1:
             break
