@@ -115,10 +115,10 @@ class _Recording:
     thread_id: str | None
     inputs: Any
     graph: str | None = None
-    calls: dict[UUID, _Call] = field(default_factory=dict)
+    calls: dict[int, _Call] = field(default_factory=dict)  # by ``UUID.int`` of the model run
     tool_results: dict[str, ToolMessage] = field(default_factory=dict)
-    members: list[UUID] = field(default_factory=list)
-    node_calls: dict[UUID, dict[str, Any]] = field(default_factory=dict)  # open, by tool run
+    members: list[int] = field(default_factory=list)  # ``UUID.int`` of its runs
+    node_calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # open, by tool run
     node_results: list[dict[str, Any]] = field(default_factory=list)
     converted: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # by message identity
 
@@ -138,6 +138,9 @@ class _Recording:
         return out
 
 
+_MESSAGE_TYPES: set[type] = set()  # the BaseMessage classes met so far (no ABC check)
+
+
 def _frozen(value: Any, end: dict[int, Seen]) -> Any:
     """``value`` (a graph state) with every container copied and every other non-JSON value
     replaced by its ``repr``, as ``jsonable`` would, now; messages are kept by reference and
@@ -147,7 +150,17 @@ def _frozen(value: Any, end: dict[int, Seen]) -> Any:
         return value
     if kind is dict:
         return {str(k): _frozen(v, end) for k, v in value.items()}
+    if kind is list:  # a message list, most often: its messages without a call each
+        out = []
+        for v in value:
+            if type(v) in _MESSAGE_TYPES:
+                end[id(v)] = (v, v.content, v.__dict__.get("tool_calls"), v.name)  # seen(v)
+                out.append(v)
+            else:
+                out.append(_frozen(v, end))
+        return out
     if isinstance(value, BaseMessage):
+        _MESSAGE_TYPES.add(kind)
         end[id(value)] = seen(value)
         return value
     if isinstance(value, Mapping):
@@ -245,9 +258,12 @@ class _Unsealed:
         self.lock = threading.Lock()
         self.sealing = threading.Lock()  # one hand-over at a time keeps the finish order
 
-    def add(self, fields: Callable[[], dict[str, Any]]) -> None:
+    def add(self, fields: Callable[[], dict[str, Any]]) -> bool:
+        """Keep ``fields`` to seal; whether nothing else was waiting (a hand-over already
+        queued seals everything waiting when it runs, this too)."""
         with self.lock:
             self.pending.append(fields)
+            return len(self.pending) == 1
 
     def __call__(self) -> None:
         with self.sealing:
@@ -306,7 +322,9 @@ class CarCallback(BaseCallbackHandler):
         self._done: list[_Recording] = []
         # one made inside a branch records that branch; one made outside never records one
         self._records_branches = in_branch()
-        self._of: dict[UUID, _Recording] = {}  # every open run's own and nested run ids
+        # every open run's own and nested run ids (as ``UUID.int``: hashing a ``UUID`` runs
+        # Python code, an int's does not), to the run they belong to
+        self._of: dict[int, _Recording] = {}
         self.decisions_started = 0
 
     def tool_results(self) -> dict[str, ToolMessage]:
@@ -366,25 +384,28 @@ class CarCallback(BaseCallbackHandler):
     def _member(self, run_id: UUID, parent_run_id: UUID | None) -> _Recording | None:
         """The open run a nested run belongs to (through its parent), now counted in it. No
         lock: one dict read, one write and a list append each hold under the GIL."""
-        rec = self._of.get(parent_run_id)  # type: ignore[arg-type]
+        rec = self._of.get(parent_run_id.int) if parent_run_id is not None else None
         if rec is not None:
-            self._of[run_id] = rec
-            rec.members.append(run_id)
+            self._of[run_id.int] = rec
+            rec.members.append(run_id.int)
         return rec
 
     def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: UUID,
                        parent_run_id: UUID | None = None, metadata: dict[str, Any] | None = None,
                        **kwargs: Any) -> None:
-        if parent_run_id is not None:
-            self._member(run_id, parent_run_id)
+        if parent_run_id is not None:  # ``_member``, written out: most events are these
+            rec = self._of.get(parent_run_id.int)
+            if rec is not None:
+                self._of[run_id.int] = rec
+                rec.members.append(run_id.int)
             return
         if in_branch() and not self._records_branches:
             return  # CAR's own branch, not a run of the user's
         with self._lock:
             rec = _Recording((metadata or {}).get("thread_id"), inputs, kwargs.get("name"),
-                             members=[run_id])
+                             members=[run_id.int])
             self._open[run_id] = rec
-            self._of[run_id] = rec
+            self._of[run_id.int] = rec
 
     def on_tool_start(self, serialized: Any, input_str: str, *, run_id: UUID,
                       parent_run_id: UUID | None = None, **kwargs: Any) -> None:
@@ -396,17 +417,17 @@ class CarCallback(BaseCallbackHandler):
             # a tool a node calls itself: kept, so a branch's matching call is answered
             node = (kwargs.get("metadata") or {}).get("langgraph_node")
             with self._lock:
-                rec.node_calls[run_id] = {"node": node, "name": (serialized or {}).get("name"),
+                rec.node_calls[run_id.int] = {"node": node, "name": (serialized or {}).get("name"),
                                           "arguments": canonical_arguments(jsonable(inputs))}
 
     def on_tool_end(self, output: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
                     **kwargs: Any) -> None:
-        rec = self._of.get(run_id)
+        rec = self._of.get(run_id.int)
         if rec is None:
             return
         if rec.node_calls:
             with self._lock:
-                call = rec.node_calls.pop(run_id, None)
+                call = rec.node_calls.pop(run_id.int, None)
                 if call is not None:
                     content = output.content if isinstance(output, ToolMessage) else output
                     rec.node_results.append({**call, "content": jsonable(content)})
@@ -434,12 +455,12 @@ class CarCallback(BaseCallbackHandler):
         with self._lock:
             self.decisions_started += 1
             call.order = len(rec.calls)
-            rec.calls[run_id] = call
+            rec.calls[run_id.int] = call
 
     def on_llm_end(self, response: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
                    **kwargs: Any) -> None:
-        rec = self._of.get(run_id)
-        call = rec.calls.get(run_id) if rec is not None else None
+        rec = self._of.get(run_id.int)
+        call = rec.calls.get(run_id.int) if rec is not None else None
         if call is None or not response.generations or not response.generations[0]:
             return
         call.latency = time.perf_counter() - call.started
@@ -469,8 +490,8 @@ class CarCallback(BaseCallbackHandler):
                 self._of.clear()  # no other run open: nothing else is in it
         fields = self._kept(rec, outputs, error)
         if self._unsealed is not None:
-            self._unsealed.add(fields)
-            if isinstance(self.store, RunWriter):  # sealed and written on the writer's thread
+            first = self._unsealed.add(fields)
+            if first and isinstance(self.store, RunWriter):  # sealed on the writer's thread
                 try:
                     self.store.later(self._unsealed)
                 except StoreError:  # a closed writer: seal now; the save error is kept
@@ -497,11 +518,10 @@ class CarCallback(BaseCallbackHandler):
         end: dict[int, Seen] = {}
         final = _frozen(outputs, end) if isinstance(outputs, dict) else {}
         calls = [c for c in list(rec.calls.values()) if c.message is not None]
-        for c in calls:
-            end[id(c.message)] = seen(c.message)  # type: ignore[arg-type]
         results = dict(rec.tool_results)
-        for m in results.values():
-            end[id(m)] = seen(m)
+        for m in [*(c.message for c in calls), *results.values()]:
+            if id(m) not in end:  # most are in the final state, seen just now
+                end[id(m)] = seen(m)  # type: ignore[arg-type]
         inputs = None if calls else _frozen(rec.inputs, end)
         return functools.partial(
             _fields, rec, calls, results, final, end, inputs,
