@@ -13,10 +13,11 @@ node built from the ``Send`` payload, not from the graph's messages, so its ``st
 whole model input. Model calls of parallel tasks (a ``Send`` fan-out) finish in any order; their
 steps are put in LangGraph's own task order (``Send`` index, then node name), so a run records
 the same way every time. Runs are keyed by their root run id, so several graphs can run at once
-through one handler; each finished run is saved to the store and becomes ``cb.run``. Its values
-are converted to JSON when it ends; the sealing (JSON check, redaction, digests) happens on the
-store's writer thread, or at the first read of ``runs`` / ``run`` without a store, unless
-``outcome=`` or a ``RunStore`` object asks for each run at once (see ``CarCallback``). With
+through one handler; each finished run is saved to the store and becomes ``cb.run``. While it
+goes, its events keep their values by reference (each message as the call saw it); converting
+them to JSON and sealing (JSON check, redaction, digests) happen on the store's writer thread,
+or at the first read of ``runs`` / ``run`` without a store, unless ``outcome=`` or a
+``RunStore`` object asks for each run at once (see ``CarCallback``). With
 ``outcome=``, each run is scored as it finishes (``outcome(run)``, as ``car.intervene`` takes
 it) and stored with its outcome, so ``car runs`` shows which runs failed. With ``app=`` (the
 compiled graph being run), each run carries the app's fingerprint, so attributing it with

@@ -1,4 +1,4 @@
-"""The stored runs ``CarCallback`` makes of fixed LangGraph apps, normalised so two recordings
+r"""The stored runs ``CarCallback`` makes of fixed LangGraph apps, normalised so two recordings
 compare byte for byte: every UUID (checkpoint, task and message ids) becomes ``<uuid N>`` in
 order of first appearance, the run id ``run``, ``created_at`` and each step's ``latency_s``
 0; then the run is sealed again (``Trajectory.new``) so the digests are over that content.
@@ -7,7 +7,8 @@ order of first appearance, the run id ``run``, ``created_at`` and each step's ``
 ``tests/golden/langgraph_recorded.json``, which this script wrote from the code the
 recorder had before its events were deferred to the store's writer thread:
 
-    .venv/bin/python tests/support/langgraph_record_fixture.py > tests/golden/langgraph_recorded.json
+    .venv/bin/python tests/support/langgraph_record_fixture.py \
+        > tests/golden/langgraph_recorded.json
 """
 
 from __future__ import annotations
@@ -76,8 +77,9 @@ def apps() -> dict[str, tuple[Any, Any]]:
 
 def recorded(folder: Path) -> dict[str, str]:
     """Each app recorded into a store given as a path, read back from the store."""
-    import car_core as car
     from car_adapters.langgraph import CarCallback
+
+    import car_core as car
     out = {}
     for name, (app, given) in apps().items():
         cb = CarCallback(store=folder / f"{name}.db")
