@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import signal
 import subprocess
 import sys
@@ -20,6 +21,11 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 
 import car_core as car
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
+from langgraph_record_fixture import recorded  # noqa: E402
+
+GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "golden" / "langgraph_recorded.json"
 
 
 def _recorded(store: Any = None) -> tuple[CarCallback, car.Trajectory]:
@@ -42,6 +48,13 @@ def test_steps_share_each_message_and_seal_as_separate_copies_would(tmp_path: An
     assert copied.to_json() == run.to_json()
     with car.RunStore(tmp_path / "runs.db", readonly=True) as store:
         assert store.load(run.id).to_json() == run.to_json()
+
+
+def test_the_stored_runs_are_byte_for_byte_what_the_eager_recorder_stored(
+        tmp_path: Path) -> None:
+    # the golden file was written by the recorder that converted every value at its event;
+    # normalised (UUIDs, times) and sealed again, the stored runs must match it exactly
+    assert recorded(tmp_path) == json.loads(GOLDEN.read_text())
 
 
 def test_a_message_changed_between_model_calls_is_recorded_as_each_call_saw_it() -> None:

@@ -13,10 +13,11 @@ node built from the ``Send`` payload, not from the graph's messages, so its ``st
 whole model input. Model calls of parallel tasks (a ``Send`` fan-out) finish in any order; their
 steps are put in LangGraph's own task order (``Send`` index, then node name), so a run records
 the same way every time. Runs are keyed by their root run id, so several graphs can run at once
-through one handler; each finished run is saved to the store and becomes ``cb.run``. Its values
-are converted to JSON when it ends; the sealing (JSON check, redaction, digests) happens on the
-store's writer thread, or at the first read of ``runs`` / ``run`` without a store, unless
-``outcome=`` or a ``RunStore`` object asks for each run at once (see ``CarCallback``). With
+through one handler; each finished run is saved to the store and becomes ``cb.run``. While it
+goes, its events keep their values by reference (each message as the call saw it); converting
+them to JSON and sealing (JSON check, redaction, digests) happen on the store's writer thread,
+or at the first read of ``runs`` / ``run`` without a store, unless ``outcome=`` or a
+``RunStore`` object asks for each run at once (see ``CarCallback``). With
 ``outcome=``, each run is scored as it finishes (``outcome(run)``, as ``car.intervene`` takes
 it) and stored with its outcome, so ``car runs`` shows which runs failed. With ``app=`` (the
 compiled graph being run), each run carries the app's fingerprint, so attributing it with
@@ -25,10 +26,12 @@ another app is refused; without it a run is not checked.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
 import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -49,11 +52,11 @@ from car_core.contract import (
     in_branch,
     redact,
 )
-from car_core.errors import InvalidInput, InvalidJSONValue, OutcomeError, StoreError
+from car_core.errors import InvalidInput, OutcomeError, StoreError
 
 from ..common.run_keeping import open_store, score_run, store_run
 from .fingerprint import app_digest
-from .messages import decode, jsonable, to_dict, usage_of
+from .messages import decode, dict_of, jsonable, seen, usage_of
 from .model import CAR_DECIDED, decided_by_car
 
 log = redact.logger(__name__)  # log records pass the redaction rule
@@ -61,13 +64,51 @@ MESSAGES_KEY = "messages"
 PUSH = "__pregel_push"  # LangGraph's task-path tag of a Send task (langgraph._internal._constants)
 
 
+Seen = tuple[BaseMessage, Any, Any, Any]  # ``messages.seen``: a message as a call saw it
+_SKIPPED_PARAMS = ("tools", "car_tools", "car_tool_kwargs", CAR_DECIDED)
+
+
 @dataclass
 class _Call:
+    """One model call as its events gave it, kept by reference and converted when the run is
+    sealed (``meta``): the messages as ``seen`` then, and copies of the dicts LangChain and
+    LangGraph passed (their values are not copied: they are the model's settings and ids)."""
+
     order: int
-    state: list[dict[str, Any]]
-    meta: dict[str, Any]
+    state: list[Seen]
+    prompt: list[Seen]
+    metadata: dict[str, Any]
+    params: dict[str, Any]
+    checkpoints: dict[Any, Any]
+    decided: bool
     started: float
     message: BaseMessage | None = None
+    latency: float = 0.0
+    llm_output: Any = None
+
+    def meta(self, rec: _Recording) -> dict[str, Any]:
+        """The step's ``meta``, with the keys in the order the recorder has always written."""
+        md = self.metadata
+        params = jsonable({k: v for k, v in self.params.items() if k not in _SKIPPED_PARAMS})
+        cmap = {str(ns): str(cid) for ns, cid in self.checkpoints.items()}
+        checkpoint_ns, checkpoint_id = list(cmap.items())[-1] if cmap else (None, None)
+        meta = {"origin": Origin.RECORD, "thread_id": md.get("thread_id", rec.thread_id),
+                "checkpoint_id": checkpoint_id, "checkpoint_ns": checkpoint_ns,
+                "checkpoint_map": cmap, "ns": checkpoint_ns,
+                "agent": agent_of(checkpoint_ns, rec.graph, md.get("langgraph_node")),
+                "node": md.get("langgraph_node"), "langgraph_step": md.get("langgraph_step"),
+                "task_ns": md.get("langgraph_checkpoint_ns"), "params": params,
+                "seed": params.get("seed") if isinstance(params, dict) else None,
+                "car_decided": self.decided}
+        path = md.get("langgraph_path")
+        meta["task_path"] = jsonable(list(path)) if isinstance(path, (list, tuple)) else None
+        if self.prompt:
+            meta["prompt"] = [rec.convert(m) for m in self.prompt]
+        if self.message is not None:
+            meta["latency_s"] = self.latency
+            meta["usage"] = usage_of(self.message, self.llm_output) if self.message else None
+            meta["model"] = _model_name(self.message, self.llm_output, meta["params"])
+        return meta
 
 
 @dataclass
@@ -75,38 +116,70 @@ class _Recording:
     thread_id: str | None
     inputs: Any
     graph: str | None = None
-    calls: dict[UUID, _Call] = field(default_factory=dict)
+    calls: dict[int, _Call] = field(default_factory=dict)  # by ``UUID.int`` of the model run
     tool_results: dict[str, ToolMessage] = field(default_factory=dict)
-    members: set[UUID] = field(default_factory=set)
-    node_calls: dict[UUID, dict[str, Any]] = field(default_factory=dict)  # open, by tool run
+    members: list[int] = field(default_factory=list)  # ``UUID.int`` of its runs
+    node_calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # open, by tool run
     node_results: list[dict[str, Any]] = field(default_factory=list)
     converted: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # by message identity
 
-    def convert(self, message: BaseMessage) -> dict[str, Any]:
-        """``to_dict(message)``, made once per message object and shared by every step that
-        holds it: a graph's messages come back in each later model call and in the final
-        state, so converting (and then checking and sealing) each copy anew would cost the
-        square of the run. A message whose content, tool calls or name were replaced since
-        is converted again."""
-        hit = self.converted.get(id(message))
-        content = message.content
-        calls = message.tool_calls if isinstance(message, AIMessage) else None
-        name = message.name  # (getattr with a default costs a pydantic AttributeError)
-        if (hit is not None and hit[0] is message and hit[1] is content and hit[2] is calls
+    def convert(self, message: Seen) -> dict[str, Any]:
+        """``dict_of`` a message as ``seen`` by a call, made once per message object and shared
+        by every step that holds it: a graph's messages come back in each later model call and
+        in the final state, so converting (and then checking and sealing) each copy anew would
+        cost the square of the run. A message whose content, tool calls or name were replaced
+        between two calls is converted again, as the later call saw it."""
+        m, content, calls, name = message
+        hit = self.converted.get(id(m))
+        if (hit is not None and hit[0] is m and hit[1] is content and hit[2] is calls
                 and hit[3] is name):
             return hit[4]  # type: ignore[no-any-return]
-        out = to_dict(message)
-        self.converted[id(message)] = (message, content, calls, name, out)
+        out = dict_of(m, content, calls, name)
+        self.converted[id(m)] = (m, content, calls, name, out)
         return out
 
 
-def _checkpoint_map() -> dict[str, str]:
+_MESSAGE_TYPES: set[type] = set()  # the BaseMessage classes met so far (no ABC check)
+
+
+def _frozen(value: Any, end: dict[int, Seen]) -> Any:
+    """``value`` (a graph state) with every container copied and every other non-JSON value
+    replaced by its ``repr``, as ``jsonable`` would, now; messages are kept by reference and
+    ``seen`` into ``end``. ``jsonable(_frozen(v, end), convert)`` later is ``jsonable(v)`` now."""
+    kind = type(value)
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return value
+    if kind is dict:
+        return {str(k): _frozen(v, end) for k, v in value.items()}
+    if kind is list:  # a message list, most often: its messages without a call each
+        out = []
+        for v in value:
+            if type(v) in _MESSAGE_TYPES:
+                end[id(v)] = (v, v.content, v.__dict__.get("tool_calls"), v.name)  # seen(v)
+                out.append(v)
+            else:
+                out.append(_frozen(v, end))
+        return out
+    if isinstance(value, BaseMessage):
+        _MESSAGE_TYPES.add(kind)
+        end[id(value)] = seen(value)
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _frozen(v, end) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_frozen(v, end) for v in value]
+    if isinstance(value, (str, int, float, bool)):
+        return value
+    return repr(value)
+
+
+def _checkpoint_map() -> dict[Any, Any]:
     """The checkpoints the running task was scheduled from, one per graph level (``""`` the
     top-level graph, then each subgraph namespace), read from the runnable config LangGraph
-    propagates to the model call. A fork inside a subgraph copies every level."""
+    propagates to the model call (a copy; ``_Call.meta`` makes its keys and ids strings). A
+    fork inside a subgraph copies every level."""
     config = var_child_runnable_config.get() or {}
-    cmap = (config.get("configurable") or {}).get("checkpoint_map") or {}
-    return {str(ns): str(cid) for ns, cid in cmap.items()}
+    return dict((config.get("configurable") or {}).get("checkpoint_map") or {})
 
 
 DEFAULT_GRAPH_NAME = "LangGraph"  # what ``compile()`` names a graph given no ``name=``
@@ -137,19 +210,20 @@ def task_key(meta: dict[str, Any]) -> tuple[int, Any]:
     return (1, str(path[1]) if len(path) > 1 else "")
 
 
-def task_order(calls: list[_Call]) -> list[_Call]:
-    """Calls in start order, except that the calls scheduled from one checkpoint (parallel
-    tasks of a superstep) take the places they occupy in LangGraph's task order."""
+def task_order(calls: list[tuple[_Call, dict[str, Any]]]) -> list[tuple[_Call, dict[str, Any]]]:
+    """Calls (each with its step's meta) in start order, except that the calls scheduled from
+    one checkpoint (parallel tasks of a superstep) take the places they occupy in LangGraph's
+    task order."""
     groups: dict[tuple[Any, Any], list[int]] = {}
-    for i, c in enumerate(calls):
-        groups.setdefault((c.meta.get("checkpoint_ns"), c.meta.get("checkpoint_id")), []).append(i)
+    for i, (_, meta) in enumerate(calls):
+        groups.setdefault((meta.get("checkpoint_ns"), meta.get("checkpoint_id")), []).append(i)
     out = list(calls)
     for places in groups.values():
         if len(places) > 1:
             ordered = sorted((calls[i] for i in places),
-                             key=lambda c: (task_key(c.meta), c.order))
-            for i, c in zip(places, ordered, strict=True):
-                out[i] = c
+                             key=lambda cm: (task_key(cm[1]), cm[0].order))
+            for i, cm in zip(places, ordered, strict=True):
+                out[i] = cm
     return out
 
 
@@ -172,32 +246,35 @@ def _model_name(message: BaseMessage | None, llm_output: dict[str, Any] | None,
 
 
 class _Unsealed:
-    """The runs a ``CarCallback`` finished and has not sealed yet; called (by the first reader
-    of ``runs``, a flush, or the store's writer thread), it seals them in finish order into the
-    callback's ``runs`` (while the callback is alive) and its store. A store given as a path
-    is handed this, not the callback, so a callback dropped before any flush still has its
-    runs stored."""
+    """The runs a ``CarCallback`` finished and has not sealed yet, each as a function that
+    converts what it kept; called (by the first reader of ``runs``, a flush, or the store's
+    writer thread), it seals them in finish order into the callback's ``runs`` (while the
+    callback is alive) and its store. A store given as a path is handed this, not the
+    callback, so a callback dropped before any flush still has its runs stored."""
 
     def __init__(self, owner: CarCallback) -> None:
         self.owner = weakref.ref(owner)
         self.store, self.errors = owner.store, owner.store_errors
-        self.fields: list[dict[str, Any]] = []
+        self.pending: list[Callable[[], dict[str, Any]]] = []
         self.lock = threading.Lock()
         self.sealing = threading.Lock()  # one hand-over at a time keeps the finish order
 
-    def add(self, fields: dict[str, Any]) -> None:
+    def add(self, fields: Callable[[], dict[str, Any]]) -> bool:
+        """Keep ``fields`` to seal; whether nothing else was waiting (a hand-over already
+        queued seals everything waiting when it runs, this too)."""
         with self.lock:
-            self.fields.append(fields)
+            self.pending.append(fields)
+            return len(self.pending) == 1
 
     def __call__(self) -> None:
         with self.sealing:
             with self.lock:
-                batch, self.fields = self.fields, []
+                batch, self.pending = self.pending, []
             for fields in batch:
                 try:
-                    run = Trajectory.new(**fields)
-                except InvalidJSONValue as exc:  # as LangChain drops a handler's error
-                    log.warning("CAR could not record a LangGraph run: %s", exc)
+                    run = Trajectory.new(**fields())
+                except Exception as exc:  # as LangChain drops a handler's error
+                    log.warning("CAR could not record a LangGraph run: %r", exc)
                     continue
                 owner = self.owner()
                 if owner is not None:
@@ -211,12 +288,15 @@ class CarCallback(BaseCallbackHandler):
     ``runs``, and its error in ``store_errors`` (or ``outcome_errors``): the graph's run is
     not broken.
 
-    When a run ends, what it recorded is converted to JSON values at once (the messages as
-    they are then); sealing them into a ``Trajectory`` (the JSON check, redaction, digests)
-    is left to the store's writer thread when the store is given as a path (whose writes are
-    durable only after a flush anyway), and to the first read of ``runs`` / ``run`` or a
-    ``flush()`` when no store is given. With ``outcome=`` or a ``RunStore`` object, each run
-    is sealed, scored and stored as it finishes."""
+    While a run goes, each event keeps what it was given by reference (each message with its
+    content, tool calls and name as the call saw them, copies of the call's metadata,
+    parameters and checkpoint ids), and when it ends the final state is copied where it can
+    change (its containers; messages are kept as seen then). Converting all that to JSON
+    values and sealing them into a ``Trajectory`` (the JSON check, redaction, digests) is left
+    to the store's writer thread when the store is given as a path (whose writes are durable
+    only after a flush anyway), and to the first read of ``runs`` / ``run`` or a ``flush()``
+    when no store is given: the run's own thread does only the keeping. With ``outcome=`` or
+    a ``RunStore`` object, each run is converted, sealed, scored and stored as it finishes."""
 
     run_inline = True  # keep event order; LangGraph calls handlers from the task's context
 
@@ -243,7 +323,9 @@ class CarCallback(BaseCallbackHandler):
         self._done: list[_Recording] = []
         # one made inside a branch records that branch; one made outside never records one
         self._records_branches = in_branch()
-        self._root: dict[UUID, UUID] = {}
+        # every open run's own and nested run ids (as ``UUID.int``: hashing a ``UUID`` runs
+        # Python code, an int's does not), to the run they belong to
+        self._of: dict[int, _Recording] = {}
         self.decisions_started = 0
 
     def tool_results(self) -> dict[str, ToolMessage]:
@@ -300,93 +382,91 @@ class CarCallback(BaseCallbackHandler):
         with self._lock:  # kept before storing: a store error never loses the run
             self._runs.append(run)
 
-    def _join(self, run_id: UUID, parent_run_id: UUID | None) -> _Recording | None:
-        with self._lock:
-            root = self._root.get(parent_run_id) if parent_run_id is not None else None
-            rec = self._open.get(root) if root is not None else None
-            if rec is not None:
-                self._root[run_id] = root  # type: ignore[assignment]
-                rec.members.add(run_id)
-            return rec
+    def _member(self, run_id: UUID, parent_run_id: UUID | None) -> _Recording | None:
+        """The open run a nested run belongs to (through its parent), now counted in it. No
+        lock: one dict read, one write and a list append each hold under the GIL."""
+        rec = self._of.get(parent_run_id.int) if parent_run_id is not None else None
+        if rec is not None:
+            self._of[run_id.int] = rec
+            rec.members.append(run_id.int)
+        return rec
 
     def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: UUID,
                        parent_run_id: UUID | None = None, metadata: dict[str, Any] | None = None,
                        **kwargs: Any) -> None:
-        if parent_run_id is None:
-            if in_branch() and not self._records_branches:
-                return  # CAR's own branch, not a run of the user's
-            with self._lock:
-                self._open[run_id] = _Recording((metadata or {}).get("thread_id"), inputs,
-                                                kwargs.get("name"), members={run_id})
-                self._root[run_id] = run_id
-        else:
-            self._join(run_id, parent_run_id)
+        if parent_run_id is not None:  # ``_member``, written out: most events are these
+            rec = self._of.get(parent_run_id.int)
+            if rec is not None:
+                self._of[run_id.int] = rec
+                rec.members.append(run_id.int)
+            return
+        if in_branch() and not self._records_branches:
+            return  # CAR's own branch, not a run of the user's
+        with self._lock:
+            rec = _Recording((metadata or {}).get("thread_id"), inputs, kwargs.get("name"),
+                             members=[run_id.int])
+            self._open[run_id] = rec
+            self._of[run_id.int] = rec
 
     def on_tool_start(self, serialized: Any, input_str: str, *, run_id: UUID,
                       parent_run_id: UUID | None = None, **kwargs: Any) -> None:
-        rec = self._join(run_id, parent_run_id)
+        rec = self._member(run_id, parent_run_id)
+        if rec is None or kwargs.get("tool_call_id") is not None:
+            return
         inputs = kwargs.get("inputs")
-        if rec is not None and kwargs.get("tool_call_id") is None and isinstance(inputs, dict):
+        if isinstance(inputs, dict):
             # a tool a node calls itself: kept, so a branch's matching call is answered
             node = (kwargs.get("metadata") or {}).get("langgraph_node")
             with self._lock:
-                rec.node_calls[run_id] = {"node": node, "name": (serialized or {}).get("name"),
+                rec.node_calls[run_id.int] = {"node": node, "name": (serialized or {}).get("name"),
                                           "arguments": canonical_arguments(jsonable(inputs))}
 
     def on_tool_end(self, output: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
                     **kwargs: Any) -> None:
-        with self._lock:
-            rec = self._open.get(self._root.get(run_id))  # type: ignore[arg-type]
-            call = rec.node_calls.pop(run_id, None) if rec is not None else None
-            if call is not None:
-                content = output.content if isinstance(output, ToolMessage) else output
-                rec.node_results.append({**call, "content": jsonable(content)})
-        for m in _tool_messages(output) if rec is not None else ():
+        rec = self._of.get(run_id.int)
+        if rec is None:
+            return
+        if rec.node_calls:
+            with self._lock:
+                call = rec.node_calls.pop(run_id.int, None)
+                if call is not None:
+                    content = output.content if isinstance(output, ToolMessage) else output
+                    rec.node_results.append({**call, "content": jsonable(content)})
+        for m in _tool_messages(output):
             rec.tool_results[m.tool_call_id] = m
 
     def on_chat_model_start(self, serialized: Any, messages: list[list[BaseMessage]], *,
                             run_id: UUID, parent_run_id: UUID | None = None,
                             metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        rec = self._join(run_id, parent_run_id)
+        rec = self._member(run_id, parent_run_id)
         if rec is None:
             return  # a model call outside any graph this handler saw start
         md = metadata or {}
-        seen = messages[0] if messages else []
-        params = jsonable({k: v for k, v in (kwargs.get("invocation_params") or {}).items()
-                           if k not in ("tools", "car_tools", "car_tool_kwargs", CAR_DECIDED)})
-        cmap = _checkpoint_map()
-        checkpoint_ns, checkpoint_id = list(cmap.items())[-1] if cmap else (None, None)
-        meta = {"origin": Origin.RECORD, "thread_id": md.get("thread_id", rec.thread_id),
-                "checkpoint_id": checkpoint_id, "checkpoint_ns": checkpoint_ns,
-                "checkpoint_map": cmap, "ns": checkpoint_ns,
-                "agent": agent_of(checkpoint_ns, rec.graph, md.get("langgraph_node")),
-                "node": md.get("langgraph_node"), "langgraph_step": md.get("langgraph_step"),
-                "task_ns": md.get("langgraph_checkpoint_ns"), "params": params,
-                "seed": params.get("seed") if isinstance(params, dict) else None,
-                "car_decided": decided_by_car(kwargs.get("invocation_params"))}
         path = md.get("langgraph_path")
-        meta["task_path"] = jsonable(list(path)) if isinstance(path, (list, tuple)) else None
-        prompt = [rec.convert(m) for m in seen if m.id is None]
-        if prompt:
-            meta["prompt"] = prompt
-        whole = is_send_task(meta)
-        state = [rec.convert(m) for m in seen if whole or m.id is not None]
+        whole = isinstance(path, (list, tuple)) and bool(path) and path[0] == PUSH  # a Send
+        given = messages[0] if messages else []
+        # ``seen(m)``, written out: this runs for every message of every call
+        prompt = [(m, m.content, m.__dict__.get("tool_calls"), m.name)
+                  for m in given if m.id is None]
+        state = [(m, m.content, m.__dict__.get("tool_calls"), m.name)
+                 for m in given if whole or m.id is not None]
+        params = kwargs.get("invocation_params") or {}
+        call = _Call(0, state, prompt, dict(md), dict(params), _checkpoint_map(),
+                     decided_by_car(params), time.perf_counter())
         with self._lock:
             self.decisions_started += 1
-            rec.calls[run_id] = _Call(len(rec.calls), state, meta, time.perf_counter())
+            call.order = len(rec.calls)
+            rec.calls[run_id.int] = call
 
     def on_llm_end(self, response: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
                    **kwargs: Any) -> None:
-        with self._lock:
-            rec = self._open.get(self._root.get(run_id))  # type: ignore[arg-type]
-            call = rec.calls.get(run_id) if rec is not None else None
+        rec = self._of.get(run_id.int)
+        call = rec.calls.get(run_id.int) if rec is not None else None
         if call is None or not response.generations or not response.generations[0]:
             return
-        message = getattr(response.generations[0][0], "message", None)
-        call.message = message
-        call.meta["latency_s"] = time.perf_counter() - call.started
-        call.meta["usage"] = usage_of(message, response.llm_output) if message else None
-        call.meta["model"] = _model_name(message, response.llm_output, call.meta["params"])
+        call.latency = time.perf_counter() - call.started
+        call.llm_output = response.llm_output
+        call.message = getattr(response.generations[0][0], "message", None)
 
     def on_chain_end(self, outputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
                      **kwargs: Any) -> None:
@@ -404,18 +484,21 @@ class CarCallback(BaseCallbackHandler):
             if rec is None:
                 return
             self._done = [rec]  # the latest only: a branch reads it, users never grow it
-            for member in rec.members:
-                self._root.pop(member, None)
-        fields = self.fields(rec, outputs, error)
+            if self._open:
+                for member in rec.members:
+                    self._of.pop(member, None)
+            else:
+                self._of.clear()  # no other run open: nothing else is in it
+        fields = self._kept(rec, outputs, error)
         if self._unsealed is not None:
-            self._unsealed.add(fields)
-            if isinstance(self.store, RunWriter):  # sealed and written on the writer's thread
+            first = self._unsealed.add(fields)
+            if first and isinstance(self.store, RunWriter):  # sealed on the writer's thread
                 try:
                     self.store.later(self._unsealed)
                 except StoreError:  # a closed writer: seal now; the save error is kept
                     self._unsealed()
             return
-        run = score_run(Trajectory.new(**fields), self.outcome, self.outcome_errors)
+        run = score_run(Trajectory.new(**fields()), self.outcome, self.outcome_errors)
         self._keep(run)
         store_run(run, self.store, self.store_errors)
 
@@ -425,42 +508,67 @@ class CarCallback(BaseCallbackHandler):
 
     def fields(self, rec: _Recording, outputs: Any, error: BaseException | None
                ) -> dict[str, Any]:
-        """What ``Trajectory.new`` takes for the run ``rec``: every value converted to JSON
-        now, so nothing the app changes later reaches the record."""
-        calls = task_order(sorted((c for c in rec.calls.values() if c.message is not None),
-                                  key=lambda c: c.order))
-        final = outputs if isinstance(outputs, dict) else {}
+        """What ``Trajectory.new`` takes for the run ``rec`` if it ended now with ``outputs``."""
+        return self._kept(rec, outputs, error)()
+
+    def _kept(self, rec: _Recording, outputs: Any, error: BaseException | None
+              ) -> Callable[[], dict[str, Any]]:
+        """What the run's end leaves to convert later: the final state copied where it can
+        change, each decision and tool result as seen now; the function returned converts it
+        into what ``Trajectory.new`` takes, on whichever thread calls it."""
+        end: dict[int, Seen] = {}
+        final = _frozen(outputs, end) if isinstance(outputs, dict) else {}
+        calls = [c for c in list(rec.calls.values()) if c.message is not None]
         results = dict(rec.tool_results)
-        for m in final.get(self.messages_key) or ():
-            if isinstance(m, ToolMessage):
-                results[m.tool_call_id] = m
-        # a decision found in the final messages takes the results that follow it there (a
-        # model may reuse call ids across steps); one that is not, the results by call id
-        final_messages = list(final.get(self.messages_key) or ())
-        at = {m.id: i for i, m in enumerate(final_messages) if isinstance(m, AIMessage) and m.id}
-        steps = []
-        for i, call in enumerate(calls):
-            pos = at.get(call.message.id) if call.message.id else None
-            answers = (final_messages[pos + 1:] if pos is not None
-                       else list(results.values()))
-            _, action, observation, observed = decode(  # this decision only, not later ones
-                [call.message, *answers], [call.message.id], convert=rec.convert)[0]
-            steps.append(Step(index=i, action=action, observation=observation,
-                              observed=observed, state=call.state, meta=call.meta))
-        status = RunStatus.COMPLETE
-        if error is not None:
-            status = RunStatus.ERROR
-        elif "__interrupt__" in final:
-            status = RunStatus.INTERRUPTED
-        context = ({"messages": steps[0].state} if steps
-                   else {"input": jsonable(rec.inputs)})
-        meta = {"framework": "langgraph", "thread_id": rec.thread_id,
-                "final_state": jsonable({k: v for k, v in final.items()
-                                         if k != "__interrupt__"}, rec.convert)}
-        if rec.node_results:
-            meta["node_tool_calls"] = list(rec.node_results)
-        if self.fingerprint is not None:
-            meta["agent_fingerprint"] = self.fingerprint
-        return {"context": context, "steps": steps, "agent": "langgraph", "status": status,
-                "error": repr(error) if error is not None else None, "meta": meta,
-                "created_at": time.time()}
+        for m in [*(c.message for c in calls), *results.values()]:
+            if id(m) not in end:  # most are in the final state, seen just now
+                end[id(m)] = seen(m)  # type: ignore[arg-type]
+        inputs = None if calls else _frozen(rec.inputs, end)
+        return functools.partial(
+            _fields, rec, calls, results, final, end, inputs,
+            repr(error) if error is not None else None, error is not None, time.time(),
+            self.messages_key, self.fingerprint)
+
+
+def _fields(rec: _Recording, calls: list[_Call], results: dict[str, ToolMessage],
+            final: dict[str, Any], end: dict[int, Seen], inputs: Any, error: str | None,
+            failed: bool, created_at: float, messages_key: str, fingerprint: str | None
+            ) -> dict[str, Any]:
+    """What ``Trajectory.new`` takes for a run ``CarCallback._kept`` kept at its end."""
+    def at_end(message: BaseMessage) -> dict[str, Any]:
+        return rec.convert(end[id(message)])
+
+    ordered = task_order([(c, c.meta(rec)) for c in sorted(calls, key=lambda c: c.order)])
+    final_messages = list(final.get(messages_key) or ())
+    for m in final_messages:
+        if isinstance(m, ToolMessage):
+            results[m.tool_call_id] = m
+    # a decision found in the final messages takes the results that follow it there (a
+    # model may reuse call ids across steps); one that is not, the results by call id
+    at = {m.id: i for i, m in enumerate(final_messages) if isinstance(m, AIMessage) and m.id}
+    steps = []
+    for i, (call, meta) in enumerate(ordered):
+        message: Any = call.message
+        state = [rec.convert(m) for m in call.state]
+        pos = at.get(message.id) if message.id else None
+        answers = final_messages[pos + 1:] if pos is not None else list(results.values())
+        _, action, observation, observed = decode(  # this decision only, not later ones
+            [message, *answers], [message.id], convert=at_end)[0]
+        steps.append(Step(index=i, action=action, observation=observation,
+                          observed=observed, state=state, meta=meta))
+    status = RunStatus.COMPLETE
+    if failed:
+        status = RunStatus.ERROR
+    elif "__interrupt__" in final:
+        status = RunStatus.INTERRUPTED
+    context = ({"messages": steps[0].state} if steps
+               else {"input": jsonable(inputs, at_end)})
+    meta = {"framework": "langgraph", "thread_id": rec.thread_id,
+            "final_state": jsonable({k: v for k, v in final.items() if k != "__interrupt__"},
+                                    at_end)}
+    if rec.node_results:
+        meta["node_tool_calls"] = list(rec.node_results)
+    if fingerprint is not None:
+        meta["agent_fingerprint"] = fingerprint
+    return {"context": context, "steps": steps, "agent": "langgraph", "status": status,
+            "error": error, "meta": meta, "created_at": created_at}

@@ -34,16 +34,30 @@ def _text(content: Any) -> Any:
 
 def to_dict(message: BaseMessage) -> dict[str, Any]:
     """One LangChain message as an OpenAI-style dict."""
+    return dict_of(message, message.content, message.__dict__.get("tool_calls"), message.name)
+
+
+def seen(message: BaseMessage) -> tuple[BaseMessage, Any, Any, Any]:
+    """``(message, content, tool calls, name)``: what ``dict_of`` converts, as it is now. A
+    recorder keeps this instead of converting at once: a field assigned anew later does not
+    reach it (the objects themselves are kept, so a change made inside a content list or a
+    tool call's arguments would)."""
+    return (message, message.content, message.__dict__.get("tool_calls"), message.name)
+
+
+def dict_of(message: BaseMessage, content: Any, tool_calls: Any, name: Any) -> dict[str, Any]:
+    """``to_dict(message)`` with the content, tool calls and name given (as ``seen`` kept
+    them); the rest (the kind of message, a tool result's call id) is read from ``message``."""
     if isinstance(message, AIMessage):
         calls = [tool_call(c.get("id") or "", c["name"], c.get("args") or {})
-                 for c in message.tool_calls]
-        return assistant(_text(message.content), calls)
+                 for c in tool_calls or ()]
+        return assistant(_text(content), calls)
     if isinstance(message, ToolMessage):
-        return tool_result(message.tool_call_id, message.name or "", _text(message.content))
+        return tool_result(message.tool_call_id, name or "", _text(content))
     role = {"human": "user", "system": "system"}.get(message.type, message.type)
-    out: dict[str, Any] = {"role": role, "content": _text(message.content)}
-    if getattr(message, "name", None):
-        out["name"] = message.name
+    out: dict[str, Any] = {"role": role, "content": _text(content)}
+    if name:
+        out["name"] = name
     return out
 
 
