@@ -16,14 +16,12 @@ from typing import Any
 import pytest
 from car_adapters.demo import support_agent as sa
 from car_adapters.langgraph import CarCallback
-from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.graph import START, MessagesState, StateGraph
 
 import car_core as car
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
-from langgraph_record_fixture import recorded  # noqa: E402
+from langgraph_record_fixture import edited_history_app, recorded  # noqa: E402
 
 GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "golden" / "langgraph_recorded.json"
 
@@ -58,24 +56,9 @@ def test_the_stored_runs_are_byte_for_byte_what_the_eager_recorder_stored(
 
 
 def test_a_message_changed_between_model_calls_is_recorded_as_each_call_saw_it() -> None:
-    model = FakeListChatModel(responses=["first", "second"])
-
-    def ask(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [model.invoke(state["messages"])]}
-
-    def edit_then_ask(state: MessagesState) -> dict[str, Any]:
-        state["messages"][0].content = "edited in place"  # a node that rewrites history
-        return ask(state)
-
-    graph = StateGraph(MessagesState)
-    graph.add_node("ask", ask)
-    graph.add_node("edit_then_ask", edit_then_ask)
-    graph.add_edge(START, "ask")
-    graph.add_edge("ask", "edit_then_ask")
-    app = graph.compile(checkpointer=InMemorySaver())
+    app, given = edited_history_app()
     cb = CarCallback()
-    app.invoke({"messages": [("user", "original")]},
-               {"configurable": {"thread_id": "t"}, "callbacks": [cb]})
+    app.invoke(given, {"configurable": {"thread_id": "t"}, "callbacks": [cb]})
     run = cb.run
     assert run is not None and len(run.steps) == 2
     assert run.steps[0].state[0]["content"] == "original"

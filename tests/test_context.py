@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import pytest
 
@@ -29,6 +30,27 @@ def _attribute(world: ContextWorld, seed: int, rollouts: int) -> car.ContextAttr
     run = world.failing_run(seed)
     return car.context_attribution(run, world.agent(), step=world.decide_at,
                                    outcome=world.outcome, rollouts=rollouts, seed=seed)
+
+
+def _sweep(world: ContextWorld, seeds: int, rollouts: int,
+           check: Callable[[car.ContextAttribution], None] | None = None) -> tuple[int, int, int]:
+    """Over ``seeds`` seeds: how often the first causal source was named, and how many of the
+    screened intervals covered their analytic effect, of how many. Every named source's rescue
+    interval must agree with its test (at or above zero, holding the estimate)."""
+    named = covered = intervals = 0
+    for seed in range(seeds):
+        result = _attribute(world, seed, rollouts)
+        assert result.rollouts_used <= rollouts
+        if check is not None:
+            check(result)
+        named += world.causal[0] in {s.source.index for s in result.named}
+        for s in result.named:  # the test showed the rescue positive: so does its interval
+            assert s.rescue_ci is not None and s.rescue is not None
+            assert 0.0 <= s.rescue_ci[0] <= s.rescue <= s.rescue_ci[1]
+        for s in result.sources:
+            intervals += 1
+            covered += s.ci[0] <= world.effect(s.source.index) <= s.ci[1]
+    return named, covered, intervals
 
 
 # -- sources and ablations ---------------------------------------------------------------------
@@ -139,17 +161,7 @@ SEEDS = 100
 @pytest.mark.parametrize("world", [injected(10), poisoned_tool(10)], ids=["injected", "tool"])
 def test_the_causal_source_is_named_in_95_percent_of_seeds_at_m10_within_64_rollouts(
         world: ContextWorld) -> None:
-    named = covered = intervals = 0
-    for seed in range(SEEDS):
-        result = _attribute(world, seed, 64)
-        assert result.rollouts_used <= 64
-        named += world.causal[0] in {s.source.index for s in result.named}
-        for s in result.named:  # the test showed the rescue positive: so does its interval
-            assert s.rescue_ci is not None and s.rescue is not None
-            assert 0.0 <= s.rescue_ci[0] <= s.rescue <= s.rescue_ci[1]
-        for s in result.sources:
-            intervals += 1
-            covered += s.ci[0] <= world.effect(s.source.index) <= s.ci[1]
+    named, covered, intervals = _sweep(world, SEEDS, 64)
     assert named >= 0.95 * SEEDS
     # every source's interval at nominal 95% covers its analytic Banzhaf effect ≥ 90% of the time
     assert covered >= 0.90 * intervals
@@ -187,17 +199,10 @@ def test_the_cause_is_named_in_95_percent_of_seeds_when_the_policy_draws_its_own
     # The screen's intervals, which its stopping rule looks at, still cover (measured 0.944).
     world = injected(10, shared_noise=False, flip=0.1)
     seeds = 300
-    named = covered = intervals = 0
-    for seed in range(seeds):
-        result = _attribute(world, seed, 64)
-        assert result.rollouts_used <= 64 and result.test == "Boschloo's exact test"
-        named += world.causal[0] in {s.source.index for s in result.named}
-        for s in result.named:  # the test showed the rescue positive: so does its interval
-            assert s.rescue_ci is not None and s.rescue is not None
-            assert 0.0 <= s.rescue_ci[0] <= s.rescue <= s.rescue_ci[1]
-        for s in result.sources:
-            intervals += 1
-            covered += s.ci[0] <= world.effect(s.source.index) <= s.ci[1]
+
+    def unpaired(result: car.ContextAttribution) -> None:
+        assert result.test == "Boschloo's exact test"
+    named, covered, intervals = _sweep(world, seeds, 64, unpaired)
     assert named >= 0.95 * seeds
     assert covered >= 0.90 * intervals
 

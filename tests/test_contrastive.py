@@ -371,26 +371,29 @@ def test_coupled_probes_are_placed_by_the_gates_witnesses_alone():
         assert d.candidate == 5 and nav <= 2 * gate + 3 * PROBE
 
 
+class FixedDiffs:
+    """An arm source whose pair differences are given: what a probe would see at each index."""
+
+    remaining = 100
+
+    def __init__(self, d):
+        self.d = d
+
+    def diffs(self, hi, lo, indices):
+        return self.d[list(indices)]
+
+
 def test_a_probe_that_only_matches_h_n_is_not_called_level_until_coupling_is_shown():
     """Arms that share no noise agree with H_n by chance; a level verdict from the witnesses
     waits until some probe matched H_0 at every one of them."""
     from car_core.estimators.search import Witnesses
 
-    class Fixed:
-        remaining = 100
-
-        def __init__(self, d):
-            self.d = d
-
-        def diffs(self, hi, lo, indices):
-            return self.d[list(indices)]
-
     gate = np.array([0.0, 1.0, 0.0, 0.0, 1.0, 0.0])
     w = Witnesses.of(gate)
-    assert w.side(Fixed(np.zeros(6)), 6, 3) is None
-    assert w.side(Fixed(gate), 6, 2) is True and w.coupled
-    assert w.side(Fixed(np.zeros(6)), 6, 3) is False
-    assert w.side(Fixed(np.array([0.0, 1.0, 1.0, 0.0, 0.0, 0.0])), 6, 4) is None
+    assert w.side(FixedDiffs(np.zeros(6)), 6, 3) is None
+    assert w.side(FixedDiffs(gate), 6, 2) is True and w.coupled
+    assert w.side(FixedDiffs(np.zeros(6)), 6, 3) is False
+    assert w.side(FixedDiffs(np.array([0.0, 1.0, 1.0, 0.0, 0.0, 0.0])), 6, 4) is None
 
 
 def test_a_probe_that_copies_neither_side_ends_the_witness_verdicts():
@@ -401,22 +404,13 @@ def test_a_probe_that_copies_neither_side_ends_the_witness_verdicts():
     probe that copies a side, and the bisection does not rest on them."""
     from car_core.estimators.search import Witnesses
 
-    class Fixed:
-        remaining = 100
-
-        def __init__(self, d):
-            self.d = d
-
-        def diffs(self, hi, lo, indices):
-            return self.d[list(indices)]
-
     gate = np.array([0.0, 1.0, 0.0, 0.0, 1.0, 0.0])
     w = Witnesses.of(gate)
-    assert w.side(Fixed(gate), 6, 2) is True and w.trusted
-    assert w.side(Fixed(np.array([0.0, 1.0, 0.0, 0.0, 0.0, 0.0])), 6, 4) is None
+    assert w.side(FixedDiffs(gate), 6, 2) is True and w.trusted
+    assert w.side(FixedDiffs(np.array([0.0, 1.0, 0.0, 0.0, 0.0, 0.0])), 6, 4) is None
     assert w.mixed and not w.trusted
-    assert w.side(Fixed(np.zeros(6)), 6, 3) is None
-    assert w.side(Fixed(gate), 6, 1) is None
+    assert w.side(FixedDiffs(np.zeros(6)), 6, 3) is None
+    assert w.side(FixedDiffs(gate), 6, 1) is None
 
 
 @pytest.mark.parametrize("model,coupling", [

@@ -47,10 +47,9 @@ def sealed_text(run: Any) -> str:
     return again.to_json()
 
 
-def apps() -> dict[str, tuple[Any, Any]]:
-    """Each app, with the input it is recorded on: the support agent (4 decisions, tools),
-    and a graph whose second node rewrites the first message in place before its call."""
-    from car_adapters.demo import support_agent as sa
+def edited_history_app() -> tuple[Any, Any]:
+    """A graph whose second node rewrites the first message in place before its model call,
+    with the input it runs on: each call must be recorded as it saw the history."""
     from langchain_core.language_models.fake_chat_models import FakeListChatModel
     from langgraph.checkpoint.memory import InMemorySaver
     from langgraph.graph import START, MessagesState, StateGraph
@@ -61,7 +60,7 @@ def apps() -> dict[str, tuple[Any, Any]]:
         return {"messages": [model.invoke(state["messages"])]}
 
     def edit_then_ask(state: MessagesState) -> dict[str, Any]:
-        state["messages"][0].content = "edited in place"
+        state["messages"][0].content = "edited in place"  # a node that rewrites history
         return ask(state)
 
     graph = StateGraph(MessagesState)
@@ -69,10 +68,18 @@ def apps() -> dict[str, tuple[Any, Any]]:
     graph.add_node("edit_then_ask", edit_then_ask)
     graph.add_edge(START, "ask")
     graph.add_edge("ask", "edit_then_ask")
+    return graph.compile(checkpointer=InMemorySaver()), {"messages": [("user", "original")]}
+
+
+def apps() -> dict[str, tuple[Any, Any]]:
+    """Each app, with the input it is recorded on: the support agent (4 decisions, tools),
+    and the graph that rewrites its history in place."""
+    from car_adapters.demo import support_agent as sa
+    from langgraph.checkpoint.memory import InMemorySaver
+
     return {"support": (sa.build_app(sa.PlantedSupportModel(rng_seed=0), InMemorySaver()),
                         sa.inputs()),
-            "edited": (graph.compile(checkpointer=InMemorySaver()),
-                       {"messages": [("user", "original")]})}
+            "edited": edited_history_app()}
 
 
 def recorded(folder: Path) -> dict[str, str]:
