@@ -4,7 +4,8 @@ agents at three levels of shared noise; Shapley against the paper and shapiq.
     nice -n 10 .venv/bin/python benchmarks/estimators.py [--seeds 100] [--long-seeds 40]
         [--fwer-seeds 2000] [--fwer-sim-seeds 2000] [--workers 2] [--quick]
         [--rescue 0.3 ...] [--steps 8 ...] [--flip 0 ...]
-        [--coupling none ...] [--skip grid fwer fwer-sim shapley]
+        [--coupling none ...] [--resume-seeds 100] [--resume-fwer-seeds 500]
+        [--resume-steps 4 8] [--skip grid fwer fwer-sim resume shapley]
 
 Locus grid. Each row is a ``synthetic.PlantedDesk``: an ``n``-step ``car.FunctionAgent`` whose
 step ``⌊2n/3⌋`` denies a refund (the recorded failure) and approves w.p. ``rescue`` when
@@ -42,6 +43,15 @@ that varies the outcome), through the engine at every coupling over ``--fwer-see
 engine's law; a no-cause desk and ``synthetic.no_cause`` are the same coin at every coupling)
 for the seed counts and run lengths the engine cannot afford.
 
+What the continue hint buys (``resume``): on the grid's desks of ``--resume-steps`` and the
+no-cause desks above, ``--resume-seeds`` (``--resume-fwer-seeds``) seeds, each attributed with a
+store and, where undecided, resumed once with ``budget=car.Budget(**res.larger_budget())`` (the
+store reads the branches already run back). Resuming is a second look at the data: the table
+gives the answers after it, the share of stored branches the resumed search asked for again,
+and the family-wise error of the two looks together; ``fwer-sim`` adds the same two-look error
+on the simulator (the search at twice the budget on the same seed reads every draw of the first
+back, as the journal does).
+
 Shapley RMSE at equal budget against the paper's estimator and shapiq's approximators on the
 same noisy games, with our interval coverage.
 
@@ -56,6 +66,7 @@ import multiprocessing
 import os
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 from collections import defaultdict
@@ -74,6 +85,7 @@ from paper_baseline import paper_contrastive, paper_shapley  # noqa: E402
 import car_core as car  # noqa: E402
 from car_core import synthetic as syn  # noqa: E402
 from car_core.stats import wilson  # noqa: E402
+from car_core.store import RunStore  # noqa: E402
 from car_core.vocabulary import Answer  # noqa: E402
 
 K = 32
@@ -134,17 +146,52 @@ def fwer_seed(cell: Cell, coupling: str, seed: int) -> dict[str, Any]:
 
 
 def fwer_sim_seed(cell: Cell, coupling: str, seed: int) -> dict[str, Any]:
+    """The simulator's arms give each (arm, rollout) the same draw whatever the budget, so the
+    search at twice the budget on the same seed is the resume the continue hint asks for:
+    every branch the first search ran is read back, as the store's journal does."""
     from car_core.estimators.search import search
     model = syn.no_cause(cell.n, 0.5)
     budget = cell.n * K
     d = search(syn.SampledArms(model, seed, budget, coupling), cell.n, budget, ALPHA,
                intervals=False)
-    return {"false": bool(d.significant), "undecided": bool(d.exhausted),
-            "used": d.decided_spent}
+    out = {"false": bool(d.significant), "undecided": bool(d.exhausted),
+           "used": d.decided_spent, "r_false": bool(d.significant), "r_undecided": False}
+    if d.exhausted:
+        again = search(syn.SampledArms(model, seed, 2 * budget, coupling), cell.n, 2 * budget,
+                       ALPHA, intervals=False)
+        out.update(r_false=bool(again.significant), r_undecided=bool(again.exhausted))
+    return out
+
+
+def resume_seed(cell: Cell, coupling: str, seed: int) -> dict[str, Any]:
+    """CAR as a user runs it with a store: an undecided answer resumed once with the budget
+    its continue hint names (``res.larger_budget()``), the branches already run read back."""
+    desk = cell.desk(coupling, seed)
+    run = desk.failing_run()
+    with tempfile.TemporaryDirectory() as tmp, RunStore(Path(tmp) / "car.db") as store:
+        first = car.contrastive(run, desk.agent(), outcome=desk.judge, rollouts=K,
+                                alpha=ALPHA, seed=seed, progress=False, store=store)
+        out: dict[str, Any] = {"undecided": first.answer == Answer.UNDECIDED,
+                               "hit": first.locus == desk.locus,
+                               "named": first.locus is not None}
+        if not out["undecided"]:
+            return out
+        kept = len(store.branches(first.attribution_id))
+        budget = first.larger_budget()
+        grown = car.contrastive(run, desk.agent(), outcome=desk.judge, rollouts=K,
+                                alpha=ALPHA, seed=seed, progress=False, store=store,
+                                attribution_id=first.attribution_id,
+                                budget=car.Budget(**budget))
+        drawn = len(store.branches(first.attribution_id)) - kept
+    return {**out, "kept": kept, "drawn": drawn, "reused": grown.rollouts_used - drawn,
+            "added": budget["rollouts"] - first.rollouts_used, "more": first.more_rollouts,
+            "r_hit": grown.locus == desk.locus, "r_named": grown.locus is not None,
+            "r_undecided": grown.answer == Answer.UNDECIDED}
 
 
 KINDS: dict[str, Callable[[Cell, str, int], dict[str, Any]]] = {
-    "car": car_seed, "paper": paper_seed, "fwer": fwer_seed, "fwer-sim": fwer_sim_seed}
+    "car": car_seed, "paper": paper_seed, "fwer": fwer_seed, "fwer-sim": fwer_sim_seed,
+    "resume": resume_seed}
 Job = tuple[str, Cell, str, tuple[int, ...]]
 
 
@@ -337,21 +384,33 @@ def _fwer(args: argparse.Namespace, kind: str, cells: tuple[Cell, ...], what: st
     if reuse:
         print("(`steps` is `none` here, the same runs: only the judge draws, and neither "
               "shares it)")
-    print("| model | coupling | false loci | FWER [95% Wilson] | undecided | rollouts | ≤ α |")
-    print("|---|---|---|---|---|---|---|")
+    resumed = kind == "fwer-sim"
+    more = (" | after one resume: false loci | FWER | still undecided", "|---|---|---")
+    print("| model | coupling | false loci | FWER [95% Wilson] | undecided | rollouts | ≤ α"
+          f"{more[0] if resumed else ''} |")
+    print(f"|---|---|---|---|---|---|---{'|' + more[1] if resumed else ''}|")
     for cell in cells:
         for coupling in args.coupling:
             rows = results[(kind, cell, coupling)]
             s = len(rows)
             false = sum(r["false"] for r in rows)
             und = sum(r["undecided"] for r in rows)
-            _, lo, _ = rate(false, s)
-            ok = "yes" if false / s <= ALPHA else ("no*" if lo <= ALPHA else "no")
             judge = f"judge errs {cell.flip:.0%}" if kind == "fwer" else "base rate 0.5"
-            print(f"| {cell.n} steps, {judge} | {coupling} | {false} | {pct(false, s)} "
-                  f"| {pct(und, s)} | {np.mean([r['used'] for r in rows]):.0f} | {ok} |",
-                  flush=True)
+            line = (f"| {cell.n} steps, {judge} | {coupling} | {false} | {pct(false, s)} "
+                    f"| {pct(und, s)} | {np.mean([r['used'] for r in rows]):.0f} "
+                    f"| {within_alpha(false, s)}")
+            if resumed:
+                r_false = sum(r["r_false"] for r in rows)
+                line += (f" | {r_false} | {pct(r_false, s)} "
+                         f"| {pct(sum(r['r_undecided'] for r in rows), s)}")
+            print(line + " |", flush=True)
     cost_table(cpu, lambda kind, n: count)
+
+
+def within_alpha(false: int, s: int) -> str:
+    """``yes`` if the rate is at most α, ``no*`` if only its interval reaches α."""
+    _, lo, _ = rate(false, s)
+    return "yes" if false / s <= ALPHA else ("no*" if lo <= ALPHA else "no")
 
 
 def fwer(args: argparse.Namespace) -> None:
@@ -362,6 +421,76 @@ def fwer_sim(args: argparse.Namespace) -> None:
     _fwer(args, "fwer-sim", FWER_SIM_CELLS,
           "on the simulator (synthetic.no_cause on SampledArms, the search car.contrastive runs)",
           args.fwer_sim_seeds)
+
+
+# -- what the continue hint buys ---------------------------------------------------------------
+def resume_section(args: argparse.Namespace) -> None:
+    """Every undecided seed resumed once from its store, as the hint says, on the grid's desks
+    and on the no-cause desks of the FWER section."""
+    steps = [n for n in args.steps if n in args.resume_steps]
+    cells = [Cell(r, n, f) for n in steps for r in args.rescue for f in args.flip]
+    seeds = range(args.resume_seeds)
+    fwer_seeds = range(FWER_BASE, FWER_BASE + args.resume_fwer_seeds)
+    jobs = [job for cell in cells for coupling in args.coupling
+            if not same_as_full(cell, coupling, args)
+            for job in chunks("resume", cell, coupling, seeds)]
+    jobs += [job for cell in FWER_CELLS for coupling in args.coupling
+             for job in chunks("resume", cell, coupling, fwer_seeds)]
+    results, cpu = run_jobs(jobs, args.workers)
+    for cell in cells:
+        if same_as_full(cell, "steps", args):
+            results[("resume", cell, "steps")] = results[("resume", cell, "full")]
+    print(f"Undecided seeds resumed once through the engine with a store, as the continue hint "
+          f"says (`budget=car.Budget(**res.larger_budget())`: 2·n·{K} rollouts in all), "
+          f"{args.resume_seeds} seeds (0–{args.resume_seeds - 1}) per row; rows with no "
+          "undecided seed left out. \"asked again\": of the branches the first attempt "
+          "stored, the share the resumed search read back (the larger budget can send it "
+          "another way); \"run\": rollouts the resume ran, against the rollouts it added.")
+    print("| n | rescue | flip | coupling | accuracy first | undecided | → pivot | → undecided "
+          "| → wrong step | → no cause | accuracy after | asked again | run of added "
+          "| \"about N more\" given | decided where N ≤ added |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for cell in cells:
+        for coupling in args.coupling:
+            resume_row(cell, coupling, results[("resume", cell, coupling)])
+    print(f"\nFamily-wise error of attributing and, where undecided, resuming once, through "
+          f"the engine on the FWER section's no-cause desks, {args.resume_fwer_seeds} seeds "
+          f"each ({FWER_BASE}–{FWER_BASE + args.resume_fwer_seeds - 1}): a locus named at "
+          "either look is a false one")
+    print("| model | coupling | false at first | undecided | false after resume "
+          "| FWER after one resume | still undecided | ≤ α |")
+    print("|---|---|---|---|---|---|---|---|")
+    for cell in FWER_CELLS:
+        for coupling in args.coupling:
+            rows = results[("resume", cell, coupling)]
+            n = len(rows)
+            first = sum(r["named"] for r in rows)
+            und = [r for r in rows if r["undecided"]]
+            false = first + sum(r["r_named"] for r in und)
+            print(f"| {cell.n} steps, judge errs {cell.flip:.0%} | {coupling} | {first} "
+                  f"| {pct(len(und), n)} | {false - first} | {pct(false, n)} "
+                  f"| {pct(sum(r['r_undecided'] for r in und), n)} | {within_alpha(false, n)} |",
+                  flush=True)
+    cost_table(cpu, lambda kind, n: args.resume_seeds)
+
+
+def resume_row(cell: Cell, coupling: str, rows: list[dict[str, Any]]) -> None:
+    und = [r for r in rows if r["undecided"]]
+    if not und:
+        return
+    s = len(rows)
+    hit = sum(r["r_hit"] for r in und)
+    still = sum(r["r_undecided"] for r in und)
+    wrong = sum(r["r_named"] and not r["r_hit"] for r in und)
+    given = [r for r in und if r["more"]]
+    within = [r for r in given if r["more"] <= r["added"]]
+    first = sum(r["hit"] for r in rows)
+    asked = sum(r["reused"] for r in und) / sum(r["kept"] for r in und)
+    ran = sum(r["drawn"] for r in und) / sum(r["added"] for r in und)
+    print(f"| {cell.n} | {cell.rescue} | {cell.flip} | {coupling} | {pct(first, s)} "
+          f"| {len(und)} of {s} | {hit} | {still} | {wrong} | {len(und) - hit - still - wrong} "
+          f"| {pct(first + hit, s)} | {asked:.0%} | {ran:.0%} | {len(given)} of {len(und)} "
+          f"| {sum(not r['r_undecided'] for r in within)} of {len(within)} |", flush=True)
 
 
 # -- Shapley -----------------------------------------------------------------------------------
@@ -446,7 +575,8 @@ def shapley_table(args: argparse.Namespace) -> None:
 
 
 SECTIONS: dict[str, Callable[[argparse.Namespace], Any]] = {
-    "grid": grid, "fwer": fwer, "fwer-sim": fwer_sim, "shapley": shapley_table}
+    "grid": grid, "fwer": fwer, "fwer-sim": fwer_sim, "resume": resume_section,
+    "shapley": shapley_table}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -456,6 +586,12 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"seeds per grid row of more than {LONG} steps (default --seeds)")
     parser.add_argument("--fwer-seeds", type=int, default=2000, help="engine FWER seeds")
     parser.add_argument("--fwer-sim-seeds", type=int, default=2000, help="simulator FWER seeds")
+    parser.add_argument("--resume-seeds", type=int, default=100,
+                        help="seeds per row of the resume section")
+    parser.add_argument("--resume-fwer-seeds", type=int, default=500,
+                        help="no-cause seeds per coupling of the resume section")
+    parser.add_argument("--resume-steps", type=int, nargs="+", default=[4, 8],
+                        help="run lengths of the resume section (of --steps)")
     parser.add_argument("--shapley-seeds", type=int, default=100)
     parser.add_argument("--shapley-budget", type=int, default=400)
     parser.add_argument("--rescue", type=float, nargs="+", default=[0.15, 0.3, 0.5])
@@ -472,6 +608,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.seeds, args.fwer_seeds = min(args.seeds, 6), min(args.fwer_seeds, 60)
         args.fwer_sim_seeds = min(args.fwer_sim_seeds, 200)
+        args.resume_seeds = min(args.resume_seeds, 6)
+        args.resume_fwer_seeds = min(args.resume_fwer_seeds, 20)
         args.steps = [n for n in args.steps if n <= 8] or [4]
         args.skip = sorted({*args.skip, "shapley"})
     if args.long_seeds is None:

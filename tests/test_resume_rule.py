@@ -13,6 +13,7 @@ from _estimator_helpers import counted
 import car_core as car
 from car_core import synthetic as syn
 from car_core.errors import InvalidInput
+from car_core.vocabulary import Answer
 
 
 def without_id(result: Any) -> dict[str, Any]:
@@ -89,3 +90,29 @@ def test_a_shapley_resume_may_not_change_the_level(store):
         car.shapley(run, model.agent(), outcome=model.outcome, budget=320, level=0.9,
                     store=store, attribution_id="s1", progress=False)
     assert len(store.branches("s1")) == before  # refused before any branch ran
+
+
+
+def test_a_resume_on_an_agents_own_noise_reads_stored_branches_back_and_draws_within_its_cap(
+        store):
+    """Where the agent draws its own randomness (a hosted model, an unseeded judge) a branch
+    cannot be drawn again as it was: a resume reads each stored one back instead of running it,
+    and the branches it does run fit the larger cap. The larger budget can send the search
+    another way, so not every stored branch is asked for again (the README gives the share)."""
+    desk = syn.PlantedDesk(4, 2, 0.3, 0.1, "none", seed=0)
+    run = desk.failing_run()
+    first = car.contrastive(run, desk.agent(), outcome=desk.judge, rollouts=32, seed=0,
+                            store=store, attribution_id="own", progress=False)
+    assert first.answer == Answer.UNDECIDED  # seed 0 leaves something to continue
+    kept = {(b["arm"], b["rollout"]): b["outcome"] for b in store.branches("own")}
+    assert len(kept) == first.rollouts_used
+    budget = first.larger_budget()
+    grown = car.contrastive(run, desk.agent(), outcome=desk.judge, rollouts=32, seed=0,
+                            store=store, attribution_id="own", progress=False,
+                            budget=car.Budget(**budget))
+    after = {(b["arm"], b["rollout"]): b["outcome"] for b in store.branches("own")}
+    assert {key: after[key] for key in kept} == kept  # read back, not drawn again
+    assert 0 < len(after) - len(kept) <= budget["rollouts"] == grown.rollouts_used
+    measured = {arm.hold_before: arm.n for arm in grown.arms}
+    stored = {arm: sum(1 for (a, _r) in after if a == f"hold<{arm}") for arm in measured}
+    assert all(measured[arm] <= stored[arm] for arm in measured)
