@@ -385,7 +385,7 @@ def _fwer(args: argparse.Namespace, kind: str, cells: tuple[Cell, ...], what: st
         print("(`steps` is `none` here, the same runs: only the judge draws, and neither "
               "shares it)")
     resumed = kind == "fwer-sim"
-    more = (" | after one resume: false loci | FWER | still undecided", "|---|---|---")
+    more = (" | after one resume: false loci | FWER | still undecided", "---|---|---")
     print("| model | coupling | false loci | FWER [95% Wilson] | undecided | rollouts | ≤ α"
           f"{more[0] if resumed else ''} |")
     print(f"|---|---|---|---|---|---|---{'|' + more[1] if resumed else ''}|")

@@ -133,8 +133,10 @@ class BudgetMeter:
 def larger_budget(given: dict[str, Any] | None, note: str | None, rollouts: int | None
                   ) -> dict[str, Any]:
     """The budget to resume with: the one given, with the limit that stopped the estimate (the
-    rollout cap unless the note names another) doubled. Resuming with it re-uses every branch
-    already run and spends the rest where the estimate left off."""
+    rollout cap unless the note names another) doubled. A resume runs the search again under it
+    and reads back each stored branch the search asks for; a larger budget can send the search
+    another way, so some stored branches may not be asked for again (the README measures the
+    share), and each resume is another look at the data (``search``'s error-control note)."""
     out = {k: v for k, v in (given or {}).items() if v is not None}
     text = note or ""
     limit = ("wall_time" if "wall-time" in text else "tokens" if "token budget" in text

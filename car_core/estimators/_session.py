@@ -78,11 +78,14 @@ def check_resumable(store: RunStore, attribution_id: str, run_id: str, method: s
     """The one resume rule, for the API and the ``car`` command alike.
 
     A resume continues the same attribution. It may change how far the estimate may go (the
-    contrastive ``rollouts`` K and any ``budget``, larger or smaller): the journaled branches
-    are the very branches a fresh attribution with the new caps would draw, so the resumed
-    result is the one that fresh attribution gives, without re-running them. Refused: another
-    run or method, or another value of a ``RESUME_FIXED`` entry given in ``params`` (what a
-    branch is, and the error rate the result claims); that is a new attribution (a new id).
+    contrastive ``rollouts`` K and any ``budget``, larger or smaller). Where the branches draw
+    CAR's noise the journaled ones are the very branches a fresh attribution with the new caps
+    would draw, so the resumed result is the one that fresh attribution gives, without
+    re-running them; where the agent draws its own, no branch can be drawn again as it was, and
+    the resume reads the stored outcomes back and draws only the branches not stored. Refused:
+    another run or method, or another value of a ``RESUME_FIXED`` entry given in ``params``
+    (what a branch is, and the error rate the result claims); that is a new attribution (a new
+    id).
     ``must_exist``: a missing attribution is an error (``car attribute --resume``), not a new
     one. ``flags``: the hints name command-line flags instead of keyword arguments."""
     try:

@@ -78,6 +78,16 @@ validity. Without shared noise the index pairs are an arbitrary pairing of two
 independent samples; the sign test on them conditions on the disagreeing pairs as the
 two-sample test conditions on the pooled margin, and has the same efficiency as the one-sided
 Fisher test.
+
+A resume with a larger budget (the continue hint) is another look, not a continuation of this
+one: the budget sizes the gate, the navigation's share, the least rise and the end-of-sampling
+horizon, so the search runs again under it, reading back the stored rollouts it asks for.
+Each look is a level-``α`` procedure on its own (its rollouts, stored or new, have the law of
+fresh ones), so attributing and then resuming ``L`` times names a step whose rescue is ``≤ 0``
+with probability ``≤ (L + 1)·α`` by the union bound; the README gives the measured rate of one
+resume. Keeping ``α`` over looks would mean a first look at less than ``α``: at ``0.04``
+instead of ``0.05`` the first look lost up to 12 points of power on the simulator's grid rows
+(4 steps, rescue 0.15, shared noise: 90% → 79% of 200 seeds).
 """
 
 from __future__ import annotations
