@@ -46,7 +46,8 @@ for the seed counts and run lengths the engine cannot afford.
 What the continue hint buys (``resume``): on the grid's desks of ``--resume-steps`` and the
 no-cause desks above, ``--resume-seeds`` (``--resume-fwer-seeds``) seeds, each attributed with a
 store and, where undecided, resumed once with ``budget=car.Budget(**res.larger_budget())`` (the
-store reads the branches already run back). Resuming is a second look at the data: the table
+store reads the branches already run back; the cap doubled, or raised by the rollouts the result
+says would decide it). Resuming is a second look at the data: the table
 gives the answers after it, the share of stored branches the resumed search asked for again,
 and the family-wise error of the two looks together; ``fwer-sim`` adds the same two-look error
 on the simulator (the search at twice the budget on the same seed reads every draw of the first
@@ -84,6 +85,7 @@ from paper_baseline import paper_contrastive, paper_shapley  # noqa: E402
 
 import car_core as car  # noqa: E402
 from car_core import synthetic as syn  # noqa: E402
+from car_core.budget import MOST_MORE, larger_budget  # noqa: E402
 from car_core.stats import wilson  # noqa: E402
 from car_core.store import RunStore  # noqa: E402
 from car_core.vocabulary import Answer  # noqa: E402
@@ -147,8 +149,9 @@ def fwer_seed(cell: Cell, coupling: str, seed: int) -> dict[str, Any]:
 
 def fwer_sim_seed(cell: Cell, coupling: str, seed: int) -> dict[str, Any]:
     """The simulator's arms give each (arm, rollout) the same draw whatever the budget, so the
-    search at twice the budget on the same seed is the resume the continue hint asks for:
-    every branch the first search ran is read back, as the store's journal does."""
+    search at the hint's larger budget (``larger_budget``, as ``car.contrastive`` words it) on
+    the same seed is the resume the continue hint asks for: every branch the first search ran
+    is read back, as the store's journal does."""
     from car_core.estimators.search import search
     model = syn.no_cause(cell.n, 0.5)
     budget = cell.n * K
@@ -157,8 +160,10 @@ def fwer_sim_seed(cell: Cell, coupling: str, seed: int) -> dict[str, Any]:
     out = {"false": bool(d.significant), "undecided": bool(d.exhausted),
            "used": d.decided_spent, "r_false": bool(d.significant), "r_undecided": False}
     if d.exhausted:
-        again = search(syn.SampledArms(model, seed, 2 * budget, coupling), cell.n, 2 * budget,
-                       ALPHA, intervals=False)
+        more = None if d.more_pairs is None else 2 * d.more_pairs  # as the result reports it
+        larger = larger_budget(None, None, budget, more)["rollouts"]
+        again = search(syn.SampledArms(model, seed, larger, coupling), cell.n, larger, ALPHA,
+                       intervals=False)
         out.update(r_false=bool(again.significant), r_undecided=bool(again.exhausted))
     return out
 
@@ -441,15 +446,17 @@ def resume_section(args: argparse.Namespace) -> None:
         if same_as_full(cell, "steps", args):
             results[("resume", cell, "steps")] = results[("resume", cell, "full")]
     print(f"Undecided seeds resumed once through the engine with a store, as the continue hint "
-          f"says (`budget=car.Budget(**res.larger_budget())`: 2·n·{K} rollouts in all), "
+          f"says (`budget=car.Budget(**res.larger_budget())`: the n·{K} cap doubled, or raised "
+          f"by the \"about N more\" the result printed, up to {1 + MOST_MORE}·n·{K}), "
           f"{args.resume_seeds} seeds (0–{args.resume_seeds - 1}) per row; rows with no "
           "undecided seed left out. \"asked again\": of the branches the first attempt "
           "stored, the share the resumed search read back (the larger budget can send it "
           "another way); \"run\": rollouts the resume ran, against the rollouts it added.")
     print("| n | rescue | flip | coupling | accuracy first | undecided | → pivot | → undecided "
-          "| → wrong step | → no cause | accuracy after | asked again | run of added "
+          "| → wrong step | → no cause | accuracy after | added (mean) | asked again "
+          "| run of added "
           "| \"about N more\" given | decided where N ≤ added |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for cell in cells:
         for coupling in args.coupling:
             resume_row(cell, coupling, results[("resume", cell, coupling)])
@@ -489,7 +496,8 @@ def resume_row(cell: Cell, coupling: str, rows: list[dict[str, Any]]) -> None:
     ran = sum(r["drawn"] for r in und) / sum(r["added"] for r in und)
     print(f"| {cell.n} | {cell.rescue} | {cell.flip} | {coupling} | {pct(first, s)} "
           f"| {len(und)} of {s} | {hit} | {still} | {wrong} | {len(und) - hit - still - wrong} "
-          f"| {pct(first + hit, s)} | {asked:.0%} | {ran:.0%} | {len(given)} of {len(und)} "
+          f"| {pct(first + hit, s)} | {np.mean([r['added'] for r in und]):.0f} | {asked:.0%} "
+          f"| {ran:.0%} | {len(given)} of {len(und)} "
           f"| {sum(not r['r_undecided'] for r in within)} of {len(within)} |", flush=True)
 
 

@@ -130,20 +130,29 @@ class BudgetMeter:
                 "wall_time": round(time.monotonic() - self.started, 3)}
 
 
-def larger_budget(given: dict[str, Any] | None, note: str | None, rollouts: int | None
-                  ) -> dict[str, Any]:
+MOST_MORE = 4  # the most a hint's rollout budget grows by, in caps: "about N more" is rough
+
+
+def larger_budget(given: dict[str, Any] | None, note: str | None, rollouts: int | None,
+                  more: int | None = None) -> dict[str, Any]:
     """The budget to resume with: the one given, with the limit that stopped the estimate (the
-    rollout cap unless the note names another) doubled. A resume runs the search again under it
-    and reads back each stored branch the search asks for; a larger budget can send the search
-    another way, so some stored branches may not be asked for again (the README measures the
-    share), and each resume is another look at the data (``search``'s error-control note)."""
+    rollout cap unless the note names another) doubled — or, for the rollout cap, raised by
+    ``more`` (the result's "about N more rollouts would decide it") where that is larger, up
+    to ``MOST_MORE`` caps more. One resume sized to decide beats several doublings: each
+    resume is another look at the data (``search``'s error-control note), and on the
+    simulator's weak-rescue rows where N passed the cap, resuming with the cap plus N decided
+    1.2–2.4 times as many seeds as doubling. A resume runs the search again under it and reads
+    back each stored branch the search asks for; a larger budget can send the search another
+    way, so some stored branches may not be asked for again (the README measures the share)."""
     out = {k: v for k, v in (given or {}).items() if v is not None}
     text = note or ""
     limit = ("wall_time" if "wall-time" in text else "tokens" if "token budget" in text
              else "cost" if "cost budget" in text else "rollouts")
     base = out.get(limit, rollouts if limit == "rollouts" else None)
-    if base:
-        out[limit] = int(base) * 2 if limit in ("rollouts", "tokens") else float(base) * 2
+    if base and limit == "rollouts":
+        out[limit] = int(base) + min(max(int(base), more or 0), MOST_MORE * int(base))
+    elif base:
+        out[limit] = int(base) * 2 if limit == "tokens" else float(base) * 2
     return out
 
 

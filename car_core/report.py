@@ -284,7 +284,8 @@ def _failure_note(r: Mapping[str, Any]) -> str:
 def _continue(r: Mapping[str, Any], method: str, cap: Any) -> str:
     """The command that resumes the attribution with a larger budget (the API call when it
     was not stored, so has nothing to resume)."""
-    more = larger_budget(r.get("params", {}).get("budget"), r.get("budget_note"), cap)
+    more = larger_budget(r.get("params", {}).get("budget"), r.get("budget_note"), cap,
+                         r.get("more_rollouts"))
     aid = r.get("attribution_id")
     if aid is None:
         return f"run it again with a larger budget: budget={budget_call(more)}"

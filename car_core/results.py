@@ -246,7 +246,7 @@ class ContrastiveResult(_Rendered):
     def larger_budget(self) -> dict[str, Any]:
         """The budget to resume an undecided attribution with (see ``larger_budget``)."""
         return larger_budget(self.params.get("budget"), self.budget_note,
-                             self.rollout_budget or self.rollouts_used)
+                             self.rollout_budget or self.rollouts_used, self.more_rollouts)
 
     def undecided_why(self) -> str:
         """Why an undecided result could not decide: the budget, or the branches that failed."""

@@ -8,6 +8,7 @@ import os
 import shlex
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from _estimator_helpers import TokenAgent
 import car_core as car
 from car_core import _clikit as kit
 from car_core import synthetic as syn
-from car_core.budget import larger_budget
+from car_core.budget import MOST_MORE, larger_budget
 from car_core.report import render_attribution
 from car_core.store import RunStore
 from car_core.vocabulary import Answer
@@ -95,6 +96,23 @@ def test_the_larger_budget_doubles_the_limit_that_tripped() -> None:
     assert larger_budget({"rollouts": 90, "tokens": 1000}, "token budget of 1000 would be "
                          "exceeded", 90) == {"rollouts": 90, "tokens": 2000}
     assert larger_budget(None, None, 30) == {"rollouts": 60}  # the n·K cap it ran under
+
+
+def test_the_larger_budget_takes_the_rollouts_the_estimate_says_would_decide() -> None:
+    note = "rollout budget of 256 reached"
+    assert larger_budget({"rollouts": 256}, note, 256, more=400) == {"rollouts": 656}
+    assert larger_budget({"rollouts": 256}, note, 256, more=100) == {"rollouts": 512}
+    assert larger_budget({"rollouts": 256}, note, 256, more=50_000) == {
+        "rollouts": 256 + MOST_MORE * 256}  # a rough estimate far off is not taken whole
+    # another limit that tripped is doubled, whatever the rollouts estimate says
+    assert larger_budget({"rollouts": 256, "wall_time": 60.0}, "wall-time budget of 60s "
+                         "reached", 256, more=400) == {"rollouts": 256, "wall_time": 120.0}
+
+
+def test_an_undecided_result_resumes_with_the_rollouts_it_says_would_decide(undecided) -> None:
+    sized = replace(undecided, more_rollouts=3 * undecided.rollout_budget)
+    assert sized.larger_budget()["rollouts"] == 4 * undecided.rollout_budget
+    assert f"budget=car.Budget(rollouts={4 * undecided.rollout_budget})" in sized.continue_hint()
 
 
 def test_the_cli_verdict_names_each_answer(located, no_cause, undecided) -> None:

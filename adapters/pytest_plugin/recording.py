@@ -63,8 +63,10 @@ class Attribution:
 
     def continue_command(self) -> str | None:
         """The pytest command that continues an undecided (or truncated Shapley) attribution:
-        this test again with the limit that stopped it doubled. The same seed draws the same
-        branches, so the larger run finishes what this one started."""
+        this test again with the larger budget the result names (``larger_budget``: the limit
+        that stopped it doubled, or the rollouts it estimates would decide it). The same seed
+        draws the same branches where they draw CAR's noise, so the larger run finishes what
+        this one started."""
         if self.result.continue_hint() is None:
             return None
         r = self.result
