@@ -160,8 +160,7 @@ def fwer_sim_seed(cell: Cell, coupling: str, seed: int) -> dict[str, Any]:
     out = {"false": bool(d.significant), "undecided": bool(d.exhausted),
            "used": d.decided_spent, "r_false": bool(d.significant), "r_undecided": False}
     if d.exhausted:
-        more = None if d.more_pairs is None else 2 * d.more_pairs  # as the result reports it
-        larger = larger_budget(None, None, budget, more)["rollouts"]
+        larger = larger_budget(None, None, budget, d.more_rollouts)["rollouts"]
         again = search(syn.SampledArms(model, seed, larger, coupling), cell.n, larger, ALPHA,
                        intervals=False)
         out.update(r_false=bool(again.significant), r_undecided=bool(again.exhausted))

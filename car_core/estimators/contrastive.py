@@ -345,7 +345,7 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
         reason, exhausted, measured = decision.note, decision.exhausted, decision.coupling
         given_up = decision.given_up
         m = 1 + len(given_up) if decision.candidate is not None else 0
-        more = decision.more_pairs
+        more = decision.more_rollouts
         level = 1.0 - alpha
         correction = ("betting test of each searched step (alpha spent over confirmations), "
                       "exact sign test at the end")
@@ -385,7 +385,7 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
         coupled=measured.shared, coupling=session.coupling,
         coupling_measured=measured.estimate,
         coupling_ci=Interval.of(measured.ci, measured.level), coupling_pairs=measured.pairs,
-        given_up=given_up, more_rollouts=None if more is None else 2 * more,
+        given_up=given_up, more_rollouts=more,
         truncated=budget_note is not None,
         budget_note=budget_note, tokens=session.meter.tokens,
         cost=round(session.meter.cost, 6), search=chosen, steps=steps, arms=arm_rows,

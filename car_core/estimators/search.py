@@ -170,6 +170,11 @@ class Decision:
     refit_held: float | None = None      # P(fail) of the re-estimate's pairs, held and
     refit_resampled: float | None = None  # re-drawn: ``estimate`` is their difference
 
+    @property
+    def more_rollouts(self) -> int | None:
+        """Undecided: the rollouts a confirmation would still need, roughly (two a pair)."""
+        return None if self.more_pairs is None else 2 * self.more_pairs
+
 
 def _counts(d: np.ndarray) -> tuple[int, int]:
     return int((d > 0).sum()), int((d < 0).sum())
