@@ -19,7 +19,7 @@ from car_core.errors import InvalidInput
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from oracle import fisher_power, paired_power  # noqa: E402
+from oracle import fisher_power, locating_power, paired_power, scan_power  # noqa: E402
 
 ROLLOUTS = 800
 
@@ -128,3 +128,57 @@ def test_paired_power_is_the_rejection_mass_of_the_sign_test():
             if u + d and binom.sf(u - 1, u + d, 0.5) <= alpha:
                 mass += weight
     assert paired_power(n, up, down, alpha) == pytest.approx(mass, abs=1e-12)
+
+
+@pytest.mark.parametrize("rule", ["bonferroni", "sequence"])
+def test_scan_power_is_the_mass_of_the_rule_naming_the_pivot(rule):
+    # enumerate every count of a 4-arm scan (3 rollouts an arm, 5 held), pivot at step 2;
+    # scipy's Fisher test is the referee and the rule is applied as its docstring states it
+    n, at, m, m0, alpha = 4, 2, 3, 5, 0.3
+    q_before, q_after = 0.3, 0.9
+    mass = 0.0
+    for x0 in range(m0 + 1):
+        for xs in itertools.product(range(m + 1), repeat=n):
+            weight = binom.pmf(x0, m0, q_after) * math.prod(
+                binom.pmf(x, m, q_before if j <= at else q_after) for j, x in enumerate(xs))
+            p = [fisher_exact([[x0, m0 - x0], [x, m - x]], alternative="greater")[1]
+                 for x in xs]
+            if rule == "bonferroni":
+                rejected = [j for j in range(n) if p[j] <= alpha / n]
+                named = rejected[-1] if rejected else None
+            else:
+                kept = [j for j in range(n) if p[j] > alpha]
+                first_kept = kept[0] if kept else n
+                named = first_kept - 1 if first_kept else None
+            mass += weight * (named == at)
+    assert scan_power(n, at, m, m0, q_before, q_after, alpha, rule) == pytest.approx(
+        mass, abs=1e-12)
+
+
+def test_locating_designs_name_a_step_without_rescue_at_most_alpha():
+    # no rescue anywhere: every step named is a false one; the pivot's is one of them
+    for rule in ("bonferroni", "sequence"):
+        false_at_pivot = scan_power(8, 5, 20, 60, 0.9, 0.9, 0.05, rule)
+        assert false_at_pivot <= 0.05
+    power, design = locating_power("none", 8, 256, 0.0, 0.1, 0.05)
+    assert power <= 0.05 and design
+
+
+def test_locating_power_lies_below_the_oracle_that_knows_the_pivot():
+    from oracle import matched_power
+    for coupling in syn.COUPLINGS:
+        for rescue, flip in ((0.15, 0.0), (0.3, 0.1), (0.5, 0.1)):
+            located, _ = locating_power(coupling, 8, 256, rescue, flip, 0.05)
+            assert located <= matched_power(coupling, 256, rescue, flip, 0.05) + 1e-12
+
+
+def test_full_coupling_makes_arms_up_to_the_pivot_alike_and_later_ones_the_held_arm():
+    # what the paired fixed-sequence design of locating_power rests on
+    desk = syn.PlantedDesk(n_steps=4, at=2, rescue=0.5, flip=0.2, coupling="full", seed=2)
+    run = desk.failing_run()
+    def outcomes(j):
+        do = car.do_resample(j) if j < desk.n_steps else []
+        dist = car.intervene(run, desk.agent(), do, outcome=desk.judge, rollouts=200, seed=7)
+        return [t.outcome.value for t in dist.trajectories]
+    before, at, after, held = outcomes(0), outcomes(2), outcomes(3), outcomes(4)
+    assert before == at and after == held and at != held
