@@ -149,7 +149,7 @@ class StepRow:
 
 def shown_sample(s: Any) -> tuple[float | None, float | None, int]:
     """P(fail | held), P(fail | re-drawn) and n of the sample the step's rescue and interval
-    were computed from: the fresh pairs of a re-estimate, else the pairs the test ran on."""
+    were computed from: the pairs of a re-estimate, else the pairs the test ran on."""
     if getattr(s, "estimate", "raw") == "refit":
         held, redrawn = getattr(s, "refit_held", None), getattr(s, "refit_resampled", None)
         return held, redrawn, int(getattr(s, "refit_n", 0) or 0)
@@ -175,10 +175,14 @@ def sample_note(r: Any) -> str | None:
     for s in getattr(r, "steps", ()):
         if getattr(s, "estimate", "raw") != "refit" or not s.tested:
             continue
+        pooled = int(getattr(s, "refit_pooled", 0) or 0)
+        sample = (f"{s.refit_n - pooled} fresh pair(s) drawn after it and {pooled} of the "
+                  f"test's (all but the one its stop was decided on)" if pooled
+                  else f"{s.refit_n} fresh pair(s) drawn after it")
         notes.append(f"step {s.step}: the test decided on {s.n} pair(s) (rescue "
                      f"{effect(s.effect_raw)}: {prob(s.fail_held)} held, "
                      f"{prob(s.fail_resampled)} re-drawn); the row shows the re-estimate on "
-                     f"{s.refit_n} fresh pair(s) drawn after it, the sample its interval is about")
+                     f"{sample}, the sample its interval is about")
     return "\n".join(notes) or None
 
 

@@ -87,12 +87,14 @@ class StepEffect:
     fail_resampled: float | None = None
     n: int = 0
     effect_raw: float | None = None  # the mean of the pairs the test stopped on
-    estimate: str = "raw"  # "refit": ``effect`` re-estimated on fresh pairs after stopping
+    # "refit": ``effect`` re-estimated with fresh pairs drawn after the test stopped
+    estimate: str = "raw"
     refit_n: int = 0
     # P(fail) held and re-drawn over the re-estimate's ``refit_n`` pairs: the sample
     # ``effect`` and ``ci`` are about (``fail_held``/``fail_resampled`` are the test's pairs)
     refit_held: float | None = None
     refit_resampled: float | None = None
+    refit_pooled: int = 0  # of the ``refit_n``, the test's own pairs pooled with the fresh
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "effect": self.effect, "ci": _ci(self.ci),
@@ -101,7 +103,8 @@ class StepEffect:
                 "fail_resampled": self.fail_resampled, "n": self.n,
                 "effect_raw": self.effect if self.effect_raw is None else self.effect_raw,
                 "estimate": self.estimate, "refit_n": self.refit_n,
-                "refit_held": self.refit_held, "refit_resampled": self.refit_resampled}
+                "refit_held": self.refit_held, "refit_resampled": self.refit_resampled,
+                "refit_pooled": self.refit_pooled}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], level: float | None = None) -> StepEffect:
@@ -113,7 +116,8 @@ class StepEffect:
                    estimate=str(data.get("estimate", "raw")),
                    refit_n=int(data.get("refit_n", 0)),
                    refit_held=data.get("refit_held"),
-                   refit_resampled=data.get("refit_resampled"))
+                   refit_resampled=data.get("refit_resampled"),
+                   refit_pooled=int(data.get("refit_pooled", 0)))
 
 
 @dataclass(frozen=True)

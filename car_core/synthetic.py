@@ -328,6 +328,15 @@ class SampledArms:
         self._run(arm, block, rows)
         return np.asarray(self._ys[(arm, block)][rows])
 
+    def drawn(self, arm: int, indices: Sequence[int]) -> np.ndarray:
+        """The arm's outcomes already drawn at ``indices``, in order, running none: what a
+        search left behind, read back without spending the budget."""
+        block, rows = self._split(indices)
+        ys = self._ys.get((arm, block), np.zeros(0))
+        rows = rows[rows < ys.size]
+        got = ys[rows]
+        return np.asarray(got[~np.isnan(got)])
+
     def diffs(self, hi: int, lo: int, indices: Sequence[int]) -> np.ndarray:
         block, rows = self._reach(hi, lo, indices)
         if rows.size == 0:

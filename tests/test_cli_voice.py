@@ -31,7 +31,7 @@ EFFECT = r"[+-]\d\.\d{3}"
 
 @pytest.fixture(scope="module")
 def refit() -> ContrastiveResult:
-    """A locus whose rescue was re-estimated on fresh pairs after the test decided (the
+    """A locus whose rescue was re-estimated with fresh pairs after the test decided (the
     search's default), so the test's pairs and the shown sample differ."""
     from car_core import synthetic as syn
     model = syn.pivot()
@@ -65,7 +65,7 @@ def test_levels_are_percentages_and_numbers_have_one_format() -> None:
 def test_the_rescue_shown_is_held_minus_redrawn_of_its_own_sample(refit) -> None:
     s = refit.steps[refit.locus]
     held, redrawn, n = fmt.shown_sample(s)
-    # the interval's sample: the re-estimate's fresh pairs, not the test's
+    # the interval's sample: the re-estimate's pairs, not the test's alone
     assert n == s.refit_n and n != s.n
     assert held is not None and redrawn is not None
     assert s.effect == pytest.approx(held - redrawn, abs=1e-12)
@@ -76,7 +76,9 @@ def test_the_rescue_shown_is_held_minus_redrawn_of_its_own_sample(refit) -> None
     # the pairs the test decided on are named in one line, with their own n
     note = fmt.sample_note(refit)
     assert note is not None and f"decided on {s.n} pair(s)" in note
-    assert f"{s.refit_n} fresh pair(s)" in note
+    fresh = s.refit_n - s.refit_pooled
+    assert s.refit_pooled == s.n - 1 and fresh >= 1  # the test's pairs less the one it stopped on
+    assert f"{fresh} fresh pair(s) drawn after it and {s.refit_pooled} of the test's" in note
 
 
 def test_a_stored_result_keeps_the_shown_sample(refit) -> None:

@@ -21,7 +21,7 @@ RESULT_KEYS = {"method", "run_id", "attribution_id", "locus", "reason", "alpha",
                "coupling_measured", "coupling_ci", "coupling_pairs", "given_up", "more_rollouts"}
 STEP_KEYS = {"step", "effect", "ci", "ci_level", "tested", "significant", "fail_held",
              "fail_resampled", "n", "effect_raw", "estimate", "refit_n", "refit_held",
-             "refit_resampled"}
+             "refit_resampled", "refit_pooled"}
 
 
 def attribute(model: syn.SyntheticSCM, seed: int = 0, **kwargs):
@@ -36,8 +36,8 @@ def test_pivot_is_found_with_its_analytic_rescue(seed):
     assert res.locus == model.locus == 2
     step = res.steps[2]
     # Under common random numbers the pair difference at step 2 is 1 − y with y ~ Bern(0.3),
-    # so a mean of m fresh pairs has SD sqrt(0.21 / m); 4 SD bounds a miss at < 1e-4. The
-    # re-estimate is such a mean (its pairs are drawn after the test stopped).
+    # so a mean of m pairs has SD sqrt(0.21 / m); 4 SD bounds a miss at < 1e-4. The
+    # re-estimate is such a mean (fresh pairs and the test's, less the one it stopped on).
     m = step.refit_n if step.estimate == "refit" else step.n
     assert abs(step.effect - model.rescue(2)) <= 4 * math.sqrt(0.21 / m)
     assert step.ci[0] > 0 and step.significant
@@ -332,6 +332,14 @@ def test_sampled_arms_serve_any_indices_and_run_each_rollout_once():
     assert tight.diffs(5, 1, picked).size == 2 and tight.spent == 4
 
 
+def test_sampled_arms_read_back_what_was_drawn_without_running_more():
+    model = syn.pivot(n_steps=6, at=3, p_bad=0.4, flip=0.1)
+    src = syn.SampledArms(model, 0, budget=10**6)
+    ran = src.outcomes(4, [2, 5, 9])
+    assert np.array_equal(src.drawn(4, range(20)), ran) and src.spent == 3
+    assert src.drawn(5, range(20)).size == 0 and src.spent == 3
+
+
 class _Calls:
     """An ArmSource that records which indices each comparison asked for."""
 
@@ -433,21 +441,61 @@ def test_family_wise_error_by_simulation(model, coupling):
 
 def test_re_estimate_after_the_stop_is_unbiased_and_the_raw_mean_is_kept():
     """Rescue 0.3 behind a 10% judge (truth 0.24), 8 steps: over 300 seeds the re-estimates
-    average within 4 SE of the truth (each from m pairs with var ≤ 0.3, m ≥ ~10: SE of the
-    average ≤ sqrt(0.3/10/300) ≈ 0.01), while the stopped means sit above it."""
+    (fresh pairs pooled with the test's, less the one it stopped on) average within 4 SE of the
+    truth (each from m ≥ 30 pairs with var ≤ 0.3: SE of the average ≤ sqrt(0.3/30/300) ≈
+    0.0058), while the stopped means sit above it."""
     from car_core.estimators.search import search
     model = syn.pivot(n_steps=8, at=5, p_bad=0.7, flip=0.1)
     truth = model.rescue(5)
-    raw, refit = [], []
+    raw, refit, sizes = [], [], []
     for s in range(300):
         src = syn.SampledArms(model, s, 8 * 32)
         d = search(src, 8, 8 * 32, 0.05, intervals=False)
         if d.significant and d.candidate == 5 and d.refit is not None:
             raw.append(d.raw)
             refit.append(d.refit)
-    assert len(refit) >= 200
-    assert abs(sum(refit) / len(refit) - truth) <= 0.04
+            sizes.append(d.refit_pairs)
+    assert len(refit) >= 200 and min(sizes) >= 30
+    assert abs(sum(refit) / len(refit) - truth) <= 4 * math.sqrt(0.3 / 30 / len(refit))
     assert sum(raw) / len(raw) > truth + 0.02
+
+
+@pytest.mark.parametrize("coupling", ["full", "none"])
+def test_the_re_estimate_pools_the_tests_pairs_less_the_one_it_stopped_on(coupling):
+    """The re-estimate's sample is the confirmation's pairs but the one on which the anytime
+    test crossed its boundary (a pair that went up), followed by the fresh ones: its means are
+    recomputed here from the arms' own draws at those indices, leaving out each up pair in
+    turn: one such choice must give them (up pairs with the same draws give the same means)."""
+    from car_core.estimators import search as search_mod
+    model = syn.pivot(n_steps=6, at=2, p_bad=0.5)
+    checked = 0
+    for s in range(20):
+        src = syn.SampledArms(model, s, 6 * 32, coupling)
+        d = search_mod.search(src, 6, 6 * 32, 0.05)
+        if not (d.significant and d.refit is not None):
+            continue
+        assert d.refit_pooled == d.pairs - 1  # stopped on a crossing: that pair is left out
+        tested = np.arange(search_mod.CONFIRM, search_mod.CONFIRM + d.pairs)
+        fresh = d.refit_pairs - d.refit_pooled
+        assert fresh >= 1
+        at, apart = search_mod.REFIT, search_mod.REFIT_APART
+        new_lo = src.drawn(2, range(at, at + apart))
+        new_hi = src.drawn(3, range(at, at + apart))  # paired: the same indices
+        if new_hi.size == 0:  # unpaired: the held arm on its own indices
+            new_hi = src.drawn(3, range(at + apart, at + 2 * apart))
+        assert min(new_hi.size, new_lo.size) == fresh
+        old_hi, old_lo = src.drawn(3, tested), src.drawn(2, tested)
+        matches = 0
+        for left_out in np.nonzero(old_hi - old_lo > 0)[0]:
+            keep = np.arange(d.pairs) != left_out
+            held = np.concatenate([old_hi[keep], new_hi])
+            redrawn = np.concatenate([old_lo[keep], new_lo])
+            matches += (math.isclose(d.refit_held, held.mean())
+                        and math.isclose(d.refit_resampled, redrawn.mean())
+                        and math.isclose(d.estimate, held.mean() - redrawn.mean()))
+        assert matches >= 1
+        checked += 1
+    assert checked >= 15
 
 
 def test_engine_result_says_which_estimate_it_reports(pivot_model, pivot_run):

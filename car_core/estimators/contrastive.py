@@ -22,12 +22,14 @@ fresh rollouts by an anytime-valid betting test that may look after every batch 
 soon as the rescue is shown, and, for pass/fail outcomes whose budget runs out first, by an
 exact sign test that spends the rest of the level. A candidate that does not confirm is given
 up on a futility bound and the search resumes while the budget lasts (``given_up``), the
-confirmations sharing α between them. Once the locus is decided the rescue is re-estimated on
-fresh pairs, as many as make its interval as tight as the paper's fixed-``K`` one (unless
-``early_stop``), since the mean of a sequence stopped at its first crossing is biased up
-(``effect``, inside ``ci`` by construction; ``effect_raw`` keeps the stopped mean,
-``estimate`` says which). ``search.py`` has the details and the proof that FWER ``<= α``:
-each confirmation tests its step on rollouts independent of everything that chose it.
+confirmations sharing α between them. Once the locus is decided the rescue is re-estimated
+with fresh pairs, as many as make its interval as tight as the paper's fixed-``K`` one (unless
+``early_stop``), pooled with the test's own pairs less the one that made it stop, since the
+mean of a sequence stopped at its first crossing is biased up by that pair (``effect``,
+inside ``ci`` by construction; ``effect_raw`` keeps the stopped mean, ``estimate`` says
+which, ``refit_pooled`` how many of the test's pairs the re-estimate holds). ``search.py``
+has the details and the proof that FWER ``<= α``: each confirmation tests its step on
+rollouts independent of everything that chose it.
 
 Search ``"full"`` tests every step: each of the ``m`` tested steps gets ``α/m`` (Bonferroni),
 split over its ``L`` looks at the data in shares proportional to the square of the information
@@ -287,7 +289,7 @@ def _searched(arms: Arms, n: int, cap: int, alpha: float, k: int, refit: bool
                       fail_held=d.fail_held, fail_resampled=d.fail_resampled, n=d.pairs,
                       effect_raw=d.raw, estimate="refit" if d.refit is not None else "raw",
                       refit_n=d.refit_pairs, refit_held=d.refit_held,
-                      refit_resampled=d.refit_resampled)
+                      refit_resampled=d.refit_resampled, refit_pooled=d.refit_pooled)
     return {c: step}, d
 
 

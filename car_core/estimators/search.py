@@ -43,18 +43,29 @@ run the same decisions.
    what the navigation knows, and the search resumes with doubled caps and halved errors and
    the witness shortcuts off, while the budget lasts; before each resume the gate is
    extended, and a gate that no longer shows a rise ends the search ("no cause").
-5. Re-estimate. The mean of a sequence stopped when it first crossed a boundary is biased up,
-   so after the locus is decided the rescue is re-estimated on fresh rollouts, as many as give
-   a variance at most the paper's fixed-``K`` one (``K`` rollouts of the resampled arm against
-   a fixed factual baseline) over ``REFIT_MARGIN``, or what the budget has left. They are
-   paired (both arms on the same indices) or unpaired (each arm on its own indices, split in
-   Neyman proportion to the arms' spread), whichever the confirmation's pairs say has the
-   smaller variance per rollout: a factual arm that always fails needs few rollouts of its
-   own. The reported effect is the difference of their means and the interval their
-   Newcombe interval at ``1 − α`` (paired or not), whose lower end is raised to zero when the
-   step is confirmed; the effect lies inside it by construction. Without a re-estimate the
-   interval is the betting confidence sequence of the confirmation's pairs, widened to hold
-   their mean.
+5. Re-estimate. After the locus is decided the rescue is re-estimated with fresh rollouts,
+   as many as give a variance at most the paper's fixed-``K`` one (``K`` rollouts of the
+   resampled arm against a fixed factual baseline) over ``REFIT_MARGIN``, or what the budget
+   has left. They are paired (both arms on the same indices) or unpaired (each arm on its own
+   indices, split in Neyman proportion to the arms' spread), whichever the confirmation's
+   pairs say has the smaller variance per rollout: a factual arm that always fails needs few
+   rollouts of its own. The confirmation's pairs are pooled with them (``_pooled_pairs``), all
+   but the pair that crossed the anytime boundary: the mean of a sequence stopped at a
+   crossing is biased up, mostly by the pair that made it cross (for a stop at the ``k``-th
+   success, ``(k − 1)/(n − 1)``, the rate without the last draw, is the unbiased estimate),
+   and the sum of the pairs before a stop is not biased (Wald's identity; pairs after the
+   crossing in the same batch were drawn whatever it showed), so what is left is
+   nearly unbiased and the fresh rollouts no longer carry the estimate alone. On the
+   simulator's 4- and 8-step grid rows (300 seeds each) pooling cut the median error by up to
+   a third and the half-width by 10–35%, with coverage of the truth over the seeds that named
+   the pivot at 93–100%; where the pivot is named in under a quarter of seeds (rescue 0.15
+   behind the judge without shared noise) the seeds that name it are the lucky ones, and the
+   pooled estimate sits 0.03–0.04 further above the truth than fresh rollouts alone would
+   (README). The reported effect is the difference of the pooled sample's means and the
+   interval its Newcombe interval at ``1 − α`` (paired or not), whose lower end is raised to
+   zero when the step is confirmed; the effect lies inside it by construction. Without a
+   re-estimate the interval is the betting confidence sequence of the confirmation's pairs,
+   widened to hold their mean.
 
 Error control (FWER ≤ α). A step is named only by a confirmation. Confirmation ``i`` spends
 ``α_i = α · share_i`` with ``Σ share_i ≤ 1`` (``FIRST_SHARE`` for the first, half the rest for
@@ -169,6 +180,7 @@ class Decision:
     estimate: float | None = None   # the reported effect (inside ``interval`` by construction)
     refit_held: float | None = None      # P(fail) of the re-estimate's pairs, held and
     refit_resampled: float | None = None  # re-drawn: ``estimate`` is their difference
+    refit_pooled: int = 0  # of the re-estimate's pairs, those the confirmation ran
 
     @property
     def more_rollouts(self) -> int | None:
@@ -584,6 +596,17 @@ class RefitPlan:
     resampled: int
 
 
+def _pooled_pairs(d: np.ndarray, alpha: float, prior: Prior) -> np.ndarray:
+    """Which of the confirmation's pairs the re-estimate pools: all but the one on which the
+    anytime test crossed its boundary (module docstring, step 5); the pairs after it in the
+    same batch were drawn whatever it showed."""
+    keep = np.ones(d.size, dtype=bool)
+    hit = positive_at(d, alpha, prior)
+    if hit is not None:
+        keep[hit - 1] = False
+    return np.nonzero(keep)[0]
+
+
 def _smoothed_sd(mean: float, n: int) -> float:
     q = (mean * n + 0.5) / (n + 1)
     return math.sqrt(q * (1 - q))
@@ -714,14 +737,21 @@ def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = 
             r = src.diffs(c + 1, c, range(REFIT, REFIT + plan.held))
             re_hi = src.outcomes(c + 1, range(REFIT, REFIT + r.size))
             re_lo = src.outcomes(c, range(REFIT, REFIT + r.size))
+            if not r.size:
+                re_hi = re_lo = r = None
         elif not plan.paired and plan.resampled >= 1:
             re_lo = src.outcomes(c, range(REFIT, REFIT + plan.resampled))
             first = REFIT + REFIT_APART
             re_hi = src.outcomes(c + 1, range(first, first + plan.held))
-            if re_hi.size and re_lo.size:
-                r = np.array([float(re_hi.mean() - re_lo.mean())])
-            else:
+            if not (re_hi.size and re_lo.size):
                 re_hi = re_lo = None
+    pooled = 0
+    if re_hi is not None and re_lo is not None:
+        keep = _pooled_pairs(d, level, prior)
+        pooled = int(keep.size)
+        re_hi = np.concatenate([src.outcomes(c + 1, indices)[keep], re_hi])
+        re_lo = np.concatenate([src.outcomes(c, indices)[keep], re_lo])
+        r = re_hi - re_lo if paired else np.array([float(re_hi.mean() - re_lo.mean())])
     est, interval = _interval(d, r, alpha, paired, conf.found, prior, intervals,
                               re_hi, re_lo)
     refit_mean = est if r is not None and r.size else None
@@ -734,4 +764,4 @@ def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = 
                     refit_held=float(re_hi.mean()) if re_hi is not None and re_hi.size
                     else None,
                     refit_resampled=float(re_lo.mean()) if re_lo is not None and re_lo.size
-                    else None)
+                    else None, refit_pooled=pooled)
