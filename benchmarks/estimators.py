@@ -5,7 +5,8 @@ agents at three levels of shared noise; Shapley against the paper and shapiq.
         [--fwer-seeds 2000] [--fwer-sim-seeds 2000] [--workers 2] [--quick]
         [--rescue 0.3 ...] [--steps 8 ...] [--flip 0 ...]
         [--coupling none ...] [--resume-seeds 100] [--resume-fwer-seeds 500]
-        [--resume-steps 4 8] [--skip grid fwer fwer-sim resume shapley]
+        [--resume-steps 4 8] [--pool-seeds 300]
+        [--skip grid fwer fwer-sim resume pooling shapley]
 
 Locus grid. Each row is a ``synthetic.PlantedDesk``: an ``n``-step ``car.FunctionAgent`` whose
 step ``⌊2n/3⌋`` denies a refund (the recorded failure) and approves w.p. ``rescue`` when
@@ -60,6 +61,11 @@ and the family-wise error of the two looks together; ``fwer-sim`` adds the same 
 on the simulator (the search at twice the budget on the same seed reads every draw of the first
 back, as the journal does).
 
+The re-estimate (``pooling``): on the simulator's 4- and 8-step rows, ``--pool-seeds`` seeds
+each, the estimate CAR reports (the confirmation's pairs but the one it stopped on, pooled with
+the fresh rollouts) against the fresh rollouts alone, from the same decisions: error, bias,
+coverage of the truth and half-width over the seeds that named the pivot.
+
 Shapley RMSE at equal budget against the paper's estimator and shapiq's approximators on the
 same noisy games, with our interval coverage.
 
@@ -93,7 +99,8 @@ from paper_baseline import paper_contrastive, paper_shapley  # noqa: E402
 import car_core as car  # noqa: E402
 from car_core import synthetic as syn  # noqa: E402
 from car_core.budget import MOST_MORE, larger_budget  # noqa: E402
-from car_core.stats import wilson  # noqa: E402
+from car_core.estimators import search as search_mod  # noqa: E402
+from car_core.stats import difference, wilson  # noqa: E402
 from car_core.store import RunStore  # noqa: E402
 from car_core.vocabulary import Answer  # noqa: E402
 
@@ -602,9 +609,65 @@ def shapley_table(args: argparse.Namespace) -> None:
 
 
 
+# -- the re-estimate: the test's pairs pooled with fresh ones, or fresh ones alone --------------
+def _fresh_only(src: syn.SampledArms, d: search_mod.Decision) -> tuple[float, tuple[float, float]]:
+    """The estimate and interval from the re-estimate's fresh rollouts alone (what CAR
+    reported before it pooled the test's pairs), read back from the simulator's draws."""
+    c, at = d.candidate or 0, search_mod.REFIT
+    paired = src.drawn(c + 1, range(at, at + search_mod.REFIT_APART)).size > 0
+    first = at if paired else at + search_mod.REFIT_APART
+    hi = src.drawn(c + 1, range(first, first + search_mod.REFIT_APART))
+    lo = src.drawn(c, range(at, at + search_mod.REFIT_APART))
+    diff = difference(hi.tolist(), lo.tolist(), 1 - ALPHA, paired=paired)
+    low, high = diff.ci
+    if diff.estimate > 0 >= low:  # as the search does: a confirmed step's interval starts at 0
+        low = 0.0
+    return diff.estimate, (min(low, diff.estimate), max(high, diff.estimate))
+
+
+def pooling(args: argparse.Namespace) -> None:
+    """Pooled against fresh-only re-estimates on the simulator, the same seeds and decisions:
+    over the seeds that named the pivot with a re-estimate, median and mean error, coverage of
+    the truth by the interval, median half-width."""
+    print(f"Re-estimate on the simulator (synthetic.pivot on SampledArms, the search "
+          f"car.contrastive runs), {args.pool_seeds} seeds per row, budget n·{K}: pooled (the "
+          "test's pairs but the one it stopped on, with the fresh ones: what CAR reports) "
+          "against the fresh rollouts alone, over the seeds that named the pivot and "
+          "re-estimated it.")
+    print("| n | rescue | flip | coupling | re-estimated | med \\|err\\| pooled | fresh | "
+          "mean err pooled | fresh | coverage pooled | fresh | med half-width pooled | fresh |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    for n in sorted(s for s in args.steps if s <= LONG):
+        for cell in (Cell(r, n, f) for r in args.rescue for f in args.flip):
+            for coupling in args.coupling:
+                if same_as_full(cell, coupling, args):
+                    continue
+                model = syn.pivot(n, cell.at, 1 - cell.rescue, cell.flip)
+                rows: dict[str, list[tuple[float, tuple[float, float]]]] = {"p": [], "f": []}
+                for seed in range(args.pool_seeds):
+                    src = syn.SampledArms(model, seed, n * K, coupling)
+                    d = search_mod.search(src, n, n * K, ALPHA, k=K)
+                    if not (d.significant and d.candidate == cell.at and d.refit is not None
+                            and d.interval is not None and d.refit_pairs > d.refit_pooled):
+                        continue
+                    rows["p"].append((d.estimate or 0.0, d.interval.ci))
+                    rows["f"].append(_fresh_only(src, d))
+                cells = [str(n), str(cell.rescue), str(cell.flip), coupling, str(len(rows["p"]))]
+                stats: dict[str, list[str]] = {"med": [], "mean": [], "cov": [], "hw": []}
+                for key in ("p", "f"):
+                    errs = [est - cell.truth for est, _ in rows[key]]
+                    stats["med"].append(_num(median([abs(e) for e in errs])))
+                    stats["mean"].append(f"{statistics.fmean(errs):+.3f}" if errs else "—")
+                    covered = sum(lo <= cell.truth <= hi for _, (lo, hi) in rows[key])
+                    stats["cov"].append(pct(covered, len(errs)) if errs else "—")
+                    stats["hw"].append(_num(median([(hi - lo) / 2 for _, (lo, hi) in rows[key]])))
+                print("| " + " | ".join(cells + [v for k in stats for v in stats[k]]) + " |",
+                      flush=True)
+
+
 SECTIONS: dict[str, Callable[[argparse.Namespace], Any]] = {
     "grid": grid, "fwer": fwer, "fwer-sim": fwer_sim, "resume": resume_section,
-    "shapley": shapley_table}
+    "pooling": pooling, "shapley": shapley_table}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -620,6 +683,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="no-cause seeds per coupling of the resume section")
     parser.add_argument("--resume-steps", type=int, nargs="+", default=[4, 8],
                         help="run lengths of the resume section (of --steps)")
+    parser.add_argument("--pool-seeds", type=int, default=300,
+                        help="simulator seeds per row of the pooling section")
     parser.add_argument("--shapley-seeds", type=int, default=100)
     parser.add_argument("--shapley-budget", type=int, default=400)
     parser.add_argument("--rescue", type=float, nargs="+", default=[0.15, 0.3, 0.5])
@@ -638,6 +703,7 @@ def main(argv: list[str] | None = None) -> None:
         args.fwer_sim_seeds = min(args.fwer_sim_seeds, 200)
         args.resume_seeds = min(args.resume_seeds, 6)
         args.resume_fwer_seeds = min(args.resume_fwer_seeds, 20)
+        args.pool_seeds = min(args.pool_seeds, 20)
         args.steps = [n for n in args.steps if n <= 8] or [4]
         args.skip = sorted({*args.skip, "shapley"})
     if args.long_seeds is None:
