@@ -87,7 +87,8 @@ class StepEffect:
     fail_resampled: float | None = None
     n: int = 0
     effect_raw: float | None = None  # the mean of the pairs the test stopped on
-    # "refit": ``effect`` re-estimated with fresh pairs drawn after the test stopped
+    # "refit": ``effect`` re-estimated after the test stopped, on fresh pairs and the test's
+    # own but the one it stopped on (``refit_pooled`` of the ``refit_n``)
     estimate: str = "raw"
     refit_n: int = 0
     # P(fail) held and re-drawn over the re-estimate's ``refit_n`` pairs: the sample

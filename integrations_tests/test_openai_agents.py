@@ -602,10 +602,17 @@ def test_handoff_resumes_under_the_active_agent_and_names_its_decision(rec: CarR
                          seed=0)
     assert app.triage_calls.calls == 0                   # Refunds was active at step 2
     assert all(t.steps[2].meta["agent"] == "Refunds" for t in dist.trajectories)
-    res = car.contrastive(run, agent, outcome=over_refunded, rollouts=ROLLOUTS, seed=0)
-    assert res.locus == 2
-    low, high = res.steps[2].ci
-    assert low > 0 and low <= 0.5 <= high
+    # its rescue is 0.5; over seeds 0-9 it is named in at least 9, and its 95% interval holds
+    # 0.5 in all but at most 2 of those (3 misses of 10 at 95% coverage: probability 1.2%)
+    named = covered = 0
+    for seed in range(10):
+        res = car.contrastive(run, agent, outcome=over_refunded, rollouts=ROLLOUTS, seed=seed)
+        if res.locus == 2:
+            named += 1
+            low, high = res.steps[2].ci
+            assert low > 0
+            covered += low <= 0.5 <= high
+    assert named >= 9 and covered >= named - 2, (named, covered)
     assert app.ledger.calls["issue_refund"] == 0           # refunds answered without running
     # the lookup ran again only on branches from step 0 (where it is live), never as a prefix
     assert app.ledger.calls["lookup_order"] == app.triage_calls.steps.count(0) > 0

@@ -258,11 +258,21 @@ def test_a_branch_starts_from_the_context_its_step_saw(recorded: Any, k: int,
 
 
 def test_contrastive_names_the_booking_decision(recorded: Any) -> None:
+    """Its rescue is P = 0.5 (held it always fails, re-drawn half the time). Over seeds 0-9
+    the step is named in at least 9 and its 95% interval holds P in all but at most 2 of
+    those: at 95% coverage, 3 misses of 10 happen with probability 1.2%."""
     app, run = recorded
-    res = car.contrastive(run, wrap(app), outcome=booked_exit_row, rollouts=ROLLOUTS, seed=0)
-    assert res.locus == 2 and not res.failures
-    low, high = res.steps[2].ci
-    assert low > 0 and low <= 0.5 <= high
+    named = covered = 0
+    for seed in range(10):
+        res = car.contrastive(run, wrap(app), outcome=booked_exit_row, rollouts=ROLLOUTS,
+                              seed=seed)
+        assert not res.failures
+        if res.locus == 2:
+            named += 1
+            low, high = res.steps[2].ci
+            assert low > 0
+            covered += low <= P <= high
+    assert named >= 9 and covered >= named - 2, (named, covered)
     assert len(app.bookings) == 1
 
 
