@@ -100,7 +100,8 @@ import car_core as car  # noqa: E402
 from car_core import synthetic as syn  # noqa: E402
 from car_core.budget import MOST_MORE, larger_budget  # noqa: E402
 from car_core.estimators import search as search_mod  # noqa: E402
-from car_core.stats import difference, wilson  # noqa: E402
+from car_core.sequential import Prior  # noqa: E402
+from car_core.stats import wilson  # noqa: E402
 from car_core.store import RunStore  # noqa: E402
 from car_core.vocabulary import Answer  # noqa: E402
 
@@ -618,11 +619,11 @@ def _fresh_only(src: syn.SampledArms, d: search_mod.Decision) -> tuple[float, tu
     first = at if paired else at + search_mod.REFIT_APART
     hi = src.drawn(c + 1, range(first, first + search_mod.REFIT_APART))
     lo = src.drawn(c, range(at, at + search_mod.REFIT_APART))
-    diff = difference(hi.tolist(), lo.tolist(), 1 - ALPHA, paired=paired)
-    low, high = diff.ci
-    if diff.estimate > 0 >= low:  # as the search does: a confirmed step's interval starts at 0
-        low = 0.0
-    return diff.estimate, (min(low, diff.estimate), max(high, diff.estimate))
+    # the search's own interval, on these rollouts alone
+    est, cs = search_mod._interval(np.zeros(0), np.array([0.0]), ALPHA, paired, True,
+                                   Prior(), True, hi, lo)
+    assert cs is not None
+    return est, cs.ci
 
 
 def pooling(args: argparse.Namespace) -> None:

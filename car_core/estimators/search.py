@@ -535,6 +535,7 @@ class Confirmation:
     start: int
     found: bool
     futile: bool
+    crossed: int | None = None  # pairs after which the anytime test crossed its boundary
 
 
 def _confirm(src: ArmSource, c: int, start: int, alpha: float, prior: Prior,
@@ -546,6 +547,7 @@ def _confirm(src: ArmSource, c: int, start: int, alpha: float, prior: Prior,
     pairs = 0
     d = np.zeros(0)
     found = futile = False
+    crossed = None
     while src.remaining >= 2:
         want = pairs + max(2, pairs // 8)
         want = min(want, pairs + src.remaining // 2)
@@ -553,7 +555,8 @@ def _confirm(src: ArmSource, c: int, start: int, alpha: float, prior: Prior,
         if d.size <= pairs:
             break
         pairs = d.size
-        if positive_at(d, alpha, prior) is not None:
+        crossed = positive_at(d, alpha, prior)
+        if crossed is not None:
             found = True
             break
         if (pairs >= FUTILITY_MIN and src.remaining >= 2
@@ -563,7 +566,7 @@ def _confirm(src: ArmSource, c: int, start: int, alpha: float, prior: Prior,
             break
     if not found and not futile and d.size:
         found = positive_by_end(d, alpha, prior)
-    return Confirmation(d, start, found, futile)
+    return Confirmation(d, start, found, futile, crossed)
 
 
 def _least_rise(budget: int, alpha: float) -> float:
@@ -597,14 +600,13 @@ class RefitPlan:
     resampled: int
 
 
-def _pooled_pairs(d: np.ndarray, alpha: float, prior: Prior) -> np.ndarray:
+def _pooled_pairs(conf: Confirmation) -> np.ndarray:
     """Which of the confirmation's pairs the re-estimate pools: all but the one on which the
     anytime test crossed its boundary (module docstring, step 5); the pairs after it in the
     same batch were drawn whatever it showed."""
-    keep = np.ones(d.size, dtype=bool)
-    hit = positive_at(d, alpha, prior)
-    if hit is not None:
-        keep[hit - 1] = False
+    keep = np.ones(conf.d.size, dtype=bool)
+    if conf.crossed is not None:
+        keep[conf.crossed - 1] = False
     return np.nonzero(keep)[0]
 
 
@@ -748,7 +750,7 @@ def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = 
                 re_hi = re_lo = None
     pooled = 0
     if re_hi is not None and re_lo is not None:
-        keep = _pooled_pairs(d, level, prior)
+        keep = _pooled_pairs(conf)
         pooled = int(keep.size)
         re_hi = np.concatenate([src.outcomes(c + 1, indices)[keep], re_hi])
         re_lo = np.concatenate([src.outcomes(c, indices)[keep], re_lo])
