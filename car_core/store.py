@@ -486,11 +486,24 @@ class RunStore:
             self.db.execute("ROLLBACK")
             raise
 
+    def _migrate_snapshot(self) -> tuple[set[str], set[str]]:
+        """The applied migrations and the tables, read in one transaction. Read apart,
+        another process's first migration of a new store could land between the two reads,
+        and its tables without their record would look like a lost migrations table."""
+        self.db.execute("BEGIN")
+        try:
+            applied, tables = self._applied(), set(self.db.table_names())
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+        return applied, tables
+
     def _migrate(self) -> None:
-        applied = self._applied()
+        applied, tables = self._migrate_snapshot()
         known = self._known()
         unknown = applied - known
-        if not applied and "runs" in set(self.db.table_names()):
+        if not applied and "runs" in tables:
             raise CorruptStore(f"{self.path} has lost its migrations table",
                                hint="the database was edited by hand; restore it from a copy")
         if unknown:

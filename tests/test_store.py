@@ -728,6 +728,42 @@ def test_concurrent_creation_of_a_fresh_store_never_refuses_it(tmp_path: Path) -
         assert [o.strip() for o, _ in outs] == ["ok"] * 4, outs
 
 
+def test_a_store_migrated_by_another_opener_between_two_reads_is_not_called_damaged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race the test above can only meet by chance, made to happen every time: while one
+    opener has read which migrations a new file has (none), a second opener creates the whole
+    store. The first must then find a store to join, not tables without their migration
+    record ("lost its migrations table")."""
+    import threading
+    path = tmp_path / "fresh.db"
+    real = RunStore._applied
+    other: dict[str, Any] = {}
+
+    def applied_then_another_opener(self: RunStore) -> set[str]:
+        names = real(self)
+        if threading.current_thread() is threading.main_thread() and "thread" not in other:
+            def open_it() -> None:
+                try:
+                    RunStore(path).close()
+                    other["ok"] = True
+                except Exception as exc:  # reported below, with the main opener's result
+                    other["error"] = exc
+            other["thread"] = threading.Thread(target=open_it)
+            other["thread"].start()
+            # long enough for the other opener to migrate the file if nothing holds it back
+            other["thread"].join(timeout=1.0)
+        return names
+
+    monkeypatch.setattr(RunStore, "_applied", applied_then_another_opener)
+    with RunStore(path) as store:
+        assert store.list() == []
+    other["thread"].join(timeout=60)
+    assert other.get("ok") and "error" not in other, other
+    monkeypatch.setattr(RunStore, "_applied", real)
+    with RunStore(path, readonly=True) as again:
+        assert again.list() == []
+
+
 def test_a_read_only_open_writes_nothing(tmp_path: Path, pivot_run) -> None:
     path = tmp_path / "car.db"
     with RunStore(path) as store:
