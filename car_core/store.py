@@ -21,7 +21,8 @@ import time
 import urllib.parse
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -388,7 +389,11 @@ class RunStore:
     def _check_readable(self) -> None:
         """A read-only open migrates nothing: the file must be ours, not newer, and have the
         tables reads need (an older store whose pending migration only adds seals is read
-        as it is)."""
+        as it is). Its checks read one state of the file."""
+        with self._one_read():
+            self._check_readable_now()
+
+    def _check_readable_now(self) -> None:
         tables = set(self.db.table_names())
         if self.db.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
             if tables:
@@ -396,6 +401,11 @@ class RunStore:
                                    "not create", hint="pass the path of a store CAR wrote")
             raise NotACarStore(f"{self.path} is not a CAR store",
                                hint="pass the path of a store CAR wrote")
+        if not tables:  # marked ours, its tables not made yet: a creator is at work, or died
+            raise StoreError(f"{self.path} is a new CAR store whose tables are not made yet "
+                             "(another process may be creating it)",
+                             hint="try again in a moment; if it stays so, open it once for "
+                                  "writing (RunStore(path)), which makes them")
         if MIGRATIONS.migrations_table not in tables:
             raise CorruptStore(f"{self.path} has lost its migrations table",
                                hint="the database was edited by hand; restore it from a copy")
@@ -486,21 +496,22 @@ class RunStore:
             self.db.execute("ROLLBACK")
             raise
 
-    def _migrate_snapshot(self) -> tuple[set[str], set[str]]:
-        """The applied migrations and the tables, read in one transaction. Read apart,
-        another process's first migration of a new store could land between the two reads,
-        and its tables without their record would look like a lost migrations table."""
+    @contextmanager
+    def _one_read(self) -> Iterator[None]:
+        """Reads that must see one state of the file: read apart, another process creating
+        the store could commit between them (its tables without their migration record look
+        like a lost migrations table)."""
         self.db.execute("BEGIN")
         try:
-            applied, tables = self._applied(), set(self.db.table_names())
+            yield
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
         self.db.execute("COMMIT")
-        return applied, tables
 
     def _migrate(self) -> None:
-        applied, tables = self._migrate_snapshot()
+        with self._one_read():
+            applied, tables = self._applied(), set(self.db.table_names())
         known = self._known()
         unknown = applied - known
         if not applied and "runs" in tables:

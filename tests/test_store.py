@@ -764,6 +764,26 @@ def test_a_store_migrated_by_another_opener_between_two_reads_is_not_called_dama
         assert again.list() == []
 
 
+def test_a_read_only_open_of_a_store_still_being_created_says_so(tmp_path: Path) -> None:
+    """Between a new store's mark and its first migration (another process is creating it,
+    or died doing so) a read says what it is, not that the file was damaged, and writes
+    nothing; an open for writing then finishes it."""
+    import sqlite_utils
+    path = tmp_path / "new.db"
+    db = sqlite_utils.Database(path)
+    db.execute("PRAGMA application_id = 1128354353")
+    db.conn.close()
+    before = path.read_bytes()
+    with pytest.raises(StoreError, match="tables are not made yet") as info:
+        RunStore(path, readonly=True)
+    assert not isinstance(info.value, CorruptStore)
+    assert path.read_bytes() == before
+    with RunStore(path) as store:
+        assert store.list() == []
+    with RunStore(path, readonly=True) as again:
+        assert again.list() == []
+
+
 def test_a_read_only_open_writes_nothing(tmp_path: Path, pivot_run) -> None:
     path = tmp_path / "car.db"
     with RunStore(path) as store:
