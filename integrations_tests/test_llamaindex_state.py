@@ -30,7 +30,7 @@ from llama_index.core.workflow import Context
 from pydantic import BaseModel
 
 import car_core as car
-from car_core.errors import AdapterError, ConformanceFailure
+from car_core.errors import AdapterError, ConformanceFailure, InvalidIntervention
 from car_core.testing import SideEffectLedger, check_held_state, run_conformance
 
 SOURCES = "Source A: the T-100 toner was recalled. Forum post: T-100 printers explode."
@@ -155,6 +155,27 @@ def recorded(recorder: Any, ledger: SideEffectLedger) -> tuple[ResearchApp, car.
     assert ledger.count() == 1          # the recorded run published for real, once
     ledger.reset()
     return app, run
+
+
+def test_forcing_the_result_of_a_tool_that_writes_the_store_is_refused_by_name(
+        recorded: Any, ledger: SideEffectLedger) -> None:
+    """``record_notes`` takes the workflow Context and writes the notes to the store. Forcing
+    its result (even the text it returned) serves that text without running it, so the notes
+    would never reach the store and the writer would report from nothing: a full rescue from
+    an intervention that changes nothing. It is refused by name before any model or tool
+    runs; forcing the step's action instead runs the tool, and the branch is the record."""
+    app, run = recorded
+    calls = (app.research_llm.calls, app.write_llm.calls)
+    with pytest.raises(InvalidIntervention, match=r"'record_notes'.*takes the workflow Context"):
+        car.intervene(run, app.agent(), car.do_observation(1, "Notes recorded."),
+                      outcome=published_rumour, rollouts=4, seed=0)
+    assert (app.research_llm.calls, app.write_llm.calls) == calls
+    dist = car.intervene(run, app.agent(), car.do_action(1, run.steps[1].action),
+                         outcome=published_rumour, rollouts=4, seed=0)
+    assert dist.mean == 1.0
+    for branch in dist.trajectories:
+        assert tool_results(branch, "write_report") == tool_results(run, "write_report")
+    assert ledger.count() == 0
 
 
 def test_each_step_records_the_store_it_decided_from(recorded: Any) -> None:

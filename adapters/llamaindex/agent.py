@@ -73,6 +73,26 @@ def _check_history(messages: list[dict[str, Any]], run_id: str, k: int
     return messages
 
 
+def _check_forced_tools_keep_the_store(session: BranchSession, context_tools: Mapping[str, str],
+                                       run_id: str) -> None:
+    """A forced observation is served in place of running the tool, so forcing the result of a
+    tool handed the workflow ``Context`` would drop what it writes to ``ctx.store`` (the same
+    text it returned included): the later steps would read a store the app never had."""
+    for k, msgs in session.forced_obs.items():
+        for m in msgs:
+            name = m.get("name")
+            if name in context_tools:
+                raise InvalidIntervention(
+                    f"do_observation cannot replace the result of {name!r} (agent "
+                    f"{context_tools[name]!r}): it takes the workflow Context, so it would not "
+                    "run and what it writes to ctx.store would be lost; the later steps would "
+                    "read a store the app never had",
+                    run_id=run_id, step=k,
+                    hint="force the step's action with do_action (the tool then runs, its "
+                         "store writes with it), or change what the next step decides from "
+                         "with do_context")
+
+
 def _check_memory_kept(run: car.Trajectory, k: int) -> None:
     """Refuse a branch from ``k`` when the app's memory dropped or rewrote messages at a later
     recorded step (a token limit, a summary): the branch's memory keeps every message, so its
@@ -117,6 +137,7 @@ class LlamaIndexAgent:
         self.max_iterations = max_iterations
         self.name = name or f"llamaindex:{type(agent).__name__}"
         self._lock = _workflow_lock(agent)
+        self._with_context: dict[str, str] | None = None
         self._check_side_effect_names()
         with self._lock:  # another wrapper's branch may have its stand-in LLMs in place
             self.couples_noise = all(getattr(a.llm, "uses_car_noise", False)
@@ -137,22 +158,31 @@ class LlamaIndexAgent:
         self.safety.check_names(given, agent=f"the {type(self.workflow).__name__}")
         self._check_guarded_tools_keep_out_of_the_store()
 
+    def _context_tools(self) -> dict[str, str]:
+        """The tools handed the workflow ``Context`` (tool name -> its agent): what they write
+        to ``ctx.store`` is state later steps read, so a branch must run them to have it."""
+        if self._with_context is None:
+            self._with_context = {}
+            for name, a in self._agents().items():
+                for t in a.tools or ():
+                    tool = t if isinstance(t, BaseTool) else FunctionTool.from_defaults(t)
+                    if getattr(tool, "requires_context", False):
+                        self._with_context[tool.metadata.name or ""] = name
+        return self._with_context
+
     def _check_guarded_tools_keep_out_of_the_store(self) -> None:
         """A side-effect tool is answered on branches without running, so one that is handed
         the workflow ``Context`` would lose whatever it writes to ``ctx.store``, and the later
         steps of the branch would read a store the app never had."""
-        for name, a in self._agents().items():
-            for t in a.tools or ():
-                tool = t if isinstance(t, BaseTool) else FunctionTool.from_defaults(t)
-                if (self.safety.guards(tool.metadata.name or "")
-                        and getattr(tool, "requires_context", False)):
-                    raise AdapterError(
-                        f"side-effect tool {tool.metadata.name!r} of agent {name!r} takes the "
-                        "workflow Context, so answering it from the record or a simulator "
-                        "would drop what it writes to ctx.store",
-                        hint="keep the side effect in a tool without a ctx parameter (a "
-                             "separate tool can write the store), or leave the tool out of "
-                             "side_effect_tools if it is safe to run")
+        for tool_name, name in self._context_tools().items():
+            if self.safety.guards(tool_name):
+                raise AdapterError(
+                    f"side-effect tool {tool_name!r} of agent {name!r} takes the "
+                    "workflow Context, so answering it from the record or a simulator "
+                    "would drop what it writes to ctx.store",
+                    hint="keep the side effect in a tool without a ctx parameter (a "
+                         "separate tool can write the store), or leave the tool out of "
+                         "side_effect_tools if it is safe to run")
 
     def _agents(self) -> dict[str, Any]:
         return agents_of(self.workflow)
@@ -196,6 +226,7 @@ class LlamaIndexAgent:
                                 forced_observations(plan, run.id))
         check_forced_tools(session, tool_names(self.workflow), run.id,
                            why="the framework runs that tool itself")
+        _check_forced_tools_keep_the_store(session, self._context_tools(), run.id)
         live = self._drive(state, active, run, session, store=store)
         return [renumber(s, k + i, plan) for i, s in enumerate(live.steps)], live
 
