@@ -62,6 +62,7 @@ from .capability_checks import (
 from .errors import (
     EnvironmentError_,
     InvalidInput,
+    InvalidIntervention,
     PolicyError,
     SideEffectBlocked,
 )
@@ -367,7 +368,9 @@ def _observed(observation: JSON, chat: bool) -> JSON:
 
 def check_forced_values(agent: Any, run: Trajectory, *, seed: int = 0) -> None:
     """``do_action`` puts the given action at its step; ``do_observation`` keeps the recorded
-    action and returns the given observation."""
+    action and returns the given observation, at the latest observed step where the agent does
+    not refuse it by name (a tool whose result cannot be forced without losing what it wrote to
+    the app's state is refused with ``InvalidIntervention``; refusing every one fails)."""
     k = len(run.steps) - 1
     # Force an action the step did not take when the run offers one (another step's action):
     # forcing the recorded one would pass an agent that ignores forced actions altogether.
@@ -378,19 +381,27 @@ def check_forced_values(agent: Any, run: Trajectory, *, seed: int = 0) -> None:
     if len(branch.steps) <= k or not same_action(branch.steps[k].action, forced):
         _fail("forced", "do_action did not put the forced action at its step", run, k)
     observed = [s.index for s in run.steps if s.observed]
-    if observed:
-        j = observed[-1]
+    refused: list[str] = []
+    for j in reversed(observed):
         marker: JSON = {"car-conformance": "forced observation"}
         action = run.steps[j].action
         calls = action.get("tool_calls") if is_chat_action(action) else None
         # a chat step takes one tool result per call: each carries the marker as its text
         given = [canonical(marker)] * len(calls) if calls else marker
-        branch = agent.branch(run, compile_plan(run, do_observation(j, given)), _noise(seed))
+        try:
+            branch = agent.branch(run, compile_plan(run, do_observation(j, given)), _noise(seed))
+        except InvalidIntervention as exc:
+            refused.append(f"step {j}: {exc}")
+            continue
         if len(branch.steps) <= j or _observed(branch.steps[j].observation, bool(calls)
                                                ) != given:
             _fail("forced", "do_observation did not replace the observation", run, j)
         if not same_action(branch.steps[j].action, run.steps[j].action):
             _fail("forced", "do_observation changed the recorded action", run, j)
+        return
+    if refused:
+        _fail("forced", "do_observation was refused at every observed step "
+                        f"({'; '.join(refused)[:300]})", run, observed[-1])
 
 
 def check_same_noise_same_branch(agent: Any, run: Trajectory, *, seed: int = 0) -> None:

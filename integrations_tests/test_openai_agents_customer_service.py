@@ -38,7 +38,7 @@ from openai.types.responses import ResponseOutputItemDoneEvent, ResponseTextDelt
 from pydantic import BaseModel
 
 import car_core as car
-from car_core.errors import AdapterError, InvalidInput, PolicyError
+from car_core.errors import AdapterError, InvalidInput, InvalidIntervention, PolicyError
 from car_core.testing import CallCounter, Counters, SideEffectLedger, run_conformance
 
 set_tracing_disabled(True)
@@ -283,6 +283,21 @@ def test_the_clean_seat_map_rescues(recorded: Any) -> None:
     # P = 0.05 over 32 rollouts: standard error sqrt(0.0475 / 32) = 0.039, 4 of them
     assert abs(dist.mean - 0.05) <= 4 * math.sqrt(0.05 * 0.95 / ROLLOUTS) + 1 / ROLLOUTS
     assert len(app.bookings) == 1
+
+
+def test_forcing_the_result_of_a_step_that_wrote_the_context_is_refused_by_name(
+        recorded: Any) -> None:
+    """Step 2's ``update_seat`` wrote the seat and confirmation into the run context (the
+    record shows it changed by the next step). A forced observation is served in place of
+    running the tool, so the branch would go on from a context the app never had: refused by
+    name before any model is asked. The seat map at step 1 only reads the context, and its
+    result can still be forced (``test_the_clean_seat_map_rescues``)."""
+    app, run = recorded
+    app.counters.reset()
+    with pytest.raises(InvalidIntervention, match=r"step 2 \(update_seat\).*run context changed"):
+        car.intervene(run, wrap(app), car.do_observation(2, ["Seat 12C booked."]),
+                      outcome=booked_exit_row, rollouts=4, seed=0)
+    assert app.counters.calls == 0 and len(app.bookings) == 1
 
 
 def test_the_app_passes_the_conformance_suite_with_its_booking_ledger() -> None:

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import car_core as car
+from car_core import synthetic as syn
 from car_core.agent import drive
 from car_core.capabilities import Capability, capabilities
-from car_core.errors import ConformanceFailure, InvalidInput
+from car_core.errors import ConformanceFailure, InvalidInput, InvalidIntervention
 from car_core.interventions import Plan, compile_plan
 from car_core.seeding import Noise
 from car_core.testing import (
@@ -21,6 +22,7 @@ from car_core.testing import (
     check_async_branch,
     check_coupling_measured,
     check_fingerprint_stable,
+    check_forced_values,
     check_stop_honoured,
     run_conformance,
 )
@@ -239,3 +241,37 @@ def test_run_conformance_fails_on_the_planted_capability_mistake() -> None:
     with pytest.raises(ConformanceFailure, match="^stop:"):
         run_conformance(lambda: desk(DeafToStop), context="ticket", outcome=refunded, seed=3,
                         identity_rollouts=8)
+
+
+class RefusesForcedObservations:
+    """A ``FunctionAgent`` that refuses, by name, a forced observation at the steps in
+    ``refused``, as an adapter does for a tool whose result cannot be forced without losing
+    what it wrote to the app's state."""
+
+    def __init__(self, inner: car.FunctionAgent, refused: set[int]) -> None:
+        self.inner, self.refused, self.name = inner, refused, inner.name
+
+    def start(self, context: Any, noise: Noise) -> car.Trajectory:
+        return self.inner.start(context, noise)
+
+    def branch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
+        for k in plan.forced_observations:
+            if k in self.refused:
+                raise InvalidIntervention(f"step {k}'s tool wrote the app's state",
+                                          run_id=run.id, step=k)
+        return self.inner.branch(run, plan, noise)
+
+    def redecide(self, run: car.Trajectory, k: int, noise: Noise) -> Any:
+        return self.inner.redecide(run, k, noise)
+
+
+def test_the_forced_check_uses_the_latest_observation_the_agent_does_not_refuse() -> None:
+    """A named refusal at the last observed step sends the check to an earlier one, where the
+    forced observation must still be served; an agent that refuses every one fails it."""
+    model = syn.pivot()
+    run = model.failing_run(seed=0)
+    observed = [s.index for s in run.steps if s.observed]
+    assert len(observed) >= 2
+    check_forced_values(RefusesForcedObservations(model.agent(), {observed[-1]}), run)
+    with pytest.raises(ConformanceFailure, match="refused at every observed step"):
+        check_forced_values(RefusesForcedObservations(model.agent(), set(observed)), run)

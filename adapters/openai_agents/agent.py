@@ -98,6 +98,29 @@ def _used_tools(run: car.Trajectory, k: int) -> frozenset[str]:
                      if isinstance(s.action, dict) and s.action.get("tool_calls"))
 
 
+def _check_forced_steps_keep_the_context(run: car.Trajectory, session: BranchSession) -> None:
+    """A forced observation is served in place of running the step's tools. Where the recorded
+    run context changed between that step and the next (a tool, or a hook around it, wrote
+    it), the branch would go on without that write, from a context the app never had."""
+    for k in session.forced_obs:
+        if k + 1 >= len(run.steps):
+            continue
+        before = run.step(k).meta.get("run_context")
+        after = run.step(k + 1).meta.get("run_context")
+        if before != after:
+            calls = (run.step(k).action or {}).get("tool_calls") or () \
+                if isinstance(run.step(k).action, dict) else ()
+            names = sorted({str(c.get("function", {}).get("name")) for c in calls})
+            raise InvalidIntervention(
+                f"do_observation cannot replace the results of step {k} ({', '.join(names)}): "
+                "the recorded run context changed while that step's tools ran, so they "
+                "would not run and that write would be lost; the later steps would see a "
+                "context the app never had",
+                run_id=run.id, step=k,
+                hint="force the step's action with do_action (its tools then run, the write "
+                     "with them), or intervene at the next step")
+
+
 class OpenAIAgentsAgent:
     """Wraps an OpenAI Agents SDK ``Agent`` (the one the run starts with; the agents it hands
     off to come with it) for ``car.intervene``, ``car.contrastive`` and ``car.shapley``.
@@ -187,6 +210,7 @@ class OpenAIAgentsAgent:
                                 policy_agents=self.policy_agents)
         check_forced_tools(session, tool_names(self.root), run.id,
                            why="the SDK writes it itself (a handoff)")
+        _check_forced_steps_keep_the_context(run, session)
         live = self._drive(items, active, session, self.max_turns - k, instructions,
                            keep_input_guardrails=k == 0, used_tools=_used_tools(run, k),
                            run_context=self.contexts.at(run, k))
