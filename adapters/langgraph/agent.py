@@ -25,7 +25,11 @@ with LangGraph's own machinery, for an app compiled with a checkpointer whose me
   own routing runs; with a model wrapper or middleware it is returned by the model call instead.
   A ``Send`` task builds its model input from its payload, so there ``do_context`` replaces
   that input at the model call, and ``do_action`` / ``do_observation`` / ``do_context`` need
-  ``CarChatModel`` (without it they are refused; ``do_resample`` works).
+  ``CarChatModel`` (without it they are refused; ``do_resample`` works). The same holds at a
+  step whose node built the model's whole input itself (a ``SummarizationMiddleware``'s
+  summarizer call, ``meta["input"] == "node"``): the fork re-runs that node on the recorded
+  checkpoint, which builds the same input, and a forced action or input needs a
+  ``CarChatModel`` at that call.
   ``do_observation`` answers the step's tool calls by id. ``do_resample`` simply resumes.
 - **The model.** Held steps after ``k`` (Shapley coalitions), ``do_policy`` (a LangChain chat
   model that decides from ``k`` on) and per-step seeds need CAR to decide the model calls:

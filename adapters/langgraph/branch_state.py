@@ -28,7 +28,7 @@ from ..common.messages import (
     consistent,
     recorded_calls,
 )
-from .callback import CarCallback, is_send_task
+from .callback import CarCallback, builds_input
 from .guard import RUN, Guard
 from .messages import from_dicts, jsonable, to_dict, to_dicts
 from .model import Control
@@ -72,8 +72,8 @@ class BranchState:
         state = cls(run, plan, noise, agent, thread_id, forced, control,
                     CarCallback(messages_key=messages_key),
                     Guard(safety, answerable_calls(run), run_id=run.id), stop=stop)
-        if edited is not None and is_send_task(run.steps[k].meta):
-            control.inputs[k] = edited  # a Send task builds its input: edit it at the call
+        if edited is not None and builds_input(run.steps[k]):
+            control.inputs[k] = edited  # its task builds its input: edit it at the call
             state.inputs[k] = to_dicts(edited)
         else:
             state.edited = edited

@@ -10,9 +10,11 @@ scheduled from, node, superstep, task path), and ``car_decided``: whether CAR de
 are kept in the run's ``meta["node_tool_calls"]`` (node, tool, arguments, result), so a branch's
 matching call can be answered from the record. A ``Send`` task decides from the messages its
 node built from the ``Send`` payload, not from the graph's messages, so its ``state`` is the
-whole model input. Model calls of parallel tasks (a ``Send`` fan-out) finish in any order; their
-steps are put in LangGraph's own task order (``Send`` index, then node name), so a run records
-the same way every time. Runs are keyed by their root run id, so several graphs can run at once
+whole model input; so is that of a call whose node wrote the whole input itself, with no graph
+message in it (a ``SummarizationMiddleware`` summarizing: ``meta["input"] == "node"``). Model
+calls of parallel tasks (a ``Send`` fan-out) finish in any order; their steps are put in
+LangGraph's own task order (``Send`` index, then node name), so a run records the same way
+every time. Runs are keyed by their root run id, so several graphs can run at once
 through one handler; each finished run is saved to the store and becomes ``cb.run``. While it
 goes, its events keep their values by reference (each message as the call saw it); converting
 them to JSON and sealing (JSON check, redaction, digests) happen on the store's writer thread,
@@ -82,6 +84,7 @@ class _Call:
     checkpoints: dict[Any, Any]
     decided: bool
     started: float
+    built: bool = False  # the node built the model's whole input (not the graph's messages)
     message: BaseMessage | None = None
     latency: float = 0.0
     llm_output: Any = None
@@ -102,6 +105,8 @@ class _Call:
                 "car_decided": self.decided}
         path = md.get("langgraph_path")
         meta["task_path"] = jsonable(list(path)) if isinstance(path, (list, tuple)) else None
+        if self.built:
+            meta["input"] = NODE_INPUT
         if self.prompt:
             meta["prompt"] = [rec.convert(m) for m in self.prompt]
         if self.message is not None:
@@ -199,6 +204,21 @@ def is_send_task(meta: Any) -> bool:
     """Whether a step's model call ran in a ``Send`` task (LangGraph's PUSH task path)."""
     path = meta.get("task_path") if isinstance(meta, dict) else None
     return bool(path) and path[0] == PUSH
+
+
+NODE_INPUT = "node"  # ``meta["input"]`` of a step whose node built the model's whole input
+
+
+def builds_input(step: Step) -> bool:
+    """Whether a step's model input was built by its task rather than read from the graph's
+    messages channel: a ``Send`` task (from its payload), or a node that wrote the whole
+    prompt itself (``SummarizationMiddleware``; older records: no graph message in ``state``,
+    the input in ``meta["prompt"]``). Such a step's ``state`` is its whole model input, so the
+    checkpoint it was scheduled from does not hold it: a fork there re-runs the node, which
+    builds the same input again, and only a change made at the model call reaches it."""
+    meta = step.meta
+    return (is_send_task(meta) or meta.get("input") == NODE_INPUT
+            or (not step.state and bool(meta.get("prompt"))))
 
 
 def task_key(meta: dict[str, Any]) -> tuple[int, Any]:
@@ -443,8 +463,12 @@ class CarCallback(BaseCallbackHandler):
             return  # a model call outside any graph this handler saw start
         md = metadata or {}
         path = md.get("langgraph_path")
-        whole = isinstance(path, (list, tuple)) and bool(path) and path[0] == PUSH  # a Send
+        send = isinstance(path, (list, tuple)) and bool(path) and path[0] == PUSH
         given = messages[0] if messages else []
+        # a node that built the model's whole input itself (no graph message in it: a
+        # SummarizationMiddleware's prompt) decided from that input, as a Send task does
+        built = not send and bool(given) and all(m.id is None for m in given)
+        whole = send or built
         # ``seen(m)``, written out: this runs for every message of every call
         prompt = [(m, m.content, m.__dict__.get("tool_calls"), m.name)
                   for m in given if m.id is None]
@@ -452,7 +476,7 @@ class CarCallback(BaseCallbackHandler):
                  for m in given if whole or m.id is not None]
         params = kwargs.get("invocation_params") or {}
         call = _Call(0, state, prompt, dict(md), dict(params), _checkpoint_map(),
-                     decided_by_car(params), time.perf_counter())
+                     decided_by_car(params), time.perf_counter(), built=built)
         with self._lock:
             self.decisions_started += 1
             call.order = len(rec.calls)

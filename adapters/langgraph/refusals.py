@@ -2,9 +2,10 @@
 name before anything is written to the checkpointer.
 
 ``refuse_run`` checks a run once, before its first branch: each step must have been decided by
-a model node of a graph level CAR can fork into, and the tasks of each superstep must be ones a
-fork can hold apart. ``refuse_branch`` checks one branch: its step's checkpoints and what the
-plan asks of it. ``refuse_unknown_tools`` checks the agent's own parameters.
+a model node of a graph level CAR can fork into, from checkpoints that still hold what it
+decided from (``refuse_step``), and the tasks of each superstep must be ones a fork can hold
+apart. ``refuse_branch`` checks one branch: its step's checkpoints and what the plan asks of
+it. ``refuse_unknown_tools`` checks the agent's own parameters.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from car_core.errors import (
     StepOutOfRange,
 )
 
-from .callback import is_send_task
+from .callback import builds_input, is_send_task
 from .checkpoints import carried_writes, checkpoint_map, recast, task_at, thread_config
 from .messages import to_dicts
 from .model import CarChatModel
@@ -67,6 +68,7 @@ def refuse_run(shape: AppShape, run: Trajectory,
     for i, step in enumerate(run.steps):
         cmap = checkpoint_map(step.meta)
         _refuse_step_shape(shape, run, i, cmap)
+        refuse_step(shape, run, i)  # every step, so no branch runs before a step is refused
         for level, cid in cmap.items():
             groups.setdefault((level, str(cid)), {}).setdefault(
                 task_at(step.meta, level), []).append(i)
@@ -154,7 +156,10 @@ def refuse_superstep(run: Trajectory, level: str, by_task: Mapping[str, list[int
 
 def refuse_step(shape: AppShape, run: Trajectory, k: int) -> None:
     """Refuse a step this app cannot fork at: out of range, a checkpoint it was scheduled from
-    deleted, or a checkpoint that no longer holds what the step decided from."""
+    deleted, or a checkpoint whose messages are not those the step decided from. A step whose
+    task built its model input (``builds_input``: a ``Send`` payload, a summarizer's prompt)
+    decided from that input, not from the checkpoint's messages: the fork re-runs its node on
+    the checkpoint, which builds it again, so there is no message list to compare."""
     if not 0 <= k < len(run.steps):
         raise StepOutOfRange(f"step {k} does not exist; the run has {len(run.steps)} steps",
                              run_id=run.id)
@@ -168,7 +173,7 @@ def refuse_step(shape: AppShape, run: Trajectory, k: int) -> None:
     ns = step.meta.get("checkpoint_ns") or ""
     snapshot = shape.saver.get_tuple(thread_config(thread_id, step.meta["checkpoint_id"], ns))
     values = snapshot.checkpoint["channel_values"].get(shape.messages_key) or []
-    if not is_send_task(step.meta) and to_dicts(values) != step.state:
+    if not builds_input(step) and to_dicts(values) != step.state:
         raise AdapterError(f"the checkpoint step {k} was scheduled from does not match the "
                            "record: the run comes from a different graph or thread",
                            run_id=run.id, step=k,
@@ -199,13 +204,38 @@ def refuse_branch(shape: AppShape, run: Trajectory, plan: BranchPlan, model: Any
                            "whose calls carry the ids the forced results answer",
                            run_id=run.id, step=min(plan.observations),
                            hint="run the graph's tools through langgraph.prebuilt.ToolNode")
-    if (is_send_task(run.steps[k].meta) and not isinstance(model, CarChatModel)
-            and plan.changes_start):
-        # CarMiddleware only sees create_agent's model node, never a Send worker's call
+    step = run.steps[k]
+    if builds_input(step) and plan.changes_start and not _decided_at_call(shape, step, model):
+        node = step.meta.get("node")
+        if is_send_task(step.meta):
+            # CarMiddleware only sees create_agent's model node, never a Send worker's call
+            raise AdapterError(
+                f"step {k} ran in a Send task of node {node!r}: its input is the Send payload "
+                "and its output goes to the task's own writes, so do_action / do_observation / "
+                "do_context there need CAR to decide the model call", run_id=run.id, step=k,
+                hint="build the app with CarChatModel(inner=your_model) and pass it as "
+                     "LangGraphAgent(app, model=...); do_resample works without it")
         raise AdapterError(
-            f"step {k} ran in a Send task of node {run.steps[k].meta.get('node')!r}: its "
-            "input is the Send payload and its output goes to the task's own writes, so "
-            "do_action / do_observation / do_context there need CAR to decide the model "
-            "call", run_id=run.id, step=k,
-            hint="build the app with CarChatModel(inner=your_model) and pass it as "
-                 "LangGraphAgent(app, model=...); do_resample works without it")
+            f"step {k} is a model call whose whole input node {node!r} built itself (not the "
+            "graph's messages; a SummarizationMiddleware's prompt), and whose output the node "
+            "turns into what it writes, so do_action / do_context there can only be applied "
+            "at the model call, which CAR does not decide", run_id=run.id, step=k,
+            hint="wrap that node's model in CarChatModel(inner=...) (e.g. "
+                 "SummarizationMiddleware(model=CarChatModel(inner=summarizer))), have CAR "
+                 "decide the app's other model calls too (CarMiddleware() on create_agent, or "
+                 "CarChatModel), and pass that object as LangGraphAgent(app, model=...); "
+                 "do_resample works there without it")
+
+
+def _decided_at_call(shape: AppShape, step: Any, model: Any) -> bool:
+    """Whether a ``CarChatModel`` decides ``step``'s model call on a branch, so a forced action
+    or input given to CAR reaches that call (``CarMiddleware`` decides only create_agent's
+    model node, from the graph's messages): ``model=`` is one, or, with ``model=`` given (every
+    model call CAR's, ``undecided``), the step's node reaches no model but CAR-wrapped ones."""
+    if isinstance(model, CarChatModel):
+        return True
+    if model is None or is_send_task(step.meta) or step.meta.get("car_decided") is not True:
+        return False
+    reached = shape.reaches.get((recast(step.meta.get("checkpoint_ns") or ""),
+                                 str(step.meta.get("node"))))
+    return reached is not None and reached.wrapped and not reached.models

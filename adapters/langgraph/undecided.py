@@ -25,7 +25,8 @@ from .reach import Reach, model_name
 
 _HINT = ("wrap that model too — CarChatModel(inner=model), e.g. SummarizationMiddleware("
          "model=CarChatModel(inner=summarizer)) — or build LangGraphAgent without model= "
-         "(do_resample, do_context and do_observation work without it)")
+         "(do_resample works at every step without it, a summarizer's too; do_context and "
+         "do_observation at the steps that decide from the graph's messages)")
 
 
 def _fires(reached: Reach) -> bool:
