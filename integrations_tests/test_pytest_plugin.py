@@ -205,6 +205,47 @@ def test_a_failing_function_agent_test_via_car_record(pytester: pytest.Pytester)
     pytester.inline_run("test_itself.py").assertoutcome(passed=1)  # attribute() in a test
 
 
+SIDE_EFFECT_ON_A_FUNCTION_AGENT = '''
+import car_core as car
+from car_core import synthetic
+
+
+def test_pivot_notifies(car_recorder):
+    scm = synthetic.pivot(n_steps=4, at=2, p_bad=0.3)
+
+    def environment(history, action, rng):
+        with open("sent.log", "a") as f:  # the side effect: one real notification a step
+            f.write("sent\\n")
+        return scm.environment(history, action, rng)
+
+    agent = car.FunctionAgent(policy=scm.policy, environment=environment,
+                              is_final=lambda a: bool(a.get("final")), max_steps=4)
+    car_recorder.watch(agent, outcome=scm.outcome, side_effect_tools=["notify"])
+    run = next(r for r in (car.record(agent, context=None, outcome=scm.outcome, seed=s)
+                           for s in range(100)) if r.failed)
+    with open("recorded.txt", "w") as f:
+        f.write(str(len(open("sent.log").read().splitlines())))
+    assert not run.failed
+'''
+
+
+def test_side_effect_tools_named_for_a_function_agent_are_refused_not_dropped(
+        pytester: pytest.Pytester) -> None:
+    """A ``car.FunctionAgent`` has no named tools CAR could answer from the record, so
+    ``side_effect_tools`` given for it would be dropped and its environment's side effects
+    run live on every branch. The attribution is refused in one line naming the tool, and
+    nothing ran on a branch: the notifications after the run are the recorded ones."""
+    pytester.makepyfile(test_notify=SIDE_EFFECT_ON_A_FUNCTION_AGENT)
+    rec = pytester.inline_run("--car-attribute", "--car-rollouts", "8", "test_notify.py")
+    rec.assertoutcome(failed=1)
+    text = section(rec.getreports("pytest_runtest_logreport"), "test_pivot_notifies")
+    assert text is not None and "\n" not in text, text
+    assert text.startswith("not attributed: AdapterError: side-effect tool(s) ['notify'] "
+                           "cannot be applied to a FunctionAgent"), text
+    sent = (pytester.path / "sent.log").read_text().splitlines()
+    assert len(sent) == int((pytester.path / "recorded.txt").read_text())
+
+
 def test_shapley_on_request(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_pivot=FUNCTION_AGENT_SUITE.format(i=0, at=1))
     rec = pytester.inline_run("--car-attribute", "--car-method", "shapley", "--car-budget", "64")

@@ -101,8 +101,32 @@ def car_recorder() -> _Collected:
 
 
 def car_adapter(obj: Any, options: dict[str, Any]) -> Any:
-    return obj if callable(getattr(obj, "start", None)) and callable(
-        getattr(obj, "branch", None)) else None
+    """A car Agent is branched as it is: it takes no adapter options. Side-effect tools named
+    for it (marker or ``watch``) that it does not guard itself are refused, not dropped: a
+    ``car.FunctionAgent`` has no named tools CAR could answer from the record, so they would
+    run live on every branch."""
+    if not (callable(getattr(obj, "start", None)) and callable(getattr(obj, "branch", None))):
+        return None
+    safety = getattr(obj, "safety", None)
+    named = [*options.get("side_effect_tools", ()), *(options.get("simulators") or {})]
+    unguarded = sorted({t for t in named
+                        if safety is None or not callable(getattr(safety, "guards", None))
+                        or not safety.guards(t)})
+    other = sorted(k for k, v in options.items()
+                   if k not in ("side_effect_tools", "simulators") and v is not None)
+    if unguarded or other:
+        from car_core.errors import AdapterError
+        what = (f"side-effect tool(s) {unguarded}" if unguarded else
+                f"adapter option(s) {other}")
+        raise AdapterError(
+            f"{what} cannot be applied to a {type(obj).__name__}: a car Agent is branched as it "
+            "is, so CAR has nothing to guard by that name and it would run live on branches",
+            hint="make the agent answer branches itself (its environment sees the recorded "
+                 "steps in history), give the tools to the agent when you build it where it "
+                 "takes them (ChatAgent(side_effect_tools=...)), or build the agent on "
+                 "LangGraph, LlamaIndex or the OpenAI Agents SDK, whose tools CAR guards by "
+                 "name")
+    return obj
 
 
 # -- LangGraph -----------------------------------------------------------------------------

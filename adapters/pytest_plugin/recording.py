@@ -281,8 +281,7 @@ class RunRecorder:
         options = _merged(self.options, watched.options)
         for integration in sorted(integrations(), key=lambda i: i.name == "car"):
             if integration.name == "car" or integration.loaded():
-                agent = integration.to_agent(watched.obj, options if integration.name != "car"
-                                             else {})
+                agent = integration.to_agent(watched.obj, options)
                 if agent is not None:
                     return agent
         return None
