@@ -334,3 +334,29 @@ def test_the_command_shows_the_failed_branches_or_stops_on_them(tmp_path: Any) -
         cli._print_result(res, 1.0, db)
     assert (f"{len(res.failures)} failed branch(es) left out of the estimate (first: arm "
             f"{res.failures[0]['arm']}") in out.getvalue()
+
+
+def test_shapley_whose_pilot_lost_a_whole_coalition_stops_with_the_typed_error() -> None:
+    """Step 0 draws A or B; after B the tool always raises. In exact mode a coalition whose
+    pilot branches all drew B has no finished branch: its spread was a division by zero
+    (seed 2 raised ZeroDivisionError). Half the branches fail, far above the share an
+    estimate may leave out, so every seed stops with ``BranchesFailed`` naming the error."""
+    def policy(h: car.History, rng: np.random.Generator) -> str:
+        return ("A" if rng.random() < 0.5 else "B") if h.index == 0 else "x"
+
+    def environment(h: car.History, action: Any, rng: np.random.Generator) -> str:
+        if h.index == 0 and action == "B":
+            raise RuntimeError("tool down after B")
+        return "ok"
+
+    agent = car.FunctionAgent(policy=policy, environment=environment,
+                              is_final=lambda a: a == "x", max_steps=3)
+
+    def outcome(run: car.Trajectory) -> bool:
+        return bool(run.steps[0].action == "A")
+
+    run = car.record(agent, context={}, outcome=outcome, seed=1)
+    assert [s.action for s in run.steps] == ["A", "x"]
+    for seed in range(6):
+        with pytest.raises(BranchesFailed, match="tool down after B"):
+            car.shapley(run, agent, outcome=outcome, budget=40, seed=seed, mode="exact")

@@ -159,8 +159,12 @@ def _coefficients(p: int) -> list[list[float]]:
 
 
 def _spread(values: dict[int, float]) -> float:
-    """Variance of one coalition's outcomes, floored by the smoothed Bernoulli variance."""
+    """Variance of one coalition's outcomes, floored by the smoothed Bernoulli variance; a
+    coalition with no finished branch yet (all of its failed) gets the most a pass/fail
+    outcome can vary, so the allocation asks it for more rather than dividing by nothing."""
     n = len(values)
+    if n == 0:
+        return 0.25
     mean = sum(values.values()) / n
     smoothed = (mean * n + 0.5) / (n + 1)
     sample = sum((v - mean) ** 2 for v in values.values()) / (n - 1) if n > 1 else 0.25
