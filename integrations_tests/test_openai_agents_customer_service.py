@@ -35,7 +35,7 @@ from car_adapters.common.messages import assistant, tool_call
 from car_adapters.openai_agents import CarRecorder, OpenAIAgentsAgent, ScriptedModel
 from car_adapters.openai_agents.fake import completed_event
 from openai.types.responses import ResponseOutputItemDoneEvent, ResponseTextDeltaEvent
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 import car_core as car
 from car_core.errors import AdapterError, InvalidInput, InvalidIntervention, PolicyError
@@ -60,6 +60,12 @@ class AirlineContext(BaseModel):
     confirmation_number: str | None = None
     seat_number: str | None = None
     flight_number: str | None = None
+
+
+class HiddenFlightContext(AirlineContext):
+    """The flight kept out of dumps: what the handoff hook writes there a dump cannot carry."""
+
+    flight_number: str | None = Field(default=None, exclude=True)
 
 
 @dataclasses.dataclass
@@ -335,6 +341,22 @@ def test_a_context_that_cannot_be_recorded_is_refused_before_any_branch(tmp_path
                          outcome=booked_exit_row, rollouts=8, seed=0)
     assert given == [None] * 8 and not dist.failures
     assert app.hook_saw[-8:] == ["Ada Lovelace"] * 8 and len(app.bookings) == 1
+
+
+def test_a_context_whose_dump_leaves_out_what_the_hook_wrote_is_refused() -> None:
+    """The hook writes the flight into a field excluded from dumps (a private attribute is
+    the same): the dump loads back without it, so a branch from step 1 would start with no
+    flight although the recorded step had one. The dumps alone agree; the rebuilt context
+    does not equal the recorded one, so no value is kept and the run is refused before any
+    branch, where it used to give a confident locus on a context the app never had."""
+    rec = CarRecorder()
+    app, run = record_failing(rec, lambda: HiddenFlightContext(passenger_name="Ada Lovelace"))
+    assert "value" in run.steps[0].meta["run_context"]        # nothing hidden written yet
+    assert "value" not in run.steps[1].meta["run_context"]    # the hook wrote the flight
+    app.counters.reset()
+    with pytest.raises(AdapterError, match="HiddenFlightContext.*could not be recorded"):
+        car.contrastive(run, wrap(app), outcome=booked_exit_row, rollouts=ROLLOUTS, seed=0)
+    assert app.counters.calls == 0 and len(app.bookings) == 1
 
 
 def test_a_context_class_this_process_does_not_have_is_refused(recorded: Any) -> None:

@@ -59,13 +59,24 @@ def snapshot(obj: Any) -> dict[str, Any] | None:
         return out
     try:
         value = adapter.dump_python(obj, mode="json")
-        # kept only when it loads back to the same value: a rebuilt branch context must
-        # equal the recorded one
-        if adapter.dump_python(adapter.validate_python(value), mode="json") == value:
+        # kept only when it loads back to the same context: a rebuilt branch context must
+        # equal the recorded one, including what a dump leaves out (a pydantic private
+        # attribute, a field excluded from dumps), which the dumps alone cannot show
+        rebuilt = adapter.validate_python(value)
+        if adapter.dump_python(rebuilt, mode="json") == value and _same(rebuilt, obj):
             out["value"] = value
     except Exception:  # a field pydantic cannot dump, or a type that does not load back
         pass
     return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two contexts hold the same: the class's own equality (a pydantic model compares
+    its fields, private attributes and extras; a dataclass its fields), or, for a class that
+    compares by identity, its attributes."""
+    if type(a).__eq__ is object.__eq__:
+        return hasattr(a, "__dict__") and hasattr(b, "__dict__") and vars(a) == vars(b)
+    return bool(a == b)
 
 
 def context_types(agents: Iterable[Any]) -> dict[str, type]:
@@ -113,8 +124,10 @@ class ContextRebuilder:
             if "value" not in rec:
                 raise AdapterError(
                     f"the run's context (a {name}) could not be recorded: pydantic cannot "
-                    "dump and load it back, so no branch can be given the context the recorded "
-                    "step saw", run_id=run.id, step=step.index,
+                    "dump it and load back the same context (a client or lock in it, or a "
+                    "private attribute or a field left out of dumps that would be lost), so no "
+                    "branch can be given the context the recorded step saw",
+                    run_id=run.id, step=step.index,
                     hint="make the context a pydantic model or a dataclass of JSON fields, or "
                          "pass OpenAIAgentsAgent(..., context_factory=lambda recorded: ...) "
                          "that builds a fresh one (recorded is None for this context)")
