@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,11 +149,13 @@ class StepRow:
 
 def shown_sample(s: Any) -> tuple[float | None, float | None, int]:
     """P(fail | held), P(fail | re-drawn) and n of the sample the step's rescue and interval
-    were computed from: the pairs of a re-estimate, else the pairs the test ran on."""
-    if getattr(s, "estimate", "raw") == "refit":
-        held, redrawn = getattr(s, "refit_held", None), getattr(s, "refit_resampled", None)
-        return held, redrawn, int(getattr(s, "refit_n", 0) or 0)
-    return s.fail_held, s.fail_resampled, int(s.n)
+    were computed from: the pairs of a re-estimate, else the pairs the test ran on. ``s`` is
+    a ``StepEffect`` or its stored dict (the report reads those)."""
+    def get(name: str, default: Any = None) -> Any:
+        return s.get(name, default) if isinstance(s, Mapping) else getattr(s, name, default)
+    if get("estimate", "raw") == "refit":
+        return get("refit_held"), get("refit_resampled"), int(get("refit_n", 0) or 0)
+    return get("fail_held"), get("fail_resampled"), int(get("n", 0) or 0)
 
 
 def step_row(r: Any, s: Any, *, missing: str = MISSING) -> StepRow:

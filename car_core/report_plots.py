@@ -71,7 +71,7 @@ def rescue_plot(steps: Sequence[Mapping[str, Any]], locus: int | None) -> dict[s
             lo, hi = s["ci"] if s.get("ci") else (s["effect"], s["effect"])
             point.update(y=y(s["effect"]), y_lo=y(lo), y_hi=y(hi),
                          title=f"step {s['step']}: rescue {fmt.num(s['effect'])} "
-                               f"{fmt.interval(s.get('ci'))}, n={s.get('n', '?')}")
+                               f"{fmt.interval(s.get('ci'))}, n={fmt.shown_sample(s)[2]}")
         else:
             # No measurement, so no mark on the value axis (a dot at 0 reads as "no effect"):
             # a shaded column over the whole plot height, with a question mark in it.

@@ -349,6 +349,20 @@ def test_real_contrastive_result_renders_itself(pivot_model, pivot_run):
     assert json.loads(res.to_json()) == json.loads(json.dumps(res.to_dict()))
 
 
+def test_the_plot_label_gives_the_n_of_the_sample_its_rescue_comes_from(pivot_model, pivot_run):
+    """A re-estimated step's rescue and interval come from the re-estimate's pairs, and the
+    table says so; the plot's label beside the same numbers gave the test's n instead."""
+    import car_core as car
+    res = car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
+                          rollouts=32, seed=0)
+    s = res.steps[pivot_model.locus]
+    assert s.estimate == "refit" and s.refit_n != s.n
+    html = res.to_html()
+    assert f"step {s.step}: rescue " in html
+    label = html[html.index(f"step {s.step}: rescue "):]
+    assert label[:label.index("</title>")].endswith(f", n={s.refit_n}")
+
+
 def test_real_shapley_result_renders_itself():
     import car_core as car
     model = syn.and_game()
