@@ -360,3 +360,47 @@ def test_shapley_whose_pilot_lost_a_whole_coalition_stops_with_the_typed_error()
     for seed in range(6):
         with pytest.raises(BranchesFailed, match="tool down after B"):
             car.shapley(run, agent, outcome=outcome, budget=40, seed=seed, mode="exact")
+
+
+def test_shapley_units_keep_the_draws_that_led_to_a_failed_visit() -> None:
+    """Step 0 draws A (0.9) or B; after B the refund tool does not exist, so a branch that
+    forces the recorded refund after a re-drawn B raises. Permutation units share each
+    rollout's noise, so the units with a failed visit were exactly those where step 0 drew B:
+    dropping them left only A, and step 0 got φ = 0 with the interval [0, 0]. Each failed visit
+    now gets a stand-in and every unit is kept. The truth, each v(S) over the branches that
+    finish: v(∅) = v({2}) = 0.45, v({0}) = v({0,2}) = 0.5, every coalition holding step 1 = 1,
+    so φ = (0.025, 0.525, 0) and Σφ = 0.55. Over 100 units Σφ has standard error
+    sqrt(0.45·0.55/100) = 0.05; we allow 4 of them."""
+    def policy(h: car.History, rng: np.random.Generator) -> str:
+        if h.index == 0:
+            return "B" if rng.random() < 0.1 else "A"
+        if h.index == 1:
+            if h.steps[0].action == "B":
+                return "escalate"
+            return "refund" if rng.random() < 0.5 else "deny"
+        return "x"
+
+    def environment(h: car.History, action: Any, rng: np.random.Generator) -> str:
+        if h.index == 1 and h.steps[0].action == "B" and action in ("refund", "deny"):
+            raise RuntimeError("no refund tool on the escalation path")
+        return "ok"
+
+    agent = car.FunctionAgent(policy=policy, environment=environment,
+                              is_final=lambda a: a == "x", max_steps=3)
+
+    def outcome(run: car.Trajectory) -> bool:
+        return bool(run.steps[1].action == "refund")
+
+    run = next(r for r in (car.record(agent, context=None, outcome=outcome, seed=s)
+                           for s in range(100)) if [st.action for st in r.steps]
+               == ["A", "refund", "x"])
+    covered = 0
+    for seed in range(5):
+        sh = car.shapley(run, agent, outcome=outcome, budget=600, seed=seed,
+                         mode="permutation")
+        assert sh.failures and len(sh.failures) <= FAILED_SHARE * sh.rollouts_used
+        step0 = sh.values[0]
+        assert step0.ci is not None and step0.ci[1] > step0.ci[0]  # never certain of it
+        covered += step0.ci[0] <= 0.025 <= step0.ci[1]
+        assert abs(sum(v.estimate or 0.0 for v in sh.values) - 0.55) <= 4 * 0.05
+    assert covered >= 3

@@ -5,6 +5,7 @@ untrustworthy (``car_core.tasks.check_failures``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
@@ -36,6 +37,7 @@ if TYPE_CHECKING:  # the store brings sqlite-utils: loaded only where one is use
     from ..store import RunStore
 
 OnValue = Callable[[Task, float, Trajectory], None]
+STAND_IN = 3 << 20  # first rollout index of the branches that stand in for failed ones
 # What a resume may not change. The first four decide what a journaled (arm, rollout) branch
 # is: its noise stream (seed, coupling, which Shapley mode chose it) and the agent that ran
 # it. The last two are the error rate the result claims (contrastive alpha, Shapley level):
@@ -178,6 +180,7 @@ class Session:
         self.progress, self._own_bar = _estimate_bar(progress, self.meter, method)
         self.store, self.journal, self.attribution_id = store, None, attribution_id
         self.failures: list[Failure] = []  # branches that failed after their retry
+        self._stands_for: dict[tuple[str, int], int] = {}  # (arm, stand-in index) -> index
         self.ran = 0  # branches run (failed ones included), for the failed share
         opened = _OPENED.get()
         if opened is not None:
@@ -194,9 +197,37 @@ class Session:
         return Task(arm=arm, rollout=rollout, plan=plan,
                     noise=branch_noise(self.seed, rollout, arm, self.coupled))
 
-    def execute(self, tasks: Iterable[Task], on_value: OnValue) -> None:
+    def execute(self, tasks: Iterable[Task], on_value: OnValue, *,
+                stand_in: bool = False) -> None:
         """Run ``tasks`` (budget checked before each); hand each outcome value to ``on_value``.
-        The batch's trajectories are dropped when this returns."""
+        The batch's trajectories are dropped when this returns.
+
+        ``stand_in``: for an estimator that reads branches by rollout index, where a failed
+        branch would leave a hole it reads as a spent budget (contrastive's search) or drop a
+        whole unit, and with it the draws that led there (Shapley's permutations): each branch
+        that failed gets a stand-in, its arm and plan run again on a fresh noise index of its
+        own (from ``STAND_IN``), and ``on_value`` gets its value under the failed branch's
+        index. The failure stays counted, shown and checked by the share rule, and a stand-in
+        that fails gets one of its own until the budget or that rule stops it. A stand-in is a
+        fresh draw of its arm given that its branch finishes, as leaving the failure out is;
+        it does not share the other arms' noise at that index, which costs precision only."""
+        before = len(self.failures)
+        self._execute(tasks, on_value)
+        while stand_in and len(self.failures) > before and not self.tripped:
+            failed, before = self.failures[before:], len(self.failures)
+            spares = []
+            for f in failed:
+                spare = STAND_IN + len(self._stands_for)
+                self._stands_for[(f.task.arm, spare)] = self._stands_for.get(
+                    (f.task.arm, f.task.rollout), f.task.rollout)
+                spares.append(self.task(f.task.arm, spare, f.task.plan))
+
+            def standing_in(task: Task, value: float, traj: Trajectory) -> None:
+                index = self._stands_for[(task.arm, task.rollout)]
+                on_value(dataclasses.replace(task, rollout=index), value, traj)
+            self._execute(spares, standing_in)
+
+    def _execute(self, tasks: Iterable[Task], on_value: OnValue) -> None:
         if self.tripped:
             return
 

@@ -101,19 +101,10 @@ class Comparison:
     mean_lo: float
 
 
-STAND_IN = 3 << 20  # first rollout index of the branches that stand in for failed ones
-
-
 class Arms:
-    """Outcome values of the arms ``H_j`` by rollout index, filled on demand and shared.
-
-    A branch that failed leaves its arm no value at its index, which the search would read as a
-    spent budget (it asks for indices in order and stops at the first one missing). So each
-    failed ``(arm, rollout)`` gets a stand-in: the same arm run again on a fresh noise index of
-    its own (from ``STAND_IN``), while the budget lasts, its value kept at the failed index. The
-    failure stays counted and shown, and ``tasks.check_failures`` still stops the estimate when
-    too many fail. A stand-in does not share the noise of the other arms at that index, which
-    costs a shared-noise pair some precision, never validity: it is a fresh draw of the arm."""
+    """Outcome values of the arms ``H_j`` by rollout index, filled on demand and shared. The
+    search reads them index by index and stops at the first one missing, which is how a spent
+    budget shows, so a failed branch gets a stand-in (``Session.execute(stand_in=True)``)."""
 
     def __init__(self, run: Trajectory, session: Session) -> None:
         self.run, self.session, self.n = run, session, len(run.steps)
@@ -121,8 +112,6 @@ class Arms:
         self.plans: dict[int, Plan] = {}
         self.examples: dict[int, dict[str, Any]] = {}  # one rescued branch (outcome 0) per arm
         self.by_key: dict[str, HoldArm] = {}
-        self.stands_for: dict[tuple[int, int], int] = {}  # (arm, stand-in index) -> index
-        self._failures_seen = 0
 
     def plan(self, j: int) -> Plan:
         if j not in self.plans:
@@ -147,28 +136,7 @@ class Arms:
                     if r in sets[j] and r not in self.values.get(j, {}):
                         yield self.session.task(self._arm(j).key, r, self.plan(j))
 
-        self.session.execute(missing(), self._keep)
-        self._stand_in()
-
-    def _stand_in(self) -> None:
-        """Run a stand-in for every branch that failed since the last look (class docstring);
-        a stand-in that fails gets one of its own, until the budget or the failure check
-        stops it."""
-        while len(self.session.failures) > self._failures_seen and not self.session.tripped:
-            failed = self.session.failures[self._failures_seen:]
-            self._failures_seen = len(self.session.failures)
-            tasks = []
-            for f in failed:
-                j = self.by_key[f.task.arm].hold_before
-                r = self.stands_for.get((j, f.task.rollout), f.task.rollout)
-                if r in self.values.get(j, {}):
-                    continue
-                spare = STAND_IN + len(self.stands_for)
-                self.stands_for[(j, spare)] = r
-                tasks.append(self.session.task(self._arm(j).key, spare, self.plan(j)))
-            if not tasks:
-                return
-            self.session.execute(iter(tasks), self._keep)
+        self.session.execute(missing(), self._keep, stand_in=True)
 
     def _arm(self, j: int) -> HoldArm:
         arm = HoldArm(j)
@@ -177,8 +145,7 @@ class Arms:
 
     def _keep(self, task: Task, value: float, traj: Trajectory) -> None:
         j = self.by_key[task.arm].hold_before
-        r = self.stands_for.get((j, task.rollout), task.rollout)
-        self.values.setdefault(j, {})[r] = value
+        self.values.setdefault(j, {})[task.rollout] = value
         if value == 0.0 and j not in self.examples:
             self.examples[j] = traj.to_dict()
 

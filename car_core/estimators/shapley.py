@@ -40,6 +40,11 @@ Permutation mode (otherwise): a unit is a random order of the players and its re
 (antithetic), each coalition visited once with one rollout, all visits of a unit on rollout
 index ``u`` (``v(∅)`` and ``v(N)`` are shared by the two orders, so a unit costs ``2p`` rollouts).
 Units are independent, so the t-interval over units covers permutation and rollout noise.
+A visit whose branch failed gets a stand-in (``Session.execute(stand_in=True)``): the same
+coalition on a fresh noise index, kept in its unit. Dropping the unit instead would drop the
+draws that led to the failure, and where the noise is shared those are the unit's own (a
+re-drawn step whose path makes a held later step impossible): the values would describe only
+the other paths, with intervals that did not know it.
 
 Coupling, measured. In both modes every coalition is compared, rollout index by rollout index,
 with ``v(N)`` and ``v(∅)`` (``stats.coupling_of``): ``coupling_measured`` is how much those pairs
@@ -84,6 +89,7 @@ MAX_EXACT_PLAYERS = 5   # beyond, 2^p coalitions cost more than antithetic units
 PILOT_SHARE = 0.1
 ALLOCATION_STAGES = 2
 BATCH_ROLLOUTS = 256  # rollouts handed to the executor at once (bounds memory)
+STAND_IN_BATCHES = 8  # permutation units run in at least this many batches (if as many)
 DEFAULT_CAP = 2000    # rollout cap when ``budget`` is a car.Budget without one
 
 
@@ -287,7 +293,9 @@ def shapley(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
         y.setdefault(task.rollout, {})[masks_by_arm[task.arm]] = value
 
     masks_by_arm: dict[str, int] = {}
-    per_batch = max(1, BATCH_ROLLOUTS // cost)
+    # a few batches at least: a failed visit's stand-in runs right after its batch, so the
+    # units the budget then cuts short are the last ones, not those whose draws led to failure
+    per_batch = max(1, min(BATCH_ROLLOUTS // cost, math.ceil(units / STAND_IN_BATCHES)))
     for first in range(0, units, per_batch):
         if session.tripped:
             break
@@ -296,7 +304,7 @@ def shapley(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
             for m in sorted({m for order in _orders(seed, u, p) for m in _chain(order)}):
                 masks_by_arm[game.arm(m)] = m
                 tasks.append(session.task(game.arm(m), u, game.plan(m)))
-        session.execute(tasks, keep)
+        session.execute(tasks, keep, stand_in=True)  # a unit short of a visit is dropped
     return _result(run, game, session, y, cap, seed, level, params)
 
 
