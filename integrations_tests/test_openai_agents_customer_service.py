@@ -291,6 +291,25 @@ def test_the_clean_seat_map_rescues(recorded: Any) -> None:
     assert len(app.bookings) == 1
 
 
+def test_a_system_message_edit_is_the_edited_steps_alone(recorded: Any) -> None:
+    """``do_context`` edits what its step decides from. The seat agent's instructions are a
+    function of the run context; an edit of step 1's system message reaches step 1's call,
+    and step 2 gets the app's own instructions again, as recorded (the edit used to replace
+    the agent's instructions for the rest of the branch, a text the app never produced)."""
+    app, run = recorded
+    seen: list[str] = []
+
+    def spy(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> Any:
+        seen.append(messages[0]["content"])
+        return Airline.seats(messages, tools, rng)
+    edit = car.do_context(1, lambda ms: [{**ms[0], "content": "Never pick an exit row."},
+                                         *ms[1:]])
+    car.intervene(run, wrap(app), [edit, car.do_policy(1, ScriptedModel(spy))],
+                  outcome=booked_exit_row, rollouts=1)
+    assert seen[:2] == ["Never pick an exit row.", run.steps[2].state[0]["content"]]
+    assert len(app.bookings) == 1
+
+
 def test_forcing_the_result_of_a_step_that_wrote_the_context_is_refused_by_name(
         recorded: Any) -> None:
     """Step 2's ``update_seat`` wrote the seat and confirmation into the run context (the

@@ -183,7 +183,7 @@ class OpenAIAgentsAgent:
         session = BranchSession(Plan(start=0), noise, 0, self.safety, {}, None, {})
         items = context if isinstance(context, list) else str(context)
         factory = self.contexts.factory
-        run = self._drive(items, self.root.name, session, self.max_turns, None,
+        run = self._drive(items, self.root.name, session, self.max_turns,
                           run_context=factory(None) if factory is not None else None)
         return replace(run, context=context, seed=noise.seed)
 
@@ -196,22 +196,24 @@ class OpenAIAgentsAgent:
         """The steps from ``k`` on, in their places, and the run that collected them."""
         self._check_run(run)
         items, active, system = self._state(run, k)
-        instructions = None
+        system_edit = None
         if k in plan.context_edits:
             edited = self._check_history(edited_messages(plan.context_edits[k], run.step(k).state,
                                                          run_id=run.id, step=k), run.id, k)
             new_system = edited[0]["content"] if edited and edited[0]["role"] == "system" \
                 else None
             if new_system != system:
-                instructions = (active, str(new_system or ""))
+                system_edit = str(new_system or "")
             items = to_items([m for m in edited if m["role"] != "system"])
         session = BranchSession(plan, noise, k, self.safety, recorded_calls(run.steps), run.id,
                                 forced_observations(plan, run.id),
                                 policy_agents=self.policy_agents)
+        if system_edit is not None:  # step k decides from it; later steps from the app's own
+            session.system_at[k] = system_edit
         check_forced_tools(session, tool_names(self.root), run.id,
                            why="the SDK writes it itself (a handoff)")
         _check_forced_steps_keep_the_context(run, session)
-        live = self._drive(items, active, session, self.max_turns - k, instructions,
+        live = self._drive(items, active, session, self.max_turns - k,
                            keep_input_guardrails=k == 0, used_tools=_used_tools(run, k),
                            run_context=self.contexts.at(run, k))
         return [self._placed(s, k + i, plan, session) for i, s in enumerate(live.steps)], live
@@ -224,7 +226,7 @@ class OpenAIAgentsAgent:
                                 stop_after_first=True)
         items, active, _ = self._state(run, k)
         try:
-            self._drive(items, active, session, 1, None, keep_input_guardrails=False,
+            self._drive(items, active, session, 1, keep_input_guardrails=False,
                         used_tools=_used_tools(run, k), run_context=self.contexts.at(run, k))
         except Decided as d:
             return d.action
@@ -297,11 +299,10 @@ class OpenAIAgentsAgent:
             out[name] = a.model if isinstance(a.model, Model) else provider.get_model(a.model)
         return out
 
-    def _drive(self, items: Any, active: str, session: BranchSession, max_turns: int,
-               instructions: tuple[str, str] | None, *, keep_input_guardrails: bool = True,
-               used_tools: frozenset[str] = frozenset(), run_context: Any = None
-               ) -> car.Trajectory:
-        clones = clone_app(self.agents, self._models(), session, instructions=instructions,
+    def _drive(self, items: Any, active: str, session: BranchSession, max_turns: int, *,
+               keep_input_guardrails: bool = True, used_tools: frozenset[str] = frozenset(),
+               run_context: Any = None) -> car.Trajectory:
+        clones = clone_app(self.agents, self._models(), session,
                            keep_input_guardrails=keep_input_guardrails, used_tools=used_tools)
         collector = CarRecorder()
         config = dataclasses.replace(

@@ -58,6 +58,9 @@ class BranchSession(chat_branch.BranchSession):
         self.stop_after_first = stop_after_first
         self.policy_agents = policy_agents
         self.swapped: set[int] = set()
+        # step -> the system message a do_context edit gave it: that step's call alone gets
+        # it, and the agent's own (dynamic) instructions decide its later steps as in the app
+        self.system_at: dict[int, str] = {}
 
     def policy_for(self, k: int, agent: str) -> Any:
         """The ``do_policy`` model when it decides step ``k`` of ``agent``, else None."""
@@ -88,6 +91,7 @@ class CarBranchModel(Model):
         s.raise_blocked()
         k = s.claim()
         plan = s.plan
+        system_instructions = s.system_at.get(k, system_instructions)
         swap = s.policy_for(k, self.agent)
         if k in plan.forced_actions and k not in plan.context_edits:
             s.swapped.discard(k)
@@ -166,12 +170,11 @@ def _guarded(tool: FunctionTool, session: BranchSession) -> FunctionTool:
 
 
 def clone_app(agents: Mapping[str, Any], models: Mapping[str, Model], session: BranchSession,
-              *, instructions: tuple[str, str] | None = None,
-              keep_input_guardrails: bool = True, used_tools: frozenset[str] = frozenset()
+              *, keep_input_guardrails: bool = True, used_tools: frozenset[str] = frozenset()
               ) -> dict[str, Any]:
     """Copies of the app's agents for one branch: branch models, guarded tools, handoffs that
-    lead to the copies. ``instructions``: ``(agent, text)`` replaces one agent's instructions
-    (a ``do_context`` edit of the system message). ``used_tools``: the agents that called
+    lead to the copies (a ``do_context`` edit of the system message is given to its step's
+    call alone: ``BranchSession.system_at``). ``used_tools``: the agents that called
     tools in the held prefix; the SDK resets their ``tool_choice`` after a tool call
     (``reset_tool_choice``), state a fresh ``Runner.run`` does not have, so the copies start
     reset."""
@@ -181,8 +184,6 @@ def clone_app(agents: Mapping[str, Any], models: Mapping[str, Model], session: B
             "model": CarBranchModel(models[name], session, name),
             "tools": [_guarded(t, session) if isinstance(t, FunctionTool) else t
                       for t in a.tools or ()]}
-        if instructions is not None and instructions[0] == name:
-            kw["instructions"] = instructions[1]
         if not keep_input_guardrails:
             kw["input_guardrails"] = []
         if name in used_tools and a.reset_tool_choice and a.model_settings.tool_choice:
