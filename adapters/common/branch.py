@@ -142,16 +142,26 @@ def check_recorded_tools(run: car.Trajectory, current: Mapping[str, Sequence[str
 
 
 def check_forced_tools(session: BranchSession, tools: Mapping[str, Sequence[str]],
-                       run_id: str | None, *, why: str) -> None:
+                       run_id: str | None, *, why: str,
+                       refused: Mapping[str, str] | None = None) -> None:
     """A forced observation can only replace the result of one of the app's own tools
     (``agent name -> tool names``), not of one the framework answers itself (``why`` says
-    which)."""
+    which), nor of a tool in ``refused`` (``name -> why``: one that must run for the branch
+    to stay faithful, as a tool that writes the app's state)."""
     given = {name for names in tools.values() for name in names}
     for k, msgs in session.forced_obs.items():
         for m in msgs:
-            if m.get("name") not in given:
+            name = m.get("name")
+            if name not in given:
                 raise InvalidIntervention(
-                    f"do_observation cannot replace the result of {m.get('name')!r}: {why}",
+                    f"do_observation cannot replace the result of {name!r}: {why}",
                     run_id=run_id, step=k,
                     hint="intervene on a step that called one of the app's own tools, or force "
                          "the next action with do_action")
+            if refused and name in refused:
+                raise InvalidIntervention(
+                    f"do_observation cannot replace the result of {name!r}: {refused[name]}",
+                    run_id=run_id, step=k,
+                    hint="force the step's action with do_action (the tool then runs, its "
+                         "writes with it), or change what the next step decides from with "
+                         "do_context")

@@ -73,26 +73,6 @@ def _check_history(messages: list[dict[str, Any]], run_id: str, k: int
     return messages
 
 
-def _check_forced_tools_keep_the_store(session: BranchSession, context_tools: Mapping[str, str],
-                                       run_id: str) -> None:
-    """A forced observation is served in place of running the tool, so forcing the result of a
-    tool handed the workflow ``Context`` would drop what it writes to ``ctx.store`` (the same
-    text it returned included): the later steps would read a store the app never had."""
-    for k, msgs in session.forced_obs.items():
-        for m in msgs:
-            name = m.get("name")
-            if name in context_tools:
-                raise InvalidIntervention(
-                    f"do_observation cannot replace the result of {name!r} (agent "
-                    f"{context_tools[name]!r}): it takes the workflow Context, so it would not "
-                    "run and what it writes to ctx.store would be lost; the later steps would "
-                    "read a store the app never had",
-                    run_id=run_id, step=k,
-                    hint="force the step's action with do_action (the tool then runs, its "
-                         "store writes with it), or change what the next step decides from "
-                         "with do_context")
-
-
 def _check_memory_kept(run: car.Trajectory, k: int) -> None:
     """Refuse a branch from ``k`` when the app's memory dropped or rewrote messages at a later
     recorded step (a token limit, a summary): the branch's memory keeps every message, so its
@@ -224,9 +204,14 @@ class LlamaIndexAgent:
                                                    step=k), run.id, k)
         session = BranchSession(plan, noise, k, self.safety, recorded_calls(run.steps), run.id,
                                 forced_observations(plan, run.id))
+        # a forced result is served in place of running the tool: one handed the workflow
+        # Context would not write ctx.store, and the later steps would read a store the app
+        # never had
         check_forced_tools(session, tool_names(self.workflow), run.id,
-                           why="the framework runs that tool itself")
-        _check_forced_tools_keep_the_store(session, self._context_tools(), run.id)
+                           why="the framework runs that tool itself",
+                           refused={name: f"it takes the workflow Context (agent {agent!r}), so "
+                                    "it would not run and what it writes to ctx.store would be "
+                                    "lost" for name, agent in self._context_tools().items()})
         live = self._drive(state, active, run, session, store=store)
         return [renumber(s, k + i, plan) for i, s in enumerate(live.steps)], live
 

@@ -108,8 +108,8 @@ def _check_forced_steps_keep_the_context(run: car.Trajectory, session: BranchSes
         before = run.step(k).meta.get("run_context")
         after = run.step(k + 1).meta.get("run_context")
         if before != after:
-            calls = (run.step(k).action or {}).get("tool_calls") or () \
-                if isinstance(run.step(k).action, dict) else ()
+            action = run.step(k).action
+            calls = (action.get("tool_calls") or ()) if isinstance(action, dict) else ()
             names = sorted({str(c.get("function", {}).get("name")) for c in calls})
             raise InvalidIntervention(
                 f"do_observation cannot replace the results of step {k} ({', '.join(names)}): "
