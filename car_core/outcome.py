@@ -71,6 +71,10 @@ class OutcomeFn:
         try:
             value = self.fn(run, rng) if self.takes_rng else self.fn(run)
         except Exception as exc:  # the user's code: wrap whatever it raises
+            if reads_run_as_state(exc, run):
+                raise OutcomeError(f"the outcome function read the run as a dict ({exc!r}): "
+                                   "outcome(run) is handed the car.Trajectory, not the app's "
+                                   "final state", run_id=run.id, hint=OLD_FORM_HINT) from exc
             raise OutcomeError(f"the outcome function raised {exc!r}", run_id=run.id,
                                hint="fix the outcome function; it must score any branch, "
                                     "including ones that end early") from exc
@@ -89,6 +93,27 @@ class OutcomeFn:
         branch's own), or of the noise a recorded run was recorded with when None."""
         noise = Noise(run.seed or 0) if noise is None else noise
         return self(run, noise.rng(0, Stream.OUTCOME))
+
+
+OLD_FORM_HINT = ("write a rule over the app's final state as outcome=lambda run: "
+                 "rule(final_state(run)), with final_state from the app's adapter "
+                 "(car_adapters.langgraph, car_adapters.llamaindex, car_adapters.openai_agents), "
+                 "or read run.meta['final_state'] (the stored JSON)")
+
+
+def reads_run_as_state(exc: BaseException, run: Trajectory) -> bool:
+    """Whether ``exc`` came from reading the trajectory as a dict (``run["messages"]``,
+    ``run.get(...)``, ``"k" in run``, ``run.items()``): an outcome written for the old
+    ``outcome(final_state)`` form."""
+    if isinstance(exc, AttributeError):
+        return getattr(exc, "obj", None) is run and exc.name in _DICT_READS
+    if isinstance(exc, TypeError):
+        return f"{type(run).__name__!r}" in str(exc) and (
+            "subscriptable" in str(exc) or "not iterable" in str(exc))
+    return False
+
+
+_DICT_READS = frozenset({"get", "keys", "items", "values", "__getitem__", "__contains__"})
 
 
 def scored(run: Trajectory, outcome: Callable[..., Any], noise: Noise | None = None

@@ -7,14 +7,17 @@ conversion between LangChain messages and the OpenAI-style dicts CAR stores, ``r
 node's code can call (tools, models), ``undecided`` the refusal of model calls CAR does not
 decide. Beside ``agent``: ``shape`` (the app read once), ``refusals`` (every run, step or plan
 a branch cannot reproduce), ``plan`` (a plan read per step), ``branch_state`` (one branch in
-flight), ``checkpoints`` (the fork) and ``importer`` (a thread as a trajectory).
+flight), ``checkpoints`` (the fork) and ``importer`` (a thread as a trajectory). ``final``
+gives a run's final graph state back as the app saw it (``final_state(run)``), for outcomes.
 """
 
 from __future__ import annotations
 
 from .agent import LangGraphAgent, attribute_thread
 from .callback import CarCallback
+from .final import final_state
 from .middleware import CarMiddleware
 from .model import CarChatModel
 
-__all__ = ["CarCallback", "CarChatModel", "CarMiddleware", "LangGraphAgent", "attribute_thread"]
+__all__ = ["CarCallback", "CarChatModel", "CarMiddleware", "LangGraphAgent", "attribute_thread",
+           "final_state"]

@@ -382,13 +382,14 @@ def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[..., Any],
                      node_tools: Iterable[str | BaseTool] = (),
                      rollouts: int = 16, budget: int = 2000, seed: int = 0,
                      **options: Any) -> Any:
-    """Import ``thread_id`` from ``app``, score it with ``outcome(run)`` (as everywhere; the
-    final graph state is ``run.meta["final_state"]``, messages as OpenAI-style dicts; 1 / True
-    = failure), store it, and attribute the failure with ``car.contrastive`` or
-    ``car.shapley``. Returns the stored attribution. Importing a thread again reuses the run
-    already stored for it (same steps, final state and outcome) instead of storing a copy. An
-    outcome written for the old ``outcome(final_state)`` form still works, with a
-    ``DeprecationWarning`` (see ``car_adapters.langgraph.thread``)."""
+    """Import ``thread_id`` from ``app``, score it with ``outcome(run)`` (as everywhere; 1 /
+    True = failure; ``final_state(run)`` gives the final graph state with the app's message
+    objects, ``run.meta["final_state"]`` stores it as JSON), store it, and attribute the
+    failure with ``car.contrastive`` or ``car.shapley``. Returns the stored attribution.
+    Importing a thread again reuses the run already stored for it (same steps, final state and
+    outcome) instead of storing a copy. Here only, an outcome written for the old
+    ``outcome(final_state)`` form is still accepted, deprecated: it is handed the stored JSON
+    state, with a ``DeprecationWarning`` (see ``car_adapters.langgraph.thread``)."""
     if method not in ("contrastive", "shapley"):
         raise InvalidInput(f"method={method!r}", hint="use 'contrastive' or 'shapley'")
     agent = LangGraphAgent(app, model=model, side_effect_tools=side_effect_tools,

@@ -30,7 +30,7 @@ from ..common.messages import (
 )
 from .callback import CarCallback, builds_input
 from .guard import RUN, Guard
-from .messages import from_dicts, jsonable, to_dict, to_dicts
+from .messages import from_dicts, jsonable, state_json, to_dict, to_dicts
 from .model import Control
 from .plan import BranchPlan, tool_content
 
@@ -147,7 +147,7 @@ class BranchState:
                               agent=self.agent, status=status,
                               meta={"framework": "langgraph", "thread_id": self.thread_id,
                                     "parent_thread_id": run.meta.get("thread_id"),
-                                    "final_state": jsonable(final)})
+                                    "final_state": state_json(final)})
 
 
 def answerable_calls(run: Trajectory) -> dict[tuple[str, str], Any]:

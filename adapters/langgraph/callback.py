@@ -58,7 +58,7 @@ from car_core.errors import InvalidInput, OutcomeError, StoreError
 
 from ..common.run_keeping import open_store, score_run, store_run
 from .fingerprint import app_digest
-from .messages import decode, dict_of, jsonable, seen, usage_of
+from .messages import as_the_app_saw, decode, dict_of, jsonable, seen, usage_of
 from .model import CAR_DECIDED, decided_by_car
 
 log = redact.logger(__name__)  # log records pass the redaction rule
@@ -562,6 +562,10 @@ def _fields(rec: _Recording, calls: list[_Call], results: dict[str, ToolMessage]
     def at_end(message: BaseMessage) -> dict[str, Any]:
         return rec.convert(end[id(message)])
 
+    def as_saw(message: BaseMessage) -> dict[str, Any]:  # a final-state message
+        kept = end[id(message)]
+        return as_the_app_saw(message, rec.convert(kept), kept[1], kept[3])
+
     ordered = task_order([(c, c.meta(rec)) for c in sorted(calls, key=lambda c: c.order)])
     final_messages = list(final.get(messages_key) or ())
     for m in final_messages:
@@ -589,7 +593,7 @@ def _fields(rec: _Recording, calls: list[_Call], results: dict[str, ToolMessage]
                else {"input": jsonable(inputs, at_end)})
     meta = {"framework": "langgraph", "thread_id": rec.thread_id,
             "final_state": jsonable({k: v for k, v in final.items() if k != "__interrupt__"},
-                                    at_end)}
+                                    as_saw)}
     if rec.node_results:
         meta["node_tool_calls"] = list(rec.node_results)
     if fingerprint is not None:

@@ -19,7 +19,7 @@ from car_core.errors import AdapterError
 from .callback import agent_of
 from .checkpoints import join, recast, thread_config
 from .fingerprint import app_digest
-from .messages import decode, jsonable, to_dicts, usage_of
+from .messages import decode, jsonable, state_json, to_dicts, usage_of
 from .shape import AppShape
 
 
@@ -95,7 +95,7 @@ def import_thread(shape: AppShape, thread_id: str, agent: str) -> Trajectory:
     return Trajectory.new(context=context, steps=steps, agent=agent,
                           status=RunStatus.INTERRUPTED if head_next else RunStatus.COMPLETE,
                           meta={"framework": "langgraph", "thread_id": thread_id,
-                                "final_state": jsonable(final), "imported": True,
+                                "final_state": state_json(final), "imported": True,
                                 "agent_fingerprint": app_digest(app)})
 
 

@@ -144,6 +144,39 @@ def usage_of(message: BaseMessage, llm_output: Mapping[str, Any] | None = None
     return None
 
 
+BLOCKS = "blocks"  # a final-state tool message: its content as the app saw it (not a string)
+
+
+def as_the_app_saw(message: BaseMessage, stored: dict[str, Any], content: Any, name: Any
+                   ) -> dict[str, Any]:
+    """``stored`` (``message`` as ``dict_of`` wrote it, from ``content`` and ``name`` as seen)
+    with what an OpenAI-style dict drops and an app's rule may read, for a run's final state
+    only (steps keep the dicts the model saw): a tool result's content when it was not a
+    string (content blocks, kept as JSON under ``"blocks"``; ``content`` stays the JSON string
+    every step stores), a tool result's ``status`` when it was not a success, and the name of
+    the agent that wrote an ``AIMessage``. ``final_state(run)`` reads them back."""
+    extra: dict[str, Any] = {}
+    if isinstance(message, ToolMessage):
+        if content is not None and not isinstance(content, str):
+            extra[BLOCKS] = _text(content)
+        if message.status != "success":
+            extra["status"] = message.status
+    elif isinstance(message, AIMessage) and name:
+        extra["name"] = name
+    return {**stored, **extra} if extra else stored
+
+
+def final_dict(message: BaseMessage) -> dict[str, Any]:
+    """One message of a final graph state as stored (see ``as_the_app_saw``)."""
+    return as_the_app_saw(message, to_dict(message), message.content, message.name)
+
+
+def state_json(value: Any) -> Any:
+    """A final graph state as ``meta["final_state"]`` stores it: ``jsonable`` with each message
+    kept as the app saw it (``final_dict``)."""
+    return jsonable(value, final_dict)
+
+
 def jsonable(value: Any, convert: Callable[[BaseMessage], dict[str, Any]] = to_dict) -> Any:
     """A graph state value as JSON: messages become OpenAI-style dicts (through ``convert``),
     the rest is kept when it is JSON and stringified otherwise."""

@@ -1,12 +1,15 @@
-"""Scoring an imported thread: ``outcome(run)`` as everywhere, the old ``outcome(final_state)``
-still accepted for a while.
+"""Scoring an imported thread: ``outcome(run)`` as everywhere; the old ``outcome(final_state)``
+still accepted here, and only here, for a while.
 
 The two forms cannot be told apart by signature (both take one argument), so they are told apart
 by use: the outcome function receives a ``ThreadRun``, a ``car.Trajectory`` that also answers
 dict-style reads (``state["messages"]``, ``.get``, ``in``, iteration, ``.keys/.items/.values``)
-from the run's final graph state. A ``Trajectory`` has none of those, so a function that uses
-them was written for the old form: it still gets the final state, with a
-``DeprecationWarning``; a function written for ``outcome(run)`` never triggers one.
+from the run's stored final state, ``run.meta["final_state"]`` (JSON: messages as OpenAI-style
+dicts). A ``Trajectory`` has none of those, so a function that uses them was written for the
+old form: it still gets that stored state, with a ``DeprecationWarning`` saying how to write it
+now; a function written for ``outcome(run)`` never triggers one. Everywhere else
+(``car.intervene``, ``car.contrastive``, ``car attribute --outcome``, the pytest plugin) the old
+form is refused with an ``OutcomeError`` that says the same.
 """
 
 from __future__ import annotations
@@ -18,8 +21,11 @@ from typing import Any
 
 from car_core.contract import OutcomeFn, Trajectory
 
-_OLD_FORM = ("attribute_thread now calls outcome(run) with the trajectory, as car.intervene does; "
-             "read run.meta['final_state'] instead of treating the argument as the final state")
+_OLD_FORM = ("attribute_thread now calls outcome(run) with the trajectory, as car.intervene does, "
+             "and the old outcome(final_state) form will be refused here as it is everywhere "
+             "else: write it as outcome=lambda run: rule(final_state(run)) with final_state "
+             "from car_adapters.langgraph (the app's message objects), or read "
+             "run.meta['final_state'] (the stored JSON this form is given now)")
 
 
 class ThreadRun(Trajectory):
