@@ -10,10 +10,11 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console as RichConsole
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
@@ -28,6 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import formatting as fmt
+from .capabilities import positional_arity
 from .errors import (
     AgentError,
     BudgetExhausted,
@@ -47,6 +49,11 @@ from .vocabulary import Answer
 # -- exit codes (documented in ``car --help``) -------------------------------------------------
 OK, NOTHING, USAGE, BUDGET, STORE, AGENT, INTERRUPTED = 0, 1, 2, 3, 4, 5, 130
 INTERNAL = 70  # an unexpected error inside CAR or a library it uses (EX_SOFTWARE)
+# The reader of CAR's output went away (``car show RUN | head -1``): the status the shell
+# reports for git, cat and every other tool SIGPIPE ends (128 + 13), so a script can tell the
+# output was cut short without an error line in its way. Python ignores SIGPIPE, so CAR ends
+# itself the same way, quietly.
+CLOSED_PIPE = 141
 
 
 def exit_code(exc: CarError) -> int:
@@ -60,6 +67,80 @@ def exit_code(exc: CarError) -> int:
     if isinstance(exc, AgentError):
         return AGENT
     return USAGE
+
+
+# -- a closed pipe, and sys.exit from the user's code ------------------------------------------
+class OutputClosed(Exception):
+    """CAR's own output (stdout or stderr) was closed by its reader: the command ends
+    quietly with ``CLOSED_PIPE``. Never raised for the user's code, whose own closed pipe
+    (or a rich console of its own calling ``sys.exit(1)``) is the agent's failure."""
+
+
+def closed_pipe(name: str) -> OutputClosed:
+    """``sys.<name>`` was closed by its reader: point its descriptor at the null device, so
+    nothing written later (a progress bar's last refresh, the interpreter's final flush)
+    fails again or prints "Exception ignored", and give the exception that ends the command."""
+    stream = getattr(sys, name, None)
+    try:
+        fd = stream.fileno() if stream is not None else -1
+    except (AttributeError, OSError, ValueError):  # a capture with no descriptor
+        fd = -1
+    if fd >= 0:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, fd)
+        finally:
+            os.close(devnull)
+    return OutputClosed(name)
+
+
+class Console(RichConsole):
+    """A rich console whose closed pipe ends the command quietly (``OutputClosed``) instead of
+    rich's ``SystemExit(1)``, which would read as the user's code calling ``sys.exit``."""
+
+    def __init__(self, *args: Any, stream: str = "stdout", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._stream = stream
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise closed_pipe(self._stream)
+
+
+_EXITED_FROM = "_car_exited_from"  # set on a SystemExit raised by a named piece of user code
+
+
+def exited(exc: SystemExit) -> str:
+    """What the user's code did, for the one error line: whose code called ``sys.exit``
+    (the outcome function when its wrapper saw it, else the agent's code)."""
+    who = getattr(exc, _EXITED_FROM, None) or "the agent's code"
+    return f"{who} called sys.exit({exc.code!r}) instead of returning"
+
+
+def _naming_exits(fn: Callable[..., Any], who: str) -> Callable[..., Any]:
+    """``fn`` (the user's outcome) with a ``sys.exit`` inside it named as ``who``'s. Keeps
+    what CAR reads off an outcome: how many positional arguments it takes and ``settled``."""
+    def call(*args: Any) -> Any:
+        try:
+            return fn(*args)
+        except SystemExit as exc:
+            setattr(exc, _EXITED_FROM, who)
+            raise
+
+    if positional_arity(fn) >= 2:
+        def named(run: Any, rng: Any) -> Any:
+            return call(run, rng)
+    else:
+        def named(run: Any) -> Any:  # type: ignore[misc]  # the one-argument form
+            return call(run)
+    hook = getattr(fn, "settled", None)
+    if callable(hook):
+        named.__dict__["settled"] = _naming_exits(hook, f"{who}'s settled()")
+    elif hook is not None:
+        named.__dict__["settled"] = hook  # refused, with its own message, by OutcomeFn
+    named.__name__ = getattr(fn, "__name__", named.__name__)
+    named.__qualname__ = getattr(fn, "__qualname__", named.__qualname__)
+    return named
 
 
 # -- terminal-safe text --------------------------------------------------------------------------
@@ -149,7 +230,7 @@ def load_agent_and_outcome(agent_spec: str, outcome_spec: str | None) -> tuple[A
         outcome = load_object(outcome_spec, "outcome")
     if outcome is None or not callable(outcome):
         raise InvalidInput("no outcome function", hint="pass --outcome MODULE:FUNCTION")
-    return made, outcome
+    return made, _naming_exits(outcome, "the outcome function")
 
 
 # -- --do specs -----------------------------------------------------------------------------------
@@ -224,7 +305,7 @@ class RichProgress:
     def __init__(self, label: str, planned: int | None, budget: int | None) -> None:
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                                  MofNCompleteColumn(), _Rate(), _Left(), TimeElapsedColumn(),
-                                 console=Console(stderr=True))
+                                 console=Console(stderr=True, stream="stderr"))
         self.task = self.progress.add_task(escape(safe(label)), total=planned, budget=budget)
         self.progress.start()
         self.closed = False

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -47,8 +46,9 @@ EXIT_CODES = """Exit codes: 0 ok · 1 nothing attributable (no locus) · 2 usage
 (also a run recorded with another agent) · 3 budget exhausted (the result is truncated, what
 was measured is kept) or memory ran out · 4 store or run error (no store, unknown id, not a
 CAR store, damaged or edited store, read-only folder, attribution busy) · 5 the agent under
-test failed (also when every branch failed, or its code called sys.exit) · 70 internal error
-· 130 interrupted (Ctrl-C; finished branches are kept, resume with --resume)."""
+test failed (also when every branch failed, or its code or the outcome's called sys.exit) ·
+70 internal error · 130 interrupted (Ctrl-C; finished branches are kept, resume with --resume)
+· 141 the output was closed by its reader (`car show RUN | head`), as git ends."""
 
 app = typer.Typer(
     name="car", add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -89,11 +89,17 @@ class _Redacting(io.TextIOBase):
         return getattr(sys, self._name)
 
     def write(self, text: str) -> int:
-        self._target.write(redact(text))
+        try:
+            self._target.write(redact(text))
+        except BrokenPipeError:  # the reader went away (`car show RUN | head -1`)
+            raise kit.closed_pipe(self._name) from None
         return len(text)
 
     def flush(self) -> None:
-        self._target.flush()
+        try:
+            self._target.flush()
+        except BrokenPipeError:
+            raise kit.closed_pipe(self._name) from None
 
     def isatty(self) -> bool:
         return bool(self._target.isatty())
@@ -106,9 +112,9 @@ class _Redacting(io.TextIOBase):
 STDOUT: Any = _Redacting("stdout")
 STDERR: Any = _Redacting("stderr")
 # Piped output is not cut at 80 columns: scripts and captures get whole tables.
-out = Console(file=STDOUT, highlight=False, soft_wrap=True,
-              width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", 120)))
-err = Console(file=STDERR, highlight=False)
+out = kit.Console(file=STDOUT, highlight=False, soft_wrap=True, stream="stdout",
+                  width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", 120)))
+err = kit.Console(file=STDERR, highlight=False, stream="stderr")
 
 StoreOpt = Annotated[str, typer.Option("--store", help="SQLite store of runs.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
@@ -143,19 +149,21 @@ def _fail(message: str, code: int) -> typer.Exit:
 
 def _errors(fn: F) -> F:
     """CAR errors become one clean line and their exit code, never a traceback; so do a
-    sys.exit from the user's code (never a silent success), a damaged file SQLite reports
-    itself, Ctrl-C, and anything unexpected (70; ``CAR_DEBUG=1`` re-raises it)."""
+    sys.exit from the user's code (never a silent success; named as the agent's or the
+    outcome's), a damaged file SQLite reports itself, Ctrl-C, and anything unexpected (70;
+    ``CAR_DEBUG=1`` re-raises it). A closed output pipe ends quietly (141, as git does)."""
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort):
             raise
+        except kit.OutputClosed:
+            raise typer.Exit(kit.CLOSED_PIPE) from None
         except CarError as exc:
             raise _fail(str(exc), kit.exit_code(exc)) from None
         except SystemExit as exc:
-            raise _fail(f"the agent's code called sys.exit({exc.code!r}) instead of returning",
-                        kit.AGENT) from None
+            raise _fail(kit.exited(exc), kit.AGENT) from None
         except KeyboardInterrupt:
             raise _fail("interrupted", kit.INTERRUPTED) from None
         except MemoryError:
@@ -413,6 +421,8 @@ def attribute(
         code, what = _stopped(exc)
         if code is None:
             raise
+        if code == kit.CLOSED_PIPE:  # nobody is reading: end as quietly as `git log | head`
+            raise typer.Exit(code) from None
         err.print(Text(kit.safe(f"car: error: {what}")), soft_wrap=True)
         if db.attribution_exists(aid):  # refused before it started: nothing to resume
             err.print(Text(kit.safe(f"the branches that finished are kept in {store} "
@@ -463,12 +473,14 @@ def _stopped(exc: BaseException) -> tuple[int | None, str]:
     handle, e.g. typer's own exit)."""
     if isinstance(exc, KeyboardInterrupt):
         return kit.INTERRUPTED, "interrupted"
+    if isinstance(exc, kit.OutputClosed):
+        return kit.CLOSED_PIPE, ""
     if isinstance(exc, MemoryError):
         return kit.BUDGET, OUT_OF_MEMORY
     if isinstance(exc, CarError):
         return kit.exit_code(exc), str(exc)
     if isinstance(exc, SystemExit):
-        return kit.AGENT, f"the agent's code called sys.exit({exc.code!r}) instead of returning"
+        return kit.AGENT, kit.exited(exc)
     if isinstance(exc, sqlite3.Error):
         return kit.STORE, f"the store failed: {exc}"
     if isinstance(exc, Exception) and not isinstance(exc, (typer.Exit, typer.Abort)):
@@ -795,6 +807,8 @@ def _main(argv: list[str] | None, cx: Any) -> int:
     except MemoryError:
         err.print(Text(f"car: error: {OUT_OF_MEMORY}"))
         return kit.BUDGET
+    except kit.OutputClosed:
+        return kit.CLOSED_PIPE
     except SystemExit as exc:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)
