@@ -32,11 +32,14 @@ from . import formatting as fmt
 from .capabilities import positional_arity
 from .errors import (
     AgentError,
+    BranchesFailed,
     BudgetExhausted,
     CarError,
+    ExecutorUnavailable,
     InvalidInput,
     InvalidIntervention,
     InvalidJSONValue,
+    ModelUnavailable,
     NothingToAttribute,
     RunError,
     StoreError,
@@ -67,6 +70,22 @@ def exit_code(exc: CarError) -> int:
     if isinstance(exc, AgentError):
         return AGENT
     return USAGE
+
+
+# The stops a resume can change, so the only ones whose message offers "Resume with": an
+# interruption, memory or a budget that ran out (resume with fewer in flight or a larger
+# budget), a model server or execution backend that was down, and branches that failed (fix
+# the agent, then resume: the stored branches are kept). Everything else comes out the same
+# again on a resume: an error in the user's outcome function, a sys.exit in user code, bad
+# input, a damaged or hand-edited store, an attribution another process is running.
+RESUMABLE: tuple[type[BaseException], ...] = (
+    KeyboardInterrupt, MemoryError, BudgetExhausted, ModelUnavailable, ExecutorUnavailable,
+    BranchesFailed)
+
+
+def resumable(exc: BaseException) -> bool:
+    """Whether resuming the attribution ``exc`` stopped can end otherwise (``RESUMABLE``)."""
+    return isinstance(exc, RESUMABLE)
 
 
 # -- a closed pipe, and sys.exit from the user's code ------------------------------------------

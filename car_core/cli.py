@@ -424,7 +424,9 @@ def attribute(
         if code == kit.CLOSED_PIPE:  # nobody is reading: end as quietly as `git log | head`
             raise typer.Exit(code) from None
         err.print(Text(kit.safe(f"car: error: {what}")), soft_wrap=True)
-        if db.attribution_exists(aid):  # refused before it started: nothing to resume
+        if not kit.resumable(exc):  # a resume would stop the same way: no hint, no empty row
+            db.drop_empty_attribution(aid)
+        elif db.attribution_exists(aid):  # refused before it started: nothing to resume
             err.print(Text(kit.safe(f"the branches that finished are kept in {store} "
                                     f"(attribution {aid}). Resume with:\n  "
                                     f"{_resume_command(aid)}")), soft_wrap=True)

@@ -798,6 +798,24 @@ class RunStore:
                             "owner = ?", [attribution_id, owner])
 
     @_guarded
+    def drop_empty_attribution(self, attribution_id: str) -> bool:
+        """Remove an attribution that stopped before it stored anything (still ``running``,
+        no result, no branch) and that no claim holds: a row that promises a resume with
+        nothing in it, left by an estimate that failed in a way a resume would repeat (an
+        error in the outcome function, say). Anything stored keeps it. Whether it was
+        removed."""
+        if self.holds(attribution_id):
+            return False
+        with self._write():
+            gone = self.db.execute(
+                "DELETE FROM attributions WHERE id = ? AND status = ? AND result IS NULL "
+                "AND NOT EXISTS (SELECT 1 FROM runs WHERE attribution_id = ?) "
+                "AND NOT EXISTS (SELECT 1 FROM attribution_leases WHERE attribution_id = ?)",
+                [attribution_id, str(AttributionStatus.RUNNING), attribution_id,
+                 attribution_id]).rowcount
+        return bool(gone)
+
+    @_guarded
     def finish_attribution(self, attribution_id: str, result: Result,
                            status: str = AttributionStatus.COMPLETE,
                            params: dict[str, Any] | None = None) -> None:
