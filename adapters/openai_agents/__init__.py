@@ -4,6 +4,7 @@
 ``run_streamed`` run into a ``car.Trajectory``; ``OpenAIAgentsAgent`` re-enters the app at step
 ``k`` with the input items that step saw (edited by ``do_context``), under the agent active at
 ``k``, so ``car.intervene``, ``car.contrastive`` and ``car.shapley`` work on it.
+``final_state(run)`` gives a run's final output, input list and run context, for outcomes.
 ``ScriptedModel`` is a seeded fake ``agents.Model`` for tests and examples.
 """
 
@@ -17,6 +18,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from .agent import OpenAIAgentsAgent
 from .fake import ScriptedModel, step_rng
+from .final import final_state
 from .recorder import CarRecorder
 
-__all__ = ["CarRecorder", "OpenAIAgentsAgent", "ScriptedModel", "step_rng"]
+__all__ = ["CarRecorder", "OpenAIAgentsAgent", "ScriptedModel", "final_state", "step_rng"]

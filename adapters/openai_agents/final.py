@@ -1,0 +1,61 @@
+"""``final_state(run)``: an OpenAI Agents SDK run's final output, input list and run context,
+for outcomes.
+
+The recorder keeps, for every model call, the input items it saw, its reply and the tool
+results that answered it, and the run context as the call began; a run's end is its last
+step's. So an app's own rule over those scores runs and branches as
+``outcome=lambda run: rule(final_state(run))``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from car_core.contract import RunStatus, Trajectory
+from car_core.errors import AdapterError
+
+from ._items import to_items
+
+
+def final_state(run: Trajectory) -> dict[str, Any]:
+    """What an SDK run ended with, from what its recorder keeps:
+
+    - ``final_output``: the last reply's text when the run completed with a reply that called
+      no tool (``RunResult.final_output`` for an agent without ``output_type``; one with an
+      ``output_type`` replies in JSON: parse it with that type), else None;
+    - ``input_list``: the input items the last model call saw (as recorded), then its reply and
+      tool results as plain items (``{"role": "assistant", ...}``, ``function_call``,
+      ``function_call_output``): the items ``RunResult.to_input_list()`` holds, in the plain
+      forms every SDK model accepts (SDK ``RunItem`` objects are not rebuilt);
+    - ``last_agent``: the name of the agent that made the last model call;
+    - ``run_context``: the run context (``context=``) as JSON as the last model call began, or
+      None where the run had none or it could not be dumped; a tool of the last step that
+      changed it afterwards is not in it.
+
+    A run with no model call gives its input and None for the rest. A new dict each call.
+    """
+    meta = run.meta if isinstance(run.meta, Mapping) else {}
+    if meta.get("framework") != "openai-agents":
+        raise AdapterError(
+            f"final_state reads an OpenAI Agents SDK run; this run's framework is "
+            f"{meta.get('framework')!r}", run_id=run.id,
+            hint="use final_state from the adapter that recorded the run "
+                 "(car_adapters.langgraph, car_adapters.llamaindex)")
+    if not run.steps:
+        start = run.context
+        items = [{"role": "user", "content": start}] if isinstance(start, str) else list(
+            start or ())
+        return {"final_output": None, "input_list": items, "last_agent": None,
+                "run_context": None}
+    last = run.steps[-1]
+    action = dict(last.action) if isinstance(last.action, Mapping) else {}
+    items = copy.deepcopy(list(last.meta.get("input_items") or ()))
+    items += to_items([action, *(last.observation or ())])
+    replied = run.status == RunStatus.COMPLETE and not action.get("tool_calls")
+    context = last.meta.get("run_context")
+    return {"final_output": action.get("content") if replied else None, "input_list": items,
+            "last_agent": last.meta.get("agent"),
+            "run_context": (copy.deepcopy(context.get("value")) if isinstance(context, Mapping)
+                            else None)}
