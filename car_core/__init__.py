@@ -24,6 +24,7 @@ from .estimators.repairs import (
     remove_sources,
     repairs,
 )
+from .execution import AsyncioExecutor, Sequential
 from .interventions import (
     Intervention,
     do_action,
@@ -39,6 +40,7 @@ from .stats import Interval
 from .trajectory import History, Lineage, Outcome, Step, Trajectory
 
 if _typing.TYPE_CHECKING:
+    from ._ray import RayExecutor
     from .store import RunStore
 
 Action = JSON
@@ -58,17 +60,23 @@ _results.render_html_with(_render_html)
 
 
 def __getattr__(name: str) -> _typing.Any:
-    """``RunStore`` loads on first use: the store brings sqlite-utils, which ``import car_core``
-    (a recorder in a test suite, ``car --help``) should not pay for."""
+    """``RunStore`` and ``RayExecutor`` load on first use: the store brings sqlite-utils, which
+    ``import car_core`` (a recorder in a test suite, ``car --help``) should not pay for, and the
+    Ray executor is for clusters (Ray itself loads only when it first runs branches)."""
     if name == "RunStore":
         from .store import RunStore
         globals()["RunStore"] = RunStore
         return RunStore
+    if name == "RayExecutor":
+        from ._ray import RayExecutor
+        globals()["RayExecutor"] = RayExecutor
+        return RayExecutor
     raise AttributeError(f"module 'car_core' has no attribute {name!r}")
 
 __all__ = [
     "Action",
     "Agent",
+    "AsyncioExecutor",
     "Budget",
     "Candidate",
     "ContextAttribution",
@@ -80,8 +88,10 @@ __all__ = [
     "Lineage",
     "Observation",
     "Outcome",
+    "RayExecutor",
     "RepairRanking",
     "RunStore",
+    "Sequential",
     "ShapleySettings",
     "Step",
     "Trajectory",

@@ -10,6 +10,7 @@ The tree::
     │   ├── InvalidBudget                       a budget of zero, negative, or too small
     │   ├── AgentMismatch                       the agent given is not the one the run recorded
     │   └── OutcomeError                        an outcome function that raised or left [0, 1]
+    │       └── OutcomeMismatch                 it scores the recorded run the other way
     ├── RunError                                a recorded run that cannot be trusted
     │   ├── CorruptRun                          digest mismatch, hand-edited or truncated JSON
     │   └── ReplayMismatch                      replay did not reproduce the record
@@ -91,6 +92,21 @@ class AgentMismatch(InvalidInput):
 
 class OutcomeError(InvalidInput):
     """The outcome function raised or returned something outside [0, 1]."""
+
+
+class OutcomeMismatch(OutcomeError):
+    """The outcome function scores the recorded run on the other side of the failure
+    threshold from the outcome stored with it (failed vs fine), on every re-score: it cannot
+    see what the record saw, so any estimate from it would answer "no cause" with confidence.
+    Raised before any branch runs. ``stored`` is the recorded value, ``scores`` the new ones."""
+
+    @property
+    def stored(self) -> float:
+        return float(self.context.get("stored", float("nan")))
+
+    @property
+    def scores(self) -> tuple[float, ...]:
+        return tuple(self.context.get("scores", ()))
 
 
 class RunError(CarError):
@@ -213,7 +229,7 @@ __all__ = [
     "BranchesFailed", "BudgetExhausted", "CarError", "ConformanceFailure", "CorruptAttribution",
     "CorruptRun", "CorruptStore", "EnvironmentError_", "ExecutorUnavailable", "InvalidBudget",
     "InvalidIntervention", "InvalidInput", "InvalidJSONValue", "ModelUnavailable",
-    "NotACarStore", "NothingToAttribute", "OutcomeError", "PolicyError", "ReplayMismatch",
-    "RunError", "RunNotFound", "SideEffectBlocked", "StepOutOfRange", "StoreError",
-    "StoreReadOnly", "StoreTooNew",
+    "NotACarStore", "NothingToAttribute", "OutcomeError", "OutcomeMismatch", "PolicyError",
+    "ReplayMismatch", "RunError", "RunNotFound", "SideEffectBlocked", "StepOutOfRange",
+    "StoreError", "StoreReadOnly", "StoreTooNew",
 ]

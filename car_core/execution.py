@@ -5,8 +5,10 @@ so results never depend on the order or place they ran in.
 Executors share one small interface (``Executor.run``): ``Sequential`` (in-process, one at a
 time: reproducible, the default for synthetic agents), ``AsyncioExecutor`` (bounded concurrency
 for agents that wait on model servers) and ``RayExecutor`` (``car_core._ray``, for more than one
-machine); ``make_executor`` builds one by name. ``execute`` returns finished results in task
-order, so the same root seed gives the same estimate on every backend.
+machine); ``make_executor`` builds one by name and ``resolve_executor`` turns whatever an
+estimator's ``executor=`` was given (an object, a name or None) into one. ``execute`` returns
+finished results in task order, so the same root seed gives the same estimate on every
+backend.
 
 The budget is checked before each task starts (in-flight tasks count against it); a task that
 was not started is simply not in the results, and the caller reports the estimate as truncated.
@@ -28,7 +30,7 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence, Sized
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Literal, Protocol, TypeVar, cast
 
 from . import defaults
 from .agent import Agent, AsyncAgent
@@ -290,6 +292,10 @@ class AsyncioExecutor:
 
 
 EXECUTORS = ("sequential", "async", "ray")
+# What every ``executor=`` takes: an executor object, one of the ``EXECUTORS`` names, or None
+# (chosen for the agent by ``default_executor``). Resolved in one place, ``resolve_executor``.
+ExecutorName = Literal["sequential", "async", "ray"]
+ExecutorLike = Executor | ExecutorName | None
 
 
 def make_executor(name: str = "sequential", concurrency: int = defaults.CONCURRENCY,
@@ -304,6 +310,30 @@ def make_executor(name: str = "sequential", concurrency: int = defaults.CONCURRE
         from ._ray import RayExecutor
         return RayExecutor(address=address, concurrency=concurrency)
     raise InvalidInput(f"unknown executor {name!r}", hint=f"use one of {', '.join(EXECUTORS)}")
+
+
+def resolve_executor(executor: object, agent: Agent) -> Executor:
+    """The executor an estimate runs on, from what the caller passed as ``executor=``: None
+    → ``default_executor(agent)``; a name (``"sequential"``, ``"async"``, ``"ray"``) →
+    ``make_executor(name)``; an object with a ``run`` method → itself. Anything else is
+    ``InvalidInput`` naming the choices, raised before any branch runs. Results for a seed do
+    not depend on which one runs them (every task carries its own noise)."""
+    if executor is None:
+        return default_executor(agent)
+    if isinstance(executor, str):
+        if executor not in EXECUTORS:
+            raise InvalidInput(f"executor={executor!r} is not one of {', '.join(EXECUTORS)}",
+                               hint=f"pass executor= one of {', '.join(map(repr, EXECUTORS))}, "
+                                    "an executor object (car.AsyncioExecutor(16)) or None "
+                                    "to let CAR choose for the agent")
+        return make_executor(executor)
+    if callable(getattr(executor, "run", None)):
+        return cast(Executor, executor)
+    raise InvalidInput(f"executor={executor!r} is neither an executor nor one of "
+                       f"{', '.join(EXECUTORS)}",
+                       hint=f"pass executor= one of {', '.join(map(repr, EXECUTORS))}, an "
+                            "executor object (car.Sequential(), car.AsyncioExecutor(16), "
+                            "car.RayExecutor()) or None to let CAR choose for the agent")
 
 
 def default_executor(agent: Agent) -> Executor:
@@ -357,6 +387,11 @@ def execute(tasks: Iterable[Task], fn: Callable[[Task], R], meter: BudgetMeter, 
     t.outcome.value`` keeps memory flat however many branches finish; ``on_result`` still sees
     the full result. A journal that cannot be written stops the run with its error; every
     branch written before it stays written.
+
+    ``on_result`` is called in task order, whatever order the executor finishes tasks in: a
+    result that finishes ahead of an earlier task waits (in memory) until that one is in, so
+    whatever an estimator builds from the stream (a sum of floats, the first rescued branch it
+    keeps as an example) is the same on every executor.
     """
     total = len(tasks) if isinstance(tasks, Sized) else None
     started: dict[int, int] = {}  # id(task) -> position, for tasks handed to the executor
@@ -369,6 +404,22 @@ def execute(tasks: Iterable[Task], fn: Callable[[Task], R], meter: BudgetMeter, 
     # here and are loaded and accepted on this thread, which owns the journal's connection.
     cached: deque[tuple[int, Task]] = deque()
     done = journal.stored() if journal is not None else frozenset()
+    # For on_result in task order: positions started (or taken from the journal) and not yet
+    # accepted, the results accepted ahead of one of them, and the position just handed to the
+    # executor (it asks ``may_start`` about that task before it pulls the next).
+    outstanding: set[int] = set()
+    waiting: dict[int, tuple[Task, Any]] = {}
+    pulled: list[int | None] = [None]
+
+    def release(flush: bool = False) -> None:
+        while waiting:
+            first = min(waiting)
+            with lock:
+                ahead = bool(outstanding) and min(outstanding) < first
+            if ahead and not flush:
+                return
+            task, result = waiting.pop(first)
+            on_result(task, result)  # type: ignore[misc]
 
     def accept(pos: int, task: Task, result: Any, fresh: bool) -> None:
         if isinstance(result, Failure):
@@ -381,23 +432,35 @@ def execute(tasks: Iterable[Task], fn: Callable[[Task], R], meter: BudgetMeter, 
             if fresh and journal is not None:
                 journal.write(task, result)
             if on_result is not None:
-                on_result(task, result)
+                waiting[pos] = (task, result)
             slots[pos] = (task, keep(result) if keep is not None else result)
+        with lock:
+            outstanding.discard(pos)
+        if on_result is not None:
+            release()
         if bar is not None:
             bar.update(1)
 
     def may_start() -> bool:
         with lock:
-            return meter.reserve()
+            allowed = meter.reserve()
+            if allowed and pulled[0] is not None:
+                outstanding.add(pulled[0])
+            pulled[0] = None
+            return allowed
 
     def feed() -> Iterator[Task]:
         for pos, task in enumerate(tasks):
             if (task.arm, task.rollout) in done:
                 if not may_start():
                     return
+                with lock:
+                    outstanding.add(pos)
                 cached.append((pos, task))
                 continue
             started[id(task)] = pos
+            with lock:
+                pulled[0] = pos
             yield task
 
     def drain() -> None:
@@ -422,6 +485,8 @@ def execute(tasks: Iterable[Task], fn: Callable[[Task], R], meter: BudgetMeter, 
                 drain()
                 accept(started.pop(id(task)), task, result, fresh=True)
             drain()
+            if on_result is not None:
+                release(flush=True)
         finally:
             close = getattr(stream, "close", None)
             if close is not None:

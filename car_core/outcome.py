@@ -12,6 +12,11 @@ from the run as it stands (a rule decided by the first of two tool calls, say). 
 ``branch`` takes ``stop=`` then ends a branch at the first step where it holds, and the branch is
 scored as it stands: the same value, without the model calls after it. ``settled`` must never
 say True where a later step could still change the score, or every estimate is biased.
+
+Before the first branch of any estimate, ``check_on_record`` scores the recorded run with the
+outcome the estimate was given: an outcome that cannot see the recorded failure (or success)
+would make every branch look alike and the estimate answer "no cause" with confidence, so it is
+refused (``OutcomeMismatch``) before anything is spent.
 """
 
 from __future__ import annotations
@@ -22,10 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from . import formatting as fmt
 from .capabilities import positional_arity
-from .errors import InvalidInput, OutcomeError
+from .errors import InvalidInput, OutcomeError, OutcomeMismatch
 from .seeding import Noise, Stream
-from .trajectory import Outcome, Trajectory
+from .trajectory import FAILED_AT, Outcome, Trajectory, is_failure
 
 # What an outcome may be, where the API takes one: ``outcome(run)`` or ``outcome(run, rng)``
 # returning a float in [0, 1] or a bool (a bool is an int, which typing accepts as a float).
@@ -121,3 +127,75 @@ def scored(run: Trajectory, outcome: Callable[..., Any], noise: Noise | None = N
     """``run`` with its outcome set by ``outcome`` (see ``OutcomeFn.score``)."""
     fn = outcome if isinstance(outcome, OutcomeFn) else OutcomeFn(outcome)
     return replace(run, outcome=Outcome(fn.score(run, noise)))
+
+
+# How many times the recorded run is scored before an outcome that puts it on the other side of
+# the failure threshold is refused, and the first entry of the noise key the second and later
+# scores draw from (a key no run or branch uses: 0 is the record's, 1 and 2 are branches').
+RECORD_SCORES = 3
+RESCORE_KEY = 3
+
+
+def check_on_record(run: Trajectory, outcome: OutcomeLike) -> None:
+    """Refuse an outcome that does not see what the recorded run's stored outcome says.
+
+    Failed means a value ``>= FAILED_AT`` (0.5), as everywhere (``trajectory.is_failure``).
+    The run is scored by the rule recorders use (``scored``: a judge taking ``rng`` draws from
+    the run's own outcome stream, so the outcome the run was recorded with gives back its
+    value). When that score falls on the other side of the threshold from ``run.outcome``,
+    the run is scored twice more (a judge taking ``rng`` draws from two fresh streams; one with
+    randomness of its own draws again) and ``OutcomeMismatch`` is raised only when every score
+    disagrees. So a correct judge that errs independently with probability ``e`` on each call
+    is refused with probability ``e**3`` (0.008 at ``e = 0.2``), while a blind outcome, or a
+    seeded one reading the wrong thing, is refused every time. A run recorded without an
+    outcome (``run.outcome`` is None) is not checked. Nothing is charged to any budget; the
+    outcome may be called up to three times."""
+    if run.outcome is None:
+        return
+    fn = outcome if isinstance(outcome, OutcomeFn) else OutcomeFn(outcome)
+    stored = float(run.outcome.value)
+    seed = run.seed or 0
+    scores: list[float] = []
+    for i in range(RECORD_SCORES):
+        value = fn.score(run, Noise(seed) if i == 0 else Noise(seed, (RESCORE_KEY, i)))
+        if is_failure(value) == is_failure(stored):
+            return
+        scores.append(value)
+    raise OutcomeMismatch(
+        f"the outcome scores the recorded run as {_side(scores[0])} "
+        f"({', '.join(fmt.num(v) for v in scores)} on {len(scores)} scores) but it is stored "
+        f"as {_side(stored)} ({fmt.num(stored)}; failed means >= {FAILED_AT:g}), so it cannot "
+        f"see what the record saw and no branch was run. The outcome received {received(run)}",
+        run_id=run.id, stored=stored, scores=tuple(scores),
+        hint="make the outcome score the run as the app does: for a framework app, apply the "
+             "app's own rule to the adapter's final-state helper (e.g. final_state(run) from "
+             "its car_adapters module) rather than to run.meta['final_state'], which holds "
+             "JSON (OpenAI-style message dicts); or pass the outcome the run was recorded with")
+
+
+def _side(value: float) -> str:
+    return "failed" if is_failure(value) else "fine"
+
+
+def received(run: Trajectory) -> str:
+    """What an outcome is handed for ``run``, in words: its type, steps and final state."""
+    text = f"a car.Trajectory of {len(run.steps)} step(s)"
+    meta = run.meta if isinstance(run.meta, dict) else {}
+    if "final_state" not in meta:
+        return text + " with no run.meta['final_state']"
+    state = meta["final_state"]
+    if not isinstance(state, dict):
+        return text + f"; run.meta['final_state'] is a {type(state).__name__}"
+    keys = sorted(map(str, state))
+    shown = ", ".join(map(repr, keys[:8])) + (", …" if len(keys) > 8 else "")
+    text += f"; run.meta['final_state'] is a dict with keys [{shown}]"
+    messages = state.get("messages")
+    if isinstance(messages, list) and messages:
+        last = messages[-1]
+        kind = type(last).__name__
+        if isinstance(last, dict):
+            role = last.get("role", last.get("type"))
+            if role is not None:
+                kind += f" with role {str(role)!r}"
+        text += f", its last message a {kind}"
+    return text

@@ -31,9 +31,17 @@ from .errors import (
     BudgetExhausted,
     InvalidInput,
 )
-from .execution import Executor, Progress, _progress_bar, brancher, execute
+from .execution import (
+    Executor,
+    ExecutorLike,
+    Progress,
+    _progress_bar,
+    brancher,
+    execute,
+    resolve_executor,
+)
 from .interventions import Intervention, compile_plan
-from .outcome import OutcomeFn, OutcomeLike, scored
+from .outcome import OutcomeFn, OutcomeLike, check_on_record, scored
 from .seeding import Noise, branch_noise, coupling
 from .stats import Coupling, Interval, check_level, coupling_of, wilson
 from .tasks import Task, check_failures, returned_run
@@ -135,7 +143,7 @@ def intervene(run: Trajectory, agent: Agent, interventions: Intervention | Seque
               *, outcome: OutcomeLike, rollouts: int = defaults.INTERVENE_ROLLOUTS,
               seed: int = 0, coupled: bool = True, level: float = defaults.LEVEL,
               budget: Budget | int | None = None,
-              executor: Executor | None = None, progress: Progress = None,
+              executor: ExecutorLike = None, progress: Progress = None,
               force_agent: bool = False, keep_trajectories: bool = True, twins: int = 0
               ) -> OutcomeDistribution:
     """Apply ``interventions`` to ``run`` and estimate the outcome distribution from
@@ -153,7 +161,12 @@ def intervene(run: Trajectory, agent: Agent, interventions: Intervention | Seque
     (``T`` more rollouts, under the same budget, left out of the mean) and ``coupled`` says
     whether each branch and its twin agreed beyond chance (``coupling_measured``); a model that
     ignores its seed or a judge with its own randomness agree less. Without twins nothing is
-    measured and ``coupled`` is False; ``coupling`` says what noise was handed out."""
+    measured and ``coupled`` is False; ``coupling`` says what noise was handed out.
+
+    ``executor``: ``"sequential"``, ``"async"``, ``"ray"``, an executor object, or None for
+    the agent's default (``execution.resolve_executor``); the result for a seed is the same on
+    every one. Before any branch, an outcome that scores the recorded run on the other side of
+    the failure threshold from its stored outcome is refused (``outcome.check_on_record``)."""
     check_run(run)
     check_agent(run, agent, force=force_agent)
     if isinstance(rollouts, bool) or not isinstance(rollouts, int) or rollouts < 1:
@@ -166,6 +179,8 @@ def intervene(run: Trajectory, agent: Agent, interventions: Intervention | Seque
     check_level(level)  # a bad level fails here, not after every rollout has run
     Noise(seed)  # likewise a bad seed
     plan = compile_plan(run, interventions)
+    exe = resolve_executor(executor, agent)
+    check_on_record(run, out)  # before the seed check's model calls and any branch
     handed, why = coupling(agent, run, bool(coupled))
     arm = plan.describe()
 
@@ -176,14 +191,14 @@ def intervene(run: Trajectory, agent: Agent, interventions: Intervention | Seque
     meter = BudgetMeter(as_budget(budget))  # a car.Budget or a rollout count, as elsewhere
     fn = brancher(run, agent, out)
     if keep_trajectories:
-        results = execute(tasks(range(rollouts)), fn, meter, executor=executor,
+        results = execute(tasks(range(rollouts)), fn, meter, executor=exe,
                           progress=progress, label="intervene")
         ordered = sorted(results, key=lambda tr: tr[0].rollout)
         kept: list[Any] = [t for _, t in ordered]
         by_index = {task.rollout: _outcome_only(t) for task, t in ordered}
         failures = list(results.failures)
     else:
-        kept, failures, by_index = _outcomes_in_batches(tasks, rollouts, fn, meter, executor,
+        kept, failures, by_index = _outcomes_in_batches(tasks, rollouts, fn, meter, exe,
                                                         progress)
     trajs = tuple(kept) if keep_trajectories else ()
     if not kept and failures:  # every branch failed twice: the agent is broken
@@ -199,7 +214,7 @@ def intervene(run: Trajectory, agent: Agent, interventions: Intervention | Seque
     values = (tuple(t.outcome.value for t in trajs if t.outcome is not None) if keep_trajectories
               else tuple(v for v in kept if v is not None))
     mean = sum(values) / len(values)
-    shared = _twin_coupling(tasks, by_index, twins if handed else 0, fn, meter, executor)
+    shared = _twin_coupling(tasks, by_index, twins if handed else 0, fn, meter, exe)
     return OutcomeDistribution(
         mean=mean, ci=Interval(*wilson(mean, len(values), level), level), n=len(values),
         level=level,

@@ -19,7 +19,7 @@ from .estimators.contrastive import _check as _check_contrastive
 from .estimators.contrastive import contrastive, rollout_budget
 from .estimators.shapley import _check as _check_shapley
 from .estimators.shapley import shapley
-from .execution import Executor, Progress
+from .execution import ExecutorLike, Progress
 from .outcome import OutcomeLike
 from .results import ContrastiveResult, ShapleyResult
 from .trajectory import Trajectory
@@ -52,7 +52,7 @@ class ContrastiveSettings:
         return rollout_budget(n_steps, self.rollouts, self.budget)[1]
 
     def run(self, run: Trajectory, agent: Agent, outcome: OutcomeLike, *,
-            executor: Executor | None = None, progress: Progress = None,
+            executor: ExecutorLike = None, progress: Progress = None,
             store: RunStore | None = None, attribution_id: str | None = None,
             force_agent: bool = False) -> ContrastiveResult:
         """``car.contrastive`` of ``run`` with these settings."""
@@ -102,7 +102,7 @@ class ShapleySettings:
         return _check_shapley(self.budget, self.level, self.mode)[1]
 
     def run(self, run: Trajectory, agent: Agent, outcome: OutcomeLike, *,
-            executor: Executor | None = None, progress: Progress = None,
+            executor: ExecutorLike = None, progress: Progress = None,
             store: RunStore | None = None, attribution_id: str | None = None,
             force_agent: bool = False) -> ShapleyResult:
         """``car.shapley`` of ``run`` with these settings."""

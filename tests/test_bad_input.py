@@ -147,7 +147,7 @@ def test_a_function_agent_without_a_policy() -> None:
         car.FunctionAgent(policy=lambda h, r: None, is_final=3)
 
 
-def test_a_policy_that_raises_or_returns_garbage_names_its_step(pivot_run) -> None:
+def test_a_policy_that_raises_or_returns_garbage_names_its_step(pivot_model, pivot_run) -> None:
     def flaky(history, rng):
         if history.index == 4:
             raise RuntimeError("model down")
@@ -156,11 +156,11 @@ def test_a_policy_that_raises_or_returns_garbage_names_its_step(pivot_run) -> No
     # another agent than the run's on purpose: force_agent skips the recorded-agent check
     agent = car.FunctionAgent(policy=flaky, max_steps=6)
     with pytest.raises(PolicyError, match="fix the policy") as info:
-        intervene(pivot_run, agent, car.do_resample(3), lambda r: 0.0, force_agent=True)
+        intervene(pivot_run, agent, car.do_resample(3), pivot_model.outcome, force_agent=True)
     assert info.value.step == 4
     agent = car.FunctionAgent(policy=lambda h, r: {"set": {1, 2}}, max_steps=6)
     with pytest.raises(PolicyError, match="a tuple must become a list") as info:
-        intervene(pivot_run, agent, car.do_resample(3), lambda r: 0.0, force_agent=True)
+        intervene(pivot_run, agent, car.do_resample(3), pivot_model.outcome, force_agent=True)
     assert info.value.step == 3
 
 

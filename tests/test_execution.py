@@ -105,6 +105,7 @@ class ReverseFinishAgent:
         self.inner = model.agent()
         self.n = n
         self.events: dict[int, asyncio.Event] = {}
+        self.finished: list[int] = []  # rollouts in the order their branches finished
 
     def _event(self, r: int) -> asyncio.Event:
         return self.events.setdefault(r, asyncio.Event())
@@ -117,6 +118,7 @@ class ReverseFinishAgent:
         if r + 1 < self.n:
             await self._event(r + 1).wait()
         traj = self.inner.branch(run, plan, noise)
+        self.finished.append(r)
         self._event(r).set()
         return traj
 
@@ -126,13 +128,14 @@ def test_async_agent_is_awaited_and_results_are_reordered(pivot_model: syn.Synth
     n = 8
     agent = ReverseFinishAgent(pivot_model, n)
     tasks = two_arm_tasks(pivot_run, (2,), rollouts=n)
-    finished: list[int] = []
+    seen: list[int] = []
     out = car.agent.OutcomeFn(pivot_model.outcome)
     results = execute(tasks, brancher(pivot_run, agent, out), BudgetMeter(None),
                       executor=AsyncioExecutor(n), progress=False,
-                      on_result=lambda t, _: finished.append(t.rollout))
-    assert finished == list(reversed(range(n)))  # they really finished in reverse
+                      on_result=lambda t, _: seen.append(t.rollout))
+    assert agent.finished == list(reversed(range(n)))  # they really finished in reverse
     assert [t.rollout for t, _ in results] == list(range(n))
+    assert seen == list(range(n))  # on_result sees them in task order all the same
     seq = execute(tasks, brancher(pivot_run, pivot_model.agent(), out), BudgetMeter(None),
                   progress=False)
     assert [r.digest for _, r in results] == [r.digest for _, r in seq]

@@ -25,6 +25,7 @@ PUBLIC = [
     "ContextAttribution", "context_attribution", "context_sources",
     "Candidate", "RepairRanking", "repairs", "remove_sources", "add_instruction",
     "guard_observation", "export_pairs",
+    "Sequential", "AsyncioExecutor", "RayExecutor",
     "contrastive", "do_action", "do_context", "do_observation", "do_policy", "do_resample",
     "intervene", "record", "shapley",
 ]
@@ -97,8 +98,8 @@ def test_callables_and_types_are_what_design_md_says() -> None:
                  "contrastive", "do_action", "do_context",
                  "do_observation", "do_policy", "do_resample", "intervene", "record", "shapley"):
         assert callable(getattr(car_core, name)), name
-    for name in ("Budget", "FunctionAgent", "History", "Interval", "Lineage", "Outcome",
-                 "RunStore", "Step", "Trajectory"):
+    for name in ("AsyncioExecutor", "Budget", "FunctionAgent", "History", "Interval", "Lineage",
+                 "Outcome", "RayExecutor", "RunStore", "Sequential", "Step", "Trajectory"):
         assert isinstance(getattr(car_core, name), type), name
 
 

@@ -136,7 +136,7 @@ def test_a_settled_hook_that_is_not_callable_is_refused() -> None:
 
 def test_a_settled_hook_that_raises_is_an_outcome_error() -> None:
     def outcome(run: car.Trajectory) -> bool:
-        return False
+        return plain_outcome(run)  # sees the recorded failure, so the run is branched
 
     def broken(run: car.Trajectory) -> bool:
         raise RuntimeError("boom")

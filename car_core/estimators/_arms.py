@@ -5,7 +5,8 @@ candidate repair) at the same step. Rollout ``r`` of every arm draws the noise s
 ``(seed, r)`` when the agent takes CAR's noise, so arms compared at one rollout index share the
 noise of everything they do not change; whether they do is measured from the outcomes
 (``car_core.stats.coupling_of``), never assumed. A failed branch is left out and counted
-(``car_core.tasks.check_failures`` stops the estimate when too many fail).
+(``car_core.tasks.check_failures`` stops the estimate when too many fail). An outcome that
+does not see what the run recorded is refused before any arm (``outcome.check_on_record``).
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from typing import Any
 from ..agent import check_agent
 from ..budget import Budget, BudgetMeter, as_budget
 from ..errors import AgentError, InvalidInput
-from ..execution import Executor, Task, brancher, execute
+from ..execution import ExecutorLike, Task, brancher, execute, resolve_executor
 from ..interventions import Intervention, compile_plan
-from ..outcome import OutcomeFn
+from ..outcome import OutcomeFn, check_on_record
 from ..replay import check_run
 from ..seeding import branch_noise, coupling
 from ..tasks import Failure, check_failures
@@ -53,7 +54,7 @@ class StepArms:
     """Runs arms at step ``step`` of ``run`` under one budget; see the module docstring."""
 
     def __init__(self, run: Trajectory, agent: Any, outcome: Callable[..., Any], *, step: int,
-                 seed: int, budget: Budget | int | None, executor: Executor | None,
+                 seed: int, budget: Budget | int | None, executor: ExecutorLike,
                  force_agent: bool) -> None:
         check_run(run)
         if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < len(run.steps):
@@ -64,9 +65,10 @@ class StepArms:
         check_agent(run, agent, force=force_agent)
         self.run, self.agent, self.step, self.seed = run, agent, step, seed
         self.outcome = OutcomeFn(outcome)
+        check_on_record(run, self.outcome)  # before the seed check's model calls and any arm
         self.handed_noise, self.noise_note = coupling(agent, run, True)
         self.meter = BudgetMeter(as_budget(budget))
-        self.executor = executor
+        self.executor = resolve_executor(executor, agent)
         self.failures: list[Failure] = []
         self.ran = 0
 

@@ -1,4 +1,6 @@
-"""What both estimators do around their rollouts: check the run, open the store journal, run
+"""What both estimators do around their rollouts: check the run and that the outcome sees what
+it recorded (``outcome.check_on_record``, before anything is spent or stored), open the store
+journal, run
 batches of tasks under one budget meter, keep outcome values rather than trajectories, and stop
 (``BranchesFailed``, the attribution left resumable) when failed branches make the estimate
 untrustworthy (``car_core.tasks.check_failures``)."""
@@ -15,17 +17,17 @@ from ..agent import Agent, OutcomeFn, check_agent
 from ..budget import Budget, BudgetMeter
 from ..errors import AttributionNotFound, InvalidInput, NothingToAttribute, StoreError
 from ..execution import (
-    Executor,
+    ExecutorLike,
     Failure,
     Progress,
     Task,
     _progress_bar,
     brancher,
-    default_executor,
     execute,
+    resolve_executor,
 )
 from ..interventions import Plan
-from ..outcome import OutcomeLike
+from ..outcome import OutcomeLike, check_on_record
 from ..replay import check_run
 from ..results import Result
 from ..seeding import branch_noise, coupling
@@ -164,7 +166,7 @@ class Session:
 
     def __init__(self, run: Trajectory, agent: Agent, outcome: OutcomeLike, *, method: str,
                  seed: int,
-                 coupled: bool, budget: Budget | None, executor: Executor | None,
+                 coupled: bool, budget: Budget | None, executor: ExecutorLike,
                  progress: Progress, store: RunStore | None, attribution_id: str | None,
                  params: dict[str, Any], force_agent: bool = False) -> None:
         if isinstance(seed, bool) or not isinstance(seed, int):
@@ -172,10 +174,14 @@ class Session:
         check_agent(run, agent, force=force_agent)
         self.run, self.agent, self.seed = run, agent, seed
         self.outcome = OutcomeFn(outcome)
+        # before anything is spent or stored: the seed check's model calls, the run's row,
+        # the attribution's (so a refused estimate leaves nothing to resume)
+        check_on_record(run, self.outcome)
         self.coupled, self.coupling = coupling(agent, run, bool(coupled))
         self.meter = BudgetMeter(budget)
-        # None: sequential for in-process agents, asyncio for ones that wait on a model
-        self.executor = executor or default_executor(agent)
+        # None: sequential for in-process agents, asyncio for ones that wait on a model; a
+        # name ("async") builds that backend
+        self.executor = resolve_executor(executor, agent)
         self.method, self.params = method, params
         self.progress, self._own_bar = _estimate_bar(progress, self.meter, method)
         self.store, self.journal, self.attribution_id = store, None, attribution_id

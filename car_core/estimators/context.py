@@ -53,7 +53,7 @@ from .. import formatting as fmt
 from ..budget import Budget
 from ..context_sources import Source, Splitter, keep_all, remover, split, state_of
 from ..errors import BudgetExhausted, InvalidInput
-from ..execution import Executor
+from ..execution import ExecutorLike
 from ..interventions import do_context
 from ..stats import Coupling, Interval, check_level, coupling_of, difference, z_value
 from ..trajectory import Trajectory, is_failure
@@ -392,7 +392,7 @@ def context_attribution(run: Trajectory, agent: Any, *, step: int, outcome: Call
                         sources: Sequence[Source] | None = None,
                         splitter: Splitter | None = None, alpha: float = defaults.ALPHA,
                         level: float = defaults.LEVEL, seed: int = 0,
-                        budget: Budget | int | None = None, executor: Executor | None = None,
+                        budget: Budget | int | None = None, executor: ExecutorLike = None,
                         force_agent: bool = False) -> ContextAttribution:
     """Which sources of the state step ``step`` decided from made ``run`` fail (see the module
     docstring). ``rollouts`` is the whole budget (at least 8); ``sources`` restricts the

@@ -53,7 +53,7 @@ from .. import defaults
 from ..agent import Agent
 from ..budget import Budget, as_budget
 from ..errors import InvalidInput
-from ..execution import Executor, Progress, Task
+from ..execution import ExecutorLike, Progress, Task
 from ..interventions import Plan, compile_plan, do_resample
 from ..outcome import OutcomeLike
 from ..results import ArmEstimate, ContrastiveResult, StepEffect
@@ -310,7 +310,7 @@ def _first_look_coupling(arms: Arms, n: int) -> Coupling:
 def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
                 rollouts: int = defaults.ROLLOUTS, alpha: float = defaults.ALPHA, seed: int = 0,
                 coupled: bool = True, budget: Budget | int | None = None, search: str = "auto",
-                executor: Executor | None = None, progress: Progress = None,
+                executor: ExecutorLike = None, progress: Progress = None,
                 store: RunStore | None = None, attribution_id: str | None = None,
                 force_agent: bool = False, early_stop: bool = False) -> ContrastiveResult:
     """Find the point of commitment of ``run``: the latest step whose rescue interval lies

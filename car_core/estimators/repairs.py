@@ -31,7 +31,7 @@ from .._json import JSON
 from ..budget import Budget
 from ..context_sources import Source, keep_all, remover, state_of
 from ..errors import InvalidInput
-from ..execution import Executor
+from ..execution import ExecutorLike
 from ..interventions import (
     EditContext,
     Intervention,
@@ -202,7 +202,7 @@ def repairs(run: Trajectory, agent: Any, *, step: int, candidates: Iterable[Any]
             outcome: Callable[..., Any], rollouts: int = defaults.REPAIR_ROLLOUTS,
             alpha: float = defaults.ALPHA, seed: int = 0,
             propose: Callable[[Trajectory, int, Any], Iterable[Any]] | None = None,
-            budget: Budget | int | None = None, executor: Executor | None = None,
+            budget: Budget | int | None = None, executor: ExecutorLike = None,
             force_agent: bool = False) -> RepairRanking:
     """Rank ``candidates`` at ``step`` (see the module docstring). ``rollouts`` caps each arm;
     ``propose(run, step, state)`` may add candidates (the user's own model, say)."""

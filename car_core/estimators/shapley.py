@@ -71,7 +71,7 @@ from .. import defaults
 from ..agent import Agent
 from ..budget import Budget, as_budget
 from ..errors import InvalidBudget, InvalidInput
-from ..execution import Executor, Progress, Task
+from ..execution import ExecutorLike, Progress, Task
 from ..interventions import Plan, compile_plan, do_action, do_resample
 from ..outcome import OutcomeLike
 from ..results import GameValue, ShapleyResult, ShapleyValue
@@ -250,7 +250,7 @@ def _check(budget: Any, level: Any, mode: Any) -> tuple[Budget, int]:
 def shapley(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
             budget: int | Budget = defaults.SHAPLEY_BUDGET, seed: int = 0,
             level: float = defaults.LEVEL, players: Sequence[int] | None = None,
-            mode: str = "auto", coupled: bool = True, executor: Executor | None = None,
+            mode: str = "auto", coupled: bool = True, executor: ExecutorLike = None,
             progress: Progress = None, store: RunStore | None = None,
             attribution_id: str | None = None, force_agent: bool = False) -> ShapleyResult:
     """Shapley values of the steps of ``run`` for ``v(S)`` = P(fail | S held, the rest
