@@ -17,7 +17,7 @@ import inspect
 from collections.abc import Callable
 from enum import StrEnum
 
-__all__ = ["Capability", "capabilities", "positional_arity"]
+__all__ = ["Capability", "capabilities", "positional_arity", "takes_param"]
 
 
 class Capability(StrEnum):
@@ -56,12 +56,13 @@ def capabilities(agent: object) -> frozenset[Capability]:
     found = {cap for cap, name in _METHODS.items() if callable(getattr(agent, name, None))}
     found |= {cap for cap, name in _FLAGS.items() if getattr(agent, name, False)}
     branch = getattr(agent, "branch", None)
-    if callable(branch) and _takes(branch, "stop"):
+    if callable(branch) and takes_param(branch, "stop"):
         found.add(Capability.STOP)
     return frozenset(found)
 
 
-def _takes(fn: Callable[..., object], name: str) -> bool:
+def takes_param(fn: Callable[..., object], name: str) -> bool:
+    """Whether ``fn`` takes a parameter called ``name`` (False when it cannot be read)."""
     try:
         return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):  # a builtin or C callable with no signature to read

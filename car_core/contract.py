@@ -19,7 +19,8 @@ core looks; an agent may leave any of them out), each checked by ``run_conforman
 agent offers it:
 
 - ``async abranch(run, plan, noise)`` (``ASYNC_BRANCH``): ``branch`` as a coroutine; the
-  asyncio executor awaits it instead of running ``branch`` in a thread (``AsyncAgent``).
+  asyncio executor awaits it instead of running ``branch`` in a thread (``AsyncAgent``); an
+  agent with ``STOP`` whose ``abranch`` takes ``stop`` too is given it there as well.
   Checked: under the same noise it gives the outcomes the sync ``branch`` gives;
 - ``couples_noise = True`` (``COUPLES_NOISE``): its randomness follows the ``Noise`` it is
   given. Checked: the same noise gives the same branch, and the coupling measured from paired
@@ -39,7 +40,8 @@ agent offers it:
   trajectory where the adapter's recorder put it, on a branch as the branch's own recorder saw
   it. Checked (``check_held_state``): a branch starts from the recorded state;
 - ``prefers_concurrency = True`` (``CONCURRENCY``): the agent waits on a model server, so
-  estimators default to the asyncio executor even without ``abranch``;
+  estimators default to the asyncio executor even without ``abranch``; an agent with
+  ``abranch`` that sets it ``False`` (an in-process model) keeps the sequential default;
 - ``branch(run, plan, noise, stop=None)`` (``STOP``): the agent is given the outcome's
   ``settled`` hook (``car_core.outcome``) when the outcome has one; it calls ``stop(branch so
   far)`` on the held prefix and after each step and, once it is True, returns that partial

@@ -36,7 +36,7 @@ from . import defaults
 from .agent import Agent, AsyncAgent
 from .branching import branch_scope
 from .budget import BudgetMeter
-from .capabilities import Capability, capabilities
+from .capabilities import Capability, capabilities, takes_param
 from .errors import (
     AdapterError,
     BudgetExhausted,
@@ -155,7 +155,12 @@ class _AsyncBrancher(Brancher):
     async def acall(self, task: Task) -> Trajectory:
         agent = cast(AsyncAgent, self.agent)
         with branch_scope():
-            traj = await agent.abranch(self.run, task.plan, task.noise)
+            if self.outcome.settles and Capability.STOP in self.caps \
+                    and takes_param(agent.abranch, "stop"):
+                traj = await agent.abranch(self.run, task.plan, task.noise,  # type: ignore[call-arg]
+                                           stop=self.outcome.settled)  # STOP, and it takes it
+            else:
+                traj = await agent.abranch(self.run, task.plan, task.noise)
         return score_branch(self.run, traj, self.agent, self.outcome, task)
 
 
@@ -338,8 +343,13 @@ def resolve_executor(executor: object, agent: Agent) -> Executor:
 
 def default_executor(agent: Agent) -> Executor:
     """Sequential for in-process agents; ``AsyncioExecutor`` for agents that wait on a model
-    (they offer ``abranch`` or set ``prefers_concurrency = True``)."""
-    if capabilities(agent) & {Capability.ASYNC_BRANCH, Capability.CONCURRENCY}:
+    (they offer ``abranch`` or set ``prefers_concurrency = True``). An agent that offers
+    ``abranch`` but says ``prefers_concurrency = False`` (its model runs in this process, where
+    branches at once gain nothing) keeps ``Sequential``."""
+    caps = capabilities(agent)
+    if Capability.CONCURRENCY in caps:
+        return AsyncioExecutor()
+    if Capability.ASYNC_BRANCH in caps and getattr(agent, "prefers_concurrency", None) is not False:
         return AsyncioExecutor()
     return Sequential()
 

@@ -165,13 +165,11 @@ def async_case(open_saver: Callable[[], Any], drive: str, ledger: SideEffectLedg
                               progress=False)
             assert model.calls == calls  # refused before any branch ran
             if conformance:  # while the ledger still holds the recorded run's real call
-                # LangGraphAgent runs an async app's branches to the end: it takes stop=
-                # but cannot end them early there (its documented limit), so no stop check
                 ran = await asyncio.to_thread(
                     run_conformance, lambda: agent, run=run, outcome=sa.outcome,
-                    side_effects=ledger, skip=["stop"])
-                assert ran == ["replay", "lineage", "forced", "noise", "identity", "coupling",
-                               "fingerprint-in-process", "side-effects"]
+                    side_effects=ledger)
+                assert ran == ["replay", "lineage", "forced", "noise", "identity", "async",
+                               "stop", "coupling", "fingerprint-in-process", "side-effects"]
             await asyncio.to_thread(attribute, run, agent, ledger)
 
     asyncio.run(main())

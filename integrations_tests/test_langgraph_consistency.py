@@ -61,8 +61,8 @@ def test_the_agent_passes_the_whole_conformance_suite_with_no_real_side_effect(
                 Counter())
 
     ran = run_conformance(make, run=run, outcome=sa.outcome, seed=0, side_effects=ledger)
-    assert ran == ["replay", "prefix", "lineage", "forced", "noise", "identity", "stop",
-                   "coupling", "fingerprint-in-process", "side-effects"]
+    assert ran == ["replay", "prefix", "lineage", "forced", "noise", "identity", "async",
+                   "stop", "coupling", "fingerprint-in-process", "side-effects"]
     assert ledger.count() == 0  # reset after the record; nothing ran on any branch
 
 

@@ -96,8 +96,8 @@ def test_supervisor_passes_the_conformance_suite(app: Any) -> None:
         lambda: LangGraphAgent(graph, model=model, side_effect_tools=["close_account"],
                                simulators={"close_account": lambda args: {"closed": "sim"}}),
         context=sv.inputs(), outcome=sv.outcome, seed=0)
-    assert ran == ["replay", "lineage", "forced", "noise", "identity", "stop", "coupling",
-                   "fingerprint"]
+    assert ran == ["replay", "lineage", "forced", "noise", "identity", "async", "stop",
+                   "coupling", "fingerprint"]
 
 
 def test_held_steps_leave_only_plain_values_in_checkpoints(app: Any) -> None:

@@ -204,8 +204,8 @@ def test_the_send_board_passes_the_whole_conformance_suite(
                                       seed=s) for s in range(20)) if rb.outcome(r))
     assert ledger.count("issue_refund") >= 1  # the recorded run refunded for real
     ran = run_conformance(make, run=run, outcome=rb.outcome, seed=0, side_effects=ledger)
-    assert ran == ["replay", "prefix", "lineage", "forced", "noise", "identity", "stop",
-                   "coupling", "fingerprint-in-process", "side-effects"]
+    assert ran == ["replay", "prefix", "lineage", "forced", "noise", "identity", "async",
+                   "stop", "coupling", "fingerprint-in-process", "side-effects"]
 
 
 def test_a_held_worker_that_did_not_finish_is_refused_before_any_branch_runs() -> None:

@@ -164,8 +164,8 @@ def test_controlled_shapes_pass_the_conformance_suite(shape: str) -> None:
         lambda: LangGraphAgent(app, model=ctl, side_effect_tools=sa.SIDE_EFFECT_TOOLS,
                                simulators={"issue_refund": lambda args: {"refunded": "sim"}}),
         context=sa.inputs(), outcome=sa.outcome, seed=0)
-    assert ran == ["replay", "lineage", "forced", "noise", "identity", "stop", "coupling",
-                   "fingerprint"]
+    assert ran == ["replay", "lineage", "forced", "noise", "identity", "async", "stop",
+                   "coupling", "fingerprint"]
 
 
 class Router(sa.PlantedSupportModel):

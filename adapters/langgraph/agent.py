@@ -44,6 +44,14 @@ with LangGraph's own machinery, for an app compiled with a checkpointer whose me
 - **Undecided model calls.** With ``model=``, CAR numbers the model calls it decides; a node
   that can call a model CAR does not decide is refused before the first branch, and a branch
   that calls one anyway is stopped at that call (``undecided``).
+- **Coroutines, concurrently.** ``abranch`` is ``branch`` as a coroutine (``ainvoke`` /
+  ``astream``), the same code and checks over async calls (``calls``), so one plan and noise
+  give one branch on either path. Apps with async-only tools (MCP tools) branch on both; sync
+  nodes and tools run in LangGraph's worker threads. Per-branch state (the model control, the
+  guard) is found through the branch's thread id in the runnable config, a context variable,
+  so branches on one loop never see each other's. When the app's model waits on a server
+  (``prefers_concurrency``), estimates default to the asyncio executor; in-process models
+  keep the sequential one.
 - ``import_thread(thread_id)`` rebuilds the trajectory the callback would have recorded from the
   checkpoint history of every namespace; ``attribute_thread`` imports and attributes in one call.
 
@@ -53,7 +61,8 @@ answer.
 This module drives branches; the parts live beside it: ``shape`` (what the app's builder says,
 read once), ``refusals`` (every shape CAR cannot make faithful, refused before the first write),
 ``plan`` (the intervention plan read once, per step), ``branch_state`` (one branch in flight
-and the trajectory it records), ``checkpoints`` (the fork) and ``importer`` (threads).
+and the trajectory it records), ``checkpoints`` (the fork), ``calls`` (the app and checkpointer,
+sync or async) and ``importer`` (threads).
 """
 
 from __future__ import annotations
@@ -84,13 +93,14 @@ from ..common.messages import ToolSafety
 from ..common.sync import run_sync
 from .branch_state import BranchState, answerable_calls
 from .callback import CarCallback
+from .calls import AsyncCalls, SyncCalls, now, on_loop, probe_async
 from .checkpoints import fork, thread_config
 from .fingerprint import app_fingerprint
 from .guard import Guard, guarding
 from .importer import import_thread
 from .messages import action_message, to_dict
 from .middleware import CarMiddleware
-from .model import CarChatModel, Control, controlling, seedable
+from .model import CarChatModel, Control, controlling, seedable, waits_on_server
 from .plan import BranchPlan
 from .refusals import refuse_branch, refuse_run, refuse_step, refuse_unknown_tools
 from .shape import AppShape
@@ -134,6 +144,8 @@ logging.getLogger("langchain_core.callbacks.manager").addFilter(_QuietStop())
 
 class LangGraphAgent:
     """A compiled LangGraph app as a car_core ``Agent`` (see the module docstring)."""
+
+    _async_saver: bool | None = None  # the checkpointer's coroutine methods work (probed once)
 
     def __init__(self, app: Any, *, model: CarChatModel | CarMiddleware | None = None,
                  side_effect_tools: Iterable[str] = (),
@@ -193,10 +205,11 @@ class LangGraphAgent:
         decided = [m for r in self.shape.reaches.values() if r.wrapped for m in r.models]
         return bool(decided) and all(seedable(m) for m in decided)
 
-    def _saver_loop(self) -> asyncio.AbstractEventLoop | None:
+    def _saver_loop(self, running_ok: bool = False) -> asyncio.AbstractEventLoop | None:
         """The event loop an async checkpointer (AsyncSqliteSaver, AsyncPostgresSaver) is bound
         to, or None for a sync one. Its sync methods only work from another thread while that
-        loop runs, so branches are driven from a worker thread and run on that loop."""
+        loop runs, so branches run on that loop. ``running_ok``: the caller is a coroutine,
+        which may already run on it (else blocking on it here would hang)."""
         loop = getattr(self.saver, "loop", None)
         if not isinstance(loop, asyncio.AbstractEventLoop):
             return None
@@ -204,7 +217,7 @@ class LangGraphAgent:
             running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             running = None
-        if running is loop:
+        if running is loop and not running_ok:
             raise AdapterError(
                 f"{type(self.saver).__name__} runs on this event loop, which CAR would block "
                 "while it waits for each branch", hint="call CAR from a worker thread while "
@@ -248,9 +261,66 @@ class LangGraphAgent:
         """A branch of ``run`` under ``plan`` in a forked thread (module docstring). With
         ``stop`` (the outcome's ``settled``), the branch ends after the first superstep, or
         before any when the held prefix suffices, where ``stop(branch so far)`` is True, and
-        that partial branch (status settled) is returned. Async apps run to the end."""
+        that partial branch (status settled) is returned. A sync app runs under ``invoke`` /
+        ``stream`` on this thread; an app with async-only nodes or tools, or an async
+        checkpointer, runs the same branch as ``abranch`` does, to its end here."""
+        loop = self._saver_loop()
+        state = self._prepare(run, plan, noise, stop)
+        if isinstance(state, Trajectory):
+            return state
+        if loop is not None:
+            return on_loop(self._run(state, AsyncCalls(self.app, self.saver)), loop).result()
+        if self.is_async:
+            return run_sync(lambda: self._run(state, AsyncCalls(self.app, self.saver)))
+        return now(self._run(state, SyncCalls(self.app, self.saver)))
+
+    async def abranch(self, run: Trajectory, plan: Plan, noise: Noise,
+                      stop: Callable[[Trajectory], bool] | None = None) -> Trajectory:
+        """``branch`` as a coroutine (``ainvoke`` / ``astream``), the same branch for the same
+        plan and noise: the asyncio executor runs many at once on one loop. Sync nodes and
+        tools run in LangGraph's worker threads. With an async checkpointer bound to another
+        loop, the branch runs there; with a checkpointer that has no coroutine methods
+        (``SqliteSaver``), ``branch`` runs in a worker thread."""
+        loop = self._saver_loop(running_ok=True)
+        if loop is None and not await self._saver_is_async():
+            return await asyncio.to_thread(self.branch, run, plan, noise, stop)
+        if loop is None:
+            state = self._prepare(run, plan, noise, stop)
+        else:  # the checks read the saver with its sync methods: not from its own loop
+            state = await asyncio.to_thread(self._prepare, run, plan, noise, stop)
+        if isinstance(state, Trajectory):
+            return state
+        calls = AsyncCalls(self.app, self.saver)
+        if loop is not None and loop is not asyncio.get_running_loop():
+            return await asyncio.wrap_future(on_loop(self._run(state, calls), loop))
+        return await self._run(state, calls)
+
+    @property
+    def prefers_concurrency(self) -> bool:
+        """Whether branches spend their time waiting on a model server (``waits_on_server``
+        of the app's models), so estimates default to the asyncio executor, 16 branches in
+        flight sharing the model object and whatever rate limiter it holds. In-process models
+        (the embedded llama.cpp one, fakes) keep the sequential default, their fastest."""
+        return any(waits_on_server(m) for m in self._models())
+
+    def _models(self) -> list[Any]:
+        """The chat models the app's branches call: the one ``CarChatModel`` wraps, and every
+        model a node reaches."""
+        inner = [self.model.inner] if isinstance(self.model, CarChatModel) else []
+        return inner + [m for r in self.shape.reaches.values() for m in r.models]
+
+    async def _saver_is_async(self) -> bool:
+        if self._async_saver is None:
+            self._async_saver = await probe_async(self.saver)
+        return self._async_saver
+
+    def _prepare(self, run: Trajectory, plan: Plan, noise: Noise,
+                 stop: Callable[[Trajectory], bool] | None) -> BranchState | Trajectory:
+        """Every check and refusal of a branch, before anything is written, then its state
+        (``branch_state``); a plan that starts past the run's end is the held run itself.
+        ``branch`` and ``abranch`` share it, and ``_run``."""
         k = plan.start
-        self.preflight(run)
+        self._check(run)
         self.safety.warn_free_text(run.id, run.steps)
         if k >= len(run.steps):
             steps = run.held_prefix(len(run.steps))
@@ -258,26 +328,31 @@ class LangGraphAgent:
                                   agent=self.name, status=run.status, meta=dict(run.meta))
         view = BranchPlan.of(plan)
         refuse_branch(self.shape, run, view, self.model)
-        state = BranchState.open(run, view, noise, f"car-branch-{uuid.uuid4().hex}",
-                                 agent=self.name, safety=self.safety,
-                                 decides=self.model is not None, coupled=self.couples_noise,
-                                 messages_key=self.messages_key, stop=stop)
-        thread_id = state.thread_id
+        return BranchState.open(run, view, noise, f"car-branch-{uuid.uuid4().hex}",
+                                agent=self.name, safety=self.safety,
+                                decides=self.model is not None, coupled=self.couples_noise,
+                                messages_key=self.messages_key, stop=stop)
+
+    async def _run(self, state: BranchState, calls: SyncCalls) -> Trajectory:
+        """The branch itself, the same coroutine for ``branch`` and ``abranch``: the fork, the
+        held prefix, the guard and the model control; only ``calls`` (sync or async,
+        ``car_adapters.langgraph.calls``) differs."""
+        run, k, thread_id = state.run, state.plan.start, state.thread_id
         # the first write, after every check passed
-        fork(self.saver, self.messages_key, run, k, thread_id, state.edited)
+        await fork(calls, self.messages_key, run, k, thread_id, state.edited)
         try:
             with controlling(thread_id, state.control), guarding(thread_id, state.guard):
                 if k in state.forced and self.model is None:
-                    self._write_action(run, k, thread_id, state.forced[k])
+                    await self._write_action(calls, run, k, thread_id, state.forced[k])
                     state.control.next_index = k + 1
                     state.offset = 1
-                status = self._drive(state)
+                status = await self._drive(state, calls)
             if isinstance(status, Trajectory):
                 return status
-            return state.collect(status, self.app.get_state(thread_config(thread_id)).values)
+            return state.collect(status, (await calls.get_state(thread_config(thread_id))).values)
         finally:
             if not self.keep_branches:
-                self.saver.delete_thread(thread_id)
+                await calls.delete_thread(thread_id)
 
     def redecide(self, run: Trajectory, k: int, noise: Noise) -> Any:
         """Decide step ``k`` again from its recorded checkpoint, in a throwaway thread that
@@ -285,7 +360,7 @@ class LangGraphAgent:
         self.preflight(run)
         refuse_step(self.shape, run, k)
         thread_id = f"car-branch-{uuid.uuid4().hex}"
-        fork(self.saver, self.messages_key, run, k, thread_id, None)
+        now(fork(SyncCalls(self.app, self.saver), self.messages_key, run, k, thread_id, None))
         stop = _FirstDecision()
         guard = Guard(self.safety, answerable_calls(run), run_id=run.id)
         try:
@@ -314,6 +389,9 @@ class LangGraphAgent:
         """Refuse a run whose steps this app cannot fork into, naming the shape and the node,
         before any branch of it runs (checked once per run; ``refusals``)."""
         self._saver_loop()
+        self._check(run)
+
+    def _check(self, run: Trajectory) -> None:
         if run.id in self._checked:
             return
         refuse_run(self.shape, run, self.undecided if self.model is not None else None)
@@ -327,43 +405,42 @@ class LangGraphAgent:
         numbers the calls it decides)."""
         return [UndecidedCalls(run.id)] if self.model is not None else []
 
-    def _write_action(self, run: Trajectory, k: int, thread_id: str,
-                      action: Mapping[str, Any]) -> None:
+    async def _write_action(self, calls: SyncCalls, run: Trajectory, k: int, thread_id: str,
+                            action: Mapping[str, Any]) -> None:
         """Write ``action`` as step ``k``'s node in its own namespace, so the node's routing
         (edges, ``Send``, ``Command``) runs as if the model had decided it."""
         meta = run.steps[k].meta
         ns = meta.get("checkpoint_ns") or ""
-        self.app.update_state(thread_config(thread_id, None, ns) if ns
-                              else thread_config(thread_id),
-                              {self.messages_key: [action_message(action)]},
-                              as_node=meta["node"])
+        await calls.update_state(thread_config(thread_id, None, ns) if ns
+                                 else thread_config(thread_id),
+                                 {self.messages_key: [action_message(action)]},
+                                 as_node=meta["node"])
 
-    def _drive(self, state: BranchState) -> str | Trajectory:
+    async def _drive(self, state: BranchState, calls: SyncCalls) -> str | Trajectory:
         """Run the branch thread forward; side-effect tools are answered by the guard. Where
         the branch settles, the graph state is offered to ``state.settle`` before the first
-        superstep and after each one, and the first partial branch it returns ends the run
-        (sync apps only)."""
+        superstep and after each one, and the first partial branch it returns ends the run."""
         run, thread_id = state.run, state.thread_id
         config = {**thread_config(thread_id), "recursion_limit": self.recursion_limit,
                   "callbacks": [*self._watch(run), state.callback], "max_concurrency": 1}
         try:
-            if not state.settles or self.is_async or self._saver_loop() is not None:
-                self._invoke(None, config)
+            if not state.settles:
+                await calls.invoke(None, config)
             else:
-                done = state.settle(self.app.get_state(thread_config(thread_id)).values)
+                done = state.settle((await calls.get_state(thread_config(thread_id))).values)
                 if done is not None:
                     return done
-                stream = self.app.stream(None, config, stream_mode="values")
+                stream = calls.stream(None, config)
                 try:
-                    for values in stream:
+                    async for values in stream:
                         done = state.settle(values)
                         if done is not None:
                             return done
                 finally:
-                    stream.close()
+                    await stream.aclose()
         except GraphRecursionError:
             return RunStatus.MAX_STEPS
-        snap = self.app.get_state(thread_config(thread_id))
+        snap = await calls.get_state(thread_config(thread_id))
         if snap.next:
             raise AdapterError(f"the graph stopped at node {snap.next[0]!r} for input on a "
                                "branch (interrupt); a branch has nobody to answer it",

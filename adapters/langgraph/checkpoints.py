@@ -3,7 +3,8 @@
 A step's metadata names the checkpoint it was scheduled from at every graph level
 (``checkpoint_map``) and the task it ran in (``task_ns``). ``fork`` copies those checkpoints
 into a new thread, keeping the pending writes of the parallel tasks the branch holds and
-leaving behind those it runs again; ``carried_writes`` decides which.
+leaving behind those it runs again; ``carried_writes`` decides which. The fork is a coroutine
+over ``calls``, so sync and async branches copy the same way.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from langchain_core.messages import BaseMessage
 
 from car_core.contract import Trajectory
 from car_core.errors import AdapterError
+
+from .calls import SyncCalls
 
 # LangGraph's pending-write markers (langgraph._internal._constants): a superstep's input, not a
 # task's output, and the writes of a task that failed or stopped for input
@@ -106,8 +109,8 @@ def splice(values: list[Any], replaced: set[str], messages: list[Any]) -> list[A
     return out
 
 
-def fork(saver: Any, messages_key: str, run: Trajectory, k: int, thread_id: str,
-         edited: list[BaseMessage] | None) -> None:
+async def fork(calls: SyncCalls, messages_key: str, run: Trajectory, k: int, thread_id: str,
+               edited: list[BaseMessage] | None) -> None:
     """Copy the checkpoints step ``k`` was scheduled from — one per graph level, so a fork
     inside a subgraph resumes there under its parents as recorded — into ``thread_id``.
     The pending writes of the tasks that hold step ``k`` and later steps are left behind
@@ -120,12 +123,13 @@ def fork(saver: Any, messages_key: str, run: Trajectory, k: int, thread_id: str,
     the writing node breaks ``Send``-routed graphs). A step inside a subgraph (a supervisor or
     worker agent) decides from messages its parents hold too, under the same ids: the edit
     replaces them at every level, so what the subgraph hands back, and every later agent
-    reading the parent's messages, sees the edited history."""
+    reading the parent's messages, sees the edited history. ``calls`` reaches the
+    checkpointer, sync or async (``car_adapters.langgraph.calls``)."""
     meta = run.steps[k].meta
     source_thread = str(run.meta["thread_id"])
     own = meta.get("checkpoint_ns") or ""
     cmap = checkpoint_map(meta)
-    sources = {ns: saver.get_tuple(thread_config(source_thread, cid, ns))
+    sources = {ns: await calls.get_tuple(thread_config(source_thread, cid, ns))
                for ns, cid in cmap.items()}
     replaced: set[str] = set()
     if edited is not None:
@@ -144,11 +148,11 @@ def fork(saver: Any, messages_key: str, run: Trajectory, k: int, thread_id: str,
         elif replaced and any(getattr(m, "id", None) in replaced for m in values):
             checkpoint["channel_values"] = {**checkpoint["channel_values"],
                                             messages_key: splice(values, replaced, edited or [])}
-        config = saver.put(thread_config(thread_id, None, ns), checkpoint,
-                           {**source.metadata, "car_fork_of": cid},
-                           dict(checkpoint["channel_versions"]))
+        config = await calls.put(thread_config(thread_id, None, ns), checkpoint,
+                                 {**source.metadata, "car_fork_of": cid},
+                                 dict(checkpoint["channel_versions"]))
         by_task: dict[str, list[tuple[str, Any]]] = {}
         for tid, channel, value in carried_writes(run, k, ns, source):
             by_task.setdefault(tid, []).append((channel, value))
         for tid, task_writes in by_task.items():
-            saver.put_writes(config, task_writes, tid)
+            await calls.put_writes(config, task_writes, tid)

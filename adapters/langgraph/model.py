@@ -102,6 +102,22 @@ def seedable(model: Any) -> bool:
     return "seed" in getattr(type(model), "model_fields", {})
 
 
+# Field names of the chat models that call a server (ChatOpenAI's ``openai_api_base``,
+# ChatOllama's ``base_url``, ChatAnthropic's ``anthropic_api_key``, Bedrock's ``endpoint_url``).
+_SERVER_FIELDS = ("base_url", "api_base", "api_url", "api_key", "endpoint")
+
+
+def waits_on_server(model: Any) -> bool:
+    """Whether a chat model's calls wait on a model server: its own ``remote`` (True or
+    False) when it says, else whether it has a server's address or key among its fields.
+    In-process models (the embedded llama.cpp model, fakes) have neither: False."""
+    said = getattr(model, "remote", None)
+    if isinstance(said, bool):
+        return said
+    fields = getattr(type(model), "model_fields", {})
+    return any(part in name for name in fields for part in _SERVER_FIELDS)
+
+
 class CarChatModel(BaseChatModel):
     """Wraps the app's chat model so CAR can hold, force, swap and seed its calls."""
 

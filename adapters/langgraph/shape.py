@@ -29,7 +29,7 @@ class AppShape:
     tool_nodes: dict[tuple[str, str], Any]  # (level, node) -> its ToolNode
     reaches: dict[tuple[str, str], Reach]  # every other node: its tools, its models
     tools: list[str]
-    is_async: bool  # async-only nodes: the graph cannot run under invoke()
+    is_async: bool  # async-only nodes or tools (MCP tools): the graph needs ainvoke()
 
     @classmethod
     def of(cls, app: Any, saver: Any, messages_key: str,
@@ -45,12 +45,21 @@ class AppShape:
                         for t in getattr(node, "tools_by_name", {})}
                        | {t for r in reaches.values() for t in r.tools}
                        | {t.name for t in node_tools if isinstance(t, BaseTool)})
-        is_async = any(getattr(spec.runnable, "func", True) is None
-                       and getattr(spec.runnable, "afunc", None) is not None
-                       for _, _, spec in specs)
+        is_async = any(_async_only(spec.runnable) for _, _, spec in specs) or any(
+            _async_only(t) for node in tool_nodes.values()
+            for t in getattr(node, "tools_by_name", {}).values()) or any(
+            _async_only(t) for r in reaches.values() for t in r.tools.values())
         return cls(app, saver, messages_key, graphs, tool_nodes, reaches, tools, is_async)
 
     def runs_model(self, level: str, node: str) -> bool:
         """Whether ``node`` at graph level ``level`` is a node whose messages may be model
         decisions: neither a tool node nor a subgraph."""
         return (level, node) not in self.tool_nodes and join(level, node) not in self.graphs
+
+
+def _async_only(obj: Any) -> bool:
+    """A node or tool that has only a coroutine: an ``async def`` node, a ``StructuredTool``
+    made from an ``async def`` (what langchain-mcp-adapters loads MCP tools as)."""
+    if isinstance(obj, BaseTool):
+        return getattr(obj, "func", True) is None and getattr(obj, "coroutine", None) is not None
+    return getattr(obj, "func", True) is None and getattr(obj, "afunc", None) is not None
