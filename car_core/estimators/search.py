@@ -34,12 +34,17 @@ run the same decisions.
    of "no rise" against a rise reaches ``FUTILITY``, where the rise is the one the navigation
    measured or — while the pairs show a net rise, or the gate's rise rests on fewer than
    ``GATE_MIN`` pairs — whichever fits better of it and the best-fitting rise no smaller than
-   the least the whole budget could show (``_least_rise``; a gate stopped at its first net
-   rise sizes the rise high, and a true weak rise would look level against that alone; but
-   against the least rise alone, pairs that disagree by noise never look level within the
-   budget, so a level candidate would keep the whole budget), or
-   (unshared noise) the locus posterior with these pairs' arms added puts less than
-   ``FUTILITY_BELIEF`` on the candidate. A candidate given up adds its arms' outcomes to
+   the least the whole budget could show (``_least_rise``) and never below ``LEAST_RISE``
+   (``_futility_rise``). A gate stopped at its first net rise sizes the rise high, and a true
+   weak rise would look level against that alone; against the budget's least rise alone,
+   which shrinks as the budget grows, pairs that disagree by noise fit it nearly as well as
+   no rise, so a level candidate kept the whole budget at any size; against ``LEAST_RISE``
+   level pairs (each sign w.p. ``q ≤ 1/4``) are given up within about 690 pairs whatever the
+   budget. Or the locus posterior with these pairs' arms added puts less than
+   ``FUTILITY_BELIEF`` on the candidate, asked while the coupling, measured with the
+   confirmation's pairs too, neither shows shared noise nor reaches ``PAIRED_COUPLING``
+   (``Navigator.doubts``: a few navigation pairs that agree by chance do not switch it off for
+   the whole confirmation). A candidate given up adds its arms' outcomes to
    what the navigation knows, and the search resumes with doubled caps and halved errors and
    the witness shortcuts off, while the budget lasts; before each resume the gate is
    extended, and a gate that no longer shows a rise ends the search ("no cause").
@@ -83,10 +88,15 @@ count reaches its critical value is held at ``θα_i`` exactly (``sequential``).
 bound (whatever rise it weighs, whatever posterior it consults) only ever stops a test
 without rejecting, and the end-of-sampling test runs only at the horizon the budget fixed
 before the confirmation's pairs were drawn, so its rejections are a subset of the test run to
-that horizon. The re-estimate comes after the step is named and names nothing. By the union
-bound over confirmations the chance of naming any step whose rescue is ``≤ 0`` is
-``≤ Σ θα_i < α``; navigation mistakes and a mis-measured coupling cost power, never
-validity. Without shared noise the index pairs are an arbitrary pairing of two
+that horizon. A futility stop gives a candidate up and names nothing, so it cannot raise the
+chance of naming a step: however often it fires, on whatever it looks at (the floor
+``LEAST_RISE``, the coupling measured with the confirmation's own pairs), the event "the
+confirmation rejected" is contained in "the test run without futility rejected". What comes
+after a stop (the next candidate and its α share) is chosen from rollouts at other indices
+than the next confirmation's, as above. The re-estimate comes after the step is named and
+names nothing. By the union bound over confirmations the chance of naming any step whose
+rescue is ``≤ 0`` is ``≤ Σ θα_i < α``; navigation mistakes and a mis-measured coupling cost
+power, never validity. Without shared noise the index pairs are an arbitrary pairing of two
 independent samples; the sign test on them conditions on the disagreeing pairs as the
 two-sample test conditions on the pooled margin, and has the same efficiency as the one-sided
 Fisher test.
@@ -135,6 +145,7 @@ FUTILITY = 1000.0     # likelihood ratio "no rise" : "the gate's rise" that give
 FUTILITY_BELIEF = 0.03  # locus posterior below which a candidate is given up (unshared noise)
 FUTILITY_MIN = 12     # pairs a confirmation runs before it may be given up
 FUTILITY_RISE = 0.75  # of the rise the navigation saw, the one futility weighs against
+LEAST_RISE = 0.1      # the least rise futility weighs against, whatever the budget
 CONFIRM = 1 << 20     # first rollout index of the confirmation pairs
 REFIT = 2 << 20       # first rollout index of the re-estimate
 
@@ -475,12 +486,21 @@ class Navigator:
 
     def doubts(self, c: int) -> Callable[[int, int], bool]:
         """Whether the locus posterior, given a confirmation's pairs of ``c`` so far, puts
-        less than ``FUTILITY_BELIEF`` on ``c``: the arms say the rise is elsewhere."""
+        less than ``FUTILITY_BELIEF`` on ``c``: the arms say the rise is elsewhere. Not asked
+        while the coupling, measured with these pairs too, shows shared noise or estimates it
+        at ``PAIRED_COUPLING`` or more: the posterior takes the arms as independent samples
+        (on shared noise it gave true weak rises up), and index pairs already weigh a shared
+        rise. The confirmation's pairs are in that measurement so that a few navigation pairs
+        that agreed by chance (one probe copying ``H_0`` at four witness indices) do not
+        switch the check off for the whole confirmation."""
         def unlikely(start: int, pairs: int) -> bool:
-            more = {}
-            for arm in (c, c + 1):
-                y = self.src.outcomes(arm, range(start, start + pairs))
-                more[arm] = (float(y.sum()), int(y.size))
+            idx = range(start, start + pairs)
+            seen = (self.src.outcomes(c + 1, idx), self.src.outcomes(c, idx))
+            measured = self.coupling([seen])
+            if measured.shared or (measured.estimate or 0.0) >= PAIRED_COUPLING:
+                return False
+            more = {arm: (float(y.sum()), int(y.size)) for arm, y in zip((c + 1, c), seen,
+                                                                          strict=True)}
             return bool(self.posterior(0, self.n, more)[c] < FUTILITY_BELIEF)
         return unlikely
 
@@ -574,6 +594,15 @@ def _least_rise(budget: int, alpha: float) -> float:
     needs ``log2(1/(θα))`` pairs up, out of the ``budget / 2`` pairs it buys. A candidate
     is not given up while its pairs fit a rise this small better than none."""
     return math.log2(1 / (LOW_SHARE * alpha)) / max(budget // 2, 1)
+
+
+def _futility_rise(budget: int, alpha: float) -> float:
+    """The least rise a confirmation is weighed against before it is given up: the budget's
+    least (``_least_rise``), but never below ``LEAST_RISE``. The budget's least alone shrinks
+    as the budget grows, and pairs that disagree by noise fit a rise that small nearly as well
+    as none: a level candidate was then never given up, at any budget. A true rise below
+    ``LEAST_RISE`` may be given up (power, not validity: giving up names nothing)."""
+    return max(_least_rise(budget, alpha), LEAST_RISE)
 
 
 def _more_pairs(d: np.ndarray, alpha: float) -> int | None:
@@ -694,8 +723,8 @@ def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = 
                 rise = (max(high * (1 - low), 1e-3), max(low * (1 - high), 1e-3))
         level = alpha * share(attempt)
         conf = _confirm(src, candidate, start, level, prior, rise,
-                        None if n == 1 or coupling.shared else nav.doubts(candidate),
-                        least=_least_rise(budget, level),
+                        None if n == 1 else nav.doubts(candidate),
+                        least=_futility_rise(budget, level),
                         guessed=n == 1 or nav.d_gate.size < GATE_MIN)
         start += conf.d.size
         if conf.found or not conf.futile or src.remaining < 2 or n == 1:

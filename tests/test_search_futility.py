@@ -1,0 +1,87 @@
+"""A level candidate is given up whatever the budget: the futility bound of the contrastive
+search (car_core.estimators.search), on the simulator the estimator grid runs
+(synthetic.SampledArms, the grid's desks: pivot at step ⌊2n/3⌋, K = 32)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from car_core import synthetic as syn
+from car_core.estimators import search as search_mod
+
+K = 32
+
+# (n, rescue, judge error, coupling, seed): each ended undecided on a candidate whose rescue is
+# 0, its whole budget spent, at n·K, 8·n·K and 32·n·K alike (measured before the fix). Seed 21
+# of the first row: the gate stopped after 4 pairs, one probe copied H_0 at the four witness
+# indices by chance, the noise was taken for shared on those 4 pairs (which switched the locus
+# posterior's futility check off), and step 12 was weighed only against the budget's least
+# rise, which shrinks as the budget grows.
+NEVER_DECIDED = [
+    (24, 0.3, 0.0, "none", 21),
+    (24, 0.3, 0.1, "steps", 40),
+    (24, 0.15, 0.1, "steps", 40),
+    (24, 0.15, 0.1, "steps", 42),
+    (24, 0.15, 0.1, "steps", 87),
+    (8, 0.5, 0.1, "steps", 69),
+    (8, 0.3, 0.1, "steps", 69),
+    (8, 0.15, 0.1, "steps", 69),
+]
+
+
+def _search(n: int, rescue: float, flip: float, coupling: str, seed: int, budget: int
+            ) -> search_mod.Decision:
+    model = syn.pivot(n, (2 * n) // 3, 1 - rescue, flip)
+    return search_mod.search(syn.SampledArms(model, seed, budget, coupling), n, budget, 0.05,
+                             intervals=False, k=K)
+
+
+def test_level_pairs_are_given_up_at_any_budget():
+    """Two arms with no shared noise and one failure rate p give pairs up and down w.p.
+    p(1 − p) ≤ 1/4 each. Weighed against the budget's least rise alone (log2(1/(0.9·α))
+    over the pairs the budget buys: 0.0004 at 24·32·32 rollouts), 700 such pairs fit a rise
+    nearly as well as none and are kept; against a least rise that never falls below
+    LEAST_RISE = 0.1 they fit no rise more than 1000 times better (≈ 690 pairs suffice at
+    q = 1/4, fewer at smaller q), at every budget."""
+    alpha = 0.04
+    gate = (0.45, 0.09)  # a gate of 4 pairs stopped at its first net rise (seed 21's)
+    level = np.array([1.0] * 175 + [-1.0] * 175 + [0.0] * 350)
+    for budget in (768, 24 * 32 * 32, 10**7):
+        least = search_mod._futility_rise(budget, alpha)
+        assert least >= search_mod.LEAST_RISE
+        assert search_mod._futility_llr(level, gate, least, guessed=True) <= -math.log(
+            search_mod.FUTILITY)
+    shrinking = search_mod._least_rise(24 * 32 * 32, alpha)
+    assert shrinking < 0.001
+    assert search_mod._futility_llr(level, gate, shrinking, guessed=True) > -1.0
+
+
+def test_the_never_deciding_seed_gives_its_level_candidate_up_within_the_grid_budget():
+    """The issue's seed at the grid's own budget n·K = 768: step 12 (rescue 0) is given up and
+    the pivot at 16 confirmed with at most half of the budget spent (before: all 768, step 12
+    undecided). Navigation's chance coupling on 4 pairs no longer switches the posterior check
+    off: the confirmation's own pairs are in the coupling it is weighed by."""
+    d = _search(24, 0.3, 0.0, "none", 21, 24 * K)
+    assert d.given_up == (12,)
+    assert d.significant and d.candidate == 16
+    assert d.decided_spent <= 24 * K // 2
+
+
+@pytest.mark.parametrize("n,rescue,flip,coupling,seed", NEVER_DECIDED)
+def test_a_level_candidate_no_longer_keeps_the_whole_budget(n, rescue, flip, coupling, seed):
+    """Before, each of these seeds spent its whole budget on a level candidate at any size.
+    Now a level confirmation ends within a number of pairs that does not grow with the budget
+    (≈ 690 pairs, 1,380 rollouts, at most: the test above), and these seeds give up at most
+    two candidates, so at 32·n·K the answer is decided with a small fraction of it spent: at
+    most an eighth (4·n·K: 3,072 rollouts at 24 steps, 1,024 at 8), the same answer and spend
+    at 8·n·K (nothing in it depends on the budget any more), and the pivot is named."""
+    big = _search(n, rescue, flip, coupling, seed, 32 * n * K)
+    assert big.significant and big.candidate == (2 * n) // 3
+    assert len(big.given_up) <= 2
+    assert big.decided_spent <= 32 * n * K // 8
+    mid = _search(n, rescue, flip, coupling, seed, 8 * n * K)
+    assert (mid.candidate, mid.significant, mid.decided_spent) == (
+        big.candidate, big.significant, big.decided_spent)
