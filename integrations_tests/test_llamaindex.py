@@ -252,7 +252,7 @@ def test_adapter_passes_the_car_conformance_suite() -> None:
         return LlamaIndexAgent(planted.agent), planted.counters
     ran = run_conformance(make, context="Please handle ticket 7.", outcome=escalated, seed=0)
     assert ran == ["replay", "prefix", "state", "lineage", "forced", "noise", "identity",
-                   "coupling", "fingerprint"]
+                   "async", "coupling", "fingerprint"]
 
 
 def test_adapter_with_a_side_effect_tool_runs_it_on_no_branch(recorder: Any) -> None:
@@ -271,7 +271,7 @@ def test_adapter_with_a_side_effect_tool_runs_it_on_no_branch(recorder: Any) -> 
     ran = run_conformance(make, run=recorder.run, outcome=escalated, seed=0,
                           side_effects=ledger)
     assert ran == ["replay", "prefix", "state", "lineage", "forced", "noise", "identity",
-                   "coupling", "fingerprint-in-process", "side-effects"]
+                   "async", "coupling", "fingerprint-in-process", "side-effects"]
 
 
 def test_side_effect_tools_are_served_from_the_record_simulated_or_blocked(recorded: Any

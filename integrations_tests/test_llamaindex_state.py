@@ -243,8 +243,8 @@ def test_the_adapter_passes_the_conformance_suite_with_the_state_check(
     ran = run_conformance(lambda: ResearchApp(ledger).agent(),
                           context="Write a customer report on the T-100 printer.",
                           outcome=published_rumour, seed=0)
-    assert ran == ["replay", "state", "lineage", "forced", "noise", "identity", "coupling",
-                   "fingerprint-in-process"]
+    assert ran == ["replay", "state", "lineage", "forced", "noise", "identity", "async",
+                   "coupling", "fingerprint-in-process"]
     assert ledger.count() == 0
 
 

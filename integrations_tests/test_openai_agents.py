@@ -435,8 +435,8 @@ def test_adapter_passes_the_car_conformance_suite() -> None:
         app = Helpdesk(seed=2)
         return OpenAIAgentsAgent(app.agent), Counters(app.model_calls, app.ledger.counter)
     ran = run_conformance(make, context="Please handle ticket 7.", outcome=escalated, seed=0)
-    assert ran == ["replay", "prefix", "lineage", "forced", "noise", "identity", "coupling",
-                   "fingerprint"]
+    assert ran == ["replay", "prefix", "lineage", "forced", "noise", "identity", "async",
+                   "coupling", "fingerprint"]
 
 
 def test_adapter_with_a_side_effect_tool_runs_it_on_no_branch() -> None:
@@ -456,8 +456,8 @@ def test_adapter_with_a_side_effect_tool_runs_it_on_no_branch() -> None:
         return (OpenAIAgentsAgent(app.agent, side_effect_tools=sorted(ledger.names)),
                 Counters(app.model_calls, app.ledger.counter))
     ran = run_conformance(make, run=run, outcome=escalated, seed=0, side_effects=ledger)
-    assert ran == ["replay", "prefix", "lineage", "forced", "noise", "identity", "coupling",
-                   "fingerprint-in-process", "side-effects"]
+    assert ran == ["replay", "prefix", "lineage", "forced", "noise", "identity", "async",
+                   "coupling", "fingerprint-in-process", "side-effects"]
 
 
 @pytest.mark.slow

@@ -336,8 +336,8 @@ def test_the_app_passes_the_conformance_suite_with_its_booking_ledger() -> None:
         app = Airline(side_effects=ledger)
         return wrap(app), app.counters
     ran = run_conformance(make, run=run, outcome=booked_exit_row, seed=0, side_effects=ledger)
-    assert ran == ["replay", "prefix", "lineage", "forced", "noise", "identity", "coupling",
-                   "fingerprint-in-process", "side-effects"]
+    assert ran == ["replay", "prefix", "lineage", "forced", "noise", "identity", "async",
+                   "coupling", "fingerprint-in-process", "side-effects"]
 
 
 def test_a_context_that_cannot_be_recorded_is_refused_before_any_branch(tmp_path: Path

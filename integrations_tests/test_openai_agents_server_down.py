@@ -160,7 +160,10 @@ def test_a_server_answering_500_stops_the_attribution(servers: list[AirlineServe
         with pytest.raises(ModelUnavailable, match="InternalServerError") as err:
             car.contrastive(run, wrapped(broken), outcome=booked_exit_row, rollouts=ROLLOUTS,
                             seed=0, progress=False)
-        assert failing.hits == 1                   # stopped at the first failed call
+        # stopped with the first failed call: over a server the default executor runs
+        # branches at once, so those already in flight each made their one call; none was
+        # retried and none started after (going on would cost calls on every arm)
+        assert 1 <= failing.hits <= ROLLOUTS
     assert err.value.step is not None and "resume" in str(err.value)
     assert not broken.bookings
 

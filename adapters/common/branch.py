@@ -10,7 +10,7 @@ framework."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -118,14 +118,35 @@ def reentered(run: car.Trajectory, plan: Plan, noise: Noise, *, agent: str, safe
     ``k`` (no model or tool call), then the steps ``live(k)`` collected, already in their
     places, with the live run's status and error. A plan that starts past the record's end
     leaves nothing to decide: the branch is the record's steps."""
+    held = _held_only(run, plan, noise, agent=agent, safety=safety)
+    return held if held is not None else _joined(run, plan, noise, agent, *live(plan.start))
+
+
+async def areentered(run: car.Trajectory, plan: Plan, noise: Noise, *, agent: str,
+                     safety: ToolSafety,
+                     live: Callable[[int], Awaitable[tuple[Sequence[car.Step], car.Trajectory]]]
+                     ) -> car.Trajectory:
+    """``reentered`` for an adapter whose live part is a coroutine (its ``abranch``)."""
+    held = _held_only(run, plan, noise, agent=agent, safety=safety)
+    if held is not None:
+        return held
+    return _joined(run, plan, noise, agent, *(await live(plan.start)))
+
+
+def _held_only(run: car.Trajectory, plan: Plan, noise: Noise, *, agent: str,
+               safety: ToolSafety) -> car.Trajectory | None:
+    """The branch when nothing is left to decide (a plan past the record's end), else None."""
     safety.warn_free_text(run.id, run.steps)
-    k = plan.start
-    prefix = run.held_prefix(k)
-    if k >= len(run.steps):
-        return car.Trajectory.new(context=run.context, steps=prefix, seed=noise.seed,
-                                  agent=agent, meta=dict(run.meta))
-    steps, collected = live(k)
-    return car.Trajectory.new(context=run.context, steps=prefix + list(steps), seed=noise.seed,
+    if plan.start < len(run.steps):
+        return None
+    return car.Trajectory.new(context=run.context, steps=run.held_prefix(plan.start),
+                              seed=noise.seed, agent=agent, meta=dict(run.meta))
+
+
+def _joined(run: car.Trajectory, plan: Plan, noise: Noise, agent: str,
+            steps: Sequence[car.Step], collected: car.Trajectory) -> car.Trajectory:
+    return car.Trajectory.new(context=run.context,
+                              steps=run.held_prefix(plan.start) + list(steps), seed=noise.seed,
                               agent=agent, status=collected.status, error=collected.error,
                               meta=dict(run.meta))
 

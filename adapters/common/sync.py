@@ -4,7 +4,9 @@ The engine calls ``branch`` from plain code, from a worker thread, or from insid
 event loop (a notebook, an async test); ``run_sync`` finishes the coroutine in each case. An
 adapter whose clients bind to the loop they first ran on (``AsyncOpenAI``'s connection pool)
 keeps one loop for all its branches (``BranchLoop``) and passes it; the others get a fresh loop
-per call.
+per call. ``run_on`` is the async side of the same rule: an adapter's ``abranch`` awaits its
+branch on the adapter's ``BranchLoop`` (concurrently with every other branch there) or, with
+none, on the caller's own loop; ``branch`` then bridges to that one coroutine once.
 """
 
 from __future__ import annotations
@@ -62,4 +64,16 @@ def run_sync(make: Callable[[], Coroutine[Any, Any, T]],
         return pool.submit(lambda: asyncio.run(make())).result()
 
 
-__all__ = ["BranchLoop", "run_sync"]
+async def run_on(make: Callable[[], Coroutine[Any, Any, T]],
+                 loop: BranchLoop | None = None) -> T:
+    """Await the coroutine ``make()`` from async code: on ``loop`` when given and it is not the
+    running one (the caller's task waits without blocking its loop, and cancelling it cancels
+    the branch there), else right here."""
+    if loop is not None:
+        target = loop.get()
+        if asyncio.get_running_loop() is not target:
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(make(), target))
+    return await make()
+
+
+__all__ = ["BranchLoop", "run_on", "run_sync"]

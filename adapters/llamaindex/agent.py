@@ -10,29 +10,30 @@ before ``k`` are copied from the record: no model call, no tool call. From ``k``
 agent's LLM and tools are stand-ins (``branch.py``) for the duration of the branch, and a
 private recorder collects the new steps through the same instrumentation as ``CarRecorder``.
 
-The stand-ins are set on the agent objects for the duration of one branch, under a lock kept
-per workflow object, so branches over the same agent objects run one at a time whichever
-``LlamaIndexAgent`` wraps them; do not run the same agent objects elsewhere while an
-attribution is running.
+A branch is one coroutine (``abranch``; ``branch`` finishes it from sync code), so the asyncio
+executor runs many at once on one event loop. The stand-ins are set on the agent objects while
+any branch over them runs (``branch.installed``) and each serves the branch whose task calls
+it (its ``BranchSession`` is in a context variable), so branches never share a plan, noise,
+step counter, system message or store; an ``AgentWorkflow`` branch starts at its active agent
+through its own ``Context`` (``current_agent_name``), never by changing the workflow. Do not
+run the same agent objects elsewhere while an attribution is running.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from llama_index.core.memory import ChatMemoryBuffer
-from llama_index.core.prompts import PromptTemplate
-from llama_index.core.tools import BaseTool, FunctionTool, adapt_to_async_tool
+from llama_index.core.tools import BaseTool, FunctionTool
 from llama_index.core.workflow import Context
 
 import car_core as car
 from car_core.contract import Noise, Plan, redact
-from car_core.errors import AdapterError, CarError, InvalidIntervention
+from car_core.errors import AdapterError, CarError, InvalidIntervention, UnclassifiedTools
 
-from ..common.branch import check_forced_tools, check_recorded_tools, reentered, renumber
+from ..common.branch import areentered, check_forced_tools, check_recorded_tools, renumber
 from ..common.messages import (
     ToolSafety,
     edited_messages,
@@ -41,24 +42,26 @@ from ..common.messages import (
 )
 from ..common.sync import run_sync
 from ._messages import from_dicts
-from .branch import BranchSession, CarBranchLLM, CarBranchTool
+from .branch import BranchSession, installed, session_scope, unwrapped
 from .fingerprint import workflow_fingerprint
 from .recorder import BRANCH_TOKEN, CarRecorder, agents_of, tool_names
 from .store_state import STORE_KEY, recorded, restore
 
 MEMORY_TOKENS = 10**9  # the re-entered history must reach the model whole
-# On a branch the state prompt is already in the re-entered messages (the recorded ones): a
-# template that gives the message back unchanged keeps the framework from adding it twice.
-_AS_RECORDED = PromptTemplate("{msg}")
-_LOCKS: dict[int, threading.Lock] = {}  # id(workflow) -> the lock its branches share
-_LOCKS_GUARD = threading.Lock()
+# LlamaIndex's own scripted LLMs, which answer in-process.
+_IN_PROCESS_LLMS = frozenset({"MockLLM", "MockFunctionCallingLLM"})
 
 
-def _workflow_lock(workflow: Any) -> threading.Lock:
-    """The lock for ``workflow``'s agent objects (a wrapper keeps the workflow alive, so its
-    id is not reused while the lock is in use)."""
-    with _LOCKS_GUARD:
-        return _LOCKS.setdefault(id(workflow), threading.Lock())
+def waits_on_a_server(llm: Any) -> bool:
+    """Whether ``llm``'s calls wait on a model server: an LLM that says ``remote`` (CAR's
+    ``ScriptedLLM`` and the embedded ``LocalLLM`` say False; a ``ScriptedLLM`` given a latency
+    says True) is taken at its word, LlamaIndex's mock LLMs answer in-process, any other LLM
+    is a client of a server."""
+    llm = unwrapped(llm)
+    remote = getattr(llm, "remote", None)
+    if isinstance(remote, bool):
+        return remote
+    return type(llm).__name__ not in _IN_PROCESS_LLMS
 
 
 def _check_history(messages: list[dict[str, Any]], run_id: str, k: int
@@ -99,43 +102,69 @@ def _check_memory_kept(run: car.Trajectory, k: int) -> None:
 
 class LlamaIndexAgent:
     """Wraps a LlamaIndex ``FunctionAgent``, ``ReActAgent`` or ``AgentWorkflow`` for
-    ``car.intervene``, ``car.contrastive`` and ``car.shapley``. ``side_effect_tools`` never run
-    on a branch: they are answered from the record (on the arguments that matter: ``match_on``,
-    see ``ToolSafety``), by ``simulators[name](arguments)``, or stop the branch.
-    ``max_iterations`` caps the decisions a branch makes from its branch step on."""
+    ``car.intervene``, ``car.contrastive`` and ``car.shapley``. Every tool of every agent is
+    classified here: ``safe_tools`` run live on branches; ``side_effect_tools`` never run on a
+    branch: they are answered from the record (on the arguments that matter: ``match_on``,
+    see ``ToolSafety``), by ``simulators[name](arguments)``, or stop the branch. A tool in
+    neither list is refused (``UnclassifiedTools``) unless ``unclassified="live"`` (a sandbox;
+    every result then says so). ``max_iterations`` caps the decisions a branch makes from its
+    branch step on."""
 
-    def __init__(self, agent: Any, *, side_effect_tools: Iterable[str] = (),
+    def __init__(self, agent: Any, *, safe_tools: Iterable[str] = (),
+                 side_effect_tools: Iterable[str] = (),
                  simulators: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
                  match_on: Mapping[str, Iterable[str] | str] | None = None,
-                 max_iterations: int = 20, name: str | None = None) -> None:
+                 max_iterations: int = 20, name: str | None = None,
+                 unclassified: str = "refuse") -> None:
         if not hasattr(agent, "run"):
             raise AdapterError(f"expected a LlamaIndex agent workflow, got {type(agent).__name__}",
                                hint="pass a FunctionAgent, ReActAgent or AgentWorkflow")
         self.workflow = agent
         redact.register_from(agent)  # its LLMs' keys are never stored, rendered or printed
-        self.safety = ToolSafety.of(side_effect_tools, simulators, match_on)
+        self.safety = ToolSafety.of(side_effect_tools, simulators, match_on,
+                                    safe_tools=safe_tools, unclassified=unclassified)
         self.max_iterations = max_iterations
         self.name = name or f"llamaindex:{type(agent).__name__}"
-        self._lock = _workflow_lock(agent)
         self._with_context: dict[str, str] | None = None
         self._check_side_effect_names()
-        with self._lock:  # another wrapper's branch may have its stand-in LLMs in place
-            self.couples_noise = all(getattr(a.llm, "uses_car_noise", False)
-                                     for a in self._agents().values())
+        llms = [unwrapped(a.llm) for a in self._agents().values()]  # a branch's may be in place
+        self.couples_noise = all(getattr(llm, "uses_car_noise", False) for llm in llms)
+        # over a model server branches default to the asyncio executor (awaited together on
+        # its loop); in-process models keep the sequential one
+        self.prefers_concurrency = any(waits_on_a_server(llm) for llm in llms)
+
+    @property
+    def caveats(self) -> tuple[str, ...]:
+        """What every result must say: tools left unclassified that branches ran live."""
+        return self.safety.caveats
 
     def _check_side_effect_names(self) -> None:
-        """Every side-effect name must be a tool of one of the workflow's agents (all of them,
-        for an ``AgentWorkflow``), or the real tool would run on every branch."""
-        if not self.safety.side_effect_tools:
-            return
+        """Every tool of every agent of the workflow is classified (a name the user gives must
+        be a tool of one of them), or the real tool would run unchecked on every branch. An
+        agent that picks its tools with a ``tool_retriever`` has tools nobody can list."""
         for name, a in self._agents().items():
-            if getattr(a, "tool_retriever", None) is not None:
+            if getattr(a, "tool_retriever", None) is None:
+                continue
+            if self.safety.side_effect_tools or self.safety.safe_tools:
                 raise AdapterError(
-                    f"agent {name!r} picks its tools with a tool_retriever, so side-effect "
-                    "tools cannot be checked or guarded on branches",
+                    f"agent {name!r} picks its tools with a tool_retriever, so its tools "
+                    "cannot be checked or guarded on branches",
                     hint="give the agent tools=[...] for attribution")
+            if self.safety.unclassified != "live":
+                raise UnclassifiedTools(
+                    f"agent {name!r} picks its tools with a tool_retriever, so CAR cannot "
+                    "classify them as safe to run on a branch or as side effects, and no "
+                    "branch runs", tools=[f"tool_retriever of {name}"],
+                    hint='give the agent tools=[...] and name them in safe_tools=[...] / '
+                         'side_effect_tools=[...], or pass unclassified="live" where every '
+                         "tool may run for real (a sandbox)")
         given = {n for names in tool_names(self.workflow).values() for n in names}
-        self.safety.check_names(given, agent=f"the {type(self.workflow).__name__}")
+        retrievers = {f"the tools agent {n!r}'s tool_retriever picks" for n, a in
+                      self._agents().items() if getattr(a, "tool_retriever", None) is not None}
+        self.safety = self.safety.classified(
+            given, agent=f"the {type(self.workflow).__name__}", call="LlamaIndexAgent(agent")
+        if retrievers:
+            self.safety = replace(self.safety, live=self.safety.live | retrievers)
         self._check_guarded_tools_keep_out_of_the_store()
 
     def _context_tools(self) -> dict[str, str]:
@@ -185,15 +214,21 @@ class LlamaIndexAgent:
                                                                "content": str(context)}]
         session = BranchSession(Plan(start=0), noise, 0, self.safety, {}, None, {})
         root = getattr(self.workflow, "root_agent", None) or getattr(self.workflow, "name", None)
-        run = self._drive(messages, root, None, session, store=None)
+        run = run_sync(lambda: self._drive(messages, root, None, session, store=None))
         return replace(run, context=context, seed=noise.seed)
 
     def branch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
-        return reentered(run, plan, noise, agent=self.name, safety=self.safety,
-                         live=lambda k: self._live(run, plan, noise, k))
+        """``abranch``'s coroutine, finished from sync code."""
+        return run_sync(lambda: self.abranch(run, plan, noise))
 
-    def _live(self, run: car.Trajectory, plan: Plan, noise: Noise, k: int
-              ) -> tuple[list[car.Step], car.Trajectory]:
+    async def abranch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
+        """The branch as a coroutine on the caller's loop: the asyncio executor awaits many at
+        once, each with its own session, so their waits on the model server overlap."""
+        return await areentered(run, plan, noise, agent=self.name, safety=self.safety,
+                                live=lambda k: self._live(run, plan, noise, k))
+
+    async def _live(self, run: car.Trajectory, plan: Plan, noise: Noise, k: int
+                    ) -> tuple[list[car.Step], car.Trajectory]:
         """The steps from ``k`` on, in their places, and the run that collected them."""
         check_recorded_tools(run, tool_names(self.workflow))
         _check_memory_kept(run, k)
@@ -212,7 +247,7 @@ class LlamaIndexAgent:
                            refused={name: f"it takes the workflow Context (agent {agent!r}), so "
                                     "it would not run and what it writes to ctx.store would be "
                                     "lost" for name, agent in self._context_tools().items()})
-        live = self._drive(state, active, run, session, store=store)
+        live = await self._drive(state, active, run, session, store=store)
         return [renumber(s, k + i, plan) for i, s in enumerate(live.steps)], live
 
     def redecide(self, run: car.Trajectory, k: int, noise: Noise) -> Any:
@@ -222,8 +257,8 @@ class LlamaIndexAgent:
                                 {})
         state, active = self._state(run, k)
         store = recorded(run.step(k).meta, run_id=run.id, step=k)
-        return self._drive(state, active, run, session, store=store,
-                           stop_after_first=True).steps[0].action
+        return run_sync(lambda: self._drive(state, active, run, session, store=store,
+                                            stop_after_first=True)).steps[0].action
 
     # -- internals ---------------------------------------------------------------------------
     def _state(self, run: car.Trajectory, k: int) -> tuple[list[dict[str, Any]], str | None]:
@@ -248,82 +283,55 @@ class LlamaIndexAgent:
                      "ChatMemoryBuffer.from_defaults(token_limit=...))")
         return list(step.state), active
 
-    def _drive(self, messages: list[dict[str, Any]], active: str | None,
-               run: car.Trajectory | None, session: BranchSession, *,
-               store: Mapping[str, Any] | None, stop_after_first: bool = False
-               ) -> car.Trajectory:
-        """Run the workflow from ``messages`` under the branch's stand-ins. ``store``: the
-        recorded store a branch starts from (the messages are recorded ones too), or None for
-        a run from scratch."""
+    async def _drive(self, messages: list[dict[str, Any]], active: str | None,
+                     run: car.Trajectory | None, session: BranchSession, *,
+                     store: Mapping[str, Any] | None, stop_after_first: bool = False
+                     ) -> car.Trajectory:
+        """Run the workflow from ``messages`` under the branch's stand-ins: the branch's one
+        coroutine, whether ``branch``, ``abranch``, ``start`` or ``redecide`` asked for it.
+        ``store``: the recorded store a branch starts from (the messages are recorded ones
+        too), or None for a run from scratch."""
         agents = self._agents()
         target = agents.get(active) if active else None
         system = None
         while messages and messages[0]["role"] == "system":
             system = messages[0].get("content")
             messages = messages[1:]
+        if target is not None and system is not None and system != target.system_prompt:
+            session.system[str(active)] = system  # this branch's alone, for its active agent
+        session.as_recorded = store is not None
+        root = getattr(self.workflow, "root_agent", None)
         token = object()
         collector = CarRecorder(_token=token)
         max_iter = 1 if stop_after_first else self.max_iterations
-
-        async def go() -> None:
-            BRANCH_TOKEN.set(token)
-            memory = ChatMemoryBuffer.from_defaults(token_limit=MEMORY_TOKENS)
-            ctx = Context(self.workflow)
-            if store is not None:
-                await restore(ctx, store)
-            await self.workflow.run(ctx=ctx, chat_history=from_dicts(messages), memory=memory,
-                                    max_iterations=max_iter, early_stopping_method="force")
-
         self._check_retrievers(agents, session)
-        with self._lock:
-            saved = {n: (a.llm, a.tools, a.system_prompt, a.state_prompt)
-                     for n, a in agents.items()}
-            root = getattr(self.workflow, "root_agent", None)
-            flow_prompt = getattr(self.workflow, "state_prompt", None) if root else None
+        with installed(self.workflow, agents, self._context_tools()), session_scope(session):
+            branch_token = BRANCH_TOKEN.set(token)
             collector.attach()
             try:
-                for a in agents.values():
-                    a.llm = CarBranchLLM(a.llm, session)
-                    a.tools = [self._stand_in(t, session) for t in a.tools or ()]
-                    if store is not None:
-                        a.state_prompt = _AS_RECORDED
-                if store is not None and flow_prompt is not None:  # AgentWorkflow's own
-                    self.workflow.state_prompt = _AS_RECORDED
-                if target is not None:
-                    if root is not None:
-                        self.workflow.root_agent = active
-                    if system is not None and system != target.system_prompt:
-                        target.system_prompt = system
-                try:
-                    run_sync(go)
-                    session.raise_blocked()
-                except CarError:
-                    raise
-                except Exception as exc:
-                    session.raise_blocked()
-                    if not (stop_after_first and "Max iterations" in str(exc)):
-                        return self._failed(collector, exc, run)
+                memory = ChatMemoryBuffer.from_defaults(token_limit=MEMORY_TOKENS)
+                ctx = Context(self.workflow)
+                if store is not None:
+                    await restore(ctx, store)
+                if root is not None and target is not None:  # an AgentWorkflow starts there
+                    async with ctx.store.edit_state() as state:
+                        state["current_agent_name"] = active
+                await self.workflow.run(ctx=ctx, chat_history=from_dicts(messages),
+                                        memory=memory, max_iterations=max_iter,
+                                        early_stopping_method="force")
+                session.raise_blocked()
+            except CarError:
+                raise
+            except Exception as exc:
+                session.raise_blocked()
+                if not (stop_after_first and "Max iterations" in str(exc)):
+                    return self._failed(collector, exc, run)
             finally:
                 collector.detach()
-                for n, a in agents.items():
-                    a.llm, a.tools, a.system_prompt, a.state_prompt = saved[n]
-                if root is not None:
-                    self.workflow.root_agent = root
-                if flow_prompt is not None:
-                    self.workflow.state_prompt = flow_prompt
+                BRANCH_TOKEN.reset(branch_token)
         if not collector.runs:
             raise AdapterError("the branch produced no run", hint="check the agent runs alone")
         return collector.runs[-1]
-
-    @staticmethod
-    def _stand_in(tool: Any, session: BranchSession) -> Any:
-        """The tool a branch offers: a stand-in for tools the branch must not run (side
-        effects, forced observations); the tool itself otherwise, so LlamaIndex still hands a
-        ``Context`` to tools that ask for one."""
-        tool = tool if isinstance(tool, BaseTool) else FunctionTool.from_defaults(tool)
-        if session.serves(tool.metadata.name or ""):
-            return CarBranchTool(adapt_to_async_tool(tool), session)
-        return tool
 
     def _check_retrievers(self, agents: dict[str, Any], session: BranchSession) -> None:
         for name, a in agents.items():

@@ -1,16 +1,28 @@
 """What a LlamaIndex agent uses on a CAR branch in place of its own model and tools.
 
+The stand-ins sit on the user's agent objects while any branch over them is in flight
+(``installed``) and serve the branch whose task is asking: each branch sets its own
+``BranchSession`` in a context variable (``session_scope``), so branches running at once on one
+event loop (or on several threads) never see each other's plan, noise or step counter. With no
+branch session the stand-ins pass every call to what they stand in for.
+
 ``CarBranchLLM`` stands in for each agent's LLM: it numbers the decisions from the branch step
 on, answers forced and held steps with the recorded action (no model call), sends the others to
 the agent's own LLM (or the swapped-in one under ``do_policy``) with the step's noise stream in
 context, and normalises every reply to ``ToolCallBlock`` tool calls. ``CarBranchTool`` stands in
 for each tool: a forced observation is served as given, a side-effect tool is answered by
 ``ToolSafety`` (record, simulator, or ``SideEffectBlocked``), everything else runs live.
+``StatePrompt`` stands in for the state prompts: a branch re-enters with recorded messages that
+already carry the state the framework put on them, so on a branch it gives the message back
+unchanged.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+import contextvars
+import threading
+from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from llama_index.core.base.llms.types import (
@@ -25,9 +37,17 @@ from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.llms.callbacks import llm_chat_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import LLM
-from llama_index.core.tools import AsyncBaseTool, ToolMetadata, ToolOutput
+from llama_index.core.prompts import PromptTemplate
+from llama_index.core.tools import (
+    AsyncBaseTool,
+    BaseTool,
+    FunctionTool,
+    ToolMetadata,
+    ToolOutput,
+    adapt_to_async_tool,
+)
 
-from car_core.contract import Stream, redact
+from car_core.contract import Noise, Plan, Stream, redact
 from car_core.errors import (
     AdapterError,
     CarError,
@@ -35,10 +55,99 @@ from car_core.errors import (
     PolicyError,
 )
 
-from ..common.branch import BranchSession, is_outage
-from ..common.messages import calls_of, canonical_arguments
+from ..common import branch as chat_branch
+from ..common.branch import is_outage
+from ..common.messages import ToolSafety, calls_of, canonical_arguments
 from ._messages import MessageToolCalls, from_dict
 from .fake import _STEP_RNG
+
+
+class BranchSession(chat_branch.BranchSession):
+    """The shared branch session, plus what a LlamaIndex branch re-enters with: ``system``,
+    the system message an agent decides from on this branch where it differs from the agent's
+    own (the recorded one, or a ``do_context`` edit of it), and ``as_recorded``, whether the
+    messages it re-enters with are recorded ones (the state prompt is already on them)."""
+
+    def __init__(self, plan: Plan, noise: Noise, start: int, safety: ToolSafety,
+                 record: Mapping[tuple[str, str], Any], run_id: str | None,
+                 forced_obs: Mapping[int, list[dict[str, Any]]]) -> None:
+        super().__init__(plan, noise, start, safety, record, run_id, forced_obs)
+        self.system: dict[str, str] = {}
+        self.as_recorded = False
+
+
+_SESSION: contextvars.ContextVar[BranchSession | None] = contextvars.ContextVar(
+    "car_llamaindex_branch", default=None)
+
+
+@contextmanager
+def session_scope(session: BranchSession) -> Iterator[None]:
+    """Make ``session`` the one the stand-ins serve in this task (and the tasks it starts)."""
+    token = _SESSION.set(session)
+    try:
+        yield
+    finally:
+        _SESSION.reset(token)
+
+
+class _Installed:
+    """What ``installed`` put on one workflow's agent objects, and how many branches use it."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.saved: dict[str, tuple[Any, Any, Any]] = {}
+        self.flow_prompt: Any = None
+
+
+_INSTALLED: dict[int, _Installed] = {}  # id(workflow) -> its stand-ins while branches run
+_INSTALL_LOCK = threading.Lock()
+
+
+@contextmanager
+def installed(workflow: Any, agents: Mapping[str, Any], context_tools: Iterable[str]
+              ) -> Iterator[None]:
+    """The stand-ins on ``workflow``'s agents while this branch runs: put there by the first
+    branch over them to start (from any wrapper, loop or thread) and taken away, the agents
+    given back as they were, when the last one ends. ``context_tools``: the tools handed the
+    workflow ``Context``, which stay themselves so the framework still hands it to them."""
+    keep = set(context_tools)
+    with _INSTALL_LOCK:
+        inst = _INSTALLED.setdefault(id(workflow), _Installed())
+        if inst.count == 0:
+            for name, a in agents.items():
+                inst.saved[name] = (a.llm, a.tools, a.state_prompt)
+                a.llm = CarBranchLLM(a.llm, str(name))
+                a.tools = [t if _tool_name(t) in keep else CarBranchTool(t)
+                           for t in a.tools or ()]
+                a.state_prompt = StatePrompt(a.state_prompt)
+            if getattr(workflow, "root_agent", None) is not None:  # AgentWorkflow's own
+                inst.flow_prompt = workflow.state_prompt
+                workflow.state_prompt = StatePrompt(workflow.state_prompt)
+        inst.count += 1
+    try:
+        yield
+    finally:
+        with _INSTALL_LOCK:
+            inst.count -= 1
+            if inst.count == 0:
+                for name, a in agents.items():
+                    a.llm, a.tools, a.state_prompt = inst.saved[name]
+                if inst.flow_prompt is not None:
+                    workflow.state_prompt = inst.flow_prompt
+                del _INSTALLED[id(workflow)]
+
+
+def unwrapped(llm: Any) -> Any:
+    """The LLM an agent was given, even while a branch's stand-in is in its place."""
+    return llm._inner if isinstance(llm, CarBranchLLM) else llm
+
+
+def _as_tool(tool: Any) -> BaseTool:
+    return tool if isinstance(tool, BaseTool) else FunctionTool.from_defaults(tool)
+
+
+def _tool_name(tool: Any) -> str:
+    return _as_tool(tool).metadata.name or ""
 
 
 def _normalise(content: str | None, selections: Sequence[Any]) -> ChatMessage:
@@ -52,12 +161,12 @@ class CarBranchLLM(MessageToolCalls, FunctionCallingLLM):
     """Serves an agent's decisions on a branch (see the module docstring)."""
 
     _inner: Any = PrivateAttr()
-    _session: Any = PrivateAttr()
+    _agent: str = PrivateAttr()
 
-    def __init__(self, inner: LLM, session: BranchSession) -> None:
+    def __init__(self, inner: LLM, agent: str) -> None:
         super().__init__()
         self._inner = inner
-        self._session = session
+        self._agent = agent
 
     @classmethod
     def class_name(cls) -> str:
@@ -72,7 +181,8 @@ class CarBranchLLM(MessageToolCalls, FunctionCallingLLM):
                       allow_parallel: bool) -> ChatResponse:
         """Step ``k``'s reply. ``tools`` is None for a plain chat call (``ReActAgent`` parses
         its tool calls from the text), else the tools offered to a function-calling model."""
-        s: BranchSession = self._session
+        s = _SESSION.get()
+        assert s is not None  # the public methods pass calls outside a branch through
         s.raise_blocked()
         k = s.claim()
         plan = s.plan
@@ -117,8 +227,25 @@ class CarBranchLLM(MessageToolCalls, FunctionCallingLLM):
         return ChatResponse(message=_normalise(resp.message.content, selections or ()),
                             raw=resp.raw, additional_kwargs={"car_branch": True})
 
-    @llm_chat_callback()
+    def _as_branch_sees(self, messages: Sequence[ChatMessage]) -> list[ChatMessage]:
+        """The messages with this branch's system message for this agent, where it has one."""
+        s = _SESSION.get()
+        system = s.system.get(self._agent) if s is not None else None
+        out = list(messages)
+        if system is None:
+            return out
+        if out and out[0].role == "system":
+            return [ChatMessage(role="system", content=system), *out[1:]]
+        return [ChatMessage(role="system", content=system), *out]
+
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        if _SESSION.get() is None:
+            return await self._inner.achat(messages, **kwargs)  # type: ignore[no-any-return]
+        return await self._branch_chat(self._as_branch_sees(messages), **kwargs)
+
+    @llm_chat_callback()
+    async def _branch_chat(self, messages: Sequence[ChatMessage], **kwargs: Any
+                           ) -> ChatResponse:
         return await self._decide(messages, kwargs.get("tools"),
                                   bool(kwargs.get("allow_parallel_tool_calls", True)))
 
@@ -126,9 +253,21 @@ class CarBranchLLM(MessageToolCalls, FunctionCallingLLM):
                                chat_history: list[ChatMessage] | None = None,
                                verbose: bool = False, allow_parallel_tool_calls: bool = False,
                                tool_required: bool = False, **kwargs: Any) -> ChatResponse:
+        if _SESSION.get() is None:
+            return await self._inner.achat_with_tools(  # type: ignore[no-any-return]
+                tools, user_msg=user_msg, chat_history=chat_history, verbose=verbose,
+                allow_parallel_tool_calls=allow_parallel_tool_calls,
+                tool_required=tool_required, **kwargs)
         messages = self._prepare_chat_with_tools(tools, user_msg, chat_history)["messages"]
         return await self.achat(messages, tools=list(tools or ()),
                                 allow_parallel_tool_calls=allow_parallel_tool_calls)
+
+    def get_tool_calls_from_response(self, response: Any, error_on_no_tool_call: bool = False,
+                                     **kwargs: Any) -> list[Any]:
+        if (getattr(response, "additional_kwargs", None) or {}).get("car_branch"):
+            return super().get_tool_calls_from_response(response, error_on_no_tool_call)
+        return self._inner.get_tool_calls_from_response(  # type: ignore[no-any-return]
+            response, error_on_no_tool_call=error_on_no_tool_call, **kwargs)
 
     async def astream_chat_with_tools(self, tools: Sequence[Any], user_msg: Any = None,
                                       chat_history: list[ChatMessage] | None = None,
@@ -136,6 +275,11 @@ class CarBranchLLM(MessageToolCalls, FunctionCallingLLM):
                                       allow_parallel_tool_calls: bool = False,
                                       tool_required: bool = False, **kwargs: Any
                                       ) -> AsyncGenerator[ChatResponse, None]:
+        if _SESSION.get() is None:
+            return await self._inner.astream_chat_with_tools(  # type: ignore[no-any-return]
+                tools, user_msg=user_msg, chat_history=chat_history, verbose=verbose,
+                allow_parallel_tool_calls=allow_parallel_tool_calls,
+                tool_required=tool_required, **kwargs)
         resp = await self.achat_with_tools(tools, user_msg, chat_history, verbose,
                                            allow_parallel_tool_calls)
 
@@ -145,6 +289,9 @@ class CarBranchLLM(MessageToolCalls, FunctionCallingLLM):
 
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any
                            ) -> AsyncGenerator[ChatResponse, None]:
+        if _SESSION.get() is None:
+            return await self._inner.astream_chat(  # type: ignore[no-any-return]
+                messages, **kwargs)
         resp = await self.achat(messages, **kwargs)
 
         async def gen() -> AsyncGenerator[ChatResponse, None]:
@@ -170,17 +317,19 @@ class CarBranchLLM(MessageToolCalls, FunctionCallingLLM):
 class CarBranchTool(AsyncBaseTool):
     """Serves one tool on a branch (see the module docstring)."""
 
-    def __init__(self, inner: AsyncBaseTool, session: BranchSession) -> None:
-        self._inner = inner
-        self._session = session
+    def __init__(self, tool: Any) -> None:
+        self.tool = tool  # as the agent was given it, put back when the branches end
+        self._inner = adapt_to_async_tool(_as_tool(tool))
 
     @property
     def metadata(self) -> ToolMetadata:
         return self._inner.metadata
 
     def _served(self, kwargs: dict[str, Any]) -> ToolOutput | None:
-        s: BranchSession = self._session
+        s = _SESSION.get()
         name = self.metadata.name or ""
+        if s is None or not s.serves(name):
+            return None
         k = s.current
         if k in s.forced_obs:
             wanted = canonical_arguments(kwargs)
@@ -205,3 +354,24 @@ class CarBranchTool(AsyncBaseTool):
 
     async def acall(self, *args: Any, **kwargs: Any) -> ToolOutput:
         return self._served(kwargs) or await self._inner.acall(*args, **kwargs)
+
+
+class StatePrompt(PromptTemplate):
+    """A state prompt that, on a branch re-entered with recorded messages, gives the message
+    back unchanged (the recorded message already carries the state); elsewhere it is the
+    prompt it stands in for."""
+
+    _prompt: Any = PrivateAttr()
+
+    def __init__(self, prompt: Any) -> None:
+        text = prompt.get_template() if hasattr(prompt, "get_template") else str(prompt)
+        super().__init__(text)
+        self._prompt = prompt
+
+    def format(self, llm: Any = None, **kwargs: Any) -> str:
+        s = _SESSION.get()
+        if s is not None and s.as_recorded:
+            return str(kwargs.get("msg", ""))
+        if isinstance(self._prompt, str):
+            return self._prompt.format(**kwargs)
+        return str(self._prompt.format(llm=llm, **kwargs))

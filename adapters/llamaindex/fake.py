@@ -7,11 +7,14 @@ action dict (``{"role": "assistant", "content", "tool_calls"}``) or plain text. 
 branch the generator is the branch's per-step noise stream, so branches that share a rollout
 index share the model's randomness (common random numbers); outside CAR it is the LLM's own
 stream seeded at construction. ``calls`` counts the model calls, so tests can check that a held
-prefix costs none.
+prefix costs none. ``latency_s`` makes each async call wait that long (``asyncio.sleep``) before
+it answers, as a hosted model does: such an LLM says it is ``remote``, so a ``LlamaIndexAgent``
+over it runs its branches concurrently by default (the latency benchmark's model).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 from collections.abc import AsyncGenerator, Callable, Generator, Sequence
 from typing import Any
@@ -50,6 +53,7 @@ class ScriptedLLM(MessageToolCalls, FunctionCallingLLM):
     model: str = "scripted"
     seed: int = 0
     uses_car_noise: bool = True
+    latency_s: float = 0.0
     _decide: Decide = PrivateAttr()
     _rng: np.random.Generator = PrivateAttr()
     _calls: int = PrivateAttr(default=0)
@@ -68,6 +72,15 @@ class ScriptedLLM(MessageToolCalls, FunctionCallingLLM):
     @property
     def calls(self) -> int:
         return self._calls
+
+    @property
+    def remote(self) -> bool:
+        """Whether a call waits as a model server's does (it does when given a latency)."""
+        return self.latency_s > 0
+
+    async def _wait(self) -> None:
+        if self.latency_s > 0:
+            await asyncio.sleep(self.latency_s)
 
     @property
     def metadata(self) -> LLMMetadata:
@@ -93,7 +106,9 @@ class ScriptedLLM(MessageToolCalls, FunctionCallingLLM):
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return self._reply(messages, **kwargs)
+        resp = self._reply(messages, **kwargs)
+        await self._wait()
+        return resp
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any
@@ -108,6 +123,7 @@ class ScriptedLLM(MessageToolCalls, FunctionCallingLLM):
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any
                            ) -> AsyncGenerator[ChatResponse, None]:
         resp = self._reply(messages, **kwargs)
+        await self._wait()
 
         async def gen() -> AsyncGenerator[ChatResponse, None]:
             yield resp

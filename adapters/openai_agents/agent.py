@@ -36,14 +36,14 @@ import car_core as car
 from car_core.contract import Noise, Origin, Plan, RunStatus, redact
 from car_core.errors import AdapterError, CarError, InvalidInput, InvalidIntervention
 
-from ..common.branch import check_forced_tools, check_recorded_tools, reentered, renumber
+from ..common.branch import areentered, check_forced_tools, check_recorded_tools, renumber
 from ..common.messages import (
     ToolSafety,
     edited_messages,
     forced_observations,
     recorded_calls,
 )
-from ..common.sync import BranchLoop, run_sync
+from ..common.sync import BranchLoop, run_on, run_sync
 from ._context import ContextFactory, ContextRebuilder
 from ._items import to_items
 from .app import agents_of, handoff_target, tool_names
@@ -92,6 +92,18 @@ def unsupported(agents: Mapping[str, Any], run_config: RunConfig) -> list[str]:
     return out
 
 
+def waits_on_a_server(agents: Mapping[str, Any]) -> bool:
+    """Whether a branch's decisions wait on a model server: an agent's model that says
+    ``remote`` (CAR's ``ScriptedModel`` says False unless it was given a latency) is taken at
+    its word; any other ``Model``, or a model name the run config's provider resolves, is a
+    client of a server."""
+    for a in agents.values():
+        remote = getattr(a.model, "remote", None) if isinstance(a.model, Model) else True
+        if not isinstance(remote, bool) or remote:
+            return True
+    return False
+
+
 def _used_tools(run: car.Trajectory, k: int) -> frozenset[str]:
     """The agents that made tool calls before step ``k``."""
     return frozenset(str(s.meta.get("agent")) for s in run.steps[:k]
@@ -124,9 +136,12 @@ def _check_forced_steps_keep_the_context(run: car.Trajectory, session: BranchSes
 class OpenAIAgentsAgent:
     """Wraps an OpenAI Agents SDK ``Agent`` (the one the run starts with; the agents it hands
     off to come with it) for ``car.intervene``, ``car.contrastive`` and ``car.shapley``.
+    Every function tool of every agent is classified here: ``safe_tools`` run live on branches;
     ``side_effect_tools`` never run on a branch: they are answered from the record (on the
     arguments that matter: ``match_on``, see ``ToolSafety``), by ``simulators[name](arguments)``,
-    or stop the branch with ``SideEffectBlocked``.
+    or stop the branch with ``SideEffectBlocked``. A tool in neither list is refused
+    (``UnclassifiedTools``) unless ``unclassified="live"`` (a sandbox; every result then says
+    so). Tools that need approval and MCP servers are refused whole (``unsupported``).
     ``max_turns`` is the one the app runs with; ``run_config`` supplies the model provider
     (for agents whose model is a name), guardrails and handoff filters.
     Each branch gets the run context the recorded step saw, rebuilt from the record; pass
@@ -138,13 +153,14 @@ class OpenAIAgentsAgent:
     ``ScriptedModel``, a per-step request seed for providers), so ``couples_noise`` is True;
     whether a model honours it is measured by the estimators, not assumed."""
 
-    def __init__(self, agent: Agent[Any], *, side_effect_tools: Iterable[str] = (),
+    def __init__(self, agent: Agent[Any], *, safe_tools: Iterable[str] = (),
+                 side_effect_tools: Iterable[str] = (),
                  simulators: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
                  match_on: Mapping[str, Iterable[str] | str] | None = None,
                  max_turns: int = DEFAULT_MAX_TURNS, run_config: RunConfig | None = None,
                  context_factory: ContextFactory | None = None,
                  policy_agents: str | Iterable[str] = "deciding",
-                 name: str | None = None) -> None:
+                 name: str | None = None, unclassified: str = "refuse") -> None:
         if not isinstance(agent, Agent):
             raise AdapterError(f"expected an agents.Agent, got {type(agent).__name__}",
                                hint="pass the Agent your app starts Runner.run with")
@@ -160,17 +176,24 @@ class OpenAIAgentsAgent:
             raise AdapterError("this app uses features CAR cannot replay: " + "; ".join(refused),
                                hint="attribute an app without them (wrap hosted tools in "
                                     "function tools)")
-        self.safety = ToolSafety.of(side_effect_tools, simulators, match_on)
         known = sorted({n for names in tool_names(agent).values() for n in names})
-        typos = sorted(self.safety.side_effect_tools - set(known))
-        if typos:
-            raise InvalidInput(f"side_effect_tools names unknown tool(s) {typos}",
-                               hint=f"the app's tools are {known}")
+        self.safety = ToolSafety.of(
+            side_effect_tools, simulators, match_on, safe_tools=safe_tools,
+            unclassified=unclassified).classified(
+            known, agent=f"the app of agent {agent.name!r}", call="OpenAIAgentsAgent(agent")
         self.max_turns = max_turns
         self.contexts = ContextRebuilder(self.agents.values(), context_factory)
         self.policy_agents = self._policy_scope(policy_agents)
         self.name = name or f"openai-agents:{agent.name}"
         self.couples_noise = True
+        # over a model server branches default to the asyncio executor, awaited on the branch
+        # loop together; an in-process model keeps the sequential one
+        self.prefers_concurrency = waits_on_a_server(self.agents)
+
+    @property
+    def caveats(self) -> tuple[str, ...]:
+        """What every result must say: tools left unclassified that branches ran live."""
+        return self.safety.caveats
 
     def fingerprint(self) -> dict[str, Any]:
         """The app's agents, instructions, tools and handoffs
@@ -183,16 +206,27 @@ class OpenAIAgentsAgent:
         session = BranchSession(Plan(start=0), noise, 0, self.safety, {}, None, {})
         items = context if isinstance(context, list) else str(context)
         factory = self.contexts.factory
-        run = self._drive(items, self.root.name, session, self.max_turns,
-                          run_context=factory(None) if factory is not None else None)
+        run = run_sync(lambda: self._drive(
+            items, self.root.name, session, self.max_turns,
+            run_context=factory(None) if factory is not None else None), _BRANCH_LOOP)
         return replace(run, context=context, seed=noise.seed)
 
     def branch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
-        return reentered(run, plan, noise, agent=self.name, safety=self.safety,
-                         live=lambda k: self._live(run, plan, noise, k))
+        """``abranch``'s coroutine, finished from sync code (on the branch loop)."""
+        return run_sync(lambda: self._branch(run, plan, noise), _BRANCH_LOOP)
 
-    def _live(self, run: car.Trajectory, plan: Plan, noise: Noise, k: int
-              ) -> tuple[list[car.Step], car.Trajectory]:
+    async def abranch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
+        """The branch as a coroutine: many run at once on the branch loop, each on its own
+        copy of the app with its own session, so the asyncio executor overlaps their waits
+        on the model server."""
+        return await run_on(lambda: self._branch(run, plan, noise), _BRANCH_LOOP)
+
+    async def _branch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
+        return await areentered(run, plan, noise, agent=self.name, safety=self.safety,
+                                live=lambda k: self._live(run, plan, noise, k))
+
+    async def _live(self, run: car.Trajectory, plan: Plan, noise: Noise, k: int
+                    ) -> tuple[list[car.Step], car.Trajectory]:
         """The steps from ``k`` on, in their places, and the run that collected them."""
         self._check_run(run)
         items, active, system = self._state(run, k)
@@ -213,9 +247,9 @@ class OpenAIAgentsAgent:
         check_forced_tools(session, tool_names(self.root), run.id,
                            why="the SDK writes it itself (a handoff)")
         _check_forced_steps_keep_the_context(run, session)
-        live = self._drive(items, active, session, self.max_turns - k,
-                           keep_input_guardrails=k == 0, used_tools=_used_tools(run, k),
-                           run_context=self.contexts.at(run, k))
+        live = await self._drive(items, active, session, self.max_turns - k,
+                                 keep_input_guardrails=k == 0, used_tools=_used_tools(run, k),
+                                 run_context=self.contexts.at(run, k))
         return [self._placed(s, k + i, plan, session) for i, s in enumerate(live.steps)], live
 
     def redecide(self, run: car.Trajectory, k: int, noise: Noise) -> Any:
@@ -225,9 +259,11 @@ class OpenAIAgentsAgent:
         session = BranchSession(plan, noise, k, self.safety, {}, run.id, {},
                                 stop_after_first=True)
         items, active, _ = self._state(run, k)
+        context = self.contexts.at(run, k)
         try:
-            self._drive(items, active, session, 1, keep_input_guardrails=False,
-                        used_tools=_used_tools(run, k), run_context=self.contexts.at(run, k))
+            run_sync(lambda: self._drive(items, active, session, 1, keep_input_guardrails=False,
+                                         used_tools=_used_tools(run, k), run_context=context),
+                     _BRANCH_LOOP)
         except Decided as d:
             return d.action
         raise AdapterError("the model was not called when re-deciding the step", run_id=run.id,
@@ -299,9 +335,12 @@ class OpenAIAgentsAgent:
             out[name] = a.model if isinstance(a.model, Model) else provider.get_model(a.model)
         return out
 
-    def _drive(self, items: Any, active: str, session: BranchSession, max_turns: int, *,
-               keep_input_guardrails: bool = True, used_tools: frozenset[str] = frozenset(),
-               run_context: Any = None) -> car.Trajectory:
+    async def _drive(self, items: Any, active: str, session: BranchSession, max_turns: int, *,
+                     keep_input_guardrails: bool = True,
+                     used_tools: frozenset[str] = frozenset(), run_context: Any = None
+                     ) -> car.Trajectory:
+        """Run the app's copy from ``items`` under ``active``: the branch's one coroutine,
+        whether ``branch``, ``abranch``, ``start`` or ``redecide`` asked for it."""
         clones = clone_app(self.agents, self._models(), session,
                            keep_input_guardrails=keep_input_guardrails, used_tools=used_tools)
         collector = CarRecorder()
@@ -309,12 +348,9 @@ class OpenAIAgentsAgent:
             self.run_config, model=None, tracing_disabled=True,
             input_guardrails=self.run_config.input_guardrails if keep_input_guardrails else None)
 
-        async def go() -> None:
+        try:
             await Runner.run(clones[active], items, context=run_context,
                              max_turns=max_turns, hooks=collector, run_config=config)
-
-        try:
-            run_sync(go, _BRANCH_LOOP)
         except Exception as exc:
             inner = _car_error_in(exc)
             if inner is not None:

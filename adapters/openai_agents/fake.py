@@ -7,10 +7,14 @@ generator, and returns an action dict (``{"role": "assistant", "content", "tool_
 plain text. Inside a CAR branch the generator is the branch's per-step noise stream, so
 branches that share a rollout index share the model's randomness (common random numbers);
 outside CAR it is the model's own stream seeded at construction. ``calls`` counts the calls.
+``latency_s`` makes each call wait that long (``asyncio.sleep``) before it answers, as a hosted
+model does: such a model says it is ``remote``, so an ``OpenAIAgentsAgent`` over it runs its
+branches concurrently by default (the latency benchmark's model).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -37,11 +41,18 @@ def step_rng() -> np.random.Generator | None:
 class ScriptedModel(Model):
     """An SDK model whose every reply is ``decide(messages, tools, rng)``."""
 
-    def __init__(self, decide: Decide, *, seed: int = 0, model: str = "scripted") -> None:
+    def __init__(self, decide: Decide, *, seed: int = 0, model: str = "scripted",
+                 latency_s: float = 0.0) -> None:
         self.decide = decide
         self.model = model
         self.calls = 0
+        self.latency_s = latency_s
         self._rng = np.random.default_rng(seed)
+
+    @property
+    def remote(self) -> bool:
+        """Whether a call waits as a model server's does (it does when given a latency)."""
+        return self.latency_s > 0
 
     def _respond(self, system: str | None, input: Any, tools: list[Any], handoffs: list[Any]
                  ) -> ModelResponse:
@@ -62,7 +73,10 @@ class ScriptedModel(Model):
                            model_settings: Any, tools: list[Any], output_schema: Any,
                            handoffs: list[Any], tracing: Any, *, previous_response_id: Any = None,
                            conversation_id: Any = None, prompt: Any = None) -> ModelResponse:
-        return self._respond(system_instructions, input, tools, handoffs)
+        resp = self._respond(system_instructions, input, tools, handoffs)
+        if self.latency_s > 0:
+            await asyncio.sleep(self.latency_s)
+        return resp
 
     async def stream_response(self, system_instructions: str | None, input: Any,
                               model_settings: Any, tools: list[Any], output_schema: Any,
@@ -70,6 +84,8 @@ class ScriptedModel(Model):
                               previous_response_id: Any = None, conversation_id: Any = None,
                               prompt: Any = None) -> AsyncIterator[Any]:
         resp = self._respond(system_instructions, input, tools, handoffs)
+        if self.latency_s > 0:
+            await asyncio.sleep(self.latency_s)
         yield completed_event(resp.usage, output=resp.output, model=self.model,
                               response_id="scripted")
 
