@@ -161,3 +161,14 @@ def budget_call(budget: dict[str, Any]) -> str:
     args = ", ".join(f"{k}={budget[k]:g}" if isinstance(budget[k], float) else f"{k}={budget[k]}"
                      for k in ("rollouts", "tokens", "cost", "wall_time") if k in budget)
     return f"car.Budget({args})"
+
+
+def check_bound(value: int, bound: int, what: str, raise_with: str) -> None:
+    """Refuse, before anything runs, a size above a bound the user has not raised: ``what``
+    names the size (the flag or keyword that asked for it), ``raise_with`` how to raise the
+    bound knowingly."""
+    if value > bound:
+        raise InvalidBudget(f"{what} asks for {value:,} rollouts, above the bound of {bound:,} "
+                            "that guards against a slip running for days",
+                            hint=f"ask for fewer, or raise the bound knowingly with "
+                                 f"{raise_with} {value}")

@@ -29,7 +29,7 @@ from . import _clikit as kit
 from . import defaults
 from ._json import dumps
 from .assertions import agent_of
-from .budget import Budget
+from .budget import Budget, check_bound
 from .errors import AttributionNotFound, CarError, CorruptRun, CorruptStore, InvalidInput
 from .estimators._session import check_resumable
 from .execution import make_executor
@@ -39,7 +39,7 @@ from .report import render_attribution
 from .report_pages import run_page, write_index
 from .results import ContrastiveResult, Result
 from .settings import ContrastiveSettings, ShapleySettings
-from .store import RunStore, damaged_rows
+from .store import Attribution, RunStore, damaged_rows
 from .vocabulary import Answer
 
 EXIT_CODES = """Exit codes: 0 ok · 1 nothing attributable (no locus) · 2 usage or bad input
@@ -271,6 +271,9 @@ def show(run_id: Annotated[str, typer.Argument(help="Run id (see `car runs`).")]
 ForceAgentOpt = Annotated[bool, typer.Option(
     "--force-agent", help="Use --agent even when it is not the agent the run was recorded with "
                           "(same agent under a new name or tools).")]
+MaxRolloutsOpt = Annotated[int, typer.Option(
+    "--max-rollouts", min=1, help="Refuse more rollouts than this in one arm (raise it "
+                                  "knowingly).")]
 
 
 @app.command()
@@ -288,6 +291,7 @@ def intervene(run_id: Annotated[str, typer.Argument(help="Run id.")],
               seed: Annotated[int, typer.Option(
                   "--seed", help="Seed of the branches' noise (default 0).")] = 0,
               force_agent: ForceAgentOpt = False,
+              max_rollouts: MaxRolloutsOpt = defaults.MAX_ROLLOUTS,
               store: StoreOpt = "car.db", json_out: JsonOpt = False,
               progress: ProgressOpt = None) -> None:
     """Apply do(·) to a stored run and estimate P(failure) from re-run branches."""
@@ -298,6 +302,9 @@ def intervene(run_id: Annotated[str, typer.Argument(help="Run id.")],
     if budget is not None and budget < 1:
         raise InvalidInput(f"--budget {budget} cannot pay for any rollout",
                            hint="give a positive number of rollouts, e.g. --budget 64")
+    check_bound(rollouts if budget is None else min(rollouts, budget), max_rollouts,
+                "--rollouts" if budget is None or rollouts <= budget else "--budget",
+                "--max-rollouts")
     db = kit.existing_store(store)
     run = db.load(run_id)
     db.close()
@@ -375,6 +382,14 @@ def attribute(
             "--resume", metavar="ATTRIBUTION_ID",
             help="Continue an interrupted attribution; finished branches are not re-run.")] = None,
         force_agent: ForceAgentOpt = False,
+        max_rollouts: MaxRolloutsOpt = defaults.MAX_ROLLOUTS,
+        max_budget: Annotated[int, typer.Option(
+            "--max-budget", min=1, help="Refuse an attribution that may run more rollouts "
+                                        "than this in all (raise it knowingly).")
+        ] = defaults.MAX_BUDGET,
+        replace: Annotated[bool, typer.Option(
+            "--replace", help="With --resume: let a smaller --rollouts or --budget replace "
+                              "the finished attribution's result.")] = False,
         inside_locus: Annotated[bool, typer.Option(
             "--what", help="Then look inside the locus: which message, tool result or document "
                            "it decided from caused the failure (`car what` at the locus, "
@@ -383,15 +398,23 @@ def attribute(
         progress: ProgressOpt = None) -> None:
     """Find the step that caused the failure (contrastive) or split the blame (shapley).
     The result and every branch are kept in the store. On --resume, the settings left out
-    (--rollouts, --budget, --alpha, --seed) are the attribution's own."""
+    (--rollouts, --budget, --alpha, --seed) are the attribution's own; a smaller --rollouts or
+    --budget than a finished attribution's replaces its result only with --replace."""
     reader = kit.existing_store(store)  # read-only first: a damaged store is refused untouched
     try:
         run = reader.load(run_id)
-        stored = _stored_params(reader, resume) if resume is not None else {}
+        earlier = _stored(reader, resume) if resume is not None else None
     finally:
         reader.close()
+    stored = dict(earlier.params) if earlier is not None else {}
     settings = _settings(method, stored, len(run.steps), rollouts=rollouts, budget=budget,
                          alpha=alpha, seed=seed)
+    _check_size(settings, len(run.steps), max_rollouts, max_budget)
+    if earlier is not None and earlier.result is not None and not replace \
+            and earlier.method == method.value:
+        _check_not_shrunk(settings, _settings(method, stored, len(run.steps), rollouts=None,
+                                              budget=None, alpha=None, seed=None),
+                          len(run.steps), earlier)
     db = RunStore(store)
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
     exe = _executor(executor, concurrency, ray_address)
@@ -517,14 +540,58 @@ def _settings(method: Method, stored: dict[str, Any], n_steps: int, *, rollouts:
                                    level=None if alpha is None else 1 - alpha)
 
 
-def _stored_params(reader: RunStore, aid: str) -> dict[str, Any]:
-    """The settings an attribution was started with, for a resume to take what its flags
-    leave out (a resume continues what was started: leaving a flag out must not silently
-    mean the default). A missing attribution is left for ``check_resumable`` to report."""
+def _stored(reader: RunStore, aid: str) -> Attribution | None:
+    """The attribution resumed: its settings, for a resume to take what its flags leave out
+    (a resume continues what was started: leaving a flag out must not silently mean the
+    default), and its result. A missing one is left for ``check_resumable`` to report."""
     try:
-        return dict(reader.attribution(aid).params)
+        return reader.attribution(aid)
     except AttributionNotFound:
-        return {}
+        return None
+
+
+def _planned(settings: ContrastiveSettings | ShapleySettings, n_steps: int) -> tuple[int, int]:
+    """The most rollouts one arm and the whole attribution may run: contrastive runs at most
+    K per arm and ``n·K`` in all, each under the rollout cap when one is given; Shapley its
+    budget."""
+    total = settings.budget_for(n_steps)
+    if isinstance(settings, ShapleySettings):
+        return total, total
+    return min(settings.rollouts, total), min(n_steps * settings.rollouts, total)
+
+
+def _check_size(settings: ContrastiveSettings | ShapleySettings, n_steps: int,
+                max_rollouts: int, max_budget: int) -> None:
+    """Refuse, before anything runs, sizes above the bounds (``defaults.MAX_ROLLOUTS``,
+    ``defaults.MAX_BUDGET``) the user has not raised."""
+    arm, total = _planned(settings, n_steps)
+    if isinstance(settings, ContrastiveSettings):
+        capped = isinstance(settings.budget, (Budget, int)) and total < n_steps * settings.rollouts
+        check_bound(arm, max_rollouts, "--budget" if capped and arm < settings.rollouts
+                    else "--rollouts", "--max-rollouts")
+        check_bound(total, max_budget, "--budget" if capped else
+                    f"--rollouts {settings.rollouts} over {n_steps} steps", "--max-budget")
+    else:
+        check_bound(total, max_budget, "--budget", "--max-budget")
+
+
+def _check_not_shrunk(settings: ContrastiveSettings | ShapleySettings,
+                      before: ContrastiveSettings | ShapleySettings, n_steps: int,
+                      earlier: Attribution) -> None:
+    """A resume of an attribution that has a result, with a smaller rollout count or budget
+    than it had, would replace that result with one from fewer rollouts: refused (the earlier
+    result kept) unless ``--replace``."""
+    now, then = _planned(settings, n_steps), _planned(before, n_steps)
+    if now[0] >= then[0] and now[1] >= then[1]:
+        return
+    assert earlier.result is not None
+    flag = ("--rollouts" if isinstance(settings, ContrastiveSettings)
+            and settings.rollouts < getattr(before, "rollouts", 0) else "--budget")
+    raise InvalidInput(f"attribution {earlier.id} already has a {earlier.status} result from "
+                       f"{earlier.result.rollouts_used} rollouts; this {flag} allows at most "
+                       f"{now[1]} (it allowed {then[1]}) and would replace it",
+                       hint="resume with its own settings or larger, or pass --replace to "
+                            "replace its result knowingly")
 
 
 def _resume_command(aid: str, budget: int | None = None) -> str:

@@ -12,3 +12,11 @@ SHAPLEY_BUDGET = 2000  # shapley: total rollouts
 CONCURRENCY = 16  # branches in flight for the asyncio and Ray executors
 CONTEXT_ROLLOUTS = 64  # context_attribution: all its rollouts (¼–½ screen, the rest confirm)
 REPAIR_ROLLOUTS = 64  # repairs: rollouts per candidate at most (the baseline arm included)
+# Upper bounds on what one command is asked to run, so a slip (``--rollouts 2**63``) is refused
+# before anything runs instead of running until it is killed. Generous on purpose: 100,000
+# rollouts in one arm already pin its failure rate to ±0.003 at 95% (1.96 · 0.5 / √100,000),
+# past any difference an agent's fix makes; 10,000,000 rollouts in all is about 12 days of a
+# model-backed agent at 10 rollouts/s, or 17 minutes of a synthetic one at 10,000/s. A user
+# who means more raises them knowingly (``--max-rollouts``, ``--max-budget``).
+MAX_ROLLOUTS = 100_000  # rollouts per arm (car intervene: its one arm; contrastive: K)
+MAX_BUDGET = 10_000_000  # rollouts in all of one attribution
