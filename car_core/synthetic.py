@@ -198,6 +198,38 @@ def three_way(p_bad: float = 0.4) -> SyntheticSCM:
                         description="steps 0, 2 and 3 must all go wrong")
 
 
+def and_pair(n_steps: int = 8, a: int = 3, b: int = 6, p_a: float = 0.5, p_b: float = 0.75,
+             flip: float = 0.0) -> SyntheticSCM:
+    """Two steps that each could have saved the run: it fails iff step ``a`` and step ``b``
+    (``a < b``) both comply ("bad"), step ``a`` complying w.p. ``p_a`` and step ``b`` w.p.
+    ``p_b``, independently; the other steps are coin flips the outcome never reads.
+
+    The failing run has both complied. ``H_j`` holds steps ``< j`` at that run's choices and
+    re-draws the rest, so with ``g = 1 − 2·flip``::
+
+        H_j = g·p_a·p_b + flip    (j ≤ a: neither held)
+        H_j = g·p_b + flip        (a < j ≤ b: step a held, step b re-drawn)
+        H_j = g + flip            (j > b: both held)
+
+    and the rescues ``H_{k+1} − H_k`` are ``g·p_b·(1 − p_a)`` at ``a``, ``g·(1 − p_b)`` at
+    ``b`` and 0 elsewhere; they sum to ``H_n − H_0 = g·(1 − p_a·p_b)``. The point of
+    commitment (the latest rise) is ``b`` whatever the sizes, while ``a`` matters too: its
+    rescue is the larger one when ``p_b·(1 − p_a) > 1 − p_b``, e.g. ``p_a = 0.5``,
+    ``p_b = 0.75`` gives 0.375 at ``a`` and 0.25 at ``b``."""
+    if not 0 <= a < b < n_steps:
+        raise InvalidInput(f"a={a}, b={b} in a {n_steps}-step run",
+                           hint="need 0 <= a < b < n_steps")
+    if not (0 < p_a < 1 and 0 < p_b < 1 and 0 <= flip < 0.5):
+        raise InvalidInput(f"p_a={p_a}, p_b={p_b}, flip={flip}",
+                           hint="need 0 < p_a, p_b < 1 and 0 <= flip < 0.5")
+    probs = [0.5] * n_steps
+    probs[a], probs[b] = p_a, p_b
+    return SyntheticSCM(name="and-pair", n_steps=n_steps, bad_prob=tuple(probs),
+                        relevant=(a, b), rule="all", flip=flip,
+                        description=f"steps {a} and {b} must both comply; either could have "
+                                    f"saved the run")
+
+
 def no_cause(n_steps: int = 5, base_rate: float = 0.5) -> SyntheticSCM:
     """The failure happens with probability ``base_rate`` whatever the agent does."""
     return SyntheticSCM(name="no-cause", n_steps=n_steps, bad_prob=(0.5,) * n_steps,
