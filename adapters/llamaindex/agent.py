@@ -42,9 +42,9 @@ from ..common.messages import (
 )
 from ..common.sync import run_sync
 from ._messages import from_dicts
-from .branch import BranchSession, installed, session_scope, unwrapped
+from .branch import BranchSession, collecting, installed, session_scope, unwrapped
 from .fingerprint import workflow_fingerprint
-from .recorder import BRANCH_TOKEN, CarRecorder, agents_of, tool_names
+from .recorder import CarRecorder, agents_of, tool_names
 from .store_state import STORE_KEY, recorded, restore
 
 MEMORY_TOKENS = 10**9  # the re-entered history must reach the model whole
@@ -301,13 +301,10 @@ class LlamaIndexAgent:
             session.system[str(active)] = system  # this branch's alone, for its active agent
         session.as_recorded = store is not None
         root = getattr(self.workflow, "root_agent", None)
-        token = object()
-        collector = CarRecorder(_token=token)
         max_iter = 1 if stop_after_first else self.max_iterations
         self._check_retrievers(agents, session)
-        with installed(self.workflow, agents, self._context_tools()), session_scope(session):
-            branch_token = BRANCH_TOKEN.set(token)
-            collector.attach()
+        with (installed(self.workflow, agents, self._context_tools()), session_scope(session),
+              collecting() as collector):
             try:
                 memory = ChatMemoryBuffer.from_defaults(token_limit=MEMORY_TOKENS)
                 ctx = Context(self.workflow)
@@ -326,9 +323,6 @@ class LlamaIndexAgent:
                 session.raise_blocked()
                 if not (stop_after_first and "Max iterations" in str(exc)):
                     return self._failed(collector, exc, run)
-            finally:
-                collector.detach()
-                BRANCH_TOKEN.reset(branch_token)
         if not collector.runs:
             raise AdapterError("the branch produced no run", hint="check the agent runs alone")
         return collector.runs[-1]

@@ -34,6 +34,7 @@ from llama_index.core.base.llms.types import (
     ToolCallBlock,
 )
 from llama_index.core.bridge.pydantic import PrivateAttr
+from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.llms.callbacks import llm_chat_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import LLM
@@ -60,6 +61,7 @@ from ..common.branch import is_outage
 from ..common.messages import ToolSafety, calls_of, canonical_arguments
 from ._messages import MessageToolCalls, from_dict
 from .fake import _STEP_RNG
+from .recorder import BRANCH_TOKEN, CarRecorder, _Events, _Spans
 
 
 class BranchSession(chat_branch.BranchSession):
@@ -135,6 +137,68 @@ def installed(workflow: Any, agents: Mapping[str, Any], context_tools: Iterable[
                 if inst.flow_prompt is not None:
                     workflow.state_prompt = inst.flow_prompt
                 del _INSTALLED[id(workflow)]
+
+
+class _Router:
+    """One span handler and one event handler on the root dispatcher for every branch in
+    flight, each call handed to the collector of the branch whose task makes it (its token in
+    ``BRANCH_TOKEN``). A recorder attached per branch would see every event of every branch:
+    with many branches at once the instrumentation cost grows with their square."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.collectors: dict[object, CarRecorder] = {}
+        self.spans = _Spans(self)  # type: ignore[arg-type]  # it calls _enter / _exit only
+        self.events = _Events(self)  # type: ignore[arg-type]  # and _llm_event
+
+    def _targets(self) -> list[CarRecorder]:
+        token = BRANCH_TOKEN.get()
+        found = self.collectors.get(token) if token is not None else None
+        if found is not None:
+            return [found]
+        with self.lock:  # a call from outside any branch: each collector ignores what is not its
+            return list(self.collectors.values())
+
+    def _enter(self, id_: str, bound_args: Any, instance: Any, parent: str | None) -> None:
+        for rec in self._targets():
+            rec._enter(id_, bound_args, instance, parent)
+
+    def _exit(self, id_: str, result: Any, err: BaseException | None) -> None:
+        for rec in self._targets():
+            rec._exit(id_, result, err)
+
+    def _llm_event(self, event: Any) -> None:
+        for rec in self._targets():
+            rec._llm_event(event)
+
+
+_ROUTER = _Router()
+
+
+@contextmanager
+def collecting() -> Iterator[CarRecorder]:
+    """A private recorder for the branch run in this task: it takes only the runs started
+    under its token (set here, in ``BRANCH_TOKEN``), so a user's recorder ignores them."""
+    token = object()
+    collector = CarRecorder(_token=token)
+    root = get_dispatcher()
+    with _ROUTER.lock:
+        _ROUTER.collectors[token] = collector
+        if len(_ROUTER.collectors) == 1:
+            root.add_span_handler(_ROUTER.spans)
+            root.add_event_handler(_ROUTER.events)
+    reset = BRANCH_TOKEN.set(token)
+    try:
+        yield collector
+    finally:
+        BRANCH_TOKEN.reset(reset)
+        with _ROUTER.lock:
+            del _ROUTER.collectors[token]
+            if not _ROUTER.collectors:
+                if _ROUTER.spans in root.span_handlers:
+                    root.span_handlers.remove(_ROUTER.spans)
+                if _ROUTER.events in root.event_handlers:
+                    root.event_handlers.remove(_ROUTER.events)
 
 
 def unwrapped(llm: Any) -> Any:
