@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     wrapper.inner = base
     run = cb.run
     assert run is not None and desk.outcome(run), "no ticket failed"
-    agent = LangGraphAgent(app, model=wrapper, side_effect_tools=desk.SIDE_EFFECT_TOOLS,
+    agent = LangGraphAgent(app, model=wrapper, safe_tools=desk.SAFE_TOOLS,
+                           side_effect_tools=desk.SIDE_EFFECT_TOOLS,
                            simulators={"issue_refund": desk.simulated_refund})
     n = len(run.steps)
     print(f"failing run: {n} steps; {args.rollouts} branches per arm and way")

@@ -92,7 +92,10 @@ def forking(which: str, saver: Any, runs: int) -> tuple[float, float]:
     app.invoke(inputs(), {"configurable": {"thread_id": "record"}, "callbacks": [cb]})
     run = cb.run
     assert run is not None
-    agent = LangGraphAgent(app, model=wrapper)
+    module = support_agent if which == "support" else supervisor_app
+    # every tool classified, as the product requires: the side effect is answered on the branch
+    agent = LangGraphAgent(app, model=wrapper, safe_tools=module.SAFE_TOOLS,
+                           side_effect_tools=module.SIDE_EFFECT_TOOLS)
     plan = compile_plan(run, car.do_resample(step))
     plain, fork = [], []
     for i in range(runs + 5):

@@ -80,7 +80,7 @@ def main() -> None:
     run = stored_rec.run
     assert len(run.steps) == args.steps and len(stored_rec.runs) == args.rounds * args.runs
 
-    wrapped = LlamaIndexAgent(agent)
+    wrapped = LlamaIndexAgent(agent, safe_tools=["echo"])
     start = time.process_time()
     car.intervene(run, wrapped, car.do_resample(args.steps - 1), outcome=lambda r: 0.0,
                   rollouts=args.runs, progress=False)

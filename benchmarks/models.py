@@ -39,12 +39,13 @@ TOOLS = [tool_schema("lookup_order", "Look up the status of an order",
 CONTEXT = [{"role": "system", "content": "You are a support agent. Use tools to answer."},
            {"role": "user", "content": "Where is order 42?"}]
 ORDERS = {"lookup_order": lambda order_id: {"order_id": order_id, "status": "shipped"}}
+SAFE = ["lookup_order"]  # a lookup: safe to run on a branch
 MAX_TOKENS = 40
 
 
 def measure(name: str, make_policy: Callable[[], Any], runs: int, replays: int
             ) -> dict[str, Any]:
-    agent = ChatAgent(make_policy(), ORDERS, max_steps=2)
+    agent = ChatAgent(make_policy(), ORDERS, safe_tools=SAFE, max_steps=2)
     started = time.perf_counter()
     recorded = [car.record(agent, context=CONTEXT, outcome=lambda r: 0.0, seed=s)
                 for s in range(runs)]
@@ -72,7 +73,10 @@ DESK_CONTEXT = [{"role": "system", "content": "You are a support agent for an on
 
 def prefix_cache(branches: int, replays: int) -> list[dict[str, Any]]:
     """Branch decisions per second from the last step of a long run, cache off and on."""
+    # the lookups are safe; opening a ticket is a write, answered on branches by the same fake
     agent = ChatAgent(LocalPolicy(DESK_TOOLS, max_tokens=MAX_TOKENS, fresh_tools=True), DESK,
+                      safe_tools=["lookup_order", "check_refund_policy", "lookup_customer"],
+                      simulators={"open_ticket": lambda a: DESK["open_ticket"](**a)},
                       max_steps=5)
     run = car.record(agent, context=DESK_CONTEXT, outcome=lambda r: 0.0, seed=1)
     late = len(run.steps) - 1

@@ -79,7 +79,7 @@ def main() -> None:
     run = stored_rec.run
     assert len(run.steps) == args.steps and len(stored_rec.runs) == args.rounds * args.runs
 
-    wrapped = OpenAIAgentsAgent(agent, max_turns=1000)
+    wrapped = OpenAIAgentsAgent(agent, max_turns=1000, safe_tools=["echo"])
     start = time.process_time()
     car.intervene(run, wrapped, car.do_resample(args.steps - 1), outcome=lambda r: 0.0,
                   rollouts=args.runs, progress=False)

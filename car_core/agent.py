@@ -15,6 +15,7 @@ share common random numbers). Framework adapters implement these three with thei
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -38,9 +39,9 @@ from .seeding import Noise, Stream
 from .trajectory import History, Step, Trajectory
 from .vocabulary import Origin, RunStatus
 
-__all__ = ["Agent", "AsyncAgent", "Environment", "FunctionAgent", "OutcomeFn", "Policy",
-           "agent_fingerprint", "call_environment", "call_policy", "check_agent", "drive",
-           "fingerprint_digest", "policy_meta"]
+__all__ = ["Agent", "AgentCaveat", "AsyncAgent", "Environment", "FunctionAgent", "OutcomeFn",
+           "Policy", "agent_fingerprint", "call_environment", "call_policy", "caveats_of",
+           "check_agent", "drive", "fingerprint_digest", "policy_meta"]
 
 Policy = Callable[[History, np.random.Generator], JSON]
 Environment = Callable[[History, JSON, np.random.Generator], JSON]
@@ -86,11 +87,24 @@ def fingerprint_digest(value: JSON) -> str:
     return digest({"agent": value})[:16]
 
 
+class AgentCaveat(UserWarning):
+    """A line the agent says every result of it must carry (``caveats``), warned once per
+    estimate before its first branch: unclassified tools a sandboxed agent runs live."""
+
+
+def caveats_of(agent: object) -> tuple[str, ...]:
+    """The agent's ``caveats`` (``Capability.CAVEATS``), as a tuple of strings."""
+    if Capability.CAVEATS not in capabilities(agent):
+        return ()
+    return tuple(str(c) for c in agent.caveats)  # type: ignore[attr-defined]  # optional
+
+
 def check_agent(run: Trajectory, agent: Agent, *, force: bool = False) -> None:
     """Refuse, before any branch runs, an agent other than the one ``run`` was recorded with
     (runs recorded without a fingerprint are not checked; ``force`` skips that check), then
     let the agent's optional ``preflight(run)`` hook refuse a run it cannot branch (a thread
-    its checkpointer does not have, a graph shape it cannot fork)."""
+    its checkpointer does not have, a graph shape it cannot fork). Each of the agent's
+    ``caveats`` is warned (``AgentCaveat``) once the run is accepted."""
     recorded = run.meta.get("agent_fingerprint")
     if not force and isinstance(recorded, str):
         given = agent_fingerprint(agent)
@@ -103,6 +117,8 @@ def check_agent(run: Trajectory, agent: Agent, *, force: bool = False) -> None:
                      "(--force-agent) if it is the same agent under a new name or tools")
     if Capability.PREFLIGHT in capabilities(agent):
         agent.preflight(run)  # type: ignore[attr-defined]  # an optional hook
+    for caveat in caveats_of(agent):
+        warnings.warn(f"{agent.name}: {caveat}", AgentCaveat, stacklevel=3)
 
 
 @dataclass

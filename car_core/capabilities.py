@@ -32,6 +32,7 @@ class Capability(StrEnum):
     SEED_CHECK = "seed-check"  # ``seed_check(run) -> reason | None``: measures the seed
     CONCURRENCY = "concurrency"  # ``prefers_concurrency = True``: waits on a model server
     STEP_META = "step-meta"  # a policy's ``step_meta() -> dict``: what a decision cost
+    CAVEATS = "caveats"  # ``caveats``: lines every result of this agent must show
 
 
 # The callable hooks, by the attribute that offers each.
@@ -47,6 +48,7 @@ _METHODS = {
 _FLAGS = {
     Capability.COUPLES_NOISE: "couples_noise",
     Capability.CONCURRENCY: "prefers_concurrency",
+    Capability.CAVEATS: "caveats",
 }
 
 

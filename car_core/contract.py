@@ -48,6 +48,9 @@ agent offers it:
   branch with status ``RunStatus.SETTLED`` (never before a pending ``do_context`` edit is
   applied, since an edit may rewrite the steps it saw). Checked: a branch ends settled at the
   first step where ``stop`` holds, and not before;
+- ``caveats`` (``CAVEATS``): lines every result of this agent must carry (an adapter whose
+  user let unclassified tools run live on branches says so); estimators warn each once per
+  estimate (``AgentCaveat``) and keep them in the result's ``caveats``;
 - a policy's ``step_meta() -> dict`` (``STEP_META``): what the last decision cost (model,
   ``tokens``, ``cost``, seed, latency); the engine keeps it in the step's meta, where budgets
   count tokens and money (``ModelPolicy``).

@@ -9,6 +9,7 @@ The tree::
     │   ├── InvalidJSONValue                    an action/observation/context that is not JSON
     │   ├── InvalidBudget                       a budget of zero, negative, or too small
     │   ├── AgentMismatch                       the agent given is not the one the run recorded
+    │   ├── UnclassifiedTools                   tools no source says are safe or side effects
     │   └── OutcomeError                        an outcome function that raised or left [0, 1]
     │       └── OutcomeMismatch                 it scores the recorded run the other way
     ├── RunError                                a recorded run that cannot be trusted
@@ -88,6 +89,16 @@ class InvalidBudget(InvalidInput):
 
 class AgentMismatch(InvalidInput):
     """The agent given is not the one the run was recorded with (name or fingerprint)."""
+
+
+class UnclassifiedTools(InvalidInput):
+    """Tools of the agent that no source classifies as safe to run on a branch or as side
+    effects (neither named in ``safe_tools`` / ``side_effect_tools`` nor annotated), refused
+    before any branch runs: a branch would run them live. ``tools`` lists them all."""
+
+    @property
+    def tools(self) -> tuple[str, ...]:
+        return tuple(self.context.get("tools", ()))
 
 
 class OutcomeError(InvalidInput):
@@ -231,5 +242,5 @@ __all__ = [
     "InvalidIntervention", "InvalidInput", "InvalidJSONValue", "ModelUnavailable",
     "NotACarStore", "NothingToAttribute", "OutcomeError", "OutcomeMismatch", "PolicyError",
     "ReplayMismatch", "RunError", "RunNotFound", "SideEffectBlocked", "StepOutOfRange",
-    "StoreError", "StoreReadOnly", "StoreTooNew",
+    "StoreError", "StoreReadOnly", "StoreTooNew", "UnclassifiedTools",
 ]

@@ -20,7 +20,7 @@ from . import defaults
 from . import formatting as fmt
 from ._json import JSON
 from .actions import same_action
-from .agent import Agent, agent_fingerprint, check_agent
+from .agent import Agent, agent_fingerprint, caveats_of, check_agent
 from .agent import call_environment as call_environment  # re-exported: drive lives in agent
 from .agent import call_policy as call_policy
 from .agent import drive as drive
@@ -110,6 +110,7 @@ class OutcomeDistribution:
     coupling_measured: float | None = None
     coupling_ci: Interval | None = None
     coupling_pairs: int = 0
+    caveats: tuple[str, ...] = ()  # what the agent said every result must show (agent.caveats)
 
     def to_dict(self) -> dict[str, Any]:
         return {"mean": self.mean, "ci": list(self.ci), "n": self.n, "level": self.level,
@@ -121,11 +122,12 @@ class OutcomeDistribution:
                 "rollouts_used": self.rollouts_used,
                 "truncated": self.truncated, "budget_note": self.budget_note,
                 "tokens": self.tokens, "cost": self.cost, "failures": list(self.failures),
-                "branch_ids": [t.id for t in self.trajectories]}
+                "branch_ids": [t.id for t in self.trajectories], "caveats": list(self.caveats)}
 
     def __str__(self) -> str:
         return (fmt.failure_rate(self.mean, self.ci, self.level, self.n)
-                + (" (truncated)" if self.truncated else ""))
+                + (" (truncated)" if self.truncated else "")
+                + "".join(f"\ncaveat: {c}" for c in self.caveats))
 
 
 def _outcome_only(branch: Trajectory) -> float | None:
@@ -219,7 +221,7 @@ def intervene(run: Trajectory, agent: Agent, interventions: Intervention | Seque
         mean=mean, ci=Interval(*wilson(mean, len(values), level), level), n=len(values),
         level=level,
         values=values, trajectories=trajs, interventions=tuple(arm), coupled=shared.shared,
-        coupling=why, coupling_measured=shared.estimate,
+        coupling=why, coupling_measured=shared.estimate, caveats=caveats_of(agent),
         coupling_ci=Interval.of(shared.ci, shared.level), coupling_pairs=shared.pairs,
         seed=seed, rollouts_used=meter.rollouts, truncated=len(values) < rollouts,
         budget_note=meter.tripped, tokens=meter.tokens, cost=meter.cost,

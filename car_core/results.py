@@ -196,6 +196,7 @@ class ContrastiveResult(_Rendered):
     coupling_pairs: int = 0
     given_up: tuple[int, ...] = ()  # candidate steps a futility bound gave up, in order
     more_rollouts: int | None = None  # when undecided: roughly what confirming would still cost
+    caveats: tuple[str, ...] = ()  # what the agent said every result must show (agent.caveats)
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": "contrastive", "run_id": self.run_id,
@@ -214,7 +215,8 @@ class ContrastiveResult(_Rendered):
                 "failures": list(self.failures),
                 "coupling_measured": self.coupling_measured,
                 "coupling_ci": _ci(self.coupling_ci), "coupling_pairs": self.coupling_pairs,
-                "given_up": list(self.given_up), "more_rollouts": self.more_rollouts}
+                "given_up": list(self.given_up), "more_rollouts": self.more_rollouts,
+                "caveats": list(self.caveats)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ContrastiveResult:
@@ -243,7 +245,8 @@ class ContrastiveResult(_Rendered):
             coupling_ci=_read_ci({"ci": data.get("coupling_ci")}, 0.95),
             coupling_pairs=int(data.get("coupling_pairs") or 0),
             given_up=tuple(data.get("given_up") or ()),
-            more_rollouts=data.get("more_rollouts"))
+            more_rollouts=data.get("more_rollouts"),
+            caveats=tuple(data.get("caveats") or ()))
 
     def table(self) -> list[dict[str, Any]]:
         return [s.to_dict() for s in self.steps]
@@ -293,7 +296,7 @@ class ContrastiveResult(_Rendered):
                 + (f"; {len(self.failures)} failed branch(es) left out" if self.failures else ""))
         table = _text_table([*fmt.STEP_COLUMNS[:-1], ""], rows)
         extra = [x for x in (fmt.sample_note(self), self.continue_hint()) if x]
-        return "\n".join([head, table, foot, *extra])
+        return "\n".join([head, table, foot, *extra, *(f"caveat: {c}" for c in self.caveats)])
 
 
 @dataclass(frozen=True)
@@ -363,6 +366,7 @@ class ShapleyResult(_Rendered):
     coupling_measured: float | None = None
     coupling_ci: Interval | None = None
     coupling_pairs: int = 0
+    caveats: tuple[str, ...] = ()  # what the agent said every result must show (agent.caveats)
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": "shapley", "run_id": self.run_id,
@@ -377,7 +381,8 @@ class ShapleyResult(_Rendered):
                 "reason": self.reason, "params": dict(self.params),
                 "failures": list(self.failures),
                 "coupling_measured": self.coupling_measured,
-                "coupling_ci": _ci(self.coupling_ci), "coupling_pairs": self.coupling_pairs}
+                "coupling_ci": _ci(self.coupling_ci), "coupling_pairs": self.coupling_pairs,
+                "caveats": list(self.caveats)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ShapleyResult:
@@ -399,7 +404,8 @@ class ShapleyResult(_Rendered):
             failures=tuple(data.get("failures") or ()),
             coupling_measured=data.get("coupling_measured"),
             coupling_ci=_read_ci({"ci": data.get("coupling_ci")}, 0.95),
-            coupling_pairs=int(data.get("coupling_pairs") or 0))
+            coupling_pairs=int(data.get("coupling_pairs") or 0),
+            caveats=tuple(data.get("caveats") or ()))
 
     def table(self) -> list[dict[str, Any]]:
         return [v.to_dict() for v in self.values]
@@ -431,7 +437,8 @@ class ShapleyResult(_Rendered):
                 + (f"; {len(self.failures)} failed branch(es) left out" if self.failures else ""))
         hint = self.continue_hint()
         return (f"{head}\n{_text_table(list(fmt.SHAPLEY_COLUMNS), rows)}\n{foot}"
-                + (f"\n{hint}" if hint else ""))
+                + (f"\n{hint}" if hint else "")
+                + "".join(f"\ncaveat: {c}" for c in self.caveats))
 
 
 Result = ContrastiveResult | ShapleyResult

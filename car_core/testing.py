@@ -216,8 +216,9 @@ class SideEffectLedger:
 
     Wrap each such tool's function with ``ledger.wrap(name, fn)`` (or call
     ``ledger.note(name, arguments)`` from inside the tool), give the agent
-    ``side_effect_tools=ledger.names`` and pass ``side_effects=ledger`` to
-    ``run_conformance``. ``calls`` lists ``(name, arguments)`` of every real call; it is safe to
+    ``side_effect_tools=ledger.names`` (and its other tools as ``safe_tools``: an adapter
+    refuses a tool left unclassified) and pass ``side_effects=ledger`` to
+    ``run_conformance``: every check then asserts that no branch ran one for real. ``calls`` lists ``(name, arguments)`` of every real call; it is safe to
     use from branches that run in several threads at once.
     """
 

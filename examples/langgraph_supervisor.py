@@ -77,7 +77,8 @@ def build(folder: Path, model: Any = None) -> tuple[Any, CarChatModel]:
 def make() -> LangGraphAgent:
     """The agent for ``car attribute --agent examples.langgraph_supervisor:make``."""
     app, wrapper = build(Path(os.environ.get(DIR_ENV, "car-supervisor")))
-    return LangGraphAgent(app, model=wrapper, side_effect_tools=["close_account"])
+    return LangGraphAgent(app, model=wrapper, safe_tools=sv.SAFE_TOOLS,
+                          side_effect_tools=sv.SIDE_EFFECT_TOOLS)
 
 
 def main(argv: list[str] | None = None, model: Any = None) -> dict[str, Any]:
@@ -104,7 +105,9 @@ def main(argv: list[str] | None = None, model: Any = None) -> dict[str, Any]:
     for s in run.steps:
         print(f"  step {s.index} [{s.meta['agent']}/{s.meta['node']}]: {describe_action(s.action)}")
     closed = len(sv.CLOSED)
-    agent = LangGraphAgent(app, model=wrapper, side_effect_tools=["close_account"])
+    # reading and flagging run on branches; closing an account never does (handoffs route)
+    agent = LangGraphAgent(app, model=wrapper, safe_tools=sv.SAFE_TOOLS,
+                           side_effect_tools=sv.SIDE_EFFECT_TOOLS)
     res = car.contrastive(run, agent, outcome=outcome, rollouts=args.rollouts, seed=0,
                           store=store, progress=False)
     print(res)

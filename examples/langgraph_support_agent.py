@@ -27,6 +27,7 @@ from typing import Any
 
 from car_adapters.common.messages import describe_action
 from car_adapters.demo.support_agent import (
+    SAFE_TOOLS,
     SIDE_EFFECT_TOOLS,
     PlantedSupportModel,
     build_app,
@@ -63,7 +64,9 @@ def main(argv: list[str] | None = None, model: Any = None) -> dict[str, Any]:
     for s in run.steps:
         print(f"  step {s.index}: {describe_action(s.action)}")
 
-    agent = LangGraphAgent(app, model=wrapper, side_effect_tools=SIDE_EFFECT_TOOLS)
+    # every tool classified: the lookups run on branches, the refund never does
+    agent = LangGraphAgent(app, model=wrapper, safe_tools=SAFE_TOOLS,
+                           side_effect_tools=SIDE_EFFECT_TOOLS)
     res = car.contrastive(run, agent, outcome=outcome, rollouts=args.rollouts, seed=0,
                           store=store, progress=False)
     print(res)

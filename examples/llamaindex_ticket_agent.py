@@ -92,6 +92,13 @@ def fake_model(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> An
     return "Done."
 
 
+# how LlamaIndexAgent treats each tool on a branch: the reads run; the writes are simulated
+TOOL_CLASSES: dict[str, Any] = {
+    "safe_tools": ["read_ticket", "lookup_user"],
+    "simulators": {"grant_role": lambda a: f"{a['user']} is now {a['role']}",
+                   "add_note": lambda a: "noted", "reply": lambda a: "sent"}}
+
+
 def build_agent(llm: Any = None) -> FunctionAgent:
     """The helpdesk agent over ``llm`` (default: the seeded fake model)."""
     return FunctionAgent(name="helpdesk", tools=[read_ticket, lookup_user, add_note, grant_role,
@@ -100,10 +107,10 @@ def build_agent(llm: Any = None) -> FunctionAgent:
 
 
 def make_agent() -> LlamaIndexAgent:
-    """The factory ``car attribute --agent`` calls. ``grant_role`` never runs on a branch: a
-    branch that grants is answered from the record or by the simulator."""
-    return LlamaIndexAgent(build_agent(), side_effect_tools=["grant_role"],
-                           simulators={"grant_role": lambda a: f"{a['user']} is now {a['role']}"})
+    """The factory ``car attribute --agent`` calls. Every tool is classified: reading runs on
+    branches; ``grant_role``, notes and replies never do: a branch that grants, notes or
+    replies is answered from the record or by a simulator."""
+    return LlamaIndexAgent(build_agent(), **TOOL_CLASSES)
 
 
 def outcome(run: car.Trajectory) -> bool:
@@ -150,9 +157,7 @@ def main(argv: list[str] | None = None, llm: Any = None) -> dict[str, Any]:
     for s in run.steps:
         calls = [c["function"]["name"] for c in s.action.get("tool_calls") or ()]
         print(f"  step {s.index}: {', '.join(calls) or s.action.get('content')}")
-    wrapped = LlamaIndexAgent(agent, side_effect_tools=["grant_role"],
-                              simulators={"grant_role": lambda a: f"{a['user']} is now "
-                                                                  f"{a['role']}"})
+    wrapped = LlamaIndexAgent(agent, **TOOL_CLASSES)
     res = car.contrastive(run, wrapped, outcome=outcome, rollouts=args.rollouts, seed=args.seed)
     print(res)
     k = res.locus if res.locus is not None else 1

@@ -96,7 +96,8 @@ def simulate_refund(args: dict[str, Any]) -> str:
 
 def make_agent() -> OpenAIAgentsAgent:
     """The factory ``car attribute --agent`` calls."""
-    return OpenAIAgentsAgent(build_app(), side_effect_tools=["issue_refund"],
+    return OpenAIAgentsAgent(build_app(), safe_tools=["lookup_order"],
+                             side_effect_tools=["issue_refund"],
                              simulators={"issue_refund": simulate_refund})
 
 
@@ -136,7 +137,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         calls = [f"{c['function']['name']}({c['function']['arguments']})"
                  for c in s.action.get("tool_calls") or ()]
         print(f"  step {s.index} [{s.meta['agent']}]: {', '.join(calls) or s.action['content']}")
-    wrapped = OpenAIAgentsAgent(app, side_effect_tools=["issue_refund"],
+    # the lookup runs on branches; the refund never does (a simulator answers new amounts)
+    wrapped = OpenAIAgentsAgent(app, safe_tools=["lookup_order"],
+                                side_effect_tools=["issue_refund"],
                                 simulators={"issue_refund": simulate_refund})
     res = car.contrastive(run, wrapped, outcome=outcome, rollouts=args.rollouts, seed=args.seed)
     print(res)

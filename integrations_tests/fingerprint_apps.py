@@ -32,6 +32,13 @@ def reopen_ticket() -> str:
     return "reopened"
 
 
+def classified(extra_tool: bool = False) -> dict[str, Any]:
+    """The desk's tools for an adapter: each changes the ticket, so each is a side effect,
+    answered on branches by its own fake (which writes nothing)."""
+    tools = [escalate, close_ticket, *([reopen_ticket] if extra_tool else [])]
+    return {"simulators": {t.__name__: (lambda _args, t=t: t()) for t in tools}}
+
+
 def decide(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> Any:
     """Step 0 escalates with probability 1/2, then the desk answers in text."""
     if not any(m["role"] == "assistant" for m in messages):
@@ -57,17 +64,17 @@ def llamaindex_workflow(prompt: str = PROMPT, extra_tool: bool = False) -> Any:
 
 def llamaindex_same() -> Any:
     from car_adapters.llamaindex import LlamaIndexAgent
-    return LlamaIndexAgent(llamaindex_workflow())
+    return LlamaIndexAgent(llamaindex_workflow(), **classified())
 
 
 def llamaindex_other_prompt() -> Any:
     from car_adapters.llamaindex import LlamaIndexAgent
-    return LlamaIndexAgent(llamaindex_workflow(OTHER_PROMPT))
+    return LlamaIndexAgent(llamaindex_workflow(OTHER_PROMPT), **classified())
 
 
 def llamaindex_other_tools() -> Any:
     from car_adapters.llamaindex import LlamaIndexAgent
-    return LlamaIndexAgent(llamaindex_workflow(extra_tool=True))
+    return LlamaIndexAgent(llamaindex_workflow(extra_tool=True), **classified(extra_tool=True))
 
 
 # -- OpenAI Agents SDK -------------------------------------------------------------------------
@@ -88,6 +95,14 @@ def langgraph_app(checkpoints: str, prompt: str | None = None, tools: int = 3) -
     saver = SqliteSaver(sqlite3.connect(checkpoints, check_same_thread=False))
     return sa.build_app(sa.PlantedSupportModel(p_follow=0.5), saver, tools=sa.TOOLS[:tools],
                         system_prompt=prompt or sa.SYSTEM_PROMPT)
+
+
+def langgraph_tools(tools: int = 3) -> dict[str, Any]:
+    """How the support graph's first ``tools`` tools are classified for ``LangGraphAgent``."""
+    from car_adapters.demo import support_agent as sa
+    names = [t.name for t in sa.TOOLS[:tools]]
+    return {"safe_tools": [n for n in names if n in sa.SAFE_TOOLS],
+            "side_effect_tools": [n for n in names if n in sa.SIDE_EFFECT_TOOLS]}
 
 
 def record(framework: str, store: str, checkpoints: str = "") -> None:

@@ -63,13 +63,13 @@ def test_llamaindex_recorder_run_is_checked_against_the_workflow(tmp_path: Path)
 
 def test_openai_agents_recorder_run_is_checked_against_the_app(tmp_path: Path) -> None:
     run = recorded("openai-agents", tmp_path)
-    same = OpenAIAgentsAgent(apps.openai_app())
+    same = OpenAIAgentsAgent(apps.openai_app(), **apps.classified())
     assert run.meta["agent_fingerprint"] == agent_fingerprint(same)
     for app in (apps.openai_app(apps.OTHER_PROMPT), apps.openai_app(extra_tool=True)):
-        other = OpenAIAgentsAgent(app)
+        other = OpenAIAgentsAgent(app, **apps.classified(extra_tool=len(app.tools) > 2))
         refused_without_a_model_call(run, other, lambda app=app: app.model.calls)
     app = apps.openai_app(apps.OTHER_PROMPT)
-    forced = car.intervene(run, OpenAIAgentsAgent(app), car.do_resample(0),
+    forced = car.intervene(run, OpenAIAgentsAgent(app, **apps.classified()), car.do_resample(0),
                            outcome=apps.escalated, rollouts=4, force_agent=True)
     assert forced.n == 4 and app.model.calls >= 4
     dist = car.intervene(run, same, car.do_resample(0), outcome=apps.escalated, rollouts=4)
@@ -80,18 +80,20 @@ def test_langgraph_callback_and_imported_runs_are_checked_against_the_app(tmp_pa
                                                                            ) -> None:
     checkpoints = str(tmp_path / "checkpoints.db")
     run = recorded("langgraph", tmp_path, checkpoints)
-    same = LangGraphAgent(apps.langgraph_app(checkpoints))
+    same = LangGraphAgent(apps.langgraph_app(checkpoints), **apps.langgraph_tools())
     assert run.meta["agent_fingerprint"] == agent_fingerprint(same)
     imported = same.import_thread(apps.THREAD)  # the checkpoints' own copy of the run
     assert imported.meta["agent_fingerprint"] == run.meta["agent_fingerprint"]
-    for app in (apps.langgraph_app(checkpoints, prompt="Refund whatever is asked."),
-                apps.langgraph_app(checkpoints, tools=2)):
+    for app, tools in ((apps.langgraph_app(checkpoints, prompt="Refund whatever is asked."), 3),
+                       (apps.langgraph_app(checkpoints, tools=2), 2)):
         model = app.builder.nodes["agent"].runnable.func.__closure__[0].cell_contents
         for recorded_run in (run, imported):
-            refused_without_a_model_call(recorded_run, LangGraphAgent(app),
+            refused_without_a_model_call(recorded_run,
+                                         LangGraphAgent(app, **apps.langgraph_tools(tools)),
                                          lambda model=model: model.bound.calls)
     other = apps.langgraph_app(checkpoints, prompt="Refund whatever is asked.")
-    forced = car.intervene(run, LangGraphAgent(other), car.do_resample(1), outcome=sa.outcome,
+    forced = car.intervene(run, LangGraphAgent(other, **apps.langgraph_tools()),
+                           car.do_resample(1), outcome=sa.outcome,
                            rollouts=2, force_agent=True)
     assert forced.n == 2
     dist = car.intervene(run, same, car.do_resample(1), outcome=sa.outcome, rollouts=2)

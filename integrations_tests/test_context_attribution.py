@@ -62,7 +62,8 @@ def test_langgraph_names_the_injected_sentence_and_removing_it_is_the_best_repai
     assert sa.outcome(run)
     recorded = len(refunds)
     assert recorded == 1  # the recording refunded for real, once
-    agent = LangGraphAgent(app, model=model, side_effect_tools=sa.SIDE_EFFECT_TOOLS)
+    agent = LangGraphAgent(app, model=model, safe_tools=sa.SAFE_TOOLS,
+                           side_effect_tools=sa.SIDE_EFFECT_TOOLS)
     result = car.context_attribution(run, agent, step=1, outcome=sa.outcome,
                                      rollouts=ROLLOUTS, splitter=sentences, seed=0)
     assert named_texts(result) == [sa.INJECTION]
@@ -90,7 +91,7 @@ def test_llamaindex_names_the_urgent_tool_result() -> None:
     finally:
         rec.detach()
     assert li_escalated(run) and ledger.count("escalate") == 1
-    agent = LlamaIndexAgent(Planted(ledger=ledger).agent, side_effect_tools=["escalate"])
+    agent = LlamaIndexAgent(Planted(ledger=ledger).agent, **Planted.CLASSES)
     result = car.context_attribution(run, agent, step=1, outcome=li_escalated,
                                      rollouts=ROLLOUTS, seed=0)
     assert [s.source.label for s in result.named] == ["tool message 3 (fetch_ticket)"]
@@ -105,13 +106,12 @@ def test_openai_agents_names_the_urgent_tool_result_and_a_guard_fixes_it() -> No
     ledger = SideEffectLedger(["escalate"])
 
     def record(seed: int) -> car.Trajectory:
-        user = OpenAIAgentsAgent(Helpdesk(side_effects=ledger, p=0.9).agent)
+        user = OpenAIAgentsAgent(Helpdesk(side_effects=ledger, p=0.9).agent, **Helpdesk.CLASSES)
         return car.record(user, context="Please handle ticket 7.", outcome=oa_escalated,
                           seed=seed)
     run = next(r for r in map(record, range(20)) if oa_escalated(r))
     assert ledger.count("escalate") == 1
-    agent = OpenAIAgentsAgent(Helpdesk(side_effects=ledger, p=0.9).agent,
-                              side_effect_tools=["escalate"])
+    agent = OpenAIAgentsAgent(Helpdesk(side_effects=ledger, p=0.9).agent, **Helpdesk.CLASSES)
     result = car.context_attribution(run, agent, step=1, outcome=oa_escalated,
                                      rollouts=ROLLOUTS, seed=0)
     assert len(result.named) == 1 and "URGENT" in result.named[0].source.text

@@ -61,7 +61,8 @@ def support() -> Any:
     run = cb.run
     assert sa.outcome(run) and len(run.steps) == 4  # lookup, decide refund, refund, reply
     HOOK.armed = True
-    yield LangGraphAgent(app, model=wrapper), run
+    # the refund goes to a payments sandbox: safe to run on branches, where it may fail
+    yield LangGraphAgent(app, model=wrapper, safe_tools=[*sa.SAFE_TOOLS, "issue_refund"]), run
     HOOK.armed = False
 
 

@@ -35,7 +35,7 @@ from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
 import car_core as car
-from car_core.errors import SideEffectBlocked
+from car_core.errors import SideEffectBlocked, UnclassifiedTools
 from car_core.interventions import compile_plan
 from car_core.seeding import branch_noise
 from car_core.testing import (
@@ -67,12 +67,13 @@ def saver(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
 class Support:
     """The support app built over a wrapped planted model, and its failing run."""
 
-    def __init__(self, saver: Any, *, side_effect_tools: tuple[str, ...] = ()) -> None:
+    def __init__(self, saver: Any, *,
+                 side_effect_tools: tuple[str, ...] = sa.SIDE_EFFECT_TOOLS) -> None:
         self.model = sa.PlantedSupportModel(rng_seed=0)
         self.wrapper = CarChatModel(inner=self.model)
         self.app = sa.build_app(self.wrapper, saver)
         self.saver = saver
-        self.agent = LangGraphAgent(self.app, model=self.wrapper,
+        self.agent = LangGraphAgent(self.app, model=self.wrapper, safe_tools=sa.SAFE_TOOLS,
                                     side_effect_tools=side_effect_tools)
 
     def failing_run(self, store: Any = None) -> car.Trajectory:
@@ -154,13 +155,17 @@ def test_held_prefix_makes_no_model_or_tool_call(monkeypatch: pytest.MonkeyPatch
         assert s.model.call_steps == list(range(k, len(branch.steps)))
         live_tools = [c["function"]["name"] for st in branch.steps[k:]
                       for c in st.action["tool_calls"]]
-        assert tool_calls == live_tools
+        # the safe tools of the live steps ran; the refund is answered, never run
+        assert tool_calls == [t for t in live_tools if t not in sa.SIDE_EFFECT_TOOLS]
         assert [st.meta["origin"] for st in branch.steps[:k + 1]] == ["held"] * k + ["live"]
         assert [st.action for st in branch.steps[:k]] == [st.action for st in run.steps[:k]]
 
 
 def test_conformance_checks_hold_for_the_agent() -> None:
     s = Support(InMemorySaver())
+    # a branch may refund where the record did not: simulated, never run
+    s.agent = LangGraphAgent(s.app, model=s.wrapper, safe_tools=sa.SAFE_TOOLS,
+                             simulators={"issue_refund": lambda a: '{"simulated": true}'})
     run = car.record(s.agent, context=sa.inputs(), outcome=sa.outcome, seed=3)
     assert run.steps and run.agent.startswith("langgraph:")
 
@@ -223,8 +228,9 @@ def test_do_observation_answers_only_its_step_in_an_app_without_the_wrapper() ->
     app.invoke(sa.inputs(), {"configurable": {"thread_id": "u"}, "callbacks": [cb]})
     run = cb.run
     forced = json.dumps({"order_id": sa.ORDER_ID, "refund_eligible": False})
-    branch = LangGraphAgent(app).branch(run, compile_plan(run, car.do_observation(0, [forced])),
-                                        branch_noise(0, 0, "t", True))
+    agent = LangGraphAgent(app, safe_tools=sa.SAFE_TOOLS, side_effect_tools=sa.SIDE_EFFECT_TOOLS)
+    branch = agent.branch(run, compile_plan(run, car.do_observation(0, [forced])),
+                          branch_noise(0, 0, "t", True))
     assert branch.steps[0].observation[0]["content"] == forced
     assert [st.observation for st in branch.steps[1:]] == [st.observation for st in run.steps[1:]]
 
@@ -256,7 +262,8 @@ def test_attribute_thread_imports_scores_and_stores(store: Any) -> None:
     run = s.failing_run()
     before = user_history(s.app, run.meta["thread_id"])
     res = attribute_thread(s.app, run.meta["thread_id"], outcome=sa.outcome,
-                           model=s.wrapper, store=store, rollouts=32, progress=False)
+                           model=s.wrapper, store=store, rollouts=32, progress=False,
+                           safe_tools=sa.SAFE_TOOLS, side_effect_tools=sa.SIDE_EFFECT_TOOLS)
     assert res.locus == 1
     stored = store.attribution(res.attribution_id)
     assert store.load(stored.run_id).outcome.value == 1.0
@@ -273,7 +280,8 @@ def test_attribute_thread_closes_a_store_it_opened_from_a_path(
                                                              close(self))[1])
     res = attribute_thread(s.app, run.meta["thread_id"], outcome=sa.outcome,
                            model=s.wrapper, store=tmp_path / "car.db", rollouts=4,
-                           progress=False)
+                           progress=False, safe_tools=sa.SAFE_TOOLS,
+                           side_effect_tools=sa.SIDE_EFFECT_TOOLS)
     assert [Path(p) for p in closed] == [tmp_path / "car.db"]
     with car.RunStore(tmp_path / "car.db") as store:
         assert store.attribution(res.attribution_id).run_id == res.run_id
@@ -289,7 +297,8 @@ def test_branches_never_touch_the_users_thread(saver: Any) -> None:
                          outcome=sa.outcome, rollouts=4, seed=0, progress=False)
     assert user_history(s.app, thread) == before
     assert {c.config["configurable"]["thread_id"] for c in saver.list(None)} == threads_before
-    kept = LangGraphAgent(s.app, model=s.wrapper, keep_branches=True)
+    kept = LangGraphAgent(s.app, model=s.wrapper, keep_branches=True, safe_tools=sa.SAFE_TOOLS,
+                          side_effect_tools=sa.SIDE_EFFECT_TOOLS)
     dist = car.intervene(run, kept, car.do_resample(1), outcome=sa.outcome, rollouts=3, seed=0,
                          progress=False)
     branch_threads = {t.meta["thread_id"] for t in dist.trajectories}
@@ -322,18 +331,25 @@ def test_side_effect_tools_never_run_on_branches(monkeypatch: pytest.MonkeyPatch
     plan = compile_plan(run, car.do_policy(2, BigRefund()))
     with pytest.raises(SideEffectBlocked, match="issue_refund"):
         s.agent.branch(run, plan, branch_noise(0, 0, "t", True))
-    simulated = LangGraphAgent(s.app, model=s.wrapper, side_effect_tools=["issue_refund"],
+    simulated = LangGraphAgent(s.app, model=s.wrapper, safe_tools=sa.SAFE_TOOLS,
+                               side_effect_tools=["issue_refund"],
                                simulators={"issue_refund": lambda a: f"simulated {a['amount']}"})
     branch = simulated.branch(run, plan, branch_noise(0, 0, "t", True))
     assert branch.steps[2].observation[0]["content"] == "simulated 999.0"
-    as_json = LangGraphAgent(s.app, model=s.wrapper,
+    as_json = LangGraphAgent(s.app, model=s.wrapper, safe_tools=sa.SAFE_TOOLS,
                              simulators={"issue_refund": lambda a: {"simulated": a["amount"]}})
     branch = as_json.branch(run, plan, branch_noise(0, 0, "t", True))
     assert json.loads(branch.steps[2].observation[0]["content"]) == {"simulated": 999.0}
     assert refunds == []
-    live = LangGraphAgent(s.app, model=s.wrapper).branch(run, compile_plan(
-        run, car.do_resample(2)), branch_noise(0, 0, "t", True))
-    assert len(refunds) == 1 and live.steps[2].observed  # unnamed tools run live
+    # unclassified, the refund is refused before any branch; opted out (a sandbox), it runs
+    with pytest.raises(UnclassifiedTools, match="issue_refund") as err:
+        LangGraphAgent(s.app, model=s.wrapper, safe_tools=sa.SAFE_TOOLS)
+    assert err.value.tools == ("issue_refund",) and refunds == []
+    sandbox = LangGraphAgent(s.app, model=s.wrapper, unclassified="live")
+    assert "issue_refund" in sandbox.caveats[0] and "lookup_order" in sandbox.caveats[0]
+    live = sandbox.branch(run, compile_plan(run, car.do_resample(2)),
+                          branch_noise(0, 0, "t", True))
+    assert len(refunds) == 1 and live.steps[2].observed  # unclassified tools run live
 
 
 # -- graph shapes -----------------------------------------------------------------------------
@@ -374,7 +390,7 @@ def test_parallel_tool_calls_with_a_prebuilt_react_agent() -> None:
     run = cb.run
     assert [m["tool_call_id"] for m in run.steps[0].observation] == ["w", "c"]
     assert [m["content"] for m in run.steps[0].observation] == ["sunny in Oslo", "noon in Oslo"]
-    agent = LangGraphAgent(app, model=wrapper)
+    agent = LangGraphAgent(app, model=wrapper, safe_tools=["weather", "clock"])
     assert [st.to_dict() | {"meta": None, "digest": None} for st in
             agent.import_thread("p").steps] == [
         st.to_dict() | {"meta": None, "digest": None} for st in run.steps]
@@ -403,7 +419,7 @@ def test_reused_tool_call_ids_keep_each_steps_own_result() -> None:
     cb = CarCallback()
     app.invoke({"messages": [{"role": "user", "content": "Oslo?"}]},
                {"configurable": {"thread_id": "x"}, "callbacks": [cb]})
-    agent = LangGraphAgent(app, model=wrapper)
+    agent = LangGraphAgent(app, model=wrapper, safe_tools=["weather", "clock"])
     expected = ["sunny in Oslo", "noon in Oslo", None]
     for run in (cb.run, agent.import_thread("x")):
         assert [s.observation and s.observation[0]["content"] for s in run.steps] == expected
@@ -441,7 +457,7 @@ def test_async_graph_and_concurrent_runs_do_not_cross_talk() -> None:
 
     asyncio.run(many())
     assert len(cb.runs) == 4
-    agent = LangGraphAgent(app)
+    agent = LangGraphAgent(app, safe_tools=sa.SAFE_TOOLS, side_effect_tools=sa.SIDE_EFFECT_TOOLS)
     for run in cb.runs:
         thread = run.meta["thread_id"]
         ticket = run.steps[0].state[0]["content"]
@@ -518,7 +534,8 @@ def test_an_async_graph_is_branched_with_ainvoke() -> None:
     cb = CarCallback()
     asyncio.run(app.ainvoke(sa.inputs(), {"configurable": {"thread_id": "a"}, "callbacks": [cb]}))
     run = cb.run
-    agent = LangGraphAgent(app, model=wrapper, side_effect_tools=["issue_refund"])
+    agent = LangGraphAgent(app, model=wrapper, safe_tools=sa.SAFE_TOOLS,
+                           side_effect_tools=["issue_refund"])
     assert agent.is_async
     assert car.intervene(run, agent, car.do_resample(1), outcome=sa.outcome, rollouts=4,
                          progress=False).mean == 1.0

@@ -129,9 +129,12 @@ def test_postgres_saver_with_a_streamed_app(postgres_dsn: str, ledger: SideEffec
         run = first_failure(lambda t: list(app.stream(sa.inputs(), config(t, cb))), cb)
         assert ledger.count("issue_refund") == 1  # the user's own run refunded for real
         assert len(run.steps) == 4 and run.steps[0].meta["checkpoint_id"]
-        imported = LangGraphAgent(app).import_thread(run.meta["thread_id"])
+        importer = LangGraphAgent(app, safe_tools=sa.SAFE_TOOLS,
+                                  side_effect_tools=sa.SIDE_EFFECT_TOOLS)
+        imported = importer.import_thread(run.meta["thread_id"])
         assert [s.action for s in imported.steps] == [s.action for s in run.steps]
-        attribute(run, LangGraphAgent(app, model=wrapper, side_effect_tools=ledger.names),
+        attribute(run, LangGraphAgent(app, safe_tools=sa.SAFE_TOOLS, model=wrapper,
+                                      side_effect_tools=ledger.names),
                   ledger)
 
 
@@ -158,7 +161,8 @@ def async_case(open_saver: Callable[[], Any], drive: str, ledger: SideEffectLedg
 
             run = await afirst_failure(invoke, cb)
             assert ledger.count("issue_refund") == 1 and len(run.steps) == 4
-            agent = LangGraphAgent(app, model=wrapper, side_effect_tools=ledger.names)
+            agent = LangGraphAgent(app, safe_tools=sa.SAFE_TOOLS, model=wrapper,
+                                   side_effect_tools=ledger.names)
             calls = model.calls
             with pytest.raises(AdapterError, match="asyncio.to_thread"):  # would deadlock
                 car.intervene(run, agent, car.do_resample(1), outcome=sa.outcome, rollouts=2,
@@ -200,7 +204,8 @@ def test_an_async_saver_whose_loop_has_ended_is_refused(tmp_path: Path) -> None:
             kept.update(app=app, run=cb.run)
 
     asyncio.run(main())
-    agent = LangGraphAgent(kept["app"])
+    agent = LangGraphAgent(kept["app"], safe_tools=sa.SAFE_TOOLS,
+                           side_effect_tools=sa.SIDE_EFFECT_TOOLS)
     with pytest.raises(AdapterError, match="not running"):
         car.intervene(kept["run"], agent, car.do_resample(1), outcome=sa.outcome, rollouts=2,
                       progress=False)
@@ -257,7 +262,8 @@ def test_postgres_saver_with_a_supervisor_streaming_its_subgraphs(
                                                       subgraphs=True)), cb,
                             tries=40, outcome=sv.outcome)
         assert closings.count("close_account") == 1  # the user's own run closed it for real
-        agent = LangGraphAgent(app, model=wrapper, side_effect_tools=["close_account"])
+        agent = LangGraphAgent(app, safe_tools=sv.SAFE_TOOLS, model=wrapper,
+                               side_effect_tools=["close_account"])
         imported = agent.import_thread(run.meta["thread_id"])
         assert [s.action for s in imported.steps] == [s.action for s in run.steps]
         assert [s.meta["agent"] for s in imported.steps] == [s.meta["agent"] for s in run.steps]
@@ -290,7 +296,8 @@ def supervisor_async_case(open_saver: Callable[[], Any], drive: str,
 
             run = await afirst_failure(invoke, cb, tries=40, outcome=sv.outcome)
             assert closings.count("close_account") == 1 and len(run.steps) == 8
-            agent = LangGraphAgent(app, model=wrapper, side_effect_tools=["close_account"])
+            agent = LangGraphAgent(app, safe_tools=sv.SAFE_TOOLS, model=wrapper,
+                                   side_effect_tools=["close_account"])
             with pytest.raises(AdapterError, match="asyncio.to_thread"):  # would deadlock
                 car.intervene(run, agent, car.do_resample(4), outcome=sv.outcome, rollouts=2,
                               progress=False)

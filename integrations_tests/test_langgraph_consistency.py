@@ -56,7 +56,8 @@ def test_the_agent_passes_the_whole_conformance_suite_with_no_real_side_effect(
         reset = staticmethod(model.reset_calls)
 
     def make() -> Any:  # the graph's tools must never run issue_refund on a branch
-        return (LangGraphAgent(app, model=wrapper, side_effect_tools=sorted(ledger.names),
+        return (LangGraphAgent(app, safe_tools=sa.SAFE_TOOLS, model=wrapper,
+                               side_effect_tools=sorted(ledger.names),
                                simulators={"issue_refund": lambda a: '{"simulated": true}'}),
                 Counter())
 
@@ -73,8 +74,10 @@ def test_the_suite_catches_real_side_effects_when_the_tool_is_not_guarded(
     run = failing_run(app, CarCallback())
     with pytest.raises(car.errors.ConformanceFailure, match=r"ran side-effect tool\(s\) "
                                                             r"\['issue_refund'\] for real"):
-        run_conformance(lambda: LangGraphAgent(app, model=wrapper), run=run,
-                        outcome=sa.outcome, side_effects=ledger)
+        # the refund wrongly named safe: the ledger catches it on the first check
+        run_conformance(lambda: LangGraphAgent(app, model=wrapper,
+                                               safe_tools=[*sa.SAFE_TOOLS, "issue_refund"]),
+                        run=run, outcome=sa.outcome, side_effects=ledger)
 
 
 class FreshIdModel(sa.PlantedSupportModel):
@@ -96,7 +99,8 @@ def test_action_match_ignores_the_tool_call_ids_a_provider_assigns() -> None:
     cb = CarCallback()
     app.invoke(sa.inputs(), {"configurable": {"thread_id": "t"}, "callbacks": [cb]})
     run = cb.run
-    agent = LangGraphAgent(app, model=wrapper)
+    agent = LangGraphAgent(app, safe_tools=sa.SAFE_TOOLS, side_effect_tools=sa.SIDE_EFFECT_TOOLS,
+                           model=wrapper)
     again = agent.redecide(run, 1, Noise(0))
     assert again["tool_calls"][0]["id"] != run.steps[1].action["tool_calls"][0]["id"]
     assert again != run.steps[1].action
@@ -145,10 +149,12 @@ def test_attribute_thread_takes_outcome_of_the_run_and_stores_a_thread_once(
         return sa.outcome(r)
 
     first = attribute_thread(app, thread, outcome=outcome, model=wrapper, store=store,
-                             side_effect_tools=ledger.names, rollouts=16, progress=False)
+                             safe_tools=sa.SAFE_TOOLS, side_effect_tools=ledger.names,
+                             rollouts=16, progress=False)
     assert first.locus == 1 and all(issubclass(t, car.Trajectory) for t in seen)
     second = attribute_thread(app, thread, outcome=sa.outcome, model=wrapper, store=store,
-                              side_effect_tools=ledger.names, rollouts=4, progress=False)
+                              safe_tools=sa.SAFE_TOOLS, side_effect_tools=ledger.names,
+                              rollouts=4, progress=False)
     assert second.run_id == first.run_id
     assert [r["id"] for r in store.list()] == [first.run_id]  # one stored run, two attributions
     assert len(store.attributions(first.run_id)) == 2
@@ -167,5 +173,6 @@ def test_attribute_thread_still_accepts_outcome_of_the_final_state(store: Any) -
 
     with pytest.warns(DeprecationWarning, match=r"outcome\(run\)"):
         res = attribute_thread(app, run.meta["thread_id"], outcome=old, model=wrapper,
-                               store=store, rollouts=16, progress=False)
+                               store=store, rollouts=16, progress=False,
+                               safe_tools=sa.SAFE_TOOLS, side_effect_tools=sa.SIDE_EFFECT_TOOLS)
     assert res.locus == 1 and store.load(res.run_id).outcome.value == 1.0

@@ -32,6 +32,8 @@ from car_core.interventions import compile_plan
 from car_core.seeding import branch_noise
 
 NOISE = branch_noise(0, 0, "errors", True)
+# the support app's tools, classified: lookups run on branches, the refund never does
+SA: dict[str, Any] = {"safe_tools": sa.SAFE_TOOLS, "side_effect_tools": sa.SIDE_EFFECT_TOOLS}
 
 
 def history(app: Any, thread_id: str) -> list[tuple[str, Any]]:
@@ -60,9 +62,10 @@ def test_an_app_without_a_checkpointer_is_refused() -> None:
 def test_an_unknown_thread_is_refused_and_the_store_stays_empty(store: Any) -> None:
     app, _ = recorded(InMemorySaver())
     with pytest.raises(AdapterError, match="no thread 'nope'"):
-        LangGraphAgent(app).import_thread("nope")
+        LangGraphAgent(app, safe_tools=sa.SAFE_TOOLS,
+                       side_effect_tools=sa.SIDE_EFFECT_TOOLS).import_thread("nope")
     with pytest.raises(AdapterError, match="no thread 'nope'"):
-        attribute_thread(app, "nope", outcome=sa.outcome, store=store)
+        attribute_thread(app, "nope", outcome=sa.outcome, store=store, **SA)
     assert store.list(branches=True) == []
 
 
@@ -78,8 +81,8 @@ def test_a_run_from_a_different_graph_is_refused() -> None:
         LangGraphAgent(other_app).branch(run, compile_plan(run, car.do_resample(1)), NOISE)
     same_shape_elsewhere = sa.build_app(sa.PlantedSupportModel(), InMemorySaver())
     with pytest.raises(AgentMismatch, match="does not exist in this app's checkpointer"):
-        LangGraphAgent(same_shape_elsewhere).branch(run, compile_plan(run, car.do_resample(1)),
-                                                    NOISE)
+        LangGraphAgent(same_shape_elsewhere, **SA).branch(
+            run, compile_plan(run, car.do_resample(1)), NOISE)
     assert history(app, "user") == before and threads(saver) == {"user"}
 
 
@@ -87,7 +90,8 @@ def test_a_run_not_recorded_from_langgraph_is_refused() -> None:
     app, _ = recorded(InMemorySaver())
     scm_run = synthetic.pivot().failing_run(seed=0)
     with pytest.raises(AdapterError, match="not recorded from a LangGraph app"):
-        LangGraphAgent(app).branch(scm_run, compile_plan(scm_run, car.do_resample(0)), NOISE)
+        LangGraphAgent(app, **SA).branch(scm_run, compile_plan(scm_run, car.do_resample(0)),
+                                         NOISE)
 
 
 def test_a_deleted_checkpoint_is_refused(tmp_path: Path) -> None:
@@ -99,7 +103,7 @@ def test_a_deleted_checkpoint_is_refused(tmp_path: Path) -> None:
                      (run.steps[1].meta["checkpoint_id"],))
     before = history(app, "user")
     with pytest.raises(AdapterError, match="was deleted"):
-        car.intervene(run, LangGraphAgent(app), car.do_resample(1), outcome=sa.outcome,
+        car.intervene(run, LangGraphAgent(app, **SA), car.do_resample(1), outcome=sa.outcome,
                       rollouts=2, progress=False)
     assert history(app, "user") == before and threads(saver) == {"user"}
     conn.close()
@@ -131,7 +135,8 @@ def test_an_interrupt_on_a_branch_is_refused() -> None:
     config = {"configurable": {"thread_id": "user"}}
     app.invoke(sa.inputs(), config)
     app.invoke(Command(resume="approved"), config)  # a human approved it in the record
-    lg = LangGraphAgent(app, model=model)
+    lg = LangGraphAgent(app, model=model, safe_tools=sa.SAFE_TOOLS,
+                        side_effect_tools=sa.SIDE_EFFECT_TOOLS)
     run = lg.import_thread("user")
     assert len(run.steps) == 4 and run.status == "complete"
     before = history(app, "user")
@@ -170,13 +175,14 @@ def test_a_step_that_is_not_a_model_decision_is_refused() -> None:
     run = cb.run
     assert [s.meta["node"] for s in run.steps] == ["agent", "tools", "agent"]
     with pytest.raises(AdapterError, match="not a model decision"):
-        LangGraphAgent(app).branch(run, compile_plan(run, car.do_resample(1)), NOISE)
+        LangGraphAgent(app, safe_tools=["summarise"]).branch(
+            run, compile_plan(run, car.do_resample(1)), NOISE)
 
 
 def test_bad_interventions_are_refused_before_anything_runs() -> None:
     saver = InMemorySaver()
     app, run = recorded(saver)
-    agent = LangGraphAgent(app)
+    agent = LangGraphAgent(app, safe_tools=sa.SAFE_TOOLS, side_effect_tools=sa.SIDE_EFFECT_TOOLS)
     before = history(app, "user")
     with pytest.raises(InvalidIntervention, match="assistant message"):
         agent.branch(run, compile_plan(run, car.do_action(1, "refund")), NOISE)
@@ -248,10 +254,12 @@ def test_tools_a_node_calls_itself_are_guarded_when_named() -> None:
                                            r"'record_decision'\]"):
         LangGraphAgent(app, model=model, side_effect_tools=["issue_refnd"])
     with pytest.raises(AdapterError, match="do_observation needs"):
-        LangGraphAgent(app, model=model).branch(
+        LangGraphAgent(app, model=model, safe_tools=sa.SAFE_TOOLS,
+                       side_effect_tools=sa.SIDE_EFFECT_TOOLS).branch(
             run, compile_plan(run, car.do_observation(0, ["{}"])), NOISE)
     assert runs == recorded_runs and threads(saver) == {"user"}
-    agent = LangGraphAgent(app, model=model, side_effect_tools=["issue_refund"])
+    agent = LangGraphAgent(app, model=model, side_effect_tools=["issue_refund"],
+                           safe_tools=sa.SAFE_TOOLS)
     branch = agent.branch(run, compile_plan(run, car.do_resample(2)), NOISE)
     assert [c["function"]["name"] for c in branch.steps[2].action["tool_calls"]] == [
         "issue_refund"]  # decided again on the branch, answered from the record

@@ -55,6 +55,8 @@ ROOT = Path(__file__).resolve().parents[1]
 N = 32
 TOL = 4 * math.sqrt(0.25 / N)
 REFUNDS: list[dict[str, Any]] = []  # the ledger: every real execution of issue_refund
+# the support app's tools, classified: lookups run on branches, the refund never does
+SA: dict[str, Any] = {"safe_tools": sa.SAFE_TOOLS, "side_effect_tools": sa.SIDE_EFFECT_TOOLS}
 
 
 @tool("issue_refund")
@@ -174,7 +176,8 @@ def test_every_tool_name_is_checked_against_the_graph(ledger: list[Any]) -> None
     with pytest.raises(InvalidInput, match=rf"\['issue_refunds'\].*{known}"):
         attribute_thread(app, str(run.meta["thread_id"]), outcome=refunded,
                          side_effect_tools=["issue_refunds"])
-    agent = LangGraphAgent(app, model=model, side_effect_tools=["issue_refund"])
+    agent = LangGraphAgent(app, model=model, safe_tools=sa.SAFE_TOOLS,
+                           side_effect_tools=["issue_refund"])
     assert agent.tools == ["issue_refund", "lookup_order", "record_decision"]
     assert len(ledger) == recorded and threads(saver) == before  # no branch began
 
@@ -191,7 +194,8 @@ def test_a_tool_a_node_calls_itself_is_served_from_the_record(ledger: list[Any])
                                 separators=(",", ":")),
         "content": json.dumps({"refunded": sa.ORDER_ID, "amount": 129.0})}]
     recorded = len(ledger)
-    agent = LangGraphAgent(app, model=model, side_effect_tools=["issue_refund"])
+    agent = LangGraphAgent(app, model=model, safe_tools=sa.SAFE_TOOLS,
+                           side_effect_tools=["issue_refund"])
     resample = car.intervene(run, agent, car.do_resample(1), outcome=refunded, rollouts=N)
     fixed = car.intervene(run, agent, car.do_context(1, sa.remove_injection),
                           outcome=refunded, rollouts=N)
@@ -207,7 +211,8 @@ def test_a_node_call_the_record_cannot_answer_names_the_node(ledger: list[Any]) 
     refund = {"role": "assistant", "content": "", "tool_calls": [
         {"id": "c1", "type": "function", "function": {
             "name": "record_decision", "arguments": json.dumps({"decision": "refund"})}}]}
-    agent = LangGraphAgent(app, model=model, side_effect_tools=["issue_refund"])
+    agent = LangGraphAgent(app, model=model, safe_tools=sa.SAFE_TOOLS,
+                           side_effect_tools=["issue_refund"])
     with pytest.raises(SideEffectBlocked, match=r"in node 'fulfil' \(a call the node makes "
                                                 r"itself.*'issue_refund'") as caught:
         car.intervene(run, agent, car.do_action(1, refund), outcome=refunded, rollouts=1)
@@ -222,13 +227,14 @@ def test_import_thread_counts_only_model_decisions(ledger: list[Any]) -> None:
     model = CarChatModel(inner=DeskModel())
     app = desk(model, InMemorySaver())
     run = record(app, True)
-    imported = LangGraphAgent(app, model=model).import_thread(str(run.meta["thread_id"]))
+    imported = LangGraphAgent(app, model=model, **SA).import_thread(str(run.meta["thread_id"]))
     assert [s.action for s in imported.steps] == [s.action for s in run.steps]
     assert len(imported.steps) == 3 and [s.meta["node"] for s in imported.steps] == [
         "agent"] * 3
     recorded = len(ledger)
     res = attribute_thread(app, str(run.meta["thread_id"]), outcome=refunded, model=model,
-                           side_effect_tools=["issue_refund"], node_tools=[ledger_refund],
+                           safe_tools=sa.SAFE_TOOLS, side_effect_tools=["issue_refund"],
+                           node_tools=[ledger_refund],
                            simulators={"issue_refund": lambda a: {"refunded": a["order_id"]}},
                            rollouts=16, seed=0)
     assert res.locus == 1  # the decision, not the lookup or the reply
@@ -261,7 +267,8 @@ def test_an_unwrapped_summarizer_is_refused_before_any_branch(ledger: list[Any])
     assert run.steps[3].meta["car_decided"] is False
     plan = [car.do_resample(1), car.do_action(3, run.steps[3].action)]
     recorded, calls = len(ledger), summarizer.i
-    agent = LangGraphAgent(app, model=mw, side_effect_tools=["issue_refund"])
+    agent = LangGraphAgent(app, model=mw, safe_tools=sa.SAFE_TOOLS,
+                           side_effect_tools=["issue_refund"])
     with pytest.raises(AdapterError, match=r"node 'SummarizationMiddleware.before_model' can "
                                            r"call chat model FakeListChatModel, which CAR does "
                                            r"not decide \(SummarizationMiddleware configured "
@@ -277,6 +284,7 @@ def test_an_unwrapped_summarizer_is_refused_before_any_branch(ledger: list[Any])
     assert wrapped_run is not None and wrapped_run.steps[3].meta["car_decided"] is True
     recorded = len(ledger)
     dist = car.intervene(wrapped_run, LangGraphAgent(wrapped_app, model=wrapped_mw,
+                                                     safe_tools=sa.SAFE_TOOLS,
                                                      side_effect_tools=["issue_refund"]),
                          plan, outcome=sa.outcome, rollouts=4)
     for branch in dist.trajectories:
@@ -333,7 +341,8 @@ def test_a_model_a_node_builds_itself_is_refused_at_its_first_call(ledger: list[
         {"id": "c1", "type": "function", "function": {
             "name": "record_decision", "arguments": json.dumps({"decision": "deny"})}}]}
     recorded = len(ledger)
-    graph_agent = LangGraphAgent(app, model=model, side_effect_tools=["issue_refund"])
+    graph_agent = LangGraphAgent(app, model=model, safe_tools=sa.SAFE_TOOLS,
+                                 side_effect_tools=["issue_refund"])
     with pytest.raises(AdapterError, match=r"a branch called chat model 'fake-list-chat-model' "
                                            r"in node 'review', which CAR does not decide"):
         car.intervene(run, graph_agent, car.do_action(1, deny), outcome=refunded, rollouts=1)
@@ -347,7 +356,8 @@ def test_a_model_a_node_builds_itself_is_refused_at_its_first_call(ledger: list[
     with pytest.raises(AdapterError, match=r"step 2 is a call of chat model "
                                            r"'fake-list-chat-model' in node 'review' that CAR "
                                            r"did not decide"):
-        car.intervene(denied, LangGraphAgent(denied_app, model=denying), car.do_resample(3),
+        car.intervene(denied, LangGraphAgent(denied_app, model=denying, **SA),
+                      car.do_resample(3),
                       outcome=refunded, rollouts=1)
     assert threads(denied_app.checkpointer) == {"d"}  # no branch began
     assert len(ledger) == recorded
@@ -369,7 +379,8 @@ def test_do_context_at_create_supervisors_supervisor_reaches_later_workers() -> 
     run = cb.run
     assert run is not None and sv.outcome(run) and run.steps[3].meta["agent"] == "supervisor"
     closed = len(sv.CLOSED)
-    agent = LangGraphAgent(app, model=model, side_effect_tools=["close_account"])
+    agent = LangGraphAgent(app, model=model, safe_tools=sv.SAFE_TOOLS,
+                           side_effect_tools=["close_account"])
     for k in (3, 4):  # the supervisor's hand-off, then the worker's own decision
         dist = car.intervene(run, agent, car.do_context(k, sv.remove_injection),
                              outcome=sv.outcome, rollouts=8)
@@ -390,6 +401,7 @@ def test_action_match_rate_is_quiet(caplog: pytest.LogCaptureFixture,
     recorded = len(ledger)
     with caplog.at_level("DEBUG"):
         match = car.action_match_rate(run, LangGraphAgent(app, model=model,
+                                                          safe_tools=sa.SAFE_TOOLS,
                                                           side_effect_tools=["issue_refund"]),
                                       replays=2)
     assert match.steps == (0, 1, 2) and match.per_step[0] == 1.0
@@ -405,7 +417,8 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 
 def make():
-    return LangGraphAgent(sa.build_app(sa.PlantedSupportModel(), InMemorySaver()))
+    return LangGraphAgent(sa.build_app(sa.PlantedSupportModel(), InMemorySaver()),
+                          safe_tools=sa.SAFE_TOOLS, side_effect_tools=sa.SIDE_EFFECT_TOOLS)
 '''
 
 
@@ -420,7 +433,7 @@ def test_a_thread_missing_from_the_saver_is_a_setup_error(tmp_path: Path) -> Non
     assert cb.run is not None
     with pytest.raises(AgentMismatch, match="thread 'gone' does not exist"):
         car.contrastive(cb.run, LangGraphAgent(sa.build_app(sa.PlantedSupportModel(),
-                                                            InMemorySaver())),
+                                                            InMemorySaver()), **SA),
                         outcome=sa.outcome, rollouts=2, store=store)
     assert store.attributions(cb.run.id) == []  # refused before the attribution began
     store.close()
@@ -447,14 +460,14 @@ def test_middleware_over_an_unseeded_model_does_not_claim_coupling() -> None:
     mw = CarMiddleware()
     unseeded = create_agent(Unseeded(responses=["hello"]), sa.TOOLS, middleware=[mw],
                             checkpointer=InMemorySaver())
-    assert not LangGraphAgent(unseeded, model=mw).couples_noise
+    assert not LangGraphAgent(unseeded, model=mw, **SA).couples_noise
     cb = CarCallback()
     unseeded.invoke(sa.inputs(), {"configurable": {"thread_id": "t"}, "callbacks": [cb]})
     assert cb.run is not None
-    dist_agent = LangGraphAgent(unseeded, model=mw)
+    dist_agent = LangGraphAgent(unseeded, model=mw, **SA)
     res = car.contrastive(cb.run, dist_agent, outcome=lambda r: 1.0, rollouts=2, seed=0)
     assert res.coupled is False
     seeded_mw = CarMiddleware()
     seeded = create_agent(sa.PlantedSupportModel(), sa.TOOLS, middleware=[seeded_mw],
                           checkpointer=InMemorySaver())
-    assert LangGraphAgent(seeded, model=seeded_mw).couples_noise
+    assert LangGraphAgent(seeded, model=seeded_mw, **SA).couples_noise

@@ -43,6 +43,7 @@ def test_steps_are_labelled_by_the_graph_name_or_the_node(name: str | None, who:
     run = record(app)
     assert [s.meta["agent"] for s in run.steps] == [who] * len(run.steps)
     assert step_label(run, 1) == f"{who}, step 1 (its 2nd decision)"
-    imported = LangGraphAgent(app, side_effect_tools=sa.SIDE_EFFECT_TOOLS).import_thread("t1")
+    imported = LangGraphAgent(app, safe_tools=sa.SAFE_TOOLS,
+                              side_effect_tools=sa.SIDE_EFFECT_TOOLS).import_thread("t1")
     assert [s.meta["agent"] for s in imported.steps] == [who] * len(run.steps)
     assert agent_of_step(run, 1) == who  # what the plugin's headline says decided it

@@ -48,7 +48,8 @@ def failing(app: Any) -> car.Trajectory:
 def test_contrastive_names_the_worker_and_its_decision(app: Any) -> None:
     graph, model = app
     run = failing(graph)
-    agent = LangGraphAgent(graph, model=model, side_effect_tools=["close_account"])
+    agent = LangGraphAgent(graph, model=model, safe_tools=sv.SAFE_TOOLS,
+                           side_effect_tools=["close_account"])
     closed = len(sv.CLOSED)
     res = car.contrastive(run, agent, outcome=sv.outcome, rollouts=32, seed=0)
     assert res.locus == 4
@@ -65,7 +66,8 @@ def test_contrastive_names_the_worker_and_its_decision(app: Any) -> None:
 def test_shapley_splits_credit_between_decision_and_mechanical_step(app: Any) -> None:
     graph, model = app
     run = failing(graph)
-    agent = LangGraphAgent(graph, model=model, side_effect_tools=["close_account"])
+    agent = LangGraphAgent(graph, model=model, safe_tools=sv.SAFE_TOOLS,
+                           side_effect_tools=["close_account"])
     closed = len(sv.CLOSED)
     sh = car.shapley(run, agent, outcome=sv.outcome, budget=160, players=[4, 5], seed=0)
     # Only v({}) and v({rest}) are random (p = 0.5, variance 0.25); phi_i weighs them by 1/3 and
@@ -85,7 +87,8 @@ def test_attribute_thread_imports_and_attributes_without_side_effects(app: Any) 
     closed = len(sv.CLOSED)
     res = attribute_thread(graph, str(run.meta["thread_id"]),
                            outcome=sv.outcome, model=model,
-                           side_effect_tools=["close_account"], rollouts=32, seed=0)
+                           safe_tools=sv.SAFE_TOOLS, side_effect_tools=["close_account"],
+                           rollouts=32, seed=0)
     assert res.locus == 4 and res.locus_label == "account_agent, step 4 (its 1st decision)"
     assert len(sv.CLOSED) == closed
 
@@ -93,7 +96,8 @@ def test_attribute_thread_imports_and_attributes_without_side_effects(app: Any) 
 def test_supervisor_passes_the_conformance_suite(app: Any) -> None:
     graph, model = app
     ran = run_conformance(
-        lambda: LangGraphAgent(graph, model=model, side_effect_tools=["close_account"],
+        lambda: LangGraphAgent(graph, model=model, safe_tools=sv.SAFE_TOOLS,
+                               side_effect_tools=["close_account"],
                                simulators={"close_account": lambda args: {"closed": "sim"}}),
         context=sv.inputs(), outcome=sv.outcome, seed=0)
     assert ran == ["replay", "lineage", "forced", "noise", "identity", "async", "stop",
@@ -105,7 +109,8 @@ def test_held_steps_leave_only_plain_values_in_checkpoints(app: Any) -> None:
     no CAR type, which LangGraph's checkpoint serializer warns about and will refuse to load."""
     graph, model = app
     run = failing(graph)
-    agent = LangGraphAgent(graph, model=model, side_effect_tools=["close_account"],
+    agent = LangGraphAgent(graph, model=model, safe_tools=sv.SAFE_TOOLS,
+                           side_effect_tools=["close_account"],
                            keep_branches=True)
     dist = car.intervene(run, agent, [car.do_resample(4), car.do_action(5, run.steps[5].action)],
                          outcome=sv.outcome, rollouts=1, seed=0)

@@ -225,8 +225,8 @@ def test_a_held_worker_that_did_not_finish_is_refused_before_any_branch_runs() -
     assert run is not None and run.status == "error" and aspects(run)[0] == "fraud"
     model.reset_calls()
     with pytest.raises(AdapterError, match=r"step 0 ran in a parallel task .* did not finish"):
-        car.intervene(run, LangGraphAgent(app), car.do_resample(0), outcome=rb.outcome,
-                      rollouts=4)
+        car.intervene(run, LangGraphAgent(app, side_effect_tools=rb.SIDE_EFFECT_TOOLS),
+                      car.do_resample(0), outcome=rb.outcome, rollouts=4)
     assert model.call_log == []
 
 

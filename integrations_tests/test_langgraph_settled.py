@@ -86,7 +86,8 @@ def desk_run() -> tuple[Any, CarChatModel, PlantedDesk, car.Trajectory]:
 
 
 def _agent(app: Any, wrapper: CarChatModel) -> LangGraphAgent:
-    return LangGraphAgent(app, model=wrapper, side_effect_tools=desk.SIDE_EFFECT_TOOLS,
+    return LangGraphAgent(app, model=wrapper, safe_tools=desk.SAFE_TOOLS,
+                          side_effect_tools=desk.SIDE_EFFECT_TOOLS,
                           simulators={"issue_refund": desk.simulated_refund})
 
 
@@ -117,7 +118,8 @@ def test_a_settled_branch_never_reaches_the_side_effect_tool(desk_run) -> None:
     """A branch that refunds first stops before the tool node: not even the simulator runs."""
     app, wrapper, _, run = desk_run
     simulated: list[dict[str, Any]] = []
-    agent = LangGraphAgent(app, model=wrapper, side_effect_tools=desk.SIDE_EFFECT_TOOLS,
+    agent = LangGraphAgent(app, model=wrapper, safe_tools=desk.SAFE_TOOLS,
+                           side_effect_tools=desk.SIDE_EFFECT_TOOLS,
                            simulators={"issue_refund": lambda a: simulated.append(a) or "ok"})
     plan = compile_plan(run, [do_resample(0)])
     outcomes = [desk.outcome(agent.branch(run, plan, Noise(9, (1, r)),

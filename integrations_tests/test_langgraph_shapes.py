@@ -39,6 +39,9 @@ import car_core as car
 from car_core.errors import InvalidInput
 from car_core.testing import run_conformance
 
+# the support app's tools, classified: lookups run on branches, the refund never does
+SA: dict[str, Any] = {"safe_tools": sa.SAFE_TOOLS, "side_effect_tools": sa.SIDE_EFFECT_TOOLS}
+
 N = 48
 
 
@@ -79,7 +82,8 @@ def failing(app: Any, inputs: dict[str, Any], outcome: Any) -> car.Trajectory:
 def test_support_shapes_identity_edit_matches_resample(shape: str) -> None:
     app, mw = support_app(shape, sa.PlantedSupportModel(rng_seed=0))
     run = failing(app, sa.inputs(), sa.outcome)
-    agent = LangGraphAgent(app, model=mw, side_effect_tools=sa.SIDE_EFFECT_TOOLS)
+    agent = LangGraphAgent(app, model=mw, safe_tools=sa.SAFE_TOOLS,
+                           side_effect_tools=sa.SIDE_EFFECT_TOOLS)
     resample = car.intervene(run, agent, car.do_resample(1), outcome=sa.outcome, rollouts=N)
     same = car.intervene(run, agent, car.do_context(1, lambda m: m), outcome=sa.outcome,
                          rollouts=N, seed=1)
@@ -95,14 +99,14 @@ def test_middleware_holds_later_steps_and_seeds() -> None:
     (the plain create_agent app names what to add)."""
     app, mw = support_app("create_agent_middleware", sa.PlantedSupportModel(rng_seed=0))
     run = failing(app, sa.inputs(), sa.outcome)
-    agent = LangGraphAgent(app, model=mw)
+    agent = LangGraphAgent(app, model=mw, **SA)
     held = [car.do_resample(1), car.do_action(2, run.steps[2].action)]
     assert car.intervene(run, agent, held, outcome=sa.outcome, rollouts=8).mean == 1.0
     assert agent.couples_noise
     plain, _ = support_app("create_agent", sa.PlantedSupportModel(rng_seed=0))
     run2 = failing(plain, sa.inputs(), sa.outcome)
     with pytest.raises(car.errors.AdapterError, match="CarMiddleware"):
-        car.intervene(run2, LangGraphAgent(plain), [car.do_resample(1),
+        car.intervene(run2, LangGraphAgent(plain, **SA), [car.do_resample(1),
                                                     car.do_action(2, run2.steps[2].action)],
                       outcome=sa.outcome, rollouts=2)
 
@@ -123,7 +127,7 @@ def test_multi_agent_apps_fork_inside_worker_subgraphs(kind: str, path: str) -> 
         build = sv.build_app if kind == "supervisor" else sv.build_swarm
         app = build(sv.PlantedAgentModel(rng_seed=1), InMemorySaver())
     run = failing(app, sv.inputs(), sv.outcome)
-    agent = LangGraphAgent(app, side_effect_tools=["close_account"])
+    agent = LangGraphAgent(app, safe_tools=sv.SAFE_TOOLS, side_effect_tools=["close_account"])
     if path == "import_thread":
         imported = agent.import_thread(str(run.meta["thread_id"]))
         assert [s.action for s in imported.steps] == [s.action for s in run.steps]
@@ -161,7 +165,8 @@ def test_controlled_shapes_pass_the_conformance_suite(shape: str) -> None:
             app = create_react_agent(ctl, sa.TOOLS, prompt=sa.SYSTEM_PROMPT,
                                      checkpointer=InMemorySaver(), version=shape)
     ran = run_conformance(
-        lambda: LangGraphAgent(app, model=ctl, side_effect_tools=sa.SIDE_EFFECT_TOOLS,
+        lambda: LangGraphAgent(app, model=ctl, safe_tools=sa.SAFE_TOOLS,
+                               side_effect_tools=sa.SIDE_EFFECT_TOOLS,
                                simulators={"issue_refund": lambda args: {"refunded": "sim"}}),
         context=sa.inputs(), outcome=sa.outcome, seed=0)
     assert ran == ["replay", "lineage", "forced", "noise", "identity", "async", "stop",
@@ -198,7 +203,7 @@ def test_command_handoff_into_a_subgraph_with_an_inherited_checkpointer() -> Non
     run = failing(app, sa.inputs(), sa.outcome)
     assert [(s.meta["agent"], s.meta["node"]) for s in run.steps][:3] == [
         ("triage", "triage"), ("support", "agent"), ("support", "agent")]
-    agent = LangGraphAgent(app, side_effect_tools=sa.SIDE_EFFECT_TOOLS)
+    agent = LangGraphAgent(app, safe_tools=sa.SAFE_TOOLS, side_effect_tools=sa.SIDE_EFFECT_TOOLS)
     imported = agent.import_thread(str(run.meta["thread_id"]))
     assert [s.action for s in imported.steps] == [s.action for s in run.steps]
     resample = car.intervene(run, agent, car.do_resample(2), outcome=sa.outcome, rollouts=N)
@@ -217,7 +222,7 @@ def test_forced_values_are_written_as_the_worker_node_in_its_namespace() -> None
     with pytest.warns(Warning):
         app = sv.build_app(sv.PlantedAgentModel(rng_seed=1), InMemorySaver())
     run = failing(app, sv.inputs(), sv.outcome)
-    agent = LangGraphAgent(app, side_effect_tools=["close_account"])
+    agent = LangGraphAgent(app, safe_tools=sv.SAFE_TOOLS, side_effect_tools=["close_account"])
     keep = json.loads(json.dumps(run.steps[4].action))
     keep["tool_calls"][0]["function"]["arguments"] = json.dumps({"account_id": sv.ACCOUNT,
                                                                  "action": "keep"})
@@ -272,7 +277,7 @@ def test_parallel_tool_calls_sent_as_tasks_are_guarded() -> None:
     run = failing(app, sa.inputs(), sa.outcome)
     assert len(run.steps[1].action["tool_calls"]) == 2 and len(run.steps[1].observation) == 2
     assert len(refunds) == 1
-    agent = LangGraphAgent(app, side_effect_tools=["issue_refund"])
+    agent = LangGraphAgent(app, safe_tools=sa.SAFE_TOOLS, side_effect_tools=["issue_refund"])
     dist = car.intervene(run, agent, car.do_resample(1), outcome=sa.outcome, rollouts=N)
     assert abs(dist.mean - 0.3) <= tol(0.3) and len(refunds) == 1
     refunded = [t for t in dist.trajectories if sa.outcome(t)]

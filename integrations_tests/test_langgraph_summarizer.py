@@ -49,6 +49,8 @@ LOOKUPS: list[str] = []  # every real execution of lookup_order
 REFUNDS: list[str] = []  # every real execution of issue_refund (the side effect)
 DESK_CALLS: list[str] = []  # the thread of every real call of the desk's model
 SUMMARIZED: list[tuple[str, list[str]]] = []  # (thread, the input) of every summarizer call
+# the desk's tools, classified: the lookup runs on branches, the refund never does
+DESK_TOOLS: dict[str, Any] = {"safe_tools": ["lookup_order"], "side_effect_tools": ["issue_refund"]}
 
 
 @tool
@@ -184,7 +186,7 @@ def test_do_resample_at_a_summarizer_step_sees_what_the_recorded_call_saw() -> N
     recorded_input = next(given for t, given in SUMMARIZED if t == run.meta["thread_id"])
     desk_calls, lookups, refunds = len(DESK_CALLS), len(LOOKUPS), len(REFUNDS)
     summarized = len(SUMMARIZED)
-    agent = LangGraphAgent(app, side_effect_tools=["issue_refund"])
+    agent = LangGraphAgent(app, **DESK_TOOLS)
     dist = car.intervene(run, agent, car.do_resample(1), outcome=refunded, rollouts=N, seed=0,
                          progress=False)
     assert abs(dist.mean - 0.5) <= TOL
@@ -213,13 +215,13 @@ def test_contrastive_over_summarizer_steps_finds_the_decision_and_the_hint_leads
     run = record_failing(app)
     calls = len(DESK_CALLS) + len(SUMMARIZED)
     with pytest.raises(AdapterError, match=SUMMARIZER_NODE) as refused:
-        car.contrastive(run, LangGraphAgent(app, model=mw, side_effect_tools=["issue_refund"]),
+        car.contrastive(run, LangGraphAgent(app, model=mw, **DESK_TOOLS),
                         outcome=refunded, rollouts=16, seed=0, progress=False)
     assert len(DESK_CALLS) + len(SUMMARIZED) == calls  # refused before any branch
     assert "do_resample works at every step without it, a summarizer's too" in str(
         refused.value)
     refunds = len(REFUNDS)
-    res = car.contrastive(run, LangGraphAgent(app, side_effect_tools=["issue_refund"]),
+    res = car.contrastive(run, LangGraphAgent(app, **DESK_TOOLS),
                           outcome=refunded, rollouts=16, seed=0, progress=False)
     assert res.locus == 2
     assert len(REFUNDS) == refunds
@@ -234,7 +236,7 @@ def test_forcing_a_summarizer_step_is_refused_without_car_and_lands_at_the_call_
     saver = InMemorySaver()
     app, _ = desk(saver)
     run = record_failing(app)
-    agent = LangGraphAgent(app, side_effect_tools=["issue_refund"])
+    agent = LangGraphAgent(app, **DESK_TOOLS)
     calls = len(DESK_CALLS) + len(SUMMARIZED)
     forced = {"role": "assistant", "content": "nothing was looked up"}
     for iv in (car.do_action(1, forced),
@@ -249,7 +251,7 @@ def test_forcing_a_summarizer_step_is_refused_without_car_and_lands_at_the_call_
     app, mw = desk(InMemorySaver(), car_decides=True)
     run = record_failing(app)
     assert [s.meta["car_decided"] for s in run.steps] == [True] * 5
-    agent = LangGraphAgent(app, model=mw, side_effect_tools=["issue_refund"])
+    agent = LangGraphAgent(app, model=mw, **DESK_TOOLS)
     lookups = len(LOOKUPS)
     dist = car.intervene(run, agent, car.do_action(1, forced), outcome=refunded, rollouts=4,
                          seed=0, progress=False)
@@ -281,7 +283,7 @@ def test_a_step_that_cannot_be_forked_is_refused_before_any_branch(tmp_path: Pat
                      (run.meta["thread_id"], run.steps[4].meta["checkpoint_id"]))
     calls = len(DESK_CALLS) + len(SUMMARIZED)
     with pytest.raises(AdapterError, match=r"was deleted.*\[step 4\]"):
-        car.contrastive(run, LangGraphAgent(app, side_effect_tools=["issue_refund"]),
+        car.contrastive(run, LangGraphAgent(app, **DESK_TOOLS),
                         outcome=refunded, rollouts=8, seed=0, progress=False)
     assert len(DESK_CALLS) + len(SUMMARIZED) == calls
     conn.close()

@@ -75,6 +75,11 @@ def step_of(messages: Any, *a: Any, **k: Any) -> int:
 class Planted:
     """A FunctionAgent over the planted LLM, with counted model and tool calls."""
 
+    # how LlamaIndexAgent classifies its tools: reading and closing the ticket (a fake that
+    # writes nothing) run on branches; granting admin rights never does
+    CLASSES: dict[str, Any] = {"safe_tools": ["fetch_ticket", "close_ticket"],
+                               "side_effect_tools": ["escalate"]}
+
     def __init__(self, ticket: str = URGENT_TICKET, seed: int = 0, p_urgent: float = 0.9,
                  ledger: SideEffectLedger | None = None) -> None:
         self.model = CallCounter(make_decide(p_urgent), step_of=step_of)
@@ -181,7 +186,7 @@ def test_concurrent_runs_do_not_mix(recorder: Any) -> None:
 
 def test_held_prefix_makes_no_model_or_tool_call(recorder: Any, recorded: Any) -> None:
     planted, run = recorded
-    agent = LlamaIndexAgent(planted.agent)
+    agent = LlamaIndexAgent(planted.agent, **Planted.CLASSES)
     planted.counters.reset()
     dist = car.intervene(run, agent, car.do_resample(2), outcome=escalated, rollouts=8, seed=0)
     assert planted.model.steps == [2] * 8      # only the branch step asks the model
@@ -205,7 +210,8 @@ def test_wrappers_of_the_same_agent_branch_one_at_a_time(recorded: Any) -> None:
     llm = planted.agent.llm
 
     def mean(seed: int) -> float:
-        return car.intervene(run, LlamaIndexAgent(planted.agent), car.do_resample(1),
+        return car.intervene(run, LlamaIndexAgent(planted.agent, **Planted.CLASSES),
+                             car.do_resample(1),
                              outcome=escalated, rollouts=16, seed=seed).mean
 
     alone = [mean(i) for i in range(4)]
@@ -231,7 +237,8 @@ def strip_urgent(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_intervention_has_its_analytic_effect(recorded: Any, name: str, make: Any,
                                               expected: float) -> None:
     planted, run = recorded
-    dist = car.intervene(run, LlamaIndexAgent(planted.agent), make(), outcome=escalated,
+    dist = car.intervene(run, LlamaIndexAgent(planted.agent, **Planted.CLASSES), make(),
+                         outcome=escalated,
                          rollouts=ROLLOUTS, seed=1)
     assert dist.n == ROLLOUTS
     assert abs(dist.mean - expected) <= (TOL if 0 < expected < 1 else 0.0), name
@@ -239,7 +246,8 @@ def test_intervention_has_its_analytic_effect(recorded: Any, name: str, make: An
 
 def test_do_context_edit_is_what_the_model_sees(recorded: Any) -> None:
     planted, run = recorded
-    dist = car.intervene(run, LlamaIndexAgent(planted.agent), car.do_context(1, strip_urgent),
+    dist = car.intervene(run, LlamaIndexAgent(planted.agent, **Planted.CLASSES),
+                         car.do_context(1, strip_urgent),
                          outcome=escalated, rollouts=2, seed=0)
     state = dist.trajectories[0].steps[1].state
     assert state[-1]["content"] == CALM_TICKET and dist.trajectories[0].steps[1].meta[
@@ -249,7 +257,10 @@ def test_do_context_edit_is_what_the_model_sees(recorded: Any) -> None:
 def test_adapter_passes_the_car_conformance_suite() -> None:
     def make() -> Any:
         planted = Planted()
-        return LlamaIndexAgent(planted.agent), planted.counters
+        # a branch may escalate where the recorded run did not: simulated, never run
+        return LlamaIndexAgent(planted.agent, safe_tools=Planted.CLASSES["safe_tools"],
+                               simulators={"escalate": lambda a: f"{a['user']} is now admin"}
+                               ), planted.counters
     ran = run_conformance(make, context="Please handle ticket 7.", outcome=escalated, seed=0)
     assert ran == ["replay", "prefix", "state", "lineage", "forced", "noise", "identity",
                    "async", "coupling", "fingerprint"]
@@ -266,7 +277,8 @@ def test_adapter_with_a_side_effect_tool_runs_it_on_no_branch(recorder: Any) -> 
 
     def make() -> Any:
         planted = Planted(ledger=ledger)
-        return (LlamaIndexAgent(planted.agent, side_effect_tools=sorted(ledger.names)),
+        return (LlamaIndexAgent(planted.agent, safe_tools=Planted.CLASSES["safe_tools"],
+                                side_effect_tools=sorted(ledger.names)),
                 planted.counters)
     ran = run_conformance(make, run=recorder.run, outcome=escalated, seed=0,
                           side_effects=ledger)
@@ -277,7 +289,8 @@ def test_adapter_with_a_side_effect_tool_runs_it_on_no_branch(recorder: Any) -> 
 def test_side_effect_tools_are_served_from_the_record_simulated_or_blocked(recorded: Any
                                                                           ) -> None:
     planted, run = recorded
-    guarded = LlamaIndexAgent(planted.agent, side_effect_tools=["escalate"])
+    guarded = LlamaIndexAgent(planted.agent, safe_tools=Planted.CLASSES["safe_tools"],
+                              side_effect_tools=["escalate"])
     planted.counters.reset()
     dist = car.intervene(run, guarded, car.do_resample(1), outcome=escalated, rollouts=16,
                          seed=0)
@@ -290,9 +303,9 @@ def test_side_effect_tools_are_served_from_the_record_simulated_or_blocked(recor
     other = call("call_1", "escalate", {"user": "eve"})
     with pytest.raises(SideEffectBlocked, match="escalate"):
         car.intervene(run, guarded, car.do_action(1, other), outcome=escalated, rollouts=1)
-    simulated = LlamaIndexAgent(planted.agent, simulators={"escalate": lambda a: "simulated"})
-    dist = car.intervene(run, simulated, car.do_action(1, other), outcome=escalated,
-                         rollouts=1)
+    simulated = LlamaIndexAgent(planted.agent, safe_tools=Planted.CLASSES["safe_tools"],
+                                simulators={"escalate": lambda a: "simulated"})
+    dist = car.intervene(run, simulated, car.do_action(1, other), outcome=escalated, rollouts=1)
     assert dist.trajectories[0].steps[1].observation[0]["content"] == "simulated"
 
 
@@ -300,14 +313,15 @@ def test_tools_that_no_longer_match_are_refused(recorder: Any, recorded: Any) ->
     planted, run = recorded
     changed = FunctionAgent(tools=planted.agent.tools[:2], llm=planted.llm,
                             system_prompt="You are a helpdesk agent.")
+    classes = {"safe_tools": ["fetch_ticket"], "side_effect_tools": ["escalate"]}
     # the recorder stamped the workflow's fingerprint: another tool set is another agent
     with pytest.raises(AgentMismatch, match="force_agent"):
-        car.intervene(run, LlamaIndexAgent(changed), car.do_resample(1), outcome=escalated,
-                      rollouts=1)
+        car.intervene(run, LlamaIndexAgent(changed, **classes), car.do_resample(1),
+                      outcome=escalated, rollouts=1)
     # forced past that check, the adapter still refuses the tools the run's steps need
     with pytest.raises(AdapterError, match="no longer match"):
-        car.intervene(run, LlamaIndexAgent(changed), car.do_resample(1), outcome=escalated,
-                      rollouts=1, force_agent=True)
+        car.intervene(run, LlamaIndexAgent(changed, **classes), car.do_resample(1),
+                      outcome=escalated, rollouts=1, force_agent=True)
     assert car.RunStore(recorder.store.path).load(run.id).to_dict() == run.to_dict()
 
 
@@ -315,8 +329,8 @@ def test_edit_that_drops_the_user_message_is_refused(recorder: Any, recorded: An
     planted, run = recorded
     drop_user = car.do_context(1, lambda ms: [m for m in ms if m["role"] != "user"])
     with pytest.raises(InvalidIntervention, match="user message"):
-        car.intervene(run, LlamaIndexAgent(planted.agent), drop_user, outcome=escalated,
-                      rollouts=1)
+        car.intervene(run, LlamaIndexAgent(planted.agent, **Planted.CLASSES), drop_user,
+                      outcome=escalated, rollouts=1)
     assert car.RunStore(recorder.store.path).load(run.id).to_dict() == run.to_dict()
     assert recorder.runs == [run]                  # branches are never recorded as runs
 
@@ -327,16 +341,15 @@ def test_observation_of_a_step_decided_again_is_refused_by_name(recorded: Any,
     planted, run = recorded
     planted.counters.reset()
     with pytest.raises(InvalidIntervention, match="answers a known action") as err:
-        car.intervene(run, LlamaIndexAgent(planted.agent),
-                      [decide, car.do_observation(0, [CALM_TICKET])], outcome=escalated,
-                      rollouts=1)
+        car.intervene(run, LlamaIndexAgent(planted.agent, **Planted.CLASSES),
+                      [decide, car.do_observation(0, [CALM_TICKET])], outcome=escalated, rollouts=1)
     assert err.value.step == 0 and planted.model.calls == planted.tools.calls == 0
 
 
 def test_an_edit_that_raises_is_an_invalid_intervention_naming_the_step(recorded: Any) -> None:
     planted, run = recorded
     with pytest.raises(InvalidIntervention, match=r"edit raised KeyError.*\[step 1\]"):
-        car.intervene(run, LlamaIndexAgent(planted.agent),
+        car.intervene(run, LlamaIndexAgent(planted.agent, **Planted.CLASSES),
                       car.do_context(1, lambda ms: ms[0]["nope"]), outcome=escalated, rollouts=1)
 
 
@@ -345,13 +358,13 @@ def test_edit_that_leaves_a_tool_call_unanswered_is_refused(recorded: Any) -> No
     drop_results = car.do_context(2, lambda ms: [m for m in ms if m["role"] != "tool"])
     planted.counters.reset()
     with pytest.raises(InvalidIntervention, match="without their results") as err:
-        car.intervene(run, LlamaIndexAgent(planted.agent), drop_results, outcome=escalated,
-                      rollouts=1)
+        car.intervene(run, LlamaIndexAgent(planted.agent, **Planted.CLASSES), drop_results,
+                      outcome=escalated, rollouts=1)
     assert err.value.step == 2 and planted.model.calls == 0
     # a result whose call the edit removed is dropped, so the pair stays consistent
     drop_call = car.do_context(1, lambda ms: [m for m in ms if m["role"] != "assistant"])
-    dist = car.intervene(run, LlamaIndexAgent(planted.agent), drop_call, outcome=escalated,
-                         rollouts=1)
+    dist = car.intervene(run, LlamaIndexAgent(planted.agent, **Planted.CLASSES), drop_call,
+                         outcome=escalated, rollouts=1)
     assert [m["role"] for m in dist.trajectories[0].steps[1].state] == ["system", "user"]
 
 
@@ -362,7 +375,8 @@ def test_contrastive_names_the_planted_decision(recorder: Any) -> None:
     run_async(lambda: planted.agent.run(user_msg="Please handle ticket 7."))
     run = recorder.run
     assert escalated(run), "seed 2 draws 0.26 < 0.5 at step 1, so the record fails"
-    res = car.contrastive(run, LlamaIndexAgent(planted.agent), outcome=escalated, rollouts=32,
+    res = car.contrastive(run, LlamaIndexAgent(planted.agent, **Planted.CLASSES),
+                          outcome=escalated, rollouts=32,
                           alpha=0.05, seed=0)
     assert res.locus == 1
     assert res.rollouts_used <= 4 * 32
@@ -380,7 +394,8 @@ def test_shapley_gives_the_decision_all_the_credit(recorder: Any) -> None:
     planted = Planted(seed=2, p_urgent=0.5)
     run_async(lambda: planted.agent.run(user_msg="Please handle ticket 7."))
     run = recorder.run
-    sh = car.shapley(run, LlamaIndexAgent(planted.agent), outcome=escalated, budget=240,
+    sh = car.shapley(run, LlamaIndexAgent(planted.agent, **Planted.CLASSES), outcome=escalated,
+                     budget=240,
                      mode="permutation", seed=0)
     assert sh.rollouts_used <= 240
     assert abs(sh.values[1].estimate - 0.5) <= 4 * math.sqrt(0.25 / 40)
@@ -415,7 +430,9 @@ def test_agent_workflow_hand_off_resumes_with_the_active_agent(recorder: Any) ->
     assert run.steps[0].action["tool_calls"][0]["function"]["name"] == "handoff"
     assert run.steps[1].state[0] == {"role": "system", "content": "Refund."}
     calls = (triage_llm.calls, billing_llm.calls)
-    dist = car.intervene(run, LlamaIndexAgent(flow), car.do_resample(1),
+    # the refund is a side effect: branches get a simulated one (handoffs are the framework's)
+    agent = LlamaIndexAgent(flow, simulators={"refund": lambda a: str(a["amount"])})
+    dist = car.intervene(run, agent, car.do_resample(1),
                          outcome=lambda r: "100" in (r.steps[-1].action["content"] or ""),
                          rollouts=8, seed=0)
     assert triage_llm.calls == calls[0]              # the held triage step asked nobody
@@ -424,7 +441,7 @@ def test_agent_workflow_hand_off_resumes_with_the_active_agent(recorder: Any) ->
         assert [s.meta["agent"] for s in branch.steps] == ["triage", "billing", "billing"]
         assert branch.steps[1].state[0] == {"role": "system", "content": "Refund."}
     with pytest.raises(InvalidIntervention, match="handoff"):
-        car.intervene(run, LlamaIndexAgent(flow), car.do_observation(0, ["stay with triage"]),
+        car.intervene(run, agent, car.do_observation(0, ["stay with triage"]),
                       outcome=lambda r: False, rollouts=1)
 
 
@@ -453,8 +470,8 @@ def test_react_agent_is_recorded_and_branched(recorder: Any) -> None:
     # sqrt(0.25/64) = 0.0625 and the tolerance is 4 of them.
     words = lambda r: (r.steps[-1].action["content"] or "").endswith("three")  # noqa: E731
     calls = llm.calls
-    dist = car.intervene(run, LlamaIndexAgent(agent), car.do_resample(1), outcome=words,
-                         rollouts=64, seed=0)
+    dist = car.intervene(run, LlamaIndexAgent(agent, safe_tools=["add"]), car.do_resample(1),
+                         outcome=words, rollouts=64, seed=0)
     assert llm.calls == calls + 64                        # step 0 (and its tool) held
     assert abs(dist.mean - 0.5) <= 4 * math.sqrt(0.25 / 64)
     assert all(t.steps[1].state == run.steps[1].state for t in dist.trajectories)
@@ -465,7 +482,8 @@ def test_system_prompt_edit_holds_for_the_rest_of_the_branch(recorded: Any) -> N
 
     def strict(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{"role": "system", "content": "Never escalate."}, *messages[1:]]
-    dist = car.intervene(run, LlamaIndexAgent(planted.agent), car.do_context(1, strict),
+    dist = car.intervene(run, LlamaIndexAgent(planted.agent, **Planted.CLASSES),
+                         car.do_context(1, strict),
                          outcome=escalated, rollouts=2, seed=0)
     for branch in dist.trajectories:
         assert [s.state[0]["content"] for s in branch.steps] == [

@@ -86,7 +86,9 @@ def refunded(run: car.Trajectory) -> bool:
 
 def attribute(store: RunStore, run: car.Trajectory, base_url: str, aid: str,
               executor: Executor) -> Any:
-    return car.contrastive(run, LlamaIndexAgent(make_agent(base_url)), outcome=refunded,
+    agent = LlamaIndexAgent(make_agent(base_url), safe_tools=["lookup_order"],
+                            side_effect_tools=["issue_refund"])
+    return car.contrastive(run, agent, outcome=refunded,
                            rollouts=ROLLOUTS, seed=5, store=store, attribution_id=aid,
                            executor=executor, search="full", progress=False)
 

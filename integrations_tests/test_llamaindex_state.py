@@ -130,7 +130,9 @@ class ResearchApp:
                                   initial_state=INITIAL_STATE)
 
     def agent(self) -> LlamaIndexAgent:
-        return LlamaIndexAgent(self.flow, side_effect_tools=["publish_report"],
+        # research and writing only touch the workflow's store: safe; publishing never runs
+        return LlamaIndexAgent(self.flow, safe_tools=["search_web", "record_notes", "write_report"],
+                               side_effect_tools=["publish_report"],
                                simulators={"publish_report": lambda args: "published (sim)"})
 
 
@@ -298,7 +300,8 @@ def test_a_pydantic_value_in_the_store_comes_back_as_the_same_model(recorder: An
     run_async(lambda: agent.run(user_msg="go"))
     run = recorder.run
     assert tool_results(run, "read_priority") == ["Ticket 7: high"]
-    dist = car.intervene(run, LlamaIndexAgent(agent), car.do_resample(1),
+    dist = car.intervene(run, LlamaIndexAgent(agent, safe_tools=["open_ticket", "read_priority"]),
+                         car.do_resample(1),
                          outcome=lambda r: False, rollouts=2, seed=0)
     assert all(tool_results(t, "read_priority") == ["Ticket 7: high"]
                for t in dist.trajectories)
@@ -320,11 +323,12 @@ def test_a_store_value_the_serializer_cannot_write_is_refused_by_name(recorder: 
     assert run.steps[1].meta["store_unrestorable"] == ["session"]
     calls = llm.calls
     with pytest.raises(AdapterError, match=r"\['session'\].*cannot write") as err:
-        car.intervene(run, LlamaIndexAgent(agent), car.do_resample(1),
-                      outcome=lambda r: False, rollouts=1)
+        car.intervene(run, LlamaIndexAgent(agent, safe_tools=["open_session"]),
+                      car.do_resample(1), outcome=lambda r: False, rollouts=1)
     assert err.value.step == 1 and llm.calls == calls     # refused before any model call
-    dist = car.intervene(run, LlamaIndexAgent(agent), car.do_resample(0),
-                         outcome=lambda r: False, rollouts=1)   # step 0 came before the write
+    dist = car.intervene(run, LlamaIndexAgent(agent, safe_tools=["open_session"]),
+                         car.do_resample(0), outcome=lambda r: False,
+                         rollouts=1)   # step 0 came before the write
     assert dist.n == 1
 
 
@@ -407,7 +411,9 @@ class OrchestratorApp:
             initial_state={"research_notes": [], "report_content": None})
 
     def agent(self) -> LlamaIndexAgent:
-        return LlamaIndexAgent(self.orchestrator, side_effect_tools=["publish_report"],
+        return LlamaIndexAgent(self.orchestrator,
+                               safe_tools=["call_research_agent", "call_write_agent"],
+                               side_effect_tools=["publish_report"],
                                simulators={"publish_report": lambda args: "published (sim)"})
 
 
@@ -516,6 +522,6 @@ def test_only_the_apps_keys_are_recorded_for_every_agent_kind(recorder: Any) -> 
             type(app).__name__
         # the models are deterministic, so a branch from the first step replays the record,
         # and sees at every step the messages the record's memory gave (none refused)
-        branch = car.intervene(run, LlamaIndexAgent(app), car.do_resample(0),
+        branch = car.intervene(run, LlamaIndexAgent(app, safe_tools=["add"]), car.do_resample(0),
                                outcome=lambda r: False, rollouts=1, seed=0).trajectories[0]
         assert [s.state for s in branch.steps] == [s.state for s in run.steps]

@@ -32,6 +32,7 @@ TOOLS = [tool_schema("lookup_order", "Look up the status of an order",
 CONTEXT = [{"role": "system", "content": "You are a support agent. Use tools to answer."},
            {"role": "user", "content": "Where is order 42?"}]
 ORDERS = {"lookup_order": lambda order_id: {"order_id": order_id, "status": "shipped"}}
+SAFE = ["lookup_order"]  # a lookup: safe to run on a branch
 LOOKUP = {"type": "function", "function": {"name": "lookup_order"}}
 
 
@@ -55,8 +56,8 @@ def ollama_host() -> Iterator[str]:
 def test_openai_policy_makes_a_tool_call_through_llama_cpp_server(llama_url: str) -> None:
     policy = OpenAIPolicy(MODEL, base_url=llama_url, tools=TOOLS, tool_choice=LOOKUP,
                           max_tokens=40, temperature=0.7)
-    run = car.record(ChatAgent(policy, ORDERS, max_steps=1), context=CONTEXT, outcome=no_call,
-                     seed=2)
+    run = car.record(ChatAgent(policy, ORDERS, safe_tools=SAFE, max_steps=1), context=CONTEXT,
+                     outcome=no_call, seed=2)
     step = run.steps[0]
     call = step.action["tool_calls"][0]
     # the server's random call id is replaced by a stable one and kept in meta
@@ -82,8 +83,8 @@ def test_openai_policy_seed_reaches_llama_cpp_server(llama_url: str) -> None:
 @pytest.mark.parametrize("stream", [False, True])
 def test_ollama_policy_tool_call_with_the_real_client(ollama_host: str, stream: bool) -> None:
     policy = OllamaPolicy(MODEL, host=ollama_host, tools=TOOLS, max_tokens=40, stream=stream)
-    run = car.record(ChatAgent(policy, ORDERS, max_steps=1), context=CONTEXT, outcome=no_call,
-                     seed=5)
+    run = car.record(ChatAgent(policy, ORDERS, safe_tools=SAFE, max_steps=1), context=CONTEXT,
+                     outcome=no_call, seed=5)
     step = run.steps[0]
     assert step.action["tool_calls"][0]["id"] == "call_0_0"  # Ollama calls carry no id
     assert step.action["tool_calls"][0]["function"]["name"] == "lookup_order"
@@ -100,8 +101,8 @@ def test_ollama_streaming_and_not_give_the_same_action(ollama_host: str) -> None
 
 
 def test_ollama_policy_replays_a_two_step_run_exactly(ollama_host: str) -> None:
-    agent = ChatAgent(OllamaPolicy(MODEL, host=ollama_host, tools=TOOLS, max_tokens=40),
-                      ORDERS, max_steps=2)
+    agent = ChatAgent(OllamaPolicy(MODEL, host=ollama_host, tools=TOOLS, max_tokens=40), ORDERS,
+                      safe_tools=SAFE, max_steps=2)
     run = car.record(agent, context=CONTEXT, outcome=no_call, seed=9)
     assert car.action_match_rate(run, agent, replays=1).rate == 1.0
     # the second step saw the tool result in Ollama's message shape
@@ -111,8 +112,8 @@ def test_ollama_policy_replays_a_two_step_run_exactly(ollama_host: str) -> None:
 
 def test_ollama_cut_off_reply_is_recorded(ollama_host: str) -> None:
     policy = OllamaPolicy(MODEL, host=ollama_host, tools=TOOLS, max_tokens=3)
-    run = car.record(ChatAgent(policy, ORDERS, max_steps=2), context=CONTEXT, outcome=no_call,
-                     seed=0)
+    run = car.record(ChatAgent(policy, ORDERS, safe_tools=SAFE, max_steps=2), context=CONTEXT,
+                     outcome=no_call, seed=0)
     assert run.steps[0].action["finish_reason"] == "length" and run.outcome.value == 1.0
 
 
@@ -249,9 +250,11 @@ def test_what_cannot_travel_is_refused_when_pickled() -> None:
 
 def test_a_pickled_ollama_policy_replays_the_same_run(ollama_host: str) -> None:
     policy = OllamaPolicy(MODEL, host=ollama_host, tools=TOOLS, max_tokens=64)
-    run = car.record(ChatAgent(policy, ORDERS), context=CONTEXT, outcome=no_call, seed=3)
+    run = car.record(ChatAgent(policy, ORDERS, safe_tools=SAFE), context=CONTEXT, outcome=no_call,
+                     seed=3)
     landed = pickle.loads(pickle.dumps(policy))
-    again = car.record(ChatAgent(landed, ORDERS), context=CONTEXT, outcome=no_call, seed=3)
+    again = car.record(ChatAgent(landed, ORDERS, safe_tools=SAFE), context=CONTEXT,
+                       outcome=no_call, seed=3)
     assert [s.action for s in again.steps] == [s.action for s in run.steps]
 
 
@@ -292,7 +295,8 @@ def test_the_api_key_reaches_the_server_but_never_the_store(tmp_path: Path) -> N
     with StubOpenAIServer() as stub:
         policy = OpenAIPolicy("stub-model", base_url=stub.base_url, api_key=secret,
                               tools=TOOLS)
-        run = car.record(ChatAgent(policy, ORDERS), context="hi", outcome=lambda r: 0.0)
+        run = car.record(ChatAgent(policy, ORDERS, safe_tools=SAFE), context="hi",
+                         outcome=lambda r: 0.0)
         assert stub.authorization == f"Bearer {secret}"  # the key was really used
     with car.RunStore(tmp_path / "runs.db") as store:
         store.save(run)

@@ -23,6 +23,7 @@ TOOLS = [tool_schema("lookup_order", "Look up the status of an order",
 CONTEXT = [{"role": "system", "content": "You are a support agent. Use tools to answer."},
            {"role": "user", "content": "Where is order 42?"}]
 ORDERS = {"lookup_order": lambda order_id: {"order_id": order_id, "status": "shipped"}}
+SAFE = ["lookup_order"]  # a lookup: safe to run on a branch
 
 
 def called_no_tool(run: car.Trajectory) -> bool:
@@ -32,7 +33,7 @@ def called_no_tool(run: car.Trajectory) -> bool:
 
 @pytest.fixture(scope="module")
 def tool_run() -> car.Trajectory:
-    agent = ChatAgent(LocalPolicy(TOOLS, max_tokens=48), ORDERS, max_steps=2)
+    agent = ChatAgent(LocalPolicy(TOOLS, max_tokens=48), ORDERS, safe_tools=SAFE, max_steps=2)
     return car.record(agent, context=CONTEXT, outcome=called_no_tool, seed=7)
 
 
@@ -60,7 +61,7 @@ def test_step_meta_carries_model_usage_and_seed(tool_run: car.Trajectory) -> Non
 
 
 def test_same_seed_replays_every_step_exactly(tool_run: car.Trajectory) -> None:
-    agent = ChatAgent(LocalPolicy(TOOLS, max_tokens=48), ORDERS, max_steps=2)
+    agent = ChatAgent(LocalPolicy(TOOLS, max_tokens=48), ORDERS, safe_tools=SAFE, max_steps=2)
     match = car.action_match_rate(tool_run, agent, replays=1)
     assert match.per_step == (1.0,) * len(tool_run.steps)
 
@@ -75,7 +76,7 @@ def test_different_seeds_sample_different_replies() -> None:
 
 
 def test_a_reply_cut_off_by_max_tokens_is_a_recorded_failure_not_a_crash() -> None:
-    agent = ChatAgent(LocalPolicy(TOOLS, max_tokens=4), ORDERS, max_steps=2)
+    agent = ChatAgent(LocalPolicy(TOOLS, max_tokens=4), ORDERS, safe_tools=SAFE, max_steps=2)
     run = car.record(agent, context=CONTEXT, outcome=called_no_tool, seed=0)
     action = run.steps[0].action
     assert action["finish_reason"] == "length" and "max_tokens=4" in action["error"]
@@ -103,18 +104,18 @@ def test_a_tool_error_is_an_observation_but_a_blocked_side_effect_stops_the_run(
         return make_action(history.index, None, [("lookup_order", {"order_id": "42"})],
                            "tool_calls", TOOLS, 64)
 
-    run = car.record(ChatAgent(policy, {"lookup_order": broken}, max_steps=1),
+    run = car.record(ChatAgent(policy, {"lookup_order": broken}, safe_tools=SAFE, max_steps=1),
                      context=CONTEXT, outcome=called_no_tool)
     assert run.steps[0].observation[0]["content"] == "error: database down"
     with pytest.raises(SideEffectBlocked, match="issue_refund"):
-        car.record(ChatAgent(policy, {"lookup_order": refund}, max_steps=1),
+        car.record(ChatAgent(policy, {"lookup_order": refund}, safe_tools=SAFE, max_steps=1),
                    context=CONTEXT, outcome=called_no_tool)
 
 
 def test_the_local_chat_agent_pickles_for_ray_workers(tool_run: car.Trajectory) -> None:
     import cloudpickle
     agent = cloudpickle.loads(cloudpickle.dumps(
-        ChatAgent(LocalPolicy(TOOLS, max_tokens=48), ORDERS, max_steps=2)))
+        ChatAgent(LocalPolicy(TOOLS, max_tokens=48), ORDERS, safe_tools=SAFE, max_steps=2)))
     assert agent.policy.step_meta() == {}  # a fresh per-thread slot
     assert car.action_match_rate(tool_run, agent, replays=1).per_step == (1.0,) * len(
         tool_run.steps)
@@ -131,7 +132,7 @@ def test_history_messages_rebuild_the_state_a_step_decided_from(
 @pytest.mark.slow
 def test_chat_agent_on_the_embedded_model_passes_the_replay_contract() -> None:
     def make() -> tuple:
-        counted = count_calls(ChatAgent(LocalPolicy(TOOLS, max_tokens=40), ORDERS,
+        counted = count_calls(ChatAgent(LocalPolicy(TOOLS, max_tokens=40), ORDERS, safe_tools=SAFE,
                                         max_steps=2))
         return counted.agent, counted.both
     # 4 identity rollouts per arm (each is a model call on 2 cores): the embedded model couples
@@ -144,7 +145,7 @@ def test_chat_agent_on_the_embedded_model_passes_the_replay_contract() -> None:
 
 
 def _one_step_run() -> tuple[car.FunctionAgent, car.Trajectory]:
-    agent = ChatAgent(LocalPolicy(TOOLS, max_tokens=40), ORDERS, max_steps=1)
+    agent = ChatAgent(LocalPolicy(TOOLS, max_tokens=40), ORDERS, safe_tools=SAFE, max_steps=1)
     return agent, car.record(agent, context=CONTEXT, outcome=called_no_tool, seed=1)
 
 
@@ -204,7 +205,8 @@ def test_langchain_chat_model_calls_bound_tools_and_replays_with_its_seed() -> N
 
 
 def test_fresh_tools_leave_only_an_answer_once_every_tool_was_called() -> None:
-    agent = ChatAgent(LocalPolicy(TOOLS, max_tokens=40, fresh_tools=True), ORDERS, max_steps=3)
+    agent = ChatAgent(LocalPolicy(TOOLS, max_tokens=40, fresh_tools=True), ORDERS, safe_tools=SAFE,
+                      max_steps=3)
     run = car.record(agent, context=CONTEXT, outcome=called_no_tool, seed=7)
     # one tool: after it is called the grammar only admits {"answer": ...}, so the run ends
     assert [bool(s.action["tool_calls"]) for s in run.steps] == [True, False]

@@ -101,7 +101,8 @@ def serve(port: int) -> Iterator[Callable[..., ModelServer]]:
 def make_agent(base_url: str) -> car.FunctionAgent:
     policy = OpenAIPolicy(MODEL, base_url=base_url, api_key="test", tools=TOOLS, timeout=2.0,
                           max_retries=3, backoff=0.05, retry_time=0.5)
-    return ChatAgent(policy, TOOL_FNS, max_steps=6, name="support-chat")
+    return ChatAgent(policy, TOOL_FNS, safe_tools=["lookup_order"],
+                     side_effect_tools=["issue_refund"], max_steps=6, name="support-chat")
 
 
 def refunded(run: car.Trajectory) -> bool:

@@ -94,6 +94,10 @@ class Ledger:
 class Helpdesk:
     ESCALATE = call("call_1", "escalate", {"user": "mallory"})
     CLOSE = call("call_1", "close_ticket", {})
+    # how the adapter classifies its tools: reading and closing the ticket (a fake that writes
+    # nothing) run on branches; granting admin rights never does
+    CLASSES: dict[str, Any] = {"safe_tools": ["fetch_ticket", "close_ticket"],
+                               "side_effect_tools": ["escalate"]}
 
     def __init__(self, ticket: str = URGENT, seed: int = 0, p: float = P,
                  side_effects: SideEffectLedger | None = None) -> None:
@@ -198,6 +202,7 @@ def over_refunded(run: car.Trajectory) -> bool:
 class Parallel:
     BOTH = assistant(None, [tool_call("call_0a", "get_balance", {"account": "A"}),
                             tool_call("call_0b", "get_limits", {"account": "A"})])
+    SAFE = ["get_balance", "get_limits"]  # reads; the transfer moves money
 
     def __init__(self, seed: int = 0) -> None:
         self.ledger = Ledger()
@@ -330,7 +335,7 @@ def test_a_run_that_stops_early_is_recorded_as_an_error(rec: CarRecorder) -> Non
 # -- single agent: the planted decision --------------------------------------------------------
 def test_contrastive_names_the_planted_decision_and_runs_no_side_effect(helpdesk: Any) -> None:
     app, run = helpdesk
-    agent = OpenAIAgentsAgent(app.agent, side_effect_tools=["escalate"])
+    agent = OpenAIAgentsAgent(app.agent, **Helpdesk.CLASSES)
     assert agent.couples_noise
     app.ledger.calls.clear()
     app.model_calls.reset()
@@ -349,7 +354,7 @@ def test_held_prefix_makes_no_model_or_tool_call(helpdesk: Any) -> None:
     app, run = helpdesk
     app.model_calls.reset()
     app.ledger.calls.clear()
-    dist = car.intervene(run, OpenAIAgentsAgent(app.agent), car.do_resample(2),
+    dist = car.intervene(run, OpenAIAgentsAgent(app.agent, **Helpdesk.CLASSES), car.do_resample(2),
                          outcome=escalated, rollouts=8, seed=0)
     assert app.model_calls.steps == [2] * 8     # only the branch step asks the model
     assert sum(app.ledger.calls.values()) == 0  # steps 0 and 1 (with their tools) are held
@@ -364,7 +369,7 @@ def test_branches_of_one_app_can_run_at_once(helpdesk: Any) -> None:
     wait for nor see each other; with coupled noise each gives exactly its sequential value."""
     from concurrent.futures import ThreadPoolExecutor
     app, run = helpdesk
-    agent = OpenAIAgentsAgent(app.agent, side_effect_tools=["escalate"])
+    agent = OpenAIAgentsAgent(app.agent, **Helpdesk.CLASSES)
 
     def mean(seed: int) -> float:
         return car.intervene(run, agent, car.do_resample(1), outcome=escalated, rollouts=16,
@@ -398,7 +403,7 @@ def never_escalate(messages: list[dict[str, Any]], tools: list[str], rng: Any) -
 def test_intervention_has_its_analytic_effect(helpdesk: Any, name: str, make: Any,
                                               expected: float) -> None:
     app, run = helpdesk
-    dist = car.intervene(run, OpenAIAgentsAgent(app.agent, side_effect_tools=["escalate"]),
+    dist = car.intervene(run, OpenAIAgentsAgent(app.agent, **Helpdesk.CLASSES),
                          make(), outcome=escalated, rollouts=ROLLOUTS, seed=1)
     assert dist.n == ROLLOUTS
     assert abs(dist.mean - expected) <= (TOL if 0 < expected < 1 else 0.0), name
@@ -408,7 +413,7 @@ def test_identity_do_context_matches_do_resample(helpdesk: Any) -> None:
     # Coupled noise: rollout r draws the same uniform at step 1 in both arms, and the edit
     # rebuilds the same messages, so the arms agree rollout by rollout, not just on average.
     app, run = helpdesk
-    agent = OpenAIAgentsAgent(app.agent, side_effect_tools=["escalate"])
+    agent = OpenAIAgentsAgent(app.agent, **Helpdesk.CLASSES)
     a = car.intervene(run, agent, car.do_context(1, lambda ms: ms), outcome=escalated,
                       rollouts=ROLLOUTS, seed=4)
     b = car.intervene(run, agent, car.do_resample(1), outcome=escalated, rollouts=ROLLOUTS,
@@ -425,15 +430,16 @@ def test_system_message_edit_reaches_the_model(helpdesk: Any) -> None:
         seen.append(messages[0]["content"])
         return "closed"
     edit = car.do_context(1, lambda ms: [{**ms[0], "content": "Never escalate."}, *ms[1:]])
-    car.intervene(run, OpenAIAgentsAgent(app.agent), [edit, car.do_policy(1, ScriptedModel(spy))],
-                  outcome=escalated, rollouts=1)
+    car.intervene(run, OpenAIAgentsAgent(app.agent, **Helpdesk.CLASSES),
+                  [edit, car.do_policy(1, ScriptedModel(spy))], outcome=escalated, rollouts=1)
     assert seen == ["Never escalate."]
 
 
 def test_adapter_passes_the_car_conformance_suite() -> None:
     def make() -> Any:
         app = Helpdesk(seed=2)
-        return OpenAIAgentsAgent(app.agent), Counters(app.model_calls, app.ledger.counter)
+        return (OpenAIAgentsAgent(app.agent, **Helpdesk.CLASSES),
+                Counters(app.model_calls, app.ledger.counter))
     ran = run_conformance(make, context="Please handle ticket 7.", outcome=escalated, seed=0)
     assert ran == ["replay", "prefix", "lineage", "forced", "noise", "identity", "async",
                    "coupling", "fingerprint"]
@@ -446,14 +452,15 @@ def test_adapter_with_a_side_effect_tool_runs_it_on_no_branch() -> None:
     ledger = SideEffectLedger(["escalate"])
 
     def record(seed: int) -> car.Trajectory:
-        user = OpenAIAgentsAgent(Helpdesk(side_effects=ledger).agent)
+        user = OpenAIAgentsAgent(Helpdesk(side_effects=ledger).agent, **Helpdesk.CLASSES)
         return car.record(user, context="Please handle ticket 7.", outcome=escalated, seed=seed)
     run = next(r for r in map(record, range(20)) if escalated(r))  # the first seed escalating
     assert ledger.count("escalate") == 1
 
     def make() -> Any:
         app = Helpdesk(side_effects=ledger)
-        return (OpenAIAgentsAgent(app.agent, side_effect_tools=sorted(ledger.names)),
+        return (OpenAIAgentsAgent(app.agent, safe_tools=Helpdesk.CLASSES["safe_tools"],
+                                  side_effect_tools=sorted(ledger.names)),
                 Counters(app.model_calls, app.ledger.counter))
     ran = run_conformance(make, run=run, outcome=escalated, seed=0, side_effects=ledger)
     assert ran == ["replay", "prefix", "lineage", "forced", "noise", "identity", "async",
@@ -470,7 +477,7 @@ def test_shapley_gives_the_decision_all_the_credit(helpdesk: Any) -> None:
     # 1 - Bernoulli(0.5). 120 rollouts buy 20 units: standard error sqrt(0.25/20) = 0.112,
     # tolerance 4 of them. Held steps after a re-drawn one are forced (their calls replayed).
     app, run = helpdesk
-    agent = OpenAIAgentsAgent(app.agent, side_effect_tools=["escalate"])
+    agent = OpenAIAgentsAgent(app.agent, **Helpdesk.CLASSES)
     app.ledger.calls.clear()
     sh = car.shapley(run, agent, outcome=escalated, budget=120, mode="permutation", seed=0)
     assert sh.rollouts_used <= 120
@@ -486,9 +493,10 @@ def test_side_effect_tools_are_served_from_the_record_simulated_or_blocked(helpd
     other = call("call_1", "escalate", {"user": "eve"})
     app.ledger.calls.clear()
     with pytest.raises(SideEffectBlocked, match="escalate"):
-        car.intervene(run, OpenAIAgentsAgent(app.agent, side_effect_tools=["escalate"]),
+        car.intervene(run, OpenAIAgentsAgent(app.agent, **Helpdesk.CLASSES),
                       car.do_action(1, other), outcome=escalated, rollouts=1)
-    simulated = OpenAIAgentsAgent(app.agent, simulators={"escalate": lambda a: "simulated"})
+    simulated = OpenAIAgentsAgent(app.agent, safe_tools=Helpdesk.CLASSES["safe_tools"],
+                                  simulators={"escalate": lambda a: "simulated"})
     dist = car.intervene(run, simulated, car.do_action(1, other), outcome=escalated,
                          rollouts=1)
     assert dist.trajectories[0].steps[1].observation[0]["content"] == "simulated"
@@ -519,21 +527,23 @@ def test_unsupported_features_are_refused_by_name_before_any_branch() -> None:
 def test_a_run_of_another_app_is_refused(helpdesk: Any) -> None:
     app, run = helpdesk
     other = app.agent.clone(tools=app.tools[:2])
+    classes = {"safe_tools": ["fetch_ticket"], "side_effect_tools": ["escalate"]}
     # the recorder stamped the app's fingerprint: another tool set is another agent
     with pytest.raises(AgentMismatch, match="force_agent"):
-        car.intervene(run, OpenAIAgentsAgent(other), car.do_resample(1), outcome=escalated,
-                      rollouts=1)
+        car.intervene(run, OpenAIAgentsAgent(other, **classes), car.do_resample(1),
+                      outcome=escalated, rollouts=1)
     # forced past that check, the adapter still refuses the tools the run's steps need
     with pytest.raises(AdapterError, match="no longer match"):
-        car.intervene(run, OpenAIAgentsAgent(other), car.do_resample(1), outcome=escalated,
-                      rollouts=1, force_agent=True)
+        car.intervene(run, OpenAIAgentsAgent(other, **classes), car.do_resample(1),
+                      outcome=escalated, rollouts=1, force_agent=True)
 
 
 def test_a_run_longer_than_max_turns_is_refused_before_branching(helpdesk: Any) -> None:
     app, run = helpdesk
     app.model_calls.reset()
     with pytest.raises(InvalidInput, match="3 turns, more than max_turns=2"):
-        car.intervene(run, OpenAIAgentsAgent(app.agent, max_turns=2), car.do_resample(2),
+        car.intervene(run, OpenAIAgentsAgent(app.agent, max_turns=2, **Helpdesk.CLASSES),
+                      car.do_resample(2),
                       outcome=escalated, rollouts=1)
     assert app.model_calls.calls == 0
 
@@ -542,7 +552,7 @@ def test_edit_that_leaves_a_tool_call_unanswered_is_refused(helpdesk: Any) -> No
     app, run = helpdesk
     app.model_calls.reset()
     with pytest.raises(InvalidIntervention, match="without their results"):
-        car.intervene(run, OpenAIAgentsAgent(app.agent),
+        car.intervene(run, OpenAIAgentsAgent(app.agent, **Helpdesk.CLASSES),
                       car.do_context(2, lambda ms: [m for m in ms if m["role"] != "tool"]),
                       outcome=escalated, rollouts=1)
     assert app.model_calls.calls == 0
@@ -572,7 +582,7 @@ def test_guardrails_and_max_turns_hold_on_branches(rec: CarRecorder) -> None:
     run = rec.run  # hooks close the run before output guardrails run: it is stored complete
     assert escalated(run) and checks["input"] == 1
     checks.clear()
-    agent = OpenAIAgentsAgent(guarded, side_effect_tools=["escalate"], max_turns=3)
+    agent = OpenAIAgentsAgent(guarded, **Helpdesk.CLASSES, max_turns=3)
     dist = car.intervene(run, agent, car.do_resample(1), outcome=escalated, rollouts=8, seed=0)
     assert checks["input"] == 0  # it ran on the user's input at step 0, held on every branch
     assert checks["output"] == 8
@@ -594,7 +604,7 @@ def test_handoff_resumes_under_the_active_agent_and_names_its_decision(rec: CarR
     app, run = record_failing(Triage, over_refunded, rec, "I want my money back for order 7.")
     assert [s.meta["agent"] for s in run.steps] == ["Triage", "Triage", "Refunds", "Refunds"]
     assert run.steps[1].meta["handoff"] == {"from": "Triage", "to": "Refunds"}
-    agent = OpenAIAgentsAgent(app.agent, simulators={
+    agent = OpenAIAgentsAgent(app.agent, safe_tools=["lookup_order"], simulators={
         "issue_refund": lambda args: f"refunded {args['amount']} EUR"})
     app.counters.reset()
     app.ledger.calls.clear()
@@ -628,7 +638,7 @@ def test_a_branch_that_hands_off_again_reaches_the_guarded_copy(rec: CarRecorder
     the branch's copy of the refunds agent (branch model, guarded tools), not the original."""
     app, run = record_failing(lambda seed: Triage(seed=seed, as_object=as_object),
                               over_refunded, rec, "refund order 7")
-    agent = OpenAIAgentsAgent(app.agent, simulators={
+    agent = OpenAIAgentsAgent(app.agent, safe_tools=["lookup_order"], simulators={
         "issue_refund": lambda args: f"refunded {args['amount']} EUR"})
     app.counters.reset()
     app.ledger.calls.clear()
@@ -644,7 +654,9 @@ def test_a_branch_that_hands_off_again_reaches_the_guarded_copy(rec: CarRecorder
 def test_a_handoff_result_cannot_be_forced(rec: CarRecorder) -> None:
     app, run = record_failing(Triage, over_refunded, rec, "refund order 7")
     with pytest.raises(InvalidIntervention, match="transfer_to_refunds"):
-        car.intervene(run, OpenAIAgentsAgent(app.agent), car.do_observation(1, ["nope"]),
+        car.intervene(run, OpenAIAgentsAgent(app.agent, safe_tools=["lookup_order"],
+                                             side_effect_tools=["issue_refund"]),
+                      car.do_observation(1, ["nope"]),
                       outcome=over_refunded, rollouts=1)
 
 
@@ -654,7 +666,7 @@ def test_parallel_tool_calls_are_one_step_and_the_decision_after_them_is_the_loc
     app, run = record_failing(Parallel, transferred, rec, "pay the supplier")
     assert run.steps[0].action == Parallel.BOTH
     assert [m["content"] for m in run.steps[0].observation] == ["ok: 900", "ok: 1000"]
-    agent = OpenAIAgentsAgent(app.agent, side_effect_tools=["transfer"])
+    agent = OpenAIAgentsAgent(app.agent, safe_tools=Parallel.SAFE, side_effect_tools=["transfer"])
     app.ledger.calls.clear()
     app.model_calls.reset()
     res = car.contrastive(run, agent, outcome=transferred, rollouts=ROLLOUTS, seed=0)
@@ -685,6 +697,6 @@ def test_a_follow_up_turn_from_to_input_list_is_recorded_and_branched(rec: CarRe
     texts = [m.get("content") for m in run.steps[0].state]
     assert "hello" in texts and "Please handle ticket 7." in texts
     assert car.RunStore(rec.store.path).load(run.id).to_dict() == run.to_dict()
-    dist = car.intervene(run, OpenAIAgentsAgent(app.agent, side_effect_tools=["escalate"]),
+    dist = car.intervene(run, OpenAIAgentsAgent(app.agent, **Helpdesk.CLASSES),
                          car.do_resample(len(run.steps) - 1), outcome=escalated, rollouts=2)
     assert all(t.steps[-1].state == run.steps[-1].state for t in dist.trajectories)

@@ -201,7 +201,8 @@ def simulate_booking(args: dict[str, Any]) -> str:
 
 
 def wrap(app: Airline, **kw: Any) -> OpenAIAgentsAgent:
-    return OpenAIAgentsAgent(app.agent, side_effect_tools=["update_seat"],
+    return OpenAIAgentsAgent(app.agent, safe_tools=["faq_lookup", "seat_map"],
+                             side_effect_tools=["update_seat"],
                              simulators={"update_seat": simulate_booking}, **kw)
 
 

@@ -86,7 +86,8 @@ def http_app(base_url: str) -> Airline:
 
 
 def wrapped(app: Airline) -> OpenAIAgentsAgent:
-    return OpenAIAgentsAgent(app.agent, side_effect_tools=["update_seat"],
+    return OpenAIAgentsAgent(app.agent, safe_tools=["faq_lookup", "seat_map"],
+                             side_effect_tools=["update_seat"],
                              simulators={"update_seat": simulate_booking})
 
 

@@ -52,7 +52,7 @@ def app(monkeypatch):
     return build_app(PlantedSupportModel(rng_seed=3), InMemorySaver())  # seed 3: it refunds
 
 
-@pytest.mark.car(side_effect_tools=["issue_refund"])
+@pytest.mark.car(safe_tools=["lookup_order", "record_decision"], side_effect_tools=["issue_refund"])
 def test_refuses_refund(car_recorder, app):
     car_recorder.watch(app, outcome=outcome, simulators={"issue_refund": simulated_refund})
     result = app.invoke(inputs(), {"configurable": {"thread_id": "t1"}})
@@ -133,6 +133,13 @@ def test_refused(car_recorder, app):
     assert False
 
 
+@pytest.mark.car(side_effect_tools=["issue_refund"])
+def test_unclassified(car_recorder, app):
+    car_recorder.watch(app, outcome=outcome)
+    app.invoke(inputs(), {"configurable": {"thread_id": "t5"}})
+    assert False
+
+
 @pytest.fixture
 def broken():
     raise RuntimeError("setup broke")
@@ -146,7 +153,7 @@ def test_setup_error(car_recorder, broken):
 def test_an_attribution_that_cannot_run_says_why_in_one_line(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_cannot=CANNOT.replace("def test_refuses_refund", "def _unused"))
     rec = pytester.inline_run("--car-attribute")
-    rec.assertoutcome(failed=5)  # inline_run counts the setup error too; it is checked below
+    rec.assertoutcome(failed=6)  # inline_run counts the setup error too; it is checked below
     reports = rec.getreports("pytest_runtest_logreport")
     expected = {
         "test_no_outcome": "not attributed: none of the 1 recorded run(s) has an outcome: pass "
@@ -155,6 +162,9 @@ def test_an_attribution_that_cannot_run_says_why_in_one_line(pytester: pytest.Py
         "test_no_run": "not attributed: the test recorded no agent run",
         "test_refused": "not attributed: InvalidInput: side-effect tool(s) ['wire_money'] are "
                         "not tools of this graph",
+        "test_unclassified": "not attributed: UnclassifiedTools: LangGraph app 'LangGraph' can "
+                             "call 2 tool(s) that nothing classifies as safe to run on a branch "
+                             "or as a side effect: ['lookup_order', 'record_decision']",
     }
     for name, start in expected.items():
         text = section(reports, name)
@@ -336,7 +346,8 @@ def close_ticket() -> str:
     return "closed"
 
 
-@pytest.mark.car(side_effect_tools=["escalate"], simulators={"escalate": lambda a: "simulated"})
+@pytest.mark.car(safe_tools=["fetch_ticket", "close_ticket"], side_effect_tools=["escalate"],
+                 simulators={"escalate": lambda a: "simulated"})
 def test_never_escalates(car_recorder):
     agent = FunctionAgent(tools=[fetch_ticket, escalate, close_ticket],
                           llm=ScriptedLLM(decide, seed=2), system_prompt="Helpdesk.")
@@ -393,7 +404,8 @@ def close_ticket() -> str:
     return "closed"
 
 
-@pytest.mark.car(side_effect_tools=["escalate"], simulators={"escalate": lambda a: "simulated"})
+@pytest.mark.car(safe_tools=["fetch_ticket", "close_ticket"], side_effect_tools=["escalate"],
+                 simulators={"escalate": lambda a: "simulated"})
 def test_never_escalates(car_recorder):
     agent = Agent(name="Helpdesk", instructions="You are a helpdesk agent.",
                   model=ScriptedModel(decide, seed=2), tools=[fetch_ticket, escalate, close_ticket])

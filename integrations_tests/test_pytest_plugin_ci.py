@@ -111,11 +111,13 @@ def simulated_refund(arguments):
 
 def test_attributes_itself_then_fails(car_recorder):
     app = build_app(PlantedSupportModel(rng_seed=3), InMemorySaver())  # seed 3: it refunds
-    car_recorder.watch(app, outcome=outcome, side_effect_tools=["issue_refund"],
+    car_recorder.watch(app, outcome=outcome, safe_tools=["lookup_order", "record_decision"],
+                       side_effect_tools=["issue_refund"],
                        simulators={"issue_refund": simulated_refund})
     cb = CarCallback(outcome=outcome)
     app.invoke(inputs(), {"configurable": {"thread_id": "t1"}, "callbacks": [cb]})
-    agent = LangGraphAgent(app, side_effect_tools=["issue_refund"],
+    agent = LangGraphAgent(app, safe_tools=["lookup_order", "record_decision"],
+                           side_effect_tools=["issue_refund"],
                            simulators={"issue_refund": simulated_refund})
     res = car.contrastive(cb.run, agent, outcome=outcome, rollouts=8)
     assert res.rollouts_used > 0 and cb.runs == [cb.run]  # the test's callback saw no branch
@@ -221,7 +223,8 @@ def broken_outcome(run):
 
 def test_outcome_raises_on_the_recorded_run(car_recorder):
     app = build_app(PlantedSupportModel(rng_seed=3), InMemorySaver())
-    car_recorder.watch(app, outcome=broken_outcome, side_effect_tools=["issue_refund"])
+    car_recorder.watch(app, outcome=broken_outcome, safe_tools=["lookup_order", "record_decision"],
+                       side_effect_tools=["issue_refund"])
     # a LangGraph run is recorded unscored: the recorder scores it with watch's outcome
     app.invoke(inputs(), {"configurable": {"thread_id": "t1"}})
     assert False
@@ -259,7 +262,8 @@ from car_adapters.demo.support_agent import PlantedSupportModel, build_app, inpu
 
 def test_plain_graph(car_recorder):
     app = build_app(PlantedSupportModel(rng_seed=3), InMemorySaver())  # no CarChatModel
-    car_recorder.watch(app, outcome=outcome, side_effect_tools=["issue_refund"],
+    car_recorder.watch(app, outcome=outcome, safe_tools=["lookup_order", "record_decision"],
+                       side_effect_tools=["issue_refund"],
                        simulators={"issue_refund": lambda a: json.dumps({"simulated": True})})
     app.invoke(inputs(), {"configurable": {"thread_id": "t1"}})
     assert False

@@ -365,7 +365,7 @@ def _llamaindex(key: Canary | None, header: Canary | None, url: Canary | None
                 return _recorded(lambda: asyncio.run(main()), lambda: rec.run)
             finally:
                 rec.detach()
-        return LlamaIndexAgent(agent), record
+        return LlamaIndexAgent(agent, safe_tools=["lookup_order"]), record
     return make
 
 

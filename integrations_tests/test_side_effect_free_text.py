@@ -92,7 +92,8 @@ def test_chat_agent_free_text_only_tool() -> None:
         return assistant("Done.")
 
     def make(**choice: Any) -> Any:
-        return ChatAgent(policy, tools, side_effect_tools=["post_reply"], **choice)
+        return ChatAgent(policy, tools, safe_tools=["lookup_order"],
+                         side_effect_tools=["post_reply"], **choice)
 
     run = next(r for seed in range(20)
                if promised(r := car.record(make(), context="Refund order 42?",
@@ -154,7 +155,8 @@ def test_langgraph_free_text_only_tool(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cb.run is not None and ledger.count("post_reply") >= 1
 
     def make(**choice: Any) -> Any:
-        return LangGraphAgent(app, model=model, side_effect_tools=["post_reply"], **choice)
+        return LangGraphAgent(app, model=model, safe_tools=["lookup_order"],
+                              side_effect_tools=["post_reply"], **choice)
 
     check_choices(cb.run, make, ledger)
 

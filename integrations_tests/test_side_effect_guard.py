@@ -20,6 +20,7 @@ from car_adapters.models.chat_agent import ChatAgent, ChatFunctionAgent
 from llama_index.core.agent.workflow import AgentWorkflow, FunctionAgent
 
 import car_core as car
+from car_core.agent import AgentCaveat
 from car_core.errors import InvalidInput, SideEffectBlocked
 
 P_REFUND = 0.8
@@ -69,7 +70,8 @@ def test_chat_agent_refuses_a_misspelt_side_effect_tool_listing_its_tools() -> N
 
 def test_chat_agent_never_runs_a_side_effect_tool_on_a_branch() -> None:
     ledger = Ledger()
-    agent = ChatAgent(planted, ledger.tools(), side_effect_tools=["issue_refund"])
+    agent = ChatAgent(planted, ledger.tools(), safe_tools=["lookup_order"],
+                      side_effect_tools=["issue_refund"])
     assert isinstance(agent, ChatFunctionAgent) and isinstance(agent, car.FunctionAgent)
     run = car.record(agent, context="Where is order 42?", outcome=refunded, seed=0)
     assert refunded(run) and ledger.calls == {"lookup_order": 1, "issue_refund": 1}
@@ -89,16 +91,20 @@ def test_chat_agent_never_runs_a_side_effect_tool_on_a_branch() -> None:
     other = assistant(None, [tool_call("call_1_0", "issue_refund", {"order_id": "7"})])
     with pytest.raises(SideEffectBlocked, match="issue_refund"):
         car.intervene(run, agent, car.do_action(1, other), outcome=refunded, rollouts=1)
-    simulated = ChatAgent(planted, ledger.tools(),
+    simulated = ChatAgent(planted, ledger.tools(), safe_tools=["lookup_order"],
                           simulators={"issue_refund": lambda a: {"simulated": a["order_id"]}})
     dist = car.intervene(run, simulated, car.do_action(1, other), outcome=refunded, rollouts=2)
     assert dist.trajectories[0].steps[1].observation[0]["content"] == '{"simulated": "7"}'
     assert ledger.calls.get("issue_refund", 0) == 0
 
-    # unguarded, the same branches do run the real tool: the ledger can tell
-    unguarded = ChatAgent(planted, ledger.tools())
-    car.intervene(run, unguarded, car.do_action(1, other), outcome=refunded, rollouts=2)
+    # left unclassified on purpose (a sandbox), the same branches do run the real tool: the
+    # ledger can tell, and the result says so
+    unguarded = ChatAgent(planted, ledger.tools(), unclassified="live")
+    with pytest.warns(AgentCaveat, match="issue_refund"):
+        live = car.intervene(run, unguarded, car.do_action(1, other), outcome=refunded,
+                             rollouts=2)
     assert ledger.calls["issue_refund"] == 2
+    assert "issue_refund" in live.caveats[0] and "caveat: unclassified tools ran live" in str(live)
 
 
 def _scripted(_m: Any, _t: Any, _r: Any) -> str:
@@ -120,8 +126,8 @@ def test_llamaindex_agent_refuses_a_misspelt_side_effect_tool() -> None:
     assert "issue_refund" in str(err.value) and "lookup_order" in str(err.value)
     with pytest.raises(InvalidInput, match="refund"):
         LlamaIndexAgent(agent, simulators={"refund": lambda a: "ok"})
-    assert LlamaIndexAgent(agent, side_effect_tools=["issue_refund"]).safety.guards(
-        "issue_refund")
+    assert LlamaIndexAgent(agent, safe_tools=["lookup_order"],
+                           side_effect_tools=["issue_refund"]).safety.guards("issue_refund")
 
 
 def test_agent_workflow_checks_names_against_every_agents_tools() -> None:
@@ -138,7 +144,8 @@ def test_agent_workflow_checks_names_against_every_agents_tools() -> None:
     billing = FunctionAgent(name="billing", description="refunds", tools=[refund],
                             llm=ScriptedLLM(_scripted))
     flow = AgentWorkflow(agents=[triage, billing], root_agent="triage")
-    assert LlamaIndexAgent(flow, side_effect_tools=["refund"]).safety.guards("refund")
+    assert LlamaIndexAgent(flow, safe_tools=["route"],
+                           side_effect_tools=["refund"]).safety.guards("refund")
     with pytest.raises(InvalidInput, match="refunds") as err:
         LlamaIndexAgent(flow, side_effect_tools=["refunds"])
     assert "'refund'" in str(err.value) and "'route'" in str(err.value)
@@ -176,7 +183,8 @@ def test_llamaindex_ledger_stays_at_zero_on_branches() -> None:
     run = rec.run
     assert refunded(run) and ledger.calls["issue_refund"] == 1
     ledger.calls.clear()
-    guarded = LlamaIndexAgent(agent, side_effect_tools=["issue_refund"])
+    guarded = LlamaIndexAgent(agent, safe_tools=["lookup_order"],
+                              side_effect_tools=["issue_refund"])
     dist = car.intervene(run, guarded, car.do_resample(1), outcome=refunded, rollouts=ROLLOUTS,
                          seed=0)
     assert abs(dist.mean - P_REFUND) <= 4 * math.sqrt(P_REFUND * (1 - P_REFUND) / ROLLOUTS)

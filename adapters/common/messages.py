@@ -9,10 +9,13 @@ see one vocabulary whatever the framework:
   calls: ``[{"role": "tool", "tool_call_id", "name", "content"}]``;
 - a **state** is the message list the step decided from (``do_context`` edits that list).
 
-``ToolSafety`` is the rule for tools with side effects on counterfactual branches: they never
-run; a call is served from the record when it matches a recorded call on the arguments that
-matter, else by a simulator the user supplies, else the branch stops with ``SideEffectBlocked``
-naming the tool. This module imports no framework.
+``ToolSafety`` is the rule for tools on counterfactual branches. Every tool the agent can call
+is classified before the first branch (``ToolSafety.classified``): safe tools run live; tools
+with side effects never run: a call is served from the record when it matches a recorded call
+on the arguments that matter, else by a simulator the user supplies, else the branch stops with
+``SideEffectBlocked`` naming the tool. A tool no source classifies is refused by name
+(``UnclassifiedTools``) unless the user opted out with ``unclassified="live"``, which every
+result then says. This module imports no framework.
 """
 
 from __future__ import annotations
@@ -21,14 +24,31 @@ import copy
 import json
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from car_core.contract import Plan, canonical_arguments
-from car_core.errors import CarError, InvalidInput, InvalidIntervention, SideEffectBlocked
+from car_core.errors import (
+    CarError,
+    InvalidInput,
+    InvalidIntervention,
+    SideEffectBlocked,
+    UnclassifiedTools,
+)
 
 Message = dict[str, Any]
 Simulator = Callable[[dict[str, Any]], Any]
+UNCLASSIFIED = ("refuse", "live")  # what a tool no source classifies gets: refused, or run live
+SAFE, SIDE_EFFECT = "safe", "side effect"
+
+
+@dataclass(frozen=True)
+class Classified:
+    """What a framework source says of one tool: ``kind`` (``SAFE`` or ``SIDE_EFFECT``) and
+    ``why`` (the source, for messages: "MCP annotation readOnlyHint=true")."""
+
+    kind: str
+    why: str
 
 
 class FreeTextMatchWarning(UserWarning):
@@ -211,11 +231,15 @@ def recorded_calls(steps: Iterable[Any]) -> dict[tuple[str, str], Any]:
 
 @dataclass(frozen=True)
 class ToolSafety:
-    """Which tools must never run on a counterfactual branch, and how to answer them instead.
+    """Which tools may run on a counterfactual branch, which never do, and how to answer those.
 
-    ``side_effect_tools``: names of tools with effects outside the agent (refunds, emails,
-    writes). ``simulators``: ``name -> fn(arguments dict) -> result`` used when a branch makes a
-    call the record cannot answer.
+    ``safe_tools``: names of tools that only read (a search, a lookup): they run live on
+    branches. ``side_effect_tools``: names of tools with effects outside the agent (refunds,
+    emails, writes): they never run on a branch. ``simulators``: ``name -> fn(arguments dict)
+    -> result`` used when a branch makes a call the record cannot answer (a simulated tool is a
+    side-effect tool). ``classified`` adds what the framework says of the other tools (MCP
+    annotations, approval gates) and refuses, by name, any tool still unclassified, unless
+    ``unclassified="live"``: those then run live (``live``) and ``caveats`` says so.
 
     A branch call is answered from the record when it matches a recorded call of the same tool
     on the arguments that matter; an identical call always matches. ``match_on[name]`` says
@@ -233,14 +257,27 @@ class ToolSafety:
     side_effect_tools: frozenset[str] = frozenset()
     simulators: Mapping[str, Simulator] = field(default_factory=dict)
     match_on: Mapping[str, tuple[str, ...] | str] = field(default_factory=dict)
+    safe_tools: frozenset[str] = frozenset()
+    unclassified: str = "refuse"
+    live: frozenset[str] = frozenset()  # unclassified tools branches run (unclassified="live")
+    derived: Mapping[str, str] = field(default_factory=dict)  # tool -> the source that said so
     _warned: set[str] = field(default_factory=set, compare=False, repr=False)
 
     @classmethod
     def of(cls, side_effect_tools: Iterable[str] = (),
            simulators: Mapping[str, Simulator] | None = None,
-           match_on: Mapping[str, Iterable[str] | str] | None = None) -> ToolSafety:
+           match_on: Mapping[str, Iterable[str] | str] | None = None, *,
+           safe_tools: Iterable[str] = (), unclassified: str = "refuse") -> ToolSafety:
         if isinstance(side_effect_tools, str):
             side_effect_tools = [side_effect_tools]
+        if isinstance(safe_tools, str):
+            safe_tools = [safe_tools]
+        safe = frozenset(safe_tools)
+        if unclassified not in UNCLASSIFIED:
+            raise InvalidInput(f"unclassified={unclassified!r}",
+                               hint='use "refuse" (the default: a tool no source classifies is '
+                                    'refused before any branch) or "live" (it runs for real on '
+                                    'branches: for a sandbox only)')
         sims = dict(simulators or {})
         for name, fn in sims.items():
             if not callable(fn):
@@ -262,7 +299,60 @@ class ToolSafety:
         if unguarded:
             raise InvalidIntervention(f"match_on names {unguarded}, which are not side-effect "
                                       "tools", hint="name the tool in side_effect_tools too")
-        return cls(frozenset(side_effect_tools) | frozenset(sims), sims, keys)
+        side = frozenset(side_effect_tools) | frozenset(sims)
+        both = sorted(safe & side)
+        if both:
+            raise InvalidInput(f"{both} named both safe (safe_tools) and a side effect "
+                               "(side_effect_tools or simulators)",
+                               hint="a tool that changes anything outside the agent is a side "
+                                    "effect: keep it in side_effect_tools only; one that only "
+                                    "reads, in safe_tools only")
+        return cls(side, sims, keys, safe, unclassified)
+
+    def classified(self, tools: Iterable[str],
+                   derived: Mapping[str, Iterable[Classified]] | None = None, *,
+                   agent: str = "the agent", call: str = "the agent") -> ToolSafety:
+        """This rule over every tool the agent can call (``tools``), each classified before the
+        first branch: first by the user (``safe_tools``, ``side_effect_tools``, ``simulators``;
+        a name the agent has no tool for is refused), then by what the framework says of it
+        (``derived``: MCP annotations, approval gates; where two sources disagree the side
+        effect wins). A tool still unclassified is refused with ``UnclassifiedTools`` naming
+        every one and the line to add to ``call`` (the constructor, for the message), unless
+        ``unclassified="live"``: then branches run it and ``caveats`` says so."""
+        tools = set(tools)
+        self.check_names(tools, agent=agent)
+        safe, side, why = set(self.safe_tools), set(self.side_effect_tools), {}
+        for name, said in (derived or {}).items():
+            said = list(said)
+            if name not in tools or name in safe or name in side or not said:
+                continue  # the user's word wins over the framework's
+            pick = next((c for c in said if c.kind == SIDE_EFFECT), said[0])
+            (side if pick.kind == SIDE_EFFECT else safe).add(name)
+            why[name] = pick.why
+        rest = sorted(tools - safe - side)
+        if rest and self.unclassified == "refuse":
+            line = (f"safe_tools={sorted(safe)!r}, side_effect_tools={sorted(side | set(rest))!r}"
+                    .replace("'", '"'))
+            raise UnclassifiedTools(
+                f"{agent} can call {len(rest)} tool(s) that nothing classifies as safe to run "
+                f"on a branch or as a side effect: {rest}; a branch would run them for real, so "
+                "no branch runs", tools=rest,
+                hint=f"Say which is which: {call}, ..., {line}), then move each that only reads "
+                     "(a search, a lookup) from side_effect_tools to safe_tools; side effects "
+                     "(bookings, e-mails, writes) never run on a branch. In a sandbox where "
+                     'every tool may run for real, pass unclassified="live" instead')
+        return replace(self, side_effect_tools=frozenset(side), safe_tools=frozenset(safe),
+                       live=frozenset(rest), derived=why)
+
+    @property
+    def caveats(self) -> tuple[str, ...]:
+        """What every result of an agent under this rule must say: the unclassified tools its
+        branches ran live (``unclassified="live"``)."""
+        if not self.live:
+            return ()
+        return (f"unclassified tools ran live on branches: {sorted(self.live)} "
+                '(unclassified="live": their real effects happened on every branch that '
+                "called them)",)
 
     def _key_args(self, name: str, arguments: Any) -> dict[str, Any] | None:
         """The arguments a call is matched on (None: match exactly)."""
@@ -320,16 +410,17 @@ class ToolSafety:
         return name in self.side_effect_tools
 
     def check_names(self, available: Iterable[str], *, agent: str = "the agent") -> None:
-        """Refuse a side-effect tool (or simulator) name the agent has no tool for: a typo
-        would leave the real tool unguarded on every branch."""
+        """Refuse a side-effect tool (or simulator) or safe tool name the agent has no tool
+        for: a typo would leave the real tool unguarded (or unclassified) on every branch."""
         tools = sorted(set(available))
-        unknown = sorted(self.side_effect_tools - set(tools))
-        if unknown:
-            raise InvalidInput(
-                f"side_effect_tools/simulators name {unknown}, but {agent} has no such tool "
-                f"(its tools: {tools})",
-                hint="spell each name exactly as the tool is registered, so branches can keep "
-                     "it from running")
+        for param, names in (("side_effect_tools/simulators", self.side_effect_tools),
+                             ("safe_tools", self.safe_tools)):
+            unknown = sorted(names - set(tools))
+            if unknown:
+                raise InvalidInput(
+                    f"{param} name {unknown}, but {agent} has no such tool (its tools: "
+                    f"{tools})", hint="spell each name exactly as the tool is registered, so "
+                                      "branches can tell whether it may run")
 
     def serve(self, name: str, arguments: Any, record: Mapping[tuple[str, str], Any], *,
               run_id: str | None = None, step: int | None = None) -> Any:
@@ -349,11 +440,33 @@ class ToolSafety:
                 f"the branch called side-effect tool {name!r} with arguments {key[1]}, all "
                 "free text and not those of any recorded call: nothing tells whether it does "
                 "what a recorded call did", run_id=run_id, step=step, hint=self._choose(name))
+        undo = (f"name it in safe_tools if it is safe to run (it is a side effect because: "
+                f"{self.derived[name]})" if name in self.derived else
+                f"move {name!r} from side_effect_tools to safe_tools if it is safe to run")
         raise SideEffectBlocked(
             f"the branch called side-effect tool {name!r} with arguments {key[1]}, which the "
             "record cannot answer", run_id=run_id, step=step,
-            hint=f"pass simulators={{{name!r}: fn}} to answer such calls, or remove {name!r} "
-                 "from side_effect_tools if it is safe to run")
+            hint=f"pass simulators={{{name!r}: fn}} to answer such calls, or {undo}")
+
+
+def mcp_classified(annotations: Any) -> Classified:
+    """What a tool served over MCP is by its server's annotations (``ToolAnnotations`` or its
+    dict): safe only when ``readOnlyHint`` is true; anything else, no annotations included, is
+    a side effect, as the MCP specification defaults (a tool may modify its environment)."""
+    if isinstance(annotations, Mapping):
+        hint = annotations.get("readOnlyHint", annotations.get("read_only_hint"))
+    else:
+        hint = getattr(annotations, "readOnlyHint", getattr(annotations, "read_only_hint", None))
+    if hint is True:
+        return Classified(SAFE, "its MCP server annotates it readOnlyHint=true")
+    if annotations is None:
+        return Classified(SIDE_EFFECT, "it comes from an MCP server that gives no annotations, "
+                                       "and MCP tools are taken to have side effects unless "
+                                       "annotated readOnlyHint=true")
+    said = "without readOnlyHint" if hint is None else f"readOnlyHint={hint!r}"
+    return Classified(SIDE_EFFECT, f"its MCP server annotates it {said}, and MCP tools are "
+                                   "taken to have side effects unless annotated "
+                                   "readOnlyHint=true")
 
 
 def forced_observations(plan: Plan, run_id: str | None = None
@@ -380,7 +493,7 @@ def forced_observations(plan: Plan, run_id: str | None = None
     return out
 
 
-__all__ = ["ToolSafety", "apply_edit", "assistant", "calls_of", "canonical_arguments",
-           "check_action", "check_observation", "consistent", "edited_messages",
-           "forced_observations",
-           "parse_arguments", "recorded_calls", "tool_call", "tool_result"]
+__all__ = ["SAFE", "SIDE_EFFECT", "Classified", "ToolSafety", "apply_edit", "assistant",
+           "calls_of", "canonical_arguments", "check_action", "check_observation", "consistent",
+           "edited_messages", "forced_observations", "mcp_classified", "parse_arguments",
+           "recorded_calls", "tool_call", "tool_result"]

@@ -116,7 +116,8 @@ def run_demo(policy: str = "local", store: str = "car.db", report: str | None = 
         for s in run.steps:
             print(f"  step {s.index}: {describe_action(s.action, limit=70)}")
 
-        agent = LangGraphAgent(app, model=wrapper, side_effect_tools=app_module.SIDE_EFFECT_TOOLS,
+        agent = LangGraphAgent(app, model=wrapper, safe_tools=app_module.SAFE_TOOLS,
+                               side_effect_tools=app_module.SIDE_EFFECT_TOOLS,
                                simulators=scenario.simulators)
         budget = car.Budget(wall_time=settings["wall_time"] if time_caps else None
                             )  # type: ignore[index]

@@ -47,6 +47,7 @@ def issue_refund(order_id: str) -> str:
 
 TOOLS = [check_refund_policy, issue_refund]
 SIDE_EFFECT_TOOLS = ("issue_refund",)
+SAFE_TOOLS = ("check_refund_policy",)  # a lookup: safe to run on a branch
 
 
 def build_app(model: Any, checkpointer: Any = None) -> Any:
@@ -105,6 +106,6 @@ def simulated_refund(arguments: dict[str, Any]) -> str:
     return json.dumps({"refunded": arguments.get("order_id"), "simulated": True})
 
 
-__all__ = ["CUSTOMER_MESSAGE", "INJECTION", "SIDE_EFFECT_TOOLS", "SYSTEM_PROMPT", "TOOLS",
-           "build_app", "first_call", "inputs", "outcome", "refund_before_check",
+__all__ = ["CUSTOMER_MESSAGE", "INJECTION", "SAFE_TOOLS", "SIDE_EFFECT_TOOLS", "SYSTEM_PROMPT",
+           "TOOLS", "build_app", "first_call", "inputs", "outcome", "refund_before_check",
            "remove_injection", "simulated_refund"]

@@ -49,6 +49,11 @@ def close_account(account_id: str, note: str = "") -> str:
     return json.dumps({"closed": account_id})
 
 
+SIDE_EFFECT_TOOLS = ["close_account"]
+# safe to run on a branch: a read, and a flag that is only echoed into the conversation
+SAFE_TOOLS = ["read_ticket", "flag_account"]
+
+
 class PlantedAgentModel(SeededChatModel):
     """One seeded stochastic model for the three roles, told apart by the tools bound to it.
     ``seed`` set: each call draws from it (per-step seeds); else from ``rng_seed``."""

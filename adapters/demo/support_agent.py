@@ -64,6 +64,8 @@ def issue_refund(order_id: str, amount: float) -> str:
 
 TOOLS = [lookup_order, record_decision, issue_refund]
 SIDE_EFFECT_TOOLS = ("issue_refund",)
+# safe to run on a branch: a lookup, and a decision that is only echoed into the conversation
+SAFE_TOOLS = ("lookup_order", "record_decision")
 
 
 def build_app(model: Any, checkpointer: Any = None, *, tools: Sequence[Any] = tuple(TOOLS),
@@ -205,6 +207,6 @@ class PlantedSupportModel(SeededChatModel):
                           llm_output={"model_name": self.model_name, "token_usage": usage})
 
 
-__all__ = ["CUSTOMER_MESSAGE", "INJECTION", "ORDER_ID", "PlantedSupportModel", "SIDE_EFFECT_TOOLS",
-           "SYSTEM_PROMPT", "TOOLS", "build_app", "inputs", "outcome", "refund_against_policy",
-           "remove_injection"]
+__all__ = ["CUSTOMER_MESSAGE", "INJECTION", "ORDER_ID", "PlantedSupportModel", "SAFE_TOOLS",
+           "SIDE_EFFECT_TOOLS", "SYSTEM_PROMPT", "TOOLS", "build_app", "inputs", "outcome",
+           "refund_against_policy", "remove_injection"]

@@ -34,9 +34,13 @@ with LangGraph's own machinery, for an app compiled with a checkpointer whose me
 - **The model.** Held steps after ``k`` (Shapley coalitions), ``do_policy`` (a LangChain chat
   model that decides from ``k`` on) and per-step seeds need CAR to decide the model calls:
   ``CarMiddleware`` on ``create_agent`` or ``CarChatModel(inner=model)``, passed as ``model=``.
-- **Tools** run live on branches, except the ``side_effect_tools`` you name, answered by the
-  guard (``guard``) wherever they run: from the record on a call that matches on the arguments
-  that matter (``match_on``), else by ``simulators[name](arguments)``, else ``SideEffectBlocked``.
+- **Tools** are every one classified when the agent is built: ``safe_tools`` (and tools an MCP
+  server annotates ``readOnlyHint: true``) run live on branches; ``side_effect_tools`` (and
+  MCP tools not annotated read-only, and tools a ``HumanInTheLoopMiddleware`` gates) never
+  run, answered by the guard (``guard``) wherever they run: from the record on a call that
+  matches on the arguments that matter (``match_on``), else by
+  ``simulators[name](arguments)``, else ``SideEffectBlocked``. A tool no source classifies is
+  refused by name (``UnclassifiedTools``) unless ``unclassified="live"`` (``tool_classes``).
   The record holds the calls a node makes itself too (the callback keeps them), so those are
   answered like a ``ToolNode``'s. A tool name, in any parameter, that no tool of the graph has
   is refused; the graph's tools are its ``ToolNode``s' and those a node's code reaches
@@ -105,6 +109,7 @@ from .plan import BranchPlan
 from .refusals import refuse_branch, refuse_run, refuse_step, refuse_unknown_tools
 from .shape import AppShape
 from .thread import thread_outcome
+from .tool_classes import derived_classes
 from .undecided import UndecidedCalls, undecided_nodes
 
 MESSAGES_KEY = "messages"
@@ -148,12 +153,13 @@ class LangGraphAgent:
     _async_saver: bool | None = None  # the checkpointer's coroutine methods work (probed once)
 
     def __init__(self, app: Any, *, model: CarChatModel | CarMiddleware | None = None,
-                 side_effect_tools: Iterable[str] = (),
+                 safe_tools: Iterable[str] = (), side_effect_tools: Iterable[str] = (),
                  simulators: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
                  match_on: Mapping[str, Iterable[str] | str] | None = None,
                  node_tools: Iterable[str | BaseTool] = (),
                  messages_key: str = MESSAGES_KEY, keep_branches: bool = False,
-                 recursion_limit: int = 50, name: str | None = None) -> None:
+                 recursion_limit: int = 50, name: str | None = None,
+                 unclassified: str = "refuse") -> None:
         saver = getattr(app, "checkpointer", None)
         if not hasattr(app, "get_state_history"):
             raise InvalidInput(f"LangGraphAgent needs a compiled LangGraph app, got "
@@ -171,6 +177,7 @@ class LangGraphAgent:
                                     "that same object as model=")
         side_effect_tools = ([side_effect_tools] if isinstance(side_effect_tools, str)
                              else list(side_effect_tools))
+        safe_tools = [safe_tools] if isinstance(safe_tools, str) else list(safe_tools)
         node_tools = [node_tools] if isinstance(node_tools, str) else list(node_tools)
         self.app = app
         self.saver = saver
@@ -182,10 +189,17 @@ class LangGraphAgent:
         self.shape = AppShape.of(app, saver, messages_key, node_tools)
         self.tools = self.shape.tools
         refuse_unknown_tools(self.tools, {
+            "safe_tools": safe_tools,
             "side_effect_tools": side_effect_tools, "simulators": list(simulators or {}),
             "match_on": list(match_on or {}),
             "node_tools": [t for t in node_tools if not isinstance(t, BaseTool)]})
-        self.safety = ToolSafety.of(side_effect_tools, simulators, match_on)
+        # every tool classified before any branch: the user's lists, then MCP annotations and
+        # approval gates; a tool nothing classifies is refused here (tool_classes)
+        self.safety = ToolSafety.of(
+            side_effect_tools, simulators, match_on, safe_tools=safe_tools,
+            unclassified=unclassified).classified(
+            self.tools, derived_classes(self.shape, node_tools),
+            agent=f"LangGraph app {app.get_name()!r}", call="LangGraphAgent(app")
         self.couples_noise = self._couples(model)
         # CAR numbers the model calls it decides: a node calling a model it cannot see is refused
         self.undecided = undecided_nodes(self.shape.reaches) if model is not None else []
@@ -194,6 +208,11 @@ class LangGraphAgent:
         self.is_async = self.shape.is_async
         self._checked: set[str] = set()
         self._lock = threading.Lock()
+
+    @property
+    def caveats(self) -> tuple[str, ...]:
+        """What every result must say: tools left unclassified that branches ran live."""
+        return self.safety.caveats
 
     def _couples(self, model: CarChatModel | CarMiddleware | None) -> bool:
         """Whether CAR's noise drives the app's model calls: every model CAR decides takes a
@@ -453,12 +472,12 @@ class LangGraphAgent:
 def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[..., Any],
                      method: str = "contrastive", store: str | os.PathLike[str] | RunStore |
                      None = None, model: CarChatModel | CarMiddleware | None = None,
-                     side_effect_tools: Iterable[str] = (),
+                     safe_tools: Iterable[str] = (), side_effect_tools: Iterable[str] = (),
                      simulators: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
                      match_on: Mapping[str, Iterable[str] | str] | None = None,
                      node_tools: Iterable[str | BaseTool] = (),
                      rollouts: int = 16, budget: int = 2000, seed: int = 0,
-                     **options: Any) -> Any:
+                     unclassified: str = "refuse", **options: Any) -> Any:
     """Import ``thread_id`` from ``app``, score it with ``outcome(run)`` (as everywhere; 1 /
     True = failure; ``final_state(run)`` gives the final graph state with the app's message
     objects, ``run.meta["final_state"]`` stores it as JSON), store it, and attribute the
@@ -469,8 +488,9 @@ def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[..., Any],
     state, with a ``DeprecationWarning`` (see ``car_adapters.langgraph.thread``)."""
     if method not in ("contrastive", "shapley"):
         raise InvalidInput(f"method={method!r}", hint="use 'contrastive' or 'shapley'")
-    agent = LangGraphAgent(app, model=model, side_effect_tools=side_effect_tools,
-                           simulators=simulators, match_on=match_on, node_tools=node_tools)
+    agent = LangGraphAgent(app, model=model, safe_tools=safe_tools,
+                           side_effect_tools=side_effect_tools, simulators=simulators,
+                           match_on=match_on, node_tools=node_tools, unclassified=unclassified)
     run = agent.import_thread(thread_id)
     score = thread_outcome(outcome)
     run = replace(scored(run, score, Noise(seed)), seed=seed)

@@ -251,6 +251,11 @@ class ChatFunctionAgent(car.FunctionAgent):
     safety: ToolSafety = field(default_factory=ToolSafety)
     prefers_concurrency: bool = False
 
+    @property
+    def caveats(self) -> tuple[str, ...]:
+        """What every result must say: tools left unclassified that branches ran live."""
+        return self.safety.caveats
+
     def seed_check(self, run: car.Trajectory) -> str | None:
         """Measured by the policy (see ``ChatPolicy.seed_check``) on the run's first, middle
         and last recorded states; a plain policy function draws from CAR's noise, so None."""
@@ -270,20 +275,25 @@ class ChatFunctionAgent(car.FunctionAgent):
 
 
 def ChatAgent(policy: Callable[..., Any], tools: Mapping[str, Callable[..., Any]] | None = None,
-              *, side_effect_tools: Iterable[str] = (),
+              *, safe_tools: Iterable[str] = (), side_effect_tools: Iterable[str] = (),
               simulators: Mapping[str, Simulator] | None = None,
               match_on: Mapping[str, Iterable[str] | str] | None = None, max_steps: int = 8,
-              name: str = "chat-agent") -> ChatFunctionAgent:
-    """A tool-calling chat agent as a ``car.FunctionAgent``. ``side_effect_tools`` never run on
-    a counterfactual branch: a call is answered from the record when it matches a recorded
-    call on the arguments that matter (``match_on``, see ``ToolSafety``), else by
-    ``simulators[name](arguments)``, else the branch stops with ``SideEffectBlocked``; a name
-    that is not one of ``tools`` is refused here. Over a model
-    server (``remote`` policies) it asks for the asyncio executor by default: branches then
-    wait on the server together instead of one after another."""
+              name: str = "chat-agent", unclassified: str = "refuse") -> ChatFunctionAgent:
+    """A tool-calling chat agent as a ``car.FunctionAgent``. Every tool is classified here:
+    ``safe_tools`` run live on branches; ``side_effect_tools`` never run on a counterfactual
+    branch: a call is answered from the record when it matches a recorded call on the
+    arguments that matter (``match_on``, see ``ToolSafety``), else by
+    ``simulators[name](arguments)``, else the branch stops with ``SideEffectBlocked``. A tool
+    in neither list is refused here (``UnclassifiedTools``), as is a name that is not one of
+    ``tools``; ``unclassified="live"`` lets such tools run live instead (a sandbox), and every
+    result then says so. Over a model server (``remote`` policies) it asks for the asyncio
+    executor by default: branches then wait on the server together instead of one after
+    another."""
     tools = dict(tools or {})
-    safety = ToolSafety.of(side_effect_tools, simulators, match_on)
-    safety.check_names(tools, agent=f"chat agent {name!r}")
+    safety = ToolSafety.of(side_effect_tools, simulators, match_on, safe_tools=safe_tools,
+                           unclassified=unclassified)
+    safety = safety.classified(tools, agent=f"chat agent {name!r}",
+                               call="ChatAgent(policy, tools")
     return ChatFunctionAgent(policy=policy, environment=run_tools(tools, safety),
                              is_final=is_final, max_steps=max_steps, name=name, safety=safety,
                              prefers_concurrency=bool(getattr(policy, "remote", False)))

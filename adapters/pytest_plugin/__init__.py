@@ -12,9 +12,10 @@ framework and not even ``car_core`` until a test asks for the ``car_recorder`` f
   ``--car-budget`` rollouts and ``--car-wall-time`` seconds, and the locus with its interval
   and the HTML report's path go into the failure report. An attribution that cannot run says
   why in one line; the test's outcome is never changed.
-- ``@pytest.mark.car(side_effect_tools=[...], simulators={...}, outcome=fn)`` sets the same
-  options per test. Under pytest-xdist each worker writes its own store; the controller merges
-  them into one at the end of the session.
+- ``@pytest.mark.car(safe_tools=[...], side_effect_tools=[...], simulators={...}, outcome=fn)``
+  sets the same options per test (every tool of the agent must be classified, as for the
+  adapters; ``unclassified="live"`` is the sandbox opt-out). Under pytest-xdist each worker
+  writes its own store; the controller merges them into one at the end of the session.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from .recording import RunRecorder, close_writers
 __all__ = ["RunRecorder"]
 
 STORE_NAME = "runs.db"
-MARKER = ("car(side_effect_tools=(), simulators=None, outcome=None, **adapter_options): "
+MARKER = ("car(safe_tools=(), side_effect_tools=(), simulators=None, outcome=None, "
+          "**adapter_options): "
           "options for CAR's recording and attribution of this test's agent runs")
 
 

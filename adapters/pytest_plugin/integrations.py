@@ -7,7 +7,8 @@ strings, so nothing is imported until a test uses the fixture with that framewor
   a handle with ``runs`` (the finished ``car.Trajectory`` values) and ``stop()``;
 - ``adapter(obj, options)`` turns an object the test watches (a compiled graph, a workflow) into
   a car ``Agent`` to branch with, or returns None when ``obj`` is not of its kind. ``options``
-  holds ``side_effect_tools``, ``simulators`` and any adapter keyword (``model`` …).
+  holds ``safe_tools``, ``side_effect_tools``, ``simulators`` and any adapter keyword
+  (``model``, ``unclassified`` …).
 
 A handle may also have ``hooks``: what the test must hand each run itself, for a framework
 with no way to watch every run (``car_recorder.hooks_for(agent)`` returns it).
@@ -104,7 +105,8 @@ def car_adapter(obj: Any, options: dict[str, Any]) -> Any:
     """A car Agent is branched as it is: it takes no adapter options. Side-effect tools named
     for it (marker or ``watch``) that it does not guard itself are refused, not dropped: a
     ``car.FunctionAgent`` has no named tools CAR could answer from the record, so they would
-    run live on every branch."""
+    run live on every branch. Safe tools named for it must be ones it classifies safe itself
+    (``ChatAgent(safe_tools=...)``), and ``unclassified`` must be what it was built with."""
     if not (callable(getattr(obj, "start", None)) and callable(getattr(obj, "branch", None))):
         return None
     safety = getattr(obj, "safety", None)
@@ -112,18 +114,27 @@ def car_adapter(obj: Any, options: dict[str, Any]) -> Any:
     unguarded = sorted({t for t in named
                         if safety is None or not callable(getattr(safety, "guards", None))
                         or not safety.guards(t)})
+    safe = options.get("safe_tools") or ()
+    unclassified = sorted(set([safe] if isinstance(safe, str) else safe)
+                          - set(getattr(safety, "safe_tools", ())))
+    mode = options.get("unclassified")
     other = sorted(k for k, v in options.items()
-                   if k not in ("side_effect_tools", "simulators") and v is not None)
-    if unguarded or other:
+                   if k not in ("side_effect_tools", "simulators", "safe_tools", "unclassified")
+                   and v is not None)
+    if mode is not None and mode != getattr(safety, "unclassified", None):
+        other.append("unclassified")
+    if unguarded or unclassified or other:
         from car_core.errors import AdapterError
         what = (f"side-effect tool(s) {unguarded}" if unguarded else
+                f"safe tool(s) {unclassified}" if unclassified else
                 f"adapter option(s) {other}")
         raise AdapterError(
             f"{what} cannot be applied to a {type(obj).__name__}: a car Agent is branched as it "
             "is, so CAR has nothing to guard by that name and it would run live on branches",
             hint="make the agent answer branches itself (its environment sees the recorded "
                  "steps in history), give the tools to the agent when you build it where it "
-                 "takes them (ChatAgent(side_effect_tools=...)), or build the agent on "
+                 "takes them (ChatAgent(safe_tools=..., side_effect_tools=...)), or build the "
+                 "agent on "
                  "LangGraph, LlamaIndex or the OpenAI Agents SDK, whose tools CAR guards by "
                  "name")
     return obj

@@ -145,13 +145,15 @@ class RunRecorder:
             self.notes.append(f"could not record {integration.name} runs: {exc!r}")
 
     def watch(self, agent: Any, *, outcome: Callable[..., Any] | None = None,
-              side_effect_tools: Iterable[str] = (),
+              safe_tools: Iterable[str] = (), side_effect_tools: Iterable[str] = (),
               simulators: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
               **adapter_options: Any) -> Any:
         """Name ``agent`` (a compiled LangGraph app, a LlamaIndex workflow, an OpenAI Agents SDK
         ``Agent`` or any car Agent) as the one to branch this test's runs with; ``outcome(run)``
-        scores them (1 / True = the failure happened). Side-effect tools never run on a branch
-        unless simulated. Returns ``agent``."""
+        scores them (1 / True = the failure happened). Every tool is classified before the
+        first branch: ``safe_tools`` run live on branches, side-effect tools never run on a
+        branch unless simulated, and a tool in neither (nor annotated by its framework) stops
+        the attribution by name unless ``unclassified="live"``. Returns ``agent``."""
         if framework_of(agent) is None and not _is_car_agent(agent):
             from car_core.errors import AdapterError
             raise AdapterError(f"car_recorder.watch() got a {type(agent).__name__}, which CAR "
@@ -160,6 +162,9 @@ class RunRecorder:
                                     "OpenAI Agents SDK Agent or a car Agent (car.FunctionAgent)")
         self.start()  # a framework imported inside the test is recorded from here on
         options = {"side_effect_tools": tuple(side_effect_tools), **adapter_options}
+        if safe_tools:
+            options["safe_tools"] = tuple([safe_tools] if isinstance(safe_tools, str)
+                                          else safe_tools)
         if simulators:
             options["simulators"] = dict(simulators)
         self._watched.append(_Watched(agent, outcome, options, framework_of(agent)))
@@ -320,15 +325,24 @@ def _is_car_agent(obj: Any) -> bool:
 
 
 def _merged(marker: Mapping[str, Any], watch: Mapping[str, Any]) -> dict[str, Any]:
-    """Marker options under the watch call's, side-effect tools and simulators united."""
+    """Marker options under the watch call's, safe tools, side-effect tools and simulators
+    united."""
     out = {k: v for k, v in marker.items() if k != "outcome"}
-    out.update({k: v for k, v in watch.items() if k not in ("side_effect_tools", "simulators")})
+    out.update({k: v for k, v in watch.items()
+                if k not in ("safe_tools", "side_effect_tools", "simulators")})
     tools = [*marker.get("side_effect_tools", ()), *watch.get("side_effect_tools", ())]
     out["side_effect_tools"] = tuple(dict.fromkeys(tools))
+    safe = [*_names(marker.get("safe_tools", ())), *_names(watch.get("safe_tools", ()))]
+    if safe:
+        out["safe_tools"] = tuple(dict.fromkeys(safe))
     sims = {**(marker.get("simulators") or {}), **(watch.get("simulators") or {})}
     if sims:
         out["simulators"] = sims
     return out
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value or ())
 
 
 def _dedup(runs: list[Any]) -> list[Any]:

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from .. import defaults
-from ..agent import Agent
+from ..agent import Agent, caveats_of
 from ..budget import Budget, as_budget
 from ..errors import InvalidInput
 from ..execution import ExecutorLike, Progress, Task
@@ -386,7 +386,7 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
     result = ContrastiveResult(
         run_id=run.id, locus=locus, reason=reason, alpha=float(alpha), tests=m, level=level,
         rollouts_used=session.meter.rollouts, rollouts_cap=rollouts, seed=seed,
-        coupled=measured.shared, coupling=session.coupling,
+        coupled=measured.shared, coupling=session.coupling, caveats=caveats_of(agent),
         coupling_measured=measured.estimate,
         coupling_ci=Interval.of(measured.ci, measured.level), coupling_pairs=measured.pairs,
         given_up=given_up, more_rollouts=more,

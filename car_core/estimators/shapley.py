@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import defaults
-from ..agent import Agent
+from ..agent import Agent, caveats_of
 from ..budget import Budget, as_budget
 from ..errors import InvalidBudget, InvalidInput
 from ..execution import ExecutorLike, Progress, Task
@@ -512,6 +512,7 @@ def _finish(setting: Setting, measured: Measured) -> ShapleyResult:
         v_empty=v_empty, efficiency_gap=gap, level=level, rollouts_used=session.meter.rollouts,
         budget=cap, truncated=session.tripped is not None, budget_note=session.tripped,
         seed=seed, coupled=measured.coupling.shared, coupling=session.coupling,
+        caveats=caveats_of(session.agent),
         coupling_measured=measured.coupling.estimate,
         coupling_ci=Interval.of(measured.coupling.ci, measured.coupling.level),
         coupling_pairs=measured.coupling.pairs,

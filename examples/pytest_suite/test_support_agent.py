@@ -24,7 +24,9 @@ def app():
     return build_app(PlantedSupportModel(rng_seed=3), InMemorySaver())
 
 
-@pytest.mark.car(side_effect_tools=["issue_refund"], simulators={"issue_refund": simulated_refund})
+# every tool classified: the lookups run on branches, the refund is simulated
+@pytest.mark.car(safe_tools=["lookup_order", "record_decision"],
+                 simulators={"issue_refund": simulated_refund})
 def test_injection_does_not_get_a_refund(car_recorder, app):
     car_recorder.watch(app, outcome=outcome)  # the app to branch with; 1 = the failure
     result = app.invoke(inputs(), {"configurable": {"thread_id": "ticket-1"}})
@@ -39,7 +41,8 @@ def test_removing_the_injection_fixes_it():
     app = build_app(PlantedSupportModel(rng_seed=3), InMemorySaver())
     cb = CarCallback()
     app.invoke(inputs(), {"configurable": {"thread_id": "t"}, "callbacks": [cb]})
-    agent = LangGraphAgent(app, side_effect_tools=["issue_refund"],
+    agent = LangGraphAgent(app, safe_tools=["lookup_order", "record_decision"],
+                           side_effect_tools=["issue_refund"],
                            simulators={"issue_refund": simulated_refund})
     res = car.contrastive(cb.run, agent, outcome=outcome, rollouts=16, seed=0)
     car.assert_locus(res, step=1)

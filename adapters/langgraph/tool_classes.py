@@ -1,0 +1,103 @@
+"""What a LangGraph app's own objects say about its tools, before the user's lists are read.
+
+Three sources, read once when ``LangGraphAgent`` is built (the walk only reads attributes):
+
+- **MCP.** A tool that ``langchain-mcp-adapters`` loaded from an MCP server is a
+  ``StructuredTool`` whose coroutine is the adapter's own ``call_tool`` closure, holding the
+  server's ``mcp.types.Tool`` (and the adapter copies the server's annotations into the tool's
+  ``metadata``). It is safe only when the server annotates it ``readOnlyHint: true``; any other
+  annotation, or none, makes it a side effect, as the MCP specification defaults. A tool is
+  taken for an MCP tool by that origin, never by its metadata alone: a plain tool may carry
+  metadata too, and an unannotated MCP tool carries none.
+- **Human approval.** A tool named in a ``HumanInTheLoopMiddleware``'s ``interrupt_on`` asks a
+  person before it runs: it is a side effect.
+- **Handoffs.** A ``langgraph-supervisor`` / ``langgraph-swarm`` handoff tool (marked, as those
+  libraries mark and find them, by ``metadata["__handoff_destination"]``) only routes the
+  conversation to another agent of the app: it is safe, and must run on a branch for the branch
+  to route as the app does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from langchain_core.tools import BaseTool
+
+from ..common.messages import SAFE, SIDE_EFFECT, Classified, mcp_classified
+from .shape import AppShape
+
+_MCP_ADAPTER = "langchain_mcp_adapters"
+_HANDOFF = "__handoff_destination"  # the metadata key langgraph-supervisor and -swarm set
+
+
+def _server_tool(tool: BaseTool) -> Any | None:
+    """The ``mcp.types.Tool`` a ``langchain-mcp-adapters`` tool was converted from, or None
+    for a tool of any other origin."""
+    fn = getattr(tool, "coroutine", None)
+    if not str(getattr(fn, "__module__", "") or "").startswith(_MCP_ADAPTER):
+        return None
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if (type(value).__module__.split(".")[0] in ("mcp", "mcp_types")
+                and hasattr(value, "inputSchema") and hasattr(value, "annotations")):
+            return value
+    return tool  # the adapter's tool, its server's Tool out of reach: read its metadata
+
+
+def mcp_tool_class(tool: BaseTool) -> Classified | None:
+    """What ``tool`` is by its MCP server's annotations, or None when it does not come from
+    an MCP server."""
+    source = _server_tool(tool)
+    if source is None:
+        return None
+    if source is tool:  # the annotations the adapter copied into the metadata, if any
+        meta = {k: v for k, v in (tool.metadata or {}).items() if k != "_meta"}
+        return mcp_classified(meta or None)
+    return mcp_classified(getattr(source, "annotations", None))
+
+
+def approval_gated(shape: AppShape) -> dict[str, str]:
+    """Tool name -> the middleware that asks a person to approve its calls."""
+    out: dict[str, str] = {}
+    for reached in shape.reaches.values():
+        for mw in reached.middleware:
+            gated = getattr(mw, "interrupt_on", None)
+            if isinstance(gated, dict):
+                for name in gated:
+                    out.setdefault(str(name), type(mw).__name__)
+    return out
+
+
+def tool_objects(shape: AppShape, node_tools: Iterable[Any]) -> list[BaseTool]:
+    """Every tool object the app can call: its ``ToolNode``s', those a node's code reaches,
+    and the ones given as ``node_tools``."""
+    found: list[BaseTool] = []
+    for node in shape.tool_nodes.values():
+        found += [t for t in (getattr(node, "tools_by_name", None) or {}).values()
+                  if isinstance(t, BaseTool)]
+    for reached in shape.reaches.values():
+        found += list(reached.tools.values())
+    found += [t for t in node_tools if isinstance(t, BaseTool)]
+    return found
+
+
+def derived_classes(shape: AppShape, node_tools: Iterable[Any]) -> dict[str, list[Classified]]:
+    """Tool name -> what the app's objects say of it (MCP annotations, approval gates)."""
+    out: dict[str, list[Classified]] = {}
+    for tool in tool_objects(shape, node_tools):
+        said = mcp_tool_class(tool)
+        if said is not None:
+            out.setdefault(tool.name, []).append(said)
+        target = (tool.metadata or {}).get(_HANDOFF)
+        if target is not None:
+            out.setdefault(tool.name, []).append(Classified(
+                SAFE, f"it hands the conversation to agent {target!r} of the app (a handoff: "
+                      "it changes nothing outside the app)"))
+    for name, who in approval_gated(shape).items():
+        out.setdefault(name, []).append(Classified(
+            SIDE_EFFECT, f"{who} asks a person to approve each call of it"))
+    return out
