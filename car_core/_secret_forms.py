@@ -20,6 +20,14 @@ import re
 PIECE = re.compile(r"""[^\s"'`,;=&\\<>()\[\]{}|\x7f-\U0010ffff]+""")
 _HTML_NAMED = {"&": "amp", "<": "lt", ">": "gt", '"': "quot", "'": "apos"}
 _ESCAPED = {"\n": "n", "\t": "t", "\r": "r"}
+# The characters escapes are written with, each as written by the next encoder too: a JSON or
+# repr escape's backslash percent-encoded (a URL holding a JSON body) or HTML-escaped (a
+# report quoting a repr), an HTML escape's "&", "#" and ";" percent-encoded or HTML-escaped
+# again. Without them a key whose delimiters were escaped twice, by two encoders, is missed.
+_SEMI = r"(?:;|%(?:25)*3[bB])"
+_AMP = r"(?:&|%(?:25)*26)(?:amp" + _SEMI + ")*"
+_HASH = r"(?:#|%(?:25)*23)"
+_BS = r"(?:\\|%(?:25)*5[cC]|" + _AMP + _HASH + "(?:0*92|[xX]0*5[cC])" + _SEMI + ")"
 
 
 def _hex(n: int, width: int) -> str:
@@ -33,15 +41,15 @@ def _char(c: str) -> str:
         return c
     utf8 = c.encode("utf-8", "surrogatepass")
     cp = ord(c)
-    bs = r"\\+"  # one backslash per level of escaping
-    alts = [r"\\*" + re.escape(c) if c in "\"'\\/" else re.escape(c),
+    bs = _BS + "+"  # one backslash per level of escaping
+    alts = [re.escape(c),
             "".join(f"%(?:25)*{_hex(b, 2)}" for b in utf8),
             "".join(bs + "x" + _hex(b, 2) for b in utf8),  # bytes repr of the UTF-8
-            f"&#0*{cp};", f"&#[xX]0*{_hex(cp, 1)};"]
+            f"{_AMP}{_HASH}0*{cp}{_SEMI}", f"{_AMP}{_HASH}[xX]0*{_hex(cp, 1)}{_SEMI}"]
     if c == " ":
-        alts.append(r"\+")
+        alts.append(r"(?:\+|%(?:25)*2[bB])")  # form encoding, then percent-encoded again
     if c in _HTML_NAMED:
-        alts.append(f"&{_HTML_NAMED[c]};")
+        alts.append(f"{_AMP}{_HTML_NAMED[c]}{_SEMI}")
     if c in _ESCAPED:
         alts.append(bs + _ESCAPED[c])
     if cp < 0x100:
@@ -52,7 +60,10 @@ def _char(c: str) -> str:
         hi, lo = 0xD800 + ((cp - 0x10000) >> 10), 0xDC00 + ((cp - 0x10000) & 0x3FF)
         alts.append(f"{bs}u{_hex(hi, 4)}{bs}u{_hex(lo, 4)}")
     alts.append(bs + "U" + _hex(cp, 8))
-    return "(?:" + "|".join(alts) + ")"
+    written = "(?:" + "|".join(alts) + ")"
+    # quotes, backslashes and slashes are the characters escaped by a backslash (JSON, repr),
+    # once per level of quoting, whatever form the character itself then takes
+    return _BS + "*" + written if c in "\"'\\/" else written
 
 
 def base64_forms(secret: str) -> set[str]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import html
 import io
 import json
 import logging
@@ -175,6 +176,11 @@ class Canary:
         found = {self.value, self.core, base64.b64encode(raw).decode().rstrip("="),
                  base64.urlsafe_b64encode(raw).decode().rstrip("="), quote(self.value, safe=""),
                  quote(self.value), quote_plus(self.value), json.dumps(self.value)[1:-1]}
+        # escaped as a store, a repr or the report writes it, and escaped twice
+        escaped = {json.dumps(self.value)[1:-1], repr(self.value + "'\"")[1:-2],
+                   json.dumps(json.dumps(self.value))[3:-3]}
+        found |= escaped | {html.escape(e) for e in escaped} | {
+            quote(e, safe="") for e in escaped}
         if self.userinfo:
             basic = f"{USER}:{self.value}".encode()
             found.add(base64.b64encode(basic).decode().rstrip("="))
@@ -189,6 +195,9 @@ def canary(tag: str, shape: str = "{tag}{core}", userinfo: bool = False) -> Cana
 PLAIN = canary("Plain", "sk-{tag}{core}")
 JWT = canary("Jwt", "eyJhbGciOi.{tag}+{core}/x_y-z==")
 DELIMS = canary("Delim", '{tag};{core},k="v w"=x')
+# every delimiter a server may echo, and no run of 8 between them: only the whole key's
+# pattern can hide it (a long piece would be hidden on its own and hide a miss)
+QUOTES = Canary("cq7,a1b2;c3d'4e\"5f}6g7h")
 ENV = canary("Env", "sk-{tag}{core}")
 UNICODE = canary("Uni", "sk-{tag}{core}\u00e9\u043a")
 HEADER = canary("Hdr", "{tag}.{core}")
@@ -258,6 +267,7 @@ POLICY_CASES = [
     Case("openai api_key plain", (PLAIN,), _openai(api_key=PLAIN.value), PLAIN),
     Case("openai api_key jwt", (JWT,), _openai(api_key=JWT.value), JWT),
     Case("openai api_key delimiters", (DELIMS,), _openai(api_key=DELIMS.value), DELIMS),
+    Case("openai api_key quotes and braces", (QUOTES,), _openai(api_key=QUOTES.value), QUOTES),
     Case("openai OPENAI_API_KEY", (ENV,),
          _with_env("OPENAI_API_KEY", lambda s: ENV.value, _openai()), ENV),
     Case("openai client non-ascii key", (UNICODE,), _openai(client={"api_key": UNICODE.value})),
@@ -391,6 +401,7 @@ FRAMEWORK_CASES = [
                         ("llamaindex openai LLM", _llamaindex),
                         ("openai-agents chat-completions model", _agents))
     for kind, canaries in (("key with delimiters + header", (DELIMS, JWT, None)),
+                           ("key with quotes and braces", (QUOTES, None, None)),
                            ("userinfo sub-delimiters", (None, None, URL_SUBDELIMS)))
 ]
 

@@ -173,6 +173,29 @@ def test_a_registered_secret_is_hidden_in_every_encoding(secret: str) -> None:
         assert rd.MARK in out and out.startswith("before ") and out.endswith(" after"), form
 
 
+# one layer of each encoder a key passes through on its way to a store or a screen: an error
+# body's JSON, a Python repr (the exception, a dict of headers), the report's HTML, a URL
+ENCODERS = {
+    "json": lambda t: json.dumps(t)[1:-1], "repr": lambda t: repr(t + "'\"")[1:-1],
+    "bytes repr": lambda t: repr(t.encode())[2:-1], "html": html.escape,
+    "url": lambda t: quote(t, safe=""), "url plus": quote_plus}
+SHORT_PIECES = "k1a2b3c,d4e5f6;g7h8'i9j0\"x1y2}z3w4"  # no run of 8 between its delimiters
+
+
+@pytest.mark.parametrize("first", ENCODERS)
+@pytest.mark.parametrize("second", ENCODERS)
+def test_a_key_of_short_pieces_is_hidden_through_two_encoders(first: str, second: str) -> None:
+    """A key whose delimiters (``,;'"}``) leave no piece long enough to be hidden alone, so
+    only the whole key's pattern can catch it: written by one encoder and then another (a
+    repr's backslash percent-encoded, a JSON escape HTML-escaped in a report), it is still
+    found."""
+    written = ENCODERS[second](ENCODERS[first](f"you sent {SHORT_PIECES} to us"))
+    out = rd.redact(written, secrets=[SHORT_PIECES])
+    pieces = ["k1a2b3c", "d4e5f6", "g7h8", "i9j0", "x1y2", "z3w4"]
+    assert [p for p in pieces if p in out] == [], out
+    assert rd.MARK in out
+
+
 def test_a_quoted_piece_of_a_key_with_delimiters_is_hidden_too() -> None:
     secret = "first-piece-1a2b;second-piece-3c4d"
     rd.register(secret)
