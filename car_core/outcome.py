@@ -168,9 +168,11 @@ def check_on_record(run: Trajectory, outcome: OutcomeLike) -> None:
         f"see what the record saw and no branch was run. The outcome received {received(run)}",
         run_id=run.id, stored=stored, scores=tuple(scores),
         hint="make the outcome score the run as the app does: for a framework app, apply the "
-             "app's own rule to the adapter's final-state helper (e.g. final_state(run) from "
-             "its car_adapters module) rather than to run.meta['final_state'], which holds "
-             "JSON (OpenAI-style message dicts); or pass the outcome the run was recorded with")
+             "app's own rule to its final state as the app held it, outcome=lambda run: "
+             "rule(final_state(run)) with final_state from the app's adapter "
+             "(car_adapters.langgraph, car_adapters.llamaindex, car_adapters.openai_agents), "
+             "not to run.meta['final_state'], which is JSON (messages as OpenAI-style dicts); "
+             "or pass the outcome the run was recorded with")
 
 
 def _side(value: float) -> str:
