@@ -9,8 +9,10 @@ import importlib
 import io
 import os
 import shlex
+import signal
 import sqlite3
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -835,10 +837,35 @@ def main(argv: list[str] | None = None) -> int:
         from click import exceptions as cx  # type: ignore[no-redef]
     previous_hook = sys.unraisablehook
     sys.unraisablehook = _unraisable_hook(previous_hook)
+    previous_term = _on_sigterm()
     try:
         return _main(argv, cx)
     finally:
         sys.unraisablehook = previous_hook
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a CI runner's timeout), raised where the command is so that it
+    unwinds as a Ctrl-C does: every ``finally`` runs (a read's private copy of the store is
+    removed, an attribution's lease freed, its branches kept for a resume) instead of the
+    process vanishing mid-way."""
+
+
+def _on_sigterm() -> Any:
+    """Turn SIGTERM into ``Terminated`` while the command runs (main thread only, where
+    Python delivers signals); the handler it replaced, to restore, or None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    try:
+        return signal.signal(signal.SIGTERM, terminated)
+    except (ValueError, OSError):  # an embedding that owns its signals
+        return None
 
 
 def _unraisable_hook(previous: Callable[[Any], Any]) -> Callable[[Any], None]:

@@ -296,7 +296,11 @@ class RunStore:
         self._leases: dict[str, str] = {}  # attribution id -> owner of this store's live claim
         weakref.finalize(self, _drop_live, self._leases)  # a store dropped unclosed holds none
         if readonly:
-            conn = self._connect_readonly(timeout)
+            try:
+                conn = self._connect_readonly(timeout)
+            except BaseException:  # a failed or interrupted copy: remove it now, not at exit
+                self._drop_scratch()
+                raise
         else:
             try:
                 conn = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None)
@@ -356,7 +360,9 @@ class RunStore:
     def _private_copy(self) -> Path:
         """The file and its ``-wal`` copied to a folder of our own: reading committed frames
         of a WAL whose ``-shm`` is gone needs a new ``-shm``, which is made there, not beside
-        the user's file. Removed on ``close``."""
+        the user's file. Removed on ``close``, when the store is dropped, on an open that
+        fails, and at interpreter exit (the folder's finalizer); the ``car`` command turns
+        SIGTERM into an exception so that a killed read unwinds to these too."""
         import shutil
         import tempfile
         folder = tempfile.TemporaryDirectory(prefix="car-read-")
