@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from car_core import redact
 from car_core.contract import Trajectory
 from car_core.errors import (
     AdapterError,
@@ -199,6 +200,8 @@ def refuse_branch(shape: AppShape, run: Trajectory, plan: BranchPlan, model: Any
         raise InvalidIntervention("do_policy on a LangGraph agent takes a LangChain chat "
                                   "model", run_id=run.id, step=plan.policy[0],
                                   hint="pass do_policy(k, SomeChatModel(...))")
+    if plan.policy is not None:  # the swapped-in model's key, headers and URL userinfo, as
+        redact.register_from(plan.policy[1])  # CarChatModel registers its inner model's
     if plan.observations and not shape.tool_nodes:
         raise AdapterError("do_observation needs the graph's tools to run in a ToolNode, "
                            "whose calls carry the ids the forced results answer",
