@@ -201,10 +201,11 @@ def test_held_prefix_makes_no_model_or_tool_call(recorder: Any, recorded: Any) -
         assert branch.steps[2].state == run.steps[2].state   # re-entry rebuilds s_2 exactly
 
 
-def test_wrappers_of_the_same_agent_branch_one_at_a_time(recorded: Any) -> None:
-    """Branches swap the stand-ins into the agent objects; two wrappers of one agent running at
-    once must neither see each other's stand-ins nor leave one behind. The noise is coupled,
-    so each call gives exactly its sequential value."""
+def test_wrappers_of_the_same_agent_branch_at_once_from_threads(recorded: Any) -> None:
+    """Branches put stand-ins on the agent objects while any of them runs; wrappers of one agent
+    branching at once from several threads (each on its own event loop) must neither see each
+    other's sessions nor leave a stand-in behind. The noise is coupled, so each call gives
+    exactly its sequential value."""
     from concurrent.futures import ThreadPoolExecutor
     planted, run = recorded
     llm = planted.agent.llm

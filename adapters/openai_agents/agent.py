@@ -6,8 +6,12 @@ edited messages under ``do_context``). Steps before ``k`` are copied from the re
 call, no tool call, and input guardrails (which ran on the user's input at step 0) do not run
 again; output guardrails and ``max_turns`` (less the turns the prefix used) apply as in the
 recorded run. The branch runs on copies of the agents (``branch.clone_app``), so the user's
-agent objects are never changed and branches may run concurrently, each with a fresh run
-context equal to the one step ``k`` was decided with (``_context``). ``do_policy(k, model)``
+agent objects are never changed and branches run concurrently, each with a fresh run context
+equal to the one step ``k`` was decided with (``_context``). A branch is one coroutine on the
+adapter's branch loop (where model clients stay bound): ``abranch`` awaits it there, so the
+asyncio executor overlaps many branches' waits on the model server (the default when a model
+waits on one: ``prefers_concurrency``, sharing the model object and any rate limiter it holds),
+and ``branch`` finishes the same coroutine from sync code. ``do_policy(k, model)``
 swaps the model of the agent that decides step ``k`` (for its decisions from ``k`` on); the
 other agents keep theirs unless ``policy_agents`` says otherwise. A model server that is down
 or failing (refused connection, timeout, 429, 5xx) stops the attribution with
