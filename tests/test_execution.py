@@ -384,6 +384,45 @@ def test_default_executor_follows_the_agent(pivot_model: syn.SyntheticSCM) -> No
     model_backed = replace(pivot_model.agent())
     model_backed.prefers_concurrency = True  # type: ignore[attr-defined]
     assert isinstance(default_executor(model_backed), AsyncioExecutor)
+    in_process = ReverseFinishAgent(pivot_model, 1)
+    in_process.prefers_concurrency = False  # type: ignore[attr-defined]  # says it, with abranch
+    assert isinstance(default_executor(in_process), Sequential)
+
+
+class AsyncStopAgent:
+    """An agent whose ``branch`` and ``abranch`` both take ``stop``; notes what ``abranch``
+    was given."""
+
+    name, couples_noise = "async-stop", True
+
+    def __init__(self, model: syn.SyntheticSCM) -> None:
+        self.inner = model.agent()
+        self.given: list[bool] = []
+
+    def branch(self, run: car.Trajectory, plan: Any, noise: Any,
+               stop: Any = None) -> car.Trajectory:
+        return self.inner.branch(run, plan, noise, stop=stop)
+
+    async def abranch(self, run: car.Trajectory, plan: Any, noise: Any,
+                      stop: Any = None) -> car.Trajectory:
+        self.given.append(stop is not None)
+        return self.inner.branch(run, plan, noise, stop=stop)
+
+
+def test_the_asyncio_executor_hands_stop_to_an_abranch_that_takes_it(
+        pivot_model: syn.SyntheticSCM, pivot_run: car.Trajectory) -> None:
+    def outcome(run: car.Trajectory, rng: Any) -> float:
+        return pivot_model.outcome(run, rng)
+
+    tasks = two_arm_tasks(pivot_run, (2,), rollouts=3)
+    agent = AsyncStopAgent(pivot_model)
+    execute(tasks, brancher(pivot_run, agent, outcome), BudgetMeter(None),
+            executor=AsyncioExecutor(2), progress=False)
+    assert agent.given == [False] * 3  # an outcome that never settles: nothing to hand
+    outcome.settled = lambda run: False  # type: ignore[attr-defined]
+    execute(tasks, brancher(pivot_run, agent, outcome), BudgetMeter(None),
+            executor=AsyncioExecutor(2), progress=False)
+    assert agent.given == [False] * 3 + [True] * 3
 
 
 @pytest.mark.parametrize(("keep", "grows"), [(lambda t: t.outcome.value, False), (None, True)])
