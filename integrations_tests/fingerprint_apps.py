@@ -98,11 +98,13 @@ def langgraph_app(checkpoints: str, prompt: str | None = None, tools: int = 3) -
 
 
 def langgraph_tools(tools: int = 3) -> dict[str, Any]:
-    """How the support graph's first ``tools`` tools are classified for ``LangGraphAgent``."""
+    """How the support graph's first ``tools`` tools are classified for ``LangGraphAgent``: the
+    reads run on branches, a refund the record cannot answer is simulated."""
     from car_adapters.demo import support_agent as sa
     names = [t.name for t in sa.TOOLS[:tools]]
     return {"safe_tools": [n for n in names if n in sa.SAFE_TOOLS],
-            "side_effect_tools": [n for n in names if n in sa.SIDE_EFFECT_TOOLS]}
+            "simulators": {n: (lambda a: f"simulated refund of {a['order_id']}")
+                           for n in names if n in sa.SIDE_EFFECT_TOOLS}}
 
 
 def record(framework: str, store: str, checkpoints: str = "") -> None:

@@ -438,7 +438,9 @@ def test_system_message_edit_reaches_the_model(helpdesk: Any) -> None:
 def test_adapter_passes_the_car_conformance_suite() -> None:
     def make() -> Any:
         app = Helpdesk(seed=2)
-        return (OpenAIAgentsAgent(app.agent, **Helpdesk.CLASSES),
+        # a branch may escalate where the recorded run did not: simulated, never run
+        return (OpenAIAgentsAgent(app.agent, safe_tools=Helpdesk.CLASSES["safe_tools"],
+                                  simulators={"escalate": lambda a: f"{a['user']} is now admin"}),
                 Counters(app.model_calls, app.ledger.counter))
     ran = run_conformance(make, context="Please handle ticket 7.", outcome=escalated, seed=0)
     assert ran == ["replay", "prefix", "lineage", "forced", "noise", "identity", "async",

@@ -212,7 +212,8 @@ class LlamaIndexAgent:
     def start(self, context: Any, noise: Noise) -> car.Trajectory:
         messages = context if isinstance(context, list) else [{"role": "user",
                                                                "content": str(context)}]
-        session = BranchSession(Plan(start=0), noise, 0, self.safety, {}, None, {})
+        # a run from scratch is the user's own run, not a branch: its tools run for real
+        session = BranchSession(Plan(start=0), noise, 0, ToolSafety(), {}, None, {})
         root = getattr(self.workflow, "root_agent", None) or getattr(self.workflow, "name", None)
         run = run_sync(lambda: self._drive(messages, root, None, session, store=None))
         return replace(run, context=context, seed=noise.seed)

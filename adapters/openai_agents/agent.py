@@ -207,7 +207,8 @@ class OpenAIAgentsAgent:
 
     # -- the car_core Agent protocol ----------------------------------------------------------
     def start(self, context: Any, noise: Noise) -> car.Trajectory:
-        session = BranchSession(Plan(start=0), noise, 0, self.safety, {}, None, {})
+        # a run from scratch is the user's own run, not a branch: its tools run for real
+        session = BranchSession(Plan(start=0), noise, 0, ToolSafety(), {}, None, {})
         items = context if isinstance(context, list) else str(context)
         factory = self.contexts.factory
         run = run_sync(lambda: self._drive(
