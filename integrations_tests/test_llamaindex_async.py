@@ -137,6 +137,33 @@ def test_two_branches_at_once_each_see_their_own_plan(desk: Any) -> None:
                                             for t in d.agent.tools)
 
 
+def test_the_app_run_beside_a_branch_is_its_own(desk: Any) -> None:
+    """While a branch's stand-ins sit on the agent objects, a run of the app itself (no branch
+    session in its task) goes to the real model and tools and is recorded as the app's run,
+    with the agent's own system message; the branch keeps its edit."""
+    d, run = desk
+    agent = d.wrapped()
+    plan = compile_plan(run, car.do_context(0, system("Policy A.")))
+    rec = CarRecorder().attach()
+
+    async def both() -> list[Any]:
+        d.gate = asyncio.Barrier(2)
+        return list(await asyncio.gather(agent.abranch(run, plan, Noise(1, (1, 0))),
+                                         _run(d.agent, "Please handle ticket 8.")))
+    try:
+        calls = d.llm.calls
+        branch, _ = asyncio.run(both())
+        d.gate = None
+        (own,) = rec.runs
+    finally:
+        rec.detach()
+    assert [s.state[0]["content"] for s in branch.steps] == ["Policy A."] * 3
+    assert own.context == "Please handle ticket 8." and len(own.steps) == 3
+    assert [s.state[0]["content"] for s in own.steps] == ["You are a helpdesk agent."] * 3
+    assert d.llm.calls == calls + 6                  # three decisions each, all real calls
+    assert d.agent.llm is d.llm
+
+
 def test_concurrent_branches_hold_their_prefix_and_guard_side_effects(desk: Any) -> None:
     """On the asyncio executor (``abranch``), a held prefix makes no model or tool call and an
     escalation on a branch is answered from the record, never run."""
