@@ -639,6 +639,8 @@ def _print_result(r: Result, seconds: float, store: str, run: Any = None) -> Non
         out.print(Text(kit.safe(f"{len(r.failures)} failed branch(es) left out of the estimate "
                                 f"(first: arm {first.get('arm')}, rollout {first.get('rollout')}"
                                 f": {first.get('error')})"), style="yellow"))
+    for caveat in r.caveats:  # what the agent said every result must show
+        out.print(Text(kit.safe(f"caveat: {caveat}"), style="yellow"))
     out.print(Text(kit.safe(f"report: car report {shlex.quote(str(r.run_id))} --store "
                             f"{shlex.quote(store)} --out report.html"), style="dim"))
 

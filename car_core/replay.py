@@ -122,7 +122,8 @@ class OutcomeDistribution:
                 "rollouts_used": self.rollouts_used,
                 "truncated": self.truncated, "budget_note": self.budget_note,
                 "tokens": self.tokens, "cost": self.cost, "failures": list(self.failures),
-                "branch_ids": [t.id for t in self.trajectories], "caveats": list(self.caveats)}
+                "branch_ids": [t.id for t in self.trajectories],
+                **({"caveats": list(self.caveats)} if self.caveats else {})}
 
     def __str__(self) -> str:
         return (fmt.failure_rate(self.mean, self.ci, self.level, self.n)

@@ -151,6 +151,12 @@ def _resume_call(method: str, budget: dict[str, Any], attribution_id: str | None
             f"attribution_id={attribution_id!r})")
 
 
+def _caveats(caveats: tuple[str, ...]) -> dict[str, Any]:
+    """The ``caveats`` key of a result's JSON: present only when the agent said something, so
+    the results of an agent with nothing to say read as they always have."""
+    return {"caveats": list(caveats)} if caveats else {}
+
+
 def _legacy_answer(data: dict[str, Any]) -> Answer:
     """The answer of a result stored before results named it."""
     if data.get("locus") is not None:
@@ -216,7 +222,7 @@ class ContrastiveResult(_Rendered):
                 "coupling_measured": self.coupling_measured,
                 "coupling_ci": _ci(self.coupling_ci), "coupling_pairs": self.coupling_pairs,
                 "given_up": list(self.given_up), "more_rollouts": self.more_rollouts,
-                "caveats": list(self.caveats)}
+                **_caveats(self.caveats)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ContrastiveResult:
@@ -382,7 +388,7 @@ class ShapleyResult(_Rendered):
                 "failures": list(self.failures),
                 "coupling_measured": self.coupling_measured,
                 "coupling_ci": _ci(self.coupling_ci), "coupling_pairs": self.coupling_pairs,
-                "caveats": list(self.caveats)}
+                **_caveats(self.caveats)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ShapleyResult:
