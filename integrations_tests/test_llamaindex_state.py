@@ -471,7 +471,8 @@ def test_a_memory_that_dropped_messages_refuses_the_branches_it_would_mislead(
     assert (app.research_llm.calls, app.write_llm.calls) == calls and ledger.count() == 0
 
 
-def test_a_side_effect_tool_that_takes_the_context_is_refused(ledger: SideEffectLedger) -> None:
+def test_a_side_effect_tool_whose_simulator_cannot_write_the_store_is_refused(
+        ledger: SideEffectLedger) -> None:
     async def publish_and_note(ctx: Context, report: str) -> str:
         """Publish the report and note that it went out."""
         ledger.note("publish_report", {"report": report})
@@ -480,8 +481,13 @@ def test_a_side_effect_tool_that_takes_the_context_is_refused(ledger: SideEffect
 
     agent = FunctionAgent(tools=[publish_and_note], llm=ScriptedLLM(lambda m, t, r: "done"),
                           system_prompt="Publish.")
-    with pytest.raises(AdapterError, match=r"'publish_and_note'.*takes the workflow Context"):
-        LlamaIndexAgent(agent, side_effect_tools=["publish_and_note"])
+    with pytest.raises(AdapterError, match=r"'publish_and_note'.*takes the workflow Context, "
+                                           r"but its simulator does not"):
+        LlamaIndexAgent(agent, side_effect_tools=["publish_and_note"],
+                        simulators={"publish_and_note": lambda arguments: "published"})
+    # with no simulator, each run is checked before its branches: an identical call replays
+    # its recorded write (integrations_tests/test_llamaindex_research_simulators.py)
+    LlamaIndexAgent(agent, side_effect_tools=["publish_and_note"])
 
 
 def test_only_the_apps_keys_are_recorded_for_every_agent_kind(recorder: Any) -> None:

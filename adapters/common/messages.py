@@ -15,15 +15,18 @@ with side effects never run: a call is served from the record when it matches a 
 on the arguments that matter, else by a simulator the user supplies, else the branch stops with
 ``SideEffectBlocked`` naming the tool. A tool no source classifies is refused by name
 (``UnclassifiedTools``) unless the user opted out with ``unclassified="live"``, which every
-result then says. This module imports no framework.
+result then says. A simulator is ``fn(arguments)``, or ``fn(arguments, ctx)`` to be handed the
+framework's state handle (a parameter named ``ctx``: see ``takes_state``), sync or async. This
+module imports no framework.
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -37,7 +40,8 @@ from car_core.errors import (
 )
 
 Message = dict[str, Any]
-Simulator = Callable[[dict[str, Any]], Any]
+Simulator = Callable[..., Any]  # fn(arguments) or fn(arguments, ctx), sync or async
+STATE_PARAMETER = "ctx"  # a simulator with a parameter of this name is handed the state handle
 UNCLASSIFIED = ("refuse", "live")  # what a tool no source classifies gets: refused, or run live
 SAFE, SIDE_EFFECT = "safe", "side effect"
 
@@ -54,6 +58,37 @@ class Classified:
 class FreeTextMatchWarning(UserWarning):
     """A side-effect tool was recorded with free-text arguments only, so by default a branch's
     call of it is answered from the record only when it is identical (see ``ToolSafety``)."""
+
+
+def takes_state(fn: Callable[..., Any]) -> bool:
+    """Whether a simulator asks for the framework's state handle: it has a parameter named
+    ``ctx`` (``fn(arguments, ctx)``), which is then passed by name: the LlamaIndex workflow
+    ``Context``, the OpenAI Agents SDK's run context wrapper (``ctx.context`` is the app's
+    context object), a LangGraph tool's injected values. Such a simulator may write that
+    state as the tool would have."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: it takes the arguments only
+        return False
+    param = params.get(STATE_PARAMETER)
+    return param is not None and param.kind not in (inspect.Parameter.VAR_POSITIONAL,
+                                                    inspect.Parameter.VAR_KEYWORD)
+
+
+def as_content(out: Any) -> Any:
+    """A simulator's result as a tool message's content (a non-string as JSON)."""
+    return out if isinstance(out, str) else json.dumps(out)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """How a branch answers one side-effect call without running the tool: from the record
+    (``content``, with ``change``: the recorded write to the framework's state to replay, or
+    None for none) or, with ``simulate``, by the user's simulator (``ToolSafety.simulate``)."""
+
+    content: Any = None
+    change: Any = None
+    simulate: bool = False
 
 
 def is_free_text(value: Any) -> bool:
@@ -237,8 +272,10 @@ class ToolSafety:
     branches. ``side_effect_tools``: names of tools with effects outside the agent (refunds,
     emails, writes): they never run on a branch. ``simulators``: ``name -> fn(arguments dict)
     -> result`` used when a branch makes a call the record cannot answer (a simulated tool is a
-    side-effect tool). ``classified`` adds what the framework says of the other tools (MCP
-    annotations, approval gates) and refuses, by name, any tool still unclassified, unless
+    side-effect tool); ``fn(arguments, ctx)`` is also handed the framework's state handle
+    (``takes_state``) and may write it as the tool would, and an async one is awaited.
+    ``classified`` adds what the framework says of the other tools (MCP annotations, approval
+    gates) and refuses, by name, any tool still unclassified, unless
     ``unclassified="live"``: those then run live (``live``) and ``caveats`` says so.
 
     A branch call is answered from the record when it matches a recorded call of the same tool
@@ -282,7 +319,9 @@ class ToolSafety:
         for name, fn in sims.items():
             if not callable(fn):
                 raise InvalidIntervention(f"the simulator for {name!r} is not callable",
-                                          hint="pass simulators={name: fn(arguments) -> str}")
+                                          hint="pass simulators={name: fn(arguments) -> str}, "
+                                               "or fn(arguments, ctx) to be handed the "
+                                               "framework's state")
         keys: dict[str, tuple[str, ...] | str] = {}
         for name, spec in (match_on or {}).items():
             if spec in ("exact", "any"):
@@ -389,7 +428,8 @@ class ToolSafety:
         return (f"choose how to answer {name!r} on branches: match_on={{{name!r}: 'any'}} if "
                 f"every call of it has the recorded effect, match_on={{{name!r}: [argument "
                 f"names]}} for the ones that decide what it does, or simulators={{{name!r}: "
-                "fn(arguments)}}")
+                "fn(arguments)} (fn(arguments, ctx) where the tool writes the framework's "
+                "state)")
 
     def warn_free_text(self, run_id: str | None, steps: Iterable[Any]) -> None:
         """Warn, once per run, before its first branch, about each guarded tool the run called
@@ -425,16 +465,79 @@ class ToolSafety:
     def serve(self, name: str, arguments: Any, record: Mapping[tuple[str, str], Any], *,
               run_id: str | None = None, step: int | None = None) -> Any:
         """The result a side-effect call gets on a branch, without running the tool: the tool
-        message content, so a simulator's non-string result is sent as JSON."""
+        message content, so a simulator's non-string result is sent as JSON. For callers that
+        have no state handle to pass and no recorded state change to replay (``answer`` is the
+        rule with both); an async simulator is run to completion here."""
+        found = self.answer(name, arguments, record, run_id=run_id, step=step)
+        if not found.simulate:
+            return found.content
+        out = self.simulate(name, arguments, None)
+        if inspect.isawaitable(out):
+            from .sync import run_sync  # the sync bridge, only for an async simulator
+
+            async def finish(out: Awaitable[Any] = out) -> Any:
+                return await out
+            out = run_sync(finish)
+        return as_content(out)
+
+    def simulates_state(self, name: str) -> bool:
+        """Whether ``name``'s simulator takes the framework's state handle (``takes_state``)."""
+        return name in self.simulators and takes_state(self.simulators[name])
+
+    def simulate(self, name: str, arguments: Any, ctx: Any) -> Any:
+        """The simulator's raw result for a call (an awaitable for an async simulator: the
+        caller awaits it), handed ``ctx`` when it takes the state handle."""
+        fn = self.simulators[name]
+        if takes_state(fn):
+            return fn(parse_arguments(arguments), ctx=ctx)
+        return fn(parse_arguments(arguments))
+
+    async def asimulate(self, name: str, arguments: Any, ctx: Any) -> Any:
+        """``simulate``, awaited when the simulator is async."""
+        out = self.simulate(name, arguments, ctx)
+        return await out if inspect.isawaitable(out) else out
+
+    def answer(self, name: str, arguments: Any, record: Mapping[tuple[str, str], Any], *,
+               run_id: str | None = None, step: int | None = None,
+               writes: Mapping[tuple[str, str], Any] | None = None) -> Answer:
+        """How a side-effect call is answered on a branch (``Answer``), or ``SideEffectBlocked``.
+
+        ``writes`` is given for a tool whose recorded calls may have written the framework's
+        state: ``(name, canonical arguments) -> change`` for every recorded call whose change
+        could be derived from the record (None or empty for one that wrote nothing). Then an
+        identical recorded call replays its result and its change; any other call goes to the
+        simulator; a call that only matches on the arguments that matter (``match_on``) gets
+        the recorded result only when the matched call wrote nothing, since the change it
+        wrote belongs to other arguments; otherwise the branch stops."""
         key = (name, canonical_arguments(arguments))
-        if key in record:
-            return record[key]
-        found, content = self._relaxed(name, arguments, record)
-        if found:
-            return content
-        if name in self.simulators:
-            out = self.simulators[name](parse_arguments(arguments))
-            return out if isinstance(out, str) else json.dumps(out)
+        if writes is not None:
+            if key in record and key in writes:
+                return Answer(record[key], change=writes[key])
+            if name in self.simulators:
+                return Answer(simulate=True)
+            wanted = self._key_args(name, arguments)
+            matched = [(rec_key, content) for rec_key, content in record.items()
+                       if rec_key == key or (rec_key[0] == name and wanted is not None
+                                             and self._key_args(name, rec_key[1]) == wanted)]
+            if matched and matched[0][0] != key and matched[0][0] in writes \
+                    and not writes[matched[0][0]]:
+                return Answer(matched[0][1])  # the matched recorded call wrote nothing
+            if matched:
+                raise SideEffectBlocked(
+                    f"the branch called side-effect tool {name!r} with arguments {key[1]}; the "
+                    "matching recorded call wrote the framework's state, and that write "
+                    "replays only for an identical call whose write the record shows",
+                    run_id=run_id, step=step,
+                    hint=f"pass simulators={{{name!r}: fn(arguments, ctx)}}: it gets the "
+                         "state handle as ctx and writes what the tool would have")
+        else:
+            if key in record:
+                return Answer(record[key])
+            found, content = self._relaxed(name, arguments, record)
+            if found:
+                return Answer(content)
+            if name in self.simulators:
+                return Answer(simulate=True)
         if self._undecided(name, arguments):
             raise SideEffectBlocked(
                 f"the branch called side-effect tool {name!r} with arguments {key[1]}, all "
@@ -446,7 +549,9 @@ class ToolSafety:
         raise SideEffectBlocked(
             f"the branch called side-effect tool {name!r} with arguments {key[1]}, which the "
             "record cannot answer", run_id=run_id, step=step,
-            hint=f"pass simulators={{{name!r}: fn}} to answer such calls, or {undo}")
+            hint=f"pass simulators={{{name!r}: fn}} to answer such calls (fn(arguments), or "
+                 "fn(arguments, ctx) to write the framework's state as the tool does), or "
+                 f"{undo}")
 
 
 def mcp_classified(annotations: Any) -> Classified:
@@ -493,7 +598,8 @@ def forced_observations(plan: Plan, run_id: str | None = None
     return out
 
 
-__all__ = ["SAFE", "SIDE_EFFECT", "Classified", "ToolSafety", "apply_edit", "assistant",
-           "calls_of", "canonical_arguments", "check_action", "check_observation", "consistent",
-           "edited_messages", "forced_observations", "mcp_classified", "parse_arguments",
-           "recorded_calls", "tool_call", "tool_result"]
+__all__ = ["SAFE", "SIDE_EFFECT", "STATE_PARAMETER", "Answer", "Classified", "ToolSafety",
+           "apply_edit", "as_content", "assistant", "calls_of", "canonical_arguments",
+           "check_action", "check_observation", "consistent", "edited_messages",
+           "forced_observations", "mcp_classified", "parse_arguments", "recorded_calls",
+           "takes_state", "tool_call", "tool_result"]

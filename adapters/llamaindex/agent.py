@@ -40,12 +40,13 @@ from ..common.messages import (
     forced_observations,
     recorded_calls,
 )
+from ..common.state_change import Change, unreplayable
 from ..common.sync import run_sync
 from ._messages import from_dicts
 from .branch import BranchSession, collecting, installed, session_scope, unwrapped
 from .fingerprint import workflow_fingerprint
 from .recorder import CarRecorder, agents_of, tool_names
-from .store_state import STORE_KEY, recorded, restore
+from .store_state import STORE_KEY, recorded, restore, writes
 
 MEMORY_TOKENS = 10**9  # the re-entered history must reach the model whole
 # LlamaIndex's own scripted LLMs, which answer in-process.
@@ -105,7 +106,12 @@ class LlamaIndexAgent:
     ``car.intervene``, ``car.contrastive`` and ``car.shapley``. Every tool of every agent is
     classified here: ``safe_tools`` run live on branches; ``side_effect_tools`` never run on a
     branch: they are answered from the record (on the arguments that matter: ``match_on``,
-    see ``ToolSafety``), by ``simulators[name](arguments)``, or stop the branch. A tool in
+    see ``ToolSafety``), by ``simulators[name](arguments)``, or stop the branch. A side-effect
+    tool handed the workflow ``Context`` (it writes ``ctx.store``) is answered, on an identical
+    call, with its recorded result and its recorded write to the store replayed, else by a
+    simulator that takes the ``Context`` too, ``fn(arguments, ctx)`` (async or not), which
+    writes the store as the tool would; where the record cannot show what a call of it wrote
+    and no such simulator is given, the run is refused before any branch. A tool in
     neither list is refused (``UnclassifiedTools``) unless ``unclassified="live"`` (a sandbox;
     every result then says so). ``max_iterations`` caps the decisions a branch makes from its
     branch step on."""
@@ -181,17 +187,43 @@ class LlamaIndexAgent:
 
     def _check_guarded_tools_keep_out_of_the_store(self) -> None:
         """A side-effect tool is answered on branches without running, so one that is handed
-        the workflow ``Context`` would lose whatever it writes to ``ctx.store``, and the later
-        steps of the branch would read a store the app never had."""
+        the workflow ``Context`` must have its write to ``ctx.store`` made another way, or the
+        later steps of the branch would read a store the app never had: its simulator must
+        take the ``Context`` (a recorded write is checked per run: ``_check_replayable``)."""
         for tool_name, name in self._context_tools().items():
-            if self.safety.guards(tool_name):
+            if tool_name in self.safety.simulators and not self.safety.simulates_state(
+                    tool_name):
                 raise AdapterError(
                     f"side-effect tool {tool_name!r} of agent {name!r} takes the "
-                    "workflow Context, so answering it from the record or a simulator "
-                    "would drop what it writes to ctx.store",
-                    hint="keep the side effect in a tool without a ctx parameter (a "
-                         "separate tool can write the store), or leave the tool out of "
-                         "side_effect_tools if it is safe to run")
+                    "workflow Context, but its simulator does not, so a simulated call "
+                    "would drop what the tool writes to ctx.store",
+                    hint="give the simulator a ctx parameter, fn(arguments, ctx), and write "
+                         "ctx.store in it as the tool does (async def is fine), or leave the "
+                         "tool out of side_effect_tools if it is safe to run")
+
+    def _check_replayable(self, run: car.Trajectory) -> dict[tuple[str, str], Change]:
+        """What each recorded call of a tool handed the ``Context`` wrote to the store, for
+        branches to replay; refused, before any branch, where a side-effect one with no
+        simulator taking the ``Context`` has a recorded call whose write the record cannot
+        show (another tool handed the ``Context`` was called in the same step, it was the
+        last step, a store value could not be recorded, or it removed a store key)."""
+        tools = self._context_tools()
+        found = writes(run.steps, tools)
+        guarded = [n for n in tools if self.safety.guards(n)
+                   and not self.safety.simulates_state(n)]
+        for j, tool_name in unreplayable(run.steps, found, guarded):
+            raise AdapterError(
+                f"side-effect tool {tool_name!r} of agent {tools[tool_name]!r} takes the "
+                f"workflow Context, and what its call at step {j} wrote to ctx.store cannot "
+                "be told from the record (another tool handed the Context ran in that step, "
+                "it was the run's last step, a store value could not be recorded, or it "
+                "removed a store key), so a "
+                "branch that made the call again would drop that write", run_id=run.id,
+                step=j,
+                hint=f"pass simulators={{{tool_name!r}: fn(arguments, ctx)}}: it is handed the "
+                     "workflow Context and writes ctx.store as the tool does; or leave the "
+                     "tool out of side_effect_tools if it is safe to run")
+        return found
 
     def _agents(self) -> dict[str, Any]:
         return agents_of(self.workflow)
@@ -239,7 +271,7 @@ class LlamaIndexAgent:
             state = _check_history(edited_messages(plan.context_edits[k], state, run_id=run.id,
                                                    step=k), run.id, k)
         session = BranchSession(plan, noise, k, self.safety, recorded_calls(run.steps), run.id,
-                                forced_observations(plan, run.id))
+                                forced_observations(plan, run.id), self._check_replayable(run))
         # a forced result is served in place of running the tool: one handed the workflow
         # Context would not write ctx.store, and the later steps would read a store the app
         # never had

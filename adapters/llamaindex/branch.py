@@ -12,6 +12,10 @@ the agent's own LLM (or the swapped-in one under ``do_policy``) with the step's 
 context, and normalises every reply to ``ToolCallBlock`` tool calls. ``CarBranchTool`` stands in
 for each tool: a forced observation is served as given, a side-effect tool is answered by
 ``ToolSafety`` (record, simulator, or ``SideEffectBlocked``), everything else runs live.
+``CarBranchContextTool`` stands in for each tool handed the workflow ``Context``: the framework
+still hands it the ``Context``, and a side-effect one is answered with the recorded result and
+the recorded write to ``ctx.store`` replayed (an identical call), or by a simulator given the
+``Context`` (``fn(arguments, ctx)``), or stops the branch.
 ``StatePrompt`` stands in for the state prompts: a branch re-enters with recorded messages that
 already carry the state the framework put on them, so on a branch it gives the message back
 unchanged.
@@ -54,28 +58,35 @@ from car_core.errors import (
     CarError,
     ModelUnavailable,
     PolicyError,
+    SideEffectBlocked,
 )
 
 from ..common import branch as chat_branch
 from ..common.branch import is_outage
-from ..common.messages import ToolSafety, calls_of, canonical_arguments
+from ..common.messages import ToolSafety, as_content, calls_of, canonical_arguments
+from ..common.state_change import Change, Conflict
 from ._messages import MessageToolCalls, from_dict
 from .fake import _STEP_RNG
 from .recorder import BRANCH_TOKEN, CarRecorder, _Events, _Spans
+from .store_state import replay
 
 
 class BranchSession(chat_branch.BranchSession):
     """The shared branch session, plus what a LlamaIndex branch re-enters with: ``system``,
     the system message an agent decides from on this branch where it differs from the agent's
     own (the recorded one, or a ``do_context`` edit of it), and ``as_recorded``, whether the
-    messages it re-enters with are recorded ones (the state prompt is already on them)."""
+    messages it re-enters with are recorded ones (the state prompt is already on them), and
+    ``writes``, what each recorded call of a tool handed the ``Context`` wrote to ``ctx.store``
+    where the record shows it (``state_change.recorded_changes``)."""
 
     def __init__(self, plan: Plan, noise: Noise, start: int, safety: ToolSafety,
                  record: Mapping[tuple[str, str], Any], run_id: str | None,
-                 forced_obs: Mapping[int, list[dict[str, Any]]]) -> None:
+                 forced_obs: Mapping[int, list[dict[str, Any]]],
+                 writes: Mapping[tuple[str, str], Change] | None = None) -> None:
         super().__init__(plan, noise, start, safety, record, run_id, forced_obs)
         self.system: dict[str, str] = {}
         self.as_recorded = False
+        self.writes: Mapping[tuple[str, str], Change] = writes or {}
 
 
 _SESSION: contextvars.ContextVar[BranchSession | None] = contextvars.ContextVar(
@@ -111,7 +122,8 @@ def installed(workflow: Any, agents: Mapping[str, Any], context_tools: Iterable[
     """The stand-ins on ``workflow``'s agents while this branch runs: put there by the first
     branch over them to start (from any wrapper, loop or thread) and taken away, the agents
     given back as they were, when the last one ends. ``context_tools``: the tools handed the
-    workflow ``Context``, which stay themselves so the framework still hands it to them."""
+    workflow ``Context``, whose stand-ins stay function tools that take it, so the framework
+    still hands it to them."""
     keep = set(context_tools)
     with _INSTALL_LOCK:
         inst = _INSTALLED.setdefault(id(workflow), _Installed())
@@ -119,8 +131,8 @@ def installed(workflow: Any, agents: Mapping[str, Any], context_tools: Iterable[
             for name, a in agents.items():
                 inst.saved[name] = (a.llm, a.tools, a.state_prompt)
                 a.llm = CarBranchLLM(a.llm, str(name))
-                a.tools = [t if _tool_name(t) in keep else CarBranchTool(t)
-                           for t in a.tools or ()]
+                a.tools = [CarBranchContextTool(t) if _tool_name(t) in keep
+                           else CarBranchTool(t) for t in a.tools or ()]
                 a.state_prompt = StatePrompt(a.state_prompt)
             if getattr(workflow, "root_agent", None) is not None:  # AgentWorkflow's own
                 inst.flow_prompt = workflow.state_prompt
@@ -418,6 +430,64 @@ class CarBranchTool(AsyncBaseTool):
 
     async def acall(self, *args: Any, **kwargs: Any) -> ToolOutput:
         return self._served(kwargs) or await self._inner.acall(*args, **kwargs)
+
+
+class CarBranchContextTool(FunctionTool):
+    """Serves one tool handed the workflow ``Context`` on a branch (see the module docstring):
+    a function tool taking the ``Context`` as the original does, so the framework hands it
+    over; a call the branch does not guard runs the original."""
+
+    def __init__(self, tool: Any) -> None:
+        inner = _as_tool(tool)
+        assert isinstance(inner, FunctionTool)  # only function tools are handed the Context
+        super().__init__(fn=inner._real_fn, metadata=inner.metadata,
+                         partial_params=dict(inner.partial_params))
+        # the framework hands the Context to a function tool by these, as to the original
+        self.requires_context, self.ctx_param_name = True, inner.ctx_param_name
+        self.tool = tool  # as the agent was given it, put back when the branches end
+        self._inner = inner
+
+    def _guarded(self) -> BranchSession | None:
+        s = _SESSION.get()
+        return s if s is not None and s.safety.guards(self.metadata.name or "") else None
+
+    def call(self, *args: Any, **kwargs: Any) -> ToolOutput:
+        if self._guarded() is not None:
+            raise AdapterError("CAR branches drive LlamaIndex agents through the async API only",
+                               hint="run the agent with `await agent.run(...)`")
+        return self._inner.call(*args, **kwargs)
+
+    async def acall(self, *args: Any, **kwargs: Any) -> ToolOutput:
+        s = self._guarded()
+        if s is None:
+            return await self._inner.acall(*args, **kwargs)
+        name = self.metadata.name or ""
+        ctx = kwargs.get(self.ctx_param_name or "")
+        arguments = {k: v for k, v in kwargs.items() if k != self.ctx_param_name}
+        k = s.current
+        try:
+            found = s.safety.answer(name, arguments, s.record, run_id=s.run_id, step=k,
+                                    writes=s.writes)
+            if found.simulate:
+                out = as_content(await s.safety.asimulate(name, arguments, ctx))
+            else:
+                out = found.content
+                try:
+                    await replay(ctx, found.change or [])
+                except Conflict as exc:
+                    raise SideEffectBlocked(
+                        f"the branch called side-effect tool {name!r} as the record did, but "
+                        f"its ctx.store holds another value at {exc} than the record held "
+                        "there when the call wrote it, so the recorded write is not what the "
+                        "tool would write here", run_id=s.run_id, step=k,
+                        hint=f"pass simulators={{{name!r}: fn(arguments, ctx)}}: it is handed "
+                             "the workflow Context and writes ctx.store as the tool would"
+                    ) from None
+        except CarError as exc:
+            s.blocked = exc
+            raise
+        return ToolOutput(content=str(out), tool_name=name, raw_input={"kwargs": arguments},
+                          raw_output=out)
 
 
 class StatePrompt(PromptTemplate):

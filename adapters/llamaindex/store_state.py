@@ -13,6 +13,9 @@ only for keys that are missing).
 Values travel as the workflow's own ``JsonSerializer`` writes them, parsed into JSON, so a
 pydantic model in the store comes back as the same model. A value that serializer cannot write
 is named in the step's record, and a branch that would need it is refused.
+
+What a side-effect tool handed the ``Context`` wrote is the store before its step against the
+store before the next (``writes``); a branch's identical call replays it (``replay``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from typing import Any
 from llama_index.core.workflow import JsonSerializer
 
 from car_core.errors import AdapterError
+
+from ..common.state_change import Change, apply, recorded_changes
 
 STORE_KEY = "store"              # step meta: {key: JSON value} the step decided from
 UNRESTORABLE_KEY = "store_unrestorable"  # step meta: keys whose values could not be written
@@ -102,3 +107,35 @@ async def restore(ctx: Any, values: Mapping[str, Any]) -> None:
     async with ctx.store.edit_state() as state:  # keys as recorded (``set`` reads dots as paths)
         for key, value in values.items():
             state[key] = serializer.deserialize(json.dumps(value))
+
+
+def _known(meta: Mapping[str, Any]) -> Any:
+    """A step's recorded store as JSON, or None where the record does not have all of it."""
+    values = meta.get(STORE_KEY)
+    return values if isinstance(values, dict) and not meta.get(UNRESTORABLE_KEY) else None
+
+
+def writes(steps: Any, tools: Iterable[str]) -> dict[tuple[str, str], Change]:
+    """What each recorded call of ``tools`` (those handed the ``Context``) wrote to the store,
+    where the record shows it (``state_change.recorded_changes``: the only such call of its
+    step, both stores recorded whole). A write that removed a store key is left out: a
+    ``Context`` store has no way to remove one."""
+    names = set(tools)
+    found = recorded_changes(steps, lambda step: _known(step.meta), names.__contains__)
+    return {key: change for key, change in found.items()
+            if all(len(op["path"]) > 1 or "after" in op for op in change)}
+
+
+async def replay(ctx: Any, change: Change) -> None:
+    """Write a recorded change into the branch's ``Context`` store (``state_change.Conflict``
+    where the store does not hold what the record held where the change writes)."""
+    if not change:
+        return
+    serializer = JsonSerializer()
+    keys = list(dict.fromkeys(str(op["path"][0]) for op in change))
+    async with ctx.store.edit_state() as state:
+        present = {key: json.loads(serializer.serialize(state[key])) for key in keys
+                   if key in state}
+        after = apply(present, change)
+        for key in keys:
+            state[key] = serializer.deserialize(json.dumps(after[key]))
