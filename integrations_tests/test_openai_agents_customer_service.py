@@ -196,7 +196,11 @@ class Airline:
         return call("call_f", "faq_lookup", {"question": "seats"})
 
 
-def simulate_booking(args: dict[str, Any]) -> str:
+def simulate_booking(args: dict[str, Any], ctx: RunContextWrapper[Any]) -> str:
+    """``update_seat`` without the booking system: it writes the run context as the tool
+    does (a simulator that did not would be refused: the recorded call wrote it)."""
+    ctx.context.confirmation_number = args["confirmation_number"]
+    ctx.context.seat_number = args["new_seat"]
     return f"Updated seat to {args['new_seat']} for {args['confirmation_number']}"
 
 

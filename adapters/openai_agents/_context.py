@@ -14,6 +14,10 @@ process already has (the app's ``Agent[Ctx]`` type arguments, then the recorded 
 attribute; nothing is imported from a name read from the store), or hands it to the user's
 ``context_factory(value)`` (``value`` is None where no snapshot could be taken). A run whose
 context can be rebuilt neither way is refused before any branch runs.
+
+What a side-effect tool's recorded call wrote to the context is the snapshot before its step
+against the one before the next (``writes``); a branch's identical call replays it on the
+branch's context in place (``replay``), since the SDK hands the same object to everything.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from pydantic import TypeAdapter
 
 import car_core as car
 from car_core.errors import AdapterError
+
+from ..common.messages import ToolSafety, calls_of
+from ..common.state_change import Change, apply, recorded_changes
 
 ContextFactory = Callable[[Any], Any]
 
@@ -159,3 +166,72 @@ class ContextRebuilder:
                                run_id=run.id, step=k, hint="see OpenAIAgentsAgent's "
                                "context_factory")
         return adapter.validate_python(value)
+
+
+def _known(step: Any) -> Any:
+    """A step's recorded context as JSON: ``{}`` for a run without one (nothing to write),
+    None where the record does not have its value."""
+    rec = step.meta.get("run_context")
+    if rec is None:
+        return {}
+    return rec.get("value")
+
+
+def writes(steps: Any) -> dict[tuple[str, str], Change]:
+    """What each recorded tool call wrote to the run context, where the record shows it
+    (``state_change.recorded_changes``: every tool and hook may write it, so a step's write is
+    one call's only when the step made one call). A change of the whole value (a context that
+    is not an object) is left out: a branch can only write the context in place."""
+    found = recorded_changes(steps, _known, lambda name: True)
+    return {key: change for key, change in found.items()
+            if all(op["path"] for op in change)}
+
+
+def replay(context: Any, change: Change) -> None:
+    """Write a recorded change into the branch's context object, in place
+    (``state_change.Conflict`` where it does not hold what the record held there)."""
+    if not change:
+        return
+    adapter = _adapter(type(context))
+    if adapter is None:
+        raise AdapterError(f"pydantic cannot dump the context class {type_name(type(context))}",
+                           hint="see OpenAIAgentsAgent's context_factory")
+    rebuilt = adapter.validate_python(apply(adapter.dump_python(context, mode="json"), change))
+    for key in dict.fromkeys(str(op["path"][0]) for op in change):
+        if isinstance(context, dict):
+            if key in rebuilt:
+                context[key] = rebuilt[key]
+            else:
+                context.pop(key, None)
+        else:
+            setattr(context, key, getattr(rebuilt, key))
+
+
+def replayable_writes(run: car.Trajectory, safety: ToolSafety) -> dict[tuple[str, str], Change]:
+    """``writes(run.steps)``, for a branch to replay; refused, before any branch, where a
+    side-effect tool with no simulator taking ``ctx`` has a recorded call that wrote the run
+    context, or may have, and a branch could not make that write: the record cannot show what
+    it wrote (its step made other calls, it was the last, the context has no recorded value),
+    or its simulator does not take ``ctx``, so a simulated call would drop the write."""
+    found = writes(run.steps)
+    for j, step in enumerate(run.steps):
+        for _, name, args in calls_of(step.action):
+            if not safety.guards(name) or safety.simulates_state(name):
+                continue
+            change = found.get((name, args), None)
+            if change is not None and not (change and name in safety.simulators):
+                continue
+            why = ("its simulator does not take the run context (ctx), so a simulated call "
+                   "would drop what the tool writes there" if change else
+                   "what it wrote to the run context cannot be told from the record (other "
+                   "calls ran in that step, it was the run's last step, or the context's "
+                   "value was not recorded), so a branch that made the call again would "
+                   "drop that write")
+            raise AdapterError(
+                f"side-effect tool {name!r} wrote, or may have written, the run context at "
+                f"step {j}, and {why}", run_id=run.id, step=j,
+                hint=f"pass simulators={{{name!r}: fn(arguments, ctx)}}: it is handed the "
+                     "run context wrapper and writes ctx.context as the tool does (async def "
+                     "is fine); or leave the tool out of side_effect_tools if it is safe to "
+                     "run")
+    return found

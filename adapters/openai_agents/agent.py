@@ -48,7 +48,7 @@ from ..common.messages import (
     recorded_calls,
 )
 from ..common.sync import BranchLoop, run_on, run_sync
-from ._context import ContextFactory, ContextRebuilder
+from ._context import ContextFactory, ContextRebuilder, replayable_writes
 from ._items import to_items
 from .app import agents_of, handoff_target, tool_names
 from .branch import BranchSession, Decided, clone_app
@@ -246,7 +246,8 @@ class OpenAIAgentsAgent:
             items = to_items([m for m in edited if m["role"] != "system"])
         session = BranchSession(plan, noise, k, self.safety, recorded_calls(run.steps), run.id,
                                 forced_observations(plan, run.id),
-                                policy_agents=self.policy_agents)
+                                policy_agents=self.policy_agents,
+                                writes=replayable_writes(run, self.safety))
         if system_edit is not None:  # step k decides from it; later steps from the app's own
             session.system_at[k] = system_edit
         check_forced_tools(session, tool_names(self.root), run.id,

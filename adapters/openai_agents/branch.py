@@ -7,8 +7,10 @@ answers forced and held steps with the recorded action (no model call), and send
 to the agent's own model (or the ``do_policy`` one, for the agents it applies to) with the
 step's noise stream in context and a per-step seed in ``ModelSettings.extra_args`` for
 providers that honour one; a model client's outage becomes ``ModelUnavailable``. A guarded tool
-serves a forced observation as given and answers a side-effect tool with ``ToolSafety``
-(record, simulator, or ``SideEffectBlocked``); other tools run live.
+serves a forced observation as given and answers a side-effect tool with ``ToolSafety``: an
+identical recorded call gets its result and its recorded write to the run context replayed
+(``_context.replay``), another call the simulator (``fn(arguments, ctx)`` is handed the tool's
+run context wrapper), else ``SideEffectBlocked``; other tools run live.
 """
 
 from __future__ import annotations
@@ -24,10 +26,18 @@ from agents.models.interface import Model
 from agents.tool import FunctionTool
 
 from car_core.contract import Noise, Plan, Stream, redact
-from car_core.errors import AdapterError, CarError, ModelUnavailable, PolicyError
+from car_core.errors import (
+    AdapterError,
+    CarError,
+    ModelUnavailable,
+    PolicyError,
+    SideEffectBlocked,
+)
 
 from ..common import branch as chat_branch
-from ..common.messages import ToolSafety, calls_of, canonical_arguments
+from ..common.messages import ToolSafety, as_content, calls_of, canonical_arguments
+from ..common.state_change import Change, Conflict
+from ._context import replay
 from ._items import action_of, output_of
 from .app import handoff_target
 from .fake import _STEP_RNG
@@ -46,14 +56,17 @@ class BranchSession(chat_branch.BranchSession):
     whether to stop once the first decision is made (``redecide``), and whose model a
     ``do_policy`` swaps: ``"deciding"`` (the agent that decides the policy's step, found as
     the branch gets there), ``"all"``, or a set of agent names; ``swapped`` notes the steps
-    the swapped-in model decided."""
+    the swapped-in model decided; ``writes``, what each recorded tool call wrote to the run
+    context where the record shows it (``_context.writes``)."""
 
     def __init__(self, plan: Plan, noise: Noise, start: int, safety: ToolSafety,
                  record: Mapping[tuple[str, str], Any], run_id: str | None,
                  forced_obs: Mapping[int, list[dict[str, Any]]], *, seeds: bool = True,
                  stop_after_first: bool = False,
-                 policy_agents: str | frozenset[str] = "deciding") -> None:
+                 policy_agents: str | frozenset[str] = "deciding",
+                 writes: Mapping[tuple[str, str], Change] | None = None) -> None:
         super().__init__(plan, noise, start, safety, record, run_id, forced_obs)
+        self.writes: Mapping[tuple[str, str], Change] = writes or {}
         self.seeds = seeds
         self.stop_after_first = stop_after_first
         self.policy_agents = policy_agents
@@ -160,13 +173,33 @@ def _guarded(tool: FunctionTool, session: BranchSession) -> FunctionTool:
                     return msg["content"]
         if s.safety.guards(name):
             try:
-                return s.safety.serve(name, arguments, s.record, run_id=s.run_id, step=k)
+                return await _answered(s, name, ctx, arguments, k)
             except CarError as exc:
                 s.blocked = exc
                 raise
         return await inner(ctx, arguments)
 
     return dataclasses.replace(tool, on_invoke_tool=invoke)
+
+
+async def _answered(s: BranchSession, name: str, ctx: Any, arguments: str, k: int) -> Any:
+    """A side-effect call's result on a branch, with what the recorded call wrote to the run
+    context replayed, or the simulator's (handed ``ctx`` when it takes it)."""
+    found = s.safety.answer(name, arguments, s.record, run_id=s.run_id, step=k,
+                            writes=s.writes)
+    if found.simulate:
+        return as_content(await s.safety.asimulate(name, arguments, ctx))
+    try:
+        replay(getattr(ctx, "context", None), found.change or [])
+    except Conflict as exc:
+        raise SideEffectBlocked(
+            f"the branch called side-effect tool {name!r} as the record did, but its run "
+            f"context holds another value at {exc} than the record held there when the call "
+            "wrote it, so the recorded write is not what the tool would write here",
+            run_id=s.run_id, step=k,
+            hint=f"pass simulators={{{name!r}: fn(arguments, ctx)}}: it is handed the run "
+                 "context wrapper (ctx.context) and writes it as the tool would") from None
+    return found.content
 
 
 def clone_app(agents: Mapping[str, Any], models: Mapping[str, Model], session: BranchSession,
