@@ -16,7 +16,7 @@ from . import defaults
 from .agent import Agent
 from .budget import Budget
 from .estimators.contrastive import _check as _check_contrastive
-from .estimators.contrastive import contrastive, rollout_budget
+from .estimators.contrastive import _check_wave, contrastive, rollout_budget
 from .estimators.shapley import _check as _check_shapley
 from .estimators.shapley import shapley
 from .execution import ExecutorLike, Progress
@@ -43,9 +43,11 @@ class ContrastiveSettings:
     budget: Budget | int | None = None
     search: str = "auto"
     early_stop: bool = False
+    wave: int | None = None  # rollouts per look of the search; None: chosen from the agent
 
     def __post_init__(self) -> None:
         _check_contrastive(self.rollouts, self.alpha, self.search)
+        _check_wave(self.wave)
 
     def budget_for(self, n_steps: int) -> int:
         """The most rollouts the estimate of an ``n_steps`` run may spend."""
@@ -59,7 +61,7 @@ class ContrastiveSettings:
         return contrastive(run, agent, outcome=outcome, rollouts=self.rollouts,
                            alpha=self.alpha, seed=self.seed, coupled=self.coupled,
                            budget=self.budget, search=self.search, early_stop=self.early_stop,
-                           executor=executor, progress=progress, store=store,
+                           wave=self.wave, executor=executor, progress=progress, store=store,
                            attribution_id=attribution_id, force_agent=force_agent)
 
     @classmethod

@@ -31,6 +31,16 @@ which, ``refit_pooled`` how many of the test's pairs the re-estimate holds). ``s
 has the details and the proof that FWER ``<= α``: each confirmation tests its step on
 rollouts independent of everything that chose it.
 
+Rounds (``wave``). Each look of the search waits for the rollouts it asked for, so with an
+agent that waits on a model server the wall time is the number of looks times a branch's
+latency, whatever the executor. ``wave=W`` makes every look ask for about ``W`` rollouts at
+once (navigation looks at ``W/2`` pairs, the confirmation after ``W/2`` pairs at least, the
+first bisection probes drawn together), so a concurrent executor fills its slots; it spends
+a few more rollouts (the part of a round drawn past where the search could have stopped).
+The default is ``defaults.CONCURRENCY`` for an agent that says it waits on a server
+(``prefers_concurrency``) and 0 (the smallest looks) for any other: it is chosen from the
+agent, never from the executor, so a seed gives the same result on every executor.
+
 Search ``"full"`` tests every step: each of the ``m`` tested steps gets ``α/m`` (Bonferroni),
 split over its ``L`` looks at the data in shares proportional to the square of the information
 fraction (``stats.look_levels``); every interval is built at its look's level, so with
@@ -52,6 +62,7 @@ import numpy as np
 from .. import defaults
 from ..agent import Agent, caveats_of
 from ..budget import Budget, as_budget
+from ..capabilities import Capability, capabilities
 from ..errors import InvalidInput
 from ..execution import ExecutorLike, Progress, Task
 from ..interventions import Plan, compile_plan, do_resample
@@ -181,6 +192,33 @@ def rollout_budget(n_steps: int, rollouts: int, budget: Budget | int | None
     return (Budget(rollouts=cap) if given is None else replace(given, rollouts=cap)), cap
 
 
+def waits_on_server(agent: Agent) -> bool:
+    """Whether the agent's branches wait on a model server: it says so
+    (``prefers_concurrency``), or it branches as a coroutine without saying it does not (the
+    agents ``execution.default_executor`` runs concurrently)."""
+    caps = capabilities(agent)
+    return Capability.CONCURRENCY in caps or (
+        Capability.ASYNC_BRANCH in caps and getattr(agent, "prefers_concurrency", None)
+        is not False)
+
+
+def search_wave(wave: int | None, agent: Agent) -> int:
+    """The rollouts each look of the search asks for at once (module docstring, rounds):
+    ``wave`` when given, else ``defaults.CONCURRENCY`` for an agent that waits on a server and
+    0 (the smallest looks) for any other. Never the executor's: results for a seed do not
+    depend on it."""
+    if wave is not None:
+        return wave
+    return defaults.CONCURRENCY if waits_on_server(agent) else 0
+
+
+def _check_wave(wave: Any) -> None:
+    if wave is not None and (isinstance(wave, bool) or not isinstance(wave, int) or wave < 0):
+        raise InvalidInput(f"wave={wave!r}: need a whole number of rollouts >= 0, or None",
+                           hint="leave wave=None (chosen from the agent), or pass e.g. wave=16 "
+                                "(0 keeps the smallest looks)")
+
+
 def _check(rollouts: Any, alpha: Any, search: Any) -> None:
     if isinstance(rollouts, bool) or not isinstance(rollouts, int) or rollouts < 1:
         raise InvalidInput(f"rollouts={rollouts!r}: need at least one rollout per arm",
@@ -272,6 +310,16 @@ class EngineArms:
             self.arms.fill(wants)
         return np.array([x - y for x, y in self._pairs(hi, lo, indices)], dtype=float)
 
+    def draw(self, wants: Mapping[int, Sequence[int]]) -> None:
+        """Run the missing rollouts of several arms in one hand-off to the executor: those the
+        budget reaches in rollout-index order, arms interleaved at each index."""
+        have = {j: self.arms.values.get(j, {}) for j in wants}
+        missing = sorted((r, j) for j, idx in wants.items() for r in idx if r not in have[j])
+        take: dict[int, Iterable[int]] = {}
+        for r, j in missing[:self.remaining]:
+            cast(list[int], take.setdefault(j, [])).append(r)
+        self.arms.fill(take)
+
     def means(self, hi: int, lo: int, indices: Sequence[int]) -> tuple[float, float]:
         pairs = self._pairs(hi, lo, indices)
         if not pairs:
@@ -279,9 +327,9 @@ class EngineArms:
         return (sum(p[0] for p in pairs) / len(pairs), sum(p[1] for p in pairs) / len(pairs))
 
 
-def _searched(arms: Arms, n: int, cap: int, alpha: float, k: int, refit: bool
+def _searched(arms: Arms, n: int, cap: int, alpha: float, k: int, refit: bool, wave: int = 0
               ) -> tuple[dict[int, StepEffect], search_.Decision]:
-    d = search_.search(EngineArms(arms, cap), n, cap, alpha, refit=refit, k=k)
+    d = search_.search(EngineArms(arms, cap), n, cap, alpha, refit=refit, k=k, wave=wave)
     if d.candidate is None or d.interval is None:
         return {}, d
     c = d.candidate
@@ -312,7 +360,8 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
                 coupled: bool = True, budget: Budget | int | None = None, search: str = "auto",
                 executor: ExecutorLike = None, progress: Progress = None,
                 store: RunStore | None = None, attribution_id: str | None = None,
-                force_agent: bool = False, early_stop: bool = False) -> ContrastiveResult:
+                force_agent: bool = False, early_stop: bool = False,
+                wave: int | None = None) -> ContrastiveResult:
     """Find the point of commitment of ``run``: the latest step whose rescue interval lies
     above zero, with family-wise error ``<= alpha`` (see the module docstring for the arms,
     the error control and the search). The estimate may spend up to ``n·rollouts`` rollouts
@@ -322,9 +371,12 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
     measured and says ``truncated``. An agent other than the one that recorded ``run``
     is refused unless ``force_agent``. ``early_stop``: stop once the locus is decided,
     rather than spend what is left re-estimating its rescue. ``coupled`` decides whether CAR
-    hands branches shared noise; whether they share it is measured (``coupling_measured``)."""
+    hands branches shared noise; whether they share it is measured (``coupling_measured``).
+    ``wave``: rollouts each look of the search asks for at once (module docstring, rounds);
+    None chooses from the agent: 16 when it waits on a model server, else the smallest looks."""
     check_run_has_steps(run)
     _check(rollouts, alpha, search)
+    _check_wave(wave)
     n = len(run.steps)
     chosen = search if search != "auto" else "bisection"
     budget, cap = rollout_budget(n, rollouts, budget)
@@ -345,7 +397,8 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
         effects = {k: _step(k, c) for k, c in tests.items()}
         correction = "bonferroni"
     else:
-        effects, decision = _searched(arms, n, cap, alpha, max(1, cap // n), not early_stop)
+        effects, decision = _searched(arms, n, cap, alpha, max(1, cap // n), not early_stop,
+                                      search_wave(wave, agent))
         reason, exhausted, measured = decision.note, decision.exhausted, decision.coupling
         given_up = decision.given_up
         m = 1 + len(given_up) if decision.candidate is not None else 0

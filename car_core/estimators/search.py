@@ -73,6 +73,22 @@ run the same decisions.
    re-estimate the interval is the betting confidence sequence of the confirmation's pairs,
    widened to hold their mean.
 
+Rounds (``wave = W > 1``). Every look waits for the rollouts it asked for, so where branches
+wait on a model server the wall time is the number of looks in a row times a branch's
+latency, however many branches the executor could run at once. In rounds each look asks for
+about ``W`` rollouts: the gate grows ``W/4`` pairs a look (and sizes the rise in one), a
+paired decision and the confirmation look after ``W/2`` pairs at least, the unshared search
+runs ``W/2`` rollouts of its most telling arm a look (and ``H_0``, ``H_n``'s top-up with them;
+never past the navigation's share), the bisection's first levels are probed on the witness
+indices at once (``Navigator._probe_ahead``: ``side`` reads them back, its verdicts those of
+probes drawn one by one), and an unpaired re-estimate draws both arms together. Sources
+that can, draw a round's arms in one hand-off (``draw``). What it costs is the part of a
+round drawn past where a smaller look would have stopped. Measured on the simulator's 4- and
+8-step grid rows (30 seeds a row, ``W = 16``): 3× fewer rounds (8–22 against 11–81), 0–25
+more rollouts spent before the answer is decided, accuracy the same within the seeds' noise
+where the budget is ample and 1–6 points lower (200 seeds) on the rows where it runs out.
+``W ≤ 1`` is the smallest looks above, unchanged.
+
 Error control (FWER ≤ α). A step is named only by a confirmation. Confirmation ``i`` spends
 ``α_i = α · share_i`` with ``Σ share_i ≤ 1`` (``FIRST_SHARE`` for the first, half the rest for
 each later one). Everything that chooses the ``i``-th candidate, its level and the prior of its
@@ -94,10 +110,15 @@ chance of naming a step: however often it fires, on whatever it looks at (the fl
 confirmation rejected" is contained in "the test run without futility rejected". What comes
 after a stop (the next candidate and its α share) is chosen from rollouts at other indices
 than the next confirmation's, as above. The re-estimate comes after the step is named and
-names nothing. By the union bound over confirmations the chance of naming any step whose
-rescue is ``≤ 0`` is ``≤ Σ θα_i < α``; navigation mistakes and a mis-measured coupling cost
-power, never validity. Without shared noise the index pairs are an arbitrary pairing of two
-independent samples; the sign test on them conditions on the disagreeing pairs as the
+names nothing. The look schedule (``wave``) is fixed before the search starts, and a round
+draws only at the indices of the stage that asks (navigation below ``CONFIRM``, the
+confirmation from its ``start``, the re-estimate from ``REFIT``), so none of the above
+depends on it: the betting test holds at any looks, a larger last batch only adds pairs drawn
+whatever the crossing showed, and the end-of-sampling horizon is still what the budget left
+when the confirmation began. By the union bound over confirmations the chance of naming any
+step whose rescue is ``≤ 0`` is ``≤ Σ θα_i < α``; navigation mistakes and a mis-measured
+coupling cost power, never validity. Without shared noise the index pairs are an arbitrary
+pairing of two independent samples; the sign test on them conditions on the disagreeing pairs as the
 two-sample test conditions on the pooled margin, and has the same efficiency as the one-sided
 Fisher test.
 
@@ -169,6 +190,27 @@ class ArmSource(Protocol):
         """Rollouts the budget still allows."""
 
 
+def _draw(src: ArmSource, wants: dict[int, Sequence[int]]) -> None:
+    """Run the missing rollouts of several arms as one round: a source that waits on its
+    branches (the engine) offers ``draw(wants)`` and hands them to its executor at once; any
+    other is asked arm by arm. Either way the rollouts run are those the budget reaches in
+    rollout-index order, arms interleaved at each index (as the engine's ``draw`` fills them)."""
+    draw = getattr(src, "draw", None)
+    if callable(draw):
+        draw(wants)
+        return
+    if sum(len(w) for w in wants.values()) <= src.remaining:
+        for arm, idx in sorted(wants.items()):
+            src.outcomes(arm, idx)
+        return
+    for r in sorted({r for w in wants.values() for r in w}):
+        for arm in sorted(wants):
+            if src.remaining < 1:
+                return
+            if r in wants[arm]:
+                src.outcomes(arm, [r])
+
+
 @dataclass(frozen=True)
 class Decision:
     """What the search found: the candidate, its confirmation and the re-estimate."""
@@ -211,15 +253,15 @@ def share(attempt: int) -> float:
     return (1.0 - FIRST_SHARE) * 0.5 ** attempt
 
 
-def _gate(src: ArmSource, n: int, net: int, cap: int, d: np.ndarray, least: int = 0
-          ) -> np.ndarray:
-    """Pairs ``(H_n, H_0)`` on navigation indices from 0, extended four at a time until their
-    net count of positive pairs reaches ``net`` (and ``least`` pairs are run) or ``cap``
+def _gate(src: ArmSource, n: int, net: int, cap: int, d: np.ndarray, least: int = 0,
+          step: int = 4) -> np.ndarray:
+    """Pairs ``(H_n, H_0)`` on navigation indices from 0, extended ``step`` at a time until
+    their net count of positive pairs reaches ``net`` (and ``least`` pairs are run) or ``cap``
     pairs (or the budget) are spent."""
     s = d.size
     while (s < cap and (int(np.sign(d).sum()) < net or s < least)
            and src.remaining >= 2):
-        s = min(cap, s + 4)
+        s = min(cap, s + step)
         d = src.diffs(n, 0, range(s))
         if d.size < s:  # the budget ran out, or no branch came back
             break
@@ -242,15 +284,16 @@ def _gate_signs(d_gate: np.ndarray) -> tuple[float, float]:
 
 
 def _decide_paired(src: ArmSource, n: int, mid: int, delta: float, q: float, cap: int,
-                   error: float) -> tuple[bool, int]:
+                   error: float, batch: int = NAV_BATCH) -> tuple[bool, int]:
     """True when ``H_mid`` is below ``H_n``, from the signs of the pairs ``(H_n, H_mid)``:
-    "level" (each sign w.p. ``q``) against "below" (``+`` w.p. ``q + δ``)."""
+    "level" (each sign w.p. ``q``) against "below" (``+`` w.p. ``q + δ``), looked at every
+    ``batch`` pairs."""
     bound = math.log((1 - error) / error)
     up = math.log((q + delta) / q)
     flat = math.log((1 - 2 * q - delta) / (1 - 2 * q))
     t, llr = 0, 0.0
     while True:
-        want = min(cap, t + NAV_BATCH)
+        want = min(cap, t + batch)
         if want <= t or src.remaining < 2:
             return llr > 0, t
         d = src.diffs(n, mid, range(want))
@@ -312,8 +355,8 @@ class Navigator:
     """The navigation stages: the gate, the measured coupling and the bisection decisions,
     all on navigation indices (below ``CONFIRM``)."""
 
-    def __init__(self, src: ArmSource, n: int, budget: int) -> None:
-        self.src, self.n, self.budget = src, n, budget
+    def __init__(self, src: ArmSource, n: int, budget: int, wave: int = 0) -> None:
+        self.src, self.n, self.budget, self.wave = src, n, budget, wave
         self.gate_cap = max(8, int(budget * NAV_SHARE) // 2)
         self.d_gate = np.zeros(0)
         self.witnesses: Witnesses | None = None
@@ -324,8 +367,18 @@ class Navigator:
         self.shortcuts = True    # witness verdicts repeat themselves: off once one misled
         self.sized = False
 
+    @property
+    def step(self) -> int:
+        """Gate pairs added per look: four, or a quarter of a wave (module docstring)."""
+        return 4 if self.wave <= 1 else max(4, self.wave // 4)
+
+    @property
+    def batch(self) -> int:
+        """Pairs (or one arm's rollouts) per navigation look."""
+        return NAV_BATCH if self.wave <= 1 else max(NAV_BATCH, self.wave // 2)
+
     def gate(self) -> tuple[int, int]:
-        self.d_gate = _gate(self.src, self.n, 1, self.gate_cap, self.d_gate)
+        self.d_gate = _gate(self.src, self.n, 1, self.gate_cap, self.d_gate, step=self.step)
         self.witnesses = Witnesses.of(self.d_gate)
         return _counts(self.d_gate)
 
@@ -333,7 +386,7 @@ class Navigator:
         """More gate pairs after a candidate was given up; the gate's cap grows with them."""
         self.gate_cap += max(8, self.gate_cap // 2)
         self.d_gate = _gate(self.src, self.n, GATE_NET * self.scale, self.gate_cap,
-                            self.d_gate, least=self.d_gate.size + 8)
+                            self.d_gate, least=self.d_gate.size + 8, step=self.step)
         return _counts(self.d_gate)
 
     def coupling(self, more: Sequence[tuple[np.ndarray, np.ndarray]] = ()) -> Coupling:
@@ -370,14 +423,16 @@ class Navigator:
             if verdict is not None:  # a level verdict needs the witnesses' own coupling
                 return verdict
         if not self.sized:  # the witnesses did not settle it: size the rise first
+            least = min(GATE_MIN, self.gate_cap)
+            step = self.step if self.wave <= 1 else max(self.step, least - self.d_gate.size)
             self.d_gate = _gate(self.src, self.n, GATE_NET, self.gate_cap, self.d_gate,
-                                least=min(GATE_MIN, self.gate_cap))
+                                least=least, step=step)
             self.sized = True
         cap = max(8, spent_cap) * self.scale
         error = NAV_ERROR / self.scale
         # bisection runs only on shared noise (``bisect``): the pairs' signs decide
         verdict, reached = _decide_paired(self.src, self.n, mid, *_rise(self.d_gate), cap,
-                                          error)
+                                          error, self.batch)
         self.reach[mid] = max(reached, self.reach.get(mid, 0))
         return verdict
 
@@ -393,12 +448,33 @@ class Navigator:
         if not (shared.shared and (shared.estimate or 0.0) >= PAIRED_COUPLING) \
                 and not (w is not None and w.trusted):
             return self.locate(lo, hi, nav_budget)
+        if self.wave > 1 and self.shortcuts and w is not None and not w.mixed:
+            self._probe_ahead(w, lo, hi)
         while hi - lo > 1:
             mid = (lo + hi) // 2
             left = max(1, math.ceil(math.log2(hi - lo)))
             per = (nav_budget - (self.budget - self.src.remaining - start)) // left
             lo, hi = (mid, hi) if self.below(mid, per) else (lo, mid)
         return lo
+
+    def _probe_ahead(self, w: Witnesses, lo: int, hi: int) -> None:
+        """Rounds (``wave``): the arms the bisection over ``[lo, hi)`` would look at on the
+        witness indices in its first levels, as many whole levels as a wave holds, drawn at
+        once. ``Witnesses.side`` then reads them back, so its verdicts are the ones it gives
+        when each probe is drawn on its own; the probes a verdict sends the bisection away
+        from are spent for nothing (at most a wave)."""
+        if int((w.gate != 0).sum()) < PROBE_WITNESSES:
+            return
+        level, arms = [(lo, hi)], []
+        while level:
+            mids = [(a + b) // 2 for a, b in level if b - a > 1]
+            if not mids or (len(arms) + len(mids)) * len(w.indices) > self.wave:
+                break
+            arms += mids
+            level = [half for a, b in level if b - a > 1
+                     for half in ((a, (a + b) // 2), ((a + b) // 2, b))]
+        if arms:
+            _draw(self.src, {j: w.indices for j in [self.n, *arms]})
 
     def _arm_counts(self, more: dict[int, tuple[float, int]] | None = None
                     ) -> tuple[np.ndarray, np.ndarray]:
@@ -452,6 +528,10 @@ class Navigator:
             spent = self.budget - self.src.remaining - start
             if post[best] >= 1 - error or spent >= nav_budget or self.src.remaining < 1:
                 return lo + best
+            if self.wave > 1:
+                if not self._locate_round(lo, hi, post, lo + best, nav_budget - spent):
+                    return lo + best
+                continue
             j = self._most_telling(lo, hi, post, lo + best)
             m = self.reach.get(j, 0)
             y = self.src.outcomes(j, range(m + NAV_BATCH))
@@ -462,6 +542,23 @@ class Navigator:
                 have = max(self.reach.get(end, 0), self.d_gate.size)
                 if 2 * have < y.size and self.src.remaining >= 1:
                     self.reach[end] = int(self.src.outcomes(end, range(y.size // 2)).size)
+
+    def _locate_round(self, lo: int, hi: int, post: np.ndarray, best: int, room: int) -> bool:
+        """One look of ``locate`` in rounds (``wave``): the most telling arm gets half a wave
+        (no more than the navigation has left), and ``H_0`` and ``H_n`` their top-up, drawn
+        at once. False when the arm did not grow (the budget is spent)."""
+        j = self._most_telling(lo, hi, post, best)
+        m = self.reach.get(j, 0)
+        wants: dict[int, Sequence[int]] = {
+            j: range(m + max(NAV_BATCH, min(self.wave, room) // 2))}
+        top = len(wants[j])
+        for end in (0, self.n):  # the two rates every split leans on stay as well known
+            if 2 * max(self.reach.get(end, 0), self.d_gate.size) < top:
+                wants[end] = range(top // 2)
+        _draw(self.src, wants)
+        for arm, idx in wants.items():  # read back what was drawn (nothing more runs)
+            self.reach[arm] = max(self.reach.get(arm, 0), int(self.src.outcomes(arm, idx).size))
+        return self.reach[j] > m
 
     def split_rates(self, c: int) -> tuple[float, float]:
         """The failure rates of the arms after ``c`` and of those up to it, as seen."""
@@ -560,16 +657,18 @@ class Confirmation:
 
 def _confirm(src: ArmSource, c: int, start: int, alpha: float, prior: Prior,
              rise: tuple[float, float], unlikely: Callable[[int, int], bool] | None = None,
-             least: float = 0.0, guessed: bool = False) -> Confirmation:
-    """Confirmation of ``c`` on pairs from ``start`` (module docstring, step 4).
-    ``unlikely(start, pairs)``: a second futility bound, the navigation's belief in ``c``
-    once these pairs' arms are added to what it saw."""
+             least: float = 0.0, guessed: bool = False, wave: int = 0) -> Confirmation:
+    """Confirmation of ``c`` on pairs from ``start`` (module docstring, step 4), looked at
+    after every batch: an eighth of the pairs so far, at least two (at least half a ``wave``
+    in rounds). ``unlikely(start, pairs)``: a second futility bound, the navigation's belief
+    in ``c`` once these pairs' arms are added to what it saw."""
+    least_batch = 2 if wave <= 1 else max(2, wave // 2)
     pairs = 0
     d = np.zeros(0)
     found = futile = False
     crossed = None
     while src.remaining >= 2:
-        want = pairs + max(2, pairs // 8)
+        want = pairs + max(least_batch, pairs // 8)
         want = min(want, pairs + src.remaining // 2)
         d = src.diffs(c + 1, c, range(start, start + want))
         if d.size <= pairs:
@@ -688,12 +787,14 @@ def _interval(d: np.ndarray, refit: np.ndarray | None, alpha: float, paired: boo
 
 
 def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = True,
-           refit: bool = True, k: int | None = None) -> Decision:
+           refit: bool = True, k: int | None = None, wave: int = 0) -> Decision:
     """Gate, bisect, confirm (resuming past candidates given up) and re-estimate within
     ``budget`` rollouts (module docstring). ``k``: the paper's rollouts per step, which sizes
-    the re-estimate (``budget // n`` when not given); ``refit=False`` stops once decided."""
+    the re-estimate (``budget // n`` when not given); ``refit=False`` stops once decided.
+    ``wave``: rollouts the search may ask for in one round (module docstring, rounds); 0 or 1
+    keeps the smallest looks."""
     k = k if k is not None else max(1, budget // max(n, 1))
-    nav = Navigator(src, n, budget)
+    nav = Navigator(src, n, budget, wave)
     prior = Prior()
     rise = (0.5, 0.1)
     candidate = 0
@@ -725,7 +826,7 @@ def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = 
         conf = _confirm(src, candidate, start, level, prior, rise,
                         None if n == 1 else nav.doubts(candidate),
                         least=_futility_rise(budget, level),
-                        guessed=n == 1 or nav.d_gate.size < GATE_MIN)
+                        guessed=n == 1 or nav.d_gate.size < GATE_MIN, wave=wave)
         start += conf.d.size
         if conf.found or not conf.futile or src.remaining < 2 or n == 1:
             break
@@ -772,8 +873,11 @@ def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = 
             if not r.size:
                 re_hi = re_lo = r = None
         elif not plan.paired and plan.resampled >= 1:
-            re_lo = src.outcomes(c, range(REFIT, REFIT + plan.resampled))
             first = REFIT + REFIT_APART
+            if wave > 1:  # both arms in one round: the budget reaches them as it would apart
+                _draw(src, {c: range(REFIT, REFIT + plan.resampled),
+                            c + 1: range(first, first + plan.held)})
+            re_lo = src.outcomes(c, range(REFIT, REFIT + plan.resampled))
             re_hi = src.outcomes(c + 1, range(first, first + plan.held))
             if not (re_hi.size and re_lo.size):
                 re_hi = re_lo = None
