@@ -30,7 +30,7 @@ from ..common.messages import (
 )
 from .callback import CarCallback, builds_input
 from .guard import RUN, Guard
-from .messages import from_dicts, jsonable, state_json, to_dict, to_dicts
+from .messages import BLOCKS, from_dicts, jsonable, state_json, to_dict, to_dicts
 from .model import Control
 from .plan import BranchPlan, tool_content
 
@@ -152,12 +152,27 @@ class BranchState:
 
 def answerable_calls(run: Trajectory) -> dict[tuple[str, str], Any]:
     """Every tool call of ``run`` a branch's matching call may be answered with: the tool calls
-    of its decisions, and the calls its nodes made themselves (recorded by the callback)."""
-    out = recorded_calls(run.steps)
+    of its decisions, and the calls its nodes made themselves (recorded by the callback). A
+    result that was a list of content blocks (an MCP tool's) is that list, as the run's final
+    state keeps it, not the JSON string a step stores."""
+    blocks = {str(m.get("tool_call_id")): m[BLOCKS] for m in _final_messages(run)
+              if m.get("role") == "tool" and isinstance(m.get(BLOCKS), list)}
+    out = recorded_calls([replace(s, observation=[
+        {**m, "content": blocks[str(m.get("tool_call_id"))]}
+        if isinstance(m, Mapping) and str(m.get("tool_call_id")) in blocks else m
+        for m in s.observation]) if isinstance(s.observation, list) else s
+        for s in run.steps])
     for call in run.meta.get("node_tool_calls") or ():
         if isinstance(call, Mapping) and call.get("name"):
             out.setdefault((str(call["name"]), str(call.get("arguments"))), call.get("content"))
     return out
+
+
+def _final_messages(run: Trajectory) -> list[Mapping[str, Any]]:
+    """The stored messages of ``run``'s final graph state, in every channel."""
+    state = run.meta.get("final_state")
+    values = state.values() if isinstance(state, Mapping) else ()
+    return [m for v in values if isinstance(v, list) for m in v if isinstance(m, Mapping)]
 
 
 def _message_dicts(edited: Any, run_id: str, k: int) -> list[Mapping[str, Any]]:

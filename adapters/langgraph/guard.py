@@ -7,11 +7,17 @@ the thread id in the runnable config LangGraph propagates, as ``CarChatModel`` d
 tool the user named in ``side_effect_tools`` is answered by the branch's ``Guard`` from the record
 or a simulator, and the tool's own code never runs; an unanswerable call raises
 ``SideEffectBlocked``. Forced observations (``do_observation``) are served the same way, by tool
-call id.
+call id. A simulator may return what a tool may: a ``Command(update=...)`` (a state update, with
+the ``ToolMessage`` answering the call among its messages) or a ``ToolMessage`` goes to the graph
+as returned; one that takes ``ctx`` is handed a dict of the values LangGraph injected into the tool's call
+(``InjectedState``, ``InjectedStore``, ``ToolRuntime``, by argument name) and the call's
+``tool_call_id`` (for the ``ToolMessage`` of a ``Command``); an async one is awaited. A recorded result that was a list of content blocks (an MCP tool's) is handed
+back as that list.
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -22,10 +28,12 @@ from langchain_core.callbacks import CallbackManager
 from langchain_core.messages import ToolMessage
 from langchain_core.runnables.config import ensure_config
 from langchain_core.tools import BaseTool
+from langgraph.types import Command
 
 from car_core.errors import SideEffectBlocked
 
-from ..common.messages import ToolSafety
+from ..common.messages import ToolSafety, as_content
+from ..common.sync import run_sync
 
 
 @dataclass
@@ -42,9 +50,10 @@ class Guard:
 
     def answer(self, tool: BaseTool, tool_input: Any, tool_call_id: str | None,
                node: str | None = None) -> Any:
-        """The content to return instead of running ``tool``, or ``RUN`` to run it. A call
-        with no tool call id is one node ``node`` makes itself: it answers no model decision,
-        so a refusal names the node, not a step."""
+        """The content to return instead of running ``tool``, a ``Simulated`` call for the
+        caller to finish, or ``RUN`` to run it. A call with no tool call id is one node
+        ``node`` makes itself: it answers no model decision, so a refusal names the node, not
+        a step."""
         if tool_call_id is not None and tool_call_id in self.forced:
             return self.forced[tool_call_id]
         if tool_call_id is not None and self.lookup is not None:
@@ -53,21 +62,48 @@ class Guard:
                 return content
         if not self.safety.guards(tool.name):
             return RUN
-        args = tool_input if isinstance(tool_input, Mapping) else {"input": tool_input}
-        args = {k: v for k, v in args.items() if k not in _injected(tool)}
+        given = tool_input if isinstance(tool_input, Mapping) else {"input": tool_input}
+        injected = _injected(tool)
+        args = {k: v for k, v in given.items() if k not in injected}
         if tool_call_id is not None:
-            content = self.safety.serve(tool.name, args, self.record, run_id=self.run_id,
-                                        step=self.step())
+            found = self.safety.answer(tool.name, args, self.record, run_id=self.run_id,
+                                       step=self.step())
         else:
             try:
-                content = self.safety.serve(tool.name, args, self.record, run_id=self.run_id)
+                found = self.safety.answer(tool.name, args, self.record, run_id=self.run_id)
             except SideEffectBlocked as exc:
                 blocked = SideEffectBlocked(f"in node {node!r} (a call the node makes itself, "
                                             f"not a model's tool call): {exc}")
                 blocked.run_id, blocked.hint = exc.run_id, exc.hint
                 raise blocked from None
         self.served.append((tool.name, str(tool_call_id)))
-        return content
+        if found.simulate:
+            return Simulated(self.safety, tool.name, args,
+                             {**{k: v for k, v in given.items() if k in injected},
+                              "tool_call_id": tool_call_id})
+        return found.content
+
+
+@dataclass(frozen=True)
+class Simulated:
+    """A side-effect call its simulator answers: ``finish`` (sync) or ``afinish`` (async)
+    give what the simulator returned, awaited where it is async."""
+
+    safety: ToolSafety
+    name: str
+    arguments: dict[str, Any]
+    ctx: dict[str, Any]
+
+    def finish(self) -> Any:
+        out = self.safety.simulate(self.name, self.arguments, self.ctx)
+        if inspect.isawaitable(out):
+            async def done(out: Any = out) -> Any:
+                return await out
+            return run_sync(done)
+        return out
+
+    async def afinish(self) -> Any:
+        return await self.safety.asimulate(self.name, self.arguments, self.ctx)
 
 
 RUN = object()
@@ -99,17 +135,26 @@ def _node_of(config: Any) -> str | None:
 
 def _answered(content: Any, tool: BaseTool, tool_input: Any, kwargs: Mapping[str, Any]) -> Any:
     """The tool's output for an answered call, reported to the callbacks as if it had run (so
-    recorders see the result) without running it."""
+    recorders see the result) without running it: a simulator's ``Command`` or ``ToolMessage``
+    as it returned it; content blocks (a list) as the list, as the tool gave them."""
     tool_call_id = kwargs.get("tool_call_id")
-    out = content if tool_call_id is None else ToolMessage(
-        content=content if isinstance(content, str) else str(content), name=tool.name,
-        tool_call_id=tool_call_id)
+    if isinstance(content, (ToolMessage, Command)) or tool_call_id is None:
+        out = content
+    else:
+        out = ToolMessage(content=content if isinstance(content, (str, list)) else str(content),
+                          name=tool.name, tool_call_id=tool_call_id)
     manager = CallbackManager.configure(kwargs.get("callbacks"), tool.callbacks)
     run = manager.on_tool_start({"name": tool.name, "description": tool.description},
                                 str(tool_input), run_id=kwargs.get("run_id"),
                                 tool_call_id=tool_call_id)
     run.on_tool_end(out)
     return out
+
+
+def _simulated(out: Any) -> Any:
+    """A simulator's result as a tool's: a ``Command`` or ``ToolMessage`` as returned, the
+    rest as a tool message's content (a non-string as JSON)."""
+    return out if isinstance(out, (Command, ToolMessage)) else as_content(out)
 
 
 def install() -> None:
@@ -126,6 +171,8 @@ def install() -> None:
         if guard is not None:
             content = guard.answer(self, tool_input, kwargs.get("tool_call_id"),
                                    _node_of(kwargs.get("config")))
+            if isinstance(content, Simulated):
+                content = _simulated(content.finish())
             if content is not RUN:
                 return _answered(content, self, tool_input, kwargs)
         return run(self, tool_input, *args, **kwargs)
@@ -135,6 +182,8 @@ def install() -> None:
         if guard is not None:
             content = guard.answer(self, tool_input, kwargs.get("tool_call_id"),
                                    _node_of(kwargs.get("config")))
+            if isinstance(content, Simulated):
+                content = _simulated(await content.afinish())
             if content is not RUN:
                 return _answered(content, self, tool_input, kwargs)
         return await arun(self, tool_input, *args, **kwargs)
