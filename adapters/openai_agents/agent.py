@@ -20,7 +20,9 @@ or failing (refused connection, timeout, 429, 5xx) stops the attribution with
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -34,7 +36,7 @@ from agents.exceptions import (
 from agents.handoffs import Handoff
 from agents.models.interface import Model
 from agents.run import DEFAULT_MAX_TURNS
-from agents.tool import FunctionTool
+from agents.tool import FunctionTool, HostedMCPTool
 
 import car_core as car
 from car_core.contract import Noise, Origin, Plan, RunStatus, redact
@@ -48,6 +50,7 @@ from ..common.messages import (
     recorded_calls,
 )
 from ..common.sync import BranchLoop, run_on, run_sync
+from . import mcp_tools
 from ._context import ContextFactory, ContextRebuilder, replayable_writes
 from ._items import to_items
 from .app import agents_of, handoff_target, tool_names
@@ -79,14 +82,14 @@ def unsupported(agents: Mapping[str, Any], run_config: RunConfig) -> list[str]:
     out = []
     for name, a in agents.items():
         for t in a.tools or ():
-            if not isinstance(t, FunctionTool):
+            if isinstance(t, HostedMCPTool):
+                out.append(f"agent {name!r}: tool {t.name!r} is a HostedMCPTool (OpenAI's "
+                           "servers call it, so CAR can neither see nor guard its calls; "
+                           "connect the MCP server with mcp_servers=[...] instead)")
+            elif not isinstance(t, FunctionTool):
                 out.append(f"agent {name!r}: tool {getattr(t, 'name', '?')!r} is a "
                            f"{type(t).__name__} (only function tools can be served on a branch)")
-            elif t.needs_approval is not False:
-                out.append(f"agent {name!r}: tool {t.name!r} needs approval (human-in-the-loop "
-                           "interruptions cannot be replayed)")
-        if a.mcp_servers:
-            out.append(f"agent {name!r}: MCP servers (their tools are not recorded)")
+        out += mcp_tools.unsupported_servers(name, a)
         for h in a.handoffs or ():
             if isinstance(h, Handoff) and handoff_target(h) is None:
                 out.append(f"agent {name!r}: handoff {h.tool_name!r} keeps no reference to its "
@@ -145,7 +148,12 @@ class OpenAIAgentsAgent:
     arguments that matter: ``match_on``, see ``ToolSafety``), by ``simulators[name](arguments)``,
     or stop the branch with ``SideEffectBlocked``. A tool in neither list is refused
     (``UnclassifiedTools``) unless ``unclassified="live"`` (a sandbox; every result then says
-    so). Tools that need approval and MCP servers are refused whole (``unsupported``).
+    so). Tools from the agents' MCP servers are listed before any branch and classified by
+    their annotations (``readOnlyHint: true``: safe; anything else: a side effect), and tools
+    that need approval are side effects: a branch answers them from the record or a
+    simulator, so it never stops for approval (``mcp_tools``). The servers stay connected by
+    the user while CAR attributes (call the estimator with ``await asyncio.to_thread(...)``
+    from inside their ``async with`` block); hosted tools are refused (``unsupported``).
     ``max_turns`` is the one the app runs with; ``run_config`` supplies the model provider
     (for agents whose model is a name), guardrails and handoff filters.
     Each branch gets the run context the recorded step saw, rebuilt from the record; pass
@@ -180,11 +188,19 @@ class OpenAIAgentsAgent:
             raise AdapterError("this app uses features CAR cannot replay: " + "; ".join(refused),
                                hint="attribute an app without them (wrap hosted tools in "
                                     "function tools)")
-        known = sorted({n for names in tool_names(agent).values() for n in names})
-        self.safety = ToolSafety.of(
-            side_effect_tools, simulators, match_on, safe_tools=safe_tools,
-            unclassified=unclassified).classified(
-            known, agent=f"the app of agent {agent.name!r}", call="OpenAIAgentsAgent(agent")
+        self._rule = ToolSafety.of(side_effect_tools, simulators, match_on, safe_tools=safe_tools,
+                                   unclassified=unclassified)
+        self._listing: mcp_tools.Listing | None = None
+        self._mcp_loop: Any = None
+        self._lock = threading.Lock()
+        mcp_tools.note_loop(self.agents)
+        try:  # built on the servers' own loop, the listing waits until the loop is free
+            asyncio.get_running_loop()
+            on_a_loop = bool(mcp_tools.servers_of(self.agents))
+        except RuntimeError:
+            on_a_loop = False
+        if not on_a_loop:
+            self._ready()
         self.max_turns = max_turns
         self.contexts = ContextRebuilder(self.agents.values(), context_factory)
         self.policy_agents = self._policy_scope(policy_agents)
@@ -194,20 +210,64 @@ class OpenAIAgentsAgent:
         # loop together; an in-process model keeps the sequential one
         self.prefers_concurrency = waits_on_a_server(self.agents)
 
+    def _ready(self) -> mcp_tools.Listing:
+        """List the MCP servers' tools (once) and classify every tool (``self.safety``)."""
+        with self._lock:
+            if self._listing is not None:
+                return self._listing
+            listing, loop = mcp_tools.listed(self.agents)
+            static = [t for a in self.agents.values() for t in a.tools or ()]
+            known = sorted({n for names in self.tool_names(listing).values() for n in names})
+            safety = self._rule.classified(
+                known, mcp_tools.derived(static, listing),
+                agent=f"the app of agent {self.root.name!r}", call="OpenAIAgentsAgent(agent")
+            gated = sorted({t.name for t in [*static, *(t for ts in listing.values() for t in ts)]
+                            if isinstance(t, FunctionTool) and mcp_tools.needs_approval(t)
+                            and not safety.guards(t.name)})
+            if gated:
+                raise AdapterError(
+                    f"tools {gated} need approval but are named safe (or left to run live), so "
+                    "a branch that calls one would stop and wait for a person",
+                    hint="leave them out of safe_tools: a tool that needs approval is a side "
+                         "effect, answered on branches from the record or a simulator")
+            self._safety, self._mcp_loop, self._listing = safety, loop, listing
+            return listing
+
+    @property
+    def safety(self) -> ToolSafety:
+        """The rule for every tool of the app, classified (``ToolSafety.classified``)."""
+        self._ready()
+        return self._safety
+
+    def tool_names(self, listing: mcp_tools.Listing | None = None) -> dict[str, list[str]]:
+        """``agent name -> sorted tool names``, the MCP servers' tools included."""
+        if listing is None:
+            listing = self._ready()
+        return mcp_tools.merged(tool_names(self.root), listing)
+
     @property
     def caveats(self) -> tuple[str, ...]:
         """What every result must say: tools left unclassified that branches ran live."""
+        self._ready()
         return self.safety.caveats
 
     def fingerprint(self) -> dict[str, Any]:
-        """The app's agents, instructions, tools and handoffs
-        (``car_adapters.openai_agents.fingerprint``): a run recorded from another app is
-        refused before any branch runs."""
-        return app_fingerprint(self.root)
+        """The app's agents, instructions, tools (its MCP servers' included, with their
+        annotations) and handoffs (``car_adapters.openai_agents.fingerprint``): a run recorded
+        from another app, or before a server's tools changed, is refused before any branch
+        runs."""
+        return app_fingerprint(self.root, self._ready())
+
+    def preflight(self, run: car.Trajectory) -> None:
+        """Before any branch: the tools are listed and classified, and the run is one this
+        app can branch."""
+        self._ready()
+        self._check_run(run)
 
     # -- the car_core Agent protocol ----------------------------------------------------------
     def start(self, context: Any, noise: Noise) -> car.Trajectory:
         # a run from scratch is the user's own run, not a branch: its tools run for real
+        self._ready()
         session = BranchSession(Plan(start=0), noise, 0, ToolSafety(), {}, None, {})
         items = context if isinstance(context, list) else str(context)
         factory = self.contexts.factory
@@ -218,12 +278,14 @@ class OpenAIAgentsAgent:
 
     def branch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
         """``abranch``'s coroutine, finished from sync code (on the branch loop)."""
+        self._ready()
         return run_sync(lambda: self._branch(run, plan, noise), _BRANCH_LOOP)
 
     async def abranch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
         """The branch as a coroutine: many run at once on the branch loop, each on its own
         copy of the app with its own session, so the asyncio executor overlaps their waits
         on the model server."""
+        self._ready()
         return await run_on(lambda: self._branch(run, plan, noise), _BRANCH_LOOP)
 
     async def _branch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
@@ -250,7 +312,7 @@ class OpenAIAgentsAgent:
                                 writes=replayable_writes(run, self.safety))
         if system_edit is not None:  # step k decides from it; later steps from the app's own
             session.system_at[k] = system_edit
-        check_forced_tools(session, tool_names(self.root), run.id,
+        check_forced_tools(session, self.tool_names(), run.id,
                            why="the SDK writes it itself (a handoff)")
         _check_forced_steps_keep_the_context(run, session)
         live = await self._drive(items, active, session, self.max_turns - k,
@@ -260,6 +322,7 @@ class OpenAIAgentsAgent:
 
     def redecide(self, run: car.Trajectory, k: int, noise: Noise) -> Any:
         """Decide step ``k`` again from its recorded input (one model call, no tool call)."""
+        self._ready()
         self._check_run(run)
         plan = car.interventions.compile_plan(run, car.do_resample(k))
         session = BranchSession(plan, noise, k, self.safety, {}, run.id, {},
@@ -306,7 +369,7 @@ class OpenAIAgentsAgent:
                                f"{self.max_turns}", run_id=run.id,
                                hint="pass OpenAIAgentsAgent(..., max_turns=N) with the N your "
                                     "app runs with")
-        check_recorded_tools(run, tool_names(self.root))
+        check_recorded_tools(run, self.tool_names())
         self.contexts.check(run)
 
     def _state(self, run: car.Trajectory, k: int) -> tuple[list[Any], str, str | None]:
@@ -347,8 +410,12 @@ class OpenAIAgentsAgent:
                      ) -> car.Trajectory:
         """Run the app's copy from ``items`` under ``active``: the branch's one coroutine,
         whether ``branch``, ``abranch``, ``start`` or ``redecide`` asked for it."""
+        listing = self._ready()
+        served = {a: [mcp_tools.served_on(t, self._mcp_loop) for t in ts]
+                  for a, ts in listing.items()}
         clones = clone_app(self.agents, self._models(), session,
-                           keep_input_guardrails=keep_input_guardrails, used_tools=used_tools)
+                           keep_input_guardrails=keep_input_guardrails, used_tools=used_tools,
+                           mcp=served)
         collector = CarRecorder()
         config = dataclasses.replace(
             self.run_config, model=None, tracing_disabled=True,

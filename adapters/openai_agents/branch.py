@@ -37,6 +37,7 @@ from car_core.errors import (
 from ..common import branch as chat_branch
 from ..common.messages import ToolSafety, as_content, calls_of, canonical_arguments
 from ..common.state_change import Change, Conflict
+from . import mcp_tools
 from ._context import replay
 from ._items import action_of, output_of
 from .app import handoff_target
@@ -179,6 +180,8 @@ def _guarded(tool: FunctionTool, session: BranchSession) -> FunctionTool:
                 raise
         return await inner(ctx, arguments)
 
+    if session.safety.guards(name):  # answered without the tool, so no approval is asked for
+        return dataclasses.replace(tool, on_invoke_tool=invoke, needs_approval=False)
     return dataclasses.replace(tool, on_invoke_tool=invoke)
 
 
@@ -203,20 +206,26 @@ async def _answered(s: BranchSession, name: str, ctx: Any, arguments: str, k: in
 
 
 def clone_app(agents: Mapping[str, Any], models: Mapping[str, Model], session: BranchSession,
-              *, keep_input_guardrails: bool = True, used_tools: frozenset[str] = frozenset()
-              ) -> dict[str, Any]:
+              *, keep_input_guardrails: bool = True, used_tools: frozenset[str] = frozenset(),
+              mcp: Mapping[str, list[FunctionTool]] | None = None) -> dict[str, Any]:
     """Copies of the app's agents for one branch: branch models, guarded tools, handoffs that
     lead to the copies (a ``do_context`` edit of the system message is given to its step's
     call alone: ``BranchSession.system_at``). ``used_tools``: the agents that called
     tools in the held prefix; the SDK resets their ``tool_choice`` after a tool call
     (``reset_tool_choice``), state a fresh ``Runner.run`` does not have, so the copies start
-    reset."""
+    reset. ``mcp``: each agent's tools from its MCP servers, listed before the branch
+    (``mcp_tools``); the copies carry them as function tools (first, in the SDK's order) in
+    place of the servers."""
     clones: dict[str, Any] = {}
     for name, a in agents.items():
         kw: dict[str, Any] = {
             "model": CarBranchModel(models[name], session, name),
-            "tools": [_guarded(t, session) if isinstance(t, FunctionTool) else t
-                      for t in a.tools or ()]}
+            "tools": [*(mcp_tools.structured(_guarded(t, session))
+                        for t in (mcp or {}).get(name, ())),
+                      *(_guarded(t, session) if isinstance(t, FunctionTool) else t
+                        for t in a.tools or ())]}
+        if a.mcp_servers:  # their tools are among the copy's, listed before the branch
+            kw["mcp_servers"] = []
         if not keep_input_guardrails:
             kw["input_guardrails"] = []
         if name in used_tools and a.reset_tool_choice and a.model_settings.tool_choice:

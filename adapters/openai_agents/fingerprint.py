@@ -1,12 +1,14 @@
 """The fingerprint of an OpenAI Agents SDK app (see ``common.fingerprint``): every agent
 reachable from the starting one through handoffs, by its name, instructions (text, or the code
 of an instructions function), handoff description, tools (name, description, parameter
-schema), handoff targets, output type and tool-use behaviour; never its model or model
-settings (a branch serves the model through CAR). ``OpenAIAgentsAgent.fingerprint()`` and
-``CarRecorder`` stamp this value."""
+schema), handoff targets, output type and tool-use behaviour, and, for an agent with MCP
+servers, the tools they listed (with their annotations: what CAR classifies them by); never
+its model or model settings (a branch serves the model through CAR).
+``OpenAIAgentsAgent.fingerprint()`` and ``CarRecorder`` stamp this value."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from car_core.contract import fingerprint_digest
@@ -23,9 +25,17 @@ def _text(value: Any) -> Any:
     return type(value).__qualname__
 
 
-def _agent(a: Any) -> dict[str, Any]:
+def _mcp_print(t: Any) -> dict[str, Any]:
+    notes = getattr(t, "_mcp_annotations", None)
+    dump = getattr(notes, "model_dump", None)
+    return {**tool_print(t.name, t.description, t.params_json_schema),
+            "mcp_annotations": dump(mode="json", exclude_none=True) if callable(dump) else None}
+
+
+def _agent(a: Any, mcp: Sequence[Any] = ()) -> dict[str, Any]:
     tools = [tool_print(getattr(t, "name", type(t).__name__), getattr(t, "description", ""),
                         getattr(t, "params_json_schema", None)) for t in a.tools or ()]
+    tools += [_mcp_print(t) for t in mcp]
     handoffs = []
     for h in a.handoffs or ():
         target = handoff_target(h)
@@ -40,12 +50,15 @@ def _agent(a: Any) -> dict[str, Any]:
             else sorted(map(str, behaviour.get("stop_at_tool_names", ())))}
 
 
-def app_fingerprint(root: Any) -> dict[str, Any]:
-    """The JSON value ``OpenAIAgentsAgent(root).fingerprint()`` returns."""
+def app_fingerprint(root: Any, mcp: Mapping[str, Sequence[Any]] | None = None
+                    ) -> dict[str, Any]:
+    """The JSON value ``OpenAIAgentsAgent(root).fingerprint()`` returns; ``mcp``: each agent's
+    tools from its MCP servers (``mcp_tools.list_tools``)."""
     return {"framework": "openai-agents", "root": root.name,
-            "agents": {name: _agent(a) for name, a in sorted(agents_of(root).items())}}
+            "agents": {name: _agent(a, (mcp or {}).get(name, ()))
+                       for name, a in sorted(agents_of(root).items())}}
 
 
-def app_digest(root: Any) -> str:
+def app_digest(root: Any, mcp: Mapping[str, Sequence[Any]] | None = None) -> str:
     """The ``meta["agent_fingerprint"]`` of a run recorded starting from ``root``."""
-    return fingerprint_digest(app_fingerprint(root))
+    return fingerprint_digest(app_fingerprint(root, mcp))

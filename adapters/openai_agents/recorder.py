@@ -10,14 +10,18 @@ snapshotted as the step's model call starts (``meta["run_context"]``, see ``_con
 branch from that step starts from it as it was. Runs are told apart by their usage
 object, so one recorder can watch concurrent runs. A run that ends without a final output
 (an exception, a guardrail tripwire, ``max_turns``) is closed when ``run`` / ``runs`` is read,
-with status ``"error"``. The SDK runs output guardrails after its ``on_agent_end`` hook, so a
+with status ``"error"``; a run the SDK stopped for a tool call's approval and the user resumed
+(``Runner.run(agent, result.to_state())``) is recorded as one run, if the recorder is not read
+in between. The SDK runs output guardrails after its ``on_agent_end`` hook, so a
 run stopped by an output guardrail's tripwire is recorded as complete (with the output the
 guardrail refused); on branches ``OpenAIAgentsAgent`` sees the exception and marks it. Each run
 carries the app's fingerprint (``car_adapters.openai_agents.fingerprint``), taken from the
-agent it started with, so attributing it with another app is refused. With ``outcome=``
-(``outcome(run)`` or ``outcome(run, rng)``, as for ``car.record``) each run is scored as it
-closes, so ``car runs`` shows which runs failed; a judge that raises leaves the run unscored
-(the error is kept in ``outcome_errors``) and never breaks the user's run.
+agent it started with, so attributing it with another app is refused; for an app with MCP
+servers the recorder lists their tools once as the run starts (one ``list_tools`` per server:
+the fingerprint covers them) and notes the loop they live on, where branches will call them.
+With ``outcome=`` (``outcome(run)`` or ``outcome(run, rng)``, as for ``car.record``) each
+run is scored as it closes, so ``car runs`` shows which runs failed; a judge that raises leaves
+the run unscored (the error is kept in ``outcome_errors``) and never breaks the user's run.
 """
 
 from __future__ import annotations
@@ -38,9 +42,10 @@ from car_core.errors import AdapterError, OutcomeError, StoreError
 
 from ..common.messages import calls_of, tool_result
 from ..common.run_keeping import score_run, store_run
+from . import mcp_tools
 from ._context import snapshot
 from ._items import action_of, to_dicts
-from .app import tool_names
+from .app import agents_of, tool_names
 from .fingerprint import app_digest
 
 UNFINISHED = "the run stopped before a final output (an exception, a guardrail or max_turns)"
@@ -80,13 +85,14 @@ class _RunBuf:
     open: dict[str, Any] | None = None
     tool_results: dict[str, Any] = field(default_factory=dict)
     fingerprint: str | None = None
+    mcp: dict[str, list[str]] = field(default_factory=dict)  # agent -> its MCP tools' names
 
 
-def _fingerprint(root: Any) -> str | None:
+def _fingerprint(root: Any, listing: mcp_tools.Listing | None = None) -> str | None:
     """The app's fingerprint, or None (unchecked) for an app CAR cannot read: two agents
     under one name, which ``OpenAIAgentsAgent`` refuses anyway; the user's run goes on."""
     try:
-        return app_digest(root)
+        return app_digest(root, listing)
     except AdapterError:
         return None
 
@@ -125,12 +131,47 @@ class CarRecorder(RunHooks[Any]):
         key = id(context.usage)
         with self._lock:
             if key not in self._bufs:
-                self._bufs[key] = _RunBuf(root=agent, usage=context.usage,
-                                          fingerprint=_fingerprint(agent))
+                resumed = self._interrupted(context)
+                if resumed is not None:  # the same run, resumed after its approvals
+                    buf = self._bufs.pop(resumed)
+                    buf.usage = context.usage
+                    self._bufs[key] = buf
+                else:
+                    self._bufs[key] = _RunBuf(root=agent, usage=context.usage,
+                                              fingerprint=_fingerprint(agent))
             return self._bufs[key]
+
+    def _interrupted(self, context: Any) -> int | None:
+        """The open run that ``context`` resumes: the SDK stops a run at a tool call that needs
+        approval and ``Runner.run(agent, result.to_state())`` goes on with a copy of its
+        context (another usage object) that holds the decision on that call; the open run whose
+        last step made the call, still unanswered, is the one resumed."""
+        approved = getattr(context, "is_tool_approved", None)
+        if not callable(approved):
+            return None
+        for key, buf in self._bufs.items():
+            if not buf.steps:
+                continue
+            for cid, name, _ in calls_of(buf.steps[-1]["action"]):
+                if cid not in buf.tool_results and approved(name, cid) is not None:
+                    return key
+        return None
 
     async def on_agent_start(self, context: Any, agent: Any) -> None:
         redact.register_from(agent)  # its model client's key is never recorded
+        with self._lock:
+            new = id(context.usage) not in self._bufs
+        if new:
+            try:
+                agents = agents_of(agent)
+            except AdapterError:  # two agents under one name: refused when attributed
+                agents = {}
+            if mcp_tools.servers_of(agents):
+                mcp_tools.note_loop(agents)
+                listing = await mcp_tools.list_tools(agents, context)
+                buf = self._buf(context, agent)
+                buf.fingerprint = _fingerprint(agent, listing)
+                buf.mcp = mcp_tools.names(listing)
         self._buf(context, agent)
 
     async def on_llm_start(self, context: Any, agent: Any, system_prompt: str | None,
@@ -205,7 +246,9 @@ class CarRecorder(RunHooks[Any]):
             status=RunStatus.ERROR if err is not None else RunStatus.COMPLETE,
             error=(err if isinstance(err, str) else repr(err)) if err is not None else None,
             meta={"framework": "openai-agents", "root_agent": buf.root.name,
-                  "tools": tool_names(buf.root), "agent_fingerprint": buf.fingerprint})
+                  "tools": {a: sorted([*ts, *buf.mcp.get(a, ())])
+                            for a, ts in tool_names(buf.root).items()},
+                  "agent_fingerprint": buf.fingerprint})
         run = score_run(run, self.outcome, self.outcome_errors)
         self._runs.append(run)
         store_run(run, self.store, self.store_errors)

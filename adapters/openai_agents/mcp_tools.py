@@ -1,0 +1,206 @@
+"""The tools an OpenAI Agents SDK app gets from its MCP servers (``Agent(mcp_servers=[...])``),
+listed once before any branch, classified, and served to branches.
+
+The user connects the servers, as the SDK shows (``async with MCPServerStdio(...) as server``),
+and keeps them connected while CAR attributes. A server's client session lives on the event
+loop that connected it, so every call CAR makes to a server (the listing, a safe tool's live
+call on a branch) is sent to that loop: the loop the ``CarRecorder`` saw the server used on,
+or the one running where ``OpenAIAgentsAgent`` was built. That loop must keep running while
+the estimator works, so from inside the ``async with`` block the estimator runs off it:
+``await asyncio.to_thread(car.contrastive, run, agent, ...)``; a call that would block it is
+refused (it would wait forever).
+
+The listing is the SDK's own (``Agent.get_mcp_tools``: the function tools it would give the
+model, names prefixed and schemas converted as the agent's ``mcp_config`` says), taken with a
+context of None. Each tool is classified from its server's annotations (``readOnlyHint: true``
+is safe; anything else, none included, a side effect, as the MCP specification defaults) and,
+whatever its annotations, a tool that needs approval (the server's ``require_approval``, a
+function tool's ``needs_approval``) is a side effect; the user's lists win. Branches run the
+listed tools in place of the servers: the same ``FunctionTool`` objects, guarded as every
+function tool is, with their calls sent to the server's loop. The listing is part of the app's
+fingerprint, so a server whose tools changed since the run was recorded is refused before any
+branch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from agents import RunContextWrapper
+from agents.tool import FunctionTool
+
+from car_core.errors import AdapterError
+
+from ..common.messages import SIDE_EFFECT, Classified, mcp_classified
+
+LIST_TIMEOUT_S = 60.0  # a listing that takes longer: the server's loop is not running
+
+# server -> the event loop its session was used on (noted by the recorder and the wrapper)
+_LOOPS: weakref.WeakKeyDictionary[Any, asyncio.AbstractEventLoop] = weakref.WeakKeyDictionary()
+
+Listing = dict[str, list[FunctionTool]]  # agent name -> the function tools its servers give
+
+
+def servers_of(agents: Mapping[str, Any]) -> list[Any]:
+    return [s for a in agents.values() for s in a.mcp_servers or ()]
+
+
+def note_loop(agents: Mapping[str, Any], loop: asyncio.AbstractEventLoop | None = None) -> None:
+    """Remember the running loop (or ``loop``) as the one the app's servers live on."""
+    if loop is None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+    for server in servers_of(agents):
+        _LOOPS[server] = loop
+
+
+def unsupported_servers(name: str, agent: Any) -> list[str]:
+    """The MCP server features a branch cannot serve faithfully, by name."""
+    out = []
+    for server in agent.mcp_servers or ():
+        if callable(getattr(server, "tool_filter", None)):
+            out.append(f"agent {name!r}: MCP server {server.name!r} filters its tools with a "
+                       "function (CAR lists them once, with no run context, so a filter that "
+                       "reads the run would give branches other tools than the run had)")
+    return out
+
+
+async def list_tools(agents: Mapping[str, Any], context: Any = None) -> Listing:
+    """The SDK's function tools for each agent with MCP servers (run on the servers' loop)."""
+    wrapper = context if isinstance(context, RunContextWrapper) \
+        else RunContextWrapper(context=None)
+    out: Listing = {}
+    for name, a in agents.items():
+        if a.mcp_servers:
+            out[name] = [t for t in await a.get_mcp_tools(wrapper) if isinstance(t, FunctionTool)]
+    return out
+
+
+def _loop_of(agents: Mapping[str, Any]) -> asyncio.AbstractEventLoop:
+    loops = {id(lp): lp for s in servers_of(agents) if (lp := _LOOPS.get(s)) is not None}
+    names = [s.name for s in servers_of(agents)]
+    if not loops:
+        raise AdapterError(
+            f"CAR does not know the event loop MCP servers {names} are connected on",
+            hint="connect them as the SDK shows (async with MCPServerStdio(...) as server:), "
+                 "build OpenAIAgentsAgent inside that block, and run the estimator from there "
+                 "with await asyncio.to_thread(car.contrastive, run, agent, ...)")
+    if len(loops) > 1:
+        raise AdapterError(f"MCP servers {names} are connected on different event loops",
+                           hint="connect every server of the app in one async block")
+    loop = next(iter(loops.values()))
+    if loop.is_closed() or not loop.is_running():
+        raise AdapterError(f"the event loop MCP servers {names} were connected on has stopped",
+                           hint="keep the servers connected (inside their async with block) "
+                                "while CAR attributes the run")
+    return loop
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> None:
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    if running is loop:
+        raise AdapterError(
+            "the estimator was called on the event loop the app's MCP servers are connected "
+            "on, so it would block the very loop their sessions need: every call to a server "
+            "would wait forever",
+            hint="run it off that loop: await asyncio.to_thread(car.contrastive, run, agent, "
+                 "...)")
+
+
+def listed(agents: Mapping[str, Any]) -> tuple[Listing, asyncio.AbstractEventLoop | None]:
+    """The listing of the app's MCP servers, taken on their loop, and that loop (None, with an
+    empty listing, for an app with no MCP server)."""
+    if not servers_of(agents):
+        return {}, None
+    loop = _loop_of(agents)
+    _on_loop(loop)
+    future = asyncio.run_coroutine_threadsafe(list_tools(agents), loop)
+    try:
+        return future.result(timeout=LIST_TIMEOUT_S), loop
+    except TimeoutError as exc:
+        future.cancel()
+        raise AdapterError(f"listing the MCP servers' tools took over {LIST_TIMEOUT_S:.0f} s",
+                           hint="keep the servers connected and their loop running (call the "
+                                "estimator with await asyncio.to_thread(...))") from exc
+    except AdapterError:
+        raise
+    except Exception as exc:  # the server's own failure (not connected, crashed)
+        raise AdapterError(f"listing the app's MCP servers' tools raised {exc!r}",
+                           hint="connect the servers (async with MCPServerStdio(...) as "
+                                "server:) and keep them connected while CAR attributes") from exc
+
+
+def needs_approval(tool: Any) -> bool:
+    return getattr(tool, "needs_approval", False) is not False
+
+
+def derived(static: Iterable[Any], listing: Listing) -> dict[str, list[Classified]]:
+    """What the SDK says of each tool: MCP annotations, approval gates (``Classified``)."""
+    out: dict[str, list[Classified]] = {}
+    mcp = [t for tools in listing.values() for t in tools]
+    for t in mcp:
+        out.setdefault(t.name, []).append(mcp_classified(getattr(t, "_mcp_annotations", None)))
+    for t in [*static, *mcp]:
+        if isinstance(t, FunctionTool) and needs_approval(t):
+            out.setdefault(t.name, []).append(Classified(
+                SIDE_EFFECT, "it needs human approval (needs_approval / require_approval)"))
+    return out
+
+
+def served_on(tool: FunctionTool, loop: asyncio.AbstractEventLoop) -> FunctionTool:
+    """A copy of an MCP function tool whose calls run on its server's loop (a branch runs on
+    CAR's own loop, where the server's session cannot be used)."""
+    inner = tool.on_invoke_tool
+
+    async def invoke(ctx: Any, arguments: str) -> Any:
+        return await asyncio.wrap_future(
+            asyncio.run_coroutine_threadsafe(inner(ctx, arguments), loop))
+
+    return dataclasses.replace(tool, on_invoke_tool=invoke)
+
+
+def names(listing: Listing) -> dict[str, list[str]]:
+    return {agent: [t.name for t in tools] for agent, tools in listing.items()}
+
+
+def merged(static: Mapping[str, list[str]], listing: Listing) -> dict[str, list[str]]:
+    """``agent -> sorted tool names``, the MCP tools included."""
+    extra = names(listing)
+    return {a: sorted([*tools, *extra.get(a, ())]) for a, tools in static.items()}
+
+
+_BLOCKS = {"input_text", "input_image", "input_file"}
+
+
+def structured(tool: FunctionTool) -> FunctionTool:
+    """A copy of a (guarded) MCP tool whose results served from the record come back as the
+    content blocks the tool gave (the SDK sends an MCP result to the model as a list of
+    ``input_text`` / ``input_image`` blocks, and the record keeps that list as JSON text), so
+    a branch's model sees what the recorded one saw."""
+    inner = tool.on_invoke_tool
+
+    async def invoke(ctx: Any, arguments: str) -> Any:
+        out = await inner(ctx, arguments)
+        if isinstance(out, str) and out.startswith("["):
+            try:
+                value = json.loads(out)
+            except ValueError:
+                return out
+            if value and isinstance(value, list) and all(
+                    isinstance(b, dict) and b.get("type") in _BLOCKS for b in value):
+                # as the tool's own output types (text, image, file): the SDK turns them into
+                # the same blocks again
+                return [{**b, "type": str(b["type"]).removeprefix("input_")} for b in value]
+        return out
+
+    return dataclasses.replace(tool, on_invoke_tool=invoke)
