@@ -218,8 +218,9 @@ class SideEffectLedger:
     ``ledger.note(name, arguments)`` from inside the tool), give the agent
     ``side_effect_tools=ledger.names`` (and its other tools as ``safe_tools``: an adapter
     refuses a tool left unclassified) and pass ``side_effects=ledger`` to
-    ``run_conformance``: every check then asserts that no branch ran one for real. ``calls`` lists ``(name, arguments)`` of every real call; it is safe to
-    use from branches that run in several threads at once.
+    ``run_conformance``: every check then asserts that no branch ran one for real.
+    ``calls`` lists ``(name, arguments)`` of every real call; it is safe to use from branches
+    that run in several threads at once.
     """
 
     def __init__(self, names: Iterable[str]) -> None:
