@@ -9,10 +9,10 @@ or a simulator, and the tool's own code never runs; an unanswerable call raises
 ``SideEffectBlocked``. Forced observations (``do_observation``) are served the same way, by tool
 call id. A simulator may return what a tool may: a ``Command(update=...)`` (a state update, with
 the ``ToolMessage`` answering the call among its messages) or a ``ToolMessage`` goes to the graph
-as returned; one that takes ``ctx`` is handed a dict of the values LangGraph injected into the tool's call
-(``InjectedState``, ``InjectedStore``, ``ToolRuntime``, by argument name) and the call's
-``tool_call_id`` (for the ``ToolMessage`` of a ``Command``); an async one is awaited. A recorded result that was a list of content blocks (an MCP tool's) is handed
-back as that list.
+as returned; one that takes ``ctx`` is handed a dict of the values LangGraph injected into the
+tool's call (``InjectedState``, ``InjectedStore``, ``ToolRuntime``, by argument name) and the
+call's ``tool_call_id`` (for the ``ToolMessage`` of a ``Command``); an async one is awaited. A
+recorded result that was a list of content blocks (an MCP tool's) is handed back as that list.
 """
 
 from __future__ import annotations
