@@ -168,10 +168,14 @@ class CarRecorder(RunHooks[Any]):
                 agents = {}
             if mcp_tools.servers_of(agents):
                 mcp_tools.note_loop(agents)
-                listing = await mcp_tools.list_tools(agents, context)
                 buf = self._buf(context, agent)
-                buf.fingerprint = _fingerprint(agent, listing)
-                buf.mcp = mcp_tools.names(listing)
+                try:
+                    listing = await mcp_tools.list_tools(agents, context)
+                except Exception:  # the user's run goes on (and fails there, if it must);
+                    buf.fingerprint = None  # unchecked: the run's tools are not all known
+                else:
+                    buf.fingerprint = _fingerprint(agent, listing)
+                    buf.mcp = mcp_tools.names(listing)
         self._buf(context, agent)
 
     async def on_llm_start(self, context: Any, agent: Any, system_prompt: str | None,
