@@ -43,13 +43,21 @@ def _without_ids(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _executor_id(executor: Any) -> str:
+    """A test id that is the same in every process (pytest-xdist workers compare them): a
+    name as it is, an object by its class and concurrency, never its address."""
+    if executor is None or isinstance(executor, str):
+        return repr(executor)
+    return f"{type(executor).__name__}({getattr(executor, 'concurrency', '')})"
+
+
 @pytest.fixture(scope="module")
 def pivot() -> tuple[syn.SyntheticSCM, car.Trajectory]:
     model = syn.pivot(n_steps=4, at=2, p_bad=0.3)
     return model, model.failing_run(seed=0)
 
 
-@pytest.mark.parametrize("executor", EXECUTORS[1:], ids=repr)
+@pytest.mark.parametrize("executor", EXECUTORS[1:], ids=_executor_id)
 def test_contrastive_gives_the_same_result_on_every_executor(pivot, executor) -> None:
     model, run = pivot
     kw: dict[str, Any] = {"outcome": model.outcome, "rollouts": 16, "seed": 3, "progress": False}
@@ -59,7 +67,7 @@ def test_contrastive_gives_the_same_result_on_every_executor(pivot, executor) ->
     assert _without_ids(other.to_dict()) == _without_ids(base.to_dict())
 
 
-@pytest.mark.parametrize("executor", EXECUTORS[1:], ids=repr)
+@pytest.mark.parametrize("executor", EXECUTORS[1:], ids=_executor_id)
 def test_intervene_shapley_and_context_give_the_same_result_on_every_executor(
         pivot, executor) -> None:
     model, run = pivot
