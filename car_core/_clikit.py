@@ -360,33 +360,41 @@ def make_progress(mode: bool | None, label: str, planned: int | None, budget: in
 
 
 # -- tables ----------------------------------------------------------------------------------------
+# what a step did, on one line: the whole action is in `car show`
+_ACTION_CELL: dict[str, Any] = {"no_wrap": True, "overflow": "ellipsis", "max_width": 28}
+
+
 def attribution_table(r: Result) -> Table:
-    """The result of ``car attribute`` as a rich table: the columns, numbers and marks of the
-    plain-text result (``car_core.formatting``)."""
+    """The result of ``car attribute`` as a rich table: what each step did and what re-deciding
+    it changed (``car_core.formatting.PLAIN_COLUMNS``); the sample sizes are in ``--explain``."""
+    actions = r.actions
     if isinstance(r, ShapleyResult):
-        t = Table(title=f"Shapley values ({fmt.method(r)})", title_justify="left")
-        for col in fmt.SHAPLEY_COLUMNS:
-            t.add_column(col, justify="right" if col in (fmt.PHI, fmt.PAIRS) else "left")
+        t = Table(title="Each step's share of the failure", title_justify="left")
+        for col in fmt.PLAIN_SHAPLEY_COLUMNS:
+            t.add_column(col, justify="right" if col == fmt.PHI else "left",
+                         **_ACTION_CELL if col == fmt.ACTION else {})
         for v in r.values:
-            t.add_row(Text(safe(str(v.label or f"step {v.step}"))),
-                      fmt.effect(v.estimate), fmt.effect_interval(v.ci), str(v.n))
+            did = (actions[v.step] if v.step is not None and 0 <= v.step < len(actions)
+                   else fmt.MISSING)
+            t.add_row(Text(safe(str(v.label or f"step {v.step}"))), Text(safe(did)),
+                      fmt.effect(v.estimate), fmt.effect_interval(v.ci))
         return t
-    t = Table(title=f"Rescue per step ({fmt.method(r)})", title_justify="left")
-    for col in (*fmt.STEP_COLUMNS[:-1], ""):
-        t.add_column(col, justify="right" if col not in (fmt.INTERVAL, "") else "left")
+    t = Table(title="What re-deciding each step changed", title_justify="left")
+    for col in fmt.PLAIN_COLUMNS:
+        t.add_column(col, justify="left" if col in (fmt.ACTION, fmt.INTERVAL, "") else "right",
+                     **_ACTION_CELL if col == fmt.ACTION else {"no_wrap": True})
     for s in r.steps:
         row = fmt.step_row(r, s)
-        t.add_row(*row.cells(), style="bold red" if row.is_locus else None)
+        cells = fmt.plain_cells(r, row)
+        t.add_row(cells[0], Text(safe(cells[1])), *cells[2:],
+                  style="bold red" if row.is_locus else None)
     return t
 
 
 def verdict(r: Result, who: str | None = None) -> str:
-    """One sentence that says which answer this is (``car_core.formatting.headline``), then
-    why the rescue's sample differs from the test's when it was re-estimated."""
-    line = safe(fmt.headline(r, who))
-    line = line[:1].upper() + line[1:]
-    note = fmt.sample_note(r) if not isinstance(r, ShapleyResult) else None
-    return line + (f"\n{safe(note)}" if note else "")
+    """The answer in one plain sentence (``car_core.formatting.answer``): which step, what it
+    did, how much re-deciding it helps; the method is in ``explain``."""
+    return safe(fmt.answer(r, who))
 
 
 def answer_cell(r: Result | None) -> str:

@@ -396,6 +396,9 @@ def attribute(
             "--what", help="Then look inside the locus: which message, tool result or document "
                            "it decided from caused the failure (`car what` at the locus, "
                            f"{defaults.CONTEXT_ROLLOUTS} rollouts more).")] = False,
+        explain: Annotated[bool, typer.Option(
+            "--explain", help="Also print how the answer was measured: the test, its level, "
+                              "the sample sizes, the pairing, every arm.")] = False,
         store: StoreOpt = "car.db", json_out: JsonOpt = False,
         progress: ProgressOpt = None) -> None:
     """Find the step that caused the failure (contrastive) or split the blame (shapley).
@@ -460,7 +463,7 @@ def attribute(
         if bar:
             bar.close()
     if not json_out:
-        _print_result(result, time.monotonic() - started, store, run)
+        _print_result(result, time.monotonic() - started, store, run, explain)
     inside = None
     if (inside_locus and isinstance(result, ContrastiveResult) and result.locus is not None
             and isinstance(settings, ContrastiveSettings)):
@@ -468,7 +471,9 @@ def attribute(
                                       alpha=settings.alpha, seed=settings.seed,
                                       force_agent=force_agent)
     if json_out:
-        _print_json({**result.to_dict(), **({"what": inside.to_dict()} if inside else {})})
+        _print_json({**result.to_dict(), "summary": kit.verdict(result, _decider(result, run)),
+                     **({"explain": result.explain(_decider(result, run))} if explain else {}),
+                     **({"what": inside.to_dict()} if inside else {})})
     elif inside is not None:
         out.print(Text(kit.safe(str(inside))))
     undecided = isinstance(result, ContrastiveResult) and result.answer == Answer.UNDECIDED
@@ -617,21 +622,15 @@ def _decider(r: Result, run: Any) -> str | None:
     return agent_of(run, step) if step is not None else None
 
 
-def _print_result(r: Result, seconds: float, store: str, run: Any = None) -> None:
+def _print_result(r: Result, seconds: float, store: str, run: Any = None,
+                  explain: bool = False) -> None:
+    """The answer first (one plain sentence), then each step's row, then what it cost; the
+    method, its level, the sample sizes and the coupling with ``explain``."""
+    who = _decider(r, run) if run is not None else None
+    out.print(Text(kit.verdict(r, who), style="bold"))
     out.print(kit.attribution_table(r))
-    out.print(Text(kit.verdict(r, _decider(r, run) if run is not None else None), style="bold"))
-    measured = getattr(r, "coupling_measured", None)
-    shared = "coupled" if r.coupled else "independent"
-    contrastive = hasattr(r, "coupling_measured")
-    if measured is not None:  # contrastive: what the rollouts showed, not what was handed
-        shared = f"{'coupled' if r.coupled else 'not shown coupled'} (measured {measured:.2f})"
-    elif contrastive:
-        shared = "coupling not measured"
     out.print(Text(f"{r.rollouts_used} rollouts in {seconds:.1f}s · seed {r.seed} · "
-                   f"branches {shared} · attribution {r.attribution_id}"))
-    handed = "does not come" not in str(r.coupling) and "not requested" not in str(r.coupling)
-    if not r.coupled and r.coupling and not (contrastive and handed):
-        out.print(Text(f"branches independent: {kit.safe(str(r.coupling))}", style="dim"))
+                   f"attribution {r.attribution_id}"))
     if r.truncated:
         out.print(Text(f"truncated: {r.budget_note or 'budget reached'}", style="yellow"))
     if r.failures:
@@ -641,6 +640,11 @@ def _print_result(r: Result, seconds: float, store: str, run: Any = None) -> Non
                                 f": {first.get('error')})"), style="yellow"))
     for caveat in r.caveats:  # what the agent said every result must show
         out.print(Text(kit.safe(f"caveat: {caveat}"), style="yellow"))
+    if explain:
+        out.print(Text(kit.safe(r.explain(who))))
+    else:
+        out.print(Text("how this was measured (test, level, sample sizes, pairing): add "
+                       "--explain, or see the report", style="dim"))
     out.print(Text(kit.safe(f"report: car report {shlex.quote(str(r.run_id))} --store "
                             f"{shlex.quote(store)} --out report.html"), style="dim"))
 

@@ -34,6 +34,11 @@ STEP, RESCUE, INTERVAL, HELD, REDRAWN, PAIRS, TESTED = (
 STEP_COLUMNS = (STEP, RESCUE, INTERVAL, HELD, REDRAWN, PAIRS, TESTED)
 PLAYER, PHI = "player", "phi"
 SHAPLEY_COLUMNS = (PLAYER, PHI, INTERVAL, PAIRS)
+ACTION = "what it did"
+# the default view: what each step did and what re-deciding it changed; the sample sizes are
+# in ``explain``
+PLAIN_COLUMNS = (STEP, ACTION, RESCUE, INTERVAL, HELD, REDRAWN, "")
+PLAIN_SHAPLEY_COLUMNS = (PLAYER, ACTION, PHI, INTERVAL)
 LOCUS_MARK = "<- locus"
 NOT_TESTED, SIGNIFICANT, NOT_SIGNIFICANT = "not tested", "significant", "not significant"
 
@@ -164,10 +169,19 @@ def step_row(r: Any, s: Any, *, missing: str = MISSING) -> StepRow:
     is_locus = s.step == r.locus
     tested = ((SIGNIFICANT if s.significant else NOT_SIGNIFICANT) if s.tested
               else NOT_TESTED)
+    mark = (LOCUS_MARK if is_locus else tested if s.tested
+            else untested_mark(r, int(s.step)))
     return StepRow(str(s.step), effect(s.effect, missing=missing),
                    effect_interval(s.ci, missing=missing), prob(held, missing=missing),
-                   prob(redrawn, missing=missing), str(n), tested,
-                   LOCUS_MARK if is_locus else tested, is_locus)
+                   prob(redrawn, missing=missing), str(n), tested, mark, is_locus)
+
+
+def plain_cells(r: Any, row: StepRow) -> list[str]:
+    """The cells of ``row`` in the default view (``PLAIN_COLUMNS``)."""
+    actions = tuple(_get(r, "actions", ()) or ())
+    k = int(row.step)
+    did = actions[k] if 0 <= k < len(actions) else MISSING
+    return [row.step, did, row.rescue, row.interval, row.held, row.redrawn, row.mark]
 
 
 def sample_note(r: Any) -> str | None:
@@ -277,3 +291,270 @@ def headline(r: Any, who: str | None = None) -> str:
     return (f"locus: {locus_name(r, who)}, rescue "
             f"{effect(s.effect if s else None)} {effect_interval(s.ci if s else None)} at "
             f"{level(r.level)} ({method(r)})")
+
+
+# -- plain words: the answer before the method ---------------------------------------------------
+ACTION_CHARS = 60  # how much of a recorded action the answer quotes
+
+
+def _clip(text: str, limit: int = ACTION_CHARS) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
+def _json(value: Any) -> str:
+    import json
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _call(name: Any, args: Any) -> str:
+    """``refund(order="A7", amount=120)`` from a tool name and its arguments (a dict or the
+    JSON string chat APIs send)."""
+    if isinstance(args, str):
+        import json
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return _clip(f"called {name}({args})")
+    if isinstance(args, Mapping):
+        inner = ", ".join(f"{k}={_json(v)}" for k, v in args.items())
+    elif args is None:
+        inner = ""
+    else:
+        inner = _json(args)
+    return _clip(f"called {name}({inner})")
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):  # content blocks: the text ones, in order
+        return " ".join(str(b.get("text", "")) if isinstance(b, Mapping) else str(b)
+                        for b in content)
+    return ""
+
+
+def action_summary(action: Any) -> str:
+    """What a recorded action did, in a few words: ``called refund(order="A7")`` for a tool
+    call (the first, with how many more), ``replied "Sure, I can…"`` for a reply, else
+    ``chose {...}`` with the action's JSON, shortened."""
+    if isinstance(action, Mapping):
+        calls = action.get("tool_calls")
+        if isinstance(calls, Sequence) and not isinstance(calls, str) and calls:
+            first = calls[0] if isinstance(calls[0], Mapping) else {}
+            fn = first.get("function") if isinstance(first.get("function"), Mapping) else first
+            said = _call(fn.get("name", "?"), fn.get("arguments", fn.get("args")))
+            return said + (f" and {len(calls) - 1} more call(s)" if len(calls) > 1 else "")
+        if action.get("name") and any(k in action for k in ("arguments", "args", "input")):
+            args = next(action[k] for k in ("arguments", "args", "input") if k in action)
+            return _call(action["name"], args)
+        said = _text(action.get("content")).strip()
+        if said:
+            return f'replied "{_clip(said, ACTION_CHARS - 10)}"'
+    elif isinstance(action, str) and action.strip():
+        return f'replied "{_clip(action, ACTION_CHARS - 10)}"'
+    return "chose " + _clip(_json(action), ACTION_CHARS - 6)
+
+
+def step_actions(run: Any) -> tuple[str, ...]:
+    """``action_summary`` of every recorded step of ``run``, in order (kept with results)."""
+    return tuple(action_summary(s.action) for s in run.steps)
+
+
+def percent(x: Any) -> str:
+    """A probability or an effect as a whole percentage a person reads: ``41%``."""
+    return MISSING if _missing(x) else f"{round(float(x) * 100):d}%"
+
+
+def percent_interval(ci: Any) -> str:
+    """``(24%–55%)``; with a negative end ``(-5% to 30%)``, where a dash would misread."""
+    if not ci or _missing(ci[0]) or _missing(ci[1]):
+        return "(interval not measured)"
+    lo, hi = percent(ci[0]), percent(ci[1])
+    return f"({lo}–{hi})" if not lo.startswith("-") else f"({lo} to {hi})"
+
+
+def steps_span(first: int, last: int) -> str:
+    return f"step {first}" if first == last else f"steps {first}–{last}"
+
+
+def _get(r: Any, name: str, default: Any = None) -> Any:
+    return r.get(name, default) if isinstance(r, Mapping) else getattr(r, name, default)
+
+
+def _who_nth(r: Any, k: int, who: str | None) -> tuple[str | None, str | None]:
+    """Who decided step ``k`` and which of their decisions it was, from ``who`` or the
+    result's label (``locus_label``, written for multi-agent runs)."""
+    label = str(_get(r, "locus_label") or "")
+    found = re.fullmatch(rf"(.+), step {k} \(its (\w+) decision\)", label)
+    return who or (found[1] if found else None), (found[2] if found else None)
+
+
+def step_said(r: Any, k: int, who: str | None = None, actions: Sequence[str] = ()) -> str:
+    """Step ``k`` with who decided it and what it did: ``step 4 (account_agent called
+    lookup(id=3), its 1st decision)``."""
+    actions = tuple(actions) or tuple(_get(r, "actions", ()) or ())
+    did = actions[k] if 0 <= k < len(actions) else None
+    who, nth = _who_nth(r, k, who)
+    if did is None and who is None:
+        return f"step {k}"
+    inner = f"{who or 'the agent'} {did}" if did else f"decided by {who}"
+    return f"step {k} ({inner}" + (f", its {nth} decision" if nth else "") + ")"
+
+
+def _arms(r: Any) -> dict[int, Any]:
+    return {int(_get(a, "hold_before")): a for a in _get(r, "arms", ()) or ()}
+
+
+def _stays(r: Any, arm: Any, factual: Any) -> str:
+    """How an arm's failure rate compares with the record held: ``changes nothing: P(fail)
+    stays 100% (90%–100%)`` when the held rate lies inside its interval."""
+    mean, ci = _get(arm, "mean"), _get(arm, "ci")
+    rate = f"{percent(mean)} {percent_interval(ci)}"
+    held = _get(factual, "mean") if factual is not None else None
+    if held is not None and ci and ci[0] - 1e-9 <= held <= ci[1] + 1e-9:
+        return f"changes nothing: P(fail) stays {rate}"
+    return f"leaves P(fail) at {rate}"
+
+
+def later_steps(r: Any) -> str | None:
+    """What the steps after the locus did, from the arms actually measured: re-deciding from
+    the first measured step after it on, and the steps before that, which were not tested."""
+    k, n = _get(r, "locus"), len(_get(r, "steps", ()) or ())
+    if k is None or k >= n - 1:
+        return None
+    arms = _arms(r)
+    after = sorted(j for j in arms if k < j < n)
+    def untested(first: int, last: int) -> str:
+        one = first == last
+        return (f"{steps_span(first, last)} {'comes' if one else 'come'} after the point of "
+                f"commitment, so {'it was' if one else 'they were'} not tested")
+    if not after:
+        return untested(k + 1, n - 1)
+    j = after[0]
+    said = f"re-deciding {steps_span(j, n - 1)} {_stays(r, arms[j], arms.get(n))}"
+    return said + (f"; {untested(k + 1, j - 1)}" if j > k + 1 else "")
+
+
+def _rescue_words(s: Any) -> str:
+    held, redrawn, _ = shown_sample(s)
+    eff, ci = _get(s, "effect"), _get(s, "ci")
+    if held is not None and held >= 0.995:
+        return (f"re-deciding it avoids the failure in {percent(eff)} of re-runs "
+                f"{percent_interval(ci)}")
+    return (f"re-deciding it lowers P(fail) by {percent(eff)} {percent_interval(ci)}, from "
+            f"{percent(held)} to {percent(redrawn)}")
+
+
+def _no_cause_words(r: Any) -> str:
+    arms, n = _arms(r), len(_get(r, "steps", ()) or ())
+    first, held = arms.get(0), arms.get(n)
+    if first is not None and held is not None:
+        return ("No single step caused the failure: re-deciding no step was shown to lower "
+                f"P(fail) (re-deciding every step from step 0 on: {percent(_get(first, 'mean'))}"
+                f" {percent_interval(_get(first, 'ci'))}; the record held: "
+                f"{percent(_get(held, 'mean'))} {percent_interval(_get(held, 'ci'))})")
+    return "No single step caused the failure: re-deciding no step was shown to lower P(fail)"
+
+
+def _undecided_words(r: Any, who: str | None) -> str:
+    if _get(r, "truncated"):
+        why = "the budget ran out before the answer was decided"
+    elif _get(r, "failures"):
+        why = (f"{len(_get(r, 'failures'))} branch(es) failed (the agent raised), so no "
+               "answer can be claimed")
+    else:
+        why = "the estimate stopped before the answer was decided"
+    c = _get(r, "candidate")
+    if c is None:
+        return f"Undecided: {why}; no step had been tested yet"
+    s = next((e for e in _get(r, "steps", ()) if _get(e, "step") == c), None)
+    name = step_said(r, c, who)
+    if s is None or not _get(s, "tested") or _get(s, "effect") is None:
+        return f"Undecided: {why}; the best candidate is {name}, not yet measured"
+    return (f"Undecided: {why}; the best candidate so far is {name}: "
+            f"{_rescue_words(s)} so far")
+
+
+def _shapley_words(r: Any, who: str | None) -> str:
+    cut = "From what was measured before the budget ran out: " if _get(r, "truncated") else ""
+    kind, leaders = shapley_leaders(_get(r, "values", ()))
+    if not leaders:
+        return f"{cut}No step could be valued: {_get(r, 'reason') or 'nothing was measured'}"
+    actions = tuple(_get(r, "actions", ()) or ())
+
+    def name(v: Any) -> str:
+        k = _get(v, "step")
+        if k is None:
+            return str(_get(v, "label") or "the other steps")
+        return step_said(r, int(k), who if len(leaders) == 1 else None, actions)
+
+    def share(v: Any) -> str:
+        return f"{percent(_get(v, 'estimate'))} {percent_interval(_get(v, 'ci'))}"
+    head = name(leaders[0])
+    head = head[:1].upper() + head[1:]
+    if kind == "equal":
+        names = [name(v) for v in leaders]
+        return (f"{cut}{', '.join(names[:-1])} and {names[-1]} share the largest part of the "
+                f"failure equally: keeping any one of them as recorded adds "
+                f"{percent(_get(leaders[0], 'estimate'))} to P(fail) on average")
+    if kind == "overlap":
+        rest = ", ".join(f"{name(v)} {share(v)}" for v in leaders[1:])
+        return (f"{cut}{head} carries the largest share of the failure, though the data cannot "
+                f"rank it above {rest}: keeping it as recorded adds {share(leaders[0])} to "
+                "P(fail) on average")
+    return (f"{cut}{head} carries the largest share of the failure: keeping it as recorded "
+            f"adds {share(leaders[0])} to P(fail) on average")
+
+
+def answer(r: Any, who: str | None = None) -> str:
+    """The answer of ``r`` in one plain sentence a person can act on, before any method:
+    which step, what it did (and who decided it), how much re-deciding it helps, in percent
+    with its interval, and what the later steps did, from the arms measured. No test name,
+    level or sample size: ``explain`` has those."""
+    if not _is_contrastive(r):
+        return _shapley_words(r, who) + "."
+    if str(_get(r, "answer")) == "undecided":
+        return _undecided_words(r, who) + "."
+    k = _get(r, "locus")
+    if k is None:
+        return _no_cause_words(r) + "."
+    s = next((e for e in _get(r, "steps", ()) if _get(e, "step") == k), None)
+    name = step_said(r, k, who)
+    said = f"{name[:1].upper()}{name[1:]} caused the failure"
+    if s is not None and _get(s, "effect") is not None:
+        said += f": {_rescue_words(s)}"
+    later = later_steps(r)
+    return said + (f"; {later}" if later else "") + "."
+
+
+def coupling(r: Any) -> str:
+    """Whether the branches shared the agent's randomness, in the one wording every surface
+    uses: ``paired: …`` when the pairs were measured to share it, else ``unpaired: …``."""
+    measured, ci, pairs = (_get(r, "coupling_measured"), _get(r, "coupling_ci"),
+                           int(_get(r, "coupling_pairs", 0) or 0))
+    agreement = (f" (measured agreement {num(measured, 2)} {interval(ci, 2)} from {pairs} "
+                 "pair(s))" if measured is not None else "")
+    if _get(r, "coupled"):
+        return f"paired: branches shared the agent's randomness{agreement}"
+    if measured is not None:
+        return f"unpaired: branches were not shown to share randomness{agreement}"
+    return ("unpaired: whether branches shared randomness was not measured, so they were "
+            "compared as independent")
+
+
+def untested_mark(r: Any, k: int) -> str:
+    """Why step ``k`` was not tested, in the table's last column."""
+    if str(_get(r, "answer")) == "undecided":
+        return "not reached"
+    locus = _get(r, "locus")
+    if locus is None:
+        return "not needed"
+    if k < locus:
+        return "before the locus"
+    n = len(_get(r, "steps", ()) or ())
+    after = [j for j in _arms(r) if locus < j <= k and j < n]
+    return "followed from it" if after else "after the locus"

@@ -203,6 +203,7 @@ class ContrastiveResult(_Rendered):
     given_up: tuple[int, ...] = ()  # candidate steps a futility bound gave up, in order
     more_rollouts: int | None = None  # when undecided: roughly what confirming would still cost
     caveats: tuple[str, ...] = ()  # what the agent said every result must show (agent.caveats)
+    actions: tuple[str, ...] = ()  # what each recorded step did, in a few words (fmt.step_actions)
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": "contrastive", "run_id": self.run_id,
@@ -222,6 +223,7 @@ class ContrastiveResult(_Rendered):
                 "coupling_measured": self.coupling_measured,
                 "coupling_ci": _ci(self.coupling_ci), "coupling_pairs": self.coupling_pairs,
                 "given_up": list(self.given_up), "more_rollouts": self.more_rollouts,
+                "actions": list(self.actions), "summary": fmt.answer(self),
                 **_caveats(self.caveats)}
 
     @classmethod
@@ -252,7 +254,8 @@ class ContrastiveResult(_Rendered):
             coupling_pairs=int(data.get("coupling_pairs") or 0),
             given_up=tuple(data.get("given_up") or ()),
             more_rollouts=data.get("more_rollouts"),
-            caveats=tuple(data.get("caveats") or ()))
+            caveats=tuple(data.get("caveats") or ()),
+            actions=tuple(data.get("actions") or ()))
 
     def table(self) -> list[dict[str, Any]]:
         return [s.to_dict() for s in self.steps]
@@ -289,20 +292,52 @@ class ContrastiveResult(_Rendered):
         return "to continue, " + _resume_call("contrastive", self.larger_budget(),
                                               self.attribution_id)
 
+    def explain(self, who: str | None = None) -> str:
+        """How this result was measured, complete: the answer in the method's words, the test,
+        its level, the search, the coupling, every arm and every step with its sample size,
+        the re-estimates, and what stopped or was left out."""
+        rows = [fmt.step_row(self, s, missing="-") for s in self.steps]
+        table = _text_table([*fmt.STEP_COLUMNS[:-1], ""],
+                            [[*r.cells()[:-1], r.tested] if not r.is_locus else r.cells()
+                             for r in rows])
+        arms = [f"  re-deciding from step {a.hold_before} on (steps before it held): "
+                f"{fmt.failure_rate(a.mean, a.ci, a.ci.level, a.n)}"
+                for a in self.arms]
+        lines = [f"How this was measured (contrastive attribution of run {self.run_id})",
+                 f"answer: {fmt.headline(self, who)}",
+                 *([f"reason: {self.reason}"] if self.reason else []),
+                 f"method: {fmt.method(self)}; alpha {fmt.num(self.alpha, 3)}; "
+                 f"search={self.search}",
+                 f"coupling: {fmt.coupling(self)}"
+                 + (f"; noise handed out: {self.coupling}" if self.coupling else ""),
+                 f"rollouts used {self.rollouts_used} of {self.rollout_budget} (K="
+                 f"{self.rollouts_cap} per arm); seed {self.seed}"
+                 + (f"; tokens {self.tokens}" if self.tokens else "")
+                 + (f"; cost {self.cost:g}" if self.cost else ""),
+                 *([f"given up: step(s) {', '.join(map(str, self.given_up))}"]
+                   if self.given_up else []),
+                 *([f"about {self.more_rollouts} more rollouts would decide it"]
+                   if self.more_rollouts else []),
+                 *([f"truncated: {self.budget_note}"] if self.truncated else []),
+                 *([f"{len(self.failures)} failed branch(es) left out"] if self.failures
+                   else []),
+                 "per step (n: the pairs each rescue and interval are about):", table,
+                 *(["arms (failure rate when steps from j on are re-decided):", *arms]
+                   if arms else [])]
+        note = fmt.sample_note(self)
+        return "\n".join([*lines, *([note] if note else [])])
+
     def __str__(self) -> str:
-        rows = [fmt.step_row(self, s, missing="-").cells() for s in self.steps]
-        head = f"contrastive attribution of run {self.run_id}: {fmt.headline(self)}"
-        foot = (f"{fmt.method(self)}; search={self.search}; rollouts used "
-                f"{self.rollouts_used} of {self.rollout_budget}; {fmt.coupling_note(self)}"
-                + (f"; given up: step(s) {', '.join(map(str, self.given_up))}"
-                   if self.given_up else "")
-                + (f"; about {self.more_rollouts} more rollouts would decide it"
-                   if self.more_rollouts else "")
+        rows = [fmt.step_row(self, s, missing="-") for s in self.steps]
+        table = _text_table(list(fmt.PLAIN_COLUMNS),
+                            [fmt.plain_cells(self, r) for r in rows])
+        foot = (f"rollouts used {self.rollouts_used} of {self.rollout_budget}"
                 + (f"; truncated: {self.budget_note}" if self.truncated else "")
-                + (f"; {len(self.failures)} failed branch(es) left out" if self.failures else ""))
-        table = _text_table([*fmt.STEP_COLUMNS[:-1], ""], rows)
-        extra = [x for x in (fmt.sample_note(self), self.continue_hint()) if x]
-        return "\n".join([head, table, foot, *extra, *(f"caveat: {c}" for c in self.caveats)])
+                + (f"; {len(self.failures)} failed branch(es) left out" if self.failures else "")
+                + "; how this was measured: res.explain()")
+        hint = self.continue_hint()
+        return "\n".join([fmt.answer(self), table, foot, *([hint] if hint else []),
+                          *(f"caveat: {c}" for c in self.caveats)])
 
 
 @dataclass(frozen=True)
@@ -373,6 +408,7 @@ class ShapleyResult(_Rendered):
     coupling_ci: Interval | None = None
     coupling_pairs: int = 0
     caveats: tuple[str, ...] = ()  # what the agent said every result must show (agent.caveats)
+    actions: tuple[str, ...] = ()  # what each recorded step did, in a few words (fmt.step_actions)
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": "shapley", "run_id": self.run_id,
@@ -388,6 +424,7 @@ class ShapleyResult(_Rendered):
                 "failures": list(self.failures),
                 "coupling_measured": self.coupling_measured,
                 "coupling_ci": _ci(self.coupling_ci), "coupling_pairs": self.coupling_pairs,
+                "actions": list(self.actions), "summary": fmt.answer(self),
                 **_caveats(self.caveats)}
 
     @classmethod
@@ -411,7 +448,8 @@ class ShapleyResult(_Rendered):
             coupling_measured=data.get("coupling_measured"),
             coupling_ci=_read_ci({"ci": data.get("coupling_ci")}, 0.95),
             coupling_pairs=int(data.get("coupling_pairs") or 0),
-            caveats=tuple(data.get("caveats") or ()))
+            caveats=tuple(data.get("caveats") or ()),
+            actions=tuple(data.get("actions") or ()))
 
     def table(self) -> list[dict[str, Any]]:
         return [v.to_dict() for v in self.values]
@@ -428,23 +466,47 @@ class ShapleyResult(_Rendered):
         return "to continue, " + _resume_call("shapley", self.larger_budget(),
                                               self.attribution_id, f", mode={self.mode!r}")
 
+    def _rows(self, plain: bool) -> list[list[str]]:
+        actions = self.actions
+        return [[v.label,
+                 *([actions[v.step] if v.step is not None and 0 <= v.step < len(actions)
+                    else fmt.MISSING] if plain else []),
+                 fmt.effect(v.estimate, missing="-"), fmt.effect_interval(v.ci, missing="-"),
+                 *([] if plain else [str(v.n)])] for v in self.values]
+
+    def explain(self, who: str | None = None) -> str:
+        """How these values were measured, complete: the largest value in the method's
+        words, the mode and level, efficiency, every value with its sample size, the
+        coupling and what stopped or was left out."""
+        head = fmt.headline(self, who) + (f"; {self.reason}" if self.reason
+                                          and self.reason not in fmt.headline(self) else "")
+        return "\n".join([
+            f"How this was measured (Shapley attribution of run {self.run_id})",
+            f"answer: {head}",
+            f"method: Shapley values, {fmt.method(self)}; sum = "
+            f"{fmt.effect(self.total, missing='-')}; v(N) - v(empty) = "
+            f"{fmt.prob(self.v_full.mean, missing='-')} - "
+            f"{fmt.prob(self.v_empty.mean, missing='-')}; gap "
+            f"{fmt.effect(self.efficiency_gap, missing='-')}",
+            f"coupling: {fmt.coupling(self)}"
+            + (f"; noise handed out: {self.coupling}" if self.coupling else ""),
+            f"rollouts used {self.rollouts_used} of {self.budget}; seed {self.seed}"
+            + (f"; tokens {self.tokens}" if self.tokens else "")
+            + (f"; cost {self.cost:g}" if self.cost else ""),
+            *([f"truncated: {self.budget_note}"] if self.truncated else []),
+            *([f"{len(self.failures)} failed branch(es) left out"] if self.failures else []),
+            _text_table(list(fmt.SHAPLEY_COLUMNS), self._rows(False))])
+
     def __str__(self) -> str:
-        rows = [[v.label, fmt.effect(v.estimate, missing="-"),
-                 fmt.effect_interval(v.ci, missing="-"), str(v.n)] for v in self.values]
-        head = (f"Shapley attribution of run {self.run_id}: {fmt.headline(self)}"
-                + (f"; {self.reason}" if self.reason and self.reason not in fmt.headline(self)
-                   else ""))
-        foot = (f"Shapley values, {fmt.method(self)}; sum = "
-                f"{fmt.effect(self.total, missing='-')}; "
-                f"v(N) - v(empty) = {fmt.prob(self.v_full.mean, missing='-')} - "
-                f"{fmt.prob(self.v_empty.mean, missing='-')}; gap "
-                f"{fmt.effect(self.efficiency_gap, missing='-')}; rollouts used "
-                f"{self.rollouts_used} of {self.budget}; {fmt.coupling_note(self)}"
-                + (f"; {len(self.failures)} failed branch(es) left out" if self.failures else ""))
         hint = self.continue_hint()
-        return (f"{head}\n{_text_table(list(fmt.SHAPLEY_COLUMNS), rows)}\n{foot}"
-                + (f"\n{hint}" if hint else "")
-                + "".join(f"\ncaveat: {c}" for c in self.caveats))
+        foot = (f"rollouts used {self.rollouts_used} of {self.budget}"
+                + (f"; truncated: {self.budget_note}" if self.truncated else "")
+                + (f"; {len(self.failures)} failed branch(es) left out" if self.failures else "")
+                + "; how this was measured: res.explain()")
+        return "\n".join([fmt.answer(self),
+                          _text_table(list(fmt.PLAIN_SHAPLEY_COLUMNS), self._rows(True)),
+                          foot, *([hint] if hint else []),
+                          *(f"caveat: {c}" for c in self.caveats)])
 
 
 Result = ContrastiveResult | ShapleyResult

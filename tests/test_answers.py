@@ -52,14 +52,21 @@ def located(pivot_model, pivot_run):
 
 
 def test_the_result_text_names_each_answer(located, no_cause, undecided) -> None:
-    assert ": locus: step 2, rescue +" in str(located).splitlines()[0]
+    # each answer opens with its own plain sentence; the method's words are in explain()
+    assert str(located).splitlines()[0].startswith("Step 2 (the agent chose ")
+    assert " caused the failure: re-deciding it avoids the failure in " in str(located)
+    assert "answer: locus: step 2, rescue +" in located.explain()
     assert located.continue_hint() is None and no_cause.continue_hint() is None
     head = str(no_cause).splitlines()[0]
-    assert ": no cause: " in head and "no rise to follow" in head
+    assert head.startswith("No single step caused the failure: re-deciding no step was shown")
+    assert "answer: no cause: " in no_cause.explain()
+    assert "no rise to follow" in no_cause.explain()
     text = str(undecided)
-    assert text.splitlines()[0].endswith(
-        "undecided: the budget ran out before the answer was decided (rollout budget of 22 "
-        f"reached); {undecided.candidate_text()}")
+    assert text.splitlines()[0].startswith(
+        "Undecided: the budget ran out before the answer was decided; the best candidate so "
+        "far is step 2 (the agent chose ")
+    assert ("undecided: the budget ran out before the answer was decided (rollout budget of 22 "
+            f"reached); {undecided.candidate_text()}") in undecided.explain()
     assert undecided.candidate_text().startswith("the candidate is step 2: rescue so far ")
     assert text.splitlines()[-1] == (
         "to continue, resume with a larger budget: car.contrastive(run, agent, outcome=..., "
@@ -116,10 +123,11 @@ def test_an_undecided_result_resumes_with_the_rollouts_it_says_would_decide(unde
 
 
 def test_the_cli_verdict_names_each_answer(located, no_cause, undecided) -> None:
-    assert kit.verdict(located).startswith("Locus: step 2, rescue +")
-    assert kit.verdict(no_cause).startswith("No cause: holding the whole record")
-    assert kit.verdict(undecided) == (f"Undecided: {undecided.undecided_why()}; "
-                                      f"{undecided.candidate_text()}")
+    assert kit.verdict(located).startswith("Step 2 (the agent chose ")
+    assert " caused the failure: " in kit.verdict(located)
+    assert kit.verdict(no_cause).startswith("No single step caused the failure: ")
+    assert kit.verdict(undecided).startswith("Undecided: the budget ran out before the answer "
+                                             "was decided; the best candidate so far is step 2")
     assert [kit.answer_cell(r) for r in (located, no_cause, undecided)] == [
         "locus 2", "no cause", "undecided, candidate 2"]
 
@@ -139,7 +147,7 @@ def test_car_attribute_prints_the_command_that_continues_and_it_decides(
                  str(UNDECIDED_BUDGET), "--store", db, "--no-progress", cwd=tmp_path)
     assert first.returncode == 3, first.stderr
     assert "Undecided: the budget ran out" in first.stdout
-    assert "the candidate is step 2" in first.stdout
+    assert "the best candidate so far is step 2" in first.stdout
     lines = first.stderr.strip().splitlines()
     assert lines[0].startswith("undecided (attribution ") and "larger budget" in lines[0]
     aid = lines[0].split()[2].rstrip(");")
@@ -153,7 +161,8 @@ def test_car_attribute_prints_the_command_that_continues_and_it_decides(
             f"--budget 44 --store {db} --resume {aid}") in listed.stdout
     again = _car(*shlex.split(command)[1:], cwd=tmp_path)
     assert again.returncode == 0, again.stderr
-    assert "Locus: step 2 " in again.stdout
+    assert "Step 2 (synthetic:pivot chose " in again.stdout
+    assert " caused the failure: " in again.stdout
     listed = _car("attributions", "--store", db, cwd=tmp_path)
     assert "locus 2" in listed.stdout and "to continue" not in listed.stdout
 
@@ -187,12 +196,14 @@ def test_a_truncated_shapley_result_says_so_everywhere(pivot_model, pivot_run, s
                       attribution_id="s1", mode="permutation")
     assert res.truncated and "token budget" in (res.budget_note or "")
     head = str(res).splitlines()[0]
-    assert f": truncated ({res.budget_note}), the values are from what was measured" in head
+    assert head.startswith("From what was measured before the budget ran out: ")
+    assert (f": truncated ({res.budget_note}), the values are from what was measured"
+            in res.explain())
     assert str(res).splitlines()[-1] == (
         "to continue, resume with a larger budget: car.shapley(run, agent, outcome=..., "
         "budget=car.Budget(rollouts=400, tokens=4000), mode='permutation', store=<the store>, "
         "attribution_id='s1')")
-    assert kit.verdict(res).startswith(f"Truncated ({res.budget_note}), the values are from")
+    assert kit.verdict(res).startswith("From what was measured before the budget ran out: ")
     assert kit.answer_cell(res) == "values (truncated)"
     html = render_attribution(res, run=pivot_run)
     assert "Answer: Shapley values (truncated)" in html and "To continue" in html

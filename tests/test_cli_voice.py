@@ -93,19 +93,27 @@ def test_text_table_and_plugin_say_the_same_row_and_headline(refit) -> None:
 
     from car_core import synthetic as syn
     run = syn.pivot().failing_run(0)
-    row = fmt.step_row(refit, refit.steps[refit.locus]).cells()
+    shown = fmt.step_row(refit, refit.steps[refit.locus])
+    row = shown.cells()
+    plain = fmt.plain_cells(refit, shown)
     text, table = str(refit), render(kit.attribution_table(refit))
+    # the default views: what the step did and its rescue, no sample size
     for surface in (text, table):
-        assert re.search(r"[\s│]+".join(re.escape(c) for c in row), surface), surface
-        for column in fmt.STEP_COLUMNS[:-1]:
+        # the step, its action (the table cuts it short), then the numbers and the mark
+        found = re.search(re.escape(plain[0]) + r"[\s│]+" + re.escape(plain[1][:30]) + r".*?"
+                          + r"[\s│]+".join(re.escape(c) for c in plain[2:]), surface)
+        assert found, surface
+        for column in fmt.PLAIN_COLUMNS[:-1]:
             assert column in surface
+    # explain(): the full row, with the sample its interval is about
+    assert re.search(r"[\s│]+".join(re.escape(c) for c in row), refit.explain())
     headline = fmt.headline(refit)
-    assert headline in text
-    assert kit.verdict(refit).lower().startswith(headline.lower())
+    assert headline in refit.explain()
+    assert kit.verdict(refit) == fmt.answer(refit) == text.splitlines()[0]
     plugin = Attribution(refit, run, None, "test_x.py::test_y").headline()
     assert plugin == fmt.headline(refit, run.agent)
     assert plugin.startswith(f"locus: step {refit.locus} (decided by {run.agent}), rescue ")
-    for surface in (text, table, kit.verdict(refit), plugin):
+    for surface in (refit.explain(), plugin):
         assert "0.9500" not in surface and "level 0." not in surface
         assert "at 95%" in surface or "family-wise 95%" in surface
 

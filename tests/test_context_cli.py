@@ -125,4 +125,4 @@ def test_car_attribute_what_finds_the_locus_then_the_message_inside_it(tmp_path:
     text = car("attribute", run.id, "--agent", "planted:world", "--rollouts", "64", "--what",
                cwd=tmp_path)
     assert text.returncode == 0, text.stderr
-    assert "Locus: step 0" in text.stdout and "user message 3: rescue" in text.stdout
+    assert text.stdout.startswith("Step 0 (") and "user message 3: rescue" in text.stdout

@@ -18,7 +18,8 @@ RESULT_KEYS = {"method", "run_id", "attribution_id", "locus", "reason", "alpha",
                "coupled", "coupling", "truncated", "budget_note", "tokens", "cost", "search",
                "steps", "arms",
                "example_branch", "params", "failures", "locus_label", "answer", "candidate",
-               "coupling_measured", "coupling_ci", "coupling_pairs", "given_up", "more_rollouts"}
+               "coupling_measured", "coupling_ci", "coupling_pairs", "given_up", "more_rollouts",
+               "actions", "summary"}
 STEP_KEYS = {"step", "effect", "ci", "ci_level", "tested", "significant", "fail_held",
              "fail_resampled", "n", "effect_raw", "estimate", "refit_n", "refit_held",
              "refit_resampled", "refit_pooled"}
@@ -221,7 +222,9 @@ def test_result_serialises_with_the_documented_schema(pivot_model, pivot_run):
     assert type(res).from_dict(data).answer == res.answer
     assert res.table() == data["steps"]
     text = str(res)
-    assert "locus: step 2, rescue" in text and "<- locus" in text
+    assert text.startswith("Step 2 (the agent chose ") and "<- locus" in text
+    assert data["summary"] == text.splitlines()[0]
+    assert "locus: step 2, rescue" in res.explain()
 
 
 def test_example_branch_is_a_rescued_branch_of_the_locus_arm(pivot_model, pivot_run):

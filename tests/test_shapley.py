@@ -17,7 +17,8 @@ from car_core.errors import BranchesFailed, InvalidBudget, InvalidInput, Nothing
 RESULT_KEYS = {"method", "run_id", "attribution_id", "mode", "values", "total", "v_full",
                "v_empty", "efficiency_gap", "level", "rollouts_used", "budget", "truncated",
                "budget_note", "seed", "coupled", "coupling", "tokens", "cost", "reason", "params",
-               "failures", "coupling_measured", "coupling_ci", "coupling_pairs"}
+               "failures", "coupling_measured", "coupling_ci", "coupling_pairs", "actions",
+               "summary"}
 
 
 def tolerance(n: int) -> float:
@@ -255,7 +256,7 @@ def test_result_schema_and_text(pivot_model, pivot_run):
     assert set(data["v_full"]) == {"mean", "ci", "ci_level", "n"}
     assert data["params"]["budget"]["rollouts"] == 300
     assert sh.table() == data["values"]
-    assert "step 2" in str(sh) and "sum =" in str(sh)
+    assert "step 2" in str(sh) and "sum =" in sh.explain()
 
 
 def test_store_resume_runs_no_branch_twice(store):

@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from .. import defaults
+from .. import formatting as fmt
 from ..agent import Agent, caveats_of
 from ..budget import Budget, as_budget
 from ..capabilities import Capability, capabilities
@@ -450,6 +451,7 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
         params=params, attribution_id=session.attribution_id,
         failures=session.failure_rows(), rollout_budget=cap, correction=correction,
         locus_label=step_label(run, locus) if locus is not None else None,
+        actions=fmt.step_actions(run),
         answer=answer, candidate=candidate)
     session.finish(result)
     return result

@@ -68,6 +68,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import defaults
+from .. import formatting as fmt
 from ..agent import Agent, caveats_of
 from ..budget import Budget, as_budget
 from ..errors import InvalidBudget, InvalidInput
@@ -518,7 +519,8 @@ def _finish(setting: Setting, measured: Measured) -> ShapleyResult:
         coupling_pairs=measured.coupling.pairs,
         tokens=session.meter.tokens,
         cost=round(session.meter.cost, 6), reason=reason, params=params,
-        attribution_id=session.attribution_id, failures=session.failure_rows())
+        attribution_id=session.attribution_id, failures=session.failure_rows(),
+        actions=fmt.step_actions(run))
     session.finish(result)
     return result
 

@@ -96,6 +96,10 @@ def capture(folder: Path) -> dict[str, str]:
                            str(folder / "latest.html")), folder / "latest.html"),
         ("report_shapley", ("report", game.id, "--store", db, "--method", "shapley", "--out",
                             str(folder / "shapley.html")), folder / "shapley.html"),
+        # last, so that the attribution it adds is in no listing above
+        ("attribute_contrastive_explain", ("attribute", pivot.id, "--agent",
+                                           "car_core.synthetic:pivot", "--rollouts", "16",
+                                           "--explain"), None),
     ]
     outputs: dict[str, str] = {}
     for name, argv, html in commands:

@@ -1,0 +1,155 @@
+"""Every result opens with one plain sentence (which step, what it did, how much re-deciding
+it helps, what the later steps did, from the arms measured); the test, its level and the
+sample sizes are in ``explain()`` and ``car attribute --explain``, complete."""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import car_core as car
+from car_core import formatting as fmt
+from car_core import synthetic as syn
+from car_core.results import ContrastiveResult
+from car_core.store import RunStore
+from car_core.vocabulary import Answer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+
+from cli_golden import _car  # noqa: E402
+
+# what only a statistician reads: a test's name, its level, a sample size
+METHOD_WORDS = re.compile(r"betting|sign test|Bonferroni|alpha|family-wise|\bn=|pair\(s\)|"
+                          r"rollouts|\bK=|at 95%")
+
+
+@pytest.fixture(scope="module")
+def located() -> ContrastiveResult:
+    m = syn.pivot()
+    res = car.contrastive(m.failing_run(0), m.agent(), outcome=m.outcome, rollouts=16, seed=0)
+    assert res.answer == Answer.LOCUS and res.locus == 2
+    return res
+
+
+@pytest.fixture(scope="module")
+def no_cause() -> ContrastiveResult:
+    m = syn.no_cause()
+    res = car.contrastive(m.failing_run(0), m.agent(), outcome=m.outcome, seed=0)
+    assert res.answer == Answer.NO_CAUSE
+    return res
+
+
+@pytest.fixture(scope="module")
+def undecided() -> ContrastiveResult:
+    m = syn.pivot()
+    res = car.contrastive(m.failing_run(0), m.agent(), outcome=m.outcome, budget=5, seed=0)
+    assert res.answer == Answer.UNDECIDED
+    return res
+
+
+def test_the_first_line_names_the_step_and_what_it_did_without_the_method(located) -> None:
+    first = str(located).splitlines()[0]
+    assert first == fmt.answer(located) == located.to_dict()["summary"]
+    assert first.startswith('Step 2 (the agent chose {"step": 2, "choice": "bad"')
+    # the rescue in percent with its interval: +0.711 [+0.511, +0.823] on this seed
+    s = located.steps[2]
+    assert (f"re-deciding it avoids the failure in {round(s.effect * 100)}% of re-runs "
+            f"({round(s.ci[0] * 100)}%–{round(s.ci[1] * 100)}%)") in first
+    assert not METHOD_WORDS.search(first), first
+
+
+def test_every_answer_has_its_own_plain_sentence(located, no_cause, undecided) -> None:
+    firsts = [str(r).splitlines()[0] for r in (located, no_cause, undecided)]
+    assert " caused the failure: " in firsts[0]
+    assert firsts[1].startswith("No single step caused the failure: ")
+    assert firsts[2].startswith("Undecided: the budget ran out before the answer was decided; "
+                                "the best candidate is step 0 (the agent chose ")
+    for first in firsts:
+        assert not METHOD_WORDS.search(first), first
+
+
+def test_explain_has_the_test_its_level_and_the_sample_sizes(located) -> None:
+    text = located.explain()
+    assert "unpaired betting test with an exact sign test at the end" in text
+    assert "alpha 0.050" in text and "family-wise 95%" in text
+    s = located.steps[2]
+    assert re.search(rf"\n2 +\+0\.711 .* {s.refit_n} +<- locus", text)  # the row's sample
+    assert f"the test decided on {s.n} pair(s)" in text  # the test's own pairs
+    for a in located.arms:  # every arm, with its n
+        assert f"n={a.n}" in text
+    assert f"rollouts used {located.rollouts_used} of {located.rollout_budget}" in text
+    assert "coupling: unpaired: " in text
+
+
+def test_later_steps_are_said_only_from_the_arms_measured(located) -> None:
+    arms = {a.hold_before: a for a in located.arms}
+    assert 3 in arms and arms[3].mean == 1.0  # re-deciding from step 3 on was measured
+    assert "re-deciding steps 3–5 changes nothing: P(fail) stays 100% (" in fmt.answer(located)
+    # without that arm, nothing is claimed about steps 3–5: they were not tested
+    unmeasured = replace(located, arms=tuple(a for a in located.arms if a.hold_before != 3))
+    said = fmt.answer(unmeasured)
+    assert "re-deciding steps" not in said
+    assert said.endswith("; steps 3–5 come after the point of commitment, so they were not "
+                         "tested.")
+    # an arm measured further on speaks for its steps only
+    later = replace(unmeasured, arms=(*unmeasured.arms, replace(arms[3], hold_before=5)))
+    assert fmt.answer(later).endswith(
+        "; re-deciding step 5 changes nothing: P(fail) stays 100% (88%–100%); steps 3–4 come "
+        "after the point of commitment, so they were not tested.")
+    assert [fmt.untested_mark(unmeasured, k) for k in (0, 3)] == [
+        "before the locus", "after the locus"]
+    assert fmt.untested_mark(located, 4) == "followed from it"
+
+
+def test_the_shapley_result_opens_with_a_plain_sentence() -> None:
+    m = syn.and_game()
+    sh = car.shapley(m.failing_run(0), m.agent(), outcome=m.outcome, budget=400, seed=1)
+    first = str(sh).splitlines()[0]
+    assert first.startswith("Step 1 (the agent chose ")
+    assert "carries the largest share of the failure" in first
+    assert not METHOD_WORDS.search(first) and "phi" not in first
+    assert "exact mode, intervals at 95%" in sh.explain() and "efficiency gap" in sh.explain()
+
+
+def test_one_wording_for_coupling(located) -> None:
+    assert fmt.coupling(located).startswith("unpaired: ")
+    paired = replace(located, coupled=True, coupling_measured=0.93,
+                     coupling_ci=car.stats.Interval(0.85, 0.98, 0.95), coupling_pairs=40)
+    assert fmt.coupling(paired) == ("paired: branches shared the agent's randomness (measured "
+                                    "agreement 0.93 [0.85, 0.98] from 40 pair(s))")
+
+
+@pytest.mark.parametrize(("action", "said"), [
+    ({"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function",
+         "function": {"name": "refund", "arguments": '{"order": "A7", "amount": 120}'}}]},
+     'called refund(order="A7", amount=120)'),
+    ({"role": "assistant", "content": "Sure, I have booked the flight for you today"},
+     'replied "Sure, I have booked the flight for you today"'),
+    ({"name": "search", "args": {"q": "fares"}}, 'called search(q="fares")'),
+    ({"choice": "bad"}, 'chose {"choice": "bad"}'),
+])
+def test_a_recorded_action_is_said_in_a_few_words(action, said) -> None:
+    assert fmt.action_summary(action) == said
+
+
+def test_car_attribute_opens_with_the_answer_and_explains_on_request(tmp_path) -> None:
+    run = syn.pivot().failing_run(0)
+    db = str(tmp_path / "car.db")
+    with RunStore(db) as s:
+        s.save(run)
+    base = ("attribute", run.id, "--agent", "car_core.synthetic:pivot", "--rollouts", "16",
+            "--store", db)
+    code, out, _ = _car(*base)
+    assert code == 0
+    first = out.splitlines()[0]
+    assert first.startswith('Step 2 (synthetic:pivot chose {"step": 2, "choice": "bad"')
+    assert not METHOD_WORDS.search(out.split("report: ")[0].replace(" rollouts in ", " ")), out
+    code, explained, _ = _car(*base, "--explain")
+    assert code == 0 and explained.splitlines()[0] == first
+    assert "How this was measured" in explained and "alpha 0.050" in explained
+    assert "betting test" in explained and "n=" in explained
