@@ -21,7 +21,7 @@ langchain-mcp-adapters, which starts the server for every tool session), then th
 ``benchmarks/_hosted_frameworks.py`` (LlamaIndex, the OpenAI Agents SDK) when it is there.
 Side-effect tools are answered from the record or a simulator on branches, never run.
 
-    .venv/bin/python benchmarks/hosted_latency.py                 # 16 rollouts, 300 ms
+    .venv/bin/python benchmarks/hosted_latency.py                 # 32 rollouts, 300 ms
     .venv/bin/python benchmarks/hosted_latency.py --rollouts 32 --latency 0.3 --seed 0
 """
 
@@ -129,7 +129,7 @@ def table(rows: list[dict[str, Any]], latency_s: float, rollouts: int, seed: int
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rollouts", type=int, default=16)
+    parser.add_argument("--rollouts", type=int, default=defaults.ROLLOUTS)
     parser.add_argument("--latency", type=float, default=0.3, help="seconds per model call")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

@@ -78,7 +78,7 @@ wait on a model server the wall time is the number of looks in a row times a bra
 latency, however many branches the executor could run at once. In rounds each look asks for
 about ``W`` rollouts: the gate grows ``W/4`` pairs a look (and sizes the rise in one), a
 paired decision and the confirmation look after ``W/2`` pairs at least, the unshared search
-runs ``W/2`` rollouts of its most telling arm a look (and ``H_0``, ``H_n``'s top-up with them;
+runs ``W/4`` rollouts of its most telling arm a look (and ``H_0``, ``H_n``'s top-up with them;
 never past the navigation's share), the bisection's first levels are probed on the witness
 indices at once (``Navigator._probe_ahead``: ``side`` reads them back, its verdicts those of
 probes drawn one by one), and an unpaired re-estimate draws both arms together. Sources
@@ -465,7 +465,7 @@ class Navigator:
         from are spent for nothing (at most a wave)."""
         if int((w.gate != 0).sum()) < PROBE_WITNESSES:
             return
-        level, arms = [(lo, hi)], []
+        level, arms = [(lo, hi)], list[int]()
         while level:
             mids = [(a + b) // 2 for a, b in level if b - a > 1]
             if not mids or (len(arms) + len(mids)) * len(w.indices) > self.wave:
@@ -544,13 +544,14 @@ class Navigator:
                     self.reach[end] = int(self.src.outcomes(end, range(y.size // 2)).size)
 
     def _locate_round(self, lo: int, hi: int, post: np.ndarray, best: int, room: int) -> bool:
-        """One look of ``locate`` in rounds (``wave``): the most telling arm gets half a wave
-        (no more than the navigation has left), and ``H_0`` and ``H_n`` their top-up, drawn
+        """One look of ``locate`` in rounds (``wave``): the most telling arm gets a quarter of
+        a wave (no more than the navigation has left; larger looks lost power where the budget
+        runs out), and ``H_0`` and ``H_n`` their top-up, drawn
         at once. False when the arm did not grow (the budget is spent)."""
         j = self._most_telling(lo, hi, post, best)
         m = self.reach.get(j, 0)
         wants: dict[int, Sequence[int]] = {
-            j: range(m + max(NAV_BATCH, min(self.wave, room) // 2))}
+            j: range(m + max(NAV_BATCH, min(self.wave, room) // 4))}
         top = len(wants[j])
         for end in (0, self.n):  # the two rates every split leans on stay as well known
             if 2 * max(self.reach.get(end, 0), self.d_gate.size) < top:
