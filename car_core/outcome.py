@@ -29,7 +29,7 @@ import numpy as np
 
 from . import formatting as fmt
 from .capabilities import positional_arity
-from .errors import InvalidInput, OutcomeError, OutcomeMismatch
+from .errors import InvalidInput, NothingToAttribute, OutcomeError, OutcomeMismatch
 from .seeding import Noise, Stream
 from .trajectory import FAILED_AT, Outcome, Trajectory, is_failure
 
@@ -103,8 +103,7 @@ class OutcomeFn:
 
 OLD_FORM_HINT = ("write a rule over the app's final state as outcome=lambda run: "
                  "rule(final_state(run)), with final_state from the app's adapter "
-                 "(car_adapters.langgraph, car_adapters.llamaindex, car_adapters.openai_agents), "
-                 "or read run.meta['final_state'] (the stored JSON)")
+                 "(car_adapters.langgraph, car_adapters.llamaindex, car_adapters.openai_agents)")
 
 
 def reads_run_as_state(exc: BaseException, run: Trajectory) -> bool:
@@ -136,43 +135,71 @@ RECORD_SCORES = 3
 RESCORE_KEY = 3
 
 
-def check_on_record(run: Trajectory, outcome: OutcomeLike) -> None:
-    """Refuse an outcome that does not see what the recorded run's stored outcome says.
+def check_on_record(run: Trajectory, outcome: OutcomeLike, *, attributing: bool = False
+                    ) -> None:
+    """Refuse an outcome that does not see what the recorded run's stored outcome says, and,
+    for an attribution (``attributing``), a run the outcome does not score as failed.
 
     Failed means a value ``>= FAILED_AT`` (0.5), as everywhere (``trajectory.is_failure``).
     The run is scored by the rule recorders use (``scored``: a judge taking ``rng`` draws from
     the run's own outcome stream, so the outcome the run was recorded with gives back its
-    value). When that score falls on the other side of the threshold from ``run.outcome``,
-    the run is scored twice more (a judge taking ``rng`` draws from two fresh streams; one with
-    randomness of its own draws again) and ``OutcomeMismatch`` is raised only when every score
-    disagrees. So a correct judge that errs independently with probability ``e`` on each call
-    is refused with probability ``e**3`` (0.008 at ``e = 0.2``), while a blind outcome, or a
-    seeded one reading the wrong thing, is refused every time. A run recorded without an
-    outcome (``run.outcome`` is None) is not checked. Nothing is charged to any budget; the
-    outcome may be called up to three times."""
-    if run.outcome is None:
+    value). When that score falls on the wrong side of the threshold, the run is scored twice
+    more (a judge taking ``rng`` draws from two fresh streams; one with randomness of its own
+    draws again) and the run is refused only when every score is on the wrong side. So a
+    correct judge that errs independently with probability ``e`` on each call is refused with
+    probability ``e**3`` (0.008 at ``e = 0.2``), while a blind outcome, or a seeded one reading
+    the wrong thing, is refused every time.
+
+    The wrong side is the other side from ``run.outcome`` (``OutcomeMismatch``). An attribution
+    explains a failure, so there it is also the fine side: a run stored as fine, or stored
+    without an outcome (a recorder given none), that the outcome scores as fine has no failure
+    to explain, and answering "no cause" for it would hide an outcome that cannot see the
+    failure (``OutcomeMismatch`` when nothing was stored to compare with, else
+    ``NothingToAttribute``). ``intervene`` asks what a change does to any run, failed or not:
+    it checks only against a stored outcome. Nothing is charged to any budget; the outcome may
+    be called up to three times."""
+    stored = None if run.outcome is None else float(run.outcome.value)
+    if stored is None and not attributing:
         return
     fn = outcome if isinstance(outcome, OutcomeFn) else OutcomeFn(outcome)
-    stored = float(run.outcome.value)
     seed = run.seed or 0
     scores: list[float] = []
     for i in range(RECORD_SCORES):
         value = fn.score(run, Noise(seed) if i == 0 else Noise(seed, (RESCORE_KEY, i)))
-        if is_failure(value) == is_failure(stored):
+        agrees = is_failure(value) == is_failure(stored) if stored is not None else True
+        if agrees and (not attributing or is_failure(value)):
             return
         scores.append(value)
-    raise OutcomeMismatch(
-        f"the outcome scores the recorded run as {_side(scores[0])} "
-        f"({', '.join(fmt.num(v) for v in scores)} on {len(scores)} scores) but it is stored "
-        f"as {_side(stored)} ({fmt.num(stored)}; failed means >= {FAILED_AT:g}), so it cannot "
-        f"see what the record saw and no branch was run. The outcome received {received(run)}",
-        run_id=run.id, stored=stored, scores=tuple(scores),
-        hint="make the outcome score the run as the app does: for a framework app, apply the "
-             "app's own rule to its final state as the app held it, outcome=lambda run: "
-             "rule(final_state(run)) with final_state from the app's adapter "
-             "(car_adapters.langgraph, car_adapters.llamaindex, car_adapters.openai_agents), "
-             "not to run.meta['final_state'], which is JSON (messages as OpenAI-style dicts); "
-             "or pass the outcome the run was recorded with")
+    shown = ", ".join(fmt.num(v) for v in scores)
+    if stored is not None and is_failure(scores[0]) != is_failure(stored):
+        raise OutcomeMismatch(
+            f"the outcome scores the recorded run as {_side(scores[0])} ({shown} on "
+            f"{len(scores)} scores) but it is stored as {_side(stored)} ({fmt.num(stored)}; "
+            f"failed means >= {FAILED_AT:g}), so it cannot see what the record saw and no "
+            f"branch was run. The outcome received {received(run)}",
+            run_id=run.id, stored=stored, scores=tuple(scores), hint=_SEE_THE_FAILURE)
+    if stored is None:
+        raise OutcomeMismatch(
+            f"the run was stored without an outcome and the outcome scores it as fine ({shown} "
+            f"on {len(scores)} scores; failed means >= {FAILED_AT:g}), so there is no failure "
+            "to attribute and no branch was run: either the outcome cannot see the failure or "
+            f"the run did not fail. The outcome received {received(run)}",
+            run_id=run.id, stored=None, scores=tuple(scores),
+            hint=_SEE_THE_FAILURE + " (record with outcome= to store the run's score, so this "
+                                    "check can compare with it)")
+    raise NothingToAttribute(
+        f"the run did not fail: it is stored as fine ({fmt.num(stored)}) and the outcome "
+        f"scores it as fine ({shown}), so there is no failure to attribute",
+        run_id=run.id, hint="attribute a failed run (car runs lists each run's outcome), or "
+                            "use car.intervene to ask what a change would do to this one")
+
+
+_SEE_THE_FAILURE = (
+    "make the outcome score the run as the app does: for a framework app, apply the app's own "
+    "rule to its final state as the app held it, outcome=lambda run: rule(final_state(run)) "
+    "with final_state from the app's adapter (car_adapters.langgraph, car_adapters.llamaindex, "
+    "car_adapters.openai_agents), not to run.meta['final_state'], which is JSON (messages as "
+    "OpenAI-style dicts); or pass the outcome the run was recorded with")
 
 
 def _side(value: float) -> str:

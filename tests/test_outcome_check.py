@@ -18,7 +18,7 @@ import pytest
 
 import car_core as car
 from car_core import synthetic as syn
-from car_core.errors import OutcomeError, OutcomeMismatch
+from car_core.errors import NothingToAttribute, OutcomeError, OutcomeMismatch
 from car_core.outcome import RECORD_SCORES, check_on_record
 from car_core.store import RunStore
 
@@ -100,11 +100,51 @@ def test_the_reverse_a_fine_run_scored_as_failed_is_refused(pivot_model) -> None
     assert "stored as fine (0.00" in str(info.value)
 
 
-def test_a_run_recorded_without_an_outcome_is_not_checked(pivot_model, pivot_run) -> None:
+def test_intervene_on_a_run_recorded_without_an_outcome_is_not_checked(pivot_model,
+                                                                        pivot_run) -> None:
+    """intervene asks what a change does to any run, failed or not: with nothing stored to
+    compare with, it runs."""
     unscored = dataclasses.replace(pivot_run, outcome=None)
     dist = car.intervene(unscored, pivot_model.agent(), car.do_resample(2), outcome=blind,
                          rollouts=4, progress=False)
     assert dist.mean == 0.0  # ran, and the blind outcome saw nothing, as asked
+
+
+ATTRIBUTIONS = sorted(set(ENTRIES) - {"intervene"})
+
+
+@pytest.mark.parametrize("entry", ATTRIBUTIONS)
+def test_an_attribution_of_a_run_stored_without_an_outcome_refuses_one_that_scores_it_fine(
+        pivot_model, pivot_run, entry) -> None:
+    """A recorder given no outcome stores none: an attribution then has nothing to compare
+    with, but a run the outcome scores as fine has no failure to explain, so a blind outcome
+    is refused before any branch instead of answered "no cause"."""
+    unscored = dataclasses.replace(pivot_run, outcome=None)
+    agent, calls = _counted(pivot_model)
+    with pytest.raises(OutcomeMismatch) as info:
+        ENTRIES[entry](unscored, agent, blind)
+    assert calls[0] == 0
+    text = str(info.value)
+    assert "stored without an outcome" in text and "(0.00, 0.00, 0.00" in text, text
+    assert "record with outcome=" in text, text
+
+
+@pytest.mark.parametrize("entry", ATTRIBUTIONS)
+def test_an_attribution_of_a_run_stored_without_an_outcome_runs_when_it_scores_failed(
+        pivot_model, pivot_run, entry) -> None:
+    agent, calls = _counted(pivot_model)
+    ENTRIES[entry](dataclasses.replace(pivot_run, outcome=None), agent, pivot_model.outcome)
+    assert calls[0] > 0
+
+
+def test_an_attribution_of_a_run_that_did_not_fail_is_refused(pivot_model) -> None:
+    fine = next(r for r in (car.record(pivot_model.agent(), context=None,
+                                       outcome=pivot_model.outcome, seed=s) for s in range(50))
+                if not r.failed)
+    agent, calls = _counted(pivot_model)
+    with pytest.raises(NothingToAttribute, match="the run did not fail"):
+        car.contrastive(fine, agent, outcome=pivot_model.outcome, rollouts=8, progress=False)
+    assert calls[0] == 0
 
 
 def test_a_seeded_noisy_judge_gives_back_its_recorded_value_on_every_seed() -> None:

@@ -65,7 +65,8 @@ class StepArms:
         check_agent(run, agent, force=force_agent)
         self.run, self.agent, self.step, self.seed = run, agent, step, seed
         self.outcome = OutcomeFn(outcome)
-        check_on_record(run, self.outcome)  # before the seed check's model calls and any arm
+        # before the seed check's model calls and any arm
+        check_on_record(run, self.outcome, attributing=True)
         self.handed_noise, self.noise_note = coupling(agent, run, True)
         self.meter = BudgetMeter(as_budget(budget))
         self.executor = resolve_executor(executor, agent)

@@ -176,7 +176,7 @@ class Session:
         self.outcome = OutcomeFn(outcome)
         # before anything is spent or stored: the seed check's model calls, the run's row,
         # the attribution's (so a refused estimate leaves nothing to resume)
-        check_on_record(run, self.outcome)
+        check_on_record(run, self.outcome, attributing=True)
         self.coupled, self.coupling = coupling(agent, run, bool(coupled))
         self.meter = BudgetMeter(budget)
         # None: sequential for in-process agents, asyncio for ones that wait on a model; a
