@@ -15,6 +15,7 @@ error), and a file opened from disk has no HTTP header to carry it instead.
 from __future__ import annotations
 
 import difflib
+from dataclasses import replace
 import json
 import math
 import re
@@ -480,7 +481,28 @@ def render_attribution(result: Any, run: Any = None,
             ctx["efficiency"] = {"total": r.get("total"), "v_full": vf, "v_empty": ve,
                                  "target": (vf.get("mean") or 0) - (ve.get("mean") or 0),
                                  "gap": r.get("efficiency_gap")}
+    _plain_first(ctx, r, traj)
     return redact(_ENV.get_template("report.html.j2").render(**ctx))
+
+
+def _plain_first(ctx: dict[str, Any], r: dict[str, Any], traj: Trajectory | None) -> None:
+    """The report opens with the plain sentence every surface opens with
+    (``formatting.answer``); the method's words (test, level, sample sizes, pairing) go to
+    "How this was measured", complete (``explain``)."""
+    from .assertions import agent_of
+    from .results import result_from_dict
+    typed = result_from_dict(r)
+    if not typed.actions and traj is not None:  # stored before results kept them
+        typed = replace(typed, actions=fmt.step_actions(traj))
+    step = getattr(typed, "locus", None)
+    if step is None:
+        step = getattr(typed, "candidate", None)
+    who = agent_of(traj, step) if traj is not None and step is not None else None
+    verdict = ctx["verdict"]
+    verdict["measured"] = verdict.pop("detail", "")
+    if r.get("method") == "contrastive":  # the Shapley verdict is in plain words already
+        verdict["plain"] = fmt.answer(typed, who)
+    ctx["explain"] = typed.explain(who)
 
 
 def render_run(run: Any, home: str | None = None, what: Any = None, fixes: Any = None) -> str:

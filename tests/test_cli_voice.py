@@ -100,7 +100,7 @@ def test_text_table_and_plugin_say_the_same_row_and_headline(refit) -> None:
     # the default views: what the step did and its rescue, no sample size
     for surface in (text, table):
         # the step, its action (the table cuts it short), then the numbers and the mark
-        found = re.search(re.escape(plain[0]) + r"[\s│]+" + re.escape(plain[1][:30]) + r".*?"
+        found = re.search(re.escape(plain[0]) + r"[\s│]+" + re.escape(plain[1][:20]) + r".*?"
                           + r"[\s│]+".join(re.escape(c) for c in plain[2:]), surface)
         assert found, surface
         for column in fmt.PLAIN_COLUMNS[:-1]:
@@ -111,9 +111,9 @@ def test_text_table_and_plugin_say_the_same_row_and_headline(refit) -> None:
     assert headline in refit.explain()
     assert kit.verdict(refit) == fmt.answer(refit) == text.splitlines()[0]
     plugin = Attribution(refit, run, None, "test_x.py::test_y").headline()
-    assert plugin == fmt.headline(refit, run.agent)
-    assert plugin.startswith(f"locus: step {refit.locus} (decided by {run.agent}), rescue ")
-    for surface in (refit.explain(), plugin):
+    assert plugin == fmt.answer(refit, run.agent)
+    assert plugin.startswith(f"Step {refit.locus} ({run.agent} chose ")
+    for surface in (refit.explain(), refit.explain(run.agent)):
         assert "0.9500" not in surface and "level 0." not in surface
         assert "at 95%" in surface or "family-wise 95%" in surface
 

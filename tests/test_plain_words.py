@@ -153,3 +153,17 @@ def test_car_attribute_opens_with_the_answer_and_explains_on_request(tmp_path) -
     assert code == 0 and explained.splitlines()[0] == first
     assert "How this was measured" in explained and "alpha 0.050" in explained
     assert "betting test" in explained and "n=" in explained
+
+
+def test_the_report_opens_with_the_sentence_and_says_how_it_was_measured(located) -> None:
+    import html as html_lib
+
+    from car_core.report import render_attribution
+    run = syn.pivot().failing_run(0)
+    page = html_lib.unescape(render_attribution(located, run=run))
+    top = page[page.index('id="verdict"'):page.index("</section>", page.index('id="verdict"'))]
+    assert f'<p class="headline">{fmt.answer(located, run.agent)}</p>' in top
+    assert not re.search(r"betting|alpha|family-wise|pair\(s\)", top), top
+    measured = page[page.index('id="measured"'):]
+    assert "How this was measured" in measured and "alpha 0.050" in measured
+    assert "betting test" in measured and "n=" in measured
