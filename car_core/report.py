@@ -15,11 +15,11 @@ error), and a file opened from disk has no HTTP header to carry it instead.
 from __future__ import annotations
 
 import difflib
-from dataclasses import replace
 import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
