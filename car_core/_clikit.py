@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 import re
 import sys
@@ -293,6 +294,44 @@ def parse_do(spec: str) -> Intervention:
 
 
 # -- the store ------------------------------------------------------------------------------
+def parse_prices(specs: list[str], path: Path | None = None) -> dict[str, tuple[float, float]]:
+    """Model prices per million input and output tokens (``car.Budget.prices``) from
+    ``--price MODEL=IN:OUT`` flags and a ``--price-file`` JSON object ``{"MODEL": [IN, OUT]}``;
+    a flag overrides the file for the same model."""
+    prices: dict[str, tuple[float, float]] = {}
+    if path is not None:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise InvalidInput(f"--price-file {path}: cannot be read as JSON ({exc})",
+                               hint='write {"MODEL": [IN, OUT], ...} per million tokens'
+                               ) from None
+        if not isinstance(data, dict):
+            raise InvalidInput(f"--price-file {path}: not a JSON object",
+                               hint='write {"MODEL": [IN, OUT], ...} per million tokens')
+        for model, pair in data.items():
+            prices[str(model)] = _price_pair(pair, f"--price-file {path}: {model}")
+    for spec in specs:
+        model, eq, rest = spec.rpartition("=")
+        if not eq or not model:
+            raise InvalidInput(f"--price {spec!r} is not MODEL=IN:OUT",
+                               hint="e.g. --price gpt-4o-mini=0.15:0.60 (per million tokens)")
+        prices[model] = _price_pair(rest.split(":"), f"--price {spec}")
+    return prices
+
+
+def _price_pair(pair: Any, where: str) -> tuple[float, float]:
+    try:
+        pin, pout = (float(x) for x in pair)
+    except (TypeError, ValueError):
+        raise InvalidInput(f"{where}: need two prices, input and output per million tokens",
+                           hint="e.g. 0.15:0.60 (flag) or [0.15, 0.60] (file)") from None
+    if not (math.isfinite(pin) and math.isfinite(pout)) or pin < 0 or pout < 0:
+        raise InvalidInput(f"{where}: prices must be finite and not negative",
+                           hint="e.g. 0.15:0.60 per million tokens")
+    return pin, pout
+
+
 def existing_store(path: str) -> Any:
     """Open a store that must already exist, read-only: read commands never create, migrate
     or leave a file beside it."""

@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -338,6 +339,14 @@ class Method(StrEnum):
     shapley = "shapley"
 
 
+class Search(StrEnum):
+    """The contrastive search strategies (``car.contrastive(search=...)``)."""
+
+    auto = "auto"
+    full = "full"
+    bisection = "bisection"
+
+
 class ExecutorName(StrEnum):
     sequential = "sequential"
     async_ = "async"
@@ -371,6 +380,26 @@ def attribute(
         alpha: Annotated[float | None, typer.Option(
             "--alpha", help=f"Family-wise error rate (default {defaults.ALPHA}; on --resume "
                             "the attribution's).")] = None,
+        search: Annotated[Search | None, typer.Option(
+            "--search", help="contrastive: how the steps are searched (auto: bisection; full: "
+                             "every step tested; on --resume the attribution's).")] = None,
+        max_tokens: Annotated[int | None, typer.Option(
+            "--max-tokens", min=1, help="Stop before the branches spend more model tokens than "
+                                        "this (on --resume the attribution's).")] = None,
+        max_cost: Annotated[float | None, typer.Option(
+            "--max-cost", help="Stop before the branches spend more money than this: steps' "
+                               "own reported cost, else tokens at --price (on --resume the "
+                               "attribution's).")] = None,
+        price: Annotated[list[str] | None, typer.Option(
+            "--price", metavar="MODEL=IN:OUT",
+            help="Price of a model per million input and output tokens, for --max-cost "
+                 "(repeatable), e.g. --price gpt-4o-mini=0.15:0.60.")] = None,
+        price_file: Annotated[Path | None, typer.Option(
+            "--price-file", help='JSON prices for --max-cost: {"MODEL": [IN, OUT], ...} per '
+                                 "million tokens.")] = None,
+        max_seconds: Annotated[float | None, typer.Option(
+            "--max-seconds", help="Stop starting branches after this many seconds of wall time "
+                                  "(on --resume the attribution's).")] = None,
         seed: Annotated[int | None, typer.Option(
             "--seed", help="Default 0; on --resume the attribution's.")] = None,
         executor: Annotated[ExecutorName | None, typer.Option(
@@ -414,6 +443,8 @@ def attribute(
     stored = dict(earlier.params) if earlier is not None else {}
     settings = _settings(method, stored, len(run.steps), rollouts=rollouts, budget=budget,
                          alpha=alpha, seed=seed)
+    settings = _with_caps(settings, stored, search=search, tokens=max_tokens, cost=max_cost,
+                          seconds=max_seconds, prices=kit.parse_prices(price or [], price_file))
     _check_size(settings, len(run.steps), max_rollouts, max_budget)
     if earlier is not None and earlier.result is not None and not replace \
             and earlier.method == method.value:
@@ -545,6 +576,34 @@ def _settings(method: Method, stored: dict[str, Any], n_steps: int, *, rollouts:
                                            seed=seed, budget=budget)
     return ShapleySettings.resumed(stored, n_steps, seed=seed, budget=budget,
                                    level=None if alpha is None else 1 - alpha)
+
+
+def _with_caps(settings: ContrastiveSettings | ShapleySettings, stored: dict[str, Any], *,
+               search: Search | None, tokens: int | None, cost: float | None,
+               seconds: float | None, prices: dict[str, tuple[float, float]]
+               ) -> ContrastiveSettings | ShapleySettings:
+    """The settings with the search and the token, money and wall-time caps the flags give
+    (``car.Budget``, as Python takes them), else the attribution resumed's, else none."""
+    for flag, value in (("--max-cost", cost), ("--max-seconds", seconds)):
+        if value is not None and not value > 0:
+            raise InvalidInput(f"{flag} {value} cannot pay for anything",
+                               hint=f"give {flag} a positive number, or leave it out for no cap")
+    if search is not None and isinstance(settings, ShapleySettings):
+        raise InvalidInput("--search applies to contrastive only",
+                           hint="leave it out with --method shapley")
+    if isinstance(settings, ContrastiveSettings):
+        chosen = search.value if search is not None else stored.get("search")
+        if isinstance(chosen, str) and chosen != settings.search:
+            settings = replace(settings, search=chosen)
+    before = stored.get("budget") if isinstance(stored.get("budget"), dict) else {}
+    caps = {"tokens": tokens if tokens is not None else before.get("tokens"),
+            "cost": cost if cost is not None else before.get("cost"),
+            "wall_time": seconds if seconds is not None else before.get("wall_time")}
+    if all(v is None for v in caps.values()) and not prices:
+        return settings
+    given = settings.budget
+    rollouts = given.rollouts if isinstance(given, Budget) else given
+    return replace(settings, budget=Budget(rollouts=rollouts, prices=prices, **caps))
 
 
 def _stored(reader: RunStore, aid: str) -> Attribution | None:

@@ -1,0 +1,122 @@
+"""``car attribute`` takes what ``car.contrastive`` and ``car.shapley`` take: the search, and
+the token, money and wall-time caps of ``car.Budget`` (with its price table)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from car_core import synthetic as syn
+from car_core.store import RunStore
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "support"))
+
+from cli_golden import _car  # noqa: E402
+
+# every live step of a branch reports 10 prompt tokens (TokenAgent) from model "m1"
+PRICED = f'''
+import sys
+from dataclasses import replace
+sys.path.insert(0, {str(HERE)!r})
+import car_core as car
+from car_core import synthetic
+from _estimator_helpers import TokenAgent
+
+
+class Priced(TokenAgent):
+    def branch(self, run, plan, noise):
+        traj = super().branch(run, plan, noise)
+        steps = [replace(s, meta={{**s.meta, "model": "m1"}})
+                 if s.meta.get("origin") == "live" else s for s in traj.steps]
+        return car.Trajectory.new(context=traj.context, steps=steps, seed=traj.seed,
+                                  agent=traj.agent, status=traj.status)
+
+
+def agent():
+    return Priced(synthetic.pivot().agent())
+
+
+outcome = synthetic.pivot().outcome
+'''
+
+
+@pytest.fixture
+def pivot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    (tmp_path / "priced_agent.py").write_text(PRICED, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = syn.pivot().failing_run(0)
+    db = str(tmp_path / "car.db")
+    with RunStore(db) as s:
+        s.save(run)
+    return run.id, db
+
+
+def _attribute(run_id: str, db: str, *flags: str,
+               agent: str = "priced_agent:agent") -> tuple[int, dict, str]:
+    scored = ("--outcome", "priced_agent:outcome") if agent.startswith("priced") else ()
+    code, out, err = _car("attribute", run_id, "--agent", agent, *scored, "--store", db,
+                          "--json", *flags)
+    return code, (json.loads(out) if out.strip() else {}), err
+
+
+def test_search_reaches_the_estimator(pivot) -> None:
+    code, res, err = _attribute(*pivot, "--search", "full", "--rollouts", "8",
+                                agent="car_core.synthetic:pivot")
+    assert code in (0, 1), err
+    assert res["search"] == "full" and res["params"]["search"] == "full"
+    assert res["correction"] == "bonferroni"  # the full search's test, not the betting one
+    code, _, err = _attribute(*pivot, "--search", "full", "--method", "shapley",
+                              agent="car_core.synthetic:pivot")
+    assert code == 2 and "--search applies to contrastive only" in err
+
+
+def test_max_tokens_stops_before_the_cap_is_spent(pivot) -> None:
+    # 10 tokens per live step, at most 6 live steps a branch: 300 tokens is at most a few
+    # dozen branches, far fewer than the 96 the search may run
+    code, res, err = _attribute(*pivot, "--max-tokens", "300", "--rollouts", "16")
+    assert code == 3, err
+    assert res["truncated"] and res["budget_note"] == "token budget of 300 would be exceeded"
+    assert 0 < res["tokens"] <= 300
+    assert res["params"]["budget"]["tokens"] == 300
+
+
+def test_max_cost_charges_tokens_at_the_price_given(pivot, tmp_path: Path) -> None:
+    # m1 at 1000 per million input tokens: 10 tokens cost 0.01, so 0.5 buys 50 steps
+    code, res, err = _attribute(*pivot, "--max-cost", "0.5", "--price", "m1=1000:0")
+    assert code == 3, err
+    assert res["budget_note"] == "cost budget of 0.5 would be exceeded"
+    assert 0 < res["cost"] <= 0.5
+    assert res["cost"] == pytest.approx(res["tokens"] * 1000 / 1e6)
+    (tmp_path / "prices.json").write_text('{"m1": [1000, 0]}', encoding="utf-8")
+    code, again, err = _attribute(*pivot, "--max-cost", "0.5", "--price-file", "prices.json")
+    assert code == 3 and again["cost"] == res["cost"], err
+
+
+def test_max_seconds_is_the_budget_wall_time(pivot) -> None:
+    code, res, err = _attribute(*pivot, "--max-seconds", "3600", "--rollouts", "8",
+                                agent="car_core.synthetic:pivot")
+    assert code == 0, err
+    assert res["params"]["budget"]["wall_time"] == 3600 and not res["truncated"]
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (("--max-cost", "1", "--price", "m1"), "--price 'm1' is not MODEL=IN:OUT"),
+    (("--max-cost", "1", "--price", "m1=1"), "need two prices"),
+    (("--max-cost", "1", "--price", "m1=-1:2"), "not negative"),
+    (("--max-cost", "0"), "--max-cost 0.0 cannot pay for anything"),
+    (("--max-seconds", "-5"), "--max-seconds -5.0 cannot pay for anything"),
+    (("--max-cost", "1", "--price-file", "missing.json"), "cannot be read as JSON"),
+])
+def test_bad_caps_are_refused_by_flag_before_anything_runs(pivot, flags, said) -> None:
+    code, res, err = _attribute(*pivot, *flags)
+    assert code == 2 and said in err and not res, err
+
+
+def test_a_model_name_with_a_colon_keeps_it() -> None:
+    from car_core import _clikit as kit
+    assert kit.parse_prices(["llama3:8b=0.1:0.2"]) == {"llama3:8b": (0.1, 0.2)}
