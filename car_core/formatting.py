@@ -169,7 +169,8 @@ def step_row(r: Any, s: Any, *, missing: str = MISSING) -> StepRow:
     is_locus = s.step == r.locus
     tested = ((SIGNIFICANT if s.significant else NOT_SIGNIFICANT) if s.tested
               else NOT_TESTED)
-    mark = (LOCUS_MARK if is_locus else tested if s.tested
+    mark = (LOCUS_MARK if is_locus else
+            ("shown to help" if s.significant else "not shown to help") if s.tested
             else untested_mark(r, int(s.step)))
     return StepRow(str(s.step), effect(s.effect, missing=missing),
                    effect_interval(s.ci, missing=missing), prob(held, missing=missing),

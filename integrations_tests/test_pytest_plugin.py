@@ -208,7 +208,7 @@ def test_a_failing_function_agent_test_via_car_record(pytester: pytest.Pytester)
     rec = pytester.inline_run("--car-attribute", "--car-rollouts", "16", "test_pivot.py")
     rec.assertoutcome(failed=1)
     text = section(rec.getreports("pytest_runtest_logreport"), "test_pivot_0")
-    assert text is not None and text.startswith("locus: step 2 (decided by synthetic:pivot)")
+    assert text is not None and text.startswith("Step 2 (synthetic:pivot chose ")
     runs = stored_runs(session_store(pytester))
     assert runs and all(r.meta["test"] == "test_pivot.py::test_pivot_0" for r in runs)
     assert sum(r.failed for r in runs) == 1  # failing_run recorded until the first failure
@@ -260,7 +260,8 @@ def test_shapley_on_request(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_pivot=FUNCTION_AGENT_SUITE.format(i=0, at=1))
     rec = pytester.inline_run("--car-attribute", "--car-method", "shapley", "--car-budget", "64")
     text = section(rec.getreports("pytest_runtest_logreport"), "test_pivot_0")
-    assert text is not None and text.startswith("largest Shapley value: step 1 phi"), text
+    assert text is not None and text.startswith("Step 1 (the agent chose "), text
+    assert "carries the largest share of the failure" in text.splitlines()[0]
     assert "of 64" in text  # the budget the option gave
 
 
@@ -273,7 +274,8 @@ def test_xdist_workers_write_their_own_stores_merged_at_the_end(
     out = result.stdout.str()
     sections, summary = out.split("CAR attribution summary")
     assert len(re.findall(r"locus: step 1 \(decided by synthetic:pivot\)", sections)) == 4
-    assert len(re.findall(r"test_pivot\d.py::test_pivot_\d: locus: step 1 ", summary)) == 4
+    assert len(re.findall(r"test_pivot\d.py::test_pivot_\d: Step 1 \(synthetic:pivot chose ",
+                          summary)) == 4
     folder = session_store(pytester).parent
     assert sorted(p.name for p in folder.glob("*.db")) == ["runs.db"]  # worker files merged
     runs = stored_runs(session_store(pytester))
@@ -296,7 +298,7 @@ def test_ok(car_recorder):
     rec = pytester.inline_run("--lf", "--car-attribute")
     rec.assertoutcome(failed=1)
     assert section(rec.getreports("pytest_runtest_logreport"), "test_pivot_0").startswith(
-        "locus: step 1")
+        "Step 1 (")
     assert {r.meta["test"] for r in stored_runs(session_store(pytester))} == {
         "test_pivot.py::test_pivot_0"}
 
@@ -369,7 +371,8 @@ def test_a_llamaindex_run_is_recorded_and_attributed(pytester: pytest.Pytester) 
     assert run.failed  # seed 2: the model's first draw (0.26 < 0.5) escalates
     rec.assertoutcome(failed=1)
     text = section(reports, "test_never_escalates")
-    assert text is not None and text.startswith("locus: step 1 (decided by Agent, its "), text
+    assert text is not None and text.startswith("Step 1 (Agent "), text
+    assert " decision) caused the failure" in text.splitlines()[0]
 
 
 OPENAI_AGENTS_SUITE = '''
@@ -464,11 +467,11 @@ def test_an_undecided_attribution_says_so_and_its_command_decides_it(
     pytester.makepyfile(test_pivot=FUNCTION_AGENT_SUITE.format(i=0, at=2))
     rec = pytester.inline_run("--car-attribute", "--car-rollouts", "16", "--car-budget", "16")
     text = section(rec.getreports("pytest_runtest_logreport"), "test_pivot_0")
-    assert text is not None and text.startswith("undecided: the budget ran out"), text
+    assert text is not None and text.startswith("Undecided: the budget ran out"), text
     assert "the candidate is step 2" in text and "step 2 was decided by synthetic:pivot" in text
     command = ("pytest test_pivot.py::test_pivot_0 --car-attribute --car-rollouts 16 "
                "--car-budget 32 --car-wall-time 60")
     assert f"to continue: {command}" in text
     again = pytester.inline_run(*command.split()[1:])
     text = section(again.getreports("pytest_runtest_logreport"), "test_pivot_0")
-    assert text is not None and text.startswith("locus: step 2 (decided by synthetic:pivot)")
+    assert text is not None and text.startswith("Step 2 (synthetic:pivot chose ")

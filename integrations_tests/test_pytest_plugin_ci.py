@@ -135,7 +135,8 @@ def test_a_test_that_attributes_itself_records_only_its_own_run(
     assert not (run.meta.get("thread_id") or "").startswith("car-branch-")
     text = section(rec.getreports("pytest_runtest_logreport"), "test_attributes_itself_then_fails")
     assert text is not None, text
-    assert text.startswith("locus: step 1 (decided by agent, its 2nd decision)"), text
+    assert text.startswith("Step 1 (agent "), text
+    assert ", its 2nd decision) caused the failure" in text.splitlines()[0]
 
 
 PIVOT_SUITE = '''
@@ -179,7 +180,7 @@ def test_junit_properties_and_the_terminal_summary_carry_the_locus(
     out = result.stdout.str()
     summary = out[out.index("CAR attribution summary"):out.index("short test summary info")]
     for i in range(2):
-        line = re.search(rf"test_pivot{i}.py::test_pivot_{i}: locus: step 1 .*; report (\S+)",
+        line = re.search(rf"test_pivot{i}.py::test_pivot_{i}: Step 1 .*; report (\S+)",
                          summary)
         assert line and Path(line[1]).is_file(), summary
     assert "test_plain" not in summary
@@ -196,7 +197,7 @@ def test_progress_lines_say_what_is_being_attributed(pytester: pytest.Pytester) 
     result = pytester.runpytest("--car-attribute", "--car-rollouts", "16", "--car-budget", "40")
     out = result.stdout.str()
     assert "CAR: attributing test_pivot0.py::test_pivot_0 (at most 40 rollouts, 60 s)" in out
-    done = re.search(r"CAR: test_pivot0.py::test_pivot_0: locus: step 1 .* \((\d+) of at most 40 "
+    done = re.search(r"CAR: test_pivot0.py::test_pivot_0: Step 1 .* \((\d+) of at most 40 "
                      r"rollouts, ", out)
     assert done and 0 < int(done[1]) <= 40, out
 

@@ -54,11 +54,14 @@ class Attribution:
         r = self.result
         lines = [self.headline()]
         lines.append(f"run {self.run.id} ({len(self.run.steps)} steps) recorded by {self.nodeid};"
-                     f" {r.rollouts_used} rollouts in {seconds:.1f}s, coupled={r.coupled}"
+                     f" {r.rollouts_used} rollouts in {seconds:.1f}s"
                      + (f"; truncated: {r.budget_note}" if r.truncated else ""))
-        lines += [str(r), *self.notes]
+        # the table and what follows it (its first line is the headline, said above), then
+        # how it was measured, complete: a CI log is read when a test fails
+        lines += [*str(r).splitlines()[1:], *self.notes]
         if self.report is not None:
             lines.append(f"report: {self.report}")
+        lines.append(r.explain(self._who()))
         return "\n".join(lines)
 
     def continue_command(self) -> str | None:
@@ -102,19 +105,24 @@ class Attribution:
             props["car_report"] = str(self.report)
         return props
 
-    def headline(self) -> str:
-        """The answer in the words of every other surface (``car_core.formatting``), with who
-        decided the step it names and, when undecided or truncated, how to continue."""
-        from car_core import formatting as fmt
+    def _who(self) -> str | None:
+        """Who decided the step the answer names (the locus, or an undecided candidate)."""
         from car_core.assertions import agent_of
         r = self.result
+        if not hasattr(r, "locus"):
+            return None
+        step = r.locus if r.locus is not None else r.candidate
+        return agent_of(self.run, step) if step is not None else None
+
+    def headline(self) -> str:
+        """The answer in the plain sentence of every other surface
+        (``car_core.formatting.answer``), with who decided the step it names and, when
+        undecided or truncated, how to continue."""
+        from car_core import formatting as fmt
         again = self.continue_command()
         tail = f"; to continue: {again}" if again else ""
-        if not hasattr(r, "locus"):  # Shapley: the largest value, with its interval
-            return fmt.headline(r) + tail
-        step = r.locus if r.locus is not None else r.candidate
-        who = agent_of(self.run, step) if step is not None else None
-        return fmt.headline(r, who) + tail
+        said = fmt.answer(self.result, self._who())
+        return (said.removesuffix(".") + tail) if tail else said
 
 
 class RunRecorder:
