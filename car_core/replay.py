@@ -126,7 +126,11 @@ class OutcomeDistribution:
                 **({"caveats": list(self.caveats)} if self.caveats else {})}
 
     def __str__(self) -> str:
-        return (fmt.failure_rate(self.mean, self.ci, self.level, self.n)
+        """The failure rate in plain words first, then with its level and sample size."""
+        return (f"the agent fails in {fmt.percent(self.mean)} of re-runs "
+                f"{fmt.percent_interval(self.ci)}"
+                + (", from a budget that ran out" if self.truncated else "") + "\n"
+                + fmt.failure_rate(self.mean, self.ci, self.level, self.n)
                 + (" (truncated)" if self.truncated else "")
                 + "".join(f"\ncaveat: {c}" for c in self.caveats))
 

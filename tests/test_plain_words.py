@@ -167,3 +167,15 @@ def test_the_report_opens_with_the_sentence_and_says_how_it_was_measured(located
     measured = page[page.index('id="measured"'):]
     assert "How this was measured" in measured and "alpha 0.050" in measured
     assert "betting test" in measured and "n=" in measured
+
+
+def test_an_intervention_says_its_failure_rate_in_plain_words_first() -> None:
+    m = syn.pivot()
+    run = m.failing_run(0)
+    dist = car.intervene(run, m.agent(), car.do_resample(2), outcome=m.outcome, rollouts=16,
+                         seed=0)
+    first, second = str(dist).splitlines()[:2]
+    assert first == (f"the agent fails in {round(dist.mean * 100)}% of re-runs "
+                     f"({round(dist.ci[0] * 100)}%–{round(dist.ci[1] * 100)}%)")
+    assert not METHOD_WORDS.search(first)
+    assert second == fmt.failure_rate(dist.mean, dist.ci, dist.level, dist.n)
