@@ -47,7 +47,8 @@ def test_a_seed_check_veto_reaches_every_result(pivot_model: syn.SyntheticSCM,
     sh = car.shapley(pivot_run, agent, outcome=outcome, budget=40, mode="permutation")
     for r in (dist, res, sh):
         assert r.coupled is False and r.to_dict()["coupling"].endswith("ignores the request seed")
-    assert "coupled=False (noise handed out: measured: the server ignores" in str(res)
+    assert "coupling: unpaired: " in res.explain()
+    assert "noise handed out: measured: the server ignores" in res.explain()
     honest = _agent(None)
     res = car.contrastive(pivot_run, honest, outcome=outcome, rollouts=4)
     assert res.coupling and res.coupling.startswith("measured")
@@ -130,7 +131,8 @@ def test_shapley_reports_the_coupling_its_pairs_show() -> None:
                         mode="permutation")
     assert not loose.coupled and loose.coupling_pairs > 0
     assert loose.coupling_measured is not None and abs(loose.coupling_measured) < 0.3
-    assert "coupling measured" in str(loose)
+    assert ("unpaired: branches were not shown to share randomness (measured agreement"
+            in loose.explain())
     exact = car.shapley(run, desk.agent(), outcome=desk.judge, budget=400, mode="exact")
     assert not exact.coupled
     assert type(sh).from_dict(sh.to_dict()).coupling_ci == sh.coupling_ci
