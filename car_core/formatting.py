@@ -394,12 +394,14 @@ def _who_nth(r: Any, k: int, who: str | None) -> tuple[str | None, str | None]:
     return who or (found[1] if found else None), (found[2] if found else None)
 
 
-def step_said(r: Any, k: int, who: str | None = None, actions: Sequence[str] = ()) -> str:
+def step_said(r: Any, k: int, who: str | None = None, actions: Sequence[str] = (),
+              nth: str | None = None) -> str:
     """Step ``k`` with who decided it and what it did: ``step 4 (account_agent called
     lookup(id=3), its 1st decision)``."""
     actions = tuple(actions) or tuple(_get(r, "actions", ()) or ())
     did = actions[k] if 0 <= k < len(actions) else None
-    who, nth = _who_nth(r, k, who)
+    who, found_nth = _who_nth(r, k, who)
+    nth = nth or found_nth
     if did is None and who is None:
         return f"step {k}"
     inner = f"{who or 'the agent'} {did}" if did else f"decided by {who}"
@@ -491,7 +493,13 @@ def _shapley_words(r: Any, who: str | None) -> str:
         k = _get(v, "step")
         if k is None:
             return str(_get(v, "label") or "the other steps")
-        return step_said(r, int(k), who if len(leaders) == 1 else None, actions)
+        # a multi-agent label names who decided the step: "account_agent, step 4 (its 1st
+        # decision)"
+        found = re.fullmatch(rf"(.+), step {k} \(its (\w+) decision\)",
+                             str(_get(v, "label") or ""))
+        return step_said(r, int(k), (found[1] if found else None)
+                         or (who if len(leaders) == 1 else None), actions,
+                         found[2] if found else None)
 
     def share(v: Any) -> str:
         return f"{percent(_get(v, 'estimate'))} {percent_interval(_get(v, 'ci'))}"
@@ -499,6 +507,7 @@ def _shapley_words(r: Any, who: str | None) -> str:
     head = head[:1].upper() + head[1:]
     if kind == "equal":
         names = [name(v) for v in leaders]
+        names[0] = names[0][:1].upper() + names[0][1:]
         return (f"{cut}{', '.join(names[:-1])} and {names[-1]} share the largest part of the "
                 f"failure equally: keeping any one of them as recorded adds "
                 f"{percent(_get(leaders[0], 'estimate'))} to P(fail) on average")

@@ -129,7 +129,7 @@ class OutcomeDistribution:
         """The failure rate in plain words first, then with its level and sample size."""
         return (f"the agent fails in {fmt.percent(self.mean)} of re-runs "
                 f"{fmt.percent_interval(self.ci)}"
-                + (", from a budget that ran out" if self.truncated else "") + "\n"
+                + (", from a budget that ran out" if self.truncated else "") + "; "
                 + fmt.failure_rate(self.mean, self.ci, self.level, self.n)
                 + (" (truncated)" if self.truncated else "")
                 + "".join(f"\ncaveat: {c}" for c in self.caveats))

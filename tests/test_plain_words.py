@@ -174,8 +174,8 @@ def test_an_intervention_says_its_failure_rate_in_plain_words_first() -> None:
     run = m.failing_run(0)
     dist = car.intervene(run, m.agent(), car.do_resample(2), outcome=m.outcome, rollouts=16,
                          seed=0)
-    first, second = str(dist).splitlines()[:2]
-    assert first == (f"the agent fails in {round(dist.mean * 100)}% of re-runs "
+    plain, method = str(dist).split("; ", 1)
+    assert plain == (f"the agent fails in {round(dist.mean * 100)}% of re-runs "
                      f"({round(dist.ci[0] * 100)}%–{round(dist.ci[1] * 100)}%)")
-    assert not METHOD_WORDS.search(first)
-    assert second == fmt.failure_rate(dist.mean, dist.ci, dist.level, dist.n)
+    assert not METHOD_WORDS.search(plain)
+    assert method == fmt.failure_rate(dist.mean, dist.ci, dist.level, dist.n)
