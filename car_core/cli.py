@@ -595,15 +595,17 @@ def _with_caps(settings: ContrastiveSettings | ShapleySettings, stored: dict[str
         chosen = search.value if search is not None else stored.get("search")
         if isinstance(chosen, str) and chosen != settings.search:
             settings = replace(settings, search=chosen)
-    before = stored.get("budget") if isinstance(stored.get("budget"), dict) else {}
-    caps = {"tokens": tokens if tokens is not None else before.get("tokens"),
-            "cost": cost if cost is not None else before.get("cost"),
-            "wall_time": seconds if seconds is not None else before.get("wall_time")}
-    if all(v is None for v in caps.values()) and not prices:
+    stored_budget = stored.get("budget")
+    before: dict[str, Any] = stored_budget if isinstance(stored_budget, dict) else {}
+    tokens = tokens if tokens is not None else before.get("tokens")
+    cost = cost if cost is not None else before.get("cost")
+    seconds = seconds if seconds is not None else before.get("wall_time")
+    if tokens is None and cost is None and seconds is None and not prices:
         return settings
     given = settings.budget
     rollouts = given.rollouts if isinstance(given, Budget) else given
-    return replace(settings, budget=Budget(rollouts=rollouts, prices=prices, **caps))
+    return replace(settings, budget=Budget(rollouts=rollouts, tokens=tokens, cost=cost,
+                                           wall_time=seconds, prices=prices))
 
 
 def _stored(reader: RunStore, aid: str) -> Attribution | None:

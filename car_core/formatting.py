@@ -346,7 +346,8 @@ def action_summary(action: Any) -> str:
         calls = action.get("tool_calls")
         if isinstance(calls, Sequence) and not isinstance(calls, str) and calls:
             first = calls[0] if isinstance(calls[0], Mapping) else {}
-            fn = first.get("function") if isinstance(first.get("function"), Mapping) else first
+            inner = first.get("function")
+            fn: Mapping[str, Any] = inner if isinstance(inner, Mapping) else first
             said = _call(fn.get("name", "?"), fn.get("arguments", fn.get("args")))
             return said + (f" and {len(calls) - 1} more call(s)" if len(calls) > 1 else "")
         if action.get("name") and any(k in action for k in ("arguments", "args", "input")):
