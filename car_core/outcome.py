@@ -69,7 +69,8 @@ class OutcomeFn:
         try:
             return bool(self._settled(run))
         except Exception as exc:  # the user's code: wrap whatever it raises
-            raise OutcomeError(f"the outcome's settled() raised {exc!r}", run_id=run.id,
+            raise OutcomeError(f"the outcome's settled() raised {exc!r}{_on(run)}",
+                               run_id=_run_id(run),
                                hint="fix outcome.settled; it is called on partial runs after "
                                     "each step of a branch") from exc
 
@@ -80,8 +81,10 @@ class OutcomeFn:
             if reads_run_as_state(exc, run):
                 raise OutcomeError(f"the outcome function read the run as a dict ({exc!r}): "
                                    "outcome(run) is handed the car.Trajectory, not the app's "
-                                   "final state", run_id=run.id, hint=OLD_FORM_HINT) from exc
-            raise OutcomeError(f"the outcome function raised {exc!r}", run_id=run.id,
+                                   f"final state{_on(run)}", run_id=_run_id(run),
+                                   hint=OLD_FORM_HINT) from exc
+            raise OutcomeError(f"the outcome function raised {exc!r}{_on(run)}",
+                               run_id=_run_id(run),
                                hint="fix the outcome function; it must score any branch, "
                                     "including ones that end early") from exc
         if isinstance(value, (bool, np.bool_)):
@@ -90,7 +93,8 @@ class OutcomeFn:
             v = float(value)
             if 0.0 <= v <= 1.0:
                 return v
-        raise OutcomeError(f"the outcome function returned {value!r}", run_id=run.id,
+        raise OutcomeError(f"the outcome function returned {value!r}{_on(run)}",
+                           run_id=_run_id(run),
                            hint="return a float in [0, 1] or a bool (1 / True = the failure "
                                 "happened)")
 
@@ -99,6 +103,21 @@ class OutcomeFn:
         branch's own), or of the noise a recorded run was recorded with when None."""
         noise = Noise(run.seed or 0) if noise is None else noise
         return self(run, noise.rng(0, Stream.OUTCOME))
+
+
+def _run_id(run: Trajectory) -> str:
+    """The id a user can look up: a branch's parent run (branches are not listed by ``car
+    runs``), the run itself otherwise."""
+    return run.lineage.parent_id if run.lineage is not None else run.id
+
+
+def _on(run: Trajectory) -> str:
+    """Where a branch's score was asked for, so its error names the branch as a branch."""
+    lin = run.lineage
+    if lin is None:
+        return ""
+    return (f" on a branch of the run (branch {run.id}, re-decided from step "
+            f"{lin.branch_step}, arm {lin.arm}, rollout {lin.rollout})")
 
 
 OLD_FORM_HINT = ("write a rule over the app's final state as outcome=lambda run: "

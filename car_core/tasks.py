@@ -123,7 +123,8 @@ def score_branch(run: Trajectory, traj: object, agent: object, outcome: OutcomeF
     lineage = Lineage(parent_id=run.id, interventions=tuple(task.plan.describe()),
                       branch_step=task.plan.start if task.plan.interventions else None,
                       arm=task.arm, rollout=task.rollout)
-    return replace(scored(traj, outcome, task.noise), lineage=lineage)
+    # the lineage first, so an outcome's error can name the branch and the run it came from
+    return scored(replace(traj, lineage=lineage), outcome, task.noise)
 
 
 def errored_branch(traj: Trajectory, run_id: str | None) -> AgentError:

@@ -242,3 +242,21 @@ def test_the_cli_refuses_a_blind_outcome_in_one_line_without_a_resume(
     assert "stored as failed (1.00" in lines[0]
     with RunStore(tmp_path / "car.db") as s:
         assert s.attribution_ids() == []  # nothing begun, so nothing to resume
+
+
+def test_an_outcome_that_raises_on_a_branch_names_the_run_and_the_branch(pivot_model,
+                                                                          pivot_run) -> None:
+    """The error's run id is one ``car runs`` lists (the parent), and the text says the score
+    was asked for on a branch, from which step."""
+    def raises_on_branches(run: car.Trajectory, rng: Any) -> float:
+        if run.lineage is not None:
+            raise KeyError("verdict")
+        return pivot_model.outcome(run, rng)
+
+    with pytest.raises(OutcomeError) as info:
+        car.intervene(pivot_run, pivot_model.agent(), car.do_resample(2),
+                      outcome=raises_on_branches, rollouts=2, progress=False,
+                      executor="sequential")
+    err = info.value
+    assert err.run_id == pivot_run.id
+    assert "on a branch of the run" in str(err) and "re-decided from step 2" in str(err)
