@@ -56,7 +56,9 @@ def test_contrastive_names_the_worker_and_its_decision(app: Any) -> None:
     lo, hi = res.steps[4].ci
     assert lo <= 0.5 <= hi and lo > 0
     assert res.locus_label == "account_agent, step 4 (its 1st decision)"
-    assert "locus: step 4 (decided by account_agent, its 1st decision), rescue " in str(res)
+    assert "locus: step 4 (decided by account_agent, its 1st decision), rescue " in res.explain()
+    assert str(res).startswith("Step 4 (account_agent called ")
+    assert "its 1st decision) caused the failure" in str(res).splitlines()[0]
     assert len(sv.CLOSED) == closed  # no branch closed the account for real
     html = render_attribution(res, run)
     assert "account_agent, step 4 (its 1st decision)" in html and "node model" in html
