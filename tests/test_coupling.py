@@ -120,10 +120,11 @@ def test_intervene_measures_coupling_from_twins_not_from_the_agents_claim() -> N
 def test_shapley_reports_the_coupling_its_pairs_show() -> None:
     """Permutation units put every coalition on one rollout index: at ``full`` a coalition
     that resamples the pivot repeats ``v(∅)``'s outcome and one that holds it ``v(N)``'s, so the
-    pairs agree beyond chance (on a failed run about 0.3, its interval clear of 0); at ``none`` (the agent still claims CAR's noise) they agree
-    by chance only, and exact mode hands out no shared noise at all. About 650 pairs pool
-    here; their 95% interval's half-width is about 0.21 (1.96 SD), so 0.3 is about 2.8 SD.
-    Each desk's run is a failed one: an attribution refuses a run that did not fail."""
+    pairs agree beyond chance (on a failed run about 0.3, its interval clear of 0); at
+    ``none`` (the agent still claims CAR's noise) they agree by chance only, and exact mode
+    hands out no shared noise at all. About 650 pairs pool here; their 95% interval's
+    half-width is about 0.21 (1.96 SD), so 0.3 is about 2.8 SD. Each desk's run is a failed
+    one: an attribution refuses a run that did not fail."""
     desk = syn.PlantedDesk(4, at=2, rescue=0.5, flip=0.1, coupling="full")
     run = desk.failing_run()
     sh = car.shapley(run, desk.agent(), outcome=desk.judge, budget=400, mode="permutation")
