@@ -413,7 +413,8 @@ class LangGraphAgent:
     def _check(self, run: Trajectory) -> None:
         if run.id in self._checked:
             return
-        refuse_run(self.shape, run, self.undecided if self.model is not None else None)
+        refuse_run(self.shape, run, self.undecided if self.model is not None else None,
+                   self.safety)
         with self._lock:
             self._checked.add(run.id)
 

@@ -165,7 +165,9 @@ def answerable_calls(run: Trajectory) -> dict[tuple[str, str], Any]:
     for call in run.meta.get("node_tool_calls") or ():
         if isinstance(call, Mapping) and call.get("name"):
             out.setdefault((str(call["name"]), str(call.get("arguments"))), call.get("content"))
-    return out
+    # a tool whose Command wrote state is answered by its simulator, which writes it again
+    writers = set(run.meta.get("state_writing_tools") or ())
+    return {key: v for key, v in out.items() if key[0] not in writers} if writers else out
 
 
 def _final_messages(run: Trajectory) -> list[Mapping[str, Any]]:

@@ -8,7 +8,9 @@ latency and the LangGraph ids needed to fork there (thread, the checkpoint the t
 scheduled from, node, superstep, task path), and ``car_decided``: whether CAR decides that call
 (``CarChatModel`` or ``CarMiddleware``). Tools a node calls itself (not through a ``ToolNode``)
 are kept in the run's ``meta["node_tool_calls"]`` (node, tool, arguments, result), so a branch's
-matching call can be answered from the record. A ``Send`` task decides from the messages its
+matching call can be answered from the record (and tools that returned a ``Command`` writing
+state besides their messages named in ``meta["state_writing_tools"]``, so ``refusals`` can refuse
+them). A ``Send`` task decides from the messages its
 node built from the ``Send`` payload, not from the graph's messages, so its ``state`` is the
 whole model input; so is that of a call whose node wrote the whole input itself, with no graph
 message in it (a ``SummarizationMiddleware`` summarizing: ``meta["input"] == "node"``). Model
@@ -41,6 +43,7 @@ from uuid import UUID
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.runnables.config import var_child_runnable_config
+from langgraph.types import Command
 
 from car_core import RunStore
 from car_core.contract import (
@@ -126,6 +129,7 @@ class _Recording:
     members: list[int] = field(default_factory=list)  # ``UUID.int`` of its runs
     node_calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # open, by tool run
     node_results: list[dict[str, Any]] = field(default_factory=list)
+    state_writers: set[str] = field(default_factory=set)  # tools whose Command wrote state
     converted: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # by message identity
 
     def convert(self, message: Seen) -> dict[str, Any]:
@@ -454,6 +458,14 @@ class CarCallback(BaseCallbackHandler):
                     rec.node_results.append({**call, "content": jsonable(content)})
         for m in _tool_messages(output):
             rec.tool_results[m.tool_call_id] = m
+        for out in output if isinstance(output, list) else [output]:
+            update = getattr(out, "update", None)  # a Command writing more than its message
+            keys = (set(update) if isinstance(update, dict) else
+                    {u[0] for u in update if isinstance(u, tuple) and u}
+                    if isinstance(update, (list, tuple)) else set())
+            if isinstance(out, Command) and keys - {self.messages_key}:
+                with self._lock:
+                    rec.state_writers.add(str(kwargs.get("name")))
 
     def on_chat_model_start(self, serialized: Any, messages: list[list[BaseMessage]], *,
                             run_id: UUID, parent_run_id: UUID | None = None,
@@ -596,6 +608,8 @@ def _fields(rec: _Recording, calls: list[_Call], results: dict[str, ToolMessage]
                                     as_saw)}
     if rec.node_results:
         meta["node_tool_calls"] = list(rec.node_results)
+    if rec.state_writers:  # absent (older records, or none): nothing known, nothing refused
+        meta["state_writing_tools"] = sorted(rec.state_writers)
     if fingerprint is not None:
         meta["agent_fingerprint"] = fingerprint
     return {"context": context, "steps": steps, "agent": "langgraph", "status": status,

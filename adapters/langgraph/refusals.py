@@ -49,13 +49,16 @@ def refuse_unknown_tools(tools: list[str], given: Mapping[str, list[str]]) -> No
 
 
 def refuse_run(shape: AppShape, run: Trajectory,
-               undecided: list[tuple[str, str, str]] | None) -> None:
+               undecided: list[tuple[str, str, str]] | None, safety: Any = None) -> None:
     """Refuse a run whose steps this app cannot fork into, naming the shape and the node.
     ``undecided``: the nodes calling models CAR does not decide, when CAR decides the others
-    (None: CAR decides none)."""
+    (None: CAR decides none). ``safety``: the agent's ``ToolSafety``, to refuse a guarded tool
+    whose recorded ``Command`` wrote state no record answer can write back."""
     if run.meta.get("framework") != "langgraph":
         raise AdapterError("this run was not recorded from a LangGraph app", run_id=run.id,
                            hint="record it with CarCallback or import_thread")
+    if safety is not None:
+        refuse_state_writers(run, safety)
     thread_id = str(run.meta.get("thread_id"))
     if shape.saver.get_tuple(thread_config(thread_id)) is None:  # a setup error
         raise AgentMismatch(f"thread {thread_id!r} does not exist in this app's "
@@ -82,6 +85,23 @@ def refuse_run(shape: AppShape, run: Trajectory,
                       if (ns, str(cid)) in parallel else None)
             if source is not None:
                 carried_writes(run, k, ns, source)
+
+
+def refuse_state_writers(run: Trajectory, safety: Any) -> None:
+    """Refuse a run in which a side-effect tool returned a ``Command`` that wrote graph state
+    besides its tool message (``meta["state_writing_tools"]``, recorded by ``CarCallback``;
+    absent: not known, not refused), unless a simulator answers it: a branch's identical call
+    answered from the record would get the message but not the write."""
+    named = [str(t) for t in run.meta.get("state_writing_tools") or ()]
+    bare = sorted(t for t in named if safety.guards(t) and t not in safety.simulators)
+    if bare:
+        raise AdapterError(
+            f"side-effect tool(s) {bare} returned a Command that wrote graph state besides "
+            "the tool message in the record; a branch's call answered from the record would "
+            "get the message but not that state write", run_id=run.id,
+            hint=f"pass simulators={{{bare[0]!r}: fn(arguments, ctx)}} returning the Command "
+                 "the tool would (ctx['tool_call_id'] answers the call), or name it in "
+                 "safe_tools if it has no real side effect")
 
 
 def _refuse_step_shape(shape: AppShape, run: Trajectory, i: int, cmap: Mapping[str, str]
