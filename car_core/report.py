@@ -26,11 +26,13 @@ from typing import Any
 import jinja2
 
 from . import formatting as fmt
+from .assertions import agent_of
 from .budget import budget_call, larger_budget
 from .errors import InvalidInput
 from .redact import redact, redact_json
 from .report_context import context_panels
 from .report_plots import arms_plot, rescue_plot, shapley_plot
+from .results import result_from_dict
 from .trajectory import Trajectory, is_failure, step_label
 from .vocabulary import Answer, Origin
 
@@ -489,8 +491,6 @@ def _plain_first(ctx: dict[str, Any], r: dict[str, Any], traj: Trajectory | None
     """The report opens with the plain sentence every surface opens with
     (``formatting.answer``); the method's words (test, level, sample sizes, pairing) go to
     "How this was measured", complete (``explain``)."""
-    from .assertions import agent_of
-    from .results import result_from_dict
     typed = result_from_dict(r)
     if not typed.actions and traj is not None:  # stored before results kept them
         typed = replace(typed, actions=fmt.step_actions(traj))

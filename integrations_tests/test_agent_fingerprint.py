@@ -102,11 +102,14 @@ def test_langgraph_callback_and_imported_runs_are_checked_against_the_app(tmp_pa
 
 def test_the_cli_refuses_another_app_on_a_recorder_run_unless_forced(tmp_path: Path) -> None:
     run = recorded("llamaindex", tmp_path)
+    # the outcome under which the recorded run failed (step 0 escalates with probability 1/2):
+    # an attribution refuses a run its outcome scores as fine
+    failure = "escalated" if apps.escalated(run) else "closed"
 
     def attribute(factory: str, *extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "car_core.cli", "attribute", run.id, "--store", "runs.db",
-             "--agent", f"fingerprint_apps:{factory}", "--outcome", "fingerprint_apps:escalated",
+             "--agent", f"fingerprint_apps:{factory}", "--outcome", f"fingerprint_apps:{failure}",
              "--rollouts", "4", *extra], cwd=tmp_path, env=env("2"), capture_output=True,
             text=True, timeout=120)
     refused = attribute("llamaindex_other_prompt")

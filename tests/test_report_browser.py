@@ -86,7 +86,9 @@ def demo_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_demo_report_loads_cleanly_shows_verdict_and_plots(browser, demo_report):
     assert severe(load(browser, demo_report)) == []
     verdict = browser.find_element(By.CSS_SELECTOR, "#verdict .headline")
-    assert verdict.is_displayed() and "committed to failure" in verdict.text
+    # the plain sentence every surface opens with: the step, and what re-deciding it does
+    assert verdict.is_displayed() and "caused the failure" in verdict.text, verdict.text
+    assert "re-deciding it avoids the failure in" in verdict.text, verdict.text
     # The verdict is the first thing on the page.
     first = browser.execute_script("return document.querySelector('main section').id")
     assert first == "verdict"
