@@ -38,8 +38,12 @@ with LangGraph's own machinery, for an app compiled with a checkpointer whose me
   server annotates ``readOnlyHint: true``) run live on branches; ``side_effect_tools`` (and
   MCP tools not annotated read-only, and tools a ``HumanInTheLoopMiddleware`` gates) never
   run, answered by the guard (``guard``) wherever they run: from the record on a call that
-  matches on the arguments that matter (``match_on``), else by
-  ``simulators[name](arguments)``, else ``SideEffectBlocked``. A tool no source classifies is
+  matches on the arguments that matter (``match_on``), else by the simulator
+  (``simulators[name](arguments)``, or ``(arguments, ctx)`` with ``ctx`` the values LangGraph
+  injected into the call and its ``tool_call_id``; it may return a ``Command(update=...)`` as
+  the tool could), else ``SideEffectBlocked``. A guarded tool whose recorded ``Command`` wrote
+  graph state is refused before any branch where the record cannot replay the write and no
+  simulator answers it. A tool no source classifies is
   refused by name (``UnclassifiedTools``) unless ``unclassified="live"`` (``tool_classes``).
   The record holds the calls a node makes itself too (the callback keeps them), so those are
   answered like a ``ToolNode``'s. A tool name, in any parameter, that no tool of the graph has
@@ -154,7 +158,7 @@ class LangGraphAgent:
 
     def __init__(self, app: Any, *, model: CarChatModel | CarMiddleware | None = None,
                  safe_tools: Iterable[str] = (), side_effect_tools: Iterable[str] = (),
-                 simulators: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
+                 simulators: Mapping[str, Callable[..., Any]] | None = None,
                  match_on: Mapping[str, Iterable[str] | str] | None = None,
                  node_tools: Iterable[str | BaseTool] = (),
                  messages_key: str = MESSAGES_KEY, keep_branches: bool = False,
@@ -474,7 +478,7 @@ def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[..., Any],
                      method: str = "contrastive", store: str | os.PathLike[str] | RunStore |
                      None = None, model: CarChatModel | CarMiddleware | None = None,
                      safe_tools: Iterable[str] = (), side_effect_tools: Iterable[str] = (),
-                     simulators: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
+                     simulators: Mapping[str, Callable[..., Any]] | None = None,
                      match_on: Mapping[str, Iterable[str] | str] | None = None,
                      node_tools: Iterable[str | BaseTool] = (),
                      rollouts: int = 16, budget: int = 2000, seed: int = 0,

@@ -145,8 +145,11 @@ class OpenAIAgentsAgent:
     off to come with it) for ``car.intervene``, ``car.contrastive`` and ``car.shapley``.
     Every function tool of every agent is classified here: ``safe_tools`` run live on branches;
     ``side_effect_tools`` never run on a branch: they are answered from the record (on the
-    arguments that matter: ``match_on``, see ``ToolSafety``), by ``simulators[name](arguments)``,
-    or stop the branch with ``SideEffectBlocked``. A tool in neither list is refused
+    arguments that matter: ``match_on``, see ``ToolSafety``; an identical call also replays
+    the run-context write the record shows), by the simulator
+    (``simulators[name](arguments)``, or ``(arguments, ctx)`` with ``ctx`` the tool's run
+    context wrapper, sync or async, for a tool that writes the context), or stop the branch
+    with ``SideEffectBlocked``. A tool in neither list is refused
     (``UnclassifiedTools``) unless ``unclassified="live"`` (a sandbox; every result then says
     so). Tools from the agents' MCP servers are listed before any branch and classified by
     their annotations (``readOnlyHint: true``: safe; anything else: a side effect), and tools
@@ -167,7 +170,7 @@ class OpenAIAgentsAgent:
 
     def __init__(self, agent: Agent[Any], *, safe_tools: Iterable[str] = (),
                  side_effect_tools: Iterable[str] = (),
-                 simulators: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
+                 simulators: Mapping[str, Callable[..., Any]] | None = None,
                  match_on: Mapping[str, Iterable[str] | str] | None = None,
                  max_turns: int = DEFAULT_MAX_TURNS, run_config: RunConfig | None = None,
                  context_factory: ContextFactory | None = None,
