@@ -36,12 +36,13 @@ class CountingDesk(desk.PlantedDesk):
         return super()._generate(messages, stop, run_manager, **kwargs)
 
 
-def record(ledger: SideEffectLedger) -> tuple[Any, car.Trajectory]:
+def record(ledger: SideEffectLedger, as_json: bool = True) -> tuple[Any, car.Trajectory]:
+    """``as_json=False``: the tool writes ``booked`` as a set, which JSON cannot hold."""
     @tool
     def book_flight(flight: str, tool_call_id: Annotated[str, InjectedToolCallId]) -> Command:
         """Book a flight (spends money: a side effect)."""
         ledger.note("book_flight", {"flight": flight})
-        return Command(update={"booked": flight, "messages": [ToolMessage(
+        return Command(update={"booked": flight if as_json else {flight}, "messages": [ToolMessage(
             json.dumps({"booked": flight, "price": desk.FARES[flight]}),
             tool_call_id=tool_call_id)]})
 
@@ -49,7 +50,8 @@ def record(ledger: SideEffectLedger) -> tuple[Any, car.Trajectory]:
                        state_schema=DeskState, checkpointer=InMemorySaver())
     cb = CarCallback()
     app.invoke(desk.inputs(), {"configurable": {"thread_id": "t"}, "callbacks": [cb]})
-    assert cb.run is not None and final_state(cb.run)["booked"] == "LX1"
+    assert cb.run is not None and final_state(cb.run)["booked"] is not None
+    assert not as_json or final_state(cb.run)["booked"] == "LX1"
     ledger.reset()
     CALLS.clear()
     return app, cb.run
@@ -63,15 +65,37 @@ def ledger() -> SideEffectLedger:
 def test_the_record_names_the_tools_whose_command_wrote_state(ledger: SideEffectLedger) -> None:
     _, run = record(ledger)
     assert run.meta["state_writing_tools"] == ["book_flight"]
+    [(cid, write)] = run.meta["state_writes"].items()
+    assert write == {"tool": "book_flight", "update": {"booked": "LX1"},
+                     "messages_key": "messages"}
+    assert any(c["id"] == cid for s in run.steps for c in s.action.get("tool_calls") or ())
     plain = desk.build_app(desk.PlantedDesk(), InMemorySaver())
     cb = CarCallback()
     plain.invoke(desk.inputs(), {"configurable": {"thread_id": "t"}, "callbacks": [cb]})
     assert cb.run is not None and "state_writing_tools" not in cb.run.meta
 
 
-def test_a_state_writing_side_effect_tool_without_a_simulator_is_refused_before_any_branch(
+def test_an_identical_call_replays_the_recorded_state_write_without_a_simulator(
         ledger: SideEffectLedger) -> None:
+    """The recorded booking action forced at its step: the branch's ``book_flight`` call is
+    the recorded one, so the record answers it with its tool message and its ``booked`` write;
+    the tool never runs."""
     app, run = record(ledger)
+    agent = LangGraphAgent(app, safe_tools=["search_flights"], side_effect_tools=["book_flight"])
+    [k] = [j for j, s in enumerate(run.steps)
+           if any(c["function"]["name"] == "book_flight"
+                  for c in s.action.get("tool_calls") or ())]
+    dist = car.intervene(run, agent, car.do_action(k, run.steps[k].action),
+                         outcome=over_budget, rollouts=1)
+    assert dist.n == 1 and dist.mean == 1.0
+    assert final_state(dist.trajectories[0])["booked"] == final_state(run)["booked"] == "LX1"
+    assert ledger.count() == 0
+
+
+def test_a_state_write_the_record_cannot_hold_as_json_is_refused_before_any_branch(
+        ledger: SideEffectLedger) -> None:
+    app, run = record(ledger, as_json=False)
+    assert [w["update"] for w in run.meta["state_writes"].values()] == [None]
     agent = LangGraphAgent(app, safe_tools=["search_flights"], side_effect_tools=["book_flight"])
     for query in (lambda: car.intervene(run, agent, car.do_resample(0), outcome=over_budget,
                                         rollouts=2),

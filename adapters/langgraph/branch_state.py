@@ -29,7 +29,7 @@ from ..common.messages import (
     recorded_calls,
 )
 from .callback import CarCallback, builds_input
-from .guard import RUN, Guard
+from .guard import RUN, Guard, Replay
 from .messages import BLOCKS, from_dicts, jsonable, state_json, to_dict, to_dicts
 from .model import Control
 from .plan import BranchPlan, tool_content
@@ -165,9 +165,31 @@ def answerable_calls(run: Trajectory) -> dict[tuple[str, str], Any]:
     for call in run.meta.get("node_tool_calls") or ():
         if isinstance(call, Mapping) and call.get("name"):
             out.setdefault((str(call["name"]), str(call.get("arguments"))), call.get("content"))
-    # a tool whose Command wrote state is answered by its simulator, which writes it again
+    # a tool whose Command wrote state: an identical call whose write the record holds as JSON
+    # replays it; its other calls are answered by its simulator, which writes it again
     writers = set(run.meta.get("state_writing_tools") or ())
-    return {key: v for key, v in out.items() if key[0] not in writers} if writers else out
+    if not writers:
+        return out
+    replays = _replays(run)
+    return {key: replays.get(key, v) for key, v in out.items()
+            if key[0] not in writers or key in replays}
+
+
+def _replays(run: Trajectory) -> dict[tuple[str, str], Replay]:
+    """``(tool, canonical arguments) -> Replay`` for the recorded calls whose ``Command`` update
+    the recorder kept as JSON (``meta["state_writes"]``, by tool call id)."""
+    writes = run.meta.get("state_writes") or {}
+    out: dict[tuple[str, str], Replay] = {}
+    for s in run.steps:
+        results = {m.get("tool_call_id"): m.get("content")
+                   for m in (s.observation or ()) if isinstance(m, Mapping)}
+        for cid, name, args in calls_of(s.action):
+            w = writes.get(cid)
+            if isinstance(w, Mapping) and isinstance(w.get("update"), Mapping) \
+                    and w.get("tool") == name and cid in results:
+                out.setdefault((name, args), Replay(results[cid], dict(w["update"]),
+                                                    str(w.get("messages_key") or "messages")))
+    return out
 
 
 def _final_messages(run: Trajectory) -> list[Mapping[str, Any]]:

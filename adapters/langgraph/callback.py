@@ -9,8 +9,10 @@ scheduled from, node, superstep, task path), and ``car_decided``: whether CAR de
 (``CarChatModel`` or ``CarMiddleware``). Tools a node calls itself (not through a ``ToolNode``)
 are kept in the run's ``meta["node_tool_calls"]`` (node, tool, arguments, result), so a branch's
 matching call can be answered from the record (and tools that returned a ``Command`` writing
-state besides their messages named in ``meta["state_writing_tools"]``, so ``refusals`` can refuse
-them). A ``Send`` task decides from the messages its
+state besides their messages named in ``meta["state_writing_tools"]``, and each such call's other
+channels kept in ``meta["state_writes"]`` by tool call id, as JSON where they round-trip exactly,
+else None, so an identical branch call replays them and ``refusals`` refuses the rest).
+A ``Send`` task decides from the messages its
 node built from the ``Send`` payload, not from the graph's messages, so its ``state`` is the
 whole model input; so is that of a call whose node wrote the whole input itself, with no graph
 message in it (a ``SummarizationMiddleware`` summarizing: ``meta["input"] == "node"``). Model
@@ -31,6 +33,7 @@ another app is refused; without it a run is not checked.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import threading
 import time
@@ -130,6 +133,7 @@ class _Recording:
     node_calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # open, by tool run
     node_results: list[dict[str, Any]] = field(default_factory=list)
     state_writers: set[str] = field(default_factory=set)  # tools whose Command wrote state
+    state_writes: dict[str, dict[str, Any]] = field(default_factory=dict)  # by tool call id
     converted: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # by message identity
 
     def convert(self, message: Seen) -> dict[str, Any]:
@@ -464,8 +468,13 @@ class CarCallback(BaseCallbackHandler):
                     {u[0] for u in update if isinstance(u, tuple) and u}
                     if isinstance(update, (list, tuple)) else set())
             if isinstance(out, Command) and keys - {self.messages_key}:
+                name = str(kwargs.get("name"))
+                cid, channels = _replayable(out, self.messages_key)
                 with self._lock:
-                    rec.state_writers.add(str(kwargs.get("name")))
+                    rec.state_writers.add(name)
+                    rec.state_writes[cid or f"run:{run_id}"] = {
+                        "tool": name, "update": channels if cid else None,
+                        "messages_key": self.messages_key}
 
     def on_chat_model_start(self, serialized: Any, messages: list[list[BaseMessage]], *,
                             run_id: UUID, parent_run_id: UUID | None = None,
@@ -566,6 +575,27 @@ class CarCallback(BaseCallbackHandler):
             self.messages_key, self.fingerprint)
 
 
+def _replayable(out: Command, messages_key: str) -> tuple[str | None, dict[str, Any] | None]:
+    """The tool call id a tool's ``Command`` answers and its update's other channels, when a
+    branch can write them back exactly: an update dict whose messages are one ``ToolMessage``,
+    no ``goto``, ``graph`` or ``resume``, and channel values that round-trip as JSON unchanged
+    (else None: a set, an object, a tuple)."""
+    update = out.update
+    if not isinstance(update, dict) or out.goto or out.graph is not None \
+            or out.resume is not None:
+        return None, None
+    messages = update.get(messages_key)
+    if not (isinstance(messages, list) and len(messages) == 1
+            and isinstance(messages[0], ToolMessage)):
+        return None, None
+    channels = {str(k): v for k, v in update.items() if k != messages_key}
+    try:
+        same = json.loads(json.dumps(channels, allow_nan=False)) == channels
+    except (TypeError, ValueError):
+        same = False
+    return messages[0].tool_call_id, channels if same else None
+
+
 def _fields(rec: _Recording, calls: list[_Call], results: dict[str, ToolMessage],
             final: dict[str, Any], end: dict[int, Seen], inputs: Any, error: str | None,
             failed: bool, created_at: float, messages_key: str, fingerprint: str | None
@@ -610,6 +640,7 @@ def _fields(rec: _Recording, calls: list[_Call], results: dict[str, ToolMessage]
         meta["node_tool_calls"] = list(rec.node_results)
     if rec.state_writers:  # absent (older records, or none): nothing known, nothing refused
         meta["state_writing_tools"] = sorted(rec.state_writers)
+        meta["state_writes"] = dict(rec.state_writes)
     if fingerprint is not None:
         meta["agent_fingerprint"] = fingerprint
     return {"context": context, "steps": steps, "agent": "langgraph", "status": status,

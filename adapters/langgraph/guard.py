@@ -65,23 +65,50 @@ class Guard:
         given = tool_input if isinstance(tool_input, Mapping) else {"input": tool_input}
         injected = _injected(tool)
         args = {k: v for k, v in given.items() if k not in injected}
+        # a tool with a recorded state write: only an identical call replays it (``writes``)
+        writes = {k: v.channels for k, v in self.record.items()
+                  if k[0] == tool.name and isinstance(v, Replay)} or None
         if tool_call_id is not None:
             found = self.safety.answer(tool.name, args, self.record, run_id=self.run_id,
-                                       step=self.step())
+                                       step=self.step(), writes=writes)
         else:
             try:
-                found = self.safety.answer(tool.name, args, self.record, run_id=self.run_id)
+                found = self.safety.answer(tool.name, args, self.record, run_id=self.run_id,
+                                           writes=writes)
             except SideEffectBlocked as exc:
                 blocked = SideEffectBlocked(f"in node {node!r} (a call the node makes itself, "
                                             f"not a model's tool call): {exc}")
                 blocked.run_id, blocked.hint = exc.run_id, exc.hint
                 raise blocked from None
         self.served.append((tool.name, str(tool_call_id)))
+        if isinstance(found.content, Replay):
+            if tool_call_id is None:
+                raise SideEffectBlocked(
+                    f"in node {node!r}: the recorded call of {tool.name!r} wrote graph state "
+                    "through its Command, which a call the node makes itself cannot write back",
+                    run_id=self.run_id,
+                    hint=f"pass simulators={{{tool.name!r}: fn(arguments, ctx)}}")
+            return found.content.command(tool_call_id, tool.name)
         if found.simulate:
             return Simulated(self.safety, tool.name, args,
                              {**{k: v for k, v in given.items() if k in injected},
                               "tool_call_id": tool_call_id})
         return found.content
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A recorded call whose ``Command`` wrote graph state: its tool message's ``content`` and
+    the update's other ``channels``, written back by ``command``."""
+
+    content: Any
+    channels: Mapping[str, Any]
+    messages_key: str
+
+    def command(self, tool_call_id: str, name: str) -> Any:
+        content = self.content if isinstance(self.content, (str, list)) else str(self.content)
+        return Command(update={**self.channels, self.messages_key: [ToolMessage(
+            content=content, name=name, tool_call_id=tool_call_id)]})
 
 
 @dataclass(frozen=True)

@@ -90,15 +90,22 @@ def refuse_run(shape: AppShape, run: Trajectory,
 def refuse_state_writers(run: Trajectory, safety: Any) -> None:
     """Refuse a run in which a side-effect tool returned a ``Command`` that wrote graph state
     besides its tool message (``meta["state_writing_tools"]``, recorded by ``CarCallback``;
-    absent: not known, not refused), unless a simulator answers it: a branch's identical call
-    answered from the record would get the message but not the write."""
+    absent: not known, not refused) the record cannot replay, unless a simulator answers it: a
+    branch's identical call answered from the record would get the message but not the write.
+    The record replays a tool's writes when every one was kept as JSON
+    (``meta["state_writes"]``; absent, in older records: none)."""
     named = [str(t) for t in run.meta.get("state_writing_tools") or ()]
-    bare = sorted(t for t in named if safety.guards(t) and t not in safety.simulators)
+    writes = [w for w in (run.meta.get("state_writes") or {}).values() if isinstance(w, Mapping)]
+    kept = {str(w.get("tool")) for w in writes} - {
+        str(w.get("tool")) for w in writes if not isinstance(w.get("update"), Mapping)}
+    bare = sorted(t for t in named
+                  if safety.guards(t) and t not in safety.simulators and t not in kept)
     if bare:
         raise AdapterError(
             f"side-effect tool(s) {bare} returned a Command that wrote graph state besides "
-            "the tool message in the record; a branch's call answered from the record would "
-            "get the message but not that state write", run_id=run.id,
+            "the tool message in the record, which the record does not hold as JSON; a "
+            "branch's call answered from the record would get the message but not that state "
+            "write", run_id=run.id,
             hint=f"pass simulators={{{bare[0]!r}: fn(arguments, ctx)}} returning the Command "
                  "the tool would (ctx['tool_call_id'] answers the call), or name it in "
                  "safe_tools if it has no real side effect")
