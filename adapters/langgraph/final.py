@@ -17,6 +17,7 @@ from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage, To
 from car_core.contract import Trajectory
 from car_core.errors import AdapterError
 
+from ..common.final import recorded_meta
 from .messages import BLOCKS, action_message
 
 # The keys each stored message has (required, then allowed), by role: what ``dict_of`` writes,
@@ -42,13 +43,7 @@ def final_state(run: Trajectory) -> dict[str, Any]:
     read as a message; a message of another kind (a ``ChatMessage``, a ``FunctionMessage``) is
     left as its stored dict. Runs recorded before content blocks were kept give a tool's
     blocks as the JSON string they were stored as. A new dict each call: edit it freely."""
-    meta = run.meta if isinstance(run.meta, Mapping) else {}
-    if meta.get("framework") != "langgraph":
-        raise AdapterError(
-            f"final_state reads a LangGraph run; this run's framework is "
-            f"{meta.get('framework')!r}", run_id=run.id,
-            hint="use final_state from the adapter that recorded the run "
-                 "(car_adapters.llamaindex, car_adapters.openai_agents)")
+    meta = recorded_meta(run, "langgraph")
     state = meta.get("final_state")
     if not isinstance(state, Mapping):
         raise AdapterError("the run carries no final graph state (run.meta['final_state'])",

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from car_core.contract import RunStatus, Trajectory
-from car_core.errors import AdapterError
 
+from ..common.final import recorded_meta
 from ._messages import from_dicts
 from .store_state import STORE_KEY
 
@@ -34,13 +34,7 @@ def final_state(run: Trajectory) -> dict[str, Any]:
 
     A run with no step gives its start (the context as messages) and None for the rest. A new
     dict each call."""
-    meta = run.meta if isinstance(run.meta, Mapping) else {}
-    if meta.get("framework") != "llama-index":
-        raise AdapterError(
-            f"final_state reads a LlamaIndex run; this run's framework is "
-            f"{meta.get('framework')!r}", run_id=run.id,
-            hint="use final_state from the adapter that recorded the run "
-                 "(car_adapters.langgraph, car_adapters.openai_agents)")
+    recorded_meta(run, "llama-index")
     if not run.steps:
         start = run.context
         dicts = [{"role": "user", "content": start}] if isinstance(start, str) else list(

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from car_core.contract import RunStatus, Trajectory
-from car_core.errors import AdapterError
 
+from ..common.final import recorded_meta
 from ._items import to_items
 
 
@@ -36,13 +36,7 @@ def final_state(run: Trajectory) -> dict[str, Any]:
 
     A run with no model call gives its input and None for the rest. A new dict each call.
     """
-    meta = run.meta if isinstance(run.meta, Mapping) else {}
-    if meta.get("framework") != "openai-agents":
-        raise AdapterError(
-            f"final_state reads an OpenAI Agents SDK run; this run's framework is "
-            f"{meta.get('framework')!r}", run_id=run.id,
-            hint="use final_state from the adapter that recorded the run "
-                 "(car_adapters.langgraph, car_adapters.llamaindex)")
+    recorded_meta(run, "openai-agents")
     if not run.steps:
         start = run.context
         items = [{"role": "user", "content": start}] if isinstance(start, str) else list(
