@@ -8,7 +8,7 @@ itinerary (step 2) and answers (step 3), so the answer is step 1. It draws from 
 (a seed fixes the answer) and, given ``latency_s``, waits that long per call (``asyncio.sleep``)
 and says it is ``remote``, so the adapter's default executor is the concurrent one. The run is
 recorded without latency; only the attribution is timed, twice: with no ``executor=`` (what
-CAR picks) and with ``car_core.execution.Sequential()``. ``book_flight`` and
+CAR picks) and with ``car_core.engine.execution.Sequential()``. ``book_flight`` and
 ``send_itinerary`` write a ledger; branches answer them from the record or the desk's
 simulators, and a row checks the ledger did not grow.
 
@@ -28,7 +28,7 @@ from car_adapters.demo import travel_desk as td
 
 import car_core as car
 from car_core import defaults
-from car_core.execution import Sequential
+from car_core.engine.execution import Sequential
 
 Row = Callable[[float, int, int], dict[str, Any]]
 REQUEST = "Book me the cheapest flight to Lisbon (LIS) and e-mail me the itinerary."

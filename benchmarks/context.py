@@ -3,7 +3,7 @@
     python benchmarks/context.py [--seeds 100] [--budgets 16,32,64,128] [--null-seeds 1000]
 
 Every method runs its branches through the engine (``do_context`` ablations of the planted
-worlds in ``car_core.synthetic_context``, one rollout each) and spends the same number:
+worlds in ``car_core.testing.synthetic_context``, one rollout each) and spends the same number:
 
 - **CAR**: ``car.context_attribution`` (antithetic screen + lasso that stops once its top
   source is clear, then leave-one-out confirmation of the candidates with Holm at α = 0.05).
@@ -36,11 +36,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import car_core as car  # noqa: E402
-from car_core.context_sources import keep_all, remover  # noqa: E402
 from car_core.estimators._arms import StepArms  # noqa: E402
 from car_core.estimators.context import boschloo_greater, lasso  # noqa: E402
+from car_core.model.context_sources import keep_all, remover  # noqa: E402
 from car_core.stats import wilson  # noqa: E402
-from car_core.synthetic_context import (  # noqa: E402
+from car_core.testing.synthetic_context import (  # noqa: E402
     ContextWorld,
     injected,
     interaction,

@@ -25,8 +25,8 @@ from car_adapters.models import local
 from car_adapters.models.local import LocalChatModel, load_model
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-from car_core.interventions import compile_plan, do_resample
-from car_core.seeding import Noise
+from car_core.model.interventions import compile_plan, do_resample
+from car_core.model.seeding import Noise
 
 COUNTS: collections.Counter[str] = collections.Counter()
 _generate = local.generate

@@ -97,13 +97,13 @@ from oracle import locating_power, matched_power  # noqa: E402
 from paper_baseline import paper_contrastive, paper_shapley  # noqa: E402
 
 import car_core as car  # noqa: E402
-from car_core import synthetic as syn  # noqa: E402
-from car_core.budget import MOST_MORE, larger_budget  # noqa: E402
 from car_core.estimators import search as search_mod  # noqa: E402
-from car_core.sequential import Prior  # noqa: E402
+from car_core.model.budget import MOST_MORE, larger_budget  # noqa: E402
+from car_core.model.vocabulary import Answer  # noqa: E402
 from car_core.stats import wilson  # noqa: E402
+from car_core.stats.sequential import Prior  # noqa: E402
 from car_core.store import RunStore  # noqa: E402
-from car_core.vocabulary import Answer  # noqa: E402
+from car_core.testing import synthetic as syn  # noqa: E402
 
 K = 32
 ALPHA = 0.05

@@ -34,8 +34,8 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 import car_core as car
-from car_core.interventions import compile_plan
-from car_core.seeding import branch_noise
+from car_core.model.interventions import compile_plan
+from car_core.model.seeding import branch_noise
 
 
 def _time(fn: Callable[[], Any]) -> float:

@@ -27,13 +27,13 @@ from typing import Any
 import numpy as np
 from scipy.stats import norm
 
-from car_core.agent import OutcomeFn
+from car_core.engine.agent import OutcomeFn
+from car_core.engine.execution import Task
+from car_core.engine.replay import run_branch
 from car_core.estimators.shapley import Game
-from car_core.execution import Task
-from car_core.interventions import compile_plan, do_resample
-from car_core.replay import run_branch
-from car_core.seeding import Noise
-from car_core.trajectory import Trajectory
+from car_core.model.interventions import compile_plan, do_resample
+from car_core.model.seeding import Noise
+from car_core.model.trajectory import Trajectory
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 import car_core as car
-from car_core.interventions import Plan
-from car_core.replay import drive
-from car_core.seeding import Noise
+from car_core.engine.replay import drive
+from car_core.model.interventions import Plan
+from car_core.model.seeding import Noise
 
 
 def make_agent(steps: int) -> car.FunctionAgent:

@@ -4,7 +4,7 @@ Starts, on loopback, a stand-in OpenAI-compatible chat-completions server (async
 process) that answers every call after ``--latency`` seconds, records one run of ``--steps``
 steps with a small chat policy over the official ``openai`` client, then runs ``--branches``
 branches that resample every step (so each branch makes ``--steps`` model calls) through
-``car_core.execution.execute`` at each concurrency, and prints wall time against the ideal
+``car_core.engine.execution.execute`` at each concurrency, and prints wall time against the ideal
 ``branches × steps × latency / concurrency``, CPU time per branch and peak memory of the
 process that runs the attribution (for Ray rows: the driver; workers are separate processes).
 Each row runs in a fresh process, so peak memory is that row's own. Rows with client "none"
@@ -127,11 +127,11 @@ def outcome(run: Any) -> float:
 def measure(port: int, executor: str, concurrency: int, branches: int, steps: int,
             latency: float, client: str) -> dict[str, Any]:
     import car_core as car
-    from car_core.agent import OutcomeFn
-    from car_core.budget import BudgetMeter
-    from car_core.execution import AsyncioExecutor, Task, brancher, execute
-    from car_core.interventions import compile_plan
-    from car_core.seeding import branch_noise
+    from car_core.engine.agent import OutcomeFn
+    from car_core.engine.execution import AsyncioExecutor, Task, brancher, execute
+    from car_core.model.budget import BudgetMeter
+    from car_core.model.interventions import compile_plan
+    from car_core.model.seeding import branch_noise
 
     policy: Any = (ChatPolicy(f"http://127.0.0.1:{port}/v1", steps) if client == "openai"
                    else WaitPolicy(latency, steps))
@@ -144,7 +144,7 @@ def measure(port: int, executor: str, concurrency: int, branches: int, steps: in
     if executor == "ray":
         import ray
 
-        from car_core._ray import RayExecutor
+        from car_core.engine.ray_executor import RayExecutor
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
         runner: Any = RayExecutor(concurrency=concurrency)
     else:

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import typing as _typing
 
-from . import results as _results
-from ._json import JSON
-from .agent import Agent, FunctionAgent
-from .assertions import assert_locus, assert_no_locus, assert_rescues
-from .budget import Budget
-from .estimators import contrastive, shapley
-from .estimators.context import ContextAttribution, context_attribution, context_sources
-from .estimators.repairs import (
+from car_core import _moved
+from car_core import results as _results
+from car_core.assertions import assert_locus, assert_no_locus, assert_rescues
+from car_core.engine.agent import Agent, FunctionAgent
+from car_core.engine.execution import AsyncioExecutor, Sequential
+from car_core.engine.replay import action_match_rate, intervene, record
+from car_core.estimators import contrastive, shapley
+from car_core.estimators.context import ContextAttribution, context_attribution, context_sources
+from car_core.estimators.pairs import export_pairs
+from car_core.estimators.repairs import (
     Candidate,
     RepairRanking,
     add_instruction,
@@ -24,8 +26,9 @@ from .estimators.repairs import (
     remove_sources,
     repairs,
 )
-from .execution import AsyncioExecutor, Sequential
-from .interventions import (
+from car_core.estimators.settings import ContrastiveSettings, ShapleySettings
+from car_core.model.budget import Budget
+from car_core.model.interventions import (
     Intervention,
     do_action,
     do_context,
@@ -33,15 +36,13 @@ from .interventions import (
     do_policy,
     do_resample,
 )
-from .pairs import export_pairs
-from .replay import action_match_rate, intervene, record
-from .settings import ContrastiveSettings, ShapleySettings
-from .stats import Interval
-from .trajectory import History, Lineage, Outcome, Step, Trajectory
+from car_core.model.json_values import JSON
+from car_core.model.trajectory import History, Lineage, Outcome, Step, Trajectory
+from car_core.stats import Interval
 
 if _typing.TYPE_CHECKING:
-    from ._ray import RayExecutor
-    from .store import RunStore
+    from car_core.engine.ray_executor import RayExecutor
+    from car_core.store import RunStore
 
 Action = JSON
 Observation = JSON
@@ -52,7 +53,7 @@ __version__ = "0.1.0"
 def _render_html(result: dict[str, _typing.Any]) -> str:
     """A result's HTML report. The report sits on the top floor, above the results it renders,
     so the package wires it into them; jinja2 loads with the first report, not with the import."""
-    from .report import render_attribution
+    from car_core.report import render_attribution
     return str(render_attribution(result))
 
 
@@ -64,11 +65,11 @@ def __getattr__(name: str) -> _typing.Any:
     ``import car_core`` (a recorder in a test suite, ``car --help``) should not pay for, and the
     Ray executor is for clusters (Ray itself loads only when it first runs branches)."""
     if name == "RunStore":
-        from .store import RunStore
+        from car_core.store import RunStore
         globals()["RunStore"] = RunStore
         return RunStore
     if name == "RayExecutor":
-        from ._ray import RayExecutor
+        from car_core.engine.ray_executor import RayExecutor
         globals()["RayExecutor"] = RayExecutor
         return RayExecutor
     raise AttributeError(f"module 'car_core' has no attribute {name!r}")
@@ -116,3 +117,5 @@ __all__ = [
     "repairs",
     "shapley",
 ]
+
+_moved.install()  # the flat module paths of 0.8 keep importing

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import formatting as fmt
-from .errors import InvalidInput
-from .replay import OutcomeDistribution
-from .results import ContrastiveResult
-from .stats import Interval
-from .trajectory import Trajectory
-from .vocabulary import Answer
+from car_core import formatting as fmt
+from car_core.engine.replay import OutcomeDistribution
+from car_core.errors import InvalidInput
+from car_core.model.trajectory import Trajectory
+from car_core.model.vocabulary import Answer
+from car_core.results import ContrastiveResult
+from car_core.stats import Interval
 
 __all__ = ["assert_locus", "assert_no_locus", "assert_rescues"]
 

@@ -43,7 +43,7 @@ agent offers it:
   estimators default to the asyncio executor even without ``abranch``; an agent with
   ``abranch`` that sets it ``False`` (an in-process model) keeps the sequential default;
 - ``branch(run, plan, noise, stop=None)`` (``STOP``): the agent is given the outcome's
-  ``settled`` hook (``car_core.outcome``) when the outcome has one; it calls ``stop(branch so
+  ``settled`` hook (``car_core.model.outcome``) when the outcome has one; it calls ``stop(branch so
   far)`` on the held prefix and after each step and, once it is True, returns that partial
   branch with status ``RunStatus.SETTLED`` (never before a pending ``do_context`` edit is
   applied, since an edit may rewrite the steps it saw). Checked: a branch ends settled at the
@@ -77,23 +77,24 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from . import redact
-from ._json import JSON
-from .actions import canonical_action, canonical_arguments, same_action
-from .agent import Agent, AsyncAgent, agent_fingerprint, fingerprint_digest
-from .branching import in_branch
-from .capabilities import Capability, capabilities
-from .interventions import Plan
-from .outcome import OutcomeFn, OutcomeLike, scored
-from .run_writer import RunWriter
-from .seeding import Noise, Stream
-from .trajectory import History, Outcome, Step, Trajectory
-from .vocabulary import AttributionStatus, Origin, RunStatus
+from car_core.engine.agent import Agent, AsyncAgent, agent_fingerprint, fingerprint_digest
+from car_core.engine.branching import in_branch
+from car_core.model.actions import canonical_action, canonical_arguments, same_action
+from car_core.model.capabilities import Capability, capabilities
+from car_core.model.interventions import Plan, compile_plan
+from car_core.model.json_values import JSON
+from car_core.model.outcome import OutcomeFn, OutcomeLike, scored
+from car_core.model.seeding import Noise, Stream
+from car_core.model.trajectory import History, Outcome, Step, Trajectory
+from car_core.model.vocabulary import AttributionStatus, Origin, RunStatus
+from car_core.secrets import redact
+from car_core.store.run_writer import RunWriter
 
 __all__ = ["JSON", "Agent", "AsyncAgent", "AttributionStatus", "Capability", "History",
            "ModelPolicy", "Noise", "Origin", "Outcome", "OutcomeFn", "OutcomeLike", "Plan",
            "RunStatus", "RunWriter", "Step", "Stream", "Trajectory", "agent_fingerprint",
-           "canonical_action", "canonical_arguments", "capabilities", "fingerprint_digest",
+           "canonical_action", "canonical_arguments", "capabilities", "compile_plan",
+           "fingerprint_digest",
            "in_branch", "redact", "same_action", "scored"]
 
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .redact import redact
+from car_core.secrets.redact import redact
 
 
 class CarError(Exception):

@@ -211,7 +211,7 @@ def decided_by(who: str | None) -> str:
 def locus_name(r: Any, who: str | None = None) -> str:
     """The locus as every surface names it: ``step 4 (decided by account_agent, its 1st
     decision)``. ``who`` decided it (the caller has the run); without it, the agent named in
-    the result's ``locus_label`` (``car_core.trajectory.step_label``)."""
+    the result's ``locus_label`` (``car_core.model.trajectory.step_label``)."""
     k = r.locus
     label = str(getattr(r, "locus_label", None) or "")
     found = re.fullmatch(rf"(.+), step {k} \(its (\w+) decision\)", label)

@@ -12,11 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import formatting as fmt
-from .budget import budget_call, larger_budget
-from .errors import InvalidInput
-from .stats import Interval
-from .vocabulary import Answer
+from car_core import formatting as fmt
+from car_core.errors import InvalidInput
+from car_core.model.budget import budget_call, larger_budget
+from car_core.model.vocabulary import Answer
+from car_core.stats import Interval
 
 
 def _ci(ci: Interval | None) -> list[float] | None:
@@ -193,7 +193,7 @@ class ContrastiveResult(_Rendered):
     rollout_budget: int | None = None  # the rollouts the estimate was allowed (n·K by default)
     correction: str = "bonferroni"
     locus_label: str | None = None  # which agent and which step, e.g. "account_agent, step 4"
-    answer: str = Answer.NO_CAUSE  # locus / no cause / undecided (car_core.vocabulary.Answer)
+    answer: str = Answer.NO_CAUSE  # locus / no cause / undecided (car_core.model.vocabulary.Answer)
     candidate: int | None = None  # when undecided: the step the search was testing
     # how much index-paired arms shared their noise, measured (stats.Coupling); ``coupled``
     # says whether that measurement showed sharing, not what the adapter claimed

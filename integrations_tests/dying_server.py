@@ -16,7 +16,7 @@ from typing import Any
 
 from servers import _Handler
 
-from car_core.execution import Sequential, Task
+from car_core.engine.execution import Sequential, Task
 
 
 def chat_completion(message: dict[str, Any], *, completion_id: str, model: str,

@@ -17,7 +17,7 @@ from car_adapters.langgraph import LangGraphAgent
 from car_adapters.openai_agents import OpenAIAgentsAgent
 
 import car_core as car
-from car_core.agent import agent_fingerprint
+from car_core.engine.agent import agent_fingerprint
 from car_core.errors import AgentMismatch
 
 HERE = Path(__file__).parent

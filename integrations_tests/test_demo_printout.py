@@ -9,7 +9,7 @@ from car_adapters.demo import _checks
 
 import car_core as car
 from car_core import formatting as fmt
-from car_core import synthetic as syn
+from car_core.testing import synthetic as syn
 
 
 def test_the_checks_name_their_sample_beside_the_tables() -> None:

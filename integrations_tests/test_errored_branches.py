@@ -14,8 +14,8 @@ from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 
 import car_core as car
+from car_core.engine.execution import Sequential
 from car_core.errors import BranchesFailed
-from car_core.execution import Sequential
 from car_core.report import render_attribution
 
 

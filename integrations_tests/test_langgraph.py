@@ -36,8 +36,8 @@ from langgraph.prebuilt import ToolNode, tools_condition
 
 import car_core as car
 from car_core.errors import SideEffectBlocked, UnclassifiedTools
-from car_core.interventions import compile_plan
-from car_core.seeding import branch_noise
+from car_core.model.interventions import compile_plan
+from car_core.model.seeding import branch_noise
 from car_core.testing import (
     check_branch_lineage,
     check_prefix_makes_no_calls,
@@ -490,7 +490,7 @@ def test_sync_runs_in_parallel_threads_are_kept_apart() -> None:
 def test_branches_in_flight_at_once_are_kept_apart() -> None:
     """Coupled noise makes each rollout a function of its index, so branches run eight at a
     time must give exactly the sequential values, each in its own thread."""
-    from car_core.execution import AsyncioExecutor, Sequential
+    from car_core.engine.execution import AsyncioExecutor, Sequential
     s = Support(InMemorySaver(), side_effect_tools=("issue_refund",))
     run = s.failing_run()
 

@@ -30,9 +30,9 @@ from langchain_openai import ChatOpenAI
 from langgraph.checkpoint.memory import InMemorySaver
 
 import car_core as car
-from car_core.execution import AsyncioExecutor, Sequential, default_executor
-from car_core.interventions import compile_plan
-from car_core.seeding import branch_noise
+from car_core.engine.execution import AsyncioExecutor, Sequential, default_executor
+from car_core.model.interventions import compile_plan
+from car_core.model.seeding import branch_noise
 
 
 def app_of(model: Any, tools: list[BaseTool]) -> tuple[Any, CarMiddleware]:

@@ -17,7 +17,7 @@ from car_adapters.common.messages import (
 )
 
 from car_core.errors import InvalidIntervention, SideEffectBlocked
-from car_core.trajectory import Step
+from car_core.model.trajectory import Step
 
 REFUND = assistant(None, [tool_call("c1", "refund", {"order": "A1", "amount": 5})])
 

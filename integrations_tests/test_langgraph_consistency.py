@@ -23,7 +23,7 @@ from langchain_core.messages import AIMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
 import car_core as car
-from car_core.seeding import Noise
+from car_core.model.seeding import Noise
 from car_core.testing import SideEffectLedger, run_conformance
 
 

@@ -20,7 +20,6 @@ from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import Command, interrupt
 
 import car_core as car
-from car_core import synthetic
 from car_core.errors import (
     AdapterError,
     AgentMismatch,
@@ -28,8 +27,9 @@ from car_core.errors import (
     InvalidIntervention,
     StoreError,
 )
-from car_core.interventions import compile_plan
-from car_core.seeding import branch_noise
+from car_core.model.interventions import compile_plan
+from car_core.model.seeding import branch_noise
+from car_core.testing import synthetic
 
 NOISE = branch_noise(0, 0, "errors", True)
 # the support app's tools, classified: lookups run on branches, the refund never does

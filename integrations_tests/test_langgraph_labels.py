@@ -14,7 +14,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 import car_core as car
 from car_core.assertions import agent_of as agent_of_step
-from car_core.trajectory import step_label
+from car_core.model.trajectory import step_label
 
 
 def support(name: str | None) -> Any:

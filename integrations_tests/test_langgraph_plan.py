@@ -10,7 +10,7 @@ from car_adapters.langgraph.plan import BranchPlan, tool_content
 
 import car_core as car
 from car_core.contract import Origin
-from car_core.interventions import compile_plan
+from car_core.model.interventions import compile_plan
 
 CALL = {"role": "assistant", "content": "",
         "tool_calls": [{"id": "c1", "type": "function",

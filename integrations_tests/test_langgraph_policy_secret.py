@@ -13,7 +13,7 @@ from langchain_core.messages import AIMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
 import car_core as car
-from car_core import redact
+from car_core.secrets import redact
 
 # delimiters between short pieces: only the whole key's pattern can hide it
 POLICY_KEY = "pk9,a1b2;c3d'4e\"5f}6g7h-policy"

@@ -25,9 +25,9 @@ from langgraph.checkpoint.memory import InMemorySaver
 from pydantic import PrivateAttr
 
 import car_core as car
-from car_core.interventions import compile_plan, do_resample
-from car_core.seeding import Noise
-from car_core.vocabulary import RunStatus
+from car_core.model.interventions import compile_plan, do_resample
+from car_core.model.seeding import Noise
+from car_core.model.vocabulary import RunStatus
 
 P_REFUND = 0.6
 TOOLS = ("issue_refund", "check_refund_policy")

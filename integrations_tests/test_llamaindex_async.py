@@ -22,9 +22,9 @@ from llama_index.core.llms import MockLLM
 
 import car_core as car
 from car_core.contract import Noise
+from car_core.engine.execution import AsyncioExecutor, Sequential, default_executor
 from car_core.errors import InvalidIntervention
-from car_core.execution import AsyncioExecutor, Sequential, default_executor
-from car_core.interventions import compile_plan
+from car_core.model.interventions import compile_plan
 from car_core.testing import SideEffectLedger
 
 P = 0.5

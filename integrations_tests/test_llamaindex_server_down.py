@@ -31,8 +31,8 @@ from servers import free_port, halfway
 from test_models_server_down import TOOLS, ModelServer
 
 import car_core as car
+from car_core.engine.execution import Executor, Sequential
 from car_core.errors import ModelUnavailable
-from car_core.execution import Executor, Sequential
 from car_core.store import RunStore
 
 ROLLOUTS = 8

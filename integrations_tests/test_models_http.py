@@ -318,7 +318,7 @@ def test_prices_put_a_cost_on_each_step() -> None:
 def test_chat_agents_over_a_server_default_to_concurrent_branches() -> None:
     from car_adapters.models.local import LocalPolicy
 
-    from car_core.execution import AsyncioExecutor, Sequential, default_executor
+    from car_core.engine.execution import AsyncioExecutor, Sequential, default_executor
     remote = [OpenAIPolicy("m", base_url="http://127.0.0.1:1/v1"),
               OllamaPolicy(MODEL, host="http://127.0.0.1:1")]
     for policy in remote:

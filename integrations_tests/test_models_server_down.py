@@ -27,8 +27,8 @@ from dying_server import DyingServer, chat_completion, comparable
 from servers import free_port, halfway
 
 import car_core as car
+from car_core.engine.execution import AsyncioExecutor, Executor, Sequential, Task
 from car_core.errors import ModelUnavailable
-from car_core.execution import AsyncioExecutor, Executor, Sequential, Task
 from car_core.results import ContrastiveResult
 from car_core.store import RunStore
 

@@ -23,9 +23,9 @@ from openai import AsyncOpenAI
 
 import car_core as car
 from car_core.contract import Noise
+from car_core.engine.execution import AsyncioExecutor, Sequential, default_executor
 from car_core.errors import AdapterError
-from car_core.execution import AsyncioExecutor, Sequential, default_executor
-from car_core.interventions import compile_plan
+from car_core.model.interventions import compile_plan
 from car_core.testing import SideEffectLedger
 
 set_tracing_disabled(True)  # no trace export from tests (it would need an API key)

@@ -39,8 +39,8 @@ from test_openai_agents_customer_service import (
 )
 
 import car_core as car
+from car_core.engine.execution import Executor, Sequential
 from car_core.errors import ModelUnavailable
-from car_core.execution import Executor, Sequential
 from car_core.store import RunStore
 
 ROOT = Path(__file__).resolve().parent

@@ -177,7 +177,7 @@ def test_an_attribution_that_cannot_run_says_why_in_one_line(pytester: pytest.Py
 
 FUNCTION_AGENT_SUITE = '''
 import car_core as car
-from car_core import synthetic
+from car_core.testing import synthetic
 
 
 def test_pivot_{i}(car_recorder):
@@ -190,7 +190,7 @@ def test_pivot_{i}(car_recorder):
 
 ATTRIBUTE_IN_THE_TEST = '''
 import car_core as car
-from car_core import synthetic
+from car_core.testing import synthetic
 
 
 def test_attributes_itself(car_recorder):
@@ -217,7 +217,7 @@ def test_a_failing_function_agent_test_via_car_record(pytester: pytest.Pytester)
 
 SIDE_EFFECT_ON_A_FUNCTION_AGENT = '''
 import car_core as car
-from car_core import synthetic
+from car_core.testing import synthetic
 
 
 def test_pivot_notifies(car_recorder):

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 RAISING_OUTCOME = '''
 import sys
 import pytest
-from car_core import synthetic
+from car_core.testing import synthetic
 
 SCM = synthetic.pivot(n_steps=4, at=1, p_bad=0.3)
 
@@ -140,7 +140,7 @@ def test_a_test_that_attributes_itself_records_only_its_own_run(
 
 
 PIVOT_SUITE = '''
-from car_core import synthetic
+from car_core.testing import synthetic
 
 
 def test_pivot_{i}(car_recorder):
@@ -207,7 +207,7 @@ import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 
 from car_adapters.demo.support_agent import PlantedSupportModel, build_app, inputs
-from car_core import synthetic
+from car_core.testing import synthetic
 from car_core.errors import AdapterError
 
 SCM = synthetic.pivot(n_steps=4, at=1, p_bad=0.3)

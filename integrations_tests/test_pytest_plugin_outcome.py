@@ -16,7 +16,7 @@ from car_core.store import RunStore
 
 BLIND_SUITE = '''
 import car_core as car
-from car_core import synthetic
+from car_core.testing import synthetic
 
 SCM = synthetic.pivot(n_steps=4, at=1, p_bad=0.3)
 

@@ -16,14 +16,14 @@ import ray
 from ray import cloudpickle
 
 import car_core as car
-from car_core import synthetic as syn
-from car_core._ray import RayExecutor
-from car_core.agent import OutcomeFn
-from car_core.budget import Budget, BudgetMeter
+from car_core.engine.agent import OutcomeFn
+from car_core.engine.execution import Task, brancher, execute, make_executor
+from car_core.engine.ray_executor import RayExecutor
 from car_core.errors import ExecutorUnavailable, OutcomeError
-from car_core.execution import Task, brancher, execute, make_executor
-from car_core.interventions import compile_plan
-from car_core.seeding import Stream, branch_noise
+from car_core.model.budget import Budget, BudgetMeter
+from car_core.model.interventions import compile_plan
+from car_core.model.seeding import Stream, branch_noise
+from car_core.testing import synthetic as syn
 
 # Ray workers import functions by module name; this test module is not importable there.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

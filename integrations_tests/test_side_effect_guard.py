@@ -20,7 +20,7 @@ from car_adapters.models.chat_agent import ChatAgent, ChatFunctionAgent
 from llama_index.core.agent.workflow import AgentWorkflow, FunctionAgent
 
 import car_core as car
-from car_core.agent import AgentCaveat
+from car_core.engine.agent import AgentCaveat
 from car_core.errors import InvalidInput, SideEffectBlocked
 
 P_REFUND = 0.8

@@ -43,7 +43,7 @@ from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.objects import ObjectRetriever
 
 import car_core as car
-from car_core.agent import AgentCaveat
+from car_core.engine.agent import AgentCaveat
 from car_core.errors import AdapterError, InvalidInput, UnclassifiedTools
 from car_core.results import result_from_dict
 

@@ -10,7 +10,7 @@ def write_raising_agent(folder: Path, message: str, module: str = "broken") -> N
     """``folder/module.py`` with ``make()``, the pivot agent whose policy raises
     ``RuntimeError(message)`` at every decision, and ``outcome``, the pivot's."""
     (folder / f"{module}.py").write_text(textwrap.dedent(f'''
-        import car_core.synthetic as syn
+        import car_core.testing.synthetic as syn
 
         def make():
             agent = syn.pivot().agent()

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from car_core import synthetic as syn
-from car_core.trajectory import Outcome, Step, Trajectory
+from car_core.model.trajectory import Outcome, Step, Trajectory
+from car_core.testing import synthetic as syn
 
 SCRIPT = "<script>window.__pwned = 1</script>"
 IMG = '<img src="x" onerror="window.__pwned = 2">'

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import car_core as car
-from car_core import synthetic as syn
 from car_core.store import RunStore
+from car_core.testing import synthetic as syn
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 
 import car_core as car
-from car_core.actions import canonical_action, same_action
-from car_core.seeding import Noise
+from car_core.model.actions import canonical_action, same_action
+from car_core.model.seeding import Noise
 
 
 def chat(content, *calls, **extra):

@@ -15,12 +15,12 @@ import pytest
 from _estimator_helpers import TokenAgent
 
 import car_core as car
-from car_core import _clikit as kit
-from car_core import synthetic as syn
-from car_core.budget import MOST_MORE, larger_budget
+from car_core.cli import kit
+from car_core.model.budget import MOST_MORE, larger_budget
+from car_core.model.vocabulary import Answer
 from car_core.report import render_attribution
 from car_core.store import RunStore
-from car_core.vocabulary import Answer
+from car_core.testing import synthetic as syn
 
 # On the planted pivot (six steps, cause at step 2) with the default search: 22 rollouts leave
 # step 2 a candidate the confirmation has not shown yet, twice as many decide it.

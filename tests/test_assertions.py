@@ -8,9 +8,9 @@ import pytest
 from scipy.stats import binom
 
 import car_core as car
-from car_core import synthetic
 from car_core.errors import InvalidInput
 from car_core.stats import wilson
+from car_core.testing import synthetic
 
 ALPHA = 0.05
 SEEDS = 200

@@ -16,10 +16,10 @@ import pytest
 from _broken_agent import write_raising_agent
 from _report_data import contrastive_dict
 
-from car_core import synthetic as syn
+from car_core.model.trajectory import Step, Trajectory
 from car_core.results import ContrastiveResult
 from car_core.store import RunStore
-from car_core.trajectory import Step, Trajectory
+from car_core.testing import synthetic as syn
 
 PIVOT = "car_core.synthetic:pivot"
 
@@ -319,7 +319,7 @@ def test_attribute_exits_3_when_the_budget_runs_out_and_shows_progress(pivot_sto
 
 INTERRUPTING = '''
 import os, signal
-import car_core.synthetic as syn
+import car_core.testing.synthetic as syn
 
 def make():
     model = syn.pivot()
@@ -414,7 +414,7 @@ def test_builtin_demo_used_when_the_adapters_demo_is_absent(tmp_path, capsys):
 
 def test_executor_flags_build_the_named_backend():
     from car_core.cli import ExecutorName, _executor
-    from car_core.execution import AsyncioExecutor, Sequential
+    from car_core.engine.execution import AsyncioExecutor, Sequential
     assert _executor(None, 16, None) is None  # the estimator picks one for the agent
     assert isinstance(_executor(ExecutorName.sequential, 16, None), Sequential)
     exe = _executor(ExecutorName.async_, 4, None)
@@ -674,7 +674,7 @@ def test_small_bad_inputs_exit_cleanly(pivot_store, args, code, message):
 
 EXITING = '''
 import sys
-import car_core.synthetic as syn
+import car_core.testing.synthetic as syn
 
 def factory():
     sys.exit(0)

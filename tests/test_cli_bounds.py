@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from car_core import defaults
-from car_core.budget import check_bound
 from car_core.errors import InvalidBudget
+from car_core.model.budget import check_bound
+from car_core.model.trajectory import Step, Trajectory
 from car_core.store import RunStore
-from car_core.trajectory import Step, Trajectory
 
 ROOT = Path(__file__).resolve().parents[1]
 PIVOT = "car_core.synthetic:pivot"
@@ -26,7 +26,7 @@ ENV = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(ROOT)}
 # must come before the user's code is even loaded.
 MARKING = '''
 from pathlib import Path
-import car_core.synthetic as syn
+import car_core.testing.synthetic as syn
 
 def make():
     Path("factory-called").write_text("yes")

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from car_core import _clikit as kit
+from car_core.cli import kit
+from car_core.model.trajectory import Step, Trajectory
 from car_core.store import RunStore
-from car_core.trajectory import Step, Trajectory
 
 ROOT = Path(__file__).resolve().parents[1]
 PIVOT = "car_core.synthetic:pivot"
@@ -50,7 +50,7 @@ def test_a_reader_that_closes_the_pipe_ends_car_quietly(tmp_path, extra):
 
 EXITING = '''
 import sys
-import car_core.synthetic as syn
+import car_core.testing.synthetic as syn
 
 def agent_exits():
     agent = syn.pivot().agent()
@@ -98,7 +98,7 @@ def test_the_named_outcome_keeps_its_arity_and_settled_hook():
         return 0.0
 
     one.settled = lambda run: True  # type: ignore[attr-defined]
-    from car_core.outcome import OutcomeFn
+    from car_core.model.outcome import OutcomeFn
     wrapped_one = OutcomeFn(kit._naming_exits(one, "the outcome function"))
     wrapped_two = OutcomeFn(kit._naming_exits(two, "the outcome function"))
     assert not wrapped_one.takes_rng and wrapped_two.takes_rng

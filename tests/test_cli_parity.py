@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from car_core import synthetic as syn
 from car_core.store import RunStore
+from car_core.testing import synthetic as syn
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "support"))
@@ -23,7 +23,7 @@ import sys
 from dataclasses import replace
 sys.path.insert(0, {str(HERE)!r})
 import car_core as car
-from car_core import synthetic
+from car_core.testing import synthetic
 from _estimator_helpers import TokenAgent
 
 
@@ -118,5 +118,5 @@ def test_bad_caps_are_refused_by_flag_before_anything_runs(pivot, flags, said) -
 
 
 def test_a_model_name_with_a_colon_keeps_it() -> None:
-    from car_core import _clikit as kit
+    from car_core.cli import kit
     assert kit.parse_prices(["llama3:8b=0.1:0.2"]) == {"llama3:8b": (0.1, 0.2)}

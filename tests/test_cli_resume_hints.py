@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from car_core import _clikit as kit
+from car_core.cli import kit
 from car_core.errors import (
     AttributionBusy,
     BranchesFailed,
@@ -20,8 +20,8 @@ from car_core.errors import (
     ModelUnavailable,
     OutcomeError,
 )
+from car_core.model.trajectory import Trajectory
 from car_core.store import RunStore
-from car_core.trajectory import Trajectory
 
 ROOT = Path(__file__).resolve().parents[1]
 PIVOT = "car_core.synthetic:pivot"
@@ -29,7 +29,7 @@ ENV = {**os.environ, "COLUMNS": "120", "PYTHONPATH": str(ROOT)}
 
 USER_CODE = '''
 import sys
-import car_core.synthetic as syn
+import car_core.testing.synthetic as syn
 
 outcome = syn.pivot().outcome
 

@@ -21,8 +21,8 @@ from _broken_agent import write_raising_agent
 
 import car_core as car
 from car_core import cli
-from car_core import synthetic as syn
 from car_core.store import RunStore
+from car_core.testing import synthetic as syn
 
 ROOT = Path(__file__).resolve().parents[1]
 PIVOT = "car_core.synthetic:pivot"
@@ -49,7 +49,8 @@ def test_running_out_of_memory_is_one_line_and_not_an_internal_error(stored, mon
         raise MemoryError
 
     monkeypatch.setattr("car_core.cli.run_intervene", exhausted)  # what `intervene` runs
-    monkeypatch.setattr("car_core.settings.contrastive", exhausted)  # what `attribute` runs
+    # what `attribute` runs
+    monkeypatch.setattr("car_core.estimators.settings.contrastive", exhausted)
     for args in (["intervene", run.id, "--agent", PIVOT, "--do", "resample:2"],
                  ["attribute", run.id, "--agent", PIVOT, "--rollouts", "2"]):
         code, _, stderr = run_cli([*args, "--store", str(path)])
@@ -164,7 +165,7 @@ def test_intervene_without_trajectories_holds_a_number_per_branch_not_a_run(monk
     then a tuple: tens of bytes), not its task record (about 340 bytes, which ``execute``
     keeps per finished branch until it returns) and not its steps (over 2 KiB for this 6-step
     run): the branches run a batch at a time (32 here, so both runs span several batches)."""
-    import car_core.replay as replay
+    import car_core.engine.replay as replay
     monkeypatch.setattr(replay, "OUTCOME_BATCH", 32)
     lean = peak_per_branch(64, 256, keep=False)
     full = peak_per_branch(64, 256, keep=True)

@@ -17,13 +17,12 @@ import typer.main
 from rich.console import Console
 
 import car_core as car
-from car_core import _clikit as kit
 from car_core import formatting as fmt
-from car_core.cli import app, main
+from car_core.cli import app, kit, main
+from car_core.model.trajectory import Step, Trajectory
+from car_core.model.vocabulary import Answer
 from car_core.results import ContrastiveResult
 from car_core.store import RunStore
-from car_core.trajectory import Step, Trajectory
-from car_core.vocabulary import Answer
 
 PROB = r"\d\.\d{3}"
 EFFECT = r"[+-]\d\.\d{3}"
@@ -33,7 +32,7 @@ EFFECT = r"[+-]\d\.\d{3}"
 def refit() -> ContrastiveResult:
     """A locus whose rescue was re-estimated with fresh pairs after the test decided (the
     search's default), so the test's pairs and the shown sample differ."""
-    from car_core import synthetic as syn
+    from car_core.testing import synthetic as syn
     model = syn.pivot()
     res = car.contrastive(model.failing_run(0), model.agent(), outcome=model.outcome,
                           rollouts=32, seed=0)
@@ -91,7 +90,7 @@ def test_a_stored_result_keeps_the_shown_sample(refit) -> None:
 def test_text_table_and_plugin_say_the_same_row_and_headline(refit) -> None:
     from car_adapters.pytest_plugin.recording import Attribution
 
-    from car_core import synthetic as syn
+    from car_core.testing import synthetic as syn
     run = syn.pivot().failing_run(0)
     shown = fmt.step_row(refit, refit.steps[refit.locus])
     row = shown.cells()

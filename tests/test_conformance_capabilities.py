@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 
 import car_core as car
-from car_core import synthetic as syn
-from car_core.agent import drive
-from car_core.capabilities import Capability, capabilities
+from car_core.engine.agent import drive
 from car_core.errors import ConformanceFailure, InvalidInput, InvalidIntervention
-from car_core.interventions import Plan, compile_plan
-from car_core.seeding import Noise
+from car_core.model.capabilities import Capability, capabilities
+from car_core.model.interventions import Plan, compile_plan
+from car_core.model.seeding import Noise
 from car_core.testing import (
     Choice,
     DictEnvironment,
@@ -26,6 +25,7 @@ from car_core.testing import (
     check_stop_honoured,
     run_conformance,
 )
+from car_core.testing import synthetic as syn
 
 TOOLS = ("refund", "escalate", "close", "reply")
 

@@ -1,5 +1,5 @@
 """Context attribution against planted worlds whose effects are known in closed form
-(``car_core.synthetic_context``), and the pieces it is built from."""
+(``car_core.testing.synthetic_context``), and the pieces it is built from."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from collections.abc import Callable
 import pytest
 
 import car_core as car
-from car_core.context_sources import ablate, split
 from car_core.errors import InvalidInput
 from car_core.estimators.context import (
     boschloo_greater,
@@ -20,8 +19,15 @@ from car_core.estimators.context import (
     screen_looks,
     sign_test,
 )
-from car_core.synthetic_context import ContextWorld, injected, interaction, no_cause, poisoned_tool
-from car_core.trajectory import History, Step
+from car_core.model.context_sources import ablate, split
+from car_core.model.trajectory import History, Step
+from car_core.testing.synthetic_context import (
+    ContextWorld,
+    injected,
+    interaction,
+    no_cause,
+    poisoned_tool,
+)
 
 ALPHA = 0.05
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 import car_core as car_api
-from car_core.pairs import read_pairs
+from car_core.estimators.pairs import read_pairs
 from car_core.store import RunStore
-from car_core.synthetic_context import injected
+from car_core.testing.synthetic_context import injected
 
 WORLD = """\
-from car_core.synthetic_context import injected
+from car_core.testing.synthetic_context import injected
 
 def world():
     return injected(10)
@@ -112,7 +112,7 @@ def test_car_attribute_what_finds_the_locus_then_the_message_inside_it(tmp_path:
     names it, and removing message 3 rescues 0.6, so `--what` names that message inside it
     with `car what`'s default budget. Seeds are fixed, so the run is the same every time."""
     (tmp_path / "planted.py").write_text(
-        "from car_core.synthetic_context import injected\n\n"
+        "from car_core.testing.synthetic_context import injected\n\n"
         "def world():\n    return injected(10, p_hi=0.6, p_lo=0.0)\n")
     run = injected(10, p_hi=0.6, p_lo=0.0).failing_run(0)
     with RunStore(tmp_path / "car.db") as store:

@@ -8,7 +8,7 @@ import pytest
 
 import car_core as car
 from car_core.report import render_run
-from car_core.synthetic_context import ContextWorld, injected
+from car_core.testing.synthetic_context import ContextWorld, injected
 
 WORLD = injected(6, at=2)
 

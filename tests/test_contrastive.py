@@ -1,4 +1,4 @@
-"""The contrastive estimator against planted ground truth (car_core.synthetic)."""
+"""The contrastive estimator against planted ground truth (car_core.testing.synthetic)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from _estimator_helpers import TOKENS_PER_STEP, TokenAgent, counted
 
 import car_core as car
-from car_core import synthetic as syn
 from car_core.errors import BranchesFailed, InvalidInput, NothingToAttribute
+from car_core.testing import synthetic as syn
 
 RESULT_KEYS = {"method", "run_id", "attribution_id", "locus", "reason", "alpha", "correction",
                "tests", "level", "rollouts_used", "rollouts_cap", "rollout_budget", "seed",

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import car_core as car
-from car_core import synthetic as syn
-from car_core.seeding import coupling
+from car_core.model.seeding import coupling
+from car_core.testing import synthetic as syn
 
 
 @dataclass

@@ -12,16 +12,7 @@ from typing import Any
 import pytest
 
 import car_core as car
-from car_core import synthetic as syn
-from car_core.budget import Budget, BudgetMeter
-from car_core.errors import (
-    BranchesFailed,
-    InvalidInput,
-    OutcomeError,
-    PolicyError,
-    StoreReadOnly,
-)
-from car_core.execution import (
+from car_core.engine.execution import (
     AsyncioExecutor,
     Failure,
     Results,
@@ -32,9 +23,18 @@ from car_core.execution import (
     execute,
     make_executor,
 )
-from car_core.interventions import compile_plan
-from car_core.seeding import branch_noise
+from car_core.errors import (
+    BranchesFailed,
+    InvalidInput,
+    OutcomeError,
+    PolicyError,
+    StoreReadOnly,
+)
+from car_core.model.budget import Budget, BudgetMeter
+from car_core.model.interventions import compile_plan
+from car_core.model.seeding import branch_noise
 from car_core.store import RunStore, StoreJournal
+from car_core.testing import synthetic as syn
 
 BACKENDS = {
     "sequential": lambda: Sequential(),
@@ -88,7 +88,7 @@ def test_every_backend_gives_the_same_estimate_for_one_seed(name: str) -> None:
 def test_execute_returns_results_in_task_order(backend: str, pivot_model: syn.SyntheticSCM,
                                                pivot_run: car.Trajectory) -> None:
     tasks = two_arm_tasks(pivot_run, (1, 3), rollouts=6)
-    out = car.agent.OutcomeFn(pivot_model.outcome)
+    out = car.engine.agent.OutcomeFn(pivot_model.outcome)
     results = execute(tasks, brancher(pivot_run, pivot_model.agent(), out), BudgetMeter(None),
                       executor=BACKENDS[backend](), progress=False)
     assert [t for t, _ in results] == tasks
@@ -129,7 +129,7 @@ def test_async_agent_is_awaited_and_results_are_reordered(pivot_model: syn.Synth
     agent = ReverseFinishAgent(pivot_model, n)
     tasks = two_arm_tasks(pivot_run, (2,), rollouts=n)
     seen: list[int] = []
-    out = car.agent.OutcomeFn(pivot_model.outcome)
+    out = car.engine.agent.OutcomeFn(pivot_model.outcome)
     results = execute(tasks, brancher(pivot_run, agent, out), BudgetMeter(None),
                       executor=AsyncioExecutor(n), progress=False,
                       on_result=lambda t, _: seen.append(t.rollout))
@@ -166,7 +166,7 @@ def test_concurrent_tasks_really_overlap_and_respect_the_cap() -> None:
 
 
 def compile_plan_stub() -> Any:
-    from car_core.interventions import Plan
+    from car_core.model.interventions import Plan
     return Plan(start=0)
 
 
@@ -223,7 +223,7 @@ def test_a_branch_that_fails_once_is_retried_and_counts(backend: str,
                                                         pivot_model: syn.SyntheticSCM,
                                                         pivot_run: car.Trajectory) -> None:
     tasks = two_arm_tasks(pivot_run, (2,), rollouts=6)
-    out = car.agent.OutcomeFn(pivot_model.outcome)
+    out = car.engine.agent.OutcomeFn(pivot_model.outcome)
     flaky = Flaky(pivot_model, {3: 1})
     results = execute(tasks, flaky.fn(pivot_run, out), BudgetMeter(None),
                       executor=BACKENDS[backend](), progress=False)
@@ -239,7 +239,7 @@ def test_a_branch_that_fails_twice_is_reported_not_dropped(backend: str,
                                                            pivot_model: syn.SyntheticSCM,
                                                            pivot_run: car.Trajectory) -> None:
     tasks = two_arm_tasks(pivot_run, (2,), rollouts=6)
-    out = car.agent.OutcomeFn(pivot_model.outcome)
+    out = car.engine.agent.OutcomeFn(pivot_model.outcome)
     flaky = Flaky(pivot_model, {1: 5, 4: 5})
     meter = BudgetMeter(None)
     results = execute(tasks, flaky.fn(pivot_run, out), meter, executor=BACKENDS[backend](),
@@ -317,7 +317,7 @@ def test_keep_holds_summaries_while_the_journal_holds_the_branches(
     aid = store.begin_attribution(pivot_run.id, "test", {})
     tasks = two_arm_tasks(pivot_run, (2, 4), rollouts=5)
     seen: list[Any] = []
-    out = car.agent.OutcomeFn(pivot_model.outcome)
+    out = car.engine.agent.OutcomeFn(pivot_model.outcome)
     results = execute(tasks, brancher(pivot_run, pivot_model.agent(), out), BudgetMeter(None),
                       journal=StoreJournal(store, aid), keep=lambda t: t.outcome.value,
                       on_result=lambda t, r: seen.append(r), progress=False)
@@ -349,7 +349,7 @@ def test_a_journal_that_cannot_write_stops_and_keeps_what_was_written(
     aid = store.begin_attribution(pivot_run.id, "test", {})
     tasks = two_arm_tasks(pivot_run, (2,), rollouts=30)
     started = Locked(lambda task: brancher(pivot_run, pivot_model.agent(),
-                                           car.agent.OutcomeFn(pivot_model.outcome))(task))
+                                           car.engine.agent.OutcomeFn(pivot_model.outcome))(task))
     executor = BACKENDS[backend]()
     with pytest.raises(StoreReadOnly):
         execute(tasks, started, BudgetMeter(None), executor=executor,
@@ -447,7 +447,7 @@ def test_memory_stays_flat_with_a_journal_and_keep(keep: Any, grows: bool,
 
     tracemalloc.start()
     try:
-        execute(tasks, brancher(run, model.agent(), car.agent.OutcomeFn(model.outcome)),
+        execute(tasks, brancher(run, model.agent(), car.engine.agent.OutcomeFn(model.outcome)),
                 BudgetMeter(None), journal=StoreJournal(store, aid), keep=keep,
                 on_result=sample, progress=False)
     finally:
@@ -503,7 +503,7 @@ def test_intervene_with_a_huge_rollout_count_pulls_only_what_the_budget_allows(
                 yield t
         return original(count(), *args, **kw)
 
-    import car_core.replay as replay
+    import car_core.engine.replay as replay
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(replay, "execute", counting)
         dist = car.intervene(pivot_run, pivot_model.agent(), car.do_resample(2),

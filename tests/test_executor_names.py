@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 import car_core as car
-from car_core import synthetic as syn
-from car_core._ray import RayExecutor
+from car_core.engine.execution import AsyncioExecutor, Sequential, resolve_executor
+from car_core.engine.ray_executor import RayExecutor
 from car_core.errors import InvalidInput
-from car_core.execution import AsyncioExecutor, Sequential, resolve_executor
+from car_core.testing import synthetic as syn
 
 # The same estimate on each: the default (None), by name, and as objects.
 EXECUTORS = [None, "sequential", "async", car.Sequential(), car.AsyncioExecutor(4)]
@@ -138,7 +138,8 @@ def test_names_resolve_to_the_backends_and_objects_pass_through() -> None:
 def test_the_executors_are_public_and_ray_loads_only_when_asked_for() -> None:
     assert car.Sequential is Sequential and car.AsyncioExecutor is AsyncioExecutor
     assert car.RayExecutor is RayExecutor
-    probe = ("import sys, car_core; a = 'ray' in sys.modules or 'car_core._ray' in sys.modules;"
+    probe = ("import sys, car_core; a = 'ray' in sys.modules or "
+             "'car_core.engine.ray_executor' in sys.modules;"
              " car_core.RayExecutor; b = 'ray' in sys.modules; print(a, b)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True).stdout.split()

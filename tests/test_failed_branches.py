@@ -13,15 +13,15 @@ import pytest
 
 import car_core as car
 from car_core import cli
-from car_core import synthetic as syn
-from car_core.budget import BudgetMeter
+from car_core.engine.execution import Sequential, execute
+from car_core.engine.tasks import FAILED_SHARE, FAILED_SHARE_FROM, Failure, Task, check_failures
 from car_core.errors import AgentError, BranchesFailed
-from car_core.execution import Sequential, execute
-from car_core.interventions import compile_plan
-from car_core.seeding import Stream, branch_noise
+from car_core.model.budget import BudgetMeter
+from car_core.model.interventions import compile_plan
+from car_core.model.seeding import Stream, branch_noise
+from car_core.model.vocabulary import Answer, RunStatus
 from car_core.store import RunStore, StoreJournal
-from car_core.tasks import FAILED_SHARE, FAILED_SHARE_FROM, Failure, Task, check_failures
-from car_core.vocabulary import Answer, RunStatus
+from car_core.testing import synthetic as syn
 
 HOOK_STEP = 4  # the step whose tool call the hook guards; the planted cause is step 2
 
@@ -263,8 +263,8 @@ def test_a_stored_branch_with_status_error_is_read_back_as_a_failure(tmp_path: A
                                      lineage=car.Lineage(parent_id=run.id, arm="hold<2",
                                                          rollout=1))
         journal.write(tasks[1], crashed)
-        out = car.agent.OutcomeFn(model.outcome)
-        from car_core.execution import brancher
+        out = car.engine.agent.OutcomeFn(model.outcome)
+        from car_core.engine.execution import brancher
         results = execute(tasks, brancher(run, model.agent(), out), BudgetMeter(None),
                           executor=Sequential(), journal=journal, progress=False)
     assert [t.rollout for t, _ in results] == [0, 2]
@@ -287,7 +287,7 @@ def test_intervene_leaves_errored_branches_out_and_lists_them(way: str) -> None:
 
 
 HOOKED_APP = '''
-from car_core import synthetic as syn
+from car_core.testing import synthetic as syn
 
 MODEL = syn.pivot(n_steps=6, at=2)
 

@@ -23,8 +23,8 @@ import pytest
 
 import car_core as car
 from car_core import cli
-from car_core import synthetic as syn
 from car_core.store import RunStore
+from car_core.testing import synthetic as syn
 
 DOCUMENTED = {0, 1, 2, 3, 4, 5, 130}  # `car --help`; 70 (internal error) means a bug
 # What a refusal of damage says: the file is damaged or not a CAR store, a row or attribution

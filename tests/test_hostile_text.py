@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 from _report_data import hostile_contrastive, hostile_run, shapley_dict
 
-from car_core import synthetic as syn
-from car_core._clikit import safe
+from car_core.cli.kit import safe
+from car_core.model.trajectory import Outcome, Step, Trajectory
 from car_core.report import render_attribution, render_run
 from car_core.store import RunStore
-from car_core.trajectory import Outcome, Step, Trajectory
+from car_core.testing import synthetic as syn
 
 TERMINAL = {
     "csi-clear-screen": "\x1b[2J\x1b[H",

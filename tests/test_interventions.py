@@ -21,11 +21,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import car_core as car
-from car_core import synthetic as syn
+from car_core.engine.replay import OutcomeDistribution
 from car_core.errors import InvalidIntervention, StepOutOfRange
-from car_core.interventions import compile_plan, intervention_from_dict
-from car_core.replay import OutcomeDistribution
+from car_core.model.interventions import compile_plan, intervention_from_dict
 from car_core.testing import DictEnvironment
+from car_core.testing import synthetic as syn
 
 K = 400
 

@@ -1,4 +1,5 @@
-"""Planted worlds where two steps matter (car_core.synthetic.and_pair): the analytic arms and
+"""Planted worlds where two steps matter (car_core.testing.synthetic.and_pair): the analytic arms
+and
 rescues, and per-step estimates whose intervals cover them when every step is tested."""
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ import math
 import pytest
 
 import car_core as car
-from car_core import synthetic as syn
 from car_core.errors import InvalidInput
+from car_core.testing import synthetic as syn
 
 # (p_a, p_b): the later rescue 1 − p_b smaller than, equal to and larger than the earlier
 # p_b·(1 − p_a), with a = 3 and b = 6 of 8 steps

@@ -1,4 +1,5 @@
-"""The one scoring rule (``car_core.outcome.scored``): a noisy judge draws from the outcome stream
+"""The one scoring rule (``car_core.model.outcome.scored``): a noisy judge draws from the outcome
+stream
 of the noise a run was decided with, so the record, a re-score of the stored run and a branch's
 own score all agree with what the rule computes."""
 
@@ -8,11 +9,11 @@ import numpy as np
 import pytest
 
 import car_core as car
+from car_core.engine.tasks import Task, run_branch
 from car_core.errors import OutcomeError
-from car_core.interventions import compile_plan
-from car_core.outcome import OutcomeFn, scored
-from car_core.seeding import Noise, Stream, branch_noise
-from car_core.tasks import Task, run_branch
+from car_core.model.interventions import compile_plan
+from car_core.model.outcome import OutcomeFn, scored
+from car_core.model.seeding import Noise, Stream, branch_noise
 
 
 def judge(run: car.Trajectory, rng: np.random.Generator) -> float:

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 import car_core as car
-from car_core import synthetic as syn
 from car_core.errors import NothingToAttribute, OutcomeError, OutcomeMismatch
-from car_core.outcome import RECORD_SCORES, check_on_record
+from car_core.model.outcome import RECORD_SCORES, check_on_record
 from car_core.store import RunStore
+from car_core.testing import synthetic as syn
 
 
 def blind(run: car.Trajectory) -> float:

@@ -13,10 +13,10 @@ import pytest
 
 import car_core as car
 from car_core import formatting as fmt
-from car_core import synthetic as syn
+from car_core.model.vocabulary import Answer
 from car_core.results import ContrastiveResult
 from car_core.store import RunStore
-from car_core.vocabulary import Answer
+from car_core.testing import synthetic as syn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 

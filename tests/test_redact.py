@@ -14,10 +14,10 @@ from urllib.parse import quote, quote_plus
 import pytest
 
 import car_core as car
-from car_core import _secret_forms
-from car_core import redact as rd
 from car_core.errors import BranchesFailed, ModelUnavailable, PolicyError
 from car_core.report import render_run
+from car_core.secrets import forms as _secret_forms
+from car_core.secrets import redact as rd
 from car_core.store import RunStore
 
 KEY = "sk-unitCANARY8c1d5e9f03ab"

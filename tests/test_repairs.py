@@ -12,9 +12,9 @@ import pytest
 
 import car_core as car
 from car_core.errors import InvalidInput
-from car_core.pairs import SCHEMA, read_pairs
-from car_core.synthetic_context import injected, poisoned_tool
-from car_core.trajectory import History
+from car_core.estimators.pairs import SCHEMA, read_pairs
+from car_core.model.trajectory import History
+from car_core.testing.synthetic_context import injected, poisoned_tool
 
 ALPHA = 0.05
 WORLD = injected(10)  # unrepaired P(fail) = p_hi = 0.9; without the injected message 0.1

@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 
 import car_core as car
-from car_core import synthetic as syn
+from car_core.engine.replay import drive
 from car_core.errors import ConformanceFailure, InvalidBudget, InvalidInput, PolicyError
-from car_core.interventions import Plan
-from car_core.replay import drive
-from car_core.seeding import Noise
+from car_core.model.interventions import Plan
+from car_core.model.seeding import Noise
 from car_core.testing import (
     CallCounter,
     Choice,
@@ -31,6 +30,7 @@ from car_core.testing import (
     count_calls,
     run_conformance,
 )
+from car_core.testing import synthetic as syn
 
 K = 16
 

@@ -18,10 +18,9 @@ from _report_data import (
     shapley_dict,
 )
 
-from car_core import synthetic as syn
 from car_core.errors import InvalidInput
 from car_core.report import render_attribution, render_run
-from car_core.report_plots import (
+from car_core.report.plots import (
     LABEL_GAP,
     LABEL_MAX,
     MARGIN,
@@ -31,6 +30,7 @@ from car_core.report_plots import (
     text_width,
     wrap_label,
 )
+from car_core.testing import synthetic as syn
 
 
 class _Tags(HTMLParser):

@@ -26,11 +26,11 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
-from car_core import synthetic as syn
 from car_core.report import render_attribution
-from car_core.report_pages import write_index
-from car_core.report_plots import UNTESTED_FILL
+from car_core.report.pages import write_index
+from car_core.report.plots import UNTESTED_FILL
 from car_core.store import RunStore
+from car_core.testing import synthetic as syn
 
 ROOT = Path(__file__).parents[1]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

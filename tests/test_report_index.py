@@ -14,7 +14,7 @@ import pytest
 from _report_data import index_store
 from test_hostile_text import HTML
 
-from car_core.report_pages import index_paths, page_name, write_index
+from car_core.report.pages import index_paths, page_name, write_index
 from car_core.store import RunStore
 
 

@@ -8,9 +8,9 @@ import json
 import pytest
 
 import car_core as car
-from car_core import synthetic as syn
 from car_core.results import ContrastiveResult, ShapleyResult
 from car_core.stats import look_levels, looks
+from car_core.testing import synthetic as syn
 
 
 def test_interval_reads_as_the_pair_it_replaces() -> None:

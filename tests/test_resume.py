@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 import car_core as car
-from car_core import synthetic as syn
 from car_core.errors import StoreReadOnly
 from car_core.store import RunStore
+from car_core.testing import synthetic as syn
 
 ROLLOUTS = 10  # per arm: arm resample@2 makes 4 policy calls a branch, resample@3 makes 3
 CALLS_PER_BRANCH = {"resample@2": 4, "resample@3": 3}
@@ -53,11 +53,11 @@ def attribute(db: Path, run_id: str, aid: str, kill_at: int, backend: str) -> di
     """Two arms of ROLLOUTS branches of the pivot model (do_resample at steps 2 and 3),
     journaled to the store as they finish. The policy counts its calls and, on call number
     ``kill_at``, SIGKILLs its own process — in the middle of a branch."""
-    from car_core.agent import OutcomeFn
-    from car_core.budget import BudgetMeter
-    from car_core.execution import Task, brancher, execute, make_executor
-    from car_core.interventions import compile_plan
-    from car_core.seeding import branch_noise
+    from car_core.engine.agent import OutcomeFn
+    from car_core.engine.execution import Task, brancher, execute, make_executor
+    from car_core.model.budget import BudgetMeter
+    from car_core.model.interventions import compile_plan
+    from car_core.model.seeding import branch_noise
     from car_core.store import StoreJournal
 
     model = syn.pivot()
@@ -88,7 +88,7 @@ def attribute_contrastive(db: Path, run_id: str, aid: str, kill_at: int,
                           backend: str) -> dict[str, Any]:
     """``car.contrastive`` on the pivot model with the store as its journal; the policy
     SIGKILLs its process on call ``kill_at``. Returns the result without the per-branch ids."""
-    from car_core.execution import make_executor
+    from car_core.engine.execution import make_executor
 
     model = syn.pivot()
     agent, calls = killing_pivot_agent(model, kill_at)
@@ -116,7 +116,7 @@ def attribute_killed_in_writes(kind: str) -> Any:
             out_fd: int = 1) -> dict[str, Any]:
         import time
 
-        from car_core.execution import make_executor
+        from car_core.engine.execution import make_executor
         from car_core.store import StoreJournal
 
         def die() -> None:
@@ -288,11 +288,11 @@ def test_journal_failure_keeps_written_branches_for_resume(
         tmp_path: Path, stored_run: tuple[Path, car.Trajectory]) -> None:
     """The disk fills mid-attribution: the run stops with StoreReadOnly, the branches written
     before stay, and a resume runs only the rest."""
-    from car_core.agent import OutcomeFn
-    from car_core.budget import BudgetMeter
-    from car_core.execution import Task, brancher, execute
-    from car_core.interventions import compile_plan
-    from car_core.seeding import branch_noise
+    from car_core.engine.agent import OutcomeFn
+    from car_core.engine.execution import Task, brancher, execute
+    from car_core.model.budget import BudgetMeter
+    from car_core.model.interventions import compile_plan
+    from car_core.model.seeding import branch_noise
     from car_core.store import StoreJournal
 
     db, run = stored_run

@@ -11,9 +11,9 @@ import pytest
 from _estimator_helpers import counted
 
 import car_core as car
-from car_core import synthetic as syn
 from car_core.errors import InvalidInput
-from car_core.vocabulary import Answer
+from car_core.model.vocabulary import Answer
+from car_core.testing import synthetic as syn
 
 
 def without_id(result: Any) -> dict[str, Any]:

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 import car_core as car
-from car_core import synthetic
 from car_core.contract import RunWriter
 from car_core.errors import StoreError
+from car_core.testing import synthetic
 
 CHILD = '''
 import os, signal, sys
 import car_core as car
-from car_core import synthetic
+from car_core.testing import synthetic
 from car_core.contract import RunWriter
 
 path, n, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]

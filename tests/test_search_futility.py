@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from car_core import synthetic as syn
 from car_core.estimators import search as search_mod
+from car_core.testing import synthetic as syn
 
 K = 32
 

@@ -12,12 +12,12 @@ from scipy.stats import binom
 
 import car_core as car
 from car_core import defaults
-from car_core import synthetic as syn
-from car_core.agent import FunctionAgent
+from car_core.engine.agent import FunctionAgent
+from car_core.engine.execution import Task
 from car_core.errors import InvalidInput
 from car_core.estimators import search as search_mod
 from car_core.estimators.contrastive import search_wave, waits_on_server
-from car_core.execution import Task
+from car_core.testing import synthetic as syn
 
 R = TypeVar("R")
 K = 32

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from car_core.errors import InvalidInput
-from car_core.seeding import Noise, Stream
+from car_core.model.seeding import Noise, Stream
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import car_core as car
-from car_core import synthetic as syn
 from car_core.errors import InvalidBudget, InvalidInput
+from car_core.testing import synthetic as syn
 
 
 @pytest.fixture(scope="module")

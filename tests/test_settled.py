@@ -16,9 +16,9 @@ import pytest
 
 import car_core as car
 from car_core.errors import InvalidInput, OutcomeError
-from car_core.interventions import compile_plan
-from car_core.seeding import Noise
-from car_core.vocabulary import RunStatus
+from car_core.model.interventions import compile_plan
+from car_core.model.seeding import Noise
+from car_core.model.vocabulary import RunStatus
 
 P_REFUND = 0.6
 MAX_STEPS = 5

@@ -1,4 +1,4 @@
-"""The Shapley estimator against games with closed-form values (car_core.synthetic)."""
+"""The Shapley estimator against games with closed-form values (car_core.testing.synthetic)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from _estimator_helpers import TokenAgent, counted
 
 import car_core as car
-from car_core import synthetic as syn
 from car_core.errors import BranchesFailed, InvalidBudget, InvalidInput, NothingToAttribute
+from car_core.testing import synthetic as syn
 
 RESULT_KEYS = {"method", "run_id", "attribution_id", "mode", "values", "total", "v_full",
                "v_empty", "efficiency_gap", "level", "rollouts_used", "budget", "truncated",

@@ -8,14 +8,6 @@ import numpy as np
 import pytest
 
 from car_core.errors import InvalidInput
-from car_core.sequential import (
-    LOW_SHARE,
-    Prior,
-    confidence_sequence,
-    final_critical,
-    positive_at,
-    positive_by_end,
-)
 from car_core.stats import (
     bonferroni_level,
     difference,
@@ -23,6 +15,14 @@ from car_core.stats import (
     looks,
     t_interval,
     wilson,
+)
+from car_core.stats.sequential import (
+    LOW_SHARE,
+    Prior,
+    confidence_sequence,
+    final_critical,
+    positive_at,
+    positive_by_end,
 )
 
 DRAWS = 2000  # Monte-Carlo SE of a 95% coverage estimate: sqrt(.95*.05/2000) ≈ 0.5%

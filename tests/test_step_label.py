@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from car_core.trajectory import Step, Trajectory, step_label
+from car_core.model.trajectory import Step, Trajectory, step_label
 
 
 def _run(agents: list[str | None]) -> Trajectory:

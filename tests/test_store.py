@@ -21,7 +21,6 @@ from hypothesis import HealthCheck, given, settings
 from strategies import trajectories
 
 import car_core as car
-from car_core import synthetic as syn
 from car_core.errors import (
     AttributionNotFound,
     CorruptRun,
@@ -34,6 +33,7 @@ from car_core.errors import (
 )
 from car_core.results import ContrastiveResult
 from car_core.store import MIGRATIONS, RunStore, StoreJournal
+from car_core.testing import synthetic as syn
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -135,9 +135,9 @@ def test_lineage_queries(store: RunStore, pivot_model, pivot_run) -> None:
 
 
 def test_store_journal_finds_finished_branches(store: RunStore, pivot_model, pivot_run) -> None:
-    from car_core.execution import Task
-    from car_core.interventions import compile_plan
-    from car_core.seeding import branch_noise
+    from car_core.engine.execution import Task
+    from car_core.model.interventions import compile_plan
+    from car_core.model.seeding import branch_noise
     store.save(pivot_run)
     aid = store.begin_attribution(pivot_run.id, "manual", {})
     journal = StoreJournal(store, aid)
@@ -164,7 +164,7 @@ def test_migrations_are_recorded_once(tmp_path: Path) -> None:
 WRITER = textwrap.dedent("""
     import sys
     import car_core as car
-    from car_core import synthetic as syn
+    from car_core.testing import synthetic as syn
     from car_core.store import RunStore
     path, first = sys.argv[1], int(sys.argv[2])
     store = RunStore(path)
@@ -504,7 +504,7 @@ def test_two_concurrent_resumes_store_each_branch_once(tmp_path: Path, pivot_mod
         s.save(pivot_run)
     code = textwrap.dedent(f"""
         import sys, car_core as car
-        from car_core import synthetic as syn
+        from car_core.testing import synthetic as syn
         from car_core.errors import AttributionBusy
         model = syn.pivot()
         with car.RunStore({str(db)!r}) as s:

@@ -1,5 +1,6 @@
 """The planted desks the estimator benchmark runs have the rescue and the coupling they claim,
-so the benchmark's ground truth cannot drift from its agents (car_core.synthetic.PlantedDesk),
+so the benchmark's ground truth cannot drift from its agents
+(car_core.testing.synthetic.PlantedDesk),
 and the benchmark's oracle computes the power of the test it names (benchmarks/oracle.py)."""
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import pytest
 from scipy.stats import binom, fisher_exact
 
 import car_core as car
-from car_core import synthetic as syn
 from car_core.errors import InvalidInput
+from car_core.testing import synthetic as syn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from strategies import json_values, text, trajectories
 
 import car_core as car
-from car_core._json import canonical
 from car_core.errors import CorruptRun, InvalidJSONValue, StepOutOfRange
-from car_core.trajectory import content_text
-from car_core.vocabulary import Origin
+from car_core.model.json_values import canonical
+from car_core.model.trajectory import content_text
+from car_core.model.vocabulary import Origin
 
 
 @settings(max_examples=80, deadline=None)

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 import car_core as car
-from car_core.agent import Agent
-from car_core.execution import Executor, ProgressBar
-from car_core.settings import ContrastiveSettings, ShapleySettings
+from car_core.engine.agent import Agent
+from car_core.engine.execution import Executor, ProgressBar
+from car_core.estimators.settings import ContrastiveSettings, ShapleySettings
 from car_core.store import RunStore
 
 ESTIMATORS: list[Callable[..., Any]] = [

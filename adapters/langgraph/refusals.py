@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from car_core import redact
-from car_core.contract import Trajectory
+from car_core.contract import Trajectory, redact
 from car_core.errors import (
     AdapterError,
     AgentMismatch,

@@ -30,7 +30,7 @@ from llama_index.core.tools import BaseTool, FunctionTool
 from llama_index.core.workflow import Context
 
 import car_core as car
-from car_core.contract import Noise, Plan, redact
+from car_core.contract import Noise, Plan, compile_plan, redact
 from car_core.errors import AdapterError, CarError, InvalidIntervention, UnclassifiedTools
 
 from ..common.branch import areentered, check_forced_tools, check_recorded_tools, renumber
@@ -285,7 +285,7 @@ class LlamaIndexAgent:
 
     def redecide(self, run: car.Trajectory, k: int, noise: Noise) -> Any:
         """Decide step ``k`` again from its recorded messages (one model call, no tools)."""
-        plan = car.interventions.compile_plan(run, car.do_resample(k))
+        plan = compile_plan(run, car.do_resample(k))
         session = BranchSession(plan, noise, k, self.safety, recorded_calls(run.steps), run.id,
                                 {})
         state, active = self._state(run, k)

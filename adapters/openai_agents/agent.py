@@ -39,7 +39,7 @@ from agents.run import DEFAULT_MAX_TURNS
 from agents.tool import FunctionTool, HostedMCPTool
 
 import car_core as car
-from car_core.contract import Noise, Origin, Plan, RunStatus, redact
+from car_core.contract import Noise, Origin, Plan, RunStatus, compile_plan, redact
 from car_core.errors import AdapterError, CarError, InvalidInput, InvalidIntervention
 
 from ..common.branch import areentered, check_forced_tools, check_recorded_tools, renumber
@@ -327,7 +327,7 @@ class OpenAIAgentsAgent:
         """Decide step ``k`` again from its recorded input (one model call, no tool call)."""
         self._ready()
         self._check_run(run)
-        plan = car.interventions.compile_plan(run, car.do_resample(k))
+        plan = compile_plan(run, car.do_resample(k))
         session = BranchSession(plan, noise, k, self.safety, {}, run.id, {},
                                 stop_after_first=True)
         items, active, _ = self._state(run, k)

@@ -94,7 +94,7 @@ class _Collected:
 
 
 def car_recorder() -> _Collected:
-    from car_core.replay import observing_records
+    from car_core.engine.replay import observing_records
     scope = observing_records(lambda run: handle.runs.append(run))
     handle = _Collected(lambda: scope.__exit__(None, None, None))
     scope.__enter__()

@@ -5,7 +5,7 @@ candidate repair) at the same step. Rollout ``r`` of every arm draws the noise s
 ``(seed, r)`` when the agent takes CAR's noise, so arms compared at one rollout index share the
 noise of everything they do not change; whether they do is measured from the outcomes
 (``car_core.stats.coupling_of``), never assumed. A failed branch is left out and counted
-(``car_core.tasks.check_failures`` stops the estimate when too many fail). An outcome that
+(``car_core.engine.tasks.check_failures`` stops the estimate when too many fail). An outcome that
 does not see what the run recorded is refused before any arm (``outcome.check_on_record``).
 """
 
@@ -15,16 +15,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..agent import check_agent
-from ..budget import Budget, BudgetMeter, as_budget
-from ..errors import AgentError, InvalidInput
-from ..execution import ExecutorLike, Task, brancher, execute, resolve_executor
-from ..interventions import Intervention, compile_plan
-from ..outcome import OutcomeFn, check_on_record
-from ..replay import check_run
-from ..seeding import branch_noise, coupling
-from ..tasks import Failure, check_failures
-from ..trajectory import Trajectory
+from car_core.engine.agent import check_agent
+from car_core.engine.execution import ExecutorLike, Task, brancher, execute, resolve_executor
+from car_core.engine.replay import check_run
+from car_core.engine.tasks import Failure, check_failures
+from car_core.errors import AgentError, InvalidInput
+from car_core.model.budget import Budget, BudgetMeter, as_budget
+from car_core.model.interventions import Intervention, compile_plan
+from car_core.model.outcome import OutcomeFn, check_on_record
+from car_core.model.seeding import branch_noise, coupling
+from car_core.model.trajectory import Trajectory
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ it recorded (``outcome.check_on_record``, before anything is spent or stored), o
 journal, run
 batches of tasks under one budget meter, keep outcome values rather than trajectories, and stop
 (``BranchesFailed``, the attribution left resumable) when failed branches make the estimate
-untrustworthy (``car_core.tasks.check_failures``)."""
+untrustworthy (``car_core.engine.tasks.check_failures``)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,8 @@ from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from ..agent import Agent, OutcomeFn, check_agent
-from ..budget import Budget, BudgetMeter
-from ..errors import AttributionNotFound, InvalidInput, NothingToAttribute, StoreError
-from ..execution import (
+from car_core.engine.agent import Agent, OutcomeFn, check_agent
+from car_core.engine.execution import (
     ExecutorLike,
     Failure,
     Progress,
@@ -26,17 +24,19 @@ from ..execution import (
     execute,
     resolve_executor,
 )
-from ..interventions import Plan
-from ..outcome import OutcomeLike, check_on_record
-from ..replay import check_run
-from ..results import Result
-from ..seeding import branch_noise, coupling
-from ..tasks import check_failures
-from ..trajectory import Trajectory
-from ..vocabulary import AttributionStatus
+from car_core.engine.replay import check_run
+from car_core.engine.tasks import check_failures
+from car_core.errors import AttributionNotFound, InvalidInput, NothingToAttribute, StoreError
+from car_core.model.budget import Budget, BudgetMeter
+from car_core.model.interventions import Plan
+from car_core.model.outcome import OutcomeLike, check_on_record
+from car_core.model.seeding import branch_noise, coupling
+from car_core.model.trajectory import Trajectory
+from car_core.model.vocabulary import AttributionStatus
+from car_core.results import Result
 
 if TYPE_CHECKING:  # the store brings sqlite-utils: loaded only where one is used
-    from ..store import RunStore
+    from car_core.store import RunStore
 
 OnValue = Callable[[Task, float, Trajectory], None]
 STAND_IN = 3 << 20  # first rollout index of the branches that stand in for failed ones
@@ -192,7 +192,7 @@ class Session:
         if opened is not None:
             opened.append(self)
         if store is not None:
-            from ..store import StoreJournal
+            from car_core.store import StoreJournal
             if attribution_id is not None:
                 check_resumable(store, attribution_id, run.id, method, params)
             store.save(run)  # idempotent; refuses another run stored under the same id

@@ -1,6 +1,6 @@
 """Which part of what step ``k`` saw made it fail: context attribution by ablation.
 
-The state step ``k`` decided from is cut into sources (``car_core.context_sources``). Two
+The state step ``k`` decided from is cut into sources (``car_core.model.context_sources``). Two
 stages, on separate rollouts, so what the first chooses cannot bias what the second tests:
 
 1. **Screen.** Antithetic pairs of random ablations: a mask keeps each source with probability
@@ -48,16 +48,16 @@ from typing import Any
 
 import numpy as np
 
-from .. import defaults
-from .. import formatting as fmt
-from ..budget import Budget
-from ..context_sources import Source, Splitter, keep_all, remover, split, state_of
-from ..errors import BudgetExhausted, InvalidInput
-from ..execution import ExecutorLike
-from ..interventions import do_context
-from ..stats import Coupling, Interval, check_level, coupling_of, difference, z_value
-from ..trajectory import Trajectory, is_failure
-from ._arms import StepArms, capped, check_rollouts
+from car_core import defaults
+from car_core import formatting as fmt
+from car_core.engine.execution import ExecutorLike
+from car_core.errors import BudgetExhausted, InvalidInput
+from car_core.estimators._arms import StepArms, capped, check_rollouts
+from car_core.model.budget import Budget
+from car_core.model.context_sources import Source, Splitter, keep_all, remover, split, state_of
+from car_core.model.interventions import do_context
+from car_core.model.trajectory import Trajectory, is_failure
+from car_core.stats import Coupling, Interval, check_level, coupling_of, difference, z_value
 
 CANDIDATES = 3  # most sources confirmed one by one
 RIVAL_LEVEL = 0.9  # a source stays a rival of the top one unless shown to trail it at this level

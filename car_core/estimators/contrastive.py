@@ -59,17 +59,21 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from .. import defaults
-from .. import formatting as fmt
-from ..agent import Agent, caveats_of
-from ..budget import Budget, as_budget
-from ..capabilities import Capability, capabilities
-from ..errors import InvalidInput
-from ..execution import ExecutorLike, Progress, Task
-from ..interventions import Plan, compile_plan, do_resample
-from ..outcome import OutcomeLike
-from ..results import ArmEstimate, ContrastiveResult, StepEffect
-from ..stats import (
+from car_core import defaults
+from car_core import formatting as fmt
+from car_core.engine.agent import Agent, caveats_of
+from car_core.engine.execution import ExecutorLike, Progress, Task
+from car_core.errors import InvalidInput
+from car_core.estimators import search as search_
+from car_core.estimators._session import Session, check_run_has_steps, releasing
+from car_core.model.budget import Budget, as_budget
+from car_core.model.capabilities import Capability, capabilities
+from car_core.model.interventions import Plan, compile_plan, do_resample
+from car_core.model.outcome import OutcomeLike
+from car_core.model.trajectory import Trajectory, step_label
+from car_core.model.vocabulary import Answer
+from car_core.results import ArmEstimate, ContrastiveResult, StepEffect
+from car_core.stats import (
     Coupling,
     Difference,
     Interval,
@@ -79,13 +83,9 @@ from ..stats import (
     looks,
     wilson,
 )
-from ..trajectory import Trajectory, step_label
-from ..vocabulary import Answer
-from . import search as search_
-from ._session import Session, check_run_has_steps, releasing
 
 if TYPE_CHECKING:  # the store brings sqlite-utils: loaded only where one is used
-    from ..store import RunStore
+    from car_core.store import RunStore
 
 SEARCHES = ("auto", "full", "bisection")
 MIN_FUTILITY_PAIRS = 4  # fewer pairs than this say too little to give up on a step

@@ -26,13 +26,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .. import defaults
-from .._json import JSON
-from ..budget import Budget
-from ..context_sources import Source, keep_all, remover, state_of
-from ..errors import InvalidInput
-from ..execution import ExecutorLike
-from ..interventions import (
+from car_core import defaults
+from car_core.engine.execution import ExecutorLike
+from car_core.errors import InvalidInput
+from car_core.estimators._arms import StepArms, check_rollouts
+from car_core.model.budget import Budget
+from car_core.model.context_sources import Source, keep_all, remover, state_of
+from car_core.model.interventions import (
     EditContext,
     Intervention,
     SwapPolicy,
@@ -40,9 +40,9 @@ from ..interventions import (
     do_context,
     do_observation,
 )
-from ..stats import Coupling, Interval, check_level, coupling_of, wilson
-from ..trajectory import History, Trajectory, is_failure
-from ._arms import StepArms, check_rollouts
+from car_core.model.json_values import JSON
+from car_core.model.trajectory import History, Trajectory, is_failure
+from car_core.stats import Coupling, Interval, check_level, coupling_of, wilson
 
 LOOKS = (0.25, 0.5, 0.75, 1.0)  # shares of the per-arm cap at which the ranking looks
 UNREPAIRED = "unrepaired"

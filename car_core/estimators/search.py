@@ -145,7 +145,8 @@ from typing import Protocol
 
 import numpy as np
 
-from ..sequential import (
+from car_core.stats import Coupling, coupling_of, difference
+from car_core.stats.sequential import (
     LOW_SHARE,
     ConfidenceSequence,
     Prior,
@@ -153,7 +154,6 @@ from ..sequential import (
     positive_at,
     positive_by_end,
 )
-from ..stats import Coupling, coupling_of, difference
 
 GATE_NET = 4          # net positive pairs that size a rise for the sequential probes
 GATE_MIN = 12         # pairs the gate runs at least before it sizes a rise

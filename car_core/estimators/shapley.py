@@ -67,22 +67,22 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import defaults
-from .. import formatting as fmt
-from ..agent import Agent, caveats_of
-from ..budget import Budget, as_budget
-from ..errors import InvalidBudget, InvalidInput
-from ..execution import ExecutorLike, Progress, Task
-from ..interventions import Plan, compile_plan, do_action, do_resample
-from ..outcome import OutcomeLike
-from ..results import GameValue, ShapleyResult, ShapleyValue
-from ..seeding import Noise, Stream
-from ..stats import Coupling, Interval, coupling_of, t_interval, t_quantile, wilson
-from ..trajectory import Trajectory, step_label
-from ._session import Session, check_run_has_steps, releasing
+from car_core import defaults
+from car_core import formatting as fmt
+from car_core.engine.agent import Agent, caveats_of
+from car_core.engine.execution import ExecutorLike, Progress, Task
+from car_core.errors import InvalidBudget, InvalidInput
+from car_core.estimators._session import Session, check_run_has_steps, releasing
+from car_core.model.budget import Budget, as_budget
+from car_core.model.interventions import Plan, compile_plan, do_action, do_resample
+from car_core.model.outcome import OutcomeLike
+from car_core.model.seeding import Noise, Stream
+from car_core.model.trajectory import Trajectory, step_label
+from car_core.results import GameValue, ShapleyResult, ShapleyValue
+from car_core.stats import Coupling, Interval, coupling_of, t_interval, t_quantile, wilson
 
 if TYPE_CHECKING:  # the store brings sqlite-utils: loaded only where one is used
-    from ..store import RunStore
+    from car_core.store import RunStore
 
 MODES = ("auto", "exact", "permutation")
 MIN_PER_COALITION = 8  # "auto" picks exact mode only when every coalition can get this many

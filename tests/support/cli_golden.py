@@ -61,8 +61,8 @@ def capture(folder: Path) -> dict[str, str]:
     through the command (contrastive, truncated, no locus, Shapley), then list the
     attributions and write the reports: every command's exit code, stdout and stderr (and
     the HTML written), masked."""
-    from car_core import synthetic as syn
     from car_core.store import RunStore
+    from car_core.testing import synthetic as syn
 
     db = str(folder / "car.db")
     pivot, game = syn.pivot().failing_run(0), syn.and_game().failing_run(0)

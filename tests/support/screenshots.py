@@ -31,9 +31,9 @@ def _car(*args: str, cwd: Path) -> None:
 def build(folder: Path) -> tuple[Path, Path]:
     """The store and its pages in ``folder``: (the demo run's report, the index)."""
     import car_core as car
-    from car_core import synthetic as syn
-    from car_core.report_pages import page_name
+    from car_core.report.pages import page_name
     from car_core.store import RunStore
+    from car_core.testing import synthetic as syn
 
     _car("demo", "--policy", "synthetic", "--store", "car.db", "--out", "demo.html", cwd=folder)
     with RunStore(folder / "car.db") as store:

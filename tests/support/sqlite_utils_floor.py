@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 WRITE = """
 import importlib.metadata as md, car_core as car
-from car_core import synthetic as syn
+from car_core.testing import synthetic as syn
 model = syn.pivot()
 run = model.failing_run(0)
 store = car.RunStore(DB)

@@ -1,0 +1,227 @@
+"""The ``car what``, ``car fix`` and ``car export pairs`` commands: what in a step's state caused
+the failure, which fix works, and the pairs learned from it. ``register(cli)`` puts them on the
+``car`` app with its error handling and output (the bottom of ``car_core.cli`` calls it with
+itself, so ``python -m car_core.cli`` gets them too)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.text import Text
+
+from car_core import defaults
+from car_core.cli import kit
+from car_core.errors import InvalidInput
+from car_core.estimators.context import context_attribution
+from car_core.estimators.pairs import export_pairs
+from car_core.estimators.repairs import add_instruction, guard_observation, remove_sources, repairs
+from car_core.model.trajectory import Trajectory
+from car_core.report import render_attribution, render_run
+from car_core.report.pages import latest_attribution
+
+_cli: Any = None  # the ``car_core.cli`` module the commands were registered on
+
+StoreOpt = Annotated[str, typer.Option("--store", help="SQLite store of runs.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+AgentOpt = Annotated[str, typer.Option(
+    "--agent", help="MODULE:FACTORY; FACTORY() returns the agent (imported from the current "
+                    "folder).")]
+OutcomeOpt = Annotated[str | None, typer.Option(
+    "--outcome", help="MODULE:FUNCTION scoring a run in [0, 1] (1 = the failure happened).")]
+ForceAgentOpt = Annotated[bool, typer.Option(
+    "--force-agent", help="Use --agent even when it is not the agent the run was recorded with.")]
+
+StepOpt = Annotated[int | None, typer.Option(
+    "--step", help="The step to look inside (default: the locus of the run's latest "
+                   "attribution).")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Root seed of the branches' noise.")]
+AlphaOpt = Annotated[float, typer.Option(
+    "--alpha", help="Family-wise error rate over the sources named / the repairs ranked.")]
+RolloutsOpt = Annotated[int, typer.Option(
+    "--rollouts", help="what: the whole budget; fix: rollouts per candidate at most.")]
+SplitterOpt = Annotated[str | None, typer.Option(
+    "--splitter", help="MODULE:FUNCTION cutting a source's text into segments (finer sources).")]
+CandidatesOpt = Annotated[str | None, typer.Option(
+    "--candidates", help="MODULE:FUNCTION; FUNCTION(run, step, state) returns the candidates "
+                         "(interventions, car.Candidate or (label, interventions)).")]
+InstructionOpt = Annotated[list[str] | None, typer.Option(
+    "--instruction", help="A system-prompt line to try as a repair (repeatable).")]
+ReportOpt = Annotated[Path | None, typer.Option(
+    "--report", help="Also write the HTML report of the run with this panel.")]
+GuardOpt = Annotated[list[str] | None, typer.Option(
+    "--guard", help="J:JSON: try the tool result of step J replaced by JSON (repeatable).")]
+
+
+def _load(run_id: str, store: str, step: int | None) -> tuple[Trajectory, int]:
+    db = kit.existing_store(store)
+    try:
+        run = db.load(run_id)
+        if step is None:
+            found = latest_attribution(db.attributions(run_id), "contrastive")
+            locus = getattr(found.result, "locus", None) if found is not None else None
+            if locus is None:
+                raise InvalidInput(f"run {run_id} has no attributed locus to look inside",
+                                   run_id=run_id,
+                                   hint="pass --step K, or run `car attribute` on it first")
+            step = int(locus)
+    finally:
+        db.close()
+    return run, step
+
+
+def _write_report(run: Trajectory, store: str, path: Path, what: Any = None,
+                  fixes: Any = None) -> None:
+    """The run's report (its latest attribution, if any) with the "what" / "fixes" panels."""
+    db = kit.existing_store(store)
+    try:
+        found = latest_attribution(db.attributions(run.id))
+    finally:
+        db.close()
+    html = (render_attribution(found.result, run, what=what, fixes=fixes) if found is not None
+            else render_run(run, what=what, fixes=fixes))
+    path.write_text(html, encoding="utf-8")
+    _cli.err.print(Text(kit.safe(f"report written to {path}")))
+
+
+def _what(run: Trajectory, step: int, agent: Any, outcome: Any, *, rollouts: int, alpha: float,
+          seed: int, splitter: str | None, force_agent: bool) -> Any:
+    split = kit.load_object(splitter, "splitter") if splitter else None
+    return context_attribution(run, agent, step=step, outcome=outcome, rollouts=rollouts,
+                               alpha=alpha, seed=seed, splitter=split, force_agent=force_agent)
+
+
+def look_inside(run: Trajectory, step: int, agent: Any, outcome: Any, *, alpha: float,
+                seed: int, force_agent: bool) -> Any:
+    """``car attribute --what``: the context attribution at the locus just found, with the
+    budget ``car what`` uses by default."""
+    return _what(run, step, agent, outcome, rollouts=defaults.CONTEXT_ROLLOUTS, alpha=alpha,
+                 seed=seed, splitter=None, force_agent=force_agent)
+
+
+def what(run_id: Annotated[str, typer.Argument(help="Run id.")], agent: AgentOpt,
+         outcome: OutcomeOpt = None, step: StepOpt = None,
+         rollouts: RolloutsOpt = defaults.CONTEXT_ROLLOUTS, alpha: AlphaOpt = defaults.ALPHA,
+         seed: SeedOpt = 0, splitter: SplitterOpt = None, force_agent: ForceAgentOpt = False,
+         report: ReportOpt = None, store: StoreOpt = "car.db", json_out: JsonOpt = False) -> None:
+    """Which message, tool result or document the step decided from caused the failure:
+    random ablations re-run through the agent, each source's effect with its interval."""
+    _cli._check_seed(seed)
+    run, k = _load(run_id, store, step)
+    the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
+    result = _what(run, k, the_agent, the_outcome, rollouts=rollouts, alpha=alpha, seed=seed,
+                   splitter=splitter, force_agent=force_agent)
+    if report is not None:
+        _write_report(run, store, report, what=result)
+    if json_out:
+        _cli._print_json(result.to_dict())
+    else:
+        _cli.out.print(Text(kit.safe(str(result))))
+    if not result.named:
+        raise typer.Exit(kit.BUDGET if result.truncated else kit.NOTHING)
+
+
+def _guard(spec: str) -> Any:
+    j, sep, payload = spec.partition(":")
+    if not sep or not j.strip().isdigit():
+        raise InvalidInput(f"--guard {spec!r} is not J:JSON", hint='e.g. --guard 2:"no refund"')
+    try:
+        value = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"--guard {spec!r}: {payload!r} is not JSON",
+                           hint='quote strings: --guard 2:\'"no refund"\'') from exc
+    return guard_observation(int(j), value)
+
+
+def _rank(run: Trajectory, k: int, agent: Any, outcome: Any, *, candidates: str | None,
+          instructions: list[str], guards: list[str], rollouts: int, alpha: float, seed: int,
+          force_agent: bool) -> tuple[Any, Any]:
+    """The context attribution (when it picks the sources to remove) and the ranking."""
+    cands: list[Any] = [add_instruction(k, text) for text in instructions]
+    cands += [_guard(g) for g in guards]
+    propose = kit.load_object(candidates, "candidates") if candidates else None
+    what = None
+    if not cands and propose is None:  # remove what the context attribution blames
+        what = _what(run, k, agent, outcome, rollouts=rollouts, alpha=alpha, seed=seed,
+                     splitter=None, force_agent=force_agent)
+        named = [s.source for s in what.named]
+        if not named:
+            raise InvalidInput(f"no source at step {k} is shown to cause the failure, so there "
+                               "is nothing to remove", run_id=run.id, step=k,
+                               hint="pass candidates: --instruction, --guard or --candidates")
+        cands = [remove_sources(k, [s]) for s in named]
+        if len(named) > 1:
+            cands.append(remove_sources(k, named))
+    ranking = repairs(run, agent, step=k, candidates=cands, outcome=outcome, rollouts=rollouts,
+                      alpha=alpha, seed=seed, propose=propose, force_agent=force_agent)
+    return what, ranking
+
+
+def fix(run_id: Annotated[str, typer.Argument(help="Run id.")], agent: AgentOpt,
+        outcome: OutcomeOpt = None, step: StepOpt = None, candidates: CandidatesOpt = None,
+        instruction: InstructionOpt = None, guard: GuardOpt = None,
+        rollouts: RolloutsOpt = defaults.REPAIR_ROLLOUTS, alpha: AlphaOpt = defaults.ALPHA,
+        seed: SeedOpt = 0, force_agent: ForceAgentOpt = False,
+        pairs: Annotated[Path | None, typer.Option(
+            "--pairs", help="Also write the validated repairs as car.pair/1 JSON lines.")] = None,
+        report: ReportOpt = None, store: StoreOpt = "car.db", json_out: JsonOpt = False) -> None:
+    """Rank candidate repairs at the step by P(failure) with simultaneous intervals. Without
+    candidates, the sources `car what` names are removed, one by one."""
+    _cli._check_seed(seed)
+    run, k = _load(run_id, store, step)
+    the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
+    what, ranking = _rank(run, k, the_agent, the_outcome, candidates=candidates,
+                          instructions=instruction or [], guards=guard or [],
+                          rollouts=rollouts, alpha=alpha, seed=seed, force_agent=force_agent)
+    if pairs is not None:
+        export_pairs([(run, ranking)], pairs)
+    if report is not None:
+        _write_report(run, store, report, what=what, fixes=ranking)
+    if json_out:
+        _cli._print_json({**ranking.to_dict(), "what": None if what is None else what.to_dict()})
+    else:
+        if what is not None:
+            _cli.out.print(Text(kit.safe(str(what))))
+        _cli.out.print(Text(kit.safe(str(ranking))))
+    if not any(r.validated for r in ranking.ranked):
+        raise typer.Exit(kit.NOTHING)
+
+
+def export_pairs_command(
+        run_id: Annotated[str, typer.Argument(help="Run id.")], agent: AgentOpt,
+        out_path: Annotated[Path, typer.Option(
+            "--out", help="JSONL file to write (car.pair/1 records, see the README).")],
+        outcome: OutcomeOpt = None, step: StepOpt = None, candidates: CandidatesOpt = None,
+        instruction: InstructionOpt = None, guard: GuardOpt = None,
+        rollouts: RolloutsOpt = defaults.REPAIR_ROLLOUTS, alpha: AlphaOpt = defaults.ALPHA,
+        seed: SeedOpt = 0, force_agent: ForceAgentOpt = False,
+        all_repairs: Annotated[bool, typer.Option(
+            "--all", help="Write every repair tried, not only the validated ones.")] = False,
+        store: StoreOpt = "car.db") -> None:
+    """Rank repairs at the step (as `car fix` does) and write (state, failing action, rescuing
+    action or edit, estimated rescue with interval) as JSON lines."""
+    _cli._check_seed(seed)
+    run, k = _load(run_id, store, step)
+    the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
+    _, ranking = _rank(run, k, the_agent, the_outcome, candidates=candidates,
+                       instructions=instruction or [], guards=guard or [], rollouts=rollouts,
+                       alpha=alpha, seed=seed, force_agent=force_agent)
+    written = export_pairs([(run, ranking)], out_path, validated_only=not all_repairs)
+    _cli.out.print(Text(kit.safe(f"wrote {written} pair(s) to {out_path}")))
+    if not written:
+        raise typer.Exit(kit.NOTHING)
+
+
+def register(cli: Any) -> None:
+    """Add ``what``, ``fix`` and ``export pairs`` to ``cli.app`` (``cli``: the command module)."""
+    global _cli
+    _cli = cli
+    cli.app.command("what")(cli._errors(what))
+    cli.app.command("fix")(cli._errors(fix))
+    export_app = typer.Typer(name="export", no_args_is_help=True, rich_markup_mode=None,
+                             help="Write what attributions learned, for tuning or regression "
+                                  "tests.")
+    export_app.command("pairs")(cli._errors(export_pairs_command))
+    cli.app.add_typer(export_app)

@@ -1,0 +1,455 @@
+"""Pieces the ``car`` command is built from: loading user code from ``MODULE:NAME``, parsing
+``--do`` specs, the rich progress bar the estimators drive, terminal-safe text and the
+attribution tables. Kept apart from ``cli`` so the command module only wires flags to calls.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console as RichConsole
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+from car_core import formatting as fmt
+from car_core.errors import (
+    AgentError,
+    BranchesFailed,
+    BudgetExhausted,
+    CarError,
+    ExecutorUnavailable,
+    InvalidInput,
+    InvalidIntervention,
+    InvalidJSONValue,
+    ModelUnavailable,
+    NothingToAttribute,
+    RunError,
+    StoreError,
+)
+from car_core.model.capabilities import positional_arity
+from car_core.model.interventions import (
+    Intervention,
+    do_action,
+    do_context,
+    do_observation,
+    do_resample,
+)
+from car_core.model.vocabulary import Answer
+from car_core.report import compact
+from car_core.results import Result, ShapleyResult
+
+# -- exit codes (documented in ``car --help``) -------------------------------------------------
+OK, NOTHING, USAGE, BUDGET, STORE, AGENT, INTERRUPTED = 0, 1, 2, 3, 4, 5, 130
+INTERNAL = 70  # an unexpected error inside CAR or a library it uses (EX_SOFTWARE)
+# The reader of CAR's output went away (``car show RUN | head -1``): the status the shell
+# reports for git, cat and every other tool SIGPIPE ends (128 + 13), so a script can tell the
+# output was cut short without an error line in its way. Python ignores SIGPIPE, so CAR ends
+# itself the same way, quietly.
+CLOSED_PIPE = 141
+
+
+def exit_code(exc: CarError) -> int:
+    """The exit status an error means to a shell script."""
+    if isinstance(exc, NothingToAttribute):
+        return NOTHING
+    if isinstance(exc, BudgetExhausted):
+        return BUDGET
+    if isinstance(exc, (StoreError, RunError)):
+        return STORE
+    if isinstance(exc, AgentError):
+        return AGENT
+    return USAGE
+
+
+# The stops a resume can change, so the only ones whose message offers "Resume with": an
+# interruption, memory or a budget that ran out (resume with fewer in flight or a larger
+# budget), a model server or execution backend that was down, and branches that failed (fix
+# the agent, then resume: the stored branches are kept). Everything else comes out the same
+# again on a resume: an error in the user's outcome function, a sys.exit in user code, bad
+# input, a damaged or hand-edited store, an attribution another process is running.
+RESUMABLE: tuple[type[BaseException], ...] = (
+    KeyboardInterrupt, MemoryError, BudgetExhausted, ModelUnavailable, ExecutorUnavailable,
+    BranchesFailed)
+
+
+def resumable(exc: BaseException) -> bool:
+    """Whether resuming the attribution ``exc`` stopped can end otherwise (``RESUMABLE``)."""
+    return isinstance(exc, RESUMABLE)
+
+
+# -- a closed pipe, and sys.exit from the user's code ------------------------------------------
+class OutputClosed(Exception):
+    """CAR's own output (stdout or stderr) was closed by its reader: the command ends
+    quietly with ``CLOSED_PIPE``. Never raised for the user's code, whose own closed pipe
+    (or a rich console of its own calling ``sys.exit(1)``) is the agent's failure."""
+
+
+def closed_pipe(name: str) -> OutputClosed:
+    """``sys.<name>`` was closed by its reader: point its descriptor at the null device, so
+    nothing written later (a progress bar's last refresh, the interpreter's final flush)
+    fails again or prints "Exception ignored", and give the exception that ends the command."""
+    stream = getattr(sys, name, None)
+    try:
+        fd = stream.fileno() if stream is not None else -1
+    except (AttributeError, OSError, ValueError):  # a capture with no descriptor
+        fd = -1
+    if fd >= 0:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, fd)
+        finally:
+            os.close(devnull)
+    return OutputClosed(name)
+
+
+class Console(RichConsole):
+    """A rich console whose closed pipe ends the command quietly (``OutputClosed``) instead of
+    rich's ``SystemExit(1)``, which would read as the user's code calling ``sys.exit``."""
+
+    def __init__(self, *args: Any, stream: str = "stdout", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._stream = stream
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise closed_pipe(self._stream)
+
+
+_EXITED_FROM = "_car_exited_from"  # set on a SystemExit raised by a named piece of user code
+
+
+def exited(exc: SystemExit) -> str:
+    """What the user's code did, for the one error line: whose code called ``sys.exit``
+    (the outcome function when its wrapper saw it, else the agent's code)."""
+    who = getattr(exc, _EXITED_FROM, None) or "the agent's code"
+    return f"{who} called sys.exit({exc.code!r}) instead of returning"
+
+
+def _naming_exits(fn: Callable[..., Any], who: str) -> Callable[..., Any]:
+    """``fn`` (the user's outcome) with a ``sys.exit`` inside it named as ``who``'s. Keeps
+    what CAR reads off an outcome: how many positional arguments it takes and ``settled``."""
+    def call(*args: Any) -> Any:
+        try:
+            return fn(*args)
+        except SystemExit as exc:
+            setattr(exc, _EXITED_FROM, who)
+            raise
+
+    if positional_arity(fn) >= 2:
+        def named(run: Any, rng: Any) -> Any:
+            return call(run, rng)
+    else:
+        def named(run: Any) -> Any:  # type: ignore[misc]  # the one-argument form
+            return call(run)
+    hook = getattr(fn, "settled", None)
+    if callable(hook):
+        named.__dict__["settled"] = _naming_exits(hook, f"{who}'s settled()")
+    elif hook is not None:
+        named.__dict__["settled"] = hook  # refused, with its own message, by OutcomeFn
+    named.__name__ = getattr(fn, "__name__", named.__name__)
+    named.__qualname__ = getattr(fn, "__qualname__", named.__qualname__)
+    return named
+
+
+# -- terminal-safe text --------------------------------------------------------------------------
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# Bidirectional overrides, embeddings, isolates and marks: they reorder what a terminal shows
+# (a "Trojan Source" id reads as another), so they are shown as escapes too.
+_BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+_JSON_UNSAFE = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def safe(text: str) -> str:
+    """Agent text with control characters (ANSI escapes included) and bidirectional
+    overrides shown as escapes, not executed. Print the result as ``rich.text.Text`` (or
+    ``cell``) so rich markup in it is not parsed either."""
+    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+    return _BIDI.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def cell(value: Any) -> Text:
+    """A table cell or title from stored text: escaped, and never read as rich markup."""
+    return Text(safe("" if value is None else str(value)))
+
+
+def json_line(text: str) -> str:
+    """JSON for a terminal or a pipe: bidirectional overrides, DEL and the C1 controls (an
+    8-bit CSI starts an escape sequence on some terminals) written as ``\\uXXXX`` escapes,
+    still the same JSON value; the encoder escapes the C0 controls already."""
+    return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def plain(value: Any, limit: int | None = 120) -> Text:
+    """A JSON value as one line of rich ``Text`` (never parsed as rich markup); ``limit``
+    None keeps it whole."""
+    s = safe(compact(value)) if value is not None else "—"
+    return Text(s if limit is None or len(s) <= limit else s[: limit - 1] + "…")
+
+
+# -- loading user code -----------------------------------------------------------------------------
+def load_object(spec: str, what: str) -> Any:
+    """Import ``MODULE:NAME`` with the current folder on ``sys.path``."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise InvalidInput(f"{what} {spec!r} is not of the form MODULE:NAME",
+                           hint=f"e.g. --{what} my_agent:make_agent")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # ImportError, or whatever the user's module raised on import
+        raise InvalidInput(f"cannot import {module_name!r} for --{what}: {exc!r}",
+                           hint=f"run car from the folder that holds {module_name}.py, or give "
+                                "an importable dotted module path") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise InvalidInput(f"{module_name!r} has no attribute {attr!r} for --{what}",
+                               hint=f"check the name after the colon in {spec!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def load_agent_and_outcome(agent_spec: str, outcome_spec: str | None) -> tuple[Any, Any]:
+    """``FACTORY()`` gives the agent. A factory that returns a model with ``agent()`` and
+    ``outcome`` (a synthetic SCM) supplies both, so ``--outcome`` may be left out."""
+    factory = load_object(agent_spec, "agent")
+    if not callable(factory):
+        raise InvalidInput(f"--agent {agent_spec!r} is not callable",
+                           hint="point --agent at a function that returns the agent")
+    try:
+        made = factory()
+    except CarError:
+        raise
+    except Exception as exc:
+        raise AgentError(f"--agent {agent_spec} raised {exc!r} while building the agent",
+                         hint="fix the factory; car calls it with no arguments") from exc
+    outcome = None
+    if not hasattr(made, "branch") and callable(getattr(made, "agent", None)):
+        outcome = getattr(made, "outcome", None)
+        made = made.agent()
+    if not hasattr(made, "branch") or not hasattr(made, "start"):
+        raise InvalidInput(f"--agent {agent_spec} returned a {type(made).__name__}, not an agent",
+                           hint="return a car.FunctionAgent or a framework adapter's agent")
+    if outcome_spec:
+        outcome = load_object(outcome_spec, "outcome")
+    if outcome is None or not callable(outcome):
+        raise InvalidInput("no outcome function", hint="pass --outcome MODULE:FUNCTION")
+    return made, _naming_exits(outcome, "the outcome function")
+
+
+# -- --do specs -----------------------------------------------------------------------------------
+def parse_do(spec: str) -> Intervention:
+    """``resample:K``, ``action:K:JSON``, ``observation:K:JSON`` or
+    ``context:K:MODULE:FUNCTION`` (``FUNCTION(messages)`` returns the edited messages)."""
+    kind, _, rest = spec.partition(":")
+    step_text, _, payload = rest.partition(":")
+    try:
+        step = int(step_text)
+    except ValueError:
+        raise InvalidIntervention(f"--do {spec[:80]!r}: {step_text[:40]!r} is not a step "
+                                  "number", hint="use resample:3, action:3:JSON or "
+                                                 "observation:2:JSON") from None
+    if kind == "resample":
+        if payload:
+            raise InvalidIntervention(f"--do {spec!r}: resample takes no value",
+                                      hint="use resample:3")
+        return do_resample(step)
+    if kind in ("action", "observation"):
+        try:
+            value = json.loads(payload)
+        except RecursionError:
+            raise InvalidJSONValue(f"--do {kind}:{step_text}:…: the value is nested too deep "
+                                   "to read", hint="give a flatter JSON value") from None
+        except ValueError as exc:
+            raise InvalidJSONValue(f"--do {spec[:80]!r}: the value is not JSON ({exc})",
+                                   hint="quote it for the shell, e.g. "
+                                        "'observation:2:\"refund denied\"'") from None
+        return do_action(step, value) if kind == "action" else do_observation(step, value)
+    if kind == "context":
+        edit = load_object(payload, "do") if payload else None
+        if not callable(edit):
+            raise InvalidIntervention(f"--do {spec!r}: context needs MODULE:FUNCTION, a "
+                                      "function that edits the messages",
+                                      hint="use context:2:my_edits:drop_refund_policy")
+        return do_context(step, edit)
+    raise InvalidIntervention(f"--do {spec[:80]!r}: unknown intervention {kind[:40]!r}",
+                              hint="use resample:K, action:K:JSON, observation:K:JSON or "
+                                   "context:K:MODULE:FUNCTION")
+
+
+# -- the store ------------------------------------------------------------------------------
+def parse_prices(specs: list[str], path: Path | None = None) -> dict[str, tuple[float, float]]:
+    """Model prices per million input and output tokens (``car.Budget.prices``) from
+    ``--price MODEL=IN:OUT`` flags and a ``--price-file`` JSON object ``{"MODEL": [IN, OUT]}``;
+    a flag overrides the file for the same model."""
+    prices: dict[str, tuple[float, float]] = {}
+    if path is not None:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise InvalidInput(f"--price-file {path}: cannot be read as JSON ({exc})",
+                               hint='write {"MODEL": [IN, OUT], ...} per million tokens'
+                               ) from None
+        if not isinstance(data, dict):
+            raise InvalidInput(f"--price-file {path}: not a JSON object",
+                               hint='write {"MODEL": [IN, OUT], ...} per million tokens')
+        for model, pair in data.items():
+            prices[str(model)] = _price_pair(pair, f"--price-file {path}: {model}")
+    for spec in specs:
+        model, eq, rest = spec.rpartition("=")
+        if not eq or not model:
+            raise InvalidInput(f"--price {spec!r} is not MODEL=IN:OUT",
+                               hint="e.g. --price gpt-4o-mini=0.15:0.60 (per million tokens)")
+        prices[model] = _price_pair(rest.split(":"), f"--price {spec}")
+    return prices
+
+
+def _price_pair(pair: Any, where: str) -> tuple[float, float]:
+    try:
+        pin, pout = (float(x) for x in pair)
+    except (TypeError, ValueError):
+        raise InvalidInput(f"{where}: need two prices, input and output per million tokens",
+                           hint="e.g. 0.15:0.60 (flag) or [0.15, 0.60] (file)") from None
+    if not (math.isfinite(pin) and math.isfinite(pout)) or pin < 0 or pout < 0:
+        raise InvalidInput(f"{where}: prices must be finite and not negative",
+                           hint="e.g. 0.15:0.60 per million tokens")
+    return pin, pout
+
+
+def existing_store(path: str) -> Any:
+    """Open a store that must already exist, read-only: read commands never create, migrate
+    or leave a file beside it."""
+    from car_core.store.runs import RunStore
+    return RunStore(Path(path), readonly=True)
+
+
+# -- progress ------------------------------------------------------------------------------------
+class _Rate(ProgressColumn):
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        if not speed and task.elapsed:
+            speed = task.completed / task.elapsed
+        return Text(f"{speed:.1f} rollouts/s" if speed else "– rollouts/s", style="cyan")
+
+
+class _Left(ProgressColumn):
+    def render(self, task: Task) -> Text:
+        cap = task.fields.get("budget")
+        if cap is None:
+            return Text("no budget cap", style="dim")
+        return Text(f"budget left {max(0, int(cap - task.completed))}", style="yellow")
+
+
+class RichProgress:
+    """What the estimators' ``progress=`` expects (``update(n)``, ``close()``), drawn with rich
+    on stderr: rollouts done / planned, rollouts per second and the budget left."""
+
+    def __init__(self, label: str, planned: int | None, budget: int | None) -> None:
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                                 MofNCompleteColumn(), _Rate(), _Left(), TimeElapsedColumn(),
+                                 console=Console(stderr=True, stream="stderr"))
+        self.task = self.progress.add_task(escape(safe(label)), total=planned, budget=budget)
+        self.progress.start()
+        self.closed = False
+
+    def update(self, n: int = 1) -> None:
+        self.progress.advance(self.task, n)
+
+    def done(self) -> None:
+        """The estimate finished. Adaptive stopping often spends less than the budget allowed:
+        the bar then ends complete at what was run, and its label says it stopped early and
+        how much was allowed, so the total never silently shrinks."""
+        task = self.progress.tasks[0]
+        allowed = task.total
+        if allowed is not None and task.completed < allowed:
+            self.progress.update(self.task, total=task.completed, description=(
+                f"{task.description}: stopped early, {int(task.completed)} of {int(allowed)} "
+                "allowed"))
+        self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.progress.stop()
+
+
+def make_progress(mode: bool | None, label: str, planned: int | None, budget: int | None
+                  ) -> RichProgress | None:
+    """A bar when asked (``--progress``) or when stderr is a terminal; else None (pass
+    ``bar or False`` to an estimator so it draws no bar of its own)."""
+    if mode is False or (mode is None and not sys.stderr.isatty()):
+        return None
+    return RichProgress(label, planned, budget)
+
+
+# -- tables ----------------------------------------------------------------------------------------
+# what a step did, on one line: the whole action is in `car show`
+_ACTION_CELL: dict[str, Any] = {"no_wrap": True, "overflow": "ellipsis", "max_width": 28}
+
+
+def attribution_table(r: Result) -> Table:
+    """The result of ``car attribute`` as a rich table: what each step did and what re-deciding
+    it changed (``car_core.formatting.PLAIN_COLUMNS``); the sample sizes are in ``--explain``."""
+    actions = r.actions
+    if isinstance(r, ShapleyResult):
+        t = Table(title="Each step's share of the failure", title_justify="left")
+        for col in fmt.PLAIN_SHAPLEY_COLUMNS:
+            t.add_column(col, justify="right" if col == fmt.PHI else "left",
+                         **_ACTION_CELL if col == fmt.ACTION else {})
+        for v in r.values:
+            did = (actions[v.step] if v.step is not None and 0 <= v.step < len(actions)
+                   else fmt.MISSING)
+            t.add_row(Text(safe(str(v.label or f"step {v.step}"))), Text(safe(did)),
+                      fmt.effect(v.estimate), fmt.effect_interval(v.ci))
+        return t
+    t = Table(title="What re-deciding each step changed", title_justify="left")
+    for col in fmt.PLAIN_COLUMNS:
+        t.add_column(col, justify="left" if col in (fmt.ACTION, fmt.INTERVAL, "") else "right",
+                     **_ACTION_CELL if col == fmt.ACTION else {"no_wrap": True})
+    for s in r.steps:
+        row = fmt.step_row(r, s)
+        cells = fmt.plain_cells(r, row)
+        t.add_row(cells[0], Text(safe(cells[1])), *cells[2:],
+                  style="bold red" if row.is_locus else None)
+    return t
+
+
+def verdict(r: Result, who: str | None = None) -> str:
+    """The answer in one plain sentence (``car_core.formatting.answer``): which step, what it
+    did, how much re-deciding it helps; the method is in ``explain``."""
+    return safe(fmt.answer(r, who))
+
+
+def answer_cell(r: Result | None) -> str:
+    """The answer of a stored result in a few words, for the list of attributions."""
+    if r is None:
+        return "—"
+    if isinstance(r, ShapleyResult):
+        return "values (truncated)" if r.truncated else "values"
+    if r.answer == Answer.LOCUS:
+        return f"locus {r.locus}"
+    if r.answer == Answer.UNDECIDED:
+        return ("undecided" + (f", candidate {r.candidate}" if r.candidate is not None else ""))
+    return "no cause"

@@ -1,0 +1,1 @@
+"""How a branch runs: the Agent protocol, tasks, executors, replay."""

@@ -1,0 +1,174 @@
+"""What an executor runs: a ``Task`` (one rollout of one arm, with its own plan and noise), a
+``Failure`` (a branch that failed on every attempt), ``run_branch`` (the task run and scored)
+and ``check_failures`` (when failed branches stop an estimate).
+
+A branch fails when the agent raises or when it comes back with status ``error`` (the framework
+raised inside it and the adapter said so): either way it has no outcome. Scoring such a branch
+would let a crash count as a rescue (a hook that raises on branches ends every branch before
+the failure could happen), so it is retried like a raise and then left out of the estimate.
+
+The base the execution backends (``car_core.engine.execution``,
+``car_core.engine.ray_executor``) and the replay
+engine share, so none of them imports another to get at it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from car_core.engine.agent import Agent
+from car_core.engine.branching import branch_scope
+from car_core.errors import AgentError, BranchesFailed
+from car_core.model.capabilities import Capability, capabilities
+from car_core.model.interventions import Plan
+from car_core.model.outcome import OutcomeFn, scored
+from car_core.model.seeding import Noise
+from car_core.model.trajectory import Lineage, Trajectory
+from car_core.model.vocabulary import RunStatus
+from car_core.secrets.redact import describe
+from car_core.stats import wilson
+
+# The most an estimate may leave out: a failed branch is missing data whose outcome could be
+# anything, so each arm mean it leaves out of is off by up to the failed share.
+FAILED_SHARE = 0.10
+# While the estimate runs it stops early only once the failed share is clearly above
+# FAILED_SHARE (the lower end of its Wilson interval at this level, from FAILED_SHARE_FROM
+# branches on): a few failures early on are not yet a share. When it ends, the share itself is
+# judged.
+FAILED_SHARE_LEVEL = 0.95
+FAILED_SHARE_FROM = 10
+
+
+@dataclass(frozen=True)
+class Task:
+    """One rollout to run: which arm it belongs to, its index, its plan and its noise."""
+
+    arm: str
+    rollout: int
+    plan: Plan
+    noise: Noise
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A branch that failed on every attempt, with the last error. Estimators leave it out of
+    the estimate and report it (``to_dict``); it still counts as one rollout spent."""
+
+    task: Task
+    error: str
+    attempts: int
+    exception: BaseException | None = field(default=None, compare=False, repr=False)
+    step: int | None = None  # the step the branch failed at, when the error says
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"arm": self.task.arm, "rollout": self.task.rollout, "error": self.error,
+                "attempts": self.attempts, "step": self.step}
+
+    @property
+    def held_arm(self) -> bool:
+        """A branch that holds every recorded step: it only re-runs the record, so its failing
+        means the replay itself breaks, not that some step's resample did."""
+        return not self.task.plan.interventions
+
+    @property
+    def where(self) -> int:
+        """The step it failed at, or, when its error does not say, the first step it ran live."""
+        return self.step if self.step is not None else self.task.plan.start
+
+    def describe(self) -> str:
+        at = (f" at step {self.step}" if self.step is not None
+              else f", live from step {self.task.plan.start}")
+        return f"arm {self.task.arm}, rollout {self.task.rollout}{at}: {self.error}"
+
+
+def describe_error(exc: BaseException) -> str:
+    return describe(exc)  # kept with the results and stored: never with a key in it
+
+
+def returned_run(value: object, agent: object, method: str) -> Trajectory:
+    if not isinstance(value, Trajectory):
+        raise AgentError(f"{type(agent).__name__}.{method} returned {type(value).__name__}, "
+                         "not a car.Trajectory",
+                         hint="an Agent's start and branch must return car.Trajectory "
+                              "(see car_core.engine.agent.Agent)")
+    return value
+
+
+def run_branch(run: Trajectory, agent: Agent, outcome: OutcomeFn, task: Task,
+               caps: frozenset[Capability] | None = None) -> Trajectory:
+    """One rollout: the agent's branch under the task's plan, scored, with its lineage. When
+    the outcome says when a run is settled and the agent can stop (``Capability.STOP``), the
+    branch ends there. ``caps``: the agent's capabilities, when the caller already has them."""
+    if caps is None:
+        caps = capabilities(agent)
+    if not isinstance(outcome, OutcomeFn):  # a bare function given by a benchmark or a test
+        outcome = OutcomeFn(outcome)
+    with branch_scope():
+        if outcome.settles and Capability.STOP in caps:
+            traj = agent.branch(run, task.plan, task.noise,
+                                stop=outcome.settled)  # type: ignore[call-arg]  # STOP says so
+        else:
+            traj = agent.branch(run, task.plan, task.noise)
+    return score_branch(run, traj, agent, outcome, task)
+
+
+def score_branch(run: Trajectory, traj: object, agent: object, outcome: OutcomeFn,
+                 task: Task) -> Trajectory:
+    """A finished branch (``traj``, what ``agent`` returned) scored, with its lineage; a
+    branch that came back with status ``error`` raises instead of being scored."""
+    traj = returned_run(traj, agent, "branch")
+    if traj.status == RunStatus.ERROR:  # no outcome: retried and left out like a raise
+        raise errored_branch(traj, run.id)
+    lineage = Lineage(parent_id=run.id, interventions=tuple(task.plan.describe()),
+                      branch_step=task.plan.start if task.plan.interventions else None,
+                      arm=task.arm, rollout=task.rollout)
+    # the lineage first, so an outcome's error can name the branch and the run it came from
+    return scored(replace(traj, lineage=lineage), outcome, task.noise)
+
+
+def errored_branch(traj: Trajectory, run_id: str | None) -> AgentError:
+    """The error a branch that came back with status ``error`` stands for; its step is the one
+    it was running (the first it did not finish)."""
+    return AgentError(f"the branch ended with status error: {traj.error or 'no error given'}",
+                      run_id=run_id, step=len(traj.steps),
+                      hint="the framework raised inside the branch; fix what raised (a node, "
+                           "a hook, a tool) and resume")
+
+
+def failure_of(task: Task, exc: BaseException | None, attempts: int) -> Failure:
+    step = getattr(exc, "step", None)
+    return Failure(task, describe_error(exc) if exc is not None else "unknown error", attempts,
+                   exc, step if isinstance(step, int) else None)
+
+
+def check_failures(failures: Sequence[Failure], ran: int, *, run_id: str,
+                   final: bool = False, resumable: bool = True) -> None:
+    """Stop the estimate (``BranchesFailed``) when what failed makes what is left untrustworthy:
+    any branch of the held arm (everything held as recorded), or more than ``FAILED_SHARE`` of
+    the ``ran`` branches (when ``final``; before, only once that is clear, see above)."""
+    if not failures:
+        return
+    then = ("resume the attribution; the branches that finished are kept" if resumable
+            else "run it again")
+    held = next((f for f in failures if f.held_arm), None)
+    if held is not None:
+        raise BranchesFailed(
+            f"a branch that holds every recorded step failed, so the replay itself breaks "
+            f"({len(failures)} of {ran} branches failed; {held.describe()})",
+            run_id=run_id, step=held.where, failures=tuple(failures), first=held, ran=ran,
+            hint="replaying the record must not raise: fix the agent (or the hook that raises "
+                 f"on branches) and {then}")
+    share = len(failures) / max(ran, len(failures))
+    if final and share <= FAILED_SHARE:
+        return
+    if not final and (ran < FAILED_SHARE_FROM
+                      or wilson(share, ran, FAILED_SHARE_LEVEL)[0] <= FAILED_SHARE):
+        return
+    first = failures[0]
+    raise BranchesFailed(
+        f"{len(failures)} of {ran} branches failed, more than the {FAILED_SHARE:.0%} an "
+        f"estimate may leave out (first: {first.describe()})",
+        run_id=run_id, step=first.where, failures=tuple(failures), first=first, ran=ran,
+        hint=f"fix the agent (or the hook that raises on branches) and {then}")

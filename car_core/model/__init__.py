@@ -1,0 +1,1 @@
+"""What a run is: steps, actions, interventions, outcomes, noise, budgets."""

@@ -1,0 +1,219 @@
+"""The pages ``car report`` writes from a store: one run's report, and an index of every run
+and attribution in the store with a report written beside it for each.
+
+The index follows the single-run report's rules (``report.py``): one self-contained file, no
+script, the same Content-Security-Policy, every value escaped by the template. Its links point
+only at files this module names: a page's file name is built from the run or attribution id
+with everything but ``[A-Za-z0-9_-]`` replaced and a digest of the id added, so an id (agent
+text, possibly hostile) can neither reach an ``href`` as written nor make two pages collide.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from car_core import formatting as fmt
+from car_core.errors import CarError, InvalidInput
+from car_core.model.trajectory import Trajectory
+from car_core.model.vocabulary import Answer, AttributionStatus
+from car_core.report import _ENV, _answer, render_attribution, render_run, shapley_leaders
+from car_core.secrets.redact import redact, redact_json
+from car_core.store import Attribution, RunStore
+
+
+# -- one run -------------------------------------------------------------------------------------
+def latest_attribution(attributions: Iterable[Attribution], method: str | None = None
+                       ) -> Attribution | None:
+    """The newest finished attribution (of ``method`` when given) among a run's, oldest first;
+    a truncated one only when none finished."""
+    rows = [a for a in attributions if a.result is not None
+            and (method is None or a.method == method)]
+    complete = [a for a in rows if a.status == AttributionStatus.COMPLETE]
+    pick = complete or rows
+    return pick[-1] if pick else None
+
+
+def run_page(db: RunStore, run: Trajectory, attribution: str | None = None,
+             method: str | None = None, home: str | None = None,
+             known: Sequence[Attribution] | None = None) -> tuple[str, str]:
+    """The report of ``run``: the attribution chosen by id, else the latest complete one (of
+    ``method``), else the run alone. Returns (html, a note saying what the page shows).
+    ``known``: the run's attributions already read (the index passes the intact ones, so a
+    damaged one it has named does not stop the page)."""
+    own = list(db.attributions(run.id) if known is None else known)
+    row = (db.attribution(attribution) if attribution else latest_attribution(own, method))
+    if row is not None and row.run_id != run.id:
+        raise InvalidInput(f"attribution {attribution} belongs to run {row.run_id}",
+                           hint=f"run `car report {row.run_id}`")
+    if row is not None and method is not None and row.method != method:
+        raise InvalidInput(f"attribution {row.id} is a {row.method} attribution, not "
+                           f"{method}", hint="drop --method or --attribution")
+    if row is not None and row.result is None:
+        raise InvalidInput(f"attribution {row.id} has no result yet (status {row.status})",
+                           hint=f"finish it with `car attribute ... --resume {row.id}`")
+    if row is None and method is not None:
+        raise InvalidInput(f"run {run.id} has no finished {method} attribution",
+                           hint=f"run `car attribute {run.id} --method {method} ...`")
+    if row is None:
+        return (render_run(run, home=home),
+                "no attribution yet, wrote the run only (run `car attribute` first)")
+    others = [a for a in own if a.id != row.id]
+    choice = (f"Showing attribution {row.id} ({row.method}, {row.status}"
+              f"{', chosen' if attribution else ', the latest complete one'}) of "
+              f"{len(others) + 1} for this run. Pick another with `car report {run.id} "
+              f"--attribution ID` or `--method contrastive|shapley`; list them with "
+              f"`car attributions {run.id}`.")
+    html = render_attribution(row.result, run=run, branches=db.branches(row.id),
+                              choice=choice, home=home)
+    note = f"attribution {row.id}, {row.method}"
+    if others:
+        note += f"; {len(others)} other(s): see `car attributions {run.id}`"
+    return html, note
+
+
+# -- the index -----------------------------------------------------------------------------------
+def page_name(ident: str) -> str:
+    """A file name for the page of ``ident`` that is safe in a path and in an ``href``."""
+    slug = re.sub(r"[^A-Za-z0-9_-]+", "_", ident)[:40].strip("_") or "page"
+    return f"{slug}-{hashlib.sha256(ident.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}.html"
+
+
+def _when(ts: Any) -> str:
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool):
+        return fmt.MISSING
+    try:
+        return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    except (OverflowError, OSError, ValueError):
+        return fmt.MISSING
+
+
+_LEADS = {"one": "largest: ", "equal": "tie: ", "overlap": "not told apart: "}
+
+
+def attribution_summary(a: Attribution) -> dict[str, Any]:
+    """What the index shows of one attribution: its answer, the step it names (locus,
+    candidate, or the Shapley leader(s)) and that step's interval."""
+    row: dict[str, Any] = {"id": a.id, "run_id": a.run_id, "method": a.method,
+                           "status": str(a.status), "when": _when(a.created_at),
+                           "answer": f"no result yet ({a.status})", "kind": "pending",
+                           "names": fmt.MISSING, "interval": fmt.MISSING,
+                           "rollouts": fmt.MISSING, "ts": a.created_at or 0.0}
+    if a.result is None:
+        return row
+    r = redact_json(a.result.to_dict())
+    row["rollouts"] = r.get("rollouts_used", fmt.MISSING)
+    if a.method == "contrastive":
+        answer = _answer(r)
+        step = r.get("locus") if answer == Answer.LOCUS else r.get("candidate")
+        found: Mapping[str, Any] = next(
+            (s for s in r.get("steps") or [] if s.get("step") == step), {})
+        kind = str(answer).replace(" ", "-") if answer in set(Answer) else "other"
+        row.update(answer=str(answer), kind=kind,
+                   names=(f"step {step}" if answer == Answer.LOCUS else
+                          f"candidate step {step}" if step is not None else fmt.MISSING),
+                   interval=fmt.interval(found.get("ci")))
+        return row
+    kind, leaders = shapley_leaders(r.get("values") or [])
+    labels = [str(v.get("label") or f"step {v.get('step')}") for v in leaders]
+    row.update(answer="Shapley values" + (" (truncated)" if r.get("truncated") else ""),
+               kind="shapley",
+               names=(_LEADS[kind] + ", ".join(labels)) if labels else fmt.MISSING,
+               interval=fmt.interval(leaders[0].get("ci")) if leaders else fmt.MISSING)
+    return row
+
+
+@dataclass(frozen=True)
+class IndexWritten:
+    """What ``write_index`` wrote: the index file, and how many pages beside it."""
+
+    index: Path
+    runs: int
+    attributions: int
+    pages: int
+    damaged: list[str] = field(default_factory=list)
+
+
+def index_paths(out: Path) -> tuple[Path, Path]:
+    """(the index file, the folder its pages go in): ``out`` itself when it names an
+    ``.html`` file, else ``out/index.html``; the pages in ``runs/`` and ``attributions/``
+    beside the index."""
+    if out.suffix.lower() in (".html", ".htm"):
+        return out, out.parent
+    return out / "index.html", out
+
+
+def render_index(runs: Sequence[Mapping[str, Any]], attributions: Sequence[Mapping[str, Any]],
+                 store: str, damaged: Sequence[str] = ()) -> str:
+    """The index page from its rows (``write_index`` builds them from a store)."""
+    failed = sum(1 for r in runs if r.get("failed"))
+    return redact(_ENV.get_template("index.html.j2").render(
+        runs=runs, attributions=attributions, store=store, damaged=list(damaged),
+        failed=failed))
+
+
+def write_index(db: RunStore, out: Path, store: str) -> IndexWritten:
+    """Write the index of every recorded run (newest first) and every attribution (newest
+    first), a report per run (what ``car report RUN_ID`` writes) and one per attribution with a
+    result. A damaged run or attribution is named on the index and skipped."""
+    index, folder = index_paths(out)
+    summaries, bad = db.scan()
+    damaged = [f"run {ident}: {why}" for ident, why in bad]
+    by_run: dict[str, list[Attribution]] = {}
+    for aid in db.attribution_ids():
+        try:
+            a = db.attribution(aid)
+        except CarError as exc:
+            damaged.append(f"attribution {aid}: {exc}")
+            continue
+        by_run.setdefault(a.run_id, []).append(a)
+    pages: dict[Path, str] = {}
+    runs, rows = [], []
+    for summary in summaries:
+        try:
+            run = db.load(summary["id"])
+        except CarError as exc:
+            damaged.append(f"run {summary['id']}: {exc}")
+            continue
+        own = by_run.get(run.id, [])
+        latest = latest_attribution(own)
+        link = f"runs/{page_name(run.id)}"
+        pages[folder / link] = run_page(db, run, home="../" + index.name, known=own)[0]
+        for a in own:
+            row = attribution_summary(a)
+            if a.result is not None:
+                row["href"] = f"attributions/{page_name(a.id)}"
+                pages[folder / row["href"]] = render_attribution(
+                    a.result, run=run, branches=db.branches(a.id), home="../" + index.name,
+                    choice=f"Attribution {a.id} ({a.method}, {a.status}) of run {run.id}, "
+                           f"one of {len(own)} for this run.")
+            row["run_href"] = link
+            rows.append(row)
+        runs.append({"id": run.id, "href": link, "when": _when(summary.get("created_at")),
+                     "test": summary.get("test") or "", "agent": run.agent or fmt.MISSING,
+                     "status": str(run.status), "n_steps": len(run.steps),
+                     "outcome": fmt.num(run.outcome.value) if run.outcome else fmt.MISSING,
+                     "failed": run.failed, "attributions": len(own),
+                     "latest": attribution_summary(latest) if latest else None})
+    rows.sort(key=lambda r: r["ts"], reverse=True)
+    html = render_index(runs, rows, store, damaged)
+    try:
+        for path, page in pages.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(page, encoding="utf-8")
+        index.parent.mkdir(parents=True, exist_ok=True)
+        index.write_text(html, encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInput(f"cannot write the index to {index}: {exc.strerror}",
+                           hint="pass --out a writable folder or .html file") from None
+    return IndexWritten(index=index, runs=len(runs), attributions=len(rows),
+                        pages=len(pages), damaged=damaged)
+
+
+__all__ = ["IndexWritten", "attribution_summary", "index_paths", "latest_attribution",
+           "page_name", "render_index", "run_page", "write_index"]

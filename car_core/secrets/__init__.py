@@ -1,0 +1,1 @@
+"""Keeping secrets out of stored runs: the redactor and the forms it knows."""
