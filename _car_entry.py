@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-INTERRUPTED = 130  # car_core._clikit.INTERRUPTED, not imported: that is what may be interrupted
+INTERRUPTED = 130  # car_core.cli.kit.INTERRUPTED, not imported: that is what may be interrupted
 
 
 def main() -> int:
