@@ -97,6 +97,7 @@ from oracle import locating_power, matched_power  # noqa: E402
 from paper_baseline import paper_contrastive, paper_shapley  # noqa: E402
 
 import car_core as car  # noqa: E402
+from car_core.estimators import refit as refit_mod  # noqa: E402
 from car_core.estimators import search as search_mod  # noqa: E402
 from car_core.model.budget import MOST_MORE, larger_budget  # noqa: E402
 from car_core.model.vocabulary import Answer  # noqa: E402
@@ -615,12 +616,12 @@ def _fresh_only(src: syn.SampledArms, d: search_mod.Decision) -> tuple[float, tu
     """The estimate and interval from the re-estimate's fresh rollouts alone (what CAR
     reported before it pooled the test's pairs), read back from the simulator's draws."""
     c, at = d.candidate or 0, search_mod.REFIT
-    paired = src.drawn(c + 1, range(at, at + search_mod.REFIT_APART)).size > 0
-    first = at if paired else at + search_mod.REFIT_APART
-    hi = src.drawn(c + 1, range(first, first + search_mod.REFIT_APART))
-    lo = src.drawn(c, range(at, at + search_mod.REFIT_APART))
+    paired = src.drawn(c + 1, range(at, at + refit_mod.REFIT_APART)).size > 0
+    first = at if paired else at + refit_mod.REFIT_APART
+    hi = src.drawn(c + 1, range(first, first + refit_mod.REFIT_APART))
+    lo = src.drawn(c, range(at, at + refit_mod.REFIT_APART))
     # the search's own interval, on these rollouts alone
-    est, cs = search_mod._interval(np.zeros(0), np.array([0.0]), ALPHA, paired, True,
+    est, cs = refit_mod.reported_interval(np.zeros(0), np.array([0.0]), ALPHA, paired, True,
                                    Prior(), True, hi, lo)
     assert cs is not None
     return est, cs.ci

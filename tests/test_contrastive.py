@@ -368,7 +368,8 @@ def test_coupled_probes_are_placed_by_the_gates_witnesses_alone():
     """Coupled noise: an arm before the pivot draws what H_0 drew, one after it what H_n drew,
     so after the gate every probe of the bisection looks only at indices the gate ran; the
     navigation then costs the gate plus PROBE rollouts per probe, and the locus is right."""
-    from car_core.estimators.search import CONFIRM, PROBE, search
+    from car_core.estimators.navigation import PROBE
+    from car_core.estimators.search import CONFIRM, search
     model = syn.pivot(n_steps=8, at=5, p_bad=0.7, flip=0.1)
     for s in range(30):
         src = _Calls(syn.SampledArms(model, s, 8 * 32))
@@ -397,7 +398,7 @@ class FixedDiffs:
 def test_a_probe_that_only_matches_h_n_is_not_called_level_until_coupling_is_shown():
     """Arms that share no noise agree with H_n by chance; a level verdict from the witnesses
     waits until some probe matched H_0 at every one of them."""
-    from car_core.estimators.search import Witnesses
+    from car_core.estimators.navigation import Witnesses
 
     gate = np.array([0.0, 1.0, 0.0, 0.0, 1.0, 0.0])
     w = Witnesses.of(gate)
@@ -413,7 +414,7 @@ def test_a_probe_that_copies_neither_side_ends_the_witness_verdicts():
     level). Under wholly shared noise every probe copies H_0 or H_n exactly, so one that copies
     neither shows the sharing is partial: from then on the witnesses decide nothing, even a
     probe that copies a side, and the bisection does not rest on them."""
-    from car_core.estimators.search import Witnesses
+    from car_core.estimators.navigation import Witnesses
 
     gate = np.array([0.0, 1.0, 0.0, 0.0, 1.0, 0.0])
     w = Witnesses.of(gate)
@@ -469,6 +470,7 @@ def test_the_re_estimate_pools_the_tests_pairs_less_the_one_it_stopped_on(coupli
     test crossed its boundary (a pair that went up), followed by the fresh ones: its means are
     recomputed here from the arms' own draws at those indices, leaving out each up pair in
     turn: one such choice must give them (up pairs with the same draws give the same means)."""
+    from car_core.estimators import refit
     from car_core.estimators import search as search_mod
     model = syn.pivot(n_steps=6, at=2, p_bad=0.5)
     checked = 0
@@ -481,7 +483,7 @@ def test_the_re_estimate_pools_the_tests_pairs_less_the_one_it_stopped_on(coupli
         tested = np.arange(search_mod.CONFIRM, search_mod.CONFIRM + d.pairs)
         fresh = d.refit_pairs - d.refit_pooled
         assert fresh >= 1
-        at, apart = search_mod.REFIT, search_mod.REFIT_APART
+        at, apart = search_mod.REFIT, refit.REFIT_APART
         new_lo = src.drawn(2, range(at, at + apart))
         new_hi = src.drawn(3, range(at, at + apart))  # paired: the same indices
         if new_hi.size == 0:  # unpaired: the held arm on its own indices
@@ -511,7 +513,7 @@ def test_engine_result_says_which_estimate_it_reports(pivot_model, pivot_run):
 
 def test_alpha_shares_of_the_confirmations_sum_to_at_most_one():
     """The union bound over confirmations: Σ share_i ≤ 1, the first getting the most."""
-    from car_core.estimators.search import FIRST_SHARE, share
+    from car_core.estimators.confirmation import FIRST_SHARE, share
     shares = [share(i) for i in range(200)]
     assert sum(shares) <= 1.0 and shares[0] == FIRST_SHARE == max(shares)
 
@@ -524,9 +526,10 @@ def test_a_wrong_candidate_is_given_up_and_the_search_finds_the_locus(monkeypatc
     the pivot. With shared noise the level pairs never disagree and the bound is crossed
     after FUTILITY_MIN pairs; without it the pairs still disagree half as often as the gate's
     (2pq with p = 1 after the pivot: never), so every seed must end on step 2."""
+    from car_core.estimators import confirmation, navigation
     from car_core.estimators import search as search_mod
     model = syn.pivot(n_steps=8, at=2, p_bad=1 - rescue)
-    real = search_mod.Navigator.bisect
+    real = navigation.Navigator.bisect
     for s in range(20):
         calls: list[int] = []
 
@@ -534,11 +537,11 @@ def test_a_wrong_candidate_is_given_up_and_the_search_finds_the_locus(monkeypatc
             calls.append(lo)
             return 6 if len(calls) == 1 else real(self, lo, hi, nav_budget)
 
-        monkeypatch.setattr(search_mod.Navigator, "bisect", misled)
+        monkeypatch.setattr(navigation.Navigator, "bisect", misled)
         d = search_mod.search(syn.SampledArms(model, s, 8 * 32, coupling), 8, 8 * 32, 0.05,
                               intervals=False)
         assert d.given_up == (6,) and d.candidate == 2 and d.significant
-        assert d.level == 0.05 * search_mod.share(1)  # the second confirmation's share of α
+        assert d.level == 0.05 * confirmation.share(1)  # the second confirmation's share of α
 
 
 @pytest.mark.parametrize("coupling", ["full", "none"])
@@ -604,7 +607,9 @@ def test_a_weak_true_rise_is_not_given_up_against_an_oversized_gate():
     fits them better than no rise, so they are not given up; 120 level pairs (no rise at all)
     fit no rise better than a rise of 0.038 by 120·ln(1/(1 − 0.038)) ≈ 4.6 nats and a rise
     of 0.15 by far more, and 200 are given up (7.7 > ln 1000 ≈ 6.9)."""
-    from car_core.estimators.search import FUTILITY, _futility_llr, _least_rise
+    from car_core.estimators.confirmation import FUTILITY
+    from car_core.estimators.confirmation import futility_llr as _futility_llr
+    from car_core.estimators.confirmation import least_rise as _least_rise
     least = _least_rise(256, 0.04)
     assert least == pytest.approx(math.log2(1 / (0.9 * 0.04)) / 128)
     weak = np.array([1.0] * 6 + [0.0] * 34)
@@ -628,7 +633,9 @@ def test_level_pairs_that_disagree_by_noise_are_given_up_against_a_sized_gate():
     (9 up, 9 down) fit no rise better by 9 ln(0.306/0.09) + 9 ln(0.066/0.09)
     + 82 ln(0.628/0.82) ≈ 13.7 nats > ln 1000. While the gate's rise is a guess from a few
     pairs, the least rise still protects, as it does for any pairs that show a net rise."""
-    from car_core.estimators.search import FUTILITY, _futility_llr, _least_rise
+    from car_core.estimators.confirmation import FUTILITY
+    from car_core.estimators.confirmation import futility_llr as _futility_llr
+    from car_core.estimators.confirmation import least_rise as _least_rise
     least = _least_rise(768, 0.04)
     level = np.array([1.0] * 9 + [-1.0] * 9 + [0.0] * 82)
     gate = (0.306, 0.066)
@@ -648,7 +655,8 @@ def test_the_re_estimate_spends_its_rollouts_where_the_variance_is():
     arm at 0.3: σ ≈ 0.46, so about a quarter). Its size makes the variance
     (σ_h + σ_r)²/R at most the paper's 0.21/32 over REFIT_MARGIN. With shared noise and a
     judge flip both arms share, the pairs' own variance is the smaller one and it stays paired."""
-    from car_core.estimators.search import REFIT_MARGIN, _refit_plan
+    from car_core.estimators.refit import REFIT_MARGIN
+    from car_core.estimators.refit import refit_plan as _refit_plan
     d = np.array([1.0] * 28 + [0.0] * 12)  # held 1 throughout, resampled 0.3
     plan = _refit_plan(d, 1.0, 0.3, True, 32, 10_000)
     s_hi = math.sqrt((40.5 / 41) * (0.5 / 41))

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from car_core.estimators import confirmation
 from car_core.estimators import search as search_mod
 from car_core.testing import synthetic as syn
 
@@ -50,13 +51,13 @@ def test_level_pairs_are_given_up_at_any_budget():
     gate = (0.45, 0.09)  # a gate of 4 pairs stopped at its first net rise (seed 21's)
     level = np.array([1.0] * 175 + [-1.0] * 175 + [0.0] * 350)
     for budget in (768, 24 * 32 * 32, 10**7):
-        least = search_mod._futility_rise(budget, alpha)
-        assert least >= search_mod.LEAST_RISE
-        assert search_mod._futility_llr(level, gate, least, guessed=True) <= -math.log(
-            search_mod.FUTILITY)
-    shrinking = search_mod._least_rise(24 * 32 * 32, alpha)
+        least = confirmation.futility_rise(budget, alpha)
+        assert least >= confirmation.LEAST_RISE
+        assert confirmation.futility_llr(level, gate, least, guessed=True) <= -math.log(
+            confirmation.FUTILITY)
+    shrinking = confirmation.least_rise(24 * 32 * 32, alpha)
     assert shrinking < 0.001
-    assert search_mod._futility_llr(level, gate, shrinking, guessed=True) > -1.0
+    assert confirmation.futility_llr(level, gate, shrinking, guessed=True) > -1.0
 
 
 def test_the_never_deciding_seed_gives_its_level_candidate_up_within_the_grid_budget():

@@ -204,7 +204,7 @@ def waits_on_server(agent: Agent) -> bool:
 
 
 def search_wave(wave: int | None, agent: Agent) -> int:
-    """The rollouts each look of the search asks for at once (module docstring, rounds):
+    """The rollouts each look of the search asks for at once (docs/contrastive-search.md, rounds):
     ``wave`` when given, else ``defaults.CONCURRENCY`` for an agent that waits on a server and
     0 (the smallest looks) for any other. Never the executor's: results for a seed do not
     depend on it."""
@@ -373,8 +373,9 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
     is refused unless ``force_agent``. ``early_stop``: stop once the locus is decided,
     rather than spend what is left re-estimating its rescue. ``coupled`` decides whether CAR
     hands branches shared noise; whether they share it is measured (``coupling_measured``).
-    ``wave``: rollouts each look of the search asks for at once (module docstring, rounds);
-    None chooses from the agent: 16 when it waits on a model server, else the smallest looks."""
+    ``wave``: rollouts each look of the search asks for at once (docs/contrastive-search.md,
+    rounds); None chooses from the agent: 16 when it waits on a model server, else the
+    smallest looks."""
     check_run_has_steps(run)
     _check(rollouts, alpha, search)
     _check_wave(wave)
