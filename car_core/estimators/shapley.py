@@ -1,60 +1,11 @@
 """Shapley values of the steps: credit for failures that need several steps to go wrong.
 
-The game. Players are the steps (or the candidate steps in ``players=``, every other step
-grouped as one player). ``v(S)`` = P(fail | the steps of the players in S held at their factual
-action, every other step resampled): the plan resamples each step outside S and forces the
-factual action (``do_action``) on each held step after the first resampled one; steps before
-the first resampled step are served from the record, and ``v(N)`` holds everything (only the
-outcome is re-drawn). Steps are matched by position: a branch that ends before a held step
-never reaches it, and steps a branch adds beyond the run's length run live.
-
-Exact mode (up to ``MAX_EXACT_PLAYERS`` players, when every coalition can get
-``MIN_PER_COALITION`` rollouts): ``φ_i = Σ_S c_{i,S} v(S)`` is linear in the ``2^p`` coalition
-values, so each ``v(S)`` is estimated from its own independent rollouts. A pilot
-(``PILOT_SHARE`` of the budget, spread evenly) estimates each ``σ_S``; the rest is allocated
-where the variance is, in two stages that re-estimate ``σ_S`` (Neyman: each stage sets the
-totals ``n_S ∝ σ_S · sqrt(Σ_i c_{i,S}²)`` over everything spent so far, except that a coalition
-already past its share keeps what it has and the others share the rest the same way; counts
-are rounded by largest fraction, so the whole budget is spent. A coalition whose outcome cannot
-vary, such as the fully held one under a deterministic judge, gets little more than its pilot).
-
-Control variate. Every coalition ``S`` but the full one has a first resampled step ``f``;
-the steps before it are served from the record, so step ``f`` decides from the recorded state
-in every coalition that shares ``f``, and the indicator ``x`` "step ``f`` drew its factual
-action again" has one mean ``q_f`` across them, estimated by pooling their rollouts (``q̂_f``).
-The outcome usually follows ``x`` (a repeated pivot fails again), so each coalition uses
-``v̂(S) = ȳ_S − β_S (x̄_S − q̂_f)`` with ``β_S`` its own least-squares slope (for a 0/1
-control the difference of the outcome means at ``x = 1`` and ``x = 0``, so in [−1, 1]; 0 when
-``x`` never varied). With the slopes fixed, ``φ̂_i`` is a sum over coalitions of the mean of
-their own per-rollout combination ``c_{i,S} y + d_{i,S} x`` (``d`` collects ``−c β`` and ``S``'s
-share ``n_S / n_f`` of the pooled term), so the coalitions stay independent and
-``var(φ̂_i) = Σ_S var(c y + d x)_S / n_S``. Each term is floored by ``c² p̃(1 − p̃)(1 − r²)``
-(``p̃ = (Σy + ½)/(n + 1)``, ``r`` the sample correlation of ``y`` and ``x``), plus
-``d² x̃(1 − x̃)`` when ``x`` never varied, so a coalition that happened to show no variation is
-not taken as certain; the interval is Student-t with Welch–Satterthwaite degrees of freedom.
-Exact mode draws coalitions with independent noise (CAR hands them none to share): with
-unequal ``n_S`` common random numbers would need every coalition covariance, and on the planted
-games they raised the variance of ``φ`` rather than lowering it.
-
-Permutation mode (otherwise): a unit is a random order of the players and its reverse
-(antithetic), each coalition visited once with one rollout, all visits of a unit on rollout
-index ``u`` (``v(∅)`` and ``v(N)`` are shared by the two orders, so a unit costs ``2p`` rollouts).
-Units are independent, so the t-interval over units covers permutation and rollout noise.
-A visit whose branch failed gets a stand-in (``Session.execute(stand_in=True)``): the same
-coalition on a fresh noise index, kept in its unit. Dropping the unit instead would drop the
-draws that led to the failure, and where the noise is shared those are the unit's own (a
-re-drawn step whose path makes a held later step impossible): the values would describe only
-the other paths, with intervals that did not know it.
-
-Coupling, measured. In both modes every coalition is compared, rollout index by rollout index,
-with ``v(N)`` and ``v(∅)`` (``stats.coupling_of``): ``coupling_measured`` is how much those pairs
-agree beyond independent arms with the same rates, and ``coupled`` says whether that showed
-sharing (``coupling`` keeps what noise CAR handed out). Exact mode measures about zero by design;
-permutation mode measures what the agent and judge really share, whatever they claim.
-
-In both modes ``Σφ = v(N) − v(∅)`` holds replicate by replicate; the result reports both sides
-and their gap as a check. The budget is checked before every rollout; a replicate or unit that
-the budget cut short is dropped from the estimate (its rollouts are still counted).
+Players are the steps (or the candidate steps in ``players=``, every other step grouped as one);
+``v(S)`` is P(fail) with the steps of ``S`` held at their factual action and every other step
+resampled. Up to ``MAX_EXACT_PLAYERS`` players every coalition is estimated on its own rollouts
+with a control variate (exact mode); beyond, antithetic random orders (permutation mode). Both
+keep ``Σφ = v(N) − v(∅)`` replicate by replicate. The game, the allocation, the control
+variate and the measured coupling are set out in docs/shapley.md.
 """
 
 from __future__ import annotations
@@ -255,7 +206,7 @@ def shapley(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
             progress: Progress = None, store: RunStore | None = None,
             attribution_id: str | None = None, force_agent: bool = False) -> ShapleyResult:
     """Shapley values of the steps of ``run`` for ``v(S)`` = P(fail | S held, the rest
-    resampled), each with a ``level`` interval (see the module docstring for the game and the
+    resampled), each with a ``level`` interval (see docs/shapley.md for the game and the
     two modes). ``budget`` is a rollout count or a ``car.Budget``; it is checked before every
     rollout, and a result cut short by it keeps what was measured with ``truncated=True``.
     An agent other than the one that recorded ``run`` is refused unless ``force_agent``."""
@@ -373,7 +324,7 @@ def _floor(values: np.ndarray) -> float:
 def exact_values(coef: list[list[float]], samples: Samples, level: float
                  ) -> list[tuple[float, float]]:
     """``(φ_i, half-width)`` for each player from the coalition samples, with the repeat
-    control variate (see the module docstring): every coalition contributes the mean of its
+    control variate (docs/shapley.md): every coalition contributes the mean of its
     own per-rollout combination ``c y + d x``, so the coalitions stay independent and the
     variance is the sum of their sample variances over ``n_S``."""
     ys = {m: np.array(list(v.values())) for m, v in samples.y.items()}
@@ -480,7 +431,7 @@ class Measured:
 
 def measured_coupling(by_mask: dict[int, dict[int, float]], full: int) -> Coupling:
     """Coupling of the coalitions' outcomes with ``v(N)``'s and ``v(∅)``'s at the same rollout
-    index (module docstring): what the rollouts showed, not what noise was handed out."""
+    index (docs/shapley.md): what the rollouts showed, not what noise was handed out."""
     comparisons = []
     for m, ys in sorted(by_mask.items()):
         for end in {0, full} - {m}:
@@ -514,9 +465,7 @@ def _finish(setting: Setting, measured: Measured) -> ShapleyResult:
         budget=cap, truncated=session.tripped is not None, budget_note=session.tripped,
         seed=seed, coupled=measured.coupling.shared, coupling=session.coupling,
         caveats=caveats_of(session.agent),
-        coupling_measured=measured.coupling.estimate,
-        coupling_ci=Interval.of(measured.coupling.ci, measured.coupling.level),
-        coupling_pairs=measured.coupling.pairs,
+        measured_coupling=measured.coupling,
         tokens=session.meter.tokens,
         cost=round(session.meter.cost, 6), reason=reason, params=params,
         attribution_id=session.attribution_id, failures=session.failure_rows(),
