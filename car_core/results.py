@@ -15,25 +15,29 @@ from typing import Any
 from car_core import formatting as fmt
 from car_core.errors import InvalidInput
 from car_core.model.budget import budget_call, larger_budget
+from car_core.model.json_fields import Codec, Row, dump_fields, load_fields, nested, value
 from car_core.model.vocabulary import Answer
-from car_core.stats import Interval
+from car_core.stats import NOT_MEASURED, Coupling, CouplingNumbers, Interval
 
 
-def _ci(ci: Interval | None) -> list[float] | None:
-    return None if ci is None else [float(ci[0]), float(ci[1])]
+def _dump_ci(obj: Any, name: str) -> dict[str, Any]:
+    ci: Interval | None = getattr(obj, name)
+    return ({"ci": None, "ci_level": None} if ci is None else
+            {"ci": [float(ci[0]), float(ci[1])], "ci_level": ci.level})
 
 
-def _ci_level(ci: Interval | None) -> float | None:
-    return None if ci is None else ci.level
-
-
-def _read_ci(data: dict[str, Any], level: float | None) -> Interval | None:
+def _load_ci(row: Row, name: str, level: float | None) -> Interval | None:
     """The interval stored under ``ci``; results written before intervals carried their level
     (no ``ci_level``) get the result's ``level``, the level they were labelled with then."""
-    bounds = data.get("ci")
-    built = data.get("ci_level", level)
+    bounds = row.get("ci")
+    built = row.get("ci_level", level)
     return None if bounds is None else Interval.of(bounds, float(built if built is not None
                                                                  else 0.95))
+
+
+CI = Codec(_dump_ci, _load_ci)  # an interval: its bounds and, beside them, its level
+COUPLING = Codec(lambda obj, name: getattr(obj, name).result_keys(),
+                 lambda row, name, _: Coupling.from_result_keys(row))
 
 
 def _text_table(headers: list[str], rows: list[list[str]]) -> str:
@@ -98,27 +102,17 @@ class StepEffect:
     refit_pooled: int = 0  # of the ``refit_n``, the test's own pairs pooled with the fresh
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "effect": self.effect, "ci": _ci(self.ci),
-                "ci_level": _ci_level(self.ci), "tested": self.tested,
-                "significant": self.significant, "fail_held": self.fail_held,
-                "fail_resampled": self.fail_resampled, "n": self.n,
-                "effect_raw": self.effect if self.effect_raw is None else self.effect_raw,
-                "estimate": self.estimate, "refit_n": self.refit_n,
-                "refit_held": self.refit_held, "refit_resampled": self.refit_resampled,
-                "refit_pooled": self.refit_pooled}
+        return dump_fields(self, _STEP_EFFECT)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], level: float | None = None) -> StepEffect:
-        return cls(step=int(data["step"]), effect=data.get("effect"),
-                   ci=_read_ci(data, level), tested=bool(data.get("tested", False)),
-                   significant=bool(data.get("significant", False)),
-                   fail_held=data.get("fail_held"), fail_resampled=data.get("fail_resampled"),
-                   n=int(data.get("n", 0)), effect_raw=data.get("effect_raw"),
-                   estimate=str(data.get("estimate", "raw")),
-                   refit_n=int(data.get("refit_n", 0)),
-                   refit_held=data.get("refit_held"),
-                   refit_resampled=data.get("refit_resampled"),
-                   refit_pooled=int(data.get("refit_pooled", 0)))
+    def from_dict(cls, data: Row, level: float | None = None) -> StepEffect:
+        return load_fields(cls, data, _STEP_EFFECT, level)  # type: ignore[no-any-return]
+
+
+_STEP_EFFECT = {"ci": CI,  # the raw mean is written out even where it is the effect itself
+                "effect_raw": Codec(lambda s, _: {"effect_raw": s.effect if s.effect_raw is None
+                                                  else s.effect_raw},
+                                    value(missing=None).load)}
 
 
 @dataclass(frozen=True)
@@ -131,14 +125,16 @@ class ArmEstimate:
     n: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"hold_before": self.hold_before, "mean": self.mean, "ci": _ci(self.ci),
-                "ci_level": self.ci.level, "n": self.n}
+        return dump_fields(self, _WITH_CI)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], level: float | None = None) -> ArmEstimate:
-        ci = _read_ci(data, level)
-        assert ci is not None, "an arm estimate always has an interval"
-        return cls(int(data["hold_before"]), float(data["mean"]), ci, int(data["n"]))
+    def from_dict(cls, data: Row, level: float | None = None) -> ArmEstimate:
+        arm: ArmEstimate = load_fields(cls, data, _WITH_CI, level)
+        assert arm.ci is not None, "an arm estimate always has an interval"
+        return arm
+
+
+_WITH_CI = {"ci": CI}
 
 
 def _resume_call(method: str, budget: dict[str, Any], attribution_id: str | None,
@@ -151,21 +147,25 @@ def _resume_call(method: str, budget: dict[str, Any], attribution_id: str | None
             f"attribution_id={attribution_id!r})")
 
 
-def _caveats(caveats: tuple[str, ...]) -> dict[str, Any]:
-    """The ``caveats`` key of a result's JSON: present only when the agent said something, so
-    the results of an agent with nothing to say read as they always have."""
-    return {"caveats": list(caveats)} if caveats else {}
+# The ``caveats`` key of a result's JSON: present only when the agent said something, so the
+# results of an agent with nothing to say read as they always have.
+CAVEATS = Codec(lambda r, _: {"caveats": list(r.caveats)} if r.caveats else {},
+                value(from_json=lambda v: tuple(v or ()), missing=()).load)
+# the rollouts' tokens and cost: rows stored before they were counted read as none
+SPENT = {"tokens": value(from_json=int, missing=0), "cost": value(from_json=float, missing=0.0)}
 
 
-def _legacy_answer(data: dict[str, Any]) -> Answer:
-    """The answer of a result stored before results named it."""
-    if data.get("locus") is not None:
+def _load_answer(row: Row, name: str, _: Any) -> Answer:
+    """The answer stored, or, for a result stored before results named it, the one it gave."""
+    if row.get("answer"):
+        return Answer(row["answer"])
+    if row.get("locus") is not None:
         return Answer.LOCUS
-    return Answer.UNDECIDED if data.get("truncated") else Answer.NO_CAUSE
+    return Answer.UNDECIDED if row.get("truncated") else Answer.NO_CAUSE
 
 
 @dataclass(frozen=True)
-class ContrastiveResult(_Rendered):
+class ContrastiveResult(CouplingNumbers, _Rendered):
     """The point of commitment of a failed run, with every rescue interval behind it."""
 
     run_id: str
@@ -177,7 +177,7 @@ class ContrastiveResult(_Rendered):
     rollouts_used: int
     rollouts_cap: int
     seed: int
-    coupled: bool
+    coupled: bool  # whether ``measured_coupling`` showed sharing, not what the adapter claimed
     truncated: bool
     budget_note: str | None
     tokens: int
@@ -195,67 +195,21 @@ class ContrastiveResult(_Rendered):
     locus_label: str | None = None  # which agent and which step, e.g. "account_agent, step 4"
     answer: str = Answer.NO_CAUSE  # locus / no cause / undecided (car_core.model.vocabulary.Answer)
     candidate: int | None = None  # when undecided: the step the search was testing
-    # how much index-paired arms shared their noise, measured (stats.Coupling); ``coupled``
-    # says whether that measurement showed sharing, not what the adapter claimed
-    coupling_measured: float | None = None
-    coupling_ci: Interval | None = None
-    coupling_pairs: int = 0
+    # how much index-paired arms shared their noise, measured from those pairs
+    measured_coupling: Coupling = NOT_MEASURED
     given_up: tuple[int, ...] = ()  # candidate steps a futility bound gave up, in order
     more_rollouts: int | None = None  # when undecided: roughly what confirming would still cost
     caveats: tuple[str, ...] = ()  # what the agent said every result must show (agent.caveats)
     actions: tuple[str, ...] = ()  # what each recorded step did, in a few words (fmt.step_actions)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"method": "contrastive", "run_id": self.run_id,
-                "attribution_id": self.attribution_id, "locus": self.locus,
-                "answer": str(self.answer), "candidate": self.candidate,
-                "locus_label": self.locus_label,
-                "reason": self.reason, "alpha": self.alpha, "correction": self.correction,
-                "tests": self.tests, "level": self.level, "rollouts_used": self.rollouts_used,
-                "rollouts_cap": self.rollouts_cap, "rollout_budget": self.rollout_budget,
-                "seed": self.seed, "coupled": self.coupled, "coupling": self.coupling,
-                "truncated": self.truncated, "budget_note": self.budget_note,
-                "tokens": self.tokens, "cost": self.cost, "search": self.search,
-                "steps": [s.to_dict() for s in self.steps],
-                "arms": [a.to_dict() for a in self.arms],
-                "example_branch": self.example_branch, "params": dict(self.params),
-                "failures": list(self.failures),
-                "coupling_measured": self.coupling_measured,
-                "coupling_ci": _ci(self.coupling_ci), "coupling_pairs": self.coupling_pairs,
-                "given_up": list(self.given_up), "more_rollouts": self.more_rollouts,
-                "actions": list(self.actions), "summary": fmt.answer(self),
-                **_caveats(self.caveats)}
+        return dump_fields(self, _CONTRASTIVE, _CONTRASTIVE_KEYS, method="contrastive",
+                           summary=fmt.answer(self))
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ContrastiveResult:
+    def from_dict(cls, data: Row) -> ContrastiveResult:
         """The result ``to_dict`` wrote (also one stored by an earlier version)."""
-        level = float(data["level"])
-        return cls(
-            run_id=str(data["run_id"]), locus=data.get("locus"), reason=data.get("reason"),
-            alpha=float(data["alpha"]), tests=int(data["tests"]), level=level,
-            rollouts_used=int(data["rollouts_used"]), rollouts_cap=int(data["rollouts_cap"]),
-            seed=int(data["seed"]), coupled=bool(data["coupled"]),
-            coupling=data.get("coupling"),
-            truncated=bool(data["truncated"]), budget_note=data.get("budget_note"),
-            tokens=int(data.get("tokens", 0)), cost=float(data.get("cost", 0.0)),
-            search=str(data.get("search", "full")),
-            steps=tuple(StepEffect.from_dict(s, level) for s in data.get("steps", [])),
-            arms=tuple(ArmEstimate.from_dict(a, level) for a in data.get("arms", [])),
-            example_branch=data.get("example_branch"), params=dict(data.get("params") or {}),
-            attribution_id=data.get("attribution_id"),
-            failures=tuple(data.get("failures") or ()),
-            rollout_budget=data.get("rollout_budget"),
-            correction=str(data.get("correction", "bonferroni")),
-            locus_label=data.get("locus_label"),
-            answer=Answer(data.get("answer") or _legacy_answer(data)),
-            candidate=data.get("candidate"),
-            coupling_measured=data.get("coupling_measured"),
-            coupling_ci=_read_ci({"ci": data.get("coupling_ci")}, 0.95),
-            coupling_pairs=int(data.get("coupling_pairs") or 0),
-            given_up=tuple(data.get("given_up") or ()),
-            more_rollouts=data.get("more_rollouts"),
-            caveats=tuple(data.get("caveats") or ()),
-            actions=tuple(data.get("actions") or ()))
+        return load_fields(cls, data, _CONTRASTIVE, float(data["level"]))  # type: ignore[no-any-return]
 
     def table(self) -> list[dict[str, Any]]:
         return [s.to_dict() for s in self.steps]
@@ -351,13 +305,11 @@ class ShapleyValue:
     n: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "label": self.label, "estimate": self.estimate,
-                "ci": _ci(self.ci), "ci_level": _ci_level(self.ci), "n": self.n}
+        return dump_fields(self, _SAMPLE)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], level: float | None = None) -> ShapleyValue:
-        return cls(data.get("step"), str(data["label"]), data.get("estimate"),
-                   _read_ci(data, level), int(data.get("n", 0)))
+    def from_dict(cls, data: Row, level: float | None = None) -> ShapleyValue:
+        return load_fields(cls, data, _SAMPLE, level)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -369,16 +321,19 @@ class GameValue:
     n: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mean": self.mean, "ci": _ci(self.ci), "ci_level": _ci_level(self.ci),
-                "n": self.n}
+        return dump_fields(self, _SAMPLE)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], level: float | None = None) -> GameValue:
-        return cls(data.get("mean"), _read_ci(data, level), int(data.get("n", 0)))
+    def from_dict(cls, data: Row, level: float | None = None) -> GameValue:
+        return load_fields(cls, data, _SAMPLE, level)  # type: ignore[no-any-return]
+
+
+# an estimate's interval, and its sample size (rows stored before sizes were kept: none)
+_SAMPLE = {"ci": CI, "n": value(from_json=int, missing=0)}
 
 
 @dataclass(frozen=True)
-class ShapleyResult(_Rendered):
+class ShapleyResult(CouplingNumbers, _Rendered):
     """Shapley values of the steps for the game v(S) = P(fail | S held, the rest resampled)."""
 
     run_id: str
@@ -403,53 +358,19 @@ class ShapleyResult(_Rendered):
     failures: tuple[dict[str, Any], ...] = ()  # branches that failed after a retry, left out
     coupling: str | None = None  # what noise CAR handed the branches, and why
     # how much coalitions sharing a rollout index shared their noise, measured from those
-    # pairs (stats.Coupling); ``coupled`` says whether it showed sharing
-    coupling_measured: float | None = None
-    coupling_ci: Interval | None = None
-    coupling_pairs: int = 0
+    # pairs; ``coupled`` says whether it showed sharing
+    measured_coupling: Coupling = NOT_MEASURED
     caveats: tuple[str, ...] = ()  # what the agent said every result must show (agent.caveats)
     actions: tuple[str, ...] = ()  # what each recorded step did, in a few words (fmt.step_actions)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"method": "shapley", "run_id": self.run_id,
-                "attribution_id": self.attribution_id, "mode": self.mode,
-                "values": [v.to_dict() for v in self.values], "total": self.total,
-                "v_full": self.v_full.to_dict(), "v_empty": self.v_empty.to_dict(),
-                "efficiency_gap": self.efficiency_gap, "level": self.level,
-                "rollouts_used": self.rollouts_used, "budget": self.budget,
-                "truncated": self.truncated, "budget_note": self.budget_note, "seed": self.seed,
-                "coupled": self.coupled, "coupling": self.coupling, "tokens": self.tokens,
-                "cost": self.cost,
-                "reason": self.reason, "params": dict(self.params),
-                "failures": list(self.failures),
-                "coupling_measured": self.coupling_measured,
-                "coupling_ci": _ci(self.coupling_ci), "coupling_pairs": self.coupling_pairs,
-                "actions": list(self.actions), "summary": fmt.answer(self),
-                **_caveats(self.caveats)}
+        return dump_fields(self, _SHAPLEY, _SHAPLEY_KEYS, method="shapley",
+                           summary=fmt.answer(self))
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ShapleyResult:
+    def from_dict(cls, data: Row) -> ShapleyResult:
         """The result ``to_dict`` wrote (also one stored by an earlier version)."""
-        level = float(data["level"])
-        return cls(
-            run_id=str(data["run_id"]), mode=str(data["mode"]),
-            values=tuple(ShapleyValue.from_dict(v, level) for v in data.get("values", [])),
-            total=data.get("total"), v_full=GameValue.from_dict(data["v_full"], level),
-            v_empty=GameValue.from_dict(data["v_empty"], level),
-            efficiency_gap=data.get("efficiency_gap"), level=level,
-            rollouts_used=int(data["rollouts_used"]), budget=int(data["budget"]),
-            truncated=bool(data["truncated"]), budget_note=data.get("budget_note"),
-            seed=int(data["seed"]), coupled=bool(data["coupled"]),
-            coupling=data.get("coupling"),
-            tokens=int(data.get("tokens", 0)), cost=float(data.get("cost", 0.0)),
-            reason=data.get("reason"), params=dict(data.get("params") or {}),
-            attribution_id=data.get("attribution_id"),
-            failures=tuple(data.get("failures") or ()),
-            coupling_measured=data.get("coupling_measured"),
-            coupling_ci=_read_ci({"ci": data.get("coupling_ci")}, 0.95),
-            coupling_pairs=int(data.get("coupling_pairs") or 0),
-            caveats=tuple(data.get("caveats") or ()),
-            actions=tuple(data.get("actions") or ()))
+        return load_fields(cls, data, _SHAPLEY, float(data["level"]))  # type: ignore[no-any-return]
 
     def table(self) -> list[dict[str, Any]]:
         return [v.to_dict() for v in self.values]
@@ -508,6 +429,31 @@ class ShapleyResult(_Rendered):
                           foot, *([hint] if hint else []),
                           *(f"caveat: {c}" for c in self.caveats)])
 
+
+# The JSON's keys in the order earlier versions wrote them (the CLI's --json prints them so).
+_CONTRASTIVE_KEYS = (
+    "method", "run_id", "attribution_id", "locus", "answer", "candidate", "locus_label",
+    "reason", "alpha", "correction", "tests", "level", "rollouts_used", "rollouts_cap",
+    "rollout_budget", "seed", "coupled", "coupling", "truncated", "budget_note", "tokens",
+    "cost", "search", "steps", "arms", "example_branch", "params", "failures",
+    "coupling_measured", "coupling_ci", "coupling_pairs", "given_up", "more_rollouts",
+    "actions", "summary", "caveats")
+_CONTRASTIVE = {
+    "answer": Codec(lambda r, _: {"answer": str(r.answer)}, _load_answer),
+    "search": value(from_json=str, missing="full"),
+    # a step's or an arm's interval without its own level gets the result's (the context)
+    "steps": nested(StepEffect.from_dict, many=True, missing=()),
+    "arms": nested(ArmEstimate.from_dict, many=True, missing=()),
+    "measured_coupling": COUPLING, "caveats": CAVEATS, **SPENT}
+_SHAPLEY_KEYS = (
+    "method", "run_id", "attribution_id", "mode", "values", "total", "v_full", "v_empty",
+    "efficiency_gap", "level", "rollouts_used", "budget", "truncated", "budget_note", "seed",
+    "coupled", "coupling", "tokens", "cost", "reason", "params", "failures",
+    "coupling_measured", "coupling_ci", "coupling_pairs", "actions", "summary", "caveats")
+_SHAPLEY = {
+    "values": nested(ShapleyValue.from_dict, many=True, missing=()),
+    "v_full": nested(GameValue.from_dict), "v_empty": nested(GameValue.from_dict),
+    "measured_coupling": COUPLING, "caveats": CAVEATS, **SPENT}
 
 Result = ContrastiveResult | ShapleyResult
 

@@ -117,8 +117,8 @@ def test_the_shapley_result_opens_with_a_plain_sentence() -> None:
 
 def test_one_wording_for_coupling(located) -> None:
     assert fmt.coupling(located).startswith("unpaired: ")
-    paired = replace(located, coupled=True, coupling_measured=0.93,
-                     coupling_ci=car.stats.Interval(0.85, 0.98, 0.95), coupling_pairs=40)
+    paired = replace(located, coupled=True,
+                     measured_coupling=car.stats.Coupling(0.93, (0.85, 0.98), 40))
     assert fmt.coupling(paired) == ("paired: branches shared the agent's randomness (measured "
                                     "agreement 0.93 [0.85, 0.98] from 40 pair(s))")
 

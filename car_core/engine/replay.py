@@ -50,7 +50,15 @@ from car_core.model.outcome import OutcomeFn, OutcomeLike, check_on_record, scor
 from car_core.model.seeding import Noise, branch_noise, coupling
 from car_core.model.trajectory import Trajectory
 from car_core.model.vocabulary import NOT_REDECIDED, RunStatus
-from car_core.stats import Coupling, Interval, check_level, coupling_of, wilson
+from car_core.stats import (
+    NOT_MEASURED,
+    Coupling,
+    CouplingNumbers,
+    Interval,
+    check_level,
+    coupling_of,
+    wilson,
+)
 
 if TYPE_CHECKING:  # the store brings sqlite-utils: loaded only where one is used
     from car_core.store import RunStore
@@ -89,7 +97,7 @@ def observing_records(observer: Callable[[Trajectory], None]) -> Iterator[None]:
 
 
 @dataclass(frozen=True)
-class OutcomeDistribution:
+class OutcomeDistribution(CouplingNumbers):
     """P(failure | do(·)) estimated from ``n`` rollouts, with its Wilson interval."""
 
     mean: float
@@ -109,20 +117,15 @@ class OutcomeDistribution:
     failures: tuple[dict[str, Any], ...] = ()
     coupling: str | None = None  # what noise CAR handed the branches, and why
     # how much a branch and its twin (the same rollout re-run on the same noise) agreed
-    # beyond independent draws (stats.Coupling); ``coupled`` says whether that showed sharing
-    coupling_measured: float | None = None
-    coupling_ci: Interval | None = None
-    coupling_pairs: int = 0
+    # beyond independent draws; ``coupled`` says whether that showed sharing
+    measured_coupling: Coupling = NOT_MEASURED
     caveats: tuple[str, ...] = ()  # what the agent said every result must show (agent.caveats)
 
     def to_dict(self) -> dict[str, Any]:
         return {"mean": self.mean, "ci": list(self.ci), "n": self.n, "level": self.level,
                 "values": list(self.values), "interventions": list(self.interventions),
                 "coupled": self.coupled, "coupling": self.coupling, "seed": self.seed,
-                "coupling_measured": self.coupling_measured,
-                "coupling_ci": None if self.coupling_ci is None else list(self.coupling_ci),
-                "coupling_pairs": self.coupling_pairs,
-                "rollouts_used": self.rollouts_used,
+                **self.measured_coupling.result_keys(), "rollouts_used": self.rollouts_used,
                 "truncated": self.truncated, "budget_note": self.budget_note,
                 "tokens": self.tokens, "cost": self.cost, "failures": list(self.failures),
                 "branch_ids": [t.id for t in self.trajectories],
@@ -169,7 +172,7 @@ def intervene(run: Trajectory, agent: Agent, interventions: Intervention | Seque
     One arm has no pairs, so whether branches really share the noise CAR hands them is
     measured only when asked: ``twins=T`` re-runs the first ``T`` rollouts on their own noise
     (``T`` more rollouts, under the same budget, left out of the mean) and ``coupled`` says
-    whether each branch and its twin agreed beyond chance (``coupling_measured``); a model that
+    whether each branch and its twin agreed beyond chance (``measured_coupling``); a model that
     ignores its seed or a judge with its own randomness agree less. Without twins nothing is
     measured and ``coupled`` is False; ``coupling`` says what noise was handed out.
 
@@ -229,8 +232,7 @@ def intervene(run: Trajectory, agent: Agent, interventions: Intervention | Seque
         mean=mean, ci=Interval(*wilson(mean, len(values), level), level), n=len(values),
         level=level,
         values=values, trajectories=trajs, interventions=tuple(arm), coupled=shared.shared,
-        coupling=why, coupling_measured=shared.estimate, caveats=caveats_of(agent),
-        coupling_ci=Interval.of(shared.ci, shared.level), coupling_pairs=shared.pairs,
+        coupling=why, measured_coupling=shared, caveats=caveats_of(agent),
         seed=seed, rollouts_used=meter.rollouts, truncated=len(values) < rollouts,
         budget_note=meter.tripped, tokens=meter.tokens, cost=meter.cost,
         failures=tuple(f.to_dict() for f in failures))
@@ -246,7 +248,7 @@ def _twin_coupling(tasks: Callable[[range], Iterator[Task]], by_index: dict[int,
     much each agreed with its twin (``stats.coupling_of``); a failed twin is left out."""
     firsts = sorted(r for r, v in by_index.items() if v is not None)[:twins]
     if not firsts:
-        return Coupling(None, None, 0)
+        return NOT_MEASURED
     wanted = set(firsts)
     twin_tasks = (replace(t, arm="intervention twin")
                   for t in tasks(range(firsts[-1] + 1)) if t.rollout in wanted)

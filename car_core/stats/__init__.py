@@ -14,8 +14,9 @@ them misses is ≤ α.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from car_core.errors import InvalidInput
 
@@ -219,6 +220,45 @@ class Coupling:
     def to_dict(self) -> dict[str, object]:
         return {"estimate": self.estimate, "ci": None if self.ci is None else list(self.ci),
                 "pairs": self.pairs, "level": self.level, "shared": self.shared}
+
+    def result_keys(self) -> dict[str, object]:
+        """The three keys a result's JSON has always carried it under (its level is not
+        stored: ``from_result_keys`` reads it back at 0.95, the level it is measured at)."""
+        return {"coupling_measured": self.estimate,
+                "coupling_ci": None if self.ci is None else [float(x) for x in self.ci],
+                "coupling_pairs": self.pairs}
+
+    @classmethod
+    def from_result_keys(cls, row: Mapping[str, Any]) -> Coupling:
+        """What ``result_keys`` wrote; a result stored before coupling was measured reads as
+        nothing measured."""
+        ci = row.get("coupling_ci")
+        return cls(row.get("coupling_measured"),
+                   None if ci is None else (float(ci[0]), float(ci[1])),
+                   int(row.get("coupling_pairs") or 0))
+
+
+NOT_MEASURED = Coupling(None, None, 0)
+
+
+class CouplingNumbers:
+    """A result's ``measured_coupling`` read by the names results used before they held a
+    ``Coupling`` (``coupling_measured``, ``coupling_ci``, ``coupling_pairs``); kept for one
+    release: read ``measured_coupling`` instead."""
+
+    measured_coupling: Coupling
+
+    @property
+    def coupling_measured(self) -> float | None:
+        return self.measured_coupling.estimate
+
+    @property
+    def coupling_ci(self) -> Interval | None:
+        return Interval.of(self.measured_coupling.ci, self.measured_coupling.level)
+
+    @property
+    def coupling_pairs(self) -> int:
+        return self.measured_coupling.pairs
 
 
 def coupling_of(comparisons: Sequence[tuple[Sequence[float], Sequence[float]]],
