@@ -1,16 +1,11 @@
-"""The contract between the replay engine and an agent, and ``FunctionAgent``.
+"""``FunctionAgent``, the reference agent, and what the engine does with any agent.
 
-An agent the engine can work with does three things (``Agent``):
-
-- ``start(context, noise)``: run from scratch (used by ``car.record``);
-- ``branch(run, plan, noise)``: run a counterfactual from ``run`` under ``plan`` — steps before
-  ``plan.start`` are served from the record with no model or tool call;
-- ``redecide(run, k, noise)``: decide step ``k`` again from the recorded state ``s_k`` (used by
-  ``car.action_match_rate``).
-
-``couples_noise`` says whether the agent's randomness is driven by ``noise`` (then branches can
-share common random numbers). Framework adapters implement these three with their own machinery;
-``FunctionAgent`` implements them from three plain callables with ``drive`` (below).
+The contract itself (``Agent``, and one protocol per optional capability) lives in
+``car_core.engine.protocols``, documented per method; ``Agent`` and ``AsyncAgent`` are
+re-exported here. ``FunctionAgent`` implements ``start``, ``branch`` and ``redecide`` from
+three plain callables with ``drive`` (below); framework adapters implement them with their own
+machinery. ``agent_fingerprint``, ``check_agent`` and ``caveats_of`` read an agent's optional
+hooks for the estimators.
 """
 
 from __future__ import annotations
@@ -18,10 +13,19 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, cast
 
 import numpy as np
 
+from car_core.engine.protocols import (
+    Agent,
+    AsyncAgent,
+    CaveatedAgent,
+    FingerprintedAgent,
+    ModelPolicy,
+    PreflightAgent,
+    StopRule,
+)
 from car_core.errors import (
     AgentMismatch,
     CarError,
@@ -47,27 +51,6 @@ Policy = Callable[[History, np.random.Generator], JSON]
 Environment = Callable[[History, JSON, np.random.Generator], JSON]
 
 
-@runtime_checkable
-class Agent(Protocol):
-    """What ``car.intervene``, ``car.contrastive`` and ``car.shapley`` need of an agent."""
-
-    name: str
-    couples_noise: bool
-
-    def start(self, context: JSON, noise: Noise) -> Trajectory: ...
-
-    def branch(self, run: Trajectory, plan: Plan, noise: Noise) -> Trajectory: ...
-
-    def redecide(self, run: Trajectory, k: int, noise: Noise) -> JSON: ...
-
-
-@runtime_checkable
-class AsyncAgent(Agent, Protocol):
-    """An ``Agent`` that can also branch as a coroutine (``Capability.ASYNC_BRANCH``)."""
-
-    async def abranch(self, run: Trajectory, plan: Plan, noise: Noise) -> Trajectory: ...
-
-
 def agent_fingerprint(agent: Agent) -> str:
     """A short digest naming the agent: its optional ``fingerprint()`` hook (an adapter
     returns its tools or graph), else its ``name`` (a ``FunctionAgent`` is known by its name:
@@ -75,7 +58,7 @@ def agent_fingerprint(agent: Agent) -> str:
     with a run and compared with the agent an estimate is given, so a run is never attributed
     with another agent by mistake."""
     if Capability.FINGERPRINT in capabilities(agent):
-        value: JSON = agent.fingerprint()  # type: ignore[attr-defined]  # an optional hook
+        value = cast(FingerprintedAgent, agent).fingerprint()
     else:
         value = {"name": agent.name}
     return fingerprint_digest(value)
@@ -96,7 +79,7 @@ def caveats_of(agent: object) -> tuple[str, ...]:
     """The agent's ``caveats`` (``Capability.CAVEATS``), as a tuple of strings."""
     if Capability.CAVEATS not in capabilities(agent):
         return ()
-    return tuple(str(c) for c in agent.caveats)  # type: ignore[attr-defined]  # optional
+    return tuple(str(c) for c in cast(CaveatedAgent, agent).caveats)
 
 
 def check_agent(run: Trajectory, agent: Agent, *, force: bool = False) -> None:
@@ -116,7 +99,7 @@ def check_agent(run: Trajectory, agent: Agent, *, force: bool = False) -> None:
                 hint="pass the agent the run was recorded with, or force_agent=True "
                      "(--force-agent) if it is the same agent under a new name or tools")
     if Capability.PREFLIGHT in capabilities(agent):
-        agent.preflight(run)  # type: ignore[attr-defined]  # an optional hook
+        cast(PreflightAgent, agent).preflight(run)
     for caveat in caveats_of(agent):
         warnings.warn(f"{agent.name}: {caveat}", AgentCaveat, stacklevel=3)
 
@@ -154,7 +137,7 @@ class FunctionAgent:
         return drive(self, Trajectory.new(context=context, steps=[]), Plan(start=0), noise)
 
     def branch(self, run: Trajectory, plan: Plan, noise: Noise,
-               stop: Callable[[Trajectory], bool] | None = None) -> Trajectory:
+               stop: StopRule | None = None) -> Trajectory:
         return drive(self, run, plan, noise, stop=stop)
 
     def redecide(self, run: Trajectory, k: int, noise: Noise) -> JSON:
@@ -184,7 +167,7 @@ def policy_meta(policy: Callable[..., JSON]) -> dict[str, Any]:
     budgets can count tokens and money without the action carrying them."""
     if Capability.STEP_META not in capabilities(policy):
         return {}
-    meta = policy.step_meta()  # type: ignore[attr-defined]  # an optional hook
+    meta = cast(ModelPolicy, policy).step_meta()
     return dict(meta) if isinstance(meta, dict) else {}
 
 

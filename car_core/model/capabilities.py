@@ -4,8 +4,8 @@ An ``Agent`` must have ``start``, ``branch`` and ``redecide``; everything else i
 named by a ``Capability``. ``capabilities(agent)`` looks once and returns the set, so callers ask
 ``Capability.ASYNC_BRANCH in caps`` instead of probing attributes or signatures themselves (as
 LangGraph's checkpoint conformance suite asks a saver what it implements before testing it).
-The hooks themselves are described in ``car_core.contract``; ``car_core.testing`` has one
-conformance check per capability.
+Each hook is documented on its protocol (``car_core.engine.protocols``, exported from
+``car_core.contract``); ``car_core.testing`` has one conformance check per capability.
 
 This module imports nothing from the rest of the core, so the lowest layers (tasks, seeding,
 agent) can use it.
