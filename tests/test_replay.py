@@ -21,7 +21,6 @@ from car_core.testing import (
     DictEnvironment,
     ScriptedPolicy,
     SideEffectLedger,
-    _sign_flip_p,
     check_forced_values,
     check_identity_edit,
     check_prefix_makes_no_calls,
@@ -31,6 +30,7 @@ from car_core.testing import (
     run_conformance,
 )
 from car_core.testing import synthetic as syn
+from car_core.testing._conformance import sign_flip_p as _sign_flip_p
 
 K = 16
 

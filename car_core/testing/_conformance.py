@@ -1,17 +1,29 @@
-"""What the conformance checks share (``car_core.testing``, ``car_core.testing.capability_checks``):
-the noise a check's branches draw, how a failure is raised, how two runs' steps are compared
-and the paired sign-flip test the statistical checks use."""
+"""What the conformance checks share (``car_core.testing.contract_checks``,
+``car_core.testing.capability_checks``, ``car_core.testing.conformance``): what an agent
+factory returns, the noise a check's branches draw, how a failure is raised, how two runs'
+steps are compared and the paired sign-flip test the statistical checks use."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import NoReturn
+from collections.abc import Callable, Sequence
+from typing import NoReturn, TypeAlias
 
 import numpy as np
 
+from car_core.engine.agent import Agent
 from car_core.errors import ConformanceFailure
 from car_core.model.seeding import Noise, branch_noise
 from car_core.model.trajectory import Trajectory
+from car_core.testing.fakes import StepCounter
+
+AgentFactory: TypeAlias = Callable[[], Agent | tuple[Agent, StepCounter]]
+"""Builds a fresh agent, or ``(agent, counter)`` where the counter wraps the agent's model and
+tool calls (then ``run_conformance`` checks the prefix rule too)."""
+
+
+def agent_of(made: Agent | tuple[Agent, StepCounter]) -> Agent:
+    """The agent of what an ``AgentFactory`` returned."""
+    return made[0] if isinstance(made, tuple) else made
 
 
 def noise_for(seed: int, rollout: int = 0) -> Noise:
@@ -19,7 +31,7 @@ def noise_for(seed: int, rollout: int = 0) -> Noise:
 
 
 HINT = ("the agent must serve steps before the branch step from the record and apply the plan "
-         "as given (see car_core.engine.agent)")
+         "as given (see car_core.engine.protocols)")
 
 
 def fail(check: str, message: str, run: Trajectory | None, step: int | None = None, *,

@@ -1,6 +1,6 @@
 """One conformance check per optional capability (``car_core.model.capabilities``).
 
-``run_conformance`` (``car_core.testing``) runs each check for an agent that offers the
+``run_conformance`` (``car_core.testing.conformance``) runs each check for an agent that offers the
 capability; each raises ``ConformanceFailure`` saying what broke:
 
 - ``ASYNC_BRANCH``: ``abranch`` is ``branch`` as a coroutine: under the same noise it gives the
@@ -25,32 +25,26 @@ import subprocess
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from car_core.engine.agent import Agent, AsyncAgent, agent_fingerprint
 from car_core.engine.branching import branch_scope
+from car_core.engine.protocols import FingerprintedAgent, StoppableAgent
 from car_core.engine.tasks import Task, score_branch
 from car_core.model.actions import same_action
 from car_core.model.capabilities import Capability, capabilities
 from car_core.model.interventions import compile_plan, do_action, do_resample
-from car_core.model.json_values import JSON, canonical, check_json
+from car_core.model.json_values import canonical, check_json
 from car_core.model.outcome import OutcomeFn, OutcomeLike
 from car_core.model.trajectory import Step, Trajectory
 from car_core.model.vocabulary import RunStatus
 from car_core.stats import coupling_of
-from car_core.testing._conformance import fail, noise_for, sign_flip_p
+from car_core.testing._conformance import AgentFactory, agent_of, fail, noise_for, sign_flip_p
 
 __all__ = ["check_async_branch", "check_coupling_measured", "check_fingerprint_stable",
            "check_stop_honoured"]
-
-AgentFactory = Callable[[], Any]  # an agent, or (agent, counter) as run_conformance takes
-
-
-def _agent_of(made: Any) -> Agent:
-    return made[0] if isinstance(made, tuple) else made  # type: ignore[no-any-return]
-
 
 def _differs(a: Sequence[Step], b: Sequence[Step], *, observations: bool = True
              ) -> int | None:
@@ -99,7 +93,7 @@ def check_async_branch(agent: Agent, run: Trajectory, outcome: OutcomeLike, *,
     caps = capabilities(agent)
     if Capability.ASYNC_BRANCH not in caps:
         return
-    async_agent: AsyncAgent = agent  # type: ignore[assignment]  # ASYNC_BRANCH says so
+    async_agent = cast(AsyncAgent, agent)
     out = OutcomeFn(outcome)
     coupled = Capability.COUPLES_NOISE in caps
     diffs: list[float] = []
@@ -143,7 +137,7 @@ def check_stop_honoured(agent: Agent, run: Trajectory, *, seed: int = 0) -> bool
     if Capability.STOP not in capabilities(agent) or len(run.steps) < 2:
         return False
     n = len(run.steps)
-    branch_with_stop: Callable[..., Trajectory] = agent.branch
+    branch_with_stop = cast(StoppableAgent, agent).branch
     for k, where in ((0, "after step 0"), (1, "on the held prefix (step 0)")):
         plan = compile_plan(run, [do_action(j, run.steps[j].action) for j in range(k, n)])
         asked: list[int] = []
@@ -258,10 +252,10 @@ def check_fingerprint_stable(agent_factory: AgentFactory, run: Trajectory | None
     ``hash()`` differ) gives that digest too. Returns whether the other interpreter was used:
     False when the factory cannot be sent there (a closure over something unpicklable) or
     cannot build an agent there, after the checks in this process passed."""
-    a, b = _agent_of(agent_factory()), _agent_of(agent_factory())
+    a, b = agent_of(agent_factory()), agent_of(agent_factory())
     if Capability.FINGERPRINT not in capabilities(a):
         return False
-    value: JSON = a.fingerprint()  # type: ignore[attr-defined]  # FINGERPRINT says so
+    value = cast(FingerprintedAgent, a).fingerprint()
     check_json(value, "the agent's fingerprint()")
     probe = run
     found = _ADDRESS.search(canonical(value))
