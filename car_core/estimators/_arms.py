@@ -11,18 +11,18 @@ does not see what the run recorded is refused before any arm (``outcome.check_on
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from car_core.engine.agent import check_agent
+from car_core.engine.agent import Agent, check_agent
 from car_core.engine.execution import ExecutorLike, Task, brancher, execute, resolve_executor
 from car_core.engine.replay import check_run
 from car_core.engine.tasks import Failure, check_failures
 from car_core.errors import AgentError, InvalidInput
 from car_core.model.budget import Budget, BudgetMeter, as_budget
 from car_core.model.interventions import Intervention, compile_plan
-from car_core.model.outcome import OutcomeFn, check_on_record
+from car_core.model.outcome import OutcomeFn, OutcomeLike, check_on_record
 from car_core.model.seeding import branch_noise, coupling
 from car_core.model.trajectory import Trajectory
 
@@ -53,7 +53,7 @@ def check_rollouts(rollouts: Any, least: int) -> int:
 class StepArms:
     """Runs arms at step ``step`` of ``run`` under one budget; see the module docstring."""
 
-    def __init__(self, run: Trajectory, agent: Any, outcome: Callable[..., Any], *, step: int,
+    def __init__(self, run: Trajectory, agent: Agent, outcome: OutcomeLike, *, step: int,
                  seed: int, budget: Budget | int | None, executor: ExecutorLike,
                  force_agent: bool) -> None:
         check_run(run)

@@ -42,7 +42,7 @@ Holm keeps ``P(any source named whose removal does not rescue) ≤ alpha``; aver
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,12 +50,14 @@ import numpy as np
 
 from car_core import defaults
 from car_core import formatting as fmt
+from car_core.engine.agent import Agent
 from car_core.engine.execution import ExecutorLike
 from car_core.errors import BudgetExhausted, InvalidInput
 from car_core.estimators._arms import StepArms, capped, check_rollouts
 from car_core.model.budget import Budget
 from car_core.model.context_sources import Source, Splitter, keep_all, remover, split, state_of
 from car_core.model.interventions import do_context
+from car_core.model.outcome import OutcomeLike
 from car_core.model.trajectory import Trajectory, is_failure
 from car_core.stats import Coupling, Interval, check_level, coupling_of, difference, z_value
 
@@ -387,7 +389,7 @@ def confirm_sizes(remaining: int, candidates: int, paired: bool) -> tuple[int, i
     return remaining - candidates * n, n
 
 
-def context_attribution(run: Trajectory, agent: Any, *, step: int, outcome: Callable[..., Any],
+def context_attribution(run: Trajectory, agent: Agent, *, step: int, outcome: OutcomeLike,
                         rollouts: int = defaults.CONTEXT_ROLLOUTS,
                         sources: Sequence[Source] | None = None,
                         splitter: Splitter | None = None, alpha: float = defaults.ALPHA,

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from car_core import defaults
+from car_core.engine.agent import Agent
 from car_core.engine.execution import ExecutorLike
 from car_core.errors import InvalidInput
 from car_core.estimators._arms import StepArms, check_rollouts
@@ -41,6 +42,7 @@ from car_core.model.interventions import (
     do_observation,
 )
 from car_core.model.json_values import JSON
+from car_core.model.outcome import OutcomeLike
 from car_core.model.trajectory import History, Trajectory, is_failure
 from car_core.stats import Coupling, Interval, check_level, coupling_of, wilson
 
@@ -198,8 +200,8 @@ def _estimate(values: list[float], level: float) -> tuple[float, Interval]:
     return mean, Interval(*wilson(mean, len(values), level), level)
 
 
-def repairs(run: Trajectory, agent: Any, *, step: int, candidates: Iterable[Any],
-            outcome: Callable[..., Any], rollouts: int = defaults.REPAIR_ROLLOUTS,
+def repairs(run: Trajectory, agent: Agent, *, step: int, candidates: Iterable[Any],
+            outcome: OutcomeLike, rollouts: int = defaults.REPAIR_ROLLOUTS,
             alpha: float = defaults.ALPHA, seed: int = 0,
             propose: Callable[[Trajectory, int, Any], Iterable[Any]] | None = None,
             budget: Budget | int | None = None, executor: ExecutorLike = None,
