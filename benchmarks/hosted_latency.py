@@ -16,7 +16,7 @@ waits on a server (``remote=True``) and draws from CAR's noise, so a seed fixes 
   sequential run's.
 
 Rows: LangGraph ``create_agent`` with plain tools, and with the same tools served by a real MCP
-server (``integrations_tests/mcp_travel_server.py``, FastMCP over stdio, loaded with
+server (``integrations_tests/support/mcp_travel_server.py``, FastMCP over stdio, loaded with
 langchain-mcp-adapters, which starts the server for every tool session), then the rows of
 ``benchmarks/_hosted_frameworks.py`` (LlamaIndex, the OpenAI Agents SDK) when it is there.
 Side-effect tools are answered from the record or a simulator on branches, never run.
@@ -46,7 +46,7 @@ import car_core as car
 from car_core import defaults
 
 HERE = Path(__file__).resolve().parent
-MCP_SERVER = HERE.parent / "integrations_tests" / "mcp_travel_server.py"
+MCP_SERVER = HERE.parent / "integrations_tests" / "support" / "mcp_travel_server.py"
 Row = Callable[[float, int, int], dict[str, Any]]
 
 

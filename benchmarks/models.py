@@ -31,7 +31,7 @@ from car_adapters.openai import OpenAIPolicy
 import car_core as car
 
 # the loopback model servers live with the integration tests that own them
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integrations_tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integrations_tests" / "support"))
 from servers import OllamaServer, llama_server  # noqa: E402
 
 TOOLS = [tool_schema("lookup_order", "Look up the status of an order",

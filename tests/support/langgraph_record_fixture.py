@@ -3,8 +3,8 @@ compare byte for byte: every UUID (checkpoint, task and message ids) becomes ``<
 order of first appearance, the run id ``run``, ``created_at`` and each step's ``latency_s``
 0; then the run is sealed again (``Trajectory.new``) so the digests are over that content.
 
-``integrations_tests/test_langgraph_recording.py`` compares what the recorder stores now with
-``tests/golden/langgraph_recorded.json``, which this script wrote from the code the
+``integrations_tests/langgraph/test_langgraph_recording.py`` compares what the recorder stores
+now with ``tests/golden/langgraph_recorded.json``, which this script wrote from the code the
 recorder had before its events were deferred to the store's writer thread:
 
     .venv/bin/python tests/support/langgraph_record_fixture.py \

@@ -1,0 +1,1 @@
+"""Tests of car_adapters.common: what every adapter shares (sync, fingerprints, tool safety)."""

@@ -1,0 +1,1 @@
+"""Tests of car_adapters.demo, the `car demo` support desk."""

@@ -1,0 +1,1 @@
+"""Tests of car_adapters.langgraph against real LangGraph apps."""

@@ -1,0 +1,1 @@
+"""Tests of car_adapters.llamaindex against real LlamaIndex workflows."""

@@ -1,0 +1,1 @@
+"""Tests of car_adapters.pytest_plugin, run inside pytest with pytester."""
