@@ -22,7 +22,8 @@ from car_core import formatting as fmt
 from car_core.errors import CarError, InvalidInput
 from car_core.model.trajectory import Trajectory
 from car_core.model.vocabulary import Answer, AttributionStatus
-from car_core.report import _ENV, _answer, render_attribution, render_run, shapley_leaders
+from car_core.report import _ENV, render_attribution, render_run
+from car_core.report.verdicts import _answer, shapley_leaders
 from car_core.secrets.redact import redact, redact_json
 from car_core.store import Attribution, RunStore
 

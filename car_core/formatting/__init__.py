@@ -1,0 +1,93 @@
+"""How results are said to people: one vocabulary and one number format for every surface.
+
+The plain-text ``str()`` of a result, the ``car`` command's tables and verdicts, the pytest
+plugin's headline and summary, the demo's printout and the HTML report all build their words
+here, so the same attribution reads the same way wherever it is shown:
+
+- probabilities with three decimals (``prob``), effects (rescue, φ) signed (``effect``) and
+  their intervals likewise (``effect_interval``); a missing (None) or non-finite value is
+  written as ``missing``;
+- confidence levels as percentages (``level``: ``"95%"``, never ``0.9500``);
+- the same column names (``STEP_COLUMNS``, ``SHAPLEY_COLUMNS``) and the same locus mark;
+- the method named as it was computed (``method``);
+- the rescue shown beside the failure rates of the very sample it and its interval were
+  computed from (``step_row``), with one line saying so when the test decided on other pairs
+  (``sample_note``).
+
+Numbers live in ``numbers``, what a step did in ``actions``, the tables in ``rows`` and the
+sentences in ``sentences``; every name is read from here (``from car_core import formatting
+as fmt``).
+"""
+
+from __future__ import annotations
+
+from car_core.formatting.actions import (
+    ACTION_CHARS,
+    action_summary,
+    step_actions,
+)
+from car_core.formatting.numbers import (
+    MISSING,
+    PROB_DIGITS,
+    effect,
+    effect_interval,
+    failure_rate,
+    interval,
+    level,
+    num,
+    pct,
+    percent,
+    percent_interval,
+    prob,
+    prob_interval,
+    steps_span,
+)
+from car_core.formatting.rows import (
+    ACTION,
+    HELD,
+    INTERVAL,
+    LOCUS_MARK,
+    NOT_SIGNIFICANT,
+    NOT_TESTED,
+    PAIRS,
+    PHI,
+    PLAIN_COLUMNS,
+    PLAIN_SHAPLEY_COLUMNS,
+    PLAYER,
+    REDRAWN,
+    RESCUE,
+    SHAPLEY_COLUMNS,
+    SIGNIFICANT,
+    STEP,
+    STEP_COLUMNS,
+    TESTED,
+    StepRow,
+    coupling_note,
+    method,
+    plain_cells,
+    sample_note,
+    shown_sample,
+    step_row,
+    untested_mark,
+)
+from car_core.formatting.sentences import (
+    answer,
+    coupling,
+    decided_by,
+    headline,
+    later_steps,
+    locus_name,
+    shapley_leaders,
+    step_said,
+)
+
+__all__ = [
+    "ACTION", "ACTION_CHARS", "HELD", "INTERVAL", "LOCUS_MARK", "MISSING", "NOT_SIGNIFICANT",
+    "NOT_TESTED", "PAIRS", "PHI", "PLAIN_COLUMNS", "PLAIN_SHAPLEY_COLUMNS", "PLAYER",
+    "PROB_DIGITS", "REDRAWN", "RESCUE", "SHAPLEY_COLUMNS", "SIGNIFICANT", "STEP", "STEP_COLUMNS",
+    "StepRow", "TESTED", "action_summary", "answer", "coupling", "coupling_note", "decided_by",
+    "effect", "effect_interval", "failure_rate", "headline", "interval", "later_steps", "level",
+    "locus_name", "method", "num", "pct", "percent", "percent_interval", "plain_cells", "prob",
+    "prob_interval", "sample_note", "shapley_leaders", "shown_sample", "step_actions", "step_row",
+    "step_said", "steps_span", "untested_mark",
+]

@@ -1,0 +1,77 @@
+"""What a recorded step did, in a few words (``action_summary``): the answer quotes it and
+results keep one per step (``step_actions``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+ACTION_CHARS = 60  # how much of a recorded action the answer quotes
+
+
+def _clip(text: str, limit: int = ACTION_CHARS) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
+def _json(value: Any) -> str:
+    import json
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _call(name: Any, args: Any) -> str:
+    """``refund(order="A7", amount=120)`` from a tool name and its arguments (a dict or the
+    JSON string chat APIs send)."""
+    if isinstance(args, str):
+        import json
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return _clip(f"called {name}({args})")
+    if isinstance(args, Mapping):
+        inner = ", ".join(f"{k}={_json(v)}" for k, v in args.items())
+    elif args is None:
+        inner = ""
+    else:
+        inner = _json(args)
+    return _clip(f"called {name}({inner})")
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):  # content blocks: the text ones, in order
+        return " ".join(str(b.get("text", "")) if isinstance(b, Mapping) else str(b)
+                        for b in content)
+    return ""
+
+
+def action_summary(action: Any) -> str:
+    """What a recorded action did, in a few words: ``called refund(order="A7")`` for a tool
+    call (the first, with how many more), ``replied "Sure, I can…"`` for a reply, else
+    ``chose {...}`` with the action's JSON, shortened."""
+    if isinstance(action, Mapping):
+        calls = action.get("tool_calls")
+        if isinstance(calls, Sequence) and not isinstance(calls, str) and calls:
+            first = calls[0] if isinstance(calls[0], Mapping) else {}
+            inner = first.get("function")
+            fn: Mapping[str, Any] = inner if isinstance(inner, Mapping) else first
+            said = _call(fn.get("name", "?"), fn.get("arguments", fn.get("args")))
+            return said + (f" and {len(calls) - 1} more call(s)" if len(calls) > 1 else "")
+        if action.get("name") and any(k in action for k in ("arguments", "args", "input")):
+            args = next(action[k] for k in ("arguments", "args", "input") if k in action)
+            return _call(action["name"], args)
+        said = _text(action.get("content")).strip()
+        if said:
+            return f'replied "{_clip(said, ACTION_CHARS - 10)}"'
+    elif isinstance(action, str) and action.strip():
+        return f'replied "{_clip(action, ACTION_CHARS - 10)}"'
+    return "chose " + _clip(_json(action), ACTION_CHARS - 6)
+
+
+def step_actions(run: Any) -> tuple[str, ...]:
+    """``action_summary`` of every recorded step of ``run``, in order (kept with results)."""
+    return tuple(action_summary(s.action) for s in run.steps)

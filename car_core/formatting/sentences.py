@@ -1,0 +1,266 @@
+"""The answer in one sentence: the headline in the method's words (``headline``) and the
+plain one a person can act on before any method (``answer``), with the coupling in the one
+wording every surface uses."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from car_core.formatting.numbers import (
+    effect,
+    effect_interval,
+    interval,
+    level,
+    num,
+    percent,
+    percent_interval,
+    steps_span,
+)
+from car_core.formatting.rows import _arms, _get, _is_contrastive, method, shown_sample
+
+
+def decided_by(who: str | None) -> str:
+    return f" (decided by {who})" if who else ""
+
+
+def locus_name(r: Any, who: str | None = None) -> str:
+    """The locus as every surface names it: ``step 4 (decided by account_agent, its 1st
+    decision)``. ``who`` decided it (the caller has the run); without it, the agent named in
+    the result's ``locus_label`` (``car_core.model.trajectory.step_label``)."""
+    k = r.locus
+    label = str(getattr(r, "locus_label", None) or "")
+    found = re.fullmatch(rf"(.+), step {k} \(its (\w+) decision\)", label)
+    nth = found[2] if found else None
+    who = who or (found[1] if found else None)
+    if not who:
+        return f"step {k}"
+    return f"step {k} (decided by {who}" + (f", its {nth} decision" if nth else "") + ")"
+
+
+def _field(v: Any, name: str) -> Any:
+    return v.get(name) if isinstance(v, dict) else getattr(v, name, None)
+
+
+def shapley_leaders(values: Sequence[Any]) -> tuple[str, list[Any]]:
+    """Who carries the largest Shapley share, honestly (values as objects or their dicts):
+    ``("one", [top])`` when the top value's interval lies above every other's, ``("equal",
+    tied)`` when several share the top value to the digits shown, ``("overlap", contenders)``
+    when others' intervals reach the top's, so the data cannot rank them. Contenders come
+    largest first; the order among equal values is the steps' order and means nothing."""
+    ranked = sorted((v for v in values if _field(v, "estimate") is not None),
+                    key=lambda v: -float(_field(v, "estimate")))
+    if not ranked:
+        return "one", []
+    top = ranked[0]
+    shown = effect(_field(top, "estimate"))
+    same = [v for v in ranked if effect(_field(v, "estimate")) == shown]
+    if len(same) > 1:
+        return "equal", same
+    top_lo = (_field(top, "ci") or (_field(top, "estimate"),))[0]
+    overlap = [v for v in ranked[1:]
+               if (_field(v, "ci") or (_field(v, "estimate"),) * 2)[1] >= top_lo]
+    return ("overlap", [top, *overlap]) if overlap else ("one", [top])
+
+
+def headline(r: Any, who: str | None = None) -> str:
+    """The answer of ``r`` in one line: the locus (``who`` decided it), no cause (and why),
+    undecided (and the candidate), or for Shapley the largest value."""
+    if not _is_contrastive(r):
+        cut = (f"truncated ({r.budget_note}), the values are from what was measured: "
+               if r.truncated else "")
+        kind, leaders = shapley_leaders(r.values)
+        if not leaders:
+            return f"{cut}no step could be valued ({r.reason or 'nothing measured'})"
+        v = leaders[0]
+        sums = (f"at {level(r.level)}; sum {effect(r.total)}, efficiency gap "
+                f"{effect(r.efficiency_gap)}")
+        names = [u.label or f"step {u.step}" for u in leaders]
+        if kind == "equal":
+            return (f"{cut}{', '.join(names[:-1])} and {names[-1]} tie for the largest Shapley "
+                    f"value, phi {effect(v.estimate)} each, {sums}")
+        if kind == "overlap":
+            rest = ", ".join(f"{n} phi {effect(u.estimate)} {effect_interval(u.ci)}"
+                             for n, u in zip(names[1:], leaders[1:], strict=True))
+            return (f"{cut}largest Shapley value: {names[0]} phi {effect(v.estimate)} "
+                    f"{effect_interval(v.ci)}, not told apart from {rest} (the intervals "
+                    f"overlap), {sums}")
+        return (f"{cut}largest Shapley value: {names[0]}{decided_by(who)} "
+                f"phi {effect(v.estimate)} {effect_interval(v.ci)} {sums}")
+    if str(r.answer) == "undecided":
+        by = f"; step {r.candidate} was decided by {who}" if who and r.candidate is not None \
+            else ""
+        return f"undecided: {r.undecided_why()}; {r.candidate_text()}{by}"
+    if r.locus is None:
+        return f"no cause: {r.reason or 'no step rescue interval lies above zero'}"
+    s = next((e for e in r.steps if e.step == r.locus), None)
+    return (f"locus: {locus_name(r, who)}, rescue "
+            f"{effect(s.effect if s else None)} {effect_interval(s.ci if s else None)} at "
+            f"{level(r.level)} ({method(r)})")
+
+
+def _who_nth(r: Any, k: int, who: str | None) -> tuple[str | None, str | None]:
+    """Who decided step ``k`` and which of their decisions it was, from ``who`` or the
+    result's label (``locus_label``, written for multi-agent runs)."""
+    label = str(_get(r, "locus_label") or "")
+    found = re.fullmatch(rf"(.+), step {k} \(its (\w+) decision\)", label)
+    return who or (found[1] if found else None), (found[2] if found else None)
+
+
+def step_said(r: Any, k: int, who: str | None = None, actions: Sequence[str] = (),
+              nth: str | None = None) -> str:
+    """Step ``k`` with who decided it and what it did: ``step 4 (account_agent called
+    lookup(id=3), its 1st decision)``."""
+    actions = tuple(actions) or tuple(_get(r, "actions", ()) or ())
+    did = actions[k] if 0 <= k < len(actions) else None
+    who, found_nth = _who_nth(r, k, who)
+    nth = nth or found_nth
+    if did is None and who is None:
+        return f"step {k}"
+    inner = f"{who or 'the agent'} {did}" if did else f"decided by {who}"
+    return f"step {k} ({inner}" + (f", its {nth} decision" if nth else "") + ")"
+
+
+def _stays(r: Any, arm: Any, factual: Any) -> str:
+    """How an arm's failure rate compares with the record held: ``changes nothing: P(fail)
+    stays 100% (90%–100%)`` when the held rate lies inside its interval."""
+    mean, ci = _get(arm, "mean"), _get(arm, "ci")
+    rate = f"{percent(mean)} {percent_interval(ci)}"
+    held = _get(factual, "mean") if factual is not None else None
+    if held is not None and ci and ci[0] - 1e-9 <= held <= ci[1] + 1e-9:
+        return f"changes nothing: P(fail) stays {rate}"
+    return f"leaves P(fail) at {rate}"
+
+
+def later_steps(r: Any) -> str | None:
+    """What the steps after the locus did, from the arms actually measured: re-deciding from
+    the first measured step after it on, and the steps before that, which were not tested."""
+    k, n = _get(r, "locus"), len(_get(r, "steps", ()) or ())
+    if k is None or k >= n - 1:
+        return None
+    arms = _arms(r)
+    after = sorted(j for j in arms if k < j < n)
+    def untested(first: int, last: int) -> str:
+        one = first == last
+        return (f"{steps_span(first, last)} {'comes' if one else 'come'} after the point of "
+                f"commitment, so {'it was' if one else 'they were'} not tested")
+    if not after:
+        return untested(k + 1, n - 1)
+    j = after[0]
+    said = f"re-deciding {steps_span(j, n - 1)} {_stays(r, arms[j], arms.get(n))}"
+    return said + (f"; {untested(k + 1, j - 1)}" if j > k + 1 else "")
+
+
+def _rescue_words(s: Any) -> str:
+    held, redrawn, _ = shown_sample(s)
+    eff, ci = _get(s, "effect"), _get(s, "ci")
+    if held is not None and held >= 0.995:
+        return (f"re-deciding it avoids the failure in {percent(eff)} of re-runs "
+                f"{percent_interval(ci)}")
+    return (f"re-deciding it lowers P(fail) by {percent(eff)} {percent_interval(ci)}, from "
+            f"{percent(held)} to {percent(redrawn)}")
+
+
+def _no_cause_words(r: Any) -> str:
+    arms, n = _arms(r), len(_get(r, "steps", ()) or ())
+    first, held = arms.get(0), arms.get(n)
+    if first is not None and held is not None:
+        return ("No single step caused the failure: re-deciding no step was shown to lower "
+                f"P(fail) (re-deciding every step from step 0 on: {percent(_get(first, 'mean'))}"
+                f" {percent_interval(_get(first, 'ci'))}; the record held: "
+                f"{percent(_get(held, 'mean'))} {percent_interval(_get(held, 'ci'))})")
+    return "No single step caused the failure: re-deciding no step was shown to lower P(fail)"
+
+
+def _undecided_words(r: Any, who: str | None) -> str:
+    if _get(r, "truncated"):
+        why = "the budget ran out before the answer was decided"
+    elif _get(r, "failures"):
+        why = (f"{len(_get(r, 'failures'))} branch(es) failed (the agent raised), so no "
+               "answer can be claimed")
+    else:
+        why = "the estimate stopped before the answer was decided"
+    c = _get(r, "candidate")
+    if c is None:
+        return f"Undecided: {why}; no step had been tested yet"
+    s = next((e for e in _get(r, "steps", ()) if _get(e, "step") == c), None)
+    name = step_said(r, c, who)
+    if s is None or not _get(s, "tested") or _get(s, "effect") is None:
+        return f"Undecided: {why}; the best candidate is {name}, not yet measured"
+    return (f"Undecided: {why}; the best candidate so far is {name}: "
+            f"{_rescue_words(s)} so far")
+
+
+def _shapley_words(r: Any, who: str | None) -> str:
+    cut = "From what was measured before the budget ran out: " if _get(r, "truncated") else ""
+    kind, leaders = shapley_leaders(_get(r, "values", ()))
+    if not leaders:
+        return f"{cut}No step could be valued: {_get(r, 'reason') or 'nothing was measured'}"
+    actions = tuple(_get(r, "actions", ()) or ())
+
+    def name(v: Any) -> str:
+        k = _get(v, "step")
+        if k is None:
+            return str(_get(v, "label") or "the other steps")
+        # a multi-agent label names who decided the step: "account_agent, step 4 (its 1st
+        # decision)"
+        found = re.fullmatch(rf"(.+), step {k} \(its (\w+) decision\)",
+                             str(_get(v, "label") or ""))
+        return step_said(r, int(k), (found[1] if found else None)
+                         or (who if len(leaders) == 1 else None), actions,
+                         found[2] if found else None)
+
+    def share(v: Any) -> str:
+        return f"{percent(_get(v, 'estimate'))} {percent_interval(_get(v, 'ci'))}"
+    head = name(leaders[0])
+    head = head[:1].upper() + head[1:]
+    if kind == "equal":
+        names = [name(v) for v in leaders]
+        names[0] = names[0][:1].upper() + names[0][1:]
+        return (f"{cut}{', '.join(names[:-1])} and {names[-1]} share the largest part of the "
+                f"failure equally: keeping any one of them as recorded adds "
+                f"{percent(_get(leaders[0], 'estimate'))} to P(fail) on average")
+    if kind == "overlap":
+        rest = ", ".join(f"{name(v)} {share(v)}" for v in leaders[1:])
+        return (f"{cut}{head} carries the largest share of the failure, though the data cannot "
+                f"rank it above {rest}: keeping it as recorded adds {share(leaders[0])} to "
+                "P(fail) on average")
+    return (f"{cut}{head} carries the largest share of the failure: keeping it as recorded "
+            f"adds {share(leaders[0])} to P(fail) on average")
+
+
+def answer(r: Any, who: str | None = None) -> str:
+    """The answer of ``r`` in one plain sentence a person can act on, before any method:
+    which step, what it did (and who decided it), how much re-deciding it helps, in percent
+    with its interval, and what the later steps did, from the arms measured. No test name,
+    level or sample size: ``explain`` has those."""
+    if not _is_contrastive(r):
+        return _shapley_words(r, who) + "."
+    if str(_get(r, "answer")) == "undecided":
+        return _undecided_words(r, who) + "."
+    k = _get(r, "locus")
+    if k is None:
+        return _no_cause_words(r) + "."
+    s = next((e for e in _get(r, "steps", ()) if _get(e, "step") == k), None)
+    name = step_said(r, k, who)
+    said = f"{name[:1].upper()}{name[1:]} caused the failure"
+    if s is not None and _get(s, "effect") is not None:
+        said += f": {_rescue_words(s)}"
+    later = later_steps(r)
+    return said + (f"; {later}" if later else "") + "."
+
+
+def coupling(r: Any) -> str:
+    """Whether the branches shared the agent's randomness, in the one wording every surface
+    uses: ``paired: …`` when the pairs were measured to share it, else ``unpaired: …``."""
+    measured, ci, pairs = (_get(r, "coupling_measured"), _get(r, "coupling_ci"),
+                           int(_get(r, "coupling_pairs", 0) or 0))
+    agreement = (f" (measured agreement {num(measured, 2)} {interval(ci, 2)} from {pairs} "
+                 "pair(s))" if measured is not None else "")
+    if _get(r, "coupled"):
+        return f"paired: branches shared the agent's randomness{agreement}"
+    if measured is not None:
+        return f"unpaired: branches were not shown to share randomness{agreement}"
+    return ("unpaired: whether branches shared randomness was not measured, so they were "
+            "compared as independent")
