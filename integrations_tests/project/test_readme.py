@@ -1,6 +1,7 @@
-"""The README cannot go stale: every fenced block that is not code to type is generated output
-that must equal what the code prints now, a measurement that names its command, the ``car``
-synopsis (checked against the parsers) or the layout (checked against the tree).
+"""The README and the docs pages cannot go stale: every fenced block that is not code to type is
+generated output that must equal what the code prints now, a measurement that names its command,
+the ``car`` synopsis (checked against the parsers), the layout (checked against the tree) or a
+command's ``--help`` (checked by tests/test_cli_reference.py).
 
 ``python tests/support/readme_outputs.py --write`` rewrites the output blocks after a deliberate
 change; see that module for what is masked (ids, dates, seconds) and why nothing else is.
@@ -18,13 +19,19 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 import readme_outputs as docs  # noqa: E402
 
-BLOCKS = docs.blocks(docs.README.read_text(encoding="utf-8").splitlines())
+PAGES = docs.all_blocks()  # (page, block) for README.md and every docs page
+BLOCKS = [b for _, b in PAGES]
 OUTPUTS = [b for b in BLOCKS if b.kind == "output"]
 
 
+def _where(block: docs.Block) -> str:
+    page = next(p for p, b in PAGES if b is block)
+    return f"{page.relative_to(docs.ROOT)}:{block.start + 1}"
+
+
 def test_every_block_that_is_not_code_says_what_it_is() -> None:
-    unmarked = [b.start + 1 for b in BLOCKS if b.kind is None and b.tag not in ("python", "bash")]
-    assert unmarked == [], f"README blocks without a marker at lines {unmarked}"
+    unmarked = [_where(b) for b in BLOCKS if b.kind is None and b.tag not in ("python", "bash")]
+    assert unmarked == [], f"blocks without a marker at {unmarked}"
     assert {b.arg for b in OUTPUTS} <= set(docs.PRODUCERS)
     assert len({b.arg for b in OUTPUTS}) == len(OUTPUTS)  # one block per producer
 
@@ -33,7 +40,7 @@ def test_every_block_that_is_not_code_says_what_it_is() -> None:
 def test_an_output_block_is_what_the_code_prints(name: str) -> None:
     block = next(b for b in OUTPUTS if b.arg == name)
     assert docs.mask(docs.produce(name)) == docs.mask(block.text), (
-        f"README block '{name}' is stale: run "
+        f"output block '{name}' ({_where(block)}) is stale: run "
         f"`.venv/bin/python tests/support/readme_outputs.py --write {name}`")
 
 
@@ -43,7 +50,7 @@ def test_a_measured_block_names_a_command_that_exists() -> None:
     for block in measured:
         args = shlex.split(block.arg)
         script = next(a for a in args if a.endswith(".py"))
-        assert (docs.ROOT / script).is_file(), f"line {block.start + 1}: {script} is missing"
+        assert (docs.ROOT / script).is_file(), f"{_where(block)}: {script} is missing"
 
 
 def _synopsis(block: docs.Block) -> dict[str, set[str]]:
@@ -102,3 +109,8 @@ def test_the_layout_draws_every_package_folder_and_nothing_that_is_gone() -> Non
                 for top in ("adapters", "car_core", "integrations_tests")
                 for p in (docs.ROOT / top).rglob("__init__.py")}
     assert packages <= drawn, f"not drawn: {sorted(packages - drawn)}"
+
+
+def test_the_readme_stays_a_short_front_door() -> None:
+    lines = docs.README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines; move detail to a docs page"
