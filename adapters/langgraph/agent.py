@@ -354,7 +354,7 @@ class LangGraphAgent:
         return BranchState.open(run, view, noise, f"car-branch-{uuid.uuid4().hex}",
                                 agent=self.name, safety=self.safety,
                                 decides=self.model is not None, coupled=self.couples_noise,
-                                messages_key=self.messages_key, stop=stop)
+                                recorder=CarCallback(messages_key=self.messages_key), stop=stop)
 
     async def _run(self, state: BranchState, calls: SyncCalls) -> Trajectory:
         """The branch itself, the same coroutine for ``branch`` and ``abranch``: the fork, the
@@ -499,8 +499,11 @@ def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[..., Any],
     run = agent.import_thread(thread_id)
     score = thread_outcome(outcome)
     run = replace(scored(run, score, Noise(seed)), seed=seed)
-    opened = isinstance(store, (str, os.PathLike))
-    runs = RunStore(store) if opened else store
+    runs: RunStore | None
+    if isinstance(store, (str, os.PathLike)):
+        runs, opened = RunStore(store), True
+    else:
+        runs, opened = store, False
     try:
         if runs is not None:
             run = _stored_copy(runs, run)

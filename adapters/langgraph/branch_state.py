@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import BaseMessage, ToolMessage
 
 from car_core.contract import Noise, RunStatus, Step, Trajectory
 from car_core.errors import InvalidIntervention
@@ -28,11 +28,28 @@ from ..common.messages import (
     consistent,
     recorded_calls,
 )
-from .callback import CarCallback, builds_input
 from .guard import RUN, Guard, Replay
 from .messages import BLOCKS, from_dicts, jsonable, state_json, to_dict, to_dicts
 from .model import Control
 from .plan import BranchPlan, tool_content
+from .step_meta import builds_input
+
+
+class BranchRecorder(Protocol):
+    """What a branch reads from the callback recording its thread while it runs
+    (``CarCallback``, made by the agent inside the branch so it records it): the branch only
+    reads the recording, so it never imports the recorder."""
+
+    decisions_started: int  # model calls started so far
+
+    @property
+    def runs(self) -> list[Trajectory]: ...
+
+    def tool_results(self) -> dict[str, ToolMessage]: ...
+
+    def decision_with_call(self, tool_call_id: str) -> tuple[int, BaseMessage] | None: ...
+
+    def open_steps(self, values: Any) -> list[Step]: ...
 
 
 @dataclass
@@ -46,7 +63,7 @@ class BranchState:
     thread_id: str
     forced: dict[int, Any]  # step -> forced action, checked
     control: Control
-    callback: CarCallback
+    callback: BranchRecorder
     guard: Guard
     edited: list[BaseMessage] | None = None  # the edit the fork writes into the checkpoint
     inputs: dict[int, Any] = field(default_factory=dict)  # step -> model input CAR gave, as dicts
@@ -55,10 +72,12 @@ class BranchState:
 
     @classmethod
     def open(cls, run: Trajectory, plan: BranchPlan, noise: Noise, thread_id: str, *,
-             agent: str, safety: ToolSafety, decides: bool, coupled: bool, messages_key: str,
+             agent: str, safety: ToolSafety, decides: bool, coupled: bool,
+             recorder: BranchRecorder,
              stop: Callable[[Trajectory], bool] | None = None) -> BranchState:
         """``decides``: CAR decides the app's model calls (``model=`` was given); ``coupled``:
-        those calls take CAR's per-step seeds."""
+        those calls take CAR's per-step seeds; ``recorder``: the callback that records the
+        thread (the agent passes it in the config of the thread's run)."""
         k = plan.start
         forced = {j: check_action(a, step=j) for j, a in plan.actions.items()}
         edited = None
@@ -70,7 +89,7 @@ class BranchState:
                                      if j > k or (j == k and decides)},
                           policy=plan.policy, noise=noise if coupled else None)
         state = cls(run, plan, noise, agent, thread_id, forced, control,
-                    CarCallback(messages_key=messages_key),
+                    recorder,
                     Guard(safety, answerable_calls(run), run_id=run.id), stop=stop)
         if edited is not None and builds_input(run.steps[k]):
             control.inputs[k] = edited  # its task builds its input: edit it at the call

@@ -66,10 +66,10 @@ from ..common.run_keeping import open_store, score_run, store_run
 from .fingerprint import app_digest
 from .messages import as_the_app_saw, decode, dict_of, jsonable, seen, usage_of
 from .model import CAR_DECIDED, decided_by_car
+from .step_meta import NODE_INPUT, agent_of, is_send_path, task_key
 
 log = redact.logger(__name__)  # log records pass the redaction rule
 MESSAGES_KEY = "messages"
-PUSH = "__pregel_push"  # LangGraph's task-path tag of a Send task (langgraph._internal._constants)
 
 
 Seen = tuple[BaseMessage, Any, Any, Any]  # ``messages.seen``: a message as a call saw it
@@ -193,49 +193,6 @@ def _checkpoint_map() -> dict[Any, Any]:
     fork inside a subgraph copies every level."""
     config = var_child_runnable_config.get() or {}
     return dict((config.get("configurable") or {}).get("checkpoint_map") or {})
-
-
-DEFAULT_GRAPH_NAME = "LangGraph"  # what ``compile()`` names a graph given no ``name=``
-
-
-def agent_of(ns: str | None, graph: str | None, node: str | None = None) -> str | None:
-    """The agent a step belongs to: the innermost subgraph node of its namespace
-    (``"account_agent:<task>"`` -> ``account_agent``), else the graph's own name when it was
-    given one (``compile(name=...)``, ``create_react_agent(name=...)``), else the node that
-    made the call: "decided by LangGraph" would say nothing."""
-    if not ns:
-        return graph if graph and (graph != DEFAULT_GRAPH_NAME or not node) else node
-    return ns.split("|")[-1].split(":")[0]
-
-
-def is_send_task(meta: Any) -> bool:
-    """Whether a step's model call ran in a ``Send`` task (LangGraph's PUSH task path)."""
-    path = meta.get("task_path") if isinstance(meta, dict) else None
-    return bool(path) and path[0] == PUSH
-
-
-NODE_INPUT = "node"  # ``meta["input"]`` of a step whose node built the model's whole input
-
-
-def builds_input(step: Step) -> bool:
-    """Whether a step's model input was built by its task rather than read from the graph's
-    messages channel: a ``Send`` task (from its payload), or a node that wrote the whole
-    prompt itself (``SummarizationMiddleware``; older records: no graph message in ``state``,
-    the input in ``meta["prompt"]``). Such a step's ``state`` is its whole model input, so the
-    checkpoint it was scheduled from does not hold it: a fork there re-runs the node, which
-    builds the same input again, and only a change made at the model call reaches it."""
-    meta = step.meta
-    return (is_send_task(meta) or meta.get("input") == NODE_INPUT
-            or (not step.state and bool(meta.get("prompt"))))
-
-
-def task_key(meta: dict[str, Any]) -> tuple[int, Any]:
-    """A step's place among the tasks of its superstep, as LangGraph orders them: ``Send``
-    tasks by their index, then node tasks by name."""
-    path = meta.get("task_path") or ()
-    if len(path) > 1 and path[0] == PUSH:
-        return (0, int(path[1]) if isinstance(path[1], int) else 0)
-    return (1, str(path[1]) if len(path) > 1 else "")
 
 
 def task_order(calls: list[tuple[_Call, dict[str, Any]]]) -> list[tuple[_Call, dict[str, Any]]]:
@@ -483,8 +440,7 @@ class CarCallback(BaseCallbackHandler):
         if rec is None:
             return  # a model call outside any graph this handler saw start
         md = metadata or {}
-        path = md.get("langgraph_path")
-        send = isinstance(path, (list, tuple)) and bool(path) and path[0] == PUSH
+        send = is_send_path(md.get("langgraph_path"))
         given = messages[0] if messages else []
         # a node that built the model's whole input itself (no graph message in it: a
         # SummarizationMiddleware's prompt) decided from that input, as a Send task does
@@ -575,7 +531,7 @@ class CarCallback(BaseCallbackHandler):
             self.messages_key, self.fingerprint)
 
 
-def _replayable(out: Command, messages_key: str) -> tuple[str | None, dict[str, Any] | None]:
+def _replayable(out: Command[Any], messages_key: str) -> tuple[str | None, dict[str, Any] | None]:
     """The tool call id a tool's ``Command`` answers and its update's other channels, when a
     branch can write them back exactly: an update dict whose messages are one ``ToolMessage``,
     no ``goto``, ``graph`` or ``resume``, and channel values that round-trip as JSON unchanged

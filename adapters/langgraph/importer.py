@@ -16,11 +16,11 @@ from langchain_core.messages import AIMessage
 from car_core.contract import Origin, RunStatus, Step, Trajectory
 from car_core.errors import AdapterError
 
-from .callback import agent_of
 from .checkpoints import join, recast, thread_config
 from .fingerprint import app_digest
 from .messages import decode, jsonable, state_json, to_dicts, usage_of
 from .shape import AppShape
+from .step_meta import agent_of
 
 
 def import_thread(shape: AppShape, thread_id: str, agent: str) -> Trajectory:
@@ -70,7 +70,7 @@ def import_thread(shape: AppShape, thread_id: str, agent: str) -> Trajectory:
             task = next((t for t in prev.tasks if t.name == nodes[0]), None)
             seen_dicts: list[dict[str, Any]] | None = None  # what they decided from
             for m in cur.values.get(key) or []:
-                if (isinstance(m, AIMessage) and m.id not in seen
+                if (isinstance(m, AIMessage) and m.id is not None and m.id not in seen
                         and not _framework_written(m)
                         and _model_wrote(shape, level, nodes[0], m)):
                     seen_dicts = to_dicts(before) if seen_dicts is None else seen_dicts

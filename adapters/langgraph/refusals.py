@@ -22,12 +22,12 @@ from car_core.errors import (
     StepOutOfRange,
 )
 
-from .callback import builds_input, is_send_task
 from .checkpoints import carried_writes, checkpoint_map, recast, task_at, thread_config
 from .messages import to_dicts
 from .model import CarChatModel
 from .plan import BranchPlan
 from .shape import AppShape
+from .step_meta import builds_input, is_send_task
 from .undecided import refuse_undecided
 
 
