@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from car_adapters.demo import support_agent as sa
 from car_adapters.langgraph import CarCallback, LangGraphAgent
-from car_adapters.langgraph.callback import DEFAULT_GRAPH_NAME, agent_of
+from car_adapters.langgraph.step_meta import DEFAULT_GRAPH_NAME, agent_of
 from langgraph.checkpoint.memory import InMemorySaver
 
 import car_core as car
