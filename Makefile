@@ -44,6 +44,7 @@ test: setup browser postgres lint docs
 lint: setup
 	$(BIN)/ruff check car_core adapters tests integrations_tests examples benchmarks
 	$(BIN)/mypy --strict car_core
+	$(BIN)/mypy --strict adapters
 
 # the docs site (MkDocs + Material, API reference by mkdocstrings) into site/; --strict fails
 # on a broken link, a missing page or a docstring it cannot render. NO_MKDOCS_2_WARNING

@@ -21,6 +21,7 @@ import json
 import re
 import sqlite3
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -33,26 +34,38 @@ from ..common.messages import describe_action
 from ..langgraph import CarCallback, CarChatModel, LangGraphAgent
 from . import refund_desk, support_agent
 
-SETTINGS = {  # rollouts per arm, tickets to try, wall-time caps (s): attribution, each do(·),
-    # the context attribution. Branches stop once the refund rule is settled (its outcome's
-    # settled hook), so a branch costs one model call at most: n·K = 96 rollouts for the
-    # attribution, 16 for each do(·), 64 for the context attribution (about a minute idle)
-    "local": {"rollouts": 32, "tries": 12, "wall_time": 120.0, "intervene_time": 40.0,
-              "what_time": 120.0, "intervene_rollouts": 16},
-    "synthetic": {"rollouts": 32, "tries": 100, "wall_time": 60.0, "intervene_time": 30.0,
-                  "what_time": 30.0},
+
+@dataclass(frozen=True)
+class _Settings:
+    """One model's demo budget: rollouts per arm, tickets to try, and the wall-time caps (s) of
+    the attribution, each do(·) and the context attribution."""
+
+    rollouts: int
+    tries: int
+    wall_time: float
+    intervene_time: float
+    what_time: float
+    intervene_rollouts: int | None = None  # each do(·)'s rollouts; None: ``rollouts``
+
+
+# Branches stop once the refund rule is settled (its outcome's settled hook), so a branch costs
+# one model call at most: n·K = 96 rollouts for the attribution, 16 for each do(·), 64 for the
+# context attribution (about a minute idle)
+SETTINGS = {
+    "local": _Settings(rollouts=32, tries=12, wall_time=120.0, intervene_time=40.0,
+                       what_time=120.0, intervene_rollouts=16),
+    "synthetic": _Settings(rollouts=32, tries=100, wall_time=60.0, intervene_time=30.0,
+                           what_time=30.0),
 }
 
 
 def _scenario(policy: str) -> SimpleNamespace:
     """The app, its failure and its edit for each model."""
     if policy == "local":
-        m = refund_desk
-        return SimpleNamespace(app=m, failure="refund before any policy check",
-                               simulators={"issue_refund": m.simulated_refund},
+        return SimpleNamespace(app=refund_desk, failure="refund before any policy check",
+                               simulators={"issue_refund": refund_desk.simulated_refund},
                                decision=lambda run: 0)
-    m = support_agent
-    return SimpleNamespace(app=m, failure="refund against policy",
+    return SimpleNamespace(app=support_agent, failure="refund against policy",
                            simulators={"issue_refund": _simulated_refund},
                            decision=_decision_step)
 
@@ -76,6 +89,7 @@ def _record_failure(app: Any, wrapper: CarChatModel, cb: CarCallback, policy: st
         app.invoke(scenario.app.inputs(), {"configurable": {"thread_id": f"ticket-{i}"},
                                            "callbacks": [cb], "recursion_limit": 20})
         run = cb.run
+        assert run is not None  # the invocation just finished recorded it
         verdict = f"FAILED ({scenario.failure})" if run.failed else "ok"
         print(f"  ticket {i}: {len(run.steps)} steps, {verdict}")
         if run.failed:
@@ -90,13 +104,13 @@ def run_demo(policy: str = "local", store: str = "car.db", report: str | None = 
     """Run the demo end to end; returns the numbers it printed. ``time_caps=False`` lifts the
     wall-time caps, so a busy machine cannot truncate an estimate (the README's generated
     output uses it)."""
-    settings = SETTINGS.get(policy)
-    model = _model(policy)
+    model = _model(policy)  # refuses an unknown policy
+    settings = SETTINGS[policy]
     scenario = _scenario(policy)
     app_module, outcome = scenario.app, scenario.app.outcome
-    given = rollouts  # a caller's rollouts count for every estimate
-    rollouts = rollouts or settings["rollouts"]  # type: ignore[index]
-    checks = given or settings.get("intervene_rollouts") or rollouts  # type: ignore[union-attr]
+    # a caller's rollouts count for every estimate
+    per_arm = rollouts or settings.rollouts
+    checks = rollouts or settings.intervene_rollouts or per_arm
     started = time.monotonic()
     db = car.RunStore(store)
     # the branch threads' checkpoints are scratch: in memory, so a killed demo leaves no folder
@@ -107,10 +121,9 @@ def run_demo(policy: str = "local", store: str = "car.db", report: str | None = 
         app = app_module.build_app(wrapper, SqliteSaver(conn))
         cb = CarCallback(store=db, outcome=outcome)  # stored scored: `car runs` shows which failed
         print(f"recording support tickets with the {policy} model into {store} ...")
-        run = _record_failure(app, wrapper, cb, policy, settings["tries"],  # type: ignore[index]
-                              scenario, seed)
+        run = _record_failure(app, wrapper, cb, policy, settings.tries, scenario, seed)
         if run is None:
-            print(f"no ticket failed in {settings['tries']} tries: nothing to attribute")
+            print(f"no ticket failed in {settings.tries} tries: nothing to attribute")
             return {"run_id": None, "locus": None}
         print(f"run {run.id} failed; its steps:")
         for s in run.steps:
@@ -119,15 +132,13 @@ def run_demo(policy: str = "local", store: str = "car.db", report: str | None = 
         agent = LangGraphAgent(app, model=wrapper, safe_tools=app_module.SAFE_TOOLS,
                                side_effect_tools=app_module.SIDE_EFFECT_TOOLS,
                                simulators=scenario.simulators)
-        budget = car.Budget(wall_time=settings["wall_time"] if time_caps else None
-                            )  # type: ignore[index]
-        print(f"\ncontrastive attribution, {rollouts} rollouts per arm ...")
-        res = car.contrastive(run, agent, outcome=outcome, rollouts=rollouts, seed=seed,
+        budget = car.Budget(wall_time=settings.wall_time if time_caps else None)
+        print(f"\ncontrastive attribution, {per_arm} rollouts per arm ...")
+        res = car.contrastive(run, agent, outcome=outcome, rollouts=per_arm, seed=seed,
                               budget=budget, store=db, progress=progress)
         print(res)
         decision = res.locus if res.locus is not None else scenario.decision(run)
-        cap = car.Budget(wall_time=settings["intervene_time"] if time_caps else None
-                         )  # type: ignore[index]
+        cap = car.Budget(wall_time=settings.intervene_time if time_caps else None)
         factual = car.intervene(run, agent, car.do_resample(decision), outcome=outcome,
                                 rollouts=checks, seed=seed + 1, progress=progress,
                                 budget=cap)
@@ -137,8 +148,7 @@ def run_demo(policy: str = "local", store: str = "car.db", report: str | None = 
         print()
         print(_checks(res, decision, factual, rescued))
         what = _what(run, agent, decision, outcome, 4 * checks, seed,
-                     car.Budget(wall_time=settings["what_time"] if time_caps else None
-                                ))  # type: ignore[index]
+                     car.Budget(wall_time=settings.what_time if time_caps else None))
         written = _write_report(res, run, db, report, what)
         elapsed = time.monotonic() - started
         print(f"\n{'wrote ' + written + '; ' if written else ''}done in {elapsed:.0f}s. "

@@ -19,7 +19,8 @@ class SeededChatModel(BaseChatModel):
 
     seed: int | None = None
     rng_seed: int = 0
-    _rng: np.random.Generator = PrivateAttr(default=None)
+    # seeded from ``rng_seed`` once the fields are set (``model_post_init``)
+    _rng: np.random.Generator = PrivateAttr(default_factory=lambda: np.random.default_rng(0))
 
     def model_post_init(self, context: Any) -> None:
         self._rng = np.random.default_rng(self.rng_seed)

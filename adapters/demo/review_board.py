@@ -108,6 +108,13 @@ class PlantedBoardModel(SeededChatModel):
         return ChatResult(generations=[ChatGeneration(message=message)])
 
 
+class ReviewTask(TypedDict):
+    """What a reviewer task is sent (its ``Send`` payload), in place of the graph state."""
+
+    aspect: str
+    claim: str
+
+
 class BoardState(TypedDict, total=False):
     claim: str
     reviews: Annotated[list[dict[str, str]], operator.add]
@@ -125,21 +132,21 @@ def build_app(model: Any, checkpointer: Any, *,
     clerk_model = model.bind_tools(TOOLS)
 
     def fan_out(state: BoardState) -> list[Send]:
-        return [Send("reviewer", {"aspect": a, "claim": state["claim"]}) for a in ASPECTS]
+        return [Send("reviewer", ReviewTask(aspect=a, claim=state["claim"])) for a in ASPECTS]
 
-    def review(task: dict[str, str]) -> dict[str, Any]:
+    def review(state: ReviewTask) -> dict[str, Any]:
         if before_review is not None:
-            before_review(task["aspect"])
-        vote = model.invoke([SystemMessage(reviewer_prompt(task["aspect"])),
-                             HumanMessage(task["claim"])])
+            before_review(state["aspect"])
+        vote = model.invoke([SystemMessage(reviewer_prompt(state["aspect"])),
+                             HumanMessage(state["claim"])])
         if after_review is not None:
-            after_review(task["aspect"])
-        return {"reviews": [{"aspect": task["aspect"], "vote": str(vote.content)}]}
+            after_review(state["aspect"])
+        return {"reviews": [{"aspect": state["aspect"], "vote": str(vote.content)}]}
 
-    async def areview(task: dict[str, str]) -> dict[str, Any]:
-        vote = await model.ainvoke([SystemMessage(reviewer_prompt(task["aspect"])),
-                                    HumanMessage(task["claim"])])
-        return {"reviews": [{"aspect": task["aspect"], "vote": str(vote.content)}]}
+    async def areview(state: ReviewTask) -> dict[str, Any]:
+        vote = await model.ainvoke([SystemMessage(reviewer_prompt(state["aspect"])),
+                                    HumanMessage(state["claim"])])
+        return {"reviews": [{"aspect": state["aspect"], "vote": str(vote.content)}]}
 
     def judge(state: BoardState) -> dict[str, Any]:
         votes = {r["aspect"]: r["vote"] for r in state["reviews"]}

@@ -96,7 +96,8 @@ def inputs(message: str = CUSTOMER_MESSAGE) -> dict[str, Any]:
 def _role(m: Any) -> str:
     if isinstance(m, dict):
         return str(m.get("role", ""))
-    return {"human": "user", "ai": "assistant"}.get(m.type, m.type)
+    kind = str(m.type)
+    return {"human": "user", "ai": "assistant"}.get(kind, kind)
 
 
 def _calls(m: Any) -> list[tuple[str, dict[str, Any]]]:

@@ -92,7 +92,7 @@ def carried_writes(run: Trajectory, k: int, ns: str, source: Any) -> list[tuple[
             "again", run_id=run.id, step=k,
             hint="intervene at an earlier step, or record a run whose parallel tasks all "
                  "finish")
-    return writes  # type: ignore[return-value]
+    return writes
 
 
 def splice(values: list[Any], replaced: set[str], messages: list[Any]) -> list[Any]:

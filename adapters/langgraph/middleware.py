@@ -49,7 +49,7 @@ class HeldModel(BaseChatModel):
                           llm_output={"car_origin": Origin.HELD.value})
 
 
-class CarMiddleware(AgentMiddleware):  # type: ignore[type-arg]
+class CarMiddleware(AgentMiddleware):
     """Lets CAR hold, force, swap and seed a ``create_agent`` app's model calls."""
 
     def __init__(self, *, seed_models: bool = True) -> None:

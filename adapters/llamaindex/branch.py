@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
+from llama_index.core.base.llms.base import BaseLLM
 from llama_index.core.base.llms.types import (
     ChatMessage,
     ChatResponse,
@@ -315,9 +316,13 @@ class CarBranchLLM(MessageToolCalls, FunctionCallingLLM):
         return [ChatMessage(role="system", content=system), *out]
 
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        # LlamaIndex's callback decorators return their function untyped: the types are said here
+        response: ChatResponse
         if _SESSION.get() is None:
-            return await self._inner.achat(messages, **kwargs)  # type: ignore[no-any-return]
-        return await self._branch_chat(self._as_branch_sees(messages), **kwargs)
+            response = await self._inner.achat(messages, **kwargs)
+        else:
+            response = await self._branch_chat(self._as_branch_sees(messages), **kwargs)
+        return response
 
     @llm_chat_callback()
     async def _branch_chat(self, messages: Sequence[ChatMessage], **kwargs: Any
@@ -375,11 +380,11 @@ class CarBranchLLM(MessageToolCalls, FunctionCallingLLM):
         return gen()
 
 
-    def _sync(self, *a: Any, **k: Any) -> Any:
+    def _sync(self, *a: Any, **k: Any) -> NoReturn:
         raise AdapterError("CAR branches drive LlamaIndex agents through the async API only",
                            hint="run the agent with `await agent.run(...)`")
 
-    chat = stream_chat = complete = stream_complete = _sync  # type: ignore[assignment]
+    chat = stream_chat = complete = stream_complete = _sync
 
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any
                         ) -> CompletionResponse:
@@ -502,10 +507,13 @@ class StatePrompt(PromptTemplate):
         super().__init__(text)
         self._prompt = prompt
 
-    def format(self, llm: Any = None, **kwargs: Any) -> str:
+    def format(self, llm: BaseLLM | None = None,
+               completion_to_prompt: Callable[[str], str] | None = None, **kwargs: Any) -> str:
         s = _SESSION.get()
         if s is not None and s.as_recorded:
             return str(kwargs.get("msg", ""))
         if isinstance(self._prompt, str):
             return self._prompt.format(**kwargs)
+        if completion_to_prompt is not None:  # passed on only when given, as it came
+            kwargs["completion_to_prompt"] = completion_to_prompt
         return str(self._prompt.format(llm=llm, **kwargs))

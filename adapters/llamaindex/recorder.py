@@ -349,9 +349,10 @@ class CarRecorder:
     def _step_record(step: _StepBuf, output: AgentOutput) -> dict[str, Any]:
         action = action_of(output.response.content, output.tool_calls or ())
         latency = (step.ended - step.started) if step.started and step.ended else 0.0
-        meta = {"agent": output.current_agent_name, "model": step.model, "params": step.params,
-                "usage": dict(step.usage), "latency_s": round(latency, 6),
-                "llm_calls": step.llm_calls, STORE_KEY: step.store}
+        meta: dict[str, Any] = {
+            "agent": output.current_agent_name, "model": step.model, "params": step.params,
+            "usage": dict(step.usage), "latency_s": round(latency, 6),
+            "llm_calls": step.llm_calls, STORE_KEY: step.store}
         if step.unrestorable:
             meta[UNRESTORABLE_KEY] = step.unrestorable
         return {"action": action, "state": step.state, "meta": meta, "results": []}

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 import car_core as car
-from car_core.contract import Noise, Plan, redact
+from car_core.contract import Noise, Plan, StopRule, redact
 from car_core.errors import CarError, InvalidInput, PolicyError
 
 from ..common.messages import (
@@ -221,11 +221,12 @@ def run_tools(tools: Mapping[str, Callable[..., Any]],
             name = call["function"]["name"]
             args = parse_arguments(call["function"]["arguments"] or "{}")
             fn = tools.get(name)
+            content: Any
             if branch is not None and safety is not None and safety.guards(name):
                 run_id, record = branch
                 content = safety.serve(name, args, record, run_id=run_id, step=history.index)
             elif fn is None:
-                content: Any = f"error: no tool named {name!r}"
+                content = f"error: no tool named {name!r}"
             else:
                 try:
                     content = fn(**args)
@@ -265,11 +266,12 @@ class ChatFunctionAgent(car.FunctionAgent):
         ks = sorted({0, len(run.steps) // 2, len(run.steps) - 1})
         return check([(history_messages(run.history(k)), k) for k in ks])  # type: ignore[no-any-return]
 
-    def branch(self, run: car.Trajectory, plan: Plan, noise: Noise) -> car.Trajectory:
+    def branch(self, run: car.Trajectory, plan: Plan, noise: Noise,
+               stop: StopRule | None = None) -> car.Trajectory:
         self.safety.warn_free_text(run.id, run.steps)
         token = _BRANCH.set((run.id, recorded_calls(run.steps)))
         try:
-            return super().branch(run, plan, noise)
+            return super().branch(run, plan, noise, stop=stop)
         finally:
             _BRANCH.reset(token)
 

@@ -121,7 +121,7 @@ def _bounded(schema: Any) -> Any:
 
 @functools.lru_cache(maxsize=64)
 def _grammar(tools_json: str) -> Any:
-    import llama_cpp
+    from llama_cpp.llama_grammar import LlamaGrammar
     tools = json.loads(tools_json)
     options = [{"type": "object", "required": ["tool", "arguments"], "properties": {
         "tool": {"const": t["function"]["name"]},
@@ -129,8 +129,7 @@ def _grammar(tools_json: str) -> Any:
                               or {"type": "object", "properties": {}})}} for t in tools]
     options.append({"type": "object", "required": ["answer"],
                     "properties": {"answer": STRING}})
-    return llama_cpp.LlamaGrammar.from_json_schema(json.dumps({"anyOf": options}),
-                                                   verbose=False)
+    return LlamaGrammar.from_json_schema(json.dumps({"anyOf": options}), verbose=False)
 
 
 def _tool_prompt(tools: Sequence[Mapping[str, Any]]) -> str:

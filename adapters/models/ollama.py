@@ -92,7 +92,9 @@ class OllamaPolicy(ServerPolicy):
                                 stream=self.stream)
         if not self.stream:
             return _reply(resp, resp.message.content or "", list(resp.message.tool_calls or ()))
-        content, calls, last = [], [], None
+        content: list[str] = []
+        calls: list[ollama.Message.ToolCall] = []
+        last: ollama.ChatResponse | None = None
         for chunk in resp:
             content.append(chunk.message.content or "")
             calls.extend(chunk.message.tool_calls or ())

@@ -81,7 +81,8 @@ def _same(a: Any, b: Any) -> bool:
     """Whether two contexts hold the same: the class's own equality (a pydantic model compares
     its fields, private attributes and extras; a dataclass its fields), or, for a class that
     compares by identity, its attributes."""
-    if type(a).__eq__ is object.__eq__:
+    eq: object = type(a).__eq__
+    if eq is object.__eq__:
         return hasattr(a, "__dict__") and hasattr(b, "__dict__") and vars(a) == vars(b)
     return bool(a == b)
 

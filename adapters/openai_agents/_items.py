@@ -38,7 +38,7 @@ def to_dicts(system: str | None, items: Sequence[Any]) -> list[Message]:
     out: list[Message] = [{"role": "system", "content": system}] if system else []
     names: dict[str, str] = {}
     for raw in Converter.items_to_messages(list(items)):
-        msg: dict[str, Any] = dict(raw)  # type: ignore[arg-type]  # a TypedDict union
+        msg: dict[str, Any] = dict(raw)
         role = msg.get("role")
         if role == "assistant":
             calls = [tool_call(c["id"], c["function"]["name"], c["function"].get("arguments"))

@@ -163,8 +163,9 @@ def served_on(tool: FunctionTool, loop: asyncio.AbstractEventLoop) -> FunctionTo
     inner = tool.on_invoke_tool
 
     async def invoke(ctx: Any, arguments: str) -> Any:
-        return await asyncio.wrap_future(
-            asyncio.run_coroutine_threadsafe(inner(ctx, arguments), loop))
+        async def on_server() -> Any:
+            return await inner(ctx, arguments)
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(on_server(), loop))
 
     return dataclasses.replace(tool, on_invoke_tool=invoke)
 

@@ -104,8 +104,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
     problems = close_writers()  # every run this process recorded is stored from here on
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    for line in problems if reporter is not None else ():
-        reporter.write_line(f"CAR: {line}")
+    if reporter is not None:
+        for line in problems:
+            reporter.write_line(f"CAR: {line}")
     if not _controller(config):
         return
     main = store_path(config)

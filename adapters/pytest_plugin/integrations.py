@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable
+from contextlib import ExitStack
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -95,9 +96,9 @@ class _Collected:
 
 def car_recorder() -> _Collected:
     from car_core.engine.replay import observing_records
-    scope = observing_records(lambda run: handle.runs.append(run))
-    handle = _Collected(lambda: scope.__exit__(None, None, None))
-    scope.__enter__()
+    scope = ExitStack()
+    handle = _Collected(scope.close)
+    scope.enter_context(observing_records(lambda run: handle.runs.append(run)))
     return handle
 
 

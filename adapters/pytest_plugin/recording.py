@@ -241,7 +241,8 @@ class RunRecorder:
         framework = (run.meta or {}).get("framework")
         same = [w for w in self._watched if w.framework == framework]
         named = [w for w in same if getattr(w.obj, "name", None) == run.agent]
-        return (named or same or [None])[-1]
+        found = named or same
+        return found[-1] if found else None
 
     # -- attribution -----------------------------------------------------------------------
     def attribute(self, *, method: str = "contrastive", budget: int = 256, rollouts: int = 16,
