@@ -42,9 +42,17 @@ what to do next.
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from collections.abc import Iterable
+from typing import Any, Self
 
 from car_core.secrets.redact import redact
+
+_EDITED_BY_HAND = "the database was edited by hand"
+
+
+def _edited_by_hand(then: str | None) -> str:
+    return _EDITED_BY_HAND if then is None else f"{_EDITED_BY_HAND}; {then}"
 
 
 class CarError(Exception):
@@ -127,6 +135,18 @@ class RunError(CarError):
 class CorruptRun(RunError):
     """A run whose digests do not match its content, or whose JSON is malformed."""
 
+    @classmethod
+    def edited_by_hand(cls, message: str, *, run_id: str | None,
+                       then: str | None = "record the run again") -> Self:
+        """A stored run that changed after it was saved; ``then`` says how to get it back."""
+        return cls(message, run_id=run_id, hint=_edited_by_hand(then))
+
+    @classmethod
+    def among_intact_rows(cls, message: str) -> Self:
+        """A damaged row of a listing whose other rows stay readable."""
+        return cls(message, hint=_edited_by_hand(None) + " or damaged; the other runs stay "
+                   "readable; record this one again or restore it from a copy")
+
 
 class ReplayMismatch(RunError):
     """Replaying a run with everything held did not reproduce it."""
@@ -157,18 +177,42 @@ class NotACarStore(StoreError):
 class StoreTooNew(StoreError):
     """The database was migrated by a newer CAR; this one must not write to it."""
 
+    @classmethod
+    def migrated_by_newer(cls, path: str | os.PathLike[str], unknown: Iterable[str]) -> Self:
+        """``path`` records migrations (``unknown``) this CAR does not have."""
+        return cls(f"{path} was migrated by a newer CAR ({sorted(unknown)})",
+                   hint="upgrade causal-agent-replay to open it")
+
 
 class StoreReadOnly(StoreError):
     """The database (or its folder) cannot be written."""
+
+    @classmethod
+    def not_writable(cls, path: str | os.PathLike[str], cause: BaseException) -> Self:
+        """SQLite refused a write to ``path`` (``cause``) because the file cannot be written."""
+        return cls(f"{path} is read-only: {cause}", hint="point the store at a writable file")
 
 
 class CorruptStore(StoreError):
     """A CAR store that cannot be read as one: damaged pages, a missing table, a value of the
     wrong type or text that is not UTF-8."""
 
+    @classmethod
+    def edited_by_hand(cls, message: str, *, then: str | None = "restore it from a copy"
+                       ) -> Self:
+        """The file was changed outside CAR; ``then`` says how to get its data back."""
+        return cls(message, hint=_edited_by_hand(then))
+
 
 class CorruptAttribution(CorruptStore):
     """A stored attribution whose seal does not match its content (edited by hand)."""
+
+    @classmethod
+    def edited_by_hand(cls, message: str, *,
+                       then: str | None = "run the attribution again (a new id)") -> Self:
+        """The attribution's row changed after it was stored; running it again (a new id)
+        stores a fresh one."""
+        return cls(message, hint=_edited_by_hand(then))
 
 
 class AttributionBusy(StoreError):

@@ -68,7 +68,7 @@ def test_a_corrupt_run_is_refused_before_anything_runs(store, pivot_model, pivot
         car.action_match_rate(edited, c.agent)
     with pytest.raises(CorruptRun):
         store.save(edited)
-    assert store.list(branches=True) == []
+    assert store.runs(branches=True) == []
 
 
 @pytest.mark.parametrize("outcome,phrase", [
@@ -85,7 +85,7 @@ def test_a_bad_outcome_function(store, pivot_model, pivot_run, outcome, phrase: 
         intervene(pivot_run, pivot_model.agent(), car.do_resample(2), outcome)
     with pytest.raises(OutcomeError, match=phrase):
         car.record(pivot_model.agent(), outcome=outcome, store=store)
-    assert store.list(branches=True) == []   # nothing half-recorded was stored
+    assert store.runs(branches=True) == []   # nothing half-recorded was stored
 
 
 def test_an_outcome_that_is_not_callable(pivot_model, pivot_run) -> None:

@@ -575,7 +575,7 @@ def test_a_run_recorded_with_another_agent_is_refused_unless_forced(tmp_path):
     line = one_clean_error(proc)  # refused before it began: no attribution, no resume line
     assert "recorded with agent 'synthetic:and'" in line and "--force-agent" in line
     with RunStore(tmp_path / "car.db") as s:
-        assert s.attributions(and_run.id) == [] and s.list(branches=True) == s.list()
+        assert s.attributions(and_run.id) == [] and s.runs(branches=True) == s.runs()
     proc = car("intervene", and_run.id, "--agent", PIVOT, "--do", "resample:1", cwd=tmp_path)
     assert proc.returncode == 2 and "--force-agent" in one_clean_error(proc)
     forced = car("attribute", and_run.id, "--agent", PIVOT, "--rollouts", "4",

@@ -79,7 +79,7 @@ def test_a_size_past_its_bound_is_refused_before_anything_runs(folder, pivot_run
     assert f"above the bound of {bound}" in line and flag in line
     assert not (folder / "factory-called").exists()  # refused before the agent was built
     with RunStore(folder / "car.db") as s:
-        assert s.attributions() == [] and len(s.list(branches=True)) == 2
+        assert s.attributions() == [] and len(s.runs(branches=True)) == 2
 
 
 def test_a_bound_raised_knowingly_lets_the_size_run(folder, pivot_run):

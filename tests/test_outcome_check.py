@@ -77,7 +77,7 @@ def test_a_refused_attribution_leaves_the_store_untouched(pivot_model, pivot_run
         with pytest.raises(OutcomeMismatch):
             ENTRIES[entry](pivot_run, agent, blind, store=store, attribution_id="a1")
         assert store.attribution_ids() == [] and not store.attribution_exists("a1")
-        assert store.list() == [] and not store.exists(pivot_run.id)  # not even the run
+        assert store.runs() == [] and not store.exists(pivot_run.id)  # not even the run
     assert calls[0] == 0
 
 

@@ -88,7 +88,7 @@ def test_a_read_that_fails_after_copying_removes_its_copy(tmp_path, pivot_run, m
         raise sqlite3.OperationalError("unable to open database file")
 
     monkeypatch.setattr(tempfile, "TemporaryDirectory", recording)
-    monkeypatch.setattr("car_core.store.runs.sqlite3.connect", refused)
+    monkeypatch.setattr("car_core.store.readonly.sqlite3.connect", refused)
     with pytest.raises(Exception, match="cannot read"):
         RunStore(db, readonly=True)
     assert made and not Path(made[0]).exists(), made

@@ -251,7 +251,7 @@ def _read_only_child(db: Path) -> str:
             os.setgid(65534); os.setuid(65534)
         try:
             store = car.RunStore({str(db)!r})
-            store.begin_attribution(store.list()[0]["id"], "x", {{}})
+            store.begin_attribution(store.runs()[0]["id"], "x", {{}})
         except StoreReadOnly as exc:
             print("StoreReadOnly", exc)
             sys.exit(0)

@@ -47,7 +47,7 @@ def _stored(path: Path) -> list[car.Trajectory]:
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     with car.RunStore(path) as store:
-        return [store.load(r["id"]) for r in store.list()]  # load verifies each run's digest
+        return [store.load(r["id"]) for r in store.runs()]  # load verifies each run's digest
 
 
 def test_a_flushed_run_survives_a_sigkill(tmp_path: Path) -> None:

@@ -70,9 +70,16 @@ def test_save_and_load_round_trip(store: RunStore, pivot_run: car.Trajectory) ->
     assert store.save(pivot_run) == pivot_run.id
     assert store.load(pivot_run.id) == pivot_run
     assert store.exists(pivot_run.id)
-    [summary] = store.list()
+    [summary] = store.runs()
     assert summary["id"] == pivot_run.id and summary["n_steps"] == 6
     assert summary["outcome"] == 1.0
+
+
+def test_the_old_name_list_still_lists_runs_and_warns(store: RunStore, pivot_run) -> None:
+    store.save(pivot_run)
+    with pytest.warns(DeprecationWarning, match=r"RunStore\.runs\(\)"):
+        listed = store.list(branches=True)  # type: ignore[attr-defined]
+    assert listed == store.runs(branches=True) and [r["id"] for r in listed] == [pivot_run.id]
 
 
 def test_saving_the_same_run_twice_changes_nothing(store: RunStore, pivot_run) -> None:
@@ -102,7 +109,7 @@ def test_a_tampered_run_object_is_not_saved(store: RunStore, pivot_run) -> None:
                                                 *pivot_run.steps[1:]))
     with pytest.raises(CorruptRun, match="record it again"):
         store.save(bad)
-    assert store.list(branches=True) == []
+    assert store.runs(branches=True) == []
 
 
 def test_lineage_queries(store: RunStore, pivot_model, pivot_run) -> None:
@@ -124,8 +131,8 @@ def test_lineage_queries(store: RunStore, pivot_model, pivot_run) -> None:
     assert store.children(other.id) == []
     assert [(b["arm"], b["rollout"]) for b in store.branches(aid)] == [
         ("intervention", 0), ("intervention", 1), ("intervention", 2)]
-    assert {r["id"] for r in store.list()} == {pivot_run.id, other.id}
-    assert len(store.list(branches=True)) == 5
+    assert {r["id"] for r in store.runs()} == {pivot_run.id, other.id}
+    assert len(store.runs(branches=True)) == 5
     loaded = store.load(dist.trajectories[1].id)
     assert loaded == dist.trajectories[1] and loaded.lineage.parent_id == pivot_run.id
     [att] = store.attributions(pivot_run.id)
@@ -188,7 +195,7 @@ def test_two_processes_write_one_database_at_once(tmp_path: Path, fresh: bool) -
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
     with RunStore(path) as store:
-        listed = store.list()
+        listed = store.runs()
         assert len(listed) == 30
         assert {store.load(r["id"]).context["writer"] for r in listed} == {0, 1000}
 
@@ -737,12 +744,14 @@ def test_a_store_migrated_by_another_opener_between_two_reads_is_not_called_dama
     store. The first must then find a store to join, not tables without their migration
     record ("lost its migrations table")."""
     import threading
+
+    from car_core.store import schema
     path = tmp_path / "fresh.db"
-    real = RunStore._applied
+    real = schema.applied
     other: dict[str, Any] = {}
 
-    def applied_then_another_opener(self: RunStore) -> set[str]:
-        names = real(self)
+    def applied_then_another_opener(db: Any) -> set[str]:
+        names = real(db)
         if threading.current_thread() is threading.main_thread() and "thread" not in other:
             def open_it() -> None:
                 try:
@@ -756,14 +765,14 @@ def test_a_store_migrated_by_another_opener_between_two_reads_is_not_called_dama
             other["thread"].join(timeout=1.0)
         return names
 
-    monkeypatch.setattr(RunStore, "_applied", applied_then_another_opener)
+    monkeypatch.setattr(schema, "applied", applied_then_another_opener)
     with RunStore(path) as store:
-        assert store.list() == []
+        assert store.runs() == []
     other["thread"].join(timeout=60)
     assert other.get("ok") and "error" not in other, other
-    monkeypatch.setattr(RunStore, "_applied", real)
+    monkeypatch.setattr(schema, "applied", real)
     with RunStore(path, readonly=True) as again:
-        assert again.list() == []
+        assert again.runs() == []
 
 
 def test_a_read_only_open_of_a_store_still_being_created_says_so(tmp_path: Path) -> None:
@@ -781,9 +790,9 @@ def test_a_read_only_open_of_a_store_still_being_created_says_so(tmp_path: Path)
     assert not isinstance(info.value, CorruptStore)
     assert path.read_bytes() == before
     with RunStore(path) as store:
-        assert store.list() == []
+        assert store.runs() == []
     with RunStore(path, readonly=True) as again:
-        assert again.list() == []
+        assert again.runs() == []
 
 
 def test_a_read_only_open_writes_nothing(tmp_path: Path, pivot_run) -> None:
@@ -794,7 +803,7 @@ def test_a_read_only_open_writes_nothing(tmp_path: Path, pivot_run) -> None:
     before = fingerprint(path)
     with RunStore(path, readonly=True) as ro:
         assert ro.load(pivot_run.id) == pivot_run
-        assert [r["id"] for r in ro.list()] == [pivot_run.id]
+        assert [r["id"] for r in ro.runs()] == [pivot_run.id]
         with pytest.raises(StoreReadOnly, match="opened read-only"):
             ro.begin_attribution(pivot_run.id, "x", {})
     assert fingerprint(path) == before
@@ -848,7 +857,7 @@ def test_uncommitted_writes_of_a_rollback_journal_store_are_never_read(tmp_path:
     with RunStore(path) as store:  # a writing open rolls the dead writer's pages back
         assert store.load(pivot_run.id) == pivot_run
     with RunStore(path, readonly=True) as store:
-        assert [r["outcome"] for r in store.list()] == [1.0]
+        assert [r["outcome"] for r in store.runs()] == [1.0]
 
 
 def test_a_flipped_byte_in_an_index_page_is_refused_not_read_short(tmp_path: Path,
@@ -909,7 +918,7 @@ def test_a_store_from_before_sealed_attributions_still_opens_for_reading(tmp_pat
     before = fingerprint(path)
     with RunStore(path, readonly=True) as store:
         assert store.legacy
-        assert [r["id"] for r in store.list()] == [pivot_run.id]
+        assert [r["id"] for r in store.runs()] == [pivot_run.id]
         assert store.load(pivot_run.id) == pivot_run
         assert store.attribution("old").status == "running"
     assert fingerprint(path) == before

@@ -93,7 +93,7 @@ def recorded(folder: Path) -> dict[str, str]:
         app.invoke(given, {"configurable": {"thread_id": "t"}, "callbacks": [cb]})
         cb.flush()
         with car.RunStore(folder / f"{name}.db", readonly=True) as store:
-            [row] = store.list()
+            [row] = store.runs()
             out[name] = sealed_text(store.load(row["id"]))
     return out
 

@@ -37,7 +37,7 @@ def build(folder: Path) -> tuple[Path, Path]:
 
     _car("demo", "--policy", "synthetic", "--store", "car.db", "--out", "demo.html", cwd=folder)
     with RunStore(folder / "car.db") as store:
-        demo = store.list()[0]["id"]
+        demo = store.runs()[0]["id"]
         planted = [(syn.late_pivot(), "tests/test_desk.py::test_refund_after_long_chat", False),
                    (syn.no_cause(), "tests/test_desk.py::test_flaky_judge", False),
                    (syn.and_game(), "tests/test_desk.py::test_two_agents_must_agree", True)]

@@ -34,11 +34,11 @@ print(md.version("sqlite-utils"), run.id)
 READ = """
 import importlib.metadata as md, car_core as car
 store = car.RunStore(DB)
-for row in store.list():
+for row in store.runs():
     store.load(row["id"]).verify()
 for aid in AIDS:
     assert store.attribution(aid).status == "complete", aid
-print(md.version("sqlite-utils"), len(store.list()))
+print(md.version("sqlite-utils"), len(store.runs()))
 """
 
 

@@ -1,0 +1,88 @@
+"""SQLite's failures as CAR's errors: which exceptions mean a damaged file, which mean one that
+cannot be written, the guard every read method wears, and the transaction that makes one
+logical write all or nothing."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sqlite3
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from car_core.errors import CarError, CorruptStore, StoreError, StoreReadOnly
+
+F = TypeVar("F", bound=Callable[..., Any])
+# What a damaged file or a hand-edited value raises while it is read: SQLite's own errors
+# (a malformed page, a dropped table, text that is not UTF-8) and what parsing a stored value
+# can raise (a JSON nested too deep, a number out of range, a string where a number belongs).
+DAMAGE = (sqlite3.DatabaseError, ValueError, TypeError, OverflowError, RecursionError,
+          UnicodeError, KeyError, AttributeError)
+
+
+def is_readonly_error(exc: sqlite3.Error) -> bool:
+    text = str(exc).lower()
+    return "readonly" in text or "read-only" in text or "unable to open" in text
+
+
+def damaged_file(path: str | os.PathLike[str], exc: BaseException) -> CorruptStore:
+    """The error for a store file SQLite or our parsing found damaged while reading it."""
+    text = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+    return CorruptStore(f"{path} is damaged: {text}",
+                        hint="the file was edited or truncated; restore it from a copy "
+                             "(`PRAGMA integrity_check` in sqlite3 says where)")
+
+
+def guarded(fn: F) -> F:
+    """A store method whose damage becomes a ``CorruptStore`` (our own errors pass through)."""
+    @functools.wraps(fn)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        except CarError:
+            raise
+        except sqlite3.OperationalError as exc:
+            if is_readonly_error(exc):
+                raise StoreReadOnly.not_writable(self.path, exc) from None
+            raise damaged_file(self.path, exc) from None
+        except DAMAGE as exc:
+            raise damaged_file(self.path, exc) from None
+    return wrapper  # type: ignore[return-value]
+
+
+class Transaction:
+    """``BEGIN IMMEDIATE`` … ``COMMIT``: one logical write, all or nothing."""
+
+    def __init__(self, conn: Any, path: str | os.PathLike[str]) -> None:
+        self.conn = conn  # anything with ``execute``: a sqlite-utils Database
+        self.path = path
+
+    def __enter__(self) -> None:
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if is_readonly_error(exc):
+                raise StoreReadOnly.not_writable(self.path, exc) from exc
+            raise StoreError(f"cannot write {self.path}: {exc}",
+                             hint="another process may hold a long write lock; try again") from exc
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            try:
+                self.conn.execute("COMMIT")
+            except sqlite3.OperationalError as err:
+                self.conn.execute("ROLLBACK")
+                if is_readonly_error(err):
+                    raise StoreReadOnly(f"{self.path} is read-only: {err}") from err
+                raise
+        else:
+            self.conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.OperationalError) and is_readonly_error(exc):
+                raise StoreReadOnly.not_writable(self.path, exc) from exc
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(f"writing {self.path} failed: {exc}",
+                                 hint="nothing was written; check the disk and try again"
+                                 ) from exc
+
+
+__all__ = ["DAMAGE", "Transaction", "damaged_file", "guarded", "is_readonly_error"]
