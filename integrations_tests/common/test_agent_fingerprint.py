@@ -35,7 +35,7 @@ def recorded(framework: str, tmp_path: Path, checkpoints: str = "") -> car.Traje
     subprocess.run([sys.executable, str(SUPPORT / "fingerprint_apps.py"), framework, str(db),
                     checkpoints], env=env("1"), check=True, timeout=120)
     with car.RunStore(db) as s:
-        (summary,) = s.list()
+        (summary,) = s.runs()
         return s.load(summary["id"])
 
 

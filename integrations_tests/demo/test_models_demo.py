@@ -50,7 +50,7 @@ def test_demo_stores_the_run_and_writes_the_report(demo: tuple[dict, Path]) -> N
         run = store.load(result["run_id"])
         assert outcome(run)  # the stored run is the failing ticket
         # every ticket is stored with its score, so `car runs` tells which one failed
-        tickets = [store.load(row["id"]) for row in store.list()]
+        tickets = [store.load(row["id"]) for row in store.runs()]
         scored = {r.id: r.outcome.value for r in tickets if r.outcome is not None}
         assert scored[run.id] == 1.0 and len(scored) == len(tickets)
         assert sorted(scored.values())[:-1] == [0.0] * (len(scored) - 1)

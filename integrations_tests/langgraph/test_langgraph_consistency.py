@@ -115,7 +115,7 @@ def test_the_callback_stores_each_runs_outcome_as_it_finishes(store: Any) -> Non
     for i in range(12):
         app.invoke(sa.inputs(), {"configurable": {"thread_id": f"u{i}"}, "callbacks": [cb]})
     cb.flush()  # a path is written off the run's critical path; flush makes it durable
-    listed = {r["id"]: r["outcome"] for r in store.list()}
+    listed = {r["id"]: r["outcome"] for r in store.runs()}
     assert listed == {r.id: float(sa.outcome(r)) for r in cb.runs} and len(listed) == 12
     assert set(listed.values()) == {0.0, 1.0}  # p = 0.3 over 12 seeded tickets: both happen
     assert all(store.load(r.id).outcome == r.outcome for r in cb.runs)
@@ -156,7 +156,7 @@ def test_attribute_thread_takes_outcome_of_the_run_and_stores_a_thread_once(
                               safe_tools=sa.SAFE_TOOLS, side_effect_tools=ledger.names,
                               rollouts=4, progress=False)
     assert second.run_id == first.run_id
-    assert [r["id"] for r in store.list()] == [first.run_id]  # one stored run, two attributions
+    assert [r["id"] for r in store.runs()] == [first.run_id]  # one stored run, two attributions
     assert len(store.attributions(first.run_id)) == 2
     assert store.load(first.run_id).outcome.value == 1.0
     assert ledger.count() == 0  # the import path's branches answered refunds from the record

@@ -66,7 +66,7 @@ def test_an_unknown_thread_is_refused_and_the_store_stays_empty(store: Any) -> N
                        side_effect_tools=sa.SIDE_EFFECT_TOOLS).import_thread("nope")
     with pytest.raises(AdapterError, match="no thread 'nope'"):
         attribute_thread(app, "nope", outcome=sa.outcome, store=store, **SA)
-    assert store.list(branches=True) == []
+    assert store.runs(branches=True) == []
 
 
 def test_a_run_from_a_different_graph_is_refused() -> None:

@@ -96,7 +96,7 @@ def test_runs_sealed_at_flush_keep_the_durability_promise(tmp_path: Path, mode: 
                           text=True, timeout=300)
     assert done.returncode == code, done.stderr
     with car.RunStore(path, readonly=True) as store:
-        threads = sorted(store.load(r["id"]).meta["thread_id"] for r in store.list())
+        threads = sorted(store.load(r["id"]).meta["thread_id"] for r in store.runs())
     kept = ["kept-0", "kept-1", "kept-2"]
     if mode == "exit":
         assert threads == ["dropped", *kept]

@@ -190,7 +190,7 @@ def test_server_down_mid_attribution_stops_keeps_branches_and_resumes(
             assert sorted(stored) == sorted(done)
         for key, branch_id in stored.items():
             assert model_calls(store, branch_id) == ref_calls[key]
-        for row in store.list():
+        for row in store.runs():
             store.load(row["id"])  # raises CorruptRun on a digest mismatch
         assert store.attribution("interrupted").status == "running"
 

@@ -27,4 +27,4 @@ def session_store(pytester: pytest.Pytester) -> Path:
 
 def stored_runs(path: Path) -> list[Any]:
     with RunStore(path) as store:
-        return [store.load(r["id"]) for r in store.list()]
+        return [store.load(r["id"]) for r in store.runs()]
