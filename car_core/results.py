@@ -100,6 +100,8 @@ class StepEffect:
     refit_held: float | None = None
     refit_resampled: float | None = None
     refit_pooled: int = 0  # of the ``refit_n``, the test's own pairs pooled with the fresh
+    # a step after the locus shown to rescue less than the result's ``indifference``
+    ruled_out: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dump_fields(self, _STEP_EFFECT)
@@ -201,6 +203,9 @@ class ContrastiveResult(CouplingNumbers, _Rendered):
     more_rollouts: int | None = None  # when undecided: roughly what confirming would still cost
     caveats: tuple[str, ...] = ()  # what the agent said every result must show (agent.caveats)
     actions: tuple[str, ...] = ()  # what each recorded step did, in a few words (fmt.step_actions)
+    # Δ: every step after the locus was shown to rescue less than this, but ``not_ruled_out``
+    indifference: float | None = None
+    not_ruled_out: tuple[int, ...] = ()  # steps after the locus the budget left untested at Δ
 
     def to_dict(self) -> dict[str, Any]:
         return dump_fields(self, _CONTRASTIVE, _CONTRASTIVE_KEYS, method="contrastive",
@@ -437,7 +442,7 @@ _CONTRASTIVE_KEYS = (
     "rollout_budget", "seed", "coupled", "coupling", "truncated", "budget_note", "tokens",
     "cost", "search", "steps", "arms", "example_branch", "params", "failures",
     "coupling_measured", "coupling_ci", "coupling_pairs", "given_up", "more_rollouts",
-    "actions", "summary", "caveats")
+    "indifference", "not_ruled_out", "actions", "summary", "caveats")
 _CONTRASTIVE = {
     "answer": Codec(lambda r, _: {"answer": str(r.answer)}, _load_answer),
     "search": value(from_json=str, missing="full"),

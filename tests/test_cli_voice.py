@@ -242,11 +242,12 @@ def test_an_estimate_draws_one_bar_of_its_budget_and_says_when_it_stops_early(
     monkeypatch.setattr(session, "_progress_bar",
                         lambda progress, total, label: _Bar(total, label)
                         if progress is True else progress or None)
+    # early_stop: decided (the locus confirmed, the later steps ruled out) with half of n·K
     res = car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
-                          rollouts=32, progress=True)
+                          rollouts=96, progress=True, early_stop=True)
     assert len(_Bar.made) == 1  # one bar for the whole estimate, not one per batch
     bar = _Bar.made[0]
-    n_k = len(pivot_run.steps) * 32  # the n·K the estimate may spend
+    n_k = len(pivot_run.steps) * 96  # the n·K the estimate may spend
     assert res.rollout_budget == n_k and res.rollouts_used < n_k
     assert bar.closed and bar.n == res.rollouts_used == bar.total
     assert bar.desc == f"contrastive: stopped early, {res.rollouts_used} of {n_k} allowed"

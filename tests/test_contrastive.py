@@ -19,10 +19,10 @@ RESULT_KEYS = {"method", "run_id", "attribution_id", "locus", "reason", "alpha",
                "steps", "arms",
                "example_branch", "params", "failures", "locus_label", "answer", "candidate",
                "coupling_measured", "coupling_ci", "coupling_pairs", "given_up", "more_rollouts",
-               "actions", "summary"}
+               "indifference", "not_ruled_out", "actions", "summary"}
 STEP_KEYS = {"step", "effect", "ci", "ci_level", "tested", "significant", "fail_held",
              "fail_resampled", "n", "effect_raw", "estimate", "refit_n", "refit_held",
-             "refit_resampled", "refit_pooled"}
+             "refit_resampled", "refit_pooled", "ruled_out"}
 
 
 def attribute(model: syn.SyntheticSCM, seed: int = 0, **kwargs):
@@ -71,13 +71,18 @@ def test_noisy_judge_still_finds_the_true_locus():
 
 
 def test_late_pivot_bisection_is_right_and_costs_far_less_than_n_k():
+    """Steps 21–23 change nothing (every arm after the pivot fails), so they are ruled out at
+    Δ on pairs of zeros (64 an arm); with the gate, the probes and the confirmation that is
+    about half of n·K, and no step before the pivot is tested."""
     model = syn.late_pivot()  # 24 steps, locus 20
     res = attribute(model, 0, rollouts=32)
     assert res.search == "bisection"
     assert res.locus == 20
-    assert res.rollouts_used <= 0.4 * 24 * 32
-    tested = [s.step for s in res.steps if s.tested]
-    assert tested == [20]
+    assert res.rollouts_used <= 0.6 * 24 * 32
+    assert res.indifference == 0.1 and res.not_ruled_out == ()
+    assert [s.step for s in res.steps if s.significant] == [20]
+    assert [s.step for s in res.steps if s.ruled_out] == [21, 22, 23]
+    assert [s.step for s in res.steps if s.tested] == [20, 21, 22, 23]
     assert res.steps[0].effect is None and res.steps[0].ci is None
     full = attribute(model, 0, rollouts=32, search="full")
     assert full.locus == 20 and full.search == "full"
@@ -375,11 +380,11 @@ def test_coupled_probes_are_placed_by_the_gates_witnesses_alone():
         src = _Calls(syn.SampledArms(model, s, 8 * 32))
         d = search(src, 8, 8 * 32, 0.05, intervals=False)
         gate = max(len(ix) for hi, lo, ix in src.calls if (hi, lo) == (8, 0))
-        probes = [(lo, ix) for hi, lo, ix in src.calls if hi == 8 and lo != 0]
+        probes = [(lo, ix) for hi, lo, ix in src.calls if hi == 8 and lo != 0 and ix[0] < CONFIRM]
         assert len({lo for lo, _ in probes}) == 3
         assert all(max(ix) < gate and len(ix) <= PROBE for _, ix in probes)
         assert all(ix[0] >= CONFIRM for hi, lo, ix in src.calls if (hi, lo) == (6, 5))
-        nav = d.decided_spent - 2 * d.pairs  # what the gate and the probes ran
+        nav = d.located_spent - 2 * d.pairs  # what the gate and the probes ran
         assert d.candidate == 5 and nav <= 2 * gate + 3 * PROBE
 
 

@@ -77,7 +77,8 @@ def test_explain_has_the_test_its_level_and_the_sample_sizes(located) -> None:
     assert "unpaired betting test with an exact sign test at the end" in text
     assert "alpha 0.050" in text and "family-wise 95%" in text
     s = located.steps[2]
-    assert re.search(rf"\n2 +\+0\.711 .* {s.refit_n} +<- locus", text)  # the row's sample
+    assert re.search(rf"\n2 +{re.escape(fmt.effect(s.effect))} .* {s.refit_n} +<- locus",
+                     text)  # the row's sample
     assert f"the test decided on {s.n} pair(s)" in text  # the test's own pairs
     for a in located.arms:  # every arm, with its n
         assert f"n={a.n}" in text
@@ -86,11 +87,15 @@ def test_explain_has_the_test_its_level_and_the_sample_sizes(located) -> None:
 
 
 def test_later_steps_are_said_only_from_the_arms_measured(located) -> None:
+    # the arms alone (the later steps' own verdicts are the next test's)
+    located = replace(located, not_ruled_out=(), indifference=None,
+                      steps=tuple(replace(s, ruled_out=False) for s in located.steps))
     arms = {a.hold_before: a for a in located.arms}
     assert 3 in arms and arms[3].mean == 1.0  # re-deciding from step 3 on was measured
     assert "re-deciding steps 3–5 changes nothing: P(fail) stays 100% (" in fmt.answer(located)
-    # without that arm, nothing is claimed about steps 3–5: they were not tested
-    unmeasured = replace(located, arms=tuple(a for a in located.arms if a.hold_before != 3))
+    # without the arms after the locus, nothing is claimed about steps 3–5: not tested
+    unmeasured = replace(located, arms=tuple(a for a in located.arms
+                                             if not 2 < a.hold_before < 6))
     said = fmt.answer(unmeasured)
     assert "re-deciding steps" not in said
     assert said.endswith("; steps 3–5 come after the point of commitment, so they were not "
@@ -98,11 +103,45 @@ def test_later_steps_are_said_only_from_the_arms_measured(located) -> None:
     # an arm measured further on speaks for its steps only
     later = replace(unmeasured, arms=(*unmeasured.arms, replace(arms[3], hold_before=5)))
     assert fmt.answer(later).endswith(
-        "; re-deciding step 5 changes nothing: P(fail) stays 100% (88%–100%); steps 3–4 come "
-        "after the point of commitment, so they were not tested.")
+        f"; re-deciding step 5 changes nothing: P(fail) stays 100% "
+        f"{fmt.percent_interval(arms[3].ci)}; steps 3–4 come after the point of commitment, "
+        "so they were not tested.")
     assert [fmt.untested_mark(unmeasured, k) for k in (0, 3)] == [
         "before the locus", "after the locus"]
     assert fmt.untested_mark(located, 4) == "followed from it"
+
+
+def test_later_steps_say_what_was_ruled_out_and_what_was_not(located) -> None:
+    """At 16 rollouts a step the budget cannot rule the later steps out at Δ = 0.1 (that
+    takes about 64 pairs of zeros an arm): the answer says which were not and by how much
+    re-deciding them might still help; ruled out, it says so with Δ; the table agrees."""
+    assert located.indifference == 0.1 and located.not_ruled_out
+    first, last = min(located.not_ruled_out), max(located.not_ruled_out)
+    said = fmt.answer(located)
+    assert said.endswith(f"; {fmt.steps_span(first, last)} were not ruled out: re-deciding them "
+                         "may still lower P(fail) by 10% or more (a larger budget would tell).")
+    assert fmt.untested_mark(located, last) == "not ruled out"
+    ruled = replace(located, not_ruled_out=(),
+                    steps=tuple(replace(s, ruled_out=s.step > 2, tested=s.tested or s.step > 2)
+                                for s in located.steps))
+    assert fmt.answer(ruled).endswith(": ruled out as causes, each moves P(fail) by less "
+                                      "than 10%.")
+    assert fmt.step_row(ruled, ruled.steps[4]).mark == "ruled out"
+
+
+def test_an_earlier_cause_is_listed_after_the_locus() -> None:
+    """The issue's AND pair at 96 rollouts a step: step 6 is the point of commitment and step
+    3, confirmed first, is listed as mattering too, with its interval."""
+    m = syn.and_pair()
+    res = car.contrastive(m.failing_run(0), m.agent(), outcome=m.outcome, rollouts=96, seed=1,
+                          progress=False)
+    assert res.locus == 6 and res.steps[3].significant
+    said = fmt.answer(res)
+    assert said.startswith("Step 6 (the agent chose ")
+    s = res.steps[3]
+    assert (' — and step 3 (the agent chose {"step": 3, "choice": "bad", "final": false}) '
+            f"also mattered: re-deciding it lowers P(fail) by {fmt.percent(s.effect)} "
+            f"{fmt.percent_interval(s.ci)}") in said
 
 
 def test_the_shapley_result_opens_with_a_plain_sentence() -> None:

@@ -63,12 +63,13 @@ def test_level_pairs_are_given_up_at_any_budget():
 def test_the_never_deciding_seed_gives_its_level_candidate_up_within_the_grid_budget():
     """The issue's seed at the grid's own budget n·K = 768: step 12 (rescue 0) is given up and
     the pivot at 16 confirmed with at most half of the budget spent (before: all 768, step 12
-    undecided). Navigation's chance coupling on 4 pairs no longer switches the posterior check
-    off: the confirmation's own pairs are in the coupling it is weighed by."""
+    undecided), before the steps after it are checked. Navigation's chance coupling on 4 pairs
+    no longer switches the posterior check off: the confirmation's own pairs are in the
+    coupling it is weighed by."""
     d = _search(24, 0.3, 0.0, "none", 21, 24 * K)
     assert d.given_up == (12,)
     assert d.significant and d.candidate == 16
-    assert d.decided_spent <= 24 * K // 2
+    assert d.located_spent <= 24 * K // 2
 
 
 @pytest.mark.parametrize("n,rescue,flip,coupling,seed", NEVER_DECIDED)
@@ -78,11 +79,13 @@ def test_a_level_candidate_no_longer_keeps_the_whole_budget(n, rescue, flip, cou
     (≈ 690 pairs, 1,380 rollouts, at most: the test above), and these seeds give up at most
     two candidates, so at 32·n·K the answer is decided with a small fraction of it spent: at
     most an eighth (4·n·K: 3,072 rollouts at 24 steps, 1,024 at 8), the same answer and spend
-    at 8·n·K (nothing in it depends on the budget any more), and the pivot is named."""
+    at 8·n·K (nothing in it depends on the budget any more), and the pivot is named. (Spent
+    when the pivot was confirmed: ruling the later steps out comes after, on rollouts of its
+    own, and ends by its own test.)"""
     big = _search(n, rescue, flip, coupling, seed, 32 * n * K)
     assert big.significant and big.candidate == (2 * n) // 3
     assert len(big.given_up) <= 2
-    assert big.decided_spent <= 32 * n * K // 8
+    assert big.located_spent <= 32 * n * K // 8
     mid = _search(n, rescue, flip, coupling, seed, 8 * n * K)
-    assert (mid.candidate, mid.significant, mid.decided_spent) == (
-        big.candidate, big.significant, big.decided_spent)
+    assert (mid.candidate, mid.significant, mid.located_spent) == (
+        big.candidate, big.significant, big.located_spent)

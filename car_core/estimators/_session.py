@@ -45,7 +45,7 @@ STAND_IN = 3 << 20  # first rollout index of the branches that stand in for fail
 # it. The last two are the error rate the result claims (contrastive alpha, Shapley level):
 # re-testing the stored branches at a looser rate is a new attribution, not this one resumed.
 # Caps (contrastive ``rollouts``, ``budget``) may change: see ``check_resumable``.
-RESUME_FIXED = ("seed", "coupled", "mode", "agent", "alpha", "level")
+RESUME_FIXED = ("seed", "coupled", "mode", "agent", "alpha", "level", "indifference")
 
 P = ParamSpec("P")
 R = TypeVar("R")

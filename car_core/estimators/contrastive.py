@@ -66,6 +66,7 @@ from car_core.engine.execution import ExecutorLike, Progress, Task
 from car_core.errors import InvalidInput
 from car_core.estimators import search as search_
 from car_core.estimators._session import Session, check_run_has_steps, releasing
+from car_core.estimators.later import INDIFFERENCE
 from car_core.model.budget import Budget, as_budget
 from car_core.model.capabilities import Capability, capabilities
 from car_core.model.interventions import Plan, compile_plan, do_resample
@@ -213,6 +214,13 @@ def search_wave(wave: int | None, agent: Agent) -> int:
     return defaults.CONCURRENCY if waits_on_server(agent) else 0
 
 
+def _check_indifference(delta: Any) -> None:
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
+        raise InvalidInput(f"indifference={delta!r}",
+                           hint="the least rescue a later step must show to move the point of "
+                                "commitment: a number between 0 and 1, such as 0.1")
+
+
 def _check_wave(wave: Any) -> None:
     if wave is not None and (isinstance(wave, bool) or not isinstance(wave, int) or wave < 0):
         raise InvalidInput(f"wave={wave!r}: need a whole number of rollouts >= 0, or None",
@@ -328,20 +336,32 @@ class EngineArms:
         return (sum(p[0] for p in pairs) / len(pairs), sum(p[1] for p in pairs) / len(pairs))
 
 
-def _searched(arms: Arms, n: int, cap: int, alpha: float, k: int, refit: bool, wave: int = 0
-              ) -> tuple[dict[int, StepEffect], search_.Decision]:
-    d = search_.search(EngineArms(arms, cap), n, cap, alpha, refit=refit, k=k, wave=wave)
+def _searched(arms: Arms, n: int, cap: int, alpha: float, k: int, refit: bool, wave: int = 0,
+              delta: float = INDIFFERENCE) -> tuple[dict[int, StepEffect], search_.Decision]:
+    d = search_.search(EngineArms(arms, cap), n, cap, alpha, refit=refit, k=k, wave=wave,
+                       delta=delta)
     if d.candidate is None or d.interval is None:
         return {}, d
-    c = d.candidate
+    effects = {e.candidate: _decided_step(e) for e in (*d.earlier, d)
+               if e.candidate is not None and e.interval is not None}
+    for later in d.later.steps if d.later is not None else ():
+        if later.verdict == "ruled out":
+            effects[later.step] = StepEffect(step=later.step, effect=later.mean, tested=True,
+                                             n=later.pairs, ruled_out=True)
+    return effects, d
+
+
+def _decided_step(d: search_.Decision) -> StepEffect:
+    """The row of a step the search confirmed (or was confirming)."""
+    assert d.candidate is not None and d.interval is not None
     effect = d.estimate if d.estimate is not None else d.raw
-    step = StepEffect(step=c, effect=effect, ci=Interval.of(d.interval.ci, d.interval.level),
+    return StepEffect(step=d.candidate, effect=effect,
+                      ci=Interval.of(d.interval.ci, d.interval.level),
                       tested=True, significant=d.significant,
                       fail_held=d.fail_held, fail_resampled=d.fail_resampled, n=d.pairs,
                       effect_raw=d.raw, estimate="refit" if d.refit is not None else "raw",
                       refit_n=d.refit_pairs, refit_held=d.refit_held,
                       refit_resampled=d.refit_resampled, refit_pooled=d.refit_pooled)
-    return {c: step}, d
 
 
 def _first_look_coupling(arms: Arms, n: int) -> Coupling:
@@ -362,7 +382,8 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
                 executor: ExecutorLike = None, progress: Progress = None,
                 store: RunStore | None = None, attribution_id: str | None = None,
                 force_agent: bool = False, early_stop: bool = False,
-                wave: int | None = None) -> ContrastiveResult:
+                wave: int | None = None, indifference: float = INDIFFERENCE
+                ) -> ContrastiveResult:
     """Find the point of commitment of ``run``: the latest step whose rescue interval lies
     above zero, with family-wise error ``<= alpha`` (see the module docstring for the arms,
     the error control and the search). The estimate may spend up to ``n·rollouts`` rollouts
@@ -375,16 +396,20 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
     hands branches shared noise; whether they share it is measured (``coupling_measured``).
     ``wave``: rollouts each look of the search asks for at once (docs/contrastive-search.md,
     rounds); None chooses from the agent: 16 when it waits on a model server, else the
-    smallest looks."""
+    smallest looks. ``indifference`` (Δ): before a step is named, every later step is shown to
+    rescue less than Δ or reported in ``not_ruled_out``; a later step shown to matter is the
+    locus instead, and the earlier one stays listed as significant (docs/contrastive-search.md,
+    several causes)."""
     check_run_has_steps(run)
     _check(rollouts, alpha, search)
     _check_wave(wave)
+    _check_indifference(indifference)
     n = len(run.steps)
     chosen = search if search != "auto" else "bisection"
     budget, cap = rollout_budget(n, rollouts, budget)
     params = {"rollouts": rollouts, "alpha": alpha, "seed": seed, "coupled": coupled,
               "search": search, "budget": budget.to_dict(),
-              "agent": agent.name}
+              "agent": agent.name, "indifference": indifference}
     session = Session(run, agent, outcome, method="contrastive", seed=seed, coupled=coupled,
                       budget=budget, executor=executor, progress=progress, store=store,
                       attribution_id=attribution_id, params=params, force_agent=force_agent)
@@ -400,7 +425,7 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
         correction = "bonferroni"
     else:
         effects, decision = _searched(arms, n, cap, alpha, max(1, cap // n), not early_stop,
-                                      search_wave(wave, agent))
+                                      search_wave(wave, agent), indifference)
         reason, exhausted, measured = decision.note, decision.exhausted, decision.coupling
         given_up = decision.given_up
         m = 1 + len(given_up) if decision.candidate is not None else 0
@@ -410,6 +435,9 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
                       "exact sign test at the end")
     significant = [k for k, e in effects.items() if e.significant]
     locus = max(significant) if significant else None
+    later = decision.later if chosen != "full" else None
+    open_after = tuple(j for j in (later.open_steps if later else ()) if locus is not None
+                       and j > locus)
     values = arms.all_values()
     budget_note = session.tripped
     if not values and session.failures:
@@ -444,6 +472,8 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
         coupled=measured.shared, coupling=session.coupling, caveats=caveats_of(agent),
         measured_coupling=measured,
         given_up=given_up, more_rollouts=more,
+        indifference=indifference if locus is not None and chosen != "full" else None,
+        not_ruled_out=open_after,
         truncated=budget_note is not None,
         budget_note=budget_note, tokens=session.meter.tokens,
         cost=round(session.meter.cost, 6), search=chosen, steps=steps, arms=arm_rows,

@@ -10,7 +10,7 @@ measured figures are in docs/contrastive-search.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from car_core.estimators.confirmation import (
     more_pairs,
     share,
 )
+from car_core.estimators.later import INDIFFERENCE, LaterCheck, check_later
 from car_core.estimators.navigation import (
     GATE_MIN,
     NAV_SHARE,
@@ -55,6 +56,7 @@ class Decision:
     note: str | None = None
     exhausted: bool = False  # the budget ran out before the answer was decided
     decided_spent: int = 0   # rollouts spent when the answer was decided (before the refit)
+    located_spent: int = 0   # ... when the first step was confirmed (before the later steps)
     coupling: Coupling = field(default_factory=lambda: Coupling(None, None, 0))
     given_up: tuple[int, ...] = ()  # candidates a futility bound gave up, in order
     level: float | None = None      # the α_i the deciding confirmation spent
@@ -63,6 +65,8 @@ class Decision:
     refit_held: float | None = None      # P(fail) of the re-estimate's pairs, held and
     refit_resampled: float | None = None  # re-drawn: ``estimate`` is their difference
     refit_pooled: int = 0  # of the re-estimate's pairs, those the confirmation ran
+    later: LaterCheck | None = None  # the steps after the first confirmed one (``later``)
+    earlier: tuple[Decision, ...] = ()  # confirmed steps before the locus, with their intervals
 
     @classmethod
     def no_rise(cls, nav: Navigator, spent: int, given_up: list[int]) -> Decision:
@@ -107,18 +111,33 @@ class _Found:
 
 
 def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = True,
-           refit: bool = True, k: int | None = None, wave: int = 0) -> Decision:
+           refit: bool = True, k: int | None = None, wave: int = 0,
+           delta: float = INDIFFERENCE) -> Decision:
     """Gate, bisect, confirm (resuming past candidates given up) and re-estimate within
     ``budget`` rollouts (docs/contrastive-search.md). ``k``: the paper's rollouts per step,
     which sizes the re-estimate (``budget // n`` when not given); ``refit=False`` stops once
     decided. ``wave``: rollouts the search may ask for in one round; 0 or 1 keeps the smallest
-    looks."""
+    looks. ``delta``: the indifference level the steps after a confirmed one are ruled out at
+    (``later``); a later step shown to matter becomes the locus, the confirmed one an earlier
+    cause."""
     k = k if k is not None else max(1, budget // max(n, 1))
     nav = Navigator(src, n, budget, wave)
     found = _navigate_and_confirm(src, nav, n, budget, alpha, wave)
     if isinstance(found, Decision):
         return found
-    return _conclude(src, nav, n, budget, alpha, found, intervals, refit, k, wave)
+    located = budget - src.remaining
+    if not found.conf.found or found.candidate >= n - 1:
+        decision = _conclude(src, nav, n, budget, alpha, found, intervals, refit, k, wave)
+        return replace(decision, located_spent=located)
+    later = check_later(src, found.candidate, n, alpha, delta, wave)
+    if later.cause is None or later.confirmation is None:
+        decision = _conclude(src, nav, n, budget, alpha, found, intervals, refit, k, wave)
+        return replace(decision, later=later, located_spent=located)
+    earlier = _conclude(src, nav, n, budget, alpha, found, intervals, False, k, wave)
+    cause = _Found(later.cause, later.confirmation, later.level, found.coupling,
+                   found.given_up, Prior())
+    decision = _conclude(src, nav, n, budget, alpha, cause, intervals, refit, k, wave)
+    return replace(decision, later=later, earlier=(earlier,), located_spent=located)
 
 
 def _navigate_and_confirm(src: ArmSource, nav: Navigator, n: int, budget: int, alpha: float,

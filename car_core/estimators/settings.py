@@ -16,7 +16,13 @@ from car_core import defaults
 from car_core.engine.agent import Agent
 from car_core.engine.execution import ExecutorLike, Progress
 from car_core.estimators.contrastive import _check as _check_contrastive
-from car_core.estimators.contrastive import _check_wave, contrastive, rollout_budget
+from car_core.estimators.contrastive import (
+    _check_indifference,
+    _check_wave,
+    contrastive,
+    rollout_budget,
+)
+from car_core.estimators.later import INDIFFERENCE
 from car_core.estimators.shapley import _check as _check_shapley
 from car_core.estimators.shapley import shapley
 from car_core.model.budget import Budget
@@ -44,10 +50,12 @@ class ContrastiveSettings:
     search: str = "auto"
     early_stop: bool = False
     wave: int | None = None  # rollouts per look of the search; None: chosen from the agent
+    indifference: float = INDIFFERENCE  # Δ the steps after the locus are ruled out at
 
     def __post_init__(self) -> None:
         _check_contrastive(self.rollouts, self.alpha, self.search)
         _check_wave(self.wave)
+        _check_indifference(self.indifference)
 
     def budget_for(self, n_steps: int) -> int:
         """The most rollouts the estimate of an ``n_steps`` run may spend."""
@@ -62,7 +70,8 @@ class ContrastiveSettings:
                            alpha=self.alpha, seed=self.seed, coupled=self.coupled,
                            budget=self.budget, search=self.search, early_stop=self.early_stop,
                            wave=self.wave, executor=executor, progress=progress, store=store,
-                           attribution_id=attribution_id, force_agent=force_agent)
+                           attribution_id=attribution_id, force_agent=force_agent,
+                           indifference=self.indifference)
 
     @classmethod
     def resumed(cls, params: JSONParams, n_steps: int, *, rollouts: int | None = None,
@@ -82,7 +91,8 @@ class ContrastiveSettings:
                    alpha=_given(alpha, params.get("alpha"), defaults.ALPHA),
                    seed=int(_given(seed, params.get("seed"), 0)),
                    budget=Budget(rollouts=budget if budget is not None else cap)
-                   if budget is not None or cap is not None else None)
+                   if budget is not None or cap is not None else None,
+                   indifference=float(_given(None, params.get("indifference"), INDIFFERENCE)))
 
 
 @dataclass(frozen=True)

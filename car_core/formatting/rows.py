@@ -96,7 +96,7 @@ def step_row(r: Any, s: Any, *, missing: str = MISSING) -> StepRow:
     is_locus = s.step == r.locus
     tested = ((SIGNIFICANT if s.significant else NOT_SIGNIFICANT) if s.tested
               else NOT_TESTED)
-    mark = (LOCUS_MARK if is_locus else
+    mark = (LOCUS_MARK if is_locus else "ruled out" if _get(s, "ruled_out", False) else
             ("shown to help" if s.significant else "not shown to help") if s.tested
             else untested_mark(r, int(s.step)))
     return StepRow(str(s.step), effect(s.effect, missing=missing),
@@ -158,6 +158,8 @@ def untested_mark(r: Any, k: int) -> str:
         return "not needed"
     if k < locus:
         return "before the locus"
+    if k in (_get(r, "not_ruled_out", ()) or ()):
+        return "not ruled out"
     n = len(_get(r, "steps", ()) or ())
     after = [j for j in _arms(r) if locus < j <= k and j < n]
     return "followed from it" if after else "after the locus"

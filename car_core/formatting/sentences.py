@@ -145,10 +145,19 @@ def later_steps(r: Any) -> str | None:
         one = first == last
         return (f"{steps_span(first, last)} {'comes' if one else 'come'} after the point of "
                 f"commitment, so {'it was' if one else 'they were'} not tested")
+    left = _open_steps(r)
     if not after:
-        return untested(k + 1, n - 1)
+        return left or untested(k + 1, n - 1)
     j = after[0]
     said = f"re-deciding {steps_span(j, n - 1)} {_stays(r, arms[j], arms.get(n))}"
+    if left:
+        return f"{said}; {left}"
+    delta = _get(r, "indifference")
+    ruled = [_get(e, "step") for e in _get(r, "steps", ()) or () if _get(e, "ruled_out")]
+    if delta is not None and ruled and min(ruled) == k + 1:
+        return (f"{said}: ruled out as {'a cause' if len(ruled) == 1 else 'causes'}, "
+                f"{'it moves' if len(ruled) == 1 else 'each moves'} P(fail) by less than "
+                f"{percent(delta)}")
     return said + (f"; {untested(k + 1, j - 1)}" if j > k + 1 else "")
 
 
@@ -247,8 +256,33 @@ def answer(r: Any, who: str | None = None) -> str:
     said = f"{name[:1].upper()}{name[1:]} caused the failure"
     if s is not None and _get(s, "effect") is not None:
         said += f": {_rescue_words(s)}"
+    earlier = earlier_causes(r, who)
     later = later_steps(r)
-    return said + (f"; {later}" if later else "") + "."
+    return said + (f" — and {earlier}" if earlier else "") + (f"; {later}" if later else "") + "."
+
+
+def earlier_causes(r: Any, who: str | None = None) -> str | None:
+    """The steps before the locus shown to matter too: ``step 3 (…) also mattered:
+    re-deciding it lowers P(fail) by 38% (20%–55%)``."""
+    k = _get(r, "locus")
+    shown = [e for e in _get(r, "steps", ()) or () if _get(e, "significant")
+             and _get(e, "step") != k and _get(e, "effect") is not None]
+    said = [f"{step_said(r, _get(e, 'step'), who)} also mattered: {_rescue_words(e)}"
+            for e in sorted(shown, key=lambda e: _get(e, "step"))]
+    return "; ".join(said) or None
+
+
+def _open_steps(r: Any) -> str | None:
+    """The steps after the locus the budget left untested at the indifference level."""
+    left, delta = tuple(_get(r, "not_ruled_out", ()) or ()), _get(r, "indifference")
+    if not left or delta is None:
+        return None
+    one = len(left) == 1
+    span = steps_span(min(left), max(left)) if max(left) - min(left) + 1 == len(left) else \
+        "steps " + ", ".join(map(str, sorted(left)))
+    return (f"{span} {'was' if one else 'were'} not ruled out: re-deciding "
+            f"{'it' if one else 'them'} may still lower P(fail) by {percent(delta)} or more "
+            f"(a larger budget would tell)")
 
 
 def coupling(r: Any) -> str:

@@ -95,6 +95,25 @@ def positive_at(d: Sequence[float] | np.ndarray, alpha: float, prior: Prior = Pr
     return int(hit[0]) + 1 if hit.size else None
 
 
+def below_at(d: Sequence[float] | np.ndarray, bound: float, alpha: float) -> int | None:
+    """The first number of pairs after which the mean is shown below ``bound`` (in ``[0, 1)``),
+    else None: the mixture bets on ``bound − d``, a non-negative supermartingale whenever the
+    mean is ``≥ bound``, so by Ville the test errs with probability ``≤ alpha`` however long it
+    runs. Bets reach ``1/(1 − bound)`` (``bound − d ≥ bound − 1`` keeps every factor positive),
+    and half the weight is on the largest: a step that changes nothing under shared noise gives
+    pairs of zeros, which only the largest bet rules out fast — at the rate of the exact test
+    "no pair went up" — while noisy pairs could not rule out a small rise within a budget at
+    any bet."""
+    x = bound - np.asarray(d, dtype=float)
+    if x.size == 0:
+        return None
+    weights = np.full(BETS.size, 0.5 / BETS.size)
+    weights[-1] += 0.5
+    log_w = _wealth_up(x, weights, 1.0 / (1.0 - bound))
+    hit = np.nonzero(log_w >= np.log(1.0 / alpha))[0]
+    return int(hit[0]) + 1 if hit.size else None
+
+
 def _signs(d: np.ndarray) -> np.ndarray | None:
     """The signs of the disagreeing pairs when every pair is in ``{-1, 0, 1}``, else None."""
     if not np.all(np.isin(d, (-1.0, 0.0, 1.0))):
