@@ -24,6 +24,7 @@ from typing import Any
 from car_core import formatting as fmt
 from car_core.engine.replay import OutcomeDistribution
 from car_core.errors import InvalidInput
+from car_core.model.checks import is_real
 from car_core.model.trajectory import Trajectory
 from car_core.model.vocabulary import Answer
 from car_core.results import ContrastiveResult
@@ -113,7 +114,7 @@ def assert_rescues(distribution: Any, below: float, *, strict: bool = False) -> 
         raise InvalidInput(f"assert_rescues takes a car.intervene result, got "
                            f"{type(distribution).__name__}",
                            hint="pass what car.intervene(run, agent, do(...), ...) returned")
-    if isinstance(below, bool) or not isinstance(below, (int, float)) or not 0 < below <= 1:
+    if not is_real(below) or not 0 < below <= 1:
         raise InvalidInput(f"below={below!r}", hint="pass a failure rate in (0, 1]")
     lo, hi = distribution.ci
     shown = (fmt.failure_rate(distribution.mean, (lo, hi), distribution.level, distribution.n)

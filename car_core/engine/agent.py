@@ -35,6 +35,7 @@ from car_core.errors import (
     PolicyError,
 )
 from car_core.model.capabilities import Capability, capabilities
+from car_core.model.checks import is_whole
 from car_core.model.interventions import Plan
 from car_core.model.json_values import JSON, check_json, digest
 from car_core.model.outcome import OutcomeFn
@@ -126,7 +127,7 @@ class FunctionAgent:
             raise InvalidInput("FunctionAgent: is_final must be callable or None",
                                hint="pass is_final=lambda action: ... (True ends the run)")
         steps = self.max_steps
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        if not is_whole(steps, 1):
             raise InvalidInput(f"FunctionAgent: max_steps={steps!r} must be an int of at least 1",
                                hint="pass max_steps=20, say")
 

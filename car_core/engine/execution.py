@@ -54,6 +54,7 @@ from car_core.errors import (
 )
 from car_core.model.budget import BudgetMeter
 from car_core.model.capabilities import Capability, capabilities, takes_param
+from car_core.model.checks import is_whole
 from car_core.model.outcome import OutcomeFn, OutcomeLike
 from car_core.model.trajectory import Trajectory
 from car_core.model.vocabulary import RunStatus
@@ -233,7 +234,7 @@ class AsyncioExecutor:
     """
 
     def __init__(self, concurrency: int = defaults.CONCURRENCY) -> None:
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        if not is_whole(concurrency, 1):
             raise InvalidInput(f"concurrency={concurrency!r}: need at least 1",
                                hint="pass concurrency=N with N >= 1 (16 suits most servers)")
         self.concurrency = concurrency

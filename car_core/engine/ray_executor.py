@@ -19,6 +19,7 @@ from typing import Any
 from car_core import defaults
 from car_core.engine.tasks import Failure, Task, describe_error
 from car_core.errors import CarError, ExecutorUnavailable, InvalidInput
+from car_core.model.checks import is_whole
 
 LOCAL_ADDRESSES = (None, "", "local", "auto")
 PROBE_TIMEOUT_S = 5.0
@@ -83,7 +84,7 @@ class RayExecutor:
                  workers: int | None = None, local_cpus: int | None = None,
                  worker_retries: int = 1) -> None:
         for name, value in (("concurrency", concurrency), ("workers", workers)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+            if value is not None and (not is_whole(value)
                                       or value < 1):
                 raise InvalidInput(f"{name}={value!r}: need at least 1",
                                    hint=f"pass {name}=N with N >= 1")

@@ -44,6 +44,7 @@ from car_core.errors import (
 )
 from car_core.model.actions import same_action
 from car_core.model.budget import Budget, BudgetMeter, as_budget
+from car_core.model.checks import is_whole
 from car_core.model.interventions import Intervention, compile_plan
 from car_core.model.json_values import JSON
 from car_core.model.outcome import OutcomeFn, OutcomeLike, check_on_record, scored
@@ -182,10 +183,10 @@ def intervene(run: Trajectory, agent: Agent, interventions: Intervention | Seque
     the failure threshold from its stored outcome is refused (``outcome.check_on_record``)."""
     check_run(run)
     check_agent(run, agent, force=force_agent)
-    if isinstance(rollouts, bool) or not isinstance(rollouts, int) or rollouts < 1:
+    if not is_whole(rollouts, 1):
         raise InvalidInput(f"rollouts={rollouts!r}: need at least one rollout",
                            hint="pass rollouts=K with K >= 1 (32–64 is typical)")
-    if isinstance(twins, bool) or not isinstance(twins, int) or twins < 0:
+    if not is_whole(twins, 0):
         raise InvalidInput(f"twins={twins!r}: need a count >= 0",
                            hint="pass twins=8 to measure coupling, or leave it at 0")
     out = OutcomeFn(outcome)
@@ -313,7 +314,7 @@ def action_match_rate(run: Trajectory, agent: Agent, replays: int = 4) -> Action
     not decide from the recorded state (held, forced, edited, policy-swapped) are skipped;
     ``steps`` says which were measured."""
     check_run(run)
-    if isinstance(replays, bool) or not isinstance(replays, int) or replays < 1:
+    if not is_whole(replays, 1):
         raise InvalidInput(f"replays={replays!r}: need at least one", hint="pass replays >= 1")
     noise = Noise(int(run.seed or 0))
     per_step, measured = [], []

@@ -21,6 +21,7 @@ from car_core.engine.replay import check_run
 from car_core.engine.tasks import Failure, check_failures
 from car_core.errors import AgentError, InvalidInput
 from car_core.model.budget import Budget, BudgetMeter, as_budget
+from car_core.model.checks import is_whole
 from car_core.model.interventions import Intervention, compile_plan
 from car_core.model.outcome import OutcomeFn, OutcomeLike, check_on_record
 from car_core.model.seeding import branch_noise, coupling
@@ -44,7 +45,7 @@ def capped(budget: Budget | int | None, rollouts: int) -> Budget:
 
 
 def check_rollouts(rollouts: Any, least: int) -> int:
-    if isinstance(rollouts, bool) or not isinstance(rollouts, int) or rollouts < least:
+    if not is_whole(rollouts, least):
         raise InvalidInput(f"rollouts={rollouts!r}: this estimate needs at least {least}",
                            hint=f"pass rollouts={max(least, 64)} or more")
     return rollouts
@@ -57,7 +58,7 @@ class StepArms:
                  seed: int, budget: Budget | int | None, executor: ExecutorLike,
                  force_agent: bool) -> None:
         check_run(run)
-        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < len(run.steps):
+        if not is_whole(step) or not 0 <= step < len(run.steps):
             raise InvalidInput(f"step={step!r} is not a step of run {run.id} "
                                f"({len(run.steps)} steps)",
                                hint="pass the locus (car.contrastive(...).locus) or a step "

@@ -28,6 +28,7 @@ from car_core.engine.replay import check_run
 from car_core.engine.tasks import check_failures
 from car_core.errors import AttributionNotFound, InvalidInput, NothingToAttribute, StoreError
 from car_core.model.budget import Budget, BudgetMeter
+from car_core.model.checks import is_whole
 from car_core.model.interventions import Plan
 from car_core.model.outcome import OutcomeLike, check_on_record
 from car_core.model.seeding import branch_noise, coupling
@@ -169,7 +170,7 @@ class Session:
                  coupled: bool, budget: Budget | None, executor: ExecutorLike,
                  progress: Progress, store: RunStore | None, attribution_id: str | None,
                  params: dict[str, Any], force_agent: bool = False) -> None:
-        if isinstance(seed, bool) or not isinstance(seed, int):
+        if not is_whole(seed):
             raise InvalidInput(f"seed={seed!r} must be an int", hint="pass seed=0, 1, …")
         check_agent(run, agent, force=force_agent)
         self.run, self.agent, self.seed = run, agent, seed

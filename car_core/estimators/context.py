@@ -55,6 +55,7 @@ from car_core.engine.execution import ExecutorLike
 from car_core.errors import BudgetExhausted, InvalidInput
 from car_core.estimators._arms import StepArms, capped, check_rollouts
 from car_core.model.budget import Budget
+from car_core.model.checks import is_whole
 from car_core.model.context_sources import Source, Splitter, keep_all, remover, split, state_of
 from car_core.model.interventions import do_context
 from car_core.model.outcome import OutcomeLike
@@ -468,7 +469,7 @@ def context_attribution(run: Trajectory, agent: Agent, *, step: int, outcome: Ou
 def context_sources(run: Trajectory, step: int, splitter: Splitter | None = None
                     ) -> tuple[Source, ...]:
     """The sources ``car.context_attribution`` would attribute at ``step`` (to pick from)."""
-    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < len(run.steps):
+    if not is_whole(step) or not 0 <= step < len(run.steps):
         raise InvalidInput(f"step={step!r} is not a step of run {run.id}",
                            hint=f"pass a step between 0 and {len(run.steps) - 1}")
     return split(state_of(run, step), splitter)

@@ -69,6 +69,7 @@ from car_core.estimators._session import Session, check_run_has_steps, releasing
 from car_core.estimators.later import INDIFFERENCE
 from car_core.model.budget import Budget, as_budget
 from car_core.model.capabilities import Capability, capabilities
+from car_core.model.checks import is_real, is_whole
 from car_core.model.interventions import Plan, compile_plan, do_resample
 from car_core.model.outcome import OutcomeLike
 from car_core.model.trajectory import Trajectory, step_label
@@ -215,24 +216,24 @@ def search_wave(wave: int | None, agent: Agent) -> int:
 
 
 def _check_indifference(delta: Any) -> None:
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
+    if not is_real(delta) or not 0 < delta < 1:
         raise InvalidInput(f"indifference={delta!r}",
                            hint="the least rescue a later step must show to move the point of "
                                 "commitment: a number between 0 and 1, such as 0.1")
 
 
 def _check_wave(wave: Any) -> None:
-    if wave is not None and (isinstance(wave, bool) or not isinstance(wave, int) or wave < 0):
+    if wave is not None and (not is_whole(wave, 0)):
         raise InvalidInput(f"wave={wave!r}: need a whole number of rollouts >= 0, or None",
                            hint="leave wave=None (chosen from the agent), or pass e.g. wave=16 "
                                 "(0 keeps the smallest looks)")
 
 
 def _check(rollouts: Any, alpha: Any, search: Any) -> None:
-    if isinstance(rollouts, bool) or not isinstance(rollouts, int) or rollouts < 1:
+    if not is_whole(rollouts, 1):
         raise InvalidInput(f"rollouts={rollouts!r}: need at least one rollout per arm",
                            hint="pass rollouts=K with K >= 1 (32–64 is typical)")
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+    if not is_real(alpha) or not 0 < alpha < 1:
         raise InvalidInput(f"alpha={alpha!r} is outside (0, 1)", hint="use e.g. alpha=0.05")
     if search not in SEARCHES:
         raise InvalidInput(f"search={search!r} is not one of {SEARCHES}",

@@ -25,6 +25,7 @@ from car_core.engine.execution import ExecutorLike, Progress, Task
 from car_core.errors import InvalidBudget, InvalidInput
 from car_core.estimators._session import Session, check_run_has_steps, releasing
 from car_core.model.budget import Budget, as_budget
+from car_core.model.checks import is_real
 from car_core.model.interventions import Plan, compile_plan, do_action, do_resample
 from car_core.model.outcome import OutcomeLike
 from car_core.model.seeding import Noise, Stream
@@ -190,7 +191,7 @@ def _check(budget: Any, level: Any, mode: Any) -> tuple[Budget, int]:
                             hint="pass budget=2000 or car.Budget(rollouts=..., tokens=...)")
     assert b is not None
     cap = b.rollouts if b.rollouts is not None else DEFAULT_CAP
-    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+    if not is_real(level) or not 0 < level < 1:
         raise InvalidInput(f"level={level!r} is outside (0, 1)", hint="use e.g. level=0.95")
     if mode not in MODES:
         raise InvalidInput(f"mode={mode!r} is not one of {MODES}",

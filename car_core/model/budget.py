@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from car_core.errors import InvalidBudget
+from car_core.model.checks import is_whole
 from car_core.model.trajectory import Trajectory
 from car_core.model.vocabulary import SPENDING_ORIGINS
 
@@ -43,7 +44,7 @@ def as_budget(budget: Budget | int | None, what: str = "budget") -> Budget | Non
     """Accept a ``car.Budget`` or a plain rollout count."""
     if budget is None or isinstance(budget, Budget):
         return budget
-    if isinstance(budget, bool) or not isinstance(budget, int):
+    if not is_whole(budget):
         raise InvalidBudget(f"{what}={budget!r} is neither a rollout count nor a car.Budget",
                             hint="pass an int (rollouts) or car.Budget(rollouts=..., tokens=...)")
     return Budget(rollouts=budget)

@@ -19,13 +19,14 @@ from typing import Any
 
 from car_core.errors import InvalidIntervention, InvalidJSONValue, StepOutOfRange
 from car_core.model.actions import same_action
+from car_core.model.checks import is_whole
 from car_core.model.json_values import JSON, check_json
 from car_core.model.trajectory import Trajectory
 from car_core.model.vocabulary import Origin
 
 
 def _check_step(step: Any, kind: str) -> int:
-    if isinstance(step, bool) or not isinstance(step, int):
+    if not is_whole(step):
         raise InvalidIntervention(f"{kind}: the step must be an int, got {type(step).__name__}",
                                   hint="pass the index of the step to intervene on (0-based)")
     if step < 0:

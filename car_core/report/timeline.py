@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from car_core.model.checks import is_real
 from car_core.model.trajectory import Trajectory, step_label
 from car_core.model.vocabulary import Origin
 from car_core.report.values import _fmt, _is_message, _message_text, compact, seconds, show
@@ -40,7 +41,7 @@ def _cost(meta: Mapping[str, Any]) -> dict[str, Any]:
     None when it did not."""
     latency = meta.get("latency_s")
     usage = meta.get("usage") if isinstance(meta.get("usage"), Mapping) else None
-    if isinstance(latency, bool) or not isinstance(latency, (int, float)) \
+    if not is_real(latency) \
             or not math.isfinite(latency) or latency < 0:
         latency = None
 

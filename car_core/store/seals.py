@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 from car_core.errors import CorruptRun
+from car_core.model.checks import is_real
 from car_core.model.json_values import digest, loads
 from car_core.store.failures import DAMAGE
 
@@ -60,7 +61,7 @@ def row_problem(row: dict[str, Any]) -> str | None:
         return f"it does not parse ({type(exc).__name__})"
     for key in ("created_at", "outcome"):
         value = row[key]
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+        if value is not None and (not is_real(value)
                                   or not math.isfinite(value)):
             return f"its {key} {str(value)[:40]!r} is not a number"
     if row["created_at"] is not None and not 0 <= row["created_at"] < _LAST_DATE:
