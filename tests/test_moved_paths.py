@@ -47,5 +47,6 @@ def test_an_undocumented_old_path_warns_where_it_went(old: str) -> None:
 
 def test_from_import_of_a_moved_name_works() -> None:
     from car_core.synthetic import pivot
+
     from car_core.testing.synthetic import pivot as new
     assert pivot is new
