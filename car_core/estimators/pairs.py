@@ -1,6 +1,6 @@
 """What a repair ranking learned, as JSON lines: one preference pair per validated repair.
 
-Each line is a ``car.pair/1`` record (the README's "Exporting what was learned" section is the
+Each line is a ``car.pair/1`` record (docs/what-and-fix.md, "Exporting what was learned", is the
 schema's documentation)::
 
     {"schema": "car.pair/1", "run_id": …, "step": k,

@@ -144,7 +144,8 @@ def larger_budget(given: dict[str, Any] | None, note: str | None, rollouts: int 
     simulator's weak-rescue rows where N passed the cap, resuming with the cap plus N decided
     1.2–2.4 times as many seeds as doubling. A resume runs the search again under it and reads
     back each stored branch the search asks for; a larger budget can send the search another
-    way, so some stored branches may not be asked for again (the README measures the share)."""
+    way, so some stored branches may not be asked for again (docs/measured.md measures the
+    share)."""
     out = {k: v for k, v in (given or {}).items() if v is not None}
     text = note or ""
     limit = ("wall_time" if "wall-time" in text else "tokens" if "token budget" in text
