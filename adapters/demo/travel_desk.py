@@ -11,8 +11,8 @@ the failure) with probability ``p_flex``, else the cheapest fare. So, for a fail
 and every later step only carries out what step 1 decided (rescue 0): step 1 is the point of
 commitment. The tools come either as plain LangChain tools (``sync_tools``) or from the MCP
 server ``integrations_tests/support/mcp_travel_server.py``; both write one line per side effect
-to a ledger file. ``latency_s`` makes every model call wait as a hosted model does (``asyncio.sleep``
-on the async path, ``time.sleep`` on the sync one) and ``remote`` says so to CAR.
+to a ledger file. ``latency_s`` makes every model call wait as a hosted model does
+(``asyncio.sleep`` on the async path, ``time.sleep`` on the sync one) and ``remote`` says so to CAR.
 """
 
 from __future__ import annotations
