@@ -239,7 +239,7 @@ def test_an_estimate_draws_one_bar_of_its_budget_and_says_when_it_stops_early(
         monkeypatch, pivot_model, pivot_run) -> None:
     import car_core.estimators._session as session  # where the estimate's bar is made
     _Bar.made = []
-    monkeypatch.setattr(session, "_progress_bar",
+    monkeypatch.setattr(session, "progress_bar",
                         lambda progress, total, label: _Bar(total, label)
                         if progress is True else progress or None)
     # early_stop: decided (the locus confirmed, the later steps ruled out) with half of n·K

@@ -13,7 +13,8 @@ import pytest
 
 import car_core as car
 from car_core.engine.agent import Agent
-from car_core.engine.execution import Executor, ProgressBar
+from car_core.engine.execution import Executor
+from car_core.engine.progress import ProgressBar
 from car_core.estimators.settings import ContrastiveSettings, ShapleySettings
 from car_core.store import RunStore
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import queue
-import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence, Sized
@@ -36,6 +35,9 @@ from typing import Any, Literal, Protocol, TypeVar, cast
 from car_core import defaults
 from car_core.engine.agent import Agent, AsyncAgent
 from car_core.engine.branching import branch_scope
+from car_core.engine.progress import Progress as Progress  # re-exported: estimators take it
+from car_core.engine.progress import ProgressBar as ProgressBar
+from car_core.engine.progress import progress_bar
 from car_core.engine.tasks import (
     Failure as Failure,  # re-exported: Task and Failure live in the base module
 )
@@ -358,29 +360,6 @@ def default_executor(agent: Agent) -> Executor:
     return Sequential()
 
 
-class ProgressBar(Protocol):
-    """What a progress display offers an estimate (a ``tqdm`` bar does)."""
-
-    def update(self, n: int = 1) -> object: ...
-
-    def close(self) -> object: ...
-
-
-# None: a bar when stderr is a terminal; True: always; False: never; or the user's own bar.
-Progress = bool | ProgressBar | None
-
-
-def _progress_bar(progress: Progress, total: int | None, label: str) -> Any:
-    """None → a bar only when stderr is a terminal; True → always; False → never; an object
-    with ``update(n)`` and ``close()`` is used as is."""
-    if progress is False or (progress is None and not sys.stderr.isatty()):
-        return None
-    if progress is None or progress is True:
-        from tqdm import tqdm
-        return tqdm(total=total, desc=label, unit="rollout", leave=False, file=sys.stderr)
-    return progress
-
-
 def execute(tasks: Iterable[Task], fn: Callable[[Task], R], meter: BudgetMeter, *,
             executor: Executor | None = None, progress: Progress = None,
             label: str = "rollouts",
@@ -412,7 +391,7 @@ def execute(tasks: Iterable[Task], fn: Callable[[Task], R], meter: BudgetMeter, 
     slots: dict[int, tuple[Task, Any]] = {}
     failures: list[tuple[int, Failure]] = []
     lock = threading.Lock()  # the meter is shared with the executor's scheduling thread
-    bar = _progress_bar(progress, total, label)
+    bar = progress_bar(progress, total, label)
     guarded = Guarded(fn, retries)
     # Journaled tasks found while the executor pulls tasks (possibly on its own thread) wait
     # here and are loaded and accepted on this thread, which owns the journal's connection.

@@ -30,11 +30,11 @@ from car_core.engine.execution import (
     Executor,
     ExecutorLike,
     Progress,
-    _progress_bar,
     brancher,
     execute,
     resolve_executor,
 )
+from car_core.engine.progress import progress_bar
 from car_core.engine.tasks import Task, check_failures, returned_run
 from car_core.engine.tasks import run_branch as run_branch
 from car_core.errors import (
@@ -268,7 +268,7 @@ def _outcomes_in_batches(tasks: Callable[[range], Iterator[Task]], rollouts: int
     one meter and one progress bar: what ``execute`` holds per finished branch (its task and
     its kept value) is freed batch by batch, so memory is a float per branch, not a task and
     a run."""
-    bar = _progress_bar(progress, rollouts, "intervene")
+    bar = progress_bar(progress, rollouts, "intervene")
     values: list[Any] = []
     failures: list[Any] = []
     by_index: dict[int, Any] = {}

@@ -19,11 +19,11 @@ from car_core.engine.execution import (
     Failure,
     Progress,
     Task,
-    _progress_bar,
     brancher,
     execute,
     resolve_executor,
 )
+from car_core.engine.progress import progress_bar
 from car_core.engine.replay import check_run
 from car_core.engine.tasks import check_failures
 from car_core.errors import AttributionNotFound, InvalidInput, NothingToAttribute, StoreError
@@ -145,7 +145,7 @@ def _estimate_bar(progress: Any, meter: BudgetMeter, label: str) -> tuple[Any, b
     bar object, or False, is passed on as it is."""
     if progress is not None and progress is not True:
         return progress, False
-    bar = _progress_bar(progress, meter.budget.rollouts, label)
+    bar = progress_bar(progress, meter.budget.rollouts, label)
     return bar if bar is not None else False, bar is not None
 
 
