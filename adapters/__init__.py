@@ -6,3 +6,7 @@ ImportError that names the pip extra to install. Adapters use the core only thro
 API, ``car_core.contract`` (what an adapter implements and is given), ``car_core.errors`` and
 ``car_core.testing`` (the conformance suite each adapter passes).
 """
+
+from . import _moved
+
+_moved.install()  # the flat module paths of 0.1 import, with a warning, for one more release

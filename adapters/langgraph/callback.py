@@ -37,6 +37,7 @@ import json
 import os
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -63,10 +64,10 @@ from car_core.contract import (
 from car_core.errors import InvalidInput, OutcomeError, StoreError
 
 from ..common.run_keeping import open_store, score_run, store_run
+from . import step_meta
 from .fingerprint import app_digest
 from .messages import as_the_app_saw, decode, dict_of, jsonable, seen, usage_of
 from .model import CAR_DECIDED, decided_by_car
-from .step_meta import NODE_INPUT, agent_of, is_send_path, task_key
 
 log = redact.logger(__name__)  # log records pass the redaction rule
 MESSAGES_KEY = "messages"
@@ -104,7 +105,7 @@ class _Call:
         meta = {"origin": Origin.RECORD, "thread_id": md.get("thread_id", rec.thread_id),
                 "checkpoint_id": checkpoint_id, "checkpoint_ns": checkpoint_ns,
                 "checkpoint_map": cmap, "ns": checkpoint_ns,
-                "agent": agent_of(checkpoint_ns, rec.graph, md.get("langgraph_node")),
+                "agent": step_meta.agent_of(checkpoint_ns, rec.graph, md.get("langgraph_node")),
                 "node": md.get("langgraph_node"), "langgraph_step": md.get("langgraph_step"),
                 "task_ns": md.get("langgraph_checkpoint_ns"), "params": params,
                 "seed": params.get("seed") if isinstance(params, dict) else None,
@@ -112,7 +113,7 @@ class _Call:
         path = md.get("langgraph_path")
         meta["task_path"] = jsonable(list(path)) if isinstance(path, (list, tuple)) else None
         if self.built:
-            meta["input"] = NODE_INPUT
+            meta["input"] = step_meta.NODE_INPUT
         if self.prompt:
             meta["prompt"] = [rec.convert(m) for m in self.prompt]
         if self.message is not None:
@@ -206,7 +207,7 @@ def task_order(calls: list[tuple[_Call, dict[str, Any]]]) -> list[tuple[_Call, d
     for places in groups.values():
         if len(places) > 1:
             ordered = sorted((calls[i] for i in places),
-                             key=lambda cm: (task_key(cm[1]), cm[0].order))
+                             key=lambda cm: (step_meta.task_key(cm[1]), cm[0].order))
             for i, cm in zip(places, ordered, strict=True):
                 out[i] = cm
     return out
@@ -440,7 +441,7 @@ class CarCallback(BaseCallbackHandler):
         if rec is None:
             return  # a model call outside any graph this handler saw start
         md = metadata or {}
-        send = is_send_path(md.get("langgraph_path"))
+        send = step_meta.is_send_path(md.get("langgraph_path"))
         given = messages[0] if messages else []
         # a node that built the model's whole input itself (no graph message in it: a
         # SummarizationMiddleware's prompt) decided from that input, as a Send task does
@@ -601,3 +602,18 @@ def _fields(rec: _Recording, calls: list[_Call], results: dict[str, ToolMessage]
         meta["agent_fingerprint"] = fingerprint
     return {"context": context, "steps": steps, "agent": "langgraph", "status": status,
             "error": error, "meta": meta, "created_at": created_at}
+
+
+# what a step's meta says lived here until 0.2; the old names resolve for one more release
+_MOVED_TO_STEP_META = frozenset({"PUSH", "DEFAULT_GRAPH_NAME", "NODE_INPUT", "agent_of",
+                                 "is_send_task", "builds_input", "task_key"})
+
+
+def __getattr__(name: str) -> Any:
+    """A step-meta helper under its old name, with a DeprecationWarning naming its home."""
+    if name in _MOVED_TO_STEP_META:
+        warnings.warn(f"{__name__}.{name} moved to {step_meta.__name__}.{name}; import it from "
+                      "there (the old name goes in the next release)", DeprecationWarning,
+                      stacklevel=2)
+        return getattr(step_meta, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -31,12 +31,25 @@ from typing import Any
 from pydantic import TypeAdapter
 
 import car_core as car
-from car_core.errors import AdapterError
+from car_core.errors import AdapterError, InvalidInput
 
 from ..common.messages import ToolSafety, calls_of
 from ..common.state_change import Change, apply, recorded_changes
 
 ContextFactory = Callable[[Any], Any]
+NOT_GIVEN: Any = object()  # the default of the removed ``OpenAIAgentsAgent(context=)``
+
+
+def refuse_shared_context(context: object) -> None:
+    """Refuse 0.1's ``context=obj``: every branch ran with that one object, left as the app
+    last changed it. Branches now start from the context their step saw, and run at once, so
+    neither sharing the object nor copying it can stand in without moving the answer."""
+    if context is not NOT_GIVEN:
+        raise InvalidInput(
+            "OpenAIAgentsAgent(context=...) was removed in 0.2: each branch now gets the run "
+            "context its step was decided with, rebuilt from the record",
+            hint="drop context=; where the context cannot be recorded (a client, a lock), pass "
+                 "context_factory=lambda recorded: MyContext(...) to build each branch's own")
 
 
 def type_name(cls: type) -> str:

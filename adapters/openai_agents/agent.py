@@ -51,7 +51,13 @@ from ..common.messages import (
 )
 from ..common.sync import BranchLoop, run_on, run_sync
 from . import mcp_tools
-from ._context import ContextFactory, ContextRebuilder, replayable_writes
+from ._context import (
+    NOT_GIVEN,
+    ContextFactory,
+    ContextRebuilder,
+    refuse_shared_context,
+    replayable_writes,
+)
 from ._items import to_items
 from .app import agents_of, handoff_target, tool_names
 from .branch import BranchSession, Decided, clone_app
@@ -161,7 +167,8 @@ class OpenAIAgentsAgent:
     (for agents whose model is a name), guardrails and handoff filters.
     Each branch gets the run context the recorded step saw, rebuilt from the record; pass
     ``context_factory(recorded)`` to build it yourself (``recorded`` is the step's snapshot,
-    or None for a context CAR could not record). ``policy_agents``: whose model
+    or None for a context CAR could not record; 0.1's ``context=`` is refused, saying so).
+    ``policy_agents``: whose model
     ``do_policy`` swaps: ``"deciding"`` (the agent deciding its step), ``"all"``, or agent
     names.
     CAR's noise drives every branch decision (the step's stream for CAR-aware models such as
@@ -173,9 +180,10 @@ class OpenAIAgentsAgent:
                  simulators: Mapping[str, Callable[..., Any]] | None = None,
                  match_on: Mapping[str, Iterable[str] | str] | None = None,
                  max_turns: int = DEFAULT_MAX_TURNS, run_config: RunConfig | None = None,
-                 context_factory: ContextFactory | None = None,
+                 context_factory: ContextFactory | None = None, context: object = NOT_GIVEN,
                  policy_agents: str | Iterable[str] = "deciding",
                  name: str | None = None, unclassified: str = "refuse") -> None:
+        refuse_shared_context(context)
         if not isinstance(agent, Agent):
             raise AdapterError(f"expected an agents.Agent, got {type(agent).__name__}",
                                hint="pass the Agent your app starts Runner.run with")
