@@ -47,7 +47,7 @@ if _typing.TYPE_CHECKING:
 Action = JSON
 Observation = JSON
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def _render_html(result: dict[str, _typing.Any]) -> str:
@@ -118,4 +118,4 @@ __all__ = [
     "shapley",
 ]
 
-_moved.install()  # the flat module paths of 0.8 keep importing
+_moved.install()  # the flat module paths of 0.1 keep importing

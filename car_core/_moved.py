@@ -1,4 +1,4 @@
-"""Import paths that moved when ``car_core``'s layers became folders (0.9).
+"""Import paths that moved when ``car_core``'s layers became folders (0.2).
 
 The flat module names keep importing, as the same module objects as their new homes, so
 ``import car_core.synthetic`` and ``from car_core.vocabulary import Answer`` work unchanged.

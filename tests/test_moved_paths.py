@@ -1,4 +1,4 @@
-"""The flat import paths of 0.8 keep working after car_core's layers became folders: each old
+"""The flat import paths of 0.1 keep working after car_core's layers became folders: each old
 path is the very module at its new home, the documented ones import silently and the others
 warn that they moved (car_core._moved)."""
 
