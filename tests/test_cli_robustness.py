@@ -48,7 +48,7 @@ def test_running_out_of_memory_is_one_line_and_not_an_internal_error(stored, mon
     def exhausted(*args, **kwargs):
         raise MemoryError
 
-    monkeypatch.setattr("car_core.cli.run_intervene", exhausted)  # what `intervene` runs
+    monkeypatch.setattr("car_core.cli.intervene.run_intervene", exhausted)  # what it runs
     # what `attribute` runs
     monkeypatch.setattr("car_core.estimators.settings.contrastive", exhausted)
     for args in (["intervene", run.id, "--agent", PIVOT, "--do", "resample:2"],

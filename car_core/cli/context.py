@@ -1,7 +1,6 @@
 """The ``car what``, ``car fix`` and ``car export pairs`` commands: what in a step's state caused
-the failure, which fix works, and the pairs learned from it. ``register(cli)`` puts them on the
-``car`` app with its error handling and output (the bottom of ``car_core.cli`` calls it with
-itself, so ``python -m car_core.cli`` gets them too)."""
+the failure, which fix works, and the pairs learned from it (``export_app``, the ``car export``
+group). ``look_inside`` is ``car attribute --what``."""
 
 from __future__ import annotations
 
@@ -14,6 +13,18 @@ from rich.text import Text
 
 from car_core import defaults
 from car_core.cli import kit
+from car_core.cli.app import (
+    AgentOpt,
+    ForceAgentOpt,
+    JsonOpt,
+    OutcomeOpt,
+    StoreOpt,
+    check_seed,
+    err,
+    errors,
+    out,
+    print_json,
+)
 from car_core.errors import InvalidInput
 from car_core.estimators.context import context_attribution
 from car_core.estimators.pairs import export_pairs
@@ -21,18 +32,6 @@ from car_core.estimators.repairs import add_instruction, guard_observation, remo
 from car_core.model.trajectory import Trajectory
 from car_core.report import render_attribution, render_run
 from car_core.report.pages import latest_attribution
-
-_cli: Any = None  # the ``car_core.cli`` module the commands were registered on
-
-StoreOpt = Annotated[str, typer.Option("--store", help="SQLite store of runs.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
-AgentOpt = Annotated[str, typer.Option(
-    "--agent", help="MODULE:FACTORY; FACTORY() returns the agent (imported from the current "
-                    "folder).")]
-OutcomeOpt = Annotated[str | None, typer.Option(
-    "--outcome", help="MODULE:FUNCTION scoring a run in [0, 1] (1 = the failure happened).")]
-ForceAgentOpt = Annotated[bool, typer.Option(
-    "--force-agent", help="Use --agent even when it is not the agent the run was recorded with.")]
 
 StepOpt = Annotated[int | None, typer.Option(
     "--step", help="The step to look inside (default: the locus of the run's latest "
@@ -83,7 +82,7 @@ def _write_report(run: Trajectory, store: str, path: Path, what: Any = None,
     html = (render_attribution(found.result, run, what=what, fixes=fixes) if found is not None
             else render_run(run, what=what, fixes=fixes))
     path.write_text(html, encoding="utf-8")
-    _cli.err.print(Text(kit.safe(f"report written to {path}")))
+    err.print(Text(kit.safe(f"report written to {path}")))
 
 
 def _what(run: Trajectory, step: int, agent: Any, outcome: Any, *, rollouts: int, alpha: float,
@@ -101,6 +100,7 @@ def look_inside(run: Trajectory, step: int, agent: Any, outcome: Any, *, alpha: 
                  seed=seed, splitter=None, force_agent=force_agent)
 
 
+@errors
 def what(run_id: Annotated[str, typer.Argument(help="Run id.")], agent: AgentOpt,
          outcome: OutcomeOpt = None, step: StepOpt = None,
          rollouts: RolloutsOpt = defaults.CONTEXT_ROLLOUTS, alpha: AlphaOpt = defaults.ALPHA,
@@ -108,7 +108,7 @@ def what(run_id: Annotated[str, typer.Argument(help="Run id.")], agent: AgentOpt
          report: ReportOpt = None, store: StoreOpt = "car.db", json_out: JsonOpt = False) -> None:
     """Which message, tool result or document the step decided from caused the failure:
     random ablations re-run through the agent, each source's effect with its interval."""
-    _cli._check_seed(seed)
+    check_seed(seed)
     run, k = _load(run_id, store, step)
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
     result = _what(run, k, the_agent, the_outcome, rollouts=rollouts, alpha=alpha, seed=seed,
@@ -116,9 +116,9 @@ def what(run_id: Annotated[str, typer.Argument(help="Run id.")], agent: AgentOpt
     if report is not None:
         _write_report(run, store, report, what=result)
     if json_out:
-        _cli._print_json(result.to_dict())
+        print_json(result.to_dict())
     else:
-        _cli.out.print(Text(kit.safe(str(result))))
+        out.print(Text(kit.safe(str(result))))
     if not result.named:
         raise typer.Exit(kit.BUDGET if result.truncated else kit.NOTHING)
 
@@ -159,6 +159,7 @@ def _rank(run: Trajectory, k: int, agent: Any, outcome: Any, *, candidates: str 
     return what, ranking
 
 
+@errors
 def fix(run_id: Annotated[str, typer.Argument(help="Run id.")], agent: AgentOpt,
         outcome: OutcomeOpt = None, step: StepOpt = None, candidates: CandidatesOpt = None,
         instruction: InstructionOpt = None, guard: GuardOpt = None,
@@ -169,7 +170,7 @@ def fix(run_id: Annotated[str, typer.Argument(help="Run id.")], agent: AgentOpt,
         report: ReportOpt = None, store: StoreOpt = "car.db", json_out: JsonOpt = False) -> None:
     """Rank candidate repairs at the step by P(failure) with simultaneous intervals. Without
     candidates, the sources `car what` names are removed, one by one."""
-    _cli._check_seed(seed)
+    check_seed(seed)
     run, k = _load(run_id, store, step)
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
     what, ranking = _rank(run, k, the_agent, the_outcome, candidates=candidates,
@@ -180,15 +181,16 @@ def fix(run_id: Annotated[str, typer.Argument(help="Run id.")], agent: AgentOpt,
     if report is not None:
         _write_report(run, store, report, what=what, fixes=ranking)
     if json_out:
-        _cli._print_json({**ranking.to_dict(), "what": None if what is None else what.to_dict()})
+        print_json({**ranking.to_dict(), "what": None if what is None else what.to_dict()})
     else:
         if what is not None:
-            _cli.out.print(Text(kit.safe(str(what))))
-        _cli.out.print(Text(kit.safe(str(ranking))))
+            out.print(Text(kit.safe(str(what))))
+        out.print(Text(kit.safe(str(ranking))))
     if not any(r.validated for r in ranking.ranked):
         raise typer.Exit(kit.NOTHING)
 
 
+@errors
 def export_pairs_command(
         run_id: Annotated[str, typer.Argument(help="Run id.")], agent: AgentOpt,
         out_path: Annotated[Path, typer.Option(
@@ -202,26 +204,18 @@ def export_pairs_command(
         store: StoreOpt = "car.db") -> None:
     """Rank repairs at the step (as `car fix` does) and write (state, failing action, rescuing
     action or edit, estimated rescue with interval) as JSON lines."""
-    _cli._check_seed(seed)
+    check_seed(seed)
     run, k = _load(run_id, store, step)
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
     _, ranking = _rank(run, k, the_agent, the_outcome, candidates=candidates,
                        instructions=instruction or [], guards=guard or [], rollouts=rollouts,
                        alpha=alpha, seed=seed, force_agent=force_agent)
     written = export_pairs([(run, ranking)], out_path, validated_only=not all_repairs)
-    _cli.out.print(Text(kit.safe(f"wrote {written} pair(s) to {out_path}")))
+    out.print(Text(kit.safe(f"wrote {written} pair(s) to {out_path}")))
     if not written:
         raise typer.Exit(kit.NOTHING)
 
 
-def register(cli: Any) -> None:
-    """Add ``what``, ``fix`` and ``export pairs`` to ``cli.app`` (``cli``: the command module)."""
-    global _cli
-    _cli = cli
-    cli.app.command("what")(cli._errors(what))
-    cli.app.command("fix")(cli._errors(fix))
-    export_app = typer.Typer(name="export", no_args_is_help=True, rich_markup_mode=None,
-                             help="Write what attributions learned, for tuning or regression "
-                                  "tests.")
-    export_app.command("pairs")(cli._errors(export_pairs_command))
-    cli.app.add_typer(export_app)
+export_app = typer.Typer(name="export", no_args_is_help=True, rich_markup_mode=None,
+                         help="Write what attributions learned, for tuning or regression tests.")
+export_app.command("pairs")(export_pairs_command)

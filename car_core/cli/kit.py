@@ -1,6 +1,7 @@
 """Pieces the ``car`` command is built from: loading user code from ``MODULE:NAME``, parsing
 ``--do`` specs, the rich progress bar the estimators drive, terminal-safe text and the
-attribution tables. Kept apart from ``cli`` so the command module only wires flags to calls.
+attribution tables, and the exit statuses. Kept apart from the command modules so that they
+only wire flags to calls.
 """
 
 from __future__ import annotations
@@ -40,9 +41,6 @@ from car_core.errors import (
     InvalidIntervention,
     InvalidJSONValue,
     ModelUnavailable,
-    NothingToAttribute,
-    RunError,
-    StoreError,
 )
 from car_core.model.capabilities import positional_arity
 from car_core.model.interventions import (
@@ -56,7 +54,7 @@ from car_core.model.vocabulary import Answer
 from car_core.report import compact
 from car_core.results import Result, ShapleyResult
 
-# -- exit codes (documented in ``car --help``) -------------------------------------------------
+# -- exit codes (documented in ``car --help``; ``app.ending`` maps exceptions to them) -----
 OK, NOTHING, USAGE, BUDGET, STORE, AGENT, INTERRUPTED = 0, 1, 2, 3, 4, 5, 130
 INTERNAL = 70  # an unexpected error inside CAR or a library it uses (EX_SOFTWARE)
 # The reader of CAR's output went away (``car show RUN | head -1``): the status the shell
@@ -64,19 +62,6 @@ INTERNAL = 70  # an unexpected error inside CAR or a library it uses (EX_SOFTWAR
 # output was cut short without an error line in its way. Python ignores SIGPIPE, so CAR ends
 # itself the same way, quietly.
 CLOSED_PIPE = 141
-
-
-def exit_code(exc: CarError) -> int:
-    """The exit status an error means to a shell script."""
-    if isinstance(exc, NothingToAttribute):
-        return NOTHING
-    if isinstance(exc, BudgetExhausted):
-        return BUDGET
-    if isinstance(exc, (StoreError, RunError)):
-        return STORE
-    if isinstance(exc, AgentError):
-        return AGENT
-    return USAGE
 
 
 # The stops a resume can change, so the only ones whose message offers "Resume with": an
