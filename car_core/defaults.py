@@ -7,6 +7,7 @@ ROLLOUTS = 32  # contrastive: rollouts per arm
 INTERVENE_ROLLOUTS = 64  # car.intervene: branches per call
 CLI_INTERVENE_ROLLOUTS = 32  # `car intervene`: fewer than the API's, for a quick look at a run
 ALPHA = 0.05  # contrastive: family-wise error rate over the steps tested
+INDIFFERENCE = 0.1  # a later step's rescue below this does not move the point of commitment
 LEVEL = 0.95  # confidence level of intervals (shapley, intervene); 1 - ALPHA
 SHAPLEY_BUDGET = 2000  # shapley: total rollouts
 CONCURRENCY = 16  # branches in flight for the asyncio and Ray executors

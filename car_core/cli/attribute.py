@@ -95,6 +95,11 @@ def attribute(
         search: Annotated[Search | None, typer.Option(
             "--search", help="contrastive: how the steps are searched (auto: bisection; full: "
                              "every step tested; on --resume the attribution's).")] = None,
+        indifference: Annotated[float | None, typer.Option(
+            "--indifference",
+            help="contrastive: the least rescue a step after the locus must show to move it; "
+                 f"smaller ones are ruled out (default {defaults.INDIFFERENCE}; on --resume "
+                 "the attribution's).")] = None,
         max_tokens: Annotated[int | None, typer.Option(
             "--max-tokens", min=1, help="Stop before the branches spend more model tokens than "
                                         "this (on --resume the attribution's).")] = None,
@@ -155,7 +160,8 @@ def attribute(
     stored = dict(earlier.params) if earlier is not None else {}
     settings = _settings(method, stored, len(run.steps), rollouts=rollouts, budget=budget,
                          alpha=alpha, seed=seed)
-    settings = _with_caps(settings, stored, search=search, tokens=max_tokens, cost=max_cost,
+    settings = _with_caps(settings, stored, search=search, indifference=indifference,
+                          tokens=max_tokens, cost=max_cost,
                           seconds=max_seconds, prices=kit.parse_prices(price or [], price_file))
     _check_size(settings, len(run.steps), max_rollouts, max_budget)
     if earlier is not None and earlier.result is not None and not replace \
@@ -269,21 +275,24 @@ def _settings(method: Method, stored: dict[str, Any], n_steps: int, *, rollouts:
 
 def _with_caps(settings: ContrastiveSettings | ShapleySettings, stored: dict[str, Any], *,
                search: Search | None, tokens: int | None, cost: float | None,
-               seconds: float | None, prices: dict[str, tuple[float, float]]
-               ) -> ContrastiveSettings | ShapleySettings:
+               seconds: float | None, prices: dict[str, tuple[float, float]],
+               indifference: float | None = None) -> ContrastiveSettings | ShapleySettings:
     """The settings with the search and the token, money and wall-time caps the flags give
     (``car.Budget``, as Python takes them), else the attribution resumed's, else none."""
     for flag, value in (("--max-cost", cost), ("--max-seconds", seconds)):
         if value is not None and not value > 0:
             raise InvalidInput(f"{flag} {value} cannot pay for anything",
                                hint=f"give {flag} a positive number, or leave it out for no cap")
-    if search is not None and isinstance(settings, ShapleySettings):
-        raise InvalidInput("--search applies to contrastive only",
-                           hint="leave it out with --method shapley")
+    for flag, set_by in (("--search", search), ("--indifference", indifference)):
+        if set_by is not None and isinstance(settings, ShapleySettings):
+            raise InvalidInput(f"{flag} applies to contrastive only",
+                               hint="leave it out with --method shapley")
     if isinstance(settings, ContrastiveSettings):
         chosen = search.value if search is not None else stored.get("search")
         if isinstance(chosen, str) and chosen != settings.search:
             settings = replace(settings, search=chosen)
+        if indifference is not None:
+            settings = replace(settings, indifference=indifference)
     stored_budget = stored.get("budget")
     before: dict[str, Any] = stored_budget if isinstance(stored_budget, dict) else {}
     tokens = tokens if tokens is not None else before.get("tokens")

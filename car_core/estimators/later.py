@@ -28,12 +28,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from car_core import defaults
 from car_core.estimators.confirmation import Confirmation
 from car_core.estimators.navigation import ArmSource
 from car_core.stats.sequential import LOW_SHARE, below_at, positive_at
 
 LATER = 3 << 20       # first rollout index of the later steps' pairs
-INDIFFERENCE = 0.1    # Δ: a later rescue below this does not move the point of commitment
+INDIFFERENCE = defaults.INDIFFERENCE  # Δ
 RESERVE = 1 / 3       # of the budget left, what the stage leaves for the re-estimate
 
 
