@@ -6,7 +6,8 @@ agents at three levels of shared noise; Shapley against the paper and shapiq.
         [--rescue 0.3 ...] [--steps 8 ...] [--flip 0 ...]
         [--coupling none ...] [--resume-seeds 100] [--resume-fwer-seeds 500]
         [--resume-steps 4 8] [--pool-seeds 300]
-        [--skip grid fwer fwer-sim resume pooling shapley]
+        [--limit-seeds 200] [--limit-engine-seeds 20] [--limit-k 32]
+        [--skip grid fwer fwer-sim resume pooling limit shapley]
 
 Locus grid. Each row is a ``synthetic.PlantedDesk``: an ``n``-step ``car.FunctionAgent`` whose
 step ``⌊2n/3⌋`` denies a refund (the recorded failure) and approves w.p. ``rescue`` when
@@ -66,6 +67,15 @@ each, the estimate CAR reports (the confirmation's pairs but the one it stopped 
 the fresh rollouts) against the fresh rollouts alone, from the same decisions: error, bias,
 coverage of the truth and half-width over the seeds that named the pivot.
 
+Cost against the information limit (``limit``, ``limit_table.py``): on one-rise rows and
+two-rise rows (an AND pair, the later rescue smaller than, equal to or larger than the earlier
+one), arms sharing no noise, ``--limit-seeds`` seeds a row on the simulator and
+``--limit-engine-seeds`` through the engine at ``--limit-k`` rollouts a step: accuracy (the
+latest rise named; the whole claim made and true) and mean rollouts when the first step was
+confirmed and when the claim was decided, over the fixed-confidence lower bounds
+``T*·kl(α, 1 − α)`` for a told pivot and for the claim itself (``oracle.told_pivot``,
+``oracle.pivot_unknown``).
+
 Shapley RMSE at equal budget against the paper's estimator and shapiq's approximators on the
 same noisy games, with our interval coverage.
 
@@ -93,6 +103,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from limit_table import table as limit_table  # noqa: E402
 from oracle import locating_power, matched_power  # noqa: E402
 from paper_baseline import paper_contrastive, paper_shapley  # noqa: E402
 
@@ -667,9 +678,14 @@ def pooling(args: argparse.Namespace) -> None:
                       flush=True)
 
 
+def limit(args: argparse.Namespace) -> None:
+    limit_table(sorted(args.steps), args.rescue, args.flip, args.limit_seeds,
+                args.limit_engine_seeds, args.limit_k, ALPHA, args.workers)
+
+
 SECTIONS: dict[str, Callable[[argparse.Namespace], Any]] = {
     "grid": grid, "fwer": fwer, "fwer-sim": fwer_sim, "resume": resume_section,
-    "pooling": pooling, "shapley": shapley_table}
+    "pooling": pooling, "limit": limit, "shapley": shapley_table}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -687,6 +703,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="run lengths of the resume section (of --steps)")
     parser.add_argument("--pool-seeds", type=int, default=300,
                         help="simulator seeds per row of the pooling section")
+    parser.add_argument("--limit-seeds", type=int, default=200,
+                        help="simulator seeds per row of the limit section")
+    parser.add_argument("--limit-engine-seeds", type=int, default=20,
+                        help="engine seeds per row of the limit section")
+    parser.add_argument("--limit-k", type=int, default=K,
+                        help="rollouts per step of the limit section's budget (n·k)")
     parser.add_argument("--shapley-seeds", type=int, default=100)
     parser.add_argument("--shapley-budget", type=int, default=400)
     parser.add_argument("--rescue", type=float, nargs="+", default=[0.15, 0.3, 0.5])
@@ -706,6 +728,8 @@ def main(argv: list[str] | None = None) -> None:
         args.resume_seeds = min(args.resume_seeds, 6)
         args.resume_fwer_seeds = min(args.resume_fwer_seeds, 20)
         args.pool_seeds = min(args.pool_seeds, 20)
+        args.limit_seeds = min(args.limit_seeds, 40)
+        args.limit_engine_seeds = min(args.limit_engine_seeds, 4)
         args.steps = [n for n in args.steps if n <= 8] or [4]
         args.skip = sorted({*args.skip, "shapley"})
     if args.long_seeds is None:
