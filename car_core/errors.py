@@ -9,6 +9,8 @@ The tree::
     │   ├── InvalidJSONValue                    an action/observation/context that is not JSON
     │   ├── InvalidBudget                       a budget of zero, negative, or too small
     │   ├── AgentMismatch                       the agent given is not the one the run recorded
+    │   │   └── CheckpointsMissing              the run's checkpoints are gone; the record cannot
+    │   │                                       rebuild where a branch starts
     │   ├── UnclassifiedTools                   tools no source says are safe or side effects
     │   └── OutcomeError                        an outcome function that raised or left [0, 1]
     │       └── OutcomeMismatch                 it scores the recorded run the other way
@@ -97,6 +99,12 @@ class InvalidBudget(InvalidInput):
 
 class AgentMismatch(InvalidInput):
     """The agent given is not the one the run was recorded with (name or fingerprint)."""
+
+
+class CheckpointsMissing(AgentMismatch):
+    """The agent's checkpointer does not hold the run's thread (an in-memory one in another
+    process) and the record alone cannot rebuild the state a branch starts from; the message
+    names what the record lacks."""
 
 
 class UnclassifiedTools(InvalidInput):
@@ -281,9 +289,9 @@ class NothingToAttribute(CarError):
 
 __all__ = [
     "AdapterError", "AgentError", "AgentMismatch", "AttributionBusy", "AttributionNotFound",
-    "BranchesFailed", "BudgetExhausted", "CarError", "ConformanceFailure", "CorruptAttribution",
-    "CorruptRun", "CorruptStore", "EnvironmentError_", "ExecutorUnavailable", "InvalidBudget",
-    "InvalidIntervention", "InvalidInput", "InvalidJSONValue", "ModelUnavailable",
+    "BranchesFailed", "BudgetExhausted", "CarError", "CheckpointsMissing", "ConformanceFailure",
+    "CorruptAttribution", "CorruptRun", "CorruptStore", "EnvironmentError_", "ExecutorUnavailable",
+    "InvalidBudget", "InvalidIntervention", "InvalidInput", "InvalidJSONValue", "ModelUnavailable",
     "NotACarStore", "NothingToAttribute", "OutcomeError", "OutcomeMismatch", "PolicyError",
     "ReplayMismatch", "RunError", "RunNotFound", "SideEffectBlocked", "StepOutOfRange",
     "StoreError", "StoreReadOnly", "StoreTooNew", "UnclassifiedTools",

@@ -11,6 +11,12 @@ with LangGraph's own machinery, for an app compiled with a checkpointer whose me
   before ``k`` are served from the record with no model or tool call. Branch threads are deleted
   afterwards unless ``keep_branches=True``. Every step of a run is checked once, before its
   first branch runs; a run this app cannot fork is refused naming the shape and the node.
+- **Record anywhere.** A run whose thread the checkpointer does not hold (recorded with an
+  ``InMemorySaver`` in another process) is branched from fork points rebuilt from the record:
+  the step's recorded messages written into the branch's fresh thread so the step's model node
+  runs next (``rebuild``), where the messages are all the state it was scheduled from; where
+  they are not (a subgraph step, a ``Send`` task, other state keys the run wrote) the run is
+  refused with ``CheckpointsMissing`` before any branch.
 - **Send fan-out.** The model calls of parallel ``Send`` tasks are steps in LangGraph's task
   order (``Send`` index). A fork at one of them keeps the recorded writes of the workers whose
   steps come earlier (held, never re-run) and runs it and the later ones live; branches run a
@@ -110,6 +116,7 @@ from .messages import action_message, to_dict
 from .middleware import CarMiddleware
 from .model import CarChatModel, Control, controlling, seedable, waits_on_server
 from .plan import BranchPlan
+from .rebuild import Rebuild, rebuild
 from .refusals import refuse_branch, refuse_run, refuse_step, refuse_unknown_tools
 from .shape import AppShape
 from .thread import thread_outcome
@@ -211,6 +218,7 @@ class LangGraphAgent:
         # a graph with async-only nodes cannot run under invoke(); branches use ainvoke()
         self.is_async = self.shape.is_async
         self._checked: set[str] = set()
+        self._rebuilt: dict[str, Rebuild] = {}  # run id -> how its fork points are rebuilt
         self._lock = threading.Lock()
 
     @property
@@ -350,7 +358,7 @@ class LangGraphAgent:
             return Trajectory.new(context=run.context, steps=steps, seed=noise.seed,
                                   agent=self.name, status=run.status, meta=dict(run.meta))
         view = BranchPlan.of(plan)
-        refuse_branch(self.shape, run, view, self.model)
+        refuse_branch(self.shape, run, view, self.model, run.id in self._rebuilt)
         return BranchState.open(run, view, noise, f"car-branch-{uuid.uuid4().hex}",
                                 agent=self.name, safety=self.safety,
                                 decides=self.model is not None, coupled=self.couples_noise,
@@ -362,7 +370,7 @@ class LangGraphAgent:
         ``car_adapters.langgraph.calls``) differs."""
         run, k, thread_id = state.run, state.plan.start, state.thread_id
         # the first write, after every check passed
-        await fork(calls, self.messages_key, run, k, thread_id, state.edited)
+        await self._fork(calls, run, k, thread_id, state.edited)
         try:
             with controlling(thread_id, state.control), guarding(thread_id, state.guard):
                 if k in state.forced and self.model is None:
@@ -381,9 +389,9 @@ class LangGraphAgent:
         """Decide step ``k`` again from its recorded checkpoint, in a throwaway thread that
         stops at its first model decision."""
         self.preflight(run)
-        refuse_step(self.shape, run, k)
+        refuse_step(self.shape, run, k, run.id in self._rebuilt)
         thread_id = f"car-branch-{uuid.uuid4().hex}"
-        now(fork(SyncCalls(self.app, self.saver), self.messages_key, run, k, thread_id, None))
+        now(self._fork(SyncCalls(self.app, self.saver), run, k, thread_id, None))
         stop = _FirstDecision()
         guard = Guard(self.safety, answerable_calls(run), run_id=run.id)
         try:
@@ -417,10 +425,23 @@ class LangGraphAgent:
     def _check(self, run: Trajectory) -> None:
         if run.id in self._checked:
             return
-        refuse_run(self.shape, run, self.undecided if self.model is not None else None,
-                   self.safety)
+        rebuilt = refuse_run(self.shape, run,
+                             self.undecided if self.model is not None else None, self.safety)
         with self._lock:
+            if rebuilt is not None:
+                self._rebuilt[run.id] = rebuilt
             self._checked.add(run.id)
+
+    async def _fork(self, calls: SyncCalls, run: Trajectory, k: int, thread_id: str,
+                    edited: list[Any] | None) -> None:
+        """Start ``thread_id`` at step ``k``'s fork point: a copy of the checkpoints it was
+        scheduled from (``checkpoints.fork``), or, for a run whose thread the checkpointer does
+        not hold, the fork point rebuilt from the record (``rebuild``)."""
+        rebuilt = self._rebuilt.get(run.id)
+        if rebuilt is None:
+            await fork(calls, self.messages_key, run, k, thread_id, edited)
+        else:
+            await rebuild(calls, self.shape, run, k, thread_id, rebuilt.as_node[k], edited)
 
     # -- the machinery ------------------------------------------------------------------------
 

@@ -4,8 +4,10 @@ name before anything is written to the checkpointer.
 ``refuse_run`` checks a run once, before its first branch: each step must have been decided by
 a model node of a graph level CAR can fork into, from checkpoints that still hold what it
 decided from (``refuse_step``), and the tasks of each superstep must be ones a fork can hold
-apart. ``refuse_branch`` checks one branch: its step's checkpoints and what the plan asks of
-it. ``refuse_unknown_tools`` checks the agent's own parameters.
+apart. A run whose thread the checkpointer does not hold is branched from fork points rebuilt
+from the record where it holds their state (``rebuild``), and refused by name where not.
+``refuse_branch`` checks one branch: its step's checkpoints and what the plan asks of it.
+``refuse_unknown_tools`` checks the agent's own parameters.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from typing import Any
 from car_core.contract import Trajectory, redact
 from car_core.errors import (
     AdapterError,
-    AgentMismatch,
     InvalidInput,
     InvalidIntervention,
     StepOutOfRange,
@@ -26,6 +27,7 @@ from .checkpoints import carried_writes, checkpoint_map, recast, task_at, thread
 from .messages import to_dicts
 from .model import CarChatModel
 from .plan import BranchPlan
+from .rebuild import Rebuild, plan_rebuild
 from .shape import AppShape
 from .step_meta import builds_input, is_send_task
 from .undecided import refuse_undecided
@@ -48,35 +50,36 @@ def refuse_unknown_tools(tools: list[str], given: Mapping[str, list[str]]) -> No
 
 
 def refuse_run(shape: AppShape, run: Trajectory,
-               undecided: list[tuple[str, str, str]] | None, safety: Any = None) -> None:
+               undecided: list[tuple[str, str, str]] | None, safety: Any = None
+               ) -> Rebuild | None:
     """Refuse a run whose steps this app cannot fork into, naming the shape and the node.
     ``undecided``: the nodes calling models CAR does not decide, when CAR decides the others
     (None: CAR decides none). ``safety``: the agent's ``ToolSafety``, to refuse a guarded tool
-    whose recorded ``Command`` wrote state no record answer can write back."""
+    whose recorded ``Command`` wrote state no record answer can write back. A run whose thread
+    the checkpointer does not hold gives how its fork points are rebuilt from the record
+    (``rebuild``; ``CheckpointsMissing`` where they cannot be); any other gives None."""
     if run.meta.get("framework") != "langgraph":
         raise AdapterError("this run was not recorded from a LangGraph app", run_id=run.id,
                            hint="record it with CarCallback or import_thread")
     if safety is not None:
         refuse_state_writers(run, safety)
     thread_id = str(run.meta.get("thread_id"))
-    if shape.saver.get_tuple(thread_config(thread_id)) is None:  # a setup error
-        raise AgentMismatch(f"thread {thread_id!r} does not exist in this app's "
-                            "checkpointer", run_id=run.id,
-                            hint="build the agent on the checkpointer (database) the run "
-                                 "was recorded with; an InMemorySaver keeps its threads "
-                                 "only in the process that recorded them")
+    # an InMemorySaver of the process that recorded the run: rebuilt from the record below
+    missing = shape.saver.get_tuple(thread_config(thread_id)) is None
     if undecided is not None:
         refuse_undecided(run, undecided)
     groups: dict[tuple[str, str], dict[str, list[int]]] = {}  # checkpoint -> task -> steps
     for i, step in enumerate(run.steps):
         cmap = checkpoint_map(step.meta)
         _refuse_step_shape(shape, run, i, cmap)
-        refuse_step(shape, run, i)  # every step, so no branch runs before a step is refused
+        refuse_step(shape, run, i, rebuilt=missing)  # every step, before any branch runs
         for level, cid in cmap.items():
             groups.setdefault((level, str(cid)), {}).setdefault(
                 task_at(step.meta, level), []).append(i)
     for (level, _), by_task in groups.items():
         refuse_superstep(run, level, by_task)
+    if missing:
+        return plan_rebuild(shape, run)
     parallel = {key for key, by_task in groups.items() if len(by_task) > 1}
     for k, step in enumerate(run.steps):  # a Send worker held by its writes must have some
         for ns, cid in checkpoint_map(step.meta).items():
@@ -84,6 +87,7 @@ def refuse_run(shape: AppShape, run: Trajectory,
                       if (ns, str(cid)) in parallel else None)
             if source is not None:
                 carried_writes(run, k, ns, source)
+    return None
 
 
 def refuse_state_writers(run: Trajectory, safety: Any) -> None:
@@ -181,15 +185,18 @@ def refuse_superstep(run: Trajectory, level: str, by_task: Mapping[str, list[int
             hint="run model nodes one superstep at a time, or fan out with Send")
 
 
-def refuse_step(shape: AppShape, run: Trajectory, k: int) -> None:
+def refuse_step(shape: AppShape, run: Trajectory, k: int, rebuilt: bool = False) -> None:
     """Refuse a step this app cannot fork at: out of range, a checkpoint it was scheduled from
-    deleted, or a checkpoint whose messages are not those the step decided from. A step whose
+    deleted, or a checkpoint whose messages are not those the step decided from (``rebuilt``:
+    the run's fork points are rebuilt from the record, checked there). A step whose
     task built its model input (``builds_input``: a ``Send`` payload, a summarizer's prompt)
     decided from that input, not from the checkpoint's messages: the fork re-runs its node on
     the checkpoint, which builds it again, so there is no message list to compare."""
     if not 0 <= k < len(run.steps):
         raise StepOutOfRange(f"step {k} does not exist; the run has {len(run.steps)} steps",
                              run_id=run.id)
+    if rebuilt:
+        return
     step = run.steps[k]
     thread_id = str(run.meta.get("thread_id"))
     for ns, cid in checkpoint_map(step.meta).items():
@@ -207,14 +214,15 @@ def refuse_step(shape: AppShape, run: Trajectory, k: int) -> None:
                            hint="use the app and thread the run was recorded with")
 
 
-def refuse_branch(shape: AppShape, run: Trajectory, plan: BranchPlan, model: Any) -> None:
+def refuse_branch(shape: AppShape, run: Trajectory, plan: BranchPlan, model: Any,
+                  rebuilt: bool = False) -> None:
     """Refuse a branch of ``run`` under ``plan`` that the app cannot run faithfully: its step
     (``refuse_step``), or a plan that needs CAR to decide the model calls (``model``: the
     ``CarChatModel`` or ``CarMiddleware`` given, or None), a policy that is no chat model,
     forced tool results without a ``ToolNode``, or a forced input or action on a ``Send``
     task that only ``CarChatModel`` can reach."""
     k = plan.start
-    refuse_step(shape, run, k)
+    refuse_step(shape, run, k, rebuilt)
     if plan.needs_control and model is None:
         raise AdapterError(
             "holding steps after the branch step or swapping the policy needs CAR to "

@@ -22,7 +22,6 @@ from langgraph.types import Command, interrupt
 import car_core as car
 from car_core.errors import (
     AdapterError,
-    AgentMismatch,
     InvalidInput,
     InvalidIntervention,
     StoreError,
@@ -79,9 +78,12 @@ def test_a_run_from_a_different_graph_is_refused() -> None:
     other_app = other.compile(checkpointer=saver)
     with pytest.raises(AdapterError, match="different graph"):
         LangGraphAgent(other_app).branch(run, compile_plan(run, car.do_resample(1)), NOISE)
-    same_shape_elsewhere = sa.build_app(sa.PlantedSupportModel(), InMemorySaver())
-    with pytest.raises(AgentMismatch, match="does not exist in this app's checkpointer"):
-        LangGraphAgent(same_shape_elsewhere, **SA).branch(
+    # on a checkpointer without the run's thread, the record is read against the graph too
+    elsewhere = StateGraph(MessagesState)
+    elsewhere.add_node("model", lambda state: {"messages": [AIMessage("hi")]})
+    elsewhere.add_edge(START, "model")
+    with pytest.raises(AdapterError, match="node 'agent', which this graph does not have"):
+        LangGraphAgent(elsewhere.compile(checkpointer=InMemorySaver())).branch(
             run, compile_plan(run, car.do_resample(1)), NOISE)
     assert history(app, "user") == before and threads(saver) == {"user"}
 

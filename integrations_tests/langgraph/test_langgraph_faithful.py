@@ -50,6 +50,7 @@ from langgraph.prebuilt import ToolNode
 
 import car_core as car
 from car_core.errors import AdapterError, AgentMismatch, InvalidInput, SideEffectBlocked
+from integrations_tests.support.record_anywhere_apps import noted
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 32
@@ -411,29 +412,23 @@ def test_action_match_rate_is_quiet(caplog: pytest.LogCaptureFixture,
 
 
 AGENT_MODULE = '''
-from car_adapters.demo import support_agent as sa
-from car_adapters.langgraph import LangGraphAgent
-from langgraph.checkpoint.memory import InMemorySaver
-
-
-def make():
-    return LangGraphAgent(sa.build_app(sa.PlantedSupportModel(), InMemorySaver()),
-                          safe_tools=sa.SAFE_TOOLS, side_effect_tools=sa.SIDE_EFFECT_TOOLS)
+from integrations_tests.support.record_anywhere_apps import make_noted as make
 '''
 
 
 def test_a_thread_missing_from_the_saver_is_a_setup_error(tmp_path: Path) -> None:
     """``car attribute`` with an agent whose checkpointer lacks the run's thread (an
-    InMemorySaver in a new process) exits as a usage error, with nothing to resume."""
+    InMemorySaver in a new process), on a graph whose state the record cannot rebuild (a
+    ``notes`` key besides the messages), exits as a usage error, with nothing to resume."""
     (tmp_path / "desk_agent.py").write_text(AGENT_MODULE)
     store = car.RunStore(tmp_path / "car.db")
     cb = CarCallback(store=store, outcome=sa.outcome)
-    app = sa.build_app(sa.PlantedSupportModel(p_follow=1.0), InMemorySaver())
+    app = noted(InMemorySaver(), sa.PlantedSupportModel(p_follow=1.0))
     app.invoke(sa.inputs(), {"configurable": {"thread_id": "gone"}, "callbacks": [cb]})
     assert cb.run is not None
-    with pytest.raises(AgentMismatch, match="thread 'gone' does not exist"):
-        car.contrastive(cb.run, LangGraphAgent(sa.build_app(sa.PlantedSupportModel(),
-                                                            InMemorySaver()), **SA),
+    with pytest.raises(AgentMismatch, match="does not hold thread 'gone'"):
+        car.contrastive(cb.run, LangGraphAgent(noted(InMemorySaver(), sa.PlantedSupportModel()),
+                                               **SA),
                         outcome=sa.outcome, rollouts=2, store=store)
     assert store.attributions(cb.run.id) == []  # refused before the attribution began
     store.close()
@@ -445,7 +440,7 @@ def test_a_thread_missing_from_the_saver_is_a_setup_error(tmp_path: Path) -> Non
                            "--rollouts", "2"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
-    assert "thread 'gone' does not exist in this app's checkpointer" in proc.stderr
+    assert "does not hold thread 'gone'" in proc.stderr
     assert "Resume with" not in proc.stderr
 
 
