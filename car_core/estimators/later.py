@@ -36,6 +36,7 @@ from car_core.stats.sequential import LOW_SHARE, below_at, positive_at
 LATER = 3 << 20       # first rollout index of the later steps' pairs
 INDIFFERENCE = defaults.INDIFFERENCE  # Δ
 RESERVE = 1 / 3       # of the budget left, what the stage leaves for the re-estimate
+HOPELESS_AFTER = 16   # pairs after which a test no budget left could finish is stopped
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,28 @@ def levels(alpha: float, n: int) -> tuple[float, float]:
     return spare / 2, spare / 2 / max(n - 1, 1)
 
 
+def _pairs_to_show(d: np.ndarray, gap: float, level: float) -> float:
+    """Roughly how many pairs in all a betting test needs to show a mean ``gap`` away from
+    the pairs' own, at their spread: its log wealth grows by about ``gap²/(2σ²)`` a pair."""
+    if gap <= 0:
+        return float("inf")
+    return 2.0 * max(float(d.var()), 1e-3) * float(np.log(1.0 / level)) / gap ** 2
+
+
+def _hopeless(d: np.ndarray, delta: float, out_level: float, pos_level: float,
+              room: int) -> bool:
+    """Neither verdict is within reach of the pairs ``room`` more could buy: noisy pairs of a
+    step that changes little cannot rule it out at ``Δ``, nor show it matters, in this budget.
+    Judged at the mean's optimistic end each way (two standard errors), so a true cause whose
+    first pairs ran low is not given up. Stopping only gives up (the step stays open), so it
+    costs no validity."""
+    mean = float(d.mean())
+    slack = 2.0 * float(d.std()) / float(np.sqrt(d.size))
+    reach = d.size + room
+    return (_pairs_to_show(d, delta - (mean - slack), out_level) > reach
+            and _pairs_to_show(d, mean + slack, pos_level) > reach)
+
+
 def check_later(src: ArmSource, c: int, n: int, alpha: float, delta: float = INDIFFERENCE,
                 wave: int = 0) -> LaterCheck:
     """Test the steps after ``c`` latest first, until one is a cause or one is left open."""
@@ -99,6 +122,9 @@ def check_later(src: ArmSource, c: int, n: int, alpha: float, delta: float = IND
                 break
             if below_at(d, delta, out_level) is not None:
                 verdict = "ruled out"
+                break
+            room = (cap - (start_spent - src.remaining)) // 2
+            if pairs >= HOPELESS_AFTER and _hopeless(d, delta, out_level, pos_level, room):
                 break
         cap -= start_spent - src.remaining
         verdicts.append(LaterStep(j, verdict, pairs, float(d.mean()) if d.size else None))
