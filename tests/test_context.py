@@ -67,7 +67,7 @@ def test_chat_messages_split_into_sources_and_assistant_turns_are_not_sources() 
                  "tool_calls": [{"id": "c1", "function": {"name": "lookup"}}]},
                 {"role": "tool", "tool_call_id": "c1", "content": "order found"}]
     sources = split(messages)
-    assert [s.label for s in sources] == ["system message 0", "user message 1", "tool message 3"]
+    assert [s.label for s in sources] == ["system prompt", "user message 1", "tool message 3"]
     edited = ablate(messages, sources, [1, 2])
     # messages keep their place with empty content: the tool call stays answered, the history
     # still opens with a user turn

@@ -16,10 +16,10 @@ import pytest
 import car_core as car_api
 from car_core.estimators.pairs import read_pairs
 from car_core.store import RunStore
-from car_core.testing.synthetic_context import injected
+from car_core.testing.synthetic_context import in_tool_description, injected
 
 WORLD = """\
-from car_core.testing.synthetic_context import injected
+from car_core.testing.synthetic_context import in_tool_description, injected
 
 def world():
     return injected(10)
@@ -126,3 +126,24 @@ def test_car_attribute_what_finds_the_locus_then_the_message_inside_it(tmp_path:
                cwd=tmp_path)
     assert text.returncode == 0, text.stderr
     assert text.stdout.startswith("Step 0 (") and "user message 3: rescue" in text.stdout
+
+
+PROMPT_WORLD = """\
+from car_core.testing.synthetic_context import in_tool_description
+
+def world():
+    return in_tool_description(10)
+"""
+
+
+def test_car_what_lists_the_system_prompt_and_names_a_tool_description(tmp_path: Path) -> None:
+    (tmp_path / "prompted.py").write_text(PROMPT_WORLD)
+    run = in_tool_description(10).failing_run(0)
+    with RunStore(tmp_path / "car.db") as store:
+        store.save(run)
+    proc = car("what", run.id, "--step", "0", "--agent", "prompted:world", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "[1] tool lookup_policy: description: rescue" in proc.stdout
+    effects = proc.stdout.split("effect of keeping each source")[1]
+    assert "  system prompt" in effects  # offered as a source, with its effect, not named
+    assert "tool issue_refund: description" in effects

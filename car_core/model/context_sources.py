@@ -6,10 +6,19 @@ tool), one part of a message whose content is a list of parts, a key or an item 
 user ``splitter(text) -> [segment, …]`` cuts every textual source finer (sentences, retrieved
 documents inside one tool result); its segments must appear in the text in order.
 
+The instructions the model was given are sources under names a reader knows: the first system
+message of a chat state, or a ``system_prompt`` key of a context, is the ``system prompt``; a
+``tools`` key of a context holding tool specs (dicts with a ``name`` and a ``description``)
+gives one source per description, ``tool NAME: description``. Only what the state holds is
+offered, so an edit of it reaches the model wherever ``do_context`` does; a prompt a framework
+adds outside the state (a LangGraph node's own ``SystemMessage``, kept in ``meta["prompt"]``)
+is not a source.
+
 Taking a source out (``ablate``) deletes what it says: a message keeps its place with empty
 content (so a tool call stays answered and the history still opens with a user turn, which chat
-APIs and frameworks require), a message part or a context item is dropped, a segment is cut
-from its string, an observation becomes ``None``.
+APIs and frameworks require), a system prompt or a tool's description becomes empty (the tool
+stays offered, by name), a message part or a context item is dropped, a segment is cut from its
+string, an observation becomes ``None``.
 Assistant messages are the agent's own earlier decisions, which the step estimators blame;
 they are not sources.
 """
@@ -27,6 +36,9 @@ from car_core.model.trajectory import History, Step, Trajectory
 
 Path = tuple[Any, ...]
 Splitter = Callable[[str], Sequence[str]]
+SYSTEM_PROMPT = "system prompt"
+SYSTEM_PROMPT_KEY = "system_prompt"  # a context key whose value is the system prompt
+TOOLS_KEY = "tools"  # a context key whose value lists the tool specs the model is offered
 _GONE = object()  # a removed list item or dict value, dropped when the state is rebuilt
 
 
@@ -68,6 +80,7 @@ def _root(state: Any) -> Any:
 
 def _message_sources(messages: Sequence[Any], base: Path) -> list[tuple[str, Any, Path, bool]]:
     found: list[tuple[str, Any, Path, bool]] = []
+    prompt_seen = False
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict) or "role" not in msg:
             found.append((f"item {i}", msg, (*base, i), False))
@@ -76,7 +89,11 @@ def _message_sources(messages: Sequence[Any], base: Path) -> list[tuple[str, Any
         if role == "assistant":
             continue
         content = msg.get("content")
-        name = f"{role} message {i}" + (f" ({msg['name']})" if msg.get("name") else "")
+        if role == "system" and not prompt_seen:
+            prompt_seen = True
+            name = SYSTEM_PROMPT
+        else:
+            name = f"{role} message {i}" + (f" ({msg['name']})" if msg.get("name") else "")
         if isinstance(content, list) and len(content) > 1:
             for p, part in enumerate(content):
                 found.append((f"{name}, part {p}", part, (*base, i, "content", p), False))
@@ -85,13 +102,26 @@ def _message_sources(messages: Sequence[Any], base: Path) -> list[tuple[str, Any
     return found
 
 
+def _tool_specs(value: Any) -> bool:
+    """Whether a context value lists tool specs: dicts that each name a tool and describe it."""
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(t, dict) and isinstance(t.get("name"), str)
+        and isinstance(t.get("description"), str) for t in value)
+
+
 def _context_sources(context: Any) -> list[tuple[str, Any, Path, bool]]:
     if isinstance(context, list):
         return _message_sources(context, ("context",))
     if isinstance(context, dict):
         found: list[tuple[str, Any, Path, bool]] = []
         for key, value in context.items():
-            if isinstance(value, list) and len(value) > 1:
+            if key == SYSTEM_PROMPT_KEY and isinstance(value, str):
+                found.append((SYSTEM_PROMPT, value, ("context", key), True))
+            elif key == TOOLS_KEY and _tool_specs(value):
+                found += [(f"tool {t['name']}: description", t["description"],
+                           ("context", key, i, "description"), True)
+                          for i, t in enumerate(value)]
+            elif isinstance(value, list) and len(value) > 1:
                 found += [(f"{key}[{i}]", item, ("context", key, i), False)
                           for i, item in enumerate(value)]
             else:
