@@ -1,8 +1,9 @@
 """LangGraph adapter: record with a callback, fork checkpoints under interventions, attribute.
 
 ``CarCallback`` records runs. ``LangGraphAgent(app)`` implements the car_core agent protocol
-with LangGraph's own machinery, for an app compiled with a checkpointer whose messages live in a
-``messages`` channel with the ``add_messages`` reducer:
+with LangGraph's own machinery, for an app whose messages live in a ``messages`` channel with
+the ``add_messages`` reducer. An app compiled without a checkpointer is branched on a copy of it
+with an ``InMemorySaver`` CAR supplies (``saver``; the app itself is never changed):
 
 - **Fork.** A branch from step ``k`` copies the checkpoints the step-``k`` task was scheduled
   from — one per graph level, so a step inside a subgraph (a worker agent) resumes there under
@@ -12,7 +13,8 @@ with LangGraph's own machinery, for an app compiled with a checkpointer whose me
   afterwards unless ``keep_branches=True``. Every step of a run is checked once, before its
   first branch runs; a run this app cannot fork is refused naming the shape and the node.
 - **Record anywhere.** A run whose thread the checkpointer does not hold (recorded with an
-  ``InMemorySaver`` in another process) is branched from fork points rebuilt from the record:
+  ``InMemorySaver`` in another process, or with no checkpointer at all) is branched from fork
+  points rebuilt from the record:
   the step's recorded messages written into the branch's fresh thread so the step's model node
   runs next (``rebuild``), where the messages are all the state it was scheduled from; where
   they are not (a subgraph step, a ``Send`` task, other state keys the run wrote) the run is
@@ -75,8 +77,9 @@ answer.
 This module drives branches; the parts live beside it: ``shape`` (what the app's builder says,
 read once), ``refusals`` (every shape CAR cannot make faithful, refused before the first write),
 ``plan`` (the intervention plan read once, per step), ``branch_state`` (one branch in flight
-and the trajectory it records), ``checkpoints`` (the fork), ``calls`` (the app and checkpointer,
-sync or async) and ``importer`` (threads).
+and the trajectory it records), ``checkpoints`` (the fork), ``rebuild`` (fork points rebuilt
+from the record), ``saver`` (the checkpointer an app compiled without one branches on),
+``calls`` (the app and checkpointer, sync or async) and ``importer`` (threads).
 """
 
 from __future__ import annotations
@@ -118,6 +121,7 @@ from .model import CarChatModel, Control, controlling, seedable, waits_on_server
 from .plan import BranchPlan
 from .rebuild import Rebuild, rebuild
 from .refusals import refuse_branch, refuse_run, refuse_step, refuse_unknown_tools
+from .saver import branchable, supplied
 from .shape import AppShape
 from .thread import thread_outcome
 from .tool_classes import derived_classes
@@ -171,15 +175,11 @@ class LangGraphAgent:
                  messages_key: str = MESSAGES_KEY, keep_branches: bool = False,
                  recursion_limit: int = 50, name: str | None = None,
                  unclassified: str = "refuse") -> None:
-        saver = getattr(app, "checkpointer", None)
         if not hasattr(app, "get_state_history"):
             raise InvalidInput(f"LangGraphAgent needs a compiled LangGraph app, got "
                                f"{type(app).__name__}", hint="pass graph.compile(checkpointer=…)")
-        if saver is None or isinstance(saver, bool):
-            raise AdapterError("the app was compiled without a checkpointer, so there is "
-                               "nothing to fork from",
-                               hint="compile it with checkpointer=SqliteSaver(conn) or "
-                                    "InMemorySaver()")
+        # compiled without a checkpointer: branches run on a copy with one CAR supplies
+        app, saver = branchable(app)
         if model is not None and not isinstance(model, (CarChatModel, CarMiddleware)):
             raise InvalidInput("model= must be the CarChatModel the app calls or the "
                                "CarMiddleware its create_agent runs",
@@ -414,6 +414,11 @@ class LangGraphAgent:
         """The trajectory of an existing thread, rebuilt from its checkpoint history in every
         namespace, subgraphs included (``car_adapters.langgraph.importer``)."""
         self._saver_loop()
+        if supplied(self.saver):
+            raise AdapterError(f"the app was compiled without a checkpointer, so it keeps no "
+                               f"thread {thread_id!r} to import",
+                               hint="compile it with a checkpointer (SqliteSaver(conn)) and "
+                                    "run it on a thread_id, or record runs with CarCallback")
         return import_thread(self.shape, thread_id, self.name)
 
     def preflight(self, run: Trajectory) -> None:

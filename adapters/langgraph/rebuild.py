@@ -1,5 +1,6 @@
 """Fork points rebuilt from the record, for a run whose thread the agent's checkpointer does not
-hold (an ``InMemorySaver`` of the process that recorded it, gone with that process).
+hold (an ``InMemorySaver`` of the process that recorded it, gone with that process, or none: the
+app was compiled without a checkpointer, and branches run on one CAR supplies, ``saver``).
 
 A step's fork point is the graph state its model task was scheduled from. Where the record
 holds all of that state — a model node of the top-level graph whose state is its messages
@@ -38,12 +39,15 @@ from .calls import SyncCalls, now
 from .checkpoints import checkpoint_map, thread_config
 from .final import final_state
 from .messages import from_dicts, to_dict, to_dicts
+from .saver import supplied
 from .shape import AppShape
 from .step_meta import builds_input, is_send_task
 
 PERSIST = ("record the run on a checkpointer another process can read (SqliteSaver, "
            "PostgresSaver) and build the agent on it, or attribute in the process that "
            "recorded the run")
+RECOMPILE = ("compile the app with a checkpointer another process can read (SqliteSaver, "
+             "PostgresSaver), record the run again and build the agent on it")
 
 
 @dataclass(frozen=True)
@@ -57,14 +61,11 @@ class Rebuild:
 def plan_rebuild(shape: AppShape, run: Trajectory) -> Rebuild:
     """The way to rebuild every step's fork point of ``run`` from its record, each checked in a
     scratch thread, or ``CheckpointsMissing`` naming what the record lacks."""
-    thread_id = run.meta.get("thread_id")
+    why, hint = _why_missing(shape, run.meta.get("thread_id"))
 
     def refuse(what: str, step: int | None = None) -> CheckpointsMissing:
-        return CheckpointsMissing(
-            f"this app's checkpointer does not hold thread {thread_id!r} (an InMemorySaver "
-            f"keeps its threads only in the process that recorded them), and the record "
-            f"cannot rebuild where a branch starts: {what}", run_id=run.id, step=step,
-            hint=PERSIST)
+        return CheckpointsMissing(f"{why}, and the record cannot rebuild where a branch "
+                                  f"starts: {what}", run_id=run.id, step=step, hint=hint)
 
     builder = getattr(shape.app, "builder", None)
     channels: Mapping[str, Any] = getattr(builder, "channels", None) or {}
@@ -114,6 +115,18 @@ def recorded_messages(run: Trajectory, k: int) -> list[BaseMessage]:
         same = i < len(kept) and isinstance(kept[i], BaseMessage) and to_dict(kept[i]) == m
         out.append(kept[i] if same else from_dicts([m])[0])
     return out
+
+
+def _why_missing(shape: AppShape, thread_id: Any) -> tuple[str, str]:
+    """Why no checkpoint of the run can be read, and what to do about it."""
+    if thread_id is None:
+        return ("the run was recorded from an app compiled without a checkpointer, so no "
+                "checkpoint of it exists", RECOMPILE)
+    if supplied(shape.saver):
+        return (f"this app was compiled without a checkpointer, so it does not hold thread "
+                f"{thread_id!r}", PERSIST)
+    return (f"this app's checkpointer does not hold thread {thread_id!r} (an InMemorySaver "
+            "keeps its threads only in the process that recorded them)", PERSIST)
 
 
 def _unrecorded_keys(shape: AppShape, run: Trajectory, channels: Mapping[str, Any]

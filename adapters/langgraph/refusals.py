@@ -63,9 +63,10 @@ def refuse_run(shape: AppShape, run: Trajectory,
                            hint="record it with CarCallback or import_thread")
     if safety is not None:
         refuse_state_writers(run, safety)
-    thread_id = str(run.meta.get("thread_id"))
-    # an InMemorySaver of the process that recorded the run: rebuilt from the record below
-    missing = shape.saver.get_tuple(thread_config(thread_id)) is None
+    thread_id = run.meta.get("thread_id")
+    # recorded without a checkpointer, or an InMemorySaver of the process that recorded the
+    # run: rebuilt from the record below
+    missing = thread_id is None or shape.saver.get_tuple(thread_config(str(thread_id))) is None
     if undecided is not None:
         refuse_undecided(run, undecided)
     groups: dict[tuple[str, str], dict[str, list[int]]] = {}  # checkpoint -> task -> steps
@@ -83,7 +84,7 @@ def refuse_run(shape: AppShape, run: Trajectory,
     parallel = {key for key, by_task in groups.items() if len(by_task) > 1}
     for k, step in enumerate(run.steps):  # a Send worker held by its writes must have some
         for ns, cid in checkpoint_map(step.meta).items():
-            source = (shape.saver.get_tuple(thread_config(thread_id, cid, ns))
+            source = (shape.saver.get_tuple(thread_config(str(thread_id), cid, ns))
                       if (ns, str(cid)) in parallel else None)
             if source is not None:
                 carried_writes(run, k, ns, source)

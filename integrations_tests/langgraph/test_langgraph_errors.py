@@ -53,9 +53,15 @@ def recorded(saver: Any, *, wrapped: bool = True, p_follow: float = 1.0
     return app, cb.run
 
 
-def test_an_app_without_a_checkpointer_is_refused() -> None:
-    with pytest.raises(AdapterError, match="without a checkpointer"):
-        LangGraphAgent(sa.build_app(sa.PlantedSupportModel()))
+def test_an_app_without_a_checkpointer_has_no_thread_to_import(store: Any) -> None:
+    """Branches of an app compiled without a checkpointer run on a copy with one CAR supplies
+    (``test_langgraph_record_anywhere``), but it keeps no thread to import."""
+    app = sa.build_app(sa.PlantedSupportModel())
+    with pytest.raises(AdapterError, match="compiled without a checkpointer"):
+        LangGraphAgent(app, **SA).import_thread("user")
+    with pytest.raises(AdapterError, match="compiled without a checkpointer"):
+        attribute_thread(app, "user", outcome=sa.outcome, store=store, **SA)
+    assert app.checkpointer is None and store.runs(branches=True) == []
 
 
 def test_an_unknown_thread_is_refused_and_the_store_stays_empty(store: Any) -> None:

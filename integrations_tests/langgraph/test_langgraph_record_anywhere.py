@@ -1,7 +1,9 @@
-"""A run recorded with an ``InMemorySaver`` is attributed from another process: its fork points
-are rebuilt from the record where the messages are the whole graph state, giving the locus (and
-every arm) an attribution in the recording process gives; where the record does not hold the
-state, the run is refused with ``CheckpointsMissing`` before any branch.
+"""A run recorded with an ``InMemorySaver``, or from an app compiled without a checkpointer, is
+attributed from another process: its fork points are rebuilt from the record where the messages
+are the whole graph state, giving the locus (and every arm) an attribution from the recorded
+checkpoints gives; where the record does not hold the state, the run is refused with
+``CheckpointsMissing`` before any branch. An app without a checkpointer is branched on a copy
+with a checkpointer CAR supplies; the user's app keeps none.
 
 The app (``integrations_tests/support/record_anywhere_apps.py``): the support desk on
 ``create_agent`` with CAR's middleware, the decision at step 1 refunding with p = 0.3 when the
@@ -17,6 +19,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from car_adapters.demo import support_agent as sa
@@ -114,4 +117,69 @@ def test_the_cli_refuses_a_run_it_cannot_rebuild_as_a_setup_error(tmp_path: Path
                       "record_anywhere_apps:outcome", "--rollouts", "2", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "does not hold thread 'gone'" in proc.stderr and "'notes'" in proc.stderr
+    assert "Resume with" not in proc.stderr
+
+
+def channels_of(app: Any) -> dict[str, Any]:
+    return dict(app.channels)
+
+
+def test_a_run_recorded_without_a_checkpointer_gives_the_checkpointed_locus(tmp_path: Path
+                                                                            ) -> None:
+    """The same seeded desk recorded with and without a checkpointer: the bare run, attributed
+    in the process that recorded it and from ``car attribute``, gives what forking the
+    checkpointed run's recorded checkpoints gives."""
+    with car.RunStore(":memory:") as store:
+        kept_app, kept_mw, kept = apps.record_failing(store)
+        there = car.contrastive(kept, LangGraphAgent(kept_app, model=kept_mw, **apps.CLASSES),
+                                outcome=apps.outcome, rollouts=ROLLOUTS, seed=0)
+    db = tmp_path / "car.db"
+    with car.RunStore(db) as store:
+        app, mw, run = apps.record_failing(store, bare=True)
+        before = channels_of(app)
+        assert run.meta["thread_id"] is None
+        assert [s.action for s in run.steps] == [s.action for s in kept.steps]  # the same run
+        agent = LangGraphAgent(app, model=mw, **apps.CLASSES)
+        res = car.contrastive(run, agent, outcome=apps.outcome, rollouts=ROLLOUTS, seed=0)
+    assert there.locus == 1  # the planted decision
+    assert res.locus == there.locus
+    assert [s.effect for s in res.steps] == [s.effect for s in there.steps]
+    # the user's app untouched: still no checkpointer, the same channels; CAR's saver emptied
+    assert app.checkpointer is None and agent.app is not app
+    assert channels_of(app) == before and all(app.channels[k] is v for k, v in before.items())
+    assert list(agent.saver.list(None)) == []
+
+    proc = run_python("-m", "car_core.cli", "attribute", run.id, "--store", str(db),
+                      "--agent", "record_anywhere_apps:make_bare", "--outcome",
+                      "record_anywhere_apps:outcome", "--rollouts", str(ROLLOUTS), "--json",
+                      cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["locus"] == there.locus
+
+
+def test_a_bare_run_whose_state_the_record_does_not_hold_is_refused(tmp_path: Path) -> None:
+    """The ``notes`` graph compiled without a checkpointer: no checkpoint of its run exists,
+    and the record keeps only the final notes, so the run is refused before any branch, in
+    process and by ``car attribute`` (a setup error, exit 2)."""
+    db = tmp_path / "car.db"
+    with car.RunStore(db) as store:
+        cb = CarCallback(store=store, outcome=apps.outcome)
+        app = apps.noted(None, sa.PlantedSupportModel(p_follow=1.0))
+        app.invoke(sa.inputs(), {"callbacks": [cb]})
+        run = cb.run
+        assert run is not None and run.meta["thread_id"] is None
+        elsewhere = sa.PlantedSupportModel(p_follow=1.0)
+        agent = LangGraphAgent(apps.noted(None, elsewhere), **apps.CLASSES)
+        with pytest.raises(CheckpointsMissing, match="wrote state key 'notes'") as refused:
+            car.contrastive(run, agent, outcome=apps.outcome, rollouts=2, store=store)
+        assert "compiled without a checkpointer" in str(refused.value)
+        assert "SqliteSaver" in str(refused.value)
+        assert elsewhere.calls == 0 and store.attributions(run.id) == []  # no branch ran
+        assert list(agent.saver.list(None)) == []  # no thread was written
+    assert app.checkpointer is None
+    proc = run_python("-m", "car_core.cli", "attribute", run.id, "--store", str(db), "--agent",
+                      "record_anywhere_apps:make_noted_bare", "--outcome",
+                      "record_anywhere_apps:outcome", "--rollouts", "2", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "compiled without a checkpointer" in proc.stderr and "'notes'" in proc.stderr
     assert "Resume with" not in proc.stderr

@@ -3,8 +3,10 @@
 ``build()`` is the support desk on ``create_agent`` with CAR's middleware and the planted
 support model (``car_adapters.demo.support_agent``): the decision at step 1 refunds with
 p = 0.3 when the injection is visible. Its messages are its whole state, so the record rebuilds
-every fork point. ``noted(saver)`` is the support graph with a ``notes`` key its model node
-writes: the record keeps only the final notes, so it cannot rebuild a fork point.
+every fork point. ``build(bare=True)`` is the same desk compiled without a checkpointer, which
+``make_bare()`` gives ``car attribute``. ``noted(saver)`` is the support graph with a ``notes``
+key its model node writes: the record keeps only the final notes, so it cannot rebuild a fork
+point (``noted(None)`` and ``make_noted_bare()``: the same graph without a checkpointer).
 
 Run as a script (``python record_anywhere_apps.py STORE ROLLOUTS``), it records a failing run
 of ``build()`` into ``STORE`` and attributes it in that same process, where the checkpoints
@@ -32,12 +34,13 @@ outcome = sa.outcome
 CLASSES: dict[str, Any] = {"safe_tools": sa.SAFE_TOOLS, "side_effect_tools": sa.SIDE_EFFECT_TOOLS}
 
 
-def build() -> tuple[Any, CarMiddleware]:
-    """The create_agent support desk, on a new InMemorySaver."""
+def build(bare: bool = False) -> tuple[Any, CarMiddleware]:
+    """The create_agent support desk, on a new InMemorySaver (``bare``: compiled without a
+    checkpointer)."""
     mw = CarMiddleware()
     app = create_agent(sa.PlantedSupportModel(rng_seed=0), sa.TOOLS,
-                       system_prompt=sa.SYSTEM_PROMPT, checkpointer=InMemorySaver(),
-                       middleware=[mw])
+                       system_prompt=sa.SYSTEM_PROMPT,
+                       checkpointer=None if bare else InMemorySaver(), middleware=[mw])
     return app, mw
 
 
@@ -45,6 +48,13 @@ def make() -> LangGraphAgent:
     """The agent ``car attribute --agent`` builds in a new process: a new app, whose
     InMemorySaver holds none of the recorded threads."""
     app, mw = build()
+    return LangGraphAgent(app, model=mw, **CLASSES)
+
+
+def make_bare() -> LangGraphAgent:
+    """The agent ``car attribute --agent`` builds from the desk compiled without a
+    checkpointer: CAR branches on a copy of it with a checkpointer of its own."""
+    app, mw = build(bare=True)
     return LangGraphAgent(app, model=mw, **CLASSES)
 
 
@@ -78,12 +88,19 @@ def make_noted() -> LangGraphAgent:
     return LangGraphAgent(noted(InMemorySaver(), sa.PlantedSupportModel()), **CLASSES)
 
 
-def record_failing(store: car.RunStore) -> tuple[Any, CarMiddleware, car.Trajectory]:
-    """A failing run of ``build()``, stored; the app that recorded it and its middleware."""
-    app, mw = build()
+def make_noted_bare() -> LangGraphAgent:
+    return LangGraphAgent(noted(None, sa.PlantedSupportModel()), **CLASSES)
+
+
+def record_failing(store: car.RunStore, bare: bool = False
+                   ) -> tuple[Any, CarMiddleware, car.Trajectory]:
+    """A failing run of ``build(bare)``, stored; the app that recorded it and its middleware.
+    A bare app runs on no thread: it has no checkpointer to keep one."""
+    app, mw = build(bare)
     cb = CarCallback(store=store, outcome=outcome)
     for i in range(60):  # a seeded model: the same runs every time
-        app.invoke(sa.inputs(), {"configurable": {"thread_id": f"user-{i}"}, "callbacks": [cb]})
+        config = {} if bare else {"configurable": {"thread_id": f"user-{i}"}}
+        app.invoke(sa.inputs(), {**config, "callbacks": [cb]})
         run = cb.run
         if run is not None and run.outcome is not None and run.outcome.value == 1.0:
             return app, mw, run
