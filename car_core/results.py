@@ -79,6 +79,45 @@ class _Rendered:
 
 
 @dataclass(frozen=True)
+class Alternative:
+    """One action the agent took when a step was re-drawn (steps before it held), read from
+    the branches the estimate ran: its ``share`` of them and the failure rate ``p_fail`` of
+    the branches that took it, each with a Wilson interval at the result's level. ``n`` is
+    how many branches took it; below a few (``estimators.alternatives.MIN_BRANCHES``) its
+    failure rate is too few to tell (``p_fail`` None). ``action`` is the group's key: the
+    tool calls (name and canonical arguments) or the reply's text, or what the user's
+    ``action_key`` returned."""
+
+    action: str
+    share: float
+    share_ci: Interval
+    p_fail: float | None
+    p_fail_ci: Interval | None
+    n: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dump_fields(self, _ALTERNATIVE)
+
+    @classmethod
+    def from_dict(cls, data: Row, level: float | None = None) -> Alternative:
+        return load_fields(cls, data, _ALTERNATIVE, level)  # type: ignore[no-any-return]
+
+
+def _bounds(name: str) -> Codec:
+    """An interval written as ``[low, high]`` under ``name``; its level is the result's."""
+    def dump(obj: Any, _: str) -> dict[str, Any]:
+        ci: Interval | None = getattr(obj, name)
+        return {name: None if ci is None else [float(ci[0]), float(ci[1])]}
+
+    def load(row: Row, _: str, level: float | None) -> Interval | None:
+        return Interval.of(row.get(name), float(level if level is not None else 0.95))
+    return Codec(dump, load)
+
+
+_ALTERNATIVE = {"share_ci": _bounds("share_ci"), "p_fail_ci": _bounds("p_fail_ci")}
+
+
+@dataclass(frozen=True)
 class StepEffect:
     """Rescue of one step: P(fail | step held) − P(fail | step resampled), both estimated."""
 
@@ -102,6 +141,10 @@ class StepEffect:
     refit_pooled: int = 0  # of the ``refit_n``, the test's own pairs pooled with the fresh
     # a step after the locus shown to rescue less than the result's ``indifference``
     ruled_out: bool = False
+    # what the agent did when this step was re-drawn, most taken first, and the key of what
+    # it did in the recorded run (the row marked "recorded" where it was re-drawn too)
+    alternatives: tuple[Alternative, ...] = ()
+    recorded_action: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dump_fields(self, _STEP_EFFECT)
@@ -112,6 +155,7 @@ class StepEffect:
 
 
 _STEP_EFFECT = {"ci": CI,  # the raw mean is written out even where it is the effect itself
+                "alternatives": nested(Alternative.from_dict, many=True, missing=()),
                 "effect_raw": Codec(lambda s, _: {"effect_raw": s.effect if s.effect_raw is None
                                                   else s.effect_raw},
                                     value(missing=None).load)}
@@ -284,7 +328,20 @@ class ContrastiveResult(CouplingNumbers, _Rendered):
                  *(["arms (failure rate when steps from j on are re-decided):", *arms]
                    if arms else [])]
         note = fmt.sample_note(self)
-        return "\n".join([*lines, *([note] if note else [])])
+        instead = [self.alternatives_text(s.step, method=True) for s in self.steps
+                   if s.alternatives]
+        return "\n".join([*lines, *([note] if note else []), *instead])
+
+    def alternatives_text(self, step: int, method: bool = False) -> str:
+        """What the agent did instead at ``step`` when it was re-drawn: a heading and one row
+        per group of actions, the recorded one marked ("" when the step lists none);
+        ``method``: with the intervals' level, as ``explain`` shows it."""
+        s = next((e for e in self.steps if e.step == step), None)
+        if s is None or not s.alternatives:
+            return ""
+        rows = [fmt.alternative_cells(s, a) for a in s.alternatives]
+        return "\n".join([fmt.alternatives_heading(s, self.level if method else None),
+                          _text_table(list(fmt.ALTERNATIVE_COLUMNS), rows)])
 
     def __str__(self) -> str:
         rows = [fmt.step_row(self, s, missing="-") for s in self.steps]
@@ -295,8 +352,9 @@ class ContrastiveResult(CouplingNumbers, _Rendered):
                 + (f"; {len(self.failures)} failed branch(es) left out" if self.failures else "")
                 + "; how this was measured: res.explain()")
         hint = self.continue_hint()
-        return "\n".join([fmt.answer(self), table, foot, *([hint] if hint else []),
-                          *(f"caveat: {c}" for c in self.caveats)])
+        instead = self.alternatives_text(self.locus) if self.locus is not None else ""
+        return "\n".join([fmt.answer(self), table, *([instead] if instead else []), foot,
+                          *([hint] if hint else []), *(f"caveat: {c}" for c in self.caveats)])
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ RESULT_KEYS = {"method", "run_id", "attribution_id", "locus", "reason", "alpha",
                "indifference", "not_ruled_out", "actions", "summary"}
 STEP_KEYS = {"step", "effect", "ci", "ci_level", "tested", "significant", "fail_held",
              "fail_resampled", "n", "effect_raw", "estimate", "refit_n", "refit_held",
-             "refit_resampled", "refit_pooled", "ruled_out"}
+             "refit_resampled", "refit_pooled", "ruled_out", "alternatives", "recorded_action"}
 
 
 def attribute(model: syn.SyntheticSCM, seed: int = 0, **kwargs):

@@ -388,6 +388,10 @@ def print_result(r: Result, seconds: float, store: str, run: Any = None,
     who = _decider(r, run) if run is not None else None
     out.print(Text(kit.verdict(r, who), style="bold"))
     out.print(kit.attribution_table(r))
+    if isinstance(r, ContrastiveResult) and r.locus is not None and not explain:
+        instead = r.alternatives_text(r.locus)  # with --explain: every tested step's, below
+        if instead:
+            out.print(Text(kit.safe(instead)))
     out.print(Text(f"{r.rollouts_used} rollouts in {seconds:.1f}s · seed {r.seed} · "
                    f"attribution {r.attribution_id}"))
     if r.truncated:

@@ -63,6 +63,12 @@ from car_core.engine.execution import ExecutorLike, Progress
 from car_core.errors import InvalidInput
 from car_core.estimators import search as search_
 from car_core.estimators._session import Session, check_run_has_steps, releasing
+from car_core.estimators.alternatives import (
+    ActionKey,
+    check_action_key,
+    key_name,
+    with_alternatives,
+)
 from car_core.estimators.hold_arms import Arms, Comparison, EngineArms
 from car_core.estimators.later import INDIFFERENCE
 from car_core.model.budget import Budget, as_budget
@@ -221,8 +227,8 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
                 executor: ExecutorLike = None, progress: Progress = None,
                 store: RunStore | None = None, attribution_id: str | None = None,
                 force_agent: bool = False, early_stop: bool = False,
-                wave: int | None = None, indifference: float = INDIFFERENCE
-                ) -> ContrastiveResult:
+                wave: int | None = None, indifference: float = INDIFFERENCE,
+                action_key: ActionKey | None = None) -> ContrastiveResult:
     """Find the point of commitment of ``run``: the latest step whose rescue interval lies
     above zero, with family-wise error ``<= alpha`` (see the module docstring for the arms,
     the error control and the search). The estimate may spend up to ``n·rollouts`` rollouts
@@ -238,21 +244,27 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
     smallest looks. ``indifference`` (Δ): before a step is named, every later step is shown to
     rescue less than Δ or reported in ``not_ruled_out``; a later step shown to matter is the
     locus instead, and the earlier one stays listed as significant (docs/contrastive-search.md,
-    several causes)."""
+    several causes).
+
+    Each tested step lists what the agent did instead (``StepEffect.alternatives``), read from
+    the branches already run: grouped by tool calls and their arguments or a reply's text,
+    or by ``action_key(action) -> str`` (``estimators/alternatives.py``)."""
     check_run_has_steps(run)
     _check(rollouts, alpha, search)
     _check_wave(wave)
     _check_indifference(indifference)
+    key = check_action_key(action_key, run)
     n = len(run.steps)
     chosen = search if search != "auto" else "bisection"
     budget, cap = rollout_budget(n, rollouts, budget)
     params = {"rollouts": rollouts, "alpha": alpha, "seed": seed, "coupled": coupled,
               "search": search, "budget": budget.to_dict(),
-              "agent": agent.name, "indifference": indifference}
+              "agent": agent.name, "indifference": indifference,
+              **({"action_key": key_name(action_key)} if action_key is not None else {})}
     session = Session(run, agent, outcome, method="contrastive", seed=seed, coupled=coupled,
                       budget=budget, executor=executor, progress=progress, store=store,
                       attribution_id=attribution_id, params=params, force_agent=force_agent)
-    arms = Arms(run, session)
+    arms = Arms(run, session, key)
     reason: str | None = None
     exhausted = False
     given_up: tuple[int, ...] = ()
@@ -300,7 +312,8 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
     answer, candidate = _answer(locus, effects, budget_note, bool(session.failures))
     if answer == Answer.UNDECIDED and chosen != "full" and decision.candidate is not None:
         candidate = decision.candidate  # the step being confirmed when the budget ran out
-    steps = tuple(effects.get(k, StepEffect(step=k)) for k in range(n))
+    steps = with_alternatives(tuple(effects.get(k, StepEffect(step=k)) for k in range(n)),
+                              arms.choices, run, level)
     arm_rows = tuple(ArmEstimate(j, sum(v.values()) / len(v),
                                  Interval(*wilson(sum(v.values()) / len(v), len(v), level), level),
                                  len(v))

@@ -11,6 +11,7 @@ import numpy as np
 
 from car_core.engine.execution import Task
 from car_core.estimators._session import Session
+from car_core.estimators.alternatives import ActionKey, Choices, default_action_key
 from car_core.model.interventions import Plan, compile_plan, do_resample
 from car_core.model.trajectory import Trajectory
 from car_core.stats import Difference, difference
@@ -43,8 +44,11 @@ class Arms:
     search reads them index by index and stops at the first one missing, which is how a spent
     budget shows, so a failed branch gets a stand-in (``Session.execute(stand_in=True)``)."""
 
-    def __init__(self, run: Trajectory, session: Session) -> None:
+    def __init__(self, run: Trajectory, session: Session,
+                 action_key: ActionKey = default_action_key) -> None:
         self.run, self.session, self.n = run, session, len(run.steps)
+        # what each re-drawn step did, tallied as branches arrive (no trajectory is kept)
+        self.choices = Choices(action_key)
         self.values: dict[int, dict[int, float]] = {}
         self.plans: dict[int, Plan] = {}
         self.examples: dict[int, dict[str, Any]] = {}  # one rescued branch (outcome 0) per arm
@@ -82,7 +86,10 @@ class Arms:
 
     def _keep(self, task: Task, value: float, traj: Trajectory) -> None:
         j = self.by_key[task.arm].hold_before
-        self.values.setdefault(j, {})[task.rollout] = value
+        kept = self.values.setdefault(j, {})
+        if j < self.n and task.rollout not in kept:  # a branch counts once
+            self.choices.add(j, traj, value)
+        kept[task.rollout] = value
         if value == 0.0 and j not in self.examples:
             self.examples[j] = traj.to_dict()
 

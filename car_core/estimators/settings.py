@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from car_core import defaults
 from car_core.engine.agent import Agent
 from car_core.engine.execution import ExecutorLike, Progress
+from car_core.errors import InvalidInput
+from car_core.estimators.alternatives import ActionKey
 from car_core.estimators.contrastive import _check as _check_contrastive
 from car_core.estimators.contrastive import (
     _check_indifference,
@@ -51,11 +53,17 @@ class ContrastiveSettings:
     early_stop: bool = False
     wave: int | None = None  # rollouts per look of the search; None: chosen from the agent
     indifference: float = INDIFFERENCE  # Δ the steps after the locus are ruled out at
+    # how re-drawn actions are grouped (``StepEffect.alternatives``); None: tool calls and
+    # their arguments, or a reply's text
+    action_key: ActionKey | None = None
 
     def __post_init__(self) -> None:
         _check_contrastive(self.rollouts, self.alpha, self.search)
         _check_wave(self.wave)
         _check_indifference(self.indifference)
+        if self.action_key is not None and not callable(self.action_key):
+            raise InvalidInput(f"action_key={self.action_key!r} is not callable",
+                               hint="pass a function action -> str, or None")
 
     def budget_for(self, n_steps: int) -> int:
         """The most rollouts the estimate of an ``n_steps`` run may spend."""
@@ -71,7 +79,7 @@ class ContrastiveSettings:
                            budget=self.budget, search=self.search, early_stop=self.early_stop,
                            wave=self.wave, executor=executor, progress=progress, store=store,
                            attribution_id=attribution_id, force_agent=force_agent,
-                           indifference=self.indifference)
+                           indifference=self.indifference, action_key=self.action_key)
 
     @classmethod
     def resumed(cls, params: JSONParams, n_steps: int, *, rollouts: int | None = None,

@@ -14,9 +14,9 @@ here, so the same attribution reads the same way wherever it is shown:
   computed from (``step_row``), with one line saying so when the test decided on other pairs
   (``sample_note``).
 
-Numbers live in ``numbers``, what a step did in ``actions``, the tables in ``rows`` and the
-sentences in ``sentences``; every name is read from here (``from car_core import formatting
-as fmt``).
+Numbers live in ``numbers``, what a step did in ``actions``, what it did instead when
+re-drawn in ``alternatives``, the tables in ``rows`` and the sentences in ``sentences``; every
+name is read from here (``from car_core import formatting as fmt``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,13 @@ from car_core.formatting.actions import (
     ACTION_CHARS,
     action_summary,
     step_actions,
+)
+from car_core.formatting.alternatives import (
+    ALTERNATIVE_COLUMNS,
+    RECORDED,
+    TOO_FEW,
+    alternative_cells,
+    alternatives_heading,
 )
 from car_core.formatting.numbers import (
     MISSING,
@@ -82,7 +89,8 @@ from car_core.formatting.sentences import (
 )
 
 __all__ = [
-    "ACTION", "ACTION_CHARS", "HELD", "INTERVAL", "LOCUS_MARK", "MISSING", "NOT_SIGNIFICANT",
+    "ACTION", "ACTION_CHARS", "ALTERNATIVE_COLUMNS", "RECORDED", "TOO_FEW", "alternative_cells",
+    "alternatives_heading", "HELD", "INTERVAL", "LOCUS_MARK", "MISSING", "NOT_SIGNIFICANT",
     "NOT_TESTED", "PAIRS", "PHI", "PLAIN_COLUMNS", "PLAIN_SHAPLEY_COLUMNS", "PLAYER",
     "PROB_DIGITS", "REDRAWN", "RESCUE", "SHAPLEY_COLUMNS", "SIGNIFICANT", "STEP", "STEP_COLUMNS",
     "StepRow", "TESTED", "action_summary", "answer", "coupling", "coupling_note", "decided_by",

@@ -26,6 +26,7 @@ from car_core import formatting as fmt
 from car_core.assertions import agent_of
 from car_core.errors import InvalidInput
 from car_core.model.trajectory import Trajectory
+from car_core.report.alternatives import alternatives_tables
 from car_core.report.context import context_panels
 from car_core.report.plots import arms_plot, rescue_plot, shapley_plot
 from car_core.report.timeline import _costs, _decided_from, _diff, _diff_lines, _timeline
@@ -73,6 +74,7 @@ def render_attribution(result: Any, run: Any = None,
                            "diff": [], "rescue": {}, "arms": {}, "shapley": {},
                            "arm_outcomes": _arm_outcomes(branches), "steps": [],
                            "values": [], "efficiency": None, "choice": choice,
+                           "alternatives": [],
                            "costs": {}, "seconds": seconds, "home": home,
                            **context_panels(what, fixes)}
     locus = r.get("locus") if method == "contrastive" else None
@@ -83,6 +85,7 @@ def render_attribution(result: Any, run: Any = None,
         ctx["verdict"] = _contrastive_verdict(r, traj)
         ctx["steps"] = r.get("steps") or []
         ctx["rescue"] = rescue_plot(ctx["steps"], locus)
+        ctx["alternatives"] = alternatives_tables(r)
         ctx["arms"] = arms_plot(r.get("arms") or [], len(traj.steps) if traj else None)
         if locus is not None and traj is not None and 0 <= locus < len(traj.steps):
             ctx["locus_view"] = _decided_from(traj, locus)
@@ -135,6 +138,7 @@ def render_run(run: Any, home: str | None = None, what: Any = None, fixes: Any =
         locus_view=None, diff=[],
         rescue={}, arms={},
         shapley={}, arm_outcomes=[], steps=[], values=[], efficiency=None, choice=None,
+        alternatives=[],
         **context_panels(what, fixes),
         verdict={"found": False, "answer": "", "note": "", "headline": f"Run {traj.id}",
                  "detail": "No attribution yet: run `car attribute` to find the step that "
