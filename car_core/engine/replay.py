@@ -43,7 +43,7 @@ from car_core.errors import (
     InvalidInput,
 )
 from car_core.model.actions import same_action
-from car_core.model.budget import Budget, BudgetMeter, as_budget
+from car_core.model.budget import Budget, BudgetMeter, as_budget, check_bound
 from car_core.model.checks import is_whole
 from car_core.model.interventions import Intervention, compile_plan
 from car_core.model.json_values import JSON
@@ -158,8 +158,8 @@ def intervene(run: Trajectory, agent: Agent, interventions: Intervention | Seque
               seed: int = 0, coupled: bool = True, level: float = defaults.LEVEL,
               budget: Budget | int | None = None,
               executor: ExecutorLike = None, progress: Progress = None,
-              force_agent: bool = False, keep_trajectories: bool = True, twins: int = 0
-              ) -> OutcomeDistribution:
+              force_agent: bool = False, keep_trajectories: bool = True, twins: int = 0,
+              max_rollouts: int = defaults.MAX_ROLLOUTS) -> OutcomeDistribution:
     """Apply ``interventions`` to ``run`` and estimate the outcome distribution from
     ``rollouts`` branches. Branch ``r`` draws its noise from stream ``(seed, r)``, shared by
     every call with the same seed when ``coupled`` (common random numbers). An agent other
@@ -180,7 +180,10 @@ def intervene(run: Trajectory, agent: Agent, interventions: Intervention | Seque
     ``executor``: ``"sequential"``, ``"async"``, ``"ray"``, an executor object, or None for
     the agent's default (``execution.resolve_executor``); the result for a seed is the same on
     every one. Before any branch, an outcome that scores the recorded run on the other side of
-    the failure threshold from its stored outcome is refused (``outcome.check_on_record``)."""
+    the failure threshold from its stored outcome is refused (``outcome.check_on_record``).
+    So is, before anything runs, a count above ``max_rollouts`` (``defaults.MAX_ROLLOUTS``:
+    a slip such as ``rollouts=2**63`` would run until killed), unless a ``budget`` caps it
+    below; raise it knowingly."""
     check_run(run)
     check_agent(run, agent, force=force_agent)
     if not is_whole(rollouts, 1):
@@ -189,6 +192,7 @@ def intervene(run: Trajectory, agent: Agent, interventions: Intervention | Seque
     if not is_whole(twins, 0):
         raise InvalidInput(f"twins={twins!r}: need a count >= 0",
                            hint="pass twins=8 to measure coupling, or leave it at 0")
+    _check_size(rollouts, as_budget(budget), max_rollouts)
     out = OutcomeFn(outcome)
     check_level(level)  # a bad level fails here, not after every rollout has run
     Noise(seed)  # likewise a bad seed
@@ -237,6 +241,19 @@ def intervene(run: Trajectory, agent: Agent, interventions: Intervention | Seque
         seed=seed, rollouts_used=meter.rollouts, truncated=len(values) < rollouts,
         budget_note=meter.tripped, tokens=meter.tokens, cost=meter.cost,
         failures=tuple(f.to_dict() for f in failures))
+
+
+def _check_size(rollouts: int, budget: Budget | None, max_rollouts: int) -> None:
+    """Refuse a count past ``max_rollouts``; one under a rollout cap that bounds it is no
+    slip (the cap is what runs)."""
+    if not is_whole(max_rollouts, 1):
+        raise InvalidInput(f"max_rollouts={max_rollouts!r} must be a whole number >= 1",
+                           hint="leave max_rollouts at its default, or raise it knowingly")
+    cap = budget.rollouts if budget is not None else None
+    if cap is not None and cap < rollouts:
+        check_bound(cap, max_rollouts, "budget", "max_rollouts=")
+    else:
+        check_bound(rollouts, max_rollouts, "rollouts", "max_rollouts=")
 
 
 OUTCOME_BATCH = 1024  # branches run per ``execute`` call when only outcomes are kept

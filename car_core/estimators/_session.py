@@ -27,6 +27,7 @@ from car_core.engine.progress import progress_bar
 from car_core.engine.replay import check_run
 from car_core.engine.tasks import check_failures
 from car_core.errors import AttributionNotFound, InvalidInput, NothingToAttribute, StoreError
+from car_core.estimators.bounds import Planned, check_not_shrunk
 from car_core.model.budget import Budget, BudgetMeter
 from car_core.model.checks import is_whole
 from car_core.model.interventions import Plan
@@ -56,17 +57,22 @@ _OPENED: ContextVar[list[Session] | None] = ContextVar("car_sessions_opened", de
 def releasing(estimate: Callable[P, R]) -> Callable[P, R]:
     """Wrap an estimator so every session it opens gives its lease up when it ends, however
     it ends (a finished one has already): an estimate that raised or was interrupted never
-    keeps a resume in the same process waiting on a lease nobody runs."""
+    keeps a resume in the same process waiting on a lease nobody runs. One that raised before
+    any branch was stored leaves no ``running`` row behind: there is nothing a resume would
+    reuse, and the row would promise one."""
     @functools.wraps(estimate)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         opened: list[Session] = []
         token = _OPENED.set(opened)
+        failed = True
         try:
-            return estimate(*args, **kwargs)
+            result = estimate(*args, **kwargs)
+            failed = False
+            return result
         finally:
             _OPENED.reset(token)
             for session in opened:
-                session.release()
+                session.release(failed=failed)
     return wrapper
 
 
@@ -169,7 +175,8 @@ class Session:
                  seed: int,
                  coupled: bool, budget: Budget | None, executor: ExecutorLike,
                  progress: Progress, store: RunStore | None, attribution_id: str | None,
-                 params: dict[str, Any], force_agent: bool = False) -> None:
+                 params: dict[str, Any], force_agent: bool = False,
+                 planned: Planned | None = None, replace: bool = False) -> None:
         if not is_whole(seed):
             raise InvalidInput(f"seed={seed!r} must be an int", hint="pass seed=0, 1, …")
         check_agent(run, agent, force=force_agent)
@@ -189,6 +196,8 @@ class Session:
         self.failures: list[Failure] = []  # branches that failed after their retry
         self._stands_for: dict[tuple[str, int], int] = {}  # (arm, stand-in index) -> index
         self.ran = 0  # branches run (failed ones included), for the failed share
+        self._began = False  # whether this session began (or resumed) the attribution row
+        self.replace = replace  # its result replaces a stored one, even one from more rollouts
         opened = _OPENED.get()
         if opened is not None:
             opened.append(self)
@@ -196,8 +205,11 @@ class Session:
             from car_core.store import StoreJournal
             if attribution_id is not None:
                 check_resumable(store, attribution_id, run.id, method, params)
+                if planned is not None and not replace:
+                    check_not_shrunk(store, attribution_id, method, params, planned)
             store.save(run)  # idempotent; refuses another run stored under the same id
             self.attribution_id = store.begin_attribution(run.id, method, params, attribution_id)
+            self._began = True
             self.journal = StoreJournal(store, self.attribution_id)
 
     def task(self, arm: str, rollout: int, plan: Plan) -> Task:
@@ -270,19 +282,24 @@ class Session:
     def tripped(self) -> str | None:
         return self.meter.tripped
 
-    def release(self) -> None:
+    def release(self, *, failed: bool = False) -> None:
         """Give the attribution's lease up if the estimate ends without finishing it (it
         raised, was interrupted, or returned early), so a resume in this process may take it;
-        the branches stored so far stay."""
+        the branches stored so far stay. ``failed``: the estimate raised, so a row this
+        session began that still holds no branch and no result is removed
+        (``RunStore.drop_empty_attribution``) rather than left ``running`` with nothing in it."""
         if self._own_bar:
             self._own_bar = False
             _finish_bar(self.progress)
-        if self.store is not None and self.attribution_id is not None \
-                and self.store.holds(self.attribution_id):
-            try:
+        if self.store is None or self.attribution_id is None:
+            return
+        try:
+            if self.store.holds(self.attribution_id):
                 self.store.release_attribution(self.attribution_id)
-            except StoreError:  # the store is gone: nothing to free, and the cause matters more
-                pass
+            if failed and self._began:
+                self.store.drop_empty_attribution(self.attribution_id)
+        except StoreError:  # the store is gone: nothing to free, and the cause matters more
+            pass
 
     def finish(self, result: Result) -> None:
         """Store the result, unless the branches that failed are too many to leave out (then
@@ -293,4 +310,4 @@ class Session:
             status = (AttributionStatus.TRUNCATED if result.truncated
                       else AttributionStatus.COMPLETE)
             self.store.finish_attribution(self.attribution_id, result, status,
-                                          params=self.params)
+                                          params=self.params, replace=self.replace)

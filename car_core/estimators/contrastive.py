@@ -53,6 +53,8 @@ rise: bisection assumes one commitment point (or the latest one dominating).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +71,7 @@ from car_core.estimators.alternatives import (
     key_name,
     with_alternatives,
 )
+from car_core.estimators.bounds import check_contrastive_size, contrastive_planned
 from car_core.estimators.hold_arms import Arms, Comparison, EngineArms
 from car_core.estimators.later import INDIFFERENCE
 from car_core.model.budget import Budget, as_budget
@@ -228,6 +231,8 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
                 store: RunStore | None = None, attribution_id: str | None = None,
                 force_agent: bool = False, early_stop: bool = False,
                 wave: int | None = None, indifference: float = INDIFFERENCE,
+                max_rollouts: int = defaults.MAX_ROLLOUTS,
+                max_budget: int = defaults.MAX_BUDGET, replace: bool = False,
                 action_key: ActionKey | None = None) -> ContrastiveResult:
     """Find the point of commitment of ``run``: the latest step whose rescue interval lies
     above zero, with family-wise error ``<= alpha`` (see the module docstring for the arms,
@@ -246,6 +251,11 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
     locus instead, and the earlier one stays listed as significant (docs/contrastive-search.md,
     several causes).
 
+    Refused before anything runs: more than ``max_rollouts`` in one arm or ``max_budget`` in
+    all (``defaults.MAX_ROLLOUTS``, ``MAX_BUDGET``; raise them knowingly), and a resume
+    (``attribution_id=``) of a finished attribution with settings that allow fewer rollouts
+    than it was run with, which would replace its result, unless ``replace``.
+
     Each tested step lists what the agent did instead (``StepEffect.alternatives``), read from
     the branches already run: grouped by tool calls and their arguments or a reply's text,
     or by ``action_key(action) -> str`` (``estimators/alternatives.py``)."""
@@ -256,14 +266,18 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
     key = check_action_key(action_key, run)
     n = len(run.steps)
     chosen = search if search != "auto" else "bisection"
+    given = as_budget(budget, "budget")
     budget, cap = rollout_budget(n, rollouts, budget)
+    check_contrastive_size(n, rollouts, cap, budgeted=given is not None and given.rollouts
+                           is not None, max_rollouts=max_rollouts, max_budget=max_budget)
     params = {"rollouts": rollouts, "alpha": alpha, "seed": seed, "coupled": coupled,
               "search": search, "budget": budget.to_dict(),
               "agent": agent.name, "indifference": indifference,
               **({"action_key": key_name(action_key)} if action_key is not None else {})}
     session = Session(run, agent, outcome, method="contrastive", seed=seed, coupled=coupled,
                       budget=budget, executor=executor, progress=progress, store=store,
-                      attribution_id=attribution_id, params=params, force_agent=force_agent)
+                      attribution_id=attribution_id, params=params, force_agent=force_agent,
+                      planned=functools.partial(_planned, n), replace=replace)
     arms = Arms(run, session, key)
     reason: str | None = None
     exhausted = False
@@ -337,6 +351,11 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
         answer=answer, candidate=candidate)
     session.finish(result)
     return result
+
+
+def _planned(n_steps: int, params: Mapping[str, Any]) -> tuple[int, int]:
+    """The most rollouts an attribution with these params runs in an arm and in all."""
+    return contrastive_planned(n_steps, int(params["budget"]["rollouts"]))
 
 
 def _answer(locus: int | None, effects: dict[int, StepEffect], budget_note: str | None,

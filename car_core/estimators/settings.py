@@ -72,14 +72,18 @@ class ContrastiveSettings:
     def run(self, run: Trajectory, agent: Agent, outcome: OutcomeLike, *,
             executor: ExecutorLike = None, progress: Progress = None,
             store: RunStore | None = None, attribution_id: str | None = None,
-            force_agent: bool = False) -> ContrastiveResult:
-        """``car.contrastive`` of ``run`` with these settings."""
+            force_agent: bool = False, max_rollouts: int = defaults.MAX_ROLLOUTS,
+            max_budget: int = defaults.MAX_BUDGET, replace: bool = False
+            ) -> ContrastiveResult:
+        """``car.contrastive`` of ``run`` with these settings (the bounds and ``replace``
+        are the call's, not the estimate's: see ``car.contrastive``)."""
         return contrastive(run, agent, outcome=outcome, rollouts=self.rollouts,
                            alpha=self.alpha, seed=self.seed, coupled=self.coupled,
                            budget=self.budget, search=self.search, early_stop=self.early_stop,
                            wave=self.wave, executor=executor, progress=progress, store=store,
                            attribution_id=attribution_id, force_agent=force_agent,
-                           indifference=self.indifference, action_key=self.action_key)
+                           indifference=self.indifference, action_key=self.action_key,
+                           max_rollouts=max_rollouts, max_budget=max_budget, replace=replace)
 
     @classmethod
     def resumed(cls, params: JSONParams, n_steps: int, *, rollouts: int | None = None,
@@ -124,12 +128,15 @@ class ShapleySettings:
     def run(self, run: Trajectory, agent: Agent, outcome: OutcomeLike, *,
             executor: ExecutorLike = None, progress: Progress = None,
             store: RunStore | None = None, attribution_id: str | None = None,
-            force_agent: bool = False) -> ShapleyResult:
-        """``car.shapley`` of ``run`` with these settings."""
+            force_agent: bool = False, max_budget: int = defaults.MAX_BUDGET,
+            replace: bool = False) -> ShapleyResult:
+        """``car.shapley`` of ``run`` with these settings (the bound and ``replace`` are the
+        call's, not the estimate's: see ``car.shapley``)."""
         return shapley(run, agent, outcome=outcome, budget=self.budget, seed=self.seed,
                        level=self.level, players=self.players, mode=self.mode,
                        coupled=self.coupled, executor=executor, progress=progress, store=store,
-                       attribution_id=attribution_id, force_agent=force_agent)
+                       attribution_id=attribution_id, force_agent=force_agent,
+                       max_budget=max_budget, replace=replace)
 
     @classmethod
     def resumed(cls, params: JSONParams, n_steps: int, *, level: float | None = None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +24,8 @@ from car_core.engine.agent import Agent, caveats_of
 from car_core.engine.execution import ExecutorLike, Progress, Task
 from car_core.errors import InvalidBudget, InvalidInput
 from car_core.estimators._session import Session, check_run_has_steps, releasing
-from car_core.model.budget import Budget, as_budget
+from car_core.estimators.bounds import check_max
+from car_core.model.budget import Budget, as_budget, check_bound
 from car_core.model.checks import is_real
 from car_core.model.interventions import Plan, compile_plan, do_action, do_resample
 from car_core.model.outcome import OutcomeLike
@@ -205,14 +206,20 @@ def shapley(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
             level: float = defaults.LEVEL, players: Sequence[int] | None = None,
             mode: str = "auto", coupled: bool = True, executor: ExecutorLike = None,
             progress: Progress = None, store: RunStore | None = None,
-            attribution_id: str | None = None, force_agent: bool = False) -> ShapleyResult:
+            attribution_id: str | None = None, force_agent: bool = False,
+            max_budget: int = defaults.MAX_BUDGET, replace: bool = False) -> ShapleyResult:
     """Shapley values of the steps of ``run`` for ``v(S)`` = P(fail | S held, the rest
     resampled), each with a ``level`` interval (see docs/shapley.md for the game and the
     two modes). ``budget`` is a rollout count or a ``car.Budget``; it is checked before every
     rollout, and a result cut short by it keeps what was measured with ``truncated=True``.
-    An agent other than the one that recorded ``run`` is refused unless ``force_agent``."""
+    An agent other than the one that recorded ``run`` is refused unless ``force_agent``.
+    Refused before anything runs: a budget past ``max_budget`` (``defaults.MAX_BUDGET``; raise
+    it knowingly), and a resume (``attribution_id=``) of a finished attribution with a smaller
+    budget than it was run with, which would replace its result, unless ``replace``."""
     check_run_has_steps(run)
     b, cap = _check(budget, level, mode)
+    check_max(max_budget, "max_budget")
+    check_bound(cap, max_budget, "budget", "max_budget=")
     game = Game(run, players)
     p = game.p
     exact_cost, unit_cost = 1 << p, max(2 * p, 2)
@@ -235,7 +242,8 @@ def shapley(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
     session = Session(run, agent, outcome, method="shapley", seed=seed,
                       coupled=coupled and mode == "permutation",
                       budget=b, executor=executor, progress=progress, store=store,
-                      attribution_id=attribution_id, params=params, force_agent=force_agent)
+                      attribution_id=attribution_id, params=params, force_agent=force_agent,
+                      planned=_planned, replace=replace)
     if mode == "exact":
         samples = _run_exact(game, session, cap)
         return _exact_result(run, game, session, samples, cap, seed, level, params)
@@ -259,6 +267,13 @@ def shapley(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
                 tasks.append(session.task(game.arm(m), u, game.plan(m)))
         session.execute(tasks, keep, stand_in=True)  # a unit short of a visit is dropped
     return _result(run, game, session, y, cap, seed, level, params)
+
+
+def _planned(params: Mapping[str, Any]) -> tuple[int, int]:
+    """The most rollouts an attribution with these params runs (its budget's cap)."""
+    cap = params["budget"].get("rollouts")
+    total = DEFAULT_CAP if cap is None else int(cap)
+    return total, total
 
 
 def _run_exact(game: Game, session: Session, cap: int) -> Samples:

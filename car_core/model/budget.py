@@ -168,9 +168,10 @@ def budget_call(budget: dict[str, Any]) -> str:
 def check_bound(value: int, bound: int, what: str, raise_with: str) -> None:
     """Refuse, before anything runs, a size above a bound the user has not raised: ``what``
     names the size (the flag or keyword that asked for it), ``raise_with`` how to raise the
-    bound knowingly."""
+    bound knowingly (a flag, ``--max-rollouts``, or a keyword, ``max_rollouts=``)."""
     if value > bound:
+        joiner = "" if raise_with.endswith("=") else " "
         raise InvalidBudget(f"{what} asks for {value:,} rollouts, above the bound of {bound:,} "
                             "that guards against a slip running for days",
                             hint=f"ask for fewer, or raise the bound knowingly with "
-                                 f"{raise_with} {value}")
+                                 f"{raise_with}{joiner}{value}")

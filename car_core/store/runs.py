@@ -301,9 +301,11 @@ class RunStore:
     @guarded
     def finish_attribution(self, attribution_id: str, result: Result,
                            status: str = AttributionStatus.COMPLETE,
-                           params: dict[str, Any] | None = None) -> None:
+                           params: dict[str, Any] | None = None, replace: bool = False
+                           ) -> None:
         """Store the attribution's result as its JSON (a complete result is never replaced by
-        a truncated one) and free its lease, in one transaction."""
+        a truncated one, unless ``replace``: the caller asked for a smaller estimate knowingly)
+        and free its lease, in one transaction."""
         with self._write():
             rows = list(self.db.query("SELECT * FROM attributions WHERE id = ?",
                                       [attribution_id]))
@@ -312,7 +314,7 @@ class RunStore:
                                           hint="start it with begin_attribution")
             row = dict(rows[0])
             complete = AttributionStatus.COMPLETE
-            if not (row["status"] == complete and status != complete):
+            if replace or not (row["status"] == complete and status != complete):
                 row.update(result=dumps(redact_json(result.to_dict())), status=str(status),
                            finished_at=time.time())
                 if params is not None:
