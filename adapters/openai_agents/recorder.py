@@ -186,8 +186,12 @@ class CarRecorder(RunHooks[Any]):
             buf.context = (items[0]["content"] if len(items) == 1 and isinstance(items[0], dict)
                            and items[0].get("role") == "user"
                            and isinstance(items[0].get("content"), str) else items)
+        run_context = snapshot(context.context)
+        if run_context is not None:  # stored with the step: its secrets never are
+            redact.register_from(context.context)  # a client or model it holds
+            redact.register_fields(run_context.get("value"))  # api_key=, *_token=, password=
         buf.open = {"agent": agent.name, "system": system_prompt, "items": items,
-                    "context": snapshot(context.context), "started": time.monotonic()}
+                    "context": run_context, "started": time.monotonic()}
 
     async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
         buf = self._buf(context, agent)

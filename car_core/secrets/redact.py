@@ -47,6 +47,9 @@ from car_core.secrets import forms
 MARK = "[REDACTED]"
 MIN_SECRET = 8  # shorter strings ("test", "none") are placeholders, not keys
 _SECRET_ENV = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD)$", re.IGNORECASE)
+# a field of an application's own state (a run context) whose name says it holds a secret
+_SECRET_FIELD = re.compile(r"(API[-_]?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$",
+                           re.IGNORECASE)
 _URL_ENV = re.compile(r"(URL|URI|HOST|BASE|ENDPOINT|PROXY)$", re.IGNORECASE)
 # headers a client sends that carry no credential; every other header given is a secret
 PUBLIC_HEADERS = frozenset({
@@ -242,6 +245,37 @@ def register_from(obj: Any, _depth: int = 0, _seen: set[int] | None = None) -> N
             register_headers(value)
     for name in _CHILD_ATTRS:
         register_from(_attr(obj, name), _depth + 1, seen)
+
+
+def register_fields(value: Any, _depth: int = 0) -> None:
+    """Every string held, at any depth of a JSON value (an app's run context as dumped), under
+    a field whose name says it is a secret (``api_key``, ``github_token``, ``client_secret``,
+    ``password``), and the userinfo of every URL in it: application state that is stored with
+    a run holds keys nobody gave CAR."""
+    if _depth > 20:
+        return
+    if isinstance(value, Mapping):
+        for name, child in value.items():
+            if isinstance(name, str) and _SECRET_FIELD.search(name):
+                for leaf in _strings(child):
+                    register_credential(leaf)
+            register_fields(child, _depth + 1)
+    elif isinstance(value, list | tuple):
+        for child in value:
+            register_fields(child, _depth + 1)
+    elif isinstance(value, str) and "@" in value:
+        register_url(value)
+
+
+def _strings(value: Any) -> Iterable[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for child in value.values():
+            yield from _strings(child)
+    elif isinstance(value, list | tuple):
+        for child in value:
+            yield from _strings(child)
 
 
 _env_seen: tuple[dict[Any, Any], tuple[str, ...]] = ({}, ())  # (environ copy, its secrets)
