@@ -188,8 +188,12 @@ def attribute(
     bar = kit.make_progress(progress, f"{method.value} {run.id}", planned, cap)
     started = time.monotonic()
     try:
+        # the flags' bounds and --replace were checked above; the API checks them again
+        bounds: dict[str, Any] = {"max_budget": max_budget, "replace": replace}
+        if isinstance(settings, ContrastiveSettings):
+            bounds["max_rollouts"] = max_rollouts
         result = settings.run(run, the_agent, the_outcome, progress=bar or False, executor=exe,
-                              store=db, attribution_id=aid, force_agent=force_agent)
+                              store=db, attribution_id=aid, force_agent=force_agent, **bounds)
         if bar:
             bar.done()
     except BaseException as exc:  # every abnormal stop says how to resume
@@ -323,7 +327,7 @@ def _planned(settings: ContrastiveSettings | ShapleySettings, n_steps: int) -> t
     total = settings.budget_for(n_steps)
     if isinstance(settings, ShapleySettings):
         return total, total
-    return min(settings.rollouts, total), min(n_steps * settings.rollouts, total)
+    return min(settings.rollouts, total), total  # a rollout budget replaces n·K as the cap
 
 
 def _check_size(settings: ContrastiveSettings | ShapleySettings, n_steps: int,

@@ -67,6 +67,7 @@ def intervene(run_id: Annotated[str, typer.Argument(help="Run id.")],
         dist = run_intervene(run, the_agent, interventions, outcome=the_outcome,
                              rollouts=rollouts, seed=seed, progress=bar or False,
                              budget=budget, force_agent=force_agent,
+                             max_rollouts=max_rollouts,  # --max-rollouts raised it knowingly
                              keep_trajectories=False)  # nothing is stored: keep the outcomes
     except KeyboardInterrupt:
         raise fail("interrupted; no result was kept (car intervene stores nothing)",
