@@ -59,7 +59,8 @@ def to_dicts(system: str | None, items: Sequence[Any]) -> list[Message]:
 
 
 def to_items(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """OpenAI-style dicts (no system message) as SDK input items."""
+    """OpenAI-style dicts as SDK input items; a system message becomes a system input item,
+    which every model of the SDK passes on as a system message in its place."""
     items: list[dict[str, Any]] = []
     for m in messages:
         role = m.get("role")

@@ -1,21 +1,22 @@
 """``OpenAIAgentsAgent``: an OpenAI Agents SDK app (an ``Agent`` and its handoffs) as a CAR agent.
 
-A branch at step ``k`` re-enters the app the SDK's own way: ``Runner.run`` under the agent that
-was active at ``k`` (after any handoffs), with the input items that step saw (rebuilt from the
-edited messages under ``do_context``). Steps before ``k`` are copied from the record: no model
-call, no tool call, and input guardrails (which ran on the user's input at step 0) do not run
-again; output guardrails and ``max_turns`` (less the turns the prefix used) apply as in the
-recorded run. The branch runs on copies of the agents (``branch.clone_app``), so the user's
-agent objects are never changed and branches run concurrently, each with a fresh run context
-equal to the one step ``k`` was decided with (``_context``). A branch is one coroutine on the
-adapter's branch loop (where model clients stay bound): ``abranch`` awaits it there, so the
-asyncio executor overlaps many branches' waits on the model server (the default when a model
-waits on one: ``prefers_concurrency``, sharing the model object and any rate limiter it holds),
-and ``branch`` finishes the same coroutine from sync code. ``do_policy(k, model)``
-swaps the model of the agent that decides step ``k`` (for its decisions from ``k`` on); the
-other agents keep theirs unless ``policy_agents`` says otherwise. A model server that is down
-or failing (refused connection, timeout, 429, 5xx) stops the attribution with
-``ModelUnavailable``, resumable, as on every adapter.
+A branch at step ``k`` re-enters the app the SDK's own way: ``Runner.run`` under the agent that was
+active at ``k`` (after any handoffs), with the input items that step saw (rebuilt from the edited
+messages under ``do_context``: the first system message is the step's instructions, any other, such
+as one ``car.add_instruction`` adds, a system input item in its place). Steps before ``k`` are
+copied from the record: no model call, no tool call, and input guardrails (which ran on the user's
+input at step 0) do not run again; output guardrails and ``max_turns`` (less the turns the prefix
+used) apply as in the recorded run. The branch runs on copies of the agents (``branch.clone_app``),
+so the user's agent objects are never changed and branches run concurrently, each with a fresh run
+context equal to the one step ``k`` was decided with (``_context``). A branch is one coroutine on
+the adapter's branch loop (where model clients stay bound): ``abranch`` awaits it there, so the
+asyncio executor overlaps many branches' waits on the model server (the default when a model waits
+on one: ``prefers_concurrency``, sharing the model object and any rate limiter it holds), and
+``branch`` finishes the same coroutine from sync code. ``do_policy(k, model)`` swaps the model of
+the agent that decides step ``k`` (for its decisions from ``k`` on); the other agents keep theirs
+unless ``policy_agents`` says otherwise. A model server that is down or failing (refused
+connection, timeout, 429, 5xx) stops the attribution with ``ModelUnavailable``, resumable, as on
+every adapter.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from ._context import (
     refuse_shared_context,
     replayable_writes,
 )
-from ._items import to_items
+from ._items import to_dicts, to_items
 from .app import agents_of, handoff_target, tool_names
 from .branch import BranchSession, Decided, clone_app
 from .fingerprint import app_fingerprint
@@ -115,6 +116,19 @@ def waits_on_a_server(agents: Mapping[str, Any]) -> bool:
         if not isinstance(remote, bool) or remote:
             return True
     return False
+
+
+def _instructions_and_items(edited: list[dict[str, Any]], recorded: str | None
+                            ) -> tuple[str | None, list[dict[str, Any]]]:
+    """The instructions and input items a step re-enters with from its edited messages. Where
+    the recorded step had instructions, the edited first message is them (gone: ``""``); every
+    other message, system messages included (``car.add_instruction`` adds one after the
+    instructions), is an input item in its place, so the model sees them all, in order."""
+    if recorded is None:
+        return None, to_items(edited)
+    if edited and edited[0]["role"] == "system":
+        return str(edited[0]["content"] or ""), to_items(edited[1:])
+    return "", to_items(edited)
 
 
 def _used_tools(run: car.Trajectory, k: int) -> frozenset[str]:
@@ -312,11 +326,9 @@ class OpenAIAgentsAgent:
         if k in plan.context_edits:
             edited = self._check_history(edited_messages(plan.context_edits[k], run.step(k).state,
                                                          run_id=run.id, step=k), run.id, k)
-            new_system = edited[0]["content"] if edited and edited[0]["role"] == "system" \
-                else None
+            new_system, items = _instructions_and_items(edited, system)
             if new_system != system:
-                system_edit = str(new_system or "")
-            items = to_items([m for m in edited if m["role"] != "system"])
+                system_edit = new_system
         session = BranchSession(plan, noise, k, self.safety, recorded_calls(run.steps), run.id,
                                 forced_observations(plan, run.id),
                                 policy_agents=self.policy_agents,
@@ -395,8 +407,10 @@ class OpenAIAgentsAgent:
             raise AdapterError(f"the step was decided by agent {active!r}, which this app does "
                                f"not have (agents: {sorted(self.agents)})", run_id=run.id,
                                step=k, hint="wrap the Agent the run was recorded with")
-        system = step.state[0]["content"] if step.state and step.state[0].get("role") == \
-            "system" else None
+        # the step's instructions head its messages; a system message among the input items
+        # (the user passed one in the run's input) is one of them, not the instructions
+        from_instructions = len(step.state) > len(to_dicts(None, items))
+        system = step.state[0]["content"] if from_instructions else None
         return [dict(i) for i in items], str(active), system
 
     @staticmethod
