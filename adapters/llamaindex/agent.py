@@ -77,6 +77,15 @@ def _check_history(messages: list[dict[str, Any]], run_id: str, k: int
     return messages
 
 
+def _leading_systems(messages: list[dict[str, Any]]
+                     ) -> tuple[list[str], list[dict[str, Any]]]:
+    """The texts of the system messages a history starts with, and the messages after them."""
+    at = 0
+    while at < len(messages) and messages[at]["role"] == "system":
+        at += 1
+    return [str(m.get("content") or "") for m in messages[:at]], messages[at:]
+
+
 def _check_memory_kept(run: car.Trajectory, k: int) -> None:
     """Refuse a branch from ``k`` when the app's memory dropped or rewrote messages at a later
     recorded step (a token limit, a summary): the branch's memory keeps every message, so its
@@ -268,8 +277,16 @@ class LlamaIndexAgent:
         state, active = self._state(run, k)
         store = recorded(run.step(k).meta, run_id=run.id, step=k)
         if k in plan.context_edits:
-            state = _check_history(edited_messages(plan.context_edits[k], state, run_id=run.id,
-                                                   step=k), run.id, k)
+            edited = _check_history(edited_messages(plan.context_edits[k], state, run_id=run.id,
+                                                    step=k), run.id, k)
+            if active is None and _leading_systems(edited)[0] != _leading_systems(state)[0]:
+                raise InvalidIntervention(
+                    f"the edit changes the system messages step {k} saw, but the record does "
+                    "not say which agent decided it, so the branch cannot put them in place of "
+                    "that agent's own prompt", run_id=run.id, step=k,
+                    hint="record the run again with car_adapters.llamaindex.CarRecorder (it "
+                         "notes the agent of every step), or edit other messages")
+            state = edited
         session = BranchSession(plan, noise, k, self.safety, recorded_calls(run.steps), run.id,
                                 forced_observations(plan, run.id), self._check_replayable(run))
         # a forced result is served in place of running the tool: one handed the workflow
@@ -326,12 +343,11 @@ class LlamaIndexAgent:
         too), or None for a run from scratch."""
         agents = self._agents()
         target = agents.get(active) if active else None
-        system = None
-        while messages and messages[0]["role"] == "system":
-            system = messages[0].get("content")
-            messages = messages[1:]
-        if target is not None and system is not None and system != target.system_prompt:
-            session.system[str(active)] = system  # this branch's alone, for its active agent
+        systems, messages = _leading_systems(messages)
+        if target is not None and (systems or run is not None):
+            # this branch's alone, for its active agent, every one in order: in place of the
+            # agent's own (an edit may add an instruction after the prompt, or remove it)
+            session.system[str(active)] = systems
         session.as_recorded = store is not None
         root = getattr(self.workflow, "root_agent", None)
         max_iter = 1 if stop_after_first else self.max_iterations

@@ -74,8 +74,9 @@ from .store_state import replay
 
 class BranchSession(chat_branch.BranchSession):
     """The shared branch session, plus what a LlamaIndex branch re-enters with: ``system``,
-    the system message an agent decides from on this branch where it differs from the agent's
-    own (the recorded one, or a ``do_context`` edit of it), and ``as_recorded``, whether the
+    the system messages an agent decides from on this branch, in order, in place of those the
+    agent puts first itself (the recorded ones, or a ``do_context`` edit of them: a changed
+    prompt, an instruction added after it), and ``as_recorded``, whether the
     messages it re-enters with are recorded ones (the state prompt is already on them), and
     ``writes``, what each recorded call of a tool handed the ``Context`` wrote to ``ctx.store``
     where the record shows it (``state_change.recorded_changes``)."""
@@ -85,7 +86,7 @@ class BranchSession(chat_branch.BranchSession):
                  forced_obs: Mapping[int, list[dict[str, Any]]],
                  writes: Mapping[tuple[str, str], Change] | None = None) -> None:
         super().__init__(plan, noise, start, safety, record, run_id, forced_obs)
-        self.system: dict[str, str] = {}
+        self.system: dict[str, list[str]] = {}
         self.as_recorded = False
         self.writes: Mapping[tuple[str, str], Change] = writes or {}
 
@@ -305,15 +306,20 @@ class CarBranchLLM(MessageToolCalls, FunctionCallingLLM):
                             raw=resp.raw, additional_kwargs={"car_branch": True})
 
     def _as_branch_sees(self, messages: Sequence[ChatMessage]) -> list[ChatMessage]:
-        """The messages with this branch's system message for this agent, where it has one."""
+        """The messages with this branch's system messages for this agent, where it has them,
+        in place of the leading ones the agent wrote (its prompt; a ReAct agent's header too):
+        the branch's history starts past its own, so every leading one is the agent's."""
         s = _SESSION.get()
-        system = s.system.get(self._agent) if s is not None else None
+        systems = s.system.get(self._agent) if s is not None else None
         out = list(messages)
-        if system is None:
+        if systems is None:
             return out
-        if out and out[0].role == "system":
-            return [ChatMessage(role="system", content=system), *out[1:]]
-        return [ChatMessage(role="system", content=system), *out]
+        lead = 0
+        while lead < len(out) and out[lead].role == "system":
+            lead += 1
+        if [m.content for m in out[:lead]] == systems:
+            return out  # the agent's own, as the step saw them
+        return [*(ChatMessage(role="system", content=text) for text in systems), *out[lead:]]
 
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         # LlamaIndex's callback decorators return their function untyped: the types are said here
