@@ -132,3 +132,12 @@ def test_a_system_edit_of_a_step_whose_agent_is_not_recorded_is_refused(tmp_path
         car.intervene(anonymous, LlamaIndexAgent(app.agent, **CLASSES),
                       car.do_context(1, with_rule), outcome=escalated, rollouts=1, seed=0)
     assert app.seen == []
+
+
+def test_an_edit_that_removes_the_system_prompt_removes_it(tmp_path: Any) -> None:
+    app, run = recorded(tmp_path)
+    bare = car.do_context(1, lambda ms: [m for m in ms if m["role"] != "system"])
+    dist = car.intervene(run, LlamaIndexAgent(app.agent, **CLASSES), bare, outcome=escalated,
+                         rollouts=1, seed=0)
+    assert app.seen and all(systems == [] for systems in app.seen)
+    assert all(m["role"] != "system" for m in dist.trajectories[0].steps[1].state)
