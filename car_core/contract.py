@@ -52,7 +52,7 @@ from car_core.model.json_values import JSON
 from car_core.model.outcome import OutcomeFn, OutcomeLike, scored
 from car_core.model.seeding import Noise, Stream
 from car_core.model.trajectory import History, Outcome, Step, Trajectory
-from car_core.model.vocabulary import AttributionStatus, Origin, RunStatus
+from car_core.model.vocabulary import AttributionStatus, Origin, RunStatus, ToolSource
 from car_core.secrets import redact
 from car_core.store.run_writer import RunWriter
 
@@ -60,8 +60,8 @@ __all__ = ["JSON", "Agent", "AsyncAgent", "AttributionStatus", "Capability", "Ca
            "ConcurrentAgent", "FingerprintedAgent", "FrameworkStateAgent", "History",
            "ModelPolicy", "Noise", "Origin", "Outcome", "OutcomeFn", "OutcomeLike", "Plan",
            "PreflightAgent", "RunStatus", "RunWriter", "SeedCheckedAgent", "Step",
-           "StopRule", "StoppableAgent", "Stream", "Trajectory", "agent_fingerprint",
-           "canonical_action", "canonical_arguments", "capabilities", "compile_plan",
-           "fingerprint_digest",
+           "StopRule", "StoppableAgent", "Stream", "ToolSource", "Trajectory",
+           "agent_fingerprint", "canonical_action", "canonical_arguments", "capabilities",
+           "compile_plan", "fingerprint_digest",
            "in_branch", "redact", "same_action", "scored"]
 

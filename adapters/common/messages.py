@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from car_core.contract import Plan, canonical_arguments
+from car_core.contract import Plan, ToolSource, canonical_arguments
 from car_core.errors import (
     CarError,
     InvalidInput,
@@ -89,6 +89,11 @@ class Answer:
     content: Any = None
     change: Any = None
     simulate: bool = False
+
+    @property
+    def source(self) -> ToolSource:
+        """Where the result comes from, for the step's ``meta["tool_sources"]``."""
+        return ToolSource.SIMULATOR if self.simulate else ToolSource.RECORD
 
 
 def is_free_text(value: Any) -> bool:
@@ -468,9 +473,15 @@ class ToolSafety:
         message content, so a simulator's non-string result is sent as JSON. For callers that
         have no state handle to pass and no recorded state change to replay (``answer`` is the
         rule with both); an async simulator is run to completion here."""
+        return self.served(name, arguments, record, run_id=run_id, step=step).content
+
+    def served(self, name: str, arguments: Any, record: Mapping[tuple[str, str], Any], *,
+               run_id: str | None = None, step: int | None = None) -> Answer:
+        """``serve``'s result with where it came from: the ``Answer`` with its ``content``
+        filled in, from the record or (``simulate``) by the simulator, already run."""
         found = self.answer(name, arguments, record, run_id=run_id, step=step)
         if not found.simulate:
-            return found.content
+            return found
         out = self.simulate(name, arguments, None)
         if inspect.isawaitable(out):
             from .sync import run_sync  # the sync bridge, only for an async simulator
@@ -478,7 +489,7 @@ class ToolSafety:
             async def finish(out: Awaitable[Any] = out) -> Any:
                 return await out
             out = run_sync(finish)
-        return as_content(out)
+        return Answer(as_content(out), simulate=True)
 
     def simulates_state(self, name: str) -> bool:
         """Whether ``name``'s simulator takes the framework's state handle (``takes_state``)."""

@@ -27,27 +27,41 @@ from typing import Any
 import numpy as np
 
 import car_core as car
-from car_core.contract import Noise, Plan, StopRule, redact
+from car_core.contract import Noise, Plan, StopRule, ToolSource, redact
 from car_core.errors import CarError, InvalidInput, PolicyError
 
 from ..common.messages import (
     Simulator,
     ToolSafety,
     assistant,
+    calls_of,
     parse_arguments,
     recorded_calls,
     tool_call,
     tool_result,
 )
+from ..common.sources import with_sources
 
 Message = dict[str, Any]
 EnvironmentFn = Callable[[car.History, Any, np.random.Generator], list[Message]]
-# (run id, recorded calls) while a counterfactual branch of that run is being driven
-_BRANCH: contextvars.ContextVar[tuple[str, dict[tuple[str, str], Any]] | None] = \
+
+
+@dataclass
+class _Branch:
+    """The counterfactual branch being driven: its run's id and recorded calls, and where each
+    tool result of its steps came from (step -> tool call id -> source), noted as the
+    environment answers them."""
+
+    run_id: str
+    record: dict[tuple[str, str], Any]
+    sources: dict[int, dict[str, ToolSource]] = field(default_factory=dict)
+
+
+_BRANCH: contextvars.ContextVar[_Branch | None] = \
     contextvars.ContextVar("car_chat_branch", default=None)
 
 
-def _current_branch() -> tuple[str, dict[tuple[str, str], Any]] | None:
+def _current_branch() -> _Branch | None:
     """The branch being driven, if any. Environments read it through this module-level
     function, not the ContextVar itself: a closure pickled by value (cloudpickle, for Ray
     workers) then refers to the function by name instead of capturing an unpicklable
@@ -217,17 +231,22 @@ def run_tools(tools: Mapping[str, Callable[..., Any]],
                     ) -> list[Message]:
         results = []
         branch = _current_branch()
+        sources: dict[str, ToolSource] = {}
+        if branch is not None:  # a step decided again (after an edit) notes its sources anew
+            branch.sources[history.index] = sources
         for call in (action or {}).get("tool_calls") or []:
             name = call["function"]["name"]
             args = parse_arguments(call["function"]["arguments"] or "{}")
             fn = tools.get(name)
             content: Any
             if branch is not None and safety is not None and safety.guards(name):
-                run_id, record = branch
-                content = safety.serve(name, args, record, run_id=run_id, step=history.index)
+                found = safety.served(name, args, branch.record, run_id=branch.run_id,
+                                      step=history.index)
+                content, sources[str(call["id"])] = found.content, found.source
             elif fn is None:
                 content = f"error: no tool named {name!r}"
             else:
+                sources[str(call["id"])] = ToolSource.LIVE
                 try:
                     content = fn(**args)
                 except CarError:
@@ -269,11 +288,31 @@ class ChatFunctionAgent(car.FunctionAgent):
     def branch(self, run: car.Trajectory, plan: Plan, noise: Noise,
                stop: StopRule | None = None) -> car.Trajectory:
         self.safety.warn_free_text(run.id, run.steps)
-        token = _BRANCH.set((run.id, recorded_calls(run.steps)))
+        branch = _Branch(run.id, recorded_calls(run.steps))
+        token = _BRANCH.set(branch)
         try:
-            return super().branch(run, plan, noise, stop=stop)
+            out = super().branch(run, plan, noise, stop=stop)
         finally:
             _BRANCH.reset(token)
+        return _with_sources(out, plan, branch.sources)
+
+
+def _with_sources(run: car.Trajectory, plan: Plan,
+                  noted: Mapping[int, Mapping[str, ToolSource]]) -> car.Trajectory:
+    """The branch with each step's ``meta["tool_sources"]``: what the environment noted, and
+    the forced source for every call of a step whose observation ``do_observation`` gave."""
+    def found(step: car.Step) -> Mapping[str, ToolSource]:
+        if step.index in plan.forced_observations:
+            return {cid: ToolSource.FORCED for cid, _, _ in calls_of(step.action)}
+        return noted.get(step.index, {})
+
+    steps = [s if s.index < plan.start else with_sources(s, found(s)) for s in run.steps]
+    if all(new is old for new, old in zip(steps, run.steps, strict=True)):
+        return run
+    return car.Trajectory.new(context=run.context, steps=steps, id=run.id, outcome=run.outcome,
+                              seed=run.seed, agent=run.agent, status=run.status,
+                              error=run.error, lineage=run.lineage, meta=run.meta,
+                              created_at=run.created_at)
 
 
 def ChatAgent(policy: Callable[..., Any], tools: Mapping[str, Callable[..., Any]] | None = None,

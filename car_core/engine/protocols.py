@@ -66,6 +66,9 @@ class Agent(Protocol):
         - No side-effect tool runs for real: answer its call from the record or a simulator, or
           raise ``SideEffectBlocked``. An observation that cannot be forced without losing what
           the tool wrote to the app's state is refused with ``InvalidIntervention``.
+        - Say where each tool result of a new step came from: ``meta["tool_sources"]`` maps
+          each tool call id to a ``ToolSource`` (ran live, served from the record, simulated,
+          forced), so no view shows a simulated result as a call that happened.
         """
         ...
 

@@ -20,6 +20,18 @@ class Origin(StrEnum):
     POLICY_SWAPPED = "policy-swapped"  # decided by the policy do_policy put in
 
 
+class ToolSource(StrEnum):
+    """Where a tool result on a branch step came from: ``step.meta["tool_sources"]`` maps the
+    id of each tool call the step's action made to one of these. Written by adapters on the
+    steps a branch decides (a held step is copied from the record whole: its origin says so);
+    a call an adapter could not tell the source of is left out."""
+
+    LIVE = "live"  # the tool ran on the branch (a safe tool)
+    RECORD = "record"  # the tool did not run: the result of the matching recorded call
+    SIMULATOR = "simulator"  # the tool did not run: the user's simulator answered
+    FORCED = "forced"  # the tool did not run: do_observation gave the result
+
+
 # Steps that spend model tokens / money on a branch.
 SPENDING_ORIGINS = (Origin.LIVE, Origin.EDITED, Origin.POLICY_SWAPPED)
 # Steps the agent's own policy did not decide from the recorded state.
