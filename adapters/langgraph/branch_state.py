@@ -28,6 +28,7 @@ from ..common.messages import (
     consistent,
     recorded_calls,
 )
+from ..common.sources import with_sources
 from .guard import RUN, Guard, Replay
 from .messages import BLOCKS, from_dicts, jsonable, state_json, to_dict, to_dicts
 from .model import Control
@@ -148,20 +149,21 @@ class BranchState:
             obs = [to_dict(results[cid]) for cid, _, _ in calls_of(self.forced[k])
                    if cid in results]
             given = plan.recorded_observation(k, obs or None)
-            steps.append(Step(index=k, action=dict(self.forced[k]), observation=given,
-                              observed=given is not None, state=rec.state,
-                              meta=jsonable({**rec.meta, "thread_id": self.thread_id,
-                                             "origin": plan.origin(k)})))
+            steps.append(with_sources(Step(
+                index=k, action=dict(self.forced[k]), observation=given,
+                observed=given is not None, state=rec.state,
+                meta=jsonable({**rec.meta, "thread_id": self.thread_id,
+                               "origin": plan.origin(k)})), self.guard.sources))
         for i, s in enumerate(live):
             j = k + self.offset + i
             meta = {**s.meta, "thread_id": self.thread_id, **self.control.steps.get(j, {}),
                     "origin": plan.origin(j)}
             if j in self.inputs:  # the callback saw the input before CAR replaced it
                 s = replace(s, state=self.inputs[j])
-            steps.append(Step(index=j, action=s.action,
-                              observation=plan.recorded_observation(j, s.observation),
-                              observed=s.observed or j in plan.observations,
-                              state=s.state, meta=jsonable(meta)))
+            steps.append(with_sources(Step(
+                index=j, action=s.action, observation=plan.recorded_observation(j, s.observation),
+                observed=s.observed or j in plan.observations, state=s.state,
+                meta=jsonable(meta)), self.guard.sources))
         return Trajectory.new(context=run.context, steps=steps, seed=self.noise.seed,
                               agent=self.agent, status=status,
                               meta={"framework": "langgraph", "thread_id": self.thread_id,

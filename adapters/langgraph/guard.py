@@ -7,12 +7,14 @@ the thread id in the runnable config LangGraph propagates, as ``CarChatModel`` d
 tool the user named in ``side_effect_tools`` is answered by the branch's ``Guard`` from the record
 or a simulator, and the tool's own code never runs; an unanswerable call raises
 ``SideEffectBlocked``. Forced observations (``do_observation``) are served the same way, by tool
-call id. A simulator may return what a tool may: a ``Command(update=...)`` (a state update, with
-the ``ToolMessage`` answering the call among its messages) or a ``ToolMessage`` goes to the graph
-as returned; one that takes ``ctx`` is handed a dict of the values LangGraph injected into the
-tool's call (``InjectedState``, ``InjectedStore``, ``ToolRuntime``, by argument name) and the
-call's ``tool_call_id`` (for the ``ToolMessage`` of a ``Command``); an async one is awaited. A
-recorded result that was a list of content blocks (an MCP tool's) is handed back as that list.
+call id. Where each call's result came from (``ToolSource``) is noted in ``Guard.sources`` by
+tool call id, for the step it belongs to. A simulator may return what a tool may: a
+``Command(update=...)`` (a state update, with the ``ToolMessage`` answering the call among its
+messages) or a ``ToolMessage`` goes to the graph as returned; one that takes ``ctx`` is handed
+a dict of the values LangGraph injected into the tool's call (``InjectedState``,
+``InjectedStore``, ``ToolRuntime``, by argument name) and the call's ``tool_call_id`` (for the
+``ToolMessage`` of a ``Command``); an async one is awaited. A recorded result that was a list of
+content blocks (an MCP tool's) is handed back as that list.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from langchain_core.runnables.config import ensure_config
 from langchain_core.tools import BaseTool
 from langgraph.types import Command
 
+from car_core.contract import ToolSource
 from car_core.errors import SideEffectBlocked
 
 from ..common.messages import ToolSafety, as_content
@@ -47,6 +50,7 @@ class Guard:
     forced: dict[str, Any] = field(default_factory=dict)  # tool_call_id -> forced content
     lookup: Callable[[str], Any] | None = None  # tool_call_id -> forced content, or RUN
     served: list[tuple[str, str]] = field(default_factory=list)
+    sources: dict[str, ToolSource] = field(default_factory=dict)  # tool_call_id -> source
 
     def answer(self, tool: BaseTool, tool_input: Any, tool_call_id: str | None,
                node: str | None = None) -> Any:
@@ -55,12 +59,16 @@ class Guard:
         ``node`` makes itself: it answers no model decision, so a refusal names the node, not
         a step."""
         if tool_call_id is not None and tool_call_id in self.forced:
+            self.sources[tool_call_id] = ToolSource.FORCED
             return self.forced[tool_call_id]
         if tool_call_id is not None and self.lookup is not None:
             content = self.lookup(tool_call_id)
             if content is not RUN:
+                self.sources[tool_call_id] = ToolSource.FORCED
                 return content
         if not self.safety.guards(tool.name):
+            if tool_call_id is not None:
+                self.sources[tool_call_id] = ToolSource.LIVE
             return RUN
         given = tool_input if isinstance(tool_input, Mapping) else {"input": tool_input}
         injected = _injected(tool)
@@ -81,6 +89,8 @@ class Guard:
                 blocked.run_id, blocked.hint = exc.run_id, exc.hint
                 raise blocked from None
         self.served.append((tool.name, str(tool_call_id)))
+        if tool_call_id is not None:
+            self.sources[tool_call_id] = found.source
         if isinstance(found.content, Replay):
             if tool_call_id is None:
                 raise SideEffectBlocked(
