@@ -12,6 +12,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from car_core import formatting as fmt
 from car_core.cli import kit
 from car_core.cli.app import JsonOpt, ReverseOpt, StoreOpt, errors, out, print_json
 from car_core.cli.attribute import Method
@@ -83,6 +84,11 @@ def show(run_id: Annotated[str, typer.Argument(help="Run id (see `car runs`).")]
     if run.lineage:
         out.print(Text(kit.safe(f"branch of {run.lineage.parent_id}  arm {run.lineage.arm}  "
                                 f"rollout {run.lineage.rollout}")))
+    # a branch says which steps it copied from the record and which it decided again (a
+    # recorded run's steps were all decided live: it needs no legend)
+    legend = fmt.origins_legend(s.meta.get("origin") for s in run.steps) if run.lineage else None
+    if legend:
+        out.print(Text(kit.safe(f"origin: {legend}")))
     out.print(Text("context: ") + kit.plain(run.context, width and 200))
     # one layout whatever the run: the index, then the origin, agent and node columns when
     # any step has them (plain agents record none of them, multi-agent apps both who and
@@ -102,6 +108,9 @@ def show(run_id: Annotated[str, typer.Argument(help="Run id (see `car runs`).")]
         out.print(Text(f"{lead}       action: ", style="bold") + kit.plain(s.action, width))
         if s.observed:
             out.print(Text(" " * len(lead) + "  observation: ") + kit.plain(s.observation, width))
+        marks = fmt.tool_marks_text(s.action, s.meta)
+        if marks:  # a simulated or record-served result must not read as a call that happened
+            out.print(Text(" " * len(lead) + " tool results: ") + Text(kit.safe(marks)))
 
 
 # -- report / attributions ----------------------------------------------------------------------

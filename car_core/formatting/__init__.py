@@ -15,7 +15,8 @@ here, so the same attribution reads the same way wherever it is shown:
   (``sample_note``).
 
 Numbers live in ``numbers``, what a step did in ``actions``, what it did instead when
-re-drawn in ``alternatives``, the tables in ``rows`` and the sentences in ``sentences``; every
+re-drawn in ``alternatives``, where a branch step and its tool results came from in
+``provenance``, the tables in ``rows`` and the sentences in ``sentences``; every
 name is read from here (``from car_core import formatting as fmt``).
 """
 
@@ -48,6 +49,14 @@ from car_core.formatting.numbers import (
     prob,
     prob_interval,
     steps_span,
+)
+from car_core.formatting.provenance import (
+    ORIGIN_MEANINGS,
+    SOURCE_WORDS,
+    origin_label,
+    origins_legend,
+    tool_marks,
+    tool_marks_text,
 )
 from car_core.formatting.rows import (
     ACTION,
@@ -91,11 +100,12 @@ from car_core.formatting.sentences import (
 __all__ = [
     "ACTION", "ACTION_CHARS", "ALTERNATIVE_COLUMNS", "RECORDED", "TOO_FEW", "alternative_cells",
     "alternatives_heading", "HELD", "INTERVAL", "LOCUS_MARK", "MISSING", "NOT_SIGNIFICANT",
-    "NOT_TESTED", "PAIRS", "PHI", "PLAIN_COLUMNS", "PLAIN_SHAPLEY_COLUMNS", "PLAYER",
-    "PROB_DIGITS", "REDRAWN", "RESCUE", "SHAPLEY_COLUMNS", "SIGNIFICANT", "STEP", "STEP_COLUMNS",
-    "StepRow", "TESTED", "action_summary", "answer", "coupling", "coupling_note", "decided_by",
-    "effect", "effect_interval", "failure_rate", "headline", "interval", "later_steps", "level",
-    "locus_name", "method", "num", "pct", "percent", "percent_interval", "plain_cells", "prob",
-    "prob_interval", "sample_note", "shapley_leaders", "shown_sample", "step_actions", "step_row",
-    "step_said", "steps_span", "untested_mark",
+    "NOT_TESTED", "ORIGIN_MEANINGS", "PAIRS", "PHI", "PLAIN_COLUMNS", "PLAIN_SHAPLEY_COLUMNS",
+    "PLAYER", "PROB_DIGITS", "REDRAWN", "RESCUE", "SHAPLEY_COLUMNS", "SIGNIFICANT", "SOURCE_WORDS",
+    "STEP", "STEP_COLUMNS", "StepRow", "TESTED", "action_summary", "answer", "coupling",
+    "coupling_note", "decided_by", "effect", "effect_interval", "failure_rate", "headline",
+    "interval", "later_steps", "level", "locus_name", "method", "num", "origin_label",
+    "origins_legend", "pct", "percent", "percent_interval", "plain_cells", "prob", "prob_interval",
+    "sample_note", "shapley_leaders", "shown_sample", "step_actions", "step_row", "step_said",
+    "steps_span", "tool_marks", "tool_marks_text", "untested_mark",
 ]

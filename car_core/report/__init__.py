@@ -93,7 +93,8 @@ def render_attribution(result: Any, run: Any = None,
         if example:
             factual = traj if traj is not None else None
             ctx["diff"] = _diff(factual, example) if factual is not None else \
-                [{"tag": "insert", "left": "", "right": line} for line in _diff_lines(example)]
+                [{"tag": "insert", "left": "", "right": line}
+                 for line in _diff_lines(example, marked=True)]
     else:
         ctx["verdict"] = _shapley_verdict(r)
         ctx["values"] = r.get("values") or []

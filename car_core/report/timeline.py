@@ -1,6 +1,6 @@
 """The run as the page draws it: a row per step (who decided it, what it cost, how long it
-took), the context the locus decided from, and a branch beside the factual run, line by line
-with long identical stretches folded."""
+took, where a branch step and its tool results came from), the context the locus decided from,
+and a branch beside the factual run, line by line with long identical stretches folded."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from car_core import formatting as fmt
 from car_core.model.checks import is_real
 from car_core.model.trajectory import Trajectory, step_label
 from car_core.model.vocabulary import Origin
@@ -20,9 +21,12 @@ RECENT = 6  # earlier context items (and identical diff lines) shown before fold
 def _timeline(run: Trajectory, locus: int | None) -> list[dict[str, Any]]:
     items = []
     for s in run.steps:
+        origin = s.meta.get("origin", Origin.RECORD) if run.lineage else Origin.RECORD
         items.append({
             "index": s.index, "locus": s.index == locus,
-            "origin": s.meta.get("origin", Origin.RECORD) if run.lineage else Origin.RECORD,
+            "origin": origin, "origin_label": fmt.origin_label(origin),
+            "tool_marks": [{"name": name, "source": source, "words": words}
+                           for name, source, words in fmt.tool_marks(s.action, s.meta)],
             "model": s.meta.get("model"),
             "who": step_label(run, s.index) if s.meta.get("agent") else None,
             "node": s.meta.get("node"),
@@ -99,13 +103,22 @@ def _role_class(role: Any) -> str:
     return role if role in ROLE_CLASSES else "other"
 
 
-def _diff_lines(run: Trajectory | Mapping[str, Any]) -> list[str]:
+def _diff_lines(run: Trajectory | Mapping[str, Any], marked: bool = False) -> list[str]:
+    """One line per action, observation and the outcome; ``marked``: each line of a branch
+    also says where it came from (held or re-decided; each tool result live, from the record
+    or simulated), the same lines in the same places."""
     data = run.to_dict() if isinstance(run, Trajectory) else dict(run)
+    branch = marked and bool(data.get("lineage"))  # a recorded run's steps are all "live"
     lines = []
     for s in data.get("steps") or []:
-        lines.append(f"step {s['index']} action: {compact(s.get('action'))}")
+        meta = s.get("meta") or {}
+        origin = fmt.origin_label(meta.get("origin")) if branch else None
+        lines.append(f"step {s['index']} action{f' ({origin})' if origin else ''}: "
+                     f"{compact(s.get('action'))}")
         if s.get("observed"):
-            lines.append(f"step {s['index']} observation: {compact(s.get('observation'))}")
+            marks = fmt.tool_marks_text(s.get("action"), meta) if marked else None
+            lines.append(f"step {s['index']} observation{f' ({marks})' if marks else ''}: "
+                         f"{compact(s.get('observation'))}")
     out = data.get("outcome")
     if out:
         lines.append(f"outcome: {_fmt(out.get('value'))}")
@@ -114,12 +127,14 @@ def _diff_lines(run: Trajectory | Mapping[str, Any]) -> list[str]:
 
 def _diff(factual: Trajectory | Mapping[str, Any], branch: Mapping[str, Any]
           ) -> list[dict[str, Any]]:
-    """Side-by-side rows (left = factual, right = counterfactual) from difflib opcodes."""
+    """Side-by-side rows (left = factual, right = counterfactual) from difflib opcodes, matched
+    on the values; the right side's lines say where each came from (``_diff_lines``)."""
     a, b = _diff_lines(factual), _diff_lines(branch)
+    shown = _diff_lines(branch, marked=True)
     rows: list[dict[str, Any]] = []
     matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        left, right = a[i1:i2], b[j1:j2]
+        left, right = a[i1:i2], shown[j1:j2]
         chunk: list[dict[str, Any]] = [{"tag": tag, "left": left[i] if i < len(left) else "",
                   "right": right[i] if i < len(right) else ""}
                  for i in range(max(len(left), len(right)))]
