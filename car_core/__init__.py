@@ -27,6 +27,7 @@ from car_core.estimators.repairs import (
     repairs,
 )
 from car_core.estimators.settings import ContrastiveSettings, ShapleySettings
+from car_core.estimators.triage import triage
 from car_core.model.budget import Budget
 from car_core.model.interventions import (
     Intervention,
@@ -116,6 +117,7 @@ __all__ = [
     "remove_sources",
     "repairs",
     "shapley",
+    "triage",
 ]
 
 _moved.install()  # the flat module paths of 0.1 keep importing

@@ -28,7 +28,7 @@ PUBLIC = [
     "guard_observation", "export_pairs",
     "Sequential", "AsyncioExecutor", "RayExecutor",
     "contrastive", "do_action", "do_context", "do_observation", "do_policy", "do_resample",
-    "intervene", "record", "shapley",
+    "intervene", "record", "shapley", "triage",
 ]
 
 

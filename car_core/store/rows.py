@@ -19,6 +19,7 @@ from car_core.model.vocabulary import AttributionStatus
 from car_core.results import Result, result_from_dict
 from car_core.secrets.redact import redact, redact_json
 from car_core.store.seals import attribution_seal, run_seal
+from car_core.triage_results import TRIAGE_METHOD
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,9 @@ def attribution_from_row(row: dict[str, Any], *, sealed: bool = True) -> Attribu
             f"attribution {attribution_id} holds a malformed result", then=None)
     try:
         status = AttributionStatus(row["status"])
-        result = None if data is None else result_from_dict(data)
+        # a triage's result is many runs' (``store.triages`` reads it), not one estimate's
+        result = (None if data is None or row["method"] == TRIAGE_METHOD
+                  else result_from_dict(data))
     except (ValueError, InvalidInput) as exc:
         raise CorruptAttribution.edited_by_hand(
             f"attribution {attribution_id} holds a malformed result: {str(exc)[:160]}"

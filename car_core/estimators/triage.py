@@ -1,0 +1,327 @@
+"""Triage: where a population of failed runs commits to failure.
+
+Each run gets its own contrastive attribution (``car.contrastive``), one run after another,
+each with its executor's own concurrency over its branches (runs are not attributed in
+parallel: the simplest schedule whose spend is checked against the total before each run).
+The loci are then grouped (by step, the agent and node that decided it and the tool it
+called, or by the user's ``label(run, result) -> str``), and each group's share of the runs
+gets a simultaneous interval.
+
+Intervals. The ``N`` runs triaged fall into ``G`` categories: the groups, plus the undecided
+runs and the runs with no cause when there are any. Each share gets a Wilson score interval at
+level ``1 − α/G`` (Bonferroni over the ``G`` categories), so with probability ``>= 1 − α``
+every interval covers its category's share at once. The categories are those observed; a
+place no run committed at is not listed (its share's upper bound is not reported).
+
+Budgets. ``per_run`` caps each attribution (rollouts, tokens, cost, wall time; its rollouts
+default to ``n·rollouts`` for an ``n``-step run, as ``car.contrastive``'s); ``budget`` caps the
+whole triage: before each run what is left of it (less what this call spent) caps that run's
+attribution too, and once any part of it is spent the remaining runs are not attributed
+(``skipped``, counted as undecided, the result ``truncated``). Resumable: with a ``store``,
+each run's attribution has an id derived from the triage id and the run id, so the same
+``triage_id`` reads back the attributions that finished (spending nothing), resumes the
+interrupted ones, and resumes an undecided one only when its rollout cap is now larger. A
+resumed attribution's ``rollouts_used`` also counts the branches it read back from its
+journal, so the total is charged for them: a resume spends no more than its budget, maybe less.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from car_core import defaults
+from car_core.engine.agent import Agent
+from car_core.engine.execution import ExecutorLike
+from car_core.errors import (
+    AgentError,
+    AgentMismatch,
+    AttributionBusy,
+    AttributionNotFound,
+    InvalidInput,
+    NothingToAttribute,
+    OutcomeError,
+    RunError,
+)
+from car_core.estimators.contrastive import rollout_budget
+from car_core.estimators.settings import ContrastiveSettings
+from car_core.model.budget import Budget, as_budget
+from car_core.model.outcome import OutcomeLike
+from car_core.model.trajectory import Trajectory
+from car_core.model.vocabulary import Answer, AttributionStatus
+from car_core.results import ContrastiveResult
+from car_core.stats import Interval, wilson
+from car_core.triage_results import SKIPPED, TriageGroup, TriageResult, TriageRun
+
+if TYPE_CHECKING:  # the store brings sqlite-utils: loaded only where one is used
+    from car_core.store import RunStore
+
+Label = Callable[[Trajectory, ContrastiveResult], str]
+TriageProgress = Callable[[int, int, TriageRun], None]
+FIELDS = ("step", "agent", "node", "tool")
+INTERVAL = "Wilson score at level 1 − alpha/G (Bonferroni over the G categories)"
+# a run's own trouble (it did not fail, another agent recorded it, its agent broke): that run
+# is reported undecided with the error as its reason; anything else stops the triage
+RUN_ERRORS = (OutcomeError, AgentMismatch, RunError, AgentError, NothingToAttribute,
+              AttributionBusy)
+
+
+def tool_of(action: Any) -> str | None:
+    """The tool an action called: the first chat tool call's name, a ``{"name", "arguments"}``
+    call's, or a ``{"tool": ...}`` action's; None for a reply or anything else."""
+    if not isinstance(action, Mapping):
+        return None
+    calls = action.get("tool_calls")
+    if isinstance(calls, Sequence) and not isinstance(calls, str) and calls:
+        first = calls[0] if isinstance(calls[0], Mapping) else {}
+        fn = first.get("function")
+        name = (fn if isinstance(fn, Mapping) else first).get("name")
+        return str(name) if name is not None else None
+    if action.get("name") is not None and any(k in action for k in ("arguments", "args",
+                                                                    "input")):
+        return str(action["name"])
+    tool = action.get("tool")
+    return str(tool) if isinstance(tool, str) else None
+
+
+def locus_fields(run: Trajectory, step: int) -> dict[str, Any]:
+    """Where a run committed: the step, the agent and node that decided it, the tool called."""
+    s = run.steps[step]
+    agent, node = s.meta.get("agent"), s.meta.get("node")
+    return {"step": step, "agent": str(agent) if agent else None,
+            "node": str(node) if node else None, "tool": tool_of(s.action)}
+
+
+def _default_label(values: Mapping[str, Any], by: Sequence[str]) -> str:
+    words = {"step": "step {}", "agent": "agent {}", "node": "node {}", "tool": "tool {}"}
+    parts = [words[f].format(values[f]) for f in by if values.get(f) is not None]
+    return ", ".join(parts) or "(nothing recorded)"
+
+
+@dataclass
+class _Spent:
+    rollouts: int = 0
+    tokens: int = 0
+    cost: float = 0.0
+
+
+def _left(total: Budget | None, spent: _Spent, started: float) -> tuple[Budget | None, str | None]:
+    """What the total budget leaves for the next run, or why nothing is left."""
+    if total is None:
+        return None, None
+    left: dict[str, Any] = {}
+    for name, used in (("rollouts", spent.rollouts), ("tokens", spent.tokens),
+                       ("cost", spent.cost), ("wall_time", time.monotonic() - started)):
+        cap = getattr(total, name)
+        if cap is None:
+            continue
+        rest = cap - used
+        if rest <= 0 or (name == "rollouts" and rest < 1):
+            return None, f"the triage's total {name.replace('_', '-')} budget of {cap:g} is spent"
+        left[name] = rest
+    return Budget(**left, prices=total.prices), None
+
+
+def _narrower(a: Budget | None, b: Budget | None) -> Budget | None:
+    """Each cap the smaller of the two (None: no cap of that kind)."""
+    if a is None or b is None:
+        return a or b
+    def least(x: Any, y: Any) -> Any:
+        return y if x is None else x if y is None else min(x, y)
+    return Budget(rollouts=least(a.rollouts, b.rollouts), tokens=least(a.tokens, b.tokens),
+                  cost=least(a.cost, b.cost), wall_time=least(a.wall_time, b.wall_time),
+                  prices=a.prices or b.prices)
+
+
+def _check(by: Sequence[str], label: Label | None, alpha: float) -> tuple[str, ...]:
+    if label is not None and not callable(label):
+        raise InvalidInput(f"label={label!r} is not callable",
+                           hint="pass a function (run, result) -> str, or None")
+    chosen = tuple(by)
+    unknown = [f for f in chosen if f not in FIELDS]
+    if unknown or not chosen:
+        raise InvalidInput(f"by={chosen!r}: group by some of {FIELDS}",
+                           hint='e.g. by=("agent",) or by=("step", "tool")')
+    if not 0 < alpha < 1:
+        raise InvalidInput(f"alpha={alpha!r} is outside (0, 1)", hint="use e.g. alpha=0.05")
+    return chosen
+
+
+def _load_all(runs: Iterable[Trajectory | str], store: RunStore | None) -> list[Trajectory]:
+    loaded: list[Trajectory] = []
+    for r in runs:
+        if isinstance(r, Trajectory):
+            loaded.append(r)
+        elif isinstance(r, str) and store is not None:
+            loaded.append(store.load(r))
+        else:
+            raise InvalidInput(f"{r!r} is neither a car.Trajectory nor a run id with a store",
+                               hint="pass runs, or run ids with store=")
+    ids = [r.id for r in loaded]
+    if len(set(ids)) != len(ids):
+        twice = next(i for i in ids if ids.count(i) > 1)
+        raise InvalidInput(f"run {twice} is in the population twice",
+                           hint="pass each run once")
+    if not loaded:
+        raise NothingToAttribute("the population is empty: no run to triage",
+                                 hint="record failing runs first, or loosen the filters")
+    return loaded
+
+
+def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLike,
+           rollouts: int = defaults.ROLLOUTS, alpha: float = defaults.ALPHA, seed: int = 0,
+           search: str = "auto", budget: Budget | None = None,
+           per_run: Budget | int | None = None, label: Label | None = None,
+           by: Sequence[str] = FIELDS, store: RunStore | None = None,
+           triage_id: str | None = None, executor: ExecutorLike = None,
+           progress: TriageProgress | None = None, force_agent: bool = False,
+           early_stop: bool = True) -> TriageResult:
+    """Attribute every run of ``runs`` (trajectories, or run ids in ``store``) with
+    ``car.contrastive`` under ``per_run`` and the total ``budget``, then group the loci by
+    ``by`` (or ``label``) with simultaneous intervals (module docstring). ``alpha`` is each
+    attribution's family-wise error rate and the intervals' joint one. With ``store``, the
+    attributions and the triage itself are stored, resumable with the same ``triage_id``.
+    ``progress(done, total, row)`` is called after each run. ``early_stop`` (the default
+    here, unlike ``car.contrastive``'s): each attribution stops once its locus is decided, as
+    a triage needs where each run commits, not how much its rescue is."""
+    chosen_by = _check(by, label, alpha)
+    settings = ContrastiveSettings(rollouts=rollouts, alpha=alpha, seed=seed, search=search,
+                                   early_stop=early_stop)
+    total = budget if budget is None else as_budget(budget, "budget")
+    each = as_budget(per_run, "per_run")
+    population = _load_all(runs, store)
+    tid = triage_id or (uuid.uuid4().hex[:16] if store is not None else None)
+    params: dict[str, Any] = {
+        "rollouts": rollouts, "alpha": alpha, "seed": seed, "search": search,
+        "early_stop": early_stop,
+        "budget": total.to_dict() if total else None, "per_run": each.to_dict() if each else None,
+        "by": list(chosen_by), "agent": agent.name,
+        "label": getattr(label, "__qualname__", repr(label)) if label else None,
+        "runs": [r.id for r in population]}
+    if store is not None and tid is not None:
+        from car_core.store.triages import begin_triage
+        begin_triage(store, tid, params)
+    started, spent = time.monotonic(), _Spent()
+    rows: list[TriageRun] = []
+    located: dict[str, tuple[Trajectory, ContrastiveResult]] = {}
+    note: str | None = None
+    for i, run in enumerate(population):
+        left, why = _left(total, spent, started)
+        note = note or why
+        if note is not None:
+            rows.append(TriageRun(run.id, SKIPPED, reason=f"not attributed: {note}"))
+        else:
+            # this run's own cap (n·K rollouts unless per_run says otherwise), within what
+            # the total leaves
+            own = rollout_budget(len(run.steps), rollouts, each)[0]
+            row, one = _one(run, agent, outcome, replace(settings, budget=_narrower(
+                own, left)), store, tid, executor, force_agent)
+            if not row.reused:
+                spent.rollouts += row.rollouts_used
+                spent.tokens += row.tokens
+                spent.cost += row.cost
+            if one is not None and one.locus is not None:
+                located[run.id] = (run, one)
+            rows.append(row)
+        if progress is not None:
+            progress(i + 1, len(population), rows[-1])
+    groups, rows = _grouped(located, rows, chosen_by, label)
+    undecided = tuple(r.run_id for r in rows if r.answer in (Answer.UNDECIDED, SKIPPED))
+    no_cause = tuple(r.run_id for r in rows if r.answer == Answer.NO_CAUSE)
+    g = max(1, len(groups) + bool(undecided) + bool(no_cause))
+    level = 1 - alpha / g
+    n = len(population)
+    result = TriageResult(
+        triage_id=tid, runs_total=n,
+        groups=tuple(TriageGroup(label=lab, **fields, share=len(ids) / n,
+                                 share_ci=Interval(*wilson(len(ids) / n, n, level), level),
+                                 runs=tuple(ids)) for lab, fields, ids in groups),
+        undecided=undecided, no_cause=no_cause, per_run=tuple(rows), alpha=float(alpha),
+        level=level, interval=INTERVAL, by=chosen_by, rollouts_used=spent.rollouts,
+        tokens=spent.tokens, cost=round(spent.cost, 6), truncated=note is not None,
+        budget_note=note, params=params)
+    if store is not None and tid is not None:
+        from car_core.store.triages import finish_triage
+        finish_triage(store, tid, result, params)
+    return result
+
+
+def _grouped(located: Mapping[str, tuple[Trajectory, ContrastiveResult]],
+             rows: list[TriageRun], by: Sequence[str], label: Label | None
+             ) -> tuple[list[tuple[str, dict[str, Any], list[str]]], list[TriageRun]]:
+    """The groups (label, the fields every run of it agrees on, run ids), most runs first,
+    and the per-run rows with their group's label."""
+    members: dict[str, list[str]] = {}
+    values: dict[str, list[dict[str, Any]]] = {}
+    for run_id, (run, res) in located.items():
+        assert res.locus is not None
+        fields = locus_fields(run, res.locus)
+        if label is not None:
+            name = label(run, res)
+            if not isinstance(name, str):
+                raise InvalidInput(f"label returned {name!r} for run {run_id}, not a str",
+                                   run_id=run_id, hint="return a short text naming the group")
+        else:
+            name = _default_label(fields, by)
+        members.setdefault(name, []).append(run_id)
+        values.setdefault(name, []).append(fields)
+    groups = []
+    for name, ids in sorted(members.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        seen = values[name]
+        agreed = {f: seen[0][f] if all(v[f] == seen[0][f] for v in seen) else None
+                  for f in FIELDS}
+        groups.append((name, agreed, ids))
+    label_of = {i: name for name, _, ids in groups for i in ids}
+    return groups, [replace(r, group=label_of.get(r.run_id)) for r in rows]
+
+
+def _one(run: Trajectory, agent: Agent, outcome: OutcomeLike, settings: ContrastiveSettings,
+         store: RunStore | None, tid: str | None, executor: ExecutorLike, force_agent: bool
+         ) -> tuple[TriageRun, ContrastiveResult | None]:
+    """One run's attribution: read back from the store when it finished (an undecided one
+    only while its rollout cap is not larger now), else run or resumed."""
+    aid = None
+    if store is not None and tid is not None:
+        from car_core.store.triages import triage_attribution_id
+        aid = triage_attribution_id(tid, run.id)
+        stored = _finished(store, aid, settings, len(run.steps))
+        if stored is not None:
+            return _row(run.id, stored, aid, reused=True), stored
+    try:
+        result = settings.run(run, agent, outcome, executor=executor, progress=False,
+                              store=store, attribution_id=aid, force_agent=force_agent)
+    except RUN_ERRORS as exc:
+        return TriageRun(run.id, str(Answer.UNDECIDED), reason=f"not attributed: {exc}",
+                         attribution_id=aid), None
+    return _row(run.id, result, aid, reused=False), result
+
+
+def _finished(store: RunStore, aid: str, settings: ContrastiveSettings, n_steps: int
+              ) -> ContrastiveResult | None:
+    try:
+        a = store.attribution(aid)
+    except AttributionNotFound:
+        return None
+    res = a.result
+    if not isinstance(res, ContrastiveResult) or a.status == AttributionStatus.RUNNING:
+        return None
+    if a.status == AttributionStatus.COMPLETE:
+        return res
+    cap = rollout_budget(n_steps, settings.rollouts, settings.budget)[1]
+    return res if cap <= (res.rollout_budget or res.rollouts_used) else None
+
+
+def _row(run_id: str, r: ContrastiveResult, aid: str | None, reused: bool) -> TriageRun:
+    reason = None
+    if r.answer == Answer.UNDECIDED:
+        reason = r.undecided_why()
+    elif r.answer == Answer.NO_CAUSE:
+        reason = r.reason
+    return TriageRun(run_id, str(r.answer), locus=r.locus, reason=reason, attribution_id=aid,
+                     rollouts_used=r.rollouts_used, tokens=r.tokens, cost=r.cost, reused=reused)
+
+
+__all__ = ["FIELDS", "INTERVAL", "locus_fields", "tool_of", "triage"]

@@ -1,0 +1,198 @@
+"""What ``car.triage`` returns: where a population of failed runs commits to failure.
+
+A ``TriageResult`` holds one ``TriageGroup`` per place the runs committed (a step, the agent
+and node that decided it, the tool it called, or the user's own label), each with its share
+of the runs triaged and a simultaneous interval, plus one ``TriageRun`` per run saying what
+its own attribution answered. It serialises to one JSON object (``to_dict``) whose keys
+``groups`` (``label, step, agent, node, tool, share, share_ci, runs``), ``undecided`` and
+``no_cause`` (run ids) stay stable; the store keeps it as the triage's attribution row.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from car_core.model.json_fields import Codec, Row, dump_fields, load_fields, nested
+from car_core.stats import Interval
+
+
+def _share_ci(obj: Any, _: str) -> dict[str, Any]:
+    ci: Interval = obj.share_ci
+    return {"share_ci": [float(ci[0]), float(ci[1])]}
+
+
+def _load_share_ci(row: Row, _: str, level: Any) -> Interval:
+    got = Interval.of(row["share_ci"], float(level if level is not None else 0.95))
+    assert got is not None
+    return got
+
+
+_GROUP = {"share_ci": Codec(_share_ci, _load_share_ci)}
+
+
+@dataclass(frozen=True)
+class TriageGroup:
+    """Runs that committed at the same place: ``label`` names it (the user's ``label=`` or
+    the step, agent, node and tool it was grouped by); ``step``, ``agent``, ``node`` and
+    ``tool`` are the locus's where every run of the group agrees, else None. ``share`` is the
+    group's fraction of all runs triaged, ``share_ci`` its simultaneous interval (at the
+    result's ``level``), ``runs`` the run ids behind it."""
+
+    label: str
+    step: int | None
+    agent: str | None
+    node: str | None
+    tool: str | None
+    share: float
+    share_ci: Interval
+    runs: tuple[str, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.runs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dump_fields(self, _GROUP, _GROUP_KEYS, n=self.n)
+
+    @classmethod
+    def from_dict(cls, data: Row, level: float | None = None) -> TriageGroup:
+        return load_fields(cls, data, _GROUP, level)  # type: ignore[no-any-return]
+
+
+_GROUP_KEYS = ("label", "step", "agent", "node", "tool", "share", "share_ci", "n", "runs")
+
+
+@dataclass(frozen=True)
+class TriageRun:
+    """One run of the population: what its attribution answered (``answer``: locus, no
+    cause, undecided, or ``skipped`` when the total budget ran out before it), the locus,
+    why there is none (``reason``), its group's label, the attribution that holds it and
+    what it spent (``reused``: read back from the store, nothing spent now)."""
+
+    run_id: str
+    answer: str
+    locus: int | None = None
+    group: str | None = None
+    reason: str | None = None
+    attribution_id: str | None = None
+    rollouts_used: int = 0
+    tokens: int = 0
+    cost: float = 0.0
+    reused: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return dump_fields(self, {})
+
+    @classmethod
+    def from_dict(cls, data: Row, level: float | None = None) -> TriageRun:
+        return load_fields(cls, data, {})  # type: ignore[no-any-return]
+
+
+TRIAGE_METHOD = "triage"  # the method of its attribution row
+SKIPPED = "skipped"  # a run the total budget left unattributed: counted as undecided
+_RESULT = {"groups": nested(TriageGroup.from_dict, many=True, missing=()),
+           "per_run": nested(TriageRun.from_dict, many=True, missing=())}
+_RESULT_KEYS = ("method", "triage_id", "summary", "groups", "undecided", "no_cause", "runs_total",
+                "level", "alpha", "interval")
+CSV_COLUMNS = ("label", "step", "agent", "node", "tool", "n", "share", "share_low",
+               "share_high", "runs")
+
+
+@dataclass(frozen=True)
+class TriageResult:
+    """Where a population of failed runs commits to failure, with intervals (see the module
+    docstring). ``undecided`` and ``no_cause`` are the run ids whose attribution gave that
+    answer (``per_run`` says why for each); ``groups + undecided + no_cause`` is every run.
+    ``interval`` names how ``share_ci`` was built."""
+
+    triage_id: str | None
+    runs_total: int
+    groups: tuple[TriageGroup, ...]
+    undecided: tuple[str, ...]
+    no_cause: tuple[str, ...]
+    per_run: tuple[TriageRun, ...]
+    alpha: float
+    level: float  # each share's own level: 1 − alpha/G over the G categories
+    interval: str
+    by: tuple[str, ...]
+    rollouts_used: int
+    tokens: int
+    cost: float
+    truncated: bool
+    budget_note: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def attribution_id(self) -> str | None:
+        return self.triage_id
+
+    def continue_hint(self) -> str | None:
+        """How to finish a triage the total budget stopped; None when every run was reached."""
+        if not self.truncated:
+            return None
+        return ("to continue, run car.triage(...) again with the same triage_id= and store= "
+                f"(triage {self.triage_id}): finished runs are read back, not re-run")
+
+    def summary(self) -> str:
+        """The answer in one sentence a non-statistician can act on."""
+        if not self.groups:
+            return (f"none of the {self.runs_total} run(s) was traced to a step: "
+                    f"{len(self.undecided)} undecided, {len(self.no_cause)} with no cause")
+        top = self.groups[0]
+        return (f"{top.n} of {self.runs_total} failed run(s) commit at {top.label} "
+                f"({_pct(top.share)}, {_pct(top.share_ci[0])}–{_pct(top.share_ci[1])} at "
+                f"{_pct(1 - self.alpha)} jointly); {len(self.groups)} place(s) in all, "
+                f"{len(self.undecided)} undecided, {len(self.no_cause)} with no cause")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dump_fields(self, _RESULT, _RESULT_KEYS, method=TRIAGE_METHOD,
+                           summary=self.summary())
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def to_csv(self) -> str:
+        """One row per group (``CSV_COLUMNS``), then one for the undecided and one for the
+        no-cause runs; run ids joined by spaces."""
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(CSV_COLUMNS)
+        for g in self.groups:
+            w.writerow([g.label, _cell(g.step), _cell(g.agent), _cell(g.node), _cell(g.tool),
+                        g.n, f"{g.share:.6g}", f"{g.share_ci[0]:.6g}", f"{g.share_ci[1]:.6g}",
+                        " ".join(g.runs)])
+        for name, ids in (("(undecided)", self.undecided), ("(no cause)", self.no_cause)):
+            if ids:
+                w.writerow([name, "", "", "", "", len(ids),
+                            f"{len(ids) / self.runs_total:.6g}", "", "", " ".join(ids)])
+        return buf.getvalue()
+
+    @classmethod
+    def from_dict(cls, data: Row) -> TriageResult:
+        return load_fields(cls, data, _RESULT, float(data["level"]))  # type: ignore[no-any-return]
+
+    def __str__(self) -> str:
+        lines = [self.summary()]
+        for g in self.groups:
+            lines.append(f"  {g.label}: {g.n} run(s), {_pct(g.share)} "
+                         f"[{_pct(g.share_ci[0])}, {_pct(g.share_ci[1])}]")
+        for r in self.per_run:
+            if r.locus is None:
+                lines.append(f"  run {r.run_id}: {r.answer}" + (f" ({r.reason})" if r.reason
+                                                               else ""))
+        return "\n".join(lines)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def _cell(v: object) -> str:
+    return "" if v is None else str(v)
+
+
+__all__ = ["CSV_COLUMNS", "SKIPPED", "TRIAGE_METHOD", "TriageGroup", "TriageResult", "TriageRun"]
