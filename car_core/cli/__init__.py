@@ -9,7 +9,7 @@ lists them."""
 
 from __future__ import annotations
 
-from car_core.cli import browse, context, demo, intervene, kit
+from car_core.cli import browse, context, demo, intervene, kit, triage
 from car_core.cli.app import app, err, main, out
 from car_core.cli.attribute import ExecutorName, _executor, attribute
 from car_core.cli.attribute import print_result as _print_result
@@ -19,11 +19,13 @@ app.command()(browse.runs)
 app.command()(browse.show)
 app.command()(intervene.intervene)
 app.command()(attribute)
+app.command("triage")(triage.triage_command)
 app.command()(browse.report)
 app.command()(browse.attributions)
 app.command()(demo.demo)
 app.command("what")(context.what)
 app.command("fix")(context.fix)
+context.export_app.command("triage")(triage.export_triage)
 app.add_typer(context.export_app)
 
 # The command's entry point and what the tests reach for under this package's name.

@@ -1,0 +1,272 @@
+"""``car triage``: where a population of failed runs commits to failure (``car.triage``), and
+``car export triage``: a stored triage as JSON or CSV. The runs are the ids given, or the
+store's recorded runs filtered by agent, time, test and outcome (failed by default); every
+run's attribution and the triage are kept in the store, resumable with ``--resume``."""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from car_core import defaults
+from car_core.cli import kit
+from car_core.cli.app import (
+    STDOUT,
+    AgentOpt,
+    ForceAgentOpt,
+    JsonOpt,
+    OutcomeOpt,
+    ProgressOpt,
+    StoreOpt,
+    check_seed,
+    err,
+    errors,
+    out,
+    print_json,
+)
+from car_core.cli.attribute import ExecutorName, _executor
+from car_core.errors import InvalidInput
+from car_core.estimators.triage import FIELDS, triage
+from car_core.model.budget import Budget
+from car_core.store import RunStore
+from car_core.triage_results import TriageResult, TriageRun
+
+
+class Only(StrEnum):
+    failed = "failed"
+    passed = "passed"
+    any = "any"
+
+
+class Format(StrEnum):
+    json = "json"
+    csv = "csv"
+
+
+def _when(text: str | None, flag: str) -> float | None:
+    """Epoch seconds from ``--since``/``--until``: a number, or an ISO date or date-time
+    (UTC unless it names its zone)."""
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidInput(f"{flag} {text!r} is neither a date nor epoch seconds",
+                           hint=f"e.g. {flag} 2025-01-31 or {flag} 2025-01-31T12:00") from None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+
+
+def _budget(rollouts: int | None, tokens: int | None, cost: float | None,
+            seconds: float | None, prices: dict[str, tuple[float, float]]) -> Budget | None:
+    if rollouts is None and tokens is None and cost is None and seconds is None:
+        return None
+    return Budget(rollouts=rollouts, tokens=tokens, cost=cost, wall_time=seconds, prices=prices)
+
+
+def _by(text: str) -> tuple[str, ...]:
+    chosen = tuple(p.strip() for p in text.split(",") if p.strip())
+    unknown = [p for p in chosen if p not in FIELDS]
+    if unknown or not chosen:
+        raise InvalidInput(f"--by {text!r}: group by some of {', '.join(FIELDS)}",
+                           hint="e.g. --by agent or --by step,tool")
+    return chosen
+
+
+@errors
+def triage_command(
+        agent: AgentOpt,
+        run_ids: Annotated[list[str] | None, typer.Argument(
+            metavar="RUN_ID", show_default=False,
+            help="Run ids to triage (default: the store's runs the filters select).")] = None,
+        outcome: OutcomeOpt = None,
+        agent_name: Annotated[str | None, typer.Option(
+            "--agent-name", help="Only runs recorded by the agent of this name.")] = None,
+        since: Annotated[str | None, typer.Option(
+            "--since", help="Only runs recorded at or after this date (ISO) or epoch "
+                            "second.")] = None,
+        until: Annotated[str | None, typer.Option(
+            "--until", help="Only runs recorded at or before this date (ISO) or epoch "
+                            "second.")] = None,
+        test: Annotated[str | None, typer.Option(
+            "--test", help="Only runs recorded by a test whose id contains this.")] = None,
+        only: Annotated[Only, typer.Option(
+            "--only", help="Which runs by outcome.")] = Only.failed,
+        by: Annotated[str, typer.Option(
+            "--by", help="Group the loci by these, comma-separated: "
+                         f"{', '.join(FIELDS)}.")] = ",".join(FIELDS),
+        label: Annotated[str | None, typer.Option(
+            "--label", help="MODULE:FUNCTION(run, result) -> str naming each run's group "
+                            "(replaces --by).")] = None,
+        rollouts: Annotated[int, typer.Option(
+            "--rollouts", min=1, help="K per step of each run's attribution (a cap of n·K "
+                                      "rollouts for an n-step run).")] = defaults.ROLLOUTS,
+        alpha: Annotated[float, typer.Option(
+            "--alpha", help="Each attribution's family-wise error rate and the intervals' "
+                            "joint one.")] = defaults.ALPHA,
+        seed: Annotated[int, typer.Option("--seed", help="Root seed of the branches.")] = 0,
+        budget: Annotated[int | None, typer.Option(
+            "--budget", min=1, help="Total rollouts over all runs.")] = None,
+        max_tokens: Annotated[int | None, typer.Option(
+            "--max-tokens", min=1, help="Total model tokens over all runs.")] = None,
+        max_cost: Annotated[float | None, typer.Option(
+            "--max-cost", help="Total money over all runs (see --price).")] = None,
+        max_seconds: Annotated[float | None, typer.Option(
+            "--max-seconds", help="Total wall time; runs not reached are left "
+                                  "undecided.")] = None,
+        per_run_budget: Annotated[int | None, typer.Option(
+            "--per-run-budget", min=1, help="Rollouts of one run's attribution (default "
+                                            "n·K).")] = None,
+        per_run_tokens: Annotated[int | None, typer.Option(
+            "--per-run-max-tokens", min=1, help="Model tokens of one run's attribution.")
+        ] = None,
+        per_run_cost: Annotated[float | None, typer.Option(
+            "--per-run-max-cost", help="Money of one run's attribution.")] = None,
+        per_run_seconds: Annotated[float | None, typer.Option(
+            "--per-run-max-seconds", help="Wall time of one run's attribution.")] = None,
+        price: Annotated[list[str] | None, typer.Option(
+            "--price", metavar="MODEL=IN:OUT",
+            help="Price of a model per million input and output tokens (repeatable).")] = None,
+        executor: Annotated[ExecutorName | None, typer.Option(
+            "--executor", help="How each attribution's branches run (default: chosen for "
+                               "the agent).")] = None,
+        concurrency: Annotated[int, typer.Option(
+            "--concurrency", min=1, help="Branches in flight (async, ray).")
+        ] = defaults.CONCURRENCY,
+        resume: Annotated[str | None, typer.Option(
+            "--resume", metavar="TRIAGE_ID",
+            help="Continue a triage: finished runs are read back, not re-run; without run ids "
+                 "or filters, its own runs.")] = None,
+        force_agent: ForceAgentOpt = False,
+        store: StoreOpt = "car.db", json_out: JsonOpt = False,
+        progress: ProgressOpt = None) -> None:
+    """Attribute every selected failed run and show where they commit: groups by step,
+    agent, node and tool (or --label), each with its share of the runs and a simultaneous
+    interval, and the runs left undecided or with no cause, with why. Every attribution and
+    the triage are kept in the store (`car attributions`; `car export triage ID`)."""
+    check_seed(seed)
+    if not 0 < alpha < 1:
+        raise InvalidInput(f"--alpha {alpha} is outside (0, 1)", hint="e.g. --alpha 0.05")
+    for flag, value in (("--max-cost", max_cost), ("--max-seconds", max_seconds),
+                        ("--per-run-max-cost", per_run_cost),
+                        ("--per-run-max-seconds", per_run_seconds)):
+        if value is not None and not value > 0:
+            raise InvalidInput(f"{flag} {value} cannot pay for anything",
+                               hint=f"give {flag} a positive number, or leave it out")
+    grouping = _by(by)
+    prices = kit.parse_prices(price or [])
+    filters = (agent_name, since, until, test)
+    from car_core.store.triages import select_runs  # brings sqlite-utils: not for --help
+    reader = kit.existing_store(store)  # read-only first: a damaged store is refused untouched
+    try:
+        if resume is not None and not run_ids and all(f is None for f in filters):
+            stored = reader.attribution(resume).params.get("runs")
+            ids = [str(i) for i in stored] if isinstance(stored, list) else []
+        else:
+            ids = select_runs(reader, ids=run_ids or None, agent=agent_name,
+                              since=_when(since, "--since"), until=_when(until, "--until"),
+                              test=test, outcome=only.value)
+    finally:
+        reader.close()
+    if not ids:
+        raise InvalidInput("no run matches: nothing to triage",
+                           hint="list the stored runs with `car runs`, or loosen the filters")
+    the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
+    label_fn = kit.load_object(label, "label") if label else None
+    shown = progress if progress is not None else sys.stderr.isatty()
+    db = RunStore(store)
+    try:
+        result = triage(ids, the_agent, outcome=the_outcome, rollouts=rollouts, alpha=alpha,
+                        seed=seed, budget=_budget(budget, max_tokens, max_cost, max_seconds,
+                                                  prices),
+                        per_run=_budget(per_run_budget, per_run_tokens, per_run_cost,
+                                        per_run_seconds, prices),
+                        label=label_fn, by=grouping, store=db, triage_id=resume,
+                        executor=_executor(executor, concurrency, None),
+                        progress=_progress if shown else None, force_agent=force_agent)
+    finally:
+        db.close()
+    if json_out:
+        print_json(result.to_dict())
+    else:
+        print_triage(result, store)
+    if result.truncated:
+        err.print(Text(kit.safe(f"the total budget ran out ({result.budget_note}); to "
+                                f"continue: the same command with --resume "
+                                f"{result.triage_id} and a larger budget")), soft_wrap=True)
+        raise typer.Exit(kit.BUDGET)
+    if not result.groups:
+        raise typer.Exit(kit.NOTHING)
+
+
+def _progress(done: int, total: int, row: TriageRun) -> None:
+    what = f"locus {row.locus}" if row.locus is not None else row.answer
+    err.print(Text(kit.safe(f"[{done}/{total}] run {row.run_id}: {what}"
+                            + (" (read back)" if row.reused else ""))), soft_wrap=True)
+
+
+def print_triage(r: TriageResult, store: str) -> None:
+    """The answer first, then one row per group, then the runs without a locus and why."""
+    out.print(Text(kit.safe(r.summary()), style="bold"))
+    if r.groups:
+        t = Table(title_justify="left")
+        for col in ("where the runs commit", "runs", "share", f"interval ({_pct(1 - r.alpha)} "
+                    "jointly)"):
+            t.add_column(col, justify="left" if col.startswith("where") else "right")
+        for g in r.groups:
+            t.add_row(kit.cell(g.label), str(g.n), _pct(g.share),
+                      f"{_pct(g.share_ci[0])}–{_pct(g.share_ci[1])}")
+        out.print(t)
+    for row in r.per_run:
+        if row.locus is None:
+            out.print(Text(kit.safe(f"run {row.run_id}: {row.answer}"
+                                    + (f" — {row.reason}" if row.reason else ""))))
+    out.print(Text(f"{r.runs_total} run(s) · {r.rollouts_used} rollouts spent now · "
+                   f"triage {r.triage_id}"))
+    out.print(Text(kit.safe(f"the runs behind each group: car export triage {r.triage_id} "
+                            f"--store {store}, or --json"), style="dim"))
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+@errors
+def export_triage(
+        triage_id: Annotated[str, typer.Argument(help="The triage's id (`car attributions`).")],
+        out_path: Annotated[Path | None, typer.Option(
+            "--out", help="File to write (default: standard output).")] = None,
+        fmt: Annotated[Format | None, typer.Option(
+            "--format", help="json or csv (default: from --out's suffix, else json).")
+        ] = None,
+        store: StoreOpt = "car.db") -> None:
+    """Write a stored triage: JSON (`car triage --json`'s) or CSV (one row per group, then
+    the undecided and no-cause runs)."""
+    from car_core.store.triages import load_triage  # brings sqlite-utils: not for --help
+    db = kit.existing_store(store)
+    try:
+        result = load_triage(db, triage_id)
+    finally:
+        db.close()
+    chosen = fmt or (Format.csv if out_path is not None and out_path.suffix.lower() == ".csv"
+                     else Format.json)
+    text: Any = result.to_csv() if chosen is Format.csv else result.to_json(indent=2) + "\n"
+    if out_path is None:
+        STDOUT.write(text)
+        return
+    try:
+        out_path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInput(f"cannot write {out_path}: {exc.strerror}",
+                           hint="pass --out a writable file") from None
+    out.print(Text(kit.safe(f"wrote triage {triage_id} ({chosen.value}) to {out_path}")))

@@ -1,0 +1,215 @@
+"""``car.triage`` and ``car triage`` against a planted population: failed runs from two failure
+modes (``TwoModeDesk``: the early mode commits at step 1, a ``read_policy`` call by the
+``intake`` agent; the late one at step 4, an ``issue_refund`` call by ``refunds``) in known
+proportions.
+
+Tolerances. The planted shares are exact (14 of 24 runs are early), so the check is the
+interval's own: each share's Wilson interval at level 1 − α/G covers the share of the runs
+triaged, which equals the planted one when every run is traced to its mode. Each run's locus
+is itself a test at FWER α = 0.05 with rescue 1 − p_bad = 0.7 on a deterministic outcome, so
+with ``K = 16`` per step (96 rollouts for 6 steps) the betting test confirms in a few pairs;
+the membership of each group is asserted exactly, which a wrong locus would break.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import car_core as car
+from car_core.errors import RunNotFound
+from car_core.store import RunStore
+from car_core.store.triages import (
+    POPULATION,
+    load_triage,
+    select_runs,
+    triage_attribution_id,
+)
+from car_core.testing import synthetic as syn
+from car_core.testing.synthetic_population import TwoModeDesk
+from car_core.triage_results import CSV_COLUMNS, TriageResult
+
+DESK = TwoModeDesk()
+N_EARLY, N_LATE = 14, 10
+K = 16
+AGENT = "car_core.testing.synthetic_population:TwoModeDesk"
+GROUP_KEYS = {"label", "step", "agent", "node", "tool", "share", "share_ci", "runs"}
+
+
+@pytest.fixture(scope="module")
+def population() -> list[car.Trajectory]:
+    return DESK.population(N_EARLY, N_LATE, seed=0)
+
+
+def _branches(store: RunStore) -> int:
+    return int(store.db.execute("SELECT count(*) FROM runs WHERE parent_id IS NOT NULL")
+               .fetchone()[0])
+
+
+def _accounted(res: TriageResult) -> list[str]:
+    return [i for g in res.groups for i in g.runs] + list(res.undecided) + list(res.no_cause)
+
+
+def test_recovers_each_planted_mode_with_its_share_step_agent_and_tool(population, tmp_path):
+    with RunStore(tmp_path / "car.db") as store:
+        res = car.triage(population, DESK.agent(), outcome=DESK.outcome, rollouts=K,
+                         store=store, triage_id="t-planted")
+    early = {r.id for r in population if r.context["mode"] == "early"}
+    late = {r.id for r in population if r.context["mode"] == "late"}
+    assert len(res.groups) == 2 and not res.undecided and not res.no_cause
+    by_step = {g.step: g for g in res.groups}
+    for mode, ids, planted in (("early", early, N_EARLY), ("late", late, N_LATE)):
+        g = by_step[DESK.step_of(mode)]
+        assert set(g.runs) == ids
+        assert (g.agent, g.node, g.tool) == (DESK.agent_of(mode), DESK.agent_of(mode),
+                                             DESK.tool_of(mode))
+        share = planted / (N_EARLY + N_LATE)
+        assert g.share == pytest.approx(share)
+        assert g.share_ci[0] <= share <= g.share_ci[1]
+        assert g.share_ci[0] > 0.1  # an interval of width ~1 would cover anything
+    # G = 2 categories (no undecided, no no-cause): each interval at 1 − 0.05/2
+    assert res.level == pytest.approx(1 - 0.05 / 2)
+    assert sorted(_accounted(res)) == sorted(r.id for r in population)
+
+
+def test_every_run_is_accounted_for_and_runs_without_a_locus_say_why(population):
+    runs = population[:3] + population[-3:]
+    # two rollouts cannot confirm a locus: each run is undecided (the budget ran out) or, when
+    # its two rollouts did not vary, no cause at this sample size; either way it says why
+    res = car.triage(runs, DESK.agent(), outcome=DESK.outcome, rollouts=K,
+                     per_run=car.Budget(rollouts=2))
+    assert res.groups == ()
+    assert sorted(_accounted(res)) == sorted(r.id for r in runs)
+    assert not set(res.undecided) & set(res.no_cause)
+    for row in res.per_run:
+        assert row.answer in ("undecided", "no cause") and row.reason
+        assert row.rollouts_used <= 2
+        if row.answer == "undecided":
+            assert "budget" in row.reason and row.run_id in res.undecided
+        else:
+            assert row.run_id in res.no_cause
+
+
+def test_total_budget_stops_before_spending_and_resume_reads_finished_runs_back(
+        population, tmp_path):
+    runs = population[:4] + population[-4:]
+    with RunStore(tmp_path / "car.db") as store:
+        first = car.triage(runs, DESK.agent(), outcome=DESK.outcome, rollouts=K,
+                           budget=car.Budget(rollouts=150), store=store, triage_id="t-resume")
+        assert first.truncated and first.rollouts_used <= 150
+        skipped = [r.run_id for r in first.per_run if r.answer == "skipped"]
+        assert skipped and set(skipped) <= set(first.undecided)
+        assert store.attribution("t-resume").status == "truncated"
+        before = _branches(store)
+        done = {r.run_id: len(store.branches(r.attribution_id)) for r in first.per_run
+                if r.locus is not None}
+        assert done and all(done.values())
+        second = car.triage(runs, DESK.agent(), outcome=DESK.outcome, rollouts=K,
+                            store=store, triage_id="t-resume")
+        assert not second.truncated and not second.undecided
+        assert {r.run_id for r in second.per_run if r.reused} >= done.keys()
+        # the runs that finished drew no branch; the others drew at most what they used (a
+        # resumed attribution also counts the branches it read back from its journal)
+        assert done == {r.run_id: len(store.branches(r.attribution_id))
+                        for r in second.per_run if r.run_id in done}
+        assert 0 < _branches(store) - before <= second.rollouts_used
+        # a third time: everything is read back, no branch is drawn
+        again = _branches(store)
+        third = car.triage(runs, DESK.agent(), outcome=DESK.outcome, rollouts=K,
+                           store=store, triage_id="t-resume")
+        assert _branches(store) == again and third.rollouts_used == 0
+        assert all(r.reused for r in third.per_run)
+        assert third.to_dict()["groups"] == second.to_dict()["groups"]
+        ids = {r.attribution_id for r in third.per_run}
+        assert ids == {triage_attribution_id("t-resume", r.id) for r in runs}
+
+
+def test_the_triage_is_stored_as_an_attribution_and_exports(population, tmp_path):
+    runs = population[:2] + population[-2:]
+    with RunStore(tmp_path / "car.db") as store:
+        res = car.triage(runs, DESK.agent(), outcome=DESK.outcome, rollouts=K, store=store)
+        row = store.attribution(res.triage_id)
+        assert (row.method, row.run_id, row.status) == ("triage", POPULATION, "complete")
+        assert load_triage(store, res.triage_id).to_dict() == res.to_dict()
+        assert res.triage_id in store.attribution_ids()
+    rows = list(csv.reader(io.StringIO(res.to_csv())))
+    assert tuple(rows[0]) == CSV_COLUMNS and len(rows) == 1 + len(res.groups)
+
+
+def test_label_hook_and_grouping_by_agent(population):
+    runs = population[:3] + population[-2:]
+    res = car.triage(runs, DESK.agent(), outcome=DESK.outcome, rollouts=K,
+                     label=lambda run, result: f"mode {run.context['mode']}")
+    assert {g.label: len(g.runs) for g in res.groups} == {"mode early": 3, "mode late": 2}
+    res = car.triage(runs, DESK.agent(), outcome=DESK.outcome, rollouts=K, by=("agent",))
+    assert {g.label: g.agent for g in res.groups} == {"agent intake": "intake",
+                                                      "agent refunds": "refunds"}
+
+
+def test_select_runs_filters_by_agent_outcome_and_ids(population, tmp_path):
+    other = syn.pivot().failing_run(0)
+    passed = next(r for r in (car.record(DESK.agent(), context={"mode": "late"},
+                                         outcome=DESK.outcome, seed=s) for s in range(50))
+                  if not r.failed)
+    with RunStore(tmp_path / "car.db") as store:
+        for r in [*population[:3], other, passed]:
+            store.save(r)
+        assert set(select_runs(store, agent="two-mode-desk")) == {r.id for r in population[:3]}
+        assert select_runs(store, agent="two-mode-desk", outcome="passed") == [passed.id]
+        assert select_runs(store, ids=[other.id, population[0].id]) == [other.id,
+                                                                         population[0].id]
+        with pytest.raises(RunNotFound):
+            select_runs(store, ids=["nope"])
+
+
+def car_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "120", "PYTHONPATH": str(Path(__file__).parents[1])}
+    return subprocess.run([sys.executable, "-m", "car_core.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_triage_by_run_list_and_by_agent_name_with_stable_json(population, tmp_path):
+    runs = population[:2] + population[-2:]
+    other = syn.pivot().failing_run(0)
+    with RunStore(tmp_path / "car.db") as store:
+        for r in [*runs, other]:
+            store.save(r)
+    listed = car_cli("triage", runs[0].id, runs[-1].id, "--agent", AGENT, "--rollouts",
+                     str(K), "--json", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    data = json.loads(listed.stdout)
+    assert {"groups", "undecided", "no_cause"} <= data.keys()
+    assert all(GROUP_KEYS <= g.keys() for g in data["groups"])
+    assert sorted(i for g in data["groups"] for i in g["runs"]) == sorted([runs[0].id,
+                                                                           runs[-1].id])
+    # by agent name: the pivot run (another agent) is not triaged
+    named = car_cli("triage", "--agent-name", "two-mode-desk", "--agent", AGENT,
+                    "--rollouts", str(K), cwd=tmp_path)
+    assert named.returncode == 0, named.stderr
+    assert "4 run(s)" in named.stdout and "step 1" in named.stdout
+    tid = named.stdout.rsplit("triage ", 1)[1].split()[0]
+    listed_all = car_cli("attributions", "--json", cwd=tmp_path)
+    assert any(a["id"] == tid and a["method"] == "triage"
+               for a in json.loads(listed_all.stdout))
+    exported = car_cli("export", "triage", tid, "--format", "csv", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    assert exported.stdout.splitlines()[0] == ",".join(CSV_COLUMNS)
+    # resumed: every run is read back
+    again = car_cli("triage", "--resume", tid, "--agent", AGENT, "--rollouts", str(K),
+                    "--json", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert all(r["reused"] for r in json.loads(again.stdout)["per_run"])
+
+
+def test_cli_refuses_an_empty_selection(population, tmp_path):
+    with RunStore(tmp_path / "car.db") as store:
+        store.save(population[0])
+    proc = car_cli("triage", "--agent-name", "nobody", "--agent", AGENT, cwd=tmp_path)
+    assert proc.returncode == 2 and "nothing to triage" in proc.stderr
