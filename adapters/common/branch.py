@@ -15,10 +15,11 @@ from dataclasses import replace
 from typing import Any
 
 import car_core as car
-from car_core.contract import Noise, Plan, redact
+from car_core.contract import Noise, Plan, ToolSource, canonical_arguments, redact
 from car_core.errors import AdapterError, CarError, InvalidIntervention, ModelUnavailable
 
-from .messages import ToolSafety
+from .messages import ToolSafety, calls_of
+from .sources import TOOL_SOURCES
 
 # What model clients raise when the server is unreachable, or still failing after the client's
 # own retries (openai, httpx, requests, aiohttp name them so; matched by name so that no client
@@ -77,7 +78,19 @@ class BranchSession:
         self.forced_obs = forced_obs
         self.model_calls = 0
         self.blocked: CarError | None = None
+        # (step, tool, canonical arguments) -> where the tool's result came from
+        self.sources: dict[tuple[int, str, str], ToolSource] = {}
         self._lock = threading.Lock()
+
+    def note(self, k: int, tool: str, arguments: Any, source: ToolSource) -> None:
+        """Note where the result of step ``k``'s call of ``tool`` came from (the stand-ins do
+        not see the call's id; the step's action has it, matched by tool and arguments)."""
+        self.sources[(k, tool, canonical_arguments(arguments))] = source
+
+    def sources_at(self, k: int, action: Any) -> dict[str, ToolSource]:
+        """``tool call id -> source`` for the calls of step ``k``'s action noted here."""
+        return {cid: self.sources[(k, name, args)] for cid, name, args in calls_of(action)
+                if (k, name, args) in self.sources}
 
     def serves(self, tool: str) -> bool:
         """Whether calls to ``tool`` on this branch must be answered without running it."""
@@ -101,10 +114,15 @@ class BranchSession:
             return k
 
 
-def renumber(step: car.Step, k: int, plan: Plan) -> car.Step:
-    """A collected step at its place ``k`` in the branch, with its origin; a forced
-    observation is stored as the user gave it."""
+def renumber(step: car.Step, k: int, plan: Plan,
+             session: BranchSession | None = None) -> car.Step:
+    """A collected step at its place ``k`` in the branch, with its origin and, given the
+    ``session`` it ran in, where each of its tool results came from; a forced observation is
+    stored as the user gave it."""
     meta = {**step.meta, "origin": plan.origin(k)}
+    sources = session.sources_at(k, step.action) if session is not None else {}
+    if sources:
+        meta[TOOL_SOURCES] = sources
     if k in plan.forced_observations:
         return replace(step, index=k, meta=meta, observed=True,
                        observation=plan.forced_observations[k])

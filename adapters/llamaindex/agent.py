@@ -298,7 +298,7 @@ class LlamaIndexAgent:
                                     "it would not run and what it writes to ctx.store would be "
                                     "lost" for name, agent in self._context_tools().items()})
         live = await self._drive(state, active, run, session, store=store)
-        return [renumber(s, k + i, plan) for i, s in enumerate(live.steps)], live
+        return [renumber(s, k + i, plan, session) for i, s in enumerate(live.steps)], live
 
     def redecide(self, run: car.Trajectory, k: int, noise: Noise) -> Any:
         """Decide step ``k`` again from its recorded messages (one model call, no tools)."""

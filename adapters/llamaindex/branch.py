@@ -53,7 +53,7 @@ from llama_index.core.tools import (
     adapt_to_async_tool,
 )
 
-from car_core.contract import Noise, Plan, Stream, redact
+from car_core.contract import Noise, Plan, Stream, ToolSource, redact
 from car_core.errors import (
     AdapterError,
     CarError,
@@ -424,23 +424,39 @@ class CarBranchTool(AsyncBaseTool):
                                               calls_of(s.plan.forced_actions.get(k)),
                                               strict=False):
                 if cname == name and cargs == wanted:
+                    s.note(k, name, kwargs, ToolSource.FORCED)
                     return ToolOutput(content=str(msg["content"]), tool_name=name,
                                       raw_input={"kwargs": kwargs}, raw_output=msg["content"])
         if s.safety.guards(name):
             try:
-                out = s.safety.serve(name, kwargs, s.record, run_id=s.run_id, step=k)
+                found = s.safety.served(name, kwargs, s.record, run_id=s.run_id, step=k)
             except CarError as exc:
                 s.blocked = exc
                 raise
-            return ToolOutput(content=str(out), tool_name=name, raw_input={"kwargs": kwargs},
-                              raw_output=out)
+            s.note(k, name, kwargs, found.source)
+            return ToolOutput(content=str(found.content), tool_name=name,
+                              raw_input={"kwargs": kwargs}, raw_output=found.content)
         return None
 
+    def _live(self, kwargs: dict[str, Any]) -> None:
+        """Note that a branch ran this tool for real (a safe tool)."""
+        s = _SESSION.get()
+        if s is not None:
+            s.note(s.current, self.metadata.name or "", kwargs, ToolSource.LIVE)
+
     def call(self, *args: Any, **kwargs: Any) -> ToolOutput:
-        return self._served(kwargs) or self._inner.call(*args, **kwargs)
+        served = self._served(kwargs)
+        if served is not None:
+            return served
+        self._live(kwargs)
+        return self._inner.call(*args, **kwargs)
 
     async def acall(self, *args: Any, **kwargs: Any) -> ToolOutput:
-        return self._served(kwargs) or await self._inner.acall(*args, **kwargs)
+        served = self._served(kwargs)
+        if served is not None:
+            return served
+        self._live(kwargs)
+        return await self._inner.acall(*args, **kwargs)
 
 
 class CarBranchContextTool(FunctionTool):
@@ -470,15 +486,19 @@ class CarBranchContextTool(FunctionTool):
 
     async def acall(self, *args: Any, **kwargs: Any) -> ToolOutput:
         s = self._guarded()
-        if s is None:
-            return await self._inner.acall(*args, **kwargs)
         name = self.metadata.name or ""
-        ctx = kwargs.get(self.ctx_param_name or "")
         arguments = {k: v for k, v in kwargs.items() if k != self.ctx_param_name}
+        if s is None:
+            branch = _SESSION.get()
+            if branch is not None:  # a safe tool: it runs for real on the branch
+                branch.note(branch.current, name, arguments, ToolSource.LIVE)
+            return await self._inner.acall(*args, **kwargs)
+        ctx = kwargs.get(self.ctx_param_name or "")
         k = s.current
         try:
             found = s.safety.answer(name, arguments, s.record, run_id=s.run_id, step=k,
                                     writes=s.writes)
+            s.note(k, name, arguments, found.source)
             if found.simulate:
                 out = as_content(await s.safety.asimulate(name, arguments, ctx))
             else:

@@ -377,7 +377,7 @@ class OpenAIAgentsAgent:
     def _placed(step: car.Step, k: int, plan: Plan, session: BranchSession) -> car.Step:
         """A collected step at its place; after a ``do_policy``, a step whose agent kept its
         own model is live, not swapped."""
-        placed = renumber(step, k, plan)
+        placed = renumber(step, k, plan, session)
         if placed.meta.get("origin") == Origin.POLICY_SWAPPED and k not in session.swapped:
             return replace(placed, meta={**placed.meta, "origin": Origin.LIVE})
         return placed

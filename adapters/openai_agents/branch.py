@@ -25,7 +25,7 @@ from agents.handoffs import Handoff
 from agents.models.interface import Model
 from agents.tool import FunctionTool
 
-from car_core.contract import Noise, Plan, Stream, redact
+from car_core.contract import Noise, Plan, Stream, ToolSource, redact
 from car_core.errors import (
     AdapterError,
     CarError,
@@ -171,6 +171,7 @@ def _guarded(tool: FunctionTool, session: BranchSession) -> FunctionTool:
                                                  calls_of(s.plan.forced_actions.get(k)),
                                                  strict=False):
                 if fname == name and (fcid == cid or fargs == wanted):
+                    s.note(k, name, arguments, ToolSource.FORCED)
                     return msg["content"]
         if s.safety.guards(name):
             try:
@@ -178,6 +179,7 @@ def _guarded(tool: FunctionTool, session: BranchSession) -> FunctionTool:
             except CarError as exc:
                 s.blocked = exc
                 raise
+        s.note(k, name, arguments, ToolSource.LIVE)
         return await inner(ctx, arguments)
 
     if session.safety.guards(name):  # answered without the tool, so no approval is asked for
@@ -190,6 +192,7 @@ async def _answered(s: BranchSession, name: str, ctx: Any, arguments: str, k: in
     context replayed, or the simulator's (handed ``ctx`` when it takes it)."""
     found = s.safety.answer(name, arguments, s.record, run_id=s.run_id, step=k,
                             writes=s.writes)
+    s.note(k, name, arguments, found.source)
     if found.simulate:
         return as_content(await s.safety.asimulate(name, arguments, ctx))
     try:
