@@ -287,7 +287,24 @@ class NothingToAttribute(CarError):
     """The run has no steps, or the outcome does not vary whatever we do."""
 
 
-__all__ = [
+# The stops a resume can change: an interruption, memory or a budget that ran out (resume with
+# fewer in flight or a larger budget), a model server or execution backend that was down, and
+# branches that failed (fix the agent, then resume: the stored branches are kept). Everything
+# else comes out the same again on a resume: an error in the user's outcome function, a
+# sys.exit in user code, bad input, a damaged or hand-edited store, an attribution another
+# process is running. Only these offer "Resume with", and only they keep an attribution row
+# that holds no branch yet (the resume it offers needs the row).
+RESUMABLE: tuple[type[BaseException], ...] = (
+    KeyboardInterrupt, MemoryError, BudgetExhausted, ModelUnavailable, ExecutorUnavailable,
+    BranchesFailed)
+
+
+def resumable(exc: BaseException) -> bool:
+    """Whether resuming the attribution ``exc`` stopped can end otherwise (``RESUMABLE``)."""
+    return isinstance(exc, RESUMABLE)
+
+
+__all__ = [  # the error tree; RESUMABLE and resumable are its rule, not errors
     "AdapterError", "AgentError", "AgentMismatch", "AttributionBusy", "AttributionNotFound",
     "BranchesFailed", "BudgetExhausted", "CarError", "CheckpointsMissing", "ConformanceFailure",
     "CorruptAttribution", "CorruptRun", "CorruptStore", "EnvironmentError_", "ExecutorUnavailable",

@@ -30,17 +30,14 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from car_core import errors
 from car_core import formatting as fmt
 from car_core.errors import (
     AgentError,
-    BranchesFailed,
-    BudgetExhausted,
     CarError,
-    ExecutorUnavailable,
     InvalidInput,
     InvalidIntervention,
     InvalidJSONValue,
-    ModelUnavailable,
 )
 from car_core.model.capabilities import positional_arity
 from car_core.model.interventions import (
@@ -64,20 +61,8 @@ INTERNAL = 70  # an unexpected error inside CAR or a library it uses (EX_SOFTWAR
 CLOSED_PIPE = 141
 
 
-# The stops a resume can change, so the only ones whose message offers "Resume with": an
-# interruption, memory or a budget that ran out (resume with fewer in flight or a larger
-# budget), a model server or execution backend that was down, and branches that failed (fix
-# the agent, then resume: the stored branches are kept). Everything else comes out the same
-# again on a resume: an error in the user's outcome function, a sys.exit in user code, bad
-# input, a damaged or hand-edited store, an attribution another process is running.
-RESUMABLE: tuple[type[BaseException], ...] = (
-    KeyboardInterrupt, MemoryError, BudgetExhausted, ModelUnavailable, ExecutorUnavailable,
-    BranchesFailed)
-
-
-def resumable(exc: BaseException) -> bool:
-    """Whether resuming the attribution ``exc`` stopped can end otherwise (``RESUMABLE``)."""
-    return isinstance(exc, RESUMABLE)
+RESUMABLE = errors.RESUMABLE  # the stops a resume can change (car_core.errors)
+resumable = errors.resumable
 
 
 # -- a closed pipe, and sys.exit from the user's code ------------------------------------------

@@ -26,7 +26,13 @@ from car_core.engine.execution import (
 from car_core.engine.progress import progress_bar
 from car_core.engine.replay import check_run
 from car_core.engine.tasks import check_failures
-from car_core.errors import AttributionNotFound, InvalidInput, NothingToAttribute, StoreError
+from car_core.errors import (
+    AttributionNotFound,
+    InvalidInput,
+    NothingToAttribute,
+    StoreError,
+    resumable,
+)
 from car_core.estimators.bounds import Planned, check_not_shrunk
 from car_core.model.budget import Budget, BudgetMeter
 from car_core.model.checks import is_whole
@@ -58,17 +64,22 @@ def releasing(estimate: Callable[P, R]) -> Callable[P, R]:
     """Wrap an estimator so every session it opens gives its lease up when it ends, however
     it ends (a finished one has already): an estimate that raised or was interrupted never
     keeps a resume in the same process waiting on a lease nobody runs. One that raised before
-    any branch was stored leaves no ``running`` row behind: there is nothing a resume would
-    reuse, and the row would promise one."""
+    any branch was stored, for a reason a resume cannot change (``errors.resumable``: an
+    outcome function that raises, bad input), leaves no ``running`` row behind: the row would
+    promise a resume that ends the same. A resumable stop (a model server down, Ctrl-C) keeps
+    it, so the "Resume with" it prints works."""
     @functools.wraps(estimate)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         opened: list[Session] = []
         token = _OPENED.set(opened)
-        failed = True
+        failed = True  # raised, and not a stop a resume can change: drop an empty row
         try:
             result = estimate(*args, **kwargs)
             failed = False
             return result
+        except BaseException as exc:
+            failed = not resumable(exc)
+            raise
         finally:
             _OPENED.reset(token)
             for session in opened:
