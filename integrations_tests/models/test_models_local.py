@@ -141,7 +141,7 @@ def test_chat_agent_on_the_embedded_model_passes_the_replay_contract() -> None:
     # sign-flip test cannot reach alpha = 1e-3, which only costs power, never false alarms
     assert run_conformance(make, context=CONTEXT, outcome=called_no_tool, seed=3,
                            identity_rollouts=4) == [
-        "replay", "prefix", "lineage", "forced", "noise", "identity", "coupling"]
+        "replay", "prefix", "lineage", "forced", "noise", "identity", "stop", "coupling"]
 
 
 def _one_step_run() -> tuple[car.FunctionAgent, car.Trajectory]:
