@@ -21,6 +21,10 @@ the form it compares): tool-call ids and other provider-assigned fields do not c
 wherever an adapter checks a decision against the record. The outcome is scored by the engine,
 not the agent (a recorder that scores the runs it records uses ``scored``, the engine's rule).
 
+What a step decided from is ``state_of(run, k)``, what ``do_context`` hands an edit: a step
+whose ``meta["input"] == PROMPT_INPUT`` decided from ``meta["prompt"]`` (what the framework
+added at the model call) followed by its ``state``, and its edit must reach both.
+
 Recorders: ``in_branch()`` is True while the engine runs a branch; a recorder the user attached
 to every run (a callback, an instrumentation handler) leaves those runs out.
 
@@ -47,6 +51,7 @@ from car_core.engine.protocols import (
 )
 from car_core.model.actions import canonical_action, canonical_arguments, same_action
 from car_core.model.capabilities import Capability, capabilities
+from car_core.model.context_sources import PROMPT_INPUT, state_of
 from car_core.model.interventions import Plan, compile_plan
 from car_core.model.json_values import JSON
 from car_core.model.outcome import OutcomeFn, OutcomeLike, scored
@@ -56,12 +61,13 @@ from car_core.model.vocabulary import AttributionStatus, Origin, RunStatus, Tool
 from car_core.secrets import redact
 from car_core.store.run_writer import RunWriter
 
-__all__ = ["JSON", "Agent", "AsyncAgent", "AttributionStatus", "Capability", "CaveatedAgent",
-           "ConcurrentAgent", "FingerprintedAgent", "FrameworkStateAgent", "History",
+__all__ = ["JSON", "PROMPT_INPUT", "Agent", "AsyncAgent", "AttributionStatus", "Capability",
+           "CaveatedAgent", "ConcurrentAgent", "FingerprintedAgent", "FrameworkStateAgent",
+           "History",
            "ModelPolicy", "Noise", "Origin", "Outcome", "OutcomeFn", "OutcomeLike", "Plan",
            "PreflightAgent", "RunStatus", "RunWriter", "SeedCheckedAgent", "Step",
            "StopRule", "StoppableAgent", "Stream", "ToolSource", "Trajectory",
            "agent_fingerprint", "canonical_action", "canonical_arguments", "capabilities",
            "compile_plan", "fingerprint_digest",
-           "in_branch", "redact", "same_action", "scored"]
+           "in_branch", "redact", "same_action", "scored", "state_of"]
 

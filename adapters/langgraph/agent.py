@@ -38,6 +38,10 @@ with an ``InMemorySaver`` CAR supplies (``saver``; the app itself is never chang
   summarizer call, ``meta["input"] == "node"``): the fork re-runs that node on the recorded
   checkpoint, which builds the same input, and a forced action or input needs a
   ``CarChatModel`` at that call.
+  A system prompt the step's node prepends at a model call CAR decides (``create_agent``'s
+  ``system_prompt``; ``meta["input"] == "prompt+state"``) is edited with the messages: the
+  graph's go to the fork, the edited prompt with them to that call only (refused by name
+  without ``model=``).
   ``do_observation`` answers the step's tool calls by id. ``do_resample`` simply resumes.
 - **The model.** Held steps after ``k`` (Shapley coalitions), ``do_policy`` (a LangChain chat
   model that decides from ``k`` on) and per-step seeds need CAR to decide the model calls:
@@ -120,7 +124,13 @@ from .middleware import CarMiddleware
 from .model import CarChatModel, Control, controlling, seedable, waits_on_server
 from .plan import BranchPlan
 from .rebuild import Rebuild, rebuild
-from .refusals import refuse_branch, refuse_run, refuse_step, refuse_unknown_tools
+from .refusals import (
+    prompt_reaches_call,
+    refuse_branch,
+    refuse_run,
+    refuse_step,
+    refuse_unknown_tools,
+)
 from .saver import branchable, supplied
 from .shape import AppShape
 from .thread import thread_outcome
@@ -362,7 +372,9 @@ class LangGraphAgent:
         return BranchState.open(run, view, noise, f"car-branch-{uuid.uuid4().hex}",
                                 agent=self.name, safety=self.safety,
                                 decides=self.model is not None, coupled=self.couples_noise,
-                                recorder=CarCallback(messages_key=self.messages_key), stop=stop)
+                                recorder=CarCallback(messages_key=self.messages_key),
+                                prompt_at_call=prompt_reaches_call(run.steps[k], self.model),
+                                stop=stop)
 
     async def _run(self, state: BranchState, calls: SyncCalls) -> Trajectory:
         """The branch itself, the same coroutine for ``branch`` and ``abranch``: the fork, the

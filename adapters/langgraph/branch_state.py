@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from langchain_core.messages import BaseMessage, ToolMessage
 
-from car_core.contract import Noise, RunStatus, Step, Trajectory
+from car_core.contract import Noise, RunStatus, Step, Trajectory, state_of
 from car_core.errors import InvalidIntervention
 
 from ..common.messages import (
@@ -33,7 +33,7 @@ from .guard import RUN, Guard, Replay
 from .messages import BLOCKS, from_dicts, jsonable, state_json, to_dict, to_dicts
 from .model import Control
 from .plan import BranchPlan, tool_content
-from .step_meta import builds_input
+from .step_meta import PROMPT_FIRST, builds_input, prompt_first, split_prompt
 
 
 class BranchRecorder(Protocol):
@@ -68,24 +68,33 @@ class BranchState:
     guard: Guard
     edited: list[BaseMessage] | None = None  # the edit the fork writes into the checkpoint
     inputs: dict[int, Any] = field(default_factory=dict)  # step -> model input CAR gave, as dicts
+    prompts: dict[int, Any] = field(default_factory=dict)  # step -> system prompt CAR gave
     stop: Callable[[Trajectory], bool] | None = None
     offset: int = 0  # 1 once the branch step is written as its node, without a model call
 
     @classmethod
     def open(cls, run: Trajectory, plan: BranchPlan, noise: Noise, thread_id: str, *,
              agent: str, safety: ToolSafety, decides: bool, coupled: bool,
-             recorder: BranchRecorder,
+             recorder: BranchRecorder, prompt_at_call: bool = False,
              stop: Callable[[Trajectory], bool] | None = None) -> BranchState:
         """``decides``: CAR decides the app's model calls (``model=`` was given); ``coupled``:
         those calls take CAR's per-step seeds; ``recorder``: the callback that records the
-        thread (the agent passes it in the config of the thread's run)."""
+        thread (the agent passes it in the config of the thread's run); ``prompt_at_call``: an
+        edited system prompt reaches step ``start``'s model call (``refusals``)."""
         k = plan.start
         forced = {j: check_action(a, step=j) for j, a in plan.actions.items()}
-        edited = None
+        edited = prompt = None
         if plan.edit is not None:
-            given = apply_edit(plan.edit, run.steps[k].state, run_id=run.id, step=k)
-            edited = from_dicts(consistent([dict(m) for m in _message_dicts(given, run.id, k)],
-                                           run_id=run.id, step=k))
+            given = apply_edit(plan.edit, state_of(run, k), run_id=run.id, step=k)
+            messages = consistent([dict(m) for m in _message_dicts(given, run.id, k)],
+                                  run_id=run.id, step=k)
+            if prompt_first(run.steps[k]):
+                prompt, messages = split_prompt(messages, len(run.steps[k].meta["prompt"]))
+                if prompt == run.steps[k].meta["prompt"]:
+                    prompt = None  # the node prepends the same prompt again: nothing to give
+                elif not prompt_at_call:
+                    raise _prompt_refused(run, k)
+            edited = from_dicts(messages)
         control = Control(k, forced={j: a for j, a in forced.items()
                                      if j > k or (j == k and decides)},
                           policy=plan.policy, noise=noise if coupled else None)
@@ -95,6 +104,12 @@ class BranchState:
         if edited is not None and builds_input(run.steps[k]):
             control.inputs[k] = edited  # its task builds its input: edit it at the call
             state.inputs[k] = to_dicts(edited)
+        elif prompt is not None and edited is not None:
+            # the graph's messages go to the fork, for the steps after; the edited prompt and
+            # them are step k's whole model input, given at the call its node prepends it to
+            state.edited = edited
+            control.inputs[k] = [*from_dicts(prompt), *edited]
+            state.inputs[k], state.prompts[k] = to_dicts(edited), prompt
         else:
             state.edited = edited
         state.guard.step = state.current_step
@@ -160,6 +175,8 @@ class BranchState:
                     "origin": plan.origin(j)}
             if j in self.inputs:  # the callback saw the input before CAR replaced it
                 s = replace(s, state=self.inputs[j])
+            if j in self.prompts:  # and the prompt its node prepended, not the one CAR gave
+                meta.update(prompt=self.prompts[j], input=PROMPT_FIRST)
             steps.append(with_sources(Step(
                 index=j, action=s.action, observation=plan.recorded_observation(j, s.observation),
                 observed=s.observed or j in plan.observations, state=s.state,
@@ -218,6 +235,18 @@ def _final_messages(run: Trajectory) -> list[Mapping[str, Any]]:
     state = run.meta.get("final_state")
     values = state.values() if isinstance(state, Mapping) else ()
     return [m for v in values if isinstance(v, list) for m in v if isinstance(m, Mapping)]
+
+
+def _prompt_refused(run: Trajectory, k: int) -> InvalidIntervention:
+    """The refusal of an edited system prompt at a step whose model call CAR does not decide on
+    this agent: the node prepends the recorded prompt at the call, past the fork's reach."""
+    return InvalidIntervention(
+        f"the do_context edit changes step {k}'s system prompt, which node "
+        f"{run.steps[k].meta.get('node')!r} prepends at the model call, and CAR does not "
+        "decide that call here, so the edited prompt cannot reach the model", run_id=run.id,
+        step=k, hint="pass the CarMiddleware or CarChatModel the app was built with as "
+                     "LangGraphAgent(app, model=...), or leave the system prompt as recorded "
+                     "(context_attribution's sources= without it)")
 
 
 def _message_dicts(edited: Any, run_id: str, k: int) -> list[Mapping[str, Any]]:

@@ -2,9 +2,11 @@
 
 Pass it in ``config["callbacks"]``. Each chat-model call inside the graph becomes a ``Step``:
 the graph messages it decided from (``state``; messages without an id, such as a system prompt a
-node prepends, are kept apart in ``meta["prompt"]``), the ``AIMessage`` as the action, the tool
-results that answered it as the observation, and in ``meta`` the model, parameters, token usage,
-latency and the LangGraph ids needed to fork there (thread, the checkpoint the task was
+node prepends, are kept apart in ``meta["prompt"]``; where that prompt is system messages before
+the graph's at a call CAR decides, ``meta["input"] == "prompt+state"``: the step decided from
+both, and a branch can hand the call an edited prompt), the ``AIMessage`` as the action, the
+tool results that answered it as the observation, and in ``meta`` the model, parameters, token
+usage, latency and the LangGraph ids needed to fork there (thread, the checkpoint the task was
 scheduled from, node, superstep, task path), and ``car_decided``: whether CAR decides that call
 (``CarChatModel`` or ``CarMiddleware``). Tools a node calls itself (not through a ``ToolNode``)
 are kept in the run's ``meta["node_tool_calls"]`` (node, tool, arguments, result), so a branch's
@@ -92,6 +94,7 @@ class _Call:
     decided: bool
     started: float
     built: bool = False  # the node built the model's whole input (not the graph's messages)
+    prompt_first: bool = False  # the input was the node's system prompt, then graph messages
     message: BaseMessage | None = None
     latency: float = 0.0
     llm_output: Any = None
@@ -114,6 +117,8 @@ class _Call:
         meta["task_path"] = jsonable(list(path)) if isinstance(path, (list, tuple)) else None
         if self.built:
             meta["input"] = step_meta.NODE_INPUT
+        elif self.prompt_first:
+            meta["input"] = step_meta.PROMPT_FIRST
         if self.prompt:
             meta["prompt"] = [rec.convert(m) for m in self.prompt]
         if self.message is not None:
@@ -453,8 +458,14 @@ class CarCallback(BaseCallbackHandler):
         state = [(m, m.content, m.__dict__.get("tool_calls"), m.name)
                  for m in given if whole or m.id is not None]
         params = kwargs.get("invocation_params") or {}
+        decided = decided_by_car(params)
+        # a system prompt the node put before the graph's messages, at a call CAR decides: a
+        # branch can hand that call an edited prompt, so the step decided from both
+        first = (decided and not whole and bool(prompt)
+                 and all(m.type == "system" for m in given[:len(prompt)])
+                 and all(m.id is None for m in given[:len(prompt)]))
         call = _Call(0, state, prompt, dict(md), dict(params), _checkpoint_map(),
-                     decided_by_car(params), time.perf_counter(), built=built)
+                     decided, time.perf_counter(), built=built, prompt_first=first)
         with self._lock:
             self.decisions_started += 1
             call.order = len(rec.calls)

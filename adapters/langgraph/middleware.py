@@ -6,9 +6,11 @@ the model.
 On a branch thread its ``wrap_model_call`` decides the call by step index, as ``CarChatModel``
 does: a held step answers with its recorded action (through a stand-in model, so the call is
 still seen and recorded, but no real model is called), steps from a ``do_policy`` on go to the
-swapped-in model, and live calls get a per-step seed from the branch noise when the model has a
-``seed`` field. Every model of a multi-agent app must go through CAR (this middleware on each
-``create_agent``, or ``CarChatModel``), or the step count would skip its calls.
+swapped-in model, a ``do_context`` that edits the system prompt gives the call its whole input
+(the edited prompt, then the graph's messages), and live calls get a per-step seed from the
+branch noise when the model has a ``seed`` field. Every model of a multi-agent app must go
+through CAR (this middleware on each ``create_agent``, or ``CarChatModel``), or the step count
+would skip its calls.
 """
 
 from __future__ import annotations
@@ -72,6 +74,10 @@ class CarMiddleware(AgentMiddleware):
         control.steps[k] = {"seed": getattr(model, "seed", None),
                             "model": getattr(model, "model_name", None)
                             or getattr(model, "model", None) or model._llm_type}
+        if k in control.inputs:  # a do_context that reaches the call: its whole input, the
+            # edited system prompt included (so not create_agent's own)
+            return request.override(model=model, messages=list(control.inputs[k]),
+                                    system_message=None)
         return request if model is request.model else request.override(model=model)
 
     def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from car_core.contract import Step
+from car_core.contract import PROMPT_INPUT, Step
 
 PUSH = "__pregel_push"  # LangGraph's task-path tag of a Send task (langgraph._internal._constants)
 DEFAULT_GRAPH_NAME = "LangGraph"  # what ``compile()`` names a graph given no ``name=``
 NODE_INPUT = "node"  # ``meta["input"]`` of a step whose node built the model's whole input
+# ``meta["input"]`` of a step whose model got the system prompt its node prepended
+# (``meta["prompt"]``), then the graph's messages (``state``), at a call CAR decides
+PROMPT_FIRST = PROMPT_INPUT
 
 
 def agent_of(ns: str | None, graph: str | None, node: str | None = None) -> str | None:
@@ -55,3 +58,23 @@ def task_key(meta: dict[str, Any]) -> tuple[int, Any]:
     if len(path) > 1 and path[0] == PUSH:
         return (0, int(path[1]) if isinstance(path[1], int) else 0)
     return (1, str(path[1]) if len(path) > 1 else "")
+
+
+def prompt_first(step: Step) -> bool:
+    """Whether a step's model input was its node's system prompt, then the graph's messages,
+    at a call CAR decides: ``do_context`` edits both (``car_core``'s ``state_of``), and an
+    edited prompt can only reach the model at that call."""
+    return step.meta.get("input") == PROMPT_FIRST and isinstance(step.meta.get("prompt"), list)
+
+
+def split_prompt(messages: list[Any], recorded: int) -> tuple[list[Any], list[Any]]:
+    """An edited ``prompt + state`` cut back into the prompt (its leading system messages, at
+    most as many as the ``recorded`` prompt had) and the graph's messages."""
+    n = 0
+    while n < min(recorded, len(messages)) and _role(messages[n]) == "system":
+        n += 1
+    return messages[:n], messages[n:]
+
+
+def _role(message: Any) -> Any:
+    return message.get("role") if isinstance(message, dict) else None

@@ -10,9 +10,12 @@ The instructions the model was given are sources under names a reader knows: the
 message of a chat state, or a ``system_prompt`` key of a context, is the ``system prompt``; a
 ``tools`` key of a context holding tool specs (dicts with a ``name`` and a ``description``)
 gives one source per description, ``tool NAME: description``. Only what the state holds is
-offered, so an edit of it reaches the model wherever ``do_context`` does; a prompt a framework
-adds outside the state (a LangGraph node's own ``SystemMessage``, kept in ``meta["prompt"]``)
-is not a source.
+offered, so an edit of it reaches the model wherever ``do_context`` does. A prompt a framework
+adds at the model call, outside the state it keeps (a LangGraph node's ``SystemMessage``), is
+recorded in ``meta["prompt"]``; where the step says the model was given that prompt and then
+its state (``meta["input"] == PROMPT_INPUT``, written only where the adapter can hand the
+model an edited prompt), the step decided from ``prompt + state``, and that is what
+``do_context`` edits and what is cut into sources.
 
 Taking a source out (``ablate``) deletes what it says: a message keeps its place with empty
 content (so a tool call stays answered and the history still opens with a user turn, which chat
@@ -39,6 +42,7 @@ Splitter = Callable[[str], Sequence[str]]
 SYSTEM_PROMPT = "system prompt"
 SYSTEM_PROMPT_KEY = "system_prompt"  # a context key whose value is the system prompt
 TOOLS_KEY = "tools"  # a context key whose value lists the tool specs the model is offered
+PROMPT_INPUT = "prompt+state"  # ``meta["input"]``: the model got ``meta["prompt"]``, then state
 _GONE = object()  # a removed list item or dict value, dropped when the state is rebuilt
 
 
@@ -61,9 +65,18 @@ class Source:
 
 def state_of(run: Trajectory, step: int) -> Any:
     """The state step ``step`` decided from, as ``do_context`` hands it to an edit: the
-    recorded chat messages for framework agents, the ``car.History`` for a ``FunctionAgent``."""
+    recorded chat messages for framework agents (after the prompt the framework added at the
+    call, where the step records it as part of the input: ``PROMPT_INPUT``), the
+    ``car.History`` for a ``FunctionAgent``."""
     recorded = run.step(step).state
-    return recorded if recorded is not None else run.history(step)
+    if recorded is None:
+        return run.history(step)
+    meta = run.step(step).meta
+    prompt = meta.get("prompt")
+    if (meta.get("input") == PROMPT_INPUT and isinstance(prompt, list)
+            and isinstance(recorded, list)):
+        return [*copy.deepcopy(prompt), *recorded]
+    return recorded
 
 
 def _text(value: Any) -> str:
