@@ -18,7 +18,7 @@ from types import ModuleType
 MOVED = {
     "trajectory": "model.trajectory", "actions": "model.actions",
     "interventions": "model.interventions", "outcome": "model.outcome",
-    "vocabulary": "model.vocabulary", "context_sources": "model.context_sources",
+    "vocabulary": "model.vocabulary",
     "seeding": "model.seeding", "budget": "model.budget", "capabilities": "model.capabilities",
     "_json": "model.json_values",
     "agent": "engine.agent", "branching": "engine.branching", "tasks": "engine.tasks",
@@ -33,6 +33,9 @@ MOVED = {
     "synthetic": "testing.synthetic", "synthetic_context": "testing.synthetic_context",
     "redact": "secrets.redact", "_secret_forms": "secrets.forms",
 }
+# Not here: car_core.context_sources, the module, whose name is the public function
+# car.context_sources; importing an alias sets the package's attribute to the module and would
+# shadow the function (its new home is car_core.model.context_sources).
 # named in the README, DESIGN.md or the docs: these old paths never warn
 DOCUMENTED = frozenset({"synthetic", "synthetic_context", "vocabulary", "agent", "actions",
                         "pairs", "interventions", "trajectory", "outcome", "seeding"})

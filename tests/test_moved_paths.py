@@ -50,3 +50,15 @@ def test_from_import_of_a_moved_name_works() -> None:
 
     from car_core.testing.synthetic import pivot as new
     assert pivot is new
+
+
+def test_importing_every_old_path_leaves_every_public_name_as_it_was() -> None:
+    """An alias sets the package's attribute to the module it imports: none may shadow a
+    public name (car.context_sources is a function; its old module path is not aliased)."""
+    import car_core
+    before = {n: getattr(car_core, n) for n in car_core.__all__}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for old in _moved.MOVED:
+            importlib.import_module(f"car_core.{old}")
+    assert {n: getattr(car_core, n) for n in car_core.__all__} == before
