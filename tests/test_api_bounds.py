@@ -107,3 +107,27 @@ def test_a_resume_that_would_shrink_a_finished_result_is_refused_unless_replace(
                         **smaller)
     assert replaced.rollouts_used < used
     assert store.attribution(aid).result.rollouts_used == replaced.rollouts_used
+
+
+@pytest.mark.parametrize(("name", "asked", "bound", "keyword"), [
+    ("context", {"rollouts": 2**63}, "10,000,000", "max_budget=9223372036854775808"),
+    ("repairs", {"rollouts": 2**63}, "100,000", "max_rollouts=9223372036854775808"),
+    ("repairs", {"rollouts": 200_000, "max_rollouts": 150_000}, "150,000",
+     "max_rollouts=200000"),
+])
+def test_a_step_estimate_past_its_bound_is_refused_before_any_branch(pivot_model, pivot_run,
+                                                                     name, asked, bound,
+                                                                     keyword):
+    """car.context_attribution (``rollouts`` is its whole budget) and car.repairs (a cap per
+    arm) have bounds too, raised with the keyword the hint names."""
+    agent = Counted(pivot_model)
+    agent.name = pivot_model.agent().name
+    run = {"context": lambda **kw: car.context_attribution(
+               pivot_run, agent, step=2, outcome=pivot_model.outcome, **kw),
+           "repairs": lambda **kw: car.repairs(
+               pivot_run, agent, step=2, candidates=[car.add_instruction(2, "Choose well.")],
+               outcome=pivot_model.outcome, **kw)}[name]
+    with pytest.raises(InvalidBudget, match=f"above the bound of {bound}") as err:
+        run(**asked)
+    assert keyword in str(err.value)
+    assert agent.branches == 0

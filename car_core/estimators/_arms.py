@@ -20,7 +20,8 @@ from car_core.engine.execution import ExecutorLike, Task, brancher, execute, res
 from car_core.engine.replay import check_run
 from car_core.engine.tasks import Failure, check_failures
 from car_core.errors import AgentError, InvalidInput
-from car_core.model.budget import Budget, BudgetMeter, as_budget
+from car_core.estimators.bounds import check_max
+from car_core.model.budget import Budget, BudgetMeter, as_budget, check_bound
 from car_core.model.checks import is_whole
 from car_core.model.interventions import Intervention, compile_plan
 from car_core.model.outcome import OutcomeFn, OutcomeLike, check_on_record
@@ -44,10 +45,14 @@ def capped(budget: Budget | int | None, rollouts: int) -> Budget:
     return replace(given, rollouts=cap)
 
 
-def check_rollouts(rollouts: Any, least: int) -> int:
+def check_rollouts(rollouts: Any, least: int, bound: int, raise_with: str) -> int:
+    """At least ``least`` rollouts, and none past ``bound`` unless raised knowingly (a slip,
+    ``rollouts=2**63``, would run for days): ``raise_with`` is the keyword that raises it."""
     if not is_whole(rollouts, least):
         raise InvalidInput(f"rollouts={rollouts!r}: this estimate needs at least {least}",
                            hint=f"pass rollouts={max(least, 64)} or more")
+    check_max(bound, raise_with.rstrip("="))
+    check_bound(rollouts, bound, "rollouts", raise_with)
     return rollouts
 
 

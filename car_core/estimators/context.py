@@ -396,11 +396,13 @@ def context_attribution(run: Trajectory, agent: Agent, *, step: int, outcome: Ou
                         splitter: Splitter | None = None, alpha: float = defaults.ALPHA,
                         level: float = defaults.LEVEL, seed: int = 0,
                         budget: Budget | int | None = None, executor: ExecutorLike = None,
-                        force_agent: bool = False) -> ContextAttribution:
+                        force_agent: bool = False,
+                        max_budget: int = defaults.MAX_BUDGET) -> ContextAttribution:
     """Which sources of the state step ``step`` decided from made ``run`` fail (see the module
-    docstring). ``rollouts`` is the whole budget (at least 8); ``sources`` restricts the
-    attribution to some of ``car.context_sources(run, step, splitter)``."""
-    check_rollouts(rollouts, 8)
+    docstring). ``rollouts`` is the whole budget (at least 8, at most ``max_budget`` unless
+    raised); ``sources`` restricts the attribution to some of
+    ``car.context_sources(run, step, splitter)``."""
+    check_rollouts(rollouts, 8, max_budget, "max_budget=")
     check_level(level)
     if not 0.0 < alpha < 1.0:
         raise InvalidInput(f"alpha={alpha} is outside (0, 1)", hint="use e.g. alpha=0.05")

@@ -205,10 +205,12 @@ def repairs(run: Trajectory, agent: Agent, *, step: int, candidates: Iterable[An
             alpha: float = defaults.ALPHA, seed: int = 0,
             propose: Callable[[Trajectory, int, Any], Iterable[Any]] | None = None,
             budget: Budget | int | None = None, executor: ExecutorLike = None,
-            force_agent: bool = False) -> RepairRanking:
-    """Rank ``candidates`` at ``step`` (see the module docstring). ``rollouts`` caps each arm;
-    ``propose(run, step, state)`` may add candidates (the user's own model, say)."""
-    check_rollouts(rollouts, 4)
+            force_agent: bool = False,
+            max_rollouts: int = defaults.MAX_ROLLOUTS) -> RepairRanking:
+    """Rank ``candidates`` at ``step`` (see the module docstring). ``rollouts`` caps each arm
+    (at most ``max_rollouts`` unless raised); ``propose(run, step, state)`` may add candidates
+    (the user's own model, say)."""
+    check_rollouts(rollouts, 4, max_rollouts, "max_rollouts=")
     if not 0.0 < alpha < 1.0:
         raise InvalidInput(f"alpha={alpha} is outside (0, 1)", hint="use e.g. alpha=0.05")
     arms = StepArms(run, agent, outcome, step=step, seed=seed, budget=budget,
