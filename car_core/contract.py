@@ -23,7 +23,10 @@ not the agent (a recorder that scores the runs it records uses ``scored``, the e
 
 What a step decided from is ``state_of(run, k)``, what ``do_context`` hands an edit: a step
 whose ``meta["input"] == PROMPT_INPUT`` decided from ``meta["prompt"]`` (what the framework
-added at the model call) followed by its ``state``, and its edit must reach both.
+added at the model call) followed by its ``state``, and its edit must reach both; a step whose
+``meta["tools"]`` lists the tools its call was offered decided from a ``ChatInput`` (the
+messages, with ``tools``), and an edited description must reach that call
+(``offered_tools(edited)``).
 
 Recorders: ``in_branch()`` is True while the engine runs a branch; a recorder the user attached
 to every run (a callback, an instrumentation handler) leaves those runs out.
@@ -51,7 +54,7 @@ from car_core.engine.protocols import (
 )
 from car_core.model.actions import canonical_action, canonical_arguments, same_action
 from car_core.model.capabilities import Capability, capabilities
-from car_core.model.context_sources import PROMPT_INPUT, state_of
+from car_core.model.context_sources import PROMPT_INPUT, ChatInput, offered_tools, state_of
 from car_core.model.interventions import Plan, compile_plan
 from car_core.model.json_values import JSON
 from car_core.model.outcome import OutcomeFn, OutcomeLike, scored
@@ -62,12 +65,12 @@ from car_core.secrets import redact
 from car_core.store.run_writer import RunWriter
 
 __all__ = ["JSON", "PROMPT_INPUT", "Agent", "AsyncAgent", "AttributionStatus", "Capability",
-           "CaveatedAgent", "ConcurrentAgent", "FingerprintedAgent", "FrameworkStateAgent",
-           "History",
+           "CaveatedAgent", "ChatInput", "ConcurrentAgent", "FingerprintedAgent",
+           "FrameworkStateAgent", "History",
            "ModelPolicy", "Noise", "Origin", "Outcome", "OutcomeFn", "OutcomeLike", "Plan",
            "PreflightAgent", "RunStatus", "RunWriter", "SeedCheckedAgent", "Step",
            "StopRule", "StoppableAgent", "Stream", "ToolSource", "Trajectory",
            "agent_fingerprint", "canonical_action", "canonical_arguments", "capabilities",
            "compile_plan", "fingerprint_digest",
-           "in_branch", "redact", "same_action", "scored", "state_of"]
+           "in_branch", "offered_tools", "redact", "same_action", "scored", "state_of"]
 

@@ -41,7 +41,9 @@ with an ``InMemorySaver`` CAR supplies (``saver``; the app itself is never chang
   A system prompt the step's node prepends at a model call CAR decides (``create_agent``'s
   ``system_prompt``; ``meta["input"] == "prompt+state"``) is edited with the messages: the
   graph's go to the fork, the edited prompt with them to that call only (refused by name
-  without ``model=``).
+  without ``model=``). So are the descriptions of the tools such a call was offered
+  (``meta["tools"]``): that call only is bound the tools so described, their functions
+  unchanged (refused by name without ``model=``).
   ``do_observation`` answers the step's tool calls by id. ``do_resample`` simply resumes.
 - **The model.** Held steps after ``k`` (Shapley coalitions), ``do_policy`` (a LangChain chat
   model that decides from ``k`` on) and per-step seeds need CAR to decide the model calls:
@@ -125,7 +127,7 @@ from .model import CarChatModel, Control, controlling, seedable, waits_on_server
 from .plan import BranchPlan
 from .rebuild import Rebuild, rebuild
 from .refusals import (
-    prompt_reaches_call,
+    edit_reaches_call,
     refuse_branch,
     refuse_run,
     refuse_step,
@@ -373,7 +375,7 @@ class LangGraphAgent:
                                 agent=self.name, safety=self.safety,
                                 decides=self.model is not None, coupled=self.couples_noise,
                                 recorder=CarCallback(messages_key=self.messages_key),
-                                prompt_at_call=prompt_reaches_call(run.steps[k], self.model),
+                                at_call=edit_reaches_call(run.steps[k], self.model),
                                 stop=stop)
 
     async def _run(self, state: BranchState, calls: SyncCalls) -> Trajectory:

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from langchain_core.messages import BaseMessage, ToolMessage
 
-from car_core.contract import Noise, RunStatus, Step, Trajectory, state_of
+from car_core.contract import Noise, RunStatus, Step, Trajectory, offered_tools, state_of
 from car_core.errors import InvalidIntervention
 
 from ..common.messages import (
@@ -69,21 +69,23 @@ class BranchState:
     edited: list[BaseMessage] | None = None  # the edit the fork writes into the checkpoint
     inputs: dict[int, Any] = field(default_factory=dict)  # step -> model input CAR gave, as dicts
     prompts: dict[int, Any] = field(default_factory=dict)  # step -> system prompt CAR gave
+    tools: dict[int, Any] = field(default_factory=dict)  # step -> tool specs CAR bound
     stop: Callable[[Trajectory], bool] | None = None
     offset: int = 0  # 1 once the branch step is written as its node, without a model call
 
     @classmethod
     def open(cls, run: Trajectory, plan: BranchPlan, noise: Noise, thread_id: str, *,
              agent: str, safety: ToolSafety, decides: bool, coupled: bool,
-             recorder: BranchRecorder, prompt_at_call: bool = False,
+             recorder: BranchRecorder, at_call: bool = False,
              stop: Callable[[Trajectory], bool] | None = None) -> BranchState:
         """``decides``: CAR decides the app's model calls (``model=`` was given); ``coupled``:
         those calls take CAR's per-step seeds; ``recorder``: the callback that records the
-        thread (the agent passes it in the config of the thread's run); ``prompt_at_call``: an
-        edited system prompt reaches step ``start``'s model call (``refusals``)."""
+        thread (the agent passes it in the config of the thread's run); ``at_call``: an edited
+        system prompt or tool descriptions reach step ``start``'s model call (``refusals``)."""
         k = plan.start
         forced = {j: check_action(a, step=j) for j, a in plan.actions.items()}
         edited = prompt = None
+        described: dict[str, str] = {}
         if plan.edit is not None:
             given = apply_edit(plan.edit, state_of(run, k), run_id=run.id, step=k)
             messages = consistent([dict(m) for m in _message_dicts(given, run.id, k)],
@@ -92,8 +94,9 @@ class BranchState:
                 prompt, messages = split_prompt(messages, len(run.steps[k].meta["prompt"]))
                 if prompt == run.steps[k].meta["prompt"]:
                     prompt = None  # the node prepends the same prompt again: nothing to give
-                elif not prompt_at_call:
+                elif not at_call:
                     raise _prompt_refused(run, k)
+            described = _described(run, k, offered_tools(given), at_call)
             edited = from_dicts(messages)
         control = Control(k, forced={j: a for j, a in forced.items()
                                      if j > k or (j == k and decides)},
@@ -112,6 +115,10 @@ class BranchState:
             state.inputs[k], state.prompts[k] = to_dicts(edited), prompt
         else:
             state.edited = edited
+        if described:  # bound, with the descriptions edited, at step k's call only
+            control.tools[k] = described
+            state.tools[k] = [{**t, "description": described.get(t["name"], t["description"])}
+                              for t in run.steps[k].meta["tools"]]
         state.guard.step = state.current_step
         if k in plan.observations:
             given = plan.observations[k]
@@ -177,6 +184,8 @@ class BranchState:
                 s = replace(s, state=self.inputs[j])
             if j in self.prompts:  # and the prompt its node prepended, not the one CAR gave
                 meta.update(prompt=self.prompts[j], input=PROMPT_FIRST)
+            if j in self.tools:  # and the tools as CAR bound them, described as edited
+                meta["tools"] = self.tools[j]
             steps.append(with_sources(Step(
                 index=j, action=s.action, observation=plan.recorded_observation(j, s.observation),
                 observed=s.observed or j in plan.observations, state=s.state,
@@ -247,6 +256,34 @@ def _prompt_refused(run: Trajectory, k: int) -> InvalidIntervention:
         step=k, hint="pass the CarMiddleware or CarChatModel the app was built with as "
                      "LangGraphAgent(app, model=...), or leave the system prompt as recorded "
                      "(context_attribution's sources= without it)")
+
+
+def _described(run: Trajectory, k: int, given: Any, at_call: bool) -> dict[str, str]:
+    """``{tool name: description}`` for the tools whose description a ``do_context`` edit of
+    step ``k`` changed (``given``: the specs it returned, ``None`` when it left them as
+    recorded); refused where the edit changed anything else of them, or where CAR does not
+    decide the call, so the edited descriptions could not reach the model."""
+    recorded = run.steps[k].meta.get("tools")
+    if given is None or given == recorded or not isinstance(recorded, list):
+        return {}
+    names = [t.get("name") if isinstance(t, Mapping) else None for t in given]
+    if names != [t["name"] for t in recorded] or not all(
+            isinstance(t.get("description"), str) and set(t) == set(r)
+            for t, r in zip(given, recorded, strict=True)):
+        raise InvalidIntervention(
+            f"the do_context edit changes step {k}'s tools other than by their descriptions",
+            run_id=run.id, step=k, hint="edit only each tool's 'description' (a string); the "
+                                        "tools offered and their names stay as recorded")
+    if not at_call:
+        raise InvalidIntervention(
+            f"the do_context edit changes step {k}'s tool descriptions, which are bound at the "
+            "model call, and CAR does not decide that call here, so the edited descriptions "
+            "cannot reach the model", run_id=run.id, step=k,
+            hint="pass the CarMiddleware or CarChatModel the app was built with as "
+                 "LangGraphAgent(app, model=...), or leave the tool descriptions as recorded "
+                 "(context_attribution's sources= without them)")
+    return {t["name"]: t["description"] for t, r in zip(given, recorded, strict=True)
+            if t["description"] != r["description"]}
 
 
 def _message_dicts(edited: Any, run_id: str, k: int) -> list[Mapping[str, Any]]:

@@ -8,8 +8,10 @@ both, and a branch can hand the call an edited prompt), the ``AIMessage`` as the
 tool results that answered it as the observation, and in ``meta`` the model, parameters, token
 usage, latency and the LangGraph ids needed to fork there (thread, the checkpoint the task was
 scheduled from, node, superstep, task path), and ``car_decided``: whether CAR decides that call
-(``CarChatModel`` or ``CarMiddleware``). Tools a node calls itself (not through a ``ToolNode``)
-are kept in the run's ``meta["node_tool_calls"]`` (node, tool, arguments, result), so a branch's
+(``CarChatModel`` or ``CarMiddleware``), with the tools such a call was offered in
+``meta["tools"]`` (name and description each: a branch can bind it edited descriptions).
+Tools a node calls itself (not through a ``ToolNode``) are kept in the run's
+``meta["node_tool_calls"]`` (node, tool, arguments, result), so a branch's
 matching call can be answered from the record (and tools that returned a ``Command`` writing
 state besides their messages named in ``meta["state_writing_tools"]``, and each such call's other
 channels kept in ``meta["state_writes"]`` by tool call id, as JSON where they round-trip exactly,
@@ -70,6 +72,7 @@ from . import step_meta
 from .fingerprint import app_digest
 from .messages import as_the_app_saw, decode, dict_of, jsonable, seen, usage_of
 from .model import CAR_DECIDED, decided_by_car
+from .offered_tools import offered
 
 log = redact.logger(__name__)  # log records pass the redaction rule
 MESSAGES_KEY = "messages"
@@ -95,6 +98,7 @@ class _Call:
     started: float
     built: bool = False  # the node built the model's whole input (not the graph's messages)
     prompt_first: bool = False  # the input was the node's system prompt, then graph messages
+    tools: list[dict[str, str]] | None = None  # the tools a call CAR decides was offered
     message: BaseMessage | None = None
     latency: float = 0.0
     llm_output: Any = None
@@ -121,6 +125,8 @@ class _Call:
             meta["input"] = step_meta.PROMPT_FIRST
         if self.prompt:
             meta["prompt"] = [rec.convert(m) for m in self.prompt]
+        if self.tools:
+            meta["tools"] = self.tools
         if self.message is not None:
             meta["latency_s"] = self.latency
             meta["usage"] = usage_of(self.message, self.llm_output) if self.message else None
@@ -465,7 +471,8 @@ class CarCallback(BaseCallbackHandler):
                  and all(m.type == "system" for m in given[:len(prompt)])
                  and all(m.id is None for m in given[:len(prompt)]))
         call = _Call(0, state, prompt, dict(md), dict(params), _checkpoint_map(),
-                     decided, time.perf_counter(), built=built, prompt_first=first)
+                     decided, time.perf_counter(), built=built, prompt_first=first,
+                     tools=offered(params) if decided else None)
         with self._lock:
             self.decisions_started += 1
             call.order = len(rec.calls)

@@ -7,10 +7,10 @@ On a branch thread its ``wrap_model_call`` decides the call by step index, as ``
 does: a held step answers with its recorded action (through a stand-in model, so the call is
 still seen and recorded, but no real model is called), steps from a ``do_policy`` on go to the
 swapped-in model, a ``do_context`` that edits the system prompt gives the call its whole input
-(the edited prompt, then the graph's messages), and live calls get a per-step seed from the
-branch noise when the model has a ``seed`` field. Every model of a multi-agent app must go
-through CAR (this middleware on each ``create_agent``, or ``CarChatModel``), or the step count
-would skip its calls.
+(the edited prompt, then the graph's messages), one that edits tool descriptions gives the call
+the tools so described, and live calls get a per-step seed from the branch noise when the model
+has a ``seed`` field. Every model of a multi-agent app must go through CAR (this middleware on
+each ``create_agent``, or ``CarChatModel``), or the step count would skip its calls.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from car_core.contract import Origin
 
 from .messages import action_message
 from .model import _current_control, deciding, seedable
+from .offered_tools import described, offering
 
 
 class HeldModel(BaseChatModel):
@@ -74,17 +75,23 @@ class CarMiddleware(AgentMiddleware):
         control.steps[k] = {"seed": getattr(model, "seed", None),
                             "model": getattr(model, "model_name", None)
                             or getattr(model, "model", None) or model._llm_type}
+        changes: dict[str, Any] = {} if model is request.model else {"model": model}
         if k in control.inputs:  # a do_context that reaches the call: its whole input, the
             # edited system prompt included (so not create_agent's own)
-            return request.override(model=model, messages=list(control.inputs[k]),
-                                    system_message=None)
-        return request if model is request.model else request.override(model=model)
+            changes.update(model=model, messages=list(control.inputs[k]), system_message=None)
+        if k in control.tools:  # a do_context that edited tool descriptions: this call only
+            changes["tools"] = described(request.tools, control.tools[k])
+        return request.override(**changes) if changes else request
 
     def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         with deciding():
-            return handler(self._route(request))
+            routed = self._route(request)
+            with offering(routed.tools):  # what the recorder keeps as the call's tools
+                return handler(routed)
 
     async def awrap_model_call(self, request: Any,
                                handler: Callable[[Any], Awaitable[Any]]) -> Any:
         with deciding():
-            return await handler(self._route(request))
+            routed = self._route(request)
+            with offering(routed.tools):
+                return await handler(routed)

@@ -6,7 +6,8 @@ created, found through the thread id in the runnable config LangGraph propagates
 ``Control`` decides each call by step index: a held step returns its recorded action without
 calling any model, steps after a ``do_policy`` go to the swapped-in model, a ``do_context`` on a
 ``Send`` task's step replaces the messages the model is given (the task builds them from its
-``Send`` payload, not from the graph's messages), and every live call gets a per-step seed
+``Send`` payload, not from the graph's messages), a ``do_context`` that edits tool descriptions
+binds that step's call the tools so described, and every live call gets a per-step seed
 from the branch noise when the model has a ``seed`` field (so branches share common random
 numbers). The step index is counted per branch thread from the fork step (branches run a
 superstep's parallel tasks one at a time, so the count follows LangGraph's task order).
@@ -30,6 +31,7 @@ from langchain_core.runnables.config import ensure_config
 from car_core.contract import Noise, Origin, redact
 
 from .messages import action_message, usage_of
+from .offered_tools import described
 
 
 @dataclass
@@ -41,6 +43,8 @@ class Control:
     policy: tuple[int, Any] | None = None
     noise: Noise | None = None
     inputs: dict[int, list[BaseMessage]] = field(default_factory=dict)  # step -> model input
+    # step -> {tool name: edited description}, bound for that step's call only
+    tools: dict[int, dict[str, str]] = field(default_factory=dict)
     steps: dict[int, dict[str, Any]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -156,6 +160,8 @@ class CarChatModel(BaseChatModel):
             if control.noise is not None and seedable(model):
                 model = model.model_copy(update={"seed": control.noise.int_seed(k)})
         extra: dict[str, Any] = {}
+        if tools and control is not None and k in control.tools:
+            tools = described(tools, control.tools[k])  # a do_context edited descriptions
         if tools:
             bound = model.bind_tools(tools, **tool_kwargs)
             extra = dict(getattr(bound, "kwargs", {}) or {})

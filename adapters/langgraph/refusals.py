@@ -265,10 +265,11 @@ def refuse_branch(shape: AppShape, run: Trajectory, plan: BranchPlan, model: Any
                  "do_resample works there without it")
 
 
-def prompt_reaches_call(step: Any, model: Any) -> bool:
-    """Whether an edited system prompt reaches ``step``'s model call on a branch: CAR decided
-    that call when it was recorded (``CarChatModel`` or ``CarMiddleware``; both give the call
-    the whole input a branch hands them) and decides the app's calls here (``model=``)."""
+def edit_reaches_call(step: Any, model: Any) -> bool:
+    """Whether an edited system prompt or edited tool descriptions reach ``step``'s model call
+    on a branch: CAR decided that call when it was recorded (``CarChatModel`` or
+    ``CarMiddleware``; both give the call the whole input and the tools a branch hands them)
+    and decides the app's calls here (``model=``)."""
     return model is not None and step.meta.get("car_decided") is True
 
 

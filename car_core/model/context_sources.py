@@ -15,7 +15,11 @@ adds at the model call, outside the state it keeps (a LangGraph node's ``SystemM
 recorded in ``meta["prompt"]``; where the step says the model was given that prompt and then
 its state (``meta["input"] == PROMPT_INPUT``, written only where the adapter can hand the
 model an edited prompt), the step decided from ``prompt + state``, and that is what
-``do_context`` edits and what is cut into sources.
+``do_context`` edits and what is cut into sources. The tools a framework's model call was
+offered are recorded in ``meta["tools"]`` (specs with a ``name`` and a ``description``, written
+only where the adapter can bind the call edited descriptions); such a step decided from a
+``ChatInput``, its messages with those tools attached (``tools``), and each description is a
+source, ``tool NAME: description``, after the messages.
 
 Taking a source out (``ablate``) deletes what it says: a message keeps its place with empty
 content (so a tool call stays answered and the history still opens with a user turn, which chat
@@ -46,6 +50,21 @@ PROMPT_INPUT = "prompt+state"  # ``meta["input"]``: the model got ``meta["prompt
 _GONE = object()  # a removed list item or dict value, dropped when the state is rebuilt
 
 
+class ChatInput(list[Any]):
+    """The messages a model call was given (the list itself) and the tools it was offered
+    (``tools``: ``{"name", "description"}`` specs), so a ``do_context`` edit can change a
+    description. An edit that returns a plain list leaves the tools as recorded."""
+
+    def __init__(self, messages: Sequence[Any] = (), tools: Sequence[Any] = ()) -> None:
+        super().__init__(messages)
+        self.tools: list[Any] = list(tools)
+
+
+def offered_tools(state: Any) -> list[Any] | None:
+    """The tool specs ``state`` (what a ``do_context`` edit returned) carries, or ``None``."""
+    return state.tools if isinstance(state, ChatInput) else None
+
+
 @dataclass(frozen=True)
 class Source:
     """One removable piece of a step's state: where it sits (``path``; ``span`` when it is a
@@ -67,7 +86,8 @@ def state_of(run: Trajectory, step: int) -> Any:
     """The state step ``step`` decided from, as ``do_context`` hands it to an edit: the
     recorded chat messages for framework agents (after the prompt the framework added at the
     call, where the step records it as part of the input: ``PROMPT_INPUT``), the
-    ``car.History`` for a ``FunctionAgent``."""
+    ``car.History`` for a ``FunctionAgent``; a ``ChatInput`` where the step recorded the tools
+    its model call was offered (``meta["tools"]``)."""
     recorded = run.step(step).state
     if recorded is None:
         return run.history(step)
@@ -75,7 +95,9 @@ def state_of(run: Trajectory, step: int) -> Any:
     prompt = meta.get("prompt")
     if (meta.get("input") == PROMPT_INPUT and isinstance(prompt, list)
             and isinstance(recorded, list)):
-        return [*copy.deepcopy(prompt), *recorded]
+        recorded = [*copy.deepcopy(prompt), *recorded]
+    if isinstance(recorded, list) and _tool_specs(meta.get(TOOLS_KEY)):
+        return ChatInput(recorded, copy.deepcopy(meta[TOOLS_KEY]))
     return recorded
 
 
@@ -122,6 +144,11 @@ def _tool_specs(value: Any) -> bool:
         and isinstance(t.get("description"), str) for t in value)
 
 
+def _tool_sources(specs: Sequence[Any], base: Path) -> list[tuple[str, Any, Path, bool]]:
+    return [(f"tool {t['name']}: description", t["description"], (*base, i, "description"), True)
+            for i, t in enumerate(specs)]
+
+
 def _context_sources(context: Any) -> list[tuple[str, Any, Path, bool]]:
     if isinstance(context, list):
         return _message_sources(context, ("context",))
@@ -131,9 +158,7 @@ def _context_sources(context: Any) -> list[tuple[str, Any, Path, bool]]:
             if key == SYSTEM_PROMPT_KEY and isinstance(value, str):
                 found.append((SYSTEM_PROMPT, value, ("context", key), True))
             elif key == TOOLS_KEY and _tool_specs(value):
-                found += [(f"tool {t['name']}: description", t["description"],
-                           ("context", key, i, "description"), True)
-                          for i, t in enumerate(value)]
+                found += _tool_sources(value, ("context", key))
             elif isinstance(value, list) and len(value) > 1:
                 found += [(f"{key}[{i}]", item, ("context", key, i), False)
                           for i, item in enumerate(value)]
@@ -151,6 +176,8 @@ def split(state: Any, splitter: Splitter | None = None) -> tuple[Source, ...]:
                     True) for s in state.steps if s.observed]
     elif isinstance(state, list):
         pieces = _message_sources(state, ())
+        if isinstance(state, ChatInput) and _tool_specs(state.tools):
+            pieces += _tool_sources(state.tools, (TOOLS_KEY,))
     else:
         raise InvalidInput(f"cannot split a state of type {type(state).__name__} into sources",
                            hint="context attribution reads chat messages or a car.History")
@@ -186,10 +213,11 @@ def _segments(text: str, splitter: Splitter) -> list[tuple[int, int]]:
 
 
 def _walk(tree: Any, path: Path) -> tuple[Any, Any]:
-    """The container holding ``path``'s last key, and that key."""
+    """The container holding ``path``'s last key, and that key (a path into a ``ChatInput``'s
+    tools opens with ``"tools"``)."""
     node = tree
     for key in path[:-1]:
-        node = node[key]
+        node = node.tools if isinstance(node, ChatInput) and key == TOOLS_KEY else node[key]
     return node, path[-1]
 
 
@@ -234,6 +262,8 @@ def ablate(state: Any, sources: Sequence[Source], removed: Sequence[int]) -> Any
         steps = tuple(Step(s.index, s.action, tree["observation"][s.index], s.observed, s.state,
                            s.meta) for s in state.steps)
         return History(context, steps, state.index)
+    if isinstance(tree, ChatInput):
+        return ChatInput(_compact(list(tree)), _compact(tree.tools))
     return _compact(tree)
 
 
