@@ -3,18 +3,19 @@
 A branch at step ``k`` re-enters the app the SDK's own way: ``Runner.run`` under the agent that was
 active at ``k`` (after any handoffs), with the input items that step saw (rebuilt from the edited
 messages under ``do_context``: the first system message is the step's instructions, any other, such
-as one ``car.add_instruction`` adds, a system input item in its place). Steps before ``k`` are
-copied from the record: no model call, no tool call, and input guardrails (which ran on the user's
-input at step 0) do not run again; output guardrails and ``max_turns`` (less the turns the prefix
-used) apply as in the recorded run. The branch runs on copies of the agents (``branch.clone_app``),
-so the user's agent objects are never changed and branches run concurrently, each with a fresh run
-context equal to the one step ``k`` was decided with (``_context``). A branch is one coroutine on
-the adapter's branch loop (where model clients stay bound): ``abranch`` awaits it there, so the
-asyncio executor overlaps many branches' waits on the model server (the default when a model waits
-on one: ``prefers_concurrency``, sharing the model object and any rate limiter it holds), and
-``branch`` finishes the same coroutine from sync code. ``do_policy(k, model)`` swaps the model of
-the agent that decides step ``k`` (for its decisions from ``k`` on); the other agents keep theirs
-unless ``policy_agents`` says otherwise. A model server that is down or failing (refused
+as one ``car.add_instruction`` adds, a system input item in its place; edited descriptions of the
+tools the step was offered, ``meta["tools"]``, are given to its model call alone). Steps before
+``k`` are copied from the record: no model call, no tool call, and input guardrails (which ran on
+the user's input at step 0) do not run again; output guardrails and ``max_turns`` (less the turns
+the prefix used) apply as in the recorded run. The branch runs on copies of the agents
+(``branch.clone_app``), so the user's agent objects are never changed and branches run concurrently,
+each with a fresh run context equal to the one step ``k`` was decided with (``_context``). A branch
+is one coroutine on the adapter's branch loop (where model clients stay bound): ``abranch`` awaits
+it there, so the asyncio executor overlaps many branches' waits on the model server (the default
+when a model waits on one: ``prefers_concurrency``, sharing the model object and any rate limiter it
+holds), and ``branch`` finishes the same coroutine from sync code. ``do_policy(k, model)`` swaps the
+model of the agent that decides step ``k`` (for its decisions from ``k`` on); the other agents keep
+theirs unless ``policy_agents`` says otherwise. A model server that is down or failing (refused
 connection, timeout, 429, 5xx) stops the attribution with ``ModelUnavailable``, resumable, as on
 every adapter.
 """
@@ -40,12 +41,22 @@ from agents.run import DEFAULT_MAX_TURNS
 from agents.tool import FunctionTool, HostedMCPTool
 
 import car_core as car
-from car_core.contract import Noise, Origin, Plan, RunStatus, compile_plan, redact
+from car_core.contract import (
+    Noise,
+    Origin,
+    Plan,
+    RunStatus,
+    compile_plan,
+    offered_tools,
+    redact,
+    state_of,
+)
 from car_core.errors import AdapterError, CarError, InvalidInput, InvalidIntervention
 
 from ..common.branch import areentered, check_forced_tools, check_recorded_tools, renumber
 from ..common.messages import (
     ToolSafety,
+    apply_edit,
     edited_messages,
     forced_observations,
     recorded_calls,
@@ -63,6 +74,7 @@ from ._items import to_dicts, to_items
 from .app import agents_of, handoff_target, tool_names
 from .branch import BranchSession, Decided, clone_app
 from .fingerprint import app_fingerprint
+from .offered_tools import as_given, edited_descriptions
 from .recorder import CarRecorder
 
 # The one event loop every branch runs on, in a daemon thread of its own. A model's async
@@ -323,9 +335,13 @@ class OpenAIAgentsAgent:
         self._check_run(run)
         items, active, system = self._state(run, k)
         system_edit = None
+        descriptions: dict[str, str] = {}
         if k in plan.context_edits:
-            edited = self._check_history(edited_messages(plan.context_edits[k], run.step(k).state,
-                                                         run_id=run.id, step=k), run.id, k)
+            # the edit gets the step's messages with the tools it was offered (``state_of``)
+            given = apply_edit(plan.context_edits[k], state_of(run, k), run_id=run.id, step=k)
+            edited = self._check_history(edited_messages(lambda _: given, [], run_id=run.id,
+                                                         step=k), run.id, k)
+            descriptions = edited_descriptions(run, k, offered_tools(given))
             new_system, items = _instructions_and_items(edited, system)
             if new_system != system:
                 system_edit = new_system
@@ -335,6 +351,8 @@ class OpenAIAgentsAgent:
                                 writes=replayable_writes(run, self.safety))
         if system_edit is not None:  # step k decides from it; later steps from the app's own
             session.system_at[k] = system_edit
+        if descriptions:  # step k's call is offered the tools so described; later calls not
+            session.tools_at[k] = descriptions
         check_forced_tools(session, self.tool_names(), run.id,
                            why="the SDK writes it itself (a handoff)")
         _check_forced_steps_keep_the_context(run, session)
@@ -378,6 +396,10 @@ class OpenAIAgentsAgent:
         """A collected step at its place; after a ``do_policy``, a step whose agent kept its
         own model is live, not swapped."""
         placed = renumber(step, k, plan, session)
+        if k in session.tools_at and isinstance(placed.meta.get("tools"), list):
+            # recorded from the agent's tools: the call was given them as edited
+            placed = replace(placed, meta={**placed.meta, "tools": as_given(
+                placed.meta["tools"], session.tools_at[k])})
         if placed.meta.get("origin") == Origin.POLICY_SWAPPED and k not in session.swapped:
             return replace(placed, meta={**placed.meta, "origin": Origin.LIVE})
         return placed

@@ -1,16 +1,17 @@
 """What an OpenAI Agents SDK app runs with on a CAR branch, in place of its models and tools.
 
-A branch never touches the user's agent objects: it runs a copy of the app (``clone_app``)
-whose agents carry a ``CarBranchModel`` each and whose function tools are guarded copies,
-linked by the same handoffs. ``CarBranchModel`` numbers the decisions from the branch step on,
-answers forced and held steps with the recorded action (no model call), and sends the others
-to the agent's own model (or the ``do_policy`` one, for the agents it applies to) with the
-step's noise stream in context and a per-step seed in ``ModelSettings.extra_args`` for
-providers that honour one; a model client's outage becomes ``ModelUnavailable``. A guarded tool
-serves a forced observation as given and answers a side-effect tool with ``ToolSafety``: an
-identical recorded call gets its result and its recorded write to the run context replayed
-(``_context.replay``), another call the simulator (``fn(arguments, ctx)`` is handed the tool's
-run context wrapper), else ``SideEffectBlocked``; other tools run live.
+A branch never touches the user's agent objects: it runs a copy of the app (``clone_app``) whose
+agents carry a ``CarBranchModel`` each and whose function tools are guarded copies, linked by the
+same handoffs. ``CarBranchModel`` numbers the decisions from the branch step on, answers forced and
+held steps with the recorded action (no model call), and sends the others to the agent's own model
+(or the ``do_policy`` one, for the agents it applies to) with the step's noise stream in context and
+a per-step seed in ``ModelSettings.extra_args`` for providers that honour one (and, at a step whose
+tool descriptions a ``do_context`` edit changed, copies of the tools so described); a model client's
+outage becomes ``ModelUnavailable``. A guarded tool serves a forced observation as given and answers
+a side-effect tool with ``ToolSafety``: an identical recorded call gets its result and its recorded
+write to the run context replayed (``_context.replay``), another call the simulator
+(``fn(arguments, ctx)`` is handed the tool's run context wrapper), else ``SideEffectBlocked``;
+other tools run live.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from ._context import replay
 from ._items import action_of, output_of
 from .app import handoff_target
 from .fake import _STEP_RNG
+from .offered_tools import described
 
 
 class Decided(Exception):
@@ -75,6 +77,9 @@ class BranchSession(chat_branch.BranchSession):
         # step -> the system message a do_context edit gave it: that step's call alone gets
         # it, and the agent's own (dynamic) instructions decide its later steps as in the app
         self.system_at: dict[int, str] = {}
+        # step -> {tool name: description} a do_context edit gave it: that step's call alone
+        # is offered copies of the tools so described (``offered_tools.described``)
+        self.tools_at: dict[int, dict[str, str]] = {}
 
     def policy_for(self, k: int, agent: str) -> Any:
         """The ``do_policy`` model when it decides step ``k`` of ``agent``, else None."""
@@ -106,6 +111,8 @@ class CarBranchModel(Model):
         k = s.claim()
         plan = s.plan
         system_instructions = s.system_at.get(k, system_instructions)
+        if k in s.tools_at:
+            tools = described(tools, s.tools_at[k])
         swap = s.policy_for(k, self.agent)
         if k in plan.forced_actions and k not in plan.context_edits:
             s.swapped.discard(k)

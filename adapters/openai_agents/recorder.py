@@ -7,7 +7,9 @@ it, its action, usage and latency. A step's observation is the tool results that
 calls, read from the next call's input (what the model saw) or, for the last step, from the
 tool hooks. Handoffs are noted on the step that made them. The run context (``context=``) is
 snapshotted as the step's model call starts (``meta["run_context"]``, see ``_context``), so a
-branch from that step starts from it as it was. Runs are told apart by their usage
+branch from that step starts from it as it was; so are the names and descriptions of the function
+tools the call was offered (``meta["tools"]``, see ``offered_tools``), which a branch can give
+that call edited. Runs are told apart by their usage
 object, so one recorder can watch concurrent runs. A run that ends without a final output
 (an exception, a guardrail tripwire, ``max_turns``) is closed when ``run`` / ``runs`` is read,
 with status ``"error"``; a run the SDK stopped for a tool call's approval and the user resumed
@@ -47,6 +49,7 @@ from ._context import snapshot
 from ._items import action_of, to_dicts
 from .app import agents_of, tool_names
 from .fingerprint import app_digest
+from .offered_tools import offered
 
 UNFINISHED = "the run stopped before a final output (an exception, a guardrail or max_turns)"
 
@@ -86,6 +89,7 @@ class _RunBuf:
     tool_results: dict[str, Any] = field(default_factory=dict)
     fingerprint: str | None = None
     mcp: dict[str, list[str]] = field(default_factory=dict)  # agent -> its MCP tools' names
+    listing: mcp_tools.Listing = field(default_factory=dict)  # agent -> its MCP tools
 
 
 def _fingerprint(root: Any, listing: mcp_tools.Listing | None = None) -> str | None:
@@ -175,7 +179,7 @@ class CarRecorder(RunHooks[Any]):
                     buf.fingerprint = None  # unchecked: the run's tools are not all known
                 else:
                     buf.fingerprint = _fingerprint(agent, listing)
-                    buf.mcp = mcp_tools.names(listing)
+                    buf.mcp, buf.listing = mcp_tools.names(listing), listing
         self._buf(context, agent)
 
     async def on_llm_start(self, context: Any, agent: Any, system_prompt: str | None,
@@ -190,8 +194,9 @@ class CarRecorder(RunHooks[Any]):
         if run_context is not None:  # stored with the step: its secrets never are
             redact.register_from(context.context)  # a client or model it holds
             redact.register_fields(run_context.get("value"))  # api_key=, *_token=, password=
+        tools = await offered(agent, context, buf.listing.get(agent.name, ()))
         buf.open = {"agent": agent.name, "system": system_prompt, "items": items,
-                    "context": run_context, "started": time.monotonic()}
+                    "context": run_context, "tools": tools, "started": time.monotonic()}
 
     async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
         buf = self._buf(context, agent)
@@ -207,6 +212,8 @@ class CarRecorder(RunHooks[Any]):
                 "input_items": opened["items"]}
         if opened["context"] is not None:
             meta["run_context"] = opened["context"]
+        if opened["tools"]:
+            meta["tools"] = opened["tools"]
         buf.steps.append({"action": action_of(response.output),
                           "state": to_dicts(opened["system"], opened["items"]), "meta": meta})
 
