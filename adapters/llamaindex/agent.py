@@ -5,7 +5,10 @@ the message history the recorder kept for step ``k`` (edited by ``do_context``) 
 history, the agent that was active at ``k`` as the root agent, and a fresh ``Context`` whose
 store holds what the recorder kept for step ``k`` (``store_state``), so tools reading
 ``ctx.store`` see what the held steps wrote. The recorded messages already carry the state
-prompt the framework put on the first message, so a branch formats nothing again. Steps
+prompt the framework put on the first message, so a branch formats nothing again. An edit of
+the tools' descriptions the step's model call was offered (``meta["tools"]``, a ``ChatInput``'s
+``.tools``) reaches that call only (``offered_tools``); one that renames, adds or drops a tool
+is refused before the branch calls anything. Steps
 before ``k`` are copied from the record: no model call, no tool call. From ``k`` on, each
 agent's LLM and tools are stand-ins (``branch.py``) for the duration of the branch, and a
 private recorder collects the new steps through the same instrumentation as ``CarRecorder``.
@@ -30,12 +33,13 @@ from llama_index.core.tools import BaseTool, FunctionTool
 from llama_index.core.workflow import Context
 
 import car_core as car
-from car_core.contract import Noise, Plan, compile_plan, redact
+from car_core.contract import Noise, Plan, compile_plan, offered_tools, redact, state_of
 from car_core.errors import AdapterError, CarError, InvalidIntervention, UnclassifiedTools
 
 from ..common.branch import areentered, check_forced_tools, check_recorded_tools, renumber
 from ..common.messages import (
     ToolSafety,
+    apply_edit,
     edited_messages,
     forced_observations,
     recorded_calls,
@@ -45,6 +49,7 @@ from ..common.sync import run_sync
 from ._messages import from_dicts
 from .branch import BranchSession, collecting, installed, session_scope, unwrapped
 from .fingerprint import workflow_fingerprint
+from .offered_tools import edited_descriptions
 from .recorder import CarRecorder, agents_of, tool_names
 from .store_state import STORE_KEY, recorded, restore, writes
 
@@ -276,8 +281,12 @@ class LlamaIndexAgent:
         _check_memory_kept(run, k)
         state, active = self._state(run, k)
         store = recorded(run.step(k).meta, run_id=run.id, step=k)
+        descriptions: dict[str, str] = {}
         if k in plan.context_edits:
-            edited = _check_history(edited_messages(plan.context_edits[k], state, run_id=run.id,
+            given = apply_edit(plan.context_edits[k], state_of(run, k), run_id=run.id, step=k)
+            # the tools' descriptions travel beside the messages (a ChatInput's .tools)
+            descriptions = edited_descriptions(run, k, offered_tools(given))
+            edited = _check_history(edited_messages(lambda _: given, state, run_id=run.id,
                                                     step=k), run.id, k)
             if active is None and _leading_systems(edited)[0] != _leading_systems(state)[0]:
                 raise InvalidIntervention(
@@ -289,6 +298,8 @@ class LlamaIndexAgent:
             state = edited
         session = BranchSession(plan, noise, k, self.safety, recorded_calls(run.steps), run.id,
                                 forced_observations(plan, run.id), self._check_replayable(run))
+        if descriptions:  # offered so described at step k's model call only
+            session.tools[k] = descriptions
         # a forced result is served in place of running the tool: one handed the workflow
         # Context would not write ctx.store, and the later steps would read a store the app
         # never had

@@ -9,7 +9,9 @@ branch session the stand-ins pass every call to what they stand in for.
 ``CarBranchLLM`` stands in for each agent's LLM: it numbers the decisions from the branch step
 on, answers forced and held steps with the recorded action (no model call), sends the others to
 the agent's own LLM (or the swapped-in one under ``do_policy``) with the step's noise stream in
-context, and normalises every reply to ``ToolCallBlock`` tool calls. ``CarBranchTool`` stands in
+context, and normalises every reply to ``ToolCallBlock`` tool calls; the decision a
+``do_context`` edit of the tools' descriptions is for is offered copies of the tools so
+described (``offered_tools``). ``CarBranchTool`` stands in
 for each tool: a forced observation is served as given, a side-effect tool is answered by
 ``ToolSafety`` (record, simulator, or ``SideEffectBlocked``), everything else runs live.
 ``CarBranchContextTool`` stands in for each tool handed the workflow ``Context``: the framework
@@ -68,6 +70,7 @@ from ..common.messages import ToolSafety, as_content, calls_of, canonical_argume
 from ..common.state_change import Change, Conflict
 from ._messages import MessageToolCalls, from_dict
 from .fake import _STEP_RNG
+from .offered_tools import described
 from .recorder import BRANCH_TOKEN, CarRecorder, _Events, _Spans
 from .store_state import replay
 
@@ -77,9 +80,10 @@ class BranchSession(chat_branch.BranchSession):
     the system messages an agent decides from on this branch, in order, in place of those the
     agent puts first itself (the recorded ones, or a ``do_context`` edit of them: a changed
     prompt, an instruction added after it), and ``as_recorded``, whether the
-    messages it re-enters with are recorded ones (the state prompt is already on them), and
+    messages it re-enters with are recorded ones (the state prompt is already on them),
     ``writes``, what each recorded call of a tool handed the ``Context`` wrote to ``ctx.store``
-    where the record shows it (``state_change.recorded_changes``)."""
+    where the record shows it (``state_change.recorded_changes``), and ``tools``, by step, the
+    descriptions a ``do_context`` edit gave that step's tools (``{name: description}``)."""
 
     def __init__(self, plan: Plan, noise: Noise, start: int, safety: ToolSafety,
                  record: Mapping[tuple[str, str], Any], run_id: str | None,
@@ -89,6 +93,7 @@ class BranchSession(chat_branch.BranchSession):
         self.system: dict[str, list[str]] = {}
         self.as_recorded = False
         self.writes: Mapping[tuple[str, str], Change] = writes or {}
+        self.tools: dict[int, dict[str, str]] = {}
 
 
 _SESSION: contextvars.ContextVar[BranchSession | None] = contextvars.ContextVar(
@@ -327,8 +332,19 @@ class CarBranchLLM(MessageToolCalls, FunctionCallingLLM):
         if _SESSION.get() is None:
             response = await self._inner.achat(messages, **kwargs)
         else:
-            response = await self._branch_chat(self._as_branch_sees(messages), **kwargs)
+            response = await self._branch_chat(self._as_branch_sees(messages),
+                                               **self._as_branch_offers(kwargs))
         return response
+
+    @staticmethod
+    def _as_branch_offers(kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The call's arguments with the tools described as this branch's edit of the step
+        about to be decided says (that step's call only; the rest get them as recorded)."""
+        s = _SESSION.get()
+        edited = s.tools.get(s.next) if s is not None else None
+        if not edited or not kwargs.get("tools"):
+            return kwargs
+        return {**kwargs, "tools": described(kwargs["tools"], edited)}
 
     @llm_chat_callback()
     async def _branch_chat(self, messages: Sequence[ChatMessage], **kwargs: Any

@@ -7,10 +7,12 @@ traced back to that root by its parent id, so runs in flight at once never mix. 
 below it gives the messages the model saw, the output gives the action, ``call_tool`` spans
 that return a ``ToolCallResult`` give the observation, the workflow ``Context`` the step span
 is given gives the store the step decided from (``store_state``: every key but the framework's
-own bookkeeping, in ``meta["store"]``), and the chat events give model, parameters, token usage
-and latency. When the run span closes the trajectory is sealed, stored
-and becomes ``rec.run``. Each run carries the workflow's fingerprint, taken as it starts
-(``car_adapters.llamaindex.fingerprint``), so attributing it with another workflow is refused.
+own bookkeeping, in ``meta["store"]``), the first chat-start event the tools the model call was
+offered (name and description each, in ``meta["tools"]``: ``offered_tools``), and the chat
+events give model, parameters, token usage and latency. When the run span closes the
+trajectory is sealed, stored and becomes ``rec.run``. Each run carries the workflow's
+fingerprint, taken as it starts (``car_adapters.llamaindex.fingerprint``), so attributing it
+with another workflow is refused.
 
 Branch runs started by ``LlamaIndexAgent`` carry a token in a context variable: a user's
 recorder ignores them, and the branch's own private recorder takes only them.
@@ -45,6 +47,7 @@ from ..common.messages import tool_result
 from ..common.run_keeping import open_store, score_run, store_run
 from ._messages import action_of, to_dicts
 from .fingerprint import workflow_digest
+from .offered_tools import offered
 from .store_state import (
     FRAMEWORK_KEYS,
     STORE_KEY,
@@ -128,6 +131,7 @@ class _StepBuf:
     llm_calls: int = 0
     store: dict[str, Any] | None = None
     unrestorable: list[str] = field(default_factory=list)
+    tools: list[dict[str, str]] | None = None  # what the step's model call was offered
 
 
 @dataclass
@@ -310,6 +314,7 @@ class CarRecorder:
                 cls = model_dict.get("class_name", "")
                 if step.state is None:
                     step.state = to_dicts(event.messages)
+                    step.tools = offered((event.additional_kwargs or {}).get("tools"))
                     step.started = time.monotonic()
                 if cls not in WRAPPER_MODELS:
                     step.model = str(model_dict.get("model") or model_dict.get("model_name")
@@ -355,6 +360,8 @@ class CarRecorder:
             "llm_calls": step.llm_calls, STORE_KEY: step.store}
         if step.unrestorable:
             meta[UNRESTORABLE_KEY] = step.unrestorable
+        if step.tools:
+            meta["tools"] = step.tools
         return {"action": action, "state": step.state, "meta": meta, "results": []}
 
     def _finish(self, buf: _RunBuf, err: BaseException | None) -> car.Trajectory:
