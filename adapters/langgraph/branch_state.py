@@ -28,6 +28,7 @@ from ..common.messages import (
     consistent,
     recorded_calls,
 )
+from ..common.offered_tools import edited_descriptions
 from ..common.sources import with_sources
 from .guard import RUN, Guard, Replay
 from .messages import BLOCKS, from_dicts, jsonable, state_json, to_dict, to_dicts
@@ -259,22 +260,10 @@ def _prompt_refused(run: Trajectory, k: int) -> InvalidIntervention:
 
 
 def _described(run: Trajectory, k: int, given: Any, at_call: bool) -> dict[str, str]:
-    """``{tool name: description}`` for the tools whose description a ``do_context`` edit of
-    step ``k`` changed (``given``: the specs it returned, ``None`` when it left them as
-    recorded); refused where the edit changed anything else of them, or where CAR does not
-    decide the call, so the edited descriptions could not reach the model."""
-    recorded = run.steps[k].meta.get("tools")
-    if given is None or given == recorded or not isinstance(recorded, list):
-        return {}
-    names = [t.get("name") if isinstance(t, Mapping) else None for t in given]
-    if names != [t["name"] for t in recorded] or not all(
-            isinstance(t.get("description"), str) and set(t) == set(r)
-            for t, r in zip(given, recorded, strict=True)):
-        raise InvalidIntervention(
-            f"the do_context edit changes step {k}'s tools other than by their descriptions",
-            run_id=run.id, step=k, hint="edit only each tool's 'description' (a string); the "
-                                        "tools offered and their names stay as recorded")
-    if not at_call:
+    """The descriptions a ``do_context`` edit of step ``k`` changed (``edited_descriptions``),
+    refused where CAR does not decide the call, so they could not reach the model."""
+    described = edited_descriptions(run, k, given)
+    if described and not at_call:
         raise InvalidIntervention(
             f"the do_context edit changes step {k}'s tool descriptions, which are bound at the "
             "model call, and CAR does not decide that call here, so the edited descriptions "
@@ -282,8 +271,7 @@ def _described(run: Trajectory, k: int, given: Any, at_call: bool) -> dict[str, 
             hint="pass the CarMiddleware or CarChatModel the app was built with as "
                  "LangGraphAgent(app, model=...), or leave the tool descriptions as recorded "
                  "(context_attribution's sources= without them)")
-    return {t["name"]: t["description"] for t, r in zip(given, recorded, strict=True)
-            if t["description"] != r["description"]}
+    return described
 
 
 def _message_dicts(edited: Any, run_id: str, k: int) -> list[Mapping[str, Any]]:

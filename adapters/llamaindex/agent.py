@@ -44,12 +44,12 @@ from ..common.messages import (
     forced_observations,
     recorded_calls,
 )
+from ..common.offered_tools import edited_descriptions
 from ..common.state_change import Change, unreplayable
 from ..common.sync import run_sync
 from ._messages import from_dicts
 from .branch import BranchSession, collecting, installed, session_scope, unwrapped
 from .fingerprint import workflow_fingerprint
-from .offered_tools import edited_descriptions
 from .recorder import CarRecorder, agents_of, tool_names
 from .store_state import STORE_KEY, recorded, restore, writes
 

@@ -26,9 +26,6 @@ from llama_index.core.tools import (
     adapt_to_async_tool,
 )
 
-from car_core.contract import Trajectory
-from car_core.errors import InvalidIntervention
-
 
 def offered(tools: Any) -> list[dict[str, str]] | None:
     """The specs of the tools a model call was handed (a provider's built-in tool, which has no
@@ -91,24 +88,3 @@ class Redescribed(AsyncBaseTool):
 
     async def acall(self, *args: Any, **kwargs: Any) -> ToolOutput:
         return await self._inner.acall(*args, **kwargs)
-
-
-def edited_descriptions(run: Trajectory, k: int, given: Any) -> dict[str, str]:
-    """``{tool name: description}`` for the tools whose description a ``do_context`` edit of
-    step ``k`` changed (``given``: the specs it returned, ``None`` when it left them as
-    recorded); refused where it changed anything else of them (renamed, added or dropped a
-    tool), so the branch would offer tools the app does not have."""
-    recorded = run.step(k).meta.get("tools")
-    if given is None or given == recorded:
-        return {}
-    recorded = recorded if isinstance(recorded, list) else []
-    names = [t.get("name") if isinstance(t, Mapping) else None for t in given]
-    if names != [t["name"] for t in recorded] or not all(
-            isinstance(t.get("description"), str) and set(t) == set(r)
-            for t, r in zip(given, recorded, strict=True)):
-        raise InvalidIntervention(
-            f"the do_context edit changes step {k}'s tools other than by their descriptions",
-            run_id=run.id, step=k, hint="edit only each tool's 'description' (a string); the "
-                                        "tools offered and their names stay as recorded")
-    return {t["name"]: t["description"] for t, r in zip(given, recorded, strict=True)
-            if t["description"] != r["description"]}

@@ -61,6 +61,7 @@ from ..common.messages import (
     forced_observations,
     recorded_calls,
 )
+from ..common.offered_tools import edited_descriptions
 from ..common.sync import BranchLoop, run_on, run_sync
 from . import mcp_tools
 from ._context import (
@@ -74,7 +75,7 @@ from ._items import to_dicts, to_items
 from .app import agents_of, handoff_target, tool_names
 from .branch import BranchSession, Decided, clone_app
 from .fingerprint import app_fingerprint
-from .offered_tools import as_given, edited_descriptions
+from .offered_tools import as_given
 from .recorder import CarRecorder
 
 # The one event loop every branch runs on, in a daemon thread of its own. A model's async

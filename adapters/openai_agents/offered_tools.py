@@ -19,9 +19,6 @@ from typing import Any
 
 from agents.tool import FunctionTool
 
-import car_core as car
-from car_core.errors import InvalidIntervention
-
 Spec = dict[str, str]
 
 
@@ -56,26 +53,6 @@ def described(tools: Sequence[Any], descriptions: Mapping[str, str]) -> list[Any
     return [dataclasses.replace(t, description=descriptions[t.name])
             if isinstance(t, FunctionTool) and t.name in descriptions
             and descriptions[t.name] != t.description else t for t in tools]
-
-
-def edited_descriptions(run: car.Trajectory, k: int, given: Any) -> dict[str, str]:
-    """``{tool name: description}`` for the tools whose description a ``do_context`` edit of
-    step ``k`` changed (``given``: the specs it returned, ``None`` when it left them as
-    recorded); refused where the edit renamed, added, dropped or reordered a tool, or changed
-    anything of one but its description: the tools offered are the app's, not the edit's."""
-    recorded = run.step(k).meta.get("tools")
-    if given is None or given == recorded or not isinstance(recorded, list):
-        return {}
-    names = [t.get("name") if isinstance(t, Mapping) else None for t in given]
-    if names != [t["name"] for t in recorded] or not all(
-            isinstance(t.get("description"), str) and set(t) == set(r)
-            for t, r in zip(given, recorded, strict=True)):
-        raise InvalidIntervention(
-            f"the do_context edit changes step {k}'s tools other than by their descriptions",
-            run_id=run.id, step=k, hint="edit only each tool's 'description' (a string); the "
-                                        "tools offered and their names stay as recorded")
-    return {t["name"]: t["description"] for t, r in zip(given, recorded, strict=True)
-            if t["description"] != r["description"]}
 
 
 def as_given(specs: Sequence[Spec], descriptions: Mapping[str, str]) -> list[Spec]:
