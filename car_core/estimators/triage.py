@@ -228,25 +228,69 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
             rows.append(row)
         if progress is not None:
             progress(i + 1, len(population), rows[-1])
-    groups, rows = _grouped(located, rows, chosen_by, label)
+    result = _summarised(located, rows, chosen_by, label, alpha, tid, spent, note, params)
+    if store is not None and tid is not None:
+        from car_core.store.triages import finish_triage
+        finish_triage(store, tid, result, params)
+    return result
+
+
+def group_results(results: Iterable[tuple[Trajectory, ContrastiveResult]], *,
+                  alpha: float = defaults.ALPHA, by: Sequence[str] = FIELDS,
+                  label: Label | None = None,
+                  unattributed: Mapping[str, str] | None = None) -> TriageResult:
+    """Group attributions that already finished (each run with its ``car.contrastive``
+    result) exactly as ``car.triage`` groups its own, with the same simultaneous intervals,
+    spending nothing: for populations attributed elsewhere, such as the failing tests of a
+    pytest session. ``unattributed`` maps the id of a run that got no attribution to why; it
+    counts as undecided. ``rollouts_used``, ``tokens`` and ``cost`` add up the results'."""
+    chosen_by = _check(by, label, alpha)
+    rows: list[TriageRun] = []
+    located: dict[str, tuple[Trajectory, ContrastiveResult]] = {}
+    spent = _Spent()
+    for run, res in results:
+        if not isinstance(res, ContrastiveResult):
+            raise InvalidInput(f"run {run.id}: a {type(res).__name__} has no locus to group",
+                               run_id=run.id, hint="group contrastive attributions only")
+        if run.id in located or any(r.run_id == run.id for r in rows):
+            raise InvalidInput(f"run {run.id} is in the population twice",
+                               hint="pass each run once")
+        rows.append(_row(run.id, res, res.attribution_id, reused=False))
+        spent.rollouts += res.rollouts_used
+        spent.tokens += res.tokens
+        spent.cost += res.cost
+        if res.locus is not None:
+            located[run.id] = (run, res)
+    for run_id, why in (unattributed or {}).items():
+        rows.append(TriageRun(run_id, str(Answer.UNDECIDED), reason=f"not attributed: {why}"))
+    if not rows:
+        raise NothingToAttribute("the population is empty: no result to group",
+                                 hint="pass (run, result) pairs of finished attributions")
+    return _summarised(located, rows, chosen_by, label, alpha, None, spent, None,
+                       {"alpha": alpha, "by": list(chosen_by), "runs": [r.run_id for r in rows]})
+
+
+def _summarised(located: Mapping[str, tuple[Trajectory, ContrastiveResult]],
+                rows: list[TriageRun], by: tuple[str, ...], label: Label | None, alpha: float,
+                tid: str | None, spent: _Spent, note: str | None, params: dict[str, Any]
+                ) -> TriageResult:
+    """The result from every run's row: the groups with their simultaneous intervals, the
+    undecided and no-cause runs, what was spent."""
+    groups, rows = _grouped(located, rows, by, label)
     undecided = tuple(r.run_id for r in rows if r.answer in (Answer.UNDECIDED, SKIPPED))
     no_cause = tuple(r.run_id for r in rows if r.answer == Answer.NO_CAUSE)
     g = max(1, len(groups) + bool(undecided) + bool(no_cause))
     level = 1 - alpha / g
-    n = len(population)
-    result = TriageResult(
+    n = len(rows)
+    return TriageResult(
         triage_id=tid, runs_total=n,
         groups=tuple(TriageGroup(label=lab, **fields, share=len(ids) / n,
                                  share_ci=Interval(*wilson(len(ids) / n, n, level), level),
                                  runs=tuple(ids)) for lab, fields, ids in groups),
         undecided=undecided, no_cause=no_cause, per_run=tuple(rows), alpha=float(alpha),
-        level=level, interval=INTERVAL, by=chosen_by, rollouts_used=spent.rollouts,
+        level=level, interval=INTERVAL, by=by, rollouts_used=spent.rollouts,
         tokens=spent.tokens, cost=round(spent.cost, 6), truncated=note is not None,
         budget_note=note, params=params)
-    if store is not None and tid is not None:
-        from car_core.store.triages import finish_triage
-        finish_triage(store, tid, result, params)
-    return result
 
 
 def _grouped(located: Mapping[str, tuple[Trajectory, ContrastiveResult]],
@@ -324,4 +368,4 @@ def _row(run_id: str, r: ContrastiveResult, aid: str | None, reused: bool) -> Tr
                      rollouts_used=r.rollouts_used, tokens=r.tokens, cost=r.cost, reused=reused)
 
 
-__all__ = ["FIELDS", "INTERVAL", "locus_fields", "tool_of", "triage"]
+__all__ = ["FIELDS", "INTERVAL", "group_results", "locus_fields", "tool_of", "triage"]

@@ -1,5 +1,6 @@
-"""The pages ``car report`` writes from a store: one run's report, and an index of every run
-and attribution in the store with a report written beside it for each.
+"""The pages ``car report`` writes from a store: one run's report, and an index of every run,
+attribution and triage in the store with a page written beside it for each (a triage's page:
+``triage_page``).
 
 The index follows the single-run report's rules (``report.py``): one self-contained file, no
 script, the same Content-Security-Policy, every value escaped by the template. Its links point
@@ -23,9 +24,12 @@ from car_core.errors import CarError, InvalidInput
 from car_core.model.trajectory import Trajectory
 from car_core.model.vocabulary import Answer, AttributionStatus
 from car_core.report import _ENV, render_attribution, render_run
+from car_core.report.triage_page import render_triage, triage_row
 from car_core.report.verdicts import _answer, shapley_leaders
 from car_core.secrets.redact import redact, redact_json
 from car_core.store import Attribution, RunStore
+from car_core.store.triages import POPULATION
+from car_core.triage_results import TRIAGE_METHOD
 
 
 # -- one run -------------------------------------------------------------------------------------
@@ -138,24 +142,56 @@ class IndexWritten:
     attributions: int
     pages: int
     damaged: list[str] = field(default_factory=list)
+    triages: int = 0
 
 
 def index_paths(out: Path) -> tuple[Path, Path]:
     """(the index file, the folder its pages go in): ``out`` itself when it names an
-    ``.html`` file, else ``out/index.html``; the pages in ``runs/`` and ``attributions/``
-    beside the index."""
+    ``.html`` file, else ``out/index.html``; the pages in ``runs/``, ``attributions/`` and
+    ``triages/`` beside the index."""
     if out.suffix.lower() in (".html", ".htm"):
         return out, out.parent
     return out / "index.html", out
 
 
 def render_index(runs: Sequence[Mapping[str, Any]], attributions: Sequence[Mapping[str, Any]],
-                 store: str, damaged: Sequence[str] = ()) -> str:
+                 store: str, damaged: Sequence[str] = (),
+                 triages: Sequence[Mapping[str, Any]] = ()) -> str:
     """The index page from its rows (``write_index`` builds them from a store)."""
     failed = sum(1 for r in runs if r.get("failed"))
     return redact(_ENV.get_template("index.html.j2").render(
         runs=runs, attributions=attributions, store=store, damaged=list(damaged),
-        failed=failed))
+        failed=failed, triages=list(triages)))
+
+
+def _triage_pages(db: RunStore, rows: Sequence[Attribution], run_href: Mapping[str, str],
+                  attribution_href: Mapping[str, str], home: str, pages: dict[Path, str],
+                  folder: Path, damaged: list[str]) -> list[dict[str, Any]]:
+    """A page per stored triage (into ``pages``) and its row on the index, newest first; a
+    triage without a result yet is listed without a page, a damaged one named."""
+    from car_core.store.triages import load_triage
+    listed: list[dict[str, Any]] = []
+    for a in rows:
+        when, ts = _when(a.created_at), a.created_at or 0.0
+        if a.status == AttributionStatus.RUNNING:
+            listed.append({"id": a.id, "href": None, "status": str(a.status), "when": when,
+                           "ts": ts, "runs": fmt.MISSING, "groups": fmt.MISSING,
+                           "top": "no result yet", "undecided": fmt.MISSING,
+                           "no_cause": fmt.MISSING, "rollouts": fmt.MISSING})
+            continue
+        try:
+            result = load_triage(db, a.id)
+        except CarError as exc:
+            damaged.append(f"triage {a.id}: {exc}")
+            continue
+        href = f"triages/{page_name(a.id)}"
+        up = {k: f"../{v}" for k, v in run_href.items()}
+        pages[folder / href] = render_triage(
+            result, run_href=up, attribution_href={k: f"../{v}" for k, v in
+                                                   attribution_href.items()}, home=home)
+        listed.append(triage_row(result, str(a.status), when, ts, href))
+    listed.sort(key=lambda r: r["ts"], reverse=True)
+    return listed
 
 
 def write_index(db: RunStore, out: Path, store: str) -> IndexWritten:
@@ -202,7 +238,12 @@ def write_index(db: RunStore, out: Path, store: str) -> IndexWritten:
                      "failed": run.failed, "attributions": len(own),
                      "latest": attribution_summary(latest) if latest else None})
     rows.sort(key=lambda r: r["ts"], reverse=True)
-    html = render_index(runs, rows, store, damaged)
+    triages = _triage_pages(db, [a for a in by_run.get(POPULATION, [])
+                                 if a.method == TRIAGE_METHOD],
+                            {str(r["id"]): str(r["href"]) for r in runs},
+                            {r["id"]: r["href"] for r in rows if r.get("href")},
+                            "../" + index.name, pages, folder, damaged)
+    html = render_index(runs, rows, store, damaged, triages)
     try:
         for path, page in pages.items():
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -213,7 +254,7 @@ def write_index(db: RunStore, out: Path, store: str) -> IndexWritten:
         raise InvalidInput(f"cannot write the index to {index}: {exc.strerror}",
                            hint="pass --out a writable folder or .html file") from None
     return IndexWritten(index=index, runs=len(runs), attributions=len(rows),
-                        pages=len(pages), damaged=damaged)
+                        pages=len(pages), damaged=damaged, triages=len(triages))
 
 
 __all__ = ["IndexWritten", "attribution_summary", "index_paths", "latest_attribution",
