@@ -19,12 +19,14 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 import car_core as car
-from car_core.errors import RunNotFound
+from car_core.errors import InvalidInput, RunNotFound
+from car_core.estimators import triage as car_triage
 from car_core.store import RunStore
 from car_core.store.triages import (
     POPULATION,
@@ -213,3 +215,40 @@ def test_cli_refuses_an_empty_selection(population, tmp_path):
         store.save(population[0])
     proc = car_cli("triage", "--agent-name", "nobody", "--agent", AGENT, cwd=tmp_path)
     assert proc.returncode == 2 and "nothing to triage" in proc.stderr
+
+
+def test_group_results_groups_finished_attributions_as_triage_does(population):
+    runs = population[:3] + population[-2:]
+    tri = car.triage(runs, DESK.agent(), outcome=DESK.outcome, rollouts=K)
+    done = [(r, car.contrastive(r, DESK.agent(), outcome=DESK.outcome, rollouts=K,
+                                early_stop=True)) for r in runs]
+    grouped = car_triage.group_results(done)
+    assert grouped.to_dict()["groups"] == tri.to_dict()["groups"]
+    assert grouped.rollouts_used == sum(res.rollouts_used for _, res in done)
+    # a run that got no attribution counts as undecided, with why: G grows by one
+    more = car_triage.group_results(done, unattributed={"test_x": "no run recorded"})
+    assert more.undecided == ("test_x",) and more.runs_total == len(runs) + 1
+    assert more.level == pytest.approx(1 - 0.05 / 3)
+    assert [g.runs for g in more.groups] == [g.runs for g in tri.groups]
+    assert next(r.reason for r in more.per_run if r.run_id == "test_x") == \
+        "not attributed: no run recorded"
+    shapley = car.shapley(runs[0], DESK.agent(), outcome=DESK.outcome, budget=48)
+    with pytest.raises(InvalidInput, match="no locus to group"):
+        car_triage.group_results([(runs[0], shapley)])
+
+
+def test_cli_selects_the_runs_of_one_pytest_session(population, tmp_path):
+    tagged = {"s1": population[:2], "s2": [population[2], population[-1]]}
+    with RunStore(tmp_path / "car.db") as store:
+        for session, runs in tagged.items():
+            for r in runs:
+                store.save(replace(r, meta={**r.meta, "test": f"t.py::{r.id}",
+                                            "test_session": session}))
+        assert select_runs(store, session="s2") == [r.id for r in tagged["s2"]]
+    proc = car_cli("triage", "--session", "s1", "--agent", AGENT, "--rollouts", str(K),
+                   "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert sorted(r["run_id"] for r in data["per_run"]) == sorted(r.id for r in tagged["s1"])
+    none = car_cli("triage", "--session", "s3", "--agent", AGENT, cwd=tmp_path)
+    assert none.returncode == 2 and "nothing to triage" in none.stderr

@@ -5,13 +5,16 @@ framework and not even ``car_core`` until a test asks for the ``car_recorder`` f
 
 - ``car_recorder`` records every run the test makes through the frameworks it has loaded (see
   ``car_adapters.pytest_plugin.integrations``) into the session's SQLite store, each with the test's
-  node id in ``run.meta["test"]``. ``car_recorder.watch(app_or_agent, outcome=...)`` names the
-  agent to branch with and scores the runs the recorder could not score itself.
+  node id in ``run.meta["test"]`` and the session's id in ``run.meta["test_session"]`` (so
+  ``car triage --session`` can pick one session's runs from a store that keeps several).
+  ``car_recorder.watch(app_or_agent, outcome=...)`` names the agent to branch with and scores
+  the runs the recorder could not score itself.
 - ``--car-attribute`` (off by default): when a test that used the fixture fails, its latest
   failed run is attributed (contrastive unless ``--car-method shapley``), within
   ``--car-budget`` rollouts and ``--car-wall-time`` seconds, and the locus with its interval
   and the HTML report's path go into the failure report. An attribution that cannot run says
-  why in one line; the test's outcome is never changed.
+  why in one line; the test's outcome is never changed. With more than one failing test, the
+  end-of-session summary groups where they commit (``population``), with intervals.
 - ``@pytest.mark.car(safe_tools=[...], side_effect_tools=[...], simulators={...}, outcome=fn)``
   sets the same options per test (every tool of the agent must be classified, as for the
   adapters; ``unclassified="live"`` is the sandbox opt-out). Under pytest-xdist each worker
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -57,8 +61,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER)
+    given = getattr(config, "workerinput", {}).get("car_session")
+    config.stash[_SESSION] = given or (time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+                                       + "-" + secrets.token_hex(3))
     if config.getoption("car_attribute"):
         config.pluginmanager.register(_Attributor(config), "car-attributor")
+
+
+_SESSION = pytest.StashKey[str]()  # this session's id: the controller's, passed to workers
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent without it
+def pytest_configure_node(node: Any) -> None:
+    """Every xdist worker tags its runs with the controller's session id."""
+    node.workerinput["car_session"] = node.config.stash[_SESSION]
 
 
 def store_path(config: pytest.Config) -> Path:
@@ -126,7 +142,8 @@ def car_recorder(request: pytest.FixtureRequest) -> Any:
     ``RunRecorder``); with ``--car-attribute`` a failing test's run is attributed."""
     marker = request.node.get_closest_marker("car")
     recorder = RunRecorder(request.node.nodeid, store_path(request.config),
-                           options=dict(marker.kwargs) if marker else {})
+                           options=dict(marker.kwargs) if marker else {},
+                           session=request.config.stash.get(_SESSION, None))
     request.node.stash[_RECORDER] = recorder
     recorder.start()
     yield recorder
@@ -174,6 +191,13 @@ class _Attributor:
         terminalreporter.section("CAR attribution summary")
         for nodeid, props in self.found.items():
             terminalreporter.write_line(summary_line(nodeid, props))
+        from .population import population_lines
+        lines = population_lines(self.found, store_path(self.config),
+                                 self.config.stash.get(_SESSION, None))
+        if lines:
+            terminalreporter.section(f"CAR: where the {len(self.found)} failing tests commit")
+            for line in lines:
+                terminalreporter.write_line(line)
 
     def attribute(self, recorder: RunRecorder, item: pytest.Item) -> tuple[str, dict[str, str]]:
         started = time.monotonic()

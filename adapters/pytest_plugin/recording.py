@@ -2,7 +2,8 @@
 
 It starts a recording for every framework the test has loaded, collects the runs when the test
 ends, scores the ones their recorder could not score with the outcome given to ``watch``, tags
-each with the test's node id (``run.meta["test"]``) and saves them to the session's store.
+each with the test's node id (``run.meta["test"]``) and the session's id
+(``run.meta["test_session"]``) and saves them to the session's store.
 ``attribute()`` branches the latest failed run with the agent watched for its framework. It
 imports ``car_core`` and the frameworks only when used.
 """
@@ -103,6 +104,8 @@ class Attribution:
             props["car_answer"] = "truncated" if r.truncated else "valued"
         if self.report is not None:
             props["car_report"] = str(self.report)
+        if getattr(r, "attribution_id", None):
+            props["car_attribution"] = str(r.attribution_id)  # in the session's store
         return props
 
     def _who(self) -> str | None:
@@ -129,9 +132,11 @@ class RunRecorder:
     """Records the runs of one test. ``runs`` holds them once the test has finished (or after
     ``finish()``); ``watch`` names the agent to branch with and its outcome function."""
 
-    def __init__(self, nodeid: str, path: Path, options: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, nodeid: str, path: Path, options: Mapping[str, Any] | None = None,
+                 session: str | None = None) -> None:
         self.nodeid = nodeid
         self.path = path
+        self.session = session
         self.options = dict(options or {})
         self.runs: list[Any] = []
         self.notes: list[str] = []
@@ -208,7 +213,8 @@ class RunRecorder:
             except Exception as exc:
                 self.notes.append(f"could not collect {name} runs: {exc!r}")
         self.runs = [self._score(r) for r in _dedup(collected)]
-        self.runs = [replace(r, meta={**r.meta, "test": self.nodeid}) for r in self.runs]
+        tags = {"test": self.nodeid, **({"test_session": self.session} if self.session else {})}
+        self.runs = [replace(r, meta={**r.meta, **tags}) for r in self.runs]
         if self.runs:
             self._save()
         return self.runs

@@ -1,7 +1,8 @@
 """``car triage``: where a population of failed runs commits to failure (``car.triage``), and
 ``car export triage``: a stored triage as JSON or CSV. The runs are the ids given, or the
-store's recorded runs filtered by agent, time, test and outcome (failed by default); every
-run's attribution and the triage are kept in the store, resumable with ``--resume``."""
+store's recorded runs filtered by agent, time, test, pytest session and outcome (failed by
+default); every run's attribution and the triage are kept in the store, resumable with
+``--resume``."""
 
 from __future__ import annotations
 
@@ -100,6 +101,9 @@ def triage_command(
                             "second.")] = None,
         test: Annotated[str | None, typer.Option(
             "--test", help="Only runs recorded by a test whose id contains this.")] = None,
+        session: Annotated[str | None, typer.Option(
+            "--session", help="Only runs recorded in this pytest session (its id, as the "
+                              "plugin's summary prints it).")] = None,
         only: Annotated[Only, typer.Option(
             "--only", help="Which runs by outcome.")] = Only.failed,
         by: Annotated[str, typer.Option(
@@ -165,7 +169,7 @@ def triage_command(
                                hint=f"give {flag} a positive number, or leave it out")
     grouping = _by(by)
     prices = kit.parse_prices(price or [])
-    filters = (agent_name, since, until, test)
+    filters = (agent_name, since, until, test, session)
     from car_core.store.triages import select_runs  # brings sqlite-utils: not for --help
     reader = kit.existing_store(store)  # read-only first: a damaged store is refused untouched
     try:
@@ -175,7 +179,7 @@ def triage_command(
         else:
             ids = select_runs(reader, ids=run_ids or None, agent=agent_name,
                               since=_when(since, "--since"), until=_when(until, "--until"),
-                              test=test, outcome=only.value)
+                              test=test, outcome=only.value, session=session)
     finally:
         reader.close()
     if not ids:

@@ -201,6 +201,9 @@ class RunStore:
                     meta = loads(row["header"] or "{}").get("meta") or {}
                     test = meta.get("test") if isinstance(meta, dict) else None
                     summary["test"] = test if isinstance(test, str) else None
+                    session = meta.get("test_session") if isinstance(meta, dict) else None
+                    if isinstance(session, str):  # the pytest session that recorded it
+                        summary["test_session"] = session
                 intact.append(summary)
             else:
                 damaged.append((shown_id(row.get("id")), wrong))

@@ -1,10 +1,11 @@
 """A population of runs chosen from the store, and the triage of it kept as an attribution.
 
-``select_runs`` picks recorded runs by agent, time, the test that recorded them and outcome
-(failed by default). A triage is stored as one sealed row of the ``attributions`` table with
-method ``"triage"``: it is of many runs, so its ``run_id`` is ``POPULATION`` rather than a
-run's id (no migration: the column only has to hold text), and ``car attributions`` lists it
-beside the per-run attributions it was built from. ``load_triage`` reads its result back.
+``select_runs`` picks recorded runs by agent, time, the test and pytest session that recorded
+them and outcome (failed by default). A triage is stored as one sealed row of the
+``attributions`` table with method ``"triage"``: it is of many runs, so its ``run_id`` is
+``POPULATION`` rather than a run's id (no migration: the column only has to hold text), and
+``car attributions`` lists it beside the per-run attributions it was built from.
+``load_triage`` reads its result back.
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ OUTCOMES = ("failed", "passed", "any")
 
 def select_runs(store: RunStore, *, ids: Sequence[str] | None = None, agent: str | None = None,
                 since: float | None = None, until: float | None = None,
-                test: str | None = None, outcome: str = "failed") -> list[str]:
+                test: str | None = None, outcome: str = "failed",
+                session: str | None = None) -> list[str]:
     """Ids of the recorded runs (not branches) that pass every filter given, oldest first
     (``ids``: in the order given, each checked to exist). ``agent``: the agent's name as
     recorded; ``since``/``until``: recording time in epoch seconds (inclusive); ``test``: the
-    test id that recorded it (a substring of it); ``outcome``: ``"failed"``, ``"passed"`` or
-    ``"any"``."""
+    test id that recorded it (a substring of it); ``session``: the id of the pytest session
+    that recorded it (exactly, as the plugin's summary prints it); ``outcome``: ``"failed"``,
+    ``"passed"`` or ``"any"``."""
     if outcome not in OUTCOMES:
         raise InvalidInput(f"outcome={outcome!r} is not one of {OUTCOMES}",
                            hint='use "failed" (the default), "passed" or "any"')
@@ -49,7 +52,8 @@ def select_runs(store: RunStore, *, ids: Sequence[str] | None = None, agent: str
         chosen = [by_id[i] for i in dict.fromkeys(ids)]
     else:
         chosen = sorted(rows, key=lambda r: (r.get("created_at") or 0.0))
-    return [r["id"] for r in chosen if _keeps(r, agent, since, until, test, outcome)]
+    return [r["id"] for r in chosen if _keeps(r, agent, since, until, test, outcome)
+            and (session is None or r.get("test_session") == session)]
 
 
 def _keeps(row: dict[str, Any], agent: str | None, since: float | None, until: float | None,
