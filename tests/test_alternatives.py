@@ -274,3 +274,53 @@ def test_the_cli_shows_the_table_and_writes_it_in_json(tmp_path):
     assert out.returncode == 0, out.stderr
     step = json.loads(out.stdout)["steps"][1]
     assert [list(a) for a in step["alternatives"]] == [KEYS] * len(step["alternatives"])
+
+
+def test_the_cli_takes_an_action_key_as_module_function(tmp_path):
+    (tmp_path / "desk.py").write_text(textwrap.dedent('''
+        from car_core.testing.synthetic_choices import PlantedChoices
+
+        WORLD = PlantedChoices()
+        NOT_A_FUNCTION = 3
+
+        def make():
+            return WORLD.agent()
+
+        def judge(run, rng):
+            return WORLD.judge(run, rng)
+
+        def tool(action):
+            calls = action.get("tool_calls") or []
+            return calls[0]["function"]["name"] if calls else "reply"
+    '''))
+    env = {**os.environ, "COLUMNS": "160", "PYTHONPATH": str(Path(__file__).parents[1])}
+    code = ("import car_core as car, desk\nrun = desk.WORLD.failing_run()\n"
+            "car.RunStore('car.db').save(run); print(run.id)")
+    run_id = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, env=env,
+                            capture_output=True, text=True).stdout.strip()
+
+    def car_cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "car_core.cli", "attribute", run_id,
+                               "--agent", "desk:make", "--outcome", "desk:judge", *args],
+                              cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)
+
+    out = car_cli("--rollouts", "64", "--alpha", str(ALPHA), "--action-key", "desk:tool",
+                  "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    step = data["steps"][data["locus"]]
+    # as in test_a_users_action_key_groups_by_what_it_returns: three groups, each interval at
+    # 99.5%, a miss has probability <= 0.015
+    truth = {"read_policy": 0.45, "book_fare": 0.5, "reply": 0.05}
+    assert {a["action"] for a in step["alternatives"]} == set(truth)
+    assert all(a["share_ci"][0] <= truth[a["action"]] <= a["share_ci"][1]
+               for a in step["alternatives"])
+    assert step["recorded_action"] == "book_fare"
+    assert data["params"]["action_key"] == "tool"
+    for args, said in ((("--action-key", "desk:NOT_A_FUNCTION"), "is not callable"),
+                       (("--action-key", "desk:nowhere"), "has no attribute"),
+                       (("--action-key", "desk:tool", "--method", "shapley"),
+                        "--action-key applies to contrastive only")):
+        refused = car_cli(*args)
+        assert refused.returncode == 2 and said in refused.stderr, refused.stderr

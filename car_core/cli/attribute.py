@@ -138,6 +138,11 @@ def attribute(
         replace: Annotated[bool, typer.Option(
             "--replace", help="With --resume: let a smaller --rollouts or --budget replace "
                               "the finished attribution's result.")] = False,
+        action_key: Annotated[str | None, typer.Option(
+            "--action-key", metavar="MODULE:FUNCTION",
+            help="contrastive: group what the agent did instead by FUNCTION(action) -> str "
+                 "(default: tool calls by name and canonical arguments, a reply by its "
+                 "text).")] = None,
         inside_locus: Annotated[bool, typer.Option(
             "--what", help="Then look inside the locus: which message, tool result or document "
                            "it decided from caused the failure (`car what` at the locus, "
@@ -163,6 +168,7 @@ def attribute(
     settings = _with_caps(settings, stored, search=search, indifference=indifference,
                           tokens=max_tokens, cost=max_cost,
                           seconds=max_seconds, prices=kit.parse_prices(price or [], price_file))
+    settings = _with_action_key(settings, action_key)
     _check_size(settings, len(run.steps), max_rollouts, max_budget)
     if earlier is not None and earlier.result is not None and not replace \
             and earlier.method == method.value:
@@ -308,6 +314,23 @@ def _with_caps(settings: ContrastiveSettings | ShapleySettings, stored: dict[str
     rollouts = given.rollouts if isinstance(given, Budget) else given
     return replace(settings, budget=Budget(rollouts=rollouts, tokens=tokens, cost=cost,
                                            wall_time=seconds, prices=prices))
+
+
+def _with_action_key(settings: ContrastiveSettings | ShapleySettings, spec: str | None
+                     ) -> ContrastiveSettings | ShapleySettings:
+    """The settings grouping re-drawn actions by the user's ``MODULE:FUNCTION`` (loaded as
+    --agent is; the estimator then checks it on every recorded action before any rollout).
+    A function is not stored, so a resume groups by the default unless it is given again."""
+    if spec is None:
+        return settings
+    if isinstance(settings, ShapleySettings):
+        raise InvalidInput("--action-key applies to contrastive only",
+                           hint="leave it out with --method shapley")
+    key = kit.load_object(spec, "action-key")
+    if not callable(key):
+        raise InvalidInput(f"--action-key {spec!r} is not callable",
+                           hint="point it at a function action -> str")
+    return replace(settings, action_key=key)
 
 
 def _stored(reader: RunStore, aid: str) -> Attribution | None:
