@@ -171,3 +171,18 @@ def test_hostile_triage_in_a_store_reaches_the_index_as_text(tmp_path: Path):
     assert all(re.fullmatch(r"triages/[A-Za-z0-9_-]+-[0-9a-f]{8}\.html", h)
                for h in pages["hostile"].hrefs)
     assert f"label{payload}" in "".join(pages["hostile"].text)
+
+
+def test_car_report_all_says_how_many_triages_it_wrote(triaged):
+    import os
+    import subprocess
+    import sys
+    runs, passed, res, written, site = triaged
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    proc = subprocess.run([sys.executable, "-m", "car_core.cli", "report", "--all", "--store",
+                           "car.db", "-o", "again"], cwd=site.parent, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (f"({N_EARLY + N_LATE + 1} run(s), {written.attributions} attribution(s), "
+            f"1 triage(s), {written.pages} report(s) beside it)") in proc.stdout
+    assert (site.parent / "again" / "triages" / page_name("t-page")).is_file()
