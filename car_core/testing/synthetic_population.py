@@ -9,6 +9,15 @@ outcome never reads. Mode ``"late"`` is the same at step ``late_at``. So a faili
 either mode has its locus at that mode's step, with rescue ``1 − p_bad`` (the ``pivot`` of
 ``synthetic.py``), and a population of ``n`` failing runs of which ``n_early`` are early has
 the planted shares ``n_early / n`` and ``1 − n_early / n``.
+
+A planted fix: where the deciding step of the early mode sees the text ``fix`` (an
+``instruction`` in its context, as ``car.add_instruction`` puts it, or a ``note`` in the tool
+result just before it) it goes wrong with probability ``p_fixed`` instead of ``p_bad``; the
+late mode never reads it. ``careful_policy()`` is the other way round: a policy (another
+"model", for ``do_policy``) that goes wrong at the late mode's step with probability
+``p_fixed`` and decides everything else as the desk's own. Both draw the same uniform per
+step, so under shared noise a branch with the fix and one without differ only where the fix
+acts: an early run's rescue by the instruction is exactly ``p_bad − p_fixed``, a late run's 0.
 """
 
 from __future__ import annotations
@@ -32,8 +41,9 @@ MODES = ("early", "late")
 class _Policy:
     """The desk's policy, which reports who decided each step (``step_meta``)."""
 
-    def __init__(self, desk: TwoModeDesk) -> None:
+    def __init__(self, desk: TwoModeDesk, careful: bool = False) -> None:
         self.desk = desk
+        self.careful = careful  # the late mode's step goes wrong with p_fixed only
         self._last = threading.local()
 
     def __call__(self, history: History, rng: np.random.Generator) -> dict[str, Any]:
@@ -43,7 +53,9 @@ class _Policy:
         if k < at:
             choice = "a" if u < 0.5 else "b"  # never read by the outcome
         elif k == at:
-            choice = "bad" if u < d.p_bad else "good"
+            mode = history.context["mode"]
+            fixed = (self.careful if mode == "late" else mode == "early" and d.sees_fix(history))
+            choice = "bad" if u < (d.p_fixed if fixed else d.p_bad) else "good"
         else:
             choice = history.steps[at].action["arguments"]["choice"]
         self._last.agent = "intake" if k < d.handoff else "refunds"
@@ -63,6 +75,8 @@ class TwoModeDesk:
     late_at: int = 4
     handoff: int = 3
     p_bad: float = 0.3
+    fix: str = "read the refund policy before you decide"
+    p_fixed: float = 0.0
 
     def __post_init__(self) -> None:
         if not (0 <= self.early_at < self.late_at < self.n_steps <= len(TOOLS)):
@@ -71,6 +85,21 @@ class TwoModeDesk:
                                hint=f"need 0 <= early_at < late_at < n_steps <= {len(TOOLS)}")
         if not 0 < self.p_bad < 1:
             raise InvalidInput(f"p_bad={self.p_bad}", hint="need 0 < p_bad < 1")
+        if not 0 <= self.p_fixed <= self.p_bad:
+            raise InvalidInput(f"p_fixed={self.p_fixed}", hint="need 0 <= p_fixed <= p_bad")
+
+    def sees_fix(self, history: History) -> bool:
+        """Whether the step about to decide sees the planted fix: an ``instruction`` in the
+        context, or a ``note`` in the tool result just before it, equal to ``fix``."""
+        context = history.context if isinstance(history.context, dict) else {}
+        if context.get("instruction") == self.fix:
+            return True
+        last = history.steps[-1].observation if history.steps else None
+        return isinstance(last, dict) and last.get("note") == self.fix
+
+    def careful_policy(self) -> Any:
+        """Another "model" for ``do_policy``: it rescues the late mode, not the early one."""
+        return _Policy(self, careful=True)
 
     def step_of(self, mode: str) -> int:
         return self.early_at if mode == "early" else self.late_at
@@ -108,4 +137,9 @@ class TwoModeDesk:
         return runs
 
 
-__all__ = ["MODES", "TOOLS", "TwoModeDesk"]
+def careful_policy() -> Any:
+    """The default desk's ``careful_policy()``, as a factory ``car fix --policy`` can name."""
+    return TwoModeDesk().careful_policy()
+
+
+__all__ = ["MODES", "TOOLS", "TwoModeDesk", "careful_policy"]
