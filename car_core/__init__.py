@@ -17,7 +17,9 @@ from car_core.engine.execution import AsyncioExecutor, Sequential
 from car_core.engine.replay import action_match_rate, intervene, record
 from car_core.estimators import contrastive, shapley
 from car_core.estimators.context import ContextAttribution, context_attribution, context_sources
+from car_core.estimators.fixes import Fix
 from car_core.estimators.pairs import export_pairs
+from car_core.estimators.population_fix import fix_population
 from car_core.estimators.repairs import (
     Candidate,
     RepairRanking,
@@ -83,6 +85,7 @@ __all__ = [
     "Candidate",
     "ContextAttribution",
     "ContrastiveSettings",
+    "Fix",
     "FunctionAgent",
     "History",
     "Interval",
@@ -111,6 +114,7 @@ __all__ = [
     "do_policy",
     "do_resample",
     "export_pairs",
+    "fix_population",
     "guard_observation",
     "intervene",
     "record",

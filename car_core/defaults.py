@@ -13,6 +13,7 @@ SHAPLEY_BUDGET = 2000  # shapley: total rollouts
 CONCURRENCY = 16  # branches in flight for the asyncio and Ray executors
 CONTEXT_ROLLOUTS = 64  # context_attribution: all its rollouts (¼–½ screen, the rest confirm)
 REPAIR_ROLLOUTS = 64  # repairs: rollouts per candidate at most (the baseline arm included)
+POPULATION_FIX_ROLLOUTS = 64  # fix_population: pairs per run and fix
 # Upper bounds on what one command is asked to run, so a slip (``--rollouts 2**63``) is refused
 # before anything runs instead of running until it is killed. Generous on purpose: 100,000
 # rollouts in one arm already pin its failure rate to ±0.003 at 95% (1.96 · 0.5 / √100,000),

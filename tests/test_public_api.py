@@ -28,7 +28,7 @@ PUBLIC = [
     "guard_observation", "export_pairs",
     "Sequential", "AsyncioExecutor", "RayExecutor",
     "contrastive", "do_action", "do_context", "do_observation", "do_policy", "do_resample",
-    "intervene", "record", "shapley", "triage",
+    "intervene", "record", "shapley", "triage", "Fix", "fix_population",
 ]
 
 

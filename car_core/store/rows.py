@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from car_core.errors import CarError, CorruptAttribution, CorruptRun, InvalidInput
+from car_core.fix_results import FIX_METHOD
 from car_core.model.json_values import dumps, loads
 from car_core.model.trajectory import Trajectory
 from car_core.model.vocabulary import AttributionStatus
@@ -119,8 +120,9 @@ def attribution_from_row(row: dict[str, Any], *, sealed: bool = True) -> Attribu
             f"attribution {attribution_id} holds a malformed result", then=None)
     try:
         status = AttributionStatus(row["status"])
-        # a triage's result is many runs' (``store.triages`` reads it), not one estimate's
-        result = (None if data is None or row["method"] == TRIAGE_METHOD
+        # a triage's or a population fix's result is many runs' (``store.triages`` and
+        # ``store.fixes`` read them), not one estimate's
+        result = (None if data is None or row["method"] in (TRIAGE_METHOD, FIX_METHOD)
                   else result_from_dict(data))
     except (ValueError, InvalidInput) as exc:
         raise CorruptAttribution.edited_by_hand(

@@ -1,0 +1,363 @@
+"""Whether a fix rescues a population of failed runs: each run branched with and without it.
+
+For each run and each fix (a ``car.Fix``), the run is branched from its locus — read from a
+triage, from the run's stored contrastive attribution, or found by attributing it now
+(``car.triage`` over the runs that lack one) — or from step 0 for a fix that touches every
+step (a system-prompt line, another model) or when ``from_step=0``. The arm *without* the fix
+re-decides that step from the state it saw (``do_context(k, keep_all)``); the arm *with* it
+applies the fix there. Rollout ``r`` of every arm of a run draws the same noise where the agent
+takes CAR's seeds, each run from its own seed (derived from ``seed`` and the run's id), so
+runs are independent and the arms of one run differ only by the fix. ``K = rollouts`` pairs
+per run and fix; an errored branch drops its pair.
+
+Statistics, over the ``N`` runs of the population and the ``C`` fixes, each family at
+``alpha``:
+
+* Pooled rescue ``θ = (1/N') Σ_i (P(fail | without) − P(fail | with))`` over the ``N'`` runs
+  tested, estimated by the mean of each run's mean paired difference. Its interval is the
+  stratified Hoeffding interval (``car_core.stats.pooled``) at level ``1 − alpha/C``: all
+  ``C`` intervals cover their ``θ`` at once with probability ``≥ 1 − alpha``, at any sample
+  size and for any outcome in [0, 1] (conservative where the pairs vary little).
+* ``rescued``: the runs whose own rescue is shown positive by a betting test with an exact
+  sign test at the end (``stats.sequential.positive_by_end``), each at ``alpha/(N·C)``: with
+  probability ``≥ 1 − alpha`` no run is listed as rescued by a fix that does not rescue it.
+  ``not_rescued`` is every other run (the untested ones included, each with its reason).
+
+Budget: ``budget`` caps everything this call spends (the attributions that find loci, then
+the fixes' branches). A run is started only when what is left pays for all its arms; the runs
+not reached are untested and the result ``truncated``. A run whose arms a token, cost or wall
+time cap stopped part-way is dropped (its pairs stopped for a reason that may depend on the
+branches). With a ``store`` the fix is an attribution of its own (``car_core.store.fixes``),
+resumable with the same ``fix_id``: the runs already measured are read back, drawing nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from car_core import defaults
+from car_core.engine.agent import Agent
+from car_core.engine.execution import ExecutorLike
+from car_core.errors import InvalidInput, InvalidIntervention
+from car_core.estimators._arms import Branch, StepArms, capped, check_rollouts
+from car_core.estimators.fixes import Fix, as_fix
+from car_core.estimators.triage import RUN_ERRORS, _left, _load_all, _Spent
+from car_core.estimators.triage import triage as attribute_all
+from car_core.fix_results import INTERVAL, RUN_TEST, FixCost, FixEstimate, FixRun, PopulationFix
+from car_core.model.budget import Budget, as_budget
+from car_core.model.context_sources import keep_all
+from car_core.model.interventions import do_context
+from car_core.model.outcome import OutcomeLike
+from car_core.model.trajectory import Trajectory
+from car_core.model.vocabulary import Origin
+from car_core.results import ContrastiveResult
+from car_core.stats import check_level
+from car_core.stats.pooled import pooled_mean
+from car_core.stats.sequential import positive_by_end
+from car_core.triage_results import TriageResult
+
+if TYPE_CHECKING:  # the store brings sqlite-utils: loaded only where one is used
+    from car_core.store import RunStore
+
+FixProgress = Callable[[int, int, str], None]
+WITHOUT = "without the fix"
+
+
+@dataclass(frozen=True)
+class _Kept(Branch):
+    live: int = 0
+    length: int = 0
+
+
+class _FixArms(StepArms):
+    """The arms of one run; each branch also keeps how many steps it decided live."""
+
+    def _keep(self, traj: Trajectory) -> Branch:
+        b = super()._keep(traj)
+        live = sum(1 for s in traj.steps if s.meta.get("origin") != Origin.HELD)
+        return _Kept(b.value, b.action, live, len(traj.steps))
+
+
+def run_seed(seed: int, run_id: str) -> int:
+    """Each run's own root seed: runs branched on one seed would share their noise, and the
+    pooled interval needs them independent."""
+    h = hashlib.sha256(f"{seed}\0{run_id}".encode("utf-8", "surrogatepass")).digest()
+    return int.from_bytes(h[:7], "big")
+
+
+def _check(candidates: Iterable[Any] | Fix, from_step: int | str, alpha: float, rollouts: int,
+           max_rollouts: int) -> list[Fix]:
+    if not 0 < alpha < 1:
+        raise InvalidInput(f"alpha={alpha!r} is outside (0, 1)", hint="use e.g. alpha=0.05")
+    check_rollouts(rollouts, 2, max_rollouts, "max_rollouts=")
+    if not (from_step == "locus" or (isinstance(from_step, int)
+                                     and not isinstance(from_step, bool) and from_step >= 0)):
+        raise InvalidInput(f"from_step={from_step!r}: branch from each run's locus or a step",
+                           hint='pass from_step="locus" (the default) or from_step=0')
+    if isinstance(candidates, (Fix, str)) or callable(candidates):
+        candidates = [candidates]
+    fixes = [as_fix(c) for c in candidates]
+    if not fixes:
+        raise InvalidInput("no fix to test", hint="pass candidates=[car.Fix.instruction(...)]")
+    labels = [f.label for f in fixes]
+    twice = [x for x in labels if labels.count(x) > 1]
+    if twice:
+        raise InvalidInput(f"two fixes are labelled {twice[0]!r}",
+                           hint="give each fix its own label=")
+    return fixes
+
+
+def _branch_step(fix: Fix, from_step: int | str, locus: int | None) -> int | None:
+    if fix.every_step:
+        return 0
+    return locus if from_step == "locus" else int(from_step)
+
+
+def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLike,
+                   candidates: Iterable[Any] | Fix, store: RunStore | None = None,
+                   triage: TriageResult | str | None = None,
+                   from_step: int | str = "locus",
+                   rollouts: int = defaults.POPULATION_FIX_ROLLOUTS,
+                   alpha: float = defaults.ALPHA, seed: int = 0,
+                   budget: Budget | int | None = None,
+                   locate_rollouts: int = defaults.ROLLOUTS, fix_id: str | None = None,
+                   executor: ExecutorLike = None, progress: FixProgress | None = None,
+                   force_agent: bool = False,
+                   max_rollouts: int = defaults.MAX_ROLLOUTS) -> PopulationFix:
+    """Test each of ``candidates`` (``car.Fix`` values) on every run of ``runs`` (trajectories,
+    or run ids in ``store``) with ``rollouts`` pairs per run and fix; see the module docstring
+    for the branching, the intervals and the budget. ``triage``: a ``car.triage``
+    result (or its id in ``store``) whose loci to use; runs it left without one are untested
+    for the fixes that need a locus. Without it, loci come from each run's stored contrastive
+    attribution, else from attributing the run now (``locate_rollouts`` per step, stored as a
+    triage when a store is given). ``progress(done, total, run_id)`` after each run."""
+    fixes = _check(candidates, from_step, alpha, rollouts, max_rollouts)
+    total = as_budget(budget, "budget")
+    population = _load_all(runs, store)
+    n_runs, n_fix = len(population), len(fixes)
+    level = 1 - alpha / n_fix
+    check_level(level)
+    run_alpha = alpha / (n_runs * n_fix)
+    fid = fix_id or (uuid.uuid4().hex[:16] if store is not None else None)
+    params: dict[str, Any] = {
+        "candidates": [f.to_dict() for f in fixes], "rollouts": rollouts, "alpha": alpha,
+        "seed": seed, "from_step": from_step, "agent": agent.name,
+        "budget": total.to_dict() if total else None, "locate_rollouts": locate_rollouts,
+        "runs": [r.id for r in population]}
+    done: dict[str, dict[str, Any]] = {}
+    if store is not None and fid is not None:
+        from car_core.store.fixes import begin_fix
+        done = begin_fix(store, fid, params)
+    started, spent = time.monotonic(), _Spent()
+    loci, why = _loci(population, fixes, from_step, done, triage, store, agent, outcome,
+                      locate_rollouts, alpha, seed, total, executor, force_agent, fid, spent)
+    locate_spent = spent.rollouts
+    records: dict[str, dict[str, Any]] = {}
+    note: str | None = None
+    for i, run in enumerate(population):
+        if run.id in done:
+            records[run.id] = {**done[run.id], "reused": True}
+        elif note is None:
+            steps = {f.label: _branch_step(f, from_step, loci.get(run.id)) for f in fixes}
+            left, note = _left(total, spent, started)
+            if note is None:
+                rec = _one(run, agent, outcome, fixes, steps, rollouts, run_seed(seed, run.id),
+                           left, executor, force_agent, why.get(run.id))
+                if rec.get("tripped"):
+                    note = str(rec["tripped"])
+                else:
+                    records[run.id] = rec
+                    if store is not None and fid is not None and rec.get("measured"):
+                        from car_core.store.fixes import save_fix_run
+                        save_fix_run(store, fid, rec)
+                spent.rollouts += int(rec.get("rollouts", 0))
+                spent.tokens += int(rec.get("tokens", 0))
+                spent.cost += float(rec.get("cost", 0.0))
+        if progress is not None:
+            progress(i + 1, n_runs, run.id)
+    estimates = tuple(_estimate(f, population, records, from_step, level, run_alpha, note)
+                      for f in fixes)
+    cost = FixCost(rollouts=sum(int(r.get("rollouts", 0)) for r in records.values()),
+                   steps_live=sum(int(r.get("steps_live", 0)) for r in records.values()),
+                   steps_rerun=sum(int(r.get("steps_rerun", 0)) for r in records.values()),
+                   locate_rollouts=locate_spent)
+    result = PopulationFix(fix_id=fid, runs_total=n_runs, candidates=estimates,
+                           alpha=float(alpha), level=level, interval=INTERVAL,
+                           run_test=RUN_TEST, rollouts_used=spent.rollouts, cost=cost,
+                           truncated=note is not None, budget_note=note, params=params)
+    if store is not None and fid is not None:
+        from car_core.store.fixes import finish_fix
+        finish_fix(store, fid, result, params)
+    return result
+
+
+def _loci(population: Sequence[Trajectory], fixes: Sequence[Fix], from_step: int | str,
+          done: dict[str, Any], given: TriageResult | str | None, store: RunStore | None,
+          agent: Agent, outcome: OutcomeLike, rollouts: int, alpha: float, seed: int,
+          total: Budget | None, executor: ExecutorLike, force_agent: bool, fid: str | None,
+          spent: _Spent) -> tuple[dict[str, int], dict[str, str]]:
+    """Each run's locus where a fix needs one, and why a run has none."""
+    if from_step != "locus" or all(f.every_step for f in fixes):
+        return {}, {}
+    wanted = [r for r in population if r.id not in done]
+    loci: dict[str, int] = {}
+    why: dict[str, str] = {}
+    if given is not None:
+        tri = _triage_of(given, store)
+        rows = {row.run_id: row for row in tri.per_run}
+        for r in wanted:
+            row = rows.get(r.id)
+            if row is not None and row.locus is not None:
+                loci[r.id] = row.locus
+            else:
+                why[r.id] = (f"the triage has no locus for it ({row.answer}"
+                             + (f": {row.reason})" if row.reason else ")") if row is not None
+                             else "the triage did not include it")
+        return loci, why
+    if store is not None:
+        for r in wanted:
+            k = _stored_locus(store, r.id)
+            if k is not None:
+                loci[r.id] = k
+    missing = [r for r in wanted if r.id not in loci]
+    if missing:
+        tri = attribute_all(missing, agent, outcome=outcome, rollouts=rollouts, alpha=alpha,
+                            seed=seed, budget=total, store=store,
+                            triage_id=f"{fid}-loci" if store is not None else None,
+                            executor=executor, force_agent=force_agent)
+        spent.rollouts += tri.rollouts_used
+        spent.tokens += tri.tokens
+        spent.cost += tri.cost
+        for row in tri.per_run:
+            if row.locus is not None:
+                loci[row.run_id] = row.locus
+            else:
+                why[row.run_id] = f"its attribution found no locus ({row.answer}" + (
+                    f": {row.reason})" if row.reason else ")")
+    return loci, why
+
+
+def _triage_of(given: TriageResult | str, store: RunStore | None) -> TriageResult:
+    if isinstance(given, TriageResult):
+        return given
+    if isinstance(given, str) and store is not None:
+        from car_core.store.triages import load_triage
+        return load_triage(store, given)
+    raise InvalidInput(f"triage={given!r} is neither a triage result nor a triage id "
+                       "with a store", hint="pass car.triage(...)'s result, or its id and store=")
+
+
+def _stored_locus(store: RunStore, run_id: str) -> int | None:
+    """The locus of the run's latest finished contrastive attribution, if it found one."""
+    for a in reversed(store.attributions(run_id)):
+        res = a.result
+        if isinstance(res, ContrastiveResult) and res.locus is not None:
+            return int(res.locus)
+    return None
+
+
+def _one(run: Trajectory, agent: Agent, outcome: OutcomeLike, fixes: Sequence[Fix],
+         steps: dict[str, int | None], k: int, seed: int, left: Budget | None,
+         executor: ExecutorLike, force_agent: bool, no_locus: str | None) -> dict[str, Any]:
+    """One run: every fix's arm and one arm without a fix per step branched from, ``k``
+    rollouts each. Returns what it measured (arm -> outcome per rollout, None where a branch
+    errored) and what it cost, or the reason it was not tested."""
+    rec: dict[str, Any] = {"run_id": run.id, "steps": {}, "reasons": {}, "values": {}}
+    arms: dict[str, list[Any]] = {}
+    for f in fixes:
+        step = steps[f.label]
+        if step is None:
+            rec["reasons"][f.label] = no_locus or "no locus to branch from"
+            continue
+        if step >= len(run.steps):
+            rec["reasons"][f.label] = f"the run has {len(run.steps)} steps, none at {step}"
+            continue
+        try:
+            arms[f.label] = list(f.at(run, step).interventions)
+        except (InvalidInput, InvalidIntervention) as exc:
+            rec["reasons"][f.label] = f"the fix does not apply: {exc}"
+            continue
+        rec["steps"][f.label] = step
+        arms.setdefault(f"{WITHOUT}@{step}", [do_context(step, keep_all, label=WITHOUT)])
+    if not rec["steps"]:
+        return rec
+    need = len(arms) * k
+    if left is not None and left.rollouts is not None and left.rollouts < need:
+        return {**rec, "tripped": f"the total rollout budget cannot pay for run {run.id}'s "
+                                  f"{need} rollouts"}
+    names = sorted(arms)
+    try:
+        b = _FixArms(run, agent, outcome, step=min(rec["steps"].values()), seed=seed,
+                     budget=capped(left, need), executor=executor, force_agent=force_agent)
+        got = b.run_arms([(a, r, arms[a]) for r in range(k) for a in names])
+        b.finish()
+    except RUN_ERRORS as exc:
+        for label in rec["steps"]:
+            rec["reasons"][label] = f"not tested: {exc}"
+        rec["steps"] = {}
+        return rec
+    meter = b.meter
+    used = {"rollouts": meter.rollouts, "tokens": meter.tokens, "cost": meter.cost}
+    if meter.tripped:
+        return {**rec, **used, "tripped": meter.tripped}
+    kept = [v for v in got.values() if isinstance(v, _Kept)]
+    return {**rec, **used, "measured": True,
+            "values": {a: [_value(got.get((a, r))) for r in range(k)] for a in names},
+            "steps_live": sum(v.live for v in kept), "steps_rerun": sum(v.length for v in kept)}
+
+
+def _value(b: Branch | None) -> float | None:
+    return None if b is None else float(b.value)
+
+
+def _estimate(fix: Fix, population: Sequence[Trajectory], records: dict[str, dict[str, Any]],
+              from_step: int | str, level: float, run_alpha: float, note: str | None
+              ) -> FixEstimate:
+    rows: list[FixRun] = []
+    diffs: list[list[float]] = []
+    for run in population:
+        rec = records.get(run.id)
+        if rec is None:
+            rows.append(FixRun(run.id, reason=f"not tested: {note or 'the budget ran out'}"))
+            continue
+        step = rec.get("steps", {}).get(fix.label)
+        if step is None:
+            rows.append(FixRun(run.id, reason=rec.get("reasons", {}).get(fix.label)
+                               or "not tested", reused=bool(rec.get("reused"))))
+            continue
+        base = rec["values"][f"{WITHOUT}@{step}"]
+        mine = rec["values"][fix.label]
+        pairs = [(x, y) for x, y in zip(base, mine, strict=True)
+                 if x is not None and y is not None]
+        if not pairs:
+            rows.append(FixRun(run.id, step, reason="every branch errored",
+                               reused=bool(rec.get("reused"))))
+            continue
+        d = [x - y for x, y in pairs]
+        n = len(d)
+        p0, p1 = sum(x for x, _ in pairs) / n, sum(y for _, y in pairs) / n
+        diffs.append(d)
+        rows.append(FixRun(run.id, step, n, p0, p1, p0 - p1,
+                           bool(positive_by_end(d, run_alpha)), reused=bool(rec.get("reused"))))
+    tested = [r for r in rows if r.n]
+    est, ci = pooled_mean(diffs, level) if diffs else (None, None)
+    return FixEstimate(
+        label=fix.label, kind=fix.kind,
+        from_step="0" if fix.every_step else str(from_step),
+        rescue=est, rescue_ci=ci,
+        rescued=tuple(r.run_id for r in rows if r.rescued),
+        not_rescued=tuple(r.run_id for r in rows if not r.rescued),
+        untested=tuple(r.run_id for r in rows if not r.n), runs_tested=len(tested),
+        p_fail_without=(sum(r.p_fail_without or 0.0 for r in tested) / len(tested)
+                        if tested else None),
+        p_fail_with=(sum(r.p_fail_with or 0.0 for r in tested) / len(tested)
+                     if tested else None),
+        per_run=tuple(rows))
+
+
+__all__ = ["WITHOUT", "fix_population", "run_seed"]
