@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from car_core.errors import InvalidInput
 from car_core.model.json_fields import Codec, Row, dump_fields, load_fields, nested
 from car_core.stats import Interval
 
@@ -104,13 +105,15 @@ class FixEstimate:
 class FixCost:
     """What the branches cost: ``rollouts`` (every branch the result rests on, read back ones
     included), ``steps_live`` (steps decided on them: model calls), ``steps_rerun`` (the steps
-    the same rollouts would decide re-run from the start: every step of each branch) and
-    ``locate_rollouts`` (the attributions this call ran to find loci)."""
+    the same rollouts would decide re-run from the start: every step of each branch),
+    ``tokens`` (the model usage their live steps reported) and ``locate_rollouts`` (the
+    attributions this call ran to find loci)."""
 
     rollouts: int = 0
     steps_live: int = 0
     steps_rerun: int = 0
     locate_rollouts: int = 0
+    tokens: int = 0
 
     @property
     def ratio(self) -> float | None:
@@ -159,7 +162,6 @@ class PopulationFix:
         for c in self.candidates:
             if c.label == label:
                 return c
-        from car_core.errors import InvalidInput
         raise InvalidInput(f"no fix labelled {label!r} was tried",
                            hint=f"one of {[c.label for c in self.candidates]}")
 

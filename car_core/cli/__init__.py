@@ -9,7 +9,7 @@ lists them."""
 
 from __future__ import annotations
 
-from car_core.cli import browse, context, demo, intervene, kit, triage
+from car_core.cli import browse, context, demo, fix_population, intervene, kit, triage
 from car_core.cli.app import app, err, main, out
 from car_core.cli.attribute import ExecutorName, _executor, attribute
 from car_core.cli.attribute import print_result as _print_result
@@ -26,6 +26,7 @@ app.command()(demo.demo)
 app.command("what")(context.what)
 app.command("fix")(context.fix)
 context.export_app.command("triage")(triage.export_triage)
+context.export_app.command("fix")(fix_population.export_fix)
 app.add_typer(context.export_app)
 
 # The command's entry point and what the tests reach for under this package's name.

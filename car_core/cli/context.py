@@ -25,6 +25,7 @@ from car_core.cli.app import (
     out,
     print_json,
 )
+from car_core.cli.fix_population import fix_many
 from car_core.errors import InvalidInput
 from car_core.estimators.context import context_attribution
 from car_core.estimators.pairs import export_pairs
@@ -160,18 +161,77 @@ def _rank(run: Trajectory, k: int, agent: Any, outcome: Any, *, candidates: str 
 
 
 @errors
-def fix(run_id: Annotated[str, typer.Argument(help="Run id.")], agent: AgentOpt,
-        outcome: OutcomeOpt = None, step: StepOpt = None, candidates: CandidatesOpt = None,
-        instruction: InstructionOpt = None, guard: GuardOpt = None,
-        rollouts: RolloutsOpt = defaults.REPAIR_ROLLOUTS, alpha: AlphaOpt = defaults.ALPHA,
+def fix(agent: AgentOpt, run_ids: Annotated[list[str] | None, typer.Argument(
+            metavar="RUN_ID", show_default=False,
+            help="Run id; with --runs, the runs of the population.")] = None,
+        outcome: OutcomeOpt = None, step: StepOpt = None,
+        candidates: CandidatesOpt = None, instruction: InstructionOpt = None,
+        guard: GuardOpt = None,
+        rollouts: Annotated[int, typer.Option(
+            "--rollouts", help="Rollouts per candidate at most (one run); pairs per run and "
+                               "fix (a population).")] = defaults.REPAIR_ROLLOUTS,
+        alpha: AlphaOpt = defaults.ALPHA,
         seed: SeedOpt = 0, force_agent: ForceAgentOpt = False,
         pairs: Annotated[Path | None, typer.Option(
             "--pairs", help="Also write the validated repairs as car.pair/1 JSON lines.")] = None,
-        report: ReportOpt = None, store: StoreOpt = "car.db", json_out: JsonOpt = False) -> None:
+        report: ReportOpt = None,
+        failed: Annotated[bool, typer.Option(
+            "--failed", help="Test the fixes on every failed run in the store.")] = False,
+        runs: Annotated[bool, typer.Option(
+            "--runs", help="Test the fixes on the runs named (RUN_ID...).")] = False,
+        system: Annotated[list[str] | None, typer.Option(
+            "--system", help="Population: a system-prompt line in effect from step 0 "
+                             "(repeatable).")] = None,
+        policy: Annotated[list[str] | None, typer.Option(
+            "--policy", metavar="MODULE:FACTORY",
+            help="Population: another model or policy, FACTORY() deciding from step 0 "
+                 "(repeatable).")] = None,
+        from_step: Annotated[str, typer.Option(
+            "--from-step", help="Population: branch each run from its locus, or from this "
+                                "step.")] = "locus",
+        triage: Annotated[str | None, typer.Option(
+            "--triage", metavar="TRIAGE_ID",
+            help="Population: take the loci from this stored triage (default: each run's "
+                 "latest attribution, else attribute it).")] = None,
+        budget: Annotated[int | None, typer.Option(
+            "--budget", min=1, help="Population: total rollouts (finding loci included).")
+        ] = None,
+        resume: Annotated[str | None, typer.Option(
+            "--resume", metavar="FIX_ID",
+            help="Population: continue a fix; runs measured are read back, not re-run.")
+        ] = None,
+        store: StoreOpt = "car.db", json_out: JsonOpt = False) -> None:
     """Rank candidate repairs at the step by P(failure) with simultaneous intervals. Without
-    candidates, the sources `car what` names are removed, one by one."""
+    candidates, the sources `car what` names are removed, one by one. With --failed or --runs:
+    test each fix on a population, every run branched from its locus (from step 0 for
+    --system and --policy) with and without it: the pooled rescue with an interval stratified
+    by run, the runs it rescues and those it does not, and the cost against re-running them
+    (`car export fix FIX_ID`). On a population, --instruction is added at each run's locus,
+    --guard JSON replaces the tool result the locus saw, and --candidates names car.Fix
+    values (or a function returning them)."""
     check_seed(seed)
-    run, k = _load(run_id, store, step)
+    ids = run_ids or []
+    if failed or runs or resume is not None:
+        if failed and ids:
+            raise InvalidInput("--failed takes every failed run; it takes no RUN_ID",
+                               hint="drop the run ids, or use --runs RUN_ID...")
+        if step is not None or pairs is not None or report is not None:
+            raise InvalidInput("--step, --pairs and --report are for one run",
+                               hint="drop them on a population (each run uses its locus)")
+        fix_many(ids, failed=failed, agent=agent, outcome=outcome,
+                 instructions=instruction or [], systems=system or [], guards=guard or [],
+                 policies=policy or [], candidates=candidates, rollouts=rollouts, alpha=alpha,
+                 seed=seed, from_step=from_step, triage_id=triage, budget=budget,
+                 resume=resume, force_agent=force_agent, store=store, json_out=json_out)
+        return
+    if len(ids) != 1:
+        raise InvalidInput(f"car fix takes one RUN_ID, got {len(ids)}",
+                           hint="name one run, or test a fix on many: --runs RUN_ID... or "
+                                "--failed")
+    if system or policy or triage or budget is not None or from_step != "locus":
+        raise InvalidInput("--system, --policy, --triage, --budget and --from-step are for a "
+                           "population", hint="add --runs (these runs) or --failed")
+    run, k = _load(ids[0], store, step)
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
     what, ranking = _rank(run, k, the_agent, the_outcome, candidates=candidates,
                           instructions=instruction or [], guards=guard or [],

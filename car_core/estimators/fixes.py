@@ -18,6 +18,7 @@ from typing import Any
 
 from car_core.errors import InvalidInput
 from car_core.estimators.repairs import Candidate, add_instruction, as_candidate
+from car_core.estimators.triage import tool_of
 from car_core.model.interventions import (
     Intervention,
     do_action,
@@ -106,7 +107,6 @@ class Fix:
 
 
 def _last_result(run: Trajectory, k: int, tool: str | None) -> int:
-    from car_core.estimators.triage import tool_of
     for j in range(k - 1, -1, -1):
         s = run.steps[j]
         if s.observed and (tool is None or tool_of(s.action) == tool):

@@ -185,7 +185,8 @@ def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: O
     cost = FixCost(rollouts=sum(int(r.get("rollouts", 0)) for r in records.values()),
                    steps_live=sum(int(r.get("steps_live", 0)) for r in records.values()),
                    steps_rerun=sum(int(r.get("steps_rerun", 0)) for r in records.values()),
-                   locate_rollouts=locate_spent)
+                   locate_rollouts=locate_spent,
+                   tokens=sum(int(r.get("tokens", 0)) for r in records.values()))
     result = PopulationFix(fix_id=fid, runs_total=n_runs, candidates=estimates,
                            alpha=float(alpha), level=level, interval=INTERVAL,
                            run_test=RUN_TEST, rollouts_used=spent.rollouts, cost=cost,

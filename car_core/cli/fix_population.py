@@ -1,0 +1,189 @@
+"""``car fix --failed | --runs ID...``: whether fixes rescue a population of failed runs
+(``car.fix_population``), and ``car export fix``: a stored population fix as JSON or CSV.
+``car fix RUN_ID`` (one run's repairs ranked) stays in ``car_core.cli.context``, which hands
+the population forms to ``fix_many``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from car_core.cli import kit
+from car_core.cli.app import STDOUT, StoreOpt, err, errors, out, print_json
+from car_core.errors import AgentError, CarError, InvalidInput
+from car_core.estimators.fixes import Fix, as_fix
+from car_core.estimators.population_fix import fix_population
+from car_core.fix_results import PopulationFix
+from car_core.store import RunStore
+from car_core.store.fixes import load_fix
+from car_core.store.triages import select_runs
+
+
+class Format(StrEnum):
+    json = "json"
+    csv = "csv"
+
+
+def _guard(spec: str) -> Fix:
+    try:
+        value = json.loads(spec)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"--guard {spec!r} is not JSON (on a population, --guard takes the "
+                           "tool result that replaces the one the locus saw, without J:)",
+                           hint='quote strings: --guard \'"no refund"\'') from exc
+    return Fix.guard(value)
+
+
+def _policy(spec: str) -> Fix:
+    factory = kit.load_object(spec, "policy")
+    if not callable(factory):
+        raise InvalidInput(f"--policy {spec!r} is not callable",
+                           hint="point --policy at a function that returns the policy")
+    try:
+        made = factory()
+    except CarError:
+        raise
+    except Exception as exc:
+        raise AgentError(f"--policy {spec} raised {exc!r} while building the policy",
+                         hint="fix the factory; car calls it with no arguments") from exc
+    return Fix.policy(made, label=f"use policy {spec}")
+
+
+def _fixes(instructions: list[str], systems: list[str], guards: list[str],
+           policies: list[str], candidates: str | None) -> list[Fix]:
+    fixes = [Fix.instruction(t) for t in instructions]
+    fixes += [Fix.instruction(t, every_step=True) for t in systems]
+    fixes += [_guard(g) for g in guards]
+    fixes += [_policy(p) for p in policies]
+    if candidates:
+        made = kit.load_object(candidates, "candidates")
+        if callable(made) and not isinstance(made, Fix):
+            made = made()
+        fixes += [as_fix(f) for f in (made if isinstance(made, (list, tuple)) else [made])]
+    if not fixes:
+        raise InvalidInput("no fix to test on the population",
+                           hint="pass --instruction, --system, --guard, --policy or --candidates")
+    return fixes
+
+
+def _from(text: str) -> int | str:
+    if text == "locus":
+        return text
+    if text.isdigit():
+        return int(text)
+    raise InvalidInput(f"--from-step {text!r}: branch from each run's locus or a step",
+                       hint="--from-step locus (the default) or --from-step 0")
+
+
+def fix_many(run_ids: list[str], *, failed: bool, agent: Any, outcome: Any,
+             instructions: list[str], systems: list[str], guards: list[str],
+             policies: list[str], candidates: str | None, rollouts: int, alpha: float,
+             seed: int, from_step: str, triage_id: str | None, budget: int | None,
+             resume: str | None, force_agent: bool, store: str, json_out: bool) -> None:
+    """The population forms of ``car fix`` (see the module docstring)."""
+    fixes = _fixes(instructions, systems, guards, policies, candidates)
+    start = _from(from_step)
+    reader = kit.existing_store(store)  # read-only first: a damaged store is refused untouched
+    try:
+        if resume is not None and not run_ids and not failed:
+            stored = reader.attribution(resume).params.get("runs")
+            ids = [str(i) for i in stored] if isinstance(stored, list) else []
+        else:
+            ids = select_runs(reader, ids=run_ids or None,
+                              outcome="failed" if failed else "any")
+    finally:
+        reader.close()
+    if not ids:
+        raise InvalidInput("no failed run in the store: nothing to fix",
+                           hint="list the stored runs with `car runs`")
+    the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
+    shown = sys.stderr.isatty()
+    db = RunStore(store)
+    try:
+        result = fix_population(ids, the_agent, outcome=the_outcome, candidates=fixes,
+                                store=db, triage=triage_id, from_step=start,
+                                rollouts=rollouts, alpha=alpha, seed=seed, budget=budget,
+                                fix_id=resume, force_agent=force_agent,
+                                progress=_progress if shown else None)
+    finally:
+        db.close()
+    if json_out:
+        print_json(result.to_dict())
+    else:
+        print_fix(result, store)
+    if result.truncated:
+        err.print(Text(kit.safe(f"the total budget ran out ({result.budget_note}); to "
+                                f"continue: the same command with --resume {result.fix_id} "
+                                "and a larger budget")), soft_wrap=True)
+        raise typer.Exit(kit.BUDGET)
+    if not any(c.shown for c in result.candidates):
+        raise typer.Exit(kit.NOTHING)
+
+
+def _progress(done: int, total: int, run_id: str) -> None:
+    err.print(Text(kit.safe(f"[{done}/{total}] run {run_id}")), soft_wrap=True)
+
+
+def print_fix(r: PopulationFix, store: str) -> None:
+    """The answer first, then one row per fix, the cost, and where the runs are listed."""
+    out.print(Text(kit.safe(r.summary()), style="bold"))
+    t = Table(title_justify="left")
+    for col in ("fix", "from", "rescue", f"interval ({100 * (1 - r.alpha):.0f}% jointly)",
+                "runs rescued", "not rescued", "untested"):
+        t.add_column(col, justify="left" if col in ("fix", "from") else "right")
+    for c in r.candidates:
+        ci = c.rescue_ci
+        t.add_row(kit.cell(c.label), c.from_step,
+                  "—" if c.rescue is None else f"{100 * c.rescue:.0f}%",
+                  "—" if ci is None else f"{100 * ci[0]:.0f}% to {100 * ci[1]:.0f}%",
+                  str(len(c.rescued)), str(len(c.not_rescued)), str(len(c.untested)))
+    out.print(t)
+    cost = r.cost
+    if cost.ratio is not None:
+        out.print(Text(f"{cost.rollouts} rollouts deciding {cost.steps_live} steps; re-running "
+                       f"them from the start would decide {cost.steps_rerun} "
+                       f"({cost.ratio:.2f}×)"
+                       + (f"; {cost.locate_rollouts} rollouts found the loci"
+                          if cost.locate_rollouts else "")))
+    out.print(Text(f"{r.runs_total} run(s) · {r.rollouts_used} rollouts spent now · "
+                   f"fix {r.fix_id}"))
+    out.print(Text(kit.safe(f"the runs each fix rescues: car export fix {r.fix_id} "
+                            f"--store {store}, or --json"), style="dim"))
+
+
+@errors
+def export_fix(
+        fix_id: Annotated[str, typer.Argument(help="The population fix's id "
+                                                   "(`car attributions`).")],
+        out_path: Annotated[Path | None, typer.Option(
+            "--out", help="File to write (default: standard output).")] = None,
+        fmt: Annotated[Format | None, typer.Option(
+            "--format", help="json or csv (default: from --out's suffix, else json).")
+        ] = None,
+        store: StoreOpt = "car.db") -> None:
+    """Write a stored population fix: JSON (`car fix --json`'s) or CSV (one row per fix and
+    run)."""
+    db = kit.existing_store(store)
+    try:
+        result = load_fix(db, fix_id)
+    finally:
+        db.close()
+    chosen = fmt or (Format.csv if out_path is not None and out_path.suffix.lower() == ".csv"
+                     else Format.json)
+    text = result.to_csv() if chosen is Format.csv else result.to_json(indent=2) + "\n"
+    if out_path is None:
+        STDOUT.write(text)
+        return
+    try:
+        out_path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInput(f"cannot write {out_path}: {exc.strerror}",
+                           hint="pass --out a writable file") from None
+    out.print(Text(kit.safe(f"wrote population fix {fix_id} ({chosen.value}) to {out_path}")))

@@ -1,0 +1,108 @@
+"""``car fix --runs ID... | --failed`` and ``car export fix``, run as a user runs them, on the
+planted two-mode population (``TwoModeDesk``, see ``tests/test_population_fix.py`` for the
+planted rescues): the JSON contract, the answer first in plain words, storage, resume, and
+``car fix RUN_ID`` refusing the population-only options.
+
+Tolerances: a late run's pairs under the instruction are all zero under shared noise, so it
+is never listed as rescued whatever K; the pooled interval is checked against the planted
+value through its own coverage (≥ 95%).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import car_core as car
+from car_core.fix_results import CSV_COLUMNS
+from car_core.store import RunStore
+from car_core.testing.synthetic_population import TwoModeDesk
+
+DESK = TwoModeDesk()
+AGENT = "car_core.testing.synthetic_population:TwoModeDesk"
+POLICY = "car_core.testing.synthetic_population:careful_policy"
+CONTRACT = {"rescue", "rescue_ci", "rescued", "not_rescued"}
+
+
+def car_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "120", "PYTHONPATH": str(Path(__file__).parents[1])}
+    return subprocess.run([sys.executable, "-m", "car_core.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[car.Trajectory]]:
+    cwd = tmp_path_factory.mktemp("fix")
+    runs = DESK.population(3, 2, seed=0)
+    with RunStore(cwd / "car.db") as store:
+        for r in runs:
+            store.save(r)
+    return cwd, runs
+
+
+def test_fix_runs_json_keeps_the_contract_and_lists_every_run(folder):
+    cwd, runs = folder
+    late = {r.id for r in runs if r.context["mode"] == "late"}
+    proc = car_cli("fix", "--runs", *(r.id for r in runs), "--agent", AGENT, "--instruction",
+                   DESK.fix, "--policy", POLICY, "--rollouts", "16", "--json", cwd=cwd)
+    assert proc.returncode in (0, 1), proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["method"] == "population-fix" and data["runs_total"] == len(runs)
+    assert len(data["candidates"]) == 2
+    for c in data["candidates"]:
+        assert CONTRACT <= c.keys()
+        assert sorted(c["rescued"] + c["not_rescued"]) == sorted(r.id for r in runs)
+        assert c["rescue_ci"][0] <= c["rescue"] <= c["rescue_ci"][1]
+    instruction = data["candidates"][0]
+    assert instruction["from_step"] == "locus" and set(instruction["not_rescued"]) >= late
+    assert data["candidates"][1]["from_step"] == "0"
+    # the loci were found by attributing the runs; the fix and that triage are listed
+    listed = json.loads(car_cli("attributions", "--json", cwd=cwd).stdout)
+    methods = {a["id"]: a["method"] for a in listed}
+    assert methods[data["fix_id"]] == "population-fix"
+    assert methods[f"{data['fix_id']}-loci"] == "triage"
+    exported = car_cli("export", "fix", data["fix_id"], "--format", "csv", cwd=cwd)
+    assert exported.returncode == 0, exported.stderr
+    lines = exported.stdout.splitlines()
+    assert lines[0] == ",".join(CSV_COLUMNS) and len(lines) == 1 + 2 * len(runs)
+    as_json = json.loads(car_cli("export", "fix", data["fix_id"], cwd=cwd).stdout)
+    assert as_json["candidates"] == data["candidates"]
+    # resumed: every run is read back, nothing is spent
+    again = car_cli("fix", "--resume", data["fix_id"], "--agent", AGENT, "--instruction",
+                    DESK.fix, "--policy", POLICY, "--rollouts", "16", "--json", cwd=cwd)
+    assert again.returncode == proc.returncode, again.stderr
+    second = json.loads(again.stdout)
+    assert second["rollouts_used"] == 0
+    assert all(r["reused"] for c in second["candidates"] for r in c["per_run"])
+
+
+def test_fix_failed_says_the_answer_first_in_plain_words(folder):
+    cwd, runs = folder
+    proc = car_cli("fix", "--failed", "--agent", AGENT, "--system", DESK.fix, "--rollouts",
+                   "32", cwd=cwd)
+    assert proc.returncode in (0, 1), proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith(f"The fix 'system prompt: {DESK.fix}'")
+    assert f"of the {len(runs)} failed runs" in first
+    assert "fix " in proc.stdout and "car export fix" in proc.stdout
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (("A", "B"), "takes one RUN_ID"),
+    (("--failed", "A"), "takes no RUN_ID"),
+    (("A", "--system", "x"), "are for a population"),
+    (("--failed", "--step", "1", "--instruction", "x"), "are for one run"),
+    (("--failed",), "no fix to test"),
+    (("--failed", "--guard", "2:x"), "is not JSON"),
+    (("--failed", "--instruction", "x", "--from-step", "middle"), "--from-step"),
+])
+def test_bad_population_input_exits_2_with_a_hint(folder, args, words):
+    cwd, _ = folder
+    proc = car_cli("fix", *args, "--agent", AGENT, cwd=cwd)
+    assert proc.returncode == 2, proc.stderr
+    assert words in proc.stderr
