@@ -196,9 +196,11 @@ class PopulationFix:
         return load_fields(cls, data, _RESULT, float(data["level"]))  # type: ignore[no-any-return]
 
     def __str__(self) -> str:
-        lines = [self.summary()]
+        lines = [self.summary()]  # the most rescuing fix; then each other fix, likewise
         for c in self.candidates:
-            lines.append("  " + sentence(c, self.runs_total))
+            line = sentence(c, self.runs_total)
+            if line != lines[0]:
+                lines.append("  " + line)
         cost = self.cost
         if cost.ratio is not None:
             lines.append(f"  cost: {cost.rollouts} rollouts deciding {cost.steps_live} steps; "

@@ -30,6 +30,7 @@ from car_core.store import RunStore
 from car_core.store.fixes import load_fix
 from car_core.store.triages import POPULATION
 from car_core.testing.synthetic_population import TwoModeDesk
+from car_core.triage_results import TriageResult
 
 DESK = TwoModeDesk()
 N_EARLY, N_LATE = 14, 10
@@ -42,7 +43,7 @@ def population() -> list[car.Trajectory]:
 
 
 @pytest.fixture(scope="module")
-def triaged(population: list[car.Trajectory]) -> car.triage:  # type: ignore[valid-type]
+def triaged(population: list[car.Trajectory]) -> TriageResult:
     return car.triage(population, DESK.agent(), outcome=DESK.outcome, rollouts=16)
 
 
@@ -204,6 +205,22 @@ def test_stored_resumable_listed_and_exported(population, triaged, tmp_path):
                                rollouts=16, store=store, fix_id="f1")
     lines = third.to_csv().splitlines()
     assert lines[0] == ",".join(CSV_COLUMNS) and len(lines) == 1 + len(runs)
+
+
+def test_loci_from_a_stored_triage_by_its_id(population, tmp_path):
+    runs = population[:2] + population[-2:]
+    with RunStore(tmp_path / "car.db") as store:
+        tri = car.triage(runs[:3], DESK.agent(), outcome=DESK.outcome, rollouts=16,
+                         store=store, triage_id="t1")
+        res = car.fix_population(runs, DESK.agent(), outcome=DESK.outcome, triage="t1",
+                                 store=store, candidates=[car.Fix.instruction(DESK.fix)],
+                                 rollouts=8)
+    rows = {r.run_id: r for r in res.candidates[0].per_run}
+    assert res.cost.locate_rollouts == 0
+    assert all(rows[r.run_id].step == r.locus for r in tri.per_run)
+    # the run the triage did not include is untested, and says so
+    assert rows[runs[3].id].n == 0 and "did not include it" in (rows[runs[3].id].reason or "")
+    assert runs[3].id in res.candidates[0].not_rescued
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
