@@ -28,7 +28,6 @@ from car_core.report.triage_page import render_triage, triage_row
 from car_core.report.verdicts import _answer, shapley_leaders
 from car_core.secrets.redact import redact, redact_json
 from car_core.store import Attribution, RunStore
-from car_core.store.triages import POPULATION
 from car_core.triage_results import TRIAGE_METHOD
 
 
@@ -169,7 +168,7 @@ def _triage_pages(db: RunStore, rows: Sequence[Attribution], run_href: Mapping[s
                   folder: Path, damaged: list[str]) -> list[dict[str, Any]]:
     """A page per stored triage (into ``pages``) and its row on the index, newest first; a
     triage without a result yet is listed without a page, a damaged one named."""
-    from car_core.store.triages import load_triage
+    from car_core.store.triages import load_triage  # the CLI loads it only for a triage
     listed: list[dict[str, Any]] = []
     for a in rows:
         when, ts = _when(a.created_at), a.created_at or 0.0
@@ -238,7 +237,7 @@ def write_index(db: RunStore, out: Path, store: str) -> IndexWritten:
                      "failed": run.failed, "attributions": len(own),
                      "latest": attribution_summary(latest) if latest else None})
     rows.sort(key=lambda r: r["ts"], reverse=True)
-    triages = _triage_pages(db, [a for a in by_run.get(POPULATION, [])
+    triages = _triage_pages(db, [a for rows_of in by_run.values() for a in rows_of
                                  if a.method == TRIAGE_METHOD],
                             {str(r["id"]): str(r["href"]) for r in runs},
                             {r["id"]: r["href"] for r in rows if r.get("href")},
