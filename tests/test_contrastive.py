@@ -451,8 +451,9 @@ def test_family_wise_error_by_simulation(model, coupling):
 def test_re_estimate_after_the_stop_is_unbiased_and_the_raw_mean_is_kept():
     """Rescue 0.3 behind a 10% judge (truth 0.24), 8 steps: over 300 seeds the re-estimates
     (fresh pairs pooled with the test's, less the one it stopped on) average within 4 SE of the
-    truth (each from m ≥ 30 pairs with var ≤ 0.3: SE of the average ≤ sqrt(0.3/30/300) ≈
-    0.0058), while the stopped means sit above it."""
+    truth (seed i's from m_i pairs with var ≤ 0.3: SE of the average ≤ sqrt(Σ 0.3/m_i)/N, about
+    0.006 at m_i ≈ 30; the later steps' test leaves the re-estimate a third of what is left, at
+    least 20 pairs here), while the stopped means sit above it."""
     from car_core.estimators.search import search
     model = syn.pivot(n_steps=8, at=5, p_bad=0.7, flip=0.1)
     truth = model.rescue(5)
@@ -464,8 +465,9 @@ def test_re_estimate_after_the_stop_is_unbiased_and_the_raw_mean_is_kept():
             raw.append(d.raw)
             refit.append(d.refit)
             sizes.append(d.refit_pairs)
-    assert len(refit) >= 200 and min(sizes) >= 30
-    assert abs(sum(refit) / len(refit) - truth) <= 4 * math.sqrt(0.3 / 30 / len(refit))
+    assert len(refit) >= 200 and min(sizes) >= 20
+    se = math.sqrt(sum(0.3 / m for m in sizes)) / len(refit)
+    assert abs(sum(refit) / len(refit) - truth) <= 4 * se
     assert sum(raw) / len(raw) > truth + 0.02
 
 

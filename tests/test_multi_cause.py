@@ -134,3 +134,66 @@ def test_a_cause_followed_by_steps_that_change_nothing_rules_them_out():
     claims = _latest_claims(m, 8, 96, "full", 30)
     assert all(named == 2 for named, _, _ in claims)
     assert sum(not open_after for _, open_after, _ in claims) >= 27
+
+
+def _ruled_out_at(m, c, n, seeds, coupling, budget=4000):
+    """How often the later stage alone (from a confirmed step ``c``) rules out each step."""
+    from car_core.estimators.later import check_later
+    counts: dict[int, int] = {}
+    for s in range(seeds):
+        check = check_later(syn.SampledArms(m, s, budget, coupling), c, n, 0.05, reserve=0.0)
+        for k in check.ruled_out:
+            counts[k] = counts.get(k, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("coupling", ["full", "none"])
+def test_a_later_step_at_the_indifference_level_is_ruled_out_rarely(coupling):
+    """Step 6 rescues exactly Δ = 0.1 (H_6 fails w.p. 0.9, H_7 always): the one-arm test
+    (H_6 alone, its failure rate a bound on 1 − rescue) and the pairs together must rule it
+    out with probability ≤ ℓ_out (0.007 after the first confirmation's 0.72α): over 400 seeds
+    the expected count is ≤ 2.8, and P(Bin(400, 0.007) ≥ 10) ≈ 0.0008. The steps after it
+    (rescue 0) are ruled out in every seed that reaches them."""
+    from car_core.estimators.later import levels
+    assert levels(0.05, 8, 1, 3)[0] == pytest.approx(0.007)
+    m = syn.and_pair(8, 3, 6, 0.5, 0.9)
+    assert m.rescue(6) == pytest.approx(0.1)
+    counts = _ruled_out_at(m, 3, 8, 400, coupling)
+    assert counts.get(6, 0) <= 9
+    assert counts.get(7, 0) == 400
+
+
+def test_certain_failure_after_the_cause_is_ruled_out_without_pairs():
+    """No shared noise, failure certain after the cause at step 2: each later step is ruled
+    out on H_j's own rollouts, with no rollout of H_{j+1} (H_8 is never run), in exactly the
+    rollouts the all-fail betting test needs (read off ``below_now``), a look planned to end
+    there; the pair test would need as many pairs and draw H_8 besides."""
+    from car_core.estimators.later import check_later, levels
+    from car_core.stats.sequential import below_now
+    need = next(m for m in range(1, 500)
+                if below_now([0.0] * m, 0.1, levels(0.05, 8, 1, 2)[0]))
+    m = syn.pivot(n_steps=8, at=2, p_bad=0.5)
+    for seed in range(5):
+        src = syn.SampledArms(m, seed, 4000, "none")
+        check = check_later(src, 2, 8, 0.05, reserve=0.0)
+        assert check.ruled_out == (3, 4, 5, 6, 7) and not check.open_steps
+        assert all(s.pairs == 0 and s.rollouts == need for s in check.steps)
+        assert 4000 - src.remaining == 5 * need
+
+
+def test_rollouts_the_search_ran_count_towards_ruling_out():
+    """The confirmation's rollouts of H_{c+1} (and the navigation's of any later arm) start
+    its one-arm test: through the search, ruling out the five steps after the cause costs
+    fewer new rollouts than five tests from nothing."""
+    from car_core.estimators.later import levels
+    from car_core.estimators.search import search
+    from car_core.stats.sequential import below_now
+    need = next(m for m in range(1, 500)
+                if below_now([0.0] * m, 0.1, levels(0.05, 8, 1, 2)[0]))
+    m = syn.pivot(n_steps=8, at=2, p_bad=0.5)
+    for seed in range(10):
+        d = search(syn.SampledArms(m, seed, 8 * 96, "none"), 8, 8 * 96, 0.05, k=96,
+                   refit=False)
+        assert d.candidate == 2 and d.significant and d.later is not None
+        assert d.later.ruled_out == (3, 4, 5, 6, 7)
+        assert d.decided_spent - d.located_spent < 5 * need

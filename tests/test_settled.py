@@ -16,6 +16,7 @@ import pytest
 
 import car_core as car
 from car_core.errors import InvalidInput, OutcomeError
+from car_core.estimators.alternatives import NO_ACTION
 from car_core.model.interventions import compile_plan
 from car_core.model.seeding import Noise
 from car_core.model.vocabulary import RunStatus
@@ -105,14 +106,24 @@ def test_stop_is_not_asked_before_a_pending_edit_rewrites_the_history() -> None:
 
 def test_contrastive_is_unchanged_by_settling_and_calls_the_policy_less() -> None:
     """Same seed, same coupled noise: every branch scores the same, so the search takes the
-    same path and the result is identical; only the policy calls differ."""
+    same path and every estimate is identical; only the policy calls differ, and with them
+    what a branch that settled before a step shows it would have done there (nothing: the
+    failure was decided at step 0, so a settled branch re-draws no later step)."""
     run = failing_run()
     full, short = Counted(), Counted()
     a = car.contrastive(run, agent(full), outcome=plain_outcome, rollouts=32, seed=1)
     b = car.contrastive(run, agent(short), outcome=settled_outcome, rollouts=32, seed=1)
     assert a.locus == b.locus
     assert a.rollouts_used == b.rollouts_used
-    assert [dataclasses.astuple(s) for s in a.steps] == [dataclasses.astuple(s) for s in b.steps]
+
+    def estimates(s: car.StepEffect) -> tuple[object, ...]:
+        return dataclasses.astuple(dataclasses.replace(s, alternatives=()))
+    assert [estimates(s) for s in a.steps] == [estimates(s) for s in b.steps]
+    for x, y in zip(a.steps, b.steps):
+        assert x.step == 0 or not y.alternatives or {
+            alt.action for alt in y.alternatives if alt.share > 0} == {NO_ACTION}
+        if x.step == 0:
+            assert x.alternatives == y.alternatives
     assert short.calls < full.calls
 
 

@@ -193,9 +193,11 @@ def _searched(arms: Arms, n: int, cap: int, alpha: float, k: int, refit: bool, w
     effects = {e.candidate: _decided_step(e) for e in (*d.earlier, d)
                if e.candidate is not None and e.interval is not None}
     for later in d.later.steps if d.later is not None else ():
-        if later.verdict == "ruled out":
-            effects[later.step] = StepEffect(step=later.step, effect=later.mean, tested=True,
-                                             n=later.pairs, ruled_out=True)
+        if later.verdict == "ruled out":  # on pairs, or on H_j alone (its failure rate)
+            effects[later.step] = StepEffect(
+                step=later.step, effect=later.mean, tested=True,
+                n=later.pairs or later.rollouts, ruled_out=True,
+                fail_resampled=later.fail if not later.pairs else None)
     return effects, d
 
 

@@ -4,50 +4,70 @@ the locus — or, when the budget runs out first, left open and said so.
 
 The point of commitment is the latest step whose rescue is shown positive; the search finds a
 rise of ``H`` and confirms it, but where two steps each could have saved the run it may confirm
-the earlier one. This stage tests the steps after the confirmed one, latest first, on pairs
-``(H_{j+1}, H_j)`` at common rollout indices from ``LATER`` (an arm drawn for one step serves the
-next). Each test stops at whichever boundary it crosses first:
+the earlier one. This stage tests the steps after the confirmed one, latest first, on arm
+``H_j``'s rollouts from ``LATER`` and, where they are needed, the pairs ``(H_{j+1}, H_j)`` at
+the same indices (an arm drawn for one step serves the next). Each test stops at whichever
+boundary it crosses first:
 
-- ruled out: the anytime test that the mean of the pairs is below ``Δ`` (``below_at``) at level
-  ``ℓ_out``; the steps are tested in a fixed sequence and the stage moves on only past a step
-  ruled out, so every ruled-out claim together errs with probability ``≤ ℓ_out`` (the first step
-  whose rescue is ``≥ Δ`` is the only way in, whatever the data that led there);
-- a later cause: the anytime test that the mean is above zero at level ``ℓ_pos`` per step
-  (``positive_at``), Bonferroni over the ``n − 1`` steps a stage could test.
+- ruled out: the anytime test that the step's rescue is below ``Δ`` (``below_now``) at level
+  ``ℓ_out``, on one sequence of observations each of mean at least the rescue: first ``1 − y``
+  of ``H_j``'s own rollouts — every one drawn so far, the navigation's and the confirmation's
+  included — since a step's rescue ``P(fail | H_{j+1}) − P(fail | H_j)`` is at most
+  ``1 − P(fail | H_j)``; then, once ``H_j`` is not all but certain to fail (its failure rate
+  further than ``ARM_ALONE·Δ`` from 1), pairs ``y_{j+1} − y_j``. Where failure is certain
+  after the confirmed step the stage thus draws no rollout of ``H_{j+1}`` (the pairs would
+  draw ``H_n`` for the last step) and starts from the rollouts the search already ran. The
+  wealth is read after each look only (products do not depend on the order, so rollouts run
+  in several stages count as they are). The steps are tested in a fixed sequence and the
+  stage moves on only past a step ruled out, so every ruled-out claim together errs with
+  probability ``≤ ℓ_out`` (the first step whose rescue is ``≥ Δ`` is the only way in,
+  whatever the data that led there);
+- a later cause: the anytime test that the mean of the pairs is above zero at level ``ℓ_pos``
+  per step (``positive_at``), Bonferroni over the ``n − 1 − c`` steps after the confirmed
+  step ``c``.
 
-``ℓ_out + (n − 1)·ℓ_pos = (1 − θ)·α``, the part of α the search's confirmations never spend
-(they spend ``θα`` in all, ``θ = LOW_SHARE``), so naming the locus, listing earlier causes and
-ruling later steps out hold together with family-wise error ``≤ α``. Each test's pairs are
-i.i.d. with the step's rescue as their mean whatever came before (fresh indices, independent
-branches per index), which is all Ville's inequality needs.
+``ℓ_out + (n − 1 − c)·ℓ_pos`` is the part of α the search's confirmations did not spend: they
+spend ``θα_i`` each (``θ = LOW_SHARE``, ``α_i = α·share_i``), so after ``m`` attempts the stage has
+``α − θα·Σ_{i<m} share_i``. Naming the locus, listing earlier causes and ruling later steps out
+then hold together with family-wise error ``≤ α``: each confirmation's and each later test's
+rollouts are i.i.d. given everything that chose to draw them (fresh indices, independent
+branches per index), which is all Ville's inequality needs, and the expected level left to the
+stage plus the confirmations' expected spend is ``α`` (docs/contrastive-search.md).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from car_core import defaults
-from car_core.estimators.confirmation import Confirmation
+from car_core.estimators.confirmation import Confirmation, share
 from car_core.estimators.navigation import ArmSource
-from car_core.stats.sequential import LOW_SHARE, below_at, positive_at
+from car_core.stats.sequential import LOW_SHARE, below_now, positive_at
 
-LATER = 3 << 20       # first rollout index of the later steps' pairs
+LATER = 3 << 20       # first rollout index of the later steps' rollouts
 INDIFFERENCE = defaults.INDIFFERENCE  # Δ
 RESERVE = 1 / 3       # of the budget left, what the stage leaves for the re-estimate
 HOPELESS_AFTER = 16   # pairs after which a test no budget left could finish is stopped
+ARM_ALONE = 0.25      # of Δ, how far from certain failure H_j may be for it to be drawn alone
+FIRST_LOOK = 8        # rollouts of H_j seen before the stage plans the look that would end it
 
 
 @dataclass(frozen=True)
 class LaterStep:
     """One later step's test: ``"ruled out"`` (rescue shown below ``Δ``), ``"cause"`` (shown
-    above zero) or ``"open"`` (the budget ran out first, or it was never reached)."""
+    above zero) or ``"open"`` (the budget ran out first, or it was never reached). ``pairs``
+    and ``mean``: the pairs ``(H_{j+1}, H_j)`` run and their mean; ``rollouts`` and ``fail``:
+    ``H_j``'s rollouts and its failure rate, the one-arm test's sample."""
 
     step: int
     verdict: str
     pairs: int = 0
     mean: float | None = None
+    rollouts: int = 0
+    fail: float | None = None
 
 
 @dataclass(frozen=True)
@@ -70,11 +90,18 @@ class LaterCheck:
         return tuple(sorted(s.step for s in self.steps if s.verdict == "ruled out"))
 
 
-def levels(alpha: float, n: int) -> tuple[float, float]:
-    """``(ℓ_out, ℓ_pos)``: half the search's unspent ``(1 − θ)α`` for ruling out (fixed
-    sequence), half for a later cause, split over the ``n − 1`` steps it could be."""
-    spare = (1.0 - LOW_SHARE) * alpha
-    return spare / 2, spare / 2 / max(n - 1, 1)
+def spent_by(attempts: int) -> float:
+    """The share of α the search's ``attempts`` confirmations spent: ``θ·Σ share_i``."""
+    return LOW_SHARE * sum(share(i) for i in range(attempts))
+
+
+def levels(alpha: float, n: int, attempts: int = 1, c: int = 0) -> tuple[float, float]:
+    """``(ℓ_out, ℓ_pos)``: half of what the search's confirmations left of α for ruling out
+    (fixed sequence), half for a later cause, split over the ``n − 1 − c`` steps after the
+    confirmed step ``c`` it could be. ``attempts`` and ``c`` come from rollouts at other
+    indices than the stage's, so levels chosen from them are fixed as far as its tests go."""
+    spare = (1.0 - spent_by(attempts)) * alpha
+    return spare / 2, spare / 2 / max(n - 1 - c, 1)
 
 
 def _pairs_to_show(d: np.ndarray, gap: float, level: float) -> float:
@@ -99,37 +126,89 @@ def _hopeless(d: np.ndarray, delta: float, out_level: float, pos_level: float,
             and _pairs_to_show(d, mean + slack, pos_level) > reach)
 
 
+def _to_cross(gaps: np.ndarray, delta: float, level: float, most: int) -> int:
+    """How many more rollouts, every one failing, the one-arm test needs to rule the step out
+    (``most + 1`` when more than ``most``): the look that ends it if the arm keeps failing, so
+    a server-bound agent waits one round, not a dozen."""
+    def crosses(m: int) -> bool:
+        return below_now(np.concatenate([gaps, np.zeros(m)]), delta, level)
+    if not crosses(most):
+        return most + 1
+    lo, hi = 0, most  # crosses(hi) holds; find the least such
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if crosses(mid) else (mid + 1, hi)
+    return lo
+
+
+def _in_unit(y: np.ndarray) -> bool:
+    """Outcomes in ``[0, 1]``, the range the bound ``rescue ≤ 1 − P(fail | H_j)`` needs."""
+    return bool(np.all((y >= 0.0) & (y <= 1.0)))
+
+
+def _seen(src: ArmSource, j: int, ranges: Sequence[range]) -> np.ndarray:
+    parts = [src.outcomes(j, r) for r in ranges if len(r)]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
 def check_later(src: ArmSource, c: int, n: int, alpha: float, delta: float = INDIFFERENCE,
-                wave: int = 0) -> LaterCheck:
-    """Test the steps after ``c`` latest first, until one is a cause or one is left open."""
-    out_level, pos_level = levels(alpha, n)
-    cap = src.remaining - int(src.remaining * RESERVE)
+                wave: int = 0, attempts: int = 1,
+                seen: Mapping[int, Sequence[range]] | None = None,
+                reserve: float = RESERVE) -> LaterCheck:
+    """Test the steps after ``c`` latest first, until one is a cause or one is left open.
+    ``attempts``: the confirmations the search ran (their α is not the stage's); ``seen``:
+    rollout indices each arm already ran (the one-arm observations start with them);
+    ``reserve``: the share of what is left kept for the re-estimate (none without one)."""
+    out_level, pos_level = levels(alpha, n, attempts, c)
+    cap = src.remaining - int(src.remaining * reserve)
     verdicts: list[LaterStep] = []
     least_batch = 2 if wave <= 1 else max(2, wave // 2)
     for j in range(n - 1, c, -1):
         start_spent = src.remaining
-        pairs, crossed, verdict = 0, None, "open"
-        d = np.zeros(0)
-        while src.remaining >= 2 and cap - (start_spent - src.remaining) >= 2:
-            want = pairs + max(least_batch, pairs // 8)
-            d = src.diffs(j + 1, j, range(LATER, LATER + want))
-            if d.size <= pairs:
-                break
-            pairs = int(d.size)
-            crossed = positive_at(d, pos_level / LOW_SHARE)
-            if crossed is not None:
-                verdict = "cause"
-                break
-            if below_at(d, delta, out_level) is not None:
+        y = _seen(src, j, (seen or {}).get(j, ()))
+        unit = _in_unit(y)
+        gaps = 1.0 - y if unit else np.zeros(0)  # the one-arm observations, 1 − y
+        alone = 0                 # H_j's rollouts from LATER taken alone
+        d = np.zeros(0)           # then the pairs, from LATER + alone
+        crossed, verdict = None, "open"
+        while src.remaining >= 1 and cap - (start_spent - src.remaining) >= 1:
+            left = cap - (start_spent - src.remaining)
+            if unit and not d.size and (not gaps.size
+                                        or float(gaps.mean()) <= ARM_ALONE * delta):
+                want = (max(least_batch, FIRST_LOOK - gaps.size) if gaps.size < FIRST_LOOK
+                        else max(least_batch, min(left, _to_cross(gaps, delta, out_level,
+                                                                  left))))
+                x = src.outcomes(j, range(LATER, LATER + alone + want))[alone:]
+                if not x.size:
+                    break  # the budget ran out, or no branch came back
+                alone += int(x.size)
+                y = np.concatenate([y, x])
+                unit = _in_unit(x)
+                gaps = np.concatenate([gaps, 1.0 - x]) if unit else np.zeros(0)
+                d_now = d
+            else:
+                want = d.size + max(least_batch, d.size // 8)
+                d_now = src.diffs(j + 1, j, range(LATER + alone, LATER + alone + want))
+                if d_now.size <= d.size:
+                    break
+                y = np.concatenate([y, src.outcomes(j, range(LATER + alone + d.size,
+                                                              LATER + alone + d_now.size))])
+                d = d_now
+                crossed = positive_at(d, pos_level / LOW_SHARE)
+                if crossed is not None:
+                    verdict = "cause"
+                    break
+            if below_now(np.concatenate([gaps, d_now]), delta, out_level):
                 verdict = "ruled out"
                 break
             room = (cap - (start_spent - src.remaining)) // 2
-            if pairs >= HOPELESS_AFTER and _hopeless(d, delta, out_level, pos_level, room):
+            if d.size >= HOPELESS_AFTER and _hopeless(d, delta, out_level, pos_level, room):
                 break
         cap -= start_spent - src.remaining
-        verdicts.append(LaterStep(j, verdict, pairs, float(d.mean()) if d.size else None))
+        verdicts.append(LaterStep(j, verdict, int(d.size), float(d.mean()) if d.size else None,
+                                  int(y.size), float(y.mean()) if y.size else None))
         if verdict == "cause":
-            conf = Confirmation(d, LATER, True, False, crossed)
+            conf = Confirmation(d, LATER + alone, True, False, crossed)
             return LaterCheck(tuple(verdicts), j, conf, pos_level, delta)
         if verdict == "open":
             verdicts += [LaterStep(k, "open") for k in range(j - 1, c, -1)]

@@ -22,7 +22,7 @@ from car_core.estimators.confirmation import (
     more_pairs,
     share,
 )
-from car_core.estimators.later import INDIFFERENCE, LaterCheck, check_later
+from car_core.estimators.later import INDIFFERENCE, RESERVE, LaterCheck, check_later
 from car_core.estimators.navigation import (
     GATE_MIN,
     NAV_SHARE,
@@ -129,7 +129,9 @@ def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = 
     if not found.conf.found or found.candidate >= n - 1:
         decision = _conclude(src, nav, n, budget, alpha, found, intervals, refit, k, wave)
         return replace(decision, located_spent=located)
-    later = check_later(src, found.candidate, n, alpha, delta, wave)
+    later = check_later(src, found.candidate, n, alpha, delta, wave,
+                        attempts=len(found.given_up) + 1, seen=_drawn(nav, found),
+                        reserve=RESERVE if refit else 0.0)
     if later.cause is None or later.confirmation is None:
         decision = _conclude(src, nav, n, budget, alpha, found, intervals, refit, k, wave)
         return replace(decision, later=later, located_spent=located)
@@ -138,6 +140,16 @@ def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = 
                    found.given_up, Prior())
     decision = _conclude(src, nav, n, budget, alpha, cause, intervals, refit, k, wave)
     return replace(decision, later=later, earlier=(earlier,), located_spent=located)
+
+
+def _drawn(nav: Navigator, found: _Found) -> dict[int, list[range]]:
+    """The rollout indices each arm after the confirmed step already ran: the navigation's
+    from 0, and ``H_{c+1}``'s in the confirmation (the later stage's one-arm test counts
+    them)."""
+    c, conf = found.candidate, found.conf
+    seen: dict[int, list[range]] = {j: [range(r)] for j, r in nav.reach.items() if j > c}
+    seen.setdefault(c + 1, []).append(range(conf.start, conf.start + conf.d.size))
+    return seen
 
 
 def _navigate_and_confirm(src: ArmSource, nav: Navigator, n: int, budget: int, alpha: float,

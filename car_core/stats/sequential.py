@@ -104,14 +104,28 @@ def below_at(d: Sequence[float] | np.ndarray, bound: float, alpha: float) -> int
     pairs of zeros, which only the largest bet rules out fast — at the rate of the exact test
     "no pair went up" — while noisy pairs could not rule out a small rise within a budget at
     any bet."""
-    x = bound - np.asarray(d, dtype=float)
-    if x.size == 0:
-        return None
-    weights = np.full(BETS.size, 0.5 / BETS.size)
-    weights[-1] += 0.5
-    log_w = _wealth_up(x, weights, 1.0 / (1.0 - bound))
+    log_w = _below_wealth(d, bound)
     hit = np.nonzero(log_w >= np.log(1.0 / alpha))[0]
     return int(hit[0]) + 1 if hit.size else None
+
+
+def below_now(d: Sequence[float] | np.ndarray, bound: float, alpha: float) -> bool:
+    """Whether the mean is shown below ``bound`` after all of ``d``: ``below_at``'s wealth
+    read at the end only. Each bet's wealth is a product, so its value after the last pair
+    does not depend on the order of the pairs: the test for data gathered in an order the
+    caller cannot replay (rollouts an arm ran in several stages) looked at once, now."""
+    log_w = _below_wealth(d, bound)
+    return bool(log_w.size) and bool(log_w[-1] >= np.log(1.0 / alpha))
+
+
+def _below_wealth(d: Sequence[float] | np.ndarray, bound: float) -> np.ndarray:
+    """``below_at``'s log mixture wealth after each pair."""
+    x = bound - np.asarray(d, dtype=float)
+    if x.size == 0:
+        return np.zeros(0)
+    weights = np.full(BETS.size, 0.5 / BETS.size)
+    weights[-1] += 0.5
+    return _wealth_up(x, weights, 1.0 / (1.0 - bound))
 
 
 def _signs(d: np.ndarray) -> np.ndarray | None:
