@@ -80,9 +80,11 @@ ADAPTER_MAY_IMPORT = {"car_core", "car_core.contract", "car_core.errors", "car_c
 
 
 # The pytest plugin is a tool built on CAR too: it writes the report, collects what car.record
-# records and names who decided a step as the assertions do.
+# records, names who decided a step as the assertions do and groups the failing tests'
+# attributions as car.triage groups its own.
 PLUGIN_MAY_IMPORT = ADAPTER_MAY_IMPORT | {"car_core.report", "car_core.engine.replay",
-                                          "car_core.assertions", "car_core.formatting"}
+                                          "car_core.assertions", "car_core.formatting",
+                                          "car_core.estimators.triage"}
 
 
 def test_adapters_import_the_core_only_through_the_contract() -> None:

@@ -26,9 +26,9 @@ def population_lines(found: Mapping[str, Mapping[str, str]], store: Path,
     when fewer than two tests failed or they were valued by Shapley (no locus to group)."""
     if len(found) < 2 or any(p.get("car_method") == "shapley" for p in found.values()):
         return []
+    from car_core import RunStore
     from car_core.errors import CarError
     from car_core.estimators.triage import group_results
-    from car_core.store import RunStore
     pairs: list[tuple[Any, Any]] = []
     unattributed: dict[str, str] = {}
     test_of: dict[str, str] = {}
