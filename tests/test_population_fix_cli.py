@@ -100,9 +100,23 @@ def test_fix_failed_says_the_answer_first_in_plain_words(folder):
     (("--failed",), "no fix to test"),
     (("--failed", "--guard", "2:x"), "is not JSON"),
     (("--failed", "--instruction", "x", "--from-step", "middle"), "--from-step"),
+    (("--failed", "--instruction", "x", "--until", "1"), "no failed run matches"),
+    (("--runs", "A", "--instruction", "x", "--session", "s1"), "select failed runs"),
+    (("--failed", "--instruction", "x", "--since", "yesterday"), "neither a date"),
 ])
 def test_bad_population_input_exits_2_with_a_hint(folder, args, words):
     cwd, _ = folder
     proc = car_cli("fix", *args, "--agent", AGENT, cwd=cwd)
     assert proc.returncode == 2, proc.stderr
     assert words in proc.stderr
+
+
+def test_fix_failed_takes_the_selection_car_triage_takes(folder):
+    """--since/--until/--agent-name/--test/--session pick the failed runs as `car triage`
+    does: a window holding every recorded run keeps all of them."""
+    cwd, runs = folder
+    proc = car_cli("fix", "--failed", "--since", "2000-01-01", "--until", "2999-01-01",
+                   "--agent", AGENT, "--instruction", DESK.fix, "--rollouts", "8", "--json",
+                   cwd=cwd)
+    assert proc.returncode in (0, 1), proc.stderr
+    assert json.loads(proc.stdout)["runs_total"] == len(runs)

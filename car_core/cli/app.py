@@ -127,6 +127,17 @@ OutcomeOpt = Annotated[str | None, typer.Option(
 ForceAgentOpt = Annotated[bool, typer.Option(
     "--force-agent", help="Use --agent even when it is not the agent the run was recorded with "
                           "(same agent under a new name or tools).")]
+AgentNameOpt = Annotated[str | None, typer.Option(
+    "--agent-name", help="Only runs recorded by the agent of this name.")]
+SinceOpt = Annotated[str | None, typer.Option(
+    "--since", help="Only runs recorded at or after this date (ISO) or epoch second.")]
+UntilOpt = Annotated[str | None, typer.Option(
+    "--until", help="Only runs recorded at or before this date (ISO) or epoch second.")]
+TestOpt = Annotated[str | None, typer.Option(
+    "--test", help="Only runs recorded by a test whose id contains this.")]
+SessionOpt = Annotated[str | None, typer.Option(
+    "--session", help="Only runs recorded in this pytest session (its id, as the plugin's "
+                      "summary prints it).")]
 MaxRolloutsOpt = Annotated[int, typer.Option(
     "--max-rollouts", min=1, help="Refuse more rollouts than this in one arm (raise it "
                                   "knowingly).")]

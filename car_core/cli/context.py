@@ -14,11 +14,16 @@ from rich.text import Text
 from car_core import defaults
 from car_core.cli import kit
 from car_core.cli.app import (
+    AgentNameOpt,
     AgentOpt,
     ForceAgentOpt,
     JsonOpt,
     OutcomeOpt,
+    SessionOpt,
+    SinceOpt,
     StoreOpt,
+    TestOpt,
+    UntilOpt,
     check_seed,
     err,
     errors,
@@ -200,6 +205,8 @@ def fix(agent: AgentOpt, run_ids: Annotated[list[str] | None, typer.Argument(
             "--resume", metavar="FIX_ID",
             help="Population: continue a fix; runs measured are read back, not re-run.")
         ] = None,
+        agent_name: AgentNameOpt = None, since: SinceOpt = None, until: UntilOpt = None,
+        test: TestOpt = None, session: SessionOpt = None,
         store: StoreOpt = "car.db", json_out: JsonOpt = False) -> None:
     """Rank candidate repairs at the step by P(failure) with simultaneous intervals. Without
     candidates, the sources `car what` names are removed, one by one. With --failed or --runs:
@@ -211,6 +218,11 @@ def fix(agent: AgentOpt, run_ids: Annotated[list[str] | None, typer.Argument(
     values (or a function returning them)."""
     check_seed(seed)
     ids = run_ids or []
+    filters = {"agent_name": agent_name, "since": since, "until": until, "test": test,
+               "session": session}
+    if any(v is not None for v in filters.values()) and not failed:
+        raise InvalidInput("--agent-name, --since, --until, --test and --session select "
+                           "failed runs", hint="add --failed (the failed runs they select)")
     if failed or runs or resume is not None:
         if failed and ids:
             raise InvalidInput("--failed takes every failed run; it takes no RUN_ID",
@@ -222,7 +234,8 @@ def fix(agent: AgentOpt, run_ids: Annotated[list[str] | None, typer.Argument(
                  instructions=instruction or [], systems=system or [], guards=guard or [],
                  policies=policy or [], candidates=candidates, rollouts=rollouts, alpha=alpha,
                  seed=seed, from_step=from_step, triage_id=triage, budget=budget,
-                 resume=resume, force_agent=force_agent, store=store, json_out=json_out)
+                 resume=resume, force_agent=force_agent, store=store, json_out=json_out,
+                 filters=filters)
         return
     if len(ids) != 1:
         raise InvalidInput(f"car fix takes one RUN_ID, got {len(ids)}",

@@ -17,13 +17,12 @@ from rich.text import Text
 
 from car_core.cli import kit
 from car_core.cli.app import STDOUT, StoreOpt, err, errors, out, print_json
+from car_core.cli.selection import selected
 from car_core.errors import AgentError, CarError, InvalidInput
 from car_core.estimators.fixes import Fix, as_fix
 from car_core.estimators.population_fix import fix_population
 from car_core.fix_results import PopulationFix
 from car_core.store import RunStore
-from car_core.store.fixes import load_fix
-from car_core.store.triages import select_runs
 
 
 class Format(StrEnum):
@@ -86,23 +85,19 @@ def fix_many(run_ids: list[str], *, failed: bool, agent: Any, outcome: Any,
              instructions: list[str], systems: list[str], guards: list[str],
              policies: list[str], candidates: str | None, rollouts: int, alpha: float,
              seed: int, from_step: str, triage_id: str | None, budget: int | None,
-             resume: str | None, force_agent: bool, store: str, json_out: bool) -> None:
-    """The population forms of ``car fix`` (see the module docstring)."""
+             resume: str | None, force_agent: bool, store: str, json_out: bool,
+             filters: dict[str, str | None] | None = None) -> None:
+    """The population forms of ``car fix`` (see the module docstring); ``filters``: the
+    selection ``car triage`` takes (``--agent-name``, ``--since``, ``--until``, ``--test``,
+    ``--session``), on the failed runs."""
+    filters = filters or {}
     fixes = _fixes(instructions, systems, guards, policies, candidates)
     start = _from(from_step)
-    reader = kit.existing_store(store)  # read-only first: a damaged store is refused untouched
-    try:
-        if resume is not None and not run_ids and not failed:
-            stored = reader.attribution(resume).params.get("runs")
-            ids = [str(i) for i in stored] if isinstance(stored, list) else []
-        else:
-            ids = select_runs(reader, ids=run_ids or None,
-                              outcome="failed" if failed else "any")
-    finally:
-        reader.close()
+    ids = selected(store, run_ids, None if failed else resume,
+                   "failed" if failed else "any", **filters)
     if not ids:
-        raise InvalidInput("no failed run in the store: nothing to fix",
-                           hint="list the stored runs with `car runs`")
+        raise InvalidInput("no failed run matches: nothing to fix",
+                           hint="list the stored runs with `car runs`, or loosen the filters")
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
     shown = sys.stderr.isatty()
     db = RunStore(store)
@@ -170,6 +165,7 @@ def export_fix(
         store: StoreOpt = "car.db") -> None:
     """Write a stored population fix: JSON (`car fix --json`'s) or CSV (one row per fix and
     run)."""
+    from car_core.store.fixes import load_fix  # brings sqlite-utils: not for --help
     db = kit.existing_store(store)
     try:
         result = load_fix(db, fix_id)

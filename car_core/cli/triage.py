@@ -7,7 +7,6 @@ default); every run's attribution and the triage are kept in the store, resumabl
 from __future__ import annotations
 
 import sys
-from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -20,12 +19,17 @@ from car_core import defaults
 from car_core.cli import kit
 from car_core.cli.app import (
     STDOUT,
+    AgentNameOpt,
     AgentOpt,
     ForceAgentOpt,
     JsonOpt,
     OutcomeOpt,
     ProgressOpt,
+    SessionOpt,
+    SinceOpt,
     StoreOpt,
+    TestOpt,
+    UntilOpt,
     check_seed,
     err,
     errors,
@@ -33,6 +37,7 @@ from car_core.cli.app import (
     print_json,
 )
 from car_core.cli.attribute import ExecutorName, _executor
+from car_core.cli.selection import selected
 from car_core.errors import InvalidInput
 from car_core.estimators.triage import FIELDS, triage
 from car_core.model.budget import Budget
@@ -49,23 +54,6 @@ class Only(StrEnum):
 class Format(StrEnum):
     json = "json"
     csv = "csv"
-
-
-def _when(text: str | None, flag: str) -> float | None:
-    """Epoch seconds from ``--since``/``--until``: a number, or an ISO date or date-time
-    (UTC unless it names its zone)."""
-    if text is None:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        when = datetime.fromisoformat(text)
-    except ValueError:
-        raise InvalidInput(f"{flag} {text!r} is neither a date nor epoch seconds",
-                           hint=f"e.g. {flag} 2025-01-31 or {flag} 2025-01-31T12:00") from None
-    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
 
 
 def _budget(rollouts: int | None, tokens: int | None, cost: float | None,
@@ -91,19 +79,8 @@ def triage_command(
             metavar="RUN_ID", show_default=False,
             help="Run ids to triage (default: the store's runs the filters select).")] = None,
         outcome: OutcomeOpt = None,
-        agent_name: Annotated[str | None, typer.Option(
-            "--agent-name", help="Only runs recorded by the agent of this name.")] = None,
-        since: Annotated[str | None, typer.Option(
-            "--since", help="Only runs recorded at or after this date (ISO) or epoch "
-                            "second.")] = None,
-        until: Annotated[str | None, typer.Option(
-            "--until", help="Only runs recorded at or before this date (ISO) or epoch "
-                            "second.")] = None,
-        test: Annotated[str | None, typer.Option(
-            "--test", help="Only runs recorded by a test whose id contains this.")] = None,
-        session: Annotated[str | None, typer.Option(
-            "--session", help="Only runs recorded in this pytest session (its id, as the "
-                              "plugin's summary prints it).")] = None,
+        agent_name: AgentNameOpt = None, since: SinceOpt = None, until: UntilOpt = None,
+        test: TestOpt = None, session: SessionOpt = None,
         only: Annotated[Only, typer.Option(
             "--only", help="Which runs by outcome.")] = Only.failed,
         by: Annotated[str, typer.Option(
@@ -169,19 +146,8 @@ def triage_command(
                                hint=f"give {flag} a positive number, or leave it out")
     grouping = _by(by)
     prices = kit.parse_prices(price or [])
-    filters = (agent_name, since, until, test, session)
-    from car_core.store.triages import select_runs  # brings sqlite-utils: not for --help
-    reader = kit.existing_store(store)  # read-only first: a damaged store is refused untouched
-    try:
-        if resume is not None and not run_ids and all(f is None for f in filters):
-            stored = reader.attribution(resume).params.get("runs")
-            ids = [str(i) for i in stored] if isinstance(stored, list) else []
-        else:
-            ids = select_runs(reader, ids=run_ids or None, agent=agent_name,
-                              since=_when(since, "--since"), until=_when(until, "--until"),
-                              test=test, outcome=only.value, session=session)
-    finally:
-        reader.close()
+    ids = selected(store, run_ids, resume, only.value, agent_name=agent_name, since=since,
+                   until=until, test=test, session=session)
     if not ids:
         raise InvalidInput("no run matches: nothing to triage",
                            hint="list the stored runs with `car runs`, or loosen the filters")

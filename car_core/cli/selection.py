@@ -1,0 +1,47 @@
+"""Which stored runs a population command works on (``car triage``, ``car fix --failed``):
+run ids, or the filters over the store, read without writing."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from car_core.cli import kit
+from car_core.errors import InvalidInput
+
+
+def when(text: str | None, flag: str) -> float | None:
+    """Epoch seconds from ``--since``/``--until``: a number, or an ISO date or date-time
+    (UTC unless it names its zone)."""
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidInput(f"{flag} {text!r} is neither a date nor epoch seconds",
+                           hint=f"e.g. {flag} 2025-01-31 or {flag} 2025-01-31T12:00") from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def selected(store: str, run_ids: list[str] | None, resume: str | None, outcome: str, *,
+             agent_name: str | None = None, since: str | None = None,
+             until: str | None = None, test: str | None = None,
+             session: str | None = None) -> list[str]:
+    """The runs a population command works on: ``run_ids``, else the store's runs the filters
+    and ``outcome`` select; resuming with neither, the resumed attribution's own runs. The
+    store is opened read-only: a damaged one is refused untouched."""
+    from car_core.store.triages import select_runs  # brings sqlite-utils: not for --help
+    filters = (agent_name, since, until, test, session)
+    reader = kit.existing_store(store)
+    try:
+        if resume is not None and not run_ids and all(f is None for f in filters):
+            stored = reader.attribution(resume).params.get("runs")
+            return [str(i) for i in stored] if isinstance(stored, list) else []
+        return select_runs(reader, ids=run_ids or None, agent=agent_name,
+                           since=when(since, "--since"), until=when(until, "--until"),
+                           test=test, outcome=outcome, session=session)
+    finally:
+        reader.close()
