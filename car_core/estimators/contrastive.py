@@ -243,8 +243,9 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
     otherwise; the search decides where they go and stops as soon as the answer is decided.
     The budget is checked before each rollout — when it trips, the result keeps what was
     measured and says ``truncated``. An agent other than the one that recorded ``run``
-    is refused unless ``force_agent``. ``early_stop``: stop once the locus is decided,
-    rather than spend what is left re-estimating its rescue. ``coupled`` decides whether CAR
+    is refused unless ``force_agent``. ``early_stop``: stop once the answer is decided,
+    rather than spend what is left re-estimating the locus's rescue (what a re-estimate would
+    keep back goes to ruling the later steps out). ``coupled`` decides whether CAR
     hands branches shared noise; whether they share it is measured (``coupling_measured``).
     ``wave``: rollouts each look of the search asks for at once (docs/contrastive-search.md,
     rounds); None chooses from the agent: 16 when it waits on a model server, else the

@@ -175,9 +175,11 @@ def check_later(src: ArmSource, c: int, n: int, alpha: float, delta: float = IND
             left = cap - (start_spent - src.remaining)
             if unit and not d.size and (not gaps.size
                                         or float(gaps.mean()) <= ARM_ALONE * delta):
+                need = _to_cross(gaps, delta, out_level, left)
+                if need > left:
+                    break  # not even a run of failures could rule it out in this budget
                 want = (max(least_batch, FIRST_LOOK - gaps.size) if gaps.size < FIRST_LOOK
-                        else max(least_batch, min(left, _to_cross(gaps, delta, out_level,
-                                                                  left))))
+                        else max(least_batch, need))
                 x = src.outcomes(j, range(LATER, LATER + alone + want))[alone:]
                 if not x.size:
                     break  # the budget ran out, or no branch came back
