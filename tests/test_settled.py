@@ -119,7 +119,7 @@ def test_contrastive_is_unchanged_by_settling_and_calls_the_policy_less() -> Non
     def estimates(s: car.StepEffect) -> tuple[object, ...]:
         return dataclasses.astuple(dataclasses.replace(s, alternatives=()))
     assert [estimates(s) for s in a.steps] == [estimates(s) for s in b.steps]
-    for x, y in zip(a.steps, b.steps):
+    for x, y in zip(a.steps, b.steps, strict=True):
         assert x.step == 0 or not y.alternatives or {
             alt.action for alt in y.alternatives if alt.share > 0} == {NO_ACTION}
         if x.step == 0:
