@@ -11,6 +11,7 @@ INDIFFERENCE = 0.1  # a later step's rescue below this does not move the point o
 LEVEL = 0.95  # confidence level of intervals (shapley, intervene); 1 - ALPHA
 SHAPLEY_BUDGET = 2000  # shapley: total rollouts
 CONCURRENCY = 16  # branches in flight for the asyncio and Ray executors
+RUNS_AT_ONCE = 4  # triage, fix_population: runs at once for an agent that waits on a server
 CONTEXT_ROLLOUTS = 64  # context_attribution: all its rollouts (¼–½ screen, the rest confirm)
 REPAIR_ROLLOUTS = 64  # repairs: rollouts per candidate at most (the baseline arm included)
 POPULATION_FIX_ROLLOUTS = 64  # fix_population: pairs per run and fix

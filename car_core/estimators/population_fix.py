@@ -23,18 +23,29 @@ Statistics, over the ``N`` runs of the population and the ``C`` fixes, each fami
   probability ``≥ 1 − alpha`` no run is listed as rescued by a fix that does not rescue it.
   ``not_rescued`` is every other run (the untested ones included, each with its reason).
 
-Budget: ``budget`` caps everything this call spends (the attributions that find loci, then
-the fixes' branches). A run is started only when what is left pays for all its arms; the runs
-not reached are untested and the result ``truncated``. A run whose arms a token, cost or wall
-time cap stopped part-way is dropped (its pairs stopped for a reason that may depend on the
-branches). With a ``store`` the fix is an attribution of its own (``car_core.store.fixes``),
-resumable with the same ``fix_id``: the runs already measured are read back, drawing nothing.
+Several runs at once: ``runs_at_once`` runs are branched at a time (by default several for an
+agent that waits on a model server, one after another for an in-process one;
+``car_core.estimators._population``). Each run draws from its own seed and needs exactly its
+``arms · K`` rollouts, and the result lists the runs in the order given, so it does not depend
+on ``runs_at_once`` while the total budget does not bind.
+
+Budget: ``budget`` caps everything this call spends (the attributions that find loci, with
+the same ``runs_at_once``, then the fixes' branches). A run is started only when what is left
+pays for all its arms: it holds its ``arms · K`` rollouts (and, under a token or cost total,
+its share of what is left: the rest divided among the runs that could start now) until it
+finishes, so the rollouts spent never pass the total however many runs are in flight. When
+the rest is held by runs in flight the next run waits for one; when nothing is in flight and
+the rest cannot pay, the runs not reached are untested and the result ``truncated``. A run
+whose arms a token, cost or wall time cap stopped part-way is dropped (its pairs stopped for a
+reason that may depend on the branches), and no run starts after it (the runs in flight then
+finish and are kept). With a ``store`` the fix is an attribution of its own
+(``car_core.store.fixes``), resumable with the same ``fix_id``: the runs already measured are
+read back, drawing nothing.
 """
 
 from __future__ import annotations
 
 import hashlib
-import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -45,8 +56,9 @@ from car_core.engine.agent import Agent
 from car_core.engine.execution import ExecutorLike
 from car_core.errors import InvalidInput, InvalidIntervention
 from car_core.estimators._arms import Branch, StepArms, capped, check_rollouts
+from car_core.estimators._population import Purse, RunPool, Spent, runs_at_once_for
 from car_core.estimators.fixes import Fix, as_fix
-from car_core.estimators.triage import RUN_ERRORS, _left, _load_all, _Spent
+from car_core.estimators.triage import RUN_ERRORS, _load_all
 from car_core.estimators.triage import triage as attribute_all
 from car_core.fix_results import INTERVAL, RUN_TEST, FixCost, FixEstimate, FixRun, PopulationFix
 from car_core.model.budget import Budget, as_budget
@@ -128,15 +140,18 @@ def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: O
                    locate_rollouts: int = defaults.ROLLOUTS, fix_id: str | None = None,
                    executor: ExecutorLike = None, progress: FixProgress | None = None,
                    force_agent: bool = False,
-                   max_rollouts: int = defaults.MAX_ROLLOUTS) -> PopulationFix:
+                   max_rollouts: int = defaults.MAX_ROLLOUTS,
+                   runs_at_once: int | None = None) -> PopulationFix:
     """Test each of ``candidates`` (``car.Fix`` values) on every run of ``runs`` (trajectories,
     or run ids in ``store``) with ``rollouts`` pairs per run and fix; see the module docstring
     for the branching, the intervals and the budget. ``triage``: a ``car.triage``
     result (or its id in ``store``) whose loci to use; runs it left without one are untested
     for the fixes that need a locus. Without it, loci come from each run's stored contrastive
     attribution, else from attributing the run now (``locate_rollouts`` per step, stored as a
-    triage when a store is given). ``progress(done, total, run_id)`` after each run."""
+    triage when a store is given). ``runs_at_once``: runs branched at once (None: chosen for
+    the agent). ``progress(done, total, run_id)`` after each run, on the caller's thread."""
     fixes = _check(candidates, from_step, alpha, rollouts, max_rollouts)
+    at_once = runs_at_once_for(runs_at_once, agent)
     total = as_budget(budget, "budget")
     population = _load_all(runs, store)
     n_runs, n_fix = len(population), len(fixes)
@@ -153,43 +168,74 @@ def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: O
     if store is not None and fid is not None:
         from car_core.store.fixes import begin_fix
         done = begin_fix(store, fid, params)
-    started, spent = time.monotonic(), _Spent()
+    purse = Purse(total, "population fix")
     loci, why = _loci(population, fixes, from_step, done, triage, store, agent, outcome,
-                      locate_rollouts, alpha, seed, total, executor, force_agent, fid, spent)
-    locate_spent = spent.rollouts
+                      locate_rollouts, alpha, seed, total, executor, force_agent, fid,
+                      purse.spent, at_once)
+    locate_spent = purse.spent.rollouts
     records: dict[str, dict[str, Any]] = {}
+    holds: dict[int, Spent] = {}
     note: str | None = None
-    for i, run in enumerate(population):
-        if run.id in done:
-            records[run.id] = {**done[run.id], "reused": True}
-        elif note is None:
-            steps = {f.label: _branch_step(f, from_step, loci.get(run.id)) for f in fixes}
-            left, note = _left(total, spent, started)
-            if note is None:
-                rec = _one(run, agent, outcome, fixes, steps, rollouts, run_seed(seed, run.id),
-                           left, executor, force_agent, why.get(run.id))
-                if rec.get("tripped"):
-                    note = str(rec["tripped"])
-                else:
-                    records[run.id] = rec
-                    if store is not None and fid is not None and rec.get("measured"):
-                        from car_core.store.fixes import save_fix_run
-                        save_fix_run(store, fid, rec)
-                spent.rollouts += int(rec.get("rollouts", 0))
-                spent.tokens += int(rec.get("tokens", 0))
-                spent.cost += float(rec.get("cost", 0.0))
+    finished = 0
+
+    def settled(i: int, rec: dict[str, Any]) -> None:
+        nonlocal note, finished
+        if i in holds:
+            purse.settle(holds.pop(i), int(rec.get("rollouts", 0)), int(rec.get("tokens", 0)),
+                         float(rec.get("cost", 0.0)))
+        if rec.get("tripped"):
+            note = note or str(rec["tripped"])
+        elif rec:
+            records[population[i].id] = rec
+            if store is not None and fid is not None and rec.get("measured"):
+                from car_core.store.fixes import save_fix_run
+                save_fix_run(store, fid, rec)
+        finished += 1
         if progress is not None:
-            progress(i + 1, n_runs, run.id)
+            progress(finished, n_runs, population[i].id)
+
+    with RunPool[dict[str, Any]](at_once, ordered=total is not None) as pool:
+        for i, run in enumerate(population):
+            if run.id in done:
+                settled(i, {**done[run.id], "reused": True})
+                continue
+            if note is None:
+                while pool.full:
+                    settled(*pool.next_done())
+            if note is not None:
+                settled(i, {})
+                continue
+            steps = {f.label: _branch_step(f, from_step, loci.get(run.id)) for f in fixes}
+            rec, arms = _plan(run, fixes, steps, why.get(run.id))
+            if not arms:
+                settled(i, rec)
+                continue
+            need = len(arms) * rollouts
+            left, note = _share(purse, min(at_once - pool.flying, n_runs - i), need, run.id)
+            while note is not None and pool.flying:
+                settled(*pool.next_done())  # runs in flight hold the rest: wait for one
+                left, note = _share(purse, min(at_once - pool.flying, n_runs - i), need,
+                                    run.id)
+            if note is not None:
+                settled(i, {})
+                continue
+            cap = capped(left, need)
+            holds[i] = purse.hold(cap)
+            pool.submit(i, _job(run, agent, outcome, rec, arms, rollouts,
+                                run_seed(seed, run.id), cap, executor, force_agent))
+        while pool.flying:
+            settled(*pool.next_done())
+    measured = [records[r.id] for r in population if r.id in records]  # in the runs' order
     estimates = tuple(_estimate(f, population, records, from_step, level, run_alpha, note)
                       for f in fixes)
-    cost = FixCost(rollouts=sum(int(r.get("rollouts", 0)) for r in records.values()),
-                   steps_live=sum(int(r.get("steps_live", 0)) for r in records.values()),
-                   steps_rerun=sum(int(r.get("steps_rerun", 0)) for r in records.values()),
+    cost = FixCost(rollouts=sum(int(r.get("rollouts", 0)) for r in measured),
+                   steps_live=sum(int(r.get("steps_live", 0)) for r in measured),
+                   steps_rerun=sum(int(r.get("steps_rerun", 0)) for r in measured),
                    locate_rollouts=locate_spent,
-                   tokens=sum(int(r.get("tokens", 0)) for r in records.values()))
+                   tokens=sum(int(r.get("tokens", 0)) for r in measured))
     result = PopulationFix(fix_id=fid, runs_total=n_runs, candidates=estimates,
                            alpha=float(alpha), level=level, interval=INTERVAL,
-                           run_test=RUN_TEST, rollouts_used=spent.rollouts, cost=cost,
+                           run_test=RUN_TEST, rollouts_used=purse.spent.rollouts, cost=cost,
                            truncated=note is not None, budget_note=note, params=params)
     if store is not None and fid is not None:
         from car_core.store.fixes import finish_fix
@@ -197,11 +243,21 @@ def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: O
     return result
 
 
+def _share(purse: Purse, slots: int, need: int, run_id: str
+           ) -> tuple[Budget | None, str | None]:
+    """What run ``run_id`` may hold (its ``need`` rollouts whole), or why nothing."""
+    left, why = purse.share(slots)
+    free = purse.free_rollouts()
+    if why is None and free is not None and free < need:
+        why = f"the total rollout budget cannot pay for run {run_id}'s {need} rollouts"
+    return left, why
+
+
 def _loci(population: Sequence[Trajectory], fixes: Sequence[Fix], from_step: int | str,
           done: dict[str, Any], given: TriageResult | str | None, store: RunStore | None,
           agent: Agent, outcome: OutcomeLike, rollouts: int, alpha: float, seed: int,
           total: Budget | None, executor: ExecutorLike, force_agent: bool, fid: str | None,
-          spent: _Spent) -> tuple[dict[str, int], dict[str, str]]:
+          spent: Spent, runs_at_once: int) -> tuple[dict[str, int], dict[str, str]]:
     """Each run's locus where a fix needs one, and why a run has none."""
     if from_step != "locus" or all(f.every_step for f in fixes):
         return {}, {}
@@ -230,10 +286,9 @@ def _loci(population: Sequence[Trajectory], fixes: Sequence[Fix], from_step: int
         tri = attribute_all(missing, agent, outcome=outcome, rollouts=rollouts, alpha=alpha,
                             seed=seed, budget=total, store=store,
                             triage_id=f"{fid}-loci" if store is not None else None,
-                            executor=executor, force_agent=force_agent)
-        spent.rollouts += tri.rollouts_used
-        spent.tokens += tri.tokens
-        spent.cost += tri.cost
+                            executor=executor, force_agent=force_agent,
+                            runs_at_once=runs_at_once)
+        spent.add(tri.rollouts_used, tri.tokens, tri.cost)
         for row in tri.per_run:
             if row.locus is not None:
                 loci[row.run_id] = row.locus
@@ -262,12 +317,10 @@ def _stored_locus(store: RunStore, run_id: str) -> int | None:
     return None
 
 
-def _one(run: Trajectory, agent: Agent, outcome: OutcomeLike, fixes: Sequence[Fix],
-         steps: dict[str, int | None], k: int, seed: int, left: Budget | None,
-         executor: ExecutorLike, force_agent: bool, no_locus: str | None) -> dict[str, Any]:
-    """One run: every fix's arm and one arm without a fix per step branched from, ``k``
-    rollouts each. Returns what it measured (arm -> outcome per rollout, None where a branch
-    errored) and what it cost, or the reason it was not tested."""
+def _plan(run: Trajectory, fixes: Sequence[Fix], steps: dict[str, int | None],
+          no_locus: str | None) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """One run's arms: every fix's, and one without a fix per step branched from; the
+    record says why a fix has none."""
     rec: dict[str, Any] = {"run_id": run.id, "steps": {}, "reasons": {}, "values": {}}
     arms: dict[str, list[Any]] = {}
     for f in fixes:
@@ -285,31 +338,35 @@ def _one(run: Trajectory, agent: Agent, outcome: OutcomeLike, fixes: Sequence[Fi
             continue
         rec["steps"][f.label] = step
         arms.setdefault(f"{WITHOUT}@{step}", [do_context(step, keep_all, label=WITHOUT)])
-    if not rec["steps"]:
-        return rec
-    need = len(arms) * k
-    if left is not None and left.rollouts is not None and left.rollouts < need:
-        return {**rec, "tripped": f"the total rollout budget cannot pay for run {run.id}'s "
-                                  f"{need} rollouts"}
-    names = sorted(arms)
-    try:
-        b = _FixArms(run, agent, outcome, step=min(rec["steps"].values()), seed=seed,
-                     budget=capped(left, need), executor=executor, force_agent=force_agent)
-        got = b.run_arms([(a, r, arms[a]) for r in range(k) for a in names])
-        b.finish()
-    except RUN_ERRORS as exc:
-        for label in rec["steps"]:
-            rec["reasons"][label] = f"not tested: {exc}"
-        rec["steps"] = {}
-        return rec
-    meter = b.meter
-    used = {"rollouts": meter.rollouts, "tokens": meter.tokens, "cost": meter.cost}
-    if meter.tripped:
-        return {**rec, **used, "tripped": meter.tripped}
-    kept = [v for v in got.values() if isinstance(v, _Kept)]
-    return {**rec, **used, "measured": True,
-            "values": {a: [_value(got.get((a, r))) for r in range(k)] for a in names},
-            "steps_live": sum(v.live for v in kept), "steps_rerun": sum(v.length for v in kept)}
+    return rec, arms
+
+
+def _job(run: Trajectory, agent: Agent, outcome: OutcomeLike, rec: dict[str, Any],
+         arms: dict[str, list[Any]], k: int, seed: int, cap: Budget, executor: ExecutorLike,
+         force_agent: bool) -> Callable[[], dict[str, Any]]:
+    """One run's arms, ``k`` rollouts each, as a call for the pool. Returns what it measured
+    (arm -> outcome per rollout, None where a branch errored) and what it cost, or the
+    reason it was not tested."""
+    def measure() -> dict[str, Any]:
+        names = sorted(arms)
+        try:
+            b = _FixArms(run, agent, outcome, step=min(rec["steps"].values()), seed=seed,
+                         budget=cap, executor=executor, force_agent=force_agent)
+            got = b.run_arms([(a, r, arms[a]) for r in range(k) for a in names])
+            b.finish()
+        except RUN_ERRORS as exc:
+            return {**rec, "steps": {}, "reasons": {
+                **rec["reasons"], **{label: f"not tested: {exc}" for label in rec["steps"]}}}
+        meter = b.meter
+        used = {"rollouts": meter.rollouts, "tokens": meter.tokens, "cost": meter.cost}
+        if meter.tripped:
+            return {**rec, **used, "tripped": meter.tripped}
+        kept = [v for v in got.values() if isinstance(v, _Kept)]
+        return {**rec, **used, "measured": True,
+                "values": {a: [_value(got.get((a, r))) for r in range(k)] for a in names},
+                "steps_live": sum(v.live for v in kept),
+                "steps_rerun": sum(v.length for v in kept)}
+    return measure
 
 
 def _value(b: Branch | None) -> float | None:

@@ -1,11 +1,14 @@
 """Triage: where a population of failed runs commits to failure.
 
-Each run gets its own contrastive attribution (``car.contrastive``), one run after another,
-each with its executor's own concurrency over its branches (runs are not attributed in
-parallel: the simplest schedule whose spend is checked against the total before each run).
-The loci are then grouped (by step, the agent and node that decided it and the tool it
-called, or by the user's ``label(run, result) -> str``), and each group's share of the runs
-gets a simultaneous interval.
+Each run gets its own contrastive attribution (``car.contrastive``), ``runs_at_once`` runs at a
+time (``car_core.estimators._population``: by default several for an agent that waits on a
+model server, one after another for an in-process one), each with its executor's own
+concurrency over its branches. Every attribution draws from the same root seed and its own
+cap, and the result lists the runs in the order given, so the result does not depend on
+``runs_at_once`` (while the total budget does not bind; see Budgets). The loci are then
+grouped (by step, the agent and node that decided it and the tool it called, or by the
+user's ``label(run, result) -> str``), and each group's share of the runs gets a simultaneous
+interval.
 
 Intervals. The ``N`` runs triaged fall into ``G`` categories: the groups, plus the undecided
 runs and the runs with no cause when there are any. Each share gets a Wilson score interval at
@@ -15,22 +18,31 @@ place no run committed at is not listed (its share's upper bound is not reported
 
 Budgets. ``per_run`` caps each attribution (rollouts, tokens, cost, wall time; its rollouts
 default to ``n·rollouts`` for an ``n``-step run, as ``car.contrastive``'s); ``budget`` caps the
-whole triage: before each run what is left of it (less what this call spent) caps that run's
-attribution too, and once any part of it is spent the remaining runs are not attributed
-(``skipped``, counted as undecided, the result ``truncated``). Resumable: with a ``store``,
+whole triage. A run started holds its caps until it finishes: what the total leaves (less what
+finished runs spent and what runs in flight hold) divided among the runs that could start now
+(the free slots of ``runs_at_once``, at most the runs still to start), wall time undivided (a
+clock the runs share). So the rollouts spent never pass the total, however many runs are in
+flight; tokens and cost are checked before each rollout as in one attribution. With one run at
+a time, that is what the total leaves. When nothing is left but runs in flight hold some, the
+next run waits for one to finish; once the total is spent (nothing in flight) the remaining
+runs are not attributed (``skipped``, counted as undecided, the result ``truncated``). With a
+total, runs are waited for in the order they started, so the total is divided the same way
+every time for a given ``runs_at_once`` (a binding total divided among 4 runs at once may
+reach other runs than one after another). Resumable: with a ``store``,
 each run's attribution has an id derived from the triage id and the run id, so the same
 ``triage_id`` reads back the attributions that finished (spending nothing), resumes the
 interrupted ones, and resumes an undecided one only when its rollout cap is now larger. A
 resumed attribution's ``rollouts_used`` also counts the branches it read back from its
 journal, so the total is charged for them: a resume spends no more than its budget, maybe less.
+Runs in flight write to the store through connections of their own (one ``RunStore`` per run on
+the same file), as SQLite connections belong to the thread that opened them.
 """
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from car_core import defaults
@@ -46,6 +58,7 @@ from car_core.errors import (
     OutcomeError,
     RunError,
 )
+from car_core.estimators._population import Purse, RunPool, Spent, runs_at_once_for
 from car_core.estimators.contrastive import rollout_budget
 from car_core.estimators.settings import ContrastiveSettings
 from car_core.model.budget import Budget, as_budget
@@ -101,30 +114,6 @@ def _default_label(values: Mapping[str, Any], by: Sequence[str]) -> str:
     return ", ".join(parts) or "(nothing recorded)"
 
 
-@dataclass
-class _Spent:
-    rollouts: int = 0
-    tokens: int = 0
-    cost: float = 0.0
-
-
-def _left(total: Budget | None, spent: _Spent, started: float) -> tuple[Budget | None, str | None]:
-    """What the total budget leaves for the next run, or why nothing is left."""
-    if total is None:
-        return None, None
-    left: dict[str, Any] = {}
-    for name, used in (("rollouts", spent.rollouts), ("tokens", spent.tokens),
-                       ("cost", spent.cost), ("wall_time", time.monotonic() - started)):
-        cap = getattr(total, name)
-        if cap is None:
-            continue
-        rest = cap - used
-        if rest <= 0 or (name == "rollouts" and rest < 1):
-            return None, f"the triage's total {name.replace('_', '-')} budget of {cap:g} is spent"
-        left[name] = rest
-    return Budget(**left, prices=total.prices), None
-
-
 def _narrower(a: Budget | None, b: Budget | None) -> Budget | None:
     """Each cap the smaller of the two (None: no cap of that kind)."""
     if a is None or b is None:
@@ -178,16 +167,19 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
            by: Sequence[str] = FIELDS, store: RunStore | None = None,
            triage_id: str | None = None, executor: ExecutorLike = None,
            progress: TriageProgress | None = None, force_agent: bool = False,
-           early_stop: bool = True) -> TriageResult:
+           early_stop: bool = True, runs_at_once: int | None = None) -> TriageResult:
     """Attribute every run of ``runs`` (trajectories, or run ids in ``store``) with
     ``car.contrastive`` under ``per_run`` and the total ``budget``, then group the loci by
     ``by`` (or ``label``) with simultaneous intervals (module docstring). ``alpha`` is each
     attribution's family-wise error rate and the intervals' joint one. With ``store``, the
     attributions and the triage itself are stored, resumable with the same ``triage_id``.
-    ``progress(done, total, row)`` is called after each run. ``early_stop`` (the default
-    here, unlike ``car.contrastive``'s): each attribution stops once its locus is decided, as
-    a triage needs where each run commits, not how much its rescue is."""
+    ``runs_at_once``: runs attributed at once (None: chosen for the agent; the agent's
+    ``branch`` is then called from several threads). ``progress(done, total, row)`` is called
+    after each run, on the caller's thread. ``early_stop`` (the default here, unlike
+    ``car.contrastive``'s): each attribution stops once its locus is decided, as a triage
+    needs where each run commits, not how much its rescue is."""
     chosen_by = _check(by, label, alpha)
+    at_once = runs_at_once_for(runs_at_once, agent)
     settings = ContrastiveSettings(rollouts=rollouts, alpha=alpha, seed=seed, search=search,
                                    early_stop=early_stop)
     total = budget if budget is None else as_budget(budget, "budget")
@@ -204,31 +196,63 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
     if store is not None and tid is not None:
         from car_core.store.triages import begin_triage
         begin_triage(store, tid, params)
-    started, spent = time.monotonic(), _Spent()
-    rows: list[TriageRun] = []
-    located: dict[str, tuple[Trajectory, ContrastiveResult]] = {}
+    purse = Purse(total)
+    rows: list[TriageRun | None] = [None] * len(population)
+    results: dict[int, ContrastiveResult] = {}
+    holds: dict[int, Spent] = {}
+    ran: set[int] = set()  # the runs attributed now (not read back, not skipped)
     note: str | None = None
-    for i, run in enumerate(population):
-        left, why = _left(total, spent, started)
-        note = note or why
-        if note is not None:
-            rows.append(TriageRun(run.id, SKIPPED, reason=f"not attributed: {note}"))
-        else:
-            # this run's own cap (n·K rollouts unless per_run says otherwise), within what
-            # the total leaves
-            own = rollout_budget(len(run.steps), rollouts, each)[0]
-            row, one = _one(run, agent, outcome, replace(settings, budget=_narrower(
-                own, left)), store, tid, executor, force_agent)
-            if not row.reused:
-                spent.rollouts += row.rollouts_used
-                spent.tokens += row.tokens
-                spent.cost += row.cost
-            if one is not None and one.locus is not None:
-                located[run.id] = (run, one)
-            rows.append(row)
+    done = 0
+
+    def settled(i: int, got: tuple[TriageRun, ContrastiveResult | None]) -> None:
+        nonlocal done
+        row, one = got
+        if i in holds:
+            purse.settle(holds.pop(i), row.rollouts_used, row.tokens, row.cost)
+        if one is not None and one.locus is not None:
+            results[i] = one
+        rows[i] = row
+        done += 1
         if progress is not None:
-            progress(i + 1, len(population), rows[-1])
-    result = _summarised(located, rows, chosen_by, label, alpha, tid, spent, note, params)
+            progress(done, len(population), row)
+
+    with RunPool[tuple[TriageRun, ContrastiveResult | None]](
+            at_once, ordered=total is not None) as pool:
+        for i, run in enumerate(population):
+            left: Budget | None = None
+            if note is None:
+                while pool.full:
+                    settled(*pool.next_done())
+                left, note = purse.share(min(at_once - pool.flying, len(population) - i))
+                while note is not None and pool.flying:
+                    settled(*pool.next_done())  # runs in flight hold the rest: wait for one
+                    left, note = purse.share(min(at_once - pool.flying, len(population) - i))
+            if note is not None:
+                settled(i, (TriageRun(run.id, SKIPPED, reason=f"not attributed: {note}"), None))
+                continue
+            # this run's own cap (n·K rollouts unless per_run says otherwise), within its
+            # share of what the total leaves
+            cap = _narrower(rollout_budget(len(run.steps), rollouts, each)[0], left)
+            mine = replace(settings, budget=cap)
+            aid = _attribution_id(store, tid, run)
+            stored = _finished(store, aid, mine, len(run.steps)) if aid else None
+            if stored is not None:
+                settled(i, (_row(run.id, stored, aid, reused=True), stored))
+                continue
+            holds[i] = purse.hold(cap)
+            ran.add(i)
+            pool.submit(i, _job(run, agent, outcome, mine, store, aid, executor, force_agent,
+                                own_store=pool.threaded))
+        while pool.flying:
+            settled(*pool.next_done())
+    # everything in the order of the runs given, whichever finished first
+    finished = [r for r in rows if r is not None]
+    assert len(finished) == len(population)
+    located = {population[i].id: (population[i], results[i]) for i in sorted(results)}
+    spent = Spent()
+    for i in sorted(ran):
+        spent.add(finished[i].rollouts_used, finished[i].tokens, finished[i].cost)
+    result = _summarised(located, finished, chosen_by, label, alpha, tid, spent, note, params)
     if store is not None and tid is not None:
         from car_core.store.triages import finish_triage
         finish_triage(store, tid, result, params)
@@ -247,7 +271,7 @@ def group_results(results: Iterable[tuple[Trajectory, ContrastiveResult]], *,
     chosen_by = _check(by, label, alpha)
     rows: list[TriageRun] = []
     located: dict[str, tuple[Trajectory, ContrastiveResult]] = {}
-    spent = _Spent()
+    spent = Spent()
     for run, res in results:
         if not isinstance(res, ContrastiveResult):
             raise InvalidInput(f"run {run.id}: a {type(res).__name__} has no locus to group",
@@ -272,7 +296,7 @@ def group_results(results: Iterable[tuple[Trajectory, ContrastiveResult]], *,
 
 def _summarised(located: Mapping[str, tuple[Trajectory, ContrastiveResult]],
                 rows: list[TriageRun], by: tuple[str, ...], label: Label | None, alpha: float,
-                tid: str | None, spent: _Spent, note: str | None, params: dict[str, Any]
+                tid: str | None, spent: Spent, note: str | None, params: dict[str, Any]
                 ) -> TriageResult:
     """The result from every run's row: the groups with their simultaneous intervals, the
     undecided and no-cause runs, what was spent."""
@@ -322,18 +346,32 @@ def _grouped(located: Mapping[str, tuple[Trajectory, ContrastiveResult]],
     return groups, [replace(r, group=label_of.get(r.run_id)) for r in rows]
 
 
-def _one(run: Trajectory, agent: Agent, outcome: OutcomeLike, settings: ContrastiveSettings,
-         store: RunStore | None, tid: str | None, executor: ExecutorLike, force_agent: bool
-         ) -> tuple[TriageRun, ContrastiveResult | None]:
-    """One run's attribution: read back from the store when it finished (an undecided one
-    only while its rollout cap is not larger now), else run or resumed."""
-    aid = None
-    if store is not None and tid is not None:
-        from car_core.store.triages import triage_attribution_id
-        aid = triage_attribution_id(tid, run.id)
-        stored = _finished(store, aid, settings, len(run.steps))
-        if stored is not None:
-            return _row(run.id, stored, aid, reused=True), stored
+def _attribution_id(store: RunStore | None, tid: str | None, run: Trajectory) -> str | None:
+    if store is None or tid is None:
+        return None
+    from car_core.store.triages import triage_attribution_id
+    return triage_attribution_id(tid, run.id)
+
+
+def _job(run: Trajectory, agent: Agent, outcome: OutcomeLike, settings: ContrastiveSettings,
+         store: RunStore | None, aid: str | None, executor: ExecutorLike, force_agent: bool,
+         own_store: bool) -> Callable[[], tuple[TriageRun, ContrastiveResult | None]]:
+    """One run's attribution, run or resumed, as a call for the pool; ``own_store``: on a
+    worker thread, through a connection of its own to the same file."""
+    def attribute() -> tuple[TriageRun, ContrastiveResult | None]:
+        if store is not None and own_store:
+            from car_core.store import RunStore
+            with RunStore(store.path) as mine:
+                return _attributed(run, agent, outcome, settings, mine, aid, executor,
+                                   force_agent)
+        return _attributed(run, agent, outcome, settings, store, aid, executor, force_agent)
+    return attribute
+
+
+def _attributed(run: Trajectory, agent: Agent, outcome: OutcomeLike,
+                settings: ContrastiveSettings, store: RunStore | None, aid: str | None,
+                executor: ExecutorLike, force_agent: bool
+                ) -> tuple[TriageRun, ContrastiveResult | None]:
     try:
         result = settings.run(run, agent, outcome, executor=executor, progress=False,
                               store=store, attribution_id=aid, force_agent=force_agent)
@@ -343,8 +381,12 @@ def _one(run: Trajectory, agent: Agent, outcome: OutcomeLike, settings: Contrast
     return _row(run.id, result, aid, reused=False), result
 
 
-def _finished(store: RunStore, aid: str, settings: ContrastiveSettings, n_steps: int
+def _finished(store: RunStore | None, aid: str, settings: ContrastiveSettings, n_steps: int
               ) -> ContrastiveResult | None:
+    """The run's attribution read back from the store when it finished (an undecided one
+    only while its rollout cap is not larger now)."""
+    if store is None:
+        return None
     try:
         a = store.attribution(aid)
     except AttributionNotFound:
