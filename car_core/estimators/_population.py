@@ -6,13 +6,19 @@ returns does not depend on which other runs ran beside it. ``RunPool`` runs up t
 ``runs_at_once`` of them on worker threads (a ``concurrent.futures`` pool; each run's branches
 still go through its own executor), or inline, on the caller's thread, when it is 1.
 
-``Purse`` keeps the total budget a hard cap with runs in flight: a run started *holds* its
-caps (rollouts, tokens, cost) until it finishes, then is charged what it spent and the rest is
-freed. What a run may hold is what the total leaves after what finished runs spent and what
-runs in flight hold, divided among the runs that could start now (the free slots, at most the
-runs still to start); wall time is a clock every run shares, so each run gets what is left of
-it, undivided. With one run at a time this is exactly "what the total leaves caps the next
-run".
+``Purse`` keeps the total budget a hard cap with runs in flight. A run started *holds* its
+caps (rollouts, tokens, cost) until it finishes; then it is charged what it spent and the rest
+is freed. The next run starts when what is left (the total, less what finished runs spent and
+what runs in flight hold) pays its own caps (its rollouts, and whatever ``per_run`` caps),
+holding them; when it does not, it waits for a run in flight to finish, and with none in
+flight it gets what is left. So every run gets the very caps it would get one run after
+another — ``min(own, what the total leaves)``: runs in flight hold at least what they will
+spend — and the result does not depend on ``runs_at_once``. A kind the total caps but the run
+does not (tokens or cost with no ``per_run`` cap) is shared: what is left divided among the
+runs that could start now (the free slots, at most the runs still to start), and with such a
+total the pool waits for runs in the order they started, so the division is the same every
+time for a given ``runs_at_once``. Wall time is a clock the runs share: each gets what is left
+of it, undivided.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from car_core.model.budget import Budget
 from car_core.model.checks import is_whole
 
 T = TypeVar("T")
+A = TypeVar("A")
 
 
 def runs_at_once_for(given: Any, agent: Agent) -> int:
@@ -87,30 +94,44 @@ class Purse:
             rest[name] = left
         return rest, None
 
+    @property
+    def shares(self) -> bool:
+        """Whether a kind may be divided among runs (the total caps tokens or cost)."""
+        return self.total is not None and (self.total.tokens is not None
+                                           or self.total.cost is not None)
+
     def free_rollouts(self) -> int | None:
         """The rollouts neither spent nor held (None: the total caps no rollouts)."""
         if self.total is None or self.total.rollouts is None:
             return None
         return self.total.rollouts - self.spent.rollouts - self.held.rollouts
 
-    def share(self, slots: int) -> tuple[Budget | None, str | None]:
-        """The caps the next run may hold, ``slots`` runs being able to start now; or why
-        nothing is left (spent, or held by runs in flight: the caller waits for one)."""
+    def cap(self, own: Budget, slots: int, alone: bool) -> tuple[Budget, str | None]:
+        """The caps the next run may hold, its own being ``own``; or why it may not start
+        now: the total is spent, or (unless it would run ``alone``) what is left does not
+        pay its own caps while runs in flight hold some (the caller waits for one)."""
         if self.total is None:
-            return None, None
+            return own, None
         rest, why = self._rest()
         if why is not None:
-            return None, why
-        n = max(1, slots)
+            return own, why
         caps: dict[str, Any] = {}
         for name, left in rest.items():
-            if name == "wall_time":
-                caps[name] = left  # a clock the runs share: each gets all that is left
-            elif name == "cost":
-                caps[name] = left / n
-            else:  # a whole number: never more than the rest, however the rest is divided
-                caps[name] = math.ceil(left / n)
-        return Budget(**caps, prices=self.total.prices), None
+            mine = getattr(own, name)
+            if name == "wall_time":  # a clock the runs share: each may use all that is left
+                caps[name] = left if mine is None else min(mine, left)
+            elif mine is not None and mine <= left:
+                caps[name] = mine
+            elif mine is not None and alone:
+                caps[name] = left  # as one run after another: what is left
+            elif mine is not None:
+                return own, "the runs in flight hold what is left"
+            else:  # no cap of its own: a share of the rest, never more than the rest
+                caps[name] = left / max(1, slots) if name == "cost" \
+                    else math.ceil(left / max(1, slots))
+        for name in ("rollouts", "tokens", "cost", "wall_time"):
+            caps.setdefault(name, getattr(own, name))
+        return Budget(**caps, prices=own.prices or self.total.prices), None
 
     def hold(self, cap: Budget | None) -> Spent:
         """Hold ``cap``'s rollouts, tokens and cost (the kinds the total caps) for a run."""
@@ -164,6 +185,20 @@ class RunPool(Generic[T]):
         done: Future[T] = Future()
         done.set_result(fn())  # inline: an error is raised here, as without a pool
         self._flying[index] = done
+
+    def admit(self, ask: Callable[[int, bool], tuple[A, str | None]], remaining: int,
+              settle: Callable[[int, T], None]) -> tuple[A, str | None]:
+        """Wait for a free slot, then ask ``ask(slots, alone)`` whether the next run may
+        start (``slots``: the runs that could start now, at most the ``remaining`` ones;
+        ``alone``: none in flight); while it may not and runs are in flight, wait for one
+        (``settle`` takes it) and ask again."""
+        while self.full:
+            settle(*self.next_done())
+        while True:
+            got, why = ask(min(self.size - self.flying, remaining), not self._flying)
+            if why is None or not self._flying:
+                return got, why
+            settle(*self.next_done())
 
     def next_done(self) -> tuple[int, T]:
         """The index and result of one run in flight (its error, raised)."""

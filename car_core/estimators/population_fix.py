@@ -24,23 +24,21 @@ Statistics, over the ``N`` runs of the population and the ``C`` fixes, each fami
   ``not_rescued`` is every other run (the untested ones included, each with its reason).
 
 Several runs at once: ``runs_at_once`` runs are branched at a time (by default several for an
-agent that waits on a model server, one after another for an in-process one;
-``car_core.estimators._population``). Each run draws from its own seed and needs exactly its
-``arms · K`` rollouts, and the result lists the runs in the order given, so it does not depend
-on ``runs_at_once`` while the total budget does not bind.
+agent that waits on a model server, one after another for an in-process one). Each run draws
+from its own seed and the result lists the runs in the order given, so it does not depend on
+``runs_at_once``.
 
 Budget: ``budget`` caps everything this call spends (the attributions that find loci, with
 the same ``runs_at_once``, then the fixes' branches). A run is started only when what is left
-pays for all its arms: it holds its ``arms · K`` rollouts (and, under a token or cost total,
-its share of what is left: the rest divided among the runs that could start now) until it
-finishes, so the rollouts spent never pass the total however many runs are in flight. When
-the rest is held by runs in flight the next run waits for one; when nothing is in flight and
-the rest cannot pay, the runs not reached are untested and the result ``truncated``. A run
-whose arms a token, cost or wall time cap stopped part-way is dropped (its pairs stopped for a
-reason that may depend on the branches), and no run starts after it (the runs in flight then
-finish and are kept). With a ``store`` the fix is an attribution of its own
-(``car_core.store.fixes``), resumable with the same ``fix_id``: the runs already measured are
-read back, drawing nothing.
+pays for all its arms (``arms · K`` rollouts); the runs not reached are untested and the result
+``truncated``. With several runs in flight each holds its rollouts until it finishes, and a
+run the rest does not pay for waits for one (``car_core.estimators._population``), so the
+rollouts spent never pass the total and the runs reached are those one after another would
+reach; tokens and cost are divided among the runs that could start. A run whose arms a token,
+cost or wall time cap stopped part-way is dropped (its pairs stopped for a reason that may
+depend on the branches) and no run starts after it (those in flight finish and are kept).
+With a ``store`` the fix is an attribution of its own (``car_core.store.fixes``), resumable
+with the same ``fix_id``: the runs already measured are read back, drawing nothing.
 """
 
 from __future__ import annotations
@@ -49,13 +47,14 @@ import hashlib
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from car_core import defaults
 from car_core.engine.agent import Agent
 from car_core.engine.execution import ExecutorLike
 from car_core.errors import InvalidInput, InvalidIntervention
-from car_core.estimators._arms import Branch, StepArms, capped, check_rollouts
+from car_core.estimators._arms import Branch, StepArms, check_rollouts
 from car_core.estimators._population import Purse, RunPool, Spent, runs_at_once_for
 from car_core.estimators.fixes import Fix, as_fix
 from car_core.estimators.triage import RUN_ERRORS, _load_all
@@ -194,14 +193,11 @@ def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: O
         if progress is not None:
             progress(finished, n_runs, population[i].id)
 
-    with RunPool[dict[str, Any]](at_once, ordered=total is not None) as pool:
+    with RunPool[dict[str, Any]](at_once, ordered=purse.shares) as pool:
         for i, run in enumerate(population):
             if run.id in done:
                 settled(i, {**done[run.id], "reused": True})
                 continue
-            if note is None:
-                while pool.full:
-                    settled(*pool.next_done())
             if note is not None:
                 settled(i, {})
                 continue
@@ -210,16 +206,12 @@ def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: O
             if not arms:
                 settled(i, rec)
                 continue
-            need = len(arms) * rollouts
-            left, note = _share(purse, min(at_once - pool.flying, n_runs - i), need, run.id)
-            while note is not None and pool.flying:
-                settled(*pool.next_done())  # runs in flight hold the rest: wait for one
-                left, note = _share(purse, min(at_once - pool.flying, n_runs - i), need,
-                                    run.id)
+            cap, why_not = pool.admit(partial(_may_hold, purse, len(arms) * rollouts,
+                                              run.id), n_runs - i, settled)
+            note = note or why_not  # a run that finished meanwhile may have tripped
             if note is not None:
                 settled(i, {})
                 continue
-            cap = capped(left, need)
             holds[i] = purse.hold(cap)
             pool.submit(i, _job(run, agent, outcome, rec, arms, rollouts,
                                 run_seed(seed, run.id), cap, executor, force_agent))
@@ -243,14 +235,14 @@ def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: O
     return result
 
 
-def _share(purse: Purse, slots: int, need: int, run_id: str
-           ) -> tuple[Budget | None, str | None]:
-    """What run ``run_id`` may hold (its ``need`` rollouts whole), or why nothing."""
-    left, why = purse.share(slots)
+def _may_hold(purse: Purse, need: int, run_id: str, slots: int, alone: bool
+              ) -> tuple[Budget, str | None]:
+    """What run ``run_id`` may hold (its ``need`` rollouts whole), or why it may not start."""
     free = purse.free_rollouts()
-    if why is None and free is not None and free < need:
-        why = f"the total rollout budget cannot pay for run {run_id}'s {need} rollouts"
-    return left, why
+    if free is not None and free < need:
+        return Budget(rollouts=need), (f"the total rollout budget cannot pay for run "
+                                       f"{run_id}'s {need} rollouts")
+    return purse.cap(Budget(rollouts=need), slots, alone)
 
 
 def _loci(population: Sequence[Trajectory], fixes: Sequence[Fix], from_step: int | str,

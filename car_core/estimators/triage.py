@@ -1,14 +1,13 @@
 """Triage: where a population of failed runs commits to failure.
 
 Each run gets its own contrastive attribution (``car.contrastive``), ``runs_at_once`` runs at a
-time (``car_core.estimators._population``: by default several for an agent that waits on a
-model server, one after another for an in-process one), each with its executor's own
-concurrency over its branches. Every attribution draws from the same root seed and its own
-cap, and the result lists the runs in the order given, so the result does not depend on
-``runs_at_once`` (while the total budget does not bind; see Budgets). The loci are then
-grouped (by step, the agent and node that decided it and the tool it called, or by the
-user's ``label(run, result) -> str``), and each group's share of the runs gets a simultaneous
-interval.
+time (by default several for an agent that waits on a model server, one after another for an
+in-process one), each with its executor's own concurrency over its branches. Every
+attribution draws from the same root seed under the cap it would get one run after another
+(Budgets), and the result lists the runs in the order given, so it does not depend on
+``runs_at_once``. The loci are then grouped (by step, the agent and node that decided it and
+the tool it called, or by the user's ``label(run, result) -> str``), and each group's share of
+the runs gets a simultaneous interval.
 
 Intervals. The ``N`` runs triaged fall into ``G`` categories: the groups, plus the undecided
 runs and the runs with no cause when there are any. Each share gets a Wilson score interval at
@@ -18,24 +17,23 @@ place no run committed at is not listed (its share's upper bound is not reported
 
 Budgets. ``per_run`` caps each attribution (rollouts, tokens, cost, wall time; its rollouts
 default to ``n·rollouts`` for an ``n``-step run, as ``car.contrastive``'s); ``budget`` caps the
-whole triage. A run started holds its caps until it finishes: what the total leaves (less what
-finished runs spent and what runs in flight hold) divided among the runs that could start now
-(the free slots of ``runs_at_once``, at most the runs still to start), wall time undivided (a
-clock the runs share). So the rollouts spent never pass the total, however many runs are in
-flight; tokens and cost are checked before each rollout as in one attribution. With one run at
-a time, that is what the total leaves. When nothing is left but runs in flight hold some, the
-next run waits for one to finish; once the total is spent (nothing in flight) the remaining
-runs are not attributed (``skipped``, counted as undecided, the result ``truncated``). With a
-total, runs are waited for in the order they started, so the total is divided the same way
-every time for a given ``runs_at_once`` (a binding total divided among 4 runs at once may
-reach other runs than one after another). Resumable: with a ``store``,
-each run's attribution has an id derived from the triage id and the run id, so the same
-``triage_id`` reads back the attributions that finished (spending nothing), resumes the
-interrupted ones, and resumes an undecided one only when its rollout cap is now larger. A
-resumed attribution's ``rollouts_used`` also counts the branches it read back from its
-journal, so the total is charged for them: a resume spends no more than its budget, maybe less.
-Runs in flight write to the store through connections of their own (one ``RunStore`` per run on
-the same file), as SQLite connections belong to the thread that opened them.
+whole triage: what it leaves (less what this call spent) caps each run's attribution too, and
+once any part of it is spent the remaining runs are not attributed (``skipped``, counted as
+undecided, the result ``truncated``). With several runs in flight, each holds its caps until
+it finishes and the next run starts only when what is left after the others' holds pays its
+own caps, else waits for one (``car_core.estimators._population``): the rollouts spent never
+pass the total, and each run gets the caps it would get one run after another. Tokens and
+cost with no ``per_run`` cap of their own are divided among the runs that could start; wall
+time is a clock they share.
+
+Resumable: with a ``store``, each run's attribution has an id derived from the triage id and
+the run id, so the same ``triage_id`` reads back the attributions that finished (spending
+nothing), resumes the interrupted ones, and resumes an undecided one only when its rollout cap
+is now larger. A resumed attribution's ``rollouts_used`` also counts the branches it read back
+from its journal, so the total is charged for them: a resume spends no more than its budget,
+maybe less.
+Runs in flight write to the store through connections of their own (a ``RunStore`` per run
+on the same file; a SQLite connection belongs to the thread that opened it).
 """
 
 from __future__ import annotations
@@ -43,6 +41,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from car_core import defaults
@@ -112,17 +111,6 @@ def _default_label(values: Mapping[str, Any], by: Sequence[str]) -> str:
     words = {"step": "step {}", "agent": "agent {}", "node": "node {}", "tool": "tool {}"}
     parts = [words[f].format(values[f]) for f in by if values.get(f) is not None]
     return ", ".join(parts) or "(nothing recorded)"
-
-
-def _narrower(a: Budget | None, b: Budget | None) -> Budget | None:
-    """Each cap the smaller of the two (None: no cap of that kind)."""
-    if a is None or b is None:
-        return a or b
-    def least(x: Any, y: Any) -> Any:
-        return y if x is None else x if y is None else min(x, y)
-    return Budget(rollouts=least(a.rollouts, b.rollouts), tokens=least(a.tokens, b.tokens),
-                  cost=least(a.cost, b.cost), wall_time=least(a.wall_time, b.wall_time),
-                  prices=a.prices or b.prices)
 
 
 def _check(by: Sequence[str], label: Label | None, alpha: float) -> tuple[str, ...]:
@@ -217,22 +205,16 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
             progress(done, len(population), row)
 
     with RunPool[tuple[TriageRun, ContrastiveResult | None]](
-            at_once, ordered=total is not None) as pool:
+            at_once, ordered=purse.shares) as pool:
         for i, run in enumerate(population):
-            left: Budget | None = None
+            # this run's own cap (n·K rollouts unless per_run says otherwise), within what
+            # the total leaves
+            own = cap = rollout_budget(len(run.steps), rollouts, each)[0]
             if note is None:
-                while pool.full:
-                    settled(*pool.next_done())
-                left, note = purse.share(min(at_once - pool.flying, len(population) - i))
-                while note is not None and pool.flying:
-                    settled(*pool.next_done())  # runs in flight hold the rest: wait for one
-                    left, note = purse.share(min(at_once - pool.flying, len(population) - i))
+                cap, note = pool.admit(partial(purse.cap, own), len(population) - i, settled)
             if note is not None:
                 settled(i, (TriageRun(run.id, SKIPPED, reason=f"not attributed: {note}"), None))
                 continue
-            # this run's own cap (n·K rollouts unless per_run says otherwise), within its
-            # share of what the total leaves
-            cap = _narrower(rollout_budget(len(run.steps), rollouts, each)[0], left)
             mine = replace(settings, budget=cap)
             aid = _attribution_id(store, tid, run)
             stored = _finished(store, aid, mine, len(run.steps)) if aid else None
