@@ -138,6 +138,10 @@ TestOpt = Annotated[str | None, typer.Option(
 SessionOpt = Annotated[str | None, typer.Option(
     "--session", help="Only runs recorded in this pytest session (its id, as the plugin's "
                       "summary prints it).")]
+RunsAtOnceOpt = Annotated[int | None, typer.Option(
+    "--runs-at-once", min=1, show_default=False,
+    help="Runs attributed at once (default: 4 for an agent that waits on a model server, "
+         "else 1); the result is the same whatever it is.")]
 MaxRolloutsOpt = Annotated[int, typer.Option(
     "--max-rollouts", min=1, help="Refuse more rollouts than this in one arm (raise it "
                                   "knowingly).")]

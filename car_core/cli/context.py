@@ -205,6 +205,10 @@ def fix(agent: AgentOpt, run_ids: Annotated[list[str] | None, typer.Argument(
             "--resume", metavar="FIX_ID",
             help="Population: continue a fix; runs measured are read back, not re-run.")
         ] = None,
+        runs_at_once: Annotated[int | None, typer.Option(
+            "--runs-at-once", min=1, show_default=False,
+            help="Population: runs tested at once (default: 4 for an agent that waits on a "
+                 "model server, else 1); the result is the same whatever it is.")] = None,
         agent_name: AgentNameOpt = None, since: SinceOpt = None, until: UntilOpt = None,
         test: TestOpt = None, session: SessionOpt = None,
         store: StoreOpt = "car.db", json_out: JsonOpt = False) -> None:
@@ -235,15 +239,17 @@ def fix(agent: AgentOpt, run_ids: Annotated[list[str] | None, typer.Argument(
                  policies=policy or [], candidates=candidates, rollouts=rollouts, alpha=alpha,
                  seed=seed, from_step=from_step, triage_id=triage, budget=budget,
                  resume=resume, force_agent=force_agent, store=store, json_out=json_out,
-                 filters=filters)
+                 filters=filters, runs_at_once=runs_at_once)
         return
     if len(ids) != 1:
         raise InvalidInput(f"car fix takes one RUN_ID, got {len(ids)}",
                            hint="name one run, or test a fix on many: --runs RUN_ID... or "
                                 "--failed")
-    if system or policy or triage or budget is not None or from_step != "locus":
-        raise InvalidInput("--system, --policy, --triage, --budget and --from-step are for a "
-                           "population", hint="add --runs (these runs) or --failed")
+    if system or policy or triage or budget is not None or from_step != "locus" \
+            or runs_at_once is not None:
+        raise InvalidInput("--system, --policy, --triage, --budget, --from-step and "
+                           "--runs-at-once are for a population",
+                           hint="add --runs (these runs) or --failed")
     run, k = _load(ids[0], store, step)
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
     what, ranking = _rank(run, k, the_agent, the_outcome, candidates=candidates,

@@ -86,10 +86,12 @@ def fix_many(run_ids: list[str], *, failed: bool, agent: Any, outcome: Any,
              policies: list[str], candidates: str | None, rollouts: int, alpha: float,
              seed: int, from_step: str, triage_id: str | None, budget: int | None,
              resume: str | None, force_agent: bool, store: str, json_out: bool,
-             filters: dict[str, str | None] | None = None) -> None:
+             filters: dict[str, str | None] | None = None,
+             runs_at_once: int | None = None) -> None:
     """The population forms of ``car fix`` (see the module docstring); ``filters``: the
     selection ``car triage`` takes (``--agent-name``, ``--since``, ``--until``, ``--test``,
-    ``--session``), on the failed runs."""
+    ``--session``), on the failed runs; ``runs_at_once``: runs tested at once (None: chosen
+    for the agent)."""
     filters = filters or {}
     fixes = _fixes(instructions, systems, guards, policies, candidates)
     start = _from(from_step)
@@ -106,7 +108,8 @@ def fix_many(run_ids: list[str], *, failed: bool, agent: Any, outcome: Any,
                                 store=db, triage=triage_id, from_step=start,
                                 rollouts=rollouts, alpha=alpha, seed=seed, budget=budget,
                                 fix_id=resume, force_agent=force_agent,
-                                progress=_progress if shown else None)
+                                progress=_progress if shown else None,
+                                runs_at_once=runs_at_once)
     finally:
         db.close()
     if json_out:

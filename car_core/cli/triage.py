@@ -25,6 +25,7 @@ from car_core.cli.app import (
     JsonOpt,
     OutcomeOpt,
     ProgressOpt,
+    RunsAtOnceOpt,
     SessionOpt,
     SinceOpt,
     StoreOpt,
@@ -124,6 +125,7 @@ def triage_command(
         concurrency: Annotated[int, typer.Option(
             "--concurrency", min=1, help="Branches in flight (async, ray).")
         ] = defaults.CONCURRENCY,
+        runs_at_once: RunsAtOnceOpt = None,
         resume: Annotated[str | None, typer.Option(
             "--resume", metavar="TRIAGE_ID",
             help="Continue a triage: finished runs are read back, not re-run; without run ids "
@@ -163,7 +165,8 @@ def triage_command(
                                         per_run_seconds, prices),
                         label=label_fn, by=grouping, store=db, triage_id=resume,
                         executor=_executor(executor, concurrency, None),
-                        progress=_progress if shown else None, force_agent=force_agent)
+                        progress=_progress if shown else None, force_agent=force_agent,
+                        runs_at_once=runs_at_once)
     finally:
         db.close()
     if json_out:
