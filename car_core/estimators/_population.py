@@ -1,8 +1,8 @@
 """Several runs of a population at once, under one total budget (``car.triage``,
 ``car.fix_population``).
 
-Runs are independent: each draws its branches from its own seed and its own cap, so what it
-returns does not depend on which other runs ran beside it. ``RunPool`` runs up to
+Runs are independent: each draws its branches from noise and a cap that depend on no other
+run, so what it returns does not depend on which other runs ran beside it. ``RunPool`` runs up to
 ``runs_at_once`` of them on worker threads (a ``concurrent.futures`` pool; each run's branches
 still go through its own executor), or inline, on the caller's thread, when it is 1.
 
