@@ -212,19 +212,24 @@ class PopulationFix:
 
 
 def sentence(c: FixEstimate, runs_total: int) -> str:
-    """One fix's answer in plain words: its pooled rescue and the runs it does not rescue."""
+    """One fix's answer in plain words: how many more re-runs avoid the failure with it, on
+    average over the runs (the pooled rescue, with its interval), then how many runs it is
+    shown to rescue one by one and which it is not. The pooled rescue is a difference of
+    failure rates, not a share of runs: said as such, so 18% is not read as "18% of runs"."""
     missed = _ids(c.not_rescued)
     if c.rescue is None or c.rescue_ci is None:
         return f"The fix '{c.label}' could not be tested on any of the {runs_total} runs."
-    part = (f"of the {runs_total} failed runs" if c.runs_tested == runs_total
-            else f"of the {c.runs_tested} failed runs it was tested on ({runs_total} in all)")
+    part = (f"over the {runs_total} failed runs" if c.runs_tested == runs_total
+            else f"over the {c.runs_tested} failed runs it was tested on ({runs_total} in all)")
     span = f"{_pct(c.rescue)} [{_pct(c.rescue_ci[0])}, {_pct(c.rescue_ci[1])}]"
+    more = f"{span} more re-runs avoid the failure with it, on average {part}"
     if not c.shown:
-        return (f"The fix '{c.label}' is not shown to rescue the failed runs: it rescues "
-                f"{span} {part}.")
+        return f"The fix '{c.label}' is not shown to rescue the failed runs: {more}."
+    rescued = len(c.rescued)
     if not c.not_rescued:
-        return f"The fix '{c.label}' rescues {span} {part}; each run's rescue is shown."
-    return f"The fix '{c.label}' rescues {span} {part}; it does not rescue runs {missed}."
+        return f"The fix '{c.label}' works: {more}; every run is shown rescued."
+    return (f"The fix '{c.label}' works: {more}; {rescued} run(s) are shown rescued, "
+            f"{len(c.not_rescued)} not ({missed}).")
 
 
 def _ids(ids: tuple[str, ...], most: int = 4) -> str:

@@ -88,7 +88,7 @@ def test_fix_failed_says_the_answer_first_in_plain_words(folder):
     assert proc.returncode in (0, 1), proc.stderr
     first = proc.stdout.splitlines()[0]
     assert first.startswith(f"The fix 'system prompt: {DESK.fix}'")
-    assert f"of the {len(runs)} failed runs" in first
+    assert f"on average over the {len(runs)} failed runs" in first
     assert "fix " in proc.stdout and "car export fix" in proc.stdout
 
 
