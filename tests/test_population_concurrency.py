@@ -110,7 +110,7 @@ def test_the_default_is_chosen_from_the_agent_and_a_bad_value_is_refused():
 def test_triage_four_at_once_equals_one_after_another(population, tmp_path, budget):
     got, seen, threads = {}, {}, {}
     for n in (1, 4):
-        agent, policy = _desk()
+        agent, policy = _desk(latency=0.002)  # a run lasts long enough for others to start
         rows = _Progress()
         with RunStore(tmp_path / f"{n}.db") as store:
             res = car.triage(population, agent, outcome=DESK.outcome, rollouts=K,
@@ -173,7 +173,7 @@ def test_fix_population_four_at_once_equals_one_after_another(population, loci, 
     # of 53 pays for three runs and the other five are untested
     got, threads = {}, {}
     for n in (1, 4):
-        agent, policy = _desk()
+        agent, policy = _desk(latency=0.002)  # a run lasts long enough for others to start
         done = _Progress()
         with RunStore(tmp_path / f"{n}.db") as store:
             res = car.fix_population(population, agent, outcome=DESK.outcome,

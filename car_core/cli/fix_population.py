@@ -17,7 +17,7 @@ from rich.text import Text
 
 from car_core.cli import kit
 from car_core.cli.app import STDOUT, StoreOpt, err, errors, out, print_json
-from car_core.cli.selection import selected
+from car_core.cli.selection import selected, stop_if_ran_out
 from car_core.errors import AgentError, CarError, InvalidInput
 from car_core.estimators.fixes import Fix, as_fix
 from car_core.estimators.population_fix import fix_population
@@ -116,11 +116,7 @@ def fix_many(run_ids: list[str], *, failed: bool, agent: Any, outcome: Any,
         print_json(result.to_dict())
     else:
         print_fix(result, store)
-    if result.truncated:
-        err.print(Text(kit.safe(f"the total budget ran out ({result.budget_note}); to "
-                                f"continue: the same command with --resume {result.fix_id} "
-                                "and a larger budget")), soft_wrap=True)
-        raise typer.Exit(kit.BUDGET)
+    stop_if_ran_out(result.truncated, result.budget_note, result.fix_id)
     if not any(c.shown for c in result.candidates):
         raise typer.Exit(kit.NOTHING)
 

@@ -1,11 +1,16 @@
 """Which stored runs a population command works on (``car triage``, ``car fix --failed``):
-run ids, or the filters over the store, read without writing."""
+run ids, or the filters over the store, read without writing; and how such a command ends
+when its total budget ran out."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import typer
+from rich.text import Text
+
 from car_core.cli import kit
+from car_core.cli.app import err
 from car_core.errors import InvalidInput
 
 
@@ -45,3 +50,12 @@ def selected(store: str, run_ids: list[str] | None, resume: str | None, outcome:
                            test=test, outcome=outcome, session=session)
     finally:
         reader.close()
+
+
+def stop_if_ran_out(truncated: bool, note: str | None, resume_id: str | None) -> None:
+    """A population whose total budget ran out: say how to continue it, exit ``BUDGET``."""
+    if truncated:
+        err.print(Text(kit.safe(f"the total budget ran out ({note}); to continue: the same "
+                                f"command with --resume {resume_id} and a larger budget")),
+                  soft_wrap=True)
+        raise typer.Exit(kit.BUDGET)

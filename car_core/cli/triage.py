@@ -38,7 +38,7 @@ from car_core.cli.app import (
     print_json,
 )
 from car_core.cli.attribute import ExecutorName, _executor
-from car_core.cli.selection import selected
+from car_core.cli.selection import selected, stop_if_ran_out
 from car_core.errors import InvalidInput
 from car_core.estimators.triage import FIELDS, triage
 from car_core.model.budget import Budget
@@ -173,11 +173,7 @@ def triage_command(
         print_json(result.to_dict())
     else:
         print_triage(result, store)
-    if result.truncated:
-        err.print(Text(kit.safe(f"the total budget ran out ({result.budget_note}); to "
-                                f"continue: the same command with --resume "
-                                f"{result.triage_id} and a larger budget")), soft_wrap=True)
-        raise typer.Exit(kit.BUDGET)
+    stop_if_ran_out(result.truncated, result.budget_note, result.triage_id)
     if not result.groups:
         raise typer.Exit(kit.NOTHING)
 
