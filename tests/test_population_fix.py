@@ -86,7 +86,9 @@ def test_a_fix_of_one_mode_rescues_it_and_lists_the_other_mode_as_not_rescued(
     # 4·6 each re-run from the start: (14·22 + 10·16) / (24·24)
     assert res.cost.ratio == pytest.approx((14 * 22 + 10 * 16) / (24 * 24))
     assert str(res).startswith("The fix '")
-    assert "run(s) are shown rescued" in res.summary() and "more re-runs avoid the failure" in res.summary()
+    summary = res.summary()
+    assert "run(s) are shown rescued" in summary
+    assert "more re-runs avoid the failure" in summary
 
 
 def test_guard_and_context_edit_rescue_only_the_mode_that_reads_them(population, triaged):
