@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import sys
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,18 +15,13 @@ from rich.table import Table
 from rich.text import Text
 
 from car_core.cli import kit
-from car_core.cli.app import STDOUT, StoreOpt, err, errors, out, print_json
-from car_core.cli.selection import selected, stop_if_ran_out
+from car_core.cli.app import StoreOpt, err, errors, out, print_json
+from car_core.cli.selection import Format, export, selected, stop_if_ran_out
 from car_core.errors import AgentError, CarError, InvalidInput
 from car_core.estimators.fixes import Fix, as_fix
 from car_core.estimators.population_fix import fix_population
 from car_core.fix_results import PopulationFix
 from car_core.store import RunStore
-
-
-class Format(StrEnum):
-    json = "json"
-    csv = "csv"
 
 
 def _guard(spec: str) -> Fix:
@@ -170,15 +164,4 @@ def export_fix(
         result = load_fix(db, fix_id)
     finally:
         db.close()
-    chosen = fmt or (Format.csv if out_path is not None and out_path.suffix.lower() == ".csv"
-                     else Format.json)
-    text = result.to_csv() if chosen is Format.csv else result.to_json(indent=2) + "\n"
-    if out_path is None:
-        STDOUT.write(text)
-        return
-    try:
-        out_path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise InvalidInput(f"cannot write {out_path}: {exc.strerror}",
-                           hint="pass --out a writable file") from None
-    out.print(Text(kit.safe(f"wrote population fix {fix_id} ({chosen.value}) to {out_path}")))
+    export(result, fmt, out_path, f"population fix {fix_id}")

@@ -1,17 +1,25 @@
 """Which stored runs a population command works on (``car triage``, ``car fix --failed``):
-run ids, or the filters over the store, read without writing; and how such a command ends
-when its total budget ran out."""
+run ids, or the filters over the store, read without writing; how such a command ends when
+its total budget ran out; and how its stored result is exported (``car export triage|fix``)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
 
 import typer
 from rich.text import Text
 
 from car_core.cli import kit
-from car_core.cli.app import err
+from car_core.cli.app import STDOUT, err, out
 from car_core.errors import InvalidInput
+
+
+class Format(StrEnum):
+    json = "json"
+    csv = "csv"
 
 
 def when(text: str | None, flag: str) -> float | None:
@@ -59,3 +67,20 @@ def stop_if_ran_out(truncated: bool, note: str | None, resume_id: str | None) ->
                                 f"command with --resume {resume_id} and a larger budget")),
                   soft_wrap=True)
         raise typer.Exit(kit.BUDGET)
+
+
+def export(result: Any, fmt: Format | None, out_path: Path | None, what: str) -> None:
+    """Write a stored population result (``to_csv``/``to_json``) to ``out_path`` or standard
+    output: CSV when asked, or when ``out_path`` ends in ``.csv``, else JSON."""
+    chosen = fmt or (Format.csv if out_path is not None and out_path.suffix.lower() == ".csv"
+                     else Format.json)
+    text = str(result.to_csv() if chosen is Format.csv else result.to_json(indent=2) + "\n")
+    if out_path is None:
+        STDOUT.write(text)
+        return
+    try:
+        out_path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInput(f"cannot write {out_path}: {exc.strerror}",
+                           hint="pass --out a writable file") from None
+    out.print(Text(kit.safe(f"wrote {what} ({chosen.value}) to {out_path}")))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -18,7 +18,6 @@ from rich.text import Text
 from car_core import defaults
 from car_core.cli import kit
 from car_core.cli.app import (
-    STDOUT,
     AgentNameOpt,
     AgentOpt,
     ForceAgentOpt,
@@ -38,7 +37,7 @@ from car_core.cli.app import (
     print_json,
 )
 from car_core.cli.attribute import ExecutorName, _executor
-from car_core.cli.selection import selected, stop_if_ran_out
+from car_core.cli.selection import Format, export, selected, stop_if_ran_out
 from car_core.errors import InvalidInput
 from car_core.estimators.triage import FIELDS, triage
 from car_core.model.budget import Budget
@@ -50,11 +49,6 @@ class Only(StrEnum):
     failed = "failed"
     passed = "passed"
     any = "any"
-
-
-class Format(StrEnum):
-    json = "json"
-    csv = "csv"
 
 
 def _budget(rollouts: int | None, tokens: int | None, cost: float | None,
@@ -227,15 +221,4 @@ def export_triage(
         result = load_triage(db, triage_id)
     finally:
         db.close()
-    chosen = fmt or (Format.csv if out_path is not None and out_path.suffix.lower() == ".csv"
-                     else Format.json)
-    text: Any = result.to_csv() if chosen is Format.csv else result.to_json(indent=2) + "\n"
-    if out_path is None:
-        STDOUT.write(text)
-        return
-    try:
-        out_path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise InvalidInput(f"cannot write {out_path}: {exc.strerror}",
-                           hint="pass --out a writable file") from None
-    out.print(Text(kit.safe(f"wrote triage {triage_id} ({chosen.value}) to {out_path}")))
+    export(result, fmt, out_path, f"triage {triage_id}")
