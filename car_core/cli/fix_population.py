@@ -17,7 +17,7 @@ from rich.text import Text
 from car_core.cli import kit
 from car_core.cli.app import StoreOpt, err, errors, out, print_json
 from car_core.cli.selection import Format, export, selected, stop_if_ran_out
-from car_core.errors import AgentError, CarError, InvalidInput
+from car_core.errors import InvalidInput
 from car_core.estimators.fixes import Fix, as_fix
 from car_core.estimators.population_fix import fix_population
 from car_core.fix_results import PopulationFix
@@ -35,18 +35,7 @@ def _guard(spec: str) -> Fix:
 
 
 def _policy(spec: str) -> Fix:
-    factory = kit.load_object(spec, "policy")
-    if not callable(factory):
-        raise InvalidInput(f"--policy {spec!r} is not callable",
-                           hint="point --policy at a function that returns the policy")
-    try:
-        made = factory()
-    except CarError:
-        raise
-    except Exception as exc:
-        raise AgentError(f"--policy {spec} raised {exc!r} while building the policy",
-                         hint="fix the factory; car calls it with no arguments") from exc
-    return Fix.policy(made, label=f"use policy {spec}")
+    return Fix.policy(kit.built(spec, "policy"), label=f"use policy {spec}")
 
 
 def _fixes(instructions: list[str], systems: list[str], guards: list[str],

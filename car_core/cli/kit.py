@@ -201,20 +201,26 @@ def load_object(spec: str, what: str) -> Any:
     return obj
 
 
-def load_agent_and_outcome(agent_spec: str, outcome_spec: str | None) -> tuple[Any, Any]:
-    """``FACTORY()`` gives the agent. A factory that returns a model with ``agent()`` and
-    ``outcome`` (a synthetic SCM) supplies both, so ``--outcome`` may be left out."""
-    factory = load_object(agent_spec, "agent")
+def built(spec: str, flag: str) -> Any:
+    """What the factory ``spec`` (``MODULE:FACTORY``, named by ``--flag``) returns when called
+    with no arguments; a spec that is not callable, or a factory that raises, is refused."""
+    factory = load_object(spec, flag)
     if not callable(factory):
-        raise InvalidInput(f"--agent {agent_spec!r} is not callable",
-                           hint="point --agent at a function that returns the agent")
+        raise InvalidInput(f"--{flag} {spec!r} is not callable",
+                           hint=f"point --{flag} at a function that returns the {flag}")
     try:
-        made = factory()
+        return factory()
     except CarError:
         raise
     except Exception as exc:
-        raise AgentError(f"--agent {agent_spec} raised {exc!r} while building the agent",
+        raise AgentError(f"--{flag} {spec} raised {exc!r} while building the {flag}",
                          hint="fix the factory; car calls it with no arguments") from exc
+
+
+def load_agent_and_outcome(agent_spec: str, outcome_spec: str | None) -> tuple[Any, Any]:
+    """``FACTORY()`` gives the agent. A factory that returns a model with ``agent()`` and
+    ``outcome`` (a synthetic SCM) supplies both, so ``--outcome`` may be left out."""
+    made = built(agent_spec, "agent")
     outcome = None
     if not hasattr(made, "branch") and callable(getattr(made, "agent", None)):
         outcome = getattr(made, "outcome", None)
