@@ -11,6 +11,7 @@ from _estimator_helpers import TOKENS_PER_STEP, TokenAgent, counted
 
 import car_core as car
 from car_core.errors import BranchesFailed, InvalidInput, NothingToAttribute
+from car_core.model.vocabulary import Answer
 from car_core.testing import synthetic as syn
 
 RESULT_KEYS = {"method", "run_id", "attribution_id", "locus", "reason", "alpha", "correction",
@@ -147,6 +148,19 @@ def test_budget_is_never_exceeded_and_truncation_is_reported():
         assert res.truncated == (res.locus is None)
     whole = attribute(model, 0, rollouts=32)
     assert not whole.truncated and whole.budget_note is None
+
+
+def test_a_budget_too_small_for_one_pair_is_undecided_not_no_cause():
+    """With fewer than two rollouts the gate runs no pair: nothing was measured, so the answer
+    is undecided (the budget ran out), never "no cause" (it once was, and a triage whose total
+    left one rollout answered "no cause" for every run after that)."""
+    from car_core.estimators.search import search
+    model = syn.pivot()
+    for cap in (0, 1):
+        d = search(syn.SampledArms(model, 0, cap, "none"), model.n_steps, cap, 0.05)
+        assert d.candidate is None and d.exhausted and "budget ran out" in (d.note or "")
+    res = attribute(model, 0, rollouts=32, budget=1)  # a budget of 0 is refused as such
+    assert res.answer == Answer.UNDECIDED and res.rollouts_used == 0
 
 
 def test_token_budget_trips_before_spending_more():

@@ -41,6 +41,9 @@ T = TypeVar("T")
 A = TypeVar("A")
 
 
+PAIR = 2  # rollouts a run needs to compare anything: fewer left and the total is spent
+
+
 def runs_at_once_for(given: Any, agent: Agent) -> int:
     """``given`` when it is a whole number >= 1; None: ``defaults.RUNS_AT_ONCE`` for an agent
     whose branches wait on a model server (``waits_on_server``, as the search's wave), else 1
@@ -88,7 +91,7 @@ class Purse:
             used = (time.monotonic() - self.started if name == "wall_time"
                     else getattr(self.spent, name) + getattr(self.held, name))
             left = cap - used
-            if left <= 0 or (name == "rollouts" and left < 1):
+            if left <= 0 or (name == "rollouts" and left < PAIR):
                 return rest, (f"the {self.what}'s total {name.replace('_', '-')} budget of "
                               f"{cap:g} is spent")
             rest[name] = left

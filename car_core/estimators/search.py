@@ -69,10 +69,19 @@ class Decision:
     earlier: tuple[Decision, ...] = ()  # confirmed steps before the locus, with their intervals
 
     @classmethod
-    def no_rise(cls, nav: Navigator, spent: int, given_up: list[int]) -> Decision:
-        """The gate shows no rise (again, after ``given_up`` candidates): no cause."""
+    def no_rise(cls, nav: Navigator, spent: int, given_up: list[int], short: bool = False
+                ) -> Decision:
+        """The gate shows no rise (again, after ``given_up`` candidates): no cause — unless
+        the budget ran out while the gate was still drawing (``short``): a gate cut short has
+        not shown that holding the record changes nothing (with no pair at all it has shown
+        nothing), so the answer is undecided."""
         pos, neg = nav.gate_counts()
         seen = (f"({pos} pair(s) up, {neg} down of {nav.d_gate.size})")
+        if short:
+            return cls(None, note=("the budget ran out before the gate could tell whether "
+                                   f"holding the record raises the failure rate {seen}"),
+                       exhausted=True, decided_spent=spent, coupling=nav.coupling(),
+                       given_up=tuple(given_up))
         if given_up:
             note = (f"after {len(given_up)} candidate step(s) were given up "
                     f"({', '.join(map(str, given_up))}), holding the whole record no longer "
@@ -162,7 +171,7 @@ def _navigate_and_confirm(src: ArmSource, nav: Navigator, n: int, budget: int, a
     if n > 1:
         pos, neg = nav.gate()
         if pos - neg <= 0:
-            return Decision.no_rise(nav, budget - src.remaining, [])
+            return Decision.no_rise(nav, budget - src.remaining, [], src.remaining < 2)
         candidate = nav.bisect(0, n, int(budget * NAV_SHARE) - (budget - src.remaining))
     given_up: list[int] = []
     start = CONFIRM
@@ -192,7 +201,7 @@ def _navigate_and_confirm(src: ArmSource, nav: Navigator, n: int, budget: int, a
         nav.shortcuts = False
         pos, neg = nav.regate()
         if pos - neg <= 0:
-            return Decision.no_rise(nav, budget - src.remaining, given_up)
+            return Decision.no_rise(nav, budget - src.remaining, given_up, src.remaining < 2)
         candidate = nav.bisect(0, n, int(src.remaining * NAV_SHARE)) if n > 1 else 0
 
 
