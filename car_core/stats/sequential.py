@@ -40,6 +40,7 @@ SPREAD = 0.15        # how far around the prior's bet its weight spreads
 EVEN_SHARE = 0.3     # of the mixture weight, the part spread evenly over every bet
 GRID = np.linspace(-1.0, 1.0, 801)  # candidate means of the confidence sequence
 PRIOR_WEIGHT = 8.0   # prior pseudo-data count at most this many pairs
+TOP_SHARE = 0.9     # of a below-bound test's weight, what its largest bet gets (``below_at``)
 EXACT_MAX = 2000     # disagreeing pairs beyond which the exact walk (quadratic) is not run
 
 
@@ -100,10 +101,13 @@ def below_at(d: Sequence[float] | np.ndarray, bound: float, alpha: float) -> int
     else None: the mixture bets on ``bound − d``, a non-negative supermartingale whenever the
     mean is ``≥ bound``, so by Ville the test errs with probability ``≤ alpha`` however long it
     runs. Bets reach ``1/(1 − bound)`` (``bound − d ≥ bound − 1`` keeps every factor positive),
-    and half the weight is on the largest: a step that changes nothing under shared noise gives
-    pairs of zeros, which only the largest bet rules out fast — at the rate of the exact test
-    "no pair went up" — while noisy pairs could not rule out a small rise within a budget at
-    any bet."""
+    and ``TOP_SHARE`` of the weight is on the largest: a step that changes nothing under shared
+    noise gives pairs of zeros, and an arm after which failure is certain rollouts that never
+    pass, which only the largest bet rules out fast — at the rate of the exact test "no pair
+    went up" — while noisy pairs could not rule out a small rise within a budget at any bet.
+    Nine tenths there, against half, cut the all-fail test from 50 rollouts to 46 at the same
+    level; what it costs noisy pairs (ln 5 against ln 2 nats) is spent where no budget rules
+    out ``Δ = 0.1`` anyway."""
     log_w = _below_wealth(d, bound)
     hit = np.nonzero(log_w >= np.log(1.0 / alpha))[0]
     return int(hit[0]) + 1 if hit.size else None
@@ -123,8 +127,8 @@ def _below_wealth(d: Sequence[float] | np.ndarray, bound: float) -> np.ndarray:
     x = bound - np.asarray(d, dtype=float)
     if x.size == 0:
         return np.zeros(0)
-    weights = np.full(BETS.size, 0.5 / BETS.size)
-    weights[-1] += 0.5
+    weights = np.full(BETS.size, (1 - TOP_SHARE) / BETS.size)
+    weights[-1] += TOP_SHARE
     return _wealth_up(x, weights, 1.0 / (1.0 - bound))
 
 
