@@ -171,6 +171,24 @@ class Witnesses:
         return None
 
 
+def locus_posterior(fails: np.ndarray, runs: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """P(locus = c | the arms' failures and rollouts) for ``c`` in ``[lo, hi)``, under one
+    rise: arms ``≤ c`` fail at one unknown rate, arms ``> c`` at another (Jeffreys priors), the
+    locus uniform. Arms are taken as independent samples, which is what unshared noise gives.
+    ``fails`` and ``runs`` index the arms on their last axis; leading axes are separate
+    what-ifs, each with a posterior of its own."""
+    from scipy.special import betaln  # scipy loads with the first estimate, not on import
+    cf, cr = np.cumsum(fails, axis=-1), np.cumsum(runs, axis=-1)
+    f_lo, r_lo = cf[..., lo:hi], cr[..., lo:hi]
+    f_hi, r_hi = cf[..., -1:] - f_lo, cr[..., -1:] - r_lo
+    ll = (betaln(0.5 + f_lo, 0.5 + r_lo - f_lo) + betaln(0.5 + f_hi, 0.5 + r_hi - f_hi))
+    # one rise, upwards: a split whose early arms fail more than its late ones is penalised
+    wrong = (f_lo + 0.5) / (r_lo + 1) > (f_hi + 0.5) / (r_hi + 1)
+    ll = ll - np.where(wrong, 5.0, 0.0)
+    w = np.exp(ll - ll.max(axis=-1, keepdims=True))
+    return np.asarray(w / w.sum(axis=-1, keepdims=True))
+
+
 class Navigator:
     """The navigation stages: the gate, the measured coupling and the bisection decisions,
     all on navigation indices (below ``CONFIRM``)."""
@@ -321,21 +339,10 @@ class Navigator:
 
     def posterior(self, lo: int, hi: int, more: dict[int, tuple[float, int]] | None = None
                   ) -> np.ndarray:
-        """P(locus = c | every arm's outcomes) for ``c`` in ``[lo, hi)``, under one rise: arms
-        ``≤ c`` fail at one unknown rate, arms ``> c`` at another (Jeffreys priors), the locus
-        uniform. Arms are taken as independent samples, which is what unshared noise gives."""
-        from scipy.special import betaln  # scipy loads with the first estimate, not on import
+        """P(locus = c | every arm's outcomes) for ``c`` in ``[lo, hi)`` (``locus_posterior``
+        of the arms' failures and rollouts as seen, with ``more`` added)."""
         fails, runs = self._armsign_counts(more)
-        cf, cr = np.cumsum(fails), np.cumsum(runs)
-        c = np.arange(lo, hi)
-        f_lo, r_lo = cf[c], cr[c]
-        f_hi, r_hi = cf[-1] - f_lo, cr[-1] - r_lo
-        ll = (betaln(0.5 + f_lo, 0.5 + r_lo - f_lo) + betaln(0.5 + f_hi, 0.5 + r_hi - f_hi))
-        # one rise, upwards: a split whose early arms fail more than its late ones is penalised
-        wrong = (f_lo + 0.5) / (r_lo + 1) > (f_hi + 0.5) / (r_hi + 1)
-        ll = ll - np.where(wrong, 5.0, 0.0)
-        w = np.exp(ll - ll.max())
-        return np.asarray(w / w.sum())
+        return locus_posterior(fails, runs, lo, hi)
 
     def locate(self, lo: int, hi: int, nav_budget: int) -> int:
         """Probabilistic bisection: run the arm that splits the posterior of the locus in half,
@@ -394,18 +401,27 @@ class Navigator:
         return float(high), float(min(low, high))
 
     def _most_telling(self, lo: int, hi: int, post: np.ndarray, best: int) -> int:
-        """The arm in ``(lo, hi)`` whose next outcome tells most about the locus: arm ``j``
-        fails at the low rate when the locus is at or after ``j`` and at the high one before
-        it, so one outcome carries ``h(mix) − E h(rate)`` about which (``h``: binary entropy)."""
-        high, low = self.split_rates(best)
-        def h(p: np.ndarray | float) -> np.ndarray:
-            q = np.clip(p, 1e-9, 1 - 1e-9)
-            return np.asarray(-(q * np.log(q) + (1 - q) * np.log(1 - q)))
+        """The arm in ``(lo, hi)`` whose next outcome is expected to leave the least entropy
+        in the locus posterior: each arm's outcome is predicted from the posterior itself
+        (under locus ``c`` the arm fails at the rate of its side of ``c``), and the posterior
+        is recomputed after a failure and after a success. Looking ahead on the posterior
+        counts what an arm has already shown: an arm run many times tells little more, even
+        when the locus is evenly split on either side of it (valuing each arm by the split
+        alone ran one arm twenty times while the arm that decided the answer waited)."""
+        del best
+        fails, runs = self._armsign_counts()
+        cf, cr = np.cumsum(fails), np.cumsum(runs)
+        c = np.arange(lo, hi)
+        rate_lo = (cf[c] + 0.5) / (cr[c] + 1)                            # arms <= c
+        rate_hi = (cf[-1] - cf[c] + 0.5) / (cr[-1] - cr[c] + 1)          # arms > c
         arms = np.arange(lo + 1, hi)
-        p_low = np.array([post[j - lo:].sum() for j in arms])  # P(locus >= j)
-        mix = p_low * low + (1 - p_low) * high
-        gain = h(mix) - (p_low * h(low) + (1 - p_low) * h(high))
-        return int(arms[int(np.argmax(gain))])
+        p_fail = np.where(arms[:, None] <= c[None, :], rate_lo, rate_hi) @ post
+        one = np.eye(fails.size)[arms]                 # what-if: one more rollout of each arm
+        after = [locus_posterior(fails + o * one, runs + one, lo, hi) for o in (1.0, 0.0)]
+        def entropy(p: np.ndarray) -> np.ndarray:
+            return np.asarray(-(p * np.log(np.clip(p, 1e-300, None))).sum(axis=-1))
+        left = p_fail * entropy(after[0]) + (1 - p_fail) * entropy(after[1])
+        return int(arms[int(np.argmin(left))])
 
     def doubts(self, c: int) -> Callable[[int, int], bool]:
         """Whether the locus posterior, given a confirmation's pairs of ``c`` so far, puts
