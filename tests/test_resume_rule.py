@@ -113,7 +113,7 @@ def test_a_resume_on_an_agents_own_noise_reads_stored_branches_back_and_draws_wi
                             budget=car.Budget(**budget))
     after = {(b["arm"], b["rollout"]): b["outcome"] for b in store.branches("own")}
     assert {key: after[key] for key in kept} == kept  # read back, not drawn again
-    assert 0 < len(after) - len(kept) <= budget["rollouts"] == grown.rollouts_used
+    assert 0 < len(after) - len(kept) <= grown.rollouts_used <= budget["rollouts"]
     measured = {arm.hold_before: arm.n for arm in grown.arms}
     stored = {arm: sum(1 for (a, _r) in after if a == f"hold<{arm}") for arm in measured}
     assert all(measured[arm] <= stored[arm] for arm in measured)
