@@ -8,8 +8,10 @@ is ``car.contrastive``'s (``search.search``) at its defaults: budget ``n·K``, `
 
 Per row: how often the locus is the latest rise (``located``); how often the whole claim is
 made and true (``claim``: the step named rescues more than nothing and every later step less
-than ``Δ``, none left open); how often later steps are left open, and how often the budget ran
-out before a step was confirmed. Then the mean rollouts when the first step was confirmed
+than ``Δ``, none left open); how often later steps are left open, how often the budget ran
+out before a step was confirmed, and how often it ran out while the step being confirmed
+rescues nothing (``out on a level step``: the futility bounds need more pairs than the budget
+had left to give such a step up). Then the mean rollouts when the first step was confirmed
 (``located_spent``; a seed that confirms none counts what it spent) and when the claim was
 decided (``decided_spent``), over every seed (one that runs out counts its budget, so a row with
 undecided seeds reads low), beside the fixed-confidence bounds ``T*·kl(α, 1 − α)``
@@ -156,8 +158,10 @@ def outcome(world: World, d: search_mod.Decision) -> dict[str, Any]:
     open_steps = d.later.open_steps if d.later is not None else ()
     true_claim = named is not None and model.rescue(named) > 1e-12 and all(
         model.rescue(j) < INDIFFERENCE for j in range(named + 1, world.n))
+    level = d.candidate is not None and model.rescue(d.candidate) < 1e-12
     return {"hit": named == world.locus, "claim": true_claim and not open_steps,
             "open": named is not None and bool(open_steps), "undecided": d.exhausted,
+            "level_end": d.exhausted and level,
             "located": d.located_spent or d.decided_spent, "decided": d.decided_spent}
 
 
@@ -195,9 +199,9 @@ def table(steps: list[int], rescues: list[float], flips: list[float], sim_seeds:
           f"T*·kl(α, 1 − α) (Garivier–Kaufmann): told the pivot, and for the claim "
           f"(pivot unknown, later steps < Δ). Mean rollouts over every seed.")
     print("| world | rescue | n | flip | where | located | claim | open | undecided "
-          "| located_spent | decided_spent | told bound | claim bound | decided/told "
-          "| decided/claim | located/told | decided_spent where claimed |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| out on a level step | located_spent | decided_spent | told bound | claim bound "
+          "| decided/told | decided/claim | located/told | decided_spent where claimed |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     over = 0
     for w in rows:
         mu = w.arms()
@@ -218,7 +222,8 @@ def table(steps: list[int], rescues: list[float], flips: list[float], sim_seeds:
                   f"| {_pct(sum(r['hit'] for r in out), s)} "
                   f"| {_pct(sum(r['claim'] for r in out), s)} "
                   f"| {sum(r['open'] for r in out) / s:.0%} "
-                  f"| {sum(r['undecided'] for r in out) / s:.0%} | {located:.0f} "
+                  f"| {sum(r['undecided'] for r in out) / s:.0%} "
+                  f"| {sum(r['level_end'] for r in out) / s:.0%} | {located:.0f} "
                   f"| {decided:.0f} of {w.n * k} | {told:.1f} | {claim.bound(alpha):.1f} "
                   f"| {decided / told:.2f} | {decided / claim.bound(alpha):.2f} "
                   f"| {located / told:.2f} | {where_claimed} |", flush=True)
