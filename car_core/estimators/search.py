@@ -69,17 +69,15 @@ class Decision:
     earlier: tuple[Decision, ...] = ()  # confirmed steps before the locus, with their intervals
 
     @classmethod
-    def no_rise(cls, nav: Navigator, spent: int, given_up: list[int], short: bool = False
-                ) -> Decision:
-        """The gate shows no rise (again, after ``given_up`` candidates): no cause — unless
-        the budget ran out while the gate was still drawing (``short``): a gate cut short has
-        not shown that holding the record changes nothing (with no pair at all it has shown
-        nothing), so the answer is undecided."""
+    def no_rise(cls, nav: Navigator, spent: int, given_up: list[int]) -> Decision:
+        """The gate shows no rise (again, after ``given_up`` candidates): no cause at this
+        sample size — unless the budget left the gate no pair at all: then nothing was
+        measured, and the answer is undecided (it once said "no cause" from nothing)."""
         pos, neg = nav.gate_counts()
         seen = (f"({pos} pair(s) up, {neg} down of {nav.d_gate.size})")
-        if short:
-            return cls(None, note=("the budget ran out before the gate could tell whether "
-                                   f"holding the record raises the failure rate {seen}"),
+        if nav.d_gate.size == 0:
+            return cls(None, note=("the budget ran out before the gate could run a pair: "
+                                   "nothing was measured"),
                        exhausted=True, decided_spent=spent, coupling=nav.coupling(),
                        given_up=tuple(given_up))
         if given_up:
@@ -171,7 +169,7 @@ def _navigate_and_confirm(src: ArmSource, nav: Navigator, n: int, budget: int, a
     if n > 1:
         pos, neg = nav.gate()
         if pos - neg <= 0:
-            return Decision.no_rise(nav, budget - src.remaining, [], src.remaining < 2)
+            return Decision.no_rise(nav, budget - src.remaining, [])
         candidate = nav.bisect(0, n, int(budget * NAV_SHARE) - (budget - src.remaining))
     given_up: list[int] = []
     start = CONFIRM
@@ -201,7 +199,7 @@ def _navigate_and_confirm(src: ArmSource, nav: Navigator, n: int, budget: int, a
         nav.shortcuts = False
         pos, neg = nav.regate()
         if pos - neg <= 0:
-            return Decision.no_rise(nav, budget - src.remaining, given_up, src.remaining < 2)
+            return Decision.no_rise(nav, budget - src.remaining, given_up)
         candidate = nav.bisect(0, n, int(src.remaining * NAV_SHARE)) if n > 1 else 0
 
 
