@@ -205,3 +205,13 @@ def test_every_branch_failing_says_why(tmp_path, pivot_run):
     # one line that says why, then the command that resumes once the agent is fixed
     assert "broken tool" in lines[0] and "branches failed" in lines[0], stderr
     assert lines[1:] and "Resume with:" in lines[1] and "--resume" in lines[-1], stderr
+
+
+def test_a_report_to_a_path_that_cannot_be_written_is_bad_input_with_a_hint(stored, tmp_path):
+    """``--out`` pointing into a folder that does not exist: exit 2, one line naming the path
+    and what to pass instead (``kit.write_out``), no traceback and no file."""
+    db, run = stored
+    target = tmp_path / "no-such-folder" / "report.html"
+    code, _, err = run_cli(["report", run.id, "--store", str(db), "--out", str(target)])
+    assert code == 2 and f"cannot write {target}" in err and "--out" in err
+    assert "Traceback" not in err and not target.exists()

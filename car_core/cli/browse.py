@@ -155,11 +155,7 @@ def report(run_id: Annotated[str | None, typer.Argument(
     db = kit.existing_store(store)
     run = db.load(run_id)
     html, note = run_page(db, run, attribution, method.value if method else None)
-    try:
-        out_path.write_text(html, encoding="utf-8")
-    except OSError as exc:
-        raise InvalidInput(f"cannot write {out_path}: {exc.strerror}",
-                           hint="pass --out a writable path") from None
+    kit.write_out(out_path, html, "pass --out a writable path")
     out.print(Text(kit.safe(f"wrote {out_path} ({note})")))
 
 

@@ -314,6 +314,15 @@ def _price_pair(pair: Any, where: str) -> tuple[float, float]:
     return pin, pout
 
 
+def write_out(path: Path, text: str, hint: str) -> None:
+    """Write what a command produced to ``--out``; a path it cannot write is bad input with
+    what to pass instead, not a traceback."""
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInput(f"cannot write {path}: {exc.strerror}", hint=hint) from None
+
+
 def existing_store(path: str) -> Any:
     """Open a store that must already exist, read-only: read commands never create, migrate
     or leave a file beside it."""

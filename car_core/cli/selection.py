@@ -78,9 +78,5 @@ def export(result: Any, fmt: Format | None, out_path: Path | None, what: str) ->
     if out_path is None:
         STDOUT.write(text)
         return
-    try:
-        out_path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise InvalidInput(f"cannot write {out_path}: {exc.strerror}",
-                           hint="pass --out a writable file") from None
+    kit.write_out(out_path, text, "pass --out a writable file")
     out.print(Text(kit.safe(f"wrote {what} ({chosen.value}) to {out_path}")))
