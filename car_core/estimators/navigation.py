@@ -361,10 +361,10 @@ class Navigator:
             if post[best] >= 1 - error or spent >= nav_budget or self.src.remaining < 1:
                 return lo + best
             if self.wave > 1:
-                if not self._locate_round(lo, hi, post, lo + best, nav_budget - spent):
+                if not self._locate_round(lo, hi, post, nav_budget - spent):
                     return lo + best
                 continue
-            j = self._most_telling(lo, hi, post, lo + best)
+            j = self._most_telling(lo, hi, post)
             m = self.reach.get(j, 0)
             y = self.src.outcomes(j, range(m + NAV_BATCH))
             if y.size <= m:
@@ -375,12 +375,12 @@ class Navigator:
                 if 2 * have < y.size and self.src.remaining >= 1:
                     self.reach[end] = int(self.src.outcomes(end, range(y.size // 2)).size)
 
-    def _locate_round(self, lo: int, hi: int, post: np.ndarray, best: int, room: int) -> bool:
+    def _locate_round(self, lo: int, hi: int, post: np.ndarray, room: int) -> bool:
         """One look of ``locate`` in rounds (``wave``): the most telling arm gets a quarter of
         a wave (no more than the navigation has left; larger looks lost power where the budget
         runs out), and ``H_0`` and ``H_n`` their top-up, drawn
         at once. False when the arm did not grow (the budget is spent)."""
-        j = self._most_telling(lo, hi, post, best)
+        j = self._most_telling(lo, hi, post)
         m = self.reach.get(j, 0)
         wants: dict[int, Sequence[int]] = {
             j: range(m + max(NAV_BATCH, min(self.wave, room) // 4))}
@@ -400,7 +400,7 @@ class Navigator:
         low = (fails[:c + 1].sum() + 0.5) / (runs[:c + 1].sum() + 1)
         return float(high), float(min(low, high))
 
-    def _most_telling(self, lo: int, hi: int, post: np.ndarray, best: int) -> int:
+    def _most_telling(self, lo: int, hi: int, post: np.ndarray) -> int:
         """The arm in ``(lo, hi)`` whose next outcome is expected to leave the least entropy
         in the locus posterior: each arm's outcome is predicted from the posterior itself
         (under locus ``c`` the arm fails at the rate of its side of ``c``), and the posterior
@@ -408,7 +408,6 @@ class Navigator:
         counts what an arm has already shown: an arm run many times tells little more, even
         when the locus is evenly split on either side of it (valuing each arm by the split
         alone ran one arm twenty times while the arm that decided the answer waited)."""
-        del best
         fails, runs = self._armsign_counts()
         cf, cr = np.cumsum(fails), np.cumsum(runs)
         c = np.arange(lo, hi)
