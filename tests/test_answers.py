@@ -16,7 +16,7 @@ from _estimator_helpers import TokenAgent
 
 import car_core as car
 from car_core.cli import kit
-from car_core.model.budget import MOST_MORE, larger_budget
+from car_core.model.budget import LEAST_HINT, MOST_MORE, larger_budget
 from car_core.model.vocabulary import Answer
 from car_core.report import render_attribution
 from car_core.store import RunStore
@@ -103,6 +103,9 @@ def test_the_larger_budget_doubles_the_limit_that_tripped() -> None:
     assert larger_budget({"rollouts": 90, "tokens": 1000}, "token budget of 1000 would be "
                          "exceeded", 90) == {"rollouts": 90, "tokens": 2000}
     assert larger_budget(None, None, 30) == {"rollouts": 60}  # the n·K cap it ran under
+    # never below what could name a step: doubling one rollout gave two
+    assert larger_budget({"rollouts": 1}, "rollout budget of 1 reached", 1) == {
+        "rollouts": LEAST_HINT}
 
 
 def test_the_larger_budget_takes_the_rollouts_the_estimate_says_would_decide() -> None:

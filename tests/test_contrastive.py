@@ -11,6 +11,7 @@ from _estimator_helpers import TOKENS_PER_STEP, TokenAgent, counted
 
 import car_core as car
 from car_core.errors import BranchesFailed, InvalidInput, NothingToAttribute
+from car_core.model.budget import LEAST_HINT
 from car_core.model.vocabulary import Answer
 from car_core.testing import synthetic as syn
 
@@ -161,6 +162,9 @@ def test_a_budget_too_small_for_one_pair_is_undecided_not_no_cause():
         assert d.candidate is None and d.exhausted and "budget ran out" in (d.note or "")
     res = attribute(model, 0, rollouts=32, budget=1)  # a budget of 0 is refused as such
     assert res.answer == Answer.UNDECIDED and res.rollouts_used == 0
+    # the hint to continue asks for enough to name a step, not double one rollout
+    assert res.larger_budget()["rollouts"] == LEAST_HINT
+    assert f"rollouts={LEAST_HINT})" in (res.continue_hint() or "")
 
 
 def test_token_budget_trips_before_spending_more():

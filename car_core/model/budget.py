@@ -132,6 +132,10 @@ class BudgetMeter:
 
 
 MOST_MORE = 4  # the most a hint's rollout budget grows by, in caps: "about N more" is rough
+# the fewest rollouts a hint suggests: at α = 0.05 the first confirmation's sign test needs five
+# pairs up (2⁻⁵ ≤ 0.9·0.7·0.05), ten rollouts, after at least one gate pair; doubling a budget
+# of one rollout suggested two, with which no step can be named
+LEAST_HINT = 16
 
 
 def larger_budget(given: dict[str, Any] | None, note: str | None, rollouts: int | None,
@@ -145,14 +149,15 @@ def larger_budget(given: dict[str, Any] | None, note: str | None, rollouts: int 
     1.2–2.4 times as many seeds as doubling. A resume runs the search again under it and reads
     back each stored branch the search asks for; a larger budget can send the search another
     way, so some stored branches may not be asked for again (docs/measured.md measures the
-    share)."""
+    share). A rollout budget is never suggested below ``LEAST_HINT``."""
     out = {k: v for k, v in (given or {}).items() if v is not None}
     text = note or ""
     limit = ("wall_time" if "wall-time" in text else "tokens" if "token budget" in text
              else "cost" if "cost budget" in text else "rollouts")
     base = out.get(limit, rollouts if limit == "rollouts" else None)
     if base and limit == "rollouts":
-        out[limit] = int(base) + min(max(int(base), more or 0), MOST_MORE * int(base))
+        grown = int(base) + min(max(int(base), more or 0), MOST_MORE * int(base))
+        out[limit] = max(grown, LEAST_HINT)
     elif base:
         out[limit] = int(base) * 2 if limit == "tokens" else float(base) * 2
     return out
