@@ -9,9 +9,10 @@ is ``car.contrastive``'s (``search.search``) at its defaults: budget ``n·K``, `
 Per row: how often the locus is the latest rise (``located``); how often the whole claim is
 made and true (``claim``: the step named rescues more than nothing and every later step less
 than ``Δ``, none left open); how often later steps are left open, how often the budget ran
-out before a step was confirmed, and how often it ran out while the step being confirmed
-rescues nothing (``out on a level step``: the futility bounds need more pairs than the budget
-had left to give such a step up). Then the mean rollouts when the first step was confirmed
+out before a step was confirmed, and how much of the budget went into confirming steps that
+rescue nothing: the share of seeds whose confirmations of such steps (given up or not) took more
+than half the budget (``over half on a level step``) and the largest share any seed spent on
+them (``most on a level step``). Then the mean rollouts when the first step was confirmed
 (``located_spent``; a seed that confirms none counts what it spent) and when the claim was
 decided (``decided_spent``), over every seed (one that runs out counts its budget, so a row with
 undecided seeds reads low), beside the fixed-confidence bounds ``T*·kl(α, 1 − α)``
@@ -150,7 +151,7 @@ def sim_decision(world: World, seed: int, k: int, alpha: float) -> search_mod.De
                              budget, alpha, intervals=False, refit=False)
 
 
-def outcome(world: World, d: search_mod.Decision) -> dict[str, Any]:
+def outcome(world: World, d: search_mod.Decision, budget: int) -> dict[str, Any]:
     """One seed: whether the latest rise was named, whether the full claim was made and is
     true, and the two spends."""
     model = world.model()
@@ -158,17 +159,18 @@ def outcome(world: World, d: search_mod.Decision) -> dict[str, Any]:
     open_steps = d.later.open_steps if d.later is not None else ()
     true_claim = named is not None and model.rescue(named) > 1e-12 and all(
         model.rescue(j) < INDIFFERENCE for j in range(named + 1, world.n))
-    level = d.candidate is not None and model.rescue(d.candidate) < 1e-12
     return {"hit": named == world.locus, "claim": true_claim and not open_steps,
             "open": named is not None and bool(open_steps), "undecided": d.exhausted,
-            "level_end": d.exhausted and level,
+            "level_share": sum(2 * pairs for c, pairs in d.attempts
+                               if model.rescue(c) < 1e-12) / budget,
             "located": d.located_spent or d.decided_spent, "decided": d.decided_spent}
 
 
 def run_row(job: tuple[str, World, int, int, float]) -> tuple[tuple[str, World], list[Any]]:
     where, world, seeds, k, alpha = job
     decide = engine_decision if where == "engine" else sim_decision
-    return (where, world), [outcome(world, decide(world, s, k, alpha)) for s in range(seeds)]
+    return (where, world), [outcome(world, decide(world, s, k, alpha), world.n * k)
+                            for s in range(seeds)]
 
 
 def worlds(steps: list[int], rescues: list[float], flips: list[float]) -> list[World]:
@@ -199,9 +201,10 @@ def table(steps: list[int], rescues: list[float], flips: list[float], sim_seeds:
           f"T*·kl(α, 1 − α) (Garivier–Kaufmann): told the pivot, and for the claim "
           f"(pivot unknown, later steps < Δ). Mean rollouts over every seed.")
     print("| world | rescue | n | flip | where | located | claim | open | undecided "
-          "| out on a level step | located_spent | decided_spent | told bound | claim bound "
+          "| over half on a level step | most on a level step | located_spent | decided_spent "
+          "| told bound | claim bound "
           "| decided/told | decided/claim | located/told | decided_spent where claimed |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     over = 0
     for w in rows:
         mu = w.arms()
@@ -223,7 +226,8 @@ def table(steps: list[int], rescues: list[float], flips: list[float], sim_seeds:
                   f"| {_pct(sum(r['claim'] for r in out), s)} "
                   f"| {sum(r['open'] for r in out) / s:.0%} "
                   f"| {sum(r['undecided'] for r in out) / s:.0%} "
-                  f"| {sum(r['level_end'] for r in out) / s:.0%} | {located:.0f} "
+                  f"| {sum(r['level_share'] > 0.5 for r in out) / s:.0%} "
+                  f"| {max(r['level_share'] for r in out):.0%} | {located:.0f} "
                   f"| {decided:.0f} of {w.n * k} | {told:.1f} | {claim.bound(alpha):.1f} "
                   f"| {decided / told:.2f} | {decided / claim.bound(alpha):.2f} "
                   f"| {located / told:.2f} | {where_claimed} |", flush=True)

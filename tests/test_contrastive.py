@@ -567,6 +567,9 @@ def test_a_wrong_candidate_is_given_up_and_the_search_finds_the_locus(monkeypatc
                               intervals=False)
         assert d.given_up == (6,) and d.candidate == 2 and d.significant
         assert d.level == 0.05 * confirmation.share(1)  # the second confirmation's share of α
+        # each confirmation's candidate and pairs, the given-up one first
+        assert [c for c, _ in d.attempts] == [6, 2] and d.attempts[1][1] == d.pairs
+        assert d.attempts[0][1] >= confirmation.FUTILITY_MIN
 
 
 @pytest.mark.parametrize("coupling", ["full", "none"])

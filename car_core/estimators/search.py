@@ -67,6 +67,7 @@ class Decision:
     refit_pooled: int = 0  # of the re-estimate's pairs, those the confirmation ran
     later: LaterCheck | None = None  # the steps after the first confirmed one (``later``)
     earlier: tuple[Decision, ...] = ()  # confirmed steps before the locus, with their intervals
+    attempts: tuple[tuple[int, int], ...] = ()  # (candidate, pairs) of every confirmation run
 
     @classmethod
     def no_rise(cls, nav: Navigator, spent: int, given_up: list[int]) -> Decision:
@@ -129,24 +130,26 @@ def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = 
     cause."""
     k = k if k is not None else max(1, budget // max(n, 1))
     nav = Navigator(src, n, budget, wave)
-    found = _navigate_and_confirm(src, nav, n, budget, alpha, wave)
+    attempts: list[tuple[int, int]] = []
+    found = _navigate_and_confirm(src, nav, n, budget, alpha, wave, attempts)
     if isinstance(found, Decision):
-        return found
+        return replace(found, attempts=tuple(attempts))
     located = budget - src.remaining
     if not found.conf.found or found.candidate >= n - 1:
         decision = _conclude(src, nav, n, budget, alpha, found, intervals, refit, k, wave)
-        return replace(decision, located_spent=located)
+        return replace(decision, located_spent=located, attempts=tuple(attempts))
     later = check_later(src, found.candidate, n, alpha, delta, wave,
                         attempts=len(found.given_up) + 1, seen=_drawn(nav, found),
                         reserve=RESERVE if refit else 0.0)
     if later.cause is None or later.confirmation is None:
         decision = _conclude(src, nav, n, budget, alpha, found, intervals, refit, k, wave)
-        return replace(decision, later=later, located_spent=located)
+        return replace(decision, later=later, located_spent=located, attempts=tuple(attempts))
     earlier = _conclude(src, nav, n, budget, alpha, found, intervals, False, k, wave)
     cause = _Found(later.cause, later.confirmation, later.level, found.coupling,
                    found.given_up, Prior())
     decision = _conclude(src, nav, n, budget, alpha, cause, intervals, refit, k, wave)
-    return replace(decision, later=later, earlier=(earlier,), located_spent=located)
+    return replace(decision, later=later, earlier=(earlier,), located_spent=located,
+                   attempts=tuple(attempts))
 
 
 def _drawn(nav: Navigator, found: _Found) -> dict[int, list[range]]:
@@ -160,9 +163,10 @@ def _drawn(nav: Navigator, found: _Found) -> dict[int, list[range]]:
 
 
 def _navigate_and_confirm(src: ArmSource, nav: Navigator, n: int, budget: int, alpha: float,
-                          wave: int) -> _Found | Decision:
+                          wave: int, attempts: list[tuple[int, int]]) -> _Found | Decision:
     """Stages 1–4: a candidate, and its confirmation; a candidate given up sends the search
-    back to the gate with doubled caps, while the budget lasts."""
+    back to the gate with doubled caps, while the budget lasts. ``attempts`` collects each
+    confirmation's candidate and pairs."""
     prior = Prior()
     rise = (0.5, 0.1)
     candidate = 0
@@ -189,6 +193,7 @@ def _navigate_and_confirm(src: ArmSource, nav: Navigator, n: int, budget: int, a
                        least=futility_rise(budget, level),
                        guessed=n == 1 or nav.d_gate.size < GATE_MIN, wave=wave)
         start += conf.d.size
+        attempts.append((candidate, int(conf.d.size)))
         if conf.found or not conf.futile or src.remaining < 2 or n == 1:
             return _Found(candidate, conf, level, coupling, given_up, prior)
         # given up: the rise is on the side of it its arms are not
