@@ -700,3 +700,21 @@ def test_the_re_estimate_spends_its_rollouts_where_the_variance_is():
     assert paired.paired and paired.held == paired.resampled
     assert _refit_plan(d, 1.0, 0.3, True, 32, 20).held + _refit_plan(d, 1.0, 0.3, True, 32,
                                                                      20).resampled <= 20
+
+
+def test_a_judge_that_is_a_coin_is_searched_without_a_crash():
+    """A judge that errs half the time (a coin, its draws its own) makes as many gate pairs go
+    down as up; the rate of pairs that disagree by noise came out at exactly one half and the
+    bisection's probe divided by ``1 − 2q`` (ZeroDivisionError, found by the no-cause
+    benchmark at seed 10010). Now the rate stays below one half and the answer is one of the
+    three, with no step named in most seeds (nothing matters here)."""
+    from car_core.estimators.navigation import Q_MOST, _rise
+    assert _rise(np.array([1.0, -1.0] * 6))[1] == Q_MOST < 0.5
+    named = 0
+    for seed in (10010, 10011, 10012):
+        desk = syn.PlantedDesk(4, 2, 0.0, 0.5, "steps", seed)
+        res = car.contrastive(desk.failing_run(), desk.agent(), outcome=desk.judge,
+                              rollouts=32, seed=seed, progress=False)
+        assert res.answer in (Answer.LOCUS, Answer.NO_CAUSE, Answer.UNDECIDED)
+        named += res.locus is not None
+    assert named <= 1

@@ -26,6 +26,7 @@ PROBE = 4             # gate indices a probe looks at first (its witnesses among
 PAIRED_COUPLING = 0.5  # measured coupling above which index pairs navigate (else locate)
 PROBE_WITNESSES = 1   # disagreeing gate pairs a probe needs before it may decide on them
 FUTILITY_BELIEF = 0.03  # locus posterior below which a candidate is given up (unshared noise)
+Q_MOST = 0.49         # the most a probe takes pairs to go down by noise (each way), below 1/2
 
 
 class ArmSource(Protocol):
@@ -89,10 +90,13 @@ def _gate(src: ArmSource, n: int, net: int, cap: int, d: np.ndarray, least: int 
 
 
 def _rise(d_gate: np.ndarray) -> tuple[float, float]:
-    """The size ``δ`` of the rise and the rate ``q`` of pairs that disagree by noise."""
+    """The size ``δ`` of the rise and the rate ``q`` of pairs that disagree by noise, kept
+    below one half so that "level" (each sign w.p. ``q``) and "below" (``+`` w.p. ``q + δ``)
+    are laws: a judge that is a coin makes half the gate's pairs go down, and the probe's
+    likelihood ratio divided by ``1 − 2q = 0``."""
     pos, neg = sign_counts(d_gate)
     s = max(d_gate.size, 1)
-    q = (neg + 0.5) / (s + 1)
+    q = min((neg + 0.5) / (s + 1), Q_MOST)
     return max(min((pos - neg) / s, 1 - 2 * q - 1e-3), 1e-3), q
 
 
