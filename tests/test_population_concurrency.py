@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -237,3 +238,46 @@ def test_cli_runs_at_once_is_parsed_and_refused_below_one(population, tmp_path):
     one = car_cli("fix", ids[0], "--agent", AGENT, "--instruction", DESK.fix,
                   "--runs-at-once", "2", cwd=tmp_path)
     assert one.returncode != 0 and "--runs-at-once are for a population" in one.stderr
+
+
+class _InterruptAfter(_Counting):
+    """The desk's policy that presses Ctrl-C (SIGINT to the main thread, which wakes it where
+    it waits on the runs) once, after ``calls`` model calls, and counts the calls after it."""
+
+    def __init__(self, policy: Any, calls: int) -> None:
+        super().__init__(policy, latency=0.002)
+        self.calls, self.made, self.after = calls, 0, 0
+
+    def __call__(self, history: History, rng: np.random.Generator) -> Any:
+        with self.lock:
+            self.made += 1
+            if self.made == self.calls:
+                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+            elif self.made > self.calls:
+                self.after += 1
+        return super().__call__(history, rng)
+
+
+def test_ctrl_c_stops_the_runs_in_flight_and_a_resume_finishes_them(population, tmp_path):
+    """Ctrl-C reaches the caller's thread only. The runs in flight on the pool's threads stop
+    before their next rollout (they once ran to their end first: minutes on a hosted model),
+    keep their branches and stay open; the same triage again finishes them with the answers
+    an uninterrupted triage gives."""
+    made = DESK.agent()
+    policy = _InterruptAfter(made.policy, calls=40)  # a few branches into the first two runs
+    agent = car.FunctionAgent(policy=policy, environment=made.environment,
+                              is_final=made.is_final, max_steps=made.max_steps, name=made.name)
+    with RunStore(tmp_path / "car.db") as store:
+        with pytest.raises(KeyboardInterrupt):
+            car.triage(population, agent, outcome=DESK.outcome, rollouts=K, store=store,
+                       triage_id="t", runs_at_once=2)
+        # each run in flight finishes at most the branch it is in (one step at a time here)
+        assert policy.after <= 2 * made.max_steps
+        stored = [a for a in store.attributions() if a.method == "contrastive"]
+        assert len(stored) == 2 and all(a.status == "running" for a in stored)
+        assert all(store.branches(a.id) for a in stored)  # the branches run are kept
+        resumed = car.triage(population, DESK.agent(), outcome=DESK.outcome, rollouts=K,
+                             store=store, triage_id="t", runs_at_once=2)
+    whole = car.triage(population, DESK.agent(), outcome=DESK.outcome, rollouts=K)
+    assert [(r.answer, r.locus) for r in resumed.per_run] == \
+        [(r.answer, r.locus) for r in whole.per_run]

@@ -23,7 +23,9 @@ of it, undivided.
 
 from __future__ import annotations
 
+import contextvars
 import math
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -34,7 +36,7 @@ from car_core import defaults
 from car_core.engine.agent import Agent
 from car_core.errors import InvalidInput
 from car_core.estimators.contrastive import waits_on_server
-from car_core.model.budget import Budget
+from car_core.model.budget import HALT, Budget
 from car_core.model.checks import is_whole
 
 T = TypeVar("T")
@@ -156,7 +158,10 @@ class RunPool(Generic[T]):
     """Up to ``size`` runs at once on worker threads; inline on the caller's thread when
     ``size`` is 1. ``next_done`` waits for a run: the earliest started when ``ordered`` (what
     each run may hold then depends on nothing but the order, so a total budget is divided the
-    same way every time), else whichever finishes first."""
+    same way every time), else whichever finishes first. Leaving it on an error or Ctrl-C
+    (which reaches the caller's thread only) starts nothing more and stops the runs in flight
+    before their next rollout (``budget.HALT``): each keeps its branches and stays open for a
+    resume, as a run interrupted on the caller's thread does."""
 
     def __init__(self, size: int, ordered: bool) -> None:
         self.size, self.ordered = size, ordered
@@ -164,14 +169,20 @@ class RunPool(Generic[T]):
         self._pool = (ThreadPoolExecutor(size, thread_name_prefix="car-run")
                       if self.threaded else None)
         self._flying: dict[int, Future[T]] = {}  # started, in the order they started
+        self.halt = threading.Event()
 
     def __enter__(self) -> RunPool[T]:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        # on an error, start nothing more; the runs in flight finish (their journals kept)
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        if exc_type is not None:
+            self.halt.set()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _halting(self, fn: Callable[[], T]) -> T:
+        HALT.set(self.halt)  # in the run's own context: its meters stop when the pool halts
+        return fn()
 
     @property
     def flying(self) -> int:
@@ -183,7 +194,8 @@ class RunPool(Generic[T]):
 
     def submit(self, index: int, fn: Callable[[], T]) -> None:
         if self._pool is not None:
-            self._flying[index] = self._pool.submit(fn)
+            context = contextvars.copy_context()
+            self._flying[index] = self._pool.submit(context.run, self._halting, fn)
             return
         done: Future[T] = Future()
         done.set_result(fn())  # inline: an error is raised here, as without a pool

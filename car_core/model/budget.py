@@ -4,11 +4,17 @@ A ``BudgetMeter`` is asked ``check()`` before each rollout: it answers with the 
 tripped, or None. Tokens and money are only known after a rollout, so the meter forecasts the
 next rollout's spend from the mean so far and refuses when the forecast would overrun. When a
 budget trips the estimator keeps what it measured and reports ``truncated=True``.
+
+A meter made where ``HALT`` holds an event (a run a population estimate started on a worker
+thread) raises ``Interrupted`` before the next rollout once the event is set: Ctrl-C reaches
+the caller's thread only, and the runs in flight stop as a run on that thread would.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,11 +79,22 @@ def usage_of(run: Trajectory, prices: dict[str, tuple[float, float]] | None = No
     return tokens, cost
 
 
+class Interrupted(KeyboardInterrupt):
+    """The estimate that started this run was interrupted: the run stops before its next
+    rollout as Ctrl-C stops one on the caller's thread, its branches kept and its attribution
+    left for a resume (``errors.RESUMABLE`` holds ``KeyboardInterrupt``)."""
+
+
+# set by the pool that runs a population's runs on worker threads (``_population.RunPool``)
+HALT: ContextVar[threading.Event | None] = ContextVar("car_halt", default=None)
+
+
 class BudgetMeter:
     """Counts what an estimate spends and says, before each rollout, whether it may start."""
 
     def __init__(self, budget: Budget | None) -> None:
         self.budget = budget or Budget()
+        self.halt = HALT.get()  # read where the meter is made: the run's own thread
         self.rollouts = 0
         self.reserved = 0
         self.tokens = 0
@@ -86,7 +103,10 @@ class BudgetMeter:
         self.tripped: str | None = None
 
     def check(self, extra: int = 1) -> str | None:
-        """The reason ``extra`` more rollouts may not start, or None if they may."""
+        """The reason ``extra`` more rollouts may not start, or None if they may; raises
+        ``Interrupted`` once the population this run belongs to was interrupted."""
+        if self.halt is not None and self.halt.is_set():
+            raise Interrupted("the population estimate this run belongs to was interrupted")
         b = self.budget
         reason = None
         if b.rollouts is not None and self.rollouts + self.reserved + extra > b.rollouts:
