@@ -108,6 +108,7 @@ from oracle import locating_power, matched_power  # noqa: E402
 from paper_baseline import paper_contrastive, paper_shapley  # noqa: E402
 
 import car_core as car  # noqa: E402
+from car_core.errors import OutcomeMismatch  # noqa: E402
 from car_core.estimators import refit as refit_mod  # noqa: E402
 from car_core.estimators import search as search_mod  # noqa: E402
 from car_core.model.budget import MOST_MORE, larger_budget  # noqa: E402
@@ -145,11 +146,26 @@ class Cell:
 
 
 # -- one seed of each estimator, through the engine --------------------------------------------
+def checked(run: car.Trajectory, desk: syn.PlantedDesk, **kwargs: Any
+            ) -> car.ContrastiveResult | None:
+    """``car.contrastive`` on the desk's run, or None where it refuses the judge before any
+    branch: a judge that errs w.p. ``e`` scores the record on the wrong side all three times
+    w.p. ``e³`` (``outcome.check_on_record``), and the user gets no answer — counted as
+    undecided, and as ``refused``."""
+    try:
+        return car.contrastive(run, desk.agent(), outcome=desk.judge, rollouts=K, alpha=ALPHA,
+                               progress=False, **kwargs)
+    except OutcomeMismatch:
+        return None
+
+
 def car_seed(cell: Cell, coupling: str, seed: int) -> dict[str, Any]:
     desk = cell.desk(coupling, seed)
     run = desk.failing_run()
-    res = car.contrastive(run, desk.agent(), outcome=desk.judge, rollouts=K, alpha=ALPHA,
-                          seed=seed, progress=False)
+    res = checked(run, desk, seed=seed)
+    if res is None:
+        return {"hit": False, "wrong": False, "undecided": True, "used": 0, "err": None,
+                "refused": True}
     hit = res.locus == desk.locus
     effect = res.steps[cell.at].effect if hit else None
     return {"hit": hit, "wrong": res.locus is not None and not hit,
@@ -168,8 +184,9 @@ def paper_seed(cell: Cell, coupling: str, seed: int) -> dict[str, Any]:
 
 def fwer_seed(cell: Cell, coupling: str, seed: int) -> dict[str, Any]:
     desk = cell.desk(coupling, seed)
-    res = car.contrastive(desk.failing_run(), desk.agent(), outcome=desk.judge, rollouts=K,
-                          alpha=ALPHA, seed=seed, progress=False)
+    res = checked(desk.failing_run(), desk, seed=seed)
+    if res is None:
+        return {"false": False, "undecided": True, "used": 0, "refused": True}
     return {"false": res.locus is not None, "undecided": res.answer == Answer.UNDECIDED,
             "used": res.rollouts_used}
 
@@ -200,8 +217,9 @@ def resume_seed(cell: Cell, coupling: str, seed: int) -> dict[str, Any]:
     desk = cell.desk(coupling, seed)
     run = desk.failing_run()
     with tempfile.TemporaryDirectory() as tmp, RunStore(Path(tmp) / "car.db") as store:
-        first = car.contrastive(run, desk.agent(), outcome=desk.judge, rollouts=K,
-                                alpha=ALPHA, seed=seed, progress=False, store=store)
+        first = checked(run, desk, seed=seed, store=store)
+        if first is None:  # no answer, nothing to resume
+            return {"undecided": False, "hit": False, "named": False, "refused": True}
         out: dict[str, Any] = {"undecided": first.answer == Answer.UNDECIDED,
                                "hit": first.locus == desk.locus,
                                "named": first.locus is not None}
@@ -336,6 +354,8 @@ def grid(args: argparse.Namespace) -> None:
           + ", ".join(f"{name} {misses[name]}" for name in ("accuracy", "wrong", "undecided",
                                                               "error"))
           + f"; below the located design by more than 3 points: {misses['located']}")
+    print(f"Seeds whose judge the outcome check refused before any branch (counted undecided): "
+          f"{misses['refused']}")
     cost_table(cpu, lambda kind, n: (args.long_seeds if n > LONG else args.seeds))
 
 
@@ -350,6 +370,7 @@ def grid_rows(cell: Cell, results: dict[tuple[str, Cell, str], list[Any]],
         hits = sum(r["hit"] for r in rows)
         wrong = sum(r["wrong"] for r in rows)
         und = sum(r["undecided"] for r in rows)
+        misses["refused"] += sum(bool(r.get("refused")) for r in rows)
         err = median([r["err"] for r in rows if r["err"] is not None])
         oracle = matched_power(coupling, cell.n * K, cell.rescue, cell.flip, ALPHA)
         verdict = targets(hits, wrong, und, s, err, p_err, oracle, misses)
@@ -441,6 +462,9 @@ def _fwer(args: argparse.Namespace, kind: str, cells: tuple[Cell, ...], what: st
             false = sum(r["false"] for r in rows)
             und = sum(r["undecided"] for r in rows)
             judge = f"judge errs {cell.flip:.0%}" if kind == "fwer" else "base rate 0.5"
+            refused = sum(bool(r.get("refused")) for r in rows)
+            if refused:
+                judge += f", {refused} refused by the outcome check (counted undecided)"
             line = (f"| {cell.n} steps, {judge} | {coupling} | {false} | {pct(false, s)} "
                     f"| {pct(und, s)} | {np.mean([r['used'] for r in rows]):.0f} "
                     f"| {within_alpha(false, s)}")
