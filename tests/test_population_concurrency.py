@@ -281,3 +281,55 @@ def test_ctrl_c_stops_the_runs_in_flight_and_a_resume_finishes_them(population, 
     whole = car.triage(population, DESK.agent(), outcome=DESK.outcome, rollouts=K)
     assert [(r.answer, r.locus) for r in resumed.per_run] == \
         [(r.answer, r.locus) for r in whole.per_run]
+
+
+_PRESSES_CTRL_C = '''
+import signal, threading
+import car_core as car
+from car_core.testing.synthetic_population import TwoModeDesk
+DESK = TwoModeDesk()
+CALLS = [0]
+
+class Presses:
+    """The desk's policy; on its 40th call it presses Ctrl-C (SIGINT to the main thread)."""
+    def __init__(self, policy):
+        self.policy, self.lock = policy, threading.Lock()
+    def __call__(self, history, rng):
+        with self.lock:
+            CALLS[0] += 1
+            if CALLS[0] == 40:
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        return self.policy(history, rng)
+    def step_meta(self):
+        return dict(self.policy.step_meta())
+
+def agent():
+    made = DESK.agent()
+    return car.FunctionAgent(policy=Presses(made.policy), environment=made.environment,
+                             is_final=made.is_final, max_steps=made.max_steps, name=made.name)
+
+def outcome(run):
+    return DESK.outcome(run)
+'''
+
+
+def test_cli_triage_stopped_by_ctrl_c_says_how_to_resume(population, tmp_path):
+    """``car triage`` stopped by Ctrl-C with runs in flight ends 130 with the command that
+    resumes it (the triage id was known only inside the call before), and that command
+    finishes the triage."""
+    (tmp_path / "presses.py").write_text(_PRESSES_CTRL_C)
+    with RunStore(tmp_path / "car.db") as store:
+        for r in population[:4]:
+            store.save(r)
+    args = ["triage", "--agent", "presses:agent", "--outcome", "presses:outcome",
+            "--rollouts", str(K), "--runs-at-once", "2"]
+    stopped = car_cli(*args, cwd=tmp_path)
+    assert stopped.returncode == 130, stopped.stderr
+    assert "car: error: interrupted" in stopped.stderr
+    hint = stopped.stderr.split("Resume with:", 1)[1].split()
+    assert hint[:2] == ["car", "triage"] and hint[-2] == "--resume"
+    (tmp_path / "again.py").write_text(_PRESSES_CTRL_C.replace("== 40", "== -1"))
+    again = [a.replace("presses:", "again:") for a in hint[1:]]
+    done = car_cli(*again, "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["triage_id"] == hint[-1]

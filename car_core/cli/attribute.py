@@ -6,7 +6,6 @@ anything runs, and every abnormal stop says how to resume."""
 from __future__ import annotations
 
 import shlex
-import sys
 import time
 import uuid
 from dataclasses import replace
@@ -216,7 +215,7 @@ def attribute(
         elif db.attribution_exists(aid):  # refused before it started: nothing to resume
             err.print(Text(kit.safe(f"the branches that finished are kept in {store} "
                                     f"(attribution {aid}). Resume with:\n  "
-                                    f"{_resume_command(aid)}")), soft_wrap=True)
+                                    f"{kit.resume_command(aid)}")), soft_wrap=True)
         raise typer.Exit(end.code) from None
     finally:
         if bar:
@@ -240,7 +239,7 @@ def attribute(
         what = "undecided" if undecided else "the budget ran out"
         more = result.larger_budget().get("rollouts")
         err.print(Text(kit.safe(f"{what} (attribution {aid}); to continue, resume with a larger "
-                                f"budget:\n  {_resume_command(aid, more)}")), soft_wrap=True)
+                                f"budget:\n  {kit.resume_command(aid, more)}")), soft_wrap=True)
         raise typer.Exit(kit.BUDGET)
     nothing = (result.locus is None if isinstance(result, ContrastiveResult)
                else bool(result.reason))
@@ -250,7 +249,7 @@ def attribute(
                f"{first.get('arm')}, rollout {first.get('rollout')}): {first.get('error')}")
         if undecided:
             err.print(Text(kit.safe(f"undecided (attribution {aid}): {why}; fix the agent and "
-                                    f"resume with:\n  {_resume_command(aid)}")), soft_wrap=True)
+                                    f"resume with:\n  {kit.resume_command(aid)}")), soft_wrap=True)
         else:
             err.print(Text(kit.safe(f"car: error: nothing could be attributed: {why}. Fix the "
                                     "agent and run again")), soft_wrap=True)
@@ -385,19 +384,6 @@ def _check_not_shrunk(settings: ContrastiveSettings | ShapleySettings,
                        f"{now[1]} (it allowed {then[1]}) and would replace it",
                        hint="resume with its own settings or larger, or pass --replace to "
                             "replace its result knowingly")
-
-
-def _resume_command(aid: str, budget: int | None = None) -> str:
-    """The command line that was run, with ``--resume AID`` (replacing any earlier one) and,
-    given ``budget``, ``--budget BUDGET`` in place of the one it had."""
-    argv = list(sys.argv[1:])
-    for flag in ("--resume", *(("--budget",) if budget is not None else ())):
-        argv = [a for a in argv if not a.startswith(f"{flag}=")]
-        while flag in argv:
-            i = argv.index(flag)
-            del argv[i:i + 2]
-    tail = ["--budget", str(budget)] if budget is not None else []
-    return shlex.join(["car", *argv, *tail, "--resume", aid])
 
 
 def _decider(r: Result, run: Any) -> str | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,7 +17,13 @@ from rich.text import Text
 
 from car_core.cli import kit
 from car_core.cli.app import StoreOpt, err, errors, out, print_json
-from car_core.cli.selection import Format, export, selected, stop_if_ran_out
+from car_core.cli.selection import (
+    Format,
+    export,
+    resumable_stop,
+    selected,
+    stop_if_ran_out,
+)
 from car_core.errors import InvalidInput
 from car_core.estimators.fixes import Fix, as_fix
 from car_core.estimators.population_fix import fix_population
@@ -85,14 +92,16 @@ def fix_many(run_ids: list[str], *, failed: bool, agent: Any, outcome: Any,
                            hint="list the stored runs with `car runs`, or loosen the filters")
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
     shown = sys.stderr.isatty()
+    fid = resume or uuid.uuid4().hex[:16]  # known here, so a stopped fix can say it
     db = RunStore(store)
     try:
-        result = fix_population(ids, the_agent, outcome=the_outcome, candidates=fixes,
-                                store=db, triage=triage_id, from_step=start,
-                                rollouts=rollouts, alpha=alpha, seed=seed, budget=budget,
-                                fix_id=resume, force_agent=force_agent,
-                                progress=_progress if shown else None,
-                                runs_at_once=runs_at_once)
+        with resumable_stop(store, "population fix", fid):
+            result = fix_population(ids, the_agent, outcome=the_outcome, candidates=fixes,
+                                    store=db, triage=triage_id, from_step=start,
+                                    rollouts=rollouts, alpha=alpha, seed=seed, budget=budget,
+                                    fix_id=fid, force_agent=force_agent,
+                                    progress=_progress if shown else None,
+                                    runs_at_once=runs_at_once)
     finally:
         db.close()
     if json_out:

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -312,6 +313,19 @@ def _price_pair(pair: Any, where: str) -> tuple[float, float]:
         raise InvalidInput(f"{where}: prices must be finite and not negative",
                            hint="e.g. 0.15:0.60 per million tokens")
     return pin, pout
+
+
+def resume_command(ident: str, budget: int | None = None) -> str:
+    """The command line that was run, with ``--resume IDENT`` (replacing any earlier one) and,
+    given ``budget``, ``--budget BUDGET`` in place of the one it had."""
+    argv = list(sys.argv[1:])
+    for flag in ("--resume", *(("--budget",) if budget is not None else ())):
+        argv = [a for a in argv if not a.startswith(f"{flag}=")]
+        while flag in argv:
+            i = argv.index(flag)
+            del argv[i:i + 2]
+    tail = ["--budget", str(budget)] if budget is not None else []
+    return shlex.join(["car", *argv, *tail, "--resume", ident])
 
 
 def write_out(path: Path, text: str, hint: str) -> None:

@@ -1,9 +1,12 @@
 """Which stored runs a population command works on (``car triage``, ``car fix --failed``):
 run ids, or the filters over the store, read without writing; how such a command ends when
-its total budget ran out; and how its stored result is exported (``car export triage|fix``)."""
+its total budget ran out or it was stopped (Ctrl-C); and how its stored result is exported
+(``car export triage|fix``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -13,7 +16,7 @@ import typer
 from rich.text import Text
 
 from car_core.cli import kit
-from car_core.cli.app import STDOUT, err, out
+from car_core.cli.app import STDOUT, ending, err, out, say
 from car_core.errors import InvalidInput
 
 
@@ -67,6 +70,26 @@ def stop_if_ran_out(truncated: bool, note: str | None, resume_id: str | None) ->
                                 f"command with --resume {resume_id} and a larger budget")),
                   soft_wrap=True)
         raise typer.Exit(kit.BUDGET)
+
+
+@contextmanager
+def resumable_stop(store: str, what: str, ident: str) -> Iterator[None]:
+    """A population stopped by something a resume can change (Ctrl-C, a model server down):
+    the error line, then where what finished is kept and the command that resumes ``ident``
+    (the runs in flight stopped before their next rollout, their branches kept)."""
+    try:
+        yield
+    except BaseException as exc:
+        end = ending(exc, "the store failed")
+        if end is None or not kit.resumable(exc):
+            raise
+        if not end.message:  # nobody is reading: end as quietly as `git log | head`
+            raise typer.Exit(end.code) from None
+        say(end.message)
+        err.print(Text(kit.safe(f"what finished is kept in {store} ({what} {ident}). "
+                                f"Resume with:\n  {kit.resume_command(ident)}")),
+                  soft_wrap=True)
+        raise typer.Exit(end.code) from None
 
 
 def export(result: Any, fmt: Format | None, out_path: Path | None, what: str) -> None:

@@ -7,6 +7,7 @@ default); every run's attribution and the triage are kept in the store, resumabl
 from __future__ import annotations
 
 import sys
+import uuid
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -37,7 +38,13 @@ from car_core.cli.app import (
     print_json,
 )
 from car_core.cli.attribute import ExecutorName, _executor
-from car_core.cli.selection import Format, export, selected, stop_if_ran_out
+from car_core.cli.selection import (
+    Format,
+    export,
+    resumable_stop,
+    selected,
+    stop_if_ran_out,
+)
 from car_core.errors import InvalidInput
 from car_core.estimators.triage import FIELDS, triage
 from car_core.model.budget import Budget
@@ -150,17 +157,19 @@ def triage_command(
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
     label_fn = kit.load_object(label, "label") if label else None
     shown = progress if progress is not None else sys.stderr.isatty()
+    tid = resume or uuid.uuid4().hex[:16]  # known here, so a stopped triage can say it
     db = RunStore(store)
     try:
-        result = triage(ids, the_agent, outcome=the_outcome, rollouts=rollouts, alpha=alpha,
-                        seed=seed, budget=_budget(budget, max_tokens, max_cost, max_seconds,
-                                                  prices),
-                        per_run=_budget(per_run_budget, per_run_tokens, per_run_cost,
-                                        per_run_seconds, prices),
-                        label=label_fn, by=grouping, store=db, triage_id=resume,
-                        executor=_executor(executor, concurrency, None),
-                        progress=_progress if shown else None, force_agent=force_agent,
-                        runs_at_once=runs_at_once)
+        with resumable_stop(store, "triage", tid):
+            result = triage(ids, the_agent, outcome=the_outcome, rollouts=rollouts,
+                            alpha=alpha, seed=seed,
+                            budget=_budget(budget, max_tokens, max_cost, max_seconds, prices),
+                            per_run=_budget(per_run_budget, per_run_tokens, per_run_cost,
+                                            per_run_seconds, prices),
+                            label=label_fn, by=grouping, store=db, triage_id=tid,
+                            executor=_executor(executor, concurrency, None),
+                            progress=_progress if shown else None, force_agent=force_agent,
+                            runs_at_once=runs_at_once)
     finally:
         db.close()
     if json_out:
