@@ -333,3 +333,26 @@ def test_cli_triage_stopped_by_ctrl_c_says_how_to_resume(population, tmp_path):
     done = car_cli(*again, "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["triage_id"] == hint[-1]
+
+
+def test_ctrl_c_stops_a_population_fixs_runs_in_flight(population, loci, tmp_path):
+    """The same for ``car.fix_population``: its runs in flight stop before their next rollout
+    and the same fix again measures every run, as one that was never stopped."""
+    made = DESK.agent()
+    policy = _InterruptAfter(made.policy, calls=40)
+    agent = car.FunctionAgent(policy=policy, environment=made.environment,
+                              is_final=made.is_final, max_steps=made.max_steps, name=made.name)
+    fixes = [car.Fix.instruction(DESK.fix)]
+    with RunStore(tmp_path / "car.db") as store:
+        with pytest.raises(KeyboardInterrupt):
+            car.fix_population(population, agent, outcome=DESK.outcome, candidates=fixes,
+                               triage=loci, rollouts=8, store=store, fix_id="f",
+                               runs_at_once=2)
+        assert policy.after <= 2 * made.max_steps
+        resumed = car.fix_population(population, DESK.agent(), outcome=DESK.outcome,
+                                     candidates=fixes, triage=loci, rollouts=8, store=store,
+                                     fix_id="f", runs_at_once=2)
+    whole = car.fix_population(population, DESK.agent(), outcome=DESK.outcome,
+                               candidates=fixes, triage=loci, rollouts=8)
+    assert resumed.candidates[0].rescue == whole.candidates[0].rescue
+    assert resumed.candidates[0].rescued == whole.candidates[0].rescued
