@@ -227,10 +227,12 @@ def resume_seed(cell: Cell, coupling: str, seed: int) -> dict[str, Any]:
             return out
         kept = len(store.branches(first.attribution_id))
         budget = first.larger_budget()
-        grown = car.contrastive(run, desk.agent(), outcome=desk.judge, rollouts=K,
-                                alpha=ALPHA, seed=seed, progress=False, store=store,
-                                attribution_id=first.attribution_id,
-                                budget=car.Budget(**budget))
+        grown = checked(run, desk, seed=seed, store=store,
+                        attribution_id=first.attribution_id, budget=car.Budget(**budget))
+        if grown is None:  # the resume checks the judge again, and it may refuse this time
+            return {**out, "kept": kept, "more": first.more_rollouts,
+                    "added": budget["rollouts"] - first.rollouts_used, "refused": True,
+                    "r_hit": False, "r_named": False, "r_undecided": True}
         drawn = len(store.branches(first.attribution_id)) - kept
     return {**out, "kept": kept, "drawn": drawn, "reused": grown.rollouts_used - drawn,
             "added": budget["rollouts"] - first.rollouts_used, "more": first.more_rollouts,
@@ -542,6 +544,11 @@ def resume_section(args: argparse.Namespace) -> None:
                   f"| {pct(len(und), n)} | {false - first} | {pct(false, n)} "
                   f"| {pct(sum(r['r_undecided'] for r in und), n)} | {within_alpha(false, n)} |",
                   flush=True)
+    everyone = [r for rows in results.values() for r in rows]
+    print(f"\nRefused by the outcome check (a judge that scored the record fine three times; "
+          f"counted no answer at the first look, still undecided at the resume): "
+          f"{sum(bool(r.get('refused')) and not r['undecided'] for r in everyone)} first looks, "
+          f"{sum(bool(r.get('refused')) and r['undecided'] for r in everyone)} resumes")
     cost_table(cpu, lambda kind, n: args.resume_seeds)
 
 
@@ -556,8 +563,9 @@ def resume_row(cell: Cell, coupling: str, rows: list[dict[str, Any]]) -> None:
     given = [r for r in und if r["more"]]
     within = [r for r in given if r["more"] <= r["added"]]
     first = sum(r["hit"] for r in rows)
-    asked = sum(r["reused"] for r in und) / sum(r["kept"] for r in und)
-    ran = sum(r["drawn"] for r in und) / sum(r["added"] for r in und)
+    ran_again = [r for r in und if not r.get("refused")]  # a refused resume ran nothing
+    asked = sum(r["reused"] for r in ran_again) / max(sum(r["kept"] for r in ran_again), 1)
+    ran = sum(r["drawn"] for r in ran_again) / max(sum(r["added"] for r in ran_again), 1)
     print(f"| {cell.n} | {cell.rescue} | {cell.flip} | {coupling} | {pct(first, s)} "
           f"| {len(und)} of {s} | {hit} | {still} | {wrong} | {len(und) - hit - still - wrong} "
           f"| {pct(first + hit, s)} | {np.mean([r['added'] for r in und]):.0f} | {asked:.0%} "
