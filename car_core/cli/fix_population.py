@@ -95,7 +95,8 @@ def fix_many(run_ids: list[str], *, failed: bool, agent: Any, outcome: Any,
     fid = resume or uuid.uuid4().hex[:16]  # known here, so a stopped fix can say it
     db = RunStore(store)
     try:
-        with resumable_stop(store, "population fix", fid):
+        with resumable_stop(store, "population fix", fid,
+                            lambda: db.attribution_exists(fid)):
             result = fix_population(ids, the_agent, outcome=the_outcome, candidates=fixes,
                                     store=db, triage=triage_id, from_step=start,
                                     rollouts=rollouts, alpha=alpha, seed=seed, budget=budget,

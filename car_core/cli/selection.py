@@ -5,7 +5,7 @@ its total budget ran out or it was stopped (Ctrl-C); and how its stored result i
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -73,10 +73,13 @@ def stop_if_ran_out(truncated: bool, note: str | None, resume_id: str | None) ->
 
 
 @contextmanager
-def resumable_stop(store: str, what: str, ident: str) -> Iterator[None]:
+def resumable_stop(store: str, what: str, ident: str, began: Callable[[], bool]
+                   ) -> Iterator[None]:
     """A population stopped by something a resume can change (Ctrl-C, a model server down):
     the error line, then where what finished is kept and the command that resumes ``ident``
-    (the runs in flight stopped before their next rollout, their branches kept)."""
+    (the runs in flight stopped before their next rollout, their branches kept) — once
+    ``began()`` says its row was written, as ``car attribute`` does: before that there is
+    nothing to resume."""
     try:
         yield
     except BaseException as exc:
@@ -86,6 +89,8 @@ def resumable_stop(store: str, what: str, ident: str) -> Iterator[None]:
         if not end.message:  # nobody is reading: end as quietly as `git log | head`
             raise typer.Exit(end.code) from None
         say(end.message)
+        if not began():
+            raise typer.Exit(end.code) from None
         err.print(Text(kit.safe(f"what finished is kept in {store} ({what} {ident}). "
                                 f"Resume with:\n  {kit.resume_command(ident)}")),
                   soft_wrap=True)

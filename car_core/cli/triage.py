@@ -160,7 +160,8 @@ def triage_command(
     tid = resume or uuid.uuid4().hex[:16]  # known here, so a stopped triage can say it
     db = RunStore(store)
     try:
-        with resumable_stop(store, "triage", tid):
+        with resumable_stop(store, "triage", tid,
+                            lambda: db.attribution_exists(tid)):
             result = triage(ids, the_agent, outcome=the_outcome, rollouts=rollouts,
                             alpha=alpha, seed=seed,
                             budget=_budget(budget, max_tokens, max_cost, max_seconds, prices),
