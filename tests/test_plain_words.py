@@ -92,7 +92,9 @@ def test_later_steps_are_said_only_from_the_arms_measured(located) -> None:
                       steps=tuple(replace(s, ruled_out=False) for s in located.steps))
     arms = {a.hold_before: a for a in located.arms}
     assert 3 in arms and arms[3].mean == 1.0  # re-deciding from step 3 on was measured
-    assert "re-deciding steps 3–5 changes nothing: P(fail) stays 100% (" in fmt.answer(located)
+    # no test at the indifference level: what the arm showed, not that the steps are level
+    assert fmt.answer(located).endswith(
+        f"; re-deciding steps 3–5 left P(fail) at 100% {fmt.percent_interval(arms[3].ci)}.")
     # without the arms after the locus, nothing is claimed about steps 3–5: not tested
     unmeasured = replace(located, arms=tuple(a for a in located.arms
                                              if not 2 < a.hold_before < 6))
@@ -103,7 +105,7 @@ def test_later_steps_are_said_only_from_the_arms_measured(located) -> None:
     # an arm measured further on speaks for its steps only
     later = replace(unmeasured, arms=(*unmeasured.arms, replace(arms[3], hold_before=5)))
     assert fmt.answer(later).endswith(
-        f"; re-deciding step 5 changes nothing: P(fail) stays 100% "
+        f"; re-deciding step 5 left P(fail) at 100% "
         f"{fmt.percent_interval(arms[3].ci)}; steps 3–4 come after the point of commitment, "
         "so they were not tested.")
     assert [fmt.untested_mark(unmeasured, k) for k in (0, 3)] == [
@@ -118,14 +120,28 @@ def test_later_steps_say_what_was_ruled_out_and_what_was_not(located) -> None:
     assert located.indifference == 0.1 and located.not_ruled_out
     first, last = min(located.not_ruled_out), max(located.not_ruled_out)
     said = fmt.answer(located)
-    assert said.endswith(f"; {fmt.steps_span(first, last)} were not ruled out: re-deciding them "
-                         "may still lower P(fail) by 10% or more (a larger budget would tell).")
+    arm = next(a for a in located.arms if a.hold_before == first)
+    assert said.endswith(
+        f"; re-deciding {fmt.steps_span(first, last)} left P(fail) at 100% "
+        f"{fmt.percent_interval(arm.ci)}, from too few re-runs to rule out "
+        f"{fmt.steps_span(first, last)}: re-deciding them may still lower P(fail) by 10% or "
+        "more (a larger budget would tell).")
+    # one sentence never says both that steps change nothing and that they may still matter
+    assert "changes nothing" not in said
+    # without the arm measured, the open steps are said on their own
+    unmeasured = replace(located, arms=tuple(a for a in located.arms
+                                             if not 2 < a.hold_before < 6))
+    assert fmt.answer(unmeasured).endswith(
+        f"; {fmt.steps_span(first, last)} were not ruled out: re-deciding them may still lower "
+        "P(fail) by 10% or more (a larger budget would tell).")
     assert fmt.untested_mark(located, last) == "not ruled out"
     ruled = replace(located, not_ruled_out=(),
                     steps=tuple(replace(s, ruled_out=s.step > 2, tested=s.tested or s.step > 2)
                                 for s in located.steps))
-    assert fmt.answer(ruled).endswith(": ruled out as causes, each moves P(fail) by less "
-                                      "than 10%.")
+    assert fmt.answer(ruled).endswith(
+        f"; re-deciding steps 3–5 changes nothing: P(fail) stays 100% "
+        f"{fmt.percent_interval(arm.ci)}: ruled out as causes, each moves P(fail) by less "
+        "than 10%.")
     assert fmt.step_row(ruled, ruled.steps[4]).mark == "ruled out"
 
 

@@ -237,10 +237,10 @@ def summary_line(nodeid: str, props: dict[str, str]) -> str:
     """One attributed test in the end-of-session list."""
     if props.get("car_answer") == "not attributed":
         return f"{nodeid}: not attributed: {props.get('car_reason', '')}"
-    parts = [f"{nodeid}: {props.get('car_headline', props.get('car_answer', ''))}"]
-    if props.get("car_report"):
-        parts.append(f"report {props['car_report']}")
-    return "; ".join(parts)
+    said = props.get("car_headline", props.get("car_answer", ""))
+    if props.get("car_report"):  # the answer is a sentence: the report's path follows it
+        return f"{nodeid}: {said.rstrip('.')}; report {props['car_report']}"
+    return f"{nodeid}: {said}"
 
 
 class _Progress:

@@ -122,20 +122,21 @@ def step_said(r: Any, k: int, who: str | None = None, actions: Sequence[str] = (
     return f"step {k} ({inner}" + (f", its {nth} decision" if nth else "") + ")"
 
 
-def _stays(r: Any, arm: Any, factual: Any) -> str:
-    """How an arm's failure rate compares with the record held: ``changes nothing: P(fail)
-    stays 100% (90%–100%)`` when the held rate lies inside its interval."""
+def _arm_rate(arm: Any, factual: Any) -> tuple[str, bool]:
+    """An arm's failure rate with its interval, and whether the rate of the record held lies
+    inside that interval (re-running from there was not shown to change P(fail))."""
     mean, ci = _get(arm, "mean"), _get(arm, "ci")
-    rate = f"{percent(mean)} {percent_interval(ci)}"
     held = _get(factual, "mean") if factual is not None else None
-    if held is not None and ci and ci[0] - 1e-9 <= held <= ci[1] + 1e-9:
-        return f"changes nothing: P(fail) stays {rate}"
-    return f"leaves P(fail) at {rate}"
+    level = bool(held is not None and ci and ci[0] - 1e-9 <= held <= ci[1] + 1e-9)
+    return f"{percent(mean)} {percent_interval(ci)}", level
 
 
 def later_steps(r: Any) -> str | None:
     """What the steps after the locus did, from the arms actually measured: re-deciding from
-    the first measured step after it on, and the steps before that, which were not tested."""
+    the first measured step after it on, and the steps before that, which were not tested.
+    "Changes nothing" is said only of steps ruled out at the indifference level: an arm whose
+    interval still reaches a rescue of Δ ran too few times to say so (the answer once said
+    steps "change nothing" and, in the same sentence, that one was not ruled out)."""
     k, n = _get(r, "locus"), len(_get(r, "steps", ()) or ())
     if k is None or k >= n - 1:
         return None
@@ -149,16 +150,19 @@ def later_steps(r: Any) -> str | None:
     if not after:
         return left or untested(k + 1, n - 1)
     j = after[0]
-    said = f"re-deciding {steps_span(j, n - 1)} {_stays(r, arms[j], arms.get(n))}"
+    rate, level = _arm_rate(arms[j], arms.get(n))
+    measured = f"re-deciding {steps_span(j, n - 1)} left P(fail) at {rate}"
     if left:
-        return f"{said}; {left}"
+        return f"{measured}, {_open_steps(r, after_measured=True)}"
     delta = _get(r, "indifference")
     ruled = [_get(e, "step") for e in _get(r, "steps", ()) or () if _get(e, "ruled_out")]
     if delta is not None and ruled and min(ruled) == k + 1:
-        return (f"{said}: ruled out as {'a cause' if len(ruled) == 1 else 'causes'}, "
-                f"{'it moves' if len(ruled) == 1 else 'each moves'} P(fail) by less than "
-                f"{percent(delta)}")
-    return said + (f"; {untested(k + 1, j - 1)}" if j > k + 1 else "")
+        one = len(ruled) == 1
+        said = (f"re-deciding {steps_span(j, n - 1)} changes nothing: P(fail) stays {rate}"
+                if level else measured)
+        return (f"{said}: ruled out as {'a cause' if one else 'causes'}, "
+                f"{'it moves' if one else 'each moves'} P(fail) by less than {percent(delta)}")
+    return measured + (f"; {untested(k + 1, j - 1)}" if j > k + 1 else "")
 
 
 def _rescue_words(s: Any) -> str:
@@ -272,17 +276,20 @@ def earlier_causes(r: Any, who: str | None = None) -> str | None:
     return "; ".join(said) or None
 
 
-def _open_steps(r: Any) -> str | None:
-    """The steps after the locus the budget left untested at the indifference level."""
+def _open_steps(r: Any, after_measured: bool = False) -> str | None:
+    """The steps after the locus the budget left untested at the indifference level; after
+    a measured arm's rate (``after_measured``) worded as what its re-runs could not tell."""
     left, delta = tuple(_get(r, "not_ruled_out", ()) or ()), _get(r, "indifference")
     if not left or delta is None:
         return None
     one = len(left) == 1
     span = steps_span(min(left), max(left)) if max(left) - min(left) + 1 == len(left) else \
         "steps " + ", ".join(map(str, sorted(left)))
-    return (f"{span} {'was' if one else 'were'} not ruled out: re-deciding "
-            f"{'it' if one else 'them'} may still lower P(fail) by {percent(delta)} or more "
-            f"(a larger budget would tell)")
+    might = (f"re-deciding {'it' if one else 'them'} may still lower P(fail) by "
+             f"{percent(delta)} or more (a larger budget would tell)")
+    if after_measured:
+        return f"from too few re-runs to rule out {span}: {might}"
+    return f"{span} {'was' if one else 'were'} not ruled out: {might}"
 
 
 def coupling(r: Any) -> str:

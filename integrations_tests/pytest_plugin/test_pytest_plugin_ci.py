@@ -184,6 +184,7 @@ def test_junit_properties_and_the_terminal_summary_carry_the_locus(
         line = re.search(rf"test_pivot{i}.py::test_pivot_{i}: Step 1 .*; report (\S+)",
                          summary)
         assert line and Path(line[1]).is_file(), summary
+    assert ".; report" not in summary  # the answer's full stop does not split its line
     assert "test_plain" not in summary
     # `car runs` says which test recorded each run
     listed = subprocess.run([sys.executable, "-m", "car_core.cli", "runs", "--json", "--store",
