@@ -9,7 +9,7 @@ as simulated, not as a call that happened. This module imports no framework.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -35,4 +35,39 @@ def with_sources(step: Step, found: Mapping[str, ToolSource]) -> Step:
     return replace(step, meta={**step.meta, TOOL_SOURCES: sources})
 
 
-__all__ = ["TOOL_SOURCES", "sources_of", "with_sources"]
+def tool_errors(messages: Iterable[Any]) -> dict[str, str]:
+    """The tool results that came back as errors, by tool call id, with their text: from a
+    final state's stored dicts (``"status": "error"``) or a framework's message objects."""
+    out = {}
+    for m in messages:
+        get = m.get if isinstance(m, Mapping) else lambda k, m=m: getattr(m, k, None)
+        if get("status") == "error" and get("tool_call_id"):
+            out[str(get("tool_call_id"))] = str(get("content") or "")
+    return out
+
+
+def drifted_tools(recorded: Iterable[Step], recorded_errors: Collection[str],
+                  branch: Iterable[Step], branch_errors: Mapping[str, str]) -> str | None:
+    """What a branch must not be scored for: a safe tool that ran live on it and returned an
+    error (``branch_errors``: call id -> its text) for a call the record made with the same
+    arguments and got an answer for (``recorded_errors``: the record's errored call ids). The
+    tool's world has changed since the record (a service down, a credential missing where the
+    estimate runs), and the agent's reply to the error would be scored as what re-deciding
+    the step does. None when no call drifted."""
+    answered = {(name, args) for step in recorded for cid, name, args in calls_of(step.action)
+                if cid not in recorded_errors}
+    for step in branch:
+        sources = step.meta.get(TOOL_SOURCES) or {}
+        for cid, name, args in calls_of(step.action):
+            if cid in branch_errors and sources.get(cid) == ToolSource.LIVE \
+                    and (name, args) in answered:
+                said = " ".join(branch_errors[cid].split())[:200]
+                return (f"safe tool {name!r} ran live at step {step.index} and returned an "
+                        f"error for arguments {args} ({said!r}), where the record's identical "
+                        "call was answered: the tool answers differently where this estimate "
+                        "runs (a service down, a credential missing), so the branch cannot "
+                        "stand for the recorded run and is not scored")
+    return None
+
+
+__all__ = ["TOOL_SOURCES", "drifted_tools", "sources_of", "tool_errors", "with_sources"]

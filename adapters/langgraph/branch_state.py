@@ -29,7 +29,7 @@ from ..common.messages import (
     recorded_calls,
 )
 from ..common.offered_tools import edited_descriptions
-from ..common.sources import with_sources
+from ..common.sources import drifted_tools, tool_errors, with_sources
 from .guard import RUN, Guard, Replay
 from .messages import BLOCKS, from_dicts, jsonable, state_json, to_dict, to_dicts
 from .model import Control
@@ -157,6 +157,8 @@ class BranchState:
         ``values``."""
         assert self.stop is not None
         partial = self.collect(RunStatus.SETTLED, values, self.callback.open_steps(values))
+        if partial.status == RunStatus.ERROR:  # a safe tool drifted: never scored
+            return partial
         return partial if self.stop(partial) else None
 
     def collect(self, status: str, final: Any, live: list[Step] | None = None) -> Trajectory:
@@ -191,11 +193,22 @@ class BranchState:
                 index=j, action=s.action, observation=plan.recorded_observation(j, s.observation),
                 observed=s.observed or j in plan.observations, state=s.state,
                 meta=jsonable(meta)), self.guard.sources))
+        drift = self._drift(steps[k:])
         return Trajectory.new(context=run.context, steps=steps, seed=self.noise.seed,
-                              agent=self.agent, status=status,
+                              agent=self.agent, status=RunStatus.ERROR if drift else status,
                               meta={"framework": "langgraph", "thread_id": self.thread_id,
                                     "parent_thread_id": run.meta.get("thread_id"),
-                                    "final_state": state_json(final)})
+                                    "final_state": state_json(final)},
+                              **({"error": drift} if drift else {}))
+
+    def _drift(self, new: list[Step]) -> str | None:
+        """Why the branch cannot be scored when a safe tool errored on it where the record's
+        identical call was answered (``sources.drifted_tools``): the branch's tool messages as
+        the callback saw them, the record's from its final state (``status`` kept there)."""
+        now = tool_errors(self.callback.tool_results().values())
+        if not now:
+            return None
+        return drifted_tools(self.run.steps, tool_errors(_final_messages(self.run)), new, now)
 
 
 def answerable_calls(run: Trajectory) -> dict[tuple[str, str], Any]:

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from car_adapters.demo import support_agent as sa
 from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent
-from langchain_core.tools import tool
+from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.tools import ToolException, tool
 from langgraph.checkpoint.memory import InMemorySaver
 
 import car_core as car
@@ -92,3 +93,65 @@ def test_a_tool_that_raises_on_every_branch_stops_the_estimate(support: Any) -> 
     assert err.failures and all(f.attempts == 2 for f in err.failures)
     # only branches that decide step 2 (the refund) live reach the tool
     assert all(f.task.plan.start <= 2 for f in err.failures)
+
+
+class OrdersHook:
+    """The orders database, unreachable where the estimate runs: while ``down``, the lookup
+    tool raises ``ToolException``, which the tool turns into an error result the model reads
+    (``status="error"``), as an MCP tool's error comes back: the graph does not raise."""
+
+    down = False
+
+
+@tool("lookup_order")
+def flaky_lookup(order_id: str) -> str:
+    """Look up an order (reads only: safe on branches)."""
+    if OrdersHook.down:
+        raise ToolException("orders database unreachable")
+    return str(sa.lookup_order.invoke({"order_id": order_id}))
+
+
+flaky_lookup.handle_tool_error = True  # the error goes back to the model, as MCP tools do
+
+
+class GivesUpOnErrors(sa.PlantedSupportModel):
+    """The planted support model, which apologises instead of deciding when the lookup fails."""
+
+    def decide(self, messages: Any) -> Any:
+        last = next((m for m in reversed(messages) if isinstance(m, ToolMessage)), None)
+        if last is not None and last.status == "error":
+            return AIMessage("Sorry, I cannot reach our orders system right now.")
+        return super().decide(messages)
+
+
+def test_a_safe_tool_that_errors_only_on_branches_is_never_scored() -> None:
+    """A read-only tool that answered in the record and answers the same call with an error on
+    branches (its service down where the estimate runs): the agent, told of the error, gives
+    up, which a scored branch would count as a rescue of the step re-decided (the lookup,
+    whose rescue is 0: step 0 came out "also mattered" at about 0.3). Each such branch is a
+    failure instead, and with all of them failing the estimate refuses, naming the tool."""
+    OrdersHook.down = False
+    wrapper = CarChatModel(inner=GivesUpOnErrors(rng_seed=0))
+    app = sa.build_app(wrapper, InMemorySaver(),
+                       tools=[flaky_lookup, sa.record_decision, issue_refund])
+    cb = CarCallback()
+    for i in range(50):  # p = 0.3 per ticket; the rng is seeded, so this is deterministic
+        app.invoke(sa.inputs(), {"configurable": {"thread_id": f"user-{i}"}, "callbacks": [cb]})
+        if sa.outcome(cb.run):
+            break
+    run = cb.run
+    assert sa.outcome(run) and len(run.steps) == 4
+    agent = LangGraphAgent(app, model=wrapper, safe_tools=["lookup_order", "record_decision"],
+                           side_effect_tools=["issue_refund"])
+    OrdersHook.down = True
+    try:
+        with pytest.raises(BranchesFailed, match="safe tool 'lookup_order' ran live at step 0 "
+                                                 "and returned an error") as info:
+            car.contrastive(run, agent, outcome=sa.outcome, rollouts=32, seed=0,
+                            search="full", executor=Sequential(), progress=False)
+    finally:
+        OrdersHook.down = False
+    failures = info.value.failures
+    # only the branches that re-decide the lookup call it live; the tool's own words are kept
+    assert failures and all(f.task.plan.start == 0 for f in failures)
+    assert all("orders database unreachable" in f.error for f in failures)
