@@ -201,3 +201,17 @@ def test_an_empty_store_gets_an_index_that_says_so(tmp_path: Path):
         result = write_index(db, tmp_path / "out", "car.db")
     text = "".join(_Links(result.index.read_text(encoding="utf-8")).text)
     assert result.pages == 0 and "No recorded runs." in text and "No attributions yet" in text
+
+
+def test_an_attribution_stopped_before_its_result_is_listed_without_a_page(tmp_path: Path):
+    """A Ctrl-C or a blocked side effect leaves an attribution row with no result: the index
+    lists it, unlinked (it once stopped ``car report --all`` with an internal error)."""
+    made = index_store(tmp_path / "car.db")
+    with RunStore(tmp_path / "car.db") as db:
+        stopped = db.begin_attribution("pivot", "contrastive", {"rollouts": 64})
+    with RunStore(tmp_path / "car.db", readonly=True) as db:
+        result = write_index(db, tmp_path / "out", "car.db")
+    page = _Links(result.index.read_text(encoding="utf-8"))
+    assert any(stopped in " ".join(row) for row in page.tables["attributions"])
+    assert not any(stopped in href for href in page.hrefs)
+    assert all(a in "".join(page.text) for a in made["attributions"].values())

@@ -222,6 +222,7 @@ def write_index(db: RunStore, out: Path, store: str) -> IndexWritten:
         pages[folder / link] = run_page(db, run, home="../" + index.name, known=own)[0]
         for a in own:
             row = attribution_summary(a)
+            row["href"] = None  # no page for an attribution stopped before its result
             if a.result is not None:
                 row["href"] = f"attributions/{page_name(a.id)}"
                 pages[folder / row["href"]] = render_attribution(
