@@ -196,7 +196,8 @@ def check_on_record(run: Trajectory, outcome: OutcomeLike, *, attributing: bool 
             f"{len(scores)} scores) but it is stored as {_side(stored)} ({fmt.num(stored)}; "
             f"failed means >= {FAILED_AT:g}), so it cannot see what the record saw and no "
             f"branch was run. The outcome received {received(run)}",
-            run_id=run.id, stored=stored, scores=tuple(scores), hint=_SEE_THE_FAILURE)
+            run_id=run.id, stored=stored, scores=tuple(scores),
+            hint=_SEE_THE_FAILURE + _OR_A_MISLABEL)
     if stored is None:
         raise OutcomeMismatch(
             f"the run was stored without an outcome and the outcome scores it as fine ({shown} "
@@ -219,6 +220,14 @@ _SEE_THE_FAILURE = (
     "with final_state from the app's adapter (car_adapters.langgraph, car_adapters.llamaindex, "
     "car_adapters.openai_agents), not to run.meta['final_state'], which is JSON (messages as "
     "OpenAI-style dicts); or pass the outcome the run was recorded with")
+
+
+_OR_A_MISLABEL = (
+    ". If the outcome is already the one the run was recorded with and it draws randomness of "
+    "its own (an LLM judge that ignores the rng CAR passes), the stored score may have been its "
+    "mislabel: a mislabel does not reproduce, so there is nothing to attribute in this run; "
+    "attribute another one, or pass the judge the rng (outcome(run, rng)) so that its score of "
+    "the record gives back the stored one")
 
 
 def _side(value: float) -> str:
