@@ -400,7 +400,7 @@ def print_result(r: Result, seconds: float, store: str, run: Any = None,
     method, its level, the sample sizes and the coupling with ``explain``."""
     who = _decider(r, run) if run is not None else None
     out.print(Text(kit.verdict(r, who), style="bold"))
-    out.print(kit.attribution_table(r))
+    out.print(kit.attribution_table(r, out.width))
     if isinstance(r, ContrastiveResult) and r.locus is not None and not explain:
         instead = r.alternatives_text(r.locus)  # with --explain: every tested step's, below
         if instead:

@@ -13,7 +13,7 @@ import os
 import re
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -408,9 +408,22 @@ def make_progress(mode: bool | None, label: str, planned: int | None, budget: in
 _ACTION_CELL: dict[str, Any] = {"no_wrap": True, "overflow": "ellipsis", "max_width": 28}
 
 
-def attribution_table(r: Result) -> Table:
+# the least width "what it did" keeps before the P(fail) columns are left out: with them, an
+# 80-column terminal squeezed the step and rescue columns down to nothing
+ACTION_LEAST = 20
+
+
+def _table_width(widths: Sequence[int]) -> int:
+    """A rich table's width for columns of these content widths (padding and rules)."""
+    return sum(widths) + 3 * len(widths) + 1
+
+
+def attribution_table(r: Result, width: int | None = None) -> Table:
     """The result of ``car attribute`` as a rich table: what each step did and what re-deciding
-    it changed (``car_core.formatting.PLAIN_COLUMNS``); the sample sizes are in ``--explain``."""
+    it changed (``car_core.formatting.PLAIN_COLUMNS``); the sample sizes are in ``--explain``.
+    On a terminal too narrow (``width``) for every column at full width beside
+    ``ACTION_LEAST`` of the action, the two P(fail) columns are left out and the table says so;
+    the step, rescue and interval columns always keep their full width."""
     actions = r.actions
     if isinstance(r, ShapleyResult):
         t = Table(title="Each step's share of the failure", title_justify="left")
@@ -423,14 +436,25 @@ def attribution_table(r: Result) -> Table:
             t.add_row(Text(safe(str(v.label or f"step {v.step}"))), Text(safe(did)),
                       fmt.effect(v.estimate), fmt.effect_interval(v.ci))
         return t
-    t = Table(title="What re-deciding each step changed", title_justify="left")
-    for col in fmt.PLAIN_COLUMNS:
+    rows = [(row, fmt.plain_cells(r, row)) for row in (fmt.step_row(r, s) for s in r.steps)]
+    full = {col: max([len(col), *(len(str(c[i])) for _, c in rows)])
+            for i, col in enumerate(fmt.PLAIN_COLUMNS) if col != fmt.ACTION}
+    narrow = width is not None and width < _table_width([*full.values(), ACTION_LEAST])
+    cols = [c for c in fmt.PLAIN_COLUMNS if not (narrow and c in (fmt.HELD, fmt.REDRAWN))]
+    t = Table(title="What re-deciding each step changed", title_justify="left",
+              caption="P(fail) columns left out at this width: --explain has them"
+              if narrow else None, caption_justify="left")
+    action = dict(_ACTION_CELL)
+    if narrow and width is not None:  # what is left once the others have their full width
+        left = width - _table_width([full[c] for c in cols if c != fmt.ACTION]) - 3
+        action["max_width"] = max(8, min(int(action["max_width"]), left))
+    for col in cols:
         t.add_column(col, justify="left" if col in (fmt.ACTION, fmt.INTERVAL, "") else "right",
-                     **_ACTION_CELL if col == fmt.ACTION else {"no_wrap": True})
-    for s in r.steps:
-        row = fmt.step_row(r, s)
-        cells = fmt.plain_cells(r, row)
-        t.add_row(cells[0], Text(safe(cells[1])), *cells[2:],
+                     **action if col == fmt.ACTION else {"no_wrap": True,
+                                                         "min_width": full[col]})
+    for row, cells in rows:
+        shown = [c for col, c in zip(fmt.PLAIN_COLUMNS, cells, strict=True) if col in cols]
+        t.add_row(shown[0], Text(safe(shown[1])), *shown[2:],
                   style="bold red" if row.is_locus else None)
     return t
 
