@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import Any
 
 import numpy as np
 import pytest
@@ -453,3 +454,26 @@ def test_a_context_edit_that_drops_a_step_is_applied_once(pivot_model, pivot_run
     for t in dist.trajectories:
         assert [(s.index, s.meta["origin"]) for s in t.steps] == [
             (0, "held"), (1, "held"), (2, "edited"), (3, "live"), (4, "live"), (5, "live")]
+
+
+def test_intervene_says_failed_branches_apart_from_a_budget_that_ran_out() -> None:
+    """Branches that raise are left out and said as such; the result is not "truncated" (the
+    budget did not run out), which it once said whenever a branch failed."""
+    m = syn.pivot()
+    run = m.failing_run(0)
+
+    def flaky(history: Any, rng: np.random.Generator) -> Any:
+        if history.index == 2 and rng.random() < 0.06:  # the same noise on the retry
+            raise RuntimeError("model server returned 500")
+        return m.policy(history, rng)
+
+    agent = car.FunctionAgent(policy=flaky, environment=m.environment,
+                              is_final=lambda a: bool(a.get("final")), max_steps=m.n_steps,
+                              name="synthetic:pivot")
+    res = car.intervene(run, agent, car.do_resample(2), outcome=m.outcome, rollouts=64,
+                        seed=0, progress=False)
+    assert res.failures and len(res.failures) <= 6  # within the 10% an estimate leaves out
+    assert res.n == 64 - len(res.failures) and not res.truncated
+    said = str(res)
+    assert f"; {len(res.failures)} failed branch(es) left out" in said
+    assert "budget that ran out" not in said and "(truncated)" not in said

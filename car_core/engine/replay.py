@@ -139,6 +139,8 @@ class OutcomeDistribution(CouplingNumbers):
                 + (", from a budget that ran out" if self.truncated else "") + "; "
                 + fmt.failure_rate(self.mean, self.ci, self.level, self.n)
                 + (" (truncated)" if self.truncated else "")
+                + (f"; {len(self.failures)} failed branch(es) left out" if self.failures
+                   else "")
                 + "".join(f"\ncaveat: {c}" for c in self.caveats))
 
 
@@ -238,7 +240,9 @@ def intervene(run: Trajectory, agent: Agent, interventions: Intervention | Seque
         level=level,
         values=values, trajectories=trajs, interventions=tuple(arm), coupled=shared.shared,
         coupling=why, measured_coupling=shared, caveats=caveats_of(agent),
-        seed=seed, rollouts_used=meter.rollouts, truncated=len(values) < rollouts,
+        # truncated: the budget stopped it; failed branches ran and are said apart
+        seed=seed, rollouts_used=meter.rollouts,
+        truncated=len(kept) + len(failures) < rollouts,
         budget_note=meter.tripped, tokens=meter.tokens, cost=meter.cost,
         failures=tuple(f.to_dict() for f in failures))
 
