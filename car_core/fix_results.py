@@ -218,7 +218,9 @@ def sentence(c: FixEstimate, runs_total: int) -> str:
     failure rates, not a share of runs: said as such, so 18% is not read as "18% of runs"."""
     missed = _ids(c.not_rescued)
     if c.rescue is None or c.rescue_ci is None:
-        return f"The fix '{c.label}' could not be tested on any of the {runs_total} runs."
+        why = next((r.reason for r in c.per_run if r.reason), None)
+        return (f"The fix '{c.label}' could not be tested on any of the {runs_total} runs"
+                + (f" (the first: {why.removeprefix('not tested: ')})" if why else "") + ".")
     part = (f"over the {runs_total} failed runs" if c.runs_tested == runs_total
             else f"over the {c.runs_tested} failed runs it was tested on ({runs_total} in all)")
     span = f"{_pct(c.rescue)} [{_pct(c.rescue_ci[0])}, {_pct(c.rescue_ci[1])}]"

@@ -252,3 +252,32 @@ def test_an_empty_population_or_run_ids_without_a_store_are_refused(population):
     with pytest.raises(InvalidInput, match="store"):
         car.fix_population([population[0].id], DESK.agent(), outcome=DESK.outcome,
                            candidates=[fix])
+
+
+def test_a_fix_that_cannot_run_leaves_the_others_tested(population, triaged):
+    """One candidate whose arm cannot run at all (its model's server refuses the key: an
+    error every branch would hit again) is untested on every run with its reason, and the
+    other candidate is measured on every run as if it were alone: a bad candidate once left
+    every fix of every run untested."""
+    from car_core.errors import ModelUnavailable
+
+    def refused(history, rng):
+        raise ModelUnavailable("the careful model's server refused the key")
+
+    runs = population[:2] + population[-2:]
+    instruction = car.Fix.instruction(DESK.fix)
+    alone = car.fix_population(runs, DESK.agent(), outcome=DESK.outcome,
+                               candidates=[instruction], triage=triaged, rollouts=16, seed=3)
+    both = car.fix_population(runs, DESK.agent(), outcome=DESK.outcome,
+                              candidates=[instruction, car.Fix.policy(refused, label="careful")],
+                              triage=triaged, rollouts=16, seed=3)
+    bad = both.candidate("careful")
+    assert bad.runs_tested == 0 and sorted(bad.untested) == sorted(r.id for r in runs)
+    assert all("refused the key" in row.reason for row in bad.per_run)
+    assert (f"The fix 'careful' could not be tested on any of the {len(runs)} runs (the first: "
+            "the careful model's server refused the key") in str(both)
+    good = both.candidate(instruction.label)
+    assert good.runs_tested == len(runs) and not good.untested
+    # the same branches as alone (an arm's noise is its own): the same rates, run by run
+    assert [(r.p_fail_with, r.p_fail_without) for r in good.per_run] == [
+        (r.p_fail_with, r.p_fail_without) for r in alone.candidate(instruction.label).per_run]

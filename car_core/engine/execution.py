@@ -108,6 +108,13 @@ class Executor(Protocol):
             may_start: Callable[[], bool]) -> Iterator[tuple[Task, Any]]: ...
 
 
+def _name_task(exc: BaseException, task: Task) -> None:
+    """Write on ``exc`` the task whose branch raised it (``exc.task``), unless it names one:
+    a population's run that tests several fixes tells by it which fix's arm cannot run."""
+    if getattr(exc, "task", None) is None:
+        exc.task = task  # type: ignore[attr-defined]
+
+
 class Guarded:
     """``fn`` with the retry rule: its result, or a ``Failure`` after ``retries + 1`` failed
     attempts. Offers ``acall`` when ``fn`` does, so an async agent is awaited, not threaded."""
@@ -122,7 +129,8 @@ class Guarded:
         for _ in range(self.retries + 1):
             try:
                 return self.fn(task)
-            except NOT_RETRIED:
+            except NOT_RETRIED as exc:
+                _name_task(exc, task)
                 raise
             except Exception as exc:  # the agent (or its worker) broke: retry, then record
                 last = exc
@@ -133,7 +141,8 @@ class Guarded:
         for _ in range(self.retries + 1):
             try:
                 return await self.fn.acall(task)  # type: ignore[attr-defined]
-            except NOT_RETRIED:
+            except NOT_RETRIED as exc:
+                _name_task(exc, task)
                 raise
             except Exception as exc:
                 last = exc

@@ -46,7 +46,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -338,27 +338,81 @@ def _job(run: Trajectory, agent: Agent, outcome: OutcomeLike, rec: dict[str, Any
          force_agent: bool) -> Callable[[], dict[str, Any]]:
     """One run's arms, ``k`` rollouts each, as a call for the pool. Returns what it measured
     (arm -> outcome per rollout, None where a branch errored) and what it cost, or the
-    reason it was not tested."""
+    reason it was not tested. A fix whose own arm cannot run (a policy of the wrong kind for
+    this agent) is left untested with its reason and the others are measured without it: one
+    bad candidate once left every fix of the run untested."""
     def measure() -> dict[str, Any]:
-        names = sorted(arms)
-        try:
-            b = _FixArms(run, agent, outcome, step=min(rec["steps"].values()), seed=seed,
-                         budget=cap, executor=executor, force_agent=force_agent)
-            got = b.run_arms([(a, r, arms[a]) for r in range(k) for a in names])
-            b.finish()
-        except RUN_ERRORS as exc:
-            return {**rec, "steps": {}, "reasons": {
-                **rec["reasons"], **{label: f"not tested: {exc}" for label in rec["steps"]}}}
+        left, live, spent = dict(rec), dict(arms), {"rollouts": 0, "tokens": 0, "cost": 0.0}
+        budget: Budget | None = cap
+        while True:
+            names = sorted(live)
+            b = None
+            if budget is None:
+                return {**left, **spent, "steps": {}, "reasons": {
+                    **left["reasons"], **{label: "not tested: the run's budget went on a fix "
+                                          "that could not run" for label in left["steps"]}}}
+            try:
+                b = _FixArms(run, agent, outcome, step=min(left["steps"].values()), seed=seed,
+                             budget=budget, executor=executor, force_agent=force_agent)
+                got = b.run_arms([(a, r, live[a]) for r in range(k) for a in names])
+                b.finish()
+            except RUN_ERRORS as exc:
+                if b is not None:
+                    _add(spent, b.meter)
+                bad = _fix_that_raised(exc, left["steps"])
+                if bad is None or len(left["steps"]) < 2 or b is None:
+                    return {**left, **spent, "steps": {}, "reasons": {
+                        **left["reasons"],
+                        **{label: f"not tested: {exc}" for label in left["steps"]}}}
+                left = _without(left, bad, f"not tested: {exc}")
+                live = {a: ivs for a, ivs in live.items()
+                        if a in left["steps"] or a.startswith(WITHOUT)
+                        and int(a.rsplit("@", 1)[1]) in left["steps"].values()}
+                budget = _less(cap, spent)
+                continue
+            break
         meter = b.meter
-        used = {"rollouts": meter.rollouts, "tokens": meter.tokens, "cost": meter.cost}
+        _add(spent, meter)
         if meter.tripped:
-            return {**rec, **used, "tripped": meter.tripped}
+            return {**left, **spent, "tripped": meter.tripped}
         kept = [v for v in got.values() if isinstance(v, _Kept)]
-        return {**rec, **used, "measured": True,
+        return {**left, **spent, "measured": True,
                 "values": {a: [_value(got.get((a, r))) for r in range(k)] for a in names},
                 "steps_live": sum(v.live for v in kept),
                 "steps_rerun": sum(v.length for v in kept)}
     return measure
+
+
+def _fix_that_raised(exc: BaseException, fixes: dict[str, int]) -> str | None:
+    """The fix whose arm raised ``exc`` (the task it names, or every failure a
+    ``BranchesFailed`` lists), when it is one fix's and not the arm without a fix."""
+    tasks = [getattr(exc, "task", None)] if getattr(exc, "task", None) is not None else \
+        [getattr(f, "task", None) for f in getattr(exc, "failures", ()) or ()]
+    arms = {getattr(t, "arm", None) for t in tasks}
+    return next(iter(arms)) if len(arms) == 1 and next(iter(arms)) in fixes else None
+
+
+def _without(rec: dict[str, Any], fix: str, reason: str) -> dict[str, Any]:
+    steps = {label: k for label, k in rec["steps"].items() if label != fix}
+    return {**rec, "steps": steps, "reasons": {**rec["reasons"], fix: reason}}
+
+
+def _add(spent: dict[str, Any], meter: Any) -> None:
+    spent["rollouts"] += meter.rollouts
+    spent["tokens"] += meter.tokens
+    spent["cost"] += meter.cost
+
+
+def _less(cap: Budget, spent: dict[str, Any]) -> Budget | None:
+    """What is left of the run's ``cap`` after ``spent`` (None: nothing)."""
+    left: dict[str, Any] = {}
+    for name in ("rollouts", "tokens", "cost"):
+        given = getattr(cap, name)
+        if given is not None:
+            if given - spent[name] <= 0:
+                return None
+            left[name] = given - spent[name]
+    return replace(cap, **left)
 
 
 def _value(b: Branch | None) -> float | None:
