@@ -11,7 +11,10 @@ the tools' descriptions the step's model call was offered (``meta["tools"]``, a 
 is refused before the branch calls anything. Steps
 before ``k`` are copied from the record: no model call, no tool call. From ``k`` on, each
 agent's LLM and tools are stand-ins (``branch.py``) for the duration of the branch, and a
-private recorder collects the new steps through the same instrumentation as ``CarRecorder``.
+private recorder collects the new steps through the same instrumentation as ``CarRecorder``. A
+branch whose safe tool came back with an error, live, for a call the record made alike and got
+an answer for comes back with status error (``_drift``): the tool's world changed, so it is
+never scored.
 
 A branch is one coroutine (``abranch``; ``branch`` finishes it from sync code), so the asyncio
 executor runs many at once on one event loop. The stand-ins are set on the agent objects while
@@ -33,24 +36,34 @@ from llama_index.core.tools import BaseTool, FunctionTool
 from llama_index.core.workflow import Context
 
 import car_core as car
-from car_core.contract import Noise, Plan, compile_plan, offered_tools, redact, state_of
+from car_core.contract import (
+    Noise,
+    Plan,
+    RunStatus,
+    compile_plan,
+    offered_tools,
+    redact,
+    state_of,
+)
 from car_core.errors import AdapterError, CarError, InvalidIntervention, UnclassifiedTools
 
 from ..common.branch import areentered, check_forced_tools, check_recorded_tools, renumber
 from ..common.messages import (
     ToolSafety,
     apply_edit,
+    calls_of,
     edited_messages,
     forced_observations,
     recorded_calls,
 )
 from ..common.offered_tools import edited_descriptions
+from ..common.sources import drifted_tools, tool_errors
 from ..common.state_change import Change, unreplayable
 from ..common.sync import run_sync
 from ._messages import from_dicts
 from .branch import BranchSession, collecting, installed, session_scope, unwrapped
 from .fingerprint import workflow_fingerprint
-from .recorder import CarRecorder, agents_of, tool_names
+from .recorder import ERRORS_MARKED, CarRecorder, agents_of, tool_names
 from .store_state import STORE_KEY, recorded, restore, writes
 
 MEMORY_TOKENS = 10**9  # the re-entered history must reach the model whole
@@ -68,6 +81,26 @@ def waits_on_a_server(llm: Any) -> bool:
     if isinstance(remote, bool):
         return remote
     return type(llm).__name__ not in _IN_PROCESS_LLMS
+
+
+def _results(steps: Iterable[car.Step]) -> list[Any]:
+    return [m for s in steps for m in (s.observation or ()) if isinstance(m, Mapping)]
+
+
+def _drift(run: car.Trajectory, new: list[car.Step]) -> str | None:
+    """Why a branch cannot be scored when a safe tool it ran live came back with an error
+    (marked by its recorder) for a call the record made alike and got an answer for
+    (``sources.drifted_tools``). The record's calls count as answered only where it shows
+    they were: a result recorded unmarked by a recorder that marks errors; a run recorded
+    before errors were marked shows none, so nothing counts as drifted there."""
+    now = tool_errors(_results(new))
+    if not now:
+        return None
+    results = {str(m.get("tool_call_id")) for m in _results(run.steps)}
+    errored = set(tool_errors(_results(run.steps))) if run.meta.get(ERRORS_MARKED) else None
+    unanswered = {cid for s in run.steps for cid, _, _ in calls_of(s.action)
+                  if errored is None or cid in errored or cid not in results}
+    return drifted_tools(run.steps, unanswered, new, now)
 
 
 def _check_history(messages: list[dict[str, Any]], run_id: str, k: int
@@ -309,7 +342,11 @@ class LlamaIndexAgent:
                                     "it would not run and what it writes to ctx.store would be "
                                     "lost" for name, agent in self._context_tools().items()})
         live = await self._drive(state, active, run, session, store=store)
-        return [renumber(s, k + i, plan, session) for i, s in enumerate(live.steps)], live
+        steps = [renumber(s, k + i, plan, session) for i, s in enumerate(live.steps)]
+        drift = _drift(run, steps)
+        if drift:  # a safe tool errored where the record was answered: never scored
+            live = replace(live, status=RunStatus.ERROR, error=drift)
+        return steps, live
 
     def redecide(self, run: car.Trajectory, k: int, noise: Noise) -> Any:
         """Decide step ``k`` again from its recorded messages (one model call, no tools)."""

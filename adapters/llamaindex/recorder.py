@@ -5,11 +5,13 @@ One span handler and one event handler on the root dispatcher. A workflow run sp
 traced back to that root by its parent id, so runs in flight at once never mix. Each
 ``run_agent_step`` span that returns an ``AgentOutput`` is one step: the first chat-start event
 below it gives the messages the model saw, the output gives the action, ``call_tool`` spans
-that return a ``ToolCallResult`` give the observation, the workflow ``Context`` the step span
-is given gives the store the step decided from (``store_state``: every key but the framework's
-own bookkeeping, in ``meta["store"]``), the first chat-start event the tools the model call was
-offered (name and description each, in ``meta["tools"]``: ``offered_tools``), and the chat
-events give model, parameters, token usage and latency. When the run span closes the
+that return a ``ToolCallResult`` give the observation (a result that came back as an error,
+``ToolOutput.is_error``: the tool raised and the agent was told so, marked ``"status":
+"error"``), the workflow ``Context`` the step span is given gives the store the step decided
+from (``store_state``: every key but the framework's own bookkeeping, in ``meta["store"]``),
+the first chat-start event the tools the model call was offered (name and description each, in
+``meta["tools"]``: ``offered_tools``), and the chat events give model, parameters, token usage
+and latency. When the run span closes the
 trajectory is sealed, stored and becomes ``rec.run``. Each run carries the workflow's
 fingerprint, taken as it starts (``car_adapters.llamaindex.fingerprint``), so attributing it
 with another workflow is refused.
@@ -59,6 +61,9 @@ from .store_state import (
 BRANCH_TOKEN: contextvars.ContextVar[object | None] = contextvars.ContextVar(
     "car_branch_token", default=None)
 WRAPPER_MODELS = ("CarBranchLLM",)
+# run meta: the record marks each tool result that came back as an error (``"status":
+# "error"``), so an unmarked one was answered; a run recorded before carries no such key
+ERRORS_MARKED = "tool_errors_marked"
 PARAM_KEYS = ("temperature", "top_p", "max_tokens", "seed", "model", "model_name",
               "context_window", "num_output")
 
@@ -341,8 +346,10 @@ class CarRecorder:
                     buf.steps.append(self._step_record(step, result))
             elif isinstance(result, ToolCallResult) and buf.steps:
                 out = result.tool_output
-                buf.steps[-1]["results"].append(tool_result(
-                    result.tool_id, result.tool_name, str(out.content)))
+                answer = tool_result(result.tool_id, result.tool_name, str(out.content))
+                if out.is_error:  # the tool raised (or said so): the agent was told the error
+                    answer["status"] = "error"
+                buf.steps[-1]["results"].append(answer)
             if id_ == root:
                 finished = self._finish(buf, err)
         if finished is not None:
@@ -378,7 +385,7 @@ class CarRecorder:
                                   observed=bool(results), state=s["state"],
                                   meta={**s["meta"], "llamaindex_run": buf.root}))
         meta = {"framework": "llama-index", "workflow": type(buf.workflow).__name__,
-                "tools": tool_names(buf.workflow)}
+                "tools": tool_names(buf.workflow), ERRORS_MARKED: True}
         if buf.fingerprint is not None:
             meta["agent_fingerprint"] = buf.fingerprint
         return car.Trajectory.new(

@@ -17,7 +17,9 @@ holds), and ``branch`` finishes the same coroutine from sync code. ``do_policy(k
 model of the agent that decides step ``k`` (for its decisions from ``k`` on); the other agents keep
 theirs unless ``policy_agents`` says otherwise. A model server that is down or failing (refused
 connection, timeout, 429, 5xx) stops the attribution with ``ModelUnavailable``, resumable, as on
-every adapter.
+every adapter. A branch whose safe tool raised, live, on a call the record made alike and got an
+answer for comes back with status error (``_drift``): the tool's world changed, so it is never
+scored.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from agents import Agent, RunConfig, Runner
+from agents import Agent, RunConfig, RunContextWrapper, Runner
 from agents.exceptions import (
     InputGuardrailTripwireTriggered,
     MaxTurnsExceeded,
@@ -38,7 +40,7 @@ from agents.exceptions import (
 from agents.handoffs import Handoff
 from agents.models.interface import Model
 from agents.run import DEFAULT_MAX_TURNS
-from agents.tool import FunctionTool, HostedMCPTool
+from agents.tool import FunctionTool, HostedMCPTool, default_tool_error_function
 
 import car_core as car
 from car_core.contract import (
@@ -57,11 +59,13 @@ from ..common.branch import areentered, check_forced_tools, check_recorded_tools
 from ..common.messages import (
     ToolSafety,
     apply_edit,
+    calls_of,
     edited_messages,
     forced_observations,
     recorded_calls,
 )
 from ..common.offered_tools import edited_descriptions
+from ..common.sources import drifted_tools
 from ..common.sync import BranchLoop, run_on, run_sync
 from . import mcp_tools
 from ._context import (
@@ -73,7 +77,7 @@ from ._context import (
 )
 from ._items import to_dicts, to_items
 from .app import agents_of, handoff_target, tool_names
-from .branch import BranchSession, Decided, clone_app
+from .branch import BranchSession, Decided, clone_app, noting, noting_formatter
 from .fingerprint import app_fingerprint
 from .offered_tools import as_given
 from .recorder import CarRecorder
@@ -83,6 +87,8 @@ from .recorder import CarRecorder
 # other, so a loop per branch would make each branch's first call fail (and the branch be
 # retried: every model call paid twice).
 _BRANCH_LOOP = BranchLoop("car-openai-agents-branches")
+# what the SDK tells the model in place of a tool's error unless the tool or run words it
+_DEFAULT_FAILURE = default_tool_error_function(RunContextWrapper(context=None), Exception())
 
 
 def _car_error_in(exc: BaseException) -> BaseException | None:
@@ -148,6 +154,28 @@ def _used_tools(run: car.Trajectory, k: int) -> frozenset[str]:
     """The agents that made tool calls before step ``k``."""
     return frozenset(str(s.meta.get("agent")) for s in run.steps[:k]
                      if isinstance(s.action, dict) and s.action.get("tool_calls"))
+
+
+def _drift(run: car.Trajectory, new: list[car.Step], session: BranchSession) -> str | None:
+    """Why a branch cannot be scored when a safe tool it ran live raised (the session noted
+    it) on a call the record made alike and got an answer for (``sources.drifted_tools``).
+    The SDK hands the model a message in place of the error and the record keeps only that
+    text, so a recorded call counts as answered only where its result shows it was not an
+    error: it has one, and it is neither the SDK's default failure message nor the message
+    the branch's identical call was told (the same error, worded by the same function)."""
+    if not session.errors:
+        return None
+    told = {(name, args): session.errors[cid][0] for s in new
+            for cid, name, args in calls_of(s.action) if cid in session.errors}
+    unanswered = set()
+    for s in run.steps:
+        results = {str(m.get("tool_call_id")): m.get("content") for m in s.observation or ()
+                   if isinstance(m, Mapping)} if isinstance(s.observation, (list, tuple)) else {}
+        for cid, name, args in calls_of(s.action):
+            if results.get(cid) in (None, _DEFAULT_FAILURE, told.get((name, args))):
+                unanswered.add(cid)
+    return drifted_tools(run.steps, unanswered, new,
+                         {cid: why or said for cid, (said, why) in session.errors.items()})
 
 
 def _check_forced_steps_keep_the_context(run: car.Trajectory, session: BranchSession) -> None:
@@ -360,7 +388,11 @@ class OpenAIAgentsAgent:
         live = await self._drive(items, active, session, self.max_turns - k,
                                  keep_input_guardrails=k == 0, used_tools=_used_tools(run, k),
                                  run_context=self.contexts.at(run, k))
-        return [self._placed(s, k + i, plan, session) for i, s in enumerate(live.steps)], live
+        steps = [self._placed(s, k + i, plan, session) for i, s in enumerate(live.steps)]
+        drift = _drift(run, steps, session)
+        if drift:  # a safe tool errored where the record was answered: never scored
+            live = replace(live, status=RunStatus.ERROR, error=drift)
+        return steps, live
 
     def redecide(self, run: car.Trajectory, k: int, noise: Noise) -> Any:
         """Decide step ``k`` again from its recorded input (one model call, no tool call)."""
@@ -459,7 +491,7 @@ class OpenAIAgentsAgent:
         """Run the app's copy from ``items`` under ``active``: the branch's one coroutine,
         whether ``branch``, ``abranch``, ``start`` or ``redecide`` asked for it."""
         listing = self._ready()
-        served = {a: [mcp_tools.served_on(t, self._mcp_loop) for t in ts]
+        served = {a: [mcp_tools.served_on(noting(t, session), self._mcp_loop) for t in ts]
                   for a, ts in listing.items()}
         clones = clone_app(self.agents, self._models(), session,
                            keep_input_guardrails=keep_input_guardrails, used_tools=used_tools,
@@ -467,7 +499,8 @@ class OpenAIAgentsAgent:
         collector = CarRecorder()
         config = dataclasses.replace(
             self.run_config, model=None, tracing_disabled=True,
-            input_guardrails=self.run_config.input_guardrails if keep_input_guardrails else None)
+            input_guardrails=self.run_config.input_guardrails if keep_input_guardrails else None,
+            tool_error_formatter=noting_formatter(session, self.run_config.tool_error_formatter))
 
         try:
             await Runner.run(clones[active], items, context=run_context,

@@ -11,20 +11,26 @@ outage becomes ``ModelUnavailable``. A guarded tool serves a forced observation 
 a side-effect tool with ``ToolSafety``: an identical recorded call gets its result and its recorded
 write to the run context replayed (``_context.replay``), another call the simulator
 (``fn(arguments, ctx)`` is handed the tool's run context wrapper), else ``SideEffectBlocked``;
-other tools run live.
+other tools run live. A live tool that raises is answered as in the app, with the message its
+failure function makes of the error for the model; the session notes each such call
+(``BranchSession.failed``): the SDK's default message through ``RunConfig.tool_error_formatter``
+(``noting_formatter``), a tool's own failure function (an MCP tool's too) through a copy of the
+tool that calls it (``noting``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import weakref
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 from agents import ModelResponse, ModelSettings, Usage
 from agents.handoffs import Handoff
 from agents.models.interface import Model
-from agents.tool import FunctionTool
+from agents.run_config import ToolErrorFormatter, ToolErrorFormatterArgs
+from agents.tool import FunctionTool, set_function_tool_failure_error_function
 
 from car_core.contract import Noise, Plan, Stream, ToolSource, redact
 from car_core.errors import (
@@ -80,6 +86,14 @@ class BranchSession(chat_branch.BranchSession):
         # step -> {tool name: description} a do_context edit gave it: that step's call alone
         # is offered copies of the tools so described (``offered_tools.described``)
         self.tools_at: dict[int, dict[str, str]] = {}
+        # tool call id -> (what the model was told, the error) for each call whose tool raised
+        self.errors: dict[str, tuple[str, str]] = {}
+
+    def failed(self, call_id: Any, told: Any, error: BaseException | None) -> None:
+        """Note that the tool of call ``call_id`` raised ``error`` and the model was told
+        ``told`` (the failure function's message) in place of a result."""
+        if call_id:
+            self.errors[str(call_id)] = (str(told), redact.describe(error) if error else "")
 
     def policy_for(self, k: int, agent: str) -> Any:
         """The ``do_policy`` model when it decides step ``k`` of ``agent``, else None."""
@@ -163,6 +177,50 @@ class CarBranchModel(Model):
                            hint="this is a bug in car_adapters.openai_agents; please report it")
 
 
+def noting(tool: FunctionTool, session: BranchSession) -> FunctionTool:
+    """``tool``, or a copy of it whose own failure function (one given to ``function_tool``;
+    every MCP tool has one) notes each error it turns into a message, in the session: the SDK
+    binds a copied tool's failure handling to the copy. A tool on the SDK's default message is
+    noted by the run's formatter (``noting_formatter``); one without a failure function lets
+    the error out, and the branch fails with it."""
+    if getattr(tool, "_use_default_failure_error_function", True):
+        return tool
+    given = getattr(tool, "_failure_error_function", None)
+    if given is None:
+        return tool
+
+    async def told(ctx: Any, error: Exception) -> str:
+        out = given(ctx, error)
+        if inspect.isawaitable(out):
+            out = await out
+        session.failed(getattr(ctx, "tool_call_id", None), out, error)
+        return str(out)
+
+    return set_function_tool_failure_error_function(dataclasses.replace(tool), told)
+
+
+def noting_formatter(session: BranchSession, user: ToolErrorFormatter | None
+                     ) -> ToolErrorFormatter:
+    """A ``RunConfig.tool_error_formatter`` that notes, in the session, each tool error the
+    SDK's default failure message answers (the formatter the app runs with, ``user``, still
+    words it)."""
+
+    async def formatter(args: ToolErrorFormatterArgs[Any]) -> str | None:
+        out: Any = None
+        try:
+            if user is not None:
+                out = user(args)
+                if inspect.isawaitable(out):
+                    out = await out
+        finally:  # a formatter that raises leaves the SDK's default message
+            if args.kind == "tool_exception":
+                session.failed(args.call_id, out if isinstance(out, str)
+                               else args.default_message, args.error)
+        return cast("str | None", out)  # as given: the SDK warns of a non-string itself
+
+    return formatter
+
+
 def _guarded(tool: FunctionTool, session: BranchSession) -> FunctionTool:
     """A copy of ``tool`` that serves forced observations and guards side effects."""
     inner = tool.on_invoke_tool
@@ -232,8 +290,8 @@ def clone_app(agents: Mapping[str, Any], models: Mapping[str, Model], session: B
             "model": CarBranchModel(models[name], session, name),
             "tools": [*(mcp_tools.structured(_guarded(t, session))
                         for t in (mcp or {}).get(name, ())),
-                      *(_guarded(t, session) if isinstance(t, FunctionTool) else t
-                        for t in a.tools or ())]}
+                      *(_guarded(noting(t, session), session) if isinstance(t, FunctionTool)
+                        else t for t in a.tools or ())]}
         if a.mcp_servers:  # their tools are among the copy's, listed before the branch
             kw["mcp_servers"] = []
         if not keep_input_guardrails:
