@@ -30,7 +30,7 @@ def _agent(verdict: str | None) -> Checked:
 def test_coupling_reasons() -> None:
     plain = car.FunctionAgent(policy=lambda h, rng: 0, max_steps=1)
     assert coupling(plain, None, True) == (
-        True, "the agent draws its randomness from CAR's noise streams")
+        True, "the agent was handed CAR's noise streams (not a claim that it drew from them)")
     assert coupling(plain, None, False)[0] is False
     assert "not requested" in coupling(plain, None, False)[1]
     uncoupled = car.FunctionAgent(policy=lambda h, rng: 0, max_steps=1, couples_noise=False)
@@ -108,7 +108,9 @@ def test_intervene_measures_coupling_from_twins_not_from_the_agents_claim() -> N
                              rollouts=16, twins=16, progress=False)
         assert dist.coupled is shared and dist.coupling_pairs == 16
         assert dist.rollouts_used == 32 and dist.n == 16  # twins are spent, not averaged
-        assert dist.coupling == "the agent draws its randomness from CAR's noise streams"
+        # handed, not claimed: an agent that ignores the streams is told apart by the measure
+        assert dist.coupling == ("the agent was handed CAR's noise streams (not a claim that "
+                                 "it drew from them)")
         if shared:
             assert dist.coupling_measured == 1.0
         assert dist.to_dict()["coupling_pairs"] == 16

@@ -96,4 +96,4 @@ def coupling(agent: Any, run: Any, requested: bool) -> tuple[bool, str]:
         if reason:
             return False, str(reason)
         return True, "measured: the model gave the same reply twice for one seed"
-    return True, "the agent draws its randomness from CAR's noise streams"
+    return True, "the agent was handed CAR's noise streams (not a claim that it drew from them)"
