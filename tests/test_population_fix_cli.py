@@ -90,6 +90,12 @@ def test_fix_failed_says_the_answer_first_in_plain_words(folder):
     assert first.startswith(f"The fix 'system prompt: {DESK.fix}'")
     assert f"on average over the {len(runs)} failed runs" in first
     assert "fix " in proc.stdout and "car export fix" in proc.stdout
+    # piped, as in CI: no progress unless asked for; asked for, a line per run tested
+    assert "[1/" not in proc.stderr
+    shown = car_cli("fix", "--failed", "--agent", AGENT, "--system", DESK.fix, "--rollouts",
+                    "8", "--progress", cwd=cwd)
+    assert shown.returncode in (0, 1), shown.stderr
+    assert all(f"[{i}/{len(runs)}] run " in shown.stderr for i in range(1, len(runs) + 1))
 
 
 @pytest.mark.parametrize(("args", "words"), [

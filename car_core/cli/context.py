@@ -211,6 +211,10 @@ def fix(agent: AgentOpt, run_ids: Annotated[list[str] | None, typer.Argument(
                  "model server, else 1); the result is the same whatever it is.")] = None,
         agent_name: AgentNameOpt = None, since: SinceOpt = None, until: UntilOpt = None,
         test: TestOpt = None, session: SessionOpt = None,
+        progress: Annotated[bool | None, typer.Option(
+            "--progress/--no-progress", help="Population: a line on stderr as each run is "
+                                             "tested (default: when it is a terminal).")
+        ] = None,
         store: StoreOpt = "car.db", json_out: JsonOpt = False) -> None:
     """Rank candidate repairs at the step by P(failure) with simultaneous intervals. Without
     candidates, the sources `car what` names are removed, one by one. With --failed or --runs:
@@ -239,16 +243,16 @@ def fix(agent: AgentOpt, run_ids: Annotated[list[str] | None, typer.Argument(
                  policies=policy or [], candidates=candidates, rollouts=rollouts, alpha=alpha,
                  seed=seed, from_step=from_step, triage_id=triage, budget=budget,
                  resume=resume, force_agent=force_agent, store=store, json_out=json_out,
-                 filters=filters, runs_at_once=runs_at_once)
+                 filters=filters, runs_at_once=runs_at_once, progress=progress)
         return
     if len(ids) != 1:
         raise InvalidInput(f"car fix takes one RUN_ID, got {len(ids)}",
                            hint="name one run, or test a fix on many: --runs RUN_ID... or "
                                 "--failed")
     if system or policy or triage or budget is not None or from_step != "locus" \
-            or runs_at_once is not None:
-        raise InvalidInput("--system, --policy, --triage, --budget, --from-step and "
-                           "--runs-at-once are for a population",
+            or runs_at_once is not None or progress is not None:
+        raise InvalidInput("--system, --policy, --triage, --budget, --from-step, "
+                           "--runs-at-once and --progress are for a population",
                            hint="add --runs (these runs) or --failed")
     run, k = _load(ids[0], store, step)
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)

@@ -77,11 +77,11 @@ def fix_many(run_ids: list[str], *, failed: bool, agent: Any, outcome: Any,
              seed: int, from_step: str, triage_id: str | None, budget: int | None,
              resume: str | None, force_agent: bool, store: str, json_out: bool,
              filters: dict[str, str | None] | None = None,
-             runs_at_once: int | None = None) -> None:
+             runs_at_once: int | None = None, progress: bool | None = None) -> None:
     """The population forms of ``car fix`` (see the module docstring); ``filters``: the
     selection ``car triage`` takes (``--agent-name``, ``--since``, ``--until``, ``--test``,
     ``--session``), on the failed runs; ``runs_at_once``: runs tested at once (None: chosen
-    for the agent)."""
+    for the agent); ``progress``: a line per run tested (None: when stderr is a terminal)."""
     filters = filters or {}
     fixes = _fixes(instructions, systems, guards, policies, candidates)
     start = _from(from_step)
@@ -91,7 +91,7 @@ def fix_many(run_ids: list[str], *, failed: bool, agent: Any, outcome: Any,
         raise InvalidInput("no failed run matches: nothing to fix",
                            hint="list the stored runs with `car runs`, or loosen the filters")
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
-    shown = sys.stderr.isatty()
+    shown = progress if progress is not None else sys.stderr.isatty()
     fid = resume or uuid.uuid4().hex[:16]  # known here, so a stopped fix can say it
     db = RunStore(store)
     try:
