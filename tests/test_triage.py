@@ -252,3 +252,22 @@ def test_cli_selects_the_runs_of_one_pytest_session(population, tmp_path):
     assert sorted(r["run_id"] for r in data["per_run"]) == sorted(r.id for r in tagged["s1"])
     none = car_cli("triage", "--session", "s3", "--agent", AGENT, cwd=tmp_path)
     assert none.returncode == 2 and "nothing to triage" in none.stderr
+
+
+def test_a_run_refused_before_any_branch_names_no_attribution(population, tmp_path):
+    """A run whose outcome check refuses it (a judge that mislabelled the record) stores no
+    attribution: its row names none (the triage page once listed an id the store lacked)."""
+    runs = population[:3]
+    refused = runs[1].id
+
+    def outcome(run: car.Trajectory) -> float:
+        return 0.0 if run.id == refused else DESK.outcome(run)
+
+    with RunStore(tmp_path / "car.db") as store:
+        tri = car.triage(runs, DESK.agent(), outcome=outcome, rollouts=K, store=store)
+        rows = {r.run_id: r for r in tri.per_run}
+        assert rows[refused].answer == "undecided" and rows[refused].attribution_id is None
+        assert "not attributed" in (rows[refused].reason or "")
+        for r in runs:
+            if r.id != refused:
+                assert store.attribution_exists(rows[r.id].attribution_id)

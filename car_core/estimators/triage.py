@@ -357,9 +357,11 @@ def _attributed(run: Trajectory, agent: Agent, outcome: OutcomeLike,
     try:
         result = settings.run(run, agent, outcome, executor=executor, progress=False,
                               store=store, attribution_id=aid, force_agent=force_agent)
-    except RUN_ERRORS as exc:
+    except RUN_ERRORS as exc:  # the id only where a row was stored (a refusal stores none)
+        stored = aid if aid is not None and store is not None \
+            and store.attribution_exists(aid) else None
         return TriageRun(run.id, str(Answer.UNDECIDED), reason=f"not attributed: {exc}",
-                         attribution_id=aid), None
+                         attribution_id=stored), None
     return _row(run.id, result, aid, reused=False), result
 
 
