@@ -36,7 +36,7 @@ from car_core.cli.app import (
     say,
 )
 from car_core.cli.context import look_inside
-from car_core.engine.execution import make_executor
+from car_core.engine.execution import default_executor, make_executor
 from car_core.errors import AttributionNotFound, InvalidInput
 from car_core.estimators._session import check_resumable
 from car_core.estimators.settings import ContrastiveSettings, ShapleySettings
@@ -191,7 +191,7 @@ def attribute(
     cap = planned if isinstance(settings, ShapleySettings) else (
         settings.budget.rollouts if isinstance(settings.budget, Budget) else settings.budget)
     bar = kit.make_progress(progress, f"{method.value} {run.id}", planned, cap)
-    started = time.monotonic()
+    started, cpu = time.monotonic(), time.process_time()
     try:
         # the flags' bounds and --replace were checked above; the API checks them again
         bounds: dict[str, Any] = {"max_budget": max_budget, "replace": replace}
@@ -221,7 +221,12 @@ def attribute(
         if bar:
             bar.close()
     if not json_out:
-        print_result(result, time.monotonic() - started, store, run, explain)
+        seconds = time.monotonic() - started
+        print_result(result, seconds, store, run, explain)
+        hint = kit.waiting_hint(default_executor(the_agent), exe, seconds,
+                                time.process_time() - cpu)
+        if hint:
+            err.print(Text(kit.safe(hint), style="yellow"), soft_wrap=True)
     inside = None
     if (inside_locus and isinstance(result, ContrastiveResult) and result.locus is not None
             and isinstance(settings, ContrastiveSettings)):

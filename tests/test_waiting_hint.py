@@ -1,0 +1,78 @@
+"""The hint after a slow estimate that CAR ran one branch at a time while the process mostly
+waited (a model server CAR took for an in-process model): said only then."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from car_core.cli.kit import WAIT_HINT_CPU, WAIT_HINT_SECONDS, waiting_hint
+from car_core.engine.execution import AsyncioExecutor, Sequential
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+
+
+def test_said_when_car_chose_one_at_a_time_and_the_process_waited() -> None:
+    said = waiting_hint(Sequential(), None, 80.0, 4.0)
+    assert said is not None and "(5% of 80s on the CPU)" in said
+    assert "--executor async" in said and "remote=True" in said
+
+
+def test_not_said_when_the_user_chose_or_car_ran_them_at_once_or_it_computed() -> None:
+    assert waiting_hint(Sequential(), Sequential(), 80.0, 4.0) is None  # the user's choice
+    assert waiting_hint(AsyncioExecutor(), None, 80.0, 4.0) is None  # already at once
+    assert waiting_hint(Sequential(), None, 80.0, 80.0 * WAIT_HINT_CPU) is None  # computing
+    assert waiting_hint(Sequential(), None, WAIT_HINT_SECONDS - 1, 0.0) is None  # short
+
+
+SLOW = '''
+import time
+from car_core.testing import synthetic as syn
+
+M = syn.pivot()
+
+
+def policy(history, rng):
+    time.sleep(0.03)  # a model server's wait, which CAR cannot tell from in-process work
+    return M.policy(history, rng)
+
+
+def make():
+    import car_core as car
+    return car.FunctionAgent(policy=policy, environment=M.environment,
+                             is_final=lambda a: bool(a.get("final")), max_steps=M.n_steps,
+                             name="synthetic:pivot")
+
+
+def outcome(run, rng):
+    return M.outcome(run, rng)
+'''
+
+
+def test_the_cli_says_it_after_a_slow_sequential_attribution(tmp_path: Path,
+                                                              monkeypatch) -> None:
+    """Through ``car attribute`` (in this process, the threshold lowered so the test stays
+    short): an agent that sleeps in its policy, as one waiting on a model server does."""
+    from cli_golden import _car
+
+    from car_core.cli import kit
+    from car_core.store import RunStore
+
+    (tmp_path / "slow.py").write_text(SLOW, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(kit, "WAIT_HINT_SECONDS", 0.5)
+    import slow
+    with RunStore(tmp_path / "car.db") as store:
+        store.save(slow.M.failing_run(0))
+        run_id = store.runs()[0]["id"]
+    code, _, err = _car("attribute", run_id, "--agent", "slow:make", "--outcome",
+                        "slow:outcome", "--rollouts", "8", "--store", "car.db")
+    assert code in (0, 1), err
+    assert "the branches ran one at a time and the process mostly waited" in err
+    # named by the user: no hint
+    code, _, err = _car("attribute", run_id, "--agent", "slow:make", "--outcome",
+                        "slow:outcome", "--rollouts", "2", "--store", "car.db",
+                        "--executor", "sequential")
+    assert code in (0, 1, 3), err  # 3: undecided at this budget
+    assert "mostly waited" not in err
