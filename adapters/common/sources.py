@@ -42,8 +42,18 @@ def tool_errors(messages: Iterable[Any]) -> dict[str, str]:
     for m in messages:
         get = m.get if isinstance(m, Mapping) else lambda k, m=m: getattr(m, k, None)
         if get("status") == "error" and get("tool_call_id"):
-            out[str(get("tool_call_id"))] = str(get("content") or "")
+            out[str(get("tool_call_id"))] = _text(get("content"))
     return out
+
+
+def _text(content: Any) -> str:
+    """A tool result's words: its content blocks' text joined (an MCP tool's result is a
+    list of blocks), else the content as a string."""
+    if isinstance(content, list):
+        texts = [str(b.get("text")) for b in content if isinstance(b, Mapping) and "text" in b]
+        if texts:
+            return " ".join(texts)
+    return str(content or "")
 
 
 def drifted_tools(recorded: Iterable[Step], recorded_errors: Collection[str],

@@ -133,8 +133,9 @@ def errored_branch(traj: Trajectory, run_id: str | None) -> AgentError:
     it was running (the first it did not finish)."""
     return AgentError(f"the branch ended with status error: {traj.error or 'no error given'}",
                       run_id=run_id, step=len(traj.steps),
-                      hint="the framework raised inside the branch; fix what raised (a node, "
-                           "a hook, a tool) and resume")
+                      hint="the framework raised inside the branch, or a tool answered it "
+                           "otherwise than the record; fix what raised (a node, a hook, a tool) "
+                           "or what the tool reads, and resume")
 
 
 def failure_of(task: Task, exc: BaseException | None, attempts: int) -> Failure:
