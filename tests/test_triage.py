@@ -271,3 +271,43 @@ def test_a_run_refused_before_any_branch_names_no_attribution(population, tmp_pa
         for r in runs:
             if r.id != refused:
                 assert store.attribution_exists(rows[r.id].attribution_id)
+
+
+def test_a_model_server_down_stops_the_triage_and_it_resumes(population, tmp_path):
+    """The agent's model server goes down after the first run: every later run would be
+    undecided for it, so the triage stops (``ModelUnavailable``, as an attribution does), and
+    the same triage id finishes once it is back, reading the first run back. A user trial saw
+    every run undecided and no way to resume the triage."""
+    from car_core.engine.agent import FunctionAgent
+    from car_core.errors import ModelUnavailable
+
+    runs = population[:3]
+    inner = DESK.agent()
+    down = {"now": False}
+
+    def policy(history, rng):
+        if down["now"]:
+            raise ModelUnavailable("connection refused: the model server is down")
+        return inner.policy(history, rng)
+
+    agent = FunctionAgent(policy=policy, environment=inner.environment,
+                          is_final=inner.is_final, max_steps=inner.max_steps,
+                          name=inner.name)
+    seen: list[str] = []
+
+    def progress(done, total, row):
+        seen.append(row.run_id)
+        down["now"] = True  # after the first run
+
+    with RunStore(tmp_path / "car.db") as store:
+        with pytest.raises(ModelUnavailable, match="the model server is down"):
+            car.triage(runs, agent, outcome=DESK.outcome, rollouts=K, store=store,
+                       triage_id="t1", progress=progress, runs_at_once=1)
+        assert seen == [runs[0].id]
+        down["now"] = False
+        done = car.triage(runs, agent, outcome=DESK.outcome, rollouts=K, store=store,
+                          triage_id="t1", runs_at_once=1)
+    rows = {r.run_id: r for r in done.per_run}
+    assert rows[runs[0].id].reused and not rows[runs[1].id].reused
+    assert all(r.answer != "undecided" or "server" not in (r.reason or "")
+               for r in done.per_run)

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 from car_core import defaults
 from car_core.engine.agent import Agent
 from car_core.engine.execution import ExecutorLike
-from car_core.errors import InvalidInput, InvalidIntervention
+from car_core.errors import InvalidInput, InvalidIntervention, ModelUnavailable
 from car_core.estimators._arms import Branch, StepArms, check_rollouts
 from car_core.estimators._population import Purse, RunPool, Spent, runs_at_once_for
 from car_core.estimators.fixes import Fix, as_fix
@@ -360,6 +360,8 @@ def _job(run: Trajectory, agent: Agent, outcome: OutcomeLike, rec: dict[str, Any
                 if b is not None:
                     _add(spent, b.meter)
                 bad = _fix_that_raised(exc, left["steps"])
+                if bad is None and isinstance(exc, ModelUnavailable):
+                    raise  # the agent's own model is down: every run would hit it, resumable
                 if bad is None or len(left["steps"]) < 2 or b is None:
                     return {**left, **spent, "steps": {}, "reasons": {
                         **left["reasons"],

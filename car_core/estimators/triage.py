@@ -53,6 +53,7 @@ from car_core.errors import (
     AttributionBusy,
     AttributionNotFound,
     InvalidInput,
+    ModelUnavailable,
     NothingToAttribute,
     OutcomeError,
     RunError,
@@ -165,7 +166,9 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
     ``branch`` is then called from several threads). ``progress(done, total, row)`` is called
     after each run, on the caller's thread. ``early_stop`` (the default here, unlike
     ``car.contrastive``'s): each attribution stops once its locus is decided, as a triage
-    needs where each run commits, not how much its rescue is."""
+    needs where each run commits, not how much its rescue is. A model server that is down
+    (``ModelUnavailable``) stops the triage, as it stops an attribution: every run after it
+    would hit it too, and the runs attributed so far are kept for the same ``triage_id``."""
     chosen_by = _check(by, label, alpha)
     at_once = runs_at_once_for(runs_at_once, agent)
     settings = ContrastiveSettings(rollouts=rollouts, alpha=alpha, seed=seed, search=search,
@@ -358,6 +361,8 @@ def _attributed(run: Trajectory, agent: Agent, outcome: OutcomeLike,
         result = settings.run(run, agent, outcome, executor=executor, progress=False,
                               store=store, attribution_id=aid, force_agent=force_agent)
     except RUN_ERRORS as exc:  # the id only where a row was stored (a refusal stores none)
+        if isinstance(exc, ModelUnavailable):  # every later run would hit it: stop, resumable
+            raise
         stored = aid if aid is not None and store is not None \
             and store.attribution_exists(aid) else None
         return TriageRun(run.id, str(Answer.UNDECIDED), reason=f"not attributed: {exc}",
