@@ -170,7 +170,15 @@ class PopulationFix:
         if not self.candidates:
             return "no fix was tried"
         best = max(self.candidates, key=lambda c: (c.rescue_ci[0] if c.rescue_ci else -2.0))
-        return sentence(best, self.runs_total)
+        said = sentence(best, self.runs_total)
+        low = best.rescue_ci[0] if best.rescue_ci else None
+        close = [c for c in self.candidates if c is not best and c.rescue_ci is not None
+                 and low is not None and c.rescue_ci[1] >= low and c.shown]
+        if not close:
+            return said
+        others = ", ".join(f"'{c.label}' {_pct(c.rescue or 0.0)} [{_pct(c.rescue_ci[0])}, "
+                           f"{_pct(c.rescue_ci[1])}]" for c in close if c.rescue_ci)
+        return f"{said} Not told apart from {others}: the intervals overlap."
 
     def to_dict(self) -> dict[str, Any]:
         return dump_fields(self, _RESULT, _RESULT_KEYS, method=FIX_METHOD,
@@ -227,11 +235,15 @@ def sentence(c: FixEstimate, runs_total: int) -> str:
     more = f"{span} more re-runs avoid the failure with it, on average {part}"
     if not c.shown:
         return f"The fix '{c.label}' is not shown to rescue the failed runs: {more}."
-    rescued = len(c.rescued)
     if not c.not_rescued:
-        return f"The fix '{c.label}' works: {more}; every run is shown rescued."
-    return (f"The fix '{c.label}' works: {more}; {rescued} run(s) are shown rescued, "
-            f"{len(c.not_rescued)} not ({missed}).")
+        return f"The fix '{c.label}' helps: {more}; every run is shown rescued."
+    untested = sum(1 for r in c.not_rescued if r in c.untested)
+    def are(n: int) -> str:
+        return f"{n} {'is' if n == 1 else 'are'}"
+    return (f"The fix '{c.label}' helps on average: {more}; run by run, "
+            f"{are(len(c.rescued))} shown rescued and {are(len(c.not_rescued))} not shown to "
+            f"be ({missed}" + (f"; {untested} of them untested" if untested else "")
+            + "): too few re-runs each to tell, or not helped.")
 
 
 def _ids(ids: tuple[str, ...], most: int = 4) -> str:

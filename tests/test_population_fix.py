@@ -19,6 +19,8 @@ probability below 0.005.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -87,7 +89,7 @@ def test_a_fix_of_one_mode_rescues_it_and_lists_the_other_mode_as_not_rescued(
     assert res.cost.ratio == pytest.approx((14 * 22 + 10 * 16) / (24 * 24))
     assert str(res).startswith("The fix '")
     summary = res.summary()
-    assert "run(s) are shown rescued" in summary
+    assert "run by run, " in summary and " shown rescued and " in summary
     assert "more re-runs avoid the failure" in summary
 
 
@@ -281,3 +283,42 @@ def test_a_fix_that_cannot_run_leaves_the_others_tested(population, triaged):
     # the same branches as alone (an arm's noise is its own): the same rates, run by run
     assert [(r.p_fail_with, r.p_fail_without) for r in good.per_run] == [
         (r.p_fail_with, r.p_fail_without) for r in alone.candidate(instruction.label).per_run]
+
+
+def _estimate(label: str, rescue: float, lo: float, hi: float, rescued: int, runs: int
+              ) -> Any:
+    from car_core.fix_results import FixEstimate
+    from car_core.stats import Interval
+    ids = tuple(f"r{i}" for i in range(runs))
+    return FixEstimate(label, "system prompt", "locus", rescue, Interval(lo, hi, 0.975),
+                       ids[:rescued], ids[rescued:], (), runs, 0.9, 0.9 - rescue)
+
+
+def test_the_sentence_says_what_a_pooled_rescue_and_the_runs_shown_mean():
+    """"Works" beside "1 run shown rescued, 17 not" read as a contradiction: the sentence says
+    the fix helps on average, and that a run not shown rescued may be one too few re-runs
+    could not tell."""
+    from car_core.fix_results import sentence
+    said = sentence(_estimate("check the window", 0.29, 0.16, 0.43, 1, 18), 18)
+    assert said.startswith("The fix 'check the window' helps on average: 29% [16%, 43%] more "
+                           "re-runs avoid the failure with it, on average over the 18 failed "
+                           "runs; run by run, 1 is shown rescued and 17 are not shown to be (")
+    assert said.endswith("): too few re-runs each to tell, or not helped.")
+
+
+def test_the_summary_says_when_the_best_fix_is_not_told_apart_from_another():
+    """The summary names the fix whose interval reaches highest; another whose interval
+    reaches the best one's lower end is named beside it, as Shapley's leaders are."""
+    from car_core.fix_results import FixCost, PopulationFix
+
+    def population(*candidates: Any) -> PopulationFix:
+        return PopulationFix(None, 18, candidates, 0.05, 0.975, "stratified Hoeffding",
+                             "betting", 0, FixCost())
+
+    best = _estimate("policy", 0.29, 0.16, 0.43, 1, 18)
+    close = _estimate("instruction", 0.27, 0.13, 0.40, 2, 18)
+    far = _estimate("be polite", -0.04, -0.18, 0.09, 0, 18)
+    assert population(close, best, far).summary().endswith(
+        " Not told apart from 'instruction' 27% [13%, 40%]: the intervals overlap.")
+    assert population(best, far).summary() == population(best).summary()
+    assert "told apart" not in population(best, far).summary()
