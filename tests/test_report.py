@@ -74,7 +74,7 @@ def test_rescue_plot_draws_untested_steps_as_shaded_columns_not_as_zero(pivot_mo
     assert len(untested) == 2
     for body in untested:
         # no mark on the value axis at all: a full-height shaded column and a "?"
-        assert "<circle" not in body and "not tested (no rescue measured)</title>" in body
+        assert "<circle" not in body and "(no rescue measured)</title>" in body
         column = re.search(r'<rect class="untested-column" [^>]*y="([0-9.]+)" [^>]*'
                            r'height="([0-9.]+)" fill="([^"]+)"', body)
         assert column and float(column.group(1)) == MARGIN["top"]
@@ -83,6 +83,8 @@ def test_rescue_plot_draws_untested_steps_as_shaded_columns_not_as_zero(pivot_mo
         assert '>?</text>' in body
     tested = [body for cls, body in groups if cls == "point"]
     assert all("<circle" in body and "untested" not in body for body in tested)
+    # titled in the table's words: why each was not tested
+    assert "<title>step 0: before the locus (no rescue measured)</title>" in untested[0]
     # The legend names the style with the same colour; the table says "not tested".
     legend = html[html.index('<p class="legend">'):html.index("</p>", html.index('class="legend"'))]
     assert f'class="swatch untested" style="background:{UNTESTED_FILL}' in legend
@@ -90,6 +92,19 @@ def test_rescue_plot_draws_untested_steps_as_shaded_columns_not_as_zero(pivot_mo
     assert html.count('<tr class="untested">') == 2
     # The locus is drawn larger and red; exactly one mark.
     assert plot.count('r="7"') == 1
+
+
+def test_a_ruled_out_step_is_titled_as_the_table_says(pivot_model, pivot_run):
+    """A step the later stage ruled out has no rescue measured as a number, but it was tested:
+    its column says "ruled out" with the level, as the table does (it said "not tested")."""
+    r = contrastive_dict(pivot_model, pivot_run, untested=(3, 4, 5))
+    r["indifference"] = 0.1
+    for s in r["steps"]:
+        s["ruled_out"] = s["step"] > 2
+    html = render_attribution(r, run=pivot_run)
+    for k in (3, 4, 5):
+        assert (f"<title>step {k}: ruled out, re-deciding it moves P(fail) by less than "
+                "10%</title>") in html
 
 
 def test_legend_leaves_out_the_untested_style_when_every_step_was_tested(pivot_model, pivot_run):

@@ -84,7 +84,7 @@ def render_attribution(result: Any, run: Any = None,
     if method == "contrastive":
         ctx["verdict"] = _contrastive_verdict(r, traj)
         ctx["steps"] = r.get("steps") or []
-        ctx["rescue"] = rescue_plot(ctx["steps"], locus)
+        ctx["rescue"] = rescue_plot(ctx["steps"], locus, r)
         ctx["alternatives"] = alternatives_tables(r)
         ctx["arms"] = arms_plot(r.get("arms") or [], len(traj.steps) if traj else None)
         if locus is not None and traj is not None and 0 <= locus < len(traj.steps):

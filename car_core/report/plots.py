@@ -48,9 +48,23 @@ def _range(values: Iterable[float | None], include: Sequence[float] = (0.0,),
     return max(-1.0, lo - pad), min(1.0, hi + pad)
 
 
-def rescue_plot(steps: Sequence[Mapping[str, Any]], locus: int | None) -> dict[str, Any]:
+def _unmeasured(s: Mapping[str, Any], r: Mapping[str, Any] | None) -> str:
+    """What the step-by-step table says of a step with no rescue measured, for its column's
+    title: ruled out (at the indifference level), or why it was not tested."""
+    k = int(s["step"])
+    if s.get("ruled_out"):
+        delta = r.get("indifference") if r is not None else None
+        return (f"step {k}: ruled out" + (f", re-deciding it moves P(fail) by less than "
+                                          f"{fmt.percent(delta)}" if delta is not None else ""))
+    why = fmt.untested_mark(r, k) if r is not None else "not tested"
+    return f"step {k}: {why} (no rescue measured)"
+
+
+def rescue_plot(steps: Sequence[Mapping[str, Any]], locus: int | None,
+                r: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Per-step rescue with its interval; an untested step is a shaded column with no mark
-    on the value axis, so it cannot be read as a rescue of zero."""
+    on the value axis, so it cannot be read as a rescue of zero, titled as the table words it
+    (``r``: the result, for those words)."""
     if not steps:
         return {}
     lows = [s["ci"][0] for s in steps if s.get("ci")]
@@ -78,7 +92,7 @@ def rescue_plot(steps: Sequence[Mapping[str, Any]], locus: int | None) -> dict[s
             point.update(col_x=round(cx - slot * 0.4, 2), col_w=round(slot * 0.8, 2),
                          col_y=MARGIN["top"], col_h=PLOT_H - MARGIN["top"] - MARGIN["bottom"],
                          mark_y=round(MARGIN["top"] + 14, 2),
-                         title=f"step {s['step']}: not tested (no rescue measured)")
+                         title=_unmeasured(s, r))
         points.append(point)
     return {"w": PLOT_W, "h": PLOT_H, "m": MARGIN, "zero": y(0.0), "ticks": y.ticks(),
             "points": points, "cap": min(8.0, slot / 4), "untested": UNTESTED_FILL,
