@@ -33,6 +33,7 @@ from rich.text import Text
 
 from car_core import errors
 from car_core import formatting as fmt
+from car_core.engine.execution import Sequential
 from car_core.errors import (
     AgentError,
     CarError,
@@ -489,7 +490,6 @@ def waiting_hint(chosen: Any, given: Any, seconds: float, cpu: float) -> str | N
     process spent most of the estimate waiting rather than computing: the model is likely a
     server CAR could not tell apart from an in-process one (a custom wrapper without
     ``base_url`` or ``remote=True``), and the branches could have run at once."""
-    from car_core.engine.execution import Sequential  # the executors load with an estimate
     if given is not None or not isinstance(chosen, Sequential) or seconds < WAIT_HINT_SECONDS:
         return None
     share = cpu / seconds
