@@ -284,6 +284,7 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
     arms = Arms(run, session, key)
     reason: str | None = None
     exhausted = False
+    open_cause = False  # no step shown to matter, but a rescue of Δ or more not ruled out
     given_up: tuple[int, ...] = ()
     more: int | None = None
     if chosen == "full":
@@ -295,6 +296,7 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
         effects, decision = _searched(arms, n, cap, alpha, max(1, cap // n), not early_stop,
                                       search_wave(wave, agent), indifference)
         reason, exhausted, measured = decision.note, decision.exhausted, decision.coupling
+        open_cause = decision.open_cause
         given_up = decision.given_up
         m = 1 + len(given_up) if decision.candidate is not None else 0
         more = decision.more_rollouts
@@ -303,6 +305,14 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
                       "exact sign test at the end")
     significant = [k for k, e in effects.items() if e.significant]
     locus = max(significant) if significant else None
+    if chosen == "full" and locus is None and effects:
+        # "no cause" only where every step's rescue interval lies below Δ
+        reaching = [k for k, e in effects.items() if e.ci is None or e.ci[1] >= indifference]
+        if reaching:
+            open_cause = True
+            named = ("step " if len(reaching) == 1 else "steps ") + ", ".join(map(str, reaching))
+            reason = (f"no step's rescue is shown above zero, but the interval of {named} "
+                      f"still reaches {indifference:.0%}: too few re-runs to rule a cause out")
     later = decision.later if chosen != "full" else None
     open_after = tuple(j for j in (later.open_steps if later else ()) if locus is not None
                        and j > locus)
@@ -317,6 +327,9 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
     if locus is None:
         if session.failures:  # the arms are incomplete: no other reason can be trusted
             reason = session.failure_note()
+        elif values and max(values) == min(values) and open_cause:
+            reason = (f"{reason}; the outcome never varied: all {len(values)} rollouts scored "
+                      f"{values[0]:g} whatever was resampled")
         elif values and max(values) == min(values):
             reason = (f"the outcome never varied: all {len(values)} rollouts scored "
                       f"{values[0]:g} whatever was resampled, so nothing can be attributed "
@@ -326,7 +339,8 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
         elif reason is None:
             reason = (f"no step's rescue interval lies above zero ({m} test(s) at level "
                       f"{level:.4f})")
-    answer, candidate = _answer(locus, effects, budget_note, bool(session.failures))
+    answer, candidate = _answer(locus, effects, budget_note,
+                                bool(session.failures) or open_cause)
     if answer == Answer.UNDECIDED and chosen != "full" and decision.candidate is not None:
         candidate = decision.candidate  # the step being confirmed when the budget ran out
     steps = with_alternatives(tuple(effects.get(k, StepEffect(step=k)) for k in range(n)),
@@ -341,7 +355,10 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
         coupled=measured.shared, coupling=session.coupling, caveats=caveats_of(agent),
         measured_coupling=measured,
         given_up=given_up, more_rollouts=more,
-        indifference=indifference if locus is not None and chosen != "full" else None,
+        # the level a claim was made at: later steps ruled out (a locus), or every rescue
+        # shown below it (no cause)
+        indifference=indifference if (locus is not None and chosen != "full")
+        or answer == Answer.NO_CAUSE else None,
         not_ruled_out=open_after,
         truncated=budget_note is not None,
         budget_note=budget_note, tokens=session.meter.tokens,

@@ -22,7 +22,13 @@ from car_core.estimators.confirmation import (
     more_pairs,
     share,
 )
-from car_core.estimators.later import INDIFFERENCE, RESERVE, LaterCheck, check_later
+from car_core.estimators.later import (
+    INDIFFERENCE,
+    OUT_SHARE,
+    RESERVE,
+    LaterCheck,
+    check_later,
+)
 from car_core.estimators.navigation import (
     GATE_MIN,
     NAV_SHARE,
@@ -33,7 +39,7 @@ from car_core.estimators.navigation import (
 )
 from car_core.estimators.refit import REFIT_APART, pooled_pairs, refit_plan, reported_interval
 from car_core.stats import Coupling
-from car_core.stats.sequential import ConfidenceSequence, Prior
+from car_core.stats.sequential import ConfidenceSequence, Prior, below_now
 
 CONFIRM = 1 << 20     # first rollout index of the confirmation pairs
 REFIT = 2 << 20       # first rollout index of the re-estimate
@@ -68,12 +74,18 @@ class Decision:
     later: LaterCheck | None = None  # the steps after the first confirmed one (``later``)
     earlier: tuple[Decision, ...] = ()  # confirmed steps before the locus, with their intervals
     attempts: tuple[tuple[int, int], ...] = ()  # (candidate, pairs) of every confirmation run
+    open_cause: bool = False  # no rise seen, but too few pairs to rule a cause out (undecided)
 
     @classmethod
-    def no_rise(cls, nav: Navigator, spent: int, given_up: list[int]) -> Decision:
-        """The gate shows no rise (again, after ``given_up`` candidates): no cause at this
-        sample size — unless the budget left the gate no pair at all: then nothing was
-        measured, and the answer is undecided (it once said "no cause" from nothing)."""
+    def no_rise(cls, nav: Navigator, spent: int, given_up: list[int], alpha: float,
+                delta: float) -> Decision:
+        """The gate shows no rise (again, after ``given_up`` candidates). "No cause" is said
+        only when its pairs also show that re-deciding every step from step 0 on lowers
+        P(fail) by less than ``delta`` (the anytime test ``below_now`` at ``OUT_SHARE·α``, the
+        level the later steps are ruled out at when no confirmation ran): a gate of a few
+        pairs that happened to agree once said "no cause" of a run whose step rescued 15%.
+        Otherwise the answer is undecided (``open_cause``), and so it is when the budget left
+        the gate no pair at all (nothing was measured)."""
         pos, neg = nav.gate_counts()
         seen = (f"({pos} pair(s) up, {neg} down of {nav.d_gate.size})")
         if nav.d_gate.size == 0:
@@ -81,14 +93,22 @@ class Decision:
                                    "nothing was measured"),
                        exhausted=True, decided_spent=spent, coupling=nav.coupling(),
                        given_up=tuple(given_up))
+        if not below_now(nav.d_gate, delta, OUT_SHARE * alpha):
+            return cls(None, note=(
+                f"re-deciding every step from step 0 on showed no rise {seen}, too few "
+                f"re-runs to rule out that it lowers P(fail) by {delta:.0%} or more"),
+                open_cause=True, decided_spent=spent, coupling=nav.coupling(),
+                given_up=tuple(given_up))
         if given_up:
             note = (f"after {len(given_up)} candidate step(s) were given up "
                     f"({', '.join(map(str, given_up))}), holding the whole record no longer "
                     f"raises the failure rate over resampling it from step 0 {seen}: no rise "
-                    "to follow")
+                    f"to follow, and re-deciding every step from step 0 on is shown to lower "
+                    f"P(fail) by less than {delta:.0%}")
         else:
             note = ("holding the whole record does not raise the failure rate over resampling "
-                    f"it from step 0 {seen}, so there is no rise to follow")
+                    f"it from step 0 {seen}, so there is no rise to follow: re-deciding every "
+                    f"step from step 0 on is shown to lower P(fail) by less than {delta:.0%}")
         return cls(None, note=note, decided_spent=spent, coupling=nav.coupling(),
                    given_up=tuple(given_up))
 
@@ -131,7 +151,7 @@ def search(src: ArmSource, n: int, budget: int, alpha: float, intervals: bool = 
     k = k if k is not None else max(1, budget // max(n, 1))
     nav = Navigator(src, n, budget, wave)
     attempts: list[tuple[int, int]] = []
-    found = _navigate_and_confirm(src, nav, n, budget, alpha, wave, attempts)
+    found = _navigate_and_confirm(src, nav, n, budget, alpha, wave, attempts, delta)
     if isinstance(found, Decision):
         return replace(found, attempts=tuple(attempts))
     located = budget - src.remaining
@@ -163,7 +183,8 @@ def _drawn(nav: Navigator, found: _Found) -> dict[int, list[range]]:
 
 
 def _navigate_and_confirm(src: ArmSource, nav: Navigator, n: int, budget: int, alpha: float,
-                          wave: int, attempts: list[tuple[int, int]]) -> _Found | Decision:
+                          wave: int, attempts: list[tuple[int, int]], delta: float
+                          ) -> _Found | Decision:
     """Stages 1–4: a candidate, and its confirmation; a candidate given up sends the search
     back to the gate with doubled caps, while the budget lasts. ``attempts`` collects each
     confirmation's candidate and pairs."""
@@ -173,7 +194,7 @@ def _navigate_and_confirm(src: ArmSource, nav: Navigator, n: int, budget: int, a
     if n > 1:
         pos, neg = nav.gate()
         if pos - neg <= 0:
-            return Decision.no_rise(nav, budget - src.remaining, [])
+            return Decision.no_rise(nav, budget - src.remaining, [], alpha, delta)
         candidate = nav.bisect(0, n, int(budget * NAV_SHARE) - (budget - src.remaining))
     given_up: list[int] = []
     start = CONFIRM
@@ -204,7 +225,7 @@ def _navigate_and_confirm(src: ArmSource, nav: Navigator, n: int, budget: int, a
         nav.shortcuts = False
         pos, neg = nav.regate()
         if pos - neg <= 0:
-            return Decision.no_rise(nav, budget - src.remaining, given_up)
+            return Decision.no_rise(nav, budget - src.remaining, given_up, alpha, delta)
         candidate = nav.bisect(0, n, int(src.remaining * NAV_SHARE)) if n > 1 else 0
 
 

@@ -176,14 +176,25 @@ def _rescue_words(s: Any) -> str:
 
 
 def _no_cause_words(r: Any) -> str:
+    """"No cause" with what it rests on: the rescue shown below the indifference level
+    (every step's, where each was tested; else re-deciding every step from step 0 on), and
+    the two arms' rates."""
     arms, n = _arms(r), len(_get(r, "steps", ()) or ())
     first, held = arms.get(0), arms.get(n)
+    delta = _get(r, "indifference")
+    if delta is None:
+        shown = "re-deciding no step was shown to lower P(fail)"
+    elif _get(r, "correction") == "bonferroni":
+        shown = f"re-deciding any one step is shown to lower P(fail) by less than {percent(delta)}"
+    else:
+        shown = (f"re-deciding every step from step 0 on is shown to lower P(fail) by less "
+                 f"than {percent(delta)}")
     if first is not None and held is not None:
-        return ("No single step caused the failure: re-deciding no step was shown to lower "
-                f"P(fail) (re-deciding every step from step 0 on: {percent(_get(first, 'mean'))}"
-                f" {percent_interval(_get(first, 'ci'))}; the record held: "
+        return (f"No single step caused the failure: {shown} (P(fail) with every step "
+                f"re-decided: {percent(_get(first, 'mean'))} "
+                f"{percent_interval(_get(first, 'ci'))}; the record held: "
                 f"{percent(_get(held, 'mean'))} {percent_interval(_get(held, 'ci'))})")
-    return "No single step caused the failure: re-deciding no step was shown to lower P(fail)"
+    return f"No single step caused the failure: {shown}"
 
 
 def _undecided_words(r: Any, who: str | None) -> str:
@@ -192,8 +203,8 @@ def _undecided_words(r: Any, who: str | None) -> str:
     elif _get(r, "failures"):
         why = (f"{len(_get(r, 'failures'))} branch(es) failed (the agent raised), so no "
                "answer can be claimed")
-    else:
-        why = "the estimate stopped before the answer was decided"
+    else:  # the search's own words (no rise seen, but too few re-runs to rule a cause out)
+        why = _get(r, "reason") or "the estimate stopped before the answer was decided"
     c = _get(r, "candidate")
     if c is None:
         return f"Undecided: {why}; no step had been tested yet"
