@@ -109,9 +109,10 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 import car_core as car
 from car_core import RunStore
-from car_core.contract import Noise, Plan, RunStatus, Trajectory, scored
-from car_core.errors import AdapterError, InvalidInput
+from car_core.contract import Noise, Plan, RunStatus, Trajectory, redact, scored
+from car_core.errors import AdapterError, CarError, InvalidInput
 
+from ..common.branch import is_outage, model_unavailable
 from ..common.messages import ToolSafety
 from ..common.sync import run_sync
 from .branch_state import BranchState, answerable_calls
@@ -391,7 +392,17 @@ class LangGraphAgent:
                     await self._write_action(calls, run, k, thread_id, state.forced[k])
                     state.control.next_index = k + 1
                     state.offset = 1
-                status = await self._drive(state, calls)
+                try:
+                    status = await self._drive(state, calls)
+                except CarError:
+                    raise
+                except Exception as exc:  # a model server down: stop, resumable, as everywhere
+                    if is_outage(exc):
+                        raise model_unavailable(
+                            exc, step=state.current_step(), run_id=run.id,
+                            who="the model server (or a server a tool calls)"
+                        ) from redact.redacted(exc)
+                    raise
             if isinstance(status, Trajectory):
                 return status
             return state.collect(status, (await calls.get_state(thread_config(thread_id))).values)

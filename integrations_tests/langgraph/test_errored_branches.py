@@ -155,3 +155,44 @@ def test_a_safe_tool_that_errors_only_on_branches_is_never_scored() -> None:
     # only the branches that re-decide the lookup call it live; the tool's own words are kept
     assert failures and all(f.task.plan.start == 0 for f in failures)
     assert all("orders database unreachable" in f.error for f in failures)
+
+
+class ServerDown(sa.PlantedSupportModel):
+    """The planted support model behind a server that goes away: while ``down``, every call
+    fails as an HTTP client's does when the connection is refused."""
+
+    down: bool = False
+
+    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None,
+                  **kwargs: Any) -> Any:
+        if ServerDown.down:
+            raise ConnectionRefusedError("connection refused: 127.0.0.1:8765")
+        return super()._generate(messages, stop, run_manager, **kwargs)
+
+
+def test_a_model_server_down_stops_the_attribution_resumable_as_everywhere() -> None:
+    """On LangGraph a model server that went away made every branch fail and be retried, and
+    the estimate stopped with "fix the agent (or the hook that raises)": the other adapters
+    stop at once with ModelUnavailable, which says to start the server and resume."""
+    from car_core.errors import ModelUnavailable
+
+    ServerDown.down = False
+    wrapper = CarChatModel(inner=ServerDown(rng_seed=0))
+    app = sa.build_app(wrapper, InMemorySaver(),
+                       tools=[sa.lookup_order, sa.record_decision, issue_refund])
+    cb = CarCallback()
+    for i in range(50):  # p = 0.3 per ticket; the rng is seeded, so this is deterministic
+        app.invoke(sa.inputs(), {"configurable": {"thread_id": f"user-{i}"}, "callbacks": [cb]})
+        if sa.outcome(cb.run):
+            break
+    run = cb.run
+    agent = LangGraphAgent(app, model=wrapper, safe_tools=list(sa.SAFE_TOOLS),
+                           side_effect_tools=["issue_refund"])
+    ServerDown.down = True
+    try:
+        with pytest.raises(ModelUnavailable, match="connection refused") as info:
+            car.contrastive(run, agent, outcome=sa.outcome, rollouts=16, seed=0,
+                            executor=Sequential(), progress=False)
+    finally:
+        ServerDown.down = False
+    assert "start the server or fix its address, then resume" in (info.value.hint or "")
