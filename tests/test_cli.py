@@ -724,3 +724,22 @@ def test_every_branch_failing_exits_5_in_attribute_and_intervene(pivot_store):
     intervened = car("intervene", run.id, "--do", "resample:2", *common, cwd=folder)
     assert attributed.returncode == intervened.returncode == 5, (attributed.stderr,
                                                                   intervened.stderr)
+
+
+def test_attributions_says_interrupted_for_a_running_row_no_live_claim_holds(pivot_store):
+    """An attribution stopped by Ctrl-C stays stored as running; with no live claim on it,
+    `car attributions` lists it as interrupted (it read "running" forever)."""
+    folder, run = pivot_store
+    path = folder / "car.db"
+    with RunStore(path) as store:
+        stopped = store.begin_attribution(run.id, "contrastive", {"rollouts": 8})
+    # the store closed: its claim is gone, as when the process stopped
+    listed = car("attributions", "--json", "--store", str(path), cwd=folder)
+    assert listed.returncode == 0, listed.stderr
+    rows = {r["id"]: r for r in json.loads(listed.stdout)}
+    assert rows[stopped]["status"] == "interrupted"
+    with RunStore(path) as store:  # a claim this process holds: it may be running now
+        live = store.begin_attribution(run.id, "contrastive", {"rollouts": 8})
+        listed = car("attributions", "--json", "--store", str(path), cwd=folder)
+        rows = {r["id"]: r for r in json.loads(listed.stdout)}
+        assert rows[live]["status"] == "running"

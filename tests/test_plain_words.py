@@ -234,3 +234,13 @@ def test_an_intervention_says_its_failure_rate_in_plain_words_first() -> None:
                      f"({round(dist.ci[0] * 100)}%–{round(dist.ci[1] * 100)}%)")
     assert not METHOD_WORDS.search(plain)
     assert method == fmt.failure_rate(dist.mean, dist.ci, dist.level, dist.n)
+
+
+def test_a_negative_rescue_so_far_reads_as_a_rise(located) -> None:
+    """An undecided candidate whose rescue so far is negative read "lowers P(fail) by -13%,
+    from 73% to 87%"; it says the rise the branches showed."""
+    s = replace(located.steps[2], effect=-0.13, ci=car.Interval(-0.4, 0.2, 0.95),
+                fail_held=0.73, fail_resampled=0.87, estimate="raw")
+    said = fmt.sentences._rescue_words(s)
+    assert said == ("re-deciding it so far raises P(fail) by 13%, from 73% to 87%; its "
+                    "rescue's interval is -40% to 20%")

@@ -364,7 +364,11 @@ class LlamaIndexAgent:
         if not isinstance(step.state, list):
             raise AdapterError("the recorded step has no message history to resume from",
                                run_id=run.id, step=k,
-                               hint="record the run with car_adapters.llamaindex.CarRecorder")
+                               hint="record the run with car_adapters.llamaindex.CarRecorder; "
+                                    "a custom LLM must emit LlamaIndex's instrumentation "
+                                    "events for its messages to be recorded: decorate its "
+                                    "chat/achat with llama_index.core.llms.callbacks."
+                                    "llm_chat_callback() (and stream_chat/astream_chat alike)")
         active = step.meta.get("agent")
         if active is not None and active not in self._agents():
             raise AdapterError(f"the run was decided by agent {active!r}, which this workflow "

@@ -168,6 +168,10 @@ def later_steps(r: Any) -> str | None:
 def _rescue_words(s: Any) -> str:
     held, redrawn, _ = shown_sample(s)
     eff, ci = _get(s, "effect"), _get(s, "ci")
+    if eff is not None and eff < 0:  # "lowers P(fail) by -13%" read backwards
+        return (f"re-deciding it so far raises P(fail) by {percent(-eff)}, from "
+                f"{percent(held)} to {percent(redrawn)}; its rescue's interval is "
+                f"{percent_interval(ci).strip('()')}")
     if held is not None and held >= 0.995:
         return (f"re-deciding it avoids the failure in {percent(eff)} of re-runs "
                 f"{percent_interval(ci)}")

@@ -112,7 +112,8 @@ class BudgetMeter:
         if b.rollouts is not None and self.rollouts + self.reserved + extra > b.rollouts:
             reason = f"rollout budget of {b.rollouts} reached"
         elif b.wall_time is not None and time.monotonic() - self.started >= b.wall_time:
-            reason = f"wall-time budget of {b.wall_time:g}s reached"
+            shown = f"{b.wall_time:.0f}" if b.wall_time >= 100 else f"{b.wall_time:.3g}"
+            reason = f"wall-time budget of {shown}s reached"
         elif self.rollouts:
             per_tokens = self.tokens / self.rollouts
             per_cost = self.cost / self.rollouts

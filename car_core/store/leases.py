@@ -43,6 +43,15 @@ def _alive(owner: str, host: str | None, pid: int | None) -> bool:
     return True
 
 
+def running_now(db: sqlite_utils.Database, attribution_id: str) -> bool:
+    """Whether a live claim holds the attribution's lease: its estimate may be running now. An
+    attribution stored as running with no live claim was stopped (a Ctrl-C, a crash) and waits
+    for a resume."""
+    holder = db.execute("SELECT owner, host, pid FROM attribution_leases WHERE "
+                        "attribution_id = ?", [attribution_id]).fetchone()
+    return holder is not None and _alive(holder[0], holder[1], holder[2])
+
+
 def _drop_live(owners: dict[str, str]) -> None:
     with _LIVE_LOCK:
         _LIVE.difference_update(owners.values())

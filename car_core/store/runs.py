@@ -34,7 +34,7 @@ from car_core.results import Result
 from car_core.secrets.redact import redact_json
 from car_core.store._deps import sqlite_utils
 from car_core.store.failures import Transaction, damaged_file, guarded, is_readonly_error
-from car_core.store.leases import Leases, drop_lease_row
+from car_core.store.leases import Leases, drop_lease_row, running_now
 from car_core.store.readonly import connect_readonly, unreadable_now
 from car_core.store.rows import Attribution, attribution_from_row, run_from_rows, run_rows
 from car_core.store.schema import MIGRATIONS, check_readable, open_for_writing
@@ -275,6 +275,10 @@ class RunStore:
         return attribution_id in self._leases
 
     @guarded
+    def running_now(self, attribution_id: str) -> bool:
+        """Whether the attribution's estimate may be running now (a live lease holds it)."""
+        return running_now(self.db, attribution_id)
+
     def release_attribution(self, attribution_id: str) -> None:
         """Give up this store's lease on an attribution (its branches and result stay)."""
         owner = self._leases.forget(attribution_id)
