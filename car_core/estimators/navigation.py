@@ -15,6 +15,7 @@ from typing import Protocol
 import numpy as np
 
 from car_core.stats import Coupling, coupling_of
+from car_core.stats.sequential import below_now
 
 GATE_NET = 4          # net positive pairs that size a rise for the sequential probes
 GATE_MIN = 12         # pairs the gate runs at least before it sizes a rise
@@ -227,6 +228,25 @@ class Navigator:
 
     def gate_counts(self) -> tuple[int, int]:
         """The gate's pairs up and down so far."""
+        return sign_counts(self.d_gate)
+
+    def level_or_rise(self, delta: float, level: float) -> tuple[int, int]:
+        """The gate saw no rise within its cap: more gate pairs, a look at a time, until they
+        show one, or show the rise below ``delta`` (``below_now`` at ``level``: what "no
+        cause" needs), or the budget ends. The cap kept budget for the stages a rise needs;
+        with none seen there is nothing else to spend it on (at n·32 a 4-step gate's cap of
+        28 level pairs could never show a rescue below 10%, so every such desk was
+        undecided)."""
+        while self.src.remaining >= 2 and not below_now(self.d_gate, delta, level):
+            pos, neg = sign_counts(self.d_gate)
+            if pos - neg > 0:
+                break
+            want = self.d_gate.size + self.step
+            d = self.src.diffs(self.n, 0, range(want))
+            if d.size <= self.d_gate.size:
+                break
+            self.d_gate = d
+        self.witnesses = Witnesses.of(self.d_gate)
         return sign_counts(self.d_gate)
 
     def regate(self) -> tuple[int, int]:

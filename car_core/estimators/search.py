@@ -194,6 +194,8 @@ def _navigate_and_confirm(src: ArmSource, nav: Navigator, n: int, budget: int, a
     if n > 1:
         pos, neg = nav.gate()
         if pos - neg <= 0:
+            pos, neg = nav.level_or_rise(delta, OUT_SHARE * alpha)
+        if pos - neg <= 0:
             return Decision.no_rise(nav, budget - src.remaining, [], alpha, delta)
         candidate = nav.bisect(0, n, int(budget * NAV_SHARE) - (budget - src.remaining))
     given_up: list[int] = []
@@ -224,6 +226,8 @@ def _navigate_and_confirm(src: ArmSource, nav: Navigator, n: int, budget: int, a
         nav.scale *= 2
         nav.shortcuts = False
         pos, neg = nav.regate()
+        if pos - neg <= 0:
+            pos, neg = nav.level_or_rise(delta, OUT_SHARE * alpha)
         if pos - neg <= 0:
             return Decision.no_rise(nav, budget - src.remaining, given_up, alpha, delta)
         candidate = nav.bisect(0, n, int(src.remaining * NAV_SHARE)) if n > 1 else 0
