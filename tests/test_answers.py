@@ -259,3 +259,20 @@ def test_the_full_search_says_no_cause_only_where_every_interval_is_below_delta(
         assert all(s.ci is not None and s.ci[1] < 0.1 for s in res.steps)
     else:
         assert res.answer == Answer.UNDECIDED and "still reaches 10%" in res.reason
+
+
+def test_a_gate_that_sees_no_rise_goes_on_until_the_level_is_shown() -> None:
+    """With no rise seen in its cap the gate goes on: a 4-step no-cause desk whose arms share
+    their noise is "no cause" at the default budget (its cap of 28 level pairs alone can never
+    show a rescue below 10% at 0.75α: 0.9^28 ≈ 5%), and one whose judge is a coin of its own
+    spends the budget and stays undecided rather than guessing."""
+    shared = syn.PlantedDesk(4, 2, 0.0, 0.2, "full", 10000)
+    res = car.contrastive(shared.failing_run(), shared.agent(), outcome=shared.judge,
+                          rollouts=32, seed=10000, progress=False)
+    assert res.answer == Answer.NO_CAUSE and res.rollouts_used > 2 * 28
+    coin = syn.no_cause()
+    res = car.contrastive(coin.failing_run(0), coin.agent(), outcome=coin.outcome, rollouts=32,
+                          seed=0, coupled=False, progress=False)
+    assert res.answer in (Answer.UNDECIDED, Answer.LOCUS)
+    if res.answer == Answer.UNDECIDED:
+        assert res.rollouts_used >= 0.9 * res.rollout_budget
