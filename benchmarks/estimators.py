@@ -201,13 +201,15 @@ def fwer_sim_seed(cell: Cell, coupling: str, seed: int) -> dict[str, Any]:
     budget = cell.n * K
     d = search(syn.SampledArms(model, seed, budget, coupling), cell.n, budget, ALPHA,
                intervals=False)
-    out = {"false": bool(d.significant), "undecided": bool(d.exhausted),
+    # undecided: the budget ran out, or no rise was seen but a cause not ruled out
+    out = {"false": bool(d.significant), "undecided": bool(d.exhausted or d.open_cause),
            "used": d.decided_spent, "r_false": bool(d.significant), "r_undecided": False}
-    if d.exhausted:
+    if d.exhausted or d.open_cause:
         larger = larger_budget(None, None, budget, d.more_rollouts)["rollouts"]
         again = search(syn.SampledArms(model, seed, larger, coupling), cell.n, larger, ALPHA,
                        intervals=False)
-        out.update(r_false=bool(again.significant), r_undecided=bool(again.exhausted))
+        out.update(r_false=bool(again.significant),
+                   r_undecided=bool(again.exhausted or again.open_cause))
     return out
 
 

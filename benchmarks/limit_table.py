@@ -160,7 +160,8 @@ def outcome(world: World, d: search_mod.Decision, budget: int) -> dict[str, Any]
     true_claim = named is not None and model.rescue(named) > 1e-12 and all(
         model.rescue(j) < INDIFFERENCE for j in range(named + 1, world.n))
     return {"hit": named == world.locus, "claim": true_claim and not open_steps,
-            "open": named is not None and bool(open_steps), "undecided": d.exhausted,
+            "open": named is not None and bool(open_steps),
+            "undecided": d.exhausted or d.open_cause,
             "level_share": sum(2 * pairs for c, pairs in d.attempts
                                if model.rescue(c) < 1e-12) / budget,
             "located": d.located_spent or d.decided_spent, "decided": d.decided_spent}
