@@ -40,6 +40,17 @@ class PaymentsHook:
 HOOK = PaymentsHook()
 
 
+def first_failure(app: Any) -> Any:
+    """The first ticket of the support app that refunds (p = 0.3 each; the model's rng is
+    seeded, so it is the same ticket every time), recorded by a callback."""
+    cb = CarCallback()
+    for i in range(50):
+        app.invoke(sa.inputs(), {"configurable": {"thread_id": f"user-{i}"}, "callbacks": [cb]})
+        if sa.outcome(cb.run):
+            break
+    return cb.run
+
+
 @tool
 def issue_refund(order_id: str, amount: float) -> str:
     """Refund an order (moves money: a side effect)."""
@@ -54,12 +65,7 @@ def support() -> Any:
     wrapper = CarChatModel(inner=model)
     app = sa.build_app(wrapper, InMemorySaver(),
                        tools=[sa.lookup_order, sa.record_decision, issue_refund])
-    cb = CarCallback()
-    for i in range(50):  # p = 0.3 per ticket; the rng is seeded, so this is deterministic
-        app.invoke(sa.inputs(), {"configurable": {"thread_id": f"user-{i}"}, "callbacks": [cb]})
-        if sa.outcome(cb.run):
-            break
-    run = cb.run
+    run = first_failure(app)
     assert sa.outcome(run) and len(run.steps) == 4  # lookup, decide refund, refund, reply
     HOOK.armed = True
     # the refund goes to a payments sandbox: safe to run on branches, where it may fail
@@ -134,12 +140,7 @@ def test_a_safe_tool_that_errors_only_on_branches_is_never_scored() -> None:
     wrapper = CarChatModel(inner=GivesUpOnErrors(rng_seed=0))
     app = sa.build_app(wrapper, InMemorySaver(),
                        tools=[flaky_lookup, sa.record_decision, issue_refund])
-    cb = CarCallback()
-    for i in range(50):  # p = 0.3 per ticket; the rng is seeded, so this is deterministic
-        app.invoke(sa.inputs(), {"configurable": {"thread_id": f"user-{i}"}, "callbacks": [cb]})
-        if sa.outcome(cb.run):
-            break
-    run = cb.run
+    run = first_failure(app)
     assert sa.outcome(run) and len(run.steps) == 4
     agent = LangGraphAgent(app, model=wrapper, safe_tools=["lookup_order", "record_decision"],
                            side_effect_tools=["issue_refund"])
@@ -180,12 +181,7 @@ def test_a_model_server_down_stops_the_attribution_resumable_as_everywhere() -> 
     wrapper = CarChatModel(inner=ServerDown(rng_seed=0))
     app = sa.build_app(wrapper, InMemorySaver(),
                        tools=[sa.lookup_order, sa.record_decision, issue_refund])
-    cb = CarCallback()
-    for i in range(50):  # p = 0.3 per ticket; the rng is seeded, so this is deterministic
-        app.invoke(sa.inputs(), {"configurable": {"thread_id": f"user-{i}"}, "callbacks": [cb]})
-        if sa.outcome(cb.run):
-            break
-    run = cb.run
+    run = first_failure(app)
     agent = LangGraphAgent(app, model=wrapper, safe_tools=list(sa.SAFE_TOOLS),
                            side_effect_tools=["issue_refund"])
     ServerDown.down = True
