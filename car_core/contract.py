@@ -9,7 +9,8 @@ The contract is written on the protocols, one docstring per method (``car_core.e
 - One protocol per optional ``Capability``, which ``capabilities(agent)`` detects (the one
   place the core looks; an agent may leave any of them out): ``AsyncAgent`` (``abranch``),
   ``StoppableAgent`` (``branch(..., stop=)``), ``FingerprintedAgent`` (``fingerprint``),
-  ``PreflightAgent`` (``preflight``), ``FrameworkStateAgent`` (``framework_state``),
+  ``PreflightAgent`` (``preflight``), ``PlanCheckedAgent`` (``check_plan``),
+  ``FrameworkStateAgent`` (``framework_state``),
   ``SeedCheckedAgent`` (``seed_check``), ``ConcurrentAgent`` (``prefers_concurrency``),
   ``CaveatedAgent`` (``caveats``) and, for a policy, ``ModelPolicy`` (``step_meta``).
 
@@ -47,6 +48,7 @@ from car_core.engine.protocols import (
     FingerprintedAgent,
     FrameworkStateAgent,
     ModelPolicy,
+    PlanCheckedAgent,
     PreflightAgent,
     SeedCheckedAgent,
     StoppableAgent,
@@ -68,7 +70,8 @@ __all__ = ["JSON", "PROMPT_INPUT", "Agent", "AsyncAgent", "AttributionStatus", "
            "CaveatedAgent", "ChatInput", "ConcurrentAgent", "FingerprintedAgent",
            "FrameworkStateAgent", "History",
            "ModelPolicy", "Noise", "Origin", "Outcome", "OutcomeFn", "OutcomeLike", "Plan",
-           "PreflightAgent", "RunStatus", "RunWriter", "SeedCheckedAgent", "Step",
+           "PlanCheckedAgent", "PreflightAgent", "RunStatus", "RunWriter", "SeedCheckedAgent",
+           "Step",
            "StopRule", "StoppableAgent", "Stream", "ToolSource", "Trajectory",
            "agent_fingerprint", "canonical_action", "canonical_arguments", "capabilities",
            "compile_plan", "fingerprint_digest",

@@ -17,6 +17,7 @@ PROTOCOL_OF = {
     Capability.STOP: contract.StoppableAgent,
     Capability.FINGERPRINT: contract.FingerprintedAgent,
     Capability.PREFLIGHT: contract.PreflightAgent,
+    Capability.PLAN_CHECK: contract.PlanCheckedAgent,
     Capability.FRAMEWORK_STATE: contract.FrameworkStateAgent,
     Capability.COUPLES_NOISE: contract.Agent,
     Capability.SEED_CHECK: contract.SeedCheckedAgent,

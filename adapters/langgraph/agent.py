@@ -452,6 +452,15 @@ class LangGraphAgent:
         self._saver_loop()
         self._check(run)
 
+    def check_plan(self, run: Trajectory, plan: Plan) -> None:
+        """Refuse a plan ``branch`` would refuse (``refuse_branch``: held later steps of an app
+        whose model calls CAR does not decide, a policy that is no chat model, ...) without
+        writing a checkpoint or calling a model, so an estimate refuses it before any branch."""
+        self.preflight(run)
+        if plan.start < len(run.steps):
+            refuse_branch(self.shape, run, BranchPlan.of(plan), self.model,
+                          run.id in self._rebuilt)
+
     def _check(self, run: Trajectory) -> None:
         if run.id in self._checked:
             return

@@ -11,7 +11,7 @@ hooks for the estimators.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -23,6 +23,7 @@ from car_core.engine.protocols import (
     CaveatedAgent,
     FingerprintedAgent,
     ModelPolicy,
+    PlanCheckedAgent,
     PreflightAgent,
     StopRule,
 )
@@ -103,6 +104,17 @@ def check_agent(run: Trajectory, agent: Agent, *, force: bool = False) -> None:
         cast(PreflightAgent, agent).preflight(run)
     for caveat in caveats_of(agent):
         warnings.warn(f"{agent.name}: {caveat}", AgentCaveat, stacklevel=3)
+
+
+def check_plans(run: Trajectory, agent: Agent, plans: Iterable[Plan]) -> None:
+    """Let the agent's optional ``check_plan(run, plan)`` hook refuse any of ``plans`` before
+    the first of them runs: a plan refused at its own first branch costs every branch of the
+    other plans run before it (Shapley's resample-only coalitions ran, calling the model,
+    before the first coalition that holds a later step was refused)."""
+    if Capability.PLAN_CHECK not in capabilities(agent):
+        return
+    for plan in plans:
+        cast(PlanCheckedAgent, agent).check_plan(run, plan)
 
 
 @dataclass

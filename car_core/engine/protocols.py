@@ -128,6 +128,18 @@ class PreflightAgent(Agent, Protocol):
         ...
 
 
+class PlanCheckedAgent(Agent, Protocol):
+    """An agent that refuses, up front, a plan it cannot branch (``Capability.PLAN_CHECK``)."""
+
+    def check_plan(self, run: Trajectory, plan: Plan) -> None:
+        """Raise the ``car_core.errors`` error ``branch(run, plan, ...)`` would raise before
+        it runs anything (a plan that holds later steps of an app whose model calls CAR does
+        not decide); return None otherwise. Writes nothing and calls no model: estimators
+        that know their plans ahead (Shapley's coalitions) call it on every plan before the
+        first branch, so a plan refused late does not cost the branches run before it."""
+        ...
+
+
 class FrameworkStateAgent(Agent, Protocol):
     """An agent whose framework keeps state of its own (``Capability.FRAMEWORK_STATE``)."""
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from car_core.engine.agent import Agent, OutcomeFn, check_agent
+from car_core.engine.agent import Agent, OutcomeFn, check_agent, check_plans
 from car_core.engine.execution import (
     ExecutorLike,
     Failure,
@@ -187,10 +187,14 @@ class Session:
                  coupled: bool, budget: Budget | None, executor: ExecutorLike,
                  progress: Progress, store: RunStore | None, attribution_id: str | None,
                  params: dict[str, Any], force_agent: bool = False,
-                 planned: Planned | None = None, replace: bool = False) -> None:
+                 planned: Planned | None = None, replace: bool = False,
+                 plans: Iterable[Plan] = ()) -> None:
         if not is_whole(seed):
             raise InvalidInput(f"seed={seed!r} must be an int", hint="pass seed=0, 1, …")
         check_agent(run, agent, force=force_agent)
+        # the plans the estimate knows ahead, each refused now if the agent cannot branch it,
+        # not at its first branch after the others ran (``check_plans``)
+        check_plans(run, agent, plans)
         self.run, self.agent, self.seed = run, agent, seed
         self.outcome = OutcomeFn(outcome)
         # before anything is spent or stored: the seed check's model calls, the run's row,

@@ -89,6 +89,16 @@ class Game:
             self._plans[mask] = compile_plan(self.run, items)
         return self._plans[mask]
 
+    def shapes(self, exact: bool) -> list[Plan]:
+        """The plans to vet before the first branch (``Session(plans=)``): every coalition's in
+        exact mode; in permutation mode, whose coalitions are drawn, each player alone and each
+        player left out, with the empty and the full coalition: every step the branches start
+        at, each with later steps held and without."""
+        masks = (range(1 << self.p) if exact else
+                 {0, self.full} | {1 << i for i in range(self.p)}
+                 | {self.full ^ (1 << i) for i in range(self.p)})
+        return [self.plan(m) for m in sorted(masks)]
+
 
 def _check_players(players: Sequence[int], n: int, run_id: str) -> list[int]:
     try:
@@ -243,7 +253,7 @@ def shapley(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
                       coupled=coupled and mode == "permutation",
                       budget=b, executor=executor, progress=progress, store=store,
                       attribution_id=attribution_id, params=params, force_agent=force_agent,
-                      planned=_planned, replace=replace)
+                      planned=_planned, replace=replace, plans=game.shapes(mode == "exact"))
     if mode == "exact":
         samples = _run_exact(game, session, cap)
         return _exact_result(run, game, session, samples, cap, seed, level, params)

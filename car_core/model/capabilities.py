@@ -27,6 +27,7 @@ class Capability(StrEnum):
     STOP = "stop"  # ``branch(run, plan, noise, stop=...)`` ends a settled branch early
     FINGERPRINT = "fingerprint"  # ``fingerprint() -> JSON``, stable across processes
     PREFLIGHT = "preflight"  # ``preflight(run)`` refuses a run before any branch
+    PLAN_CHECK = "plan-check"  # ``check_plan(run, plan)`` refuses a plan before any branch
     FRAMEWORK_STATE = "framework-state"  # ``framework_state(run, k) -> JSON``
     COUPLES_NOISE = "couples-noise"  # ``couples_noise = True``: draws from CAR's noise
     SEED_CHECK = "seed-check"  # ``seed_check(run) -> reason | None``: measures the seed
@@ -40,6 +41,7 @@ _METHODS = {
     Capability.ASYNC_BRANCH: "abranch",
     Capability.FINGERPRINT: "fingerprint",
     Capability.PREFLIGHT: "preflight",
+    Capability.PLAN_CHECK: "check_plan",
     Capability.FRAMEWORK_STATE: "framework_state",
     Capability.SEED_CHECK: "seed_check",
     Capability.STEP_META: "step_meta",

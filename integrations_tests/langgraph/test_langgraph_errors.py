@@ -209,6 +209,29 @@ def test_bad_interventions_are_refused_before_anything_runs() -> None:
     assert history(app, "user") == before and threads(saver) == {"user"}
 
 
+@pytest.mark.parametrize("budget", [64, 4096], ids=["exact", "permutation"])
+def test_shapley_on_an_app_car_does_not_decide_is_refused_before_any_branch(
+        store: Any, budget: int) -> None:
+    """Shapley's coalitions hold steps after a resampled one, which a plain app cannot do: the
+    first such coalition used to be refused only after the resample-only ones ran, calling the
+    model ~20 times. Every coalition's plan is now checked before the first branch."""
+    saver = InMemorySaver()
+    model = sa.PlantedSupportModel(p_follow=1.0)  # the recorded run follows the injection
+    app = sa.build_app(model, saver)
+    cb = CarCallback()
+    app.invoke(sa.inputs(), {"configurable": {"thread_id": "user"}, "callbacks": [cb]})
+    run = cb.run
+    assert sa.outcome(run) == 1.0
+    model.p_follow = 0.5
+    model.reset_calls()
+    agent = LangGraphAgent(app, safe_tools=sa.SAFE_TOOLS, side_effect_tools=sa.SIDE_EFFECT_TOOLS)
+    with pytest.raises(AdapterError, match="CarChatModel"):
+        car.shapley(run, agent, outcome=sa.outcome, budget=budget, store=store,
+                    progress=False)
+    assert model.calls == 0 and threads(saver) == {"user"}
+    assert store.attributions() == []
+
+
 def test_a_run_the_store_refuses_is_kept_with_its_error(store: Any,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """LangChain swallows a handler's exception, so a store failure must not lose the run."""
