@@ -113,6 +113,16 @@ def test_later_steps_are_said_only_from_the_arms_measured(located) -> None:
     assert fmt.untested_mark(located, 4) == "followed from it"
 
 
+def test_an_undecided_table_says_where_an_untested_step_stands(located) -> None:
+    """Undecided, the gate and the bisection ran arms on both sides of steps they never
+    tested: "not reached" said the search never got there. The mark places the step against
+    the candidate instead, and says "not tested" where there is none."""
+    undecided = replace(located, answer="undecided", locus=None, candidate=2)
+    assert [fmt.untested_mark(undecided, k) for k in (0, 1, 3, 5)] == [
+        "before the candidate", "before the candidate", "not tested yet", "not tested yet"]
+    assert fmt.untested_mark(replace(undecided, candidate=None), 0) == "not tested"
+
+
 def test_later_steps_say_what_was_ruled_out_and_what_was_not(located) -> None:
     """At 16 rollouts a step the budget cannot rule the later steps out at Δ = 0.1 (that
     takes about 64 pairs of zeros an arm): the answer says which were not and by how much

@@ -150,9 +150,14 @@ def _arms(r: Any) -> dict[int, Any]:
 
 
 def untested_mark(r: Any, k: int) -> str:
-    """Why step ``k`` was not tested, in the table's last column."""
+    """Why step ``k`` was not tested, in the table's last column. Undecided, the search may
+    have run arms on either side of a step it never tested (the gate, the bisection), so the
+    mark says where the step stands against the candidate, not that it was never reached."""
     if str(_get(r, "answer")) == "undecided":
-        return "not reached"
+        c = _get(r, "candidate")
+        if c is None:
+            return "not tested"
+        return "before the candidate" if k < int(c) else "not tested yet"
     locus = _get(r, "locus")
     if locus is None:
         return "not needed"
