@@ -253,6 +253,34 @@ def test_an_estimate_draws_one_bar_of_its_budget_and_says_when_it_stops_early(
     assert bar.desc == f"contrastive: stopped early, {res.rollouts_used} of {n_k} allowed"
 
 
+def test_progress_to_a_pipe_is_plain_lines_with_an_honest_end(pivot_model, pivot_run,
+                                                              capsys) -> None:
+    """Asked for where stderr is no terminal (a CI log), progress is plain lines: a tqdm bar's
+    carriage returns read as one garbled line there, and rich drew nothing until the end, then
+    a bar wrapped over three lines. The last line says the estimate stopped early."""
+    from car_core.engine.progress import LineProgress, progress_bar
+    assert isinstance(progress_bar(True, 96, "contrastive"), LineProgress)  # stderr captured
+    assert isinstance(kit.make_progress(True, "contrastive r1", 96, 96), LineProgress)
+    res = car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
+                          rollouts=96, progress=True, early_stop=True)
+    n_k = len(pivot_run.steps) * 96
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert res.rollouts_used < n_k and "\r" not in "".join(lines)
+    assert lines[-1].startswith(f"contrastive: {res.rollouts_used} of {n_k} rollouts")
+    assert lines[-1].endswith(f"(stopped early, {res.rollouts_used} of {n_k} allowed)")
+    stream = io.StringIO()
+    often = LineProgress("intervene", 10, 10, every=0.0, stream=stream)
+    for _ in range(3):
+        often.update(2)
+    often.done()
+    often.close()  # once closed, nothing more
+    said = stream.getvalue().splitlines()
+    assert [line.split(",")[0] for line in said] == [
+        "intervene: 2 of 10 rollouts", "intervene: 4 of 10 rollouts",
+        "intervene: 6 of 10 rollouts", "intervene: 6 of 10 rollouts"]
+    assert "budget left 4" in said[-1] and said[-1].endswith("(stopped early, 6 of 10 allowed)")
+
+
 def test_the_cli_bar_ends_at_what_was_run_and_says_how_much_was_allowed() -> None:
     bar = kit.RichProgress("contrastive r1", 192, 192)
     bar.update(68)

@@ -34,6 +34,7 @@ from rich.text import Text
 from car_core import errors
 from car_core import formatting as fmt
 from car_core.engine.execution import Sequential
+from car_core.engine.progress import LineProgress
 from car_core.errors import (
     AgentError,
     CarError,
@@ -396,11 +397,15 @@ class RichProgress:
 
 
 def make_progress(mode: bool | None, label: str, planned: int | None, budget: int | None
-                  ) -> RichProgress | None:
+                  ) -> RichProgress | LineProgress | None:
     """A bar when asked (``--progress``) or when stderr is a terminal; else None (pass
-    ``bar or False`` to an estimator so it draws no bar of its own)."""
+    ``bar or False`` to an estimator so it draws no bar of its own). Asked for on a stderr
+    that is no terminal (a CI log), plain lines (``LineProgress``): rich drew nothing there
+    until the end, then one bar wrapped over three lines."""
     if mode is False or (mode is None and not sys.stderr.isatty()):
         return None
+    if not sys.stderr.isatty():
+        return LineProgress(safe(label), planned, budget)
     return RichProgress(label, planned, budget)
 
 

@@ -23,7 +23,7 @@ from car_core.engine.execution import (
     execute,
     resolve_executor,
 )
-from car_core.engine.progress import progress_bar
+from car_core.engine.progress import LineProgress, progress_bar
 from car_core.engine.replay import check_run
 from car_core.engine.tasks import check_failures
 from car_core.errors import (
@@ -169,6 +169,9 @@ def _estimate_bar(progress: Any, meter: BudgetMeter, label: str) -> tuple[Any, b
 def _finish_bar(bar: Any) -> None:
     """An estimate that stopped before its budget was spent says so: the total becomes what
     was run, and the label how much was allowed."""
+    if isinstance(bar, LineProgress):  # its closing line says so
+        bar.done()
+        return
     total = getattr(bar, "total", None)
     done = getattr(bar, "n", None)
     if total is not None and done is not None and done < total:
