@@ -9,6 +9,7 @@ as simulated, not as a call that happened. This module imports no framework.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -42,17 +43,27 @@ def tool_errors(messages: Iterable[Any]) -> dict[str, str]:
     for m in messages:
         get = m.get if isinstance(m, Mapping) else lambda k, m=m: getattr(m, k, None)
         if get("status") == "error" and get("tool_call_id"):
-            out[str(get("tool_call_id"))] = _text(get("content"))
+            out[str(get("tool_call_id"))] = result_text(get("content"))
     return out
 
 
-def _text(content: Any) -> str:
+def result_text(content: Any) -> str:
     """A tool result's words: its content blocks' text joined (an MCP tool's result is a
-    list of blocks), else the content as a string."""
+    list of blocks; a record may keep them as JSON text), else the content as a string, so a
+    branch's result and the record's compare alike."""
+    if isinstance(content, str) and content[:1] in ("[", "{"):
+        try:
+            content = json.loads(content)
+        except ValueError:
+            return str(content)
+    if isinstance(content, Mapping) and "text" in content:
+        content = [content]
     if isinstance(content, list):
         texts = [str(b.get("text")) for b in content if isinstance(b, Mapping) and "text" in b]
         if texts:
             return " ".join(texts)
+    if isinstance(content, (list, Mapping)):
+        return json.dumps(content, sort_keys=True)
     return str(content or "")
 
 

@@ -65,7 +65,7 @@ from ..common.messages import (
     recorded_calls,
 )
 from ..common.offered_tools import edited_descriptions
-from ..common.sources import drifted_tools
+from ..common.sources import drifted_tools, result_text
 from ..common.sync import BranchLoop, run_on, run_sync
 from . import mcp_tools
 from ._context import (
@@ -172,7 +172,10 @@ def _drift(run: car.Trajectory, new: list[car.Step], session: BranchSession) -> 
         results = {str(m.get("tool_call_id")): m.get("content") for m in s.observation or ()
                    if isinstance(m, Mapping)} if isinstance(s.observation, (list, tuple)) else {}
         for cid, name, args in calls_of(s.action):
-            if results.get(cid) in (None, _DEFAULT_FAILURE, told.get((name, args))):
+            got = results.get(cid)
+            if got is None or got == _DEFAULT_FAILURE or (
+                    (name, args) in told
+                    and result_text(got) == result_text(told[(name, args)])):
                 unanswered.add(cid)
     return drifted_tools(run.steps, unanswered, new,
                          {cid: why or said for cid, (said, why) in session.errors.items()})
@@ -491,8 +494,8 @@ class OpenAIAgentsAgent:
         """Run the app's copy from ``items`` under ``active``: the branch's one coroutine,
         whether ``branch``, ``abranch``, ``start`` or ``redecide`` asked for it."""
         listing = self._ready()
-        served = {a: [mcp_tools.served_on(noting(t, session), self._mcp_loop) for t in ts]
-                  for a, ts in listing.items()}
+        served = {a: [mcp_tools.served_on(noting(t, session), self._mcp_loop, session.failed)
+                      for t in ts] for a, ts in listing.items()}
         clones = clone_app(self.agents, self._models(), session,
                            keep_input_guardrails=keep_input_guardrails, used_tools=used_tools,
                            mcp=served)

@@ -28,7 +28,8 @@ import asyncio
 import dataclasses
 import json
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from contextvars import ContextVar
 from typing import Any
 
 from agents import RunContextWrapper
@@ -37,6 +38,7 @@ from agents.tool import FunctionTool
 from car_core.errors import AdapterError
 
 from ..common.messages import SIDE_EFFECT, Classified, mcp_classified
+from ..common.sources import result_text
 
 LIST_TIMEOUT_S = 60.0  # a listing that takes longer: the server's loop is not running
 
@@ -44,6 +46,10 @@ LIST_TIMEOUT_S = 60.0  # a listing that takes longer: the server's loop is not r
 _LOOPS: weakref.WeakKeyDictionary[Any, asyncio.AbstractEventLoop] = weakref.WeakKeyDictionary()
 
 Listing = dict[str, list[FunctionTool]]  # agent name -> the function tools its servers give
+
+# while a branch's MCP call runs: where the server's watcher puts the text of a result the
+# server flagged ``isError`` (the SDK hands such a result to the model as ordinary output)
+_FLAGGED: ContextVar[list[str] | None] = ContextVar("car_mcp_flagged", default=None)
 
 
 def servers_of(agents: Mapping[str, Any]) -> list[Any]:
@@ -124,6 +130,7 @@ def listed(agents: Mapping[str, Any]) -> tuple[Listing, asyncio.AbstractEventLoo
         return {}, None
     loop = _loop_of(agents)
     _on_loop(loop)
+    watch_errors(agents)
     future = asyncio.run_coroutine_threadsafe(list_tools(agents), loop)
     try:
         return future.result(timeout=LIST_TIMEOUT_S), loop
@@ -138,6 +145,34 @@ def listed(agents: Mapping[str, Any]) -> tuple[Listing, asyncio.AbstractEventLoo
         raise AdapterError(f"listing the app's MCP servers' tools raised {exc!r}",
                            hint="connect the servers (async with MCPServerStdio(...) as "
                                 "server:) and keep them connected while CAR attributes") from exc
+
+
+def watch_errors(agents: Mapping[str, Any]) -> None:
+    """Let each of the app's servers say when a result it sent back is flagged ``isError``:
+    the SDK gives the model that result's text as the tool's output, so a read-only tool whose
+    service is down where CAR runs would look answered, and the model's reply to the error
+    would be scored (a user trial: the lookup's rescue read 83% where it is 0). The server's
+    ``call_tool`` is wrapped once; outside a branch's call (``served_on``) it only passes the
+    result on."""
+    for server in servers_of(agents):
+        if getattr(server, "_car_watches_errors", False):
+            continue
+        inner = server.call_tool
+
+        async def call_tool(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
+            result = await _inner(*args, **kwargs)
+            flagged = _FLAGGED.get()
+            if flagged is not None and getattr(result, "isError", False):
+                flagged.append(" ".join(str(getattr(c, "text", "")) for c in
+                                        getattr(result, "content", None) or ()).strip())
+            return result
+
+        server.call_tool = call_tool
+        server._car_watches_errors = True
+
+
+class FlaggedResult(RuntimeError):
+    """An MCP server's result flagged ``isError`` (no exception reached the SDK)."""
 
 
 def needs_approval(tool: Any) -> bool:
@@ -157,15 +192,28 @@ def derived(static: Iterable[Any], listing: Listing) -> dict[str, list[Classifie
     return out
 
 
-def served_on(tool: FunctionTool, loop: asyncio.AbstractEventLoop) -> FunctionTool:
+def served_on(tool: FunctionTool, loop: asyncio.AbstractEventLoop,
+              failed: Callable[[Any, str, BaseException], None] | None = None) -> FunctionTool:
     """A copy of an MCP function tool whose calls run on its server's loop (a branch runs on
-    CAR's own loop, where the server's session cannot be used)."""
+    CAR's own loop, where the server's session cannot be used). ``failed(call_id, told,
+    error)`` hears of each call whose result the server flagged ``isError``
+    (``watch_errors``), as a raise would be heard of."""
     inner = tool.on_invoke_tool
 
     async def invoke(ctx: Any, arguments: str) -> Any:
+        flagged: list[str] = []
+
         async def on_server() -> Any:
-            return await inner(ctx, arguments)
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(on_server(), loop))
+            token = _FLAGGED.set(flagged)
+            try:
+                return await inner(ctx, arguments)
+            finally:
+                _FLAGGED.reset(token)
+        out = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(on_server(), loop))
+        if flagged and failed is not None:
+            failed(getattr(ctx, "tool_call_id", None), result_text(out), FlaggedResult(
+                f"the MCP server flagged the result an error (isError): {flagged[0]}"))
+        return out
 
     return dataclasses.replace(tool, on_invoke_tool=invoke)
 

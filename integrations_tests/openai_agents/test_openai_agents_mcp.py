@@ -33,7 +33,7 @@ from car_adapters.common.messages import assistant, tool_call
 from car_adapters.openai_agents import CarRecorder, OpenAIAgentsAgent, ScriptedModel
 
 import car_core as car
-from car_core.errors import AdapterError, AgentMismatch
+from car_core.errors import AdapterError, AgentMismatch, BranchesFailed
 
 set_tracing_disabled(True)  # no trace export from tests (it would need an API key)
 
@@ -132,6 +132,41 @@ def test_mcp_tools_are_classified_from_their_annotations_and_branches_write_noth
         with pytest.raises(AdapterError, match="to_thread"):
             car.intervene(run, OpenAIAgentsAgent(agent), car.do_resample(2),
                           outcome=booked_flex, rollouts=1, seed=0, progress=False)
+
+    connected(ledger, body)
+
+
+def test_a_read_only_mcp_tool_flagging_an_error_on_branches_is_never_scored(
+        tmp_path: Path) -> None:
+    """A server sends a failed call back as a result flagged ``isError``, which the SDK hands the
+    model as ordinary output: with the fares service down where CAR runs, every branch that
+    re-decides the search was told of an error where the record got fares, and its reply to
+    that error was scored (a user trial read an 83% rescue of a lookup whose rescue is 0). Such
+    a branch is a failure; a record made while the service was down too is scored."""
+    ledger = tmp_path / "ledger.jsonl"
+    down = Path(f"{ledger}.down")
+
+    async def body(s: MCPServerStdio) -> None:
+        agent = travel_agent(s)
+        run = await record_failure(agent)
+        recorded = lines(ledger)
+        wrapped = OpenAIAgentsAgent(agent)
+        down.touch()
+        with pytest.raises(BranchesFailed, match="safe tool 'search_fares' ran live at step 0 "
+                                                 "and returned an error") as info:
+            await asyncio.to_thread(car.contrastive, run, wrapped, outcome=booked_flex,
+                                    rollouts=ROLLOUTS, seed=0, search="full", progress=False)
+        assert all(f.task.plan.start == 0 for f in info.value.failures)
+        assert all("isError" in f.error and "fares service unavailable" in f.error
+                   for f in info.value.failures)
+        assert lines(ledger) == recorded
+        # recorded while the service was down: the branches' identical error is no drift
+        rec = CarRecorder()
+        await Runner.run(agent, "A flight to Lisbon under 150, please.", hooks=rec)
+        assert "fares service unavailable" in str(rec.run.steps[0].observation)
+        dist = await asyncio.to_thread(car.intervene, rec.run, wrapped, car.do_resample(0),
+                                       outcome=booked_flex, rollouts=4, seed=0, progress=False)
+        assert not dist.failures and len(dist.trajectories) == 4
 
     connected(ledger, body)
 

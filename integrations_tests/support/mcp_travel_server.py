@@ -2,7 +2,9 @@
 
 ``python mcp_travel_server.py LEDGER`` serves three tools: ``search_fares`` only reads (annotated
 ``readOnlyHint: true``); ``book_flight`` and ``send_itinerary`` have real side effects: each call
-appends one JSON line to the ledger file, so a test can count what really ran. The server is
+appends one JSON line to the ledger file, so a test can count what really ran. While a file
+``LEDGER.down`` exists the fares service is down: ``search_fares`` raises, which FastMCP sends
+back as a result flagged ``isError``. The server is
 started by the MCP client for every session, so the ledger is a file, not memory.
 """
 
@@ -29,6 +31,8 @@ def _ledger(kind: str, **fields: object) -> None:
 @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
 def search_fares(destination: str) -> str:
     """The fares to a destination airport, cheapest first (reads only)."""
+    if Path(sys.argv[1] + ".down").exists():
+        raise RuntimeError("fares service unavailable")
     return json.dumps(FARES.get(destination, []))
 
 
