@@ -18,7 +18,7 @@ from car_core.engine.tasks import FAILED_SHARE, FAILED_SHARE_FROM, Failure, Task
 from car_core.errors import AgentError, BranchesFailed
 from car_core.model.budget import BudgetMeter
 from car_core.model.interventions import compile_plan
-from car_core.model.seeding import Stream, branch_noise
+from car_core.model.seeding import Noise, Stream, branch_noise
 from car_core.model.vocabulary import Answer, RunStatus
 from car_core.store import RunStore, StoreJournal
 from car_core.testing import synthetic as syn
@@ -404,3 +404,69 @@ def test_shapley_units_keep_the_draws_that_led_to_a_failed_visit() -> None:
         covered += step0.ci[0] <= 0.025 <= step0.ci[1]
         assert abs(sum(v.estimate or 0.0 for v in sh.values) - 0.55) <= 4 * 0.05
     assert covered >= 3
+
+
+class OwnDraws:
+    """A hosted model that ignores CAR's seed (``couples_noise=False``): step 0 refunds with
+    probability 1/2 (the failure), and after a refund the server answers step 1 with a 503 in
+    ``error_rate`` of the calls — errors on the failing path only."""
+
+    def __init__(self, error_rate: float) -> None:
+        self.rng, self.error_rate = np.random.default_rng(7), error_rate
+        self.armed = False
+
+    def policy(self, history: car.History, rng: np.random.Generator) -> Any:
+        if history.index == 0:
+            return {"refund": bool(self.rng.random() < 0.5)}
+        if self.armed and history.steps[0].action["refund"] \
+                and self.rng.random() < self.error_rate:
+            raise RuntimeError("503 Service Unavailable")
+        return {"reply": "done", "final": True}
+
+    def agent(self) -> car.FunctionAgent:
+        return car.FunctionAgent(policy=self.policy, is_final=lambda a: bool(a.get("final")),
+                                 max_steps=2, name="own-draws", couples_noise=False)
+
+
+def refunded(run: car.Trajectory) -> float:
+    return float(run.steps[0].action["refund"])
+
+
+def test_a_branch_whose_draws_are_its_own_is_not_retried_into_a_biased_estimate() -> None:
+    """Retried with a fresh draw, a branch that raised favours the paths that do not raise: with
+    503s on 40% of the failing path, P(fail) under re-deciding step 0 read about 0.37 where it is
+    0.5, with only the 4% that failed twice counted. Not retried, each error counts, and the
+    share (about 20%) stops the estimate."""
+    model = OwnDraws(error_rate=0.4)
+    agent = model.agent()
+    run = next(r for r in (agent.start({}, Noise(s)) for s in range(50)) if refunded(r))
+    model.armed = True
+    with pytest.raises(BranchesFailed, match="more than the 10%") as info:
+        car.intervene(run, agent, car.do_resample(0), outcome=refunded, rollouts=400,
+                      executor=Sequential(), progress=False)
+    share = len(info.value.failures) / info.value.ran
+    assert abs(share - 0.2) <= 4 * np.sqrt(0.2 * 0.8 / 400)  # each error counted once
+    assert all(f.attempts == 1 for f in info.value.failures)
+
+
+def test_a_branch_that_replays_its_draws_is_retried_on_the_same_path() -> None:
+    """An agent that draws from CAR's noise re-runs the same path when retried: a hook that
+    fails once per branch leaves nothing out and P(fail) where it is."""
+    model = syn.pivot(n_steps=4, at=1, p_bad=0.5)
+    once: set[int] = set()
+
+    def environment(history: car.History, action: Any, rng: np.random.Generator) -> Any:
+        key = int(rng.integers(1 << 62))  # the branch's own draw: the same on its retry
+        if history.index == 2 and key not in once:
+            once.add(key)
+            raise RuntimeError("timeout")
+        return model.environment(history, action, rng)
+
+    agent = car.FunctionAgent(policy=model.policy, environment=environment,
+                              is_final=lambda a: bool(a.get("final")), max_steps=4,
+                              name=model.agent().name)
+    run = model.failing_run(0)
+    dist = car.intervene(run, agent, car.do_resample(1), outcome=model.outcome, rollouts=200,
+                         executor=Sequential(), progress=False)
+    assert not dist.failures and len(once) >= 150
+    assert abs(dist.mean - model.arm(1)) <= 4 * np.sqrt(0.25 / 200)

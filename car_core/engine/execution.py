@@ -72,6 +72,8 @@ R = TypeVar("R")
 NOT_RETRIED: tuple[type[BaseException], ...] = (
     InvalidInput, RunError, StoreError, BudgetExhausted, NothingToAttribute, SideEffectBlocked,
     AdapterError, ModelUnavailable)
+RETRIES = 1  # runs again of a branch that raised, where that re-runs its path
+# (``seeding.replays_alike``); elsewhere none, so each error counts towards the failed share
 _NO_SPEND = SimpleNamespace(steps=())  # what a failed branch is charged as: one rollout, no tokens
 
 
@@ -374,7 +376,7 @@ def execute(tasks: Iterable[Task], fn: Callable[[Task], R], meter: BudgetMeter, 
             label: str = "rollouts",
             on_result: Callable[[Task, R], None] | None = None,
             journal: Journal | None = None, keep: Callable[[R], Any] | None = None,
-            retries: int = 1) -> Results:
+            retries: int = RETRIES) -> Results:
     """Run ``tasks`` under the budget; return the finished ``(task, result)`` pairs in task
     order, with the branches that failed after ``retries`` retries in ``.failures``.
 

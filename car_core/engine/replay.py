@@ -27,6 +27,7 @@ from car_core.engine.agent import call_policy as call_policy
 from car_core.engine.agent import drive as drive
 from car_core.engine.agent import policy_meta as policy_meta
 from car_core.engine.execution import (
+    RETRIES,
     Executor,
     ExecutorLike,
     Progress,
@@ -48,7 +49,7 @@ from car_core.model.checks import is_whole
 from car_core.model.interventions import Intervention, compile_plan
 from car_core.model.json_values import JSON
 from car_core.model.outcome import OutcomeFn, OutcomeLike, check_on_record, scored
-from car_core.model.seeding import Noise, branch_noise, coupling
+from car_core.model.seeding import Noise, branch_noise, coupling, replays_alike
 from car_core.model.trajectory import Trajectory
 from car_core.model.vocabulary import NOT_REDECIDED, RunStatus
 from car_core.stats import (
@@ -202,6 +203,7 @@ def intervene(run: Trajectory, agent: Agent, interventions: Intervention | Seque
     exe = resolve_executor(executor, agent)
     check_on_record(run, out)  # before the seed check's model calls and any branch
     handed, why = coupling(agent, run, bool(coupled))
+    retries = RETRIES if replays_alike(agent, bool(coupled), handed) else 0
     arm = plan.describe()
 
     def tasks(rows: range) -> Iterator[Task]:  # lazy: the budget decides how many start
@@ -212,14 +214,14 @@ def intervene(run: Trajectory, agent: Agent, interventions: Intervention | Seque
     fn = brancher(run, agent, out)
     if keep_trajectories:
         results = execute(tasks(range(rollouts)), fn, meter, executor=exe,
-                          progress=progress, label="intervene")
+                          progress=progress, label="intervene", retries=retries)
         ordered = sorted(results, key=lambda tr: tr[0].rollout)
         kept: list[Any] = [t for _, t in ordered]
         by_index = {task.rollout: _outcome_only(t) for task, t in ordered}
         failures = list(results.failures)
     else:
         kept, failures, by_index = _outcomes_in_batches(tasks, rollouts, fn, meter, exe,
-                                                        progress)
+                                                        progress, retries)
     trajs = tuple(kept) if keep_trajectories else ()
     if not kept and failures:  # every branch failed twice: the agent is broken
         first = failures[0]
@@ -284,7 +286,8 @@ def _twin_coupling(tasks: Callable[[range], Iterator[Task]], by_index: dict[int,
 
 def _outcomes_in_batches(tasks: Callable[[range], Iterator[Task]], rollouts: int,
                          fn: Any, meter: BudgetMeter, executor: Executor | None,
-                         progress: Any) -> tuple[list[Any], list[Any], dict[int, Any]]:
+                         progress: Any, retries: int = RETRIES
+                         ) -> tuple[list[Any], list[Any], dict[int, Any]]:
     """The outcomes of ``rollouts`` branches, in rollout order, run a batch at a time under
     one meter and one progress bar: what ``execute`` holds per finished branch (its task and
     its kept value) is freed batch by batch, so memory is a float per branch, not a task and
@@ -297,7 +300,7 @@ def _outcomes_in_batches(tasks: Callable[[range], Iterator[Task]], rollouts: int
         for start in range(0, rollouts, OUTCOME_BATCH):
             results = execute(tasks(range(start, min(start + OUTCOME_BATCH, rollouts))), fn,
                               meter, executor=executor, progress=bar or False,
-                              label="intervene", keep=_outcome_only)
+                              label="intervene", keep=_outcome_only, retries=retries)
             ordered = sorted(results, key=lambda tr: tr[0].rollout)
             values.extend(v for _, v in ordered)
             by_index.update((task.rollout, v) for task, v in ordered)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from car_core.engine.agent import Agent, OutcomeFn, check_agent, check_plans
 from car_core.engine.execution import (
+    RETRIES,
     ExecutorLike,
     Failure,
     Progress,
@@ -38,7 +39,7 @@ from car_core.model.budget import Budget, BudgetMeter
 from car_core.model.checks import is_whole
 from car_core.model.interventions import Plan
 from car_core.model.outcome import OutcomeLike, check_on_record
-from car_core.model.seeding import branch_noise, coupling
+from car_core.model.seeding import branch_noise, coupling, replays_alike
 from car_core.model.trajectory import Trajectory
 from car_core.model.vocabulary import AttributionStatus
 from car_core.results import Result
@@ -204,6 +205,9 @@ class Session:
         # the attribution's (so a refused estimate leaves nothing to resume)
         check_on_record(run, self.outcome, attributing=True)
         self.coupled, self.coupling = coupling(agent, run, bool(coupled))
+        # a branch that raised is run again only where that re-runs its path (its draws come
+        # from its noise): a fresh draw would favour the paths that do not raise
+        self.retries = RETRIES if replays_alike(agent, bool(coupled), self.coupled) else 0
         self.meter = BudgetMeter(budget)
         # None: sequential for in-process agents, asyncio for ones that wait on a model; a
         # name ("async") builds that backend
@@ -211,7 +215,7 @@ class Session:
         self.method, self.params = method, params
         self.progress, self._own_bar = _estimate_bar(progress, self.meter, method)
         self.store, self.journal, self.attribution_id = store, None, attribution_id
-        self.failures: list[Failure] = []  # branches that failed after their retry
+        self.failures: list[Failure] = []  # branches that failed (after a retry, if any)
         self._stands_for: dict[tuple[str, int], int] = {}  # (arm, stand-in index) -> index
         self.ran = 0  # branches run (failed ones included), for the failed share
         self._began = False  # whether this session began (or resumed) the attribution row
@@ -278,7 +282,8 @@ class Session:
         # store's SQLite handle along); keep nothing: on_result already has each value
         results = execute(tasks, brancher(self.run, self.agent, self.outcome), self.meter,
                           executor=self.executor, progress=self.progress, label=self.method,
-                          on_result=on_result, journal=self.journal, keep=lambda traj: None)
+                          on_result=on_result, journal=self.journal, keep=lambda traj: None,
+                          retries=self.retries)
         self.ran += len(results) + len(results.failures)
         self.failures.extend(results.failures)
         check_failures(self.failures, self.ran, run_id=self.run.id,
@@ -289,7 +294,8 @@ class Session:
         they bias it towards the branches that did not fail, so the result must say so."""
         if not self.failures:
             return None
-        return (f"{len(self.failures)} of {self.ran} branch(es) failed after a retry and were "
+        retried = " after a retry" if self.failures[0].attempts > 1 else ""
+        return (f"{len(self.failures)} of {self.ran} branch(es) failed{retried} and were "
                 f"left out of the estimate (first: {self.failures[0].describe()}); fix the "
                 "agent and run again")
 

@@ -78,6 +78,21 @@ def branch_noise(seed: int, rollout: int, arm: object, coupled: bool) -> Noise:
     return Noise(seed, (2, arm_number(arm), rollout))
 
 
+def replays_alike(agent: Any, requested: bool, coupled: bool) -> bool:
+    """Whether a branch run again on its task's noise draws what it drew the first time: the
+    agent draws its randomness from CAR's noise and, over a model server, the seed was measured
+    honoured (``coupling``'s check, made only where coupling was ``requested``; ``coupled`` is
+    its answer). Only then is retrying a branch that raised a re-run of the same path; a
+    fresh draw instead favours the paths that do not raise (a model server that fails more
+    often after a refund made the refund look rarer: a rescue of 0.5 read 0.72)."""
+    caps = capabilities(agent)
+    if Capability.COUPLES_NOISE not in caps:
+        return False
+    if Capability.SEED_CHECK in caps:
+        return requested and coupled
+    return True
+
+
 def coupling(agent: Any, run: Any, requested: bool) -> tuple[bool, str]:
     """Whether branches of ``run`` can share common random numbers, and why (said in results).
 
