@@ -158,6 +158,24 @@ def test_store_journal_finds_finished_branches(store: RunStore, pivot_model, piv
     assert journal.lookup(task) == dist.trajectories[0]
 
 
+def test_a_store_opened_here_serves_an_estimate_run_in_another_thread(
+        store: RunStore, pivot_model, pivot_run) -> None:
+    """An app with MCP servers must call the estimator off the servers' loop
+    (``await asyncio.to_thread(car.contrastive, ..., store=store)``): a store opened on the
+    main thread raised sqlite3's "objects created in a thread can only be used in that same
+    thread" there. Then the main thread reads what it wrote."""
+    import asyncio
+
+    async def main() -> car.ContrastiveResult:
+        return await asyncio.to_thread(car.contrastive, pivot_run, pivot_model.agent(),
+                                       outcome=pivot_model.outcome, rollouts=16, seed=0,
+                                       store=store, progress=False)
+
+    res = asyncio.run(main())
+    stored = store.attributions(pivot_run.id)
+    assert [a.id for a in stored] == [res.attribution_id] and stored[0].result is not None
+
+
 def test_migrations_are_recorded_once(tmp_path: Path) -> None:
     path = tmp_path / "m.db"
     RunStore(path).close()

@@ -93,7 +93,8 @@ def connect_readonly(path: Path, timeout: float
         uri = (f"file:{urllib.parse.quote(str(source))}?mode=ro"
                + ("&immutable=1" if plan == "immutable" else ""))
         try:
-            return sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None), scratch
+            return sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None,
+                                   check_same_thread=False), scratch
         except sqlite3.Error as exc:
             raise StoreReadOnly(f"cannot read {path}: {exc}",
                                 hint="check the file and its folder are readable") from exc

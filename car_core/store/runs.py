@@ -62,7 +62,10 @@ class RunStore:
             conn, self._scratch = connect_readonly(self.path, timeout)
         else:
             try:
-                conn = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None)
+                # handed to another thread (asyncio.to_thread(car.contrastive, ..., store=s),
+                # as an app with MCP servers must call it); one thread at a time uses it
+                conn = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None,
+                                       check_same_thread=False)
             except sqlite3.Error as exc:
                 raise StoreReadOnly(f"cannot open {self.path}: {exc}",
                                     hint="check the folder exists and is writable") from exc
