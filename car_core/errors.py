@@ -287,6 +287,11 @@ class NothingToAttribute(CarError):
     """The run has no steps, or the outcome does not vary whatever we do."""
 
 
+class RunNotFailed(NothingToAttribute):
+    """The run did not fail: it is stored as fine and the outcome scores it fine. A population
+    (``car.triage``) leaves such a run out of its counts and lists it apart."""
+
+
 # The stops a resume can change: an interruption, memory or a budget that ran out (resume with
 # fewer in flight or a larger budget), a model server or execution backend that was down, and
 # branches that failed (fix the agent, then resume: the stored branches are kept). Everything
@@ -310,6 +315,6 @@ __all__ = [  # the error tree; RESUMABLE and resumable are its rule, not errors
     "CorruptAttribution", "CorruptRun", "CorruptStore", "EnvironmentError_", "ExecutorUnavailable",
     "InvalidBudget", "InvalidIntervention", "InvalidInput", "InvalidJSONValue", "ModelUnavailable",
     "NotACarStore", "NothingToAttribute", "OutcomeError", "OutcomeMismatch", "PolicyError",
-    "ReplayMismatch", "RunError", "RunNotFound", "SideEffectBlocked", "StepOutOfRange",
-    "StoreError", "StoreReadOnly", "StoreTooNew", "UnclassifiedTools",
+    "ReplayMismatch", "RunError", "RunNotFailed", "RunNotFound", "SideEffectBlocked",
+    "StepOutOfRange", "StoreError", "StoreReadOnly", "StoreTooNew", "UnclassifiedTools",
 ]

@@ -94,10 +94,11 @@ class TriageRun:
 
 TRIAGE_METHOD = "triage"  # the method of its attribution row
 SKIPPED = "skipped"  # a run the total budget left unattributed: counted as undecided
+NOT_FAILED = "not failed"  # a run given that did not fail: left out of every count
 _RESULT = {"groups": nested(TriageGroup.from_dict, many=True, missing=()),
            "per_run": nested(TriageRun.from_dict, many=True, missing=())}
 _RESULT_KEYS = ("method", "triage_id", "summary", "groups", "undecided", "no_cause", "runs_total",
-                "level", "alpha", "interval")
+                "level", "alpha", "interval", "not_failed")
 CSV_COLUMNS = ("label", "step", "agent", "node", "tool", "n", "share", "share_low",
                "share_high", "runs")
 
@@ -106,8 +107,9 @@ CSV_COLUMNS = ("label", "step", "agent", "node", "tool", "n", "share", "share_lo
 class TriageResult:
     """Where a population of failed runs commits to failure, with intervals (see the module
     docstring). ``undecided`` and ``no_cause`` are the run ids whose attribution gave that
-    answer (``per_run`` says why for each); ``groups + undecided + no_cause`` is every run.
-    ``interval`` names how ``share_ci`` was built."""
+    answer (``per_run`` says why for each); ``groups + undecided + no_cause`` is every failed
+    run (``runs_total``). ``not_failed``: runs given that did not fail, left out of every
+    count. ``interval`` names how ``share_ci`` was built."""
 
     triage_id: str | None
     runs_total: int
@@ -125,6 +127,7 @@ class TriageResult:
     truncated: bool
     budget_note: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    not_failed: tuple[str, ...] = ()
 
     @property
     def attribution_id(self) -> str | None:
@@ -139,14 +142,17 @@ class TriageResult:
 
     def summary(self) -> str:
         """The answer in one sentence a non-statistician can act on."""
+        left = (f"; {len(self.not_failed)} run(s) given did not fail and were left out"
+                if self.not_failed else "")
         if not self.groups:
-            return (f"none of the {self.runs_total} run(s) was traced to a step: "
-                    f"{len(self.undecided)} undecided, {len(self.no_cause)} with no cause")
+            return (f"none of the {self.runs_total} failed run(s) was traced to a step: "
+                    f"{len(self.undecided)} undecided, {len(self.no_cause)} with no cause"
+                    f"{left}")
         top = self.groups[0]
         return (f"{top.n} of {self.runs_total} failed run(s) commit at {top.label} "
                 f"({_pct(top.share)}, {_pct(top.share_ci[0])}–{_pct(top.share_ci[1])} at "
                 f"{_pct(1 - self.alpha)} jointly); {len(self.groups)} place(s) in all, "
-                f"{len(self.undecided)} undecided, {len(self.no_cause)} with no cause")
+                f"{len(self.undecided)} undecided, {len(self.no_cause)} with no cause{left}")
 
     def to_dict(self) -> dict[str, Any]:
         return dump_fields(self, _RESULT, _RESULT_KEYS, method=TRIAGE_METHOD,
@@ -157,7 +163,8 @@ class TriageResult:
 
     def to_csv(self) -> str:
         """One row per group (``CSV_COLUMNS``), then one for the undecided and one for the
-        no-cause runs; run ids joined by spaces."""
+        no-cause runs, and one, with no share, for the runs given that did not fail; run ids
+        joined by spaces."""
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
         w.writerow(CSV_COLUMNS)
@@ -169,6 +176,9 @@ class TriageResult:
             if ids:
                 w.writerow([name, "", "", "", "", len(ids),
                             f"{len(ids) / self.runs_total:.6g}", "", "", " ".join(ids)])
+        if self.not_failed:  # no share: not part of the population
+            w.writerow(["(not failed)", "", "", "", "", len(self.not_failed), "", "", "",
+                        " ".join(self.not_failed)])
         return buf.getvalue()
 
     @classmethod
@@ -195,4 +205,5 @@ def _cell(v: object) -> str:
     return "" if v is None else str(v)
 
 
-__all__ = ["CSV_COLUMNS", "SKIPPED", "TRIAGE_METHOD", "TriageGroup", "TriageResult", "TriageRun"]
+__all__ = ["CSV_COLUMNS", "NOT_FAILED", "SKIPPED", "TRIAGE_METHOD", "TriageGroup", "TriageResult",
+           "TriageRun"]

@@ -208,6 +208,36 @@ def test_cli_triage_by_run_list_and_by_agent_name_with_stable_json(population, t
     assert all(r["reused"] for r in json.loads(again.stdout)["per_run"])
 
 
+def _passing_run() -> car.Trajectory:
+    from car_core.engine.replay import record
+    return next(r for r in (record(DESK.agent(), context={"mode": "early"},
+                                   outcome=DESK.outcome, seed=s) for s in range(100))
+                if not r.failed)
+
+
+def test_a_run_given_that_did_not_fail_is_left_out_of_the_counts(population, tmp_path):
+    """A run that passed is no failure to place: it was counted undecided and the sentence
+    said "1 of 2 failed run(s)"; the CLI dropped it without a word. Python lists it apart from
+    the population; the CLI says it left it out."""
+    fine = _passing_run()
+    runs = [population[0], fine]
+    res = car.triage(runs, DESK.agent(), outcome=DESK.outcome, rollouts=K)
+    assert res.not_failed == (fine.id,) and res.runs_total == 1
+    assert fine.id not in _accounted(res) and sorted(_accounted(res)) == [population[0].id]
+    assert res.summary().endswith("; 1 run(s) given did not fail and were left out")
+    assert "(not failed)" in res.to_csv()
+    assert TriageResult.from_dict(res.to_dict()).not_failed == (fine.id,)
+    with RunStore(tmp_path / "car.db") as store:
+        for r in runs:
+            store.save(r)
+    proc = car_cli("triage", population[0].id, fine.id, "--agent", AGENT, "--rollouts",
+                   str(K), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (f"left out 1 run(s) named: did not fail (its stored outcome): {fine.id}"
+            in proc.stderr)
+    assert "1 run(s)" in proc.stdout
+
+
 def test_cli_refuses_an_empty_selection(population, tmp_path):
     with RunStore(tmp_path / "car.db") as store:
         store.save(population[0])

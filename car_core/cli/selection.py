@@ -56,11 +56,34 @@ def selected(store: str, run_ids: list[str] | None, resume: str | None, outcome:
         if resume is not None and not run_ids and all(f is None for f in filters):
             stored = reader.attribution(resume).params.get("runs")
             return [str(i) for i in stored] if isinstance(stored, list) else []
-        return select_runs(reader, ids=run_ids or None, agent=agent_name,
-                           since=when(since, "--since"), until=when(until, "--until"),
-                           test=test, outcome=outcome, session=session)
+        chosen = select_runs(reader, ids=run_ids or None, agent=agent_name,
+                             since=when(since, "--since"), until=when(until, "--until"),
+                             test=test, outcome=outcome, session=session)
+        if run_ids:
+            _say_left_out(reader, [i for i in dict.fromkeys(run_ids) if i not in chosen],
+                          outcome)
+        return chosen
     finally:
         reader.close()
+
+
+def _say_left_out(reader: Any, ids: list[str], outcome: str) -> None:
+    """Runs named on the command line that the selection left out, said with why: a run that
+    passed was dropped without a word, and the count that followed read as if it was all."""
+    if not ids:
+        return
+    from car_core.store.triages import stored_failed
+    rows = {r["id"]: r for r in reader.runs()}
+    why: dict[str, list[str]] = {}
+    for i in ids:
+        failed = stored_failed(rows[i])
+        reason = ("did not fail (its stored outcome)" if outcome == "failed" and not failed
+                  else "failed (its stored outcome)" if outcome == "passed" and failed
+                  else "the other filters exclude")
+        why.setdefault(reason, []).append(i)
+    for reason, group in why.items():
+        err.print(Text(kit.safe(f"left out {len(group)} run(s) named: {reason}: "
+                                f"{', '.join(group)}")), soft_wrap=True)
 
 
 def stop_if_ran_out(truncated: bool, note: str | None, resume_id: str | None) -> None:

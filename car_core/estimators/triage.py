@@ -57,6 +57,7 @@ from car_core.errors import (
     NothingToAttribute,
     OutcomeError,
     RunError,
+    RunNotFailed,
 )
 from car_core.estimators._population import Purse, RunPool, Spent, runs_at_once_for
 from car_core.estimators.contrastive import rollout_budget
@@ -67,7 +68,7 @@ from car_core.model.trajectory import Trajectory
 from car_core.model.vocabulary import Answer, AttributionStatus
 from car_core.results import ContrastiveResult
 from car_core.stats import Interval, wilson
-from car_core.triage_results import SKIPPED, TriageGroup, TriageResult, TriageRun
+from car_core.triage_results import NOT_FAILED, SKIPPED, TriageGroup, TriageResult, TriageRun
 
 if TYPE_CHECKING:  # the store brings sqlite-utils: loaded only where one is used
     from car_core.store import RunStore
@@ -76,8 +77,9 @@ Label = Callable[[Trajectory, ContrastiveResult], str]
 TriageProgress = Callable[[int, int, TriageRun], None]
 FIELDS = ("step", "agent", "node", "tool")
 INTERVAL = "Wilson score at level 1 − alpha/G (Bonferroni over the G categories)"
-# a run's own trouble (it did not fail, another agent recorded it, its agent broke): that run
-# is reported undecided with the error as its reason; anything else stops the triage
+# a run's own trouble (another agent recorded it, its agent broke): that run is reported
+# undecided with the error as its reason, or, where it did not fail (``RunNotFailed``), apart
+# from the population; anything else stops the triage
 RUN_ERRORS = (OutcomeError, AgentMismatch, RunError, AgentError, NothingToAttribute,
               AttributionBusy)
 
@@ -288,9 +290,10 @@ def _summarised(located: Mapping[str, tuple[Trajectory, ContrastiveResult]],
     groups, rows = _grouped(located, rows, by, label)
     undecided = tuple(r.run_id for r in rows if r.answer in (Answer.UNDECIDED, SKIPPED))
     no_cause = tuple(r.run_id for r in rows if r.answer == Answer.NO_CAUSE)
+    not_failed = tuple(r.run_id for r in rows if r.answer == NOT_FAILED)
     g = max(1, len(groups) + bool(undecided) + bool(no_cause))
     level = 1 - alpha / g
-    n = len(rows)
+    n = len(rows) - len(not_failed)  # the failed runs: groups come only from them
     return TriageResult(
         triage_id=tid, runs_total=n,
         groups=tuple(TriageGroup(label=lab, **fields, share=len(ids) / n,
@@ -299,7 +302,7 @@ def _summarised(located: Mapping[str, tuple[Trajectory, ContrastiveResult]],
         undecided=undecided, no_cause=no_cause, per_run=tuple(rows), alpha=float(alpha),
         level=level, interval=INTERVAL, by=by, rollouts_used=spent.rollouts,
         tokens=spent.tokens, cost=round(spent.cost, 6), truncated=note is not None,
-        budget_note=note, params=params)
+        budget_note=note, params=params, not_failed=not_failed)
 
 
 def _grouped(located: Mapping[str, tuple[Trajectory, ContrastiveResult]],
@@ -365,6 +368,8 @@ def _attributed(run: Trajectory, agent: Agent, outcome: OutcomeLike,
             raise
         stored = aid if aid is not None and store is not None \
             and store.attribution_exists(aid) else None
+        if isinstance(exc, RunNotFailed):  # not part of the population: apart, not undecided
+            return TriageRun(run.id, NOT_FAILED, reason=str(exc), attribution_id=stored), None
         return TriageRun(run.id, str(Answer.UNDECIDED), reason=f"not attributed: {exc}",
                          attribution_id=stored), None
     return _row(run.id, result, aid, reused=False), result

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from car_core import formatting as fmt
-from car_core.errors import InvalidInput, NothingToAttribute, OutcomeError, OutcomeMismatch
+from car_core.errors import InvalidInput, OutcomeError, OutcomeMismatch, RunNotFailed
 from car_core.model.capabilities import positional_arity
 from car_core.model.seeding import Noise, Stream
 from car_core.model.trajectory import FAILED_AT, Outcome, Trajectory, is_failure
@@ -174,9 +174,9 @@ def check_on_record(run: Trajectory, outcome: OutcomeLike, *, attributing: bool 
     without an outcome (a recorder given none), that the outcome scores as fine has no failure
     to explain, and answering "no cause" for it would hide an outcome that cannot see the
     failure (``OutcomeMismatch`` when nothing was stored to compare with, else
-    ``NothingToAttribute``). ``intervene`` asks what a change does to any run, failed or not:
-    it checks only against a stored outcome. Nothing is charged to any budget; the outcome may
-    be called up to three times."""
+    ``RunNotFailed``, a ``NothingToAttribute``). ``intervene`` asks what a change does to any
+    run, failed or not: it checks only against a stored outcome. Nothing is charged to any
+    budget; the outcome may be called up to three times."""
     stored = None if run.outcome is None else float(run.outcome.value)
     if stored is None and not attributing:
         return
@@ -207,7 +207,7 @@ def check_on_record(run: Trajectory, outcome: OutcomeLike, *, attributing: bool 
             run_id=run.id, stored=None, scores=tuple(scores),
             hint=_SEE_THE_FAILURE + " (record with outcome= to store the run's score, so this "
                                     "check can compare with it)")
-    raise NothingToAttribute(
+    raise RunNotFailed(
         f"the run did not fail: it is stored as fine ({fmt.num(stored)}) and the outcome "
         f"scores it as fine ({shown}), so there is no failure to attribute",
         run_id=run.id, hint="attribute a failed run (car runs lists each run's outcome), or "

@@ -56,11 +56,16 @@ def select_runs(store: RunStore, *, ids: Sequence[str] | None = None, agent: str
             and (session is None or r.get("test_session") == session)]
 
 
+def stored_failed(row: dict[str, Any]) -> bool:
+    """Whether a run's row records it failed (its stored outcome at the failure threshold)."""
+    value = row.get("outcome")
+    return isinstance(value, (int, float)) and is_failure(float(value))
+
+
 def _keeps(row: dict[str, Any], agent: str | None, since: float | None, until: float | None,
            test: str | None, outcome: str) -> bool:
     when = row.get("created_at")
-    value = row.get("outcome")
-    failed = isinstance(value, (int, float)) and is_failure(float(value))
+    failed = stored_failed(row)
     return ((agent is None or row.get("agent") == agent)
             and (since is None or (when is not None and when >= since))
             and (until is None or (when is not None and when <= until))
