@@ -6,6 +6,8 @@
 ``k``, so ``car.intervene``, ``car.contrastive`` and ``car.shapley`` work on it.
 ``final_state(run)`` gives a run's final output, input list and run context, for outcomes.
 ``ScriptedModel`` is a seeded fake ``agents.Model`` for tests and examples.
+``connect_in_background(server)`` keeps an MCP server connected for code with no ``async with``
+block (an agent factory the ``car`` CLI calls).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from .agent import OpenAIAgentsAgent
 from .fake import ScriptedModel, step_rng
 from .final import final_state
+from .mcp_tools import connect_in_background
 from .recorder import CarRecorder
 
-__all__ = ["CarRecorder", "OpenAIAgentsAgent", "ScriptedModel", "final_state", "step_rng"]
+__all__ = ["CarRecorder", "OpenAIAgentsAgent", "ScriptedModel", "connect_in_background",
+           "final_state", "step_rng"]

@@ -25,8 +25,10 @@ branch.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import dataclasses
 import json
+import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
@@ -89,6 +91,45 @@ async def list_tools(agents: Mapping[str, Any], context: Any = None) -> Listing:
     return out
 
 
+_BACKGROUND: list[asyncio.AbstractEventLoop] = []  # the loop connect_in_background runs
+
+
+def _background_loop() -> asyncio.AbstractEventLoop:
+    """An event loop CAR runs in a daemon thread of its own, one per process."""
+    if not _BACKGROUND or _BACKGROUND[0].is_closed():
+        loop = asyncio.new_event_loop()
+        threading.Thread(target=loop.run_forever, name="car-mcp-servers", daemon=True).start()
+        _BACKGROUND[:] = [loop]
+    return _BACKGROUND[0]
+
+
+def connect_in_background(server: Any, timeout: float = LIST_TIMEOUT_S) -> Any:
+    """Connect an MCP server (``MCPServerStdio(...)``, ...) on an event loop CAR runs in a
+    thread of its own and keep it connected until the process ends; return the server. For
+    code with no ``async with`` block to keep it in: an agent factory the ``car`` CLI calls
+    (``car attribute RUN --agent app:make``), or a plain script. Build the app with the
+    server and wrap it as usual; the estimator is then called like any other."""
+    loop = _background_loop()
+    try:
+        asyncio.run_coroutine_threadsafe(server.connect(), loop).result(timeout)
+    except Exception as exc:
+        raise AdapterError(f"connecting MCP server {getattr(server, 'name', server)!r} "
+                           f"raised {exc!r}",
+                           hint="check the server starts on its own (its command, its "
+                                "arguments)") from exc
+    _LOOPS[server] = loop
+    atexit.register(_disconnect, server, loop)
+    return server
+
+
+def _disconnect(server: Any, loop: asyncio.AbstractEventLoop) -> None:
+    """At exit: close a server ``connect_in_background`` connected (best effort)."""
+    try:
+        asyncio.run_coroutine_threadsafe(server.cleanup(), loop).result(5.0)
+    except Exception:  # the process is ending; the server's stdio closes with it
+        pass
+
+
 def _loop_of(agents: Mapping[str, Any]) -> asyncio.AbstractEventLoop:
     loops = {id(lp): lp for s in servers_of(agents) if (lp := _LOOPS.get(s)) is not None}
     names = [s.name for s in servers_of(agents)]
@@ -97,7 +138,9 @@ def _loop_of(agents: Mapping[str, Any]) -> asyncio.AbstractEventLoop:
             f"CAR does not know the event loop MCP servers {names} are connected on",
             hint="connect them as the SDK shows (async with MCPServerStdio(...) as server:), "
                  "build OpenAIAgentsAgent inside that block, and run the estimator from there "
-                 "with await asyncio.to_thread(car.contrastive, run, agent, ...)")
+                 "with await asyncio.to_thread(car.contrastive, run, agent, ...); from the car "
+                 "CLI (an --agent factory) or a script with no async block, connect each with "
+                 "car_adapters.openai_agents.connect_in_background(server)")
     if len(loops) > 1:
         raise AdapterError(f"MCP servers {names} are connected on different event loops",
                            hint="connect every server of the app in one async block")

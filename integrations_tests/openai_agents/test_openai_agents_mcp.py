@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -38,6 +40,7 @@ from car_core.errors import AdapterError, AgentMismatch, BranchesFailed
 set_tracing_disabled(True)  # no trace export from tests (it would need an API key)
 
 SERVER = Path(__file__).resolve().parents[1] / "support" / "mcp_travel_server.py"
+ROOT = Path(__file__).resolve().parents[2]
 P_FLEX = 0.25
 FLEX, SAVER = "TP-flex", "TP-saver"
 ROLLOUTS = 16
@@ -169,6 +172,45 @@ def test_a_read_only_mcp_tool_flagging_an_error_on_branches_is_never_scored(
         assert not dist.failures and len(dist.trajectories) == 4
 
     connected(ledger, body)
+
+
+FACTORY = """
+from pathlib import Path
+from car_adapters.openai_agents import OpenAIAgentsAgent, connect_in_background
+from integrations_tests.openai_agents.test_openai_agents_mcp import (
+    booked_flex as outcome, server, travel_agent)
+
+def make():
+    # the CLI calls this with no event loop to keep the server in: CAR keeps it connected
+    return OpenAIAgentsAgent(travel_agent(connect_in_background(server(Path({ledger!r})))))
+"""
+
+
+def test_the_cli_attributes_an_app_whose_mcp_server_a_factory_connects(tmp_path: Path) -> None:
+    """``car attribute --agent app:make`` has no ``async with`` block for the server: the
+    factory connects it with ``connect_in_background`` (a user trial found no documented way),
+    and the answer and the ledger are those of the Python call."""
+    ledger = tmp_path / "ledger.jsonl"
+    (tmp_path / "travel_app.py").write_text(FACTORY.format(ledger=str(ledger)), encoding="utf-8")
+
+    recorded_ids: list[str] = []
+
+    async def body(s: MCPServerStdio) -> None:
+        run = await record_failure(travel_agent(s))
+        with car.RunStore(tmp_path / "car.db") as store:
+            store.save(run)
+        recorded_ids.append(run.id)
+
+    connected(ledger, body)
+    recorded = lines(ledger)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    args = ["attribute", recorded_ids[0], "--agent", "travel_app:make", "--outcome",
+            "travel_app:outcome", "--rollouts", str(ROLLOUTS), "--json"]
+    proc = subprocess.run([sys.executable, "-m", "car_core.cli", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["locus"] == 1
+    assert lines(ledger) == recorded
 
 
 def test_the_users_lists_win_over_the_annotations(tmp_path: Path) -> None:
