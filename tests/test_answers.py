@@ -136,6 +136,17 @@ def test_the_cli_verdict_names_each_answer(located, no_cause, undecided) -> None
         "locus 2", "no cause", "undecided, candidate 2"]
 
 
+def test_an_undecided_candidate_that_shows_no_rescue_is_not_called_the_best(undecided) -> None:
+    """A user trial read "the best candidate so far is step 0 ... raises P(fail) by 14%": the
+    step the search was testing when the budget ran out, shown to help by nothing."""
+    c = undecided.candidate
+    worse = replace(undecided, steps=tuple(replace(s, effect=-0.14) if s.step == c else s
+                                           for s in undecided.steps))
+    said = kit.verdict(worse)
+    assert "best candidate" not in said
+    assert f"the search was testing step {c}" in said and "has shown no rescue so far" in said
+
+
 def _car(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(Path(__file__).parents[1])}
     return subprocess.run([sys.executable, "-m", "car_core.cli", *args], cwd=cwd, env=env,

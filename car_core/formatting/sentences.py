@@ -216,6 +216,9 @@ def _undecided_words(r: Any, who: str | None) -> str:
     name = step_said(r, c, who)
     if s is None or not _get(s, "tested") or _get(s, "effect") is None:
         return f"Undecided: {why}; the best candidate is {name}, not yet measured"
+    if float(_get(s, "effect")) <= 0:  # no rescue seen: not a candidate worth the name
+        return (f"Undecided: {why}; the search was testing {name}, which has shown no rescue "
+                f"so far: {_rescue_words(s)} so far")
     return (f"Undecided: {why}; the best candidate so far is {name}: "
             f"{_rescue_words(s)} so far")
 
