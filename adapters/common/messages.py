@@ -375,8 +375,11 @@ class ToolSafety:
             why[name] = pick.why
         rest = sorted(tools - safe - side)
         if rest and self.unclassified == "refuse":
-            line = (f"safe_tools={sorted(safe)!r}, side_effect_tools={sorted(side | set(rest))!r}"
-                    .replace("'", '"'))
+            # the user's own lists and the rest: what the framework classified (a handoff, an
+            # MCP annotation) stays classified without being named
+            mine = set(self.side_effect_tools) - set(self.simulators)
+            line = (f"safe_tools={sorted(self.safe_tools)!r}, "
+                    f"side_effect_tools={sorted(mine | set(rest))!r}".replace("'", '"'))
             raise UnclassifiedTools(
                 f"{agent} can call {len(rest)} tool(s) that nothing classifies as safe to run "
                 f"on a branch or as a side effect: {rest}; a branch would run them for real, so "

@@ -15,6 +15,7 @@ record when the refund is a side effect.
 from __future__ import annotations
 
 import asyncio
+import json
 import warnings
 from typing import Any
 
@@ -250,6 +251,12 @@ def test_handoff_tools_of_a_supervisor_are_safe_without_naming_them() -> None:
     handoffs = {t for t in agent.tools if t.startswith("transfer_to_")}
     assert handoffs and handoffs <= agent.safety.safe_tools
     assert all("hands the conversation" in agent.safety.derived[t] for t in handoffs)
+    # the line to add names the user's tools only: a handoff is classified without it (a
+    # user trial's refusal told them to list transfer_to_billing in safe_tools)
+    with pytest.raises(UnclassifiedTools) as info:
+        LangGraphAgent(app, safe_tools=sv.SAFE_TOOLS)
+    assert "transfer_to_" not in (info.value.hint or "")
+    assert f"safe_tools={json.dumps(sorted(sv.SAFE_TOOLS))}" in (info.value.hint or "")
 
 
 # -- LlamaIndex --------------------------------------------------------------------------------
