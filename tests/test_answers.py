@@ -172,8 +172,8 @@ def test_car_attribute_prints_the_command_that_continues_and_it_decides(
     listed = _car("attributions", "--store", db, cwd=tmp_path)
     assert "undecided, candidate 2" in listed.stdout
     assert (f"{aid} is undecided, candidate 2; to continue, resume it with a larger budget: "
-            f"car attribute {pivot_run.id} --agent MODULE:FACTORY --method contrastive "
-            f"--budget 44 --store {db} --resume {aid}") in listed.stdout
+            f"car attribute {pivot_run.id} --agent MODULE:FACTORY --outcome MODULE:FUNCTION "
+            f"--method contrastive --budget 44 --store {db} --resume {aid}") in listed.stdout
     again = _car(*shlex.split(command)[1:], cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert "Step 2 (synthetic:pivot chose " in again.stdout
@@ -188,8 +188,8 @@ def test_the_report_verdict_names_each_answer(located, no_cause, undecided,
     assert "Answer: undecided" in html and "Undecided: the budget ran out" in html
     assert "The candidate is step 2: rescue so far" in html
     assert ("To continue, resume with a larger budget: car attribute "
-            f"{pivot_run.id} --agent MODULE:FACTORY --method contrastive --budget 44 --store "
-            "STORE --resume u1") in html
+            f"{pivot_run.id} --agent MODULE:FACTORY --outcome MODULE:FUNCTION --method "
+            "contrastive --budget 44 --store STORE --resume u1") in html
     assert "Answer: no cause" in render_attribution(no_cause)
     html = render_attribution(located, run=pivot_run)
     assert "Answer: locus" in html and "Step 2 is where this run committed to failure" in html

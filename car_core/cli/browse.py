@@ -226,6 +226,6 @@ def _print_attributions(rows: list[dict[str, Any]], results: dict[str, Result | 
             more = res.larger_budget().get("rollouts")
             out.print(Text(kit.safe(
                 f"{r['id']} is {kit.answer_cell(res)}; to continue, resume it with a larger "
-                f"budget: car attribute {r['run_id']} --agent MODULE:FACTORY --method "
-                f"{r['method']}" + (f" --budget {more}" if more else "")
+                f"budget: car attribute {r['run_id']} --agent MODULE:FACTORY --outcome "
+                f"MODULE:FUNCTION --method {r['method']}" + (f" --budget {more}" if more else "")
                 + f" --store {store} --resume {r['id']}")), soft_wrap=True)

@@ -33,8 +33,8 @@ def _continue(r: Mapping[str, Any], method: str, cap: Any) -> str:
     if aid is None:
         return f"run it again with a larger budget: budget={budget_call(more)}"
     flag = f" --budget {more['rollouts']}" if more.get("rollouts") else ""
-    return (f"car attribute {r.get('run_id')} --agent MODULE:FACTORY --method {method}{flag} "
-            f"--store STORE --resume {aid}")
+    return (f"car attribute {r.get('run_id')} --agent MODULE:FACTORY --outcome MODULE:FUNCTION "
+            f"--method {method}{flag} --store STORE --resume {aid}")
 
 
 def _answer(r: Mapping[str, Any]) -> str:
