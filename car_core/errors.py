@@ -66,6 +66,7 @@ class CarError(Exception):
         self.step = step
         self.hint = hint
         self.context = context
+        self.message = redact(message)  # what went wrong alone: no run, step or hint
         parts = [message]
         if run_id is not None:
             parts.append(f"[run {run_id}]")

@@ -20,7 +20,7 @@ from typing import Any
 
 from car_core.engine.agent import Agent
 from car_core.engine.branching import branch_scope
-from car_core.errors import AgentError, BranchesFailed
+from car_core.errors import AgentError, BranchesFailed, CarError
 from car_core.model.capabilities import Capability, capabilities
 from car_core.model.interventions import Plan
 from car_core.model.outcome import OutcomeFn, scored
@@ -78,13 +78,18 @@ class Failure:
         return self.step if self.step is not None else self.task.plan.start
 
     def describe(self) -> str:
-        at = (f" at step {self.step}" if self.step is not None
+        at = (f", stopped at step {self.step}" if self.step is not None
               else f", live from step {self.task.plan.start}")
         return f"arm {self.task.arm}, rollout {self.task.rollout}{at}: {self.error}"
 
 
 def describe_error(exc: BaseException) -> str:
-    return describe(exc)  # kept with the results and stored: never with a key in it
+    """``Type: message`` of a branch's error, kept with the results and stored (never with a
+    key in it). A CAR error gives its message alone: its run and step are the failure's own,
+    and its hint would follow the hint of the error that reports the failures."""
+    if isinstance(exc, CarError):
+        return f"{type(exc).__name__}: {exc.message}"
+    return describe(exc)
 
 
 def returned_run(value: object, agent: object, method: str) -> Trajectory:
