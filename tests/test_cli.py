@@ -156,6 +156,15 @@ def test_agent_that_cannot_be_imported_exits_2(pivot_store):
         proc = car("attribute", run.id, "--agent", spec, cwd=folder)
         assert proc.returncode == 2, spec
         assert message in one_clean_error(proc)
+    # a module that is there but raises on import (its own missing dependency, a bug): the
+    # hint to run car from its folder sent a user trial where they already were
+    for body, raised in (("import no_such_dependency\n", "ModuleNotFoundError"),
+                         ("raise TypeError('bad app')\n", "TypeError")):
+        (folder / "broken_app.py").write_text(body, encoding="utf-8")
+        said = one_clean_error(car("attribute", run.id, "--agent", "broken_app:make",
+                                   cwd=folder))
+        assert f"importing 'broken_app' for --agent raised {raised}" in said
+        assert "run car from the folder" not in said and "fix the error in broken_app" in said
 
 
 def test_budget_of_zero_exits_2_before_spending(pivot_store):

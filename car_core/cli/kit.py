@@ -180,6 +180,15 @@ def plain(value: Any, limit: int | None = 120) -> Text:
 
 
 # -- loading user code -----------------------------------------------------------------------------
+def _raised_on_import(module_name: str, what: str, exc: Exception) -> InvalidInput:
+    """The module was found, and raised while it was imported (a missing dependency of its
+    own, a bug): telling the user to run car from its folder sent them where they already
+    were."""
+    return InvalidInput(f"importing {module_name!r} for --{what} raised {exc!r}",
+                        hint=f"fix the error in {module_name} (python -c 'import "
+                             f"{module_name}' shows its traceback)")
+
+
 def load_object(spec: str, what: str) -> Any:
     """Import ``MODULE:NAME`` with the current folder on ``sys.path``."""
     module_name, sep, attr = spec.partition(":")
@@ -191,10 +200,14 @@ def load_object(spec: str, what: str) -> Any:
         sys.path.insert(0, cwd)
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # ImportError, or whatever the user's module raised on import
-        raise InvalidInput(f"cannot import {module_name!r} for --{what}: {exc!r}",
-                           hint=f"run car from the folder that holds {module_name}.py, or give "
-                                "an importable dotted module path") from exc
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module_name.startswith(exc.name):  # the module itself
+            raise InvalidInput(f"cannot import {module_name!r} for --{what}: {exc!r}",
+                               hint=f"run car from the folder that holds {module_name}.py, or "
+                                    "give an importable dotted module path") from exc
+        raise _raised_on_import(module_name, what, exc) from exc
+    except Exception as exc:  # whatever the user's module raised while it was imported
+        raise _raised_on_import(module_name, what, exc) from exc
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
