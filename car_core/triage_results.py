@@ -151,7 +151,7 @@ class TriageResult:
         top = self.groups[0]
         return (f"{top.n} of {self.runs_total} failed run(s) commit at {top.label} "
                 f"({_pct(top.share)}, {_pct(top.share_ci[0])}–{_pct(top.share_ci[1])} at "
-                f"{_pct(1 - self.alpha)} jointly); {len(self.groups)} place(s) in all, "
+                f"{_pct(1 - self.alpha)} jointly); {_places(len(self.groups))}, "
                 f"{len(self.undecided)} undecided, {len(self.no_cause)} with no cause{left}")
 
     def to_dict(self) -> dict[str, Any]:
@@ -195,6 +195,10 @@ class TriageResult:
                 lines.append(f"  run {r.run_id}: {r.answer}" + (f" ({r.reason})" if r.reason
                                                                else ""))
         return "\n".join(lines)
+
+
+def _places(n: int) -> str:
+    return "the only place" if n == 1 else f"{n} places in all"
 
 
 def _pct(x: float) -> str:

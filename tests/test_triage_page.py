@@ -5,8 +5,7 @@ Ground truth. ``TwoModeDesk`` plants two failure modes: early runs commit at ste
 ``read_policy`` call by ``intake``), late runs at step 4 (``issue_refund`` by ``refunds``).
 With ``K = 16`` per step each run's locus confirms (rescue 0.7 on a deterministic outcome; see
 ``test_triage.py``), so each group's runs are asserted exactly; a passing run put in the
-population cannot be attributed (the outcome does not see a failure) and must be listed as
-undecided with that reason. The page is checked against the result the triage returned, and
+population did not fail: it is listed apart, with why, and left out of every count. The page is checked against the result the triage returned, and
 every link against the files written.
 """
 
@@ -56,9 +55,9 @@ def test_the_index_lists_the_triage_and_links_its_page(triaged):
     index = _Links(written.index.read_text(encoding="utf-8"))
     row = index.tables["triages"][1]
     assert row[0] == "t-page" and row[2] == "complete"
-    assert row[3:5] == [str(N_EARLY + N_LATE + 1), "2"]  # runs, places
-    assert row[5].startswith("step 1, agent intake, node intake, tool read_policy: 50% [")
-    assert row[6:8] == ["1", "0"]  # the passing run is undecided; none has no cause
+    assert row[3:5] == [str(N_EARLY + N_LATE), "2"]  # failed runs, places
+    assert row[5].startswith("step 1, agent intake, node intake, tool read_policy: 57% [")
+    assert row[6:8] == ["0", "0"]  # none undecided, none with no cause: the passing run apart
     href = f"triages/{page_name('t-page')}"
     assert href in index.hrefs and (site / href).is_file()
     # the per-run attributions are listed as attributions of their runs, as before
@@ -73,17 +72,17 @@ def test_the_page_says_the_answer_first_then_each_group_with_its_bar_and_interva
     text = " ".join("".join(page.text).split())
     # the plain answer comes before any table
     assert text.index(res.summary()) < text.index("Where the runs commit")
-    assert res.summary().startswith(f"{N_EARLY} of {N_EARLY + N_LATE + 1} failed run(s) "
+    assert res.summary().startswith(f"{N_EARLY} of {N_EARLY + N_LATE} failed run(s) "
                                     "commit at step 1")
     rows = [r for r in page.tables["groups"] if r]
     for g, row in zip(res.groups, rows, strict=False):
         assert row[:6] == [g.label, str(g.step), g.agent, g.node, g.tool, str(g.n)]
         assert row[7] == f"{100 * g.share:.0f}%"
         assert row[8] == f"{100 * g.share_ci[0]:.0f}%–{100 * g.share_ci[1]:.0f}%"
-    assert rows[2][:6] == ["(undecided)", "—", "—", "—", "—", "1"]
+    assert len(rows) == 2  # the two places; the passing run is no category
     # one bar per category, its width the share and its interval line the interval's
     widths = re.findall(r'class="fill[^"]*" style="width: ([0-9.]+)%"', html)
-    shares = [g.share for g in res.groups] + [1 / (N_EARLY + N_LATE + 1)]
+    shares = [g.share for g in res.groups]
     assert [float(w) for w in widths] == pytest.approx([100 * s for s in shares], abs=0.06)
     lefts = re.findall(r'class="ci" style="left: ([0-9.]+)%', html)
     assert [float(x) for x in lefts] == pytest.approx(
@@ -111,11 +110,11 @@ def test_the_runs_behind_each_bar_link_their_run_and_attribution_pages(triaged):
     for i, g in enumerate(res.groups, start=1):
         section = html.split(f'id="group-{i}"')[1].split("</ul>")[0]
         assert re.findall(r">([0-9a-f]{16,})</a> · locus", section) == list(g.runs)
-    # the passing run: undecided, with why, and linked to its run page (no attribution)
-    unlocated = [r for r in page.tables["unlocated"] if r]
-    assert [r[0] for r in unlocated] == [passed.id]
-    assert unlocated[0][1] == "undecided" and "not attributed" in unlocated[0][2]
-    assert "fail" in unlocated[0][2]  # the outcome check says the run did not fail
+    # the passing run: apart, with why, and linked to its run page (no attribution)
+    assert "unlocated" not in page.tables
+    apart = [r for r in page.tables["not-failed"] if r]
+    assert apart == [[passed.id, apart[0][1]]] and "the run did not fail" in apart[0][1]
+    assert f"../runs/{page_name(passed.id)}" in page.hrefs
 
 
 def _planted(text: str) -> TriageResult:
