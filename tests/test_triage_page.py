@@ -5,8 +5,8 @@ Ground truth. ``TwoModeDesk`` plants two failure modes: early runs commit at ste
 ``read_policy`` call by ``intake``), late runs at step 4 (``issue_refund`` by ``refunds``).
 With ``K = 16`` per step each run's locus confirms (rescue 0.7 on a deterministic outcome; see
 ``test_triage.py``), so each group's runs are asserted exactly; a passing run put in the
-population did not fail: it is listed apart, with why, and left out of every count. The page is checked against the result the triage returned, and
-every link against the files written.
+population did not fail: it is listed apart, with why, and left out of every count. The page
+is checked against the result the triage returned, and every link against the files written.
 """
 
 from __future__ import annotations
