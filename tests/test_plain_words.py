@@ -153,6 +153,8 @@ def test_later_steps_say_what_was_ruled_out_and_what_was_not(located) -> None:
         f"{fmt.percent_interval(arm.ci)}: ruled out as causes, each moves P(fail) by less "
         "than 10%.")
     assert fmt.step_row(ruled, ruled.steps[4]).mark == "ruled out"
+    # --explain's test column says so too, not "not significant" (a user trial read both)
+    assert fmt.step_row(ruled, ruled.steps[4]).tested == "ruled out"
 
 
 def test_an_earlier_cause_is_listed_after_the_locus() -> None:

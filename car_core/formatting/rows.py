@@ -31,6 +31,7 @@ PLAIN_COLUMNS = (STEP, ACTION, RESCUE, INTERVAL, HELD, REDRAWN, "")
 PLAIN_SHAPLEY_COLUMNS = (PLAYER, ACTION, PHI, INTERVAL)
 LOCUS_MARK = "<- locus"
 NOT_TESTED, SIGNIFICANT, NOT_SIGNIFICANT = "not tested", "significant", "not significant"
+RULED_OUT = "ruled out"  # a later step's rescue shown below the indifference level Δ
 
 
 def _is_contrastive(r: Any) -> bool:
@@ -94,7 +95,8 @@ def step_row(r: Any, s: Any, *, missing: str = MISSING) -> StepRow:
     """The row of step ``s`` of contrastive result ``r``."""
     held, redrawn, n = shown_sample(s)
     is_locus = s.step == r.locus
-    tested = ((SIGNIFICANT if s.significant else NOT_SIGNIFICANT) if s.tested
+    tested = (RULED_OUT if _get(s, "ruled_out", False)  # shown below Δ: said as the mark says
+              else (SIGNIFICANT if s.significant else NOT_SIGNIFICANT) if s.tested
               else NOT_TESTED)
     mark = (LOCUS_MARK if is_locus else "ruled out" if _get(s, "ruled_out", False) else
             ("shown to help" if s.significant else "not shown to help") if s.tested
