@@ -133,9 +133,8 @@ def test_later_steps_say_what_was_ruled_out_and_what_was_not(located) -> None:
     arm = next(a for a in located.arms if a.hold_before == first)
     assert said.endswith(
         f"; re-deciding {fmt.steps_span(first, last)} left P(fail) at 100% "
-        f"{fmt.percent_interval(arm.ci)}, from too few re-runs to rule out "
-        f"{fmt.steps_span(first, last)}: re-deciding them may still lower P(fail) by 10% or "
-        "more (a larger budget would tell).")
+        f"{fmt.percent_interval(arm.ci)}, too few re-runs to rule them out: re-deciding "
+        "them may still lower P(fail) by 10% or more (a larger budget would tell).")
     # one sentence never says both that steps change nothing and that they may still matter
     assert "changes nothing" not in said
     # without the arm measured, the open steps are said on their own

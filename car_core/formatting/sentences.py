@@ -153,7 +153,7 @@ def later_steps(r: Any) -> str | None:
     rate, level = _arm_rate(arms[j], arms.get(n))
     measured = f"re-deciding {steps_span(j, n - 1)} left P(fail) at {rate}"
     if left:
-        return f"{measured}, {_open_steps(r, after_measured=True)}"
+        return f"{measured}, {_open_steps(r, measured=(j, n - 1))}"
     delta = _get(r, "indifference")
     ruled = [_get(e, "step") for e in _get(r, "steps", ()) or () if _get(e, "ruled_out")]
     if delta is not None and ruled and min(ruled) == k + 1:
@@ -294,9 +294,10 @@ def earlier_causes(r: Any, who: str | None = None) -> str | None:
     return "; ".join(said) or None
 
 
-def _open_steps(r: Any, after_measured: bool = False) -> str | None:
+def _open_steps(r: Any, measured: tuple[int, int] | None = None) -> str | None:
     """The steps after the locus the budget left untested at the indifference level; after
-    a measured arm's rate (``after_measured``) worded as what its re-runs could not tell."""
+    a measured arm's rate (``measured``: the steps it spoke for) worded as what its re-runs
+    could not tell, naming the open steps again only where they are not those steps."""
     left, delta = tuple(_get(r, "not_ruled_out", ()) or ()), _get(r, "indifference")
     if not left or delta is None:
         return None
@@ -305,8 +306,11 @@ def _open_steps(r: Any, after_measured: bool = False) -> str | None:
         "steps " + ", ".join(map(str, sorted(left)))
     might = (f"re-deciding {'it' if one else 'them'} may still lower P(fail) by "
              f"{percent(delta)} or more (a larger budget would tell)")
-    if after_measured:
-        return f"from too few re-runs to rule out {span}: {might}"
+    if measured is not None:
+        same = sorted(left) == list(range(measured[0], measured[1] + 1))
+        which = ("them" if not one else "it") if same else span
+        return (f"too few re-runs to rule {which} out: {might}" if same
+                else f"too few re-runs to rule out {which}: {might}")
     return f"{span} {'was' if one else 'were'} not ruled out: {might}"
 
 
