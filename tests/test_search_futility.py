@@ -91,6 +91,24 @@ def test_a_level_candidate_no_longer_keeps_the_whole_budget(n, rescue, flip, cou
         big.candidate, big.significant, big.located_spent)
 
 
+@pytest.mark.parametrize("seed", [16, 158])
+def test_a_confirmation_that_drags_on_probes_the_other_arms_and_gives_a_level_step_up(seed):
+    """8 steps, rescue 0.15, no shared noise, at n·128: these seeds confirmed a level step (0,
+    then 4) whose pairs rose by chance to the end of the budget, 98% of it, undecided: the
+    locus posterior saw the other arms too thinly to say the rise was elsewhere. Past twice
+    the pairs the navigation's rise needs, the confirmation now probes the other arms; the
+    posterior gives the level step up and the pivot at step 5 is confirmed."""
+    n, k = 8, 128
+    model = syn.pivot(n, 5, 0.85, 0.0)
+    d = search_mod.search(syn.SampledArms(model, seed, n * k, "none"), n, n * k, 0.05,
+                          intervals=False, refit=False)
+    assert d.significant and d.candidate == 5
+    level = [c for c in d.given_up if model.rescue(c) == 0]
+    assert level == list(d.given_up) and len(level) == 1
+    spent_on_level = sum(2 * pairs for c, pairs in d.attempts if c in level)
+    assert spent_on_level < 0.6 * n * k
+
+
 def test_a_candidate_the_budget_left_could_not_confirm_is_given_up():
     """``beyond_budget``: pairs that go up and down alike (a step that rescues nothing, on a
     judge's noise) are given up when the budget left could only show a rise they fit four

@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 
 from car_core.stats import Coupling, coupling_of
-from car_core.stats.sequential import below_now
+from car_core.stats.sequential import LOW_SHARE, below_now
 
 GATE_NET = 4          # net positive pairs that size a rise for the sequential probes
 GATE_MIN = 12         # pairs the gate runs at least before it sizes a rise
@@ -27,6 +27,8 @@ PROBE = 4             # gate indices a probe looks at first (its witnesses among
 PAIRED_COUPLING = 0.5  # measured coupling above which index pairs navigate (else locate)
 PROBE_WITNESSES = 1   # disagreeing gate pairs a probe needs before it may decide on them
 FUTILITY_BELIEF = 0.03  # locus posterior below which a candidate is given up (unshared noise)
+DRAG = 2.0            # of the pairs the navigation's rise needs, past which a confirmation drags
+PROBE_EVERY = 4       # confirmation pairs per probe rollout of the other arms once it drags
 Q_MOST = 0.49         # the most a probe takes pairs to go down by noise (each way), below 1/2
 
 
@@ -174,6 +176,19 @@ class Witnesses:
             return False if self.coupled else None
         self.mixed = True
         return None
+
+
+def _pairs_for(rise: tuple[float, float] | None, level: float | None) -> float:
+    """Roughly the pairs a betting test at ``level`` needs for a rise whose pairs go up and
+    down at rates ``rise``: its log wealth grows by about ``δ²/(2q)`` a pair (``δ`` the net
+    rise, ``q`` the rate of pairs that disagree). Infinite without a rise or a level."""
+    if rise is None or level is None:
+        return math.inf
+    up, down = rise
+    delta = up - down
+    if delta <= 0:
+        return math.inf
+    return 2.0 * (up + down) * math.log(1.0 / (LOW_SHARE * level)) / delta ** 2
 
 
 def locus_posterior(fails: np.ndarray, runs: np.ndarray, lo: int, hi: int) -> np.ndarray:
@@ -424,7 +439,8 @@ class Navigator:
         low = (fails[:c + 1].sum() + 0.5) / (runs[:c + 1].sum() + 1)
         return float(high), float(min(low, high))
 
-    def _most_telling(self, lo: int, hi: int, post: np.ndarray) -> int:
+    def _most_telling(self, lo: int, hi: int, post: np.ndarray,
+                      among: Sequence[int] | None = None) -> int:
         """The arm in ``(lo, hi)`` whose next outcome is expected to leave the least entropy
         in the locus posterior: each arm's outcome is predicted from the posterior itself
         (under locus ``c`` the arm fails at the rate of its side of ``c``), and the posterior
@@ -437,7 +453,7 @@ class Navigator:
         c = np.arange(lo, hi)
         rate_lo = (cf[c] + 0.5) / (cr[c] + 1)                            # arms <= c
         rate_hi = (cf[-1] - cf[c] + 0.5) / (cr[-1] - cr[c] + 1)          # arms > c
-        arms = np.arange(lo + 1, hi)
+        arms = np.arange(lo + 1, hi) if among is None else np.asarray(among)
         p_fail = np.where(arms[:, None] <= c[None, :], rate_lo, rate_hi) @ post
         one = np.eye(fails.size)[arms]                 # what-if: one more rollout of each arm
         after = [locus_posterior(fails + o * one, runs + one, lo, hi) for o in (1.0, 0.0)]
@@ -446,7 +462,8 @@ class Navigator:
         left = p_fail * entropy(after[0]) + (1 - p_fail) * entropy(after[1])
         return int(arms[int(np.argmin(left))])
 
-    def doubts(self, c: int) -> Callable[[int, int], bool]:
+    def doubts(self, c: int, rise: tuple[float, float] | None = None,
+               level: float | None = None) -> Callable[[int, int], bool]:
         """Whether the locus posterior, given a confirmation's pairs of ``c`` so far, puts
         less than ``FUTILITY_BELIEF`` on ``c``: the arms say the rise is elsewhere. Not asked
         while the coupling, measured with these pairs too, shows shared noise or estimates it
@@ -454,7 +471,18 @@ class Navigator:
         (on shared noise it gave true weak rises up), and index pairs already weigh a shared
         rise. The confirmation's pairs are in that measurement so that a few navigation pairs
         that agreed by chance (one probe copying ``H_0`` at four witness indices) do not
-        switch the check off for the whole confirmation."""
+        switch the check off for the whole confirmation.
+
+        A confirmation that drags on (past ``DRAG`` times the pairs a test at ``level`` needs
+        for ``rise``, the up and down rates the navigation measured) probes the other arms
+        first, one rollout per ``PROBE_EVERY`` of its pairs, on the arm whose outcome tells the
+        posterior most: the posterior then rests on more than the arms the navigation saw
+        before it chose ``c``. Without it a level candidate whose pairs rose by chance kept
+        98% of a budget of n·128 (8 steps, rescue 0.15), the other arms too thinly sampled to
+        say the rise was elsewhere (docs/contrastive-search.md)."""
+        need = _pairs_for(rise, level)
+        probed = [0]
+
         def unlikely(start: int, pairs: int) -> bool:
             idx = range(start, start + pairs)
             seen = (self.src.outcomes(c + 1, idx), self.src.outcomes(c, idx))
@@ -463,8 +491,23 @@ class Navigator:
                 return False
             more = {arm: (float(y.sum()), int(y.size)) for arm, y in zip((c + 1, c), seen,
                                                                           strict=True)}
+            owed = (pairs - probed[0]) // PROBE_EVERY
+            if pairs > DRAG * need and owed >= 2 and self.src.remaining >= 2 * owed + 2:
+                probed[0] = pairs
+                self._probe(c, owed, more)
             return bool(self.posterior(0, self.n, more)[c] < FUTILITY_BELIEF)
         return unlikely
+
+    def _probe(self, c: int, count: int, more: dict[int, tuple[float, int]]) -> None:
+        """``count`` more navigation rollouts of the arm, other than ``c``'s two, whose
+        outcome tells the locus posterior most (``more``: the confirmation's arms so far)."""
+        others = [j for j in range(1, self.n + 1) if j not in (c, c + 1)]
+        if not others:
+            return
+        j = self._most_telling(0, self.n, self.posterior(0, self.n, more), among=others)
+        m = self.reach.get(j, 0)
+        y = self.src.outcomes(j, range(m + count))
+        self.reach[j] = max(m, int(y.size))
 
     def learn(self, arm: int, ys: np.ndarray) -> None:
         """Outcomes of ``arm`` seen outside the navigation indices (a given-up confirmation)."""

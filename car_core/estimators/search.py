@@ -212,7 +212,7 @@ def _navigate_and_confirm(src: ArmSource, nav: Navigator, n: int, budget: int, a
                 rise = (max(high * (1 - low), 1e-3), max(low * (1 - high), 1e-3))
         level = alpha * share(len(given_up))
         conf = confirm(src, candidate, start, level, prior, rise,
-                       None if n == 1 else nav.doubts(candidate),
+                       None if n == 1 else nav.doubts(candidate, rise, level),
                        least=futility_rise(budget, level),
                        guessed=n == 1 or nav.d_gate.size < GATE_MIN, wave=wave)
         start += conf.d.size
