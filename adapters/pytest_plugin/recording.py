@@ -66,11 +66,13 @@ class Attribution:
         return "\n".join(lines)
 
     def continue_command(self) -> str | None:
-        """The pytest command that continues an undecided (or truncated Shapley) attribution:
-        this test again with the larger budget the result names (``larger_budget``: the limit
-        that stopped it doubled, or the rollouts it estimates would decide it). The same seed
-        draws the same branches where they draw CAR's noise, so the larger run finishes what
-        this one started."""
+        """The pytest command that attributes an undecided (or truncated Shapley) test with a
+        larger budget: this test again with the budget the result names (``larger_budget``:
+        the limit that stopped it doubled, or the rollouts it estimates would decide it). It
+        runs the test again and attributes the run that records, so the headline says it
+        resumes nothing: an agent that draws CAR's noise records the same run and draws the
+        same branches again, but one over a model that ignores its seed records a new run,
+        which may not even fail (a user trial took "to continue" for a resume)."""
         if self.result.continue_hint() is None:
             return None
         r = self.result
@@ -123,7 +125,8 @@ class Attribution:
         undecided or truncated, how to continue."""
         from car_core import formatting as fmt
         again = self.continue_command()
-        tail = f"; to continue: {again}" if again else ""
+        tail = (f"; to attribute with a larger budget, run the test again (a new run is "
+                f"recorded; nothing is resumed): {again}") if again else ""
         said = fmt.answer(self.result, self._who())
         return (said.removesuffix(".") + tail) if tail else said
 
@@ -294,7 +297,12 @@ class RunRecorder:
             else:
                 result = car.contrastive(run, agent, outcome=outcome, rollouts=rollouts,
                                          budget=cap, seed=seed, store=store, progress=progress)
-            written = _write_report(result, run, store, report)
+            # the run's id in the name: a later session with the same store records another
+            # run of this test, whose report must not replace this one (a user trial's
+            # summary linked a report about a different run)
+            named = None if report is None else report.with_name(
+                f"{report.stem}-{run.id[:8]}{report.suffix}")
+            written = _write_report(result, run, store, named)
         return Attribution(result, run, written, self.nodeid, list(self.notes))
 
     def _agent(self, watched: _Watched) -> Any:

@@ -87,6 +87,24 @@ def test_a_failing_langgraph_test_gets_its_locus_printed_and_a_report(
     assert (pytester.path / "refunds.ledger").read_text().split() == ["A1001"]
 
 
+def test_a_later_session_on_the_same_store_keeps_the_earlier_report(
+        pytester: pytest.Pytester) -> None:
+    """With ``--car-store`` a store outlives its session: the test run again records another
+    run, and its report used to take the first one's file name (a hash of the test id), so
+    the first session's summary and JUnit link described a different run."""
+    pytester.makepyfile(test_support=SUPPORT_SUITE)
+    store = pytester.path / "kept.db"
+    reports, runs = [], []
+    for _ in range(2):
+        out = pytester.runpytest("--car-attribute", "--car-rollouts", "16", "--car-store",
+                                 str(store)).stdout.str()
+        reports.append(Path(re.search(r"report: (\S+\.html)", out)[1]))
+        runs.append(re.search(r"run ([0-9a-f]{16}) \(\d+ steps\) recorded by", out)[1])
+    assert runs[0] != runs[1] and reports[0] != reports[1]
+    for run_id, report in zip(runs, reports, strict=True):
+        assert run_id in report.read_text(encoding="utf-8")
+
+
 def test_a_passing_suite_is_untouched(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_support=SUPPORT_SUITE.replace("rng_seed=3", "rng_seed=0"),
                         test_plain="def test_plain():\n    assert 1 + 1 == 2\n")
@@ -463,8 +481,8 @@ def test_the_plugin_loads_without_any_framework_or_car_core() -> None:
 def test_an_undecided_attribution_says_so_and_its_command_decides_it(
         pytester: pytest.Pytester) -> None:
     """16 rollouts are too few for the planted step 2 to be confirmed: the headline says
-    "undecided", names the step the search was testing and the command that continues; run,
-    that command's doubled budget decides it."""
+    "undecided", names the step the search was testing and the command that attributes the
+    test again with more (saying it resumes nothing); run, its doubled budget decides it."""
     pytester.makepyfile(test_pivot=FUNCTION_AGENT_SUITE.format(i=0, at=2))
     rec = pytester.inline_run("--car-attribute", "--car-rollouts", "16", "--car-budget", "16")
     text = section(rec.getreports("pytest_runtest_logreport"), "test_pivot_0")
@@ -472,7 +490,8 @@ def test_an_undecided_attribution_says_so_and_its_command_decides_it(
     assert "the candidate is step 2" in text and "step 2 was decided by synthetic:pivot" in text
     command = ("pytest test_pivot.py::test_pivot_0 --car-attribute --car-rollouts 16 "
                "--car-budget 32 --car-wall-time 60")
-    assert f"to continue: {command}" in text
+    assert ("to attribute with a larger budget, run the test again (a new run is recorded; "
+            f"nothing is resumed): {command}") in text
     again = pytester.inline_run(*command.split()[1:])
     text = section(again.getreports("pytest_runtest_logreport"), "test_pivot_0")
     assert text is not None and text.startswith("Step 2 (synthetic:pivot chose ")
