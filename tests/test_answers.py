@@ -136,6 +136,21 @@ def test_the_cli_verdict_names_each_answer(located, no_cause, undecided) -> None
         "locus 2", "no cause", "undecided, candidate 2"]
 
 
+def test_a_rescue_whose_interval_reaches_below_zero_is_no_share_of_re_runs(undecided) -> None:
+    """A user trial read "avoids the failure in 25% of re-runs (-6% to 86%) so far": a share
+    of re-runs cannot be negative; the interval is the difference's, so the sentence says
+    what re-deciding did to P(fail)."""
+    from car_core.stats import Interval
+    c = undecided.candidate
+    wide = replace(undecided, steps=tuple(
+        replace(s, effect=0.25, ci=Interval(-0.06, 0.86, 0.95), fail_held=1.0,
+                fail_resampled=0.75, estimate="raw") if s.step == c else s
+        for s in undecided.steps))
+    said = kit.verdict(wide)
+    assert "of re-runs" not in said
+    assert "lowers P(fail) by 25% (-6% to 86%), from 100% to 75% so far" in said
+
+
 def test_an_undecided_candidate_that_shows_no_rescue_is_not_called_the_best(undecided) -> None:
     """A user trial read "the best candidate so far is step 0 ... raises P(fail) by 14%": the
     step the search was testing when the budget ran out, shown to help by nothing."""

@@ -172,7 +172,9 @@ def _rescue_words(s: Any) -> str:
         return (f"re-deciding it so far raises P(fail) by {percent(-eff)}, from "
                 f"{percent(held)} to {percent(redrawn)}; its rescue's interval is "
                 f"{percent_interval(ci).strip('()')}")
-    if held is not None and held >= 0.995:
+    low = ci[0] if ci is not None else None
+    if held is not None and held >= 0.995 and (low is None or low >= 0):
+        # a share of re-runs: not for an interval reaching below zero ("-6% of re-runs")
         return (f"re-deciding it avoids the failure in {percent(eff)} of re-runs "
                 f"{percent_interval(ci)}")
     return (f"re-deciding it lowers P(fail) by {percent(eff)} {percent_interval(ci)}, from "
