@@ -204,6 +204,16 @@ def test_progress_lines_say_what_is_being_attributed(pytester: pytest.Pytester) 
     assert done and 0 < int(done[1]) <= 40, out
 
 
+def test_under_q_each_progress_line_starts_a_line_of_its_own(pytester: pytest.Pytester) -> None:
+    """``-q`` prints result letters without closing the line; a user trial's log read
+    "FCAR: attributing ...": the letter and CAR's next line glued together."""
+    pytester.makepyfile(test_pivot0=PIVOT_SUITE.format(i=0), test_pivot1=PIVOT_SUITE.format(i=1))
+    out = pytester.runpytest("-q", "--car-attribute", "--car-rollouts", "16", "--car-budget",
+                             "40").stdout.lines
+    progress = [line for line in out if "CAR: " in line and "rollouts" in line]
+    assert len(progress) >= 4 and all(line.startswith("CAR: ") for line in progress), out
+
+
 REASONS = '''
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
