@@ -281,17 +281,18 @@ class _Progress:
             return
         if self.capture is not None:
             with self.capture.global_and_fixture_disabled():
-                self._own_line(line)
+                _own_line(self.reporter, line)
         else:
-            self._own_line(line)
+            _own_line(self.reporter, line)
 
-    def _own_line(self, line: str) -> None:
-        """``line`` on a line of its own: under ``-q`` pytest's result letters leave the
-        current line open without telling ``write_line`` (a user trial read "FCAR: ...")."""
-        writer = getattr(self.reporter, "_tw", None)
-        if writer is not None and getattr(writer, "width_of_current_line", 0):
-            writer.line()
-        self.reporter.write_line(line)
+
+def _own_line(reporter: Any, line: str) -> None:
+    """``line`` on a line of its own: under ``-q`` pytest's result letters leave the current
+    line open without telling ``write_line`` (a user trial read "FCAR: ...")."""
+    writer = getattr(reporter, "_tw", None)
+    if writer is not None and int(getattr(writer, "width_of_current_line", 0) or 0):
+        writer.line()
+    reporter.write_line(line)
 
 
 def _report_path(store: Path, nodeid: str) -> Path:
