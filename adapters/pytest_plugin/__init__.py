@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from .recording import RunRecorder, close_writers
+from .recording import NoRunFailed, RunRecorder, close_writers
 
 __all__ = ["RunRecorder"]
 
@@ -195,7 +195,9 @@ class _Attributor:
         lines = population_lines(self.found, store_path(self.config),
                                  self.config.stash.get(_SESSION, None))
         if lines:
-            terminalreporter.section(f"CAR: where the {len(self.found)} failing tests commit")
+            # no count here: the section's first line says of how many (a test whose runs all
+            # passed is listed apart, out of them)
+            terminalreporter.section("CAR: where the failing tests commit")
             for line in lines:
                 terminalreporter.write_line(line)
 
@@ -219,7 +221,9 @@ class _Attributor:
         if isinstance(found, str):
             progress.done(f"not attributed: {found}")
             return f"not attributed: {found}", {"car_answer": "not attributed",
-                                                "car_reason": found}
+                                                "car_reason": str(found),
+                                                **({"car_run_failed": "no"}
+                                                   if isinstance(found, NoRunFailed) else {})}
         progress.done(found.headline())
         return found.summary(time.monotonic() - started), found.properties()
 

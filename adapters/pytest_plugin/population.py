@@ -31,18 +31,22 @@ def population_lines(found: Mapping[str, Mapping[str, str]], store: Path,
     from car_core.estimators.triage import group_results
     pairs: list[tuple[Any, Any]] = []
     unattributed: dict[str, str] = {}
+    not_failed: dict[str, str] = {}  # tests whose recorded runs all passed
     test_of: dict[str, str] = {}
     try:
         with RunStore(store, readonly=True) as db:
             for nodeid, props in found.items():
                 run_id, aid = props.get("car_run"), props.get("car_attribution")
                 if not run_id or not aid:
-                    unattributed[nodeid] = props.get("car_reason") or "no attribution"
+                    apart = not_failed if props.get("car_run_failed") == "no" else unattributed
+                    apart[nodeid] = props.get("car_reason") or "no attribution"
                     test_of[nodeid] = nodeid
                     continue
                 pairs.append((db.load(run_id), db.attribution(aid).result))
                 test_of[run_id] = nodeid
-        result = group_results(pairs, unattributed=unattributed)
+        if not pairs and not unattributed:
+            return []  # no test failed in its agent's run: nothing to place
+        result = group_results(pairs, unattributed=unattributed, not_failed=not_failed)
     except CarError as exc:
         return [f"could not group the {len(found)} failing tests: {exc}"]
     return _lines(result, test_of, store, session)
@@ -66,8 +70,12 @@ def _lines(r: Any, test_of: Mapping[str, str], store: Path, session: str | None)
         if ids:
             lines.append(f"  {name}: {len(ids)} test(s), {_pct(len(ids) / n)}")
             lines += [f"      {test_of.get(i, i)}: {why.get(i) or name}" for i in ids]
-    lines.append(f"each share is of all {n} failing tests; intervals: {r.interval}, "
-                 f"{_pct(1 - r.alpha)} jointly")
+    if r.not_failed:
+        lines.append(f"  left out: {len(r.not_failed)} failing test(s) whose recorded runs all "
+                     "passed (the test failed on something else)")
+        lines += [f"      {test_of.get(i, i)}" for i in r.not_failed]
+    lines.append(f"each share is of all {n} failing tests whose agent failed; intervals: "
+                 f"{r.interval}, {_pct(1 - r.alpha)} jointly")
     if session is not None:
         lines.append("triage them again, with a budget of your own: car triage --store "
                      f"{shlex.quote(str(store))} --session {shlex.quote(session)} "

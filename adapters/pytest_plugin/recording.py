@@ -131,6 +131,12 @@ class Attribution:
         return (said.removesuffix(".") + tail) if tail else said
 
 
+class NoRunFailed(str):
+    """Why a failing test was not attributed, when every run it recorded and scored passed:
+    the test failed on something else, which is no undecided answer (the session's summary
+    lists such tests apart)."""
+
+
 class RunRecorder:
     """Records the runs of one test. ``runs`` holds them once the test has finished (or after
     ``finish()``); ``watch`` names the agent to branch with and its outcome function."""
@@ -272,8 +278,8 @@ class RunRecorder:
                     f"to car_recorder.watch(...) or to @pytest.mark.car" + _also(self.notes))
         failed = [r for r in scored if r.failed]
         if not failed:
-            return (f"none of the {len(scored)} scored run(s) failed, so the test failed on "
-                    "something else" + _also(self.notes))
+            return NoRunFailed(f"none of the {len(scored)} scored run(s) failed, so the test "
+                               "failed on something else" + _also(self.notes))
         run = failed[-1]
         watched = self._watched_for(run)
         if watched is None:

@@ -249,12 +249,15 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
 def group_results(results: Iterable[tuple[Trajectory, ContrastiveResult]], *,
                   alpha: float = defaults.ALPHA, by: Sequence[str] = FIELDS,
                   label: Label | None = None,
-                  unattributed: Mapping[str, str] | None = None) -> TriageResult:
+                  unattributed: Mapping[str, str] | None = None,
+                  not_failed: Mapping[str, str] | None = None) -> TriageResult:
     """Group attributions that already finished (each run with its ``car.contrastive``
     result) exactly as ``car.triage`` groups its own, with the same simultaneous intervals,
     spending nothing: for populations attributed elsewhere, such as the failing tests of a
     pytest session. ``unattributed`` maps the id of a run that got no attribution to why; it
-    counts as undecided. ``rollouts_used``, ``tokens`` and ``cost`` add up the results'."""
+    counts as undecided; ``not_failed`` maps the id of one that did not fail (a test that failed
+    on something else) to why, listed apart and out of every count. ``rollouts_used``,
+    ``tokens`` and ``cost`` add up the results'."""
     chosen_by = _check(by, label, alpha)
     rows: list[TriageRun] = []
     located: dict[str, tuple[Trajectory, ContrastiveResult]] = {}
@@ -274,6 +277,8 @@ def group_results(results: Iterable[tuple[Trajectory, ContrastiveResult]], *,
             located[run.id] = (run, res)
     for run_id, why in (unattributed or {}).items():
         rows.append(TriageRun(run_id, str(Answer.UNDECIDED), reason=f"not attributed: {why}"))
+    for run_id, why in (not_failed or {}).items():
+        rows.append(TriageRun(run_id, NOT_FAILED, reason=why))
     if not rows:
         raise NothingToAttribute("the population is empty: no result to group",
                                  hint="pass (run, result) pairs of finished attributions")
