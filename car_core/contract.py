@@ -32,6 +32,10 @@ messages, with ``tools``), and an edited description must reach that call
 Recorders: ``in_branch()`` is True while the engine runs a branch; a recorder the user attached
 to every run (a callback, an instrumentation handler) leaves those runs out.
 
+Outages: ``is_outage(exc)`` says whether a client's error means its server is down (a refused
+connection, a timeout, 429 or 5xx): raise ``car_core.errors.ModelUnavailable`` then, so the
+attribution stops, resumable, instead of failing every later branch.
+
 Secrets: ``redact`` is the one redaction rule; register API keys with ``redact.register``, chain
 ``redact.redacted(exc)`` instead of a client's exception, and log through ``redact.logger``.
 """
@@ -59,6 +63,7 @@ from car_core.model.capabilities import Capability, capabilities
 from car_core.model.context_sources import PROMPT_INPUT, ChatInput, offered_tools, state_of
 from car_core.model.interventions import Plan, compile_plan
 from car_core.model.json_values import JSON
+from car_core.model.outages import is_outage
 from car_core.model.outcome import OutcomeFn, OutcomeLike, scored
 from car_core.model.seeding import Noise, Stream
 from car_core.model.trajectory import History, Outcome, Step, Trajectory
@@ -75,5 +80,5 @@ __all__ = ["JSON", "PROMPT_INPUT", "Agent", "AsyncAgent", "AttributionStatus", "
            "StopRule", "StoppableAgent", "Stream", "ToolSource", "Trajectory",
            "agent_fingerprint", "canonical_action", "canonical_arguments", "capabilities",
            "compile_plan", "fingerprint_digest",
-           "in_branch", "offered_tools", "redact", "same_action", "scored", "state_of"]
+           "in_branch", "is_outage", "offered_tools", "redact", "same_action", "scored", "state_of"]
 

@@ -470,3 +470,38 @@ def test_a_branch_that_replays_its_draws_is_retried_on_the_same_path() -> None:
                          executor=Sequential(), progress=False)
     assert not dist.failures and len(once) >= 150
     assert abs(dist.mean - model.arm(1)) <= 4 * np.sqrt(0.25 / 200)
+
+
+class InternalServerError(Exception):
+    """What the openai client raises on a 5xx (matched by name, as every client's is)."""
+
+    status_code = 503
+
+
+def test_an_llm_judge_whose_server_goes_down_stops_the_estimate_resumably(tmp_path) -> None:
+    """A user trial's LLM judge answered 503 mid-attribution: the error read "fix the outcome
+    function" (bad input, no resume) though every later score would have failed the same way
+    and the stored branches resumed fine. It is an outage: ``ModelUnavailable``, resumable,
+    and the resume with the judge back answers."""
+    model = syn.pivot(n_steps=4, at=1, p_bad=0.3)
+    run = model.failing_run(0)
+    judge = {"calls": 0, "down_after": 40}
+
+    def outcome(traj: car.Trajectory, rng: np.random.Generator) -> float:
+        judge["calls"] += 1
+        if judge["calls"] > judge["down_after"]:
+            raise InternalServerError("judge unavailable")
+        return model.outcome(traj, rng)
+
+    with RunStore(tmp_path / "car.db") as store:
+        with pytest.raises(car.errors.ModelUnavailable, match="outcome's server failed") as info:
+            car.contrastive(run, model.agent(), outcome=outcome, rollouts=32, store=store,
+                            attribution_id="judge-down", executor=Sequential(), progress=False)
+        assert "--resume" in (info.value.hint or "")
+        kept = store.attribution("judge-down")
+        assert kept.result is None and len(store.children(run.id)) > 0
+        judge["down_after"] = 10**9
+        res = car.contrastive(run, model.agent(), outcome=outcome, rollouts=32, store=store,
+                              attribution_id="judge-down", executor=Sequential(),
+                              progress=False)
+    assert res.locus == 1

@@ -109,10 +109,10 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 import car_core as car
 from car_core import RunStore
-from car_core.contract import Noise, Plan, RunStatus, Trajectory, redact, scored
+from car_core.contract import Noise, Plan, RunStatus, Trajectory, is_outage, redact, scored
 from car_core.errors import AdapterError, CarError, InvalidInput
 
-from ..common.branch import is_outage, model_unavailable
+from ..common.branch import model_unavailable
 from ..common.messages import ToolSafety
 from ..common.sync import run_sync
 from .branch_state import BranchState, answerable_calls

@@ -55,7 +55,7 @@ from llama_index.core.tools import (
     adapt_to_async_tool,
 )
 
-from car_core.contract import Noise, Plan, Stream, ToolSource, redact
+from car_core.contract import Noise, Plan, Stream, ToolSource, is_outage, redact
 from car_core.errors import (
     AdapterError,
     CarError,
@@ -65,7 +65,6 @@ from car_core.errors import (
 )
 
 from ..common import branch as chat_branch
-from ..common.branch import is_outage
 from ..common.messages import ToolSafety, as_content, calls_of, canonical_arguments
 from ..common.state_change import Change, Conflict
 from ._messages import MessageToolCalls, from_dict

@@ -32,7 +32,7 @@ from agents.models.interface import Model
 from agents.run_config import ToolErrorFormatter, ToolErrorFormatterArgs
 from agents.tool import FunctionTool, set_function_tool_failure_error_function
 
-from car_core.contract import Noise, Plan, Stream, ToolSource, redact
+from car_core.contract import Noise, Plan, Stream, ToolSource, is_outage, redact
 from car_core.errors import (
     AdapterError,
     CarError,
@@ -158,7 +158,7 @@ class CarBranchModel(Model):
         except CarError:
             raise
         except Exception as exc:  # the model's failure: say which step
-            if chat_branch.is_outage(exc):  # stop the attribution (resumable)
+            if is_outage(exc):  # stop the attribution (resumable)
                 s.blocked = chat_branch.model_unavailable(
                     exc, step=k, run_id=s.run_id, who=f"the model server of agent {self.agent!r}")
                 raise s.blocked from s.blocked.__cause__

@@ -28,10 +28,18 @@ from typing import Any
 import numpy as np
 
 from car_core import formatting as fmt
-from car_core.errors import InvalidInput, OutcomeError, OutcomeMismatch, RunNotFailed
+from car_core.errors import (
+    InvalidInput,
+    ModelUnavailable,
+    OutcomeError,
+    OutcomeMismatch,
+    RunNotFailed,
+)
 from car_core.model.capabilities import positional_arity
+from car_core.model.outages import is_outage
 from car_core.model.seeding import Noise, Stream
 from car_core.model.trajectory import FAILED_AT, Outcome, Trajectory, is_failure
+from car_core.secrets import redact
 
 # What an outcome may be, where the API takes one: ``outcome(run)`` or ``outcome(run, rng)``
 # returning a float in [0, 1] or a bool (a bool is an int, which typing accepts as a float).
@@ -83,6 +91,14 @@ class OutcomeFn:
                                    "outcome(run) is handed the car.Trajectory, not the app's "
                                    f"final state{_on(run)}", run_id=_run_id(run),
                                    hint=OLD_FORM_HINT) from exc
+            if is_outage(exc):  # an LLM judge's server down: every later score would fail
+                raise ModelUnavailable(
+                    f"the outcome's server failed{_on(run)}: {redact.describe(exc)}",
+                    run_id=_run_id(run),
+                    hint="the server the outcome calls (an LLM judge's) is down or refusing; "
+                         "start it or wait, then resume the attribution with the same "
+                         "attribution_id (`car attribute ... --resume ID`)"
+                ) from redact.redacted(exc)
             raise OutcomeError(f"the outcome function raised {exc!r}{_on(run)}",
                                run_id=_run_id(run),
                                hint="fix the outcome function; it must score any branch, "

@@ -1,0 +1,35 @@
+"""Whether an error says a server is down: the model's, or the one an LLM judge calls.
+
+Matched by the names model clients give their errors (openai, httpx, requests, aiohttp), so no
+client need be installed; the core imports none. An outage stops an attribution, resumable,
+instead of failing every later branch on the same dead server.
+"""
+
+from __future__ import annotations
+
+# What model clients raise when the server is unreachable, or still failing after the client's
+# own retries (openai, httpx, requests, aiohttp name them so; matched by name so that no client
+# has to be installed for an adapter to work).
+_OUTAGE_NAMES = frozenset({
+    "APIConnectionError", "APITimeoutError", "RateLimitError", "InternalServerError",
+    "ServiceUnavailableError", "TransportError", "ConnectError", "ConnectTimeout",
+    "ReadTimeout", "RemoteProtocolError", "ClientConnectionError", "ServerDisconnectedError"})
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it was raised from) says a server is down,
+    unreachable or overloaded (a refused connection, a timeout, 429 or 5xx): every later
+    branch would hit it too."""
+    seen = 0
+    e: BaseException | None = exc
+    while e is not None and seen < 16:
+        if isinstance(e, (ConnectionError, TimeoutError)):
+            return True
+        if _OUTAGE_NAMES & {c.__name__ for c in type(e).__mro__}:
+            return True
+        status = getattr(e, "status_code", None)
+        if isinstance(status, int) and (status == 429 or status >= 500):
+            return True
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return False
