@@ -178,7 +178,9 @@ def check_observation(observation: Any, action: Any, *, step: int | None = None
                       ) -> list[Message]:
     """Validate an observation given by a user (``do_observation``) against the action it
     answers: one tool message per tool call, matched by ``tool_call_id``, returned in call
-    order. A bare list of strings is accepted too and paired with the calls in order."""
+    order. A bare list of strings is accepted too and paired with the calls in order; a
+    JSON object that is no tool message (no ``content``, no ``tool_call_id``) is a result,
+    given to the model as its JSON text, as a tool returning it would be."""
     calls = calls_of(action)
     if not calls:
         raise InvalidIntervention("do_observation on a step whose action called no tool",
@@ -192,9 +194,12 @@ def check_observation(observation: Any, action: Any, *, step: int | None = None
             hint="give one tool result per tool call, in call order")
     by_id = {}
     for i, item in enumerate(observation):
-        if isinstance(item, Mapping):
+        if isinstance(item, Mapping) and ("content" in item or "tool_call_id" in item):
             call_id = str(item.get("tool_call_id", calls[i][0]))
             by_id[call_id] = item.get("content")
+        elif isinstance(item, Mapping):  # the tool's result itself, a JSON object: its text
+            # (read as a tool message it lost every key, and the model was handed "null")
+            by_id[calls[i][0]] = json.dumps(item)
         else:
             by_id[calls[i][0]] = item
     missing = [cid for cid, _, _ in calls if cid not in by_id]

@@ -40,6 +40,10 @@ def test_check_action_normalises_and_refuses_malformed_calls() -> None:
 
 def test_check_observation_pairs_results_with_calls() -> None:
     assert check_observation(["ok"], REFUND) == [tool_result("c1", "refund", "ok")]
+    # a JSON object that is no tool message is the result itself (car.Fix.guard({...}) and
+    # --guard JSON pass one): the model used to be handed "null"
+    assert check_observation({"error": "ticket lookup failed"}, REFUND) == [
+        tool_result("c1", "refund", '{"error": "ticket lookup failed"}')]
     assert check_observation([{"tool_call_id": "c1", "content": "ok"}], REFUND) == [
         tool_result("c1", "refund", "ok")]
     with pytest.raises(InvalidIntervention, match="1 tool calls"):
