@@ -285,6 +285,32 @@ def test_a_fix_that_cannot_run_leaves_the_others_tested(population, triaged):
         (r.p_fail_with, r.p_fail_without) for r in alone.candidate(instruction.label).per_run]
 
 
+def test_a_fix_whose_branches_often_fail_keeps_the_others_measurements(population, triaged):
+    """A candidate whose model raises on half its branches (a flaky server, no outage) stops
+    its run's batch with ``BranchesFailed`` only after every arm ran, the run's budget spent:
+    a user trial's runs then left every other fix untested, its branches thrown away. The
+    others' branches are kept: the instruction is measured on every run, as alone."""
+    careful = DESK.careful_policy()
+
+    def flaky(history, rng):
+        if rng.random() < 0.5:
+            raise RuntimeError("503 from the careful model's server")
+        return careful(history, rng)
+
+    runs = population[:2] + population[-2:]
+    instruction = car.Fix.instruction(DESK.fix)
+    alone = car.fix_population(runs, DESK.agent(), outcome=DESK.outcome,
+                               candidates=[instruction], triage=triaged, rollouts=16, seed=3)
+    both = car.fix_population(runs, DESK.agent(), outcome=DESK.outcome,
+                              candidates=[instruction, car.Fix.policy(flaky, label="flaky")],
+                              triage=triaged, rollouts=16, seed=3)
+    assert both.candidate("flaky").runs_tested == 0
+    good = both.candidate(instruction.label)
+    assert good.runs_tested == len(runs) and not good.untested
+    assert [(r.p_fail_with, r.p_fail_without) for r in good.per_run] == [
+        (r.p_fail_with, r.p_fail_without) for r in alone.candidate(instruction.label).per_run]
+
+
 def _estimate(label: str, rescue: float, lo: float, hi: float, rescued: int, runs: int
               ) -> Any:
     from car_core.fix_results import FixEstimate

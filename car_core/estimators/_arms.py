@@ -78,6 +78,7 @@ class StepArms:
         self.executor = resolve_executor(executor, agent)
         self.failures: list[Failure] = []
         self.ran = 0
+        self.finished: dict[tuple[str, int], Branch] = {}
 
     def _keep(self, traj: Trajectory) -> Branch:
         steps = traj.steps
@@ -96,6 +97,9 @@ class StepArms:
                           keep=self._keep)
         self.failures.extend(results.failures)
         self.ran += len(results) + len(results.failures)
+        # kept before the checks below raise: a caller that can tell which arm's failures
+        # stopped them may still use the others' branches
+        self.finished = {(t.arm, t.rollout): b for t, b in results}
         if not results and results.failures and len(self.failures) == self.ran:
             first = results.failures[0]
             if first.exception is not None:

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -53,7 +53,8 @@ from typing import TYPE_CHECKING, Any
 from car_core import defaults
 from car_core.engine.agent import Agent
 from car_core.engine.execution import ExecutorLike
-from car_core.errors import InvalidInput, InvalidIntervention, ModelUnavailable
+from car_core.engine.tasks import check_failures
+from car_core.errors import BranchesFailed, InvalidInput, InvalidIntervention, ModelUnavailable
 from car_core.estimators._arms import Branch, StepArms, check_rollouts
 from car_core.estimators._population import Purse, RunPool, Spent, runs_at_once_for
 from car_core.estimators.fixes import Fix, as_fix
@@ -370,6 +371,9 @@ def _job(run: Trajectory, agent: Agent, outcome: OutcomeLike, rec: dict[str, Any
                 live = {a: ivs for a, ivs in live.items()
                         if a in left["steps"] or a.startswith(WITHOUT)
                         and int(a.rsplit("@", 1)[1]) in left["steps"].values()}
+                kept_now = _salvaged(b, live, k)
+                if kept_now is not None:  # the other fixes' branches all ran: keep them
+                    return _measured(left, spent, kept_now, sorted(live), k)
                 budget = _less(cap, spent)
                 continue
             break
@@ -377,12 +381,36 @@ def _job(run: Trajectory, agent: Agent, outcome: OutcomeLike, rec: dict[str, Any
         _add(spent, meter)
         if meter.tripped:
             return {**left, **spent, "tripped": meter.tripped}
-        kept = [v for v in got.values() if isinstance(v, _Kept)]
-        return {**left, **spent, "measured": True,
-                "values": {a: [_value(got.get((a, r))) for r in range(k)] for a in names},
-                "steps_live": sum(v.live for v in kept),
-                "steps_rerun": sum(v.length for v in kept)}
+        return _measured(left, spent, got, names, k)
     return measure
+
+
+def _measured(left: dict[str, Any], spent: dict[str, Any], got: Mapping[tuple[str, int], Any],
+              names: list[str], k: int) -> dict[str, Any]:
+    kept = [v for v in got.values() if isinstance(v, _Kept)]
+    return {**left, **spent, "measured": True,
+            "values": {a: [_value(got.get((a, r))) for r in range(k)] for a in names},
+            "steps_live": sum(v.live for v in kept),
+            "steps_rerun": sum(v.length for v in kept)}
+
+
+def _salvaged(b: _FixArms, live: Mapping[str, Any], k: int
+              ) -> dict[tuple[str, int], Any] | None:
+    """The branches of the arms still ``live`` from a batch a bad fix's arm stopped, when each
+    of their ``k`` rollouts ran (finished or failed) and their own failures pass the failed
+    share; else None (they are run again). A user trial's six runs lost every other fix's
+    measurements to one fix whose branches raised, its budget already spent."""
+    if b.meter.tripped:
+        return None
+    keys = {(a, r) for a in live for r in range(k)}
+    failed = [f for f in b.failures if (f.task.arm, f.task.rollout) in keys]
+    if keys - set(b.finished) - {(f.task.arm, f.task.rollout) for f in failed}:
+        return None
+    try:
+        check_failures(failed, len(keys), run_id=b.run.id, final=True, resumable=False)
+    except BranchesFailed:
+        return None
+    return {key: v for key, v in b.finished.items() if key in keys}
 
 
 def _fix_that_raised(exc: BaseException, fixes: dict[str, int]) -> str | None:
