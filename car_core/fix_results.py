@@ -220,10 +220,11 @@ class PopulationFix:
 
 
 def sentence(c: FixEstimate, runs_total: int) -> str:
-    """One fix's answer in plain words: how many more re-runs avoid the failure with it, on
+    """One fix's answer in plain words: how many fewer of every 100 re-runs fail with it, on
     average over the runs (the pooled rescue, with its interval), then how many runs it is
     shown to rescue one by one and which it is not. The pooled rescue is a difference of
-    failure rates, not a share of runs: said as such, so 18% is not read as "18% of runs"."""
+    failure rates, not a share of runs: said as a count per 100 re-runs, so 18% is not read
+    as "18% of runs", nor "53% more" as a relative rise."""
     missed = _ids(c.not_rescued)
     if c.rescue is None or c.rescue_ci is None:
         why = next((r.reason for r in c.per_run if r.reason), None)
@@ -231,8 +232,10 @@ def sentence(c: FixEstimate, runs_total: int) -> str:
                 + (f" (the first: {why.removeprefix('not tested: ')})" if why else "") + ".")
     part = (f"over the {runs_total} failed runs" if c.runs_tested == runs_total
             else f"over the {c.runs_tested} failed runs it was tested on ({runs_total} in all)")
-    span = f"{_pct(c.rescue)} [{_pct(c.rescue_ci[0])}, {_pct(c.rescue_ci[1])}]"
-    more = f"{span} more re-runs avoid the failure with it, on average {part}"
+    # counts per 100 re-runs, not percentages: "53% more re-runs" read as a relative rise
+    fewer = (f"{_per100(c.rescue)} fewer of every 100 re-runs fail with it "
+             f"[{_per100(c.rescue_ci[0])} to {_per100(c.rescue_ci[1])}]")
+    more = f"{fewer}, on average {part}"
     if not c.shown:
         return f"The fix '{c.label}' is not shown to rescue the failed runs: {more}."
     if not c.not_rescued:
@@ -253,6 +256,10 @@ def _ids(ids: tuple[str, ...], most: int = 4) -> str:
 
 def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
+
+
+def _per100(x: float) -> str:
+    return f"{100 * x:.0f}"
 
 
 def _num(x: float | None) -> str:

@@ -19,6 +19,7 @@ probability below 0.005.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -90,7 +91,10 @@ def test_a_fix_of_one_mode_rescues_it_and_lists_the_other_mode_as_not_rescued(
     assert str(res).startswith("The fix '")
     summary = res.summary()
     assert "run by run, " in summary and " shown rescued and " in summary
-    assert "more re-runs avoid the failure" in summary
+    # a difference of failure rates, said as a count per 100 re-runs (a user trial read
+    # "53% more re-runs avoid the failure" as a relative rise)
+    assert re.search(r"\d+ fewer of every 100 re-runs fail with it \[-?\d+ to -?\d+\], on "
+                     r"average over the", summary), summary
 
 
 def test_guard_and_context_edit_rescue_only_the_mode_that_reads_them(population, triaged):
@@ -326,8 +330,8 @@ def test_the_sentence_says_what_a_pooled_rescue_and_the_runs_shown_mean():
     could not tell."""
     from car_core.fix_results import sentence
     said = sentence(_estimate("check the window", 0.29, 0.16, 0.43, 1, 18), 18)
-    assert said.startswith("The fix 'check the window' helps on average: 29% [16%, 43%] more "
-                           "re-runs avoid the failure with it, on average over the 18 failed "
+    assert said.startswith("The fix 'check the window' helps on average: 29 fewer of every 100 "
+                           "re-runs fail with it [16 to 43], on average over the 18 failed "
                            "runs; run by run, 1 is shown rescued and 17 are not shown to be (")
     assert said.endswith("): too few re-runs each to tell, or not helped.")
 
