@@ -76,3 +76,31 @@ def test_the_cli_says_it_after_a_slow_sequential_attribution(tmp_path: Path,
                         "--executor", "sequential")
     assert code in (0, 1, 3), err  # 3: undecided at this budget
     assert "mostly waited" not in err
+
+
+def test_car_fix_on_a_population_says_it_too_and_takes_executor(tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """``car fix --failed`` ran its runs' branches one at a time with no hint (a user trial's
+    custom model slept 60 of 86 s) and had no ``--executor``: it now says so as ``car
+    attribute`` does, and ``--executor async`` is taken (the hint is then not said)."""
+    from cli_golden import _car
+
+    from car_core.cli import kit
+    from car_core.store import RunStore
+
+    (tmp_path / "slow.py").write_text(SLOW, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(kit, "WAIT_HINT_SECONDS", 0.5)
+    import slow
+    with RunStore(tmp_path / "car.db") as store:
+        store.save(slow.M.failing_run(0))
+    fix = ("fix", "--failed", "--agent", "slow:make", "--outcome", "slow:outcome",
+           "--instruction", "check twice", "--rollouts", "4", "--from-step", "0",
+           "--store", "car.db")
+    code, _, err = _car(*fix)
+    assert code in (0, 1, 6), err
+    assert "the branches ran one at a time and the process mostly waited" in err
+    code, _, err = _car(*fix, "--executor", "async", "--concurrency", "4")
+    assert code in (0, 1, 6), err
+    assert "mostly waited" not in err

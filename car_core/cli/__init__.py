@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from car_core.cli import browse, context, demo, fix_population, intervene, kit, triage
 from car_core.cli.app import app, err, main, out
-from car_core.cli.attribute import ExecutorName, _executor, attribute
+from car_core.cli.attribute import _executor, attribute
 from car_core.cli.attribute import print_result as _print_result
 from car_core.cli.demo import _builtin_demo
+from car_core.cli.kit import ExecutorName
 
 app.command()(browse.runs)
 app.command()(browse.show)

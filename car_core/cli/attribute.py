@@ -36,6 +36,7 @@ from car_core.cli.app import (
     say,
 )
 from car_core.cli.context import look_inside
+from car_core.cli.kit import ExecutorName
 from car_core.engine.execution import default_executor, make_executor
 from car_core.errors import AttributionNotFound, InvalidInput
 from car_core.estimators._session import check_resumable
@@ -57,12 +58,6 @@ class Search(StrEnum):
     auto = "auto"
     full = "full"
     bisection = "bisection"
-
-
-class ExecutorName(StrEnum):
-    sequential = "sequential"
-    async_ = "async"
-    ray = "ray"
 
 
 def _executor(name: ExecutorName | None, concurrency: int, address: str | None) -> Any:

@@ -31,6 +31,7 @@ from car_core.cli.app import (
     print_json,
 )
 from car_core.cli.fix_population import fix_many
+from car_core.cli.kit import ExecutorName
 from car_core.errors import InvalidInput
 from car_core.estimators.context import context_attribution
 from car_core.estimators.pairs import export_pairs
@@ -209,6 +210,12 @@ def fix(agent: AgentOpt, run_ids: Annotated[list[str] | None, typer.Argument(
             "--runs-at-once", min=1, show_default=False,
             help="Population: runs tested at once (default: 4 for an agent that waits on a "
                  "model server, else 1); the result is the same whatever it is.")] = None,
+        executor: Annotated[ExecutorName | None, typer.Option(
+            "--executor", help="Population: how each run's branches run (default: chosen "
+                               "for the agent).")] = None,
+        concurrency: Annotated[int, typer.Option(
+            "--concurrency", min=1, help="Population: branches in flight (async, ray).")
+        ] = defaults.CONCURRENCY,
         agent_name: AgentNameOpt = None, since: SinceOpt = None, until: UntilOpt = None,
         test: TestOpt = None, session: SessionOpt = None,
         progress: Annotated[bool | None, typer.Option(
@@ -243,16 +250,17 @@ def fix(agent: AgentOpt, run_ids: Annotated[list[str] | None, typer.Argument(
                  policies=policy or [], candidates=candidates, rollouts=rollouts, alpha=alpha,
                  seed=seed, from_step=from_step, triage_id=triage, budget=budget,
                  resume=resume, force_agent=force_agent, store=store, json_out=json_out,
-                 filters=filters, runs_at_once=runs_at_once, progress=progress)
+                 filters=filters, runs_at_once=runs_at_once, progress=progress,
+                 executor=executor, concurrency=concurrency)
         return
     if len(ids) != 1:
         raise InvalidInput(f"car fix takes one RUN_ID, got {len(ids)}",
                            hint="name one run, or test a fix on many: --runs RUN_ID... or "
                                 "--failed")
     if system or policy or triage or budget is not None or from_step != "locus" \
-            or runs_at_once is not None or progress is not None:
+            or runs_at_once is not None or progress is not None or executor is not None:
         raise InvalidInput("--system, --policy, --triage, --budget, --from-step, "
-                           "--runs-at-once and --progress are for a population",
+                           "--runs-at-once, --progress and --executor are for a population",
                            hint="add --runs (these runs) or --failed")
     run, k = _load(ids[0], store, step)
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,6 +16,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from car_core import defaults
 from car_core.cli import kit
 from car_core.cli.app import StoreOpt, err, errors, out, print_json
 from car_core.cli.selection import (
@@ -24,6 +26,7 @@ from car_core.cli.selection import (
     selected,
     stop_if_ran_out,
 )
+from car_core.engine.execution import default_executor, make_executor
 from car_core.errors import InvalidInput
 from car_core.estimators.fixes import Fix, as_fix
 from car_core.estimators.population_fix import fix_population
@@ -77,11 +80,16 @@ def fix_many(run_ids: list[str], *, failed: bool, agent: Any, outcome: Any,
              seed: int, from_step: str, triage_id: str | None, budget: int | None,
              resume: str | None, force_agent: bool, store: str, json_out: bool,
              filters: dict[str, str | None] | None = None,
-             runs_at_once: int | None = None, progress: bool | None = None) -> None:
+             runs_at_once: int | None = None, progress: bool | None = None,
+             executor: Any = None, concurrency: int = defaults.CONCURRENCY) -> None:
     """The population forms of ``car fix`` (see the module docstring); ``filters``: the
     selection ``car triage`` takes (``--agent-name``, ``--since``, ``--until``, ``--test``,
     ``--session``), on the failed runs; ``runs_at_once``: runs tested at once (None: chosen
-    for the agent); ``progress``: a line per run tested (None: when stderr is a terminal)."""
+    for the agent); ``progress``: a line per run tested (None: when stderr is a terminal);
+    ``executor``: the ``--executor`` named (None: chosen for the agent), ``concurrency`` its
+    branches in flight. Where CAR chose to run branches one at a time and the process mostly
+    waited, it says so (``kit.waiting_hint``), as ``car attribute`` does: a user trial's
+    custom model spent 60 of 86 s asleep, with no hint."""
     filters = filters or {}
     fixes = _fixes(instructions, systems, guards, policies, candidates)
     start = _from(from_step)
@@ -93,6 +101,8 @@ def fix_many(run_ids: list[str], *, failed: bool, agent: Any, outcome: Any,
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
     shown = progress if progress is not None else sys.stderr.isatty()
     fid = resume or uuid.uuid4().hex[:16]  # known here, so a stopped fix can say it
+    exe = None if executor is None else make_executor(executor.value, concurrency=concurrency)
+    started, cpu = time.monotonic(), time.process_time()
     db = RunStore(store)
     try:
         with resumable_stop(store, "population fix", fid,
@@ -102,13 +112,17 @@ def fix_many(run_ids: list[str], *, failed: bool, agent: Any, outcome: Any,
                                     rollouts=rollouts, alpha=alpha, seed=seed, budget=budget,
                                     fix_id=fid, force_agent=force_agent,
                                     progress=_progress if shown else None,
-                                    runs_at_once=runs_at_once)
+                                    runs_at_once=runs_at_once, executor=exe)
     finally:
         db.close()
     if json_out:
         print_json(result.to_dict())
     else:
         print_fix(result, store)
+        hint = kit.waiting_hint(default_executor(the_agent), exe, time.monotonic() - started,
+                                time.process_time() - cpu)
+        if hint:
+            err.print(Text(kit.safe(hint), style="yellow"), soft_wrap=True)
     stop_if_ran_out(result.truncated, result.budget_note, result.fix_id)
     if not any(c.shown for c in result.candidates):
         raise typer.Exit(kit.NOTHING)

@@ -14,6 +14,7 @@ import re
 import shlex
 import sys
 from collections.abc import Callable, Sequence
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -357,6 +358,14 @@ def existing_store(path: str) -> Any:
     or leave a file beside it."""
     from car_core.store.runs import RunStore
     return RunStore(Path(path), readonly=True)
+
+
+class ExecutorName(StrEnum):
+    """The ``--executor`` choices (``car attribute``, ``car triage``, ``car fix``)."""
+
+    sequential = "sequential"
+    async_ = "async"
+    ray = "ray"
 
 
 # -- progress ------------------------------------------------------------------------------------

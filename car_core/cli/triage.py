@@ -37,7 +37,8 @@ from car_core.cli.app import (
     out,
     print_json,
 )
-from car_core.cli.attribute import ExecutorName, _executor
+from car_core.cli.attribute import _executor
+from car_core.cli.kit import ExecutorName
 from car_core.cli.selection import (
     Format,
     export,
