@@ -79,10 +79,25 @@ def test_fix_runs_json_keeps_the_contract_and_lists_every_run(folder):
     second = json.loads(again.stdout)
     assert second["rollouts_used"] == 0
     assert all(r["reused"] for c in second["candidates"] for r in c["per_run"])
+    # --resume alone: a policy fix cannot be rebuilt from its stored label, so it says which
+    # to give again (it said "no fix to test on the population")
+    bare = car_cli("fix", "--resume", data["fix_id"], "--agent", AGENT, "--rollouts", "16",
+                   cwd=cwd)
+    assert bare.returncode == 2 and "cannot be rebuilt" in bare.stderr
+    assert "give the fixes again" in bare.stderr
 
 
 def test_fix_failed_says_the_answer_first_in_plain_words(folder):
     cwd, runs = folder
+    proc = car_cli("fix", "--failed", "--agent", AGENT, "--system", DESK.fix, "--rollouts",
+                   "32", "--json", cwd=cwd)
+    assert proc.returncode in (0, 1), proc.stderr
+    # an instruction or system line is rebuilt from its stored label: --resume alone goes on
+    fid = json.loads(proc.stdout)["fix_id"]
+    again = car_cli("fix", "--resume", fid, "--agent", AGENT, "--rollouts", "32", "--json",
+                    cwd=cwd)
+    assert again.returncode == proc.returncode, again.stderr
+    assert json.loads(again.stdout)["rollouts_used"] == 0
     proc = car_cli("fix", "--failed", "--agent", AGENT, "--system", DESK.fix, "--rollouts",
                    "32", cwd=cwd)
     assert proc.returncode in (0, 1), proc.stderr

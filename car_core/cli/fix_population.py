@@ -65,6 +65,33 @@ def _fixes(instructions: list[str], systems: list[str], guards: list[str],
     return fixes
 
 
+def _stored_lines(store: str, fix_id: str) -> tuple[list[str], list[str]]:
+    """The ``--instruction`` and ``--system`` lines of stored fix ``fix_id``, read back from
+    their labels, so ``--resume FIX_ID`` alone continues it (a user trial had to repeat every
+    flag). Fixes a label cannot rebuild (a guard, a policy, ``--candidates``) must be given
+    again: refused, naming them."""
+    reader = kit.existing_store(store)
+    try:
+        stored = reader.attribution(fix_id).params.get("candidates") or []
+    finally:
+        reader.close()
+    instructions, systems, other = [], [], []
+    for c in stored:
+        label = str(c.get("label", ""))
+        if label.startswith("add instruction: ") and not c.get("every_step"):
+            instructions.append(label.removeprefix("add instruction: "))
+        elif label.startswith("system prompt: ") and c.get("every_step"):
+            systems.append(label.removeprefix("system prompt: "))
+        else:
+            other.append(label)
+    if other:
+        raise InvalidInput(f"--resume {fix_id}: the store keeps the labels of its fixes, and "
+                           f"{other} cannot be rebuilt from one",
+                           hint="give the fixes again as the first command did (--guard, "
+                                "--policy, --candidates ...), with --resume")
+    return instructions, systems
+
+
 def _from(text: str) -> int | str:
     if text == "locus":
         return text
@@ -91,6 +118,9 @@ def fix_many(run_ids: list[str], *, failed: bool, agent: Any, outcome: Any,
     waited, it says so (``kit.waiting_hint``), as ``car attribute`` does: a user trial's
     custom model spent 60 of 86 s asleep, with no hint."""
     filters = filters or {}
+    if resume is not None and not (instructions or systems or guards or policies
+                                   or candidates):
+        instructions, systems = _stored_lines(store, resume)
     fixes = _fixes(instructions, systems, guards, policies, candidates)
     start = _from(from_step)
     ids = selected(store, run_ids, None if failed else resume,
