@@ -113,11 +113,8 @@ def attribute(
                                   "(on --resume the attribution's).")] = None,
         seed: Annotated[int | None, typer.Option(
             "--seed", help="Default 0; on --resume the attribution's.")] = None,
-        executor: Annotated[ExecutorName | None, typer.Option(
-            "--executor", help="How branches run (default: chosen for the agent).")] = None,
-        concurrency: Annotated[int, typer.Option(
-            "--concurrency", min=1,
-            help="Branches in flight (async, ray).")] = defaults.CONCURRENCY,
+        executor: kit.ExecutorOpt = None,
+        concurrency: kit.ConcurrencyOpt = defaults.CONCURRENCY,
         ray_address: Annotated[str | None, typer.Option(
             "--ray-address", help="Ray cluster to use with --executor ray.")] = None,
         resume: Annotated[str | None, typer.Option(

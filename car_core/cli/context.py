@@ -31,7 +31,6 @@ from car_core.cli.app import (
     print_json,
 )
 from car_core.cli.fix_population import fix_many
-from car_core.cli.kit import ExecutorName
 from car_core.errors import InvalidInput
 from car_core.estimators.context import context_attribution
 from car_core.estimators.pairs import export_pairs
@@ -210,12 +209,8 @@ def fix(agent: AgentOpt, run_ids: Annotated[list[str] | None, typer.Argument(
             "--runs-at-once", min=1, show_default=False,
             help="Population: runs tested at once (default: 4 for an agent that waits on a "
                  "model server, else 1); the result is the same whatever it is.")] = None,
-        executor: Annotated[ExecutorName | None, typer.Option(
-            "--executor", help="Population: how each run's branches run (default: chosen "
-                               "for the agent).")] = None,
-        concurrency: Annotated[int, typer.Option(
-            "--concurrency", min=1, help="Population: branches in flight (async, ray).")
-        ] = defaults.CONCURRENCY,
+        executor: kit.ExecutorOpt = None,
+        concurrency: kit.ConcurrencyOpt = defaults.CONCURRENCY,
         agent_name: AgentNameOpt = None, since: SinceOpt = None, until: UntilOpt = None,
         test: TestOpt = None, session: SessionOpt = None,
         progress: Annotated[bool | None, typer.Option(

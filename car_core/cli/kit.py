@@ -16,8 +16,9 @@ import sys
 from collections.abc import Callable, Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import typer
 from rich.console import Console as RichConsole
 from rich.markup import escape
 from rich.progress import (
@@ -366,6 +367,13 @@ class ExecutorName(StrEnum):
     sequential = "sequential"
     async_ = "async"
     ray = "ray"
+
+
+# the two options every command that runs branches takes (attribute, triage, fix)
+ExecutorOpt = Annotated[ExecutorName | None, typer.Option(
+    "--executor", help="How branches run (default: chosen for the agent).")]
+ConcurrencyOpt = Annotated[int, typer.Option(
+    "--concurrency", min=1, help="Branches in flight (async, ray).")]
 
 
 # -- progress ------------------------------------------------------------------------------------

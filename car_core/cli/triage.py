@@ -38,7 +38,6 @@ from car_core.cli.app import (
     print_json,
 )
 from car_core.cli.attribute import _executor
-from car_core.cli.kit import ExecutorName
 from car_core.cli.selection import (
     Format,
     export,
@@ -121,12 +120,8 @@ def triage_command(
         price: Annotated[list[str] | None, typer.Option(
             "--price", metavar="MODEL=IN:OUT",
             help="Price of a model per million input and output tokens (repeatable).")] = None,
-        executor: Annotated[ExecutorName | None, typer.Option(
-            "--executor", help="How each attribution's branches run (default: chosen for "
-                               "the agent).")] = None,
-        concurrency: Annotated[int, typer.Option(
-            "--concurrency", min=1, help="Branches in flight (async, ray).")
-        ] = defaults.CONCURRENCY,
+        executor: kit.ExecutorOpt = None,
+        concurrency: kit.ConcurrencyOpt = defaults.CONCURRENCY,
         runs_at_once: RunsAtOnceOpt = None,
         resume: Annotated[str | None, typer.Option(
             "--resume", metavar="TRIAGE_ID",
