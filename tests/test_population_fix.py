@@ -270,23 +270,14 @@ def test_a_fix_that_cannot_run_leaves_the_others_tested(population, triaged):
     def refused(history, rng):
         raise ModelUnavailable("the careful model's server refused the key")
 
-    runs = population[:2] + population[-2:]
-    instruction = car.Fix.instruction(DESK.fix)
-    alone = car.fix_population(runs, DESK.agent(), outcome=DESK.outcome,
-                               candidates=[instruction], triage=triaged, rollouts=16, seed=3)
-    both = car.fix_population(runs, DESK.agent(), outcome=DESK.outcome,
-                              candidates=[instruction, car.Fix.policy(refused, label="careful")],
-                              triage=triaged, rollouts=16, seed=3)
+    runs, instruction, alone, both = _beside_a_bad_fix(
+        population, triaged, car.Fix.policy(refused, label="careful"))
     bad = both.candidate("careful")
     assert bad.runs_tested == 0 and sorted(bad.untested) == sorted(r.id for r in runs)
     assert all("refused the key" in row.reason for row in bad.per_run)
     assert (f"The fix 'careful' could not be tested on any of the {len(runs)} runs (the first: "
             "the careful model's server refused the key") in str(both)
-    good = both.candidate(instruction.label)
-    assert good.runs_tested == len(runs) and not good.untested
-    # the same branches as alone (an arm's noise is its own): the same rates, run by run
-    assert [(r.p_fail_with, r.p_fail_without) for r in good.per_run] == [
-        (r.p_fail_with, r.p_fail_without) for r in alone.candidate(instruction.label).per_run]
+    _measured_as_alone(runs, instruction, alone, both)
 
 
 def test_a_fix_whose_branches_often_fail_keeps_the_others_measurements(population, triaged):
@@ -301,14 +292,26 @@ def test_a_fix_whose_branches_often_fail_keeps_the_others_measurements(populatio
             raise RuntimeError("503 from the careful model's server")
         return careful(history, rng)
 
+    runs, instruction, alone, both = _beside_a_bad_fix(
+        population, triaged, car.Fix.policy(flaky, label="flaky"))
+    assert both.candidate("flaky").runs_tested == 0
+    _measured_as_alone(runs, instruction, alone, both)
+
+
+def _beside_a_bad_fix(population: Any, triaged: Any, bad: Any) -> tuple[Any, Any, Any, Any]:
+    """Four runs, the desk's instruction tested alone and beside ``bad``, on one seed."""
     runs = population[:2] + population[-2:]
     instruction = car.Fix.instruction(DESK.fix)
     alone = car.fix_population(runs, DESK.agent(), outcome=DESK.outcome,
                                candidates=[instruction], triage=triaged, rollouts=16, seed=3)
     both = car.fix_population(runs, DESK.agent(), outcome=DESK.outcome,
-                              candidates=[instruction, car.Fix.policy(flaky, label="flaky")],
-                              triage=triaged, rollouts=16, seed=3)
-    assert both.candidate("flaky").runs_tested == 0
+                              candidates=[instruction, bad], triage=triaged, rollouts=16, seed=3)
+    return runs, instruction, alone, both
+
+
+def _measured_as_alone(runs: Any, instruction: Any, alone: Any, both: Any) -> None:
+    """The instruction tested on every run beside the bad fix, on the same branches as alone
+    (an arm's noise is its own): the same rates, run by run."""
     good = both.candidate(instruction.label)
     assert good.runs_tested == len(runs) and not good.untested
     assert [(r.p_fail_with, r.p_fail_without) for r in good.per_run] == [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from car_core.cli.kit import WAIT_HINT_CPU, WAIT_HINT_SECONDS, waiting_hint
 from car_core.engine.execution import AsyncioExecutor, Sequential
@@ -49,12 +50,9 @@ def outcome(run, rng):
 '''
 
 
-def test_the_cli_says_it_after_a_slow_sequential_attribution(tmp_path: Path,
-                                                              monkeypatch) -> None:
-    """Through ``car attribute`` (in this process, the threshold lowered so the test stays
-    short): an agent that sleeps in its policy, as one waiting on a model server does."""
-    from cli_golden import _car
-
+def _slow_store(tmp_path: Path, monkeypatch: Any) -> str:
+    """A store holding the slow agent's failing run, in a folder the CLI imports ``slow``
+    from, with the hint's threshold lowered so the tests stay short; the run's id."""
     from car_core.cli import kit
     from car_core.store import RunStore
 
@@ -65,7 +63,15 @@ def test_the_cli_says_it_after_a_slow_sequential_attribution(tmp_path: Path,
     import slow
     with RunStore(tmp_path / "car.db") as store:
         store.save(slow.M.failing_run(0))
-        run_id = store.runs()[0]["id"]
+        return str(store.runs()[0]["id"])
+
+
+def test_the_cli_says_it_after_a_slow_sequential_attribution(tmp_path: Path,
+                                                              monkeypatch) -> None:
+    """Through ``car attribute`` (in this process, the threshold lowered so the test stays
+    short): an agent that sleeps in its policy, as one waiting on a model server does."""
+    from cli_golden import _car
+    run_id = _slow_store(tmp_path, monkeypatch)
     code, _, err = _car("attribute", run_id, "--agent", "slow:make", "--outcome",
                         "slow:outcome", "--rollouts", "8", "--store", "car.db")
     assert code in (0, 1), err
@@ -84,17 +90,7 @@ def test_car_fix_on_a_population_says_it_too_and_takes_executor(tmp_path: Path,
     custom model slept 60 of 86 s) and had no ``--executor``: it now says so as ``car
     attribute`` does, and ``--executor async`` is taken (the hint is then not said)."""
     from cli_golden import _car
-
-    from car_core.cli import kit
-    from car_core.store import RunStore
-
-    (tmp_path / "slow.py").write_text(SLOW, encoding="utf-8")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(kit, "WAIT_HINT_SECONDS", 0.5)
-    import slow
-    with RunStore(tmp_path / "car.db") as store:
-        store.save(slow.M.failing_run(0))
+    _slow_store(tmp_path, monkeypatch)
     fix = ("fix", "--failed", "--agent", "slow:make", "--outcome", "slow:outcome",
            "--instruction", "check twice", "--rollouts", "4", "--from-step", "0",
            "--store", "car.db")
