@@ -88,6 +88,14 @@ def test_the_page_says_the_answer_first_then_each_group_with_its_bar_and_interva
     assert [float(x) for x in lefts] == pytest.approx(
         [100 * g.share_ci[0] for g in res.groups], abs=0.06)
     assert '<a href="../index.html">' in html
+    # no price was given: the cost is unknown, not 0 (which would read as free)
+    assert res.cost == 0 and "<li>cost" not in html
+
+
+def test_a_priced_triage_shows_its_cost():
+    from dataclasses import replace
+    html = render_triage(replace(_planted("plain"), cost=0.125))
+    assert "<li>cost <b>0.125</b></li>" in html
 
 
 def test_the_runs_behind_each_bar_link_their_run_and_attribution_pages(triaged):

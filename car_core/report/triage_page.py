@@ -65,7 +65,8 @@ def triage_view(r: TriageResult, run_href: Mapping[str, str] | None = None,
             "not_failed": [link(i) for i in r.not_failed],
             "by": ", ".join(r.by), "alpha": f"{r.alpha:g}",
             "categories": len(r.groups) + len(others),
-            "rollouts": r.rollouts_used, "tokens": r.tokens, "cost": f"{r.cost:g}",
+            "rollouts": r.rollouts_used, "tokens": r.tokens,
+            "cost": f"{r.cost:g}" if r.cost else "",  # no price given: unknown, not free
             "truncated": r.truncated, "budget_note": r.budget_note or "",
             "continue": r.continue_hint() or "", "skipped": skipped}
 
