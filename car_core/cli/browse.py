@@ -133,8 +133,8 @@ def report(run_id: Annotated[str | None, typer.Argument(
            ) -> None:
     """Write the self-contained HTML report of a run's attribution (works offline). The page
     says which attribution it shows; pick another with --attribution or --method. With --all,
-    an index page across the store's runs, attributions and triages, linking to a page of
-    each."""
+    an index page across the store's runs, attributions, triages and population fixes,
+    linking to a page of each."""
     if every:
         if run_id is not None or attribution is not None or method is not None:
             raise InvalidInput("--all writes every run's report; it takes no RUN_ID, "
@@ -142,8 +142,9 @@ def report(run_id: Annotated[str | None, typer.Argument(
                                hint="drop them, or drop --all to write one run's report")
         written = write_index(kit.existing_store(store), out_path or Path("car-report"), store)
         triages = f", {written.triages} triage(s)" if written.triages else ""
+        fixes = f", {written.fixes} population fix(es)" if written.fixes else ""
         out.print(Text(kit.safe(f"wrote {written.index} ({written.runs} run(s), "
-                                f"{written.attributions} attribution(s){triages}, "
+                                f"{written.attributions} attribution(s){triages}{fixes}, "
                                 f"{written.pages} report(s) beside it)")))
         for problem in written.damaged:
             out.print(Text(kit.safe(f"left out: {problem}"), style="yellow"))

@@ -1,6 +1,6 @@
 """The pages ``car report`` writes from a store: one run's report, and an index of every run,
-attribution and triage in the store with a page written beside it for each (a triage's page:
-``triage_page``).
+attribution, triage and population fix in the store with a page written beside it for each (a
+triage's page: ``triage_page``; a population fix's: ``fix_page``).
 
 The index follows the single-run report's rules (``report.py``): one self-contained file, no
 script, the same Content-Security-Policy, every value escaped by the template. Its links point
@@ -21,9 +21,11 @@ from typing import Any
 
 from car_core import formatting as fmt
 from car_core.errors import CarError, InvalidInput
+from car_core.fix_results import FIX_METHOD
 from car_core.model.trajectory import Trajectory
 from car_core.model.vocabulary import Answer, AttributionStatus
 from car_core.report import _ENV, render_attribution, render_run
+from car_core.report.fix_page import fix_row, render_fix
 from car_core.report.triage_page import render_triage, triage_row
 from car_core.report.verdicts import _answer, shapley_leaders
 from car_core.secrets.redact import redact, redact_json
@@ -142,6 +144,7 @@ class IndexWritten:
     pages: int
     damaged: list[str] = field(default_factory=list)
     triages: int = 0
+    fixes: int = 0
 
 
 def index_paths(out: Path) -> tuple[Path, Path]:
@@ -155,12 +158,13 @@ def index_paths(out: Path) -> tuple[Path, Path]:
 
 def render_index(runs: Sequence[Mapping[str, Any]], attributions: Sequence[Mapping[str, Any]],
                  store: str, damaged: Sequence[str] = (),
-                 triages: Sequence[Mapping[str, Any]] = ()) -> str:
+                 triages: Sequence[Mapping[str, Any]] = (),
+                 fixes: Sequence[Mapping[str, Any]] = ()) -> str:
     """The index page from its rows (``write_index`` builds them from a store)."""
     failed = sum(1 for r in runs if r.get("failed"))
     return redact(_ENV.get_template("index.html.j2").render(
         runs=runs, attributions=attributions, store=store, damaged=list(damaged),
-        failed=failed, triages=list(triages)))
+        failed=failed, triages=list(triages), fixes=list(fixes)))
 
 
 def _triage_pages(db: RunStore, rows: Sequence[Attribution], run_href: Mapping[str, str],
@@ -189,6 +193,31 @@ def _triage_pages(db: RunStore, rows: Sequence[Attribution], run_href: Mapping[s
             result, run_href=up, attribution_href={k: f"../{v}" for k, v in
                                                    attribution_href.items()}, home=home)
         listed.append(triage_row(result, str(a.status), when, ts, href))
+    listed.sort(key=lambda r: r["ts"], reverse=True)
+    return listed
+
+
+def _fix_pages(db: RunStore, rows: Sequence[Attribution], run_href: Mapping[str, str],
+               home: str, pages: dict[Path, str], folder: Path,
+               damaged: list[str]) -> list[dict[str, Any]]:
+    """A page per stored population fix (into ``pages``) and its row on the index, newest
+    first; one without a result yet is listed without a page, a damaged one named."""
+    from car_core.store.fixes import load_fix  # the CLI loads it only for a fix
+    listed: list[dict[str, Any]] = []
+    for a in rows:
+        when, ts = _when(a.created_at), a.created_at or 0.0
+        if a.status == AttributionStatus.RUNNING:
+            listed.append(fix_row(None, str(a.status), when, ts, None, a.id))
+            continue
+        try:
+            result = load_fix(db, a.id)
+        except CarError as exc:
+            damaged.append(f"population fix {a.id}: {exc}")
+            continue
+        href = f"fixes/{page_name(a.id)}"
+        pages[folder / href] = render_fix(
+            result, run_href={k: f"../{v}" for k, v in run_href.items()}, home=home)
+        listed.append(fix_row(result, str(a.status), when, ts, href, a.id))
     listed.sort(key=lambda r: r["ts"], reverse=True)
     return listed
 
@@ -238,12 +267,14 @@ def write_index(db: RunStore, out: Path, store: str) -> IndexWritten:
                      "failed": run.failed, "attributions": len(own),
                      "latest": attribution_summary(latest) if latest else None})
     rows.sort(key=lambda r: r["ts"], reverse=True)
-    triages = _triage_pages(db, [a for rows_of in by_run.values() for a in rows_of
-                                 if a.method == TRIAGE_METHOD],
-                            {str(r["id"]): str(r["href"]) for r in runs},
+    stored = [a for rows_of in by_run.values() for a in rows_of]
+    run_links = {str(r["id"]): str(r["href"]) for r in runs}
+    triages = _triage_pages(db, [a for a in stored if a.method == TRIAGE_METHOD], run_links,
                             {r["id"]: r["href"] for r in rows if r.get("href")},
                             "../" + index.name, pages, folder, damaged)
-    html = render_index(runs, rows, store, damaged, triages)
+    fixes = _fix_pages(db, [a for a in stored if a.method == FIX_METHOD], run_links,
+                       "../" + index.name, pages, folder, damaged)
+    html = render_index(runs, rows, store, damaged, triages, fixes)
     try:
         for path, page in pages.items():
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -254,7 +285,8 @@ def write_index(db: RunStore, out: Path, store: str) -> IndexWritten:
         raise InvalidInput(f"cannot write the index to {index}: {exc.strerror}",
                            hint="pass --out a writable folder or .html file") from None
     return IndexWritten(index=index, runs=len(runs), attributions=len(rows),
-                        pages=len(pages), damaged=damaged, triages=len(triages))
+                        pages=len(pages), damaged=damaged, triages=len(triages),
+                        fixes=len(fixes))
 
 
 __all__ = ["IndexWritten", "attribution_summary", "index_paths", "latest_attribution",
