@@ -171,15 +171,18 @@ def test_the_stratified_interval_covers_unequal_runs_at_its_level():
 def test_stored_resumable_listed_and_exported(population, triaged, tmp_path):
     runs = population[:3] + population[-3:]
     fix = car.Fix.instruction(DESK.fix)
+    told: list[tuple[int, int, str]] = []
     with RunStore(tmp_path / "car.db") as store:
         # 40 rollouts pay for two runs (2 arms · 8 pairs each): the rest are left untested
         first = car.fix_population(runs, DESK.agent(), outcome=DESK.outcome, candidates=[fix],
                                    triage=triaged, rollouts=8, store=store, fix_id="f1",
-                                   budget=40)
+                                   budget=40, progress=lambda *a: told.append(a))
         assert first.truncated and first.rollouts_used == 32
         assert store.attribution("f1").status == "truncated"
         tested = {r.run_id for r in first.candidates[0].per_run if r.n}
         assert tested == {runs[0].id, runs[1].id}
+        # progress tells of the runs tested, not of those the budget never reached
+        assert told == [(1, len(runs), runs[0].id), (2, len(runs), runs[1].id)]
         # resumed without the triage: the runs measured are read back, the others located by
         # attributing them (stored as a triage of their own) and tested
         second = car.fix_population(runs, DESK.agent(), outcome=DESK.outcome,

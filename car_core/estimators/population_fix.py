@@ -149,7 +149,8 @@ def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: O
     for the fixes that need a locus. Without it, loci come from each run's stored contrastive
     attribution, else from attributing the run now (``locate_rollouts`` per step, stored as a
     triage when a store is given). ``runs_at_once``: runs branched at once (None: chosen for
-    the agent). ``progress(done, total, run_id)`` after each run, on the caller's thread."""
+    the agent). ``progress(done, total, run_id)`` after each run tested or read back, on the
+    caller's thread (not for runs the budget never reached)."""
     fixes = _check(candidates, from_step, alpha, rollouts, max_rollouts)
     at_once = runs_at_once_for(runs_at_once, agent)
     total = as_budget(budget, "budget")
@@ -190,8 +191,8 @@ def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: O
             if store is not None and fid is not None and rec.get("measured"):
                 from car_core.store.fixes import save_fix_run
                 save_fix_run(store, fid, rec)
-        finished += 1
-        if progress is not None:
+        if progress is not None and rec:  # not of the runs the budget never reached
+            finished += 1
             progress(finished, n_runs, population[i].id)
 
     with RunPool[dict[str, Any]](at_once, ordered=purse.shares) as pool:
