@@ -218,8 +218,8 @@ class _Bar:
 
     made: list[_Bar] = []
 
-    def __init__(self, total: int | None, label: str) -> None:
-        self.total, self.n, self.desc, self.closed = total, 0, label, False
+    def __init__(self, total: int | None, desc: str, **_: Any) -> None:
+        self.total, self.n, self.desc, self.closed = total, 0, desc, False
         _Bar.made.append(self)
 
     def update(self, n: int = 1) -> None:
@@ -237,10 +237,14 @@ class _Bar:
 
 def test_an_estimate_draws_one_bar_of_its_budget_and_says_when_it_stops_early(
         monkeypatch, pivot_model, pivot_run) -> None:
+    import tqdm
+
     import car_core.estimators._session as session  # where the estimate's bar is made
+    from car_core.engine.progress import TqdmBar
     _Bar.made = []
+    monkeypatch.setattr(tqdm, "tqdm", _Bar)  # the terminal's bar, recorded
     monkeypatch.setattr(session, "progress_bar",
-                        lambda progress, total, label: _Bar(total, label)
+                        lambda progress, total, label: TqdmBar(label, total)
                         if progress is True else progress or None)
     # early_stop: decided (the locus confirmed, the later steps ruled out) with half of n·K
     res = car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
@@ -279,6 +283,26 @@ def test_progress_to_a_pipe_is_plain_lines_with_an_honest_end(pivot_model, pivot
         "intervene: 2 of 10 rollouts", "intervene: 4 of 10 rollouts",
         "intervene: 6 of 10 rollouts", "intervene: 6 of 10 rollouts"]
     assert "budget left 4" in said[-1] and said[-1].endswith("(stopped early, 6 of 10 allowed)")
+
+
+def test_progress_to_a_pipe_says_it_is_waiting_while_no_rollout_finishes() -> None:
+    """A model server that stalls (an outage backing off) stops every update: the log must not
+    go silent, which reads as a hang, but say how long it has waited."""
+    import time
+
+    from car_core.engine.progress import LineProgress
+    stream = io.StringIO()
+    bar = LineProgress("contrastive", 10, every=0.05, stream=stream)
+    bar.update(3)
+    time.sleep(0.5)
+    bar.done()
+    lines = stream.getvalue().splitlines()
+    waiting = [line for line in lines if "(waiting: no rollout finished for" in line]
+    assert len(waiting) >= 3 and all(line.startswith("contrastive: 3 of 10 rollouts")
+                                     for line in waiting)
+    assert lines[-1].endswith("(stopped early, 3 of 10 allowed)")
+    time.sleep(0.2)
+    assert stream.getvalue().splitlines() == lines  # closed: the heartbeat stopped
 
 
 def test_the_cli_bar_ends_at_what_was_run_and_says_how_much_was_allowed() -> None:

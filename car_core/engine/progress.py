@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import IO, Any, Protocol
 
@@ -24,22 +25,28 @@ Progress = bool | ProgressBar | None
 class LineProgress:
     """Progress for a stderr that is no terminal (a pipe, a CI log): a bar redrawn with
     carriage returns reads as one garbled line there, so this writes a plain line at most every
-    ``every`` seconds and one when it closes."""
+    ``every`` seconds and one when it closes. While no rollout finishes (a model server that
+    stalls, a rate limit backing off) a line still comes every ``every`` seconds saying how
+    long it has waited: a log that stops reads as a hang."""
 
     def __init__(self, label: str, total: int | None, budget: int | None = None,
                  every: float = LINE_EVERY, stream: IO[str] | None = None) -> None:
         self.label, self.total, self.budget, self.every = label, total, budget, every
         self.stream = stream if stream is not None else sys.stderr
         self.count = 0
-        self.began = self.last = time.monotonic()
+        self.began = self.last = self.moved = time.monotonic()
         self.closed = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        if every > 0:
+            threading.Thread(target=self._heartbeat, name="car-progress", daemon=True).start()
 
     def update(self, n: int = 1) -> None:
-        self.count += n
-        now = time.monotonic()
-        if now - self.last >= self.every:
-            self.last = now
-            self._line(now)
+        with self._lock:
+            self.count += n
+            now = self.moved = time.monotonic()
+            if now - self.last >= self.every:
+                self._line(now)
 
     def done(self) -> None:
         """The estimate finished: the closing line says so, and how much was allowed when it
@@ -53,11 +60,21 @@ class LineProgress:
         self._close(None)
 
     def _close(self, how: str | None) -> None:
-        if not self.closed:
-            self.closed = True
-            self._line(time.monotonic(), how)
+        self._stop.set()
+        with self._lock:
+            if not self.closed:
+                self.closed = True
+                self._line(time.monotonic(), how)
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.every):
+            with self._lock:
+                now = time.monotonic()
+                if not self.closed and min(now - self.last, now - self.moved) >= self.every:
+                    self._line(now, f"waiting: no rollout finished for {now - self.moved:.0f} s")
 
     def _line(self, now: float, how: str | None = None) -> None:
+        self.last = now
         of = f" of {self.total}" if self.total is not None else ""
         left = (f", budget left {max(0, self.budget - self.count)}"
                 if self.budget is not None else "")
@@ -66,6 +83,31 @@ class LineProgress:
         end = f" ({how})" if how else ""
         print(f"{self.label}: {self.count}{of} rollouts{rate}{left}, {took:.0f} s{end}",
               file=self.stream, flush=True)
+
+
+class TqdmBar:
+    """A ``tqdm`` bar on a terminal, with the ``done()`` every bar the estimates draw offers:
+    an estimate that stopped before its budget was spent ends the bar at what was run, its
+    label saying how much was allowed, so the total never silently shrinks."""
+
+    def __init__(self, label: str, total: int | None) -> None:
+        from tqdm import tqdm
+        self.bar = tqdm(total=total, desc=label, unit="rollout", leave=False, file=sys.stderr)
+
+    def update(self, n: int = 1) -> None:
+        self.bar.update(n)
+
+    def done(self) -> None:
+        bar = self.bar
+        if bar.total is not None and bar.n < bar.total:
+            bar.set_description(f"{bar.desc.rstrip(': ')}: stopped early, {bar.n} of "
+                                f"{bar.total} allowed")
+            bar.total = bar.n
+            bar.refresh()
+        self.close()
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def progress_bar(progress: Progress, total: int | None, label: str) -> Any:
@@ -77,6 +119,5 @@ def progress_bar(progress: Progress, total: int | None, label: str) -> Any:
     if progress is True and not sys.stderr.isatty():
         return LineProgress(label, total)
     if progress is None or progress is True:
-        from tqdm import tqdm
-        return tqdm(total=total, desc=label, unit="rollout", leave=False, file=sys.stderr)
+        return TqdmBar(label, total)
     return progress

@@ -24,7 +24,7 @@ from car_core.engine.execution import (
     execute,
     resolve_executor,
 )
-from car_core.engine.progress import LineProgress, progress_bar
+from car_core.engine.progress import progress_bar
 from car_core.engine.replay import check_run
 from car_core.engine.tasks import check_failures
 from car_core.errors import (
@@ -167,21 +167,6 @@ def _estimate_bar(progress: Any, meter: BudgetMeter, label: str) -> tuple[Any, b
     return bar if bar is not None else False, bar is not None
 
 
-def _finish_bar(bar: Any) -> None:
-    """An estimate that stopped before its budget was spent says so: the total becomes what
-    was run, and the label how much was allowed."""
-    if isinstance(bar, LineProgress):  # its closing line says so
-        bar.done()
-        return
-    total = getattr(bar, "total", None)
-    done = getattr(bar, "n", None)
-    if total is not None and done is not None and done < total:
-        bar.set_description(f"{bar.desc.rstrip(': ')}: stopped early, {done} of {total} allowed")
-        bar.total = done
-        bar.refresh()
-    bar.close()
-
-
 class Session:
     """One estimate in progress: the agent, the outcome, the shared budget meter and (with a
     store) the attribution row and the journal that makes it resumable."""
@@ -314,7 +299,7 @@ class Session:
         (``RunStore.drop_empty_attribution``) rather than left ``running`` with nothing in it."""
         if self._own_bar:
             self._own_bar = False
-            _finish_bar(self.progress)
+            self.progress.done()  # one that stopped before its budget was spent says so
         if self.store is None or self.attribution_id is None:
             return
         try:
