@@ -45,13 +45,14 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from car_core import defaults
-from car_core.engine.agent import Agent
+from car_core.engine.agent import Agent, check_agent
 from car_core.engine.execution import ExecutorLike
 from car_core.errors import (
     AgentError,
     AgentMismatch,
     AttributionBusy,
     AttributionNotFound,
+    CarError,
     InvalidInput,
     ModelUnavailable,
     NothingToAttribute,
@@ -60,6 +61,7 @@ from car_core.errors import (
     RunNotFailed,
 )
 from car_core.estimators._population import Purse, RunPool, Spent, runs_at_once_for
+from car_core.estimators._session import check_run_has_steps
 from car_core.estimators.contrastive import rollout_budget
 from car_core.estimators.settings import ContrastiveSettings
 from car_core.model.budget import Budget, as_budget
@@ -189,6 +191,8 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
     if store is not None and tid is not None:
         from car_core.store.triages import begin_triage
         begin_triage(store, tid, params)
+    # every run's shape refused (or the whole triage stopped) before any run's first branch
+    refused = _refused(population, agent, force_agent)
     purse = Purse(total)
     rows: list[TriageRun | None] = [None] * len(population)
     results: dict[int, ContrastiveResult] = {}
@@ -212,6 +216,9 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
     with RunPool[tuple[TriageRun, ContrastiveResult | None]](
             at_once, ordered=purse.shares) as pool:
         for i, run in enumerate(population):
+            if i in refused:
+                settled(i, (refused[i], None))
+                continue
             # this run's own cap (n·K rollouts unless per_run says otherwise), within what
             # the total leaves
             own = cap = rollout_budget(len(run.steps), rollouts, each)[0]
@@ -361,6 +368,30 @@ def _job(run: Trajectory, agent: Agent, outcome: OutcomeLike, settings: Contrast
     return attribute
 
 
+def _refused(population: Sequence[Trajectory], agent: Agent, force_agent: bool
+             ) -> dict[int, TriageRun]:
+    """The runs the agent refuses up front (``check_agent``: another agent recorded it, a
+    shape its ``preflight`` cannot branch), each as its row; checked for every run before any
+    run's first branch, so a refusal that stops the triage costs no branch and leaves no
+    attribution of another run interrupted. Writes nothing and calls no model."""
+    refused: dict[int, TriageRun] = {}
+    for i, run in enumerate(population):
+        try:
+            check_run_has_steps(run)
+            check_agent(run, agent, force=force_agent)
+        except RUN_ERRORS as exc:
+            refused[i] = _refusal(run, exc, None)
+    return refused
+
+
+def _refusal(run: Trajectory, exc: CarError, stored: str | None) -> TriageRun:
+    """The row of a run not attributed because of its own trouble (``RUN_ERRORS``)."""
+    if isinstance(exc, RunNotFailed):  # not part of the population: apart, not undecided
+        return TriageRun(run.id, NOT_FAILED, reason=str(exc), attribution_id=stored)
+    return TriageRun(run.id, str(Answer.UNDECIDED), reason=f"not attributed: {exc}",
+                     attribution_id=stored)
+
+
 def _attributed(run: Trajectory, agent: Agent, outcome: OutcomeLike,
                 settings: ContrastiveSettings, store: RunStore | None, aid: str | None,
                 executor: ExecutorLike, force_agent: bool
@@ -373,10 +404,7 @@ def _attributed(run: Trajectory, agent: Agent, outcome: OutcomeLike,
             raise
         stored = aid if aid is not None and store is not None \
             and store.attribution_exists(aid) else None
-        if isinstance(exc, RunNotFailed):  # not part of the population: apart, not undecided
-            return TriageRun(run.id, NOT_FAILED, reason=str(exc), attribution_id=stored), None
-        return TriageRun(run.id, str(Answer.UNDECIDED), reason=f"not attributed: {exc}",
-                         attribution_id=stored), None
+        return _refusal(run, exc, stored), None
     return _row(run.id, result, aid, reused=False), result
 
 
