@@ -1,5 +1,5 @@
-"""An agent that reports token usage on its live steps, so token budgets can trip
-deterministically in estimator tests."""
+"""Agents for estimator tests: one that reports token usage on its live steps, so token
+budgets can trip deterministically, and one whose ``preflight`` refuses chosen runs."""
 
 from __future__ import annotations
 
@@ -42,3 +42,23 @@ def counted(model: Any) -> tuple[car.FunctionAgent, Any]:
     agent = car.FunctionAgent(policy=policy, environment=env, is_final=base.is_final,
                               max_steps=base.max_steps, name=base.name)
     return agent, Counters(policy, env)
+
+
+class Preflighted:
+    """Wraps an agent with a ``preflight`` that refuses some runs: ``why[run_id]`` is the
+    error it raises; every branch is counted (``branches``)."""
+
+    def __init__(self, base: Any, why: dict[str, Exception]) -> None:
+        self.base, self.why, self.branches = base, why, 0
+        self.name = base.name
+
+    def preflight(self, run: car.Trajectory) -> None:
+        if run.id in self.why:
+            raise self.why[run.id]
+
+    def start(self, context: Any, noise: Any) -> car.Trajectory:
+        return self.base.start(context, noise)
+
+    def branch(self, run: car.Trajectory, plan: Any, noise: Any) -> car.Trajectory:
+        self.branches += 1
+        return self.base.branch(run, plan, noise)

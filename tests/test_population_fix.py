@@ -358,3 +358,25 @@ def test_the_summary_says_when_the_best_fix_is_not_told_apart_from_another():
         " Not told apart from 'instruction' 27% [13%, 40%]: the intervals overlap.")
     assert population(best, far).summary() == population(best).summary()
     assert "told apart" not in population(best, far).summary()
+
+
+def test_every_run_is_preflighted_before_any_branch_or_locus(population, triaged):
+    """As a triage: the agent's preflight sees every run before the first branch (the loci's
+    attributions included), a shape that stops the fix raised with none run, a run's own
+    trouble left untested with why while the others are measured."""
+    from _estimator_helpers import Preflighted
+
+    from car_core.errors import AdapterError
+    runs = population[:2] + population[-2:]
+    fix = car.Fix.instruction(DESK.fix)
+    stops = Preflighted(DESK.agent(), {runs[3].id: InvalidInput("a shape CAR cannot fork")})
+    with pytest.raises(InvalidInput, match="cannot fork"):
+        car.fix_population(runs, stops, outcome=DESK.outcome, candidates=[fix], rollouts=8)
+    assert stops.branches == 0
+    one = Preflighted(DESK.agent(), {runs[1].id: AdapterError("its checkpoint is gone")})
+    res = car.fix_population(runs, one, outcome=DESK.outcome, candidates=[fix], rollouts=8,
+                             triage=triaged)
+    rows = {r.run_id: r for r in res.candidates[0].per_run}
+    assert rows[runs[1].id].n == 0 and "its checkpoint is gone" in rows[runs[1].id].reason
+    assert runs[1].id in res.candidates[0].untested
+    assert all(rows[r.id].n == 8 for r in runs if r.id != runs[1].id)

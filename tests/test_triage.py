@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from _estimator_helpers import Preflighted
 
 import car_core as car
 from car_core.errors import InvalidInput, RunNotFound
@@ -301,26 +302,6 @@ def test_a_run_refused_before_any_branch_names_no_attribution(population, tmp_pa
                 assert store.attribution_exists(rows[r.id].attribution_id)
 
 
-class _Preflighted:
-    """``DESK.agent()`` with a ``preflight`` that refuses some runs: ``why[run_id]`` is the
-    error it raises; every branch is counted."""
-
-    def __init__(self, why: dict[str, Exception]) -> None:
-        self.inner, self.why, self.branches = DESK.agent(), why, 0
-        self.name = self.inner.name
-
-    def preflight(self, run: car.Trajectory) -> None:
-        if run.id in self.why:
-            raise self.why[run.id]
-
-    def start(self, context, noise):
-        return self.inner.start(context, noise)
-
-    def branch(self, run, plan, noise):
-        self.branches += 1
-        return self.inner.branch(run, plan, noise)
-
-
 def test_every_run_is_preflighted_before_any_branch(population, tmp_path):
     """The agent's preflight sees every run before the first branch: a shape that stops the
     triage (an ``InvalidInput``) is raised with no branch run and no other run's attribution
@@ -328,7 +309,7 @@ def test_every_run_is_preflighted_before_any_branch(population, tmp_path):
     that run's row, named, and the others are attributed."""
     from car_core.errors import AdapterError, InvalidInput
     runs = population[:4]
-    stops = _Preflighted({runs[3].id: InvalidInput("a graph shape CAR cannot fork")})
+    stops = Preflighted(DESK.agent(), {runs[3].id: InvalidInput("a graph shape CAR cannot fork")})
     with RunStore(tmp_path / "car.db") as store:
         with pytest.raises(InvalidInput, match="cannot fork"):
             car.triage(runs, stops, outcome=DESK.outcome, rollouts=K, store=store,
@@ -336,7 +317,7 @@ def test_every_run_is_preflighted_before_any_branch(population, tmp_path):
         assert stops.branches == 0 and _branches(store) == 0
         # only the triage's own row: no run's attribution began
         assert [store.attribution(a).method for a in store.attribution_ids()] == ["triage"]
-    one = _Preflighted({runs[2].id: AdapterError("this thread's checkpoint is gone")})
+    one = Preflighted(DESK.agent(), {runs[2].id: AdapterError("this thread's checkpoint is gone")})
     res = car.triage(runs, one, outcome=DESK.outcome, rollouts=K, runs_at_once=2)
     rows = {r.run_id: r for r in res.per_run}
     assert rows[runs[2].id].answer == "undecided" and rows[runs[2].id].attribution_id is None

@@ -10,7 +10,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from car_core.estimators.navigation import ArmSource, sign_counts
-from car_core.stats.sequential import LOW_SHARE, Prior, positive_at, positive_by_end
+from car_core.stats.sequential import (
+    LOW_SHARE,
+    Prior,
+    pairs_to_show,
+    positive_at,
+    positive_by_end,
+)
 
 FIRST_SHARE = 0.7     # of α, what the first confirmation spends; each later one half the rest
 # (0.7, not 0.8: the first confirmation's pass/fail test still crosses after six pairs up,
@@ -156,6 +162,5 @@ def more_pairs(d: np.ndarray, alpha: float) -> int | None:
     betting wealth grows by about ``μ²/(2σ²)`` a pair and must reach ``log(1/(θα))``."""
     if d.size < 2 or d.mean() <= 0:
         return None
-    var = float(d.var()) + 1e-9
-    need = 2 * math.log(1 / (LOW_SHARE * alpha)) * var / float(d.mean()) ** 2
+    need = pairs_to_show(float(d.mean()), float(d.var()) + 1e-9, LOW_SHARE * alpha)
     return max(0, math.ceil(need) - d.size)

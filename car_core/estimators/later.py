@@ -46,7 +46,7 @@ import numpy as np
 from car_core import defaults
 from car_core.estimators.confirmation import Confirmation, share
 from car_core.estimators.navigation import ArmSource
-from car_core.stats.sequential import LOW_SHARE, below_now, positive_at
+from car_core.stats.sequential import LOW_SHARE, below_now, pairs_to_show, positive_at
 
 LATER = 3 << 20       # first rollout index of the later steps' rollouts
 INDIFFERENCE = defaults.INDIFFERENCE  # Δ
@@ -109,14 +109,6 @@ def levels(alpha: float, n: int, attempts: int = 1, c: int = 0) -> tuple[float, 
     return spare * OUT_SHARE, spare * (1 - OUT_SHARE) / max(n - 1 - c, 1)
 
 
-def _pairs_to_show(d: np.ndarray, gap: float, level: float) -> float:
-    """Roughly how many pairs in all a betting test needs to show a mean ``gap`` away from
-    the pairs' own, at their spread: its log wealth grows by about ``gap²/(2σ²)`` a pair."""
-    if gap <= 0:
-        return float("inf")
-    return 2.0 * max(float(d.var()), 1e-3) * float(np.log(1.0 / level)) / gap ** 2
-
-
 def _hopeless(d: np.ndarray, delta: float, out_level: float, pos_level: float,
               room: int) -> bool:
     """Neither verdict is within reach of the pairs ``room`` more could buy: noisy pairs of a
@@ -127,8 +119,9 @@ def _hopeless(d: np.ndarray, delta: float, out_level: float, pos_level: float,
     mean = float(d.mean())
     slack = 2.0 * float(d.std()) / float(np.sqrt(d.size))
     reach = d.size + room
-    return (_pairs_to_show(d, delta - (mean - slack), out_level) > reach
-            and _pairs_to_show(d, mean + slack, pos_level) > reach)
+    spread = max(float(d.var()), 1e-3)
+    return (pairs_to_show(delta - (mean - slack), spread, out_level) > reach
+            and pairs_to_show(mean + slack, spread, pos_level) > reach)
 
 
 def _to_cross(gaps: np.ndarray, delta: float, level: float, most: int) -> int:

@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 
 from car_core.stats import Coupling, coupling_of
-from car_core.stats.sequential import LOW_SHARE, below_now
+from car_core.stats.sequential import LOW_SHARE, below_now, pairs_to_show
 
 GATE_NET = 4          # net positive pairs that size a rise for the sequential probes
 GATE_MIN = 12         # pairs the gate runs at least before it sizes a rise
@@ -181,14 +181,12 @@ class Witnesses:
 def _pairs_for(rise: tuple[float, float] | None, level: float | None) -> float:
     """Roughly the pairs a betting test at ``level`` needs for a rise whose pairs go up and
     down at rates ``rise``: its log wealth grows by about ``δ²/(2q)`` a pair (``δ`` the net
-    rise, ``q`` the rate of pairs that disagree). Infinite without a rise or a level."""
+    rise, ``q = up + down`` the rate of pairs that disagree, the pairs' second moment).
+    Infinite without a rise or a level."""
     if rise is None or level is None:
         return math.inf
     up, down = rise
-    delta = up - down
-    if delta <= 0:
-        return math.inf
-    return 2.0 * (up + down) * math.log(1.0 / (LOW_SHARE * level)) / delta ** 2
+    return pairs_to_show(up - down, up + down, LOW_SHARE * level)
 
 
 def locus_posterior(fails: np.ndarray, runs: np.ndarray, lo: int, hi: int) -> np.ndarray:

@@ -58,7 +58,7 @@ from car_core.errors import BranchesFailed, InvalidInput, InvalidIntervention, M
 from car_core.estimators._arms import Branch, StepArms, check_rollouts
 from car_core.estimators._population import Purse, RunPool, Spent, runs_at_once_for
 from car_core.estimators.fixes import Fix, as_fix
-from car_core.estimators.triage import RUN_ERRORS, _load_all
+from car_core.estimators.triage import RUN_ERRORS, _load_all, refused_up_front
 from car_core.estimators.triage import triage as attribute_all
 from car_core.fix_results import INTERVAL, RUN_TEST, FixCost, FixEstimate, FixRun, PopulationFix
 from car_core.model.budget import Budget, as_budget
@@ -169,10 +169,14 @@ def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: O
     if store is not None and fid is not None:
         from car_core.store.fixes import begin_fix
         done = begin_fix(store, fid, params)
+    # every run's shape refused (or the whole fix stopped) before any branch, loci's included
+    refused = {population[i].id: f"not tested: {exc}"
+               for i, exc in refused_up_front(population, agent, force_agent).items()}
     purse = Purse(total, "population fix")
-    loci, why = _loci(population, fixes, from_step, done, triage, store, agent, outcome,
-                      locate_rollouts, alpha, seed, total, executor, force_agent, fid,
-                      purse.spent, at_once)
+    loci, why = _loci([r for r in population if r.id not in refused], fixes, from_step, done,
+                      triage, store, agent, outcome, locate_rollouts, alpha, seed, total,
+                      executor, force_agent, fid, purse.spent, at_once)
+    why.update(refused)
     locate_spent = purse.spent.rollouts
     records: dict[str, dict[str, Any]] = {}
     holds: dict[int, Spent] = {}
@@ -203,7 +207,8 @@ def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: O
             if note is not None:
                 settled(i, {})
                 continue
-            steps = {f.label: _branch_step(f, from_step, loci.get(run.id)) for f in fixes}
+            steps = {f.label: None if run.id in refused
+                     else _branch_step(f, from_step, loci.get(run.id)) for f in fixes}
             rec, arms = _plan(run, fixes, steps, why.get(run.id))
             if not arms:
                 settled(i, rec)

@@ -192,7 +192,8 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
         from car_core.store.triages import begin_triage
         begin_triage(store, tid, params)
     # every run's shape refused (or the whole triage stopped) before any run's first branch
-    refused = _refused(population, agent, force_agent)
+    refused = {i: _refusal(population[i], exc, None)
+               for i, exc in refused_up_front(population, agent, force_agent).items()}
     purse = Purse(total)
     rows: list[TriageRun | None] = [None] * len(population)
     results: dict[int, ContrastiveResult] = {}
@@ -368,19 +369,20 @@ def _job(run: Trajectory, agent: Agent, outcome: OutcomeLike, settings: Contrast
     return attribute
 
 
-def _refused(population: Sequence[Trajectory], agent: Agent, force_agent: bool
-             ) -> dict[int, TriageRun]:
+def refused_up_front(population: Sequence[Trajectory], agent: Agent, force_agent: bool
+                     ) -> dict[int, CarError]:
     """The runs the agent refuses up front (``check_agent``: another agent recorded it, a
-    shape its ``preflight`` cannot branch), each as its row; checked for every run before any
-    run's first branch, so a refusal that stops the triage costs no branch and leaves no
-    attribution of another run interrupted. Writes nothing and calls no model."""
-    refused: dict[int, TriageRun] = {}
+    shape its ``preflight`` cannot branch), each with its error; checked for every run before
+    any run's first branch, so a refusal that stops the whole population (any error but a
+    run's own trouble, ``RUN_ERRORS``) costs no branch and leaves no attribution of another
+    run interrupted. Writes nothing and calls no model."""
+    refused: dict[int, CarError] = {}
     for i, run in enumerate(population):
         try:
             check_run_has_steps(run)
             check_agent(run, agent, force=force_agent)
         except RUN_ERRORS as exc:
-            refused[i] = _refusal(run, exc, None)
+            refused[i] = exc
     return refused
 
 

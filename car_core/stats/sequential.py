@@ -28,6 +28,7 @@ sampling's end, which is known, so the exact part recovers the slack of that bou
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -179,6 +180,16 @@ def positive_by_end(d: Sequence[float] | np.ndarray, alpha: float, prior: Prior 
         return False
     weights = tuple(float(v) for v in prior.weights())
     return int((signs > 0).sum()) >= final_critical(int(signs.size), float(alpha), weights)
+
+
+def pairs_to_show(gap: float, spread: float, level: float) -> float:
+    """Roughly how many pairs in all a betting test at ``level`` needs to show a mean ``gap``
+    away from the null, for pairs of variance ``spread``: its log wealth grows by about
+    ``gap²/(2·spread)`` a pair and must reach ``log(1/level)``. Infinite for no gap. A planning
+    figure (how long to keep a test going, what more would decide it), never a decision."""
+    if gap <= 0:
+        return math.inf
+    return 2.0 * spread * math.log(1.0 / level) / gap ** 2
 
 
 @dataclass(frozen=True)
