@@ -371,7 +371,8 @@ def test_every_run_is_preflighted_before_any_branch_or_locus(population, triaged
     fix = car.Fix.instruction(DESK.fix)
     stops = Preflighted(DESK.agent(), {runs[3].id: InvalidInput("a shape CAR cannot fork")})
     with pytest.raises(InvalidInput, match="cannot fork"):
-        car.fix_population(runs, stops, outcome=DESK.outcome, candidates=[fix], rollouts=8)
+        car.fix_population(runs, stops, outcome=DESK.outcome, candidates=[fix], rollouts=8,
+                           triage=triaged, runs_at_once=1)
     assert stops.branches == 0
     one = Preflighted(DESK.agent(), {runs[1].id: AdapterError("its checkpoint is gone")})
     res = car.fix_population(runs, one, outcome=DESK.outcome, candidates=[fix], rollouts=8,
