@@ -397,12 +397,16 @@ class LangGraphAgent:
                 except CarError:
                     raise
                 except Exception as exc:  # a model server down: stop, resumable, as everywhere
+                    state.guard.raise_blocked()  # the app turned a refusal into another error
                     if is_outage(exc):
                         raise model_unavailable(
                             exc, step=state.current_step(), run_id=run.id,
                             who="the model server (or a server a tool calls)"
                         ) from redact.redacted(exc)
                     raise
+                # a refusal the app's own tool-error handler turned into a message for the
+                # model (ToolNode(handle_tool_errors=...), with_fallbacks): never scored
+                state.guard.raise_blocked()
             if isinstance(status, Trajectory):
                 return status
             return state.collect(status, (await calls.get_state(thread_config(thread_id))).values)

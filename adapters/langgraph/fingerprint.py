@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from langchain_core.runnables import RunnableWithFallbacks
 from langgraph.prebuilt import ToolNode
 
 from car_core.contract import fingerprint_digest
@@ -15,16 +16,28 @@ from car_core.contract import fingerprint_digest
 from ..common.fingerprint import callable_print, tool_print
 
 
+def _attr(r: Any, name: str) -> Any:
+    """``r.name`` or None: a runnable that forwards unknown attributes to another
+    (``RunnableWithFallbacks``) can raise anything from type hints it evaluates."""
+    try:
+        return getattr(r, name, None)
+    except Exception:
+        return None
+
+
 def _runnable(r: Any) -> Any:
+    if isinstance(r, RunnableWithFallbacks):  # the tutorial's ToolNode(...).with_fallbacks
+        return {"runnable": _runnable(r.runnable),
+                "fallbacks": [_runnable(f) for f in r.fallbacks]}
     if isinstance(r, ToolNode):
         return {"tools": [tool_print(n, getattr(t, "description", ""), getattr(t, "args", {}))
                           for n, t in sorted(r.tools_by_name.items())]}
     if hasattr(r, "get_subgraphs") and hasattr(r, "builder"):  # a compiled subgraph
         return {"subgraph": r.get_name()}
-    steps = getattr(r, "steps", None)
+    steps = _attr(r, "steps")
     if isinstance(steps, (list, tuple)):  # a runnable sequence
         return {"steps": [_runnable(s) for s in steps]}
-    fn = getattr(r, "func", None) or getattr(r, "afunc", None)
+    fn = _attr(r, "func") or _attr(r, "afunc")
     if fn is not None:
         return callable_print(fn)
     return callable_print(r)

@@ -51,9 +51,27 @@ class Guard:
     lookup: Callable[[str], Any] | None = None  # tool_call_id -> forced content, or RUN
     served: list[tuple[str, str]] = field(default_factory=list)
     sources: dict[str, ToolSource] = field(default_factory=dict)  # tool_call_id -> source
+    blocked: SideEffectBlocked | None = None  # the first refusal, whatever the app did with it
+
+    def raise_blocked(self) -> None:
+        """Raise the first refusal of this branch: an app whose tool node catches tool errors
+        (``handle_tool_errors``, ``with_fallbacks``) hands it to the model as a message and
+        the branch goes on, so it must stop here, or a blocked side effect is scored."""
+        if self.blocked is not None:
+            raise self.blocked
 
     def answer(self, tool: BaseTool, tool_input: Any, tool_call_id: str | None,
                node: str | None = None) -> Any:
+        """``_answer``, with its refusal noted (``raise_blocked``) before it reaches the app."""
+        try:
+            return self._answer(tool, tool_input, tool_call_id, node)
+        except SideEffectBlocked as exc:
+            if self.blocked is None:
+                self.blocked = exc
+            raise
+
+    def _answer(self, tool: BaseTool, tool_input: Any, tool_call_id: str | None,
+                node: str | None = None) -> Any:
         """The content to return instead of running ``tool``, a ``Simulated`` call for the
         caller to finish, or ``RUN`` to run it. A call with no tool call id is one node
         ``node`` makes itself: it answers no model decision, so a refusal names the node, not

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from langchain_core.runnables import RunnableWithFallbacks
 from langchain_core.tools import BaseTool
 from langgraph.prebuilt import ToolNode
 
@@ -37,8 +38,8 @@ class AppShape:
         graphs: dict[str, Any] = {"": app, **dict(app.get_subgraphs(recurse=True))}
         specs = [(ns, n, spec) for ns, g in graphs.items()
                  for n, spec in getattr(getattr(g, "builder", None), "nodes", {}).items()]
-        tool_nodes = {(ns, n): spec.runnable for ns, n, spec in specs
-                      if isinstance(spec.runnable, ToolNode)}
+        tool_nodes = {(ns, n): node for ns, n, spec in specs
+                      if (node := tool_node(spec.runnable)) is not None}
         reaches = {(ns, n): reach(spec.runnable) for ns, n, spec in specs
                    if (ns, n) not in tool_nodes and join(ns, n) not in graphs}
         tools = sorted({t for node in tool_nodes.values()
@@ -57,9 +58,20 @@ class AppShape:
         return (level, node) not in self.tool_nodes and join(level, node) not in self.graphs
 
 
+def tool_node(runnable: Any) -> ToolNode | None:
+    """The ToolNode a graph node runs: the node's runnable itself, or the one it wraps with
+    fallbacks (``ToolNode(tools).with_fallbacks([handler])``, LangGraph's customer-support
+    tutorial), whose fallbacks only answer the tool errors it raises."""
+    if isinstance(runnable, RunnableWithFallbacks):
+        runnable = runnable.runnable
+    return runnable if isinstance(runnable, ToolNode) else None
+
+
 def _async_only(obj: Any) -> bool:
     """A node or tool that has only a coroutine: an ``async def`` node, a ``StructuredTool``
     made from an ``async def`` (what langchain-mcp-adapters loads MCP tools as)."""
     if isinstance(obj, BaseTool):
         return getattr(obj, "func", True) is None and getattr(obj, "coroutine", None) is not None
+    if isinstance(obj, RunnableWithFallbacks):  # forwards attributes it may fail to read
+        return _async_only(obj.runnable) or any(_async_only(f) for f in obj.fallbacks)
     return getattr(obj, "func", True) is None and getattr(obj, "afunc", None) is not None

@@ -428,6 +428,71 @@ def test_reused_tool_call_ids_keep_each_steps_own_result() -> None:
     assert [s.observation and s.observation[0]["content"] for s in branch.steps] == expected
 
 
+def _forgiving_app(model: Any, saver: Any, how: str) -> Any:
+    """The support graph whose tool node hands tool errors to the model as messages, as
+    LangGraph's customer-support tutorial does: ``handle_tool_errors=True``, or the
+    tutorial's ``with_fallbacks`` around the ToolNode."""
+    from langchain_core.runnables import RunnableLambda
+    bound = model.bind_tools(sa.TOOLS)
+
+    def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [bound.invoke([SystemMessage(sa.SYSTEM_PROMPT),
+                                           *state["messages"]])]}
+
+    def handle_tool_error(state: dict[str, Any]) -> dict[str, Any]:
+        calls = state["messages"][-1].tool_calls
+        return {"messages": [ToolMessage(content=f"Error: {state.get('error')!r}, fix it",
+                                         tool_call_id=c["id"]) for c in calls]}
+
+    tools: Any = ToolNode(sa.TOOLS, handle_tool_errors=True)
+    if how == "fallbacks":
+        tools = ToolNode(sa.TOOLS).with_fallbacks([RunnableLambda(handle_tool_error)],
+                                                  exception_key="error")
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", agent)
+    graph.add_node("tools", tools)
+    graph.add_edge(START, "agent")
+    graph.add_conditional_edges("agent", tools_condition)
+    graph.add_edge("tools", "agent")
+    return graph.compile(checkpointer=saver)
+
+
+@pytest.mark.parametrize("how", ["handle_tool_errors", "fallbacks"])
+def test_a_blocked_side_effect_the_app_hands_to_the_model_still_stops_the_branch(
+        how: str) -> None:
+    """An app whose tool node turns tool errors into messages for the model (the tutorial's
+    shape) caught CAR's refusal of an unanswerable side-effect call, and the model went on:
+    the branch was scored, and a user trial read "no step caused it" (P(fail) 100%) where the
+    rescue is 0.8. The refusal now stops the branch whatever the app did with it."""
+    model = sa.PlantedSupportModel(rng_seed=0)
+    wrapper = CarChatModel(inner=model)
+    app = _forgiving_app(wrapper, InMemorySaver(), how)
+    cb = CarCallback(app=app)
+    for i in range(50):
+        app.invoke(sa.inputs(), {"configurable": {"thread_id": f"u{i}"}, "callbacks": [cb]})
+        if sa.outcome(cb.run):
+            break
+    run = cb.run
+    assert sa.outcome(run)
+    agent = LangGraphAgent(app, model=wrapper, safe_tools=sa.SAFE_TOOLS,
+                           side_effect_tools=sa.SIDE_EFFECT_TOOLS)
+
+    class BigRefund(sa.PlantedSupportModel):  # refunds a different amount: no recorded answer
+        def decide(self, messages: Any) -> AIMessage:
+            msg = super().decide(messages)
+            for c in msg.tool_calls:
+                if c["name"] == "issue_refund":
+                    c["args"]["amount"] = 999.0
+            return msg
+
+    refund_step = next(i for i, st in enumerate(run.steps)
+                       if any(c["function"]["name"] == "issue_refund"
+                              for c in st.action.get("tool_calls") or ()))
+    with pytest.raises(SideEffectBlocked, match="issue_refund"):
+        car.intervene(run, agent, car.do_policy(refund_step, BigRefund()), outcome=sa.outcome,
+                      rollouts=2, seed=0, progress=False)
+
+
 def _async_app(model: Any, saver: Any) -> Any:
     bound = model.bind_tools(sa.TOOLS)
 
