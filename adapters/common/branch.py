@@ -134,12 +134,19 @@ def _held_only(run: car.Trajectory, plan: Plan, noise: Noise, *, agent: str,
                               seed=noise.seed, agent=agent, meta=dict(run.meta))
 
 
+# meta that says how one run ended (a guardrail that stopped it), not what app it ran: a
+# branch takes it from its own live part, never from the record
+ENDING_META = ("tripwire",)
+
+
 def _joined(run: car.Trajectory, plan: Plan, noise: Noise, agent: str,
             steps: Sequence[car.Step], collected: car.Trajectory) -> car.Trajectory:
+    meta = {k: v for k, v in run.meta.items() if k not in ENDING_META}
+    meta.update({k: collected.meta[k] for k in ENDING_META if k in collected.meta})
     return car.Trajectory.new(context=run.context,
                               steps=run.held_prefix(plan.start) + list(steps), seed=noise.seed,
                               agent=agent, status=collected.status, error=collected.error,
-                              meta=dict(run.meta))
+                              meta=meta)
 
 
 def check_recorded_tools(run: car.Trajectory, current: Mapping[str, Sequence[str]]) -> None:

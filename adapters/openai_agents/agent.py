@@ -33,9 +33,7 @@ from typing import Any
 
 from agents import Agent, RunConfig, RunContextWrapper, Runner
 from agents.exceptions import (
-    InputGuardrailTripwireTriggered,
     MaxTurnsExceeded,
-    OutputGuardrailTripwireTriggered,
 )
 from agents.handoffs import Handoff
 from agents.models.interface import Model
@@ -79,6 +77,7 @@ from ._items import to_dicts, to_items
 from .app import agents_of, handoff_target, tool_names
 from .branch import BranchSession, Decided, clone_app, noting, noting_formatter
 from .fingerprint import app_fingerprint
+from .guardrails import tripwire_of, unseen_guardrails
 from .offered_tools import as_given
 from .recorder import CarRecorder
 
@@ -392,6 +391,12 @@ class OpenAIAgentsAgent:
                                  keep_input_guardrails=k == 0, used_tools=_used_tools(run, k),
                                  run_context=self.contexts.at(run, k))
         steps = [self._placed(s, k + i, plan, session) for i, s in enumerate(live.steps)]
+        held = run.meta.get("tripwire")
+        if k > 0 and isinstance(held, dict) and held.get("kind") == "input":
+            # the input guardrail judged the user's input, held from the record: it stopped
+            # the recorded run, so it stops this one too
+            live = replace(live, status=RunStatus.COMPLETE, error=run.error,
+                           meta={**live.meta, "tripwire": held})
         drift = _drift(run, steps, session)
         if drift:  # a safe tool errored where the record was answered: never scored
             live = replace(live, status=RunStatus.ERROR, error=drift)
@@ -452,6 +457,27 @@ class OpenAIAgentsAgent:
                                     "app runs with")
         check_recorded_tools(run, self.tool_names())
         self.contexts.check(run)
+        self._check_guardrails(run)
+
+    def _check_guardrails(self, run: car.Trajectory) -> None:
+        """Refuse a run whose guardrails may have stopped it unseen (``guardrails``): whether
+        it failed cannot be told."""
+        both = run.meta.get("tripwire_ambiguous")
+        if both:
+            raise AdapterError(
+                f"a guardrail ({both.get('guardrail')}) stopped one of several runs recorded in "
+                "one recording block, and the SDK does not say which", run_id=run.id,
+                hint="record one run per `with recorder.recording():` block")
+        unseen = unseen_guardrails(self.agents, run.meta.get("root_agent"), self.run_config)
+        if unseen and not run.meta.get("guardrails_watched"):
+            raise AdapterError(
+                f"the app's {', '.join(unseen)} can stop a run after the agent replied without "
+                "the SDK telling its hooks, and this run was recorded outside a recording "
+                "block, so CAR cannot tell whether a guardrail stopped it (and so whether it "
+                "failed)", run_id=run.id,
+                hint="record the run again inside `with recorder.recording():` around "
+                     "Runner.run / run_sync / run_streamed (and the loop over its events); "
+                     "an input guardrail with run_in_parallel=False needs no block")
 
     def _state(self, run: car.Trajectory, k: int) -> tuple[list[Any], str, str | None]:
         step = run.step(k)
@@ -521,15 +547,18 @@ class OpenAIAgentsAgent:
     def _collected(self, collector: CarRecorder, exc: BaseException | None) -> car.Trajectory:
         runs = collector.runs
         status = RunStatus.MAX_STEPS if isinstance(exc, MaxTurnsExceeded) else RunStatus.ERROR
-        if isinstance(exc, (InputGuardrailTripwireTriggered, OutputGuardrailTripwireTriggered)):
-            # the app stopped the run by design, as the recorder records it: an outcome to
-            # score (the error says which guardrail), not a crash to leave out
-            status = RunStatus.COMPLETE
+        tripwire = tripwire_of(exc)
+        meta: dict[str, Any] = {}
+        if tripwire is not None:
+            # the app stopped the run by design, as a recording block records it: an outcome
+            # to score (``meta["tripwire"]`` says which guardrail), not a crash to leave out
+            status, meta = RunStatus.COMPLETE, {"tripwire": tripwire}
         if runs and exc is not None:
             # the SDK calls on_agent_end before its output guardrails run, so a tripwire
             # arrives after the hooks closed the run as complete
-            return replace(runs[-1], status=status, error=repr(exc))
+            return replace(runs[-1], status=status, error=repr(exc),
+                           meta={**runs[-1].meta, **meta})
         if runs:
             return runs[-1]
-        return car.Trajectory.new(context=None, steps=[], status=status,
+        return car.Trajectory.new(context=None, steps=[], status=status, meta=meta,
                                   error=repr(exc) if exc is not None else "no model call")

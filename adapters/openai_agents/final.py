@@ -32,7 +32,10 @@ def final_state(run: Trajectory) -> dict[str, Any]:
     - ``last_agent``: the name of the agent that made the last model call;
     - ``run_context``: the run context (``context=``) as JSON as the last model call began, or
       None where the run had none or it could not be dumped; a tool of the last step that
-      changed it afterwards is not in it.
+      changed it afterwards is not in it;
+    - ``tripwire``: ``{"kind": "input" | "output", "guardrail": name}`` where a guardrail
+      stopped the run (the SDK raised instead of returning: ``final_output`` is then None,
+      the reply it stopped is the last step's action), else None.
 
     A run with no model call gives its input and None for the rest. A new dict each call.
     """
@@ -42,14 +45,22 @@ def final_state(run: Trajectory) -> dict[str, Any]:
         items = [{"role": "user", "content": start}] if isinstance(start, str) else list(
             start or ())
         return {"final_output": None, "input_list": items, "last_agent": None,
-                "run_context": None}
+                "run_context": None, "tripwire": _tripwire(run)}
     last = run.steps[-1]
     action = dict(last.action) if isinstance(last.action, Mapping) else {}
     items = copy.deepcopy(list(last.meta.get("input_items") or ()))
     items += to_items([action, *(last.observation or ())])
-    replied = run.status == RunStatus.COMPLETE and not action.get("tool_calls")
+    tripwire = _tripwire(run)
+    replied = (run.status == RunStatus.COMPLETE and not action.get("tool_calls")
+               and tripwire is None)
     context = last.meta.get("run_context")
     return {"final_output": action.get("content") if replied else None, "input_list": items,
             "last_agent": last.meta.get("agent"),
             "run_context": (copy.deepcopy(context.get("value")) if isinstance(context, Mapping)
-                            else None)}
+                            else None),
+            "tripwire": tripwire}
+
+
+def _tripwire(run: Trajectory) -> dict[str, Any] | None:
+    got = run.meta.get("tripwire")
+    return dict(got) if isinstance(got, Mapping) else None

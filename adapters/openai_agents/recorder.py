@@ -14,9 +14,10 @@ object, so one recorder can watch concurrent runs. A run that ends without a fin
 (an exception, a guardrail tripwire, ``max_turns``) is closed when ``run`` / ``runs`` is read,
 with status ``"error"``; a run the SDK stopped for a tool call's approval and the user resumed
 (``Runner.run(agent, result.to_state())``) is recorded as one run, if the recorder is not read
-in between. The SDK runs output guardrails after its ``on_agent_end`` hook, so a
-run stopped by an output guardrail's tripwire is recorded as complete (with the output the
-guardrail refused); on branches ``OpenAIAgentsAgent`` sees the exception and marks it. Each run
+in between. The SDK tells its hooks nothing of a guardrail's tripwire (``guardrails``): a run
+recorded inside ``with recorder.recording():`` gets what ``Runner.run`` raised, and one a
+guardrail stopped says so (``meta["tripwire"]``); outside a block, a run an output or parallel
+input guardrail stopped after the reply looks finished. Each run
 carries the app's fingerprint (``car_adapters.openai_agents.fingerprint``), taken from the
 agent it started with, so attributing it with another app is refused; for an app with MCP
 servers the recorder lists their tools once as the run starts (one ``list_tools`` per server:
@@ -31,8 +32,10 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +52,7 @@ from ._context import snapshot
 from ._items import action_of, to_dicts
 from .app import agents_of, tool_names
 from .fingerprint import app_digest
+from .guardrails import tripwire_of
 from .offered_tools import offered
 
 UNFINISHED = "the run stopped before a final output (an exception, a guardrail or max_turns)"
@@ -90,6 +94,21 @@ class _RunBuf:
     fingerprint: str | None = None
     mcp: dict[str, list[str]] = field(default_factory=dict)  # agent -> its MCP tools' names
     listing: mcp_tools.Listing = field(default_factory=dict)  # agent -> its MCP tools
+    block: _Block | None = None  # the ``recording()`` block it started in
+
+
+@dataclass
+class _Block:
+    """One ``with recorder.recording():`` block: the runs that started in it, and those that
+    finished, held until the block ends (when what ``Runner.run`` raised is known)."""
+
+    bufs: list[_RunBuf] = field(default_factory=list)
+    held: list[tuple[_RunBuf, BaseException | str | None]] = field(default_factory=list)
+
+
+# the block the code running now is in: hooks run in the Runner's task, which copies the
+# context of the code that called Runner.run / run_sync / run_streamed
+_BLOCK: ContextVar[_Block | None] = ContextVar("car_openai_agents_block", default=None)
 
 
 def _fingerprint(root: Any, listing: mcp_tools.Listing | None = None) -> str | None:
@@ -114,6 +133,54 @@ class CarRecorder(RunHooks[Any]):
         self._bufs: dict[int, _RunBuf] = {}
         self._lock = threading.Lock()
         self.store_errors: list[StoreError] = []
+        # runs a block settled while the SDK may still call hooks for them (a model call a
+        # tripwire did not cancel): ignored, their usage objects held so no id is reused
+        self._settled: dict[int, Any] = {}
+
+    @contextmanager
+    def recording(self) -> Iterator[None]:
+        """Record the runs started inside the block with what ``Runner.run`` raised: a run a
+        guardrail stopped gets ``meta["tripwire"]`` (the SDK tells its hooks nothing of a
+        tripwire; ``guardrails``). Wrap ``Runner.run`` / ``run_sync`` / ``run_streamed`` (and
+        the loop over its events) of one run; the runs are stored and scored as the block
+        ends, and an app with guardrails is attributable only from runs recorded so."""
+        block = _Block()
+        token = _BLOCK.set(block)
+        raised: BaseException | None = None
+        try:
+            yield
+        except BaseException as exc:
+            raised = exc
+            raise
+        finally:
+            _BLOCK.reset(token)
+            self._settle(block, raised)
+
+    def _settle(self, block: _Block, raised: BaseException | None) -> None:
+        """Close the block's runs: those still open end with ``raised`` (if anything was), a
+        tripwire marks the run it stopped (every run of the block, as ambiguous, when it
+        started several), then each is scored and stored."""
+        with self._lock:
+            still = [b for b in block.bufs if self._bufs.get(id(b.usage)) is b]
+            for b in still if raised is not None else ():
+                del self._bufs[id(b.usage)]
+                self._settled[id(b.usage)] = b.usage
+        ended = [*block.held, *((b, raised) for b in still if raised is not None)]
+        for b in still if raised is None else ():
+            b.block = None  # still running past the block (a stream not read in it)
+        tripwire = tripwire_of(raised)
+        for buf, err in ended:
+            run = self._built(buf, err)
+            meta = {**run.meta, "guardrails_watched": True}
+            if tripwire is not None and len(block.bufs) == 1:
+                meta["tripwire"] = tripwire  # a designed stop, scored: not a crash
+                run = replace(run, status=RunStatus.COMPLETE, error=repr(raised), meta=meta)
+            elif tripwire is not None:
+                meta["tripwire_ambiguous"] = tripwire
+                run = replace(run, meta=meta)
+            else:
+                run = replace(run, meta=meta)
+            self._keep(run)
 
     @property
     def runs(self) -> list[car.Trajectory]:
@@ -134,6 +201,8 @@ class CarRecorder(RunHooks[Any]):
     def _buf(self, context: Any, agent: Any) -> _RunBuf:
         key = id(context.usage)
         with self._lock:
+            if self._settled.get(key) is context.usage:  # its block ended: kept as it was
+                return _RunBuf(root=agent, usage=context.usage)
             if key not in self._bufs:
                 resumed = self._interrupted(context)
                 if resumed is not None:  # the same run, resumed after its approvals
@@ -141,8 +210,12 @@ class CarRecorder(RunHooks[Any]):
                     buf.usage = context.usage
                     self._bufs[key] = buf
                 else:
-                    self._bufs[key] = _RunBuf(root=agent, usage=context.usage,
-                                              fingerprint=_fingerprint(agent))
+                    block = _BLOCK.get()
+                    buf = _RunBuf(root=agent, usage=context.usage,
+                                  fingerprint=_fingerprint(agent), block=block)
+                    if block is not None:
+                        block.bufs.append(buf)
+                    self._bufs[key] = buf
             return self._bufs[key]
 
     def _interrupted(self, context: Any) -> int | None:
@@ -243,6 +316,18 @@ class CarRecorder(RunHooks[Any]):
                 self._finish(buf, error if error is not None else UNFINISHED)
 
     def _finish(self, buf: _RunBuf, err: BaseException | str | None) -> None:
+        """The run is over: kept now, or, in a ``recording()`` block, when the block ends."""
+        if buf.block is not None:
+            buf.block.held.append((buf, err))
+            return
+        self._keep(self._built(buf, err))
+
+    def _keep(self, run: car.Trajectory) -> None:
+        run = score_run(run, self.outcome, self.outcome_errors)
+        self._runs.append(run)
+        store_run(run, self.store, self.store_errors)
+
+    def _built(self, buf: _RunBuf, err: BaseException | str | None) -> car.Trajectory:
         steps = []
         for i, s in enumerate(buf.steps):
             nxt = buf.steps[i + 1]["meta"]["input_items"] if i + 1 < len(buf.steps) else []
@@ -256,7 +341,7 @@ class CarRecorder(RunHooks[Any]):
                     results.append(tool_result(cid, name, buf.tool_results[cid]))
             steps.append(car.Step(index=i, action=s["action"], observation=results or None,
                                   observed=bool(results), state=s["state"], meta=s["meta"]))
-        run = car.Trajectory.new(
+        return car.Trajectory.new(
             context=buf.context, steps=steps, agent=f"openai-agents:{buf.root.name}",
             status=RunStatus.ERROR if err is not None else RunStatus.COMPLETE,
             error=(err if isinstance(err, str) else repr(err)) if err is not None else None,
@@ -264,8 +349,5 @@ class CarRecorder(RunHooks[Any]):
                   "tools": {a: sorted([*ts, *buf.mcp.get(a, ())])
                             for a, ts in tool_names(buf.root).items()},
                   "agent_fingerprint": buf.fingerprint})
-        run = score_run(run, self.outcome, self.outcome_errors)
-        self._runs.append(run)
-        store_run(run, self.store, self.store_errors)
 
 

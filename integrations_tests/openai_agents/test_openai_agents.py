@@ -20,6 +20,7 @@ point of commitment is the planted step.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Iterator
@@ -39,7 +40,7 @@ from agents import (
     set_tracing_disabled,
 )
 from car_adapters.common.messages import assistant, tool_call
-from car_adapters.openai_agents import CarRecorder, OpenAIAgentsAgent, ScriptedModel
+from car_adapters.openai_agents import CarRecorder, OpenAIAgentsAgent, ScriptedModel, final_state
 
 import car_core as car
 from car_core.errors import (
@@ -576,12 +577,28 @@ def test_guardrails_and_max_turns_hold_on_branches(rec: CarRecorder) -> None:
     seed = record_failing(Helpdesk, escalated, rec, "ticket")[0].seed
     app = Helpdesk(seed=seed)
     guarded = app.agent.clone(input_guardrails=[screen], output_guardrails=[no_escalation_report])
-    with pytest.raises(OutputGuardrailTripwireTriggered):   # the recorded run escalates
-        Runner.run_sync(guarded, "ticket", hooks=rec, max_turns=3)
-    run = rec.run  # hooks close the run before output guardrails run: it is stored complete
-    assert escalated(run) and checks["input"] == 1
-    checks.clear()
     agent = OpenAIAgentsAgent(guarded, **Helpdesk.CLASSES, max_turns=3)
+    # outside a recording block the hooks close the run before output guardrails run: it
+    # looks finished, so whether the guardrail stopped it is unknown, and it is refused
+    with pytest.raises(OutputGuardrailTripwireTriggered):
+        Runner.run_sync(guarded, "ticket", hooks=rec, max_turns=3)
+    unseen = rec.run
+    assert unseen.status == "complete" and "tripwire" not in unseen.meta
+    calls = app.model_calls.calls
+    with pytest.raises(AdapterError, match="output guardrail 'no_escalation_report'.*"
+                                           "recording block"):
+        car.intervene(unseen, agent, car.do_resample(1), outcome=escalated, rollouts=8)
+    assert app.model_calls.calls == calls  # refused before any branch
+    checks.clear()
+    with pytest.raises(OutputGuardrailTripwireTriggered), rec.recording():
+        Runner.run_sync(guarded, "ticket", hooks=rec, max_turns=3)
+    run = rec.run  # the block saw the tripwire: the run says which guardrail stopped it
+    assert escalated(run) and checks["input"] == 1 and run.status == "complete"
+    assert run.meta["tripwire"] == {"kind": "output", "guardrail": "no_escalation_report"}
+    assert final_state(run)["tripwire"] == run.meta["tripwire"]
+    assert final_state(run)["final_output"] is None  # the SDK never returned the reply
+    assert car.RunStore(rec.store.path).load(run.id).meta["tripwire"] == run.meta["tripwire"]
+    checks.clear()
     dist = car.intervene(run, agent, car.do_resample(1), outcome=escalated, rollouts=8, seed=0)
     assert checks["input"] == 0  # it ran on the user's input at step 0, held on every branch
     assert checks["output"] == 8
@@ -589,12 +606,88 @@ def test_guardrails_and_max_turns_hold_on_branches(rec: CarRecorder) -> None:
         # the tripwire stops the escalated ones: a designed stop, scored, not an errored branch
         assert t.status == "complete" and (t.error is not None) == escalated(t)
         assert "OutputGuardrailTripwireTriggered" in (t.error or "") or not escalated(t)
+        # each branch says whether its own guardrail stopped it, not what stopped the record
+        assert (final_state(t)["tripwire"] is not None) == escalated(t)
     # two more turns than max_turns allows: the branch stops with the SDK's own error
     loop = car.do_action(2, call("call_2", "fetch_ticket", {}))
     dist = car.intervene(run, agent, loop, outcome=escalated, rollouts=1)
     assert dist.trajectories[0].status == "max_steps"
     assert "MaxTurnsExceeded" in (dist.trajectories[0].error or "")
     assert len(dist.trajectories[0].steps) == 3
+
+
+def test_an_input_guardrail_that_trips_after_the_reply_is_seen_in_a_recording_block(
+        rec: CarRecorder) -> None:
+    """The SDK's default input guardrail runs in parallel with the agent's first turn and may
+    trip after the agent replied: the hooks closed the run as finished (a user trial's 5 of 6
+    stopped runs were stored complete, their branches scored a reply nobody saw, and the
+    rescue read 0 [-0.06, 0.10] where it is 0.5). Outside a recording block such a run is
+    refused; in one it says the guardrail stopped it, and a branch draws the guardrail again.
+
+    Planted truth: the agent always answers the homework in its first call; the guardrail
+    trips on the verdicts queued. The failure is the answer reaching the user."""
+    import asyncio
+
+    from agents.exceptions import InputGuardrailTripwireTriggered
+    verdicts: list[bool] = []
+
+    @input_guardrail
+    async def homework(ctx: Any, agent: Any, input: Any) -> GuardrailFunctionOutput:
+        await asyncio.sleep(0.05)  # slower than the agent's reply: it trips after it
+        return GuardrailFunctionOutput(output_info=None, tripwire_triggered=verdicts.pop(0))
+
+    model = ScriptedModel(lambda messages, tools, rng: "x = 3", seed=0)
+    tutor = Agent(name="Tutor", instructions="Help with maths.", model=model,
+                  input_guardrails=[homework])
+
+    def answered(run: car.Trajectory) -> bool:  # the user got the homework done for them
+        return final_state(run)["final_output"] == "x = 3"
+
+    agent = OpenAIAgentsAgent(tutor)
+    verdicts.append(True)
+    with pytest.raises(InputGuardrailTripwireTriggered):
+        Runner.run_sync(tutor, "solve 2x = 6", hooks=rec)
+    unseen = rec.run  # closed as finished before the guardrail tripped
+    assert unseen.status == "complete" and answered(unseen)
+    with pytest.raises(AdapterError, match="input guardrail 'homework'.*recording block"):
+        car.intervene(unseen, agent, car.do_resample(0), outcome=answered, rollouts=2)
+    assert not verdicts  # refused before any branch drew the guardrail
+
+    verdicts.append(True)
+    with pytest.raises(InputGuardrailTripwireTriggered), rec.recording():
+        Runner.run_sync(tutor, "solve 2x = 6", hooks=rec)
+    stopped = rec.run
+    assert stopped.meta["tripwire"] == {"kind": "input", "guardrail": "homework"}
+    assert final_state(stopped)["final_output"] is None and not answered(stopped)
+
+    verdicts.append(False)
+    with rec.recording():
+        Runner.run_sync(tutor, "solve 2x = 6", hooks=rec)
+    run = rec.run
+    assert answered(run) and run.meta["guardrails_watched"] and "tripwire" not in run.meta
+    verdicts.extend([True, False, True, False])
+    dist = car.intervene(run, agent, car.do_resample(0), outcome=answered, rollouts=4,
+                         seed=0, executor="sequential")
+    tripped = [final_state(t)["tripwire"] is not None for t in dist.trajectories]
+    assert tripped == [True, False, True, False] and not verdicts
+    assert [t.status for t in dist.trajectories] == ["complete"] * 4
+    assert list(dist.values) == [0.0, 1.0, 0.0, 1.0]  # stopped: the user got no answer
+
+
+def test_a_later_branch_holds_the_recorded_input_guardrails_verdict(rec: CarRecorder) -> None:
+    """A streamed run's input guardrail can trip several turns in: a branch from a later step
+    keeps the user's input, so it keeps the verdict on it (held, as the guardrail is not run
+    again after step 0), and the branch says it was stopped; the record's own ending is never
+    copied onto a branch that re-runs step 0."""
+    app, run = record_failing(Helpdesk, escalated, rec, "Please handle ticket 7.")
+    tripwire = {"kind": "input", "guardrail": "screen"}
+    stopped = dataclasses.replace(run, meta={**run.meta, "tripwire": tripwire},
+                                  error="InputGuardrailTripwireTriggered(...)")
+    agent = OpenAIAgentsAgent(app.agent, **Helpdesk.CLASSES)
+    later = car.intervene(stopped, agent, car.do_resample(1), outcome=escalated, rollouts=2)
+    assert all(final_state(t)["tripwire"] == tripwire for t in later.trajectories)
+    first = car.intervene(stopped, agent, car.do_resample(0), outcome=escalated, rollouts=2)
+    assert all(final_state(t)["tripwire"] is None for t in first.trajectories)
 
 
 # -- two agents with a handoff -----------------------------------------------------------------
