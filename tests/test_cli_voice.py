@@ -312,3 +312,21 @@ def test_the_cli_bar_ends_at_what_was_run_and_says_how_much_was_allowed() -> Non
     task = bar.progress.tasks[0]
     assert task.total == task.completed == 68
     assert task.description.endswith("stopped early, 68 of 192 allowed")
+
+
+def test_a_car_warning_is_one_plain_line_and_others_keep_their_form(capsys) -> None:
+    """A side-effect tool matched on free text warned in Python's form: CAR's file and line,
+    then the source line, which read as a crash in a user trial."""
+    import warnings
+
+    from car_core.cli.app import plain_warnings
+    from car_core.engine.agent import AgentCaveat
+    seen: list[str] = []
+    show = plain_warnings(lambda message, *rest: seen.append(str(message)))
+    show(AgentCaveat("refunds: 2 tools left unclassified run live"), AgentCaveat,
+         "/site/car_core/engine/agent.py", 121)
+    show(DeprecationWarning("old"), DeprecationWarning, "/x.py", 3)
+    err = capsys.readouterr().err
+    assert err.strip() == "car: warning: refunds: 2 tools left unclassified run live"
+    assert seen == ["old"]  # not ours: Python's own form, untouched
+    assert warnings.showwarning is not show

@@ -13,6 +13,7 @@ import signal
 import sqlite3
 import sys
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Annotated, Any, NamedTuple, TypeVar
 
@@ -254,13 +255,31 @@ def main(argv: list[str] | None = None) -> int:
         from click import exceptions as cx  # type: ignore[no-redef]
     previous_hook = sys.unraisablehook
     sys.unraisablehook = _unraisable_hook(previous_hook)
+    previous_show = warnings.showwarning
+    warnings.showwarning = plain_warnings(previous_show)
     previous_term = _on_sigterm()
     try:
         return _main(argv, cx)
     finally:
+        warnings.showwarning = previous_show
         sys.unraisablehook = previous_hook
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
+
+
+def plain_warnings(previous: Callable[..., Any]) -> Callable[..., None]:
+    """CAR's own warnings (an agent's caveat, a side-effect tool matched on free text) as one
+    line, "car: warning: ...", as the errors are: Python's form named a file and line of
+    CAR's source and printed that source line, which reads as a crash. Anyone else's warning
+    keeps Python's form."""
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: Any = None, line: str | None = None) -> None:
+        if category.__module__.split(".")[0] in ("car_core", "car_adapters"):
+            err.print(Text(f"car: warning: {kit.safe(str(message))}", style="yellow"),
+                      soft_wrap=True)
+            return
+        previous(message, category, filename, lineno, file, line)
+    return show
 
 
 class Terminated(KeyboardInterrupt):
