@@ -324,3 +324,18 @@ def test_the_cli_takes_an_action_key_as_module_function(tmp_path):
                         "--action-key applies to contrastive only")):
         refused = car_cli(*args)
         assert refused.returncode == 2 and said in refused.stderr, refused.stderr
+
+
+def test_two_actions_alike_in_their_first_characters_are_shown_apart():
+    """Two reports that differ only past the cell's width were printed as the same text, their
+    rows told apart by P(fail) alone (user trial); each now shows where it differs."""
+    from car_core import formatting as fmt
+    start = 'write_report({"report_content":"# History of the internet\\nARPANET began in 1969'
+    bad, good = start + ' and a rumour says..."})', start + ' and grew into the web."})'
+    s = {"step": 3, "recorded_action": bad,
+         "alternatives": [{"action": bad, "n": 3}, {"action": good, "n": 3},
+                          {"action": "reply('ok')", "n": 1}]}
+    shown = [fmt.alternative_cells(s, a)[0] for a in s["alternatives"]]
+    assert len(set(shown)) == 3 and all(len(x) <= 70 for x in shown)
+    assert "rumour" in shown[0] and shown[0].endswith("(recorded)") and "grew" in shown[1]
+    assert shown[2] == "reply('ok')"  # no twin: clipped as before
