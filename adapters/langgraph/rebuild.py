@@ -43,9 +43,9 @@ from .saver import supplied
 from .shape import AppShape
 from .step_meta import builds_input, is_send_task
 
-PERSIST = ("record the run on a checkpointer another process can read (SqliteSaver, "
-           "PostgresSaver) and build the agent on it, or attribute in the process that "
-           "recorded the run")
+PERSIST = ("build the agent on the same app (the same checkpointer object) that recorded "
+           "the run, or record on a checkpointer another process can read (SqliteSaver, "
+           "PostgresSaver) and build the agent on it")
 RECOMPILE = ("compile the app with a checkpointer another process can read (SqliteSaver, "
              "PostgresSaver), record the run again and build the agent on it")
 
@@ -126,7 +126,8 @@ def _why_missing(shape: AppShape, thread_id: Any) -> tuple[str, str]:
         return (f"this app was compiled without a checkpointer, so it does not hold thread "
                 f"{thread_id!r}", PERSIST)
     return (f"this app's checkpointer does not hold thread {thread_id!r} (an InMemorySaver "
-            "keeps its threads only in the process that recorded them)", PERSIST)
+            "keeps its threads only in the saver object that recorded them: a new app built "
+            "with a new InMemorySaver, even in the same process, holds none)", PERSIST)
 
 
 def _unrecorded_keys(shape: AppShape, run: Trajectory, channels: Mapping[str, Any]
