@@ -209,7 +209,9 @@ class ContrastiveResult(CouplingNumbers, _Rendered):
                  *([f"{len(self.failures)} failed branch(es) left out"] if self.failures
                    else []),
                  "per step (n: the pairs each rescue and interval are about):", table,
-                 *(["arms (failure rate when steps from j on are re-decided):", *arms]
+                 *(["arms (failure rate when steps from j on are re-decided):", *arms,
+                    "  (each arm's interval on its own, not adjusted for the search stopping "
+                    "on the arms it chose; the answer rests on the per-step intervals)"]
                    if arms else [])]
         note = fmt.sample_note(self)
         instead = [self.alternatives_text(s.step, method=True) for s in self.steps
