@@ -76,16 +76,19 @@ with an ``InMemorySaver`` CAR supplies (``saver``; the app itself is never chang
   keep the sequential one.
 - ``import_thread(thread_id)`` rebuilds the trajectory the callback would have recorded from the
   checkpoint history of every namespace; ``attribute_thread`` imports and attributes in one call.
-
-A branch that stops for human input (``interrupt``) is an ``AdapterError``: nobody is there to
-answer.
+- **Stops for a person.** An app compiled with ``interrupt_before`` / ``interrupt_after`` on a
+  node a branch of the run reaches is refused before any branch (``interrupts``); a branch that
+  stops for human input anyway (``interrupt()`` in a node's code) is an ``AdapterError`` there:
+  nobody is there to answer. An app with async-only nodes or tools on a checkpointer with no
+  coroutine methods (``SqliteSaver``) is refused before any branch too (``saver``).
 
 This module drives branches; the parts live beside it: ``shape`` (what the app's builder says,
 read once), ``refusals`` (every shape CAR cannot make faithful, refused before the first write),
 ``plan`` (the intervention plan read once, per step), ``branch_state`` (one branch in flight
 and the trajectory it records), ``checkpoints`` (the fork), ``rebuild`` (fork points rebuilt
 from the record), ``saver`` (the checkpointer an app compiled without one branches on),
-``calls`` (the app and checkpointer, sync or async) and ``importer`` (threads).
+``interrupts`` (where the app stops for a person), ``calls`` (the app and checkpointer, sync
+or async) and ``importer`` (threads).
 """
 
 from __future__ import annotations
@@ -122,6 +125,7 @@ from .checkpoints import fork, thread_config
 from .fingerprint import app_fingerprint
 from .guard import Guard, guarding
 from .importer import import_thread
+from .interrupts import refuse_interrupts, stopped
 from .messages import action_message, to_dict
 from .middleware import CarMiddleware
 from .model import CarChatModel, Control, controlling, seedable, waits_on_server
@@ -134,7 +138,7 @@ from .refusals import (
     refuse_step,
     refuse_unknown_tools,
 )
-from .saver import branchable, supplied
+from .saver import branchable, refuse_sync_only, supplied
 from .shape import AppShape
 from .thread import thread_outcome
 from .tool_classes import derived_classes
@@ -288,6 +292,7 @@ class LangGraphAgent:
 
     def start(self, context: Any, noise: Noise) -> Trajectory:
         """Run the graph on ``context`` (its input) in a new thread, recorded by a callback."""
+        refuse_sync_only(self.saver, self.shape.async_only)
         thread_id = f"car-run-{uuid.uuid4().hex}"
         cb = CarCallback(messages_key=self.messages_key)
         config = {**thread_config(thread_id), "callbacks": [cb],
@@ -468,6 +473,9 @@ class LangGraphAgent:
     def _check(self, run: Trajectory) -> None:
         if run.id in self._checked:
             return
+        # shapes no branch of any step survives, before the steps themselves
+        refuse_sync_only(self.saver, self.shape.async_only, run.id)
+        refuse_interrupts(self.shape, run)
         rebuilt = refuse_run(self.shape, run,
                              self.undecided if self.model is not None else None, self.safety)
         with self._lock:
@@ -529,12 +537,8 @@ class LangGraphAgent:
         except GraphRecursionError:
             return RunStatus.MAX_STEPS
         snap = await calls.get_state(thread_config(thread_id))
-        if snap.next:
-            raise AdapterError(f"the graph stopped at node {snap.next[0]!r} for input on a "
-                               "branch (interrupt); a branch has nobody to answer it",
-                               run_id=run.id, step=state.control.next_index,
-                               hint="attribute runs of a graph without human-in-the-loop "
-                                    "interrupts, or intervene after the interrupt")
+        if snap.next:  # stopped for a person the checks could not see coming (interrupts)
+            raise stopped(snap, state.plan.start, run.id)
         return RunStatus.COMPLETE
 
 

@@ -30,7 +30,13 @@ class AppShape:
     tool_nodes: dict[tuple[str, str], Any]  # (level, node) -> its ToolNode
     reaches: dict[tuple[str, str], Reach]  # every other node: its tools, its models
     tools: list[str]
-    is_async: bool  # async-only nodes or tools (MCP tools): the graph needs ainvoke()
+    async_only: tuple[str, ...]  # the nodes and tools that exist only as coroutines, named
+
+    @property
+    def is_async(self) -> bool:
+        """Whether the graph needs ``ainvoke()``: it has async-only nodes or tools (an
+        ``async def`` node, MCP tools)."""
+        return bool(self.async_only)
 
     @classmethod
     def of(cls, app: Any, saver: Any, messages_key: str,
@@ -46,16 +52,26 @@ class AppShape:
                         for t in getattr(node, "tools_by_name", {})}
                        | {t for r in reaches.values() for t in r.tools}
                        | {t.name for t in node_tools if isinstance(t, BaseTool)})
-        is_async = any(_async_only(spec.runnable) for _, _, spec in specs) or any(
-            _async_only(t) for node in tool_nodes.values()
-            for t in getattr(node, "tools_by_name", {}).values()) or any(
-            _async_only(t) for r in reaches.values() for t in r.tools.values())
-        return cls(app, saver, messages_key, graphs, tool_nodes, reaches, tools, is_async)
+        async_tools = sorted({name for name, t in _tools(tool_nodes, reaches)
+                              if _async_only(t)})
+        async_only = tuple(
+            [f"node {join(ns, n)!r}" for ns, n, spec in specs if _async_only(spec.runnable)]
+            + [f"tool {name!r}" for name in async_tools])
+        return cls(app, saver, messages_key, graphs, tool_nodes, reaches, tools, async_only)
 
     def runs_model(self, level: str, node: str) -> bool:
         """Whether ``node`` at graph level ``level`` is a node whose messages may be model
         decisions: neither a tool node nor a subgraph."""
         return (level, node) not in self.tool_nodes and join(level, node) not in self.graphs
+
+
+def _tools(tool_nodes: dict[tuple[str, str], Any], reaches: dict[tuple[str, str], Reach]
+           ) -> list[tuple[str, Any]]:
+    """Every tool object of the graph with its name: its tool nodes' and those a node
+    reaches (one name may be several objects, in different nodes)."""
+    return ([(name, t) for node in tool_nodes.values()
+             for name, t in getattr(node, "tools_by_name", {}).items()]
+            + [(name, t) for r in reaches.values() for name, t in r.tools.items()])
 
 
 def tool_node(runnable: Any) -> ToolNode | None:

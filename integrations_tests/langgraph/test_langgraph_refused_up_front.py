@@ -1,0 +1,260 @@
+"""Apps whose branches cannot run, refused by name before any branch (no model call, no
+branch thread, no attribution stored), rather than after branches ran:
+
+- an app compiled with ``interrupt_before`` / ``interrupt_after`` on a node a branch reaches
+  (LangGraph's customer-support tutorial, part 3): each branch would stop there for a person
+  nobody is to answer;
+- an app with ``async def`` nodes on a sync-only checkpointer (``SqliteSaver``): LangGraph runs
+  such an app only under ``ainvoke``, which that checkpointer cannot serve.
+
+The app is the support agent (``car_adapters.demo.support_agent``) with ``p_follow = 1``, so
+the recorded run always fails (a refund) and every branch would call the planted model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from car_adapters.demo import support_agent as sa
+from car_adapters.langgraph import CarChatModel, LangGraphAgent
+from car_adapters.langgraph.saver import sync_only
+from langchain_core.messages import BaseMessage, SystemMessage, ToolMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.postgres import PostgresSaver
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
+from langgraph.types import Command, interrupt
+
+import car_core as car
+from car_core.engine.agent import agent_fingerprint
+from car_core.errors import AdapterError
+from car_core.model.interventions import compile_plan
+from car_core.model.seeding import branch_noise
+
+NOISE = branch_noise(0, 0, "refused-up-front", True)
+SA: dict[str, Any] = {"safe_tools": sa.SAFE_TOOLS, "side_effect_tools": sa.SIDE_EFFECT_TOOLS}
+USER = {"configurable": {"thread_id": "user"}}
+
+
+def support_graph(model: CarChatModel, *, run_async: bool = False) -> StateGraph[Any]:
+    """The support graph behind an ``intake`` node that runs before the first model call;
+    ``run_async``: the model node is an ``async def``."""
+    bound = model.bind_tools(sa.TOOLS)
+
+    def prompt(state: MessagesState) -> list[BaseMessage]:
+        return [SystemMessage(sa.SYSTEM_PROMPT), *state["messages"]]
+
+    def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [bound.invoke(prompt(state))]}
+
+    async def async_agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await bound.ainvoke(prompt(state))]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("intake", lambda state: {})
+    graph.add_node("agent", async_agent if run_async else agent)
+    graph.add_node("tools", ToolNode(sa.TOOLS))
+    graph.add_edge(START, "intake")
+    graph.add_edge("intake", "agent")
+    graph.add_conditional_edges("agent", tools_condition)
+    graph.add_edge("tools", "agent")
+    return graph
+
+
+def approved(app: Any) -> None:
+    """Run the ticket on thread ``user`` as the tutorial does: a person approves every time
+    the app stops (``invoke(None, config)`` resumes a graph stopped before or after a node,
+    ``Command(resume=...)`` one a node's ``interrupt()`` stopped)."""
+    app.invoke(sa.inputs(), USER)
+    for _ in range(10):
+        snapshot = app.get_state(USER)
+        if not snapshot.next:
+            return
+        app.invoke(Command(resume="approved") if snapshot.interrupts else None, USER)
+    raise AssertionError("the app kept stopping")
+
+
+def branch_threads(saver: Any) -> set[str]:
+    return {c.config["configurable"]["thread_id"] for c in saver.list(None)} - {"user"}
+
+
+class Paused:
+    """The support graph compiled with ``compile_kw`` (interrupts) on an InMemorySaver, its
+    ticket run with approvals, and the run imported from the thread."""
+
+    def __init__(self, **compile_kw: Any) -> None:
+        self.model = sa.PlantedSupportModel(p_follow=1.0)
+        self.wrapper = CarChatModel(inner=self.model)
+        self.saver = InMemorySaver()
+        self.app = support_graph(self.wrapper).compile(checkpointer=self.saver, **compile_kw)
+        approved(self.app)
+        self.agent = LangGraphAgent(self.app, model=self.wrapper, **SA)
+        self.run = self.agent.import_thread("user")
+        assert sa.outcome(self.run) and len(self.run.steps) == 4
+
+    def attribute(self, store: Any) -> Any:
+        return car.contrastive(self.run, self.agent, outcome=sa.outcome, rollouts=4, seed=0,
+                               store=store, progress=False)
+
+
+@pytest.mark.parametrize(("compile_kw", "stop"), [
+    ({"interrupt_before": ["tools"]}, "before node 'tools' (interrupt_before)"),
+    ({"interrupt_after": ["tools"]}, "after node 'tools' (interrupt_after)"),
+    ({"interrupt_before": "*"}, "before node 'agent' (interrupt_before)"),
+], ids=["before", "after", "before-every-node"])
+def test_an_interrupt_a_branch_reaches_is_refused_before_any_branch(
+        store: Any, compile_kw: dict[str, Any], stop: str) -> None:
+    paused = Paused(**compile_kw)
+    calls = paused.model.calls
+    with pytest.raises(AdapterError, match="stops for human input") as refused:
+        paused.attribute(store)
+    assert stop in str(refused.value) and "no branch runs" in str(refused.value)
+    assert refused.value.hint and "without" in refused.value.hint
+    # refused before any branch: no model call, no branch thread, no attribution
+    assert paused.model.calls == calls
+    assert branch_threads(paused.saver) == set()
+    assert store.runs(branches=True) == [] and store.attributions() == []
+    # every way into a branch refuses it the same way, without writing a checkpoint
+    plan = compile_plan(paused.run, car.do_resample(1))
+    with pytest.raises(AdapterError, match="stops for human input"):
+        paused.agent.check_plan(paused.run, plan)
+    with pytest.raises(AdapterError, match="stops for human input"):
+        paused.agent.branch(paused.run, plan, NOISE)
+    assert paused.model.calls == calls and branch_threads(paused.saver) == set()
+
+
+def test_an_interrupt_in_a_subgraph_is_refused_by_its_subgraph() -> None:
+    model = sa.PlantedSupportModel(p_follow=1.0)
+    wrapper = CarChatModel(inner=model)
+    desk = support_graph(wrapper).compile(interrupt_before=["tools"], name="desk")
+    parent = StateGraph(MessagesState)
+    parent.add_node("desk", desk)
+    parent.add_edge(START, "desk")
+    saver = InMemorySaver()
+    app = parent.compile(checkpointer=saver)
+    approved(app)
+    agent = LangGraphAgent(app, model=wrapper, **SA)
+    run = agent.import_thread("user")
+    calls = model.calls
+    with pytest.raises(AdapterError, match="before node 'tools' of subgraph 'desk' "
+                                           r"\(interrupt_before\)"):
+        agent.preflight(run)
+    assert model.calls == calls and branch_threads(saver) == set()
+
+
+def test_the_same_graph_compiled_without_interrupts_attributes_the_run() -> None:
+    """What the refusal tells the user to do: the graph compiled for attribution without its
+    interrupts has the fingerprint the run was stamped with (interrupts are no part of it, so
+    runs stored before stay attributable), and its branches run from the run's checkpoints."""
+    paused = Paused(interrupt_before=["tools"])
+    plain = support_graph(paused.wrapper).compile(checkpointer=paused.saver)
+    agent = LangGraphAgent(plain, model=paused.wrapper, **SA)
+    assert paused.run.meta["agent_fingerprint"] == agent_fingerprint(agent)
+    calls = paused.model.calls
+    dist = car.intervene(paused.run, agent, car.do_resample(1), outcome=sa.outcome,
+                         rollouts=2, seed=0, progress=False)
+    assert dist.n == 2 and paused.model.calls > calls
+    assert branch_threads(paused.saver) == set()
+
+
+def test_an_interrupt_no_branch_reaches_is_no_refusal() -> None:
+    """``intake`` runs once, before the first model call: no branch starts before it or comes
+    back to it, so stopping after it stops no branch."""
+    paused = Paused(interrupt_after=["intake"])
+    branch = paused.agent.branch(paused.run, compile_plan(paused.run, car.do_resample(1)),
+                                 NOISE)
+    assert branch.status == "complete" and len(branch.steps) == 4
+    assert branch_threads(paused.saver) == set()
+
+
+def test_an_interrupt_a_node_calls_stops_its_branch_in_plain_words() -> None:
+    """``interrupt()`` inside a node may or may not fire (here: only after a refund), so it is
+    no refusal up front; a branch it stops is refused there, saying which node stopped it."""
+    model = sa.PlantedSupportModel(p_follow=1.0)
+    wrapper = CarChatModel(inner=model)
+    graph = support_graph(wrapper)
+
+    def review(state: MessagesState) -> dict[str, Any]:
+        last = state["messages"][-1]
+        if isinstance(last, ToolMessage) and last.name == "issue_refund":
+            interrupt("approve the refund?")
+        return {}
+
+    graph.add_node("review", review)
+    graph.edges.discard(("tools", "agent"))
+    graph.add_edge("tools", "review")
+    graph.add_edge("review", "agent")
+    saver = InMemorySaver()
+    app = graph.compile(checkpointer=saver)
+    approved(app)
+    agent = LangGraphAgent(app, model=wrapper, **SA)
+    run = agent.import_thread("user")
+    agent.preflight(run)
+    with pytest.raises(AdapterError) as stopped:
+        agent.branch(run, compile_plan(run, car.do_resample(1)), NOISE)
+    text = str(stopped.value)
+    assert "a branch from step 1 stopped for human input at node 'review' (interrupt())" in text
+    assert "[step 0]" not in text and "intervene after the interrupt" not in text
+    assert branch_threads(saver) == set()
+
+
+# -- async nodes on a sync-only checkpointer ---------------------------------------------------
+
+@pytest.fixture()
+def async_recorded(tmp_path: Path) -> Iterator[tuple[Any, CarChatModel, Any, car.Trajectory]]:
+    """The support graph with an ``async def`` model node, its ticket run with ``ainvoke`` on
+    an ``AsyncSqliteSaver``, then the same graph over the same file on a sync ``SqliteSaver``
+    (the trial's ``make_async``), and the run imported from it."""
+    path = tmp_path / "checkpoints.db"
+    model = sa.PlantedSupportModel(p_follow=1.0)
+    wrapper = CarChatModel(inner=model)
+    graph = support_graph(wrapper, run_async=True)
+
+    async def record() -> None:
+        async with AsyncSqliteSaver.from_conn_string(str(path)) as saver:
+            await graph.compile(checkpointer=saver).ainvoke(sa.inputs(), USER)
+
+    asyncio.run(record())
+    conn = sqlite3.connect(path, check_same_thread=False)
+    saver = SqliteSaver(conn)
+    app = graph.compile(checkpointer=saver)
+    agent = LangGraphAgent(app, model=wrapper, **SA)
+    yield model, wrapper, agent, agent.import_thread("user")
+    conn.close()
+
+
+def test_async_nodes_on_a_sync_only_checkpointer_are_refused_before_any_branch(
+        async_recorded: tuple[Any, CarChatModel, Any, car.Trajectory], store: Any) -> None:
+    model, _, agent, run = async_recorded
+    assert sa.outcome(run) and len(run.steps) == 4
+    calls = model.calls
+    with pytest.raises(AdapterError, match="async nodes") as refused:
+        car.contrastive(run, agent, outcome=sa.outcome, rollouts=4, seed=0, store=store,
+                        progress=False)
+    text = str(refused.value)
+    assert "'agent'" in text and "SqliteSaver is sync-only" in text
+    assert refused.value.hint and "AsyncSqliteSaver" in refused.value.hint
+    assert model.calls == calls
+    assert branch_threads(agent.saver) == set()
+    assert store.runs(branches=True) == [] and store.attributions() == []
+    with pytest.raises(AdapterError, match="sync-only"):
+        agent.branch(run, compile_plan(run, car.do_resample(1)), NOISE)
+    assert model.calls == calls
+
+
+def test_which_checkpointers_are_sync_only(tmp_path: Path) -> None:
+    """Read from the class, never by calling a coroutine method: ``SqliteSaver`` overrides
+    ``aget_tuple`` only to raise, ``PostgresSaver`` keeps the base one that raises."""
+    conn = sqlite3.connect(tmp_path / "c.db", check_same_thread=False)
+    assert sync_only(SqliteSaver(conn))
+    assert sync_only(PostgresSaver.__new__(PostgresSaver))
+    assert not sync_only(InMemorySaver())
+    assert not sync_only(AsyncSqliteSaver.__new__(AsyncSqliteSaver))
+    conn.close()
