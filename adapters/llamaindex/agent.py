@@ -23,6 +23,10 @@ it (its ``BranchSession`` is in a context variable), so branches never share a p
 step counter, system message or store; an ``AgentWorkflow`` branch starts at its active agent
 through its own ``Context`` (``current_agent_name``), never by changing the workflow. Do not
 run the same agent objects elsewhere while an attribution is running.
+
+A branch has nobody to answer a human-in-the-loop tool, so one that would run live is refused
+when the agent is wrapped, and a branch whose workflow asks for input anyway is stopped at the
+``InputRequiredEvent`` instead of waiting (``human_input``).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import Any
 
 from llama_index.core.memory import ChatMemoryBuffer
 from llama_index.core.tools import BaseTool, FunctionTool
-from llama_index.core.workflow import Context
+from llama_index.core.workflow import Context, Workflow
 
 import car_core as car
 from car_core.contract import (
@@ -63,7 +67,15 @@ from ..common.sync import run_sync
 from ._messages import from_dicts
 from .branch import BranchSession, collecting, installed, session_scope, unwrapped
 from .fingerprint import workflow_fingerprint
-from .recorder import ERRORS_MARKED, CarRecorder, agents_of, tool_names
+from .human_input import asked_for_input, finished, refuse_live_waits, waiting_tools
+from .recorder import (
+    AGENT_KINDS,
+    ERRORS_MARKED,
+    CarRecorder,
+    agents_of,
+    is_agent_workflow,
+    tool_names,
+)
 from .store_state import STORE_KEY, recorded, restore, writes
 
 MEMORY_TOKENS = 10**9  # the re-entered history must reach the model whole
@@ -148,6 +160,25 @@ def _check_memory_kept(run: car.Trajectory, k: int) -> None:
                      f"{j} or later")
 
 
+def _check_agent_workflow(agent: Any) -> None:
+    """Refuse, before anything runs, a workflow CAR cannot branch: a branch re-enters an agent
+    workflow at one of its agent steps, and a custom ``Workflow`` (``@step`` methods of its
+    own) has none, so its runs are recorded with no step and its branches would decide
+    nothing. Anything else without ``run`` is no workflow at all."""
+    if is_agent_workflow(agent):
+        return
+    if isinstance(agent, Workflow):
+        raise AdapterError(
+            f"a custom Workflow ({type(agent).__name__}) is not an agent workflow CAR can "
+            f"branch: CAR records and branches {AGENT_KINDS}, whose agent steps a branch "
+            "re-enters, and a run of this one records no step",
+            hint="build the app from those agents (FunctionAgent(tools=[...], llm=...)); where "
+                 "your workflow runs such an agent inside a step, wrap that agent: each of its "
+                 "runs is recorded as a run of its own")
+    raise AdapterError(f"expected a LlamaIndex agent workflow, got {type(agent).__name__}",
+                       hint=f"pass one of {AGENT_KINDS}")
+
+
 class LlamaIndexAgent:
     """Wraps a LlamaIndex ``FunctionAgent``, ``ReActAgent`` or ``AgentWorkflow`` for
     ``car.intervene``, ``car.contrastive`` and ``car.shapley``. Every tool of every agent is
@@ -161,7 +192,10 @@ class LlamaIndexAgent:
     and no such simulator is given, the run is refused before any branch. A tool in
     neither list is refused (``UnclassifiedTools``) unless ``unclassified="live"`` (a sandbox;
     every result then says so). ``max_iterations`` caps the decisions a branch makes from its
-    branch step on."""
+    branch step on. Refused here, before anything runs: a custom ``Workflow`` (no agent step to
+    re-enter), and a tool that waits for a human (``ctx.wait_for_event``) where branches would
+    run it live (``human_input``); a run whose workflow asks for input anyway (an
+    ``InputRequiredEvent`` on its stream) stops there with an ``AdapterError``."""
 
     def __init__(self, agent: Any, *, safe_tools: Iterable[str] = (),
                  side_effect_tools: Iterable[str] = (),
@@ -169,9 +203,7 @@ class LlamaIndexAgent:
                  match_on: Mapping[str, Iterable[str] | str] | None = None,
                  max_iterations: int = 20, name: str | None = None,
                  unclassified: str = "refuse") -> None:
-        if not hasattr(agent, "run"):
-            raise AdapterError(f"expected a LlamaIndex agent workflow, got {type(agent).__name__}",
-                               hint="pass a FunctionAgent, ReActAgent or AgentWorkflow")
+        _check_agent_workflow(agent)
         self.workflow = agent
         redact.register_from(agent)  # its LLMs' keys are never stored, rendered or printed
         self.safety = ToolSafety.of(side_effect_tools, simulators, match_on,
@@ -180,6 +212,7 @@ class LlamaIndexAgent:
         self.name = name or f"llamaindex:{type(agent).__name__}"
         self._with_context: dict[str, str] | None = None
         self._check_side_effect_names()
+        refuse_live_waits(waiting_tools(self._agents()), self.safety)
         llms = [unwrapped(a.llm) for a in self._agents().values()]  # a branch's may be in place
         self.couples_noise = all(getattr(llm, "uses_car_noise", False) for llm in llms)
         # over a model server branches default to the asyncio executor (awaited together on
@@ -414,9 +447,10 @@ class LlamaIndexAgent:
                 if root is not None and target is not None:  # an AgentWorkflow starts there
                     async with ctx.store.edit_state() as state:
                         state["current_agent_name"] = active
-                await self.workflow.run(ctx=ctx, chat_history=from_dicts(messages),
-                                        memory=memory, max_iterations=max_iter,
-                                        early_stopping_method="force")
+                await finished(self.workflow.run(ctx=ctx, chat_history=from_dicts(messages),
+                                                 memory=memory, max_iterations=max_iter,
+                                                 early_stopping_method="force"),
+                               lambda event: self._asked(session, event))
                 session.raise_blocked()
             except CarError:
                 raise
@@ -427,6 +461,14 @@ class LlamaIndexAgent:
         if not collector.runs:
             raise AdapterError("the branch produced no run", hint="check the agent runs alone")
         return collector.runs[-1]
+
+    def _asked(self, session: BranchSession, event: Any) -> None:
+        """Stop the run: its workflow asked for human input nobody will give (a waiting tool
+        reading its code did not find: ``human_input``)."""
+        live = sorted(n for n in self._context_tools() if not session.safety.guards(n))
+        if session.blocked is None:
+            session.blocked = asked_for_input(event, step=session.current,
+                                              run_id=session.run_id, live=live)
 
     def _check_retrievers(self, agents: dict[str, Any], session: BranchSession) -> None:
         for name, a in agents.items():

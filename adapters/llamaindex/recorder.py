@@ -26,10 +26,12 @@ import contextvars
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from llama_index.core.agent.workflow import AgentWorkflow, BaseWorkflowAgent
 from llama_index.core.agent.workflow.workflow_events import AgentOutput, ToolCallResult
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.bridge.pydantic import PrivateAttr
@@ -64,6 +66,9 @@ WRAPPER_MODELS = ("CarBranchLLM",)
 # run meta: the record marks each tool result that came back as an error (``"status":
 # "error"``), so an unmarked one was answered; a run recorded before carries no such key
 ERRORS_MARKED = "tool_errors_marked"
+# what CAR records steps of and branches: agent workflows, whose decisions are agent steps
+# (and any other BaseWorkflowAgent: CodeActAgent, an agent class of the user's)
+AGENT_KINDS = "FunctionAgent, ReActAgent and AgentWorkflow"
 PARAM_KEYS = ("temperature", "top_p", "max_tokens", "seed", "model", "model_name",
               "context_window", "num_output")
 
@@ -89,6 +94,15 @@ def _usage(response: Any) -> dict[str, int]:
 def _params(model_dict: dict[str, Any]) -> dict[str, Any]:
     return {k: model_dict[k] for k in PARAM_KEYS
             if k in model_dict and isinstance(model_dict[k], (str, int, float, bool))}
+
+
+class RunNotRecorded(UserWarning):
+    """A workflow run ended with no agent step seen, so the recorder kept no run of it."""
+
+
+def is_agent_workflow(workflow: Any) -> bool:
+    """Whether ``workflow`` is one CAR records steps of and branches (``AGENT_KINDS``)."""
+    return isinstance(workflow, (BaseWorkflowAgent, AgentWorkflow))
 
 
 def agents_of(workflow: Any) -> dict[str, Any]:
@@ -149,6 +163,7 @@ class _RunBuf:
     spans: set[str] = field(default_factory=set)
     open_steps: dict[str, _StepBuf] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
+    inner_runs: int = 0  # workflow runs inside this one, each recorded as a run of its own
 
 
 class _Spans(BaseSpanHandler[SimpleSpan]):
@@ -201,7 +216,9 @@ class CarRecorder:
     ``outcome(run, rng)``, as for ``car.record``) scores each run as it finishes, so the store
     knows which runs failed. A run that could not be stored or scored is still in ``runs``, and
     the error in ``store_errors`` / ``outcome_errors`` (the agent's run is not broken). A
-    workflow run inside another one (an agent used as a tool) is recorded as its own run."""
+    workflow run inside another one (an agent used as a tool) is recorded as its own run. A
+    workflow run in which no agent step was seen (a custom ``Workflow``) is not kept: a
+    ``RunNotRecorded`` warning says so, and ``skipped`` names its workflow."""
 
     def __init__(self, store: str | os.PathLike[str] | RunStore | None = None, *,
                  outcome: Callable[..., Any] | None = None,
@@ -211,6 +228,7 @@ class CarRecorder:
         self.outcome = OutcomeFn(outcome) if outcome is not None else None
         self.runs: list[car.Trajectory] = []
         self.outcome_errors: list[OutcomeError] = []
+        self.skipped: list[str] = []  # the workflow of each run not kept (``_unrecorded``)
         self._token = _token
         self._lock = threading.RLock()
         self._run_of: dict[str, str] = {}
@@ -267,6 +285,12 @@ class CarRecorder:
         if not self._attached:
             raise AdapterError("this CarRecorder was never attached, so it saw no run",
                                hint="call rec.attach() before running the agent")
+        if self.skipped:
+            raise AdapterError(
+                f"no agent run has finished since the recorder was attached; it saw "
+                f"{len(self.skipped)} run(s) of {sorted(set(self.skipped))} with no agent step, "
+                "and kept none of them",
+                hint=f"CAR records agent workflows ({AGENT_KINDS}): run one of those")
         raise AdapterError("no agent run has finished since the recorder was attached",
                            hint="await agent.run(...) to completion, then read rec.run")
 
@@ -289,6 +313,8 @@ class CarRecorder:
                 return
             if BRANCH_TOKEN.get() is not self._token:
                 return
+            if root is not None:
+                self._bufs[root].inner_runs += 1
             start = bound_args.arguments.get("start_event") if bound_args is not None else None
             self._run_of[id_] = id_
             self._parent[id_] = None
@@ -334,7 +360,7 @@ class CarRecorder:
                     step.usage["completion_tokens"] += u["completion_tokens"]
 
     def _exit(self, id_: str, result: Any, err: BaseException | None) -> None:
-        finished = None
+        finished, dropped = None, None
         with self._lock:
             root = self._run_of.get(id_)
             if root is None:
@@ -351,11 +377,43 @@ class CarRecorder:
                     answer["status"] = "error"
                 buf.steps[-1]["results"].append(answer)
             if id_ == root:
+                dropped = self._unrecorded(buf, err)
                 finished = self._finish(buf, err)
+        if dropped is not None:
+            self.skipped.append(type(buf.workflow).__name__)
+            if dropped:
+                warnings.warn(dropped, RunNotRecorded, stacklevel=2)
+            return
         if finished is not None:
             finished = score_run(finished, self.outcome, self.outcome_errors)
             self.runs.append(finished)
             store_run(finished, self.store, self.store_errors)
+
+    def _unrecorded(self, buf: _RunBuf, err: BaseException | None) -> str | None:
+        """Why a finished workflow run is not kept (a warning, or "" to drop it quietly), or
+        None to keep it. A run in which no agent step was seen (a custom ``Workflow`` of
+        ``@step`` methods, whose model and tool calls are no agent steps) is dropped, not
+        stored: stored, it would be a complete run of no step, scored as a pass by any outcome
+        that looks for a failure in the steps, hiding a real failure from ``car runs`` and
+        triage; stored with status error, every run of a working app would be listed as
+        failed. The warning says so where the app runs; ``rec.run`` says so too. Dropped
+        quietly: a workflow whose steps ran agents (each recorded as a run of its own). An
+        agent workflow that failed before its first step stays an error run, and a branch's
+        own recorder keeps whatever its branch ran."""
+        if self._token is not None or buf.steps or (err is not None
+                                                    and is_agent_workflow(buf.workflow)):
+            return None
+        if buf.inner_runs:
+            return ""
+        name = type(buf.workflow).__name__
+        if is_agent_workflow(buf.workflow):
+            return (f"CAR did not store a run of {name}: it ended without an agent step "
+                    "(no model decision was seen), so there is nothing to replay or score")
+        return (f"CAR did not store a run of the custom Workflow {name}: CAR records only "
+                f"agent workflows ({AGENT_KINDS}), whose decisions are agent steps; its model "
+                "and tool calls are not, so the run would be stored with no step and scored "
+                "as if it had done nothing wrong. Build the app from those agents, or run one "
+                "inside a step of the workflow: each agent run is then recorded on its own")
 
     @staticmethod
     def _step_record(step: _StepBuf, output: AgentOutput) -> dict[str, Any]:
