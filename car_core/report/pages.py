@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -167,57 +167,54 @@ def render_index(runs: Sequence[Mapping[str, Any]], attributions: Sequence[Mappi
         failed=failed, triages=list(triages), fixes=list(fixes)))
 
 
-def _triage_pages(db: RunStore, rows: Sequence[Attribution], run_href: Mapping[str, str],
-                  attribution_href: Mapping[str, str], home: str, pages: dict[Path, str],
-                  folder: Path, damaged: list[str]) -> list[dict[str, Any]]:
-    """A page per stored triage (into ``pages``) and its row on the index, newest first; a
-    triage without a result yet is listed without a page, a damaged one named."""
-    from car_core.store.triages import load_triage  # the CLI loads it only for a triage
+@dataclass(frozen=True)
+class _Kind:
+    """A kind of attribution of many runs that gets a page of its own on the index (a triage,
+    a population fix): how to name it, load it, draw its page and its row."""
+
+    name: str
+    folder: str
+    load: Callable[[RunStore, str], Any]
+    # (result, run ids to links, attribution ids to links, home) -> html
+    page: Callable[[Any, Mapping[str, str], Mapping[str, str], str], str]
+    row: Callable[..., dict[str, Any]]  # (result or None, status, when, ts, href, id)
+
+
+def _kinds() -> dict[str, _Kind]:
+    from car_core.store.fixes import load_fix  # the CLI loads them only for an index
+    from car_core.store.triages import load_triage
+    return {
+        TRIAGE_METHOD: _Kind("triage", "triages", load_triage,
+                             lambda r, runs, atts, home: render_triage(
+                                 r, run_href=runs, attribution_href=atts, home=home),
+                             triage_row),
+        FIX_METHOD: _Kind("population fix", "fixes", load_fix,
+                          lambda r, runs, atts, home: render_fix(r, run_href=runs, home=home),
+                          fix_row)}
+
+
+def _population_pages(db: RunStore, kind: _Kind, rows: Sequence[Attribution],
+                      links: tuple[Mapping[str, str], Mapping[str, str]], home: str,
+                      pages: dict[Path, str], folder: Path, damaged: list[str]
+                      ) -> list[dict[str, Any]]:
+    """A page per stored attribution of ``kind`` (into ``pages``) and its row on the index,
+    newest first; one without a result yet is listed without a page, a damaged one named.
+    ``links``: run ids, then attribution ids, to their pages, relative to the index."""
+    runs, atts = ({k: f"../{v}" for k, v in m.items()} for m in links)  # from kind's folder
     listed: list[dict[str, Any]] = []
     for a in rows:
         when, ts = _when(a.created_at), a.created_at or 0.0
         if a.status == AttributionStatus.RUNNING:
-            listed.append({"id": a.id, "href": None, "status": str(a.status), "when": when,
-                           "ts": ts, "runs": fmt.MISSING, "groups": fmt.MISSING,
-                           "top": "no result yet", "undecided": fmt.MISSING,
-                           "no_cause": fmt.MISSING, "rollouts": fmt.MISSING})
+            listed.append(kind.row(None, str(a.status), when, ts, None, a.id))
             continue
         try:
-            result = load_triage(db, a.id)
+            result = kind.load(db, a.id)
         except CarError as exc:
-            damaged.append(f"triage {a.id}: {exc}")
+            damaged.append(f"{kind.name} {a.id}: {exc}")
             continue
-        href = f"triages/{page_name(a.id)}"
-        up = {k: f"../{v}" for k, v in run_href.items()}
-        pages[folder / href] = render_triage(
-            result, run_href=up, attribution_href={k: f"../{v}" for k, v in
-                                                   attribution_href.items()}, home=home)
-        listed.append(triage_row(result, str(a.status), when, ts, href))
-    listed.sort(key=lambda r: r["ts"], reverse=True)
-    return listed
-
-
-def _fix_pages(db: RunStore, rows: Sequence[Attribution], run_href: Mapping[str, str],
-               home: str, pages: dict[Path, str], folder: Path,
-               damaged: list[str]) -> list[dict[str, Any]]:
-    """A page per stored population fix (into ``pages``) and its row on the index, newest
-    first; one without a result yet is listed without a page, a damaged one named."""
-    from car_core.store.fixes import load_fix  # the CLI loads it only for a fix
-    listed: list[dict[str, Any]] = []
-    for a in rows:
-        when, ts = _when(a.created_at), a.created_at or 0.0
-        if a.status == AttributionStatus.RUNNING:
-            listed.append(fix_row(None, str(a.status), when, ts, None, a.id))
-            continue
-        try:
-            result = load_fix(db, a.id)
-        except CarError as exc:
-            damaged.append(f"population fix {a.id}: {exc}")
-            continue
-        href = f"fixes/{page_name(a.id)}"
-        pages[folder / href] = render_fix(
-            result, run_href={k: f"../{v}" for k, v in run_href.items()}, home=home)
-        listed.append(fix_row(result, str(a.status), when, ts, href, a.id))
+        href = f"{kind.folder}/{page_name(a.id)}"
+        pages[folder / href] = kind.page(result, runs, atts, home)
+        listed.append(kind.row(result, str(a.status), when, ts, href, a.id))
     listed.sort(key=lambda r: r["ts"], reverse=True)
     return listed
 
@@ -268,12 +265,12 @@ def write_index(db: RunStore, out: Path, store: str) -> IndexWritten:
                      "latest": attribution_summary(latest) if latest else None})
     rows.sort(key=lambda r: r["ts"], reverse=True)
     stored = [a for rows_of in by_run.values() for a in rows_of]
-    run_links = {str(r["id"]): str(r["href"]) for r in runs}
-    triages = _triage_pages(db, [a for a in stored if a.method == TRIAGE_METHOD], run_links,
-                            {r["id"]: r["href"] for r in rows if r.get("href")},
-                            "../" + index.name, pages, folder, damaged)
-    fixes = _fix_pages(db, [a for a in stored if a.method == FIX_METHOD], run_links,
-                       "../" + index.name, pages, folder, damaged)
+    links = ({str(r["id"]): str(r["href"]) for r in runs},
+             {str(r["id"]): str(r["href"]) for r in rows if r.get("href")})
+    triages, fixes = (
+        _population_pages(db, kind, [a for a in stored if a.method == method], links,
+                          "../" + index.name, pages, folder, damaged)
+        for method, kind in _kinds().items())
     html = render_index(runs, rows, store, damaged, triages, fixes)
     try:
         for path, page in pages.items():

@@ -80,11 +80,16 @@ def render_triage(r: TriageResult, *, run_href: Mapping[str, str] | None = None,
         t=triage_view(r, run_href, attribution_href), home=home))
 
 
-def triage_row(r: TriageResult, status: str, when: str, ts: float,
-               href: str | None) -> dict[str, Any]:
-    """What the index lists of one triage: its answer, size, and the page's link."""
+def triage_row(r: TriageResult | None, status: str, when: str, ts: float,
+               href: str | None, ident: str) -> dict[str, Any]:
+    """What the index lists of one triage: its answer, size, and the page's link (one
+    without a result yet: its status, no page)."""
+    if r is None:
+        return {"id": ident, "href": None, "status": status, "when": when, "ts": ts,
+                "runs": fmt.MISSING, "groups": fmt.MISSING, "top": "no result yet",
+                "undecided": fmt.MISSING, "no_cause": fmt.MISSING, "rollouts": fmt.MISSING}
     top = r.groups[0] if r.groups else None
-    return {"id": r.triage_id or fmt.MISSING, "href": href, "status": status, "when": when,
+    return {"id": ident, "href": href, "status": status, "when": when,
             "ts": ts, "runs": r.runs_total, "groups": len(r.groups),
             "top": (f"{top.label}: {fmt.pct(top.share, 0)} [{fmt.pct(top.share_ci[0], 0)}, "
                     f"{fmt.pct(top.share_ci[1], 0)}]") if top else fmt.MISSING,
