@@ -308,6 +308,17 @@ def test_branches_never_touch_the_users_thread(saver: Any) -> None:
 
 # -- tools on branches ------------------------------------------------------------------------
 
+class BigRefund(sa.PlantedSupportModel):
+    """Refunds a different amount than any record: no recorded answer for the call."""
+
+    def decide(self, messages: Any) -> AIMessage:
+        msg = super().decide(messages)
+        for c in msg.tool_calls:
+            if c["name"] == "issue_refund":
+                c["args"]["amount"] = 999.0
+        return msg
+
+
 def test_side_effect_tools_never_run_on_branches(monkeypatch: pytest.MonkeyPatch) -> None:
     s = Support(InMemorySaver(), side_effect_tools=("issue_refund",))
     run = s.failing_run()
@@ -319,14 +330,6 @@ def test_side_effect_tools_never_run_on_branches(monkeypatch: pytest.MonkeyPatch
                          seed=0, progress=False)
     assert dist.mean == 1.0 and refunds == []  # served from the record: same call, same answer
     assert all(t.steps[2].observation == run.steps[2].observation for t in dist.trajectories)
-
-    class BigRefund(sa.PlantedSupportModel):  # refunds a different amount: no recorded answer
-        def decide(self, messages: Any) -> AIMessage:
-            msg = super().decide(messages)
-            for c in msg.tool_calls:
-                if c["name"] == "issue_refund":
-                    c["args"]["amount"] = 999.0
-            return msg
 
     plan = compile_plan(run, car.do_policy(2, BigRefund()))
     with pytest.raises(SideEffectBlocked, match="issue_refund"):
@@ -476,14 +479,6 @@ def test_a_blocked_side_effect_the_app_hands_to_the_model_still_stops_the_branch
     assert sa.outcome(run)
     agent = LangGraphAgent(app, model=wrapper, safe_tools=sa.SAFE_TOOLS,
                            side_effect_tools=sa.SIDE_EFFECT_TOOLS)
-
-    class BigRefund(sa.PlantedSupportModel):  # refunds a different amount: no recorded answer
-        def decide(self, messages: Any) -> AIMessage:
-            msg = super().decide(messages)
-            for c in msg.tool_calls:
-                if c["name"] == "issue_refund":
-                    c["args"]["amount"] = 999.0
-            return msg
 
     refund_step = next(i for i, st in enumerate(run.steps)
                        if any(c["function"]["name"] == "issue_refund"
