@@ -254,8 +254,9 @@ class OpenAIAgentsAgent:
         refused = unsupported(self.agents, self.run_config)
         if refused:
             raise AdapterError("this app uses features CAR cannot replay: " + "; ".join(refused),
-                               hint="attribute an app without them (wrap hosted tools in "
-                                    "function tools)")
+                               hint="attribute the app with each of them replaced as its "
+                                    "entry says (a hosted tool: wrap what it does in a "
+                                    "function tool)")
         self._rule = ToolSafety.of(side_effect_tools, simulators, match_on, safe_tools=safe_tools,
                                    unclassified=unclassified)
         self._listing: mcp_tools.Listing | None = None
@@ -462,22 +463,21 @@ class OpenAIAgentsAgent:
     def _check_guardrails(self, run: car.Trajectory) -> None:
         """Refuse a run whose guardrails may have stopped it unseen (``guardrails``): whether
         it failed cannot be told."""
-        both = run.meta.get("tripwire_ambiguous")
-        if both:
-            raise AdapterError(
-                f"a guardrail ({both.get('guardrail')}) stopped one of several runs recorded in "
-                "one recording block, and the SDK does not say which", run_id=run.id,
-                hint="record one run per `with recorder.recording():` block")
-        unseen = unseen_guardrails(self.agents, run.meta.get("root_agent"), self.run_config)
-        if unseen and not run.meta.get("guardrails_watched"):
+        watched = run.meta.get("guardrails_watched")
+        watched = set(watched) if isinstance(watched, list) else set()
+        unseen = [g for g in unseen_guardrails(self.agents, run.meta.get("root_agent"),
+                                               self.run_config) if g not in watched]
+        if unseen:
             raise AdapterError(
                 f"the app's {', '.join(unseen)} can stop a run after the agent replied without "
-                "the SDK telling its hooks, and this run was recorded outside a recording "
-                "block, so CAR cannot tell whether a guardrail stopped it (and so whether it "
+                "the SDK telling its hooks, and this run was recorded "
+                + ("with it unwatched" if watched else "outside a recording block")
+                + ", so CAR cannot tell whether a guardrail stopped it (and so whether it "
                 "failed)", run_id=run.id,
-                hint="record the run again inside `with recorder.recording():` around "
-                     "Runner.run / run_sync / run_streamed (and the loop over its events); "
-                     "an input guardrail with run_in_parallel=False needs no block")
+                hint="record the run again inside `with recorder.recording(agent):` (the "
+                     "starting agent, and run_config=... where the guardrails are there) "
+                     "around Runner.run / run_sync / run_streamed and the loop over its "
+                     "events; an input guardrail with run_in_parallel=False needs no block")
 
     def _state(self, run: car.Trajectory, k: int) -> tuple[list[Any], str, str | None]:
         step = run.step(k)

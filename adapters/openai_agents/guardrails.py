@@ -4,17 +4,23 @@ The SDK raises ``InputGuardrailTripwireTriggered`` / ``OutputGuardrailTripwireTr
 ``Runner.run`` and tells its run hooks nothing: an input guardrail that runs in parallel with the
 agent (the SDK's default) can trip after the agent's reply, and every output guardrail runs
 after ``on_agent_end``, so hooks alone record such a stopped run as finished, with a reply the
-user never got. A run is told apart by ``meta["tripwire"]`` (``{"kind": "input" | "output",
-"guardrail": name}``): a branch sets it from the exception its ``Runner.run`` raised; a
-recorded run gets it where the recorder saw the exception, which it does for the runs it records
-inside ``with recorder.recording():`` (``meta["guardrails_watched"]``). A run recorded without
-that from an app whose guardrails can trip unseen is refused before any branch: whether it was
+user never got, and an app that catches the tripwire (the SDK's own examples do) hides it from
+anything that waits for the exception. A run is told apart by ``meta["tripwire"]``
+(``{"kind": "input" | "output", "guardrail": name}``): a branch sets it from the exception its
+``Runner.run`` raised; a recorded run gets it inside ``with recorder.recording(agent):``, which
+watches the app's guardrails (``watch``: each guardrail's function reports its own verdict, by
+run, to the block the run started in) and keeps the block's runs until it ends. A run lists the
+guardrails watched (``meta["guardrails_watched"]``); one of an app whose guardrails can trip
+unseen, recorded with any of them unwatched, is refused before any branch: whether it was
 stopped cannot be known, so neither can whether it failed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from typing import Any
 
 from agents.exceptions import InputGuardrailTripwireTriggered, OutputGuardrailTripwireTriggered
@@ -36,6 +42,22 @@ def _name(guardrail: Any) -> str:
     return str(get()) if callable(get) else type(guardrail).__name__
 
 
+def label(kind: str, guardrail: Any) -> str:
+    """How a guardrail is named in messages and in ``meta["guardrails_watched"]``."""
+    return f"{kind} guardrail {_name(guardrail)!r}"
+
+
+def _guardrails(agents: Mapping[str, Any], starting: list[Any], run_config: Any
+                ) -> list[tuple[str, Any]]:
+    """(kind, guardrail) of every guardrail a run started at ``starting`` may run: the input
+    guardrails of the starting agents and ``run_config``, every agent's output guardrails."""
+    inputs = [g for a in starting for g in getattr(a, "input_guardrails", None) or ()]
+    inputs += list(getattr(run_config, "input_guardrails", None) or ())
+    outputs = [g for a in agents.values() for g in getattr(a, "output_guardrails", None) or ()]
+    outputs += list(getattr(run_config, "output_guardrails", None) or ())
+    return [("input", g) for g in inputs] + [("output", g) for g in outputs]
+
+
 def unseen_guardrails(agents: Mapping[str, Any], root: str | None, run_config: Any
                       ) -> list[str]:
     """The guardrails of the app whose tripwire the run hooks cannot see: the input
@@ -43,16 +65,49 @@ def unseen_guardrails(agents: Mapping[str, Any], root: str | None, run_config: A
     ``run_config``'s), and every output guardrail. An input guardrail with
     ``run_in_parallel=False`` runs before the first model call: a run it stops records
     nothing."""
-    found: list[str] = []
     starting = [agents[root]] if root is not None and root in agents else list(agents.values())
-    inputs = [g for a in starting for g in getattr(a, "input_guardrails", None) or ()]
-    inputs += list(getattr(run_config, "input_guardrails", None) or ())
-    found += [f"input guardrail {_name(g)!r}" for g in inputs
-              if getattr(g, "run_in_parallel", True)]
-    outputs = [g for a in agents.values() for g in getattr(a, "output_guardrails", None) or ()]
-    outputs += list(getattr(run_config, "output_guardrails", None) or ())
-    found += [f"output guardrail {_name(g)!r}" for g in outputs]
-    return sorted(set(found))
+    return sorted({label(kind, g) for kind, g in _guardrails(agents, starting, run_config)
+                   if kind == "output" or getattr(g, "run_in_parallel", True)})
 
 
-__all__ = ["TRIPWIRES", "tripwire_of", "unseen_guardrails"]
+# the tripwires of the runs of the recording block the code running now is in, by the id of
+# each run's usage object (the key the recorder tells runs apart by); None outside a block
+TRIPS: ContextVar[dict[int, dict[str, str]] | None] = ContextVar("car_tripwires", default=None)
+_WATCHED = "__car_watches__"
+
+
+def watch(agents: Mapping[str, Any], run_config: Any) -> list[str]:
+    """Have every guardrail of the app (each agent's, ``run_config``'s) report a tripwire
+    to the recording block its run started in (``TRIPS``), and return their labels. The
+    guardrail objects are the app's own: each function is wrapped once, and the wrapper
+    only notes a verdict (nothing, outside a block; a branch runs outside any)."""
+    found = _guardrails(agents, list(agents.values()), run_config)
+    for kind, g in found:
+        fn = getattr(g, "guardrail_function", None)
+        if callable(fn) and not getattr(fn, _WATCHED, False):
+            g.guardrail_function = _watched(fn, kind, _name(g))
+    return sorted({label(kind, g) for kind, g in found})
+
+
+def _watched(fn: Callable[..., Any], kind: str, name: str) -> Callable[..., Any]:
+    def note(context: Any, out: Any) -> Any:
+        trips = TRIPS.get()
+        if trips is not None and getattr(out, "tripwire_triggered", False):
+            trips.setdefault(id(getattr(context, "usage", None)),
+                             {"kind": kind, "guardrail": name})
+        return out
+
+    @functools.wraps(fn)
+    def run(context: Any, agent: Any, data: Any) -> Any:
+        out = fn(context, agent, data)
+        if inspect.isawaitable(out):
+            async def verdict() -> Any:
+                return note(context, await out)
+            return verdict()
+        return note(context, out)
+
+    setattr(run, _WATCHED, True)
+    return run
+
+
+__all__ = ["TRIPS", "TRIPWIRES", "label", "tripwire_of", "unseen_guardrails", "watch"]

@@ -15,9 +15,9 @@ object, so one recorder can watch concurrent runs. A run that ends without a fin
 with status ``"error"``; a run the SDK stopped for a tool call's approval and the user resumed
 (``Runner.run(agent, result.to_state())``) is recorded as one run, if the recorder is not read
 in between. The SDK tells its hooks nothing of a guardrail's tripwire (``guardrails``): a run
-recorded inside ``with recorder.recording():`` gets what ``Runner.run`` raised, and one a
-guardrail stopped says so (``meta["tripwire"]``); outside a block, a run an output or parallel
-input guardrail stopped after the reply looks finished. Each run
+recorded inside ``with recorder.recording(agent):`` is kept until the block ends, with the
+app's guardrails watched, and one a guardrail stopped says so (``meta["tripwire"]``); outside a
+block, a run an output or parallel input guardrail stopped after the reply looks finished. Each run
 carries the app's fingerprint (``car_adapters.openai_agents.fingerprint``), taken from the
 agent it started with, so attributing it with another app is refused; for an app with MCP
 servers the recorder lists their tools once as the run starts (one ``list_tools`` per server:
@@ -52,7 +52,7 @@ from ._context import snapshot
 from ._items import action_of, to_dicts
 from .app import agents_of, tool_names
 from .fingerprint import app_digest
-from .guardrails import tripwire_of
+from .guardrails import TRIPS, tripwire_of, watch
 from .offered_tools import offered
 
 UNFINISHED = "the run stopped before a final output (an exception, a guardrail or max_turns)"
@@ -94,16 +94,19 @@ class _RunBuf:
     fingerprint: str | None = None
     mcp: dict[str, list[str]] = field(default_factory=dict)  # agent -> its MCP tools' names
     listing: mcp_tools.Listing = field(default_factory=dict)  # agent -> its MCP tools
-    block: _Block | None = None  # the ``recording()`` block it started in
+    block: _Block | None = None  # the ``recording(agent)`` block it started in
 
 
 @dataclass
 class _Block:
-    """One ``with recorder.recording():`` block: the runs that started in it, and those that
-    finished, held until the block ends (when what ``Runner.run`` raised is known)."""
+    """One ``with recorder.recording(agent):`` block: the runs that started in it, those that
+    finished, held until it ends, and the tripwires its watched guardrails reported."""
 
+    watched: list[str] = field(default_factory=list)  # the guardrails it watches, labelled
     bufs: list[_RunBuf] = field(default_factory=list)
     held: list[tuple[_RunBuf, BaseException | str | None]] = field(default_factory=list)
+    trips: dict[int, dict[str, str]] = field(default_factory=dict)  # run key -> its tripwire
+    settled: bool = False  # ended: a run that starts after it is kept as any other
 
 
 # the block the code running now is in: hooks run in the Runner's task, which copies the
@@ -138,14 +141,16 @@ class CarRecorder(RunHooks[Any]):
         self._settled: dict[int, Any] = {}
 
     @contextmanager
-    def recording(self) -> Iterator[None]:
-        """Record the runs started inside the block with what ``Runner.run`` raised: a run a
-        guardrail stopped gets ``meta["tripwire"]`` (the SDK tells its hooks nothing of a
-        tripwire; ``guardrails``). Wrap ``Runner.run`` / ``run_sync`` / ``run_streamed`` (and
-        the loop over its events) of one run; the runs are stored and scored as the block
-        ends, and an app with guardrails is attributable only from runs recorded so."""
-        block = _Block()
-        token = _BLOCK.set(block)
+    def recording(self, agent: Any, *, run_config: Any = None) -> Iterator[None]:
+        """Record the runs started inside the block knowing which a guardrail stopped: the
+        SDK tells its hooks nothing of a tripwire (``guardrails``), so the guardrails of
+        ``agent``'s app (and ``run_config``'s) are watched, and a run one of them stopped gets
+        ``meta["tripwire"]``, whether the tripwire left the block or the app caught it. Put
+        ``Runner.run`` / ``run_sync`` / ``run_streamed`` (and the loop over its events)
+        inside; the runs are stored and scored as the block ends. An app with guardrails is
+        attributable only from runs recorded so."""
+        block = _Block(watched=watch(agents_of(agent), run_config))
+        token, trips = _BLOCK.set(block), TRIPS.set(block.trips)
         raised: BaseException | None = None
         try:
             yield
@@ -153,31 +158,37 @@ class CarRecorder(RunHooks[Any]):
             raised = exc
             raise
         finally:
+            TRIPS.reset(trips)
             _BLOCK.reset(token)
             self._settle(block, raised)
 
     def _settle(self, block: _Block, raised: BaseException | None) -> None:
-        """Close the block's runs: those still open end with ``raised`` (if anything was), a
-        tripwire marks the run it stopped (every run of the block, as ambiguous, when it
-        started several), then each is scored and stored."""
+        """Close the block's runs: those still open end with ``raised`` (if anything was;
+        else they go on past the block, a stream not read in it, kept when they end), each
+        stopped one is marked with its tripwire, then each is scored and stored."""
         with self._lock:
-            still = [b for b in block.bufs if self._bufs.get(id(b.usage)) is b]
-            for b in still if raised is not None else ():
+            block.settled = True
+            open_ = [b for b in block.bufs if self._bufs.get(id(b.usage)) is b]
+            # a run stopped mid-way ends here: by what left the block, or by a tripwire the
+            # app caught (its model call cancelled, it never reached its end)
+            stopped = [b for b in open_ if raised is not None or id(b.usage) in block.trips]
+            for b in stopped:
                 del self._bufs[id(b.usage)]
                 self._settled[id(b.usage)] = b.usage
-        ended = [*block.held, *((b, raised) for b in still if raised is not None)]
-        for b in still if raised is None else ():
-            b.block = None  # still running past the block (a stream not read in it)
-        tripwire = tripwire_of(raised)
+            for b in open_:
+                if not any(b is x for x in stopped):
+                    b.block = None
+        ended = [*block.held, *((b, raised or UNFINISHED) for b in stopped)]
         for buf, err in ended:
             run = self._built(buf, err)
-            meta = {**run.meta, "guardrails_watched": True}
-            if tripwire is not None and len(block.bufs) == 1:
-                meta["tripwire"] = tripwire  # a designed stop, scored: not a crash
-                run = replace(run, status=RunStatus.COMPLETE, error=repr(raised), meta=meta)
-            elif tripwire is not None:
-                meta["tripwire_ambiguous"] = tripwire
-                run = replace(run, meta=meta)
+            meta = {**run.meta, "guardrails_watched": block.watched}
+            tripwire = block.trips.get(id(buf.usage))
+            if tripwire is not None:  # a designed stop, scored: not a crash
+                meta["tripwire"] = tripwire
+                said = (repr(raised) if tripwire_of(raised) == tripwire else
+                        f"the {tripwire['kind']} guardrail {tripwire['guardrail']!r} stopped "
+                        "the run (its tripwire was caught in the block)")
+                run = replace(run, status=RunStatus.COMPLETE, error=said, meta=meta)
             else:
                 run = replace(run, meta=meta)
             self._keep(run)
@@ -211,6 +222,8 @@ class CarRecorder(RunHooks[Any]):
                     self._bufs[key] = buf
                 else:
                     block = _BLOCK.get()
+                    if block is not None and block.settled:  # a stream read past its block
+                        block = None
                     buf = _RunBuf(root=agent, usage=context.usage,
                                   fingerprint=_fingerprint(agent), block=block)
                     if block is not None:
@@ -316,11 +329,13 @@ class CarRecorder(RunHooks[Any]):
                 self._finish(buf, error if error is not None else UNFINISHED)
 
     def _finish(self, buf: _RunBuf, err: BaseException | str | None) -> None:
-        """The run is over: kept now, or, in a ``recording()`` block, when the block ends."""
-        if buf.block is not None:
-            buf.block.held.append((buf, err))
-            return
-        self._keep(self._built(buf, err))
+        """The run is over: kept now, or, in a ``recording(agent)`` block, when it ends."""
+        with self._lock:
+            block = buf.block if buf.block is not None and not buf.block.settled else None
+            if block is not None:
+                block.held.append((buf, err))
+        if block is None:
+            self._keep(self._built(buf, err))
 
     def _keep(self, run: car.Trajectory) -> None:
         run = score_run(run, self.outcome, self.outcome_errors)

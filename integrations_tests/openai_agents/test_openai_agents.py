@@ -590,7 +590,7 @@ def test_guardrails_and_max_turns_hold_on_branches(rec: CarRecorder) -> None:
         car.intervene(unseen, agent, car.do_resample(1), outcome=escalated, rollouts=8)
     assert app.model_calls.calls == calls  # refused before any branch
     checks.clear()
-    with pytest.raises(OutputGuardrailTripwireTriggered), rec.recording():
+    with pytest.raises(OutputGuardrailTripwireTriggered), rec.recording(guarded):
         Runner.run_sync(guarded, "ticket", hooks=rec, max_turns=3)
     run = rec.run  # the block saw the tripwire: the run says which guardrail stopped it
     assert escalated(run) and checks["input"] == 1 and run.status == "complete"
@@ -654,14 +654,14 @@ def test_an_input_guardrail_that_trips_after_the_reply_is_seen_in_a_recording_bl
     assert not verdicts  # refused before any branch drew the guardrail
 
     verdicts.append(True)
-    with pytest.raises(InputGuardrailTripwireTriggered), rec.recording():
+    with pytest.raises(InputGuardrailTripwireTriggered), rec.recording(tutor):
         Runner.run_sync(tutor, "solve 2x = 6", hooks=rec)
     stopped = rec.run
     assert stopped.meta["tripwire"] == {"kind": "input", "guardrail": "homework"}
     assert final_state(stopped)["final_output"] is None and not answered(stopped)
 
     verdicts.append(False)
-    with rec.recording():
+    with rec.recording(tutor):
         Runner.run_sync(tutor, "solve 2x = 6", hooks=rec)
     run = rec.run
     assert answered(run) and run.meta["guardrails_watched"] and "tripwire" not in run.meta
@@ -672,6 +672,77 @@ def test_an_input_guardrail_that_trips_after_the_reply_is_seen_in_a_recording_bl
     assert tripped == [True, False, True, False] and not verdicts
     assert [t.status for t in dist.trajectories] == ["complete"] * 4
     assert list(dist.values) == [0.0, 1.0, 0.0, 1.0]  # stopped: the user got no answer
+
+
+def test_a_recording_block_sees_a_tripwire_the_app_catches(rec: CarRecorder) -> None:
+    """The SDK's own guardrail examples catch the tripwire around ``Runner.run``: put inside
+    the block, the exception never left it, and a run the output guardrail stopped was stored
+    as a failure and blamed with confidence (user trial: rescue 1.0 [0.61, 1.0] of a run whose
+    reply nobody got). The block watches the guardrails themselves: each run it records says
+    which stopped it, however many runs the block holds, and a stream read past the block is
+    kept, not lost."""
+    import asyncio
+
+    from agents.exceptions import InputGuardrailTripwireTriggered, OutputGuardrailTripwireTriggered
+    screens: list[bool] = []
+
+    @input_guardrail
+    async def homework(ctx: Any, agent: Any, input: Any) -> GuardrailFunctionOutput:
+        await asyncio.sleep(0.05)
+        return GuardrailFunctionOutput(output_info=None, tripwire_triggered=screens.pop(0))
+
+    @output_guardrail
+    def no_answers(ctx: Any, agent: Any, output: Any) -> GuardrailFunctionOutput:
+        return GuardrailFunctionOutput(output_info=None, tripwire_triggered="x = 3" in output)
+
+    replies = iter(["x = 3", "try isolating x", "x = 3"])
+    model = ScriptedModel(lambda messages, tools, rng: next(replies), seed=0)
+    tutor = Agent(name="Tutor", instructions="Help with maths.", model=model,
+                  input_guardrails=[homework], output_guardrails=[no_answers])
+    screens.extend([False, False, True])
+    with rec.recording(tutor):
+        for _ in range(3):  # the SDK example's pattern: the app catches the tripwire
+            try:
+                Runner.run_sync(tutor, "solve 2x = 6", hooks=rec)
+            except (InputGuardrailTripwireTriggered, OutputGuardrailTripwireTriggered):
+                pass
+    first, second, third = rec.runs[-3:]
+    assert first.meta["tripwire"] == {"kind": "output", "guardrail": "no_answers"}
+    assert "tripwire" not in second.meta and final_state(second)["final_output"] == (
+        "try isolating x")
+    assert third.meta["tripwire"] == {"kind": "input", "guardrail": "homework"}
+    assert all(r.status == "complete" for r in (first, second, third))
+    assert first.meta["guardrails_watched"] == ["input guardrail 'homework'",
+                                                "output guardrail 'no_answers'"]
+    assert final_state(first)["final_output"] is None  # stopped: the user got no answer
+
+    @input_guardrail
+    async def never(ctx: Any, agent: Any, input: Any) -> GuardrailFunctionOutput:
+        await asyncio.sleep(0.05)  # trips while the first turn's tool call is answered
+        return GuardrailFunctionOutput(output_info=None, tripwire_triggered=True)
+
+    desk = Helpdesk(seed=0).agent.clone(input_guardrails=[never])
+    with rec.recording(desk):
+        try:
+            Runner.run_sync(desk, "ticket", hooks=rec, max_turns=3)
+        except InputGuardrailTripwireTriggered:
+            pass
+    cut = rec.run  # stopped mid-run: it never reached its end, and is kept as stopped
+    assert cut.status == "complete" and cut.meta["tripwire"]["guardrail"] == "never"
+    assert len(cut.steps) >= 1 and "caught in the block" in (cut.error or "")
+
+    async def streamed() -> None:
+        with rec.recording(tutor):
+            result = Runner.run_streamed(tutor, "solve 2x = 6", hooks=rec)
+        async for _ in result.stream_events():  # read past the block: kept all the same
+            pass
+
+    replies = iter(["try isolating x"])
+    screens.append(False)
+    before = len(rec.runs)
+    asyncio.run(streamed())
+    assert len(rec.runs) == before + 1
+    assert final_state(rec.run)["final_output"] == "try isolating x"
 
 
 def test_a_later_branch_holds_the_recorded_input_guardrails_verdict(rec: CarRecorder) -> None:
