@@ -10,6 +10,7 @@ as simulated, not as a call that happened. This module imports no framework.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -67,28 +68,53 @@ def result_text(content: Any) -> str:
     return str(content or "")
 
 
+# what a tool's error says when its service, not the call, is at fault (HTTP 429 and 5xx,
+# a timeout, a refused or reset connection): the words of HTTP clients and servers
+_SERVICE_DOWN = re.compile(
+    r"\b(?:429|50[0-4])\b|service unavailable|temporarily unavailable|unreachable|"
+    r"timed? ?out\b|connection (?:refused|reset|error|aborted)|too many requests|rate.?limit",
+    re.IGNORECASE)
+
+
+def says_service_down(text: str) -> bool:
+    """Whether a tool's error text blames its service rather than the call (``_SERVICE_DOWN``)."""
+    return bool(_SERVICE_DOWN.search(text))
+
+
 def drifted_tools(recorded: Iterable[Step], recorded_errors: Collection[str],
                   branch: Iterable[Step], branch_errors: Mapping[str, str]) -> str | None:
     """What a branch must not be scored for: a safe tool that ran live on it and returned an
     error (``branch_errors``: call id -> its text) for a call the record made with the same
-    arguments and got an answer for (``recorded_errors``: the record's errored call ids). The
-    tool's world has changed since the record (a service down, a credential missing where the
+    arguments and got an answer for (``recorded_errors``: the record's errored call ids), or,
+    for any call, an error that says its service is down (``says_service_down``). The tool's
+    world has changed since the record (a service down, a credential missing where the
     estimate runs), and the agent's reply to the error would be scored as what re-deciding
-    the step does. None when no call drifted."""
-    answered = {(name, args) for step in recorded for cid, name, args in calls_of(step.action)
-                if cid not in recorded_errors}
+    the step does. An error for arguments the record never used that blames the call (an
+    unknown order) is the agent's own doing, and is scored; so is one from a tool the record
+    saw fail too (the same world). None when no call drifted."""
+    calls = [(cid, name, args) for step in recorded for cid, name, args in calls_of(step.action)]
+    answered = {(name, args) for cid, name, args in calls if cid not in recorded_errors}
+    # a tool the record saw fail (or cannot say it did not) was in the same world then
+    failing = {name for cid, name, _ in calls if cid in recorded_errors}
     for step in branch:
         sources = step.meta.get(TOOL_SOURCES) or {}
         for cid, name, args in calls_of(step.action):
-            if cid in branch_errors and sources.get(cid) == ToolSource.LIVE \
-                    and (name, args) in answered:
-                said = " ".join(branch_errors[cid].split())[:200]
+            if cid not in branch_errors or sources.get(cid) != ToolSource.LIVE:
+                continue
+            said = " ".join(branch_errors[cid].split())[:200]
+            if (name, args) in answered:
                 return (f"safe tool {name!r} ran live at step {step.index} and returned an "
                         f"error for arguments {args} ({said!r}), where the record's identical "
                         "call was answered: the tool answers differently where this estimate "
                         "runs (a service down, a credential missing), so the branch cannot "
                         "stand for the recorded run and is not scored")
+            if name not in failing and says_service_down(said):
+                return (f"safe tool {name!r} ran live at step {step.index} and returned an "
+                        f"error that says its service is down ({said!r}): the agent's reply "
+                        "to an outage is not what re-deciding the step does, so the branch is "
+                        "not scored")
     return None
 
 
-__all__ = ["TOOL_SOURCES", "drifted_tools", "sources_of", "tool_errors", "with_sources"]
+__all__ = ["TOOL_SOURCES", "drifted_tools", "says_service_down", "sources_of", "tool_errors",
+           "with_sources"]

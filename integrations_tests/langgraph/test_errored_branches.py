@@ -103,17 +103,19 @@ def test_a_tool_that_raises_on_every_branch_stops_the_estimate(support: Any) -> 
 
 class OrdersHook:
     """The orders database, unreachable where the estimate runs: while ``down``, the lookup
-    tool raises ``ToolException``, which the tool turns into an error result the model reads
-    (``status="error"``), as an MCP tool's error comes back: the graph does not raise."""
+    tool raises ``ToolException`` with ``said``, which the tool turns into an error result the
+    model reads (``status="error"``), as an MCP tool's error comes back: the graph does not
+    raise."""
 
     down = False
+    said = "orders database unreachable"
 
 
 @tool("lookup_order")
 def flaky_lookup(order_id: str) -> str:
     """Look up an order (reads only: safe on branches)."""
     if OrdersHook.down:
-        raise ToolException("orders database unreachable")
+        raise ToolException(OrdersHook.said)
     return str(sa.lookup_order.invoke({"order_id": order_id}))
 
 
@@ -156,6 +158,50 @@ def test_a_safe_tool_that_errors_only_on_branches_is_never_scored() -> None:
     # only the branches that re-decide the lookup call it live; the tool's own words are kept
     assert failures and all(f.task.plan.start == 0 for f in failures)
     assert all("orders database unreachable" in f.error for f in failures)
+
+
+class AsksAnotherOrder(GivesUpOnErrors):
+    """Looks up another order than the ticket's while the orders database is down (the
+    branches), so no recorded call answers the same arguments."""
+
+    def decide(self, messages: Any) -> Any:
+        msg = super().decide(messages)
+        for c in getattr(msg, "tool_calls", None) or ():
+            if c["name"] == "lookup_order" and OrdersHook.down:
+                c["args"] = {**c["args"], "order_id": "O-999"}
+        return msg
+
+
+@pytest.mark.parametrize(("said", "scored"), [("fare service unavailable (503)", False),
+                                              ("no order O-999 on this account", True)])
+def test_an_outage_for_a_call_the_record_never_made_is_never_scored(said: str,
+                                                                   scored: bool) -> None:
+    """A user trial's search tool answered every branch's new call with "fare service
+    unavailable (503)" and the whole rescue rested on those branches, silently: an error for
+    arguments the record never used was taken for the agent's own doing. An error that blames
+    the service fails the branch (all of them: the estimate refuses, naming it); one that
+    blames the call (an unknown order) is still what re-deciding the step does, and scored."""
+    OrdersHook.down, OrdersHook.said = False, said
+    wrapper = CarChatModel(inner=AsksAnotherOrder(rng_seed=0))
+    app = sa.build_app(wrapper, InMemorySaver(),
+                       tools=[flaky_lookup, sa.record_decision, issue_refund])
+    run = first_failure(app)
+    agent = LangGraphAgent(app, model=wrapper, safe_tools=["lookup_order", "record_decision"],
+                           side_effect_tools=["issue_refund"])
+    OrdersHook.down = True
+    try:
+        if scored:
+            dist = car.intervene(run, agent, car.do_resample(0), outcome=sa.outcome,
+                                 rollouts=4, seed=0, executor=Sequential(), progress=False)
+            assert dist.failures == () and len(dist.values) == 4
+        else:
+            with pytest.raises(BranchesFailed, match="safe tool 'lookup_order' ran live at "
+                                                     "step 0 and returned an error that says "
+                                                     "its service is down"):
+                car.contrastive(run, agent, outcome=sa.outcome, rollouts=8, seed=0,
+                                search="full", executor=Sequential(), progress=False)
+    finally:
+        OrdersHook.down, OrdersHook.said = False, "orders database unreachable"
 
 
 class ServerDown(sa.PlantedSupportModel):

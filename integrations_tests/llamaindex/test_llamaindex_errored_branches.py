@@ -21,7 +21,7 @@ from llama_index.core.agent.workflow import FunctionAgent
 import car_core as car
 from car_core.contract import RunStatus, ToolSource
 from car_core.engine.execution import Sequential
-from car_core.errors import BranchesFailed
+from car_core.errors import AgentError, BranchesFailed
 
 ORDER_7 = assistant(None, [tool_call("call_0", "lookup_order", {"order_id": "7"})])
 ORDER_8 = assistant(None, [tool_call("call_0", "lookup_order", {"order_id": "8"})])
@@ -34,12 +34,13 @@ class Orders:
     the agent the error (``ToolOutput(is_error=True)``); the workflow does not raise."""
 
     down: frozenset[str] = frozenset()
+    said = "orders database unreachable"
 
 
 def lookup_order(order_id: str) -> str:
     """Look an order up (reads only: safe on branches)."""
     if order_id in Orders.down:
-        raise RuntimeError("orders database unreachable")
+        raise RuntimeError(Orders.said)
     return f"order {order_id}: a kettle, 40 EUR"
 
 
@@ -57,7 +58,7 @@ def decide(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> Any:
     k = sum(1 for m in messages if m["role"] == "assistant")
     if k == 0:
         return ORDER_7
-    if "unreachable" in str(messages[-1].get("content")):
+    if Orders.said in str(messages[-1].get("content")):
         return "Sorry, I cannot reach our orders system right now."
     if k == 1:
         return REFUND if rng.random() < 0.3 else DENY
@@ -111,17 +112,24 @@ def test_a_safe_tool_that_errors_only_on_branches_is_never_scored(planted: Any) 
 
 
 def test_an_error_for_arguments_the_record_never_used_is_scored(planted: Any) -> None:
-    """A lookup the record never made (order 8) that errors is what the branch measures: the
-    agent's reply to it is scored, and the result says it came back as an error."""
+    """A lookup the record never made (order 8) that errors for the call (no such order) is
+    what the branch measures: the agent's reply to it is scored, and the result says it came
+    back as an error. One that says the service is down is no answer of the agent's world."""
     agent, run = planted
-    Orders.down = frozenset({"8"})
-    dist = car.intervene(run, agent, car.do_action(0, ORDER_8), outcome=refunded, rollouts=2)
+    Orders.down, Orders.said = frozenset({"8"}), "no order 8 on this account"
+    try:
+        dist = car.intervene(run, agent, car.do_action(0, ORDER_8), outcome=refunded,
+                             rollouts=2)
+    finally:
+        Orders.said = "orders database unreachable"
     assert not dist.failures and dist.trajectories
     for branch in dist.trajectories:
         assert branch.status == RunStatus.COMPLETE and not refunded(branch)
         (result,) = branch.steps[0].observation
-        assert result["status"] == "error" and "unreachable" in result["content"]
+        assert result["status"] == "error" and "no order 8" in result["content"]
         assert branch.steps[0].meta["tool_sources"] == {"call_0": ToolSource.LIVE}
+    with pytest.raises(AgentError, match="returned an error that says its service is down"):
+        car.intervene(run, agent, car.do_action(0, ORDER_8), outcome=refunded, rollouts=2)
 
 
 def test_a_run_recorded_without_error_marks_keeps_its_branches_scored(planted: Any) -> None:

@@ -21,7 +21,7 @@ from car_adapters.openai_agents import CarRecorder, OpenAIAgentsAgent, ScriptedM
 import car_core as car
 from car_core.contract import RunStatus, ToolSource
 from car_core.engine.execution import Sequential
-from car_core.errors import BranchesFailed
+from car_core.errors import AgentError, BranchesFailed
 
 set_tracing_disabled(True)  # no trace export from tests (it would need an API key)
 
@@ -36,11 +36,12 @@ class Orders:
     with a failure message, so the run does not raise."""
 
     down: frozenset[str] = frozenset()
+    said = "orders database unreachable"
 
 
 def _lookup(order_id: str) -> str:
     if order_id in Orders.down:
-        raise RuntimeError("orders database unreachable")
+        raise RuntimeError(Orders.said)
     return f"order {order_id}: a kettle, 40 EUR"
 
 
@@ -123,15 +124,22 @@ def test_a_safe_tool_that_errors_only_on_branches_is_never_scored(planted: Any) 
 
 
 def test_an_error_for_arguments_the_record_never_used_is_scored(planted: Any) -> None:
-    """A lookup the record never made (order 8) that errors is what the branch measures: the
-    agent's reply to it is scored."""
+    """A lookup the record never made (order 8) that errors for the call (no such order) is
+    what the branch measures: the agent's reply to it is scored. One that says the service is
+    down is no answer of the agent's world: not scored."""
     agent, run = planted
-    Orders.down = frozenset({"8"})
-    dist = car.intervene(run, agent, car.do_action(0, ORDER_8), outcome=refunded, rollouts=2)
+    Orders.down, Orders.said = frozenset({"8"}), "no order 8 on this account"
+    try:
+        dist = car.intervene(run, agent, car.do_action(0, ORDER_8), outcome=refunded,
+                             rollouts=2)
+    finally:
+        Orders.said = "orders database unreachable"
     assert not dist.failures and dist.trajectories
     for branch in dist.trajectories:
         assert branch.status == RunStatus.COMPLETE and not refunded(branch)
         assert branch.steps[0].meta["tool_sources"] == {"call_0": ToolSource.LIVE}
+    with pytest.raises(AgentError, match="returned an error that says its service is down"):
+        car.intervene(run, agent, car.do_action(0, ORDER_8), outcome=refunded, rollouts=2)
 
 
 def test_a_recorded_error_answered_alike_on_branches_is_scored(planted: Any) -> None:
