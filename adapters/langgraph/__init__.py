@@ -13,6 +13,7 @@ gives a run's final graph state back as the app saw it (``final_state(run)``), f
 
 from __future__ import annotations
 
+from ..common.background import open_in_background
 from .agent import LangGraphAgent, attribute_thread
 from .callback import CarCallback
 from .final import final_state
@@ -20,4 +21,4 @@ from .middleware import CarMiddleware
 from .model import CarChatModel
 
 __all__ = ["CarCallback", "CarChatModel", "CarMiddleware", "LangGraphAgent", "attribute_thread",
-           "final_state"]
+           "final_state", "open_in_background"]

@@ -28,7 +28,6 @@ import asyncio
 import atexit
 import dataclasses
 import json
-import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
@@ -39,6 +38,7 @@ from agents.tool import FunctionTool
 
 from car_core.errors import AdapterError
 
+from ..common.background import background_loop
 from ..common.messages import SIDE_EFFECT, Classified, mcp_classified
 from ..common.sources import result_text
 
@@ -91,25 +91,13 @@ async def list_tools(agents: Mapping[str, Any], context: Any = None) -> Listing:
     return out
 
 
-_BACKGROUND: list[asyncio.AbstractEventLoop] = []  # the loop connect_in_background runs
-
-
-def _background_loop() -> asyncio.AbstractEventLoop:
-    """An event loop CAR runs in a daemon thread of its own, one per process."""
-    if not _BACKGROUND or _BACKGROUND[0].is_closed():
-        loop = asyncio.new_event_loop()
-        threading.Thread(target=loop.run_forever, name="car-mcp-servers", daemon=True).start()
-        _BACKGROUND[:] = [loop]
-    return _BACKGROUND[0]
-
-
 def connect_in_background(server: Any, timeout: float = LIST_TIMEOUT_S) -> Any:
     """Connect an MCP server (``MCPServerStdio(...)``, ...) on an event loop CAR runs in a
     thread of its own and keep it connected until the process ends; return the server. For
     code with no ``async with`` block to keep it in: an agent factory the ``car`` CLI calls
     (``car attribute RUN --agent app:make``), or a plain script. Build the app with the
     server and wrap it as usual; the estimator is then called like any other."""
-    loop = _background_loop()
+    loop = background_loop()
     try:
         asyncio.run_coroutine_threadsafe(server.connect(), loop).result(timeout)
     except Exception as exc:

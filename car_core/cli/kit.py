@@ -231,8 +231,13 @@ def built(spec: str, flag: str) -> Any:
     except CarError:
         raise
     except Exception as exc:
+        loopless = "event loop" in str(exc)  # an async checkpointer or client opened here
         raise AgentError(f"--{flag} {spec} raised {exc!r} while building the {flag}",
-                         hint="fix the factory; car calls it with no arguments") from exc
+                         hint=("car calls the factory with no event loop running: open async "
+                               "resources in it with the adapter's open_in_background(...) "
+                               "(an AsyncSqliteSaver, MCP tools) or connect_in_background("
+                               "server) (OpenAI Agents MCP servers)") if loopless else
+                         "fix the factory; car calls it with no arguments") from exc
 
 
 def load_agent_and_outcome(agent_spec: str, outcome_spec: str | None) -> tuple[Any, Any]:
