@@ -95,6 +95,8 @@ class TriageRun:
 TRIAGE_METHOD = "triage"  # the method of its attribution row
 SKIPPED = "skipped"  # a run the total budget left unattributed: counted as undecided
 NOT_FAILED = "not failed"  # a run given that did not fail: left out of every count
+UNDECIDED = "undecided"  # as ``Answer.UNDECIDED`` says it
+NOT_ATTRIBUTED = "not attributed: "  # a row's reason when an error stopped its attribution
 _RESULT = {"groups": nested(TriageGroup.from_dict, many=True, missing=()),
            "per_run": nested(TriageRun.from_dict, many=True, missing=())}
 _RESULT_KEYS = ("method", "triage_id", "summary", "groups", "undecided", "no_cause", "runs_total",
@@ -146,13 +148,27 @@ class TriageResult:
                 if self.not_failed else "")
         if not self.groups:
             return (f"none of the {self.runs_total} failed run(s) was traced to a step: "
-                    f"{len(self.undecided)} undecided, {len(self.no_cause)} with no cause"
-                    f"{left}")
+                    f"{self._unplaced()}, {len(self.no_cause)} with no cause{left}")
         top = self.groups[0]
         return (f"{top.n} of {self.runs_total} failed run(s) commit at {top.label} "
                 f"({_pct(top.share)}, {_pct(top.share_ci[0])}–{_pct(top.share_ci[1])} at "
                 f"{_pct(1 - self.alpha)} jointly); {_places(len(self.groups))}, "
-                f"{len(self.undecided)} undecided, {len(self.no_cause)} with no cause{left}")
+                f"{self._unplaced()}, {len(self.no_cause)} with no cause{left}")
+
+    def _unplaced(self) -> str:
+        """The undecided runs in words: those an error stopped (a shape refused, branches that
+        failed) are not "undecided", which reads as "a larger budget would tell"."""
+        n = len(self.undecided)
+        stopped = [r for r in self.per_run if r.answer == UNDECIDED
+                   and (r.reason or "").startswith(NOT_ATTRIBUTED)]
+        if not stopped:
+            return f"{n} undecided"
+        why = " ".join((stopped[0].reason or "").removeprefix(NOT_ATTRIBUTED).split())
+        why = why if len(why) <= 160 else why[:159] + "…"
+        if len(stopped) == n:
+            return f"{n} could not be attributed (the first: {why})"
+        return (f"{n} undecided, {len(stopped)} of them because they could not be attributed "
+                f"(the first: {why})")
 
     def to_dict(self) -> dict[str, Any]:
         return dump_fields(self, _RESULT, _RESULT_KEYS, method=TRIAGE_METHOD,

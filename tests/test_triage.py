@@ -363,3 +363,21 @@ def test_a_model_server_down_stops_the_triage_and_it_resumes(population, tmp_pat
     assert rows[runs[0].id].reused and not rows[runs[1].id].reused
     assert all(r.answer != "undecided" or "server" not in (r.reason or "")
                for r in done.per_run)
+
+
+def test_runs_an_error_stopped_are_not_called_undecided(population):
+    """A user trial's triage whose every run was refused (a shape the agent cannot branch)
+    said "5 undecided", which reads as "a larger budget would tell": it says they could not be
+    attributed, and why."""
+    from car_core.errors import AdapterError
+    runs = population[:3]
+    refused = Preflighted(DESK.agent(), {r.id: AdapterError("its checkpoints are gone")
+                                         for r in runs})
+    res = car.triage(runs, refused, outcome=DESK.outcome, rollouts=K)
+    assert res.summary() == ("none of the 3 failed run(s) was traced to a step: 3 could not be "
+                             "attributed (the first: its checkpoints are gone), 0 with no cause")
+    assert refused.branches == 0
+    one = Preflighted(DESK.agent(), {runs[0].id: AdapterError("its checkpoints are gone")})
+    mixed = car.triage(runs, one, outcome=DESK.outcome, rollouts=K)
+    assert mixed.summary().endswith(
+        "1 could not be attributed (the first: its checkpoints are gone), 0 with no cause")

@@ -70,7 +70,14 @@ from car_core.model.trajectory import Trajectory
 from car_core.model.vocabulary import Answer, AttributionStatus
 from car_core.results import ContrastiveResult
 from car_core.stats import Interval, wilson
-from car_core.triage_results import NOT_FAILED, SKIPPED, TriageGroup, TriageResult, TriageRun
+from car_core.triage_results import (
+    NOT_ATTRIBUTED,
+    NOT_FAILED,
+    SKIPPED,
+    TriageGroup,
+    TriageResult,
+    TriageRun,
+)
 
 if TYPE_CHECKING:  # the store brings sqlite-utils: loaded only where one is used
     from car_core.store import RunStore
@@ -226,7 +233,7 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
             if note is None:
                 cap, note = pool.admit(partial(purse.cap, own), len(population) - i, settled)
             if note is not None:
-                settled(i, (TriageRun(run.id, SKIPPED, reason=f"not attributed: {note}"), None))
+                settled(i, (TriageRun(run.id, SKIPPED, reason=f"{NOT_ATTRIBUTED}{note}"), None))
                 continue
             mine = replace(settings, budget=cap)
             aid = _attribution_id(store, tid, run)
@@ -284,7 +291,7 @@ def group_results(results: Iterable[tuple[Trajectory, ContrastiveResult]], *,
         if res.locus is not None:
             located[run.id] = (run, res)
     for run_id, why in (unattributed or {}).items():
-        rows.append(TriageRun(run_id, str(Answer.UNDECIDED), reason=f"not attributed: {why}"))
+        rows.append(TriageRun(run_id, str(Answer.UNDECIDED), reason=f"{NOT_ATTRIBUTED}{why}"))
     for run_id, why in (not_failed or {}).items():
         rows.append(TriageRun(run_id, NOT_FAILED, reason=why))
     if not rows:
@@ -390,7 +397,7 @@ def _refusal(run: Trajectory, exc: CarError, stored: str | None) -> TriageRun:
     """The row of a run not attributed because of its own trouble (``RUN_ERRORS``)."""
     if isinstance(exc, RunNotFailed):  # not part of the population: apart, not undecided
         return TriageRun(run.id, NOT_FAILED, reason=str(exc), attribution_id=stored)
-    return TriageRun(run.id, str(Answer.UNDECIDED), reason=f"not attributed: {exc}",
+    return TriageRun(run.id, str(Answer.UNDECIDED), reason=f"{NOT_ATTRIBUTED}{exc}",
                      attribution_id=stored)
 
 
