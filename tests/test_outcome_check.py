@@ -262,3 +262,17 @@ def test_an_outcome_that_raises_on_a_branch_names_the_run_and_the_branch(pivot_m
     err = info.value
     assert err.run_id == pivot_run.id
     assert "on a branch of the run" in str(err) and "re-decided from step 2" in str(err)
+
+
+def test_an_outcome_error_on_the_all_held_arm_says_so_in_words() -> None:
+    """A user trial read "re-decided from step None, arm hold<5": the branch that holds every
+    recorded step has no step it re-decided, and the arm's name is internal."""
+    from car_core.model.outcome import _on
+    from car_core.model.trajectory import Lineage
+    run = car.Trajectory.new(context=None, steps=[])
+    held = dataclasses.replace(run, lineage=Lineage(parent_id="p1", branch_step=None,
+                                                    arm="hold<5", rollout=3))
+    assert _on(held) == (f" on a branch of the run (branch {run.id}, every recorded step "
+                         "held, rollout 3)")
+    redone = dataclasses.replace(held, lineage=dataclasses.replace(held.lineage, branch_step=2))
+    assert "re-decided from step 2, rollout 3" in _on(redone) and "hold<5" not in _on(redone)

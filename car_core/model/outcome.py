@@ -132,8 +132,9 @@ def _on(run: Trajectory) -> str:
     lin = run.lineage
     if lin is None:
         return ""
-    return (f" on a branch of the run (branch {run.id}, re-decided from step "
-            f"{lin.branch_step}, arm {lin.arm}, rollout {lin.rollout})")
+    where = (f"re-decided from step {lin.branch_step}" if lin.branch_step is not None
+             else "every recorded step held")
+    return f" on a branch of the run (branch {run.id}, {where}, rollout {lin.rollout})"
 
 
 OLD_FORM_HINT = ("write a rule over the app's final state as outcome=lambda run: "
