@@ -155,7 +155,9 @@ class ContrastiveResult(CouplingNumbers, _Rendered):
     def undecided_why(self) -> str:
         """Why an undecided result could not decide: the budget, or the branches that failed."""
         if self.truncated:
-            return f"the budget ran out before the answer was decided ({self.budget_note})"
+            note = (self.budget_note or "").removesuffix(" before the answer was decided")
+            return ("the budget ran out before the answer was decided"
+                    + (f" ({note})" if note else ""))
         if self.failures:
             return (f"{len(self.failures)} branch(es) failed and were left out, so no cause "
                     "cannot be claimed")
