@@ -306,9 +306,10 @@ def test_a_gate_that_sees_no_rise_goes_on_until_the_level_is_shown() -> None:
 
 def test_the_reason_a_run_is_undecided_says_the_budget_once(undecided) -> None:
     """A triage row read "the budget ran out before the answer was decided (rollout budget of
-    128 reached before the answer was decided)" (user trial)."""
-    why = undecided.undecided_why()
-    assert undecided.budget_note.endswith("reached before the answer was decided")
-    assert why.count("before the answer was decided") == 1
-    assert why == ("the budget ran out before the answer was decided "
-                   f"({undecided.budget_note.removesuffix(' before the answer was decided')})")
+    128 reached before the answer was decided)" (user trial: the per-run cap's note)."""
+    capped = replace(undecided, budget_note="rollout budget of 128 reached before the answer "
+                                            "was decided")
+    assert capped.undecided_why() == ("the budget ran out before the answer was decided "
+                                      "(rollout budget of 128 reached)")
+    assert undecided.undecided_why() == ("the budget ran out before the answer was decided "
+                                         f"({undecided.budget_note})")
