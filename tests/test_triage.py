@@ -381,3 +381,23 @@ def test_runs_an_error_stopped_are_not_called_undecided(population):
     mixed = car.triage(runs, one, outcome=DESK.outcome, rollouts=K)
     assert mixed.summary().endswith(
         "1 could not be attributed (the first: its checkpoints are gone), 0 with no cause")
+
+
+def test_a_triage_running_now_is_listed_as_running_and_held(population, tmp_path):
+    """A first-hour trial's `car attributions` listed a triage still running as "interrupted":
+    its row held no lease. It holds one while it runs (a second triage of the same id is
+    refused), and gives it up when it ends, however it ends."""
+    from car_core.errors import AttributionBusy
+    runs = population[:2]
+    seen: list[bool] = []
+    with RunStore(tmp_path / "car.db") as store:
+        def progress(done, total, row):
+            with RunStore(tmp_path / "car.db") as other:
+                seen.append(other.running_now("t-live"))
+                with pytest.raises(AttributionBusy):
+                    car.triage(runs, DESK.agent(), outcome=DESK.outcome, rollouts=K,
+                               store=other, triage_id="t-live")
+
+        car.triage(runs, DESK.agent(), outcome=DESK.outcome, rollouts=K, store=store,
+                   triage_id="t-live", progress=progress, runs_at_once=1)
+        assert seen == [True, True] and not store.running_now("t-live")

@@ -169,77 +169,81 @@ def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: O
     if store is not None and fid is not None:
         from car_core.store.fixes import begin_fix
         done = begin_fix(store, fid, params)
-    # every run's shape refused (or the whole fix stopped) before any branch, loci's included
-    refused = {population[i].id: f"not tested: {exc}"
-               for i, exc in refused_up_front(population, agent, force_agent).items()}
-    purse = Purse(total, "population fix")
-    loci, why = _loci([r for r in population if r.id not in refused], fixes, from_step, done,
-                      triage, store, agent, outcome, locate_rollouts, alpha, seed, total,
-                      executor, force_agent, fid, purse.spent, at_once)
-    why.update(refused)
-    locate_spent = purse.spent.rollouts
-    records: dict[str, dict[str, Any]] = {}
-    holds: dict[int, Spent] = {}
-    note: str | None = None
-    finished = 0
+    try:
+        # every run's shape refused (or the whole fix stopped) before any branch, loci's included
+        refused = {population[i].id: f"not tested: {exc}"
+                   for i, exc in refused_up_front(population, agent, force_agent).items()}
+        purse = Purse(total, "population fix")
+        loci, why = _loci([r for r in population if r.id not in refused], fixes, from_step, done,
+                          triage, store, agent, outcome, locate_rollouts, alpha, seed, total,
+                          executor, force_agent, fid, purse.spent, at_once)
+        why.update(refused)
+        locate_spent = purse.spent.rollouts
+        records: dict[str, dict[str, Any]] = {}
+        holds: dict[int, Spent] = {}
+        note: str | None = None
+        finished = 0
 
-    def settled(i: int, rec: dict[str, Any]) -> None:
-        nonlocal note, finished
-        if i in holds:
-            purse.settle(holds.pop(i), int(rec.get("rollouts", 0)), int(rec.get("tokens", 0)),
-                         float(rec.get("cost", 0.0)))
-        if rec.get("tripped"):
-            note = note or str(rec["tripped"])
-        elif rec:
-            records[population[i].id] = rec
-            if store is not None and fid is not None and rec.get("measured"):
-                from car_core.store.fixes import save_fix_run
-                save_fix_run(store, fid, rec)
-        if progress is not None and rec:  # not of the runs the budget never reached
-            finished += 1
-            progress(finished, n_runs, population[i].id)
+        def settled(i: int, rec: dict[str, Any]) -> None:
+            nonlocal note, finished
+            if i in holds:
+                purse.settle(holds.pop(i), int(rec.get("rollouts", 0)), int(rec.get("tokens", 0)),
+                             float(rec.get("cost", 0.0)))
+            if rec.get("tripped"):
+                note = note or str(rec["tripped"])
+            elif rec:
+                records[population[i].id] = rec
+                if store is not None and fid is not None and rec.get("measured"):
+                    from car_core.store.fixes import save_fix_run
+                    save_fix_run(store, fid, rec)
+            if progress is not None and rec:  # not of the runs the budget never reached
+                finished += 1
+                progress(finished, n_runs, population[i].id)
 
-    with RunPool[dict[str, Any]](at_once, ordered=purse.shares) as pool:
-        for i, run in enumerate(population):
-            if run.id in done:
-                settled(i, {**done[run.id], "reused": True})
-                continue
-            if note is not None:
-                settled(i, {})
-                continue
-            steps = {f.label: None if run.id in refused
-                     else _branch_step(f, from_step, loci.get(run.id)) for f in fixes}
-            rec, arms = _plan(run, fixes, steps, why.get(run.id))
-            if not arms:
-                settled(i, rec)
-                continue
-            cap, why_not = pool.admit(partial(_may_hold, purse, len(arms) * rollouts,
-                                              run.id), n_runs - i, settled)
-            note = note or why_not  # a run that finished meanwhile may have tripped
-            if note is not None:
-                settled(i, {})
-                continue
-            holds[i] = purse.hold(cap)
-            pool.submit(i, _job(run, agent, outcome, rec, arms, rollouts,
-                                run_seed(seed, run.id), cap, executor, force_agent))
-        while pool.flying:
-            settled(*pool.next_done())
-    measured = [records[r.id] for r in population if r.id in records]  # in the runs' order
-    estimates = tuple(_estimate(f, population, records, from_step, level, run_alpha, note)
-                      for f in fixes)
-    cost = FixCost(rollouts=sum(int(r.get("rollouts", 0)) for r in measured),
-                   steps_live=sum(int(r.get("steps_live", 0)) for r in measured),
-                   steps_rerun=sum(int(r.get("steps_rerun", 0)) for r in measured),
-                   locate_rollouts=locate_spent,
-                   tokens=sum(int(r.get("tokens", 0)) for r in measured))
-    result = PopulationFix(fix_id=fid, runs_total=n_runs, candidates=estimates,
-                           alpha=float(alpha), level=level, interval=INTERVAL,
-                           run_test=RUN_TEST, rollouts_used=purse.spent.rollouts, cost=cost,
-                           truncated=note is not None, budget_note=note, params=params)
-    if store is not None and fid is not None:
-        from car_core.store.fixes import finish_fix
-        finish_fix(store, fid, result, params)
-    return result
+        with RunPool[dict[str, Any]](at_once, ordered=purse.shares) as pool:
+            for i, run in enumerate(population):
+                if run.id in done:
+                    settled(i, {**done[run.id], "reused": True})
+                    continue
+                if note is not None:
+                    settled(i, {})
+                    continue
+                steps = {f.label: None if run.id in refused
+                         else _branch_step(f, from_step, loci.get(run.id)) for f in fixes}
+                rec, arms = _plan(run, fixes, steps, why.get(run.id))
+                if not arms:
+                    settled(i, rec)
+                    continue
+                cap, why_not = pool.admit(partial(_may_hold, purse, len(arms) * rollouts,
+                                                  run.id), n_runs - i, settled)
+                note = note or why_not  # a run that finished meanwhile may have tripped
+                if note is not None:
+                    settled(i, {})
+                    continue
+                holds[i] = purse.hold(cap)
+                pool.submit(i, _job(run, agent, outcome, rec, arms, rollouts,
+                                    run_seed(seed, run.id), cap, executor, force_agent))
+            while pool.flying:
+                settled(*pool.next_done())
+        measured = [records[r.id] for r in population if r.id in records]  # in the runs' order
+        estimates = tuple(_estimate(f, population, records, from_step, level, run_alpha, note)
+                          for f in fixes)
+        cost = FixCost(rollouts=sum(int(r.get("rollouts", 0)) for r in measured),
+                       steps_live=sum(int(r.get("steps_live", 0)) for r in measured),
+                       steps_rerun=sum(int(r.get("steps_rerun", 0)) for r in measured),
+                       locate_rollouts=locate_spent,
+                       tokens=sum(int(r.get("tokens", 0)) for r in measured))
+        result = PopulationFix(fix_id=fid, runs_total=n_runs, candidates=estimates,
+                               alpha=float(alpha), level=level, interval=INTERVAL,
+                               run_test=RUN_TEST, rollouts_used=purse.spent.rollouts, cost=cost,
+                               truncated=note is not None, budget_note=note, params=params)
+        if store is not None and fid is not None:
+            from car_core.store.fixes import finish_fix
+            finish_fix(store, fid, result, params)
+        return result
+    finally:  # the lease that says it runs now: a resume or a listing may go on
+        if store is not None and fid is not None:
+            store.release_attribution(fid)
 
 
 def _may_hold(purse: Purse, need: int, run_id: str, slots: int, alone: bool

@@ -198,67 +198,71 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
     if store is not None and tid is not None:
         from car_core.store.triages import begin_triage
         begin_triage(store, tid, params)
-    # every run's shape refused (or the whole triage stopped) before any run's first branch
-    refused = {i: _refusal(population[i], exc, None)
-               for i, exc in refused_up_front(population, agent, force_agent).items()}
-    purse = Purse(total)
-    rows: list[TriageRun | None] = [None] * len(population)
-    results: dict[int, ContrastiveResult] = {}
-    holds: dict[int, Spent] = {}
-    ran: set[int] = set()  # the runs attributed now (not read back, not skipped)
-    note: str | None = None
-    done = 0
+    try:
+        # every run's shape refused (or the whole triage stopped) before any run's first branch
+        refused = {i: _refusal(population[i], exc, None)
+                   for i, exc in refused_up_front(population, agent, force_agent).items()}
+        purse = Purse(total)
+        rows: list[TriageRun | None] = [None] * len(population)
+        results: dict[int, ContrastiveResult] = {}
+        holds: dict[int, Spent] = {}
+        ran: set[int] = set()  # the runs attributed now (not read back, not skipped)
+        note: str | None = None
+        done = 0
 
-    def settled(i: int, got: tuple[TriageRun, ContrastiveResult | None]) -> None:
-        nonlocal done
-        row, one = got
-        if i in holds:
-            purse.settle(holds.pop(i), row.rollouts_used, row.tokens, row.cost)
-        if one is not None and one.locus is not None:
-            results[i] = one
-        rows[i] = row
-        done += 1
-        if progress is not None:
-            progress(done, len(population), row)
+        def settled(i: int, got: tuple[TriageRun, ContrastiveResult | None]) -> None:
+            nonlocal done
+            row, one = got
+            if i in holds:
+                purse.settle(holds.pop(i), row.rollouts_used, row.tokens, row.cost)
+            if one is not None and one.locus is not None:
+                results[i] = one
+            rows[i] = row
+            done += 1
+            if progress is not None:
+                progress(done, len(population), row)
 
-    with RunPool[tuple[TriageRun, ContrastiveResult | None]](
-            at_once, ordered=purse.shares) as pool:
-        for i, run in enumerate(population):
-            if i in refused:
-                settled(i, (refused[i], None))
-                continue
-            # this run's own cap (n·K rollouts unless per_run says otherwise), within what
-            # the total leaves
-            own = cap = rollout_budget(len(run.steps), rollouts, each)[0]
-            if note is None:
-                cap, note = pool.admit(partial(purse.cap, own), len(population) - i, settled)
-            if note is not None:
-                settled(i, (TriageRun(run.id, SKIPPED, reason=f"{NOT_ATTRIBUTED}{note}"), None))
-                continue
-            mine = replace(settings, budget=cap)
-            aid = _attribution_id(store, tid, run)
-            stored = _finished(store, aid, mine, len(run.steps)) if aid else None
-            if stored is not None:
-                settled(i, (_row(run.id, stored, aid, reused=True), stored))
-                continue
-            holds[i] = purse.hold(cap)
-            ran.add(i)
-            pool.submit(i, _job(run, agent, outcome, mine, store, aid, executor, force_agent,
-                                own_store=pool.threaded))
-        while pool.flying:
-            settled(*pool.next_done())
-    # everything in the order of the runs given, whichever finished first
-    finished = [r for r in rows if r is not None]
-    assert len(finished) == len(population)
-    located = {population[i].id: (population[i], results[i]) for i in sorted(results)}
-    spent = Spent()
-    for i in sorted(ran):
-        spent.add(finished[i].rollouts_used, finished[i].tokens, finished[i].cost)
-    result = _summarised(located, finished, chosen_by, label, alpha, tid, spent, note, params)
-    if store is not None and tid is not None:
-        from car_core.store.triages import finish_triage
-        finish_triage(store, tid, result, params)
-    return result
+        with RunPool[tuple[TriageRun, ContrastiveResult | None]](
+                at_once, ordered=purse.shares) as pool:
+            for i, run in enumerate(population):
+                if i in refused:
+                    settled(i, (refused[i], None))
+                    continue
+                # this run's own cap (n·K rollouts unless per_run says otherwise), within what
+                # the total leaves
+                own = cap = rollout_budget(len(run.steps), rollouts, each)[0]
+                if note is None:
+                    cap, note = pool.admit(partial(purse.cap, own), len(population) - i, settled)
+                if note is not None:
+                    settled(i, (TriageRun(run.id, SKIPPED, reason=f"{NOT_ATTRIBUTED}{note}"), None))
+                    continue
+                mine = replace(settings, budget=cap)
+                aid = _attribution_id(store, tid, run)
+                stored = _finished(store, aid, mine, len(run.steps)) if aid else None
+                if stored is not None:
+                    settled(i, (_row(run.id, stored, aid, reused=True), stored))
+                    continue
+                holds[i] = purse.hold(cap)
+                ran.add(i)
+                pool.submit(i, _job(run, agent, outcome, mine, store, aid, executor, force_agent,
+                                    own_store=pool.threaded))
+            while pool.flying:
+                settled(*pool.next_done())
+        # everything in the order of the runs given, whichever finished first
+        finished = [r for r in rows if r is not None]
+        assert len(finished) == len(population)
+        located = {population[i].id: (population[i], results[i]) for i in sorted(results)}
+        spent = Spent()
+        for i in sorted(ran):
+            spent.add(finished[i].rollouts_used, finished[i].tokens, finished[i].cost)
+        result = _summarised(located, finished, chosen_by, label, alpha, tid, spent, note, params)
+        if store is not None and tid is not None:
+            from car_core.store.triages import finish_triage
+            finish_triage(store, tid, result, params)
+        return result
+    finally:  # the lease that says it runs now: a resume or a listing may go on
+        if store is not None and tid is not None:
+            store.release_attribution(tid)
 
 
 def group_results(results: Iterable[tuple[Trajectory, ContrastiveResult]], *,

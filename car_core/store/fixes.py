@@ -27,9 +27,10 @@ SAME = ("candidates", "rollouts", "seed", "from_step")
 
 
 def begin_fix(store: RunStore, fix_id: str, params: dict[str, Any]) -> dict[str, Any]:
-    """Write the fix's row (``running``) unless it exists, and return what its runs have
-    measured so far (run id -> record). An id taken by another kind of attribution, or a
-    stored fix tried with other settings, is refused."""
+    """Write the fix's row (``running``) unless it exists, take its lease (given up with
+    ``RunStore.release_attribution``), and return what its runs have measured so far (run id
+    -> record). An id taken by another kind of attribution, or a stored fix tried with other
+    settings, is refused."""
     existing = _row(store, fix_id)
     if existing is None:
         row = {"id": fix_id, "run_id": POPULATION, "method": FIX_METHOD,
@@ -37,8 +38,13 @@ def begin_fix(store: RunStore, fix_id: str, params: dict[str, Any]) -> dict[str,
                "result": dumps({"measured": []}), "created_at": time.time(),
                "finished_at": None}
         row["seal"] = attribution_seal(row)
-        with store._write():  # one transaction, as every write of the store
-            store.db.table("attributions").insert(row, pk="id")
+        store.claim_lease(fix_id)  # the listings say it runs now; a second one is refused
+        try:
+            with store._write():  # one transaction, as every write of the store
+                store.db.table("attributions").insert(row, pk="id")
+        except BaseException:
+            store.release_attribution(fix_id)
+            raise
         return {}
     store.attribution(fix_id)  # checks the seal before anything stored is trusted
     if existing["method"] != FIX_METHOD:
@@ -51,6 +57,7 @@ def begin_fix(store: RunStore, fix_id: str, params: dict[str, Any]) -> dict[str,
         raise InvalidInput(f"population fix {fix_id} was run with other {', '.join(changed)}",
                            hint="resume it with the same fixes and settings, or pass a new "
                                 "fix_id")
+    store.claim_lease(fix_id)
     return {r["run_id"]: r for r in _measured(existing)}
 
 

@@ -272,6 +272,21 @@ class RunStore:
             row["seal"] = attribution_seal(row)
             self.db.table("attributions").insert(row, pk="id")
 
+    @guarded
+    def claim_lease(self, attribution_id: str) -> None:
+        """Take ``attribution_id``'s lease (a triage's or population fix's, whose rows
+        ``begin_attribution`` does not write), or raise ``AttributionBusy``; given up with
+        ``release_attribution``."""
+        claimed = False
+        try:
+            with self._write():
+                self._leases.claim(self.db, attribution_id)
+                claimed = True
+        except BaseException:
+            if claimed:
+                self._leases.forget(attribution_id)  # rolled back: the claim never happened
+            raise
+
     def holds(self, attribution_id: str) -> bool:
         """Whether this store holds the lease of ``attribution_id`` (it began it and has not
         finished, released or closed since)."""

@@ -82,20 +82,27 @@ def triage_attribution_id(triage_id: str, run_id: str) -> str:
 
 
 def begin_triage(store: RunStore, triage_id: str, params: dict[str, Any]) -> None:
-    """Write the triage's row (``running``) unless it exists; an id taken by an attribution
-    of one run is refused."""
+    """Write the triage's row (``running``) unless it exists, and take its lease (so the
+    store's listings say it runs now, and a second triage of the same id is refused with
+    ``AttributionBusy``; ``RunStore.release_attribution`` gives it up). An id taken by an
+    attribution of one run is refused."""
     existing = _row(store, triage_id)
+    if existing is not None and existing["method"] != TRIAGE_METHOD:
+        raise InvalidInput(f"attribution {triage_id} is a {existing['method']} attribution "
+                           "of one run, not a triage", hint="pass a new triage_id")
+    store.claim_lease(triage_id)
     if existing is not None:
-        if existing["method"] != TRIAGE_METHOD:
-            raise InvalidInput(f"attribution {triage_id} is a {existing['method']} attribution "
-                               "of one run, not a triage", hint="pass a new triage_id")
         return
     row = {"id": triage_id, "run_id": POPULATION, "method": TRIAGE_METHOD,
            "status": str(AttributionStatus.RUNNING), "params": dumps(redact_json(params)),
            "result": None, "created_at": time.time(), "finished_at": None}
     row["seal"] = attribution_seal(row)
-    with store._write():  # one transaction, as every write of the store
-        store.db.table("attributions").insert(row, pk="id")
+    try:
+        with store._write():  # one transaction, as every write of the store
+            store.db.table("attributions").insert(row, pk="id")
+    except BaseException:
+        store.release_attribution(triage_id)
+        raise
 
 
 def finish_triage(store: RunStore, triage_id: str, result: TriageResult,
