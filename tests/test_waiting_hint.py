@@ -100,3 +100,18 @@ def test_car_fix_on_a_population_says_it_too_and_takes_executor(tmp_path: Path,
     code, _, err = _car(*fix, "--executor", "async", "--concurrency", "4")
     assert code in (0, 1, 6), err
     assert "mostly waited" not in err
+
+
+def test_car_triage_says_it_too(tmp_path: Path, monkeypatch) -> None:
+    """A first-hour trial's ``car triage`` over a model server waited 135 s of its 142 s one
+    branch at a time with no word: it says so as ``car attribute`` does."""
+    from cli_golden import _car
+    _slow_store(tmp_path, monkeypatch)
+    triage = ("triage", "--agent", "slow:make", "--outcome", "slow:outcome",
+              "--rollouts", "8", "--store", "car.db")
+    code, _, err = _car(*triage)
+    assert code in (0, 1, 3), err
+    assert "the branches ran one at a time and the process mostly waited" in err
+    code, _, err = _car(*triage, "--executor", "sequential")
+    assert code in (0, 1, 3), err
+    assert "mostly waited" not in err

@@ -7,6 +7,7 @@ default); every run's attribution and the triage are kept in the store, resumabl
 from __future__ import annotations
 
 import sys
+import time
 import uuid
 from enum import StrEnum
 from pathlib import Path
@@ -45,6 +46,7 @@ from car_core.cli.selection import (
     selected,
     stop_if_ran_out,
 )
+from car_core.engine.execution import default_executor
 from car_core.errors import InvalidInput
 from car_core.estimators.triage import FIELDS, triage
 from car_core.model.budget import Budget
@@ -154,7 +156,9 @@ def triage_command(
     label_fn = kit.load_object(label, "label") if label else None
     shown = progress if progress is not None else sys.stderr.isatty()
     tid = resume or uuid.uuid4().hex[:16]  # known here, so a stopped triage can say it
+    exe = _executor(executor, concurrency, None)
     db = RunStore(store)
+    started, cpu = time.monotonic(), time.process_time()
     try:
         with resumable_stop(store, "triage", tid,
                             lambda: db.attribution_exists(tid)):
@@ -164,7 +168,7 @@ def triage_command(
                             per_run=_budget(per_run_budget, per_run_tokens, per_run_cost,
                                             per_run_seconds, prices),
                             label=label_fn, by=grouping, store=db, triage_id=tid,
-                            executor=_executor(executor, concurrency, None),
+                            executor=exe,
                             progress=_progress if shown else None, force_agent=force_agent,
                             runs_at_once=runs_at_once)
     finally:
@@ -173,6 +177,11 @@ def triage_command(
         print_json(result.to_dict())
     else:
         print_triage(result, store)
+        # as car attribute: a triage that mostly waited on one branch at a time says so
+        hint = kit.waiting_hint(default_executor(the_agent), exe, time.monotonic() - started,
+                                time.process_time() - cpu)
+        if hint:
+            err.print(Text(kit.safe(hint), style="yellow"), soft_wrap=True)
     stop_if_ran_out(result.truncated, result.budget_note, result.triage_id)
     if not result.groups:
         raise typer.Exit(kit.NOTHING)
