@@ -132,7 +132,9 @@ def _refuse_step_shape(shape: AppShape, run: Trajectory, i: int, cmap: Mapping[s
             f"step {i} was decided inside subgraph {recast(ns)!r} (node {node!r}), "
             "which this app does not expose as a subgraph", run_id=run.id, step=i,
             hint="add the compiled subgraph as a node, or call it from a node "
-                 "function, so it inherits the parent's checkpointer")
+                 "function, so it inherits the parent's checkpointer; an agent written with "
+                 "the Functional API (@entrypoint / @task) is not a graph CAR can fork: "
+                 "build that agent as a StateGraph (create_agent, or nodes and edges)")
     if node not in graph.nodes:
         where = f"subgraph {recast(ns)!r}" if ns else "this graph"
         raise AdapterError(
