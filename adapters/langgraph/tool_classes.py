@@ -85,6 +85,14 @@ def tool_objects(shape: AppShape, node_tools: Iterable[Any]) -> list[BaseTool]:
     return found
 
 
+def _forwards(tool: Any) -> bool:
+    """Whether ``tool`` is the one ``langgraph_supervisor.create_forward_message_tool`` makes,
+    known by its name and the module of its function (it carries no handoff metadata)."""
+    fn = getattr(tool, "func", None)
+    return (getattr(tool, "name", None) == "forward_message"
+            and getattr(fn, "__module__", "") == "langgraph_supervisor.handoff")
+
+
 def derived_classes(shape: AppShape, node_tools: Iterable[Any]) -> dict[str, list[Classified]]:
     """Tool name -> what the app's objects say of it (MCP annotations, approval gates)."""
     out: dict[str, list[Classified]] = {}
@@ -97,6 +105,10 @@ def derived_classes(shape: AppShape, node_tools: Iterable[Any]) -> dict[str, lis
             out.setdefault(tool.name, []).append(Classified(
                 SAFE, f"it hands the conversation to agent {target!r} of the app (a handoff: "
                       "it changes nothing outside the app)"))
+        elif _forwards(tool):
+            out.setdefault(tool.name, []).append(Classified(
+                SAFE, "langgraph-supervisor's forward_message: it copies a worker's message "
+                      "into the conversation (it changes nothing outside the app)"))
     for name, who in approval_gated(shape).items():
         out.setdefault(name, []).append(Classified(
             SIDE_EFFECT, f"{who} asks a person to approve each call of it"))

@@ -259,6 +259,24 @@ def test_handoff_tools_of_a_supervisor_are_safe_without_naming_them() -> None:
     assert f"safe_tools={json.dumps(sorted(sv.SAFE_TOOLS))}" in (info.value.hint or "")
 
 
+def test_the_supervisors_forward_message_tool_is_safe_without_naming_it() -> None:
+    """``create_forward_message_tool`` only copies a worker's message into the conversation,
+    but carries no handoff mark: a supervisor trial was told to list it as a side effect."""
+    from langchain.agents import create_agent
+    from langgraph_supervisor import create_supervisor
+    from langgraph_supervisor.handoff import create_forward_message_tool
+    model = sv.PlantedAgentModel(rng_seed=1)
+    research = create_agent(model, [sv.read_ticket], name="research_agent")
+    account = create_agent(model, [sv.flag_account, sv.close_account], name="account_agent")
+    with pytest.warns(Warning):  # create_supervisor calls the deprecated create_react_agent
+        app = create_supervisor([research, account], model=model,
+                                tools=[create_forward_message_tool("supervisor")]
+                                ).compile(checkpointer=InMemorySaver())
+    agent = LangGraphAgent(app, safe_tools=sv.SAFE_TOOLS, side_effect_tools=sv.SIDE_EFFECT_TOOLS)
+    assert "forward_message" in agent.safety.safe_tools
+    assert "copies a worker's message" in agent.safety.derived["forward_message"]
+
+
 # -- LlamaIndex --------------------------------------------------------------------------------
 def li_decide(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> Any:
     k = sum(1 for m in messages if m["role"] == "assistant")
