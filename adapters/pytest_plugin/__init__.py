@@ -11,7 +11,8 @@ framework and not even ``car_core`` until a test asks for the ``car_recorder`` f
   the runs the recorder could not score itself.
 - ``--car-attribute`` (off by default): when a test that used the fixture fails, its latest
   failed run is attributed (contrastive unless ``--car-method shapley``), within
-  ``--car-budget`` rollouts and ``--car-wall-time`` seconds, and the locus with its interval
+  ``--car-budget`` rollouts and ``--car-wall-time`` seconds (branches run as
+  ``--car-executor`` says, else as chosen for the agent), and the locus with its interval
   and the HTML report's path go into the failure report. An attribution that cannot run says
   why in one line; the test's outcome is never changed. With more than one failing test, the
   end-of-session summary groups where they commit (``population``), with intervals.
@@ -54,6 +55,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="rollouts per arm for contrastive attribution (default: 16)")
     group.addoption("--car-wall-time", type=float, default=60.0, metavar="S",
                     help="most seconds one attribution may take (default: 60)")
+    group.addoption("--car-executor", choices=("sequential", "async", "ray"), default=None,
+                    help="how one attribution runs its branches (default: chosen for the "
+                         "agent: at once when its model waits on a server)")
     group.addoption("--car-store", default=None, metavar="PATH",
                     help="SQLite store for the session's runs (default: runs.db in pytest's "
                          "cache folder, replaced each session)")
@@ -165,6 +169,7 @@ class _Attributor:
         self.budget = config.getoption("car_budget")
         self.rollouts = config.getoption("car_rollouts")
         self.wall_time = config.getoption("car_wall_time")
+        self.executor = config.getoption("car_executor")
         self.found: dict[str, dict[str, str]] = {}  # node id -> its car_* properties
 
     @pytest.hookimpl(wrapper=True)
@@ -208,7 +213,7 @@ class _Attributor:
             found = recorder.attribute(method=self.method, budget=self.budget,
                                        rollouts=self.rollouts, wall_time=self.wall_time,
                                        report=_report_path(recorder.path, item.nodeid),
-                                       progress=progress)
+                                       progress=progress, executor=self.executor)
         except KeyboardInterrupt:
             raise  # the user stopping the session, as in any test
         except BaseException as exc:  # noqa: B036 - skip(), exit() from user code on a branch

@@ -14,9 +14,12 @@ import shlex
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .integrations import Integration, integrations
+
+if TYPE_CHECKING:  # car_core loads only when a test uses the recorder
+    from car_core.engine.execution import ExecutorName
 
 _FRAMEWORK_OF_TYPE = (  # where an object's class lives -> run.meta["framework"] of its runs
     ("car_adapters.langgraph", "langgraph"), ("langgraph", "langgraph"),
@@ -262,7 +265,8 @@ class RunRecorder:
     # -- attribution -----------------------------------------------------------------------
     def attribute(self, *, method: str = "contrastive", budget: int = 256, rollouts: int = 16,
                   wall_time: float = 60.0, report: Path | None = None,
-                  seed: int = 0, progress: Any = None) -> Attribution | str:
+                  seed: int = 0, progress: Any = None,
+                  executor: ExecutorName | None = None) -> Attribution | str:
         """Attribute the latest failed run; returns the ``Attribution``, or a one-line reason
         when there is nothing to attribute or no agent to branch with."""
         runs = self.finish()
@@ -299,10 +303,11 @@ class RunRecorder:
         with car.RunStore(self.path) as store:
             if method == "shapley":
                 result: Any = car.shapley(run, agent, outcome=outcome, budget=cap, seed=seed,
-                                          store=store, progress=progress)
+                                          store=store, progress=progress, executor=executor)
             else:
                 result = car.contrastive(run, agent, outcome=outcome, rollouts=rollouts,
-                                         budget=cap, seed=seed, store=store, progress=progress)
+                                         budget=cap, seed=seed, store=store, progress=progress,
+                                         executor=executor)
             # the run's id in the name: a later session with the same store records another
             # run of this test, whose report must not replace this one (a user trial's
             # summary linked a report about a different run)

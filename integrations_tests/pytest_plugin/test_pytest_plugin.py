@@ -87,6 +87,27 @@ def test_a_failing_langgraph_test_gets_its_locus_printed_and_a_report(
     assert (pytester.path / "refunds.ledger").read_text().split() == ["A1001"]
 
 
+def test_car_executor_is_how_the_attribution_runs_its_branches(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first-hour trial's hosted-like model ran one branch at a time under the plugin, which
+    hit its wall-time cap at 99 of 256 rollouts, with no option to run them at once."""
+    import car_core
+    asked: list[object] = []
+    original = car_core.contrastive
+
+    def contrastive(*args: object, **kwargs: object) -> object:
+        asked.append(kwargs.get("executor"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(car_core, "contrastive", contrastive)
+    pytester.makepyfile(test_support=SUPPORT_SUITE)
+    result = pytester.runpytest("--car-attribute", "--car-rollouts", "8", "--car-executor",
+                                "async")
+    result.assert_outcomes(failed=1)
+    assert asked == ["async"] and "CAR attribution" in result.stdout.str()
+    assert (pytester.path / "refunds.ledger").read_text().split() == ["A1001"]
+
+
 def test_a_later_session_on_the_same_store_keeps_the_earlier_report(
         pytester: pytest.Pytester) -> None:
     """With ``--car-store`` a store outlives its session: the test run again records another
