@@ -115,3 +115,17 @@ def test_car_triage_says_it_too(tmp_path: Path, monkeypatch) -> None:
     code, _, err = _car(*triage, "--executor", "sequential")
     assert code in (0, 1, 3), err
     assert "mostly waited" not in err
+
+
+def test_car_intervene_takes_executor_and_says_it_too(tmp_path: Path, monkeypatch) -> None:
+    """``car intervene`` had no ``--executor`` at all (first-hour trial: 58 s for 64
+    rollouts one at a time)."""
+    from cli_golden import _car
+    run_id = _slow_store(tmp_path, monkeypatch)
+    base = ("intervene", run_id, "--agent", "slow:make", "--outcome", "slow:outcome",
+            "--do", "resample:0", "--rollouts", "24", "--store", "car.db")
+    code, _, err = _car(*base)
+    assert code == 0, err
+    assert "the branches ran one at a time and the process mostly waited" in err
+    code, out, err = _car(*base, "--executor", "async", "--concurrency", "8")
+    assert code == 0 and "mostly waited" not in err and "P(fail)" in out, err

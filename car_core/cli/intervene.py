@@ -3,6 +3,7 @@ through the agent. Nothing is stored: the answer is the distribution printed."""
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 import typer
@@ -19,11 +20,14 @@ from car_core.cli.app import (
     ProgressOpt,
     StoreOpt,
     check_seed,
+    err,
     errors,
     fail,
     out,
     print_json,
 )
+from car_core.cli.attribute import _executor
+from car_core.engine.execution import default_executor
 from car_core.engine.replay import intervene as run_intervene
 from car_core.errors import InvalidInput
 from car_core.model.budget import check_bound
@@ -45,7 +49,9 @@ def intervene(run_id: Annotated[str, typer.Argument(help="Run id.")],
               force_agent: ForceAgentOpt = False,
               max_rollouts: MaxRolloutsOpt = defaults.MAX_ROLLOUTS,
               store: StoreOpt = "car.db", json_out: JsonOpt = False,
-              progress: ProgressOpt = None) -> None:
+              progress: ProgressOpt = None,
+              executor: kit.ExecutorOpt = None,
+              concurrency: kit.ConcurrencyOpt = defaults.CONCURRENCY) -> None:
     """Apply do(·) to a stored run and estimate P(failure) from re-run branches."""
     check_seed(seed)
     interventions = [kit.parse_do(spec) for spec in do]
@@ -63,12 +69,15 @@ def intervene(run_id: Annotated[str, typer.Argument(help="Run id.")],
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
     planned = rollouts if budget is None else min(rollouts, budget)
     bar = kit.make_progress(progress, "intervene", planned, budget)
+    exe = _executor(executor, concurrency, None)
+    started, cpu = time.monotonic(), time.process_time()
     try:
         dist = run_intervene(run, the_agent, interventions, outcome=the_outcome,
                              rollouts=rollouts, seed=seed, progress=bar or False,
                              budget=budget, force_agent=force_agent,
                              max_rollouts=max_rollouts,  # --max-rollouts raised it knowingly
-                             keep_trajectories=False)  # nothing is stored: keep the outcomes
+                             keep_trajectories=False,  # nothing is stored: keep the outcomes
+                             executor=exe)
     except KeyboardInterrupt:
         raise fail("interrupted; no result was kept (car intervene stores nothing)",
                    kit.INTERRUPTED) from None
@@ -79,5 +88,9 @@ def intervene(run_id: Annotated[str, typer.Argument(help="Run id.")],
         print_json(dist.to_dict())
     else:
         out.print(Text(kit.safe(f"do({', '.join(do)}) on run {run.id}: {dist}")))
+        hint = kit.waiting_hint(default_executor(the_agent), exe, time.monotonic() - started,
+                                time.process_time() - cpu)
+        if hint:
+            err.print(Text(kit.safe(hint), style="yellow"), soft_wrap=True)
     if dist.truncated:
         raise typer.Exit(kit.BUDGET)
