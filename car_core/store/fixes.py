@@ -20,7 +20,7 @@ from car_core.model.vocabulary import AttributionStatus
 from car_core.secrets.redact import redact_json
 from car_core.store.runs import RunStore
 from car_core.store.seals import attribution_seal
-from car_core.store.triages import POPULATION
+from car_core.store.triages import begin_population_row
 
 # settings that must match for a resumed fix to reuse what its runs measured
 SAME = ("candidates", "rollouts", "seed", "from_step")
@@ -33,18 +33,7 @@ def begin_fix(store: RunStore, fix_id: str, params: dict[str, Any]) -> dict[str,
     settings, is refused."""
     existing = _row(store, fix_id)
     if existing is None:
-        row = {"id": fix_id, "run_id": POPULATION, "method": FIX_METHOD,
-               "status": str(AttributionStatus.RUNNING), "params": dumps(redact_json(params)),
-               "result": dumps({"measured": []}), "created_at": time.time(),
-               "finished_at": None}
-        row["seal"] = attribution_seal(row)
-        store.claim_lease(fix_id)  # the listings say it runs now; a second one is refused
-        try:
-            with store._write():  # one transaction, as every write of the store
-                store.db.table("attributions").insert(row, pk="id")
-        except BaseException:
-            store.release_attribution(fix_id)
-            raise
+        begin_population_row(store, fix_id, FIX_METHOD, params, dumps({"measured": []}))
         return {}
     store.attribution(fix_id)  # checks the seal before anything stored is trusted
     if existing["method"] != FIX_METHOD:

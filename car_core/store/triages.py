@@ -90,18 +90,27 @@ def begin_triage(store: RunStore, triage_id: str, params: dict[str, Any]) -> Non
     if existing is not None and existing["method"] != TRIAGE_METHOD:
         raise InvalidInput(f"attribution {triage_id} is a {existing['method']} attribution "
                            "of one run, not a triage", hint="pass a new triage_id")
-    store.claim_lease(triage_id)
     if existing is not None:
+        store.claim_lease(triage_id)
         return
-    row = {"id": triage_id, "run_id": POPULATION, "method": TRIAGE_METHOD,
+    begin_population_row(store, triage_id, TRIAGE_METHOD, params, None)
+
+
+def begin_population_row(store: RunStore, ident: str, method: str, params: dict[str, Any],
+                         result: str | None) -> None:
+    """Take ``ident``'s lease and write its row (``running``) as an attribution of many runs
+    (``POPULATION``): a triage's or a population fix's. The lease is given up if the row
+    cannot be written."""
+    row = {"id": ident, "run_id": POPULATION, "method": method,
            "status": str(AttributionStatus.RUNNING), "params": dumps(redact_json(params)),
-           "result": None, "created_at": time.time(), "finished_at": None}
+           "result": result, "created_at": time.time(), "finished_at": None}
     row["seal"] = attribution_seal(row)
+    store.claim_lease(ident)  # the listings say it runs now; a second one is refused
     try:
         with store._write():  # one transaction, as every write of the store
             store.db.table("attributions").insert(row, pk="id")
     except BaseException:
-        store.release_attribution(triage_id)
+        store.release_attribution(ident)
         raise
 
 
