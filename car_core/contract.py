@@ -36,6 +36,9 @@ Outages: ``is_outage(exc)`` says whether a client's error means its server is do
 connection, a timeout, 429 or 5xx): raise ``car_core.errors.ModelUnavailable`` then, so the
 attribution stops, resumable, instead of failing every later branch.
 
+Executors: ``ExecutorName`` names the branch backends an estimator takes by name
+(``"sequential"``, ``"async"``, ``"ray"``), for an adapter that passes a user's choice on.
+
 Secrets: ``redact`` is the one redaction rule; register API keys with ``redact.register``, chain
 ``redact.redacted(exc)`` instead of a client's exception, and log through ``redact.logger``.
 """
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 from car_core.engine.agent import agent_fingerprint, fingerprint_digest
 from car_core.engine.branching import in_branch
+from car_core.engine.execution import ExecutorName
 from car_core.engine.protocols import (
     Agent,
     AsyncAgent,
@@ -72,7 +76,7 @@ from car_core.secrets import redact
 from car_core.store.run_writer import RunWriter
 
 __all__ = ["JSON", "PROMPT_INPUT", "Agent", "AsyncAgent", "AttributionStatus", "Capability",
-           "CaveatedAgent", "ChatInput", "ConcurrentAgent", "FingerprintedAgent",
+           "CaveatedAgent", "ChatInput", "ConcurrentAgent", "ExecutorName", "FingerprintedAgent",
            "FrameworkStateAgent", "History",
            "ModelPolicy", "Noise", "Origin", "Outcome", "OutcomeFn", "OutcomeLike", "Plan",
            "PlanCheckedAgent", "PreflightAgent", "RunStatus", "RunWriter", "SeedCheckedAgent",

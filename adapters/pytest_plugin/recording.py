@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .integrations import Integration, integrations
 
 if TYPE_CHECKING:  # car_core loads only when a test uses the recorder
-    from car_core.engine.execution import ExecutorName
+    from car_core.contract import ExecutorName
 
 _FRAMEWORK_OF_TYPE = (  # where an object's class lives -> run.meta["framework"] of its runs
     ("car_adapters.langgraph", "langgraph"), ("langgraph", "langgraph"),
