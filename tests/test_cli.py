@@ -63,6 +63,7 @@ def test_runs_lists_the_stored_run_as_a_table_and_json(pivot_store):
     folder, run = pivot_store
     table = car("runs", cwd=folder)  # --store defaults to ./car.db
     assert table.returncode == 0 and run.id in table.stdout
+    assert "1.00 failed" in table.stdout  # which runs failed, in a word
     rows = json.loads(car("runs", "--json", cwd=folder).stdout)
     assert [r["id"] for r in rows] == [run.id]
     assert rows[0]["n_steps"] == len(run.steps) and rows[0]["outcome"] == 1.0

@@ -17,6 +17,7 @@ from car_core.cli import kit
 from car_core.cli.app import JsonOpt, ReverseOpt, StoreOpt, errors, out, print_json
 from car_core.cli.attribute import Method
 from car_core.errors import CorruptRun, CorruptStore, InvalidInput
+from car_core.model.trajectory import is_failure
 from car_core.report.pages import run_page, write_index
 from car_core.results import ContrastiveResult, Result
 from car_core.store import damaged_rows
@@ -59,10 +60,18 @@ def _print_runs(rows: list[dict[str, Any]], store: str, json_out: bool,
         created = datetime.fromtimestamp(r["created_at"] or 0, UTC)
         cells: list[Any] = [
             kit.cell(r["id"]), created.strftime("%Y-%m-%d %H:%M:%S"), kit.cell(r["agent"]),
-            kit.cell(r["status"]), "—" if r["outcome"] is None else f"{r['outcome']:.2f}",
+            kit.cell(r["status"]), _outcome_cell(r["outcome"]),
             str(r["n_steps"]), "—" if r["seed"] is None else str(r["seed"])]
         t.add_row(*cells, *([kit.cell(r.get("test") or "—")] if tests else []))
     out.print(t)
+
+
+def _outcome_cell(value: float | None) -> str:
+    """The stored outcome, and "failed" where it counts as the failure (the README promises
+    `car runs` shows which runs failed; a first-hour trial saw only 1.00 and 0.00)."""
+    if value is None:
+        return "—"
+    return f"{value:.2f} failed" if is_failure(value) else f"{value:.2f}"
 
 
 @errors
