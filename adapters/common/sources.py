@@ -10,12 +10,11 @@ as simulated, not as a call that happened. This module imports no framework.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from car_core.contract import Step, ToolSource
+from car_core.contract import Step, ToolSource, says_service_down
 
 from .messages import calls_of
 
@@ -68,19 +67,6 @@ def result_text(content: Any) -> str:
     return str(content or "")
 
 
-# what a tool's error says when its service, not the call, is at fault (HTTP 429 and 5xx,
-# a timeout, a refused or reset connection): the words of HTTP clients and servers
-_SERVICE_DOWN = re.compile(
-    r"\b(?:429|50[0-4])\b|service unavailable|temporarily unavailable|unreachable|"
-    r"timed? ?out\b|connection (?:refused|reset|error|aborted)|too many requests|rate.?limit",
-    re.IGNORECASE)
-
-
-def says_service_down(text: str) -> bool:
-    """Whether a tool's error text blames its service rather than the call (``_SERVICE_DOWN``)."""
-    return bool(_SERVICE_DOWN.search(text))
-
-
 def drifted_tools(recorded: Iterable[Step], recorded_errors: Collection[str],
                   branch: Iterable[Step], branch_errors: Mapping[str, str]) -> str | None:
     """What a branch must not be scored for: a safe tool that ran live on it and returned an
@@ -116,5 +102,4 @@ def drifted_tools(recorded: Iterable[Step], recorded_errors: Collection[str],
     return None
 
 
-__all__ = ["TOOL_SOURCES", "drifted_tools", "says_service_down", "sources_of", "tool_errors",
-           "with_sources"]
+__all__ = ["TOOL_SOURCES", "drifted_tools", "sources_of", "tool_errors", "with_sources"]

@@ -23,6 +23,7 @@ from car_core.engine.branching import branch_scope
 from car_core.errors import AgentError, BranchesFailed, CarError
 from car_core.model.capabilities import Capability, capabilities
 from car_core.model.interventions import Plan
+from car_core.model.outages import says_service_down
 from car_core.model.outcome import OutcomeFn, scored
 from car_core.model.seeding import Noise
 from car_core.model.trajectory import Lineage, Trajectory
@@ -173,8 +174,11 @@ def check_failures(failures: Sequence[Failure], ran: int, *, run_id: str,
                       or wilson(share, ran, FAILED_SHARE_LEVEL)[0] <= FAILED_SHARE):
         return
     first = failures[0]
+    fix = ("bring that service up where this estimate runs (or answer the tool with a "
+           "simulator)" if says_service_down(first.error) else
+           "fix the agent (or the hook that raises on branches)")
     raise BranchesFailed(
         f"{len(failures)} of {ran} branches failed, more than the {FAILED_SHARE:.0%} an "
         f"estimate may leave out (first: {first.describe()})",
         run_id=run_id, step=first.where, failures=tuple(failures), first=first, ran=ran,
-        hint=f"fix the agent (or the hook that raises on branches) and {then}")
+        hint=f"{fix} and {then}")

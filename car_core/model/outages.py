@@ -7,6 +7,8 @@ instead of failing every later branch on the same dead server.
 
 from __future__ import annotations
 
+import re
+
 # What model clients raise when the server is unreachable, or still failing after the client's
 # own retries (openai, httpx, requests, aiohttp name them so; matched by name so that no client
 # has to be installed for an adapter to work).
@@ -33,3 +35,17 @@ def is_outage(exc: BaseException) -> bool:
         e = e.__cause__ or e.__context__
         seen += 1
     return False
+
+
+# what a tool's or server's error text says when the service, not the call, is at fault (HTTP
+# 429 and 5xx, a timeout, a refused or reset connection): the words of HTTP clients and servers
+_SERVICE_DOWN = re.compile(
+    r"\b(?:429|50[0-4])\b|service unavailable|temporarily unavailable|unreachable|"
+    r"timed? ?out\b|connection (?:refused|reset|error|aborted)|too many requests|rate.?limit",
+    re.IGNORECASE)
+
+
+def says_service_down(text: str) -> bool:
+    """Whether an error's text blames its service rather than the call: a tool that answered
+    so on a branch was down where the estimate ran, not answering what the agent asked."""
+    return bool(_SERVICE_DOWN.search(text))

@@ -197,9 +197,12 @@ def test_an_outage_for_a_call_the_record_never_made_is_never_scored(said: str,
         else:
             with pytest.raises(BranchesFailed, match="safe tool 'lookup_order' ran live at "
                                                      "step 0 and returned an error that says "
-                                                     "its service is down"):
+                                                     "its service is down") as info:
                 car.contrastive(run, agent, outcome=sa.outcome, rollouts=8, seed=0,
                                 search="full", executor=Sequential(), progress=False)
+            # what to do names the service, not the agent
+            assert (info.value.hint or "").startswith("bring that service up where this "
+                                                      "estimate runs")
     finally:
         OrdersHook.down, OrdersHook.said = False, "orders database unreachable"
 
