@@ -147,6 +147,7 @@ class _Recording:
     state_writers: set[str] = field(default_factory=set)  # tools whose Command wrote state
     state_writes: dict[str, dict[str, Any]] = field(default_factory=dict)  # by tool call id
     converted: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # by message identity
+    split: bool = False  # graph runs started inside it were kept as runs of their own
 
     def convert(self, message: Seen) -> dict[str, Any]:
         """``dict_of`` a message as ``seen`` by a call, made once per message object and shared
@@ -323,6 +324,10 @@ class CarCallback(BaseCallbackHandler):
         # every open run's own and nested run ids (as ``UUID.int``: hashing a ``UUID`` runs
         # Python code, an int's does not), to the run they belong to
         self._of: dict[int, _Recording] = {}
+        # chains started inside a run but outside any graph node (by ``UUID.int``): each may
+        # turn out to be a graph run of its own (``_own_run``); with its id, input, thread
+        # id, name and the run it was started in
+        self._outside: dict[int, tuple[UUID, Any, Any, Any, _Recording]] = {}
         self.decisions_started = 0
 
     def tool_results(self) -> dict[str, ToolMessage]:
@@ -392,10 +397,17 @@ class CarCallback(BaseCallbackHandler):
                        parent_run_id: UUID | None = None, metadata: dict[str, Any] | None = None,
                        **kwargs: Any) -> None:
         if parent_run_id is not None:  # ``_member``, written out: most events are these
-            rec = self._of.get(parent_run_id.int)
+            parent = parent_run_id.int
+            node = metadata is not None and "langgraph_node" in metadata
+            if node and parent in self._outside:  # the first task of a graph run in a wrapper
+                self._own_run(parent)
+            rec = self._of.get(parent)
             if rec is not None:
                 self._of[run_id.int] = rec
                 rec.members.append(run_id.int)
+                if not node:  # outside any graph node: maybe a graph run of its own
+                    self._outside[run_id.int] = (run_id, inputs, (metadata or {}).get(
+                        "thread_id"), kwargs.get("name"), rec)
             return
         if in_branch() and not self._records_branches:
             return  # CAR's own branch, not a run of the user's
@@ -404,6 +416,26 @@ class CarCallback(BaseCallbackHandler):
                              members=[run_id.int])
             self._open[run_id] = rec
             self._of[run_id.int] = rec
+
+    def _own_run(self, chain: int) -> None:
+        """Make the chain ``chain`` (started under a recorded run, outside any graph node, and
+        now running a graph node: a graph run) a run of its own. A graph invoked inside the
+        user's own runnable (an eval harness ``RunnableLambda`` that ``abatch``-es the app, a
+        ``prompt | app`` sequence, ``app.with_retry()``) is one run of the app: keyed by the
+        outermost chain instead, thirty runs of an eval set were stored as one run of every
+        input's steps interleaved, and attributed as one. Its own entry in ``_of`` is set
+        before it leaves ``_outside``: a concurrent task that no longer finds it there reads
+        the new run."""
+        with self._lock:
+            held = self._outside.get(chain)
+            if held is None:
+                return
+            run_id, inputs, thread_id, name, wrapper = held
+            rec = _Recording(thread_id, inputs, name, members=[chain])
+            self._open[run_id] = rec
+            self._of[chain] = rec
+            del self._outside[chain]
+            wrapper.split = True
 
     def on_tool_start(self, serialized: Any, input_str: str, *, run_id: UUID,
                       parent_run_id: UUID | None = None, **kwargs: Any) -> None:
@@ -490,12 +522,16 @@ class CarCallback(BaseCallbackHandler):
 
     def on_chain_end(self, outputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
                      **kwargs: Any) -> None:
-        if parent_run_id is None:
+        if self._outside:
+            self._outside.pop(run_id.int, None)
+        if parent_run_id is None or run_id in self._open:
             self._finish(run_id, outputs, None)
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID,
                        parent_run_id: UUID | None = None, **kwargs: Any) -> None:
-        if parent_run_id is None:
+        if self._outside:
+            self._outside.pop(run_id.int, None)
+        if parent_run_id is None or run_id in self._open:
             self._finish(run_id, None, error)
 
     def _finish(self, run_id: UUID, outputs: Any, error: BaseException | None) -> None:
@@ -503,12 +539,15 @@ class CarCallback(BaseCallbackHandler):
             rec = self._open.pop(run_id, None)
             if rec is None:
                 return
-            self._done = [rec]  # the latest only: a branch reads it, users never grow it
             if self._open:
                 for member in rec.members:
                     self._of.pop(member, None)
             else:
                 self._of.clear()  # no other run open: nothing else is in it
+                self._outside.clear()
+            if rec.split and not rec.calls:
+                return  # the user's runnable around graph runs, each kept as its own run
+            self._done = [rec]  # the latest only: a branch reads it, users never grow it
         fields = self._kept(rec, outputs, error)
         if self._unsealed is not None:
             first = self._unsealed.add(fields)
