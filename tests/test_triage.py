@@ -401,3 +401,29 @@ def test_a_triage_running_now_is_listed_as_running_and_held(population, tmp_path
         car.triage(runs, DESK.agent(), outcome=DESK.outcome, rollouts=K, store=store,
                    triage_id="t-live", progress=progress, runs_at_once=1)
         assert seen == [True, True] and not store.running_now("t-live")
+
+
+@pytest.mark.parametrize("shown", [False, True])
+def test_progress_takes_a_bool_as_the_other_estimators_do(population, capsys, shown):
+    """``car.contrastive(progress=False)`` is accepted, and a user trial passed the same to
+    ``car.triage``: it was called as a function after the first run's attribution was spent
+    (``TypeError: 'bool' object is not callable``). False prints nothing; True a line per
+    run on stderr, the one ``car triage`` prints on a terminal."""
+    runs = population[:2]
+    res = car.triage(runs, DESK.agent(), outcome=DESK.outcome, rollouts=K, progress=shown,
+                     runs_at_once=1)
+    lines = capsys.readouterr().err.splitlines()
+    if not shown:
+        assert lines == []
+    else:
+        assert lines == [car_triage.progress_line(i + 1, 2, row)
+                         for i, row in enumerate(res.per_run)]
+        assert lines[0].startswith(f"[1/2] run {runs[0].id}: ")
+
+
+def test_progress_that_is_neither_a_bool_nor_a_function_is_refused_before_any_branch(
+        population):
+    agent = Preflighted(DESK.agent(), {})
+    with pytest.raises(InvalidInput, match="progress must be True, False or a function"):
+        car.triage(population[:1], agent, outcome=DESK.outcome, rollouts=K, progress="yes")
+    assert agent.branches == 0

@@ -29,7 +29,7 @@ from car_core.cli.selection import (
 from car_core.engine.execution import default_executor, make_executor
 from car_core.errors import InvalidInput
 from car_core.estimators.fixes import Fix, as_fix
-from car_core.estimators.population_fix import fix_population
+from car_core.estimators.population_fix import fix_population, progress_line
 from car_core.fix_results import PopulationFix
 from car_core.store import RunStore
 
@@ -159,7 +159,7 @@ def fix_many(run_ids: list[str], *, failed: bool, agent: Any, outcome: Any,
 
 
 def _progress(done: int, total: int, run_id: str) -> None:
-    err.print(Text(kit.safe(f"[{done}/{total}] run {run_id}")), soft_wrap=True)
+    err.print(Text(kit.safe(progress_line(done, total, run_id))), soft_wrap=True)
 
 
 def print_fix(r: PopulationFix, store: str) -> None:

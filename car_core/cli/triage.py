@@ -48,7 +48,7 @@ from car_core.cli.selection import (
 )
 from car_core.engine.execution import default_executor
 from car_core.errors import InvalidInput
-from car_core.estimators.triage import FIELDS, triage
+from car_core.estimators.triage import FIELDS, progress_line, triage
 from car_core.model.budget import Budget
 from car_core.store import RunStore
 from car_core.triage_results import TriageResult, TriageRun
@@ -188,9 +188,7 @@ def triage_command(
 
 
 def _progress(done: int, total: int, row: TriageRun) -> None:
-    what = f"locus {row.locus}" if row.locus is not None else row.answer
-    err.print(Text(kit.safe(f"[{done}/{total}] run {row.run_id}: {what}"
-                            + (" (read back)" if row.reused else ""))), soft_wrap=True)
+    err.print(Text(kit.safe(progress_line(done, total, row))), soft_wrap=True)
 
 
 def print_triage(r: TriageResult, store: str) -> None:

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import contextvars
 import math
+import sys
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from car_core import defaults
 from car_core.engine.agent import Agent
@@ -226,3 +227,26 @@ class RunPool(Generic[T]):
 
 
 __all__ = ["Purse", "RunPool", "Spent", "runs_at_once_for"]
+
+
+P = TypeVar("P", bound=Callable[..., None])
+
+
+def per_run_progress(progress: P | bool | None, line: Callable[..., str]) -> P | None:
+    """The callback a population estimate calls after each run: ``progress`` itself, none for
+    ``False`` / ``None``, and for ``True`` one that prints ``line(...)`` of the same arguments
+    to stderr, as the CLI does (``progress=False`` had been called as a function, after the
+    first run's attribution was spent)."""
+    if progress is None or progress is False:
+        return None
+    if progress is True:
+        def printed(*args: Any) -> None:
+            print(line(*args), file=sys.stderr, flush=True)
+        return cast(P, printed)
+    if not callable(progress):
+        raise InvalidInput(f"progress must be True, False or a function, got "
+                           f"{type(progress).__name__}",
+                           hint="pass progress=True for a line per run, or "
+                                "progress=fn(done, total, row)")
+    return progress
+

@@ -56,7 +56,13 @@ from car_core.engine.execution import ExecutorLike
 from car_core.engine.tasks import check_failures
 from car_core.errors import BranchesFailed, InvalidInput, InvalidIntervention, ModelUnavailable
 from car_core.estimators._arms import Branch, StepArms, check_rollouts
-from car_core.estimators._population import Purse, RunPool, Spent, runs_at_once_for
+from car_core.estimators._population import (
+    Purse,
+    RunPool,
+    Spent,
+    per_run_progress,
+    runs_at_once_for,
+)
 from car_core.estimators.fixes import Fix, as_fix
 from car_core.estimators.triage import RUN_ERRORS, _load_all, refused_up_front
 from car_core.estimators.triage import triage as attribute_all
@@ -77,6 +83,12 @@ if TYPE_CHECKING:  # the store brings sqlite-utils: loaded only where one is use
     from car_core.store import RunStore
 
 FixProgress = Callable[[int, int, str], None]
+
+
+def progress_line(done: int, total: int, run_id: str) -> str:
+    """What ``progress=True`` (and ``car fix-population`` on a terminal) prints after each
+    run."""
+    return f"[{done}/{total}] run {run_id}"
 WITHOUT = "without the fix"
 
 
@@ -138,7 +150,7 @@ def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: O
                    alpha: float = defaults.ALPHA, seed: int = 0,
                    budget: Budget | int | None = None,
                    locate_rollouts: int = defaults.ROLLOUTS, fix_id: str | None = None,
-                   executor: ExecutorLike = None, progress: FixProgress | None = None,
+                   executor: ExecutorLike = None, progress: FixProgress | bool | None = None,
                    force_agent: bool = False,
                    max_rollouts: int = defaults.MAX_ROLLOUTS,
                    runs_at_once: int | None = None) -> PopulationFix:
@@ -150,8 +162,10 @@ def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: O
     attribution, else from attributing the run now (``locate_rollouts`` per step, stored as a
     triage when a store is given). ``runs_at_once``: runs branched at once (None: chosen for
     the agent). ``progress(done, total, run_id)`` after each run tested or read back, on the
-    caller's thread (not for runs the budget never reached)."""
+    caller's thread (not for runs the budget never reached; ``True``: a line per run on
+    stderr)."""
     fixes = _check(candidates, from_step, alpha, rollouts, max_rollouts)
+    each_run = per_run_progress(progress, progress_line)
     at_once = runs_at_once_for(runs_at_once, agent)
     total = as_budget(budget, "budget")
     population = _load_all(runs, store)
@@ -196,9 +210,9 @@ def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: O
                 if store is not None and fid is not None and rec.get("measured"):
                     from car_core.store.fixes import save_fix_run
                     save_fix_run(store, fid, rec)
-            if progress is not None and rec:  # not of the runs the budget never reached
+            if each_run is not None and rec:  # not of the runs the budget never reached
                 finished += 1
-                progress(finished, n_runs, population[i].id)
+                each_run(finished, n_runs, population[i].id)
 
         with RunPool[dict[str, Any]](at_once, ordered=purse.shares) as pool:
             for i, run in enumerate(population):

@@ -60,7 +60,13 @@ from car_core.errors import (
     RunError,
     RunNotFailed,
 )
-from car_core.estimators._population import Purse, RunPool, Spent, runs_at_once_for
+from car_core.estimators._population import (
+    Purse,
+    RunPool,
+    Spent,
+    per_run_progress,
+    runs_at_once_for,
+)
 from car_core.estimators._session import check_run_has_steps
 from car_core.estimators.contrastive import rollout_budget
 from car_core.estimators.settings import ContrastiveSettings
@@ -84,6 +90,12 @@ if TYPE_CHECKING:  # the store brings sqlite-utils: loaded only where one is use
 
 Label = Callable[[Trajectory, ContrastiveResult], str]
 TriageProgress = Callable[[int, int, TriageRun], None]
+
+
+def progress_line(done: int, total: int, row: TriageRun) -> str:
+    """What ``progress=True`` (and ``car triage`` on a terminal) prints after each run."""
+    what = f"locus {row.locus}" if row.locus is not None else row.answer
+    return f"[{done}/{total}] run {row.run_id}: {what}" + (" (read back)" if row.reused else "")
 FIELDS = ("step", "agent", "node", "tool")
 INTERVAL = "Wilson score at level 1 − alpha/G (Bonferroni over the G categories)"
 # a run's own trouble (another agent recorded it, its agent broke): that run is reported
@@ -166,7 +178,7 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
            per_run: Budget | int | None = None, label: Label | None = None,
            by: Sequence[str] = FIELDS, store: RunStore | None = None,
            triage_id: str | None = None, executor: ExecutorLike = None,
-           progress: TriageProgress | None = None, force_agent: bool = False,
+           progress: TriageProgress | bool | None = None, force_agent: bool = False,
            early_stop: bool = True, runs_at_once: int | None = None) -> TriageResult:
     """Attribute every run of ``runs`` (trajectories, or run ids in ``store``) with
     ``car.contrastive`` under ``per_run`` and the total ``budget``, then group the loci by
@@ -175,12 +187,14 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
     attributions and the triage itself are stored, resumable with the same ``triage_id``.
     ``runs_at_once``: runs attributed at once (None: chosen for the agent; the agent's
     ``branch`` is then called from several threads). ``progress(done, total, row)`` is called
-    after each run, on the caller's thread. ``early_stop`` (the default here, unlike
-    ``car.contrastive``'s): each attribution stops once its locus is decided, as a triage
-    needs where each run commits, not how much its rescue is. A model server that is down
+    after each run, on the caller's thread (``True``: a line per run on stderr).
+    ``early_stop`` (the default here, unlike ``car.contrastive``'s): each attribution stops
+    once its locus is decided, as a triage needs where each run commits, not how much its
+    rescue is. A model server that is down
     (``ModelUnavailable``) stops the triage, as it stops an attribution: every run after it
     would hit it too, and the runs attributed so far are kept for the same ``triage_id``."""
     chosen_by = _check(by, label, alpha)
+    each_run = per_run_progress(progress, progress_line)
     at_once = runs_at_once_for(runs_at_once, agent)
     settings = ContrastiveSettings(rollouts=rollouts, alpha=alpha, seed=seed, search=search,
                                    early_stop=early_stop)
@@ -219,8 +233,8 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
                 results[i] = one
             rows[i] = row
             done += 1
-            if progress is not None:
-                progress(done, len(population), row)
+            if each_run is not None:
+                each_run(done, len(population), row)
 
         with RunPool[tuple[TriageRun, ContrastiveResult | None]](
                 at_once, ordered=purse.shares) as pool:
