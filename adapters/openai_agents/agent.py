@@ -65,7 +65,7 @@ from ..common.messages import (
 from ..common.offered_tools import edited_descriptions
 from ..common.sources import drifted_tools, result_text
 from ..common.sync import BranchLoop, run_on, run_sync
-from . import mcp_tools
+from . import agent_tools, mcp_tools
 from ._context import (
     NOT_GIVEN,
     ContextFactory,
@@ -286,10 +286,24 @@ class OpenAIAgentsAgent:
                 return self._listing
             listing, loop = mcp_tools.listed(self.agents)
             static = [t for a in self.agents.values() for t in a.tools or ()]
-            known = sorted({n for names in self.tool_names(listing).values() for n in names})
+            reach = agent_tools.inside(self.agents)
+            known = sorted({n for names in self.tool_names(listing).values() for n in names}
+                           | agent_tools.inner_names(reach))
+            derived = mcp_tools.derived(static, listing)
+            for name, said in agent_tools.answered_inside(
+                    reach, [*self._rule.side_effect_tools, *self._rule.simulators]).items():
+                derived.setdefault(name, []).extend(said)
             safety = self._rule.classified(
-                known, mcp_tools.derived(static, listing),
+                known, derived,
                 agent=f"the app of agent {self.root.name!r}", call="OpenAIAgentsAgent(agent")
+            nested = agent_tools.live_inside(reach, safety.guards,
+                                             safety.safe_tools | safety.live)
+            if nested:
+                raise AdapterError(
+                    "this app uses features CAR cannot replay: " + "; ".join(nested),
+                    hint="name each such agent tool in side_effect_tools (a branch answers it "
+                         "from the record, and its agent does not run), or name every tool of "
+                         "its agents in safe_tools if they only read")
             gated = sorted({t.name for t in [*static, *(t for ts in listing.values() for t in ts)]
                             if isinstance(t, FunctionTool) and mcp_tools.needs_approval(t)
                             and not safety.guards(t.name)})

@@ -42,7 +42,7 @@ from typing import Any
 from agents import RunHooks
 
 import car_core as car
-from car_core.contract import OutcomeFn, RunStatus, redact
+from car_core.contract import OutcomeFn, RunStatus, in_branch, redact
 from car_core.errors import AdapterError, OutcomeError, StoreError
 
 from ..common.messages import calls_of, tool_result
@@ -95,6 +95,7 @@ class _RunBuf:
     mcp: dict[str, list[str]] = field(default_factory=dict)  # agent -> its MCP tools' names
     listing: mcp_tools.Listing = field(default_factory=dict)  # agent -> its MCP tools
     block: _Block | None = None  # the ``recording(agent)`` block it started in
+    members: frozenset[str] = frozenset()  # the agents its handoffs reach (empty: unknown)
 
 
 @dataclass
@@ -112,6 +113,14 @@ class _Block:
 # the block the code running now is in: hooks run in the Runner's task, which copies the
 # context of the code that called Runner.run / run_sync / run_streamed
 _BLOCK: ContextVar[_Block | None] = ContextVar("car_openai_agents_block", default=None)
+
+
+def _members(root: Any) -> frozenset[str]:
+    """The names of the agents ``root``'s handoffs reach (empty where CAR cannot read it)."""
+    try:
+        return frozenset(agents_of(root))
+    except AdapterError:
+        return frozenset()
 
 
 def _fingerprint(root: Any, listing: mcp_tools.Listing | None = None) -> str | None:
@@ -133,6 +142,8 @@ class CarRecorder(RunHooks[Any]):
         self.outcome = OutcomeFn(outcome) if outcome is not None else None
         self.outcome_errors: list[OutcomeError] = []
         self._runs: list[car.Trajectory] = []
+        # one made inside a branch records that branch; one made outside never records one
+        self._records_branches = in_branch()
         self._bufs: dict[int, _RunBuf] = {}
         self._lock = threading.Lock()
         self.store_errors: list[StoreError] = []
@@ -225,7 +236,8 @@ class CarRecorder(RunHooks[Any]):
                     if block is not None and block.settled:  # a stream read past its block
                         block = None
                     buf = _RunBuf(root=agent, usage=context.usage,
-                                  fingerprint=_fingerprint(agent), block=block)
+                                  fingerprint=_fingerprint(agent), block=block,
+                                  members=_members(agent))
                     if block is not None:
                         block.bufs.append(buf)
                     self._bufs[key] = buf
@@ -247,7 +259,21 @@ class CarRecorder(RunHooks[Any]):
                     return key
         return None
 
+    def _ignored(self, context: Any, agent: Any) -> bool:
+        """Events that are no run of the user's: those of a CAR branch (for a recorder made
+        outside one), and those of an agent tool's nested run (``agent.as_tool(hooks=...)``),
+        which shares its parent run's usage object and so its key: a user trial's nested
+        events were spliced into the parent run as its steps, and the nested run's end closed
+        the parent, whose rest was stored as a second run. The nested agent's calls are inside
+        the agent tool's call, which the parent run records."""
+        if not self._records_branches and in_branch():
+            return True
+        buf = self._bufs.get(id(context.usage))
+        return buf is not None and bool(buf.members) and agent.name not in buf.members
+
     async def on_agent_start(self, context: Any, agent: Any) -> None:
+        if self._ignored(context, agent):
+            return
         redact.register_from(agent)  # its model client's key is never recorded
         with self._lock:
             new = id(context.usage) not in self._bufs
@@ -270,6 +296,8 @@ class CarRecorder(RunHooks[Any]):
 
     async def on_llm_start(self, context: Any, agent: Any, system_prompt: str | None,
                            input_items: list[Any]) -> None:
+        if self._ignored(context, agent):
+            return
         buf = self._buf(context, agent)
         items = _jsonable(list(input_items))
         if buf.context is None:
@@ -285,6 +313,8 @@ class CarRecorder(RunHooks[Any]):
                     "context": run_context, "tools": tools, "started": time.monotonic()}
 
     async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
+        if self._ignored(context, agent):
+            return
         buf = self._buf(context, agent)
         opened, buf.open = buf.open, None
         if opened is None:
@@ -304,16 +334,22 @@ class CarRecorder(RunHooks[Any]):
                           "state": to_dicts(opened["system"], opened["items"]), "meta": meta})
 
     async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: object) -> None:
+        if self._ignored(context, agent):
+            return
         cid = getattr(context, "tool_call_id", None)
         if cid is not None:
             self._buf(context, agent).tool_results[str(cid)] = _content(result)
 
     async def on_handoff(self, context: Any, from_agent: Any, to_agent: Any) -> None:
+        if self._ignored(context, from_agent):
+            return
         buf = self._buf(context, from_agent)
         if buf.steps:
             buf.steps[-1]["meta"]["handoff"] = {"from": from_agent.name, "to": to_agent.name}
 
     async def on_agent_end(self, context: Any, agent: Any, output: Any) -> None:
+        if self._ignored(context, agent):
+            return
         with self._lock:
             buf = self._bufs.pop(id(context.usage), None)
         if buf is not None:
