@@ -4,6 +4,7 @@ status, stdout and stderr."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import os
 import re
 import sqlite3
@@ -67,6 +68,32 @@ def test_runs_lists_the_stored_run_as_a_table_and_json(pivot_store):
     rows = json.loads(car("runs", "--json", cwd=folder).stdout)
     assert [r["id"] for r in rows] == [run.id]
     assert rows[0]["n_steps"] == len(run.steps) and rows[0]["outcome"] == 1.0
+
+
+def test_runs_say_what_each_run_was_asked_without_squeezing_the_other_columns(
+        tmp_path, pivot_run):
+    """Thirty runs of an eval set recorded at once share a second: a user trial had to open
+    each with ``car show`` to find its input. The first user message is the ``input``
+    (``--json`` too); a terminal too narrow for it leaves it out, never cutting the ids."""
+    contexts = {"asks-as-text": "Refund order 7, please",
+                "asks-in-messages": {"messages": [
+                    {"role": "system", "content": "You are a desk."},
+                    {"role": "user", "content": "Where is\norder 8?"}]},
+                "asks-in-items": [{"role": "user", "content": [
+                    {"type": "input_text", "text": "Cancel order 9"}]}]}
+    want = {"asks-as-text": "Refund order 7, please", "asks-in-messages": "Where is order 8?",
+            "asks-in-items": "Cancel order 9"}
+    with RunStore(tmp_path / "car.db") as s:
+        for rid, context in contexts.items():
+            s.save(Trajectory.new(context=context, id=rid, agent=pivot_run.agent,
+                                  steps=[replace(st, digest="") for st in pivot_run.steps],
+                                  outcome=pivot_run.outcome))
+    rows = json.loads(car("runs", "--json", cwd=tmp_path).stdout)
+    assert {r["id"]: r["input"] for r in rows} == want
+    wide = car("runs", cwd=tmp_path, env={"COLUMNS": "160"}).stdout
+    assert "input" in wide and all(text in wide for text in want.values())
+    narrow = car("runs", cwd=tmp_path, env={"COLUMNS": "80"}).stdout
+    assert all(rid in narrow for rid in contexts) and "input" not in narrow
 
 
 def test_show_prints_every_step_and_json_round_trips(pivot_store):

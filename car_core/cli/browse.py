@@ -50,20 +50,32 @@ def _print_runs(rows: list[dict[str, Any]], store: str, json_out: bool,
             out.print(Text(f"no runs in {kit.safe(store)}"))
         return
     t = Table(title=kit.cell(f"runs in {store}"), title_justify="left")
-    t.add_column("id", no_wrap=True, min_width=16)
-    for col in ("created (UTC)", "agent", "status", "outcome", "steps", "seed"):
-        t.add_column(col, justify="right" if col in ("outcome", "steps", "seed") else "left")
+    fixed = ("id", "created (UTC)", "agent", "status", "outcome", "steps", "seed")
+    table = []
+    for r in rows:
+        created = datetime.fromtimestamp(r["created_at"] or 0, UTC)
+        table.append([str(r["id"]), created.strftime("%Y-%m-%d %H:%M:%S"), str(r["agent"]),
+                      str(r["status"]), _outcome_cell(r["outcome"]), str(r["n_steps"]),
+                      "—" if r["seed"] is None else str(r["seed"])])
+    # the input column is the one a narrow terminal shortens; the others keep their width
+    widths = [max(len(col), *(len(cells[i]) for cells in table)) for i, col in enumerate(fixed)]
+    for col, width in zip(fixed, widths, strict=True):
+        t.add_column(col, justify="right" if col in ("outcome", "steps", "seed") else "left",
+                     no_wrap=True, min_width=width)
     tests = any(r.get("test") for r in rows)  # recorded by the pytest plugin: say by which test
     if tests:
         t.add_column("test", overflow="fold")
-    for r in rows:
-        created = datetime.fromtimestamp(r["created_at"] or 0, UTC)
-        cells: list[Any] = [
-            kit.cell(r["id"]), created.strftime("%Y-%m-%d %H:%M:%S"), kit.cell(r["agent"]),
-            kit.cell(r["status"]), _outcome_cell(r["outcome"]),
-            str(r["n_steps"]), "—" if r["seed"] is None else str(r["seed"])]
-        t.add_row(*cells, *([kit.cell(r.get("test") or "—")] if tests else []))
+    room = out.width - kit.table_width([*widths, INPUT_LEAST]) + INPUT_LEAST
+    inputs = not tests and room >= INPUT_LEAST
+    if inputs:
+        t.add_column("input", no_wrap=True, overflow="ellipsis", max_width=min(room, 40))
+    for r, cells in zip(rows, table, strict=True):
+        t.add_row(*map(kit.cell, cells), *([kit.cell(r.get("test") or "—")] if tests else []),
+                  *([kit.cell(r.get("input") or "—")] if inputs else []))
     out.print(t)
+
+
+INPUT_LEAST = 12  # below this width for what a run was asked, the column is left out
 
 
 def _outcome_cell(value: float | None) -> str:

@@ -454,7 +454,7 @@ _ACTION_CELL: dict[str, Any] = {"no_wrap": True, "overflow": "ellipsis", "max_wi
 ACTION_LEAST = 20
 
 
-def _table_width(widths: Sequence[int]) -> int:
+def table_width(widths: Sequence[int]) -> int:
     """A rich table's width for columns of these content widths (padding and rules)."""
     return sum(widths) + 3 * len(widths) + 1
 
@@ -480,14 +480,14 @@ def attribution_table(r: Result, width: int | None = None) -> Table:
     rows = [(row, fmt.plain_cells(r, row)) for row in (fmt.step_row(r, s) for s in r.steps)]
     full = {col: max([len(col), *(len(str(c[i])) for _, c in rows)])
             for i, col in enumerate(fmt.PLAIN_COLUMNS) if col != fmt.ACTION}
-    narrow = width is not None and width < _table_width([*full.values(), ACTION_LEAST])
+    narrow = width is not None and width < table_width([*full.values(), ACTION_LEAST])
     cols = [c for c in fmt.PLAIN_COLUMNS if not (narrow and c in (fmt.HELD, fmt.REDRAWN))]
     t = Table(title="What re-deciding each step changed", title_justify="left",
               caption="P(fail) columns left out at this width: --explain has them"
               if narrow else None, caption_justify="left")
     action = dict(_ACTION_CELL)
     if narrow and width is not None:  # what is left once the others have their full width
-        left = width - _table_width([full[c] for c in cols if c != fmt.ACTION]) - 3
+        left = width - table_width([full[c] for c in cols if c != fmt.ACTION]) - 3
         action["max_width"] = max(8, min(int(action["max_width"]), left))
     for col in cols:
         t.add_column(col, justify="left" if col in (fmt.ACTION, fmt.INTERVAL, "") else "right",
