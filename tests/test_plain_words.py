@@ -144,6 +144,12 @@ def test_later_steps_say_what_was_ruled_out_and_what_was_not(located) -> None:
         f"; {fmt.steps_span(first, last)} were not ruled out: re-deciding them may still lower "
         "P(fail) by 10% or more (a larger budget would tell).")
     assert fmt.untested_mark(located, last) == "not ruled out"
+    # --explain's test column agrees: a user trial read "not tested" there beside the plain
+    # table's "not ruled out" and the sentence's "too few re-runs" for the same step
+    assert {fmt.step_row(located, located.steps[k]).tested
+            for k in located.not_ruled_out} == {"not ruled out"}
+    for k in located.not_ruled_out:
+        assert re.search(rf"\n{k} +- .* 0 +not ruled out *\n", located.explain())
     ruled = replace(located, not_ruled_out=(),
                     steps=tuple(replace(s, ruled_out=s.step > 2, tested=s.tested or s.step > 2)
                                 for s in located.steps))

@@ -31,6 +31,7 @@ PLAIN_COLUMNS = (STEP, ACTION, RESCUE, INTERVAL, HELD, REDRAWN, "")
 PLAIN_SHAPLEY_COLUMNS = (PLAYER, ACTION, PHI, INTERVAL)
 LOCUS_MARK = "<- locus"
 NOT_TESTED, SIGNIFICANT, NOT_SIGNIFICANT = "not tested", "significant", "not significant"
+NOT_RULED_OUT = "not ruled out"
 RULED_OUT = "ruled out"  # a later step's rescue shown below the indifference level Δ
 
 
@@ -95,12 +96,16 @@ def step_row(r: Any, s: Any, *, missing: str = MISSING) -> StepRow:
     """The row of step ``s`` of contrastive result ``r``."""
     held, redrawn, n = shown_sample(s)
     is_locus = s.step == r.locus
+    untested = None if s.tested else untested_mark(r, int(s.step))
+    # a later step whose arms ran but could not be shown below Δ was measured: "not tested"
+    # beside the plain table's "not ruled out" and the sentence's "too few re-runs" read as
+    # three answers (a user trial)
     tested = (RULED_OUT if _get(s, "ruled_out", False)  # shown below Δ: said as the mark says
               else (SIGNIFICANT if s.significant else NOT_SIGNIFICANT) if s.tested
-              else NOT_TESTED)
+              else NOT_RULED_OUT if untested == NOT_RULED_OUT else NOT_TESTED)
     mark = (LOCUS_MARK if is_locus else "ruled out" if _get(s, "ruled_out", False) else
             ("shown to help" if s.significant else "not shown to help") if s.tested
-            else untested_mark(r, int(s.step)))
+            else str(untested))
     return StepRow(str(s.step), effect(s.effect, missing=missing),
                    effect_interval(s.ci, missing=missing), prob(held, missing=missing),
                    prob(redrawn, missing=missing), str(n), tested, mark, is_locus)
@@ -166,7 +171,7 @@ def untested_mark(r: Any, k: int) -> str:
     if k < locus:
         return "before the locus"
     if k in (_get(r, "not_ruled_out", ()) or ()):
-        return "not ruled out"
+        return NOT_RULED_OUT
     n = len(_get(r, "steps", ()) or ())
     after = [j for j in _arms(r) if locus < j <= k and j < n]
     return "followed from it" if after else "after the locus"
