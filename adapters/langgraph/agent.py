@@ -122,6 +122,7 @@ from .branch_state import BranchState, answerable_calls
 from .callback import CarCallback
 from .calls import AsyncCalls, SyncCalls, now, on_loop, probe_async
 from .checkpoints import fork, thread_config
+from .errored import refuse_errored
 from .fingerprint import app_fingerprint
 from .guard import Guard, guarding
 from .importer import import_thread
@@ -475,6 +476,7 @@ class LangGraphAgent:
             return
         # shapes no branch of any step survives, before the steps themselves
         refuse_sync_only(self.saver, self.shape.async_only, run.id)
+        refuse_errored(run)
         refuse_interrupts(self.shape, run)
         rebuilt = refuse_run(self.shape, run,
                              self.undecided if self.model is not None else None, self.safety)
