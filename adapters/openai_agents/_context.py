@@ -228,6 +228,11 @@ def replayable_writes(run: car.Trajectory, safety: ToolSafety) -> dict[tuple[str
     it wrote (its step made other calls, it was the last, the context has no recorded value),
     or its simulator does not take ``ctx``, so a simulated call would drop the write."""
     found = writes(run.steps)
+    if all(step.meta.get("run_context") is None for step in run.steps):
+        # a run without a run context: no tool had one to write, whatever the record cannot
+        # show (a user trial's run that stopped after a refund was refused for a write it
+        # could not have made)
+        return {(name, args): [] for step in run.steps for _, name, args in calls_of(step.action)}
     for j, step in enumerate(run.steps):
         for _, name, args in calls_of(step.action):
             if not safety.guards(name) or safety.simulates_state(name):
