@@ -445,16 +445,18 @@ class LangGraphAgent:
         finally:
             self.saver.delete_thread(thread_id)
 
-    def import_thread(self, thread_id: str) -> Trajectory:
+    def import_thread(self, thread_id: str, turn: int | None = None) -> Trajectory:
         """The trajectory of an existing thread, rebuilt from its checkpoint history in every
-        namespace, subgraphs included (``car_adapters.langgraph.importer``)."""
+        namespace, subgraphs included (``car_adapters.langgraph.importer``); of a thread the
+        app was invoked on several times (a conversation), the turn ``turn`` (``-1``: the
+        last), refused without one."""
         self._saver_loop()
         if supplied(self.saver):
             raise AdapterError(f"the app was compiled without a checkpointer, so it keeps no "
                                f"thread {thread_id!r} to import",
                                hint="compile it with a checkpointer (SqliteSaver(conn)) and "
                                     "run it on a thread_id, or record runs with CarCallback")
-        return import_thread(self.shape, thread_id, self.name)
+        return import_thread(self.shape, thread_id, self.name, turn)
 
     def preflight(self, run: Trajectory) -> None:
         """Refuse a run whose steps this app cannot fork into, naming the shape and the node,
@@ -476,10 +478,10 @@ class LangGraphAgent:
             return
         # shapes no branch of any step survives, before the steps themselves
         refuse_sync_only(self.saver, self.shape.async_only, run.id)
-        refuse_errored(run)
         refuse_interrupts(self.shape, run)
         rebuilt = refuse_run(self.shape, run,
                              self.undecided if self.model is not None else None, self.safety)
+        refuse_errored(run)  # after the shapes, which name where a run could not go on
         with self._lock:
             if rebuilt is not None:
                 self._rebuilt[run.id] = rebuilt
@@ -552,21 +554,23 @@ def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[..., Any],
                      match_on: Mapping[str, Iterable[str] | str] | None = None,
                      node_tools: Iterable[str | BaseTool] = (),
                      rollouts: int = 16, budget: int = 2000, seed: int = 0,
-                     unclassified: str = "refuse", **options: Any) -> Any:
+                     unclassified: str = "refuse", turn: int | None = None,
+                     **options: Any) -> Any:
     """Import ``thread_id`` from ``app``, score it with ``outcome(run)`` (as everywhere; 1 /
     True = failure; ``final_state(run)`` gives the final graph state with the app's message
     objects, ``run.meta["final_state"]`` stores it as JSON), store it, and attribute the
     failure with ``car.contrastive`` or ``car.shapley``. Returns the stored attribution.
     Importing a thread again reuses the run already stored for it (same steps, final state and
-    outcome) instead of storing a copy. Here only, an outcome written for the old
-    ``outcome(final_state)`` form is still accepted, deprecated: it is handed the stored JSON
-    state, with a ``DeprecationWarning`` (see ``car_adapters.langgraph.thread``)."""
+    outcome) instead of storing a copy. ``turn``: which invocation of a thread the app was
+    run on several times (``-1``: the last; ``import_thread``). Here only, an outcome written
+    for the old ``outcome(final_state)`` form is still accepted, deprecated: it is handed the
+    stored JSON state, with a ``DeprecationWarning`` (see ``car_adapters.langgraph.thread``)."""
     if method not in ("contrastive", "shapley"):
         raise InvalidInput(f"method={method!r}", hint="use 'contrastive' or 'shapley'")
     agent = LangGraphAgent(app, model=model, safe_tools=safe_tools,
                            side_effect_tools=side_effect_tools, simulators=simulators,
                            match_on=match_on, node_tools=node_tools, unclassified=unclassified)
-    run = agent.import_thread(thread_id)
+    run = agent.import_thread(thread_id, turn)
     score = thread_outcome(outcome)
     run = replace(scored(run, score, Noise(seed)), seed=seed)
     runs: RunStore | None

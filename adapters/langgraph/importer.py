@@ -14,7 +14,7 @@ from typing import Any
 from langchain_core.messages import AIMessage
 
 from car_core.contract import Origin, RunStatus, Step, Trajectory
-from car_core.errors import AdapterError
+from car_core.errors import AdapterError, InvalidInput
 
 from .checkpoints import join, recast, thread_config
 from .fingerprint import app_digest
@@ -23,12 +23,14 @@ from .shape import AppShape
 from .step_meta import agent_of
 
 
-def import_thread(shape: AppShape, thread_id: str, agent: str) -> Trajectory:
+def import_thread(shape: AppShape, thread_id: str, agent: str,
+                  turn: int | None = None) -> Trajectory:
     """The trajectory of thread ``thread_id`` (``agent``: the name it is recorded under).
     Messages a subgraph node passes up to its parent, and messages written by tool nodes, by
     the framework (handoff notices) or by a node that calls no model (``_model_wrote``), are
-    not decisions. A thread invoked several times (a conversation) gives one trajectory over
-    all turns; the callback gives one per invocation."""
+    not decisions. A thread invoked several times (a conversation) is imported one turn (one
+    invocation) at a time, as the callback records it: ``turn`` (``-1``: the last) picks it,
+    and a thread of several turns without one is refused (``_turns``)."""
     key, app = shape.messages_key, shape.app
     namespaces = sorted({t.config["configurable"].get("checkpoint_ns") or ""
                          for t in shape.saver.list(thread_config(thread_id, None, None))})
@@ -37,17 +39,16 @@ def import_thread(shape: AppShape, thread_id: str, agent: str) -> Trajectory:
                            hint="check the thread id and that the app uses the same "
                                 "checkpointer (database file) the run was recorded with")
     found: list[tuple[str, int, Step]] = []
-    head_next: tuple[str, ...] = ()
-    final: dict[str, Any] = {}
+    root = _chain(app, thread_id, "")
+    lo, hi, end = _turns(root, thread_id, turn)
+    head_next, final = tuple(end.next), end.values
     for ns in namespaces:
         level = recast(ns)
         if level not in shape.graphs:
             raise AdapterError(f"thread {thread_id!r} has checkpoints of subgraph {level!r}"
                                ", which this app does not expose as a subgraph",
                                hint="import with the app the thread was recorded with")
-        chain = _chain(app, thread_id, ns)
-        if ns == "":
-            head_next, final = tuple(chain[-1].next), chain[-1].values
+        chain = root if ns == "" else _chain(app, thread_id, ns)
         decisions: dict[str, tuple[str, dict[str, Any], list[dict[str, Any]]]] = {}
         for prev, cur in zip(chain, chain[1:], strict=False):
             nodes = [n for n in prev.next if shape.runs_model(level, n) and n != "__start__"]
@@ -90,6 +91,7 @@ def import_thread(shape: AppShape, thread_id: str, agent: str) -> Trajectory:
             found.append((order, pos, Step(index=0, action=action, observation=obs,
                                            observed=observed, state=state, meta=meta)))
     found.sort(key=lambda f: (f[0], f[1]))  # checkpoint ids are time-ordered (uuid6)
+    found = [f for f in found if lo <= f[0] and (hi is None or f[0] < hi)]
     steps = [replace(s, index=i) for i, (_, _, s) in enumerate(found)]
     context = {"messages": steps[0].state} if steps else {"input": None}
     return Trajectory.new(context=context, steps=steps, agent=agent,
@@ -97,6 +99,41 @@ def import_thread(shape: AppShape, thread_id: str, agent: str) -> Trajectory:
                           meta={"framework": "langgraph", "thread_id": thread_id,
                                 "final_state": state_json(final), "imported": True,
                                 "agent_fingerprint": app_digest(app)})
+
+
+def _turns(root: list[Any], thread_id: str, turn: int | None) -> tuple[str, str | None, Any]:
+    """The turn ``turn`` of a thread whose top-level checkpoints are ``root``: the id of the
+    checkpoint its input was written at, that of the next turn's (None for the last) and its
+    last checkpoint. Each invocation of the app writes its input as a checkpoint of source
+    ``"input"``. A branch of a conversation imported whole ended with the turn it started in,
+    never sending the later user messages: a user trial's branches of turn 1 never reached
+    turn 2's refund and were scored as rescues (the whole-thread import had been documented).
+    So a thread of several turns is refused unless ``turn`` says which one to import."""
+    starts = [i for i, snap in enumerate(root) if snap.metadata.get("source") == "input"]
+    if not starts:
+        starts = [0]
+    if turn is None:
+        if len(starts) > 1:
+            raise AdapterError(
+                f"thread {thread_id!r} holds {len(starts)} turns (the app was invoked "
+                f"{len(starts)} times on it); a branch of one ends with that turn and never "
+                "sends the later turns' messages, so the thread cannot be attributed as one "
+                "run", hint="import one turn: import_thread(thread_id, turn=-1) (the last; "
+                            "attribute_thread takes turn= too), as CarCallback records each "
+                            "invocation; what an earlier turn left in the conversation is "
+                            "held as its state")
+        turn = 0
+    if isinstance(turn, bool) or not isinstance(turn, int) or not -len(starts) <= turn < len(
+            starts):
+        raise InvalidInput(f"turn={turn!r}, but thread {thread_id!r} holds {len(starts)} "
+                           "turn(s)", hint=f"pass an index from 0 to {len(starts) - 1}, or -1 "
+                                           "for the last")
+    k = turn % len(starts)
+    lo = root[starts[k]].config["configurable"]["checkpoint_id"]
+    if k + 1 < len(starts):
+        nxt = starts[k + 1]
+        return lo, root[nxt].config["configurable"]["checkpoint_id"], root[nxt - 1]
+    return lo, None, root[-1]
 
 
 def _framework_written(message: Any) -> bool:
