@@ -6,8 +6,12 @@ a bound method's object, ``functools.partial`` arguments and the runnables it wr
 (``RunnableBinding.bound``, a sequence's steps). ``LangGraphAgent`` uses this to check every tool
 name the user gives against the tools the graph really has (a ``ToolNode``'s and those a node
 calls itself), to tell a node that calls a model from one that only writes messages, and to
-find the chat models that would run on a branch without CAR deciding them. The walk is bounded
-(depth and object count) and only reads attributes: it calls no node, tool or model.
+find the chat models that would run on a branch without CAR deciding them. It also finds what
+``create_agent(response_format=...)`` gave its model node: the tools of its structured output
+(a schema offered to the model as a tool, whose call the node parses, never runs) and whether
+the node parses a text answer into the structured response (a provider's, or a raw schema's
+that may pick the provider). The walk is bounded (depth and object count) and only reads
+attributes: it calls no node, tool or model.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from langchain.agents.middleware import AgentMiddleware
+from langchain.agents.structured_output import AutoStrategy, OutputToolBinding, ProviderStrategy
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
 
@@ -39,6 +44,8 @@ class Reach:
     models: list[BaseChatModel] = field(default_factory=list)  # chat models CAR does not wrap
     wrapped: bool = False  # a CarChatModel or a CarMiddleware decides a model here
     middleware: list[Any] = field(default_factory=list)
+    structured: set[str] = field(default_factory=set)  # create_agent's structured-output tools
+    answers_in_text: bool = False  # a text answer may be parsed into the structured response
 
     @property
     def calls_a_model(self) -> bool:
@@ -108,6 +115,13 @@ def reach(root: Any) -> Reach:
         seen.add(id(obj))
         if isinstance(obj, BaseTool):
             found.tools.setdefault(obj.name, obj)
+            continue
+        if isinstance(obj, OutputToolBinding):  # a schema create_agent offers as a tool
+            found.structured.add(obj.tool.name)
+            found.tools.setdefault(obj.tool.name, obj.tool)
+            continue
+        if isinstance(obj, (ProviderStrategy, AutoStrategy)):
+            found.answers_in_text = True
             continue
         if isinstance(obj, CarChatModel):
             found.wrapped = True

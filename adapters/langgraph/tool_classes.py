@@ -15,6 +15,10 @@ Three sources, read once when ``LangGraphAgent`` is built (the walk only reads a
   libraries mark and find them, by ``metadata["__handoff_destination"]``) only routes the
   conversation to another agent of the app: it is safe, and must run on a branch for the branch
   to route as the app does.
+- **Structured output.** The tools ``create_agent(response_format=...)`` offers the model for
+  its answer (``ToolStrategy``'s schemas, and a raw schema's, offered as tools wherever the
+  model has no provider output) never run: the agent's model node parses their calls into
+  ``structured_response``. They are safe, whatever the strategy.
 """
 
 from __future__ import annotations
@@ -94,7 +98,8 @@ def _forwards(tool: Any) -> bool:
 
 
 def derived_classes(shape: AppShape, node_tools: Iterable[Any]) -> dict[str, list[Classified]]:
-    """Tool name -> what the app's objects say of it (MCP annotations, approval gates)."""
+    """Tool name -> what the app's objects say of it (MCP annotations, handoffs, structured
+    output, approval gates)."""
     out: dict[str, list[Classified]] = {}
     for tool in tool_objects(shape, node_tools):
         said = mcp_tool_class(tool)
@@ -109,6 +114,10 @@ def derived_classes(shape: AppShape, node_tools: Iterable[Any]) -> dict[str, lis
             out.setdefault(tool.name, []).append(Classified(
                 SAFE, "langgraph-supervisor's forward_message: it copies a worker's message "
                       "into the conversation (it changes nothing outside the app)"))
+    for name in sorted({n for reached in shape.reaches.values() for n in reached.structured}):
+        out.setdefault(name, []).append(Classified(
+            SAFE, "create_agent's structured output: the model node parses a call of it into "
+                  "structured_response, and it never runs"))
     for name, who in approval_gated(shape).items():
         out.setdefault(name, []).append(Classified(
             SIDE_EFFECT, f"{who} asks a person to approve each call of it"))

@@ -1,0 +1,191 @@
+"""Structured output on ``langchain.agents.create_agent(model, tools, response_format=...)``.
+
+The desk (``desk``): at step 0 the model refunds a guessed amount (9999 cents) without looking
+the order up with probability ``p_skip``, else looks it up (step 0) and refunds the amount paid
+(2500). Its last step answers with the ``Resolution`` schema, restating the refund's amount: a
+call of the ``Resolution`` tool under ``ToolStrategy`` (a raw schema on a model without provider
+output picks it too), a JSON text under ``ProviderStrategy`` (a raw schema picks it on a model
+``create_agent`` knows supports it, such as ``gpt-4o``). create_agent's model node parses that
+answer into ``state["structured_response"]``; the failure is a ``refund_cents`` other than 2500.
+
+    P(fail | do_action(0, look the order up)) = 0     (the lookup gives the amount paid)
+    P(fail | do_action(last, the answer with 2500)) = 0
+    P(fail | the recorded last answer held) = 1        (a run that skipped the lookup)
+
+Each of those is deterministic, so every rollout shows it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from car_adapters.demo.planted import SeededChatModel
+from car_adapters.langgraph import CarCallback, CarMiddleware, LangGraphAgent, final_state
+from langchain.agents import create_agent
+from langchain.agents.structured_output import ProviderStrategy, ToolStrategy
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.tools import tool
+from langgraph.checkpoint.memory import InMemorySaver
+from pydantic import BaseModel
+
+import car_core as car
+
+PAID = 2500
+GUESSED = 9999
+REFUNDS: list[int] = []  # every real execution of issue_refund (the side effect)
+DESK_CALLS: list[int] = []  # every real call of the desk's model
+# the user names the desk's own tools only; the Resolution schema tool is create_agent's
+DESK_TOOLS: dict[str, Any] = {
+    "safe_tools": ["lookup_order"], "side_effect_tools": ["issue_refund"],
+    "simulators": {"issue_refund": lambda args: json.dumps(
+        {"refunded_cents": args["amount_cents"], "simulated": True})}}
+
+
+class Resolution(BaseModel):
+    """The desk's final answer."""
+
+    action: str
+    refund_cents: int
+
+
+@dataclasses.dataclass
+class ResolutionRecord:
+    """The desk's final answer, as a dataclass."""
+
+    action: str
+    refund_cents: int
+
+
+@tool
+def lookup_order(order_id: str) -> str:
+    """Look an order up (read-only)."""
+    return json.dumps({"order_id": order_id, "paid_cents": PAID})
+
+
+@tool
+def issue_refund(order_id: str, amount_cents: int) -> str:
+    """Refund money to the customer (moves money)."""
+    REFUNDS.append(amount_cents)
+    return json.dumps({"refunded_cents": amount_cents})
+
+
+class Desk(SeededChatModel):
+    """Skips the lookup with ``p_skip``, refunds, then answers with the schema (see above)."""
+
+    p_skip: float = 0.0
+    model_name: str = "planted-desk"
+    schema_name: str = "Resolution"
+
+    @property
+    def _llm_type(self) -> str:
+        return "planted-desk"
+
+    def bind_tools(self, tools: Any, *, tool_choice: Any = None, **kwargs: Any) -> Any:
+        return self.bind(**kwargs)  # a provider's response_format reaches _generate
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        DESK_CALLS.append(len(messages))
+        done = [m for m in messages if isinstance(m, ToolMessage)]
+        call = f"c{uuid.uuid4().hex[:6]}"
+        if not done:
+            msg = (AIMessage("", tool_calls=[{"name": "issue_refund", "id": call, "args": {
+                       "order_id": "A-17", "amount_cents": GUESSED}}])
+                   if self._draw() < self.p_skip else
+                   AIMessage("", tool_calls=[{"name": "lookup_order", "id": call,
+                                              "args": {"order_id": "A-17"}}]))
+        elif done[-1].name == "lookup_order":
+            paid = json.loads(str(done[-1].content))["paid_cents"]
+            msg = AIMessage("", tool_calls=[{"name": "issue_refund", "id": call,
+                                             "args": {"order_id": "A-17", "amount_cents": paid}}])
+        else:  # refunded: the answer restates the refund call's amount
+            amount = [c for m in messages if isinstance(m, AIMessage) for c in m.tool_calls
+                      if c["name"] == "issue_refund"][-1]["args"]["amount_cents"]
+            answer = {"action": "refund", "refund_cents": amount}
+            msg = (AIMessage(json.dumps(answer)) if kwargs.get("response_format") is not None
+                   else AIMessage("", tool_calls=[{"name": self.schema_name, "id": call,
+                                                   "args": answer}]))
+        return ChatResult(generations=[ChatGeneration(message=msg)])
+
+
+def desk(response_format: Any, *, p_skip: float = 1.0, model_name: str = "planted-desk",
+         middleware: bool = False) -> tuple[Any, CarMiddleware | None]:
+    mw = CarMiddleware() if middleware else None
+    strategy = isinstance(response_format, (ToolStrategy, ProviderStrategy))
+    schema = response_format.schema if strategy else response_format
+    model = Desk(p_skip=p_skip, model_name=model_name, schema_name=schema.__name__)
+    app = create_agent(model, [lookup_order, issue_refund], response_format=response_format,
+                       checkpointer=InMemorySaver(), middleware=[mw] if mw else [])
+    return app, mw
+
+
+def wrong_refund(run: car.Trajectory) -> bool:
+    """The app's own rule, over the structured answer as JSON."""
+    return bool(final_state(run)["structured_response"]["refund_cents"] != PAID)
+
+
+def recorded(app: Any) -> car.Trajectory:
+    cb = CarCallback(outcome=wrong_refund)
+    app.invoke({"messages": [{"role": "user", "content": "Order A-17 arrived broken."}]},
+               {"configurable": {"thread_id": f"rec-{uuid.uuid4().hex[:6]}"},
+                "callbacks": [cb]})
+    assert cb.run is not None
+    return cb.run
+
+
+def threads(app: Any) -> set[str]:
+    return {str(c.config["configurable"]["thread_id"]) for c in app.checkpointer.list(None)}
+
+
+def answer(run: car.Trajectory, cents: int) -> dict[str, Any]:
+    """The run's last action with ``refund_cents`` set to ``cents``: the schema tool's call,
+    or the JSON text a provider answers with."""
+    action = json.loads(json.dumps(run.steps[-1].action))
+    if action["tool_calls"]:
+        action["tool_calls"][0]["function"]["arguments"] = json.dumps(
+            {"action": "refund", "refund_cents": cents})
+    else:
+        action["content"] = json.dumps({"action": "refund", "refund_cents": cents})
+    return action
+
+
+LOOKUP = {"role": "assistant", "content": "", "tool_calls": [
+    {"id": "c-look", "type": "function",
+     "function": {"name": "lookup_order", "arguments": '{"order_id": "A-17"}'}}]}
+
+STRATEGIES = {"ToolStrategy": (lambda s: ToolStrategy(s), "planted-desk"),
+              "ProviderStrategy": (lambda s: ProviderStrategy(s), "planted-desk"),
+              "raw schema": (lambda s: s, "planted-desk"),
+              "raw schema, provider model": (lambda s: s, "gpt-4o")}
+
+
+@pytest.fixture(autouse=True)
+def ledgers() -> Iterator[None]:
+    REFUNDS.clear()
+    DESK_CALLS.clear()
+    yield
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_the_schema_tool_is_classified_so_only_real_tools_are_named(strategy: str) -> None:
+    """create_agent's structured-output tools never run (its model node parses their calls):
+    they are classified safe from the app itself, whatever the strategy, so naming the real
+    tools is enough; one named by the user (as an older refusal told them to) still is.
+    ProviderStrategy offers no schema tool at all; a raw schema sets one up even for a model
+    with provider output (create_agent decides at each call)."""
+    make, model_name = STRATEGIES[strategy]
+    app, _ = desk(make(Resolution), model_name=model_name)
+    agent = LangGraphAgent(app, **DESK_TOOLS)  # no UnclassifiedTools for Resolution
+    if strategy == "ProviderStrategy":
+        assert agent.tools == ["issue_refund", "lookup_order"]
+        return
+    assert "Resolution" in agent.tools and "Resolution" in agent.safety.safe_tools
+    assert "structured_response" in agent.safety.derived["Resolution"]
+    named = LangGraphAgent(app, **{**DESK_TOOLS, "safe_tools": ["lookup_order", "Resolution"]})
+    assert "Resolution" not in named.safety.derived  # the user's word, kept
