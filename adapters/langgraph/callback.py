@@ -70,7 +70,7 @@ from car_core.errors import InvalidInput, OutcomeError, StoreError
 from ..common.run_keeping import open_store, score_run, store_run
 from . import step_meta
 from .fingerprint import app_digest
-from .messages import as_the_app_saw, decode, dict_of, jsonable, seen, usage_of
+from .messages import as_json, as_the_app_saw, decode, dict_of, jsonable, seen, usage_of
 from .model import CAR_DECIDED, decided_by_car
 from .offered_tools import offered
 
@@ -170,7 +170,7 @@ _MESSAGE_TYPES: set[type] = set()  # the BaseMessage classes met so far (no ABC 
 
 def _frozen(value: Any, end: dict[int, Seen]) -> Any:
     """``value`` (a graph state) with every container copied and every other non-JSON value
-    replaced by its ``repr``, as ``jsonable`` would, now; messages are kept by reference and
+    replaced by what ``jsonable`` gives it (``as_json``), now; messages are kept by reference and
     ``seen`` into ``end``. ``jsonable(_frozen(v, end), convert)`` later is ``jsonable(v)`` now."""
     kind = type(value)
     if kind is str or kind is int or kind is float or kind is bool or value is None:
@@ -196,7 +196,7 @@ def _frozen(value: Any, end: dict[int, Seen]) -> Any:
         return [_frozen(v, end) for v in value]
     if isinstance(value, (str, int, float, bool)):
         return value
-    return repr(value)
+    return as_json(value)
 
 
 def _checkpoint_map() -> dict[Any, Any]:

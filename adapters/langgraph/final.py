@@ -37,8 +37,10 @@ def final_state(run: Trajectory) -> dict[str, Any]:
     LangChain message (``HumanMessage``, ``AIMessage`` with its ``tool_calls`` and, where one
     was recorded, the ``name`` of the agent that wrote it, ``ToolMessage`` with its
     ``tool_call_id``, ``name`` and ``status``, ``SystemMessage``), content blocks as the list
-    of blocks the app had; every other channel as stored (JSON; a value that was not JSON was
-    stored as its ``repr``). Message ids, metadata and tool artifacts are not stored and not
+    of blocks the app had; every other channel as stored (JSON: a pydantic model or a
+    dataclass, such as ``create_agent``'s ``structured_response``, as its JSON dict, so
+    ``final_state(run)["structured_response"]["refund_cents"]``; any other value that was not
+    JSON as its ``repr``). Message ids, metadata and tool artifacts are not stored and not
     given back. A dict anywhere in the state with exactly the shape CAR stores a message in is
     read as a message; a message of another kind (a ``ChatMessage``, a ``FunctionMessage``) is
     left as its stored dict. Runs recorded before content blocks were kept give a tool's

@@ -7,6 +7,7 @@ messages before it. Both the callback and ``import_thread`` use ``decode`` so th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -19,6 +20,8 @@ from langchain_core.messages import (
     ToolMessage,
     convert_to_messages,
 )
+from pydantic import BaseModel
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from car_core.errors import InvalidIntervention
 
@@ -179,7 +182,8 @@ def state_json(value: Any) -> Any:
 
 def jsonable(value: Any, convert: Callable[[BaseMessage], dict[str, Any]] = to_dict) -> Any:
     """A graph state value as JSON: messages become OpenAI-style dicts (through ``convert``),
-    the rest is kept when it is JSON and stringified otherwise."""
+    a pydantic model or dataclass its JSON dict (``as_json``), the rest is kept when it is
+    JSON and stringified otherwise."""
     kind = type(value)
     if kind is str or kind is int or kind is float or kind is bool or value is None:
         return value  # the common case first: the checks below cost an ABC lookup each
@@ -193,4 +197,21 @@ def jsonable(value: Any, convert: Callable[[BaseMessage], dict[str, Any]] = to_d
         return [jsonable(v, convert) for v in value]
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
+    return as_json(value)
+
+
+def as_json(value: Any) -> Any:
+    """A value that is not JSON as the JSON a state stores for it: a pydantic model (what
+    ``create_agent(response_format=...)`` writes as ``structured_response``) as
+    ``model_dump(mode="json")``, a dataclass instance as the dict pydantic dumps it to, so an
+    outcome reads its fields by key; anything else, or one with a field that has no JSON
+    form, as its ``repr``. (A LangChain message is a pydantic model too: callers convert
+    messages first.)"""
+    try:
+        if isinstance(value, BaseModel):
+            return value.model_dump(mode="json")
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return to_jsonable_python(value)
+    except (PydanticSerializationError, TypeError, ValueError):
+        pass
     return repr(value)

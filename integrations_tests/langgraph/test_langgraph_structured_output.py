@@ -172,6 +172,28 @@ def ledgers() -> Iterator[None]:
     yield
 
 
+@pytest.mark.parametrize("schema", [Resolution, ResolutionRecord])
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_final_state_gives_the_structured_response_as_its_json(strategy: str,
+                                                                schema: type) -> None:
+    """A pydantic model (or a dataclass) in the final state is its JSON dict, in the recorded
+    run and on a branch alike, so the app's rule reads ``["refund_cents"]`` from either."""
+    make, model_name = STRATEGIES[strategy]
+    app, _ = desk(make(schema), model_name=model_name)
+    run = recorded(app)
+    assert final_state(run)["structured_response"] == {"action": "refund",
+                                                       "refund_cents": GUESSED}
+    assert run.meta["final_state"]["structured_response"]["refund_cents"] == GUESSED
+    assert run.outcome is not None and run.outcome.value == 1.0  # the rule saw the failure
+    dist = car.intervene(run, LangGraphAgent(app, **DESK_TOOLS), car.do_action(0, LOOKUP),
+                         outcome=wrong_refund, rollouts=2, seed=0, progress=False)
+    assert dist.n == 2 and dist.mean == 0.0
+    for branch in dist.trajectories:
+        assert final_state(branch)["structured_response"] == {"action": "refund",
+                                                              "refund_cents": PAID}
+    assert REFUNDS == [GUESSED]  # the recorded run's only: branches were simulated
+
+
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_the_schema_tool_is_classified_so_only_real_tools_are_named(strategy: str) -> None:
     """create_agent's structured-output tools never run (its model node parses their calls):
