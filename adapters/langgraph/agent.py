@@ -31,6 +31,8 @@ with an ``InMemorySaver`` CAR supplies (``saver``; the app itself is never chang
   wrote, and guesses wrong on ``Send``-routed graphs such as ``create_agent``). ``do_action`` is
   written with ``update_state(as_node=<the step's node>)`` in the step's namespace, so the node's
   own routing runs; with a model wrapper or middleware it is returned by the model call instead.
+  A ``create_agent`` structured answer (a schema tool's call, or a text its model node parses)
+  is parsed at the model call, so forcing one needs ``CarMiddleware`` (refused without it).
   A ``Send`` task builds its model input from its payload, so there ``do_context`` replaces
   that input at the model call, and ``do_action`` / ``do_observation`` / ``do_context`` need
   ``CarChatModel`` (without it they are refused; ``do_resample`` works). The same holds at a

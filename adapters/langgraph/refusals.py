@@ -222,8 +222,10 @@ def refuse_branch(shape: AppShape, run: Trajectory, plan: BranchPlan, model: Any
     """Refuse a branch of ``run`` under ``plan`` that the app cannot run faithfully: its step
     (``refuse_step``), or a plan that needs CAR to decide the model calls (``model``: the
     ``CarChatModel`` or ``CarMiddleware`` given, or None), a policy that is no chat model,
-    forced tool results without a ``ToolNode``, or a forced input or action on a ``Send``
-    task that only ``CarChatModel`` can reach."""
+    forced tool results without a ``ToolNode``, a forced input or action on a ``Send``
+    task that only ``CarChatModel`` can reach, or a forced structured answer of
+    ``create_agent`` that only CAR deciding the call can have parsed
+    (``refuse_structured_answer``)."""
     k = plan.start
     refuse_step(shape, run, k, rebuilt)
     if plan.needs_control and model is None:
@@ -245,6 +247,8 @@ def refuse_branch(shape: AppShape, run: Trajectory, plan: BranchPlan, model: Any
                            run_id=run.id, step=min(plan.observations),
                            hint="run the graph's tools through langgraph.prebuilt.ToolNode")
     step = run.steps[k]
+    if k in plan.actions and model is None:
+        refuse_structured_answer(shape, run, k, plan.actions[k])
     if builds_input(step) and plan.changes_start and not _decided_at_call(shape, step, model):
         node = step.meta.get("node")
         if is_send_task(step.meta):
@@ -265,6 +269,37 @@ def refuse_branch(shape: AppShape, run: Trajectory, plan: BranchPlan, model: Any
                  "decide the app's other model calls too (CarMiddleware() on create_agent, or "
                  "CarChatModel), and pass that object as LangGraphAgent(app, model=...); "
                  "do_resample works there without it")
+
+
+def refuse_structured_answer(shape: AppShape, run: Trajectory, k: int, action: Any) -> None:
+    """Refuse forcing ``action`` at step ``k`` without CAR deciding the model call where
+    ``create_agent``'s model node would parse it into ``structured_response`` (a call of one of
+    its structured-output tools, or a text answer where it may use a provider's structured
+    output): written as the node's output, the forced action skips that parsing, so the
+    branch's structured response would not be the forced answer (the model node, seeing a
+    schema call unanswered, would even call the model again, live)."""
+    meta = run.steps[k].meta
+    node = meta.get("node")
+    reached = shape.reaches.get((recast(meta.get("checkpoint_ns") or ""), str(node)))
+    if reached is None or not (reached.structured or reached.answers_in_text):
+        return
+    calls = action.get("tool_calls") if isinstance(action, Mapping) else None
+    names = {str((c.get("function") or {}).get("name")) for c in calls or ()
+             if isinstance(c, Mapping)}
+    parsed = sorted(names & reached.structured)
+    if not parsed and (names or not reached.answers_in_text):
+        return  # a real tool call, or text a tool strategy's node writes as it is
+    what = (f"its call of {parsed[0]!r}" if parsed else
+            "its text answer (a provider's structured output)")
+    raise AdapterError(
+        f"step {k} is create_agent's structured answer: node {node!r} parses {what} into "
+        "structured_response, and without CAR deciding the model call a forced action is "
+        "written as the node's output, past that parsing, so the branch would never get the "
+        "forced answer as its structured_response (the model would answer again, live)",
+        run_id=run.id, step=k,
+        hint="add CarMiddleware() to create_agent(..., middleware=[...]) and pass that same "
+             "object as LangGraphAgent(app, model=...): the forced answer is then the model "
+             "call's, parsed as the app parses it; do_resample works there without it")
 
 
 def edit_reaches_call(step: Any, model: Any) -> bool:

@@ -35,6 +35,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from pydantic import BaseModel
 
 import car_core as car
+from car_core.errors import AdapterError
 
 PAID = 2500
 GUESSED = 9999
@@ -211,3 +212,38 @@ def test_the_schema_tool_is_classified_so_only_real_tools_are_named(strategy: st
     assert "structured_response" in agent.safety.derived["Resolution"]
     named = LangGraphAgent(app, **{**DESK_TOOLS, "safe_tools": ["lookup_order", "Resolution"]})
     assert "Resolution" not in named.safety.derived  # the user's word, kept
+
+
+@pytest.mark.parametrize("strategy", ["ToolStrategy", "ProviderStrategy", "raw schema"])
+def test_forcing_the_structured_answer_without_car_middleware_is_refused_before_any_branch(
+        strategy: str) -> None:
+    """Without CarMiddleware a forced action is written as the model node's output, which
+    skips create_agent's parsing of the answer: the forced answer would never become the
+    structured response (the model would answer again, live). Refused by name before any
+    branch; forcing a step that calls a real tool still works; with CarMiddleware the forced
+    answer is the branch's structured response."""
+    make, _ = STRATEGIES[strategy]
+    app, _ = desk(make(Resolution))
+    run = recorded(app)
+    last = len(run.steps) - 1
+    agent = LangGraphAgent(app, **DESK_TOOLS)
+    calls, before = len(DESK_CALLS), threads(app)
+    with pytest.raises(AdapterError, match=rf"step {last} is create_agent's structured answer"
+                                           r".*CarMiddleware\(\)") as refused:
+        car.intervene(run, agent, car.do_action(last, answer(run, PAID)),
+                      outcome=wrong_refund, rollouts=2, seed=0, progress=False)
+    assert "structured_response" in str(refused.value)
+    assert len(DESK_CALLS) == calls and threads(app) == before  # before any branch
+    dist = car.intervene(run, agent, car.do_action(0, LOOKUP), outcome=wrong_refund,
+                         rollouts=2, seed=0, progress=False)  # a real tool call: written
+    assert dist.n == 2 and dist.mean == 0.0
+
+    app, mw = desk(make(Resolution), middleware=True)
+    run = recorded(app)
+    dist = car.intervene(run, LangGraphAgent(app, model=mw, **DESK_TOOLS),
+                         car.do_action(last, answer(run, PAID)), outcome=wrong_refund,
+                         rollouts=2, seed=0, progress=False)
+    assert dist.n == 2 and dist.mean == 0.0  # the forced correct answer rescues the run
+    for branch in dist.trajectories:
+        assert branch.steps[last].meta["origin"] == "forced"
+        assert final_state(branch)["structured_response"]["refund_cents"] == PAID
