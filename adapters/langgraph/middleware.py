@@ -35,9 +35,23 @@ from .offered_tools import described, offering
 
 
 class HeldModel(BaseChatModel):
-    """A stand-in chat model that answers with one fixed message (a held step's action)."""
+    """A stand-in chat model that answers with one fixed message (a held step's action).
+
+    It carries the name and profile of the model it stands in for (``of``): ``create_agent``
+    reads them to pick a raw schema's structured-output strategy (the provider's where the
+    model supports it), and must pick for a held answer the one it picked for the recorded
+    call, or the answer is not parsed as it was."""
 
     message: AIMessage
+    model_name: str | None = None
+
+    @classmethod
+    def of(cls, message: AIMessage, model: Any) -> HeldModel:
+        """The stand-in answering ``message`` for ``model`` (the request's model)."""
+        name = (getattr(model, "model_name", None) or getattr(model, "model", None)
+                or getattr(model, "model_id", None))
+        return cls(message=message, model_name=name if isinstance(name, str) else None,
+                   profile=model.profile if isinstance(model, BaseChatModel) else None)
 
     @property
     def _llm_type(self) -> str:
@@ -66,7 +80,8 @@ class CarMiddleware(AgentMiddleware):
         k = control.take()
         if k in control.forced:
             control.steps[k] = {"origin": Origin.HELD, "model": None}
-            return request.override(model=HeldModel(message=action_message(control.forced[k])))
+            return request.override(model=HeldModel.of(action_message(control.forced[k]),
+                                                       request.model))
         model = request.model
         if control.policy is not None and k >= control.policy[0]:
             model = control.policy[1]

@@ -247,3 +247,26 @@ def test_forcing_the_structured_answer_without_car_middleware_is_refused_before_
     for branch in dist.trajectories:
         assert branch.steps[last].meta["origin"] == "forced"
         assert final_state(branch)["structured_response"]["refund_cents"] == PAID
+
+
+def test_a_held_answer_keeps_provider_output_on_a_raw_schema() -> None:
+    """A raw schema on a model create_agent knows supports provider output (``gpt-4o``)
+    answers in JSON text, parsed by ProviderStrategy. CarMiddleware answers a held or forced
+    step through a stand-in model, which carries the wrapped model's name and profile, so
+    create_agent picks the same strategy and parses the held answer as it did the record's."""
+    app, mw = desk(Resolution, model_name="gpt-4o", middleware=True)
+    run = recorded(app)
+    last = len(run.steps) - 1
+    assert run.steps[last].action["tool_calls"] == []  # answered in text, by the provider
+    agent = LangGraphAgent(app, model=mw, **DESK_TOOLS)
+    held = car.intervene(run, agent, car.do_action(last, run.steps[last].action),
+                         outcome=wrong_refund, rollouts=2, seed=0, progress=False)
+    assert held.n == 2 and held.mean == 1.0
+    forced = car.intervene(run, agent, car.do_action(last, answer(run, PAID)),
+                           outcome=wrong_refund, rollouts=2, seed=0, progress=False)
+    assert forced.n == 2 and forced.mean == 0.0
+    for branch, cents in [(b, GUESSED) for b in held.trajectories] + [
+            (b, PAID) for b in forced.trajectories]:
+        state = final_state(branch)
+        assert state["structured_response"] == {"action": "refund", "refund_cents": cents}
+        assert isinstance(state["messages"][-1], AIMessage)  # no schema tool's message
