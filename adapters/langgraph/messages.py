@@ -21,7 +21,7 @@ from langchain_core.messages import (
     convert_to_messages,
 )
 from pydantic import BaseModel
-from pydantic_core import PydanticSerializationError, to_jsonable_python
+from pydantic_core import to_jsonable_python
 
 from car_core.errors import InvalidIntervention
 
@@ -212,6 +212,6 @@ def as_json(value: Any) -> Any:
             return value.model_dump(mode="json")
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             return to_jsonable_python(value)
-    except (PydanticSerializationError, TypeError, ValueError):
-        pass
+    except Exception:  # noqa: BLE001 - a field with no JSON form, or a custom serializer's
+        pass            # own error: the repr, as every other value gets
     return repr(value)
