@@ -111,10 +111,17 @@ class BranchSession(chat_branch.BranchSession):
 class CarBranchModel(Model):
     """Serves one agent's decisions on a branch (see the module docstring)."""
 
-    def __init__(self, inner: Model, session: BranchSession, agent: str) -> None:
+    def __init__(self, inner: Model, session: BranchSession, agent: str,
+                 reset_tool_choice: bool = False) -> None:
         self.inner = inner
         self.session = session
         self.agent = agent
+        # the agent called tools in the held prefix and resets its tool_choice after one: the
+        # SDK did so on every later call of the record, but a branch's fresh Runner.run has
+        # not seen those calls, so the reset is made here, after the SDK has merged the run
+        # config's settings (a RunConfig(model_settings=...) tool_choice came back on every
+        # branch: a user trial's wrong locus)
+        self.reset_tool_choice = reset_tool_choice
 
     async def get_response(self, system_instructions: str | None, input: Any,
                            model_settings: ModelSettings, tools: list[Any], output_schema: Any,
@@ -142,6 +149,8 @@ class CarBranchModel(Model):
                                    run_id=s.run_id, step=k,
                                    hint="pass a Model instance (e.g. OpenAIChatCompletionsModel "
                                         "or car_adapters.openai_agents.ScriptedModel)")
+        if self.reset_tool_choice and model_settings.tool_choice is not None:
+            model_settings = dataclasses.replace(model_settings, tool_choice=None)
         if s.seeds:
             extra = {**(model_settings.extra_args or {}), "seed": s.noise.int_seed(k)}
             model_settings = dataclasses.replace(model_settings, extra_args=extra)
@@ -287,7 +296,8 @@ def clone_app(agents: Mapping[str, Any], models: Mapping[str, Model], session: B
     clones: dict[str, Any] = {}
     for name, a in agents.items():
         kw: dict[str, Any] = {
-            "model": CarBranchModel(models[name], session, name),
+            "model": CarBranchModel(models[name], session, name,
+                                    reset_tool_choice=name in used_tools and a.reset_tool_choice),
             "tools": [*(mcp_tools.structured(_guarded(t, session))
                         for t in (mcp or {}).get(name, ())),
                       *(_guarded(noting(t, session), session) if isinstance(t, FunctionTool)
