@@ -134,9 +134,10 @@ def _held_only(run: car.Trajectory, plan: Plan, noise: Noise, *, agent: str,
                               seed=noise.seed, agent=agent, meta=dict(run.meta))
 
 
-# meta that says how one run ended (a guardrail that stopped it), not what app it ran: a
-# branch takes it from its own live part, never from the record
-ENDING_META = ("tripwire",)
+# meta that says how one run ended (a guardrail that stopped it, the output the SDK ended it
+# with at a tool call), not what app it ran: a branch takes it from its own live part, never
+# from the record
+ENDING_META = ("tripwire", "final_output")
 
 
 def _joined(run: car.Trajectory, plan: Plan, noise: Noise, agent: str,

@@ -24,7 +24,11 @@ def final_state(run: Trajectory) -> dict[str, Any]:
 
     - ``final_output``: the last reply's text when the run completed with a reply that called
       no tool (``RunResult.final_output`` for an agent without ``output_type``; one with an
-      ``output_type`` replies in JSON: parse it with that type), else None;
+      ``output_type`` replies in JSON: parse it with that type); for a run the SDK ended at a
+      tool call (``tool_use_behavior``: ``"stop_on_first_tool"``, ``StopAtTools``, a
+      function's ``ToolsToFinalOutputResult``) the final output it ended with, as the SDK
+      hands it to run hooks (a tool's string result is that string; a function's other
+      output arrives as its ``str``); else None;
     - ``input_list``: the input items the last model call saw (as recorded), then its reply and
       tool results as plain items (``{"role": "assistant", ...}``, ``function_call``,
       ``function_call_output``): the items ``RunResult.to_input_list()`` holds, in the plain
@@ -54,7 +58,11 @@ def final_state(run: Trajectory) -> dict[str, Any]:
     replied = (run.status == RunStatus.COMPLETE and not action.get("tool_calls")
                and tripwire is None)
     context = last.meta.get("run_context")
-    return {"final_output": action.get("content") if replied else None, "input_list": items,
+    final = action.get("content") if replied else None
+    if (not replied and run.status == RunStatus.COMPLETE and tripwire is None
+            and "final_output" in run.meta):  # ended at a tool call (``CarRecorder``)
+        final = copy.deepcopy(run.meta["final_output"])
+    return {"final_output": final, "input_list": items,
             "last_agent": last.meta.get("agent"),
             "run_context": (copy.deepcopy(context.get("value")) if isinstance(context, Mapping)
                             else None),

@@ -96,6 +96,7 @@ class _RunBuf:
     listing: mcp_tools.Listing = field(default_factory=dict)  # agent -> its MCP tools
     block: _Block | None = None  # the ``recording(agent)`` block it started in
     members: frozenset[str] = frozenset()  # the agents its handoffs reach (empty: unknown)
+    final_output: Any = None  # what the SDK ended the run with (``on_agent_end``)
 
 
 @dataclass
@@ -353,6 +354,7 @@ class CarRecorder(RunHooks[Any]):
         with self._lock:
             buf = self._bufs.pop(id(context.usage), None)
         if buf is not None:
+            buf.final_output = output
             self._finish(buf, None)
 
     # -- closing runs --------------------------------------------------------------------------
@@ -392,13 +394,19 @@ class CarRecorder(RunHooks[Any]):
                     results.append(tool_result(cid, name, buf.tool_results[cid]))
             steps.append(car.Step(index=i, action=s["action"], observation=results or None,
                                   observed=bool(results), state=s["state"], meta=s["meta"]))
+        meta = {"framework": "openai-agents", "root_agent": buf.root.name,
+                "tools": {a: sorted([*ts, *buf.mcp.get(a, ())])
+                          for a, ts in tool_names(buf.root).items()},
+                "agent_fingerprint": buf.fingerprint}
+        if err is None and steps and calls_of(steps[-1].action):
+            # a run the SDK ended at a tool call (tool_use_behavior="stop_on_first_tool",
+            # StopAtTools, a function's ToolsToFinalOutputResult): its final output is no
+            # reply of the model, so it is kept as the SDK gave it (``final_state``)
+            meta["final_output"] = _jsonable(buf.final_output)
         return car.Trajectory.new(
             context=buf.context, steps=steps, agent=f"openai-agents:{buf.root.name}",
             status=RunStatus.ERROR if err is not None else RunStatus.COMPLETE,
             error=(err if isinstance(err, str) else repr(err)) if err is not None else None,
-            meta={"framework": "openai-agents", "root_agent": buf.root.name,
-                  "tools": {a: sorted([*ts, *buf.mcp.get(a, ())])
-                            for a, ts in tool_names(buf.root).items()},
-                  "agent_fingerprint": buf.fingerprint})
+            meta=meta)
 
 
