@@ -36,6 +36,7 @@ from agents.exceptions import (
     MaxTurnsExceeded,
 )
 from agents.handoffs import Handoff
+from agents.handoffs.history import get_conversation_history_wrappers
 from agents.models.interface import Model
 from agents.run import DEFAULT_MAX_TURNS
 from agents.tool import FunctionTool, HostedMCPTool, default_tool_error_function
@@ -473,6 +474,27 @@ class OpenAIAgentsAgent:
         check_recorded_tools(run, self.tool_names())
         self.contexts.check(run)
         self._check_guardrails(run)
+        self._check_nested_history(run)
+
+    def _check_nested_history(self, run: car.Trajectory) -> None:
+        """Refuse a run recorded with ``RunConfig(nest_handoff_history=True)`` (a step's input
+        holds the SDK's ``<CONVERSATION HISTORY>`` summary) for an agent whose run config does
+        not nest: after a handoff its branches would hand the next agent the raw history, and
+        a user trial's estimate named an earlier step that did not matter, with no warning."""
+        if self.run_config.nest_handoff_history:
+            return
+        start, _ = get_conversation_history_wrappers()
+        for step in run.steps:
+            for item in step.meta.get("input_items") or ():
+                content = item.get("content") if isinstance(item, dict) else None
+                if isinstance(content, str) and start in content:
+                    raise AdapterError(
+                        f"step {step.index} saw the SDK's nested handoff history ({start}): "
+                        "the run was recorded with RunConfig(nest_handoff_history=True), and "
+                        "this agent's run config does not nest it, so its branches would hand "
+                        "the next agent another history", run_id=run.id, step=step.index,
+                        hint="pass OpenAIAgentsAgent(agent, run_config=...) the RunConfig the "
+                             "app runs with")
 
     def _check_guardrails(self, run: car.Trajectory) -> None:
         """Refuse a run whose guardrails may have stopped it unseen (``guardrails``): whether
