@@ -175,6 +175,11 @@ def test_an_earlier_cause_is_listed_after_the_locus() -> None:
     assert (' — and step 3 (the agent chose {"step": 3, "choice": "bad", "final": false}) '
             f"also mattered: re-deciding it lowers P(fail) by {fmt.percent(s.effect)} "
             f"{fmt.percent_interval(s.ci)}") in said
+    # the CLI names who decided the locus; an earlier step may be another agent's (a user
+    # trial's sentence named the locus's agent for the triage agent's step 0)
+    named = fmt.answer(res, "refunds")
+    assert named.startswith("Step 6 (refunds chose ")
+    assert " — and step 3 (the agent chose " in named and "step 3 (refunds" not in named
 
 
 def test_the_shapley_result_opens_with_a_plain_sentence() -> None:

@@ -287,11 +287,14 @@ def answer(r: Any, who: str | None = None) -> str:
 
 def earlier_causes(r: Any, who: str | None = None) -> str | None:
     """The steps before the locus shown to matter too: ``step 3 (…) also mattered:
-    re-deciding it lowers P(fail) by 38% (20%–55%)``."""
+    re-deciding it lowers P(fail) by 38% (20%–55%)``. ``who`` (the locus's decider) is not
+    said of them."""
     k = _get(r, "locus")
     shown = [e for e in _get(r, "steps", ()) or () if _get(e, "significant")
              and _get(e, "step") != k and _get(e, "effect") is not None]
-    said = [f"{step_said(r, _get(e, 'step'), who)} also mattered: {_rescue_words(e)}"
+    # ``who`` decided the locus: an earlier step may be another agent's (a user trial's
+    # sentence named the refunds agent for the triage agent's step 0)
+    said = [f"{step_said(r, _get(e, 'step'))} also mattered: {_rescue_words(e)}"
             for e in sorted(shown, key=lambda e: _get(e, "step"))]
     return "; ".join(said) or None
 
