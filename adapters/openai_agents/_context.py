@@ -115,6 +115,12 @@ def _known_class(name: str, app_types: dict[str, type]) -> type | None:
     if name in app_types:
         return app_types[name]
     module, _, qualname = name.partition(":")
+    if module == "__main__":
+        # recorded by ``python my_agent.py`` and attributed with ``--agent my_agent:make``: the
+        # same class under its module's name, when the app's agents name it (``Agent[Ctx]``)
+        same = [cls for cls in app_types.values() if cls.__qualname__ == qualname]
+        if len(same) == 1:
+            return same[0]
     if "<locals>" in qualname or module not in sys.modules:
         return None  # never imported on the store's word
     obj: Any = sys.modules[module]
@@ -156,9 +162,13 @@ class ContextRebuilder:
                 raise AdapterError(
                     f"the run's context class {name} is not one this process has loaded",
                     run_id=run.id, step=step.index,
-                    hint="import the module that defines it, type the agents "
-                         "(Agent[MyContext](...)), or pass context_factory=lambda recorded: "
-                         "MyContext.model_validate(recorded)")
+                    hint=("recorded from a script run as __main__: type the agents with it "
+                          "(Agent[MyContext](...)), so it is found under its module's name, "
+                          "or pass context_factory=lambda recorded: "
+                          "MyContext.model_validate(recorded)") if name.startswith("__main__:")
+                    else ("import the module that defines it, type the agents "
+                          "(Agent[MyContext](...)), or pass context_factory=lambda recorded: "
+                          "MyContext.model_validate(recorded)"))
 
     def at(self, run: car.Trajectory, k: int) -> Any:
         """A fresh context equal to the one step ``k`` was decided with (None: no context)."""
