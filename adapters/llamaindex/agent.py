@@ -76,7 +76,7 @@ from .recorder import (
     is_agent_workflow,
     tool_names,
 )
-from .store_state import STORE_KEY, recorded, restore, writes
+from .store_state import STORE_KEY, app_modules, recorded, resolved, restore, writes
 
 MEMORY_TOKENS = 10**9  # the re-entered history must reach the model whole
 # LlamaIndex's own scripted LLMs, which answer in-process.
@@ -340,13 +340,26 @@ class LlamaIndexAgent:
         return await areentered(run, plan, noise, agent=self.name, safety=self.safety,
                                 live=lambda k: self._live(run, plan, noise, k))
 
+    def preflight(self, run: car.Trajectory) -> None:
+        """Before any branch: the run's tools are the app's, and every class its workflow
+        store holds can be rebuilt here (``store_state.resolved``)."""
+        check_recorded_tools(run, tool_names(self.workflow))
+        for step in run.steps:
+            values = step.meta.get(STORE_KEY)
+            if isinstance(values, dict):
+                self._store(values, run.id, step.index)
+
+    def _store(self, values: Any, run_id: str, step: int) -> Any:
+        return resolved(values, app_modules(self._agents().values()), run_id=run_id,
+                        step=step)
+
     async def _live(self, run: car.Trajectory, plan: Plan, noise: Noise, k: int
                     ) -> tuple[list[car.Step], car.Trajectory]:
         """The steps from ``k`` on, in their places, and the run that collected them."""
         check_recorded_tools(run, tool_names(self.workflow))
         _check_memory_kept(run, k)
         state, active = self._state(run, k)
-        store = recorded(run.step(k).meta, run_id=run.id, step=k)
+        store = self._store(recorded(run.step(k).meta, run_id=run.id, step=k), run.id, k)
         descriptions: dict[str, str] = {}
         if k in plan.context_edits:
             given = apply_edit(plan.context_edits[k], state_of(run, k), run_id=run.id, step=k)
@@ -387,7 +400,7 @@ class LlamaIndexAgent:
         session = BranchSession(plan, noise, k, self.safety, recorded_calls(run.steps), run.id,
                                 {})
         state, active = self._state(run, k)
-        store = recorded(run.step(k).meta, run_id=run.id, step=k)
+        store = self._store(recorded(run.step(k).meta, run_id=run.id, step=k), run.id, k)
         return run_sync(lambda: self._drive(state, active, run, session, store=store,
                                             stop_after_first=True)).steps[0].action
 

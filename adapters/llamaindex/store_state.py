@@ -21,7 +21,9 @@ store before the next (``writes``); a branch's identical call replays it (``repl
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable, Mapping
+from types import ModuleType
 from typing import Any
 
 from llama_index.core.workflow import JsonSerializer
@@ -97,6 +99,52 @@ def recorded(meta: Mapping[str, Any], *, run_id: str, step: int) -> dict[str, An
             hint="record the run again with car_adapters.llamaindex.CarRecorder on an "
                  "in-memory workflow Context")
     return values
+
+
+def resolved(values: Any, modules: Iterable[ModuleType], *, run_id: str, step: int) -> Any:
+    """``values`` (a recorded store) with each pydantic value's class named so this process
+    finds it. A run recorded by ``python my_app.py`` names its classes ``__main__.Order``;
+    attributed through the module (``car attribute --agent my_app:make``), ``__main__`` is
+    another program, and a user trial's branches raised "Attribute Order not found in module
+    __main__" after eight had run. Such a class is looked up in ``modules`` (the app's: where
+    its tools and agents are defined) and refused, before any branch, where none has it."""
+    if isinstance(values, list):
+        return [resolved(v, modules, run_id=run_id, step=step) for v in values]
+    if not isinstance(values, dict):
+        return values
+    out = {k: resolved(v, modules, run_id=run_id, step=step) for k, v in values.items()}
+    name = out.get("qualified_name")
+    if not out.get("__is_pydantic") or not isinstance(name, str):
+        return out
+    module, _, cls = name.rpartition(".")
+    if module != "__main__" or isinstance(getattr(sys.modules.get(module), cls, None), type):
+        return out
+    found = {m.__name__ for m in modules if isinstance(getattr(m, cls, None), type)}
+    if len(found) != 1:
+        raise AdapterError(
+            f"step {step}'s ctx.store holds a {name}, recorded by a script run as __main__, "
+            "and " + ("no module of the app defines a class " if not found else
+                      f"several modules of the app ({sorted(found)}) define a class ")
+            + f"{cls!r}, so a branch cannot rebuild it", run_id=run_id, step=step,
+            hint="define the class in a module the app imports (my_app.py's classes are "
+                 "found when the agent factory lives there too), then record the run again")
+    out["qualified_name"] = f"{found.pop()}.{cls}"
+    return out
+
+
+def app_modules(agents: Iterable[Any]) -> list[ModuleType]:
+    """The modules an app is defined in: its agents' and their models' classes', and its
+    tools' functions' (sync and async)."""
+    names: dict[str, None] = {}
+    for agent in agents:
+        names[type(agent).__module__] = None
+        names[type(getattr(agent, "llm", None)).__module__] = None
+        for tool in getattr(agent, "tools", None) or ():
+            for fn in (getattr(tool, "fn", None), getattr(tool, "async_fn", None)):
+                module = getattr(fn, "__module__", None)
+                if isinstance(module, str):
+                    names[module] = None
+    return [sys.modules[n] for n in names if n in sys.modules]
 
 
 async def restore(ctx: Any, values: Mapping[str, Any]) -> None:

@@ -307,6 +307,63 @@ def test_a_pydantic_value_in_the_store_comes_back_as_the_same_model(recorder: An
                for t in dist.trajectories)
 
 
+def _as_if_from_main(run: car.Trajectory, cls: str) -> car.Trajectory:
+    """``run`` as a script run as ``__main__`` records it: its store's classes under
+    ``__main__.<cls>``."""
+    def renamed(value: Any) -> Any:
+        if isinstance(value, dict):
+            out = {k: renamed(v) for k, v in value.items()}
+            if "qualified_name" in out:
+                out["qualified_name"] = f"__main__.{cls}"
+            return out
+        return [renamed(v) for v in value] if isinstance(value, list) else value
+    steps = [replace(st, meta=renamed(st.meta), digest="") for st in run.steps]
+    return car.Trajectory.new(context=run.context, steps=steps, agent=run.agent,
+                              meta=dict(run.meta))
+
+
+@pytest.mark.parametrize("cls", ["Ticket", "Missing"])
+def test_a_store_class_recorded_under_main_is_found_in_the_app_or_refused(
+        recorder: Any, cls: str) -> None:
+    """Recorded by ``python my_app.py`` and attributed with ``--agent my_app:make``, the store
+    names ``__main__.Ticket``: a user trial's branches raised "Attribute Order not found in
+    module __main__" after eight had run. The class is found in the module the app's tools
+    are defined in, or refused by name before any model call."""
+    def decide(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> Any:
+        if messages[-1]["role"] != "tool":
+            return call("t0", "open_ticket", {})
+        if messages[-1].get("name") == "open_ticket":
+            return call("t1", "read_priority", {})
+        return "priority " + messages[-1]["content"]
+
+    async def open_ticket(ctx: Context) -> str:
+        """Open ticket 7."""
+        await ctx.store.set("ticket", Ticket(number=7, priority="high"))
+        return "opened"
+
+    async def read_priority(ctx: Context) -> str:
+        """Read the ticket's priority."""
+        ticket = await ctx.store.get("ticket")
+        return f"{type(ticket).__name__} {ticket.number}: {ticket.priority}"
+
+    llm = ScriptedLLM(decide)
+    agent = FunctionAgent(tools=[open_ticket, read_priority], llm=llm, system_prompt="Triage.")
+    run_async(lambda: agent.run(user_msg="go"))
+    run = _as_if_from_main(recorder.run, cls)
+    branches = LlamaIndexAgent(agent, safe_tools=["open_ticket", "read_priority"])
+    if cls == "Missing":
+        calls = llm.calls
+        with pytest.raises(AdapterError, match=r"__main__\.Missing.*no module of the app"):
+            car.intervene(run, branches, car.do_resample(1), outcome=lambda r: False,
+                          rollouts=2)
+        assert llm.calls == calls
+        return
+    dist = car.intervene(run, branches, car.do_resample(1), outcome=lambda r: False,
+                         rollouts=2, seed=0)
+    assert all(tool_results(t, "read_priority") == ["Ticket 7: high"]
+               for t in dist.trajectories)
+
+
 def test_a_store_value_the_serializer_cannot_write_is_refused_by_name(recorder: Any) -> None:
     def decide(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> Any:
         return "done" if messages[-1]["role"] == "tool" else call("c0", "open_session", {})
