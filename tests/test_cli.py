@@ -4,13 +4,13 @@ status, stdout and stderr."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 import os
 import re
 import sqlite3
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
