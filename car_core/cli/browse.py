@@ -54,23 +54,26 @@ def _print_runs(rows: list[dict[str, Any]], store: str, json_out: bool,
     table = []
     for r in rows:
         created = datetime.fromtimestamp(r["created_at"] or 0, UTC)
-        table.append([str(r["id"]), created.strftime("%Y-%m-%d %H:%M:%S"), str(r["agent"]),
-                      str(r["status"]), _outcome_cell(r["outcome"]), str(r["n_steps"]),
-                      "—" if r["seed"] is None else str(r["seed"])])
+        table.append([kit.safe(str(c)) for c in (
+            r["id"], created.strftime("%Y-%m-%d %H:%M:%S"), r["agent"], r["status"],
+            _outcome_cell(r["outcome"]), r["n_steps"], "—" if r["seed"] is None else r["seed"])])
     # the input column is the one a narrow terminal shortens; the others keep their width
+    # where they fit (else they wrap, as they always did, and the input is left out)
     widths = [max(len(col), *(len(cells[i]) for cells in table)) for i, col in enumerate(fixed)]
+    fits = kit.table_width(widths) <= out.width
     for col, width in zip(fixed, widths, strict=True):
         t.add_column(col, justify="right" if col in ("outcome", "steps", "seed") else "left",
-                     no_wrap=True, min_width=width)
+                     no_wrap=fits or col == "id", min_width=width if fits else
+                     16 if col == "id" else None)
     tests = any(r.get("test") for r in rows)  # recorded by the pytest plugin: say by which test
     if tests:
         t.add_column("test", overflow="fold")
     room = out.width - kit.table_width([*widths, INPUT_LEAST]) + INPUT_LEAST
-    inputs = not tests and room >= INPUT_LEAST
+    inputs = fits and not tests and room >= INPUT_LEAST
     if inputs:
         t.add_column("input", no_wrap=True, overflow="ellipsis", max_width=min(room, 40))
     for r, cells in zip(rows, table, strict=True):
-        t.add_row(*map(kit.cell, cells), *([kit.cell(r.get("test") or "—")] if tests else []),
+        t.add_row(*map(Text, cells), *([kit.cell(r.get("test") or "—")] if tests else []),
                   *([kit.cell(r.get("input") or "—")] if inputs else []))
     out.print(t)
 

@@ -2,7 +2,8 @@
 
 ``car runs`` lists runs by id, time and outcome; thirty runs of an eval set recorded at once
 share a second, and a user trial had to open each with ``car show`` to find which input it
-was. The store's run summaries carry this as ``input``."""
+was. A run is saved with it in its sealed header, and the store's run summaries carry it as
+``input`` (None for a run saved before)."""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ from typing import Any
 from car_core.errors import CarError, CorruptAttribution, CorruptRun, InvalidInput
 from car_core.fix_results import FIX_METHOD
 from car_core.model.json_values import dumps, loads
+from car_core.model.run_input import run_input
 from car_core.model.trajectory import Trajectory
 from car_core.model.vocabulary import AttributionStatus
 from car_core.results import Result, result_from_dict
@@ -48,6 +49,9 @@ def run_rows(run: Trajectory, attribution_id: str | None = None
               "lineage": lineage.to_dict() if lineage else None,
               "meta": redact_json(run.meta),  # error texts and meta may quote a key
               "error": redact(run.error) if run.error else run.error}
+    asked = run_input(run.context)
+    if asked is not None:  # what ``car runs`` lists it by, sealed with the row
+        header["input"] = redact(asked)
     row = {"id": run.id, "parent_id": lineage.parent_id if lineage else None,
            "attribution_id": attribution_id or (lineage.attribution_id if lineage else None),
            "arm": lineage.arm if lineage else None,

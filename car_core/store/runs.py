@@ -28,7 +28,6 @@ from car_core.errors import (
     StoreReadOnly,
 )
 from car_core.model.json_values import dumps, loads
-from car_core.model.run_input import run_input
 from car_core.model.trajectory import Trajectory
 from car_core.model.vocabulary import AttributionStatus
 from car_core.results import Result
@@ -186,7 +185,7 @@ class RunStore:
         """Like ``runs``, but a damaged row does not hide the others: the intact summaries,
         and ``(id, what is wrong)`` for each row whose seal or types do not check."""
         where = "" if branches else "WHERE parent_id IS NULL"
-        sql = (f"SELECT {', '.join(SEALED_COLUMNS)}, header, context FROM runs {where} "
+        sql = (f"SELECT {', '.join(SEALED_COLUMNS)}, header FROM runs {where} "
                "ORDER BY created_at DESC, rowid DESC")
         if limit:
             sql += f" LIMIT {min(int(limit), 2**63 - 1)}"
@@ -202,14 +201,17 @@ class RunStore:
             if wrong is None:
                 summary = {k: row[k] for k in keys}
                 if keys is SUMMARY_COLUMNS:  # which test recorded it, from the sealed header
-                    meta = loads(row["header"] or "{}").get("meta") or {}
+                    header = loads(row["header"] or "{}")
+                    meta = header.get("meta") or {}
                     test = meta.get("test") if isinstance(meta, dict) else None
                     summary["test"] = test if isinstance(test, str) else None
                     session = meta.get("test_session") if isinstance(meta, dict) else None
                     if isinstance(session, str):  # the pytest session that recorded it
                         summary["test_session"] = session
-                    # what it was asked: an eval set's runs recorded at once share a second
-                    summary["input"] = _input(row.get("context"))
+                    # what it was asked (sealed in the header when it was saved): an eval
+                    # set's runs recorded at once share a second
+                    asked = header.get("input")
+                    summary["input"] = asked if isinstance(asked, str) else None
                 intact.append(summary)
             else:
                 damaged.append((shown_id(row.get("id")), wrong))
@@ -447,13 +449,3 @@ setattr(RunStore, "list", _deprecated_list)  # noqa: B010
 
 
 __all__ = ["MIGRATIONS", "Attribution", "RunStore", "damaged_rows"]
-
-
-def _input(stored: Any) -> str | None:
-    """A summary's ``input`` (``run_input``) from the stored context; None where it does not
-    read (the run's own seal check, at load, names a damaged one)."""
-    try:
-        return run_input(loads(stored)) if isinstance(stored, str) else None
-    except ValueError:
-        return None
-
