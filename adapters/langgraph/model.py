@@ -130,6 +130,19 @@ class CarChatModel(BaseChatModel):
     def model_post_init(self, context: Any, /) -> None:
         super().model_post_init(context)
         redact.register_from(self.inner)  # its key, headers and URL userinfo are never written
+        if self.profile is None:  # what create_agent reads, with ``model_name``, to pick
+            self.profile = self.inner.profile  # a raw schema's structured-output strategy
+
+    @property
+    def model_name(self) -> str | None:
+        """The wrapped model's name: ``create_agent(response_format=Schema)`` uses the
+        provider's structured output for a model it knows supports it (``gpt-4o``), and the
+        wrapper must not turn that into the tool strategy the unwrapped app does not use."""
+        for key in ("model_name", "model", "model_id"):
+            name = getattr(self.inner, key, None)
+            if isinstance(name, str) and name:
+                return name
+        return None
 
     @property
     def _llm_type(self) -> str:

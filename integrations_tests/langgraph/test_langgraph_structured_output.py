@@ -25,7 +25,13 @@ from typing import Any
 
 import pytest
 from car_adapters.demo.planted import SeededChatModel
-from car_adapters.langgraph import CarCallback, CarMiddleware, LangGraphAgent, final_state
+from car_adapters.langgraph import (
+    CarCallback,
+    CarChatModel,
+    CarMiddleware,
+    LangGraphAgent,
+    final_state,
+)
 from langchain.agents import create_agent
 from langchain.agents.structured_output import ProviderStrategy, ToolStrategy
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
@@ -270,3 +276,23 @@ def test_a_held_answer_keeps_provider_output_on_a_raw_schema() -> None:
         state = final_state(branch)
         assert state["structured_response"] == {"action": "refund", "refund_cents": cents}
         assert isinstance(state["messages"][-1], AIMessage)  # no schema tool's message
+
+
+def test_the_wrapped_model_answers_a_raw_schema_as_the_unwrapped_one_does() -> None:
+    """``create_agent(CarChatModel(inner=model), response_format=Schema)`` picks the strategy
+    the unwrapped app picks: the provider's structured output on a model create_agent knows
+    supports it. The wrapper had no model name or profile, so the wrapped app answered through
+    the schema tool: recorded and branched alike, but not the app the user runs unwrapped."""
+    def last_answer(model: Any) -> AIMessage:
+        app = create_agent(model, [lookup_order, issue_refund], response_format=Resolution,
+                           checkpointer=InMemorySaver())
+        out = app.invoke({"messages": [{"role": "user", "content": "Order A-17 broke."}]},
+                         {"configurable": {"thread_id": uuid.uuid4().hex}})
+        assert out["structured_response"] is not None
+        return [m for m in out["messages"] if isinstance(m, AIMessage)][-1]
+
+    plain = last_answer(Desk(model_name="gpt-4o", schema_name="Resolution"))
+    wrapped = last_answer(CarChatModel(inner=Desk(model_name="gpt-4o",
+                                                  schema_name="Resolution")))
+    assert not plain.tool_calls and json.loads(str(plain.content))  # the provider's JSON
+    assert (wrapped.tool_calls, wrapped.content) == (plain.tool_calls, plain.content)
