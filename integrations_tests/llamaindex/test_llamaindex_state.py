@@ -277,26 +277,35 @@ class Ticket(BaseModel):
     priority: str
 
 
+def _decide_ticket(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> Any:
+    if messages[-1]["role"] != "tool":
+        return call("t0", "open_ticket", {})
+    if messages[-1].get("name") == "open_ticket":
+        return call("t1", "read_priority", {})
+    return "priority " + messages[-1]["content"]
+
+
+async def open_ticket(ctx: Context) -> str:
+    """Open ticket 7."""
+    await ctx.store.set("ticket", Ticket(number=7, priority="high"))
+    return "opened"
+
+
+async def read_priority(ctx: Context) -> str:
+    """Read the ticket's priority."""
+    ticket = await ctx.store.get("ticket")
+    return f"{type(ticket).__name__} {ticket.number}: {ticket.priority}"
+
+
+def _ticket_desk() -> tuple[FunctionAgent, ScriptedLLM]:
+    """An agent that keeps a ``Ticket`` in ``ctx.store`` and reads it back, and its LLM."""
+    llm = ScriptedLLM(_decide_ticket)
+    return FunctionAgent(tools=[open_ticket, read_priority], llm=llm,
+                         system_prompt="Triage."), llm
+
+
 def test_a_pydantic_value_in_the_store_comes_back_as_the_same_model(recorder: Any) -> None:
-    def decide(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> Any:
-        if messages[-1]["role"] != "tool":
-            return call("t0", "open_ticket", {})
-        if messages[-1].get("name") == "open_ticket":
-            return call("t1", "read_priority", {})
-        return "priority " + messages[-1]["content"]
-
-    async def open_ticket(ctx: Context) -> str:
-        """Open ticket 7."""
-        await ctx.store.set("ticket", Ticket(number=7, priority="high"))
-        return "opened"
-
-    async def read_priority(ctx: Context) -> str:
-        """Read the ticket's priority."""
-        ticket = await ctx.store.get("ticket")
-        return f"{type(ticket).__name__} {ticket.number}: {ticket.priority}"
-
-    agent = FunctionAgent(tools=[open_ticket, read_priority], llm=ScriptedLLM(decide),
-                          system_prompt="Triage.")
+    agent, _ = _ticket_desk()
     run_async(lambda: agent.run(user_msg="go"))
     run = recorder.run
     assert tool_results(run, "read_priority") == ["Ticket 7: high"]
@@ -329,25 +338,7 @@ def test_a_store_class_recorded_under_main_is_found_in_the_app_or_refused(
     names ``__main__.Ticket``: a user trial's branches raised "Attribute Order not found in
     module __main__" after eight had run. The class is found in the module the app's tools
     are defined in, or refused by name before any model call."""
-    def decide(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> Any:
-        if messages[-1]["role"] != "tool":
-            return call("t0", "open_ticket", {})
-        if messages[-1].get("name") == "open_ticket":
-            return call("t1", "read_priority", {})
-        return "priority " + messages[-1]["content"]
-
-    async def open_ticket(ctx: Context) -> str:
-        """Open ticket 7."""
-        await ctx.store.set("ticket", Ticket(number=7, priority="high"))
-        return "opened"
-
-    async def read_priority(ctx: Context) -> str:
-        """Read the ticket's priority."""
-        ticket = await ctx.store.get("ticket")
-        return f"{type(ticket).__name__} {ticket.number}: {ticket.priority}"
-
-    llm = ScriptedLLM(decide)
-    agent = FunctionAgent(tools=[open_ticket, read_priority], llm=llm, system_prompt="Triage.")
+    agent, llm = _ticket_desk()
     run_async(lambda: agent.run(user_msg="go"))
     run = _as_if_from_main(recorder.run, cls)
     branches = LlamaIndexAgent(agent, safe_tools=["open_ticket", "read_priority"])
