@@ -287,7 +287,7 @@ class OpenAIAgentsAgent:
                 return self._listing
             listing, loop = mcp_tools.listed(self.agents)
             static = [t for a in self.agents.values() for t in a.tools or ()]
-            reach = agent_tools.inside(self.agents)
+            reach = agent_tools.inside(self.agents, self.run_config)
             known = sorted({n for names in self.tool_names(listing).values() for n in names}
                            | agent_tools.inner_names(reach))
             derived = mcp_tools.derived(static, listing)
@@ -304,7 +304,9 @@ class OpenAIAgentsAgent:
                     "this app uses features CAR cannot replay: " + "; ".join(nested),
                     hint="name each such agent tool in side_effect_tools (a branch answers it "
                          "from the record, and its agent does not run), or name every tool of "
-                         "its agents in safe_tools if they only read")
+                         "its agents in safe_tools if they only read; a guardrail runs on "
+                         "branches with nothing to answer it from, so take the side effect out "
+                         "of its agent")
             gated = sorted({t.name for t in [*static, *(t for ts in listing.values() for t in ts)]
                             if isinstance(t, FunctionTool) and mcp_tools.needs_approval(t)
                             and not safety.guards(t.name)})

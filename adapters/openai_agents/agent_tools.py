@@ -7,18 +7,24 @@ its agent for real. A user trial's orchestrator, its agent tool named safe, sent
 e-mails from one attribution through the nested agent's ``send_email``. So each agent tool a
 branch may run is checked before any branch (``live_inside``): every tool its nested agents
 can call must itself be known safe, or the agent tool must be answered from the record
-(``side_effect_tools``), where its agent never runs."""
+(``side_effect_tools``), where its agent never runs.
+
+A guardrail's function may run an agent the same way (the SDK's judge example), and a branch
+runs the guardrail again (input guardrails from step 0, output guardrails on every branch)
+with nothing to answer it from: the agents it names are checked like an agent tool's, and
+never answered from the record (``guardrails.judges``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agents.tool import FunctionTool
 
 from ..common.messages import SIDE_EFFECT, Classified
 from .app import agents_of
+from .guardrails import judges
 
 
 def nested_agent(tool: Any) -> Any:
@@ -37,24 +43,28 @@ class Inside:
     agents: tuple[str, ...]
     tools: tuple[str, ...]
     unsupported: tuple[str, ...]
+    guardrail: bool = False  # a guardrail's agents: run on branches, never answered
 
 
-def inside(agents: Mapping[str, Any]) -> dict[str, Inside]:
-    """Every agent tool of the app's agents, by tool name, with what its call can reach."""
+def inside(agents: Mapping[str, Any], run_config: Any = None) -> dict[str, Inside]:
+    """Every agent tool of the app's agents, by tool name, and every guardrail that runs an
+    agent, by its label, with what its call can reach."""
     out: dict[str, Inside] = {}
     for a in agents.values():
         for t in a.tools or ():
             root = nested_agent(t)
             if root is not None:
-                out[str(t.name)] = _reach(str(t.name), root)
+                out[str(t.name)] = _reach(str(t.name), [root])
+    for name, roots in judges(agents, run_config).items():
+        out[name] = replace(_reach(name, roots), guardrail=True)
     return out
 
 
-def _reach(name: str, root: Any) -> Inside:
+def _reach(name: str, roots: list[Any]) -> Inside:
     seen: dict[str, Any] = {}
     tools: set[str] = set()
     odd: list[str] = []
-    todo = [root]
+    todo = list(roots)
     while todo:
         for agent_name, a in agents_of(todo.pop()).items():
             if agent_name in seen:
@@ -84,7 +94,7 @@ def answered_inside(reach: Mapping[str, Inside], answered: Iterable[str]
     names = set(answered)
     out: dict[str, list[Classified]] = {}
     for r in reach.values():
-        if r.tool in names:
+        if r.tool in names and not r.guardrail:
             for n in r.tools:
                 out.setdefault(n, []).append(Classified(
                     SIDE_EFFECT, f"it runs only inside agent tool {r.tool!r}, which branches "
@@ -99,14 +109,16 @@ def live_inside(reach: Mapping[str, Inside], guards: Any, safe: Iterable[str]) -
     ok = set(safe)
     out = []
     for r in reach.values():
-        if guards(r.tool):
+        if not r.guardrail and guards(r.tool):
             continue
         effects = [n for n in r.tools if guards(n) or n not in ok]
         if effects or r.unsupported:
             what = (f"side-effect or unclassified tools {effects}" if effects else "")
             odd = "; ".join(r.unsupported)
-            out.append(f"agent tool {r.tool!r} would run agent(s) {list(r.agents)} live on a "
-                       f"branch, which call{'' if len(r.agents) > 1 else 's'} "
+            who = (f"{r.tool} runs agent(s) {list(r.agents)} on branches" if r.guardrail
+                   else f"agent tool {r.tool!r} would run agent(s) {list(r.agents)} live on a "
+                        "branch")
+            out.append(f"{who}, which call{'' if len(r.agents) > 1 else 's'} "
                        f"{what}{' and ' if what and odd else ''}{odd}: a branch cannot guard "
                        "tools inside a nested run")
     return out

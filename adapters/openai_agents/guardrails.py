@@ -110,4 +110,76 @@ def _watched(fn: Callable[..., Any], kind: str, name: str) -> Callable[..., Any]
     return run
 
 
-__all__ = ["TRIPS", "TRIPWIRES", "label", "tripwire_of", "unseen_guardrails", "watch"]
+def judges(agents: Mapping[str, Any], run_config: Any) -> dict[str, list[Any]]:
+    """The agents each guardrail of the app runs, by its ``label``: an input guardrail runs
+    again on branches from step 0 and every output guardrail on every branch, and the agent a
+    guardrail's function runs (the SDK's own example: a judge agent, ``Runner.run(judge, ...)``)
+    runs there with its own tools, which a branch cannot guard. A user trial's judge filed 76
+    real audit alerts from one attribution. The agents are found where the function names
+    them (``named_agents``)."""
+    out: dict[str, list[Any]] = {}
+    for kind, g in _guardrails(agents, list(agents.values()), run_config):
+        found = named_agents(getattr(g, "guardrail_function", None))
+        if found:
+            out.setdefault(label(kind, g), []).extend(found)
+    return out
+
+
+def named_agents(fn: Any) -> list[Any]:
+    """The ``Agent`` objects a function names: module globals its code (inner functions and
+    lambdas included) refers to, its closure, its defaults, the instance of a bound method,
+    and the same through the functions of its own module it calls. An agent reached some other
+    way (built inside the call, or behind another module's function) is not seen."""
+    from agents import Agent
+
+    found: dict[int, Any] = {}
+    seen: set[int] = set()
+    todo = [fn]
+    while todo:
+        f = todo.pop()
+        if not callable(f) or id(f) in seen:
+            continue
+        seen.add(id(f))
+        f = inspect.unwrap(f)
+        values: list[Any] = []
+        owner = getattr(f, "__self__", None)  # a bound method: what its instance holds
+        if owner is not None and hasattr(owner, "__dict__"):
+            values += vars(owner).values()
+        f = getattr(f, "__func__", f)
+        if inspect.isfunction(f):
+            scope = f.__globals__
+            values += [scope[n] for n in _names(f.__code__) if n in scope]
+            values += [c.cell_contents for c in f.__closure__ or () if _filled(c)]
+            values += [*(f.__defaults__ or ()), *(f.__kwdefaults__ or {}).values()]
+        elif hasattr(f, "__dict__"):  # a callable object: its attributes and its __call__
+            values += vars(f).values()
+            todo.append(type(f).__dict__.get("__call__"))
+        for v in values:
+            if isinstance(v, Agent):
+                found[id(v)] = v
+            elif inspect.isfunction(v) and v.__globals__ is getattr(f, "__globals__", None):
+                todo.append(v)
+    return list(found.values())
+
+
+def _names(code: Any) -> set[str]:
+    """The global names a code object and the code nested in it (functions, lambdas) use."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            names |= _names(const)
+    return names
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        return cell.cell_contents is not _EMPTY
+    except ValueError:  # a closure variable not yet assigned
+        return False
+
+
+_EMPTY = object()
+
+
+__all__ = ["TRIPS", "TRIPWIRES", "judges", "label", "named_agents", "tripwire_of",
+           "unseen_guardrails", "watch"]
