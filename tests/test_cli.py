@@ -73,16 +73,21 @@ def test_runs_lists_the_stored_run_as_a_table_and_json(pivot_store):
 def test_runs_say_what_each_run_was_asked_without_squeezing_the_other_columns(
         tmp_path, pivot_run):
     """Thirty runs of an eval set recorded at once share a second: a user trial had to open
-    each with ``car show`` to find its input. The first user message is the ``input``
-    (``--json`` too); a terminal too narrow for it leaves it out, never cutting the ids."""
+    each with ``car show`` to find its input. The last user message is the ``input``
+    (``--json`` too): a turn of a conversation starts from the history before it, and a user
+    trial's three turns of one session all showed the first turn's message. A terminal too
+    narrow for it leaves it out, never cutting the ids."""
     contexts = {"asks-as-text": "Refund order 7, please",
                 "asks-in-messages": {"messages": [
                     {"role": "system", "content": "You are a desk."},
                     {"role": "user", "content": "Where is\norder 8?"}]},
                 "asks-in-items": [{"role": "user", "content": [
-                    {"type": "input_text", "text": "Cancel order 9"}]}]}
+                    {"type": "input_text", "text": "Cancel order 9"}]}],
+                "asks-in-a-turn": [{"role": "user", "content": "My order is 10"},
+                                   {"role": "assistant", "content": "Noted."},
+                                   {"role": "user", "content": "Refund it"}]}
     want = {"asks-as-text": "Refund order 7, please", "asks-in-messages": "Where is order 8?",
-            "asks-in-items": "Cancel order 9"}
+            "asks-in-items": "Cancel order 9", "asks-in-a-turn": "Refund it"}
     with RunStore(tmp_path / "car.db") as s:
         for rid, context in contexts.items():
             s.save(Trajectory.new(context=context, id=rid, agent=pivot_run.agent,

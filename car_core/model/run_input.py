@@ -1,9 +1,11 @@
-"""What a run was asked, in a few words: the first user message of its context.
+"""What a run was asked, in a few words: the last user message of its context.
 
 ``car runs`` lists runs by id, time and outcome; thirty runs of an eval set recorded at once
 share a second, and a user trial had to open each with ``car show`` to find which input it
 was. A run is saved with it in its sealed header, and the store's run summaries carry it as
-``input`` (None for a run saved before)."""
+``input`` (None for a run saved before). The last user message, not the first: a turn of a
+conversation starts from the history before it (an OpenAI Agents session, a chat thread), and
+a user trial's three turns of one session all showed the first turn's message."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ _REQUEST_KEYS = ("input", "user_msg", "query", "question", "task", "prompt", "me
 
 
 def run_input(context: Any) -> str | None:
-    """The request a run started from: a string context itself, else the first user message
+    """The request a run started from: a string context itself, else the last user message
     (OpenAI-style dicts, in a list or under ``messages``), else a string under a usual key;
     a context none of these fits is shown as compact JSON. At most ``INPUT_CHARS``."""
     text = _request(context)
@@ -34,7 +36,7 @@ def _request(context: Any) -> str | None:
     if isinstance(context, str):
         return context
     if isinstance(context, list):
-        for m in context:
+        for m in reversed(context):
             if isinstance(m, Mapping) and m.get("role") == "user":
                 return _content(m.get("content"))
         return None
