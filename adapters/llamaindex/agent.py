@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.memory import ChatMemoryBuffer
 from llama_index.core.tools import BaseTool, FunctionTool
 from llama_index.core.workflow import Context, Workflow
@@ -134,6 +135,23 @@ def _leading_systems(messages: list[dict[str, Any]]
     while at < len(messages) and messages[at]["role"] == "system":
         at += 1
     return [str(m.get("content") or "") for m in messages[:at]], messages[at:]
+
+
+def _memory_systems(agent: Any, systems: list[str]) -> list[dict[str, Any]]:
+    """The leading system messages the app's memory wrote (a memory block, a system message
+    it holds), which every agent of the workflow is given after its own prompt: they go in
+    the branch's history, so an agent a handoff reaches on the branch sees them too (a user
+    trial's payments agent lost the memory's "allowance is $250" after the handoff, and CAR
+    named a step with a 100% rescue that had none). A ``FunctionAgent`` writes one system
+    message, its prompt, first; with another agent (a ReAct header) all stay its own."""
+    prompt = getattr(agent, "system_prompt", None)
+    if prompt and systems[:1] == [prompt]:
+        rest = systems[1:]
+    elif not prompt and isinstance(agent, FunctionAgent):
+        rest = systems
+    else:
+        rest = []
+    return [{"role": "system", "content": text} for text in rest]
 
 
 def _check_memory_kept(run: car.Trajectory, k: int) -> None:
@@ -446,6 +464,7 @@ class LlamaIndexAgent:
             # this branch's alone, for its active agent, every one in order: in place of the
             # agent's own (an edit may add an instruction after the prompt, or remove it)
             session.system[str(active)] = systems
+            messages = [*_memory_systems(target, systems), *messages]
         session.as_recorded = store is not None
         root = getattr(self.workflow, "root_agent", None)
         max_iter = 1 if stop_after_first else self.max_iterations
