@@ -76,6 +76,10 @@ with an ``InMemorySaver`` CAR supplies (``saver``; the app itself is never chang
   so branches on one loop never see each other's. When the app's model waits on a server
   (``prefers_concurrency``), estimates default to the asyncio executor; in-process models
   keep the sequential one.
+- **What the run was invoked with** besides its input (``invocation``): its configurable keys
+  and runtime context, as the callback recorded them, under ``configurable=`` / ``context=``;
+  a run whose context or keys the record could not keep, and that were not given, is refused
+  before any branch.
 - ``import_thread(thread_id)`` rebuilds the trajectory the callback would have recorded from the
   checkpoint history of every namespace; ``attribute_thread`` imports and attributes in one call.
 - **Stops for a person.** An app compiled with ``interrupt_before`` / ``interrupt_after`` on a
@@ -129,6 +133,7 @@ from .fingerprint import app_fingerprint
 from .guard import Guard, guarding
 from .importer import import_thread
 from .interrupts import refuse_interrupts, stopped
+from .invocation import NOT_GIVEN, Invocation, context_schema
 from .messages import action_message, to_dict
 from .middleware import CarMiddleware
 from .model import CarChatModel, Control, controlling, seedable, waits_on_server
@@ -194,7 +199,9 @@ class LangGraphAgent:
                  node_tools: Iterable[str | BaseTool] = (),
                  messages_key: str = MESSAGES_KEY, keep_branches: bool = False,
                  recursion_limit: int = 50, name: str | None = None,
-                 unclassified: str = "refuse") -> None:
+                 unclassified: str = "refuse", context: Any = NOT_GIVEN,
+                 configurable: Mapping[str, Any] | Callable[[Trajectory], Mapping[str, Any]]
+                 | None = None) -> None:
         if not hasattr(app, "get_state_history"):
             raise InvalidInput(f"LangGraphAgent needs a compiled LangGraph app, got "
                                f"{type(app).__name__}", hint="pass graph.compile(checkpointer=…)")
@@ -216,6 +223,9 @@ class LangGraphAgent:
         self.messages_key = messages_key
         self.keep_branches = keep_branches
         self.recursion_limit = recursion_limit
+        # what a branch is invoked with besides its input: the run's own, or these (invocation)
+        self.context, self.configurable = context, configurable
+        self.context_schema = context_schema(app)
         # every graph level CAR can fork into, its tool nodes, what every other node can call
         self.shape = AppShape.of(app, saver, messages_key, node_tools)
         self.tools = self.shape.tools
@@ -298,11 +308,12 @@ class LangGraphAgent:
         refuse_sync_only(self.saver, self.shape.async_only)
         thread_id = f"car-run-{uuid.uuid4().hex}"
         cb = CarCallback(messages_key=self.messages_key)
-        config = {**thread_config(thread_id), "callbacks": [cb],
+        how = self._invocation(None)
+        config = {**self._config(thread_id, how), "callbacks": [cb],
                   "recursion_limit": self.recursion_limit, "max_concurrency": 1}
         with controlling(thread_id, Control(0, noise=noise if self.couples_noise else None)):
             try:
-                self._invoke(context, config)
+                self._invoke(context, config, **how.kwargs())
             except GraphRecursionError:
                 pass  # recorded with status "error"; the trajectory says why
         assert cb.run is not None
@@ -434,9 +445,10 @@ class LangGraphAgent:
         try:
             with controlling(thread_id, Control(k, noise=noise if self.couples_noise
                                                 else None)), guarding(thread_id, guard):
+                how = self._invocation(run)
                 try:
-                    self._invoke(None, {**thread_config(thread_id), "callbacks": [
-                        *self._watch(run), stop], "max_concurrency": 1})
+                    self._invoke(None, {**self._config(thread_id, how), "callbacks": [
+                        *self._watch(run), stop], "max_concurrency": 1}, **how.kwargs())
                 except _Decided:
                     pass
             if stop.message is None:
@@ -484,6 +496,7 @@ class LangGraphAgent:
         rebuilt = refuse_run(self.shape, run,
                              self.undecided if self.model is not None else None, self.safety)
         refuse_errored(run)  # after the shapes, which name where a run could not go on
+        self._invocation(run)  # a context or configurable keys the branches would lack
         with self._lock:
             if rebuilt is not None:
                 self._rebuilt[run.id] = rebuilt
@@ -501,6 +514,17 @@ class LangGraphAgent:
             await rebuild(calls, self.shape, run, k, thread_id, rebuilt.as_node[k], edited)
 
     # -- the machinery ------------------------------------------------------------------------
+
+    def _invocation(self, run: Trajectory | None) -> Invocation:
+        """The configurable keys and runtime context a branch of ``run`` is invoked with:
+        the run's recorded ones, under what the user passed (``invocation``)."""
+        return Invocation.of(run, self.context_schema, self.context, self.configurable)
+
+    @staticmethod
+    def _config(thread_id: str, how: Invocation) -> dict[str, Any]:
+        """A branch thread's config: the run's configurable keys, then the thread's."""
+        return {"configurable": {**how.configurable,
+                                 **thread_config(thread_id)["configurable"]}}
 
     def _watch(self, run: Trajectory) -> list[BaseCallbackHandler]:
         """The handler that stops a branch at a model call CAR does not decide (only where CAR
@@ -523,16 +547,17 @@ class LangGraphAgent:
         the branch settles, the graph state is offered to ``state.settle`` before the first
         superstep and after each one, and the first partial branch it returns ends the run."""
         run, thread_id = state.run, state.thread_id
-        config = {**thread_config(thread_id), "recursion_limit": self.recursion_limit,
+        how = self._invocation(run)
+        config = {**self._config(thread_id, how), "recursion_limit": self.recursion_limit,
                   "callbacks": [*self._watch(run), state.callback], "max_concurrency": 1}
         try:
             if not state.settles:
-                await calls.invoke(None, config)
+                await calls.invoke(None, config, **how.kwargs())
             else:
                 done = state.settle((await calls.get_state(thread_config(thread_id))).values)
                 if done is not None:
                     return done
-                stream = calls.stream(None, config)
+                stream = calls.stream(None, config, **how.kwargs())
                 try:
                     async for values in stream:
                         done = state.settle(values)
@@ -557,21 +582,25 @@ def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[..., Any],
                      node_tools: Iterable[str | BaseTool] = (),
                      rollouts: int = 16, budget: int = 2000, seed: int = 0,
                      unclassified: str = "refuse", turn: int | None = None,
-                     **options: Any) -> Any:
+                     context: Any = NOT_GIVEN,
+                     configurable: Mapping[str, Any] | None = None, **options: Any) -> Any:
     """Import ``thread_id`` from ``app``, score it with ``outcome(run)`` (as everywhere; 1 /
     True = failure; ``final_state(run)`` gives the final graph state with the app's message
     objects, ``run.meta["final_state"]`` stores it as JSON), store it, and attribute the
     failure with ``car.contrastive`` or ``car.shapley``. Returns the stored attribution.
     Importing a thread again reuses the run already stored for it (same steps, final state and
     outcome) instead of storing a copy. ``turn``: which invocation of a thread the app was
-    run on several times (``-1``: the last; ``import_thread``). Here only, an outcome written
+    run on several times (``-1``: the last; ``import_thread``). ``context`` / ``configurable``:
+    what the thread's runs were invoked with, which a checkpointer does not keep
+    (``LangGraphAgent``). Here only, an outcome written
     for the old ``outcome(final_state)`` form is still accepted, deprecated: it is handed the
     stored JSON state, with a ``DeprecationWarning`` (see ``car_adapters.langgraph.thread``)."""
     if method not in ("contrastive", "shapley"):
         raise InvalidInput(f"method={method!r}", hint="use 'contrastive' or 'shapley'")
     agent = LangGraphAgent(app, model=model, safe_tools=safe_tools,
                            side_effect_tools=side_effect_tools, simulators=simulators,
-                           match_on=match_on, node_tools=node_tools, unclassified=unclassified)
+                           match_on=match_on, node_tools=node_tools, unclassified=unclassified,
+                           context=context, configurable=configurable)
     run = agent.import_thread(thread_id, turn)
     score = thread_outcome(outcome)
     run = replace(scored(run, score, Noise(seed)), seed=seed)

@@ -70,6 +70,7 @@ from car_core.errors import InvalidInput, OutcomeError, StoreError
 from ..common.run_keeping import open_store, score_run, store_run
 from . import step_meta
 from .fingerprint import app_digest
+from .invocation import captured
 from .messages import as_json, as_the_app_saw, decode, dict_of, jsonable, seen, usage_of
 from .model import CAR_DECIDED, decided_by_car
 from .offered_tools import offered
@@ -148,6 +149,7 @@ class _Recording:
     state_writes: dict[str, dict[str, Any]] = field(default_factory=dict)  # by tool call id
     converted: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # by message identity
     split: bool = False  # graph runs started inside it were kept as runs of their own
+    invocation: dict[str, Any] | None = None  # its configurable keys and context (``invocation``)
 
     def convert(self, message: Seen) -> dict[str, Any]:
         """``dict_of`` a message as ``seen`` by a call, made once per message object and shared
@@ -440,7 +442,11 @@ class CarCallback(BaseCallbackHandler):
     def on_tool_start(self, serialized: Any, input_str: str, *, run_id: UUID,
                       parent_run_id: UUID | None = None, **kwargs: Any) -> None:
         rec = self._member(run_id, parent_run_id)
-        if rec is None or kwargs.get("tool_call_id") is not None:
+        if rec is None:
+            return
+        if rec.invocation is None:
+            rec.invocation = captured()
+        if kwargs.get("tool_call_id") is not None:
             return
         inputs = kwargs.get("inputs")
         if isinstance(inputs, dict):
@@ -483,6 +489,8 @@ class CarCallback(BaseCallbackHandler):
         rec = self._member(run_id, parent_run_id)
         if rec is None:
             return  # a model call outside any graph this handler saw start
+        if rec.invocation is None:  # read where LangGraph hands the task its config
+            rec.invocation = captured()
         md = metadata or {}
         send = step_meta.is_send_path(md.get("langgraph_path"))
         given = messages[0] if messages else []
@@ -657,6 +665,8 @@ def _fields(rec: _Recording, calls: list[_Call], results: dict[str, ToolMessage]
         meta["state_writes"] = dict(rec.state_writes)
     if fingerprint is not None:
         meta["agent_fingerprint"] = fingerprint
+    if rec.invocation:
+        meta["invocation"] = rec.invocation
     return {"context": context, "steps": steps, "agent": "langgraph", "status": status,
             "error": error, "meta": meta, "created_at": created_at}
 

@@ -33,11 +33,12 @@ class SyncCalls:
     def __init__(self, app: Any, saver: Any) -> None:
         self.app, self.saver = app, saver
 
-    async def invoke(self, value: Any, config: dict[str, Any]) -> Any:
-        return self.app.invoke(value, config)
+    async def invoke(self, value: Any, config: dict[str, Any], **kwargs: Any) -> Any:
+        return self.app.invoke(value, config, **kwargs)
 
-    async def stream(self, value: Any, config: dict[str, Any]) -> AsyncGenerator[Any, None]:
-        stream = self.app.stream(value, config, stream_mode="values")
+    async def stream(self, value: Any, config: dict[str, Any], **kwargs: Any
+                     ) -> AsyncGenerator[Any, None]:
+        stream = self.app.stream(value, config, stream_mode="values", **kwargs)
         try:
             for values in stream:
                 yield values
@@ -67,11 +68,12 @@ class SyncCalls:
 class AsyncCalls(SyncCalls):
     """The coroutine twins of ``SyncCalls``' methods."""
 
-    async def invoke(self, value: Any, config: dict[str, Any]) -> Any:
-        return await self.app.ainvoke(value, config)
+    async def invoke(self, value: Any, config: dict[str, Any], **kwargs: Any) -> Any:
+        return await self.app.ainvoke(value, config, **kwargs)
 
-    async def stream(self, value: Any, config: dict[str, Any]) -> AsyncGenerator[Any, None]:
-        stream = self.app.astream(value, config, stream_mode="values")
+    async def stream(self, value: Any, config: dict[str, Any], **kwargs: Any
+                     ) -> AsyncGenerator[Any, None]:
+        stream = self.app.astream(value, config, stream_mode="values", **kwargs)
         try:
             async for values in stream:
                 yield values
