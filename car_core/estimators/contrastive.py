@@ -94,6 +94,12 @@ if TYPE_CHECKING:  # the store brings sqlite-utils: loaded only where one is use
     from car_core.store import RunStore
 
 SEARCHES = ("auto", "full", "bisection")
+# how the search's confirmations decided (``fmt.method`` words them): the exact sign test at the
+# end runs only on pairs in {-1, 0, 1}, so graded scores are decided by the anytime test alone
+BETTING_EXACT = ("betting test of each searched step (alpha spent over confirmations), "
+                 "exact sign test at the end")
+BETTING_ANYTIME = ("betting test of each searched step (alpha spent over confirmations), "
+                   "anytime test only (graded scores: no exact sign test at the end)")
 MIN_FUTILITY_PAIRS = 4  # fewer pairs than this say too little to give up on a step
 
 
@@ -301,8 +307,7 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
         m = 1 + len(given_up) if decision.candidate is not None else 0
         more = decision.more_rollouts
         level = 1.0 - alpha
-        correction = ("betting test of each searched step (alpha spent over confirmations), "
-                      "exact sign test at the end")
+        correction = BETTING_EXACT
     significant = [k for k, e in effects.items() if e.significant]
     locus = max(significant) if significant else None
     if chosen == "full" and locus is None and effects:
@@ -317,6 +322,10 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
     open_after = tuple(j for j in (later.open_steps if later else ()) if locus is not None
                        and j > locus)
     values = arms.all_values()
+    if correction == BETTING_EXACT and any(v not in (0.0, 1.0) for v in values):
+        # the end-of-sampling sign test needs pairs in {-1, 0, 1} (stats.sequential._signs):
+        # graded scores were decided by the anytime test alone, and the words say so
+        correction = BETTING_ANYTIME
     budget_note = session.tripped
     if not values and session.failures:
         # every branch failed: the agent, not the budget, stopped the estimate

@@ -54,8 +54,12 @@ def method(r: Any) -> str:
     if "betting" in correction:  # the search's confirmation (estimators/search.py)
         # paired when the arms were measured to share their noise, else on the two rates
         pairing = "paired" if r.coupled else "unpaired"
-        return (f"{pairing} betting test with an exact sign test at the end, alpha spent over "
-                f"{r.tests} confirmation(s), family-wise {family}")
+        # the exact sign test runs on pass/fail pairs only: graded scores get the anytime test
+        test = ("betting test with an exact sign test at the end"
+                if "exact sign test at the end" in correction and "no exact" not in correction
+                else "betting test, anytime only (graded scores get no exact sign test)")
+        return (f"{pairing} {test}, alpha spent over {r.tests} confirmation(s), "
+                f"family-wise {family}")
     return f"{correction}, {r.tests} test(s), intervals at {level(r.level)}, family-wise {family}"
 
 

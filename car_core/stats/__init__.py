@@ -13,6 +13,7 @@ them misses is ≤ α.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -200,12 +201,14 @@ def look_levels(sizes: Sequence[int], alpha: float, m: int) -> list[float]:
 class Coupling:
     """How much two arms compared rollout by rollout share their noise, measured from pairs.
 
-    ``estimate`` is the agreement of the pairs above what independent arms with the same
-    failure rates would give, as a share of the most those rates allow (the Fréchet bound
-    ``1 − |p_a − p_b|``): 1 when the arms agree whenever they can, 0 when they agree as often as
-    independent arms would. ``None`` when no comparison could say (an arm that never varied
-    agrees by its rate alone). ``ci`` carries the Wilson interval of the pooled agreement over,
-    with the rates held at their sample values."""
+    ``estimate`` is the agreement ``1 − |a − b|`` of the pairs above what independent arms with
+    the same outcome distributions would give, as a share of the most those distributions
+    allow (for 0/1 outcomes the Fréchet bound ``1 − |p_a − p_b|``): 1 when the arms agree
+    whenever they can, 0 when they agree as often as independent arms would. ``None`` when no
+    comparison could say (an arm that never varied, 0/1 or graded, agrees by its distribution
+    alone). ``ci`` carries the Wilson interval of the pooled agreement over, with the
+    distributions held at their sample values; ``shared`` then errs on independent arms at
+    most ``(1 − level)/2`` of the time (2.5% at 0.95; ``coupling_of``)."""
 
     estimate: float | None
     ci: tuple[float, float] | None
@@ -261,26 +264,84 @@ class CouplingNumbers:
         return self.measured_coupling.pairs
 
 
+def _cross_gap(a: Sequence[float], b: Sequence[float]) -> float:
+    """The mean of ``|a_i − b_j|`` over every pair ``(i, j)``: the gap of the two arms were they
+    independent with their sample distributions (sorting makes it ``O(s log s)``)."""
+    bs = sorted(b)
+    prefix = [0.0]
+    for y in bs:
+        prefix.append(prefix[-1] + y)
+    total, n = 0.0, len(bs)
+    for x in a:
+        k = bisect.bisect_right(bs, x)
+        total += x * k - prefix[k] + (prefix[n] - prefix[k]) - x * (n - k)
+    return total / (len(a) * n)
+
+
+def _sorted_gap(a: Sequence[float], b: Sequence[float]) -> float:
+    """The mean of ``|a_(i) − b_(i)|`` of the sorted arms: the least mean gap any pairing of
+    the two samples allows (the comonotone one; Wasserstein-1 of their distributions)."""
+    return sum(abs(x - y) for x, y in zip(sorted(a), sorted(b), strict=True)) / len(a)
+
+
+def _unit_scale(a: list[float], b: list[float]) -> tuple[list[float], list[float]]:
+    """Both arms mapped by one affine map onto ``[0, 1]``, their lowest score to 0 and their
+    highest to 1 (0/1 outcomes that both occur stay as they are). The estimate does not change
+    (agreement, independence and room all scale alike), but the Wilson interval, whose spread
+    ``m(1 − m)`` is that of a 0/1 variable, then fits two-valued scores exactly: a judge that
+    says 0.1/0.9 is measured as one that says 0/1, not as one whose pairs never disagree by
+    more than 0.8. The map depends on the two samples' values, not on how they pair, so under
+    independent arms every pairing of them stays equally likely."""
+    lo, hi = min(min(a), min(b)), max(max(a), max(b))
+    if hi - lo <= 0.0 or (lo == 0.0 and hi == 1.0):
+        return a, b
+    return [(x - lo) / (hi - lo) for x in a], [(y - lo) / (hi - lo) for y in b]
+
+
+def _baselines(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
+    """``(free, most)``: the mean agreement ``1 − |a − b|`` that independent arms with these
+    samples' distributions give, and the most any pairing of them allows.
+
+    For 0/1 outcomes these are ``p_a·p_b + (1 − p_a)(1 − p_b)`` and the Fréchet bound
+    ``1 − |p_a − p_b|`` (computed so). Graded scores need the general form: the 0/1 formulas
+    read a score's mean as a pass rate, which for scores such as 0.1/0.9 puts the independent
+    agreement too low, and for an arm that always scored 0.9 leaves room above it, so
+    independent arms were measured as sharing noise (a user trial: ``1.00 [0.18, 1.00]``). In
+    the general form an arm that never varied leaves no room (every pairing agrees alike)."""
+    s = len(a)
+    if all(x in (0.0, 1.0) for x in a) and all(y in (0.0, 1.0) for y in b):
+        pa, pb = sum(a) / s, sum(b) / s
+        return pa * pb + (1 - pa) * (1 - pb), 1 - abs(pa - pb)
+    return 1 - _cross_gap(a, b), 1 - _sorted_gap(a, b)
+
+
 def coupling_of(comparisons: Sequence[tuple[Sequence[float], Sequence[float]]],
                 level: float = 0.95) -> Coupling:
     """The ``Coupling`` pooled over comparisons of index-paired outcomes ``(a[r], b[r])``.
 
     Each comparison adds its pairs' agreement ``1 − |a − b|``, the agreement independent arms
-    with its two rates would give, and the most its rates allow; the estimate is the pooled
-    excess over the pooled room. Comparisons whose rates leave no room (an arm that never
-    varied) say nothing about coupling and are left out."""
+    with its two samples' distributions would give (the mean over every cross pair ``(a[i],
+    b[j])``; for 0/1 outcomes ``p_a·p_b + (1 − p_a)(1 − p_b)``), and the most those
+    distributions allow (the sorted pairing; for 0/1 the Fréchet bound ``1 − |p_a − p_b|``);
+    the estimate is the pooled excess over the pooled room. Comparisons whose samples leave no
+    room (an arm that never varied, whatever its score) say nothing about coupling and are
+    left out.
+
+    ``shared`` (the interval's lower end above independence) is a one-sided test at
+    ``(1 − level)/2``: under independent arms the pooled excess has mean zero (every cross
+    pair is distributed as a rollout pair) and a variance the Wilson interval's ``m(1 − m)``
+    bounds for agreements in ``[0, 1]``, 0/1 or graded (``tests/test_coupling_graded.py``
+    checks the rate on planted independent arms)."""
     check_level(level)
     agree = indep = room = 0.0
     pairs = 0
     for a_raw, b_raw in comparisons:
-        a, b = list(a_raw), list(b_raw)
+        a, b = [float(x) for x in a_raw], [float(y) for y in b_raw]
         s = min(len(a), len(b))
         if s < 2:
             continue
-        a, b = a[:s], b[:s]
-        pa, pb = sum(a) / s, sum(b) / s
-        free = pa * pb + (1 - pa) * (1 - pb)
-        most = 1 - abs(pa - pb)
+        a, b = _unit_scale(a[:s], b[:s])
+        free, most = _baselines(a, b)
         if most - free <= 1e-9:
             continue
         agree += sum(1 - abs(x - y) for x, y in zip(a, b, strict=True))
