@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from typing import Any
 
+from agents import Agent
 from agents.exceptions import InputGuardrailTripwireTriggered, OutputGuardrailTripwireTriggered
 
 TRIPWIRES = (InputGuardrailTripwireTriggered, OutputGuardrailTripwireTriggered)
@@ -130,8 +131,6 @@ def named_agents(fn: Any) -> list[Any]:
     lambdas included) refers to, its closure, its defaults, the instance of a bound method,
     and the same through the functions of its own module it calls. An agent reached some other
     way (built inside the call, or behind another module's function) is not seen."""
-    from agents import Agent
-
     found: dict[int, Any] = {}
     seen: set[int] = set()
     todo = [fn]
