@@ -80,6 +80,9 @@ with an ``InMemorySaver`` CAR supplies (``saver``; the app itself is never chang
   and runtime context, as the callback recorded them, under ``configurable=`` / ``context=``;
   a run whose context or keys the record could not keep, and that were not given, is refused
   before any branch.
+- **The store** (``branch_store``): an app compiled with one says where branches read it,
+  ``"live"`` or a store of the user's, refused when it does not; each branch writes to a copy
+  of its own over it, never to a real store.
 - ``import_thread(thread_id)`` rebuilds the trajectory the callback would have recorded from the
   checkpoint history of every namespace; ``attribute_thread`` imports and attributes in one call.
 - **Stops for a person.** An app compiled with ``interrupt_before`` / ``interrupt_after`` on a
@@ -125,6 +128,7 @@ from ..common.branch import model_unavailable
 from ..common.messages import ToolSafety
 from ..common.sync import run_sync
 from .branch_state import BranchState, answerable_calls
+from .branch_store import on_branch, read_store
 from .callback import CarCallback
 from .calls import AsyncCalls, SyncCalls, now, on_loop, probe_async
 from .checkpoints import fork, thread_config
@@ -201,7 +205,7 @@ class LangGraphAgent:
                  recursion_limit: int = 50, name: str | None = None,
                  unclassified: str = "refuse", context: Any = NOT_GIVEN,
                  configurable: Mapping[str, Any] | Callable[[Trajectory], Mapping[str, Any]]
-                 | None = None) -> None:
+                 | None = None, branch_store: Any = None) -> None:
         if not hasattr(app, "get_state_history"):
             raise InvalidInput(f"LangGraphAgent needs a compiled LangGraph app, got "
                                f"{type(app).__name__}", hint="pass graph.compile(checkpointer=…)")
@@ -226,6 +230,8 @@ class LangGraphAgent:
         # what a branch is invoked with besides its input: the run's own, or these (invocation)
         self.context, self.configurable = context, configurable
         self.context_schema = context_schema(app)
+        # the store branches read, each writing to a copy of its own (branch_store)
+        self.read_store = read_store(app, branch_store)
         # every graph level CAR can fork into, its tool nodes, what every other node can call
         self.shape = AppShape.of(app, saver, messages_key, node_tools)
         self.tools = self.shape.tools
@@ -292,9 +298,15 @@ class LangGraphAgent:
 
     def _invoke(self, value: Any, config: dict[str, Any], **kwargs: Any) -> Any:
         loop = self._saver_loop()
+        app = self._branch_app()
         if loop is None and not self.is_async:
-            return self.app.invoke(value, config, **kwargs)
-        return run_sync(lambda: self.app.ainvoke(value, config, **kwargs), loop)
+            return app.invoke(value, config, **kwargs)
+        return run_sync(lambda: app.ainvoke(value, config, **kwargs), loop)
+
+    def _branch_app(self) -> Any:
+        """The app as one branch runs it: over a store of its own where it has one
+        (``branch_store``)."""
+        return on_branch(self.app, self.read_store)
 
     def fingerprint(self) -> dict[str, Any]:
         """The app's graphs, tools and node code (``car_adapters.langgraph.fingerprint``): a
@@ -332,10 +344,11 @@ class LangGraphAgent:
         if isinstance(state, Trajectory):
             return state
         if loop is not None:
-            return on_loop(self._run(state, AsyncCalls(self.app, self.saver)), loop).result()
+            return on_loop(self._run(state, AsyncCalls(self._branch_app(), self.saver)),
+                           loop).result()
         if self.is_async:
-            return run_sync(lambda: self._run(state, AsyncCalls(self.app, self.saver)))
-        return now(self._run(state, SyncCalls(self.app, self.saver)))
+            return run_sync(lambda: self._run(state, AsyncCalls(self._branch_app(), self.saver)))
+        return now(self._run(state, SyncCalls(self._branch_app(), self.saver)))
 
     async def abranch(self, run: Trajectory, plan: Plan, noise: Noise,
                       stop: Callable[[Trajectory], bool] | None = None) -> Trajectory:
@@ -353,7 +366,7 @@ class LangGraphAgent:
             state = await asyncio.to_thread(self._prepare, run, plan, noise, stop)
         if isinstance(state, Trajectory):
             return state
-        calls = AsyncCalls(self.app, self.saver)
+        calls = AsyncCalls(self._branch_app(), self.saver)
         if loop is not None and loop is not asyncio.get_running_loop():
             return await asyncio.wrap_future(on_loop(self._run(state, calls), loop))
         return await self._run(state, calls)
@@ -583,7 +596,8 @@ def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[..., Any],
                      rollouts: int = 16, budget: int = 2000, seed: int = 0,
                      unclassified: str = "refuse", turn: int | None = None,
                      context: Any = NOT_GIVEN,
-                     configurable: Mapping[str, Any] | None = None, **options: Any) -> Any:
+                     configurable: Mapping[str, Any] | None = None, branch_store: Any = None,
+                     **options: Any) -> Any:
     """Import ``thread_id`` from ``app``, score it with ``outcome(run)`` (as everywhere; 1 /
     True = failure; ``final_state(run)`` gives the final graph state with the app's message
     objects, ``run.meta["final_state"]`` stores it as JSON), store it, and attribute the
@@ -591,16 +605,18 @@ def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[..., Any],
     Importing a thread again reuses the run already stored for it (same steps, final state and
     outcome) instead of storing a copy. ``turn``: which invocation of a thread the app was
     run on several times (``-1``: the last; ``import_thread``). ``context`` / ``configurable``:
-    what the thread's runs were invoked with, which a checkpointer does not keep
-    (``LangGraphAgent``). Here only, an outcome written
-    for the old ``outcome(final_state)`` form is still accepted, deprecated: it is handed the
-    stored JSON state, with a ``DeprecationWarning`` (see ``car_adapters.langgraph.thread``)."""
+    what the thread's runs were invoked with, which a checkpointer does not keep, and
+    ``branch_store`` where branches read an app's store (``LangGraphAgent``). Here only, an
+    outcome written for the old ``outcome(final_state)`` form is still accepted, deprecated: it
+    is handed the stored JSON state, with a ``DeprecationWarning``
+    (see ``car_adapters.langgraph.thread``)."""
     if method not in ("contrastive", "shapley"):
         raise InvalidInput(f"method={method!r}", hint="use 'contrastive' or 'shapley'")
     agent = LangGraphAgent(app, model=model, safe_tools=safe_tools,
                            side_effect_tools=side_effect_tools, simulators=simulators,
                            match_on=match_on, node_tools=node_tools, unclassified=unclassified,
-                           context=context, configurable=configurable)
+                           context=context, configurable=configurable,
+                           branch_store=branch_store)
     run = agent.import_thread(thread_id, turn)
     score = thread_outcome(outcome)
     run = replace(scored(run, score, Noise(seed)), seed=seed)

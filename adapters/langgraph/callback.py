@@ -665,7 +665,7 @@ def _fields(rec: _Recording, calls: list[_Call], results: dict[str, ToolMessage]
         meta["state_writes"] = dict(rec.state_writes)
     if fingerprint is not None:
         meta["agent_fingerprint"] = fingerprint
-    if rec.invocation:
+    if rec.invocation is not None:  # {}: invoked with nothing besides its input
         meta["invocation"] = rec.invocation
     return {"context": context, "steps": steps, "agent": "langgraph", "status": status,
             "error": error, "meta": meta, "created_at": created_at}

@@ -38,7 +38,7 @@ NOT_GIVEN: Any = object()
 
 def captured() -> dict[str, Any]:
     """The invocation of the run whose task is running now, as ``run.meta["invocation"]``
-    (empty, and not stored, for a run given neither): ``configurable`` (the user's keys whose
+    (``{}`` for a run given neither): ``configurable`` (the user's keys whose
     values are plain JSON), ``unrecorded`` (the user's keys that are not, or that name a
     secret), and ``context`` (``{"class", "value"}``, or ``{"class", "unrecorded": why}``)
     where the run was given one."""
@@ -163,12 +163,13 @@ class Invocation:
             return None
         held = recorded.get("context")
         name = f"{schema.__module__}:{schema.__qualname__}"
+        if held is None and "invocation" in run.meta:
+            return None  # recorded as invoked without one: so are its branches
         if held is None:
             return (f"the app takes a runtime context (context_schema={schema.__qualname__}) "
-                    "that this record does not hold (the run was given none, was recorded "
-                    "before CAR kept it, or was imported from a checkpointer), and a branch "
-                    "invoked without the one the run had would not run as it did; pass "
-                    "context=None if the run was given none")
+                    "that this record does not hold (recorded before CAR kept it, or "
+                    "imported from a checkpointer), and a branch invoked without the one the "
+                    "run had would not run as it did; pass context=None if it was given none")
         if "value" not in held:
             return (f"the run's runtime context ({held.get('class')}) could not be recorded: "
                     f"{held.get('unrecorded')}")

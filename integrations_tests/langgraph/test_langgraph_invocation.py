@@ -182,14 +182,15 @@ def test_configurable_values_the_record_cannot_keep_must_be_given() -> None:
     _p_fail_from_step_0(app, run, configurable={"db": client, "openai_api_key": key})
 
 
-def test_a_run_given_no_context_by_an_app_that_takes_one_needs_context_none() -> None:
+def test_a_run_given_no_context_by_an_app_that_takes_one_branches_without_one() -> None:
     app = desk("context")
     run = recorded(app)  # invoked without context=: the tool runs as no one
     assert "context" not in run.meta["invocation"]
-    with pytest.raises(AdapterError, match=r"pass context=None if the run was given none"):
-        car.intervene(run, LangGraphAgent(app, **CLASSES), car.do_resample(0),
-                      outcome=standard, rollouts=4, seed=0)
     asked = len(ASKED)
-    res = car.intervene(run, LangGraphAgent(app, **CLASSES, context=None), car.do_resample(0),
+    res = car.intervene(run, LangGraphAgent(app, **CLASSES), car.do_resample(0),
                         outcome=standard, rollouts=4, seed=0)
     assert res.mean == 1.0 and set(ASKED[asked:]) == {"None"}  # as the run ran: as no one
+    older = replace(run, meta={k: v for k, v in run.meta.items() if k != "invocation"})
+    with pytest.raises(AdapterError, match=r"pass context=None if it was given none"):
+        car.intervene(older, LangGraphAgent(app, **CLASSES), car.do_resample(0),
+                      outcome=standard, rollouts=4, seed=0)
