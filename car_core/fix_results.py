@@ -26,6 +26,9 @@ INTERVAL = ("stratified Hoeffding (runs weighted alike) at level 1 − alpha/C, 
             "over the C fixes")
 RUN_TEST = ("betting test with an exact sign test at the end, each at alpha/(N·C): "
             "family-wise over every run and fix")
+# the exact sign test runs on pass/fail outcomes only: graded scores get the anytime test
+RUN_TEST_GRADED = ("betting test, anytime only (graded scores get no exact sign test), each at "
+                   "alpha/(N·C): family-wise over every run and fix")
 CSV_COLUMNS = ("fix", "kind", "run_id", "step", "n", "p_fail_without", "p_fail_with", "rescue",
                "rescued", "reason")
 

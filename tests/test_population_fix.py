@@ -381,3 +381,20 @@ def test_every_run_is_preflighted_before_any_branch_or_locus(population, triaged
     assert rows[runs[1].id].n == 0 and "its checkpoint is gone" in rows[runs[1].id].reason
     assert runs[1].id in res.candidates[0].untested
     assert all(rows[r.id].n == 8 for r in runs if r.id != runs[1].id)
+
+
+def test_the_run_test_says_graded_scores_get_no_exact_sign_test(population, triaged):
+    """The exact sign test at the end runs on pass/fail pairs only (``positive_by_end``): a
+    result over a graded judge said it ran. Pass/fail keeps the sentence."""
+    def graded(run: car.Trajectory) -> float:
+        return 0.9 if DESK.outcome(run) else 0.1
+
+    runs = population[:4]
+    fix = car.Fix.instruction(DESK.fix)
+    plain = car.fix_population(runs, DESK.agent(), outcome=DESK.outcome, candidates=[fix],
+                               triage=triaged, rollouts=8)
+    assert "exact sign test at the end" in plain.run_test
+    scored = car.fix_population(runs, DESK.agent(), outcome=graded, candidates=[fix],
+                                triage=triaged, rollouts=8)
+    assert "anytime only" in scored.run_test and "exact sign test at the end" not in \
+        scored.run_test

@@ -66,7 +66,15 @@ from car_core.estimators._population import (
 from car_core.estimators.fixes import Fix, as_fix
 from car_core.estimators.triage import RUN_ERRORS, _load_all, refused_up_front
 from car_core.estimators.triage import triage as attribute_all
-from car_core.fix_results import INTERVAL, RUN_TEST, FixCost, FixEstimate, FixRun, PopulationFix
+from car_core.fix_results import (
+    INTERVAL,
+    RUN_TEST,
+    RUN_TEST_GRADED,
+    FixCost,
+    FixEstimate,
+    FixRun,
+    PopulationFix,
+)
 from car_core.model.budget import Budget, as_budget
 from car_core.model.context_sources import keep_all
 from car_core.model.interventions import do_context
@@ -249,7 +257,8 @@ def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: O
                        tokens=sum(int(r.get("tokens", 0)) for r in measured))
         result = PopulationFix(fix_id=fid, runs_total=n_runs, candidates=estimates,
                                alpha=float(alpha), level=level, interval=INTERVAL,
-                               run_test=RUN_TEST, rollouts_used=purse.spent.rollouts, cost=cost,
+                               run_test=RUN_TEST_GRADED if _graded(measured) else RUN_TEST,
+                               rollouts_used=purse.spent.rollouts, cost=cost,
                                truncated=note is not None, budget_note=note, params=params)
         if store is not None and fid is not None:
             from car_core.store.fixes import finish_fix
@@ -519,3 +528,10 @@ def _estimate(fix: Fix, population: Sequence[Trajectory], records: dict[str, dic
 
 
 __all__ = ["WITHOUT", "fix_population", "run_seed"]
+
+
+def _graded(records: list[dict[str, Any]]) -> bool:
+    """Whether any branch scored other than 0 or 1: then no run's test had the exact sign test
+    at the end (``positive_by_end`` runs it on pass/fail pairs only), and the result says so."""
+    return any(v not in (0.0, 1.0) for r in records for vs in (r.get("values") or {}).values()
+               for v in vs if v is not None)
