@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from car_adapters.pytest_plugin import one_line
 
 import car_core as car
 from car_core import cli
@@ -498,6 +499,9 @@ def test_an_llm_judge_whose_server_goes_down_stops_the_estimate_resumably(tmp_pa
             car.contrastive(run, model.agent(), outcome=outcome, rollouts=32, store=store,
                             attribution_id="judge-down", executor=Sequential(), progress=False)
         assert "--resume" in (info.value.hint or "")
+        # the stop names the attribution a resume takes (a pytest trial's line did not)
+        assert info.value.context["attribution_id"] == "judge-down"
+        assert "--resume judge-down" in one_line(info.value)
         kept = store.attribution("judge-down")
         assert kept.result is None and len(store.children(run.id)) > 0
         judge["down_after"] = 10**9

@@ -234,12 +234,18 @@ class _Attributor:
 
 
 def one_line(exc: BaseException) -> str:
-    """An exception as one line: its type, its first line and the hint that says what to do."""
+    """An exception as one line: its type, its first line and the hint that says what to do,
+    with the attribution a resume names where the stop left one (the hint's ``ID``)."""
     text = str(exc).strip()
     first = text.splitlines()[0] if text else ""
     hint = getattr(exc, "hint", None)
+    aid = (getattr(exc, "context", None) or {}).get("attribution_id")
+    if aid and hint:
+        first = first.replace("--resume ID", f"--resume {aid}")
+        hint = hint.replace("--resume ID", f"--resume {aid}")
     line = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-    return line + (f" ({hint})" if hint and hint not in line else "")
+    line += f" ({hint})" if hint and hint not in line else ""
+    return line if not aid or str(aid) in line else f"{line} (attribution {aid})"
 
 
 def summary_line(nodeid: str, props: dict[str, str]) -> str:

@@ -29,6 +29,7 @@ from car_core.engine.replay import check_run
 from car_core.engine.tasks import check_failures
 from car_core.errors import (
     AttributionNotFound,
+    CarError,
     InvalidInput,
     NothingToAttribute,
     StoreError,
@@ -80,6 +81,9 @@ def releasing(estimate: Callable[P, R]) -> Callable[P, R]:
             return result
         except BaseException as exc:
             failed = not resumable(exc)
+            kept = [s.attribution_id for s in opened if s.attribution_id is not None]
+            if not failed and kept and isinstance(exc, CarError):
+                exc.context.setdefault("attribution_id", kept[-1])  # what a resume names
             raise
         finally:
             _OPENED.reset(token)
