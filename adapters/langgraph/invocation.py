@@ -134,9 +134,8 @@ class Invocation:
         given = configurable(run) if callable(configurable) and run is not None else (
             configurable if isinstance(configurable, Mapping) else {})
         conf = {**(recorded.get("configurable") or {}), **dict(given)}
-        if context is not NOT_GIVEN:
-            value = context(run) if callable(context) and run is not None else context
-            return cls(conf, value)
+        if context is not NOT_GIVEN and not (callable(context) and run is None):
+            return cls(conf, context(run) if callable(context) else context)
         held = recorded.get("context")
         if held is not None and "value" in held and schema is not None:
             return cls(conf, _rebuilt(schema, held["value"]))
