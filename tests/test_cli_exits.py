@@ -65,6 +65,9 @@ def outcome_exits(run):
 def outcome_exits_with_rng(run, rng):
     sys.exit(3)
 
+async def outcome_exits_async(run):
+    sys.exit(3)
+
 outcome = syn.pivot().outcome
 '''
 
@@ -72,7 +75,8 @@ outcome = syn.pivot().outcome
 @pytest.mark.parametrize(("agent", "outcome", "who"), [
     ("exiting:agent_exits", "exiting:outcome", "the agent's code"),
     (PIVOT, "exiting:outcome_exits", "the outcome function"),
-    (PIVOT, "exiting:outcome_exits_with_rng", "the outcome function")])
+    (PIVOT, "exiting:outcome_exits_with_rng", "the outcome function"),
+    (PIVOT, "exiting:outcome_exits_async", "the outcome function")])
 def test_a_sys_exit_in_user_code_is_named_as_whose_it_is(tmp_path, pivot_run, agent, outcome,
                                                           who):
     with RunStore(tmp_path / "car.db") as s:
@@ -103,3 +107,16 @@ def test_the_named_outcome_keeps_its_arity_and_settled_hook():
     wrapped_two = OutcomeFn(kit._naming_exits(two, "the outcome function"))
     assert not wrapped_one.takes_rng and wrapped_two.takes_rng
     assert wrapped_one.settles and not wrapped_two.settles
+
+
+def test_the_named_outcome_stays_async():
+    """An ``async def`` outcome named for the CLI is still one: awaited on the executor's
+    loop, not sent to a worker thread, and scoring what the outcome returns."""
+    from car_core.model.outcome import OutcomeFn
+
+    async def judge(run, rng):
+        return 0.25
+
+    wrapped = OutcomeFn(kit._naming_exits(judge, "the outcome function"))
+    assert wrapped.is_async and wrapped.takes_rng
+    assert wrapped(Trajectory.new(context="x", steps=[]), None) == 0.25

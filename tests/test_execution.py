@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -534,3 +535,70 @@ def test_a_resumed_lazy_batch_takes_journaled_branches_in_task_order(
             (t.arm, t.rollout) for t in two_arm_tasks(pivot_run, (1, 3), 6)]
         assert [r.id for _, r in second][:5] == [r.id for _, r in first]
         assert len(fresh) == 12 and len(list(store.branches(aid))) == 12
+
+
+class WaitingAgent:
+    """An async agent whose branches wait on a 'server' (``asyncio.sleep``) before answering,
+    as a model-backed agent's do: the executor runs many of them at once on its loop."""
+
+    couples_noise = True
+
+    def __init__(self, model: syn.SyntheticSCM, wait: float = 0.01) -> None:
+        self.inner, self.wait = model.agent(), wait
+        self.name = self.inner.name  # the planted model's agent, only waiting: the same agent
+
+    def branch(self, run: car.Trajectory, plan: Any, noise: Any) -> car.Trajectory:
+        return self.inner.branch(run, plan, noise)
+
+    async def abranch(self, run: car.Trajectory, plan: Any, noise: Any) -> car.Trajectory:
+        await asyncio.sleep(self.wait)
+        return self.inner.branch(run, plan, noise)
+
+
+def test_a_sync_judge_scores_concurrent_branches_off_the_loop(
+        pivot_model: syn.SyntheticSCM, pivot_run: car.Trajectory) -> None:
+    """32 branches, 16 at once, each judged by a sync judge that waits 0.05 s (a hosted LLM
+    judge): off the loop the judges wait together (about 2 x 0.05 s), on it one at a time
+    (32 x 0.05 = 1.6 s). Asserting under half the serial time leaves ~0.7 s of slack for a
+    loaded machine, and the judges must never run on the executor's loop thread."""
+    n, wait = 32, 0.05
+    threads: set[str] = set()
+    lock = threading.Lock()
+
+    def slow_judge(run: car.Trajectory, rng: Any) -> float:
+        with lock:
+            threads.add(threading.current_thread().name)
+        time.sleep(wait)
+        return pivot_model.outcome(run, rng)
+
+    tasks = two_arm_tasks(pivot_run, (2,), rollouts=n)
+    start = time.perf_counter()
+    results = execute(tasks, brancher(pivot_run, WaitingAgent(pivot_model), slow_judge),
+                      BudgetMeter(None), executor=AsyncioExecutor(16), progress=False)
+    elapsed = time.perf_counter() - start
+    assert len(results) == n and results.failures == []
+    assert elapsed < n * wait / 2, f"{elapsed:.2f}s: the judges ran one at a time"
+    assert "car-executor" not in threads  # the loop's own thread never ran a judge
+    seq = execute(tasks, brancher(pivot_run, pivot_model.agent(), pivot_model.outcome),
+                  BudgetMeter(None), progress=False)
+    assert [r.outcome for _, r in results] == [r.outcome for _, r in seq]  # same values
+
+
+def test_a_sync_judge_that_calls_asyncio_run_scores_on_the_async_executor(
+        pivot_model: syn.SyntheticSCM, pivot_run: car.Trajectory) -> None:
+    """The usual sync wrapper of an async LLM judge, ``asyncio.run(...)``, works on every
+    branch of the default executor of an agent that waits, as it does on the record."""
+    async def ajudge(run: car.Trajectory, rng: Any) -> float:
+        await asyncio.sleep(0)
+        return pivot_model.outcome(run, rng)
+
+    def wrapped(run: car.Trajectory, rng: Any) -> float:
+        return asyncio.run(ajudge(run, rng))
+
+    agent = WaitingAgent(pivot_model, wait=0.0)
+    assert isinstance(default_executor(agent), AsyncioExecutor)
+    got = car.intervene(pivot_run, agent, car.do_resample(2), outcome=wrapped, rollouts=24,
+                        seed=3)
+    ref = car.intervene(pivot_run, pivot_model.agent(), car.do_resample(2),
+                        outcome=pivot_model.outcome, rollouts=24, seed=3)
+    assert got.values == ref.values and got.mean == ref.mean

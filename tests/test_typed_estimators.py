@@ -6,7 +6,7 @@ thing left open: Python's types cannot say what JSON is)."""
 from __future__ import annotations
 
 import typing
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -55,9 +55,10 @@ def test_the_agent_is_the_agent_protocol(fn: Callable[..., Any]) -> None:
         assert Executor in typing.get_args(found["executor"])
     if "progress" in found:
         assert ProgressBar in typing.get_args(found["progress"])
-    if "outcome" in found:  # outcome(run) or outcome(run, rng) -> float in [0, 1] / bool
-        assert typing.get_origin(found["outcome"]) is typing.get_origin(Callable[..., float])
-        assert typing.get_args(found["outcome"])[-1] is float
+    if "outcome" in found:  # outcome(run) or outcome(run, rng) -> float in [0, 1] / bool,
+        # or an awaitable of one (async def outcome)
+        assert set(typing.get_args(found["outcome"])) == {
+            Callable[..., float], Callable[..., Awaitable[float]]}
 
 
 def test_the_checker_sees_any() -> None:

@@ -52,6 +52,7 @@ from car_core.model.interventions import (
     do_observation,
     do_resample,
 )
+from car_core.model.outcome import is_async_callable
 from car_core.model.vocabulary import Answer
 from car_core.report import compact
 from car_core.results import Result, ShapleyResult
@@ -120,7 +121,8 @@ def exited(exc: SystemExit) -> str:
 
 def _naming_exits(fn: Callable[..., Any], who: str) -> Callable[..., Any]:
     """``fn`` (the user's outcome) with a ``sys.exit`` inside it named as ``who``'s. Keeps
-    what CAR reads off an outcome: how many positional arguments it takes and ``settled``."""
+    what CAR reads off an outcome: how many positional arguments it takes, whether it is
+    ``async def`` (awaited, not sent to a worker thread) and ``settled``."""
     def call(*args: Any) -> Any:
         try:
             return fn(*args)
@@ -128,11 +130,27 @@ def _naming_exits(fn: Callable[..., Any], who: str) -> Callable[..., Any]:
             setattr(exc, _EXITED_FROM, who)
             raise
 
-    if positional_arity(fn) >= 2:
+    async def acall(*args: Any) -> Any:
+        try:
+            return await fn(*args)
+        except SystemExit as exc:
+            setattr(exc, _EXITED_FROM, who)
+            raise
+
+    named: Callable[..., Any]
+    two = positional_arity(fn) >= 2
+    if is_async_callable(fn):
+        if two:
+            async def named(run: Any, rng: Any) -> Any:
+                return await acall(run, rng)
+        else:
+            async def named(run: Any) -> Any:
+                return await acall(run)
+    elif two:
         def named(run: Any, rng: Any) -> Any:
             return call(run, rng)
     else:
-        def named(run: Any) -> Any:  # type: ignore[misc]  # the one-argument form
+        def named(run: Any) -> Any:
             return call(run)
     hook = getattr(fn, "settled", None)
     if callable(hook):

@@ -42,8 +42,8 @@ from car_core.engine.tasks import (
     Failure as Failure,  # re-exported: Task and Failure live in the base module
 )
 from car_core.engine.tasks import Task as Task
+from car_core.engine.tasks import ascore_branch, errored_branch, failure_of, run_branch
 from car_core.engine.tasks import describe_error as describe_error
-from car_core.engine.tasks import errored_branch, failure_of, run_branch, score_branch
 from car_core.errors import (
     AdapterError,
     BudgetExhausted,
@@ -167,7 +167,8 @@ class Brancher:
 
 
 class _AsyncBrancher(Brancher):
-    """A ``Brancher`` for an agent that offers ``abranch``: ``AsyncioExecutor`` awaits it."""
+    """A ``Brancher`` for an agent that offers ``abranch``: ``AsyncioExecutor`` awaits it, and
+    the branch's score, off the loop for a sync outcome (``tasks.ascore_branch``)."""
 
     async def acall(self, task: Task) -> Trajectory:
         agent = cast(AsyncAgent, self.agent)
@@ -178,7 +179,7 @@ class _AsyncBrancher(Brancher):
                                            stop=self.outcome.settled)  # STOP, and it takes it
             else:
                 traj = await agent.abranch(self.run, task.plan, task.noise)
-        return score_branch(self.run, traj, self.agent, self.outcome, task)
+        return await ascore_branch(self.run, traj, self.agent, self.outcome, task)
 
 
 def brancher(run: Trajectory, agent: Agent, outcome: OutcomeLike) -> Brancher:

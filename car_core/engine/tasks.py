@@ -24,7 +24,7 @@ from car_core.errors import AgentError, BranchesFailed, CarError
 from car_core.model.capabilities import Capability, capabilities
 from car_core.model.interventions import Plan
 from car_core.model.outages import says_service_down
-from car_core.model.outcome import OutcomeFn, scored
+from car_core.model.outcome import OutcomeFn, ascored, scored
 from car_core.model.seeding import Noise
 from car_core.model.trajectory import Lineage, Trajectory
 from car_core.model.vocabulary import RunStatus
@@ -124,6 +124,18 @@ def score_branch(run: Trajectory, traj: object, agent: object, outcome: OutcomeF
                  task: Task) -> Trajectory:
     """A finished branch (``traj``, what ``agent`` returned) scored, with its lineage; a
     branch that came back with status ``error`` raises instead of being scored."""
+    return scored(_to_score(run, traj, agent, task), outcome, task.noise)
+
+
+async def ascore_branch(run: Trajectory, traj: object, agent: object, outcome: OutcomeFn,
+                        task: Task) -> Trajectory:
+    """``score_branch`` on an event loop: the same branch and value, the outcome awaited (an
+    async one) or run in a worker thread (a sync one), so the loop's other branches go on."""
+    return await ascored(_to_score(run, traj, agent, task), outcome, task.noise)
+
+
+def _to_score(run: Trajectory, traj: object, agent: object, task: Task) -> Trajectory:
+    """The branch as it is scored: checked, with its lineage."""
     traj = returned_run(traj, agent, "branch")
     if traj.status == RunStatus.ERROR:  # no outcome: retried and left out like a raise
         raise errored_branch(traj, run.id)
@@ -131,7 +143,7 @@ def score_branch(run: Trajectory, traj: object, agent: object, outcome: OutcomeF
                       branch_step=task.plan.start if task.plan.interventions else None,
                       arm=task.arm, rollout=task.rollout)
     # the lineage first, so an outcome's error can name the branch and the run it came from
-    return scored(replace(traj, lineage=lineage), outcome, task.noise)
+    return replace(traj, lineage=lineage)
 
 
 def errored_branch(traj: Trajectory, run_id: str | None) -> AgentError:

@@ -6,6 +6,13 @@ every value it returns; ``scored`` is the one rule every recorder, replay and br
 by: the judge draws from the outcome stream of the noise the run was decided with, so scoring a
 run again (a resumed estimate, a replay) gives it the value it had.
 
+The outcome may be ``async def`` (a judge awaiting a model): where it returns an awaitable, CAR
+awaits it, always on the one loop of ``car_core.model.awaiting`` (so a client the judge keeps
+across calls stays on one loop), concurrently with the other branches' judges. On the async
+executor (``ascore``) a sync outcome runs in a worker thread, so a judge that waits never holds
+up the loop that drives the branches and may itself call ``asyncio.run``. What an outcome raises
+or returns is judged the same way, sync or async, on every path.
+
 An outcome may also say when a run's score is already fixed: a ``settled(run) -> bool``
 attribute on the function, True when no continuation of the (partial) run can score differently
 from the run as it stands (a rule decided by the first of two tool calls, say). An agent whose
@@ -21,9 +28,11 @@ refused (``OutcomeMismatch``) before anything is spent.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -35,6 +44,7 @@ from car_core.errors import (
     OutcomeMismatch,
     RunNotFailed,
 )
+from car_core.model.awaiting import awaited, run_to_end
 from car_core.model.capabilities import positional_arity
 from car_core.model.outages import is_outage
 from car_core.model.seeding import Noise, Stream
@@ -42,8 +52,17 @@ from car_core.model.trajectory import FAILED_AT, Outcome, Trajectory, is_failure
 from car_core.secrets import redact
 
 # What an outcome may be, where the API takes one: ``outcome(run)`` or ``outcome(run, rng)``
-# returning a float in [0, 1] or a bool (a bool is an int, which typing accepts as a float).
-OutcomeLike = Callable[..., float]
+# returning a float in [0, 1] or a bool (a bool is an int, which typing accepts as a float), or
+# an awaitable of one (``async def outcome(run)``).
+OutcomeLike = Callable[..., float] | Callable[..., Awaitable[float]]
+
+
+def is_async_callable(fn: Callable[..., Any]) -> bool:
+    """Whether calling ``fn`` gives a coroutine (an ``async def``, a partial of one, an object
+    whose ``__call__`` is one); a sync function that returns an awaitable is awaited all the
+    same, this only spares it a worker thread on an event loop."""
+    call = inspect.getattr_static(type(fn), "__call__", None)  # its class's method
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
 
 
 class OutcomeFn:
@@ -59,6 +78,7 @@ class OutcomeFn:
                                hint="pass outcome=lambda run: ...")
         self.fn = fn
         self.takes_rng = positional_arity(fn) >= 2
+        self.is_async = is_async_callable(fn)
         hook = getattr(fn, "settled", None)
         if hook is not None and not callable(hook):
             raise InvalidInput("outcome.settled must be callable: settled(run) -> bool",
@@ -75,7 +95,8 @@ class OutcomeFn:
         if self._settled is None:
             return False
         try:
-            return bool(self._settled(run))
+            said = self._settled(run)
+            return bool(run_to_end(said) if inspect.isawaitable(said) else said)
         except Exception as exc:  # the user's code: wrap whatever it raises
             raise OutcomeError(f"the outcome's settled() raised {exc!r}{_on(run)}",
                                run_id=_run_id(run),
@@ -83,26 +104,61 @@ class OutcomeFn:
                                     "each step of a branch") from exc
 
     def __call__(self, run: Trajectory, rng: np.random.Generator) -> float:
+        """The checked value of ``run``; an awaitable the outcome returns is run to its end."""
+        value = self._called(run, rng)
+        if inspect.isawaitable(value):
+            try:
+                value = run_to_end(value)
+            except Exception as exc:  # raised inside the user's coroutine
+                self._raise_for(run, exc)
+        return self._checked(run, value)
+
+    async def acall(self, run: Trajectory, rng: np.random.Generator) -> float:
+        """``self(run, rng)`` on an event loop, never blocking it: an async outcome is awaited
+        on the outcome loop (``awaiting.awaited``), a sync one runs whole in a worker thread
+        (so it may call ``asyncio.run`` itself, and an awaitable it returns is run to its end
+        there, never left un-awaited when the branch is cancelled)."""
+        if not self.is_async:
+            return await asyncio.to_thread(self, run, rng)
+        value = self._called(run, rng)
+        if inspect.isawaitable(value):
+            try:
+                value = await awaited(value)
+            except Exception as exc:  # raised inside the user's coroutine
+                self._raise_for(run, exc)
+        return self._checked(run, value)
+
+    def _called(self, run: Trajectory, rng: np.random.Generator) -> Any:
+        """What the user's function returns (an awaitable, for an async one), its raise
+        wrapped."""
         try:
-            value = self.fn(run, rng) if self.takes_rng else self.fn(run)
+            return self.fn(run, rng) if self.takes_rng else self.fn(run)
         except Exception as exc:  # the user's code: wrap whatever it raises
-            if reads_run_as_state(exc, run):
-                raise OutcomeError(f"the outcome function read the run as a dict ({exc!r}): "
-                                   "outcome(run) is handed the car.Trajectory, not the app's "
-                                   f"final state{_on(run)}", run_id=_run_id(run),
-                                   hint=OLD_FORM_HINT) from exc
-            if is_outage(exc):  # an LLM judge's server down: every later score would fail
-                raise ModelUnavailable(
-                    f"the outcome's server failed{_on(run)}: {redact.describe(exc)}",
-                    run_id=_run_id(run),
-                    hint="the server the outcome calls (an LLM judge's) is down or refusing; "
-                         "start it or wait, then resume the attribution with the same "
-                         "attribution_id (`car attribute ... --resume ID`)"
-                ) from redact.redacted(exc)
-            raise OutcomeError(f"the outcome function raised {exc!r}{_on(run)}",
-                               run_id=_run_id(run),
-                               hint="fix the outcome function; it must score any branch, "
-                                    "including ones that end early") from exc
+            self._raise_for(run, exc)
+
+    def _raise_for(self, run: Trajectory, exc: Exception) -> NoReturn:
+        """Raise the CAR error for ``exc``, which the outcome raised while scoring ``run``
+        (called inside the ``except`` that caught it, sync or awaited alike)."""
+        if reads_run_as_state(exc, run):
+            raise OutcomeError(f"the outcome function read the run as a dict ({exc!r}): "
+                               "outcome(run) is handed the car.Trajectory, not the app's "
+                               f"final state{_on(run)}", run_id=_run_id(run),
+                               hint=OLD_FORM_HINT) from exc
+        if is_outage(exc):  # an LLM judge's server down: every later score would fail
+            raise ModelUnavailable(
+                f"the outcome's server failed{_on(run)}: {redact.describe(exc)}",
+                run_id=_run_id(run),
+                hint="the server the outcome calls (an LLM judge's) is down or refusing; "
+                     "start it or wait, then resume the attribution with the same "
+                     "attribution_id (`car attribute ... --resume ID`)"
+            ) from redact.redacted(exc)
+        raise OutcomeError(f"the outcome function raised {exc!r}{_on(run)}",
+                           run_id=_run_id(run),
+                           hint="fix the outcome function; it must score any branch, "
+                                "including ones that end early") from exc
+
+    @staticmethod
+    def _checked(run: Trajectory, value: Any) -> float:
         if isinstance(value, (bool, np.bool_)):
             return 1.0 if value else 0.0
         if isinstance(value, (int, float, np.integer, np.floating)):
@@ -119,6 +175,11 @@ class OutcomeFn:
         branch's own), or of the noise a recorded run was recorded with when None."""
         noise = Noise(run.seed or 0) if noise is None else noise
         return self(run, noise.rng(0, Stream.OUTCOME))
+
+    async def ascore(self, run: Trajectory, noise: Noise | None = None) -> float:
+        """``score`` on an event loop (see ``acall``): the same value, drawn the same way."""
+        noise = Noise(run.seed or 0) if noise is None else noise
+        return await self.acall(run, noise.rng(0, Stream.OUTCOME))
 
 
 def _run_id(run: Trajectory) -> str:
@@ -162,6 +223,14 @@ def scored(run: Trajectory, outcome: Callable[..., Any], noise: Noise | None = N
     """``run`` with its outcome set by ``outcome`` (see ``OutcomeFn.score``)."""
     fn = outcome if isinstance(outcome, OutcomeFn) else OutcomeFn(outcome)
     return replace(run, outcome=Outcome(fn.score(run, noise)))
+
+
+async def ascored(run: Trajectory, outcome: Callable[..., Any], noise: Noise | None = None
+                  ) -> Trajectory:
+    """``scored`` on an event loop: the same value, without blocking the loop
+    (``OutcomeFn.acall``)."""
+    fn = outcome if isinstance(outcome, OutcomeFn) else OutcomeFn(outcome)
+    return replace(run, outcome=Outcome(await fn.ascore(run, noise)))
 
 
 # How many times the recorded run is scored before an outcome that puts it on the other side of
