@@ -426,9 +426,41 @@ class ToolSafety:
         if wanted is None:
             return False, None
         for (rec_name, rec_args), content in record.items():
-            if rec_name == name and self._key_args(name, rec_args) == wanted:
+            if (rec_name == name and self._key_args(name, rec_args) == wanted
+                    and self._echo(name, rec_args, arguments, content) is None):
                 return True, content
         return False, None
+
+    def _echo(self, name: str, recorded: Any, arguments: Any, content: Any) -> str | None:
+        """Under the default rule, the free-text argument of a recorded call whose value its
+        result repeats and the branch's call changes (``"restaurant='Taberna Baixa'"``), else
+        None. Such a result is about that argument, so it is not the other call's: a user
+        trial's branch booked "Cervejaria Ramiro" and was answered "booked at Taberna Baixa",
+        and CAR said no step caused the failure, when one did. A free-text argument the
+        result does not repeat (a message body under "sent") still matches loosely."""
+        if self.match_on.get(name) is not None:
+            return None  # the user said which arguments decide
+        rec, mine = parse_arguments(recorded), parse_arguments(arguments)
+        text = (content if isinstance(content, str) else json.dumps(content)).casefold()
+        for key, value in rec.items():
+            said = value.strip().casefold() if is_free_text(value) else ""
+            if len(said) >= 3 and mine.get(key) != value and said in text:
+                return f"{key}={value!r}"
+        return None
+
+    def _echoed_match(self, name: str, arguments: Any,
+                      record: Mapping[tuple[str, str], Any]) -> str | None:
+        """Why the recorded call that matches ``arguments`` on all but free text does not answer
+        it (``_echo``), for the message that stops the branch; None where none matched."""
+        wanted = self._key_args(name, arguments)
+        if wanted is None:
+            return None
+        for (rec_name, rec_args), content in record.items():
+            if rec_name == name and self._key_args(name, rec_args) == wanted:
+                echo = self._echo(name, rec_args, arguments, content)
+                if echo is not None:
+                    return echo
+        return None
 
     def _undecided(self, name: str, arguments: Any) -> bool:
         """A call the default rule can only match exactly: every argument is free text."""
@@ -537,7 +569,9 @@ class ToolSafety:
             wanted = self._key_args(name, arguments)
             matched = [(rec_key, content) for rec_key, content in record.items()
                        if rec_key == key or (rec_key[0] == name and wanted is not None
-                                             and self._key_args(name, rec_key[1]) == wanted)]
+                                             and self._key_args(name, rec_key[1]) == wanted
+                                             and self._echo(name, rec_key[1], arguments,
+                                                            content) is None)]
             if matched and matched[0][0] != key and matched[0][0] in writes \
                     and not writes[matched[0][0]]:
                 return Answer(matched[0][1])  # the matched recorded call wrote nothing
@@ -557,6 +591,16 @@ class ToolSafety:
                 return Answer(content)
             if name in self.simulators:
                 return Answer(simulate=True)
+        echo = self._echoed_match(name, arguments, record)
+        if echo is not None:
+            raise SideEffectBlocked(
+                f"the branch called side-effect tool {name!r} with arguments {key[1]}; the "
+                f"recorded call that matches it on all but free text answered naming {echo}, "
+                "which this call changes, so its result is not this call's", run_id=run_id,
+                step=step, hint=f"pass simulators={{{name!r}: fn(arguments)}} to answer such "
+                "calls (fn(arguments, ctx) where the tool writes the framework's state), or "
+                f"match_on={{{name!r}: [argument names]}} without {echo.split('=')[0]!r} if "
+                "that argument does not change what the call does")
         if self._undecided(name, arguments):
             raise SideEffectBlocked(
                 f"the branch called side-effect tool {name!r} with arguments {key[1]}, all "

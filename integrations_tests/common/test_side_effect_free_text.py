@@ -179,3 +179,27 @@ def test_match_on_is_explicit() -> None:
             ToolSafety.of(["close_account"], match_on={"close_account": bad})
     with pytest.raises(InvalidIntervention, match="not side-effect tools"):
         ToolSafety.of(["close_account"], match_on={"close_acount": ["account_id"]})
+
+
+def test_a_result_that_names_a_free_text_argument_answers_only_that_argument() -> None:
+    """A name with a space is free text to the default rule, but a result that repeats it is
+    about it: a user trial's branch booked "Cervejaria Ramiro" and was answered "booked at
+    Taberna Baixa" from the record, and CAR said no step caused the failure, when one did."""
+    rec = {("book_table", '{"people":2,"restaurant":"Taberna Baixa"}'):
+           "table for 2 booked at Taberna Baixa"}
+    default = ToolSafety.of(["book_table"])
+    with pytest.raises(SideEffectBlocked, match=r"answered naming restaurant='Taberna Baixa'"):
+        default.serve("book_table", {"people": 2, "restaurant": "Cervejaria Ramiro"}, rec)
+    same = {"people": 2, "restaurant": "Taberna Baixa"}
+    assert default.serve("book_table", same, rec) == "table for 2 booked at Taberna Baixa"
+    # a result that does not repeat the free text still answers a re-worded call
+    noted = {("book_table", '{"note":"by the window","people":2}'): "booked"}
+    assert default.serve("book_table", {"people": 2, "note": "near the door"}, noted) == "booked"
+    # the user's rule wins: these arguments decide, the name does not
+    chosen = ToolSafety.of(["book_table"], match_on={"book_table": ["people"]})
+    assert chosen.serve("book_table", {"people": 2, "restaurant": "Cervejaria Ramiro"},
+                        rec) == "table for 2 booked at Taberna Baixa"
+    simulated = ToolSafety.of(["book_table"], simulators={
+        "book_table": lambda a: f"booked at {a['restaurant']}"})
+    assert simulated.serve("book_table", {"people": 2, "restaurant": "Cervejaria Ramiro"},
+                           rec) == "booked at Cervejaria Ramiro"
