@@ -353,6 +353,9 @@ class CarRecorder(RunHooks[Any]):
             return
         with self._lock:
             buf = self._bufs.pop(id(context.usage), None)
+            if buf is None:  # a resumed run that ends at once (a rejection under StopAtTools)
+                resumed = self._interrupted(context)
+                buf = self._bufs.pop(resumed, None) if resumed is not None else None
         if buf is not None:
             buf.final_output = output
             self._finish(buf, None)

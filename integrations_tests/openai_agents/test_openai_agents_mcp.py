@@ -29,10 +29,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-from agents import Agent, HostedMCPTool, Runner, function_tool, set_tracing_disabled
+from agents import (
+    Agent,
+    HostedMCPTool,
+    Runner,
+    StopAtTools,
+    function_tool,
+    set_tracing_disabled,
+)
 from agents.mcp import MCPServerStdio, create_static_tool_filter
 from car_adapters.common.messages import assistant, tool_call
-from car_adapters.openai_agents import CarRecorder, OpenAIAgentsAgent, ScriptedModel
+from car_adapters.openai_agents import CarRecorder, OpenAIAgentsAgent, ScriptedModel, final_state
 
 import car_core as car
 from car_core.errors import AdapterError, AgentMismatch, BranchesFailed
@@ -345,3 +352,33 @@ def test_a_tool_that_needs_approval_is_a_side_effect_and_branches_never_ask() ->
     assert refunds == before
     with pytest.raises(AdapterError, match="need approval"):
         OpenAIAgentsAgent(agent, safe_tools=["lookup", "refund"])
+
+
+def test_a_rejected_approval_that_stops_the_run_is_one_complete_run() -> None:
+    """Under ``StopAtTools`` on the gated tool, a rejection ends the resumed run at once (its
+    only hook ``on_agent_end``): a user trial's run was recorded as stopped by an error, its
+    final output lost."""
+    def decide(messages: list[dict[str, Any]], tools: Any, rng: Any) -> Any:
+        return assistant(None, [tool_call("c1", "pay", {"amount": 20})])
+
+    @function_tool(needs_approval=True)
+    def pay(amount: int) -> str:
+        """Pay a deposit (a side effect)."""
+        return f"paid {amount}"
+
+    agent = Agent(name="payer", model=ScriptedModel(decide, seed=0), tools=[pay],
+                  tool_use_behavior=StopAtTools(stop_at_tool_names=["pay"]))
+
+    async def record() -> car.Trajectory:
+        rec = CarRecorder()
+        result = await Runner.run(agent, "Pay the deposit.", hooks=rec)
+        state = result.to_state()
+        for item in result.interruptions:
+            state.reject(item)
+        result = await Runner.run(agent, state, hooks=rec)
+        assert result.final_output == "Tool execution was not approved."
+        return rec.run
+
+    run = asyncio.run(record())
+    assert run.status == "complete" and len(run.steps) == 1
+    assert final_state(run)["final_output"] == "Tool execution was not approved."
