@@ -214,6 +214,11 @@ class CarRecorder(RunHooks[Any]):
     @property
     def run(self) -> car.Trajectory:
         runs = self.runs
+        block = _BLOCK.get()
+        if not runs and block is not None and not block.settled:
+            raise AdapterError("the runs of a `with recorder.recording(agent):` block are kept "
+                               "as the block ends, and this one has not ended",
+                               hint="read recorder.run after the block")
         if not runs:
             raise AdapterError("the recorder has seen no run",
                                hint="pass hooks=recorder to Runner.run / run_sync / "

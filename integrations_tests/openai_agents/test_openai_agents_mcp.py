@@ -382,3 +382,13 @@ def test_a_rejected_approval_that_stops_the_run_is_one_complete_run() -> None:
     run = asyncio.run(record())
     assert run.status == "complete" and len(run.steps) == 1
     assert final_state(run)["final_output"] == "Tool execution was not approved."
+
+
+def test_reading_the_run_inside_its_recording_block_says_the_block_holds_it() -> None:
+    agent = Agent(name="payer", model=ScriptedModel(lambda m, t, r: "done", seed=0))
+    rec = CarRecorder()
+    with rec.recording(agent):
+        Runner.run_sync(agent, "hello", hooks=rec)
+        with pytest.raises(AdapterError, match="kept as the block ends"):
+            rec.run  # noqa: B018 - reading it is what is tested
+    assert rec.run.status == "complete"
