@@ -146,6 +146,7 @@ from .rebuild import Rebuild, rebuild
 from .refusals import (
     edit_reaches_call,
     refuse_branch,
+    refuse_persistent_subgraphs,
     refuse_run,
     refuse_step,
     refuse_unknown_tools,
@@ -234,6 +235,7 @@ class LangGraphAgent:
         self.read_store = read_store(app, branch_store)
         # every graph level CAR can fork into, its tool nodes, what every other node can call
         self.shape = AppShape.of(app, saver, messages_key, node_tools)
+        refuse_persistent_subgraphs(self.shape)
         self.tools = self.shape.tools
         refuse_unknown_tools(self.tools, {
             "safe_tools": safe_tools,

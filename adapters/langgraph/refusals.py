@@ -49,6 +49,24 @@ def refuse_unknown_tools(tools: list[str], given: Mapping[str, list[str]]) -> No
                                 "node function) is passed itself: node_tools=[the_tool]")
 
 
+def refuse_persistent_subgraphs(shape: AppShape) -> None:
+    """Refuse an app with a subgraph compiled with ``checkpointer=True``: it keeps memory of its
+    own across invocations, in a namespace of its own the fork of a step does not copy, and its
+    task ids are not in the parent's checkpoints. A user trial's branch from before such a
+    subgraph ran it with no memory and CAR said no step caused the failure; one from inside it
+    skipped it and replayed its recorded output (a rescue of 1 at a step never re-decided)."""
+    kept = sorted(ns for ns, g in shape.graphs.items()
+                  if ns and getattr(g, "checkpointer", None) is True)
+    if kept:
+        raise AdapterError(
+            f"subgraph(s) {[recast(ns) for ns in kept]} are compiled with checkpointer=True "
+            "(memory of their own across invocations), which a branch cannot fork: it would "
+            "run them without that memory, or skip them", hint="compile each without "
+            "checkpointer= so it runs on the parent's checkpointer (keep what it must remember "
+            "across invocations in the parent's state), or attribute the subgraph as an app of "
+            "its own")
+
+
 def refuse_run(shape: AppShape, run: Trajectory,
                undecided: list[tuple[str, str, str]] | None, safety: Any = None
                ) -> Rebuild | None:

@@ -149,6 +149,29 @@ def test_an_interrupt_in_a_subgraph_is_refused_by_its_subgraph() -> None:
     assert model.calls == calls and branch_threads(saver) == set()
 
 
+def test_a_subgraph_with_memory_of_its_own_is_refused_before_any_branch() -> None:
+    """``compile(checkpointer=True)``: a user trial's branches ran the subgraph without the
+    memory it keeps across invocations (no step caused the failure, CAR said) or skipped it
+    (a rescue of 1 at a step never re-decided). The same subgraph compiled without it is
+    forked like any other."""
+    model = sa.PlantedSupportModel(p_follow=1.0)
+    wrapper = CarChatModel(inner=model)
+
+    def app_with(checkpointer: Any) -> Any:
+        desk = support_graph(wrapper).compile(checkpointer=checkpointer, name="desk")
+        parent = StateGraph(MessagesState)
+        parent.add_node("desk", desk)
+        parent.add_edge(START, "desk")
+        return parent.compile(checkpointer=InMemorySaver())
+
+    calls = model.calls
+    with pytest.raises(AdapterError, match=r"subgraph\(s\) \['desk'\] are compiled with "
+                                           "checkpointer=True"):
+        LangGraphAgent(app_with(True), model=wrapper, **SA)
+    assert model.calls == calls
+    LangGraphAgent(app_with(None), model=wrapper, **SA)
+
+
 def test_the_same_graph_compiled_without_interrupts_attributes_the_run() -> None:
     """What the refusal tells the user to do: the graph compiled for attribution without its
     interrupts has the fingerprint the run was stamped with (interrupts are no part of it, so
