@@ -8,6 +8,7 @@ import re
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -266,3 +267,20 @@ def test_a_negative_rescue_so_far_reads_as_a_rise(located) -> None:
     said = fmt.sentences._rescue_words(s)
     assert said == ("re-deciding it so far raises P(fail) by 13%, from 73% to 87%; its "
                     "rescue's interval is -40% to 20%")
+
+
+def test_a_step_of_several_calls_names_each_call() -> None:
+    """A user trial's step looked an invoice up and charged the card in one message; it read
+    "called lookup_invoice(…) and 1 more call(s)", hiding the call that mattered."""
+    from car_core.formatting.actions import ACTION_CHARS, action_summary
+
+    def call(name: str, args: str) -> dict[str, Any]:
+        return {"id": name, "type": "function", "function": {"name": name, "arguments": args}}
+
+    said = action_summary({"role": "assistant", "content": None, "tool_calls": [
+        call("lookup_invoice", '{"invoice_id": "INV-7"}'),
+        call("charge_card", '{"amount": 1290.0, "card": "visa-4242"}')]})
+    assert said.startswith("called lookup_invoice(") and " and charge_card(amount=1290" in said
+    assert len(said) <= ACTION_CHARS
+    one = action_summary({"tool_calls": [call("refund", '{"order": "A7"}')]})
+    assert one == 'called refund(order="A7")'

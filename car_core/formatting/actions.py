@@ -49,18 +49,31 @@ def _text(content: Any) -> str:
     return ""
 
 
+def _calls(calls: Sequence[Any]) -> str:
+    """``called a(x=1) and b(y=2)``: every call of a step, each shortened to its share of the
+    room, so the one that mattered is named (a step that looked an invoice up and charged a card
+    read "called lookup_invoice(…) and 1 more call(s)")."""
+    said = []
+    for call in calls:
+        first = call if isinstance(call, Mapping) else {}
+        inner = first.get("function")
+        fn: Mapping[str, Any] = inner if isinstance(inner, Mapping) else first
+        said.append(_call(fn.get("name", "?"), fn.get("arguments", fn.get("args")))
+                    .removeprefix("called "))
+    if len(said) == 1:
+        return f"called {said[0]}"
+    room = max(12, (ACTION_CHARS - 7 - 5 * (len(said) - 1)) // len(said))
+    return "called " + " and ".join(_clip(c, room) for c in said)
+
+
 def action_summary(action: Any) -> str:
     """What a recorded action did, in a few words: ``called refund(order="A7")`` for a tool
-    call (the first, with how many more), ``replied "Sure, I can…"`` for a reply, else
+    call (every call of a step, each shortened), ``replied "Sure, I can…"`` for a reply, else
     ``chose {...}`` with the action's JSON, shortened."""
     if isinstance(action, Mapping):
         calls = action.get("tool_calls")
         if isinstance(calls, Sequence) and not isinstance(calls, str) and calls:
-            first = calls[0] if isinstance(calls[0], Mapping) else {}
-            inner = first.get("function")
-            fn: Mapping[str, Any] = inner if isinstance(inner, Mapping) else first
-            said = _call(fn.get("name", "?"), fn.get("arguments", fn.get("args")))
-            return said + (f" and {len(calls) - 1} more call(s)" if len(calls) > 1 else "")
+            return _calls(calls)
         if action.get("name") and any(k in action for k in ("arguments", "args", "input")):
             args = next(action[k] for k in ("arguments", "args", "input") if k in action)
             return _call(action["name"], args)
