@@ -67,6 +67,7 @@ from ..common.offered_tools import edited_descriptions
 from ..common.sources import drifted_tools, result_text
 from ..common.sync import BranchLoop, run_on, run_sync
 from . import agent_tools, mcp_tools
+from . import handoff_callbacks as handoff_callbacks_
 from ._context import (
     NOT_GIVEN,
     ContextFactory,
@@ -226,6 +227,9 @@ class OpenAIAgentsAgent:
     Each branch gets the run context the recorded step saw, rebuilt from the record; pass
     ``context_factory(recorded)`` to build it yourself (``recorded`` is the step's snapshot,
     or None for a context CAR could not record; 0.1's ``context=`` is refused, saying so).
+    ``handoff_callbacks``: what branches do with a handoff's ``on_handoff`` (the user's code):
+    ``"refuse"`` an app with one (the default), ``"skip"`` it, or run it ``"live"``
+    (``handoff_callbacks``); the agents' ``AgentHooks`` never run on branches.
     ``policy_agents``: whose model
     ``do_policy`` swaps: ``"deciding"`` (the agent deciding its step), ``"all"``, or agent
     names.
@@ -240,7 +244,8 @@ class OpenAIAgentsAgent:
                  max_turns: int = DEFAULT_MAX_TURNS, run_config: RunConfig | None = None,
                  context_factory: ContextFactory | None = None, context: object = NOT_GIVEN,
                  policy_agents: str | Iterable[str] = "deciding",
-                 name: str | None = None, unclassified: str = "refuse") -> None:
+                 name: str | None = None, unclassified: str = "refuse",
+                 handoff_callbacks: str = "refuse") -> None:
         refuse_shared_context(context)
         if not isinstance(agent, Agent):
             raise AdapterError(f"expected an agents.Agent, got {type(agent).__name__}",
@@ -258,6 +263,8 @@ class OpenAIAgentsAgent:
                                hint="attribute the app with each of them replaced as its "
                                     "entry says (a hosted tool: wrap what it does in a "
                                     "function tool)")
+        handoff_callbacks_.check(self.agents, handoff_callbacks)
+        self.handoff_callbacks = handoff_callbacks
         self._rule = ToolSafety.of(side_effect_tools, simulators, match_on, safe_tools=safe_tools,
                                    unclassified=unclassified)
         self._listing: mcp_tools.Listing | None = None
@@ -562,7 +569,7 @@ class OpenAIAgentsAgent:
                       for t in ts] for a, ts in listing.items()}
         clones = clone_app(self.agents, self._models(), session,
                            keep_input_guardrails=keep_input_guardrails, used_tools=used_tools,
-                           mcp=served)
+                           mcp=served, skip_callbacks=self.handoff_callbacks == "skip")
         collector = CarRecorder()
         config = dataclasses.replace(
             self.run_config, model=None, tracing_disabled=True,

@@ -49,6 +49,7 @@ from ._context import replay
 from ._items import action_of, output_of
 from .app import handoff_target
 from .fake import _STEP_RNG
+from .handoff_callbacks import callback_of
 from .offered_tools import described
 
 
@@ -284,7 +285,8 @@ async def _answered(s: BranchSession, name: str, ctx: Any, arguments: str, k: in
 
 def clone_app(agents: Mapping[str, Any], models: Mapping[str, Model], session: BranchSession,
               *, keep_input_guardrails: bool = True, used_tools: frozenset[str] = frozenset(),
-              mcp: Mapping[str, list[FunctionTool]] | None = None) -> dict[str, Any]:
+              mcp: Mapping[str, list[FunctionTool]] | None = None,
+              skip_callbacks: bool = False) -> dict[str, Any]:
     """Copies of the app's agents for one branch: branch models, guarded tools, handoffs that
     lead to the copies (a ``do_context`` edit of the system message is given to its step's
     call alone: ``BranchSession.system_at``). ``used_tools``: the agents that called
@@ -292,7 +294,10 @@ def clone_app(agents: Mapping[str, Any], models: Mapping[str, Model], session: B
     (``reset_tool_choice``), state a fresh ``Runner.run`` does not have, so the copies start
     reset. ``mcp``: each agent's tools from its MCP servers, listed before the branch
     (``mcp_tools``); the copies carry them as function tools (first, in the SDK's order) in
-    place of the servers."""
+    place of the servers. The copies carry no ``AgentHooks``: an agent's hooks observe it (an
+    audit log, metrics), and on a branch they wrote what a branch did into the user's log, a
+    tool answered from the record among it. ``skip_callbacks``: handoffs hand off without
+    calling their ``on_handoff`` (``handoff_callbacks``)."""
     clones: dict[str, Any] = {}
     for name, a in agents.items():
         kw: dict[str, Any] = {
@@ -302,6 +307,7 @@ def clone_app(agents: Mapping[str, Any], models: Mapping[str, Model], session: B
                         for t in (mcp or {}).get(name, ())),
                       *(_guarded(noting(t, session), session) if isinstance(t, FunctionTool)
                         else t for t in a.tools or ())]}
+        kw["hooks"] = None  # observers of the user's runs, not of branches
         if a.mcp_servers:  # their tools are among the copy's, listed before the branch
             kw["mcp_servers"] = []
         if not keep_input_guardrails:
@@ -313,19 +319,22 @@ def clone_app(agents: Mapping[str, Any], models: Mapping[str, Model], session: B
         links = []
         for h in a.handoffs or ():
             if isinstance(h, Handoff):
-                links.append(_relinked(h, clones))
+                links.append(_relinked(h, clones, skip_callbacks))
             else:
                 links.append(clones[h.name])
         clones[name].handoffs = links
     return clones
 
 
-def _relinked(h: Handoff[Any, Any], clones: Mapping[str, Any]) -> Handoff[Any, Any]:
-    """A handoff object whose invocation returns the branch's copy of its target."""
+def _relinked(h: Handoff[Any, Any], clones: Mapping[str, Any], skip_callbacks: bool = False
+              ) -> Handoff[Any, Any]:
+    """A handoff object whose invocation returns the branch's copy of its target, without
+    running the handoff's callback where ``skip_callbacks`` (and it has one)."""
     original = h.on_invoke_handoff
+    skipped = handoff_target(h) if skip_callbacks and callback_of(h) is not None else None
 
     async def invoke(ctx: Any, arguments: str) -> Any:
-        target = await original(ctx, arguments)
+        target = skipped if skipped is not None else await original(ctx, arguments)
         return clones.get(getattr(target, "name", ""), target)
 
     out = dataclasses.replace(h, on_invoke_handoff=invoke)

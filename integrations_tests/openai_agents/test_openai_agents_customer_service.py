@@ -205,9 +205,18 @@ def simulate_booking(args: dict[str, Any], ctx: RunContextWrapper[Any]) -> str:
 
 
 def wrap(app: Airline, **kw: Any) -> OpenAIAgentsAgent:
+    """The app's handoff callback only writes the run context: branches may run it."""
+    kw.setdefault("handoff_callbacks", "live")
     return OpenAIAgentsAgent(app.agent, safe_tools=["faq_lookup", "seat_map"],
                              side_effect_tools=["update_seat"],
                              simulators={"update_seat": simulate_booking}, **kw)
+
+
+def test_a_handoff_callback_must_be_said_safe_to_run_on_branches() -> None:
+    """``on_handoff`` is the user's code: CAR cannot see that this one only writes the
+    context, so the app is refused until the user says so (``handoff_callbacks``)."""
+    with pytest.raises(AdapterError, match=r"seat_booking_agent.*on_seat_booking_handoff"):
+        wrap(Airline(), handoff_callbacks="refuse")
 
 
 def record_failing(rec: CarRecorder, context: Any, **kw: Any) -> tuple[Airline, car.Trajectory]:

@@ -93,7 +93,8 @@ def http_app(base_url: str) -> Airline:
 def wrapped(app: Airline) -> OpenAIAgentsAgent:
     return OpenAIAgentsAgent(app.agent, safe_tools=["faq_lookup", "seat_map"],
                              side_effect_tools=["update_seat"],
-                             simulators={"update_seat": simulate_booking})
+                             simulators={"update_seat": simulate_booking},
+                             handoff_callbacks="live")  # it writes the run context only
 
 
 def make_agent() -> OpenAIAgentsAgent:

@@ -1,0 +1,88 @@
+"""User code the SDK runs besides tools: a handoff's ``on_handoff`` and an agent's
+``AgentHooks``. A user trial's attribution paged the on-call person 16 times through
+``on_handoff`` and wrote 134 audit lines through the agents' hooks, a tool answered from the
+record among them. An app with a handoff callback is refused before any branch until
+``handoff_callbacks=`` says whether branches call it; agent hooks never run on branches.
+
+Planted: the triage agent hands off to ``oncall`` (``handoff(oncall, on_handoff=page)``) or
+answers itself, each with probability 1/2 when re-decided; the recorded run hands off."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from agents import Agent, AgentHooks, Runner, handoff
+from car_adapters.common.messages import assistant, tool_call
+from car_adapters.openai_agents import CarRecorder, OpenAIAgentsAgent, ScriptedModel
+
+import car_core as car
+from car_core.contract import in_branch
+from car_core.errors import AdapterError
+
+
+class Desk:
+    """The app; ``paged`` and ``audit`` are the real side effects of its callback and hooks."""
+
+    def __init__(self) -> None:
+        self.paged: list[str] = []
+        self.audit: list[str] = []
+
+    def app(self) -> Agent[Any]:
+        desk = self
+
+        class Audit(AgentHooks[Any]):
+            async def on_start(self, context: Any, agent: Any) -> None:
+                desk.audit.append(agent.name)
+
+        def page(ctx: Any) -> None:
+            self.paged.append("on-call")
+
+        def triage(messages: list[dict[str, Any]], tools: Any, rng: Any) -> Any:
+            if not in_branch() or rng.random() < 0.5:  # the recording escalates
+                return assistant(None, [tool_call("h1", "transfer_to_oncall", {})])
+            return "I can help with that myself."
+
+        oncall = Agent(name="oncall", model=ScriptedModel(lambda m, t, r: "Paged.", seed=0),
+                       hooks=Audit())
+        return Agent(name="triage", model=ScriptedModel(triage, seed=0), hooks=Audit(),
+                     handoffs=[handoff(oncall, on_handoff=page)])
+
+
+def escalated(run: car.Trajectory) -> bool:
+    return any(s.meta.get("agent") == "oncall" for s in run.steps)
+
+
+def _recorded(desk: Desk) -> car.Trajectory:
+    rec = CarRecorder()
+    Runner.run_sync(desk.app(), "My card was stolen.", hooks=rec)
+    run = rec.run
+    assert escalated(run) and desk.paged == ["on-call"]
+    return run
+
+
+def test_an_app_with_a_handoff_callback_is_refused_until_told() -> None:
+    desk = Desk()
+    _recorded(desk)
+    with pytest.raises(AdapterError, match=r"triage -> transfer_to_oncall \(.*page\)"):
+        OpenAIAgentsAgent(desk.app())
+    assert desk.paged == ["on-call"]
+
+
+def test_skipped_callbacks_and_agent_hooks_never_run_on_branches() -> None:
+    desk = Desk()
+    run = _recorded(desk)
+    paged, audit = list(desk.paged), list(desk.audit)
+    res = car.intervene(run, OpenAIAgentsAgent(desk.app(), handoff_callbacks="skip"),
+                        car.do_resample(0), outcome=escalated, rollouts=16, seed=0)
+    assert 0 < res.mean < 1  # branches handed off, and answered themselves
+    assert desk.paged == paged and desk.audit == audit
+
+
+def test_live_callbacks_run_on_the_branches_that_hand_off() -> None:
+    desk = Desk()
+    run = _recorded(desk)
+    paged = len(desk.paged)
+    res = car.intervene(run, OpenAIAgentsAgent(desk.app(), handoff_callbacks="live"),
+                        car.do_resample(0), outcome=escalated, rollouts=16, seed=0)
+    assert len(desk.paged) - paged == round(res.mean * 16) > 0
