@@ -5,6 +5,7 @@ every recorded step, the estimate stops with ``BranchesFailed`` and stays resuma
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 from typing import Any
 
@@ -229,6 +230,21 @@ def test_the_share_rule_allows_a_tenth_and_stops_early_only_when_clearly_above()
         check_failures(_failures(4), 30, run_id="r", final=True, resumable=False)
 
 
+def test_an_arm_that_loses_a_clear_share_of_its_branches_stops_the_estimate() -> None:
+    """Failures of one arm's paths bias that arm's mean however few the whole estimate ran: a
+    user trial's re-decided step lost 40% of its branches (the failing ones) within a 10%
+    share overall, and a rescue of 0.6 read 1.0. 6 of an arm's 15 (Wilson 95% interval
+    [0.20, 0.64]) stop it; 2 of 15 ([0.04, 0.38]) do not, nor does a small arm."""
+    six = _failures(6)
+    check_failures(six, 100, run_id="r", final=True)  # the whole estimate's share: 6%
+    with pytest.raises(BranchesFailed, match="6 of the 15 branches of arm hold<2 failed"):
+        check_failures(six, 100, run_id="r", final=True, ran_by_arm={"hold<2": 15})
+    with pytest.raises(BranchesFailed, match="arm hold<2"):  # while it runs, too
+        check_failures(six, 100, run_id="r", ran_by_arm={"hold<2": 15})
+    check_failures(_failures(2), 100, run_id="r", final=True, ran_by_arm={"hold<2": 15})
+    check_failures(_failures(3), 100, run_id="r", final=True, ran_by_arm={"hold<2": 9})
+
+
 def test_a_stopped_attribution_keeps_its_branches_and_resumes_once_the_hook_is_fixed(
         tmp_path: Any) -> None:
     _, run, hook, outcome = planted()
@@ -447,6 +463,28 @@ def test_a_branch_whose_draws_are_its_own_is_not_retried_into_a_biased_estimate(
                       executor=Sequential(), progress=False)
     share = len(info.value.failures) / info.value.ran
     assert abs(share - 0.2) <= 4 * np.sqrt(0.2 * 0.8 / 400)  # each error counted once
+    assert all(f.attempts == 1 for f in info.value.failures)
+
+
+def test_a_hosted_agent_handed_cars_noise_without_a_seed_check_is_not_retried() -> None:
+    """An agent over a model server (``prefers_concurrency``) that says it draws from CAR's
+    noise but measures nothing: its model may ignore the seed, so a retry is a fresh draw. A
+    user trial's OpenAI Agents branches that raised were retried into the paths that do not,
+    and a rescue of 0.6 read 1.0."""
+    model = OwnDraws(error_rate=0.4)
+    base = model.agent()
+
+    @dataclasses.dataclass
+    class Hosted(car.FunctionAgent):
+        prefers_concurrency: bool = True
+
+    agent = Hosted(policy=base.policy, is_final=base.is_final, max_steps=2, name=base.name,
+                   couples_noise=True)
+    run = next(r for r in (agent.start({}, Noise(s)) for s in range(50)) if refunded(r))
+    model.armed = True
+    with pytest.raises(BranchesFailed, match="more than the 10%") as info:
+        car.intervene(run, agent, car.do_resample(0), outcome=refunded, rollouts=400,
+                      executor=Sequential(), progress=False)
     assert all(f.attempts == 1 for f in info.value.failures)
 
 

@@ -14,7 +14,7 @@ engine share, so none of them imports another to get at it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -163,10 +163,15 @@ def failure_of(task: Task, exc: BaseException | None, attempts: int) -> Failure:
 
 
 def check_failures(failures: Sequence[Failure], ran: int, *, run_id: str,
-                   final: bool = False, resumable: bool = True) -> None:
+                   final: bool = False, resumable: bool = True,
+                   ran_by_arm: Mapping[str, int] | None = None) -> None:
     """Stop the estimate (``BranchesFailed``) when what failed makes what is left untrustworthy:
-    any branch of the held arm (everything held as recorded), or more than ``FAILED_SHARE`` of
-    the ``ran`` branches (when ``final``; before, only once that is clear, see above)."""
+    any branch of the held arm (everything held as recorded), more than ``FAILED_SHARE`` of
+    the ``ran`` branches (when ``final``; before, only once that is clear, see above), or, with
+    ``ran_by_arm`` (the branches each arm ran), an arm whose own failed share is clearly above
+    it (the lower end of its Wilson interval): failures of one arm's paths bias that arm's mean
+    however few the whole estimate ran (a user trial's re-decided step lost 40% of its
+    branches, the failing ones, within a 10% share overall, and a rescue of 0.6 read 1.0)."""
     if not failures:
         return
     then = ("resume the attribution; the branches that finished are kept" if resumable
@@ -180,17 +185,45 @@ def check_failures(failures: Sequence[Failure], ran: int, *, run_id: str,
             hint="replaying the record must not raise: fix the agent (or the hook that raises "
                  f"on branches) and {then}")
     share = len(failures) / max(ran, len(failures))
-    if final and share <= FAILED_SHARE:
-        return
-    if not final and (ran < FAILED_SHARE_FROM
-                      or wilson(share, ran, FAILED_SHARE_LEVEL)[0] <= FAILED_SHARE):
-        return
-    first = failures[0]
-    fix = ("bring that service up where this estimate runs (or answer the tool with a "
-           "simulator)" if says_service_down(first.error) else
-           "fix the agent (or the hook that raises on branches)")
+    arm = _arm_over_share(failures, ran_by_arm or {})
+    if arm is None:
+        if final and share <= FAILED_SHARE:
+            return
+        if not final and (ran < FAILED_SHARE_FROM
+                          or wilson(share, ran, FAILED_SHARE_LEVEL)[0] <= FAILED_SHARE):
+            return
+    first = failures[0] if arm is None else next(f for f in failures if f.task.arm == arm)
+    if arm is not None:
+        lost = sum(f.task.arm == arm for f in failures)
+        raise BranchesFailed(
+            f"{lost} of the {(ran_by_arm or {})[arm]} branches of arm {arm} failed, more than the "
+            f"{FAILED_SHARE:.0%} an arm may leave out: the ones left would stand for paths "
+            f"that did not fail (first: {first.describe()})",
+            run_id=run_id, step=first.where, failures=tuple(failures), first=first, ran=ran,
+            hint=f"{_fix(first)} and " + ("resume the attribution; the branches that finished "
+                                          "are kept" if resumable else "run it again"))
+    fix = _fix(first)
     raise BranchesFailed(
         f"{len(failures)} of {ran} branches failed, more than the {FAILED_SHARE:.0%} an "
         f"estimate may leave out (first: {first.describe()})",
         run_id=run_id, step=first.where, failures=tuple(failures), first=first, ran=ran,
         hint=f"{fix} and {then}")
+
+
+def _fix(first: Failure) -> str:
+    return ("bring that service up where this estimate runs (or answer the tool with a "
+            "simulator)" if says_service_down(first.error) else
+            "fix the agent (or the hook that raises on branches)")
+
+
+def _arm_over_share(failures: Sequence[Failure], ran_by_arm: Mapping[str, int]) -> str | None:
+    """The first arm whose failed share is shown above ``FAILED_SHARE`` (the lower end of its
+    Wilson interval at ``FAILED_SHARE_LEVEL``), from ``FAILED_SHARE_FROM`` of its branches on."""
+    lost: dict[str, int] = {}
+    for f in failures:
+        lost[f.task.arm] = lost.get(f.task.arm, 0) + 1
+    for arm, n in lost.items():
+        ran = ran_by_arm.get(arm, 0)
+        if ran >= FAILED_SHARE_FROM and wilson(n / ran, ran, FAILED_SHARE_LEVEL)[0] > FAILED_SHARE:
+            return arm
+    return None

@@ -207,6 +207,10 @@ class Session:
         self.failures: list[Failure] = []  # branches that failed (after a retry, if any)
         self._stands_for: dict[tuple[str, int], int] = {}  # (arm, stand-in index) -> index
         self.ran = 0  # branches run (failed ones included), for the failed share
+        # ... and each arm's, for an arm's own share: the contrastive search's arms are means
+        # that one arm's lost paths bias (Shapley keeps every unit, a failed visit stood in for)
+        self.ran_by_arm: dict[str, int] = {}
+        self._per_arm = method == "contrastive"
         self._began = False  # whether this session began (or resumed) the attribution row
         self.replace = replace  # its result replaces a stored one, even one from more rollouts
         opened = _OPENED.get()
@@ -262,6 +266,7 @@ class Session:
             return
 
         def on_result(task: Task, traj: Trajectory) -> None:
+            self.ran_by_arm[task.arm] = self.ran_by_arm.get(task.arm, 0) + 1
             value = traj.outcome.value if traj.outcome is not None else None
             if value is None:  # a journal row written without a score cannot be trusted
                 value = self.outcome.score(traj, task.noise)
@@ -275,8 +280,11 @@ class Session:
                           retries=self.retries)
         self.ran += len(results) + len(results.failures)
         self.failures.extend(results.failures)
+        for f in results.failures:
+            self.ran_by_arm[f.task.arm] = self.ran_by_arm.get(f.task.arm, 0) + 1
         check_failures(self.failures, self.ran, run_id=self.run.id,
-                       resumable=self.journal is not None)
+                       resumable=self.journal is not None,
+                       ran_by_arm=self.ran_by_arm if self._per_arm else None)
 
     def failure_note(self) -> str | None:
         """Why the estimate is missing branches, when some failed after their retry: left out,
@@ -318,6 +326,7 @@ class Session:
         """Store the result, unless the branches that failed are too many to leave out (then
         ``BranchesFailed``, and the attribution stays open for a resume)."""
         check_failures(self.failures, self.ran, run_id=self.run.id, final=True,
+                       ran_by_arm=self.ran_by_arm if self._per_arm else None,
                        resumable=self.journal is not None)
         if self.store is not None and self.attribution_id is not None:
             status = (AttributionStatus.TRUNCATED if result.truncated

@@ -84,13 +84,17 @@ def replays_alike(agent: Any, requested: bool, coupled: bool) -> bool:
     honoured (``coupling``'s check, made only where coupling was ``requested``; ``coupled`` is
     its answer). Only then is retrying a branch that raised a re-run of the same path; a
     fresh draw instead favours the paths that do not raise (a model server that fails more
-    often after a refund made the refund look rarer: a rescue of 0.5 read 0.72)."""
+    often after a refund made the refund look rarer: a rescue of 0.5 read 0.72). An agent
+    that waits on a model server (``prefers_concurrency``) and has no seed check is not taken
+    at its word: handed CAR's noise, a model that ignores its seed still draws afresh (a user
+    trial's OpenAI Agents branches that raised were retried into the paths that do not, and a
+    rescue of 0.6 read 1.0)."""
     caps = capabilities(agent)
     if Capability.COUPLES_NOISE not in caps:
         return False
     if Capability.SEED_CHECK in caps:
         return requested and coupled
-    return True
+    return Capability.CONCURRENCY not in caps
 
 
 def coupling(agent: Any, run: Any, requested: bool) -> tuple[bool, str]:
