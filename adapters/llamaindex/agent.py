@@ -36,6 +36,7 @@ from dataclasses import replace
 from typing import Any
 
 from llama_index.core.agent.workflow import FunctionAgent
+from llama_index.core.agent.workflow.base_agent import DEFAULT_MAX_ITERATIONS
 from llama_index.core.memory import ChatMemoryBuffer
 from llama_index.core.tools import BaseTool, FunctionTool
 from llama_index.core.workflow import Context, Workflow
@@ -209,17 +210,21 @@ class LlamaIndexAgent:
     writes the store as the tool would; where the record cannot show what a call of it wrote
     and no such simulator is given, the run is refused before any branch. A tool in
     neither list is refused (``UnclassifiedTools``) unless ``unclassified="live"`` (a sandbox;
-    every result then says so). ``max_iterations`` caps the decisions a branch makes from its
-    branch step on. Refused here, before anything runs: a custom ``Workflow`` (no agent step to
-    re-enter), and a tool that waits for a human (``ctx.wait_for_event``) where branches would
-    run it live (``human_input``); a run whose workflow asks for input anyway (an
-    ``InputRequiredEvent`` on its stream) stops there with an ``AdapterError``."""
+    every result then says so). ``max_iterations`` is the app's ``run(max_iterations=...)``
+    (by default the run's own, as recorded, else LlamaIndex's 20): a branch from step ``k`` gets
+    what is left of it after the ``k`` decisions before, as the run would have (a
+    branch that counted from its own step ran past the limit the app stops at, and a user
+    trial's P(fail) of 0.31 read 0.62). Refused here, before anything runs: a custom
+    ``Workflow`` (no agent step to re-enter), and a tool that waits for a human
+    (``ctx.wait_for_event``) where branches would run it live (``human_input``); a run whose
+    workflow asks for input anyway (an ``InputRequiredEvent`` on its stream) stops there with an
+    ``AdapterError``."""
 
     def __init__(self, agent: Any, *, safe_tools: Iterable[str] = (),
                  side_effect_tools: Iterable[str] = (),
                  simulators: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
                  match_on: Mapping[str, Iterable[str] | str] | None = None,
-                 max_iterations: int = 20, name: str | None = None,
+                 max_iterations: int | None = None, name: str | None = None,
                  unclassified: str = "refuse") -> None:
         _check_agent_workflow(agent)
         self.workflow = agent
@@ -449,6 +454,14 @@ class LlamaIndexAgent:
                      "ChatMemoryBuffer.from_defaults(token_limit=...))")
         return list(step.state), active
 
+    def _iterations_left(self, run: car.Trajectory | None, k: int) -> int:
+        """The iterations a branch from step ``k`` has: the app's limit (``max_iterations``,
+        else the run's, else LlamaIndex's default) less the ``k`` decisions before it, each of
+        which the run counted (LlamaIndex counts every agent output, a final reply too)."""
+        limit = self.max_iterations or (run.meta.get("max_iterations") if run is not None
+                                        else None) or DEFAULT_MAX_ITERATIONS
+        return int(limit) if run is None else max(1, int(limit) - k)
+
     async def _drive(self, messages: list[dict[str, Any]], active: str | None,
                      run: car.Trajectory | None, session: BranchSession, *,
                      store: Mapping[str, Any] | None, stop_after_first: bool = False
@@ -467,7 +480,7 @@ class LlamaIndexAgent:
             messages = [*_memory_systems(target, systems), *messages]
         session.as_recorded = store is not None
         root = getattr(self.workflow, "root_agent", None)
-        max_iter = 1 if stop_after_first else self.max_iterations
+        max_iter = 1 if stop_after_first else self._iterations_left(run, session.plan.start)
         self._check_retrievers(agents, session)
         with (installed(self.workflow, agents, self._context_tools()), session_scope(session),
               collecting() as collector):

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llama_index.core.agent.workflow import AgentWorkflow, BaseWorkflowAgent
+from llama_index.core.agent.workflow.base_agent import DEFAULT_MAX_ITERATIONS
 from llama_index.core.agent.workflow.workflow_events import AgentOutput, ToolCallResult
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.bridge.pydantic import PrivateAttr
@@ -164,6 +165,7 @@ class _RunBuf:
     open_steps: dict[str, _StepBuf] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
     inner_runs: int = 0  # workflow runs inside this one, each recorded as a run of its own
+    max_iterations: int | None = None  # the run's ``run(max_iterations=...)``, where given
 
 
 class _Spans(BaseSpanHandler[SimpleSpan]):
@@ -319,7 +321,10 @@ class CarRecorder:
             self._run_of[id_] = id_
             self._parent[id_] = None
             redact.register_from(instance)  # its LLMs' keys are never recorded
+            read = getattr(start, "get", None)
+            given = read("max_iterations") if callable(read) else None
             self._bufs[id_] = _RunBuf(root=id_, workflow=instance, context=_context_of(start),
+                                      max_iterations=given if isinstance(given, int) else None,
                                       spans={id_}, fingerprint=None if self._token is not None
                                       else workflow_digest(instance),  # as the run began
                                       skip_keys=framework_keys(agents_of(instance).values()))
@@ -443,7 +448,8 @@ class CarRecorder:
                                   observed=bool(results), state=s["state"],
                                   meta={**s["meta"], "llamaindex_run": buf.root}))
         meta = {"framework": "llama-index", "workflow": type(buf.workflow).__name__,
-                "tools": tool_names(buf.workflow), ERRORS_MARKED: True}
+                "tools": tool_names(buf.workflow), ERRORS_MARKED: True,
+                "max_iterations": buf.max_iterations or DEFAULT_MAX_ITERATIONS}
         if buf.fingerprint is not None:
             meta["agent_fingerprint"] = buf.fingerprint
         return car.Trajectory.new(
