@@ -25,8 +25,9 @@ def final_state(run: Trajectory) -> dict[str, Any]:
     - ``messages``: llama_index ``ChatMessage`` objects: the chat the last model call saw (the
       agent's system prompt where it has one, the history, the user message), then that call's
       reply and the tool results that answered it (tool results as text, as recorded);
-    - ``response``: the last reply's text when the run completed with a reply that called no
-      tool (what the final ``AgentOutput.response`` held), else None;
+    - ``response``: what the final ``AgentOutput.response`` held: the last reply's text when
+      the run completed with a reply that called no tool, or, for a run a ``return_direct``
+      tool ended (it completed at a step that called tools), that tool's result; else None;
     - ``store``: the workflow ``Context`` store's own keys (JSON) as the last step began, or
       None where it was not recorded (a durable store); a tool of the last step that wrote the
       store after it began is not in it;
@@ -43,9 +44,11 @@ def final_state(run: Trajectory) -> dict[str, Any]:
     last = run.steps[-1]
     action = dict(last.action) if isinstance(last.action, Mapping) else {}
     dicts = [*(last.state or ()), action, *(last.observation or ())]
-    replied = (run.status == RunStatus.COMPLETE and not action.get("tool_calls"))
+    done = run.status == RunStatus.COMPLETE
+    results = [m for m in last.observation or () if isinstance(m, Mapping)]
+    response = (action.get("content") if done and not action.get("tool_calls")
+                else results[-1].get("content") if done and results else None)
     store = last.meta.get(STORE_KEY)
-    return {"messages": from_dicts(dicts),
-            "response": action.get("content") if replied else None,
+    return {"messages": from_dicts(dicts), "response": response,
             "store": copy.deepcopy(dict(store)) if isinstance(store, Mapping) else None,
             "agent": last.meta.get("agent")}

@@ -93,3 +93,29 @@ def test_final_state_gives_chat_messages_and_a_branch_redeciding_the_booking_sco
             if m.role == MessageRole.TOOL and '"price"' in (m.content or "")] == ["TP2"]
     assert branch["response"] == "Booked, have a good trip."
     assert ledger.count() == 0  # the booking was simulated on the branches
+
+
+def test_a_run_a_return_direct_tool_ended_has_that_tools_result_as_its_response() -> None:
+    """A ``return_direct`` tool's result is the run's final response, with no model reply
+    after it: ``final_state`` gave None, and an outcome over the response scored the failing
+    run as passing (a user trial's ``car runs`` listed it passed)."""
+    from llama_index.core.tools import FunctionTool
+
+    def issue_voucher(amount: int) -> str:
+        """Issue a voucher (ends the run with its answer)."""
+        return f"Voucher of ${amount} issued."
+
+    agent = FunctionAgent(name="desk", system_prompt="Refund desk.", llm=ScriptedLLM(
+        lambda m, t, r: assistant(None, [tool_call("v1", "issue_voucher", {"amount": 200})])),
+        tools=[FunctionTool.from_defaults(issue_voucher, return_direct=True)])
+    rec = CarRecorder().attach()
+
+    async def go() -> Any:
+        return await agent.run(user_msg="A1 arrived damaged")
+
+    try:
+        out = asyncio.run(go())
+    finally:
+        rec.detach()
+    assert final_state(rec.run)["response"] == str(out.response.content) == \
+        "Voucher of $200 issued."
