@@ -155,6 +155,27 @@ def _memory_systems(agent: Any, systems: list[str]) -> list[dict[str, Any]]:
     return [{"role": "system", "content": text} for text in rest]
 
 
+RETRY_PREFIX = "Error while parsing the output"  # a ReActAgent's retry after a parse error
+
+
+def _past_retry(state: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A step's messages without the retry a ReActAgent puts after the history when it could
+    not parse a reply (the user message again, the bad reply, the parse error; its reasoning
+    follows): that call's input alone, never kept in memory, so the next step does not have it
+    (a user trial's run with one parse error was refused as a memory that "dropped or rewrote
+    messages")."""
+    out = list(state)
+    i = len(out) - 1
+    while i >= 2:
+        if ([m.get("role") for m in out[i - 2:i + 1]] == ["user", "assistant", "user"]
+                and str(out[i].get("content") or "").startswith(RETRY_PREFIX)):
+            del out[i - 2:i + 1]
+            i -= 3
+        else:
+            i -= 1
+    return out
+
+
 def _check_memory_kept(run: car.Trajectory, k: int) -> None:
     """Refuse a branch from ``k`` when the app's memory dropped or rewrote messages at a later
     recorded step (a token limit, a summary): the branch's memory keeps every message, so its
@@ -166,8 +187,8 @@ def _check_memory_kept(run: car.Trajectory, k: int) -> None:
         if not isinstance(before.state, list) or not isinstance(after.state, list):
             continue
         same_agent = before.meta.get("agent") == after.meta.get("agent")
-        a = [m for m in before.state if same_agent or m.get("role") != "system"]
-        b = [m for m in after.state if same_agent or m.get("role") != "system"]
+        a = [m for m in _past_retry(before.state) if same_agent or m.get("role") != "system"]
+        b = [m for m in _past_retry(after.state) if same_agent or m.get("role") != "system"]
         if b[:len(a)] != a:
             raise AdapterError(
                 f"the app's memory dropped or rewrote messages before step {j} (it saw "
