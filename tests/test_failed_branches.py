@@ -547,3 +547,26 @@ def test_an_llm_judge_whose_server_goes_down_stops_the_estimate_resumably(tmp_pa
                               attribution_id="judge-down", executor=Sequential(),
                               progress=False)
     assert res.locus == 1
+
+
+def test_an_async_clients_stale_loop_error_is_tried_once_more_whatever_the_draws() -> None:
+    """A user who recorded with ``run_sync`` and attributes in the same process has an HTTP
+    pool whose first connection on CAR's loop fails ("bound to a different event loop"), once,
+    whatever the branch's path. With no retry (draws of its own) that one error stopped an
+    estimate of two branches; it is tried once more, and only it."""
+    failed_once: list[bool] = []
+
+    def policy(history: car.History, rng: np.random.Generator) -> Any:
+        if not failed_once:
+            failed_once.append(True)
+            raise RuntimeError("<asyncio.locks.Event object> is bound to a different event loop")
+        return {"reply": "done", "final": True}
+
+    agent = car.FunctionAgent(policy=policy, is_final=lambda a: bool(a.get("final")),
+                              max_steps=2, name="stale-loop", couples_noise=False)
+    failed_once.append(True)  # the recording's call is fine
+    run = agent.start({}, Noise(0))
+    failed_once.clear()
+    dist = car.intervene(run, agent, car.do_resample(0), outcome=lambda r: 1.0, rollouts=2,
+                         executor=Sequential(), progress=False)
+    assert not dist.failures and dist.n == 2

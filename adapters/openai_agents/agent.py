@@ -126,6 +126,25 @@ def unsupported(agents: Mapping[str, Any], run_config: RunConfig) -> list[str]:
     return out
 
 
+def custom_input_filters(agents: Mapping[str, Any]) -> tuple[str, ...]:
+    """The caveat of handoffs with an ``input_filter`` of the user's: a branch starts
+    ``Runner.run`` with the history up to its step as input, so such a filter sees the run's
+    own items before the branch step in ``input_history``, not in ``pre_handoff_items`` /
+    ``new_items`` as the run's filter did (a user trial's filter that dropped the run's items
+    kept them on branches). The SDK's ``handoff_filters`` treat both alike."""
+    found = sorted({f"{name} -> {h.tool_name}" for name, a in agents.items()
+                    for h in a.handoffs or () if isinstance(h, Handoff)
+                    and h.input_filter is not None
+                    and getattr(h.input_filter, "__module__", "") !=
+                    "agents.extensions.handoff_filters"})
+    if not found:
+        return ()
+    return (f"handoff input filters of your own ran on branches ({', '.join(found)}), which "
+            "see the run's items before the branch step as input history, not as the items "
+            "generated before the handoff: a filter that treats those differently hands the "
+            "next agent another input than the run's did",)
+
+
 def waits_on_a_server(agents: Mapping[str, Any]) -> bool:
     """Whether a branch's decisions wait on a model server: an agent's model that says
     ``remote`` (CAR's ``ScriptedModel`` says False unless it was given a latency) is taken at
@@ -340,9 +359,10 @@ class OpenAIAgentsAgent:
 
     @property
     def caveats(self) -> tuple[str, ...]:
-        """What every result must say: tools left unclassified that branches ran live."""
+        """What every result must say: tools left unclassified that branches ran live, and
+        handoff input filters of the user's (``custom_input_filters``)."""
         self._ready()
-        return self.safety.caveats
+        return (*self.safety.caveats, *custom_input_filters(self.agents))
 
     def fingerprint(self) -> dict[str, Any]:
         """The app's agents, instructions, tools (its MCP servers' included, with their

@@ -57,6 +57,7 @@ from car_core.errors import (
 from car_core.model.budget import BudgetMeter
 from car_core.model.capabilities import Capability, capabilities, takes_param
 from car_core.model.checks import is_whole
+from car_core.model.outages import is_stale_loop
 from car_core.model.outcome import OutcomeFn, OutcomeLike
 from car_core.model.trajectory import Trajectory
 from car_core.model.vocabulary import RunStatus
@@ -119,7 +120,10 @@ def _name_task(exc: BaseException, task: Task) -> None:
 
 class Guarded:
     """``fn`` with the retry rule: its result, or a ``Failure`` after ``retries + 1`` failed
-    attempts. Offers ``acall`` when ``fn`` does, so an async agent is awaited, not threaded."""
+    attempts, and one more where the last error was an async client's object made on another
+    event loop (``outages.is_stale_loop``): that fails once whatever the branch's path, so a
+    second try favours no path, even where ``retries`` is 0 (an agent whose draws are its own).
+    Offers ``acall`` when ``fn`` does, so an async agent is awaited, not threaded."""
 
     def __init__(self, fn: Callable[[Task], Any], retries: int = 1) -> None:
         self.fn = fn
@@ -128,7 +132,9 @@ class Guarded:
 
     def __call__(self, task: Task) -> Any:
         last: BaseException | None = None
-        for _ in range(self.retries + 1):
+        for attempt in range(self.retries + 2):
+            if attempt > self.retries and not (last is not None and is_stale_loop(last)):
+                break
             try:
                 return self.fn(task)
             except NOT_RETRIED as exc:
@@ -140,7 +146,9 @@ class Guarded:
 
     async def acall(self, task: Task) -> Any:
         last: BaseException | None = None
-        for _ in range(self.retries + 1):
+        for attempt in range(self.retries + 2):
+            if attempt > self.retries and not (last is not None and is_stale_loop(last)):
+                break
             try:
                 return await self.fn.acall(task)  # type: ignore[attr-defined]
             except NOT_RETRIED as exc:

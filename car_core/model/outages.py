@@ -49,3 +49,23 @@ def says_service_down(text: str) -> bool:
     """Whether an error's text blames its service rather than the call: a tool that answered
     so on a branch was down where the estimate ran, not answering what the agent asked."""
     return bool(_SERVICE_DOWN.search(text))
+
+
+# an object of an async client (a pooled connection's lock or event) made on an event loop
+# that is gone or is another: the client's, not the branch's, state
+_STALE_LOOP = re.compile(r"bound to a different event loop|event loop is closed", re.IGNORECASE)
+
+
+def is_stale_loop(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it was raised from) says an async client reused something
+    made on another event loop: a user who recorded with ``run_sync`` and attributes in the same
+    process has an HTTP pool whose first connection on CAR's loop fails so, once, whatever the
+    branch's path; the pool drops it and the next call works."""
+    seen = 0
+    e: BaseException | None = exc
+    while e is not None and seen < 16:
+        if _STALE_LOOP.search(str(e)):  # the client's RuntimeError, or CAR's error naming it
+            return True
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return False

@@ -86,3 +86,20 @@ def test_live_callbacks_run_on_the_branches_that_hand_off() -> None:
     res = car.intervene(run, OpenAIAgentsAgent(desk.app(), handoff_callbacks="live"),
                         car.do_resample(0), outcome=escalated, rollouts=16, seed=0)
     assert len(desk.paged) - paged == round(res.mean * 16) > 0
+
+
+def test_a_handoff_input_filter_of_the_users_is_a_caveat_of_every_result() -> None:
+    """A branch hands ``Runner.run`` the history up to its step as input, so a filter of the
+    user's sees the run's own items as input history: a user trial's filter that dropped them
+    kept them on branches. The SDK's own filters treat both alike: no caveat."""
+    from agents.extensions import handoff_filters
+
+    def mine(data: Any) -> Any:
+        return data.clone(pre_handoff_items=(), new_items=())
+
+    oncall = Agent(name="oncall", model=ScriptedModel(lambda m, t, r: "Paged.", seed=0))
+    for given, said in ((mine, True), (handoff_filters.remove_all_tools, False)):
+        app = Agent(name="triage", model=ScriptedModel(lambda m, t, r: "ok", seed=0),
+                    handoffs=[handoff(oncall, input_filter=given)])
+        caveats = OpenAIAgentsAgent(app).caveats
+        assert any("triage -> transfer_to_oncall" in c for c in caveats) is said
