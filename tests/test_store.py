@@ -25,6 +25,7 @@ from car_core.errors import (
     AttributionNotFound,
     CorruptRun,
     CorruptStore,
+    InvalidInput,
     NotACarStore,
     RunNotFound,
     StoreError,
@@ -358,6 +359,13 @@ def test_unknown_ids_raise_not_found_errors_that_are_key_errors(store: RunStore)
     with pytest.raises(AttributionNotFound, match="RunStore.attributions") as info2:
         store.attribution("nope")
     assert isinstance(info2.value, KeyError)
+
+
+def test_a_listing_row_given_for_an_id_is_bad_input_not_a_damaged_file(store: RunStore) -> None:
+    """A user trial passed a row of the listing to ``load`` and was told the file was damaged
+    and to restore it from a copy."""
+    with pytest.raises(InvalidInput, match=r"store.load\(row\['id'\]\)"):
+        store.load({"id": "abc"})  # type: ignore[arg-type]
 
 
 def test_a_copied_store_file_opens_elsewhere(tmp_path: Path, pivot_run) -> None:

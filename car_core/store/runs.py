@@ -22,6 +22,7 @@ from car_core.errors import (
     AttributionNotFound,
     CorruptAttribution,
     CorruptRun,
+    InvalidInput,
     NotACarStore,
     RunNotFound,
     StoreError,
@@ -158,7 +159,12 @@ class RunStore:
 
     @guarded
     def load(self, run_id: str) -> Trajectory:
-        """The stored run, digests verified. Raises RunNotFound / CorruptRun."""
+        """The stored run, digests verified. Raises RunNotFound / CorruptRun, and InvalidInput
+        for an id that is no string (a listing's row was read as a damaged file)."""
+        if not isinstance(run_id, str):
+            raise InvalidInput(f"RunStore.load takes a run id, got {type(run_id).__name__}",
+                               hint="pass the id: store.load(row['id']) for a row of "
+                                    "store.runs()")
         rows = list(self.db.query("SELECT * FROM runs WHERE id = ?", [run_id]))
         if not rows:
             raise RunNotFound(f"no run {run_id!r} in {self.path}", run_id=run_id,
