@@ -18,6 +18,7 @@ from car_core.errors import AdapterError, InvalidInput
 
 from .checkpoints import join, recast, thread_config
 from .fingerprint import app_digest
+from .invocation import imported
 from .messages import decode, jsonable, state_json, to_dicts, usage_of
 from .shape import AppShape
 from .step_meta import agent_of
@@ -98,7 +99,8 @@ def import_thread(shape: AppShape, thread_id: str, agent: str,
                           status=RunStatus.INTERRUPTED if head_next else RunStatus.COMPLETE,
                           meta={"framework": "langgraph", "thread_id": thread_id,
                                 "final_state": state_json(final), "imported": True,
-                                "agent_fingerprint": app_digest(app)})
+                                "agent_fingerprint": app_digest(app),
+                                "invocation": imported(getattr(end, "metadata", None))})
 
 
 def _turns(root: list[Any], thread_id: str, turn: int | None) -> tuple[str, str | None, Any]:

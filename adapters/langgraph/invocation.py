@@ -65,6 +65,23 @@ def captured() -> dict[str, Any]:
     return out
 
 
+# what LangGraph writes into a checkpoint's metadata for itself (the rest: the run's config
+# metadata and its plain configurable values)
+_CHECKPOINT_OWN = frozenset({"source", "step", "parents", "writes", "run_id", "thread_id",
+                             "checkpoint_ns", "checkpoint_id", "car_fork_of"})
+
+
+def imported(metadata: Any) -> dict[str, Any]:
+    """The invocation of a run imported from a checkpointer, as far as a checkpoint's metadata
+    shows it: LangGraph copies the plain configurable values there (``user_id``), among the
+    run's metadata, which a branch passes on as harmless keys. The runtime context is not
+    there (``context_unknown``: an app that takes one must be given it)."""
+    kept = {str(k): v for k, v in dict(metadata or {}).items()
+            if str(k) not in _CHECKPOINT_OWN and not str(k).startswith(("langgraph_", "ls_", "__"))
+            and not _SECRET_KEY.search(str(k)) and _plain(v)}
+    return {**({"configurable": kept} if kept else {}), "context_unknown": True}
+
+
 def _plain(value: Any) -> bool:
     """Whether ``value`` is JSON that loads back as itself."""
     try:
@@ -162,7 +179,7 @@ class Invocation:
             return None
         held = recorded.get("context")
         name = f"{schema.__module__}:{schema.__qualname__}"
-        if held is None and "invocation" in run.meta:
+        if held is None and "invocation" in run.meta and not recorded.get("context_unknown"):
             return None  # recorded as invoked without one: so are its branches
         if held is None:
             return (f"the app takes a runtime context (context_schema={schema.__qualname__}) "

@@ -194,3 +194,22 @@ def test_a_run_given_no_context_by_an_app_that_takes_one_branches_without_one() 
     with pytest.raises(AdapterError, match=r"pass context=None if it was given none"):
         car.intervene(older, LangGraphAgent(app, **CLASSES), car.do_resample(0),
                       outcome=standard, rollouts=4, seed=0)
+
+
+def test_a_thread_imported_from_the_checkpointer_keeps_its_configurable_keys() -> None:
+    """LangGraph copies the plain configurable values into the checkpoints' metadata, so a
+    run imported from a checkpointer (``import_thread``) is branched as its user; its runtime
+    context is not there, so an app that takes one must be given it."""
+    app = desk("config")
+    thread = str(recorded(app).meta["thread_id"])
+    agent = LangGraphAgent(app, **CLASSES)
+    run = agent.import_thread(thread)
+    assert run.meta["invocation"]["configurable"]["user_id"] == "u7"
+    _p_fail_from_step_0(app, run)
+    with_context = desk("context")
+    thread = str(recorded(with_context, context=Ctx("u7")).meta["thread_id"])
+    imported = LangGraphAgent(with_context, **CLASSES).import_thread(thread)
+    with pytest.raises(AdapterError, match="imported from a checkpointer"):
+        car.intervene(imported, LangGraphAgent(with_context, **CLASSES), car.do_resample(0),
+                      outcome=standard, rollouts=4, seed=0)
+    _p_fail_from_step_0(with_context, imported, context=Ctx("u7"))
