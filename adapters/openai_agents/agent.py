@@ -122,8 +122,30 @@ def unsupported(agents: Mapping[str, Any], run_config: RunConfig) -> list[str]:
                 out.append(f"agent {name!r}: handoff {h.tool_name!r} keeps no reference to its "
                            "agent")
     if run_config.call_model_input_filter is not None:
-        out.append("run_config.call_model_input_filter (the recorded input is already filtered)")
+        out.append("run_config.call_model_input_filter (the recorded input is already "
+                   "filtered, and a branch would filter it again: record and attribute the app "
+                   "without it)")
     return out
+
+
+def _check_input_kept(run: car.Trajectory) -> None:
+    """Refuse a run whose model input was rewritten between two turns of one agent: the SDK
+    hands a turn the previous one's input and what it added, so an input that does not start
+    with the previous one was cut or changed by something a branch does not replay (a
+    ``RunConfig(call_model_input_filter=...)``: a user trial's factory left the run config out
+    and its branches' model saw 3 and 5 items where the run's saw 2)."""
+    for j in range(1, len(run.steps)):
+        before, after = run.steps[j - 1].meta, run.steps[j].meta
+        if before.get("agent") != after.get("agent") or before.get("handoff"):
+            continue
+        a, b = before.get("input_items"), after.get("input_items")
+        if isinstance(a, list) and isinstance(b, list) and b[:len(a)] != a:
+            raise AdapterError(
+                f"the model's input at step {j} does not continue step {j - 1}'s (it saw "
+                f"{len(b)} item(s) after {len(a)}): something rewrote it between the turns, a "
+                "RunConfig(call_model_input_filter=...) or a trimmed session, which CAR does "
+                "not replay, so branches would hand the model another input", run_id=run.id,
+                step=j, hint="attribute the app without the filter (record the run without it)")
 
 
 def custom_input_filters(agents: Mapping[str, Any]) -> tuple[str, ...]:
@@ -504,6 +526,7 @@ class OpenAIAgentsAgent:
         self.contexts.check(run)
         self._check_guardrails(run)
         self._check_nested_history(run)
+        _check_input_kept(run)
 
     def _check_nested_history(self, run: car.Trajectory) -> None:
         """Refuse a run recorded with ``RunConfig(nest_handoff_history=True)`` (a step's input

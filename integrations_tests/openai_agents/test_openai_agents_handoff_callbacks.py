@@ -103,3 +103,37 @@ def test_a_handoff_input_filter_of_the_users_is_a_caveat_of_every_result() -> No
                     handoffs=[handoff(oncall, input_filter=given)])
         caveats = OpenAIAgentsAgent(app).caveats
         assert any("triage -> transfer_to_oncall" in c for c in caveats) is said
+
+
+def test_a_model_input_rewritten_between_turns_is_refused_before_any_branch() -> None:
+    """A ``RunConfig(call_model_input_filter=...)`` the factory leaves out: a user trial's
+    branches handed the model 3 and 5 items where the run's model saw 2. The run's inputs show
+    the rewrite (a turn's input does not continue the previous one's)."""
+    from agents import RunConfig, function_tool
+    from agents.run import ModelInputData
+
+    @function_tool
+    def lookup(user: str) -> str:
+        """Look the user up (reads only)."""
+        return "locked out"
+
+    def decide(messages: list[dict[str, Any]], tools: Any, rng: Any) -> Any:
+        if not any(m["role"] == "tool" for m in messages):
+            return assistant(None, [tool_call("l1", "lookup", {"user": "u"})])
+        return "Unlocked."
+
+    def last_two(data: Any) -> Any:
+        return ModelInputData(input=data.model_data.input[-2:],
+                              instructions=data.model_data.instructions)
+
+    agent = Agent(name="desk", model=ScriptedModel(decide, seed=0), tools=[lookup])
+    rec = CarRecorder()
+    Runner.run_sync(agent, "I can't log in", hooks=rec,
+                    run_config=RunConfig(call_model_input_filter=last_two))
+    with pytest.raises(AdapterError, match="input at step 1 does not continue step 0's"):
+        car.intervene(rec.run, OpenAIAgentsAgent(agent, safe_tools=["lookup"]),
+                      car.do_resample(0), outcome=lambda r: 1.0, rollouts=2, seed=0)
+    Runner.run_sync(agent, "I can't log in", hooks=rec)  # without the filter: branched
+    res = car.intervene(rec.run, OpenAIAgentsAgent(agent, safe_tools=["lookup"]),
+                        car.do_resample(0), outcome=lambda r: 1.0, rollouts=2, seed=0)
+    assert res.n == 2
