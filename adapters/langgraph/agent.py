@@ -134,7 +134,7 @@ from .calls import AsyncCalls, SyncCalls, now, on_loop, probe_async
 from .checkpoints import fork, thread_config
 from .errored import refuse_errored
 from .fingerprint import app_fingerprint
-from .guard import Guard, guarding
+from .guard import Guard, guarding, raised_by_tool
 from .importer import import_thread
 from .interrupts import refuse_interrupts, stopped
 from .invocation import NOT_GIVEN, Invocation, context_schema
@@ -432,10 +432,10 @@ class LangGraphAgent:
                     raise
                 except Exception as exc:  # a model server down: stop, resumable, as everywhere
                     state.guard.raise_blocked()  # the app turned a refusal into another error
-                    if is_outage(exc):
+                    if is_outage(exc) and raised_by_tool(exc) is None:
                         raise model_unavailable(
                             exc, step=state.current_step(), run_id=run.id,
-                            who="the model server (or a server a tool calls)"
+                            who="the model server"
                         ) from redact.redacted(exc)
                     raise
                 # a refusal the app's own tool-error handler turned into a message for the

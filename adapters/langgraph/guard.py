@@ -212,6 +212,31 @@ def _simulated(out: Any) -> Any:
     return out if isinstance(out, (Command, ToolMessage)) else as_content(out)
 
 
+TOOL_TAG = "__car_live_tool__"  # on an exception a tool run live on a branch raised
+
+
+def _tag(exc: BaseException, name: str) -> None:
+    """Mark ``exc`` as raised by tool ``name`` running live on a branch (``raised_by_tool``)."""
+    try:
+        setattr(exc, TOOL_TAG, name)
+    except AttributeError:  # an exception that takes no attributes: left as a model error
+        pass
+
+
+def raised_by_tool(exc: BaseException) -> str | None:
+    """The live tool that raised ``exc`` (or an error it came from) on a branch, else None: a
+    tool's service failing once (a flaky API past the app's own RetryPolicy) fails that branch,
+    counted like any other, where a model server down stops the estimate."""
+    seen, e = 0, exc
+    while e is not None and seen < 16:
+        name = getattr(e, TOOL_TAG, None)
+        if isinstance(name, str):
+            return name
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+        seen += 1
+    return None
+
+
 def install() -> None:
     """Wrap ``BaseTool.run`` and ``BaseTool.arun`` once (idempotent, transparent off-branch)."""
     global _INSTALLED
@@ -230,6 +255,11 @@ def install() -> None:
                 content = _simulated(content.finish())
             if content is not RUN:
                 return _answered(content, self, tool_input, kwargs)
+            try:
+                return run(self, tool_input, *args, **kwargs)
+            except Exception as exc:
+                _tag(exc, self.name)
+                raise
         return run(self, tool_input, *args, **kwargs)
 
     async def guarded_arun(self: BaseTool, tool_input: Any, *args: Any, **kwargs: Any) -> Any:
@@ -241,6 +271,11 @@ def install() -> None:
                 content = _simulated(await content.afinish())
             if content is not RUN:
                 return _answered(content, self, tool_input, kwargs)
+            try:
+                return await arun(self, tool_input, *args, **kwargs)
+            except Exception as exc:
+                _tag(exc, self.name)
+                raise
         return await arun(self, tool_input, *args, **kwargs)
 
     BaseTool.run = guarded_run  # type: ignore[method-assign]

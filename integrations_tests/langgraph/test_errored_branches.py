@@ -241,3 +241,36 @@ def test_a_model_server_down_stops_the_attribution_resumable_as_everywhere() -> 
     finally:
         ServerDown.down = False
     assert "start the server or fix its address, then resume" in (info.value.hint or "")
+
+
+@tool
+def flaky_refund(order_id: str, amount: float) -> str:
+    """Refund an order through a sandbox whose connection drops now and then."""
+    FLAKY["calls"] += 1
+    if FLAKY["armed"] and FLAKY["calls"] % 3 == 0:
+        raise ConnectionError("payments sandbox: connection reset by peer")
+    return json.dumps({"refunded": order_id, "amount": amount})
+
+
+FLAKY = {"armed": False, "calls": 0}
+
+
+def test_a_live_tools_connection_drop_fails_its_branch_not_the_estimate() -> None:
+    """A tool run live whose service drops a connection (past the app's own RetryPolicy) was
+    taken for a model server down: every attribution of a user trial's app stopped, and took 28
+    resumes. It fails that branch, counted like any other error; the model's outage still
+    stops the estimate (the test above)."""
+    FLAKY.update(armed=False, calls=0)
+    wrapper = CarChatModel(inner=sa.PlantedSupportModel(rng_seed=0))
+    app = sa.build_app(wrapper, InMemorySaver(),
+                       tools=[sa.lookup_order, sa.record_decision,
+                              flaky_refund.model_copy(update={"name": "issue_refund"})])
+    run = first_failure(app)
+    FLAKY["armed"] = True
+    agent = LangGraphAgent(app, model=wrapper, safe_tools=[*sa.SAFE_TOOLS, "issue_refund"])
+    calls = FLAKY["calls"]
+    dist = car.intervene(run, agent, car.do_action(2, run.steps[2].action), outcome=sa.outcome,
+                         rollouts=12, seed=0, executor=Sequential(), progress=False)
+    # every third call dropped: 6 branch errors, each tried again on its own path (this model
+    # draws CAR's noise), and the estimate ends with every branch
+    assert FLAKY["calls"] - calls == 18 and dist.n == 12 and not dist.failures
