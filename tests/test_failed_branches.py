@@ -570,3 +570,22 @@ def test_an_async_clients_stale_loop_error_is_tried_once_more_whatever_the_draws
     dist = car.intervene(run, agent, car.do_resample(0), outcome=lambda r: 1.0, rollouts=2,
                          executor=Sequential(), progress=False)
     assert not dist.failures and dist.n == 2
+
+
+def test_a_branch_whose_tool_raised_names_the_step_that_called_it() -> None:
+    """A branch that ended with an error after its last step called a tool and got no result
+    stopped in that step, not the next (a user trial's error in a tool of step 1 read
+    "stopped at step 2"); one that ended after a finished step stopped in the next."""
+    from car_core.engine.tasks import errored_branch
+    from car_core.model.trajectory import Step
+
+    called = Step(0, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "pay", "arguments": "{}"}}]},
+        None, False)
+    answered = Step(0, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "pay", "arguments": "{}"}}]},
+        [{"role": "tool", "tool_call_id": "c", "content": "ok"}], True)
+    for steps, where in (([called], 0), ([answered], 1), ([], 0)):
+        traj = car.Trajectory.new(context="c", steps=steps, status=RunStatus.ERROR,
+                                  error="boom")
+        assert errored_branch(traj, None).step == where

@@ -148,9 +148,15 @@ def _to_score(run: Trajectory, traj: object, agent: object, task: Task) -> Traje
 
 def errored_branch(traj: Trajectory, run_id: str | None) -> AgentError:
     """The error a branch that came back with status ``error`` stands for; its step is the one
-    it was running (the first it did not finish)."""
+    it was running (the first it did not finish): its last step where that one called tools and
+    got no result (a tool, or a hook after the call, raised: a user trial's error in a tool of
+    step 1 read "stopped at step 2"), else the step after its last."""
+    last = traj.steps[-1] if traj.steps else None
+    calls = last.action.get("tool_calls") if last is not None and isinstance(
+        last.action, dict) else None
+    unfinished = last is not None and bool(calls) and not last.observed
     return AgentError(f"the branch ended with status error: {traj.error or 'no error given'}",
-                      run_id=run_id, step=len(traj.steps),
+                      run_id=run_id, step=len(traj.steps) - 1 if unfinished else len(traj.steps),
                       hint="the framework raised inside the branch, or a tool answered it "
                            "otherwise than the record; fix what raised (a node, a hook, a tool) "
                            "or what the tool reads, and resume")
