@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,9 +28,6 @@ from car_core.errors import AdapterError
 # LangGraph's own configurable keys (a thread, its checkpoints), never the user's
 OWN_KEYS = frozenset({"thread_id", "checkpoint_ns", "checkpoint_id", "checkpoint_map",
                       "checkpoint_during", "run_id"})
-# a key that names a secret is never stored: it must be given again
-_SECRET_KEY = re.compile(r"(API[-_]?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$",
-                         re.IGNORECASE)
 _RUNTIME = "__pregel_runtime"
 NOT_GIVEN: Any = object()
 
@@ -50,9 +46,9 @@ def captured() -> dict[str, Any]:
         key = str(key)
         if key.startswith("__") or key in OWN_KEYS:
             continue
-        if _SECRET_KEY.search(key) or not _plain(value):
+        if redact.names_a_secret(key) or not _plain(value):  # a secret is never stored
             unrecorded.append(key)
-            if isinstance(value, str) and _SECRET_KEY.search(key):
+            if isinstance(value, str) and redact.names_a_secret(key):
                 redact.register(value)
         else:
             kept[key] = value
@@ -78,7 +74,7 @@ def imported(metadata: Any) -> dict[str, Any]:
     there (``context_unknown``: an app that takes one must be given it)."""
     kept = {str(k): v for k, v in dict(metadata or {}).items()
             if str(k) not in _CHECKPOINT_OWN and not str(k).startswith(("langgraph_", "ls_", "__"))
-            and not _SECRET_KEY.search(str(k)) and _plain(v)}
+            and not redact.names_a_secret(str(k)) and _plain(v)}
     return {**({"configurable": kept} if kept else {}), "context_unknown": True}
 
 

@@ -215,6 +215,12 @@ def register_from(obj: Any, _depth: int = 0, _seen: set[int] | None = None) -> N
         register_from(_attr(obj, name), _depth + 1, seen)
 
 
+def names_a_secret(name: str) -> bool:
+    """Whether a field or key named ``name`` holds a secret by its name (``api_key``,
+    ``github_token``, ``client_secret``, ``password``): such a value is never stored."""
+    return bool(_SECRET_FIELD.search(name))
+
+
 def register_fields(value: Any, _depth: int = 0) -> None:
     """Every string held, at any depth of a JSON value (an app's run context as dumped), under
     a field whose name says it is a secret (``api_key``, ``github_token``, ``client_secret``,
@@ -224,7 +230,7 @@ def register_fields(value: Any, _depth: int = 0) -> None:
         return
     if isinstance(value, Mapping):
         for name, child in value.items():
-            if isinstance(name, str) and _SECRET_FIELD.search(name):
+            if isinstance(name, str) and names_a_secret(name):
                 for leaf in _strings(child):
                     register_credential(leaf)
             register_fields(child, _depth + 1)
