@@ -394,10 +394,13 @@ class OpenAIAgentsAgent:
         return app_fingerprint(self.root, self._ready())
 
     def preflight(self, run: car.Trajectory) -> None:
-        """Before any branch: the tools are listed and classified, and the run is one this
-        app can branch."""
+        """Before any branch: the tools are listed and classified, the run is one this app
+        can branch, and every recorded write of a side-effect tool to the run context can be
+        replayed (``replayable_writes``; a user trial's estimate was refused from inside its
+        first branch instead, with a traceback)."""
         self._ready()
         self._check_run(run)
+        replayable_writes(run, self.safety)
 
     # -- the car_core Agent protocol ----------------------------------------------------------
     def start(self, context: Any, noise: Noise) -> car.Trajectory:
