@@ -37,7 +37,6 @@ another app is refused; without it a run is not checked.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import threading
 import time
@@ -70,7 +69,7 @@ from car_core.errors import InvalidInput, OutcomeError, StoreError
 from ..common.run_keeping import open_store, score_run, store_run
 from . import step_meta
 from .fingerprint import app_digest
-from .invocation import captured
+from .invocation import captured, round_trips
 from .messages import as_json, as_the_app_saw, decode, dict_of, jsonable, seen, usage_of
 from .model import CAR_DECIDED, decided_by_car
 from .offered_tools import offered
@@ -611,11 +610,7 @@ def _replayable(out: Command[Any], messages_key: str) -> tuple[str | None, dict[
             and isinstance(messages[0], ToolMessage)):
         return None, None
     channels = {str(k): v for k, v in update.items() if k != messages_key}
-    try:
-        same = json.loads(json.dumps(channels, allow_nan=False)) == channels
-    except (TypeError, ValueError):
-        same = False
-    return messages[0].tool_call_id, channels if same else None
+    return messages[0].tool_call_id, channels if round_trips(channels) else None
 
 
 def _fields(rec: _Recording, calls: list[_Call], results: dict[str, ToolMessage],

@@ -46,7 +46,7 @@ def captured() -> dict[str, Any]:
         key = str(key)
         if key.startswith("__") or key in OWN_KEYS:
             continue
-        if redact.names_a_secret(key) or not _plain(value):  # a secret is never stored
+        if redact.names_a_secret(key) or not round_trips(value):  # a secret is never stored
             unrecorded.append(key)
             if isinstance(value, str) and redact.names_a_secret(key):
                 redact.register(value)
@@ -74,11 +74,11 @@ def imported(metadata: Any) -> dict[str, Any]:
     there (``context_unknown``: an app that takes one must be given it)."""
     kept = {str(k): v for k, v in dict(metadata or {}).items()
             if str(k) not in _CHECKPOINT_OWN and not str(k).startswith(("langgraph_", "ls_", "__"))
-            and not redact.names_a_secret(str(k)) and _plain(v)}
+            and not redact.names_a_secret(str(k)) and round_trips(v)}
     return {**({"configurable": kept} if kept else {}), "context_unknown": True}
 
 
-def _plain(value: Any) -> bool:
+def round_trips(value: Any) -> bool:
     """Whether ``value`` is JSON that loads back as itself."""
     try:
         return bool(json.loads(json.dumps(value, allow_nan=False)) == value)
@@ -103,7 +103,7 @@ def _dumped(context: Any) -> dict[str, Any]:
         else:
             return {"class": name, "unrecorded": "it is neither a dataclass, a pydantic "
                                                  "model nor a dict"}
-        if not _plain(value) or _rebuilt(type(context), value) != context:
+        if not round_trips(value) or _rebuilt(type(context), value) != context:
             return {"class": name, "unrecorded": "its fields do not load back as JSON"}
     except Exception as exc:  # noqa: BLE001 - any failure to dump is "cannot be recorded"
         return {"class": name, "unrecorded": f"dumping it raised {type(exc).__name__}"}

@@ -133,7 +133,7 @@ class Guarded:
     def __call__(self, task: Task) -> Any:
         last: BaseException | None = None
         for attempt in range(self.retries + 2):
-            if attempt > self.retries and not (last is not None and is_stale_loop(last)):
+            if not self._runs(attempt, last):
                 break
             try:
                 return self.fn(task)
@@ -147,7 +147,7 @@ class Guarded:
     async def acall(self, task: Task) -> Any:
         last: BaseException | None = None
         for attempt in range(self.retries + 2):
-            if attempt > self.retries and not (last is not None and is_stale_loop(last)):
+            if not self._runs(attempt, last):
                 break
             try:
                 return await self.fn.acall(task)  # type: ignore[attr-defined]
@@ -157,6 +157,11 @@ class Guarded:
             except Exception as exc:
                 last = exc
         return self._failure(task, last)
+
+    def _runs(self, attempt: int, last: BaseException | None) -> bool:
+        """Whether try ``attempt`` (from 0) runs: within ``retries``, or the one more a
+        stale-loop error earns."""
+        return attempt <= self.retries or (last is not None and is_stale_loop(last))
 
     def _failure(self, task: Task, exc: BaseException | None) -> Failure:
         return failure_of(task, exc, self.retries + 1)
