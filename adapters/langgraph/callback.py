@@ -15,7 +15,9 @@ Tools a node calls itself (not through a ``ToolNode``) are kept in the run's
 matching call can be answered from the record (and tools that returned a ``Command`` writing
 state besides their messages named in ``meta["state_writing_tools"]``, and each such call's other
 channels kept in ``meta["state_writes"]`` by tool call id, as JSON where they round-trip exactly,
-else None, so an identical branch call replays them and ``refusals`` refuses the rest).
+else None, so an identical branch call replays them and ``refusals`` refuses the rest), and
+the names of every LangChain tool that ran in ``meta["tools_run"]``: a recorded call answered
+with none of that name was run by a node's own code, which no guard can answer on a branch.
 A ``Send`` task decides from the messages its
 node built from the ``Send`` payload, not from the graph's messages, so its ``state`` is the
 whole model input; so is that of a call whose node wrote the whole input itself, with no graph
@@ -146,6 +148,7 @@ class _Recording:
     node_results: list[dict[str, Any]] = field(default_factory=list)
     state_writers: set[str] = field(default_factory=set)  # tools whose Command wrote state
     state_writes: dict[str, dict[str, Any]] = field(default_factory=dict)  # by tool call id
+    tools_run: set[str] = field(default_factory=set)  # names of the LangChain tools that ran
     converted: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # by message identity
     split: bool = False  # graph runs started inside it were kept as runs of their own
     invocation: dict[str, Any] | None = None  # its configurable keys and context (``invocation``)
@@ -445,6 +448,10 @@ class CarCallback(BaseCallbackHandler):
             return
         if rec.invocation is None:
             rec.invocation = captured()
+        name = (serialized or {}).get("name") or kwargs.get("name")
+        if name:
+            with self._lock:
+                rec.tools_run.add(str(name))
         if kwargs.get("tool_call_id") is not None:
             return
         inputs = kwargs.get("inputs")
@@ -655,6 +662,9 @@ def _fields(rec: _Recording, calls: list[_Call], results: dict[str, ToolMessage]
                                     as_saw)}
     if rec.node_results:
         meta["node_tool_calls"] = list(rec.node_results)
+    # the tools that ran as LangChain tools, where the guard can answer them on a branch: a
+    # recorded call answered without one was run by a node's own code (``refusals``)
+    meta["tools_run"] = sorted(rec.tools_run)
     if rec.state_writers:  # absent (older records, or none): nothing known, nothing refused
         meta["state_writing_tools"] = sorted(rec.state_writers)
         meta["state_writes"] = dict(rec.state_writes)

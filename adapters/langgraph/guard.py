@@ -85,6 +85,7 @@ class Guard:
                 self.sources[tool_call_id] = ToolSource.FORCED
                 return content
         if not self.safety.guards(tool.name):
+            self._refuse_unknown(tool.name, node)
             if tool_call_id is not None:
                 self.sources[tool_call_id] = ToolSource.LIVE
             return RUN
@@ -122,6 +123,20 @@ class Guard:
                              {**{k: v for k, v in given.items() if k in injected},
                               "tool_call_id": tool_call_id})
         return found.content
+
+
+    def _refuse_unknown(self, name: str, node: str | None) -> None:
+        """Stop a tool CAR was never told of (built inside a node function, not given as
+        ``node_tools``) before it runs: nothing classified it, so it may be a side effect."""
+        safety = self.safety
+        if name in safety.safe_tools or name in safety.live or safety.unclassified == "live":
+            return
+        raise SideEffectBlocked(
+            f"a branch reached tool {name!r} in node {node!r}, which is not one of the "
+            "agent's tools (made inside the node's code), so nothing classified it: it was "
+            "not run", run_id=self.run_id,
+            hint="pass the tool object as node_tools=[the_tool] and classify it (safe_tools= "
+                 "or side_effect_tools=)")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from langgraph.prebuilt.tool_node import INVALID_TOOL_NAME_ERROR_TEMPLATE
+
 from car_core.contract import Trajectory, redact
 from car_core.errors import (
     AdapterError,
@@ -23,6 +25,7 @@ from car_core.errors import (
     StepOutOfRange,
 )
 
+from ..common.messages import calls_of
 from .checkpoints import carried_writes, checkpoint_map, recast, task_at, thread_config
 from .messages import to_dicts
 from .model import CarChatModel
@@ -97,6 +100,7 @@ def refuse_run(shape: AppShape, run: Trajectory,
                 task_at(step.meta, level), []).append(i)
     for (level, _), by_task in groups.items():
         refuse_superstep(run, level, by_task)
+    refuse_unguarded_calls(shape, run)  # after the shape: a run of another graph says so
     if missing:
         return plan_rebuild(shape, run)
     parallel = {key for key, by_task in groups.items() if len(by_task) > 1}
@@ -107,6 +111,50 @@ def refuse_run(shape: AppShape, run: Trajectory,
             if source is not None:
                 carried_writes(run, k, ns, source)
     return None
+
+
+def refuse_unguarded_calls(shape: AppShape, run: Trajectory) -> None:
+    """Refuse a run with a tool call the app answered in a way no guard can answer on a branch:
+    the call's tool is not one of the graph's (a ``ToolNode``'s, or one a node's code reaches),
+    or it is known only from ``node_tools`` and the record shows no LangChain tool of that name
+    ran (``meta["tools_run"]``; absent, in imported and older records: not known). Such a
+    call was run by a node's own code (memory-agent's ``store_memory`` awaits the plain
+    ``upsert_memory`` function), so a branch would run it for real: a user trial's guarded
+    ``node_tools=[tool(upsert_memory)]`` wrote 16 real memories, and 17 unclassified."""
+    ran = run.meta.get("tools_run")
+    ran = {str(t) for t in ran} if isinstance(ran, list) else None
+    graph = shape.graph_tools
+    for k, step in enumerate(run.steps):
+        answers = {m.get("tool_call_id"): m.get("content") for m in step.observation or ()
+                   if isinstance(m, Mapping)} if isinstance(step.observation, list) else {}
+        for cid, name, _ in calls_of(step.action):
+            if cid not in answers or name in graph or _turned_away(name, answers[cid]):
+                continue
+            if name not in shape.tools:
+                raise AdapterError(
+                    f"step {k}'s call of tool {name!r} was answered, but {name!r} is not a "
+                    f"tool of this graph (its tools are {sorted(shape.tools)}): a node's own "
+                    "code answered it, and on a branch that code would run it for real",
+                    run_id=run.id, hint=_CALL_A_TOOL.format(name=name))
+            if ran is not None and name not in ran:
+                raise AdapterError(
+                    f"step {k}'s call of {name!r} was answered without the tool object given "
+                    f"as node_tools running (no LangChain tool named {name!r} ran in the "
+                    "record): the node calls the function itself, which no guard can answer "
+                    "on a branch, so it would run for real", run_id=run.id,
+                    hint=_CALL_A_TOOL.format(name=name))
+
+
+def _turned_away(name: str, content: Any) -> bool:
+    """A ``ToolNode``'s answer to a call of a tool it does not have (a name the model made
+    up): it ran nothing, and on a branch it runs nothing either."""
+    head = INVALID_TOOL_NAME_ERROR_TEMPLATE.split("{available_tools}")[0]
+    return isinstance(content, str) and content.startswith(head.format(requested_tool=name))
+
+
+_CALL_A_TOOL = ("have the node run it as a LangChain tool (`await {name}_tool.ainvoke(args)` "
+                "on a @tool, or a ToolNode), pass that object as node_tools=[...] and "
+                "classify it (safe_tools= or side_effect_tools=), then record the run again")
 
 
 def refuse_state_writers(run: Trajectory, safety: Any) -> None:

@@ -59,6 +59,12 @@ class AppShape:
             + [f"tool {name!r}" for name in async_tools])
         return cls(app, saver, messages_key, graphs, tool_nodes, reaches, tools, async_only)
 
+    @property
+    def graph_tools(self) -> set[str]:
+        """The tools found in the graph itself: its tool nodes' and those a node's code
+        reaches (not the names only given as ``node_tools``)."""
+        return {name for name, _ in _tools(self.tool_nodes, self.reaches)}
+
     def runs_model(self, level: str, node: str) -> bool:
         """Whether ``node`` at graph level ``level`` is a node whose messages may be model
         decisions: neither a tool node nor a subgraph."""
