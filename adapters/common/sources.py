@@ -10,6 +10,7 @@ as simulated, not as a call that happened. This module imports no framework.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -38,13 +39,29 @@ def with_sources(step: Step, found: Mapping[str, ToolSource]) -> Step:
 
 def tool_errors(messages: Iterable[Any]) -> dict[str, str]:
     """The tool results that came back as errors, by tool call id, with their text: from a
-    final state's stored dicts (``"status": "error"``) or a framework's message objects."""
+    final state's stored dicts (``"status": "error"``) or a framework's message objects, and
+    results a tool returned as plain text that read as an outage (``reads_as_outage``)."""
     out = {}
     for m in messages:
         get = m.get if isinstance(m, Mapping) else lambda k, m=m: getattr(m, k, None)
-        if get("status") == "error" and get("tool_call_id"):
-            out[str(get("tool_call_id"))] = result_text(get("content"))
+        if not get("tool_call_id"):
+            continue
+        text = result_text(get("content"))
+        if get("status") == "error" or reads_as_outage(text):
+            out[str(get("tool_call_id"))] = text
     return out
+
+
+_ERROR_FIRST = re.compile(r"\s*(?:error|exception|failed|failure)\b", re.IGNORECASE)
+
+
+def reads_as_outage(text: str) -> bool:
+    """A result a tool returned, not raised, that opens as an error and blames its service
+    ("Error: hotel search service unavailable (503)"): the tool caught its own failure. A user
+    trial's branches got that text from a search that was down and the agent apologised,
+    which CAR scored as a rescue of 65% at a step whose rescue was 0. Only a text that opens
+    with the error counts: a search result that mentions a 503 is an answer."""
+    return bool(_ERROR_FIRST.match(text)) and says_service_down(text)
 
 
 def result_text(content: Any) -> str:
@@ -102,4 +119,5 @@ def drifted_tools(recorded: Iterable[Step], recorded_errors: Collection[str],
     return None
 
 
-__all__ = ["TOOL_SOURCES", "drifted_tools", "sources_of", "tool_errors", "with_sources"]
+__all__ = ["TOOL_SOURCES", "drifted_tools", "reads_as_outage", "sources_of", "tool_errors",
+           "with_sources"]

@@ -64,7 +64,7 @@ from ..common.messages import (
     recorded_calls,
 )
 from ..common.offered_tools import edited_descriptions
-from ..common.sources import drifted_tools, result_text
+from ..common.sources import drifted_tools, reads_as_outage, result_text
 from ..common.sync import BranchLoop, run_on, run_sync
 from . import agent_tools, mcp_tools
 from . import handoff_callbacks as handoff_callbacks_
@@ -204,8 +204,15 @@ def _drift(run: car.Trajectory, new: list[car.Step], session: BranchSession) -> 
     The SDK hands the model a message in place of the error and the record keeps only that
     text, so a recorded call counts as answered only where its result shows it was not an
     error: it has one, and it is neither the SDK's default failure message nor the message
-    the branch's identical call was told (the same error, worded by the same function)."""
-    if not session.errors:
+    the branch's identical call was told (the same error, worded by the same function). A
+    result a tool returned as text that reads as an outage counts as an error too."""
+    errors = {cid: why or said for cid, (said, why) in session.errors.items()}
+    for s in new:  # a tool that caught its own outage and returned it as text
+        for m in s.observation if isinstance(s.observation, (list, tuple)) else ():
+            text = result_text(m.get("content")) if isinstance(m, Mapping) else ""
+            if reads_as_outage(text):
+                errors.setdefault(str(m.get("tool_call_id")), text)
+    if not errors:
         return None
     told = {(name, args): session.errors[cid][0] for s in new
             for cid, name, args in calls_of(s.action) if cid in session.errors}
@@ -215,12 +222,11 @@ def _drift(run: car.Trajectory, new: list[car.Step], session: BranchSession) -> 
                    if isinstance(m, Mapping)} if isinstance(s.observation, (list, tuple)) else {}
         for cid, name, args in calls_of(s.action):
             got = results.get(cid)
-            if got is None or got == _DEFAULT_FAILURE or (
+            if got is None or got == _DEFAULT_FAILURE or reads_as_outage(result_text(got)) or (
                     (name, args) in told
                     and result_text(got) == result_text(told[(name, args)])):
                 unanswered.add(cid)
-    return drifted_tools(run.steps, unanswered, new,
-                         {cid: why or said for cid, (said, why) in session.errors.items()})
+    return drifted_tools(run.steps, unanswered, new, errors)
 
 
 def _check_forced_steps_keep_the_context(run: car.Trajectory, session: BranchSession) -> None:

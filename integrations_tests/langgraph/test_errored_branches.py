@@ -160,6 +160,48 @@ def test_a_safe_tool_that_errors_only_on_branches_is_never_scored() -> None:
     assert all("orders database unreachable" in f.error for f in failures)
 
 
+@tool("lookup_order")
+def lookup_saying_its_outage(order_id: str) -> str:
+    """Look up an order; while the database is down, say so in the result (reads only)."""
+    if OrdersHook.down:
+        return "Error: orders service unavailable (503), try again later"
+    return str(sa.lookup_order.invoke({"order_id": order_id}))
+
+
+class GivesUpOnErrorText(sa.PlantedSupportModel):
+    """Apologises when the lookup's result says it failed."""
+
+    def decide(self, messages: Any) -> Any:
+        last = next((m for m in reversed(messages) if isinstance(m, ToolMessage)), None)
+        if last is not None and str(last.content).startswith("Error"):
+            return AIMessage("Sorry, I cannot reach our orders system right now.")
+        return super().decide(messages)
+
+
+def test_a_safe_tool_that_returns_its_outage_as_text_is_never_scored() -> None:
+    """A user trial's hotel search returned "Error: hotel search service unavailable (503)"
+    as its result, not raised: the agent apologised, and CAR said re-deciding the search
+    rescued 65% (the truth: 0). A result that opens as an error and blames its service is an
+    error, whatever its status: the branches fail and the estimate refuses, naming the tool."""
+    OrdersHook.down = False
+    wrapper = CarChatModel(inner=GivesUpOnErrorText(rng_seed=0))
+    app = sa.build_app(wrapper, InMemorySaver(),
+                       tools=[lookup_saying_its_outage, sa.record_decision, issue_refund])
+    run = first_failure(app)
+    assert sa.outcome(run) and len(run.steps) == 4
+    agent = LangGraphAgent(app, model=wrapper, safe_tools=["lookup_order", "record_decision"],
+                           side_effect_tools=["issue_refund"])
+    OrdersHook.down = True
+    try:
+        with pytest.raises(BranchesFailed, match="safe tool 'lookup_order' ran live at step 0 "
+                                                 "and returned an error") as info:
+            car.contrastive(run, agent, outcome=sa.outcome, rollouts=32, seed=0,
+                            search="full", executor=Sequential(), progress=False)
+    finally:
+        OrdersHook.down = False
+    assert all("orders service unavailable (503)" in f.error for f in info.value.failures)
+
+
 class AsksAnotherOrder(GivesUpOnErrors):
     """Looks up another order than the ticket's while the orders database is down (the
     branches), so no recorded call answers the same arguments."""
