@@ -52,6 +52,7 @@ from uuid import UUID
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.runnables.config import var_child_runnable_config
+from langgraph.errors import GraphInterrupt
 from langgraph.types import Command
 
 from car_core import RunStore
@@ -152,6 +153,7 @@ class _Recording:
     converted: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # by message identity
     split: bool = False  # graph runs started inside it were kept as runs of their own
     invocation: dict[str, Any] | None = None  # its configurable keys and context (``invocation``)
+    interrupted: bool = False  # a node raised GraphInterrupt: the run stopped for a person
 
     def convert(self, message: Seen) -> dict[str, Any]:
         """``dict_of`` a message as ``seen`` by a call, made once per message object and shared
@@ -543,6 +545,10 @@ class CarCallback(BaseCallbackHandler):
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID,
                        parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+        if isinstance(error, GraphInterrupt):  # a node stopped for a person (``interrupt()``)
+            rec = self._of.get(run_id.int)
+            if rec is not None:
+                rec.interrupted = True
         if self._outside:
             self._outside.pop(run_id.int, None)
         if parent_run_id is None or run_id in self._open:
@@ -653,7 +659,7 @@ def _fields(rec: _Recording, calls: list[_Call], results: dict[str, ToolMessage]
     status = RunStatus.COMPLETE
     if failed:
         status = RunStatus.ERROR
-    elif "__interrupt__" in final:
+    elif "__interrupt__" in final or rec.interrupted:  # the graph's end leaves the key out
         status = RunStatus.INTERRUPTED
     context = ({"messages": steps[0].state} if steps
                else {"input": jsonable(inputs, at_end)})

@@ -117,8 +117,9 @@ def test_a_deleted_checkpoint_is_refused(tmp_path: Path) -> None:
     conn.close()
 
 
-def test_an_interrupt_on_a_branch_is_refused() -> None:
-    model = CarChatModel(inner=sa.PlantedSupportModel(p_follow=1.0))
+def review_app(model: CarChatModel) -> tuple[Any, InMemorySaver]:
+    """The support desk with a ``review`` node that stops for a person (``interrupt()``) after
+    every refund."""
     bound = model.bind_tools(sa.TOOLS)
 
     def agent(state: MessagesState) -> dict[str, Any]:
@@ -139,7 +140,12 @@ def test_an_interrupt_on_a_branch_is_refused() -> None:
     graph.add_edge("tools", "review")
     graph.add_edge("review", "agent")
     saver = InMemorySaver()
-    app = graph.compile(checkpointer=saver)
+    return graph.compile(checkpointer=saver), saver
+
+
+def test_an_interrupt_on_a_branch_is_refused() -> None:
+    model = CarChatModel(inner=sa.PlantedSupportModel(p_follow=1.0))
+    app, saver = review_app(model)
     config = {"configurable": {"thread_id": "user"}}
     app.invoke(sa.inputs(), config)
     app.invoke(Command(resume="approved"), config)  # a human approved it in the record
@@ -151,6 +157,18 @@ def test_an_interrupt_on_a_branch_is_refused() -> None:
     with pytest.raises(AdapterError, match="interrupt"):
         lg.branch(run, compile_plan(run, car.do_resample(1)), NOISE)
     assert history(app, "user") == before and threads(saver) == {"user"}
+
+
+def test_a_run_paused_by_interrupt_is_recorded_interrupted_and_its_resume_complete() -> None:
+    """A user trial's run paused by ``interrupt()`` was stored complete and scored as passing:
+    the graph's end leaves ``__interrupt__`` out of what its callbacks see."""
+    app, _ = review_app(CarChatModel(inner=sa.PlantedSupportModel(p_follow=1.0)))
+    config = {"configurable": {"thread_id": "paused"}}
+    paused, resumed = CarCallback(), CarCallback()
+    assert "__interrupt__" in app.invoke(sa.inputs(), {**config, "callbacks": [paused]})
+    app.invoke(Command(resume="approved"), {**config, "callbacks": [resumed]})
+    assert paused.run is not None and resumed.run is not None
+    assert paused.run.status == "interrupted" and resumed.run.status == "complete"
 
 
 def test_a_step_that_is_not_a_model_decision_is_refused() -> None:
