@@ -313,3 +313,32 @@ def test_the_reason_a_run_is_undecided_says_the_budget_once(undecided) -> None:
                                       "(rollout budget of 128 reached)")
     assert undecided.undecided_why() == ("the budget ran out before the answer was decided "
                                          f"({undecided.budget_note})")
+
+
+def test_a_one_step_run_whose_step_rescues_nothing_is_told_no_cause() -> None:
+    """A user trial's one-step run (the SDK's agents-as-tools synthesizer) whose step could
+    not rescue was "undecided: the budget ran out" at any budget: the confirmation gave up
+    and nothing ruled the step out. Its pairs are the gate's arms, so now they do."""
+    model = syn.pivot(1, 0, 1.0)  # re-deciding the only step never helps
+    run = model.failing_run(0)
+    for seed in range(10):
+        res = car.contrastive(run, model.agent(), outcome=model.outcome, rollouts=256,
+                              seed=seed, coupled=False, progress=False)
+        assert res.answer == Answer.NO_CAUSE, res.reason
+        assert "shown to lower P(fail) by less than 10%" in res.reason
+    rescued = syn.pivot(1, 0, 0.7)  # rescue 0.3: still named
+    res = car.contrastive(rescued.failing_run(0), rescued.agent(), outcome=rescued.outcome,
+                          rollouts=96, seed=0, coupled=False, progress=False)
+    assert res.answer == Answer.LOCUS and res.locus == 0
+
+
+def test_a_one_step_run_at_the_indifference_level_is_rarely_told_no_cause() -> None:
+    """"No cause" at rescue Δ = 0.1 is the claim's error: it may be made in at most
+    ``OUT_SHARE·α`` = 3.75% of seeds; 200 seeds, three binomial standard errors over."""
+    model = syn.pivot(1, 0, 0.9)
+    run = model.failing_run(0)
+    said = sum(car.contrastive(run, model.agent(), outcome=model.outcome, rollouts=256,
+                               seed=seed, coupled=False, progress=False).answer
+               == Answer.NO_CAUSE for seed in range(200))
+    level = 0.75 * 0.05
+    assert said <= 200 * level + 3 * (200 * level * (1 - level)) ** 0.5

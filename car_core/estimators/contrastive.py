@@ -336,7 +336,9 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
     if locus is None:
         if session.failures:  # the arms are incomplete: no other reason can be trusted
             reason = session.failure_note()
-        elif values and max(values) == min(values) and open_cause:
+        elif values and max(values) == min(values) and (open_cause or reason and
+                                                         budget_note is None):
+            # undecided with a reason, or "no cause" shown (every rescue below Δ): both hold
             reason = (f"{reason}; the outcome never varied: all {len(values)} rollouts scored "
                       f"{values[0]:g} whatever was resampled")
         elif values and max(values) == min(values):

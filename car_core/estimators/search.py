@@ -36,10 +36,11 @@ from car_core.estimators.navigation import (
     Navigator,
     draw_round,
     gate_signs,
+    sign_counts,
 )
 from car_core.estimators.refit import REFIT_APART, pooled_pairs, refit_plan, reported_interval
 from car_core.stats import Coupling
-from car_core.stats.sequential import ConfidenceSequence, Prior, below_now
+from car_core.stats.sequential import ConfidenceSequence, Prior, below_now, positive_at
 
 CONFIRM = 1 << 20     # first rollout index of the confirmation pairs
 REFIT = 2 << 20       # first rollout index of the re-estimate
@@ -77,27 +78,28 @@ class Decision:
     open_cause: bool = False  # no rise seen, but too few pairs to rule a cause out (undecided)
 
     @classmethod
-    def no_rise(cls, nav: Navigator, spent: int, given_up: list[int], alpha: float,
-                delta: float) -> Decision:
-        """The gate shows no rise (again, after ``given_up`` candidates). "No cause" is said
-        only when its pairs also show that re-deciding every step from step 0 on lowers
+    def no_rise(cls, d: np.ndarray, coupling: Coupling, spent: int, given_up: list[int],
+                alpha: float, delta: float) -> Decision:
+        """The gate's pairs ``d`` (``H_n − H_0``; for a one-step run, the confirmation's
+        pairs, the same arms) show no rise (again, after ``given_up`` candidates). "No cause"
+        is said only when they also show that re-deciding every step from step 0 on lowers
         P(fail) by less than ``delta`` (the anytime test ``below_now`` at ``OUT_SHARE·α``, the
         level the later steps are ruled out at when no confirmation ran): a gate of a few
         pairs that happened to agree once said "no cause" of a run whose step rescued 15%.
         Otherwise the answer is undecided (``open_cause``), and so it is when the budget left
         the gate no pair at all (nothing was measured)."""
-        pos, neg = nav.gate_counts()
-        seen = (f"({pos} pair(s) up, {neg} down of {nav.d_gate.size})")
-        if nav.d_gate.size == 0:
+        pos, neg = sign_counts(d)
+        seen = (f"({pos} pair(s) up, {neg} down of {d.size})")
+        if d.size == 0:
             return cls(None, note=("the budget ran out before the gate could run a pair: "
                                    "nothing was measured"),
-                       exhausted=True, decided_spent=spent, coupling=nav.coupling(),
+                       exhausted=True, decided_spent=spent, coupling=coupling,
                        given_up=tuple(given_up))
-        if not below_now(nav.d_gate, delta, OUT_SHARE * alpha):
+        if not below_now(d, delta, OUT_SHARE * alpha):
             return cls(None, note=(
                 f"re-deciding every step from step 0 on showed no rise {seen}, too few "
                 f"re-runs to rule out that it lowers P(fail) by {delta:.0%} or more"),
-                open_cause=True, decided_spent=spent, coupling=nav.coupling(),
+                open_cause=True, decided_spent=spent, coupling=coupling,
                 given_up=tuple(given_up))
         if given_up:
             note = (f"after {len(given_up)} candidate step(s) were given up "
@@ -109,7 +111,7 @@ class Decision:
             note = ("holding the whole record does not raise the failure rate over resampling "
                     f"it from step 0 {seen}, so there is no rise to follow: re-deciding every "
                     f"step from step 0 on is shown to lower P(fail) by less than {delta:.0%}")
-        return cls(None, note=note, decided_spent=spent, coupling=nav.coupling(),
+        return cls(None, note=note, decided_spent=spent, coupling=coupling,
                    given_up=tuple(given_up))
 
     @classmethod
@@ -196,7 +198,8 @@ def _navigate_and_confirm(src: ArmSource, nav: Navigator, n: int, budget: int, a
         if pos - neg <= 0:
             pos, neg = nav.level_or_rise(delta, OUT_SHARE * alpha)
         if pos - neg <= 0:
-            return Decision.no_rise(nav, budget - src.remaining, [], alpha, delta)
+            spent = budget - src.remaining
+            return Decision.no_rise(nav.d_gate, nav.coupling(), spent, [], alpha, delta)
         candidate = nav.bisect(0, n, int(budget * NAV_SHARE) - (budget - src.remaining))
     given_up: list[int] = []
     start = CONFIRM
@@ -215,6 +218,12 @@ def _navigate_and_confirm(src: ArmSource, nav: Navigator, n: int, budget: int, a
                        None if n == 1 else nav.doubts(candidate, rise, level),
                        least=futility_rise(budget, level),
                        guessed=n == 1 or nav.d_gate.size < GATE_MIN, wave=wave)
+        if n == 1 and conf.futile:
+            conf = _one_step_on(src, conf, level, prior, delta, alpha, wave)
+            if conf.futile:
+                attempts.append((candidate, int(conf.d.size)))
+                return Decision.no_rise(conf.d, coupling, budget - src.remaining, [], alpha,
+                                        delta)
         start += conf.d.size
         attempts.append((candidate, int(conf.d.size)))
         if conf.found or not conf.futile or src.remaining < 2 or n == 1:
@@ -229,8 +238,38 @@ def _navigate_and_confirm(src: ArmSource, nav: Navigator, n: int, budget: int, a
         if pos - neg <= 0:
             pos, neg = nav.level_or_rise(delta, OUT_SHARE * alpha)
         if pos - neg <= 0:
-            return Decision.no_rise(nav, budget - src.remaining, given_up, alpha, delta)
+            spent = budget - src.remaining
+            return Decision.no_rise(nav.d_gate, nav.coupling(), spent, given_up, alpha, delta)
         candidate = nav.bisect(0, n, int(src.remaining * NAV_SHARE)) if n > 1 else 0
+
+
+def _one_step_on(src: ArmSource, conf: Confirmation, level: float, prior: Prior,
+                 delta: float, alpha: float, wave: int) -> Confirmation:
+    """A one-step run's confirmation that gave up: its pairs ``(H_1, H_0)`` are the gate's
+    arms, so they can also say "no cause" (``Decision.no_rise``: the rescue shown below
+    ``delta`` at ``OUT_SHARE·α``). More pairs are run, a look at a time, until they show that,
+    or the rescue positive after all (at the confirmation's level: the confirmation found), or
+    the budget ends (then "futile" only where they do not rise). Before, a one-step run whose
+    step rescued nothing could never be told "no step caused it": the confirmation gave up
+    and the answer said the budget had run out, at any budget. Both tests read one sequence
+    of pairs at any time (Ville), and at most one of the two claims can be wrong for a given
+    rescue (at most 0, or at least ``delta``), so the answer errs with probability at most
+    the larger level, below α."""
+    least_batch = 2 if wave <= 1 else max(2, wave // 2)
+    d = conf.d
+    while d.size and not below_now(d, delta, OUT_SHARE * alpha) and src.remaining >= 2:
+        want = d.size + max(least_batch, d.size // 8)
+        more = src.diffs(1, 0, range(conf.start, conf.start + want))
+        if more.size <= d.size:
+            break
+        d = more
+        crossed = positive_at(d, level, prior)
+        if crossed is not None:
+            return Confirmation(d, conf.start, True, False, crossed)
+    pos, neg = sign_counts(d)
+    # pairs that ended rising without showing it: undecided on the candidate, as before
+    return Confirmation(d, conf.start, False, below_now(d, delta, OUT_SHARE * alpha)
+                        or pos <= neg)
 
 
 def _conclude(src: ArmSource, nav: Navigator, n: int, budget: int, alpha: float, found: _Found,
