@@ -189,8 +189,10 @@ class ContrastiveResult(CouplingNumbers, _Rendered):
         table = _text_table([*fmt.STEP_COLUMNS[:-1], ""],
                             [[*r.cells()[:-1], r.tested] if not r.is_locus else r.cells()
                              for r in rows])
-        arms = [f"  re-deciding from step {a.hold_before} on (steps before it held): "
-                f"{fmt.failure_rate(a.mean, a.ci, a.ci.level, a.n)}"
+        arms = [(f"  re-deciding from step {a.hold_before} on (steps before it held): "
+                 if a.hold_before < len(self.steps) else
+                 "  nothing re-decided (every step held as recorded): ")
+                + fmt.failure_rate(a.mean, a.ci, a.ci.level, a.n)
                 for a in self.arms]
         lines = [f"How this was measured (contrastive attribution of run {self.run_id})",
                  f"answer: {fmt.headline(self, who)}",
