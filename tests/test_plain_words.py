@@ -197,8 +197,9 @@ def test_one_wording_for_coupling(located) -> None:
     assert fmt.coupling(located).startswith("unpaired: ")
     paired = replace(located, coupled=True,
                      measured_coupling=car.stats.Coupling(0.93, (0.85, 0.98), 40))
-    assert fmt.coupling(paired) == ("paired: branches shared the agent's randomness (measured "
-                                    "agreement 0.93 [0.85, 0.98] from 40 pair(s))")
+    assert fmt.coupling(paired) == ("paired: branches agreed more than independent re-runs "
+                                    "would (measured agreement 0.93 [0.85, 0.98] from 40 "
+                                    "pair(s))")
 
 
 @pytest.mark.parametrize(("action", "said"), [

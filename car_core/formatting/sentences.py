@@ -321,13 +321,17 @@ def _open_steps(r: Any, measured: tuple[int, int] | None = None) -> str | None:
 
 def coupling(r: Any) -> str:
     """Whether the branches shared the agent's randomness, in the one wording every surface
-    uses: ``paired: …`` when the pairs were measured to share it, else ``unpaired: …``."""
+    uses: ``paired: …`` when the pairs were measured to agree above independence, else
+    ``unpaired: …``."""
     measured, ci, pairs = (_get(r, "coupling_measured"), _get(r, "coupling_ci"),
                            int(_get(r, "coupling_pairs", 0) or 0))
     agreement = (f" (measured agreement {num(measured, 2)} {interval(ci, 2)} from {pairs} "
                  "pair(s))" if measured is not None else "")
     if _get(r, "coupled"):
-        return f"paired: branches shared the agent's randomness{agreement}"
+        # what was measured, not a cause: an agent whose model ignores CAR's noise can agree
+        # so by chance (at most 2.5% of the time: ``Coupling.shared``), and then "shared the
+        # agent's randomness" read as false beside "does not come from CAR's noise streams"
+        return f"paired: branches agreed more than independent re-runs would{agreement}"
     if measured is not None:
         return f"unpaired: branches were not shown to share randomness{agreement}"
     return ("unpaired: whether branches shared randomness was not measured, so they were "
