@@ -71,7 +71,10 @@ class TriageRun:
     """One run of the population: what its attribution answered (``answer``: locus, no
     cause, undecided, or ``skipped`` when the total budget ran out before it), the locus,
     why there is none (``reason``), its group's label, the attribution that holds it and
-    what it spent (``reused``: read back from the store, nothing spent now)."""
+    what it spent (``reused``: read back from the store, nothing spent now; a run an error
+    stopped part-way counts what it spent before). ``resumable``: an error a resume can
+    change stopped it (branches that failed), its branches kept: the same triage id resumes
+    it."""
 
     run_id: str
     answer: str
@@ -83,6 +86,7 @@ class TriageRun:
     tokens: int = 0
     cost: float = 0.0
     reused: bool = False
+    resumable: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dump_fields(self, {})

@@ -182,9 +182,16 @@ def triage_command(
                                 time.process_time() - cpu)
         if hint:
             err.print(Text(kit.safe(hint), style="yellow"), soft_wrap=True)
+    stopped = [r for r in result.per_run if r.resumable]
+    if stopped:  # each row says "resume the attribution": the triage's resume does that
+        err.print(Text(kit.safe(
+            f"{len(stopped)} run(s) stopped because their branches failed; the branches that "
+            f"finished are kept in {store} (triage {result.triage_id}). Once what failed them "
+            f"is fixed, resume with:\n  {kit.resume_command(str(result.triage_id))}")),
+            soft_wrap=True)
     stop_if_ran_out(result.truncated, result.budget_note, result.triage_id)
-    if not result.groups:
-        raise typer.Exit(kit.NOTHING)
+    if not result.groups:  # the agent under test failed, as `car attribute` says it (5)
+        raise typer.Exit(kit.AGENT if stopped else kit.NOTHING)
 
 
 def _progress(done: int, total: int, row: TriageRun) -> None:

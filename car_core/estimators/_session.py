@@ -69,7 +69,9 @@ def releasing(estimate: Callable[P, R]) -> Callable[P, R]:
     any branch was stored, for a reason a resume cannot change (``errors.resumable``: an
     outcome function that raises, bad input), leaves no ``running`` row behind: the row would
     promise a resume that ends the same. A resumable stop (a model server down, Ctrl-C) keeps
-    it, so the "Resume with" it prints works."""
+    it, so the "Resume with" it prints works. A ``CarError`` it raises carries what the
+    estimate spent before it (``spent_before``): a population charges a run that stopped
+    part-way for its branches against the total it caps."""
     @functools.wraps(estimate)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         opened: list[Session] = []
@@ -84,12 +86,33 @@ def releasing(estimate: Callable[P, R]) -> Callable[P, R]:
             kept = [s.attribution_id for s in opened if s.attribution_id is not None]
             if not failed and kept and isinstance(exc, CarError):
                 exc.context.setdefault("attribution_id", kept[-1])  # what a resume names
+            if opened and isinstance(exc, CarError):  # what a caller charges for it
+                exc.context.setdefault("spent", spent_by(opened))
             raise
         finally:
             _OPENED.reset(token)
             for session in opened:
                 session.release(failed=failed)
     return wrapper
+
+
+def spent_by(sessions: Iterable[Session]) -> dict[str, Any]:
+    """What the sessions' meters counted: rollouts (failed and read-back ones included, as a
+    finished estimate's ``rollouts_used``), tokens and cost."""
+    spent: dict[str, Any] = {"rollouts": 0, "tokens": 0, "cost": 0.0}
+    for s in sessions:
+        spent["rollouts"] += s.meter.rollouts
+        spent["tokens"] += s.meter.tokens
+        spent["cost"] += s.meter.cost
+    return spent
+
+
+def spent_before(exc: BaseException) -> tuple[int, int, float]:
+    """The rollouts, tokens and cost an estimate spent before it raised ``exc`` (what
+    ``releasing`` records on a ``CarError``); nothing for an error raised before any
+    session began."""
+    got = getattr(exc, "context", {}).get("spent") or {}
+    return int(got.get("rollouts", 0)), int(got.get("tokens", 0)), float(got.get("cost", 0.0))
 
 
 def check_run_has_steps(run: Trajectory) -> None:

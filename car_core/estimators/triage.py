@@ -24,7 +24,8 @@ it finishes and the next run starts only when what is left after the others' hol
 own caps, else waits for one (``car_core.estimators._population``): the rollouts spent never
 pass the total, and each run gets the caps it would get one run after another. Tokens and
 cost with no ``per_run`` cap of their own are divided among the runs that could start; wall
-time is a clock they share.
+time is a clock they share. A run an error stopped part-way (branches that failed) is charged
+what it spent before the error, as a finished run is.
 
 Resumable: with a ``store``, each run's attribution has an id derived from the triage id and
 the run id, so the same ``triage_id`` reads back the attributions that finished (spending
@@ -59,6 +60,7 @@ from car_core.errors import (
     OutcomeError,
     RunError,
     RunNotFailed,
+    resumable,
 )
 from car_core.estimators._population import (
     Purse,
@@ -67,7 +69,7 @@ from car_core.estimators._population import (
     per_run_progress,
     runs_at_once_for,
 )
-from car_core.estimators._session import check_run_has_steps
+from car_core.estimators._session import check_run_has_steps, spent_before
 from car_core.estimators.contrastive import rollout_budget
 from car_core.estimators.settings import ContrastiveSettings
 from car_core.model.budget import Budget, as_budget
@@ -412,11 +414,15 @@ def refused_up_front(population: Sequence[Trajectory], agent: Agent, force_agent
 
 
 def _refusal(run: Trajectory, exc: CarError, stored: str | None) -> TriageRun:
-    """The row of a run not attributed because of its own trouble (``RUN_ERRORS``)."""
+    """The row of a run not attributed because of its own trouble (``RUN_ERRORS``), charged
+    what its attribution spent before the error (branches that failed part-way: a user
+    trial's triage charged them nothing and stored 55 branches under a total of 30)."""
     if isinstance(exc, RunNotFailed):  # not part of the population: apart, not undecided
         return TriageRun(run.id, NOT_FAILED, reason=str(exc), attribution_id=stored)
+    rollouts, tokens, cost = spent_before(exc)
     return TriageRun(run.id, str(Answer.UNDECIDED), reason=f"{NOT_ATTRIBUTED}{exc}",
-                     attribution_id=stored)
+                     attribution_id=stored, rollouts_used=rollouts, tokens=tokens, cost=cost,
+                     resumable=stored is not None and resumable(exc))
 
 
 def _attributed(run: Trajectory, agent: Agent, outcome: OutcomeLike,
