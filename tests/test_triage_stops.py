@@ -130,3 +130,48 @@ def test_cli_says_how_to_resume_runs_failed_branches_stopped_and_exits_5(populat
     assert "2 of 2 failed run(s)" in fixed.stdout or "the only place" in fixed.stdout \
         or "places in all" in fixed.stdout
 
+
+class Slow:
+    """``base`` whose branches each take ``seconds``: a wall-time cap trips after a few."""
+
+    def __init__(self, base: Any, seconds: float) -> None:
+        self.base, self.seconds = base, seconds
+        self.name = base.name
+
+    def start(self, context: Any, noise: Any) -> car.Trajectory:
+        return self.base.start(context, noise)
+
+    def branch(self, run: car.Trajectory, plan: Any, noise: Any) -> car.Trajectory:
+        import time
+        time.sleep(self.seconds)
+        return self.base.branch(run, plan, noise)
+
+
+@pytest.mark.parametrize("then", [None, 300.0])
+def test_a_run_the_clock_cut_short_is_continued_by_a_resume_with_more_time(
+        population, tmp_path, then):
+    """A user trial's triage stopped on ``--max-seconds``; resumed with a larger one, it read
+    the runs the clock had cut short back as finished ("(read back)"), still undecided, and
+    exited 0: only a larger rollout cap continued an undecided attribution. A run stopped by
+    a cap (here wall time) that is now larger, or gone, is continued; one resumed with a cap
+    no larger is read back."""
+    runs = population[:2]
+    agent = Slow(DESK.agent(), 0.03)  # the same agent throughout: its branches are kept
+    with RunStore(tmp_path / "car.db") as store:
+        first = car.triage(runs, agent, outcome=DESK.outcome, rollouts=K,
+                           budget=car.Budget(wall_time=0.1), store=store, triage_id="t-clock",
+                           runs_at_once=1)
+        agent.seconds = 0.0
+        cut = first.per_run[0]
+        assert cut.answer == "undecided" and "wall-time" in (cut.reason or ""), cut
+        # a wall-time cap no larger than the one that stopped it: read back, as it was
+        again = car.triage(runs, agent, outcome=DESK.outcome, rollouts=K,
+                           per_run=car.Budget(wall_time=0.05), store=store,
+                           triage_id="t-clock", runs_at_once=1)
+        assert again.per_run[0].reused and again.per_run[0].answer == "undecided"
+        more = car.triage(runs, agent, outcome=DESK.outcome, rollouts=K,
+                          budget=None if then is None else car.Budget(wall_time=then),
+                          store=store, triage_id="t-clock", runs_at_once=1)
+    row = more.per_run[0]
+    assert not row.reused and row.locus is not None, row
+    assert not more.undecided

@@ -29,10 +29,10 @@ what it spent before the error, as a finished run is.
 
 Resumable: with a ``store``, each run's attribution has an id derived from the triage id and
 the run id, so the same ``triage_id`` reads back the attributions that finished (spending
-nothing), resumes the interrupted ones, and resumes an undecided one only when its rollout cap
-is now larger. A resumed attribution's ``rollouts_used`` also counts the branches it read back
-from its journal, so the total is charged for them: a resume spends no more than its budget,
-maybe less.
+nothing), resumes the interrupted ones, and resumes an undecided one only when the cap that
+stopped it (rollouts, wall time, tokens or cost) is now larger, or gone. A resumed
+attribution's ``rollouts_used`` also counts the branches it read back from its journal, so the
+total is charged for them: a resume spends no more than its budget, maybe less.
 Runs in flight write to the store through connections of their own (a ``RunStore`` per run
 on the same file; a SQLite connection belongs to the thread that opened it).
 """
@@ -72,7 +72,7 @@ from car_core.estimators._population import (
 from car_core.estimators._session import check_run_has_steps, spent_before
 from car_core.estimators.contrastive import rollout_budget
 from car_core.estimators.settings import ContrastiveSettings
-from car_core.model.budget import Budget, as_budget
+from car_core.model.budget import Budget, as_budget, tripped_limit
 from car_core.model.outcome import OutcomeLike
 from car_core.model.trajectory import Trajectory
 from car_core.model.vocabulary import Answer, AttributionStatus
@@ -443,8 +443,10 @@ def _attributed(run: Trajectory, agent: Agent, outcome: OutcomeLike,
 
 def _finished(store: RunStore | None, aid: str, settings: ContrastiveSettings, n_steps: int
               ) -> ContrastiveResult | None:
-    """The run's attribution read back from the store when it finished (an undecided one
-    only while its rollout cap is not larger now)."""
+    """The run's attribution read back from the store when it finished: a truncated one
+    only while the cap that stopped it (``budget_note``: rollouts, wall time, tokens or cost)
+    is not larger now. A user trial's runs the triage's clock cut short were read back, still
+    undecided, by a resume with a larger ``--max-seconds``."""
     if store is None:
         return None
     try:
@@ -456,8 +458,13 @@ def _finished(store: RunStore | None, aid: str, settings: ContrastiveSettings, n
         return None
     if a.status == AttributionStatus.COMPLETE:
         return res
-    cap = rollout_budget(n_steps, settings.rollouts, settings.budget)[1]
-    return res if cap <= (res.rollout_budget or res.rollouts_used) else None
+    limit = tripped_limit(res.budget_note)
+    if limit == "rollouts":
+        cap = rollout_budget(n_steps, settings.rollouts, settings.budget)[1]
+        return res if cap <= (res.rollout_budget or res.rollouts_used) else None
+    now = getattr(as_budget(settings.budget), limit, None)  # None: no cap now
+    then = (a.params.get("budget") or {}).get(limit)
+    return res if now is not None and then is not None and now <= then else None
 
 
 def _row(run_id: str, r: ContrastiveResult, aid: str | None, reused: bool) -> TriageRun:

@@ -159,6 +159,14 @@ MOST_MORE = 4  # the most a hint's rollout budget grows by, in caps: "about N mo
 LEAST_HINT = 16
 
 
+def tripped_limit(note: str | None) -> str:
+    """The cap a ``BudgetMeter.tripped`` note names: ``"wall_time"``, ``"tokens"``,
+    ``"cost"``, else ``"rollouts"`` (a ``Budget`` field's name)."""
+    text = note or ""
+    return ("wall_time" if "wall-time" in text else "tokens" if "token budget" in text
+            else "cost" if "cost budget" in text else "rollouts")
+
+
 def larger_budget(given: dict[str, Any] | None, note: str | None, rollouts: int | None,
                   more: int | None = None) -> dict[str, Any]:
     """The budget to resume with: the one given, with the limit that stopped the estimate (the
@@ -172,9 +180,7 @@ def larger_budget(given: dict[str, Any] | None, note: str | None, rollouts: int 
     way, so some stored branches may not be asked for again (docs/measured.md measures the
     share). A rollout budget is never suggested below ``LEAST_HINT``."""
     out = {k: v for k, v in (given or {}).items() if v is not None}
-    text = note or ""
-    limit = ("wall_time" if "wall-time" in text else "tokens" if "token budget" in text
-             else "cost" if "cost budget" in text else "rollouts")
+    limit = tripped_limit(note)
     base = out.get(limit, rollouts if limit == "rollouts" else None)
     if base and limit == "rollouts":
         grown = int(base) + min(max(int(base), more or 0), MOST_MORE * int(base))
