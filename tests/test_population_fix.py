@@ -210,8 +210,8 @@ def test_stored_resumable_listed_and_exported(population, triaged, tmp_path):
         again = car.fix_population(runs[2:], DESK.agent(), outcome=DESK.outcome,
                                    candidates=[fix], rollouts=8, store=store, fix_id="f2")
         assert again.cost.locate_rollouts == 0 and again.rollouts_used == 4 * 2 * 8
-        # other settings under the same id are refused, not mixed in
-        with pytest.raises(InvalidInput, match="other rollouts"):
+        # other settings under the same id are refused, not mixed in, naming both values
+        with pytest.raises(InvalidInput, match="was run with rollouts=8, not 16"):
             car.fix_population(runs, DESK.agent(), outcome=DESK.outcome, candidates=[fix],
                                rollouts=16, store=store, fix_id="f1")
     lines = third.to_csv().splitlines()

@@ -141,3 +141,26 @@ def test_fix_failed_takes_the_selection_car_triage_takes(folder):
                    cwd=cwd)
     assert proc.returncode in (0, 1), proc.stderr
     assert json.loads(proc.stdout)["runs_total"] == len(runs)
+
+
+def test_resume_takes_the_stored_settings_a_flag_leaves_out(folder):
+    """A user trial's `car fix --failed ... --resume FIX_ID` without --rollouts was refused,
+    "was run with other rollouts", naming neither value (the fix had 32, the flag's default
+    is 64), though `--resume FIX_ID` alone is documented to go on and `car attribute` takes
+    a flag left out from the attribution. A flag left out takes the fix's setting; one given
+    that differs is refused, naming both values."""
+    cwd, runs = folder
+    proc = car_cli("fix", "--failed", "--agent", AGENT, "--system", DESK.fix, "--rollouts",
+                   "8", "--seed", "3", "--json", cwd=cwd)
+    assert proc.returncode in (0, 1), proc.stderr
+    fid = json.loads(proc.stdout)["fix_id"]
+    again = car_cli("fix", "--failed", "--agent", AGENT, "--resume", fid, "--json", cwd=cwd)
+    assert again.returncode == proc.returncode, again.stderr
+    assert json.loads(again.stdout)["rollouts_used"] == 0
+    other = car_cli("fix", "--failed", "--agent", AGENT, "--resume", fid, "--rollouts", "16",
+                    cwd=cwd)
+    assert other.returncode == 2, other.stderr
+    assert "--rollouts 8" in other.stderr and "16" in other.stderr
+    seed = car_cli("fix", "--failed", "--agent", AGENT, "--resume", fid, "--seed", "0",
+                   cwd=cwd)
+    assert seed.returncode == 2 and "--seed 3" in seed.stderr, seed.stderr

@@ -172,11 +172,17 @@ def fix(agent: AgentOpt, run_ids: Annotated[list[str] | None, typer.Argument(
         outcome: OutcomeOpt = None, step: StepOpt = None,
         candidates: CandidatesOpt = None, instruction: InstructionOpt = None,
         guard: GuardOpt = None,
-        rollouts: Annotated[int, typer.Option(
-            "--rollouts", help="Rollouts per candidate at most (one run); pairs per run and "
-                               "fix (a population).")] = defaults.REPAIR_ROLLOUTS,
+        rollouts: Annotated[int | None, typer.Option(
+            "--rollouts", show_default=False,
+            help="Rollouts per candidate at most (one run); pairs per run and fix (a "
+                 f"population). Default {defaults.REPAIR_ROLLOUTS}; on --resume the fix's.")
+        ] = None,
         alpha: AlphaOpt = defaults.ALPHA,
-        seed: SeedOpt = 0, force_agent: ForceAgentOpt = False,
+        seed: Annotated[int | None, typer.Option(
+            "--seed", show_default=False,
+            help="Root seed of the branches' noise. Default 0; on --resume the fix's.")
+        ] = None,
+        force_agent: ForceAgentOpt = False,
         pairs: Annotated[Path | None, typer.Option(
             "--pairs", help="Also write the validated repairs as car.pair/1 JSON lines.")] = None,
         report: ReportOpt = None,
@@ -191,9 +197,10 @@ def fix(agent: AgentOpt, run_ids: Annotated[list[str] | None, typer.Argument(
             "--policy", metavar="MODULE:FACTORY",
             help="Population: another model or policy, FACTORY() deciding from step 0 "
                  "(repeatable).")] = None,
-        from_step: Annotated[str, typer.Option(
-            "--from-step", help="Population: branch each run from its locus, or from this "
-                                "step.")] = "locus",
+        from_step: Annotated[str | None, typer.Option(
+            "--from-step", show_default=False,
+            help="Population: branch each run from its locus, or from this step. Default "
+                 "locus; on --resume the fix's.")] = None,
         triage: Annotated[str | None, typer.Option(
             "--triage", metavar="TRIAGE_ID",
             help="Population: take the loci from this stored triage (default: each run's "
@@ -226,7 +233,8 @@ def fix(agent: AgentOpt, run_ids: Annotated[list[str] | None, typer.Argument(
     (`car export fix FIX_ID`). On a population, --instruction is added at each run's locus,
     --guard JSON replaces the tool result the locus saw, and --candidates names car.Fix
     values (or a function returning them)."""
-    check_seed(seed)
+    if seed is not None:
+        check_seed(seed)
     ids = run_ids or []
     filters = {"agent_name": agent_name, "since": since, "until": until, "test": test,
                "session": session}
@@ -252,7 +260,7 @@ def fix(agent: AgentOpt, run_ids: Annotated[list[str] | None, typer.Argument(
         raise InvalidInput(f"car fix takes one RUN_ID, got {len(ids)}",
                            hint="name one run, or test a fix on many: --runs RUN_ID... or "
                                 "--failed")
-    if system or policy or triage or budget is not None or from_step != "locus" \
+    if system or policy or triage or budget is not None or from_step is not None \
             or runs_at_once is not None or progress is not None or executor is not None:
         raise InvalidInput("--system, --policy, --triage, --budget, --from-step, "
                            "--runs-at-once, --progress and --executor are for a population",
@@ -261,7 +269,9 @@ def fix(agent: AgentOpt, run_ids: Annotated[list[str] | None, typer.Argument(
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
     what, ranking = _rank(run, k, the_agent, the_outcome, candidates=candidates,
                           instructions=instruction or [], guards=guard or [],
-                          rollouts=rollouts, alpha=alpha, seed=seed, force_agent=force_agent)
+                          rollouts=defaults.REPAIR_ROLLOUTS if rollouts is None else rollouts,
+                          alpha=alpha, seed=0 if seed is None else seed,
+                          force_agent=force_agent)
     if pairs is not None:
         export_pairs([(run, ranking)], pairs)
     if report is not None:

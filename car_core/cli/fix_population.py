@@ -27,7 +27,7 @@ from car_core.cli.selection import (
     stop_if_ran_out,
 )
 from car_core.engine.execution import default_executor, make_executor
-from car_core.errors import InvalidInput
+from car_core.errors import AttributionNotFound, InvalidInput
 from car_core.estimators.fixes import Fix, as_fix
 from car_core.estimators.population_fix import fix_population, progress_line
 from car_core.fix_results import PopulationFix
@@ -65,18 +65,52 @@ def _fixes(instructions: list[str], systems: list[str], guards: list[str],
     return fixes
 
 
-def _stored_lines(store: str, fix_id: str) -> tuple[list[str], list[str]]:
-    """The ``--instruction`` and ``--system`` lines of stored fix ``fix_id``, read back from
-    their labels, so ``--resume FIX_ID`` alone continues it (a user trial had to repeat every
-    flag). Fixes a label cannot rebuild (a guard, a policy, ``--candidates``) must be given
-    again: refused, naming them."""
+def _stored_params(store: str, fix_id: str, must_exist: bool) -> dict[str, Any]:
+    """The settings stored fix ``fix_id`` was run with; none for one not stored yet (a
+    ``--resume`` id may name a new fix) unless ``must_exist``."""
     reader = kit.existing_store(store)
     try:
-        stored = reader.attribution(fix_id).params.get("candidates") or []
+        return dict(reader.attribution(fix_id).params)
+    except AttributionNotFound:
+        if must_exist:
+            raise
+        return {}
     finally:
         reader.close()
+
+
+def _settings(resume: str | None, stored: dict[str, Any], *, rollouts: int | None,
+              seed: int | None, from_step: str | None) -> tuple[int, int, int | str]:
+    """``--rollouts``, ``--seed`` and ``--from-step``: as given, else the fix resumed's, else
+    the defaults, as ``car attribute`` takes a flag left out on ``--resume`` (a user trial's
+    ``--resume FIX_ID`` without ``--rollouts`` was refused for the default's differing from
+    the fix's). One given that differs from the fix's is refused, naming both: the runs it
+    measured were drawn with the fix's."""
+    given: dict[str, Any] = {"rollouts": rollouts, "seed": seed,
+                             "from_step": None if from_step is None else _from(from_step)}
+    fallback: dict[str, Any] = {"rollouts": defaults.REPAIR_ROLLOUTS, "seed": 0,
+                                "from_step": "locus"}
+    chosen: dict[str, Any] = {}
+    for key, value in given.items():
+        before = stored.get(key)
+        if value is not None and before is not None and value != before:
+            flag = "--" + key.replace("_", "-")
+            raise InvalidInput(f"population fix {resume} was run with {flag} {before}, not "
+                               f"{value}", hint=f"leave {flag} out (a resume takes the fix's) "
+                                                "or give it as stored, or drop --resume for "
+                                                "a new fix")
+        chosen[key] = value if value is not None else (
+            before if before is not None else fallback[key])
+    return int(chosen["rollouts"]), int(chosen["seed"]), chosen["from_step"]
+
+
+def _stored_lines(stored: dict[str, Any], fix_id: str) -> tuple[list[str], list[str]]:
+    """The ``--instruction`` and ``--system`` lines of stored fix ``fix_id`` (its settings
+    ``stored``), read back from their labels, so ``--resume FIX_ID`` alone continues it (a
+    user trial had to repeat every flag). Fixes a label cannot rebuild (a guard, a policy,
+    ``--candidates``) must be given again: refused, naming them."""
     instructions, systems, other = [], [], []
-    for c in stored:
+    for c in stored.get("candidates") or []:
         label = str(c.get("label", ""))
         if label.startswith("add instruction: ") and not c.get("every_step"):
             instructions.append(label.removeprefix("add instruction: "))
@@ -103,8 +137,9 @@ def _from(text: str) -> int | str:
 
 def fix_many(run_ids: list[str], *, failed: bool, agent: Any, outcome: Any,
              instructions: list[str], systems: list[str], guards: list[str],
-             policies: list[str], candidates: str | None, rollouts: int, alpha: float,
-             seed: int, from_step: str, triage_id: str | None, budget: int | None,
+             policies: list[str], candidates: str | None, rollouts: int | None,
+             alpha: float, seed: int | None, from_step: str | None, triage_id: str | None,
+             budget: int | None,
              resume: str | None, force_agent: bool, store: str, json_out: bool,
              filters: dict[str, str | None] | None = None,
              runs_at_once: int | None = None, progress: bool | None = None,
@@ -113,16 +148,20 @@ def fix_many(run_ids: list[str], *, failed: bool, agent: Any, outcome: Any,
     selection ``car triage`` takes (``--agent-name``, ``--since``, ``--until``, ``--test``,
     ``--session``), on the failed runs; ``runs_at_once``: runs tested at once (None: chosen
     for the agent); ``progress``: a line per run tested (None: when stderr is a terminal);
+    ``rollouts``, ``seed``, ``from_step``: None where the flag was left out (``_settings``);
     ``executor``: the ``--executor`` named (None: chosen for the agent), ``concurrency`` its
     branches in flight. Where CAR chose to run branches one at a time and the process mostly
     waited, it says so (``kit.waiting_hint``), as ``car attribute`` does: a user trial's
     custom model spent 60 of 86 s asleep, with no hint."""
     filters = filters or {}
-    if resume is not None and not (instructions or systems or guards or policies
-                                   or candidates):
-        instructions, systems = _stored_lines(store, resume)
+    given_fixes = bool(instructions or systems or guards or policies or candidates)
+    stored = (_stored_params(store, resume, must_exist=not given_fixes)
+              if resume is not None else {})
+    if resume is not None and not given_fixes:
+        instructions, systems = _stored_lines(stored, resume)
     fixes = _fixes(instructions, systems, guards, policies, candidates)
-    start = _from(from_step)
+    rollouts, seed, start = _settings(resume, stored, rollouts=rollouts, seed=seed,
+                                      from_step=from_step)
     ids = selected(store, run_ids, None if failed else resume,
                    "failed" if failed else "any", **filters)
     if not ids:

@@ -43,7 +43,10 @@ def begin_fix(store: RunStore, fix_id: str, params: dict[str, Any]) -> dict[str,
     wanted = loads(dumps(redact_json(params)))
     changed = [k for k in SAME if stored.get(k) != wanted.get(k)]
     if changed:
-        raise InvalidInput(f"population fix {fix_id} was run with other {', '.join(changed)}",
+        # the values, so the caller can tell what to pass (a trial's said "other rollouts")
+        said = ", ".join("other fixes" if k == "candidates" else
+                         f"{k}={stored.get(k)!r}, not {wanted.get(k)!r}" for k in changed)
+        raise InvalidInput(f"population fix {fix_id} was run with {said}",
                            hint="resume it with the same fixes and settings, or pass a new "
                                 "fix_id")
     store.claim_lease(fix_id)
