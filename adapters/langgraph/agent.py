@@ -64,7 +64,10 @@ with an ``InMemorySaver`` CAR supplies (``saver``; the app itself is never chang
   The record holds the calls a node makes itself too (the callback keeps them), so those are
   answered like a ``ToolNode``'s. A tool name, in any parameter, that no tool of the graph has
   is refused; the graph's tools are its ``ToolNode``s' and those a node's code reaches
-  (``reach``), plus tool objects given as ``node_tools``.
+  (``reach``), plus tool objects given as ``node_tools``. A model's tool call a node answers
+  with its own code is refused before any branch (no guard sits there), unless it is known to
+  run as a LangChain tool or the user names it in ``routing_calls`` (code that only routes or
+  reads, run live: the customer-support tutorial's ``ToFlightBookingAssistant``).
 - **Undecided model calls.** With ``model=``, CAR numbers the model calls it decides; a node
   that can call a model CAR does not decide is refused before the first branch, and a branch
   that calls one anyway is stopped at that call (``undecided``).
@@ -206,7 +209,8 @@ class LangGraphAgent:
                  recursion_limit: int = 50, name: str | None = None,
                  unclassified: str = "refuse", context: Any = NOT_GIVEN,
                  configurable: Mapping[str, Any] | Callable[[Trajectory], Mapping[str, Any]]
-                 | None = None, branch_store: Any = None) -> None:
+                 | None = None, branch_store: Any = None,
+                 routing_calls: Iterable[str] = ()) -> None:
         if not hasattr(app, "get_state_history"):
             raise InvalidInput(f"LangGraphAgent needs a compiled LangGraph app, got "
                                f"{type(app).__name__}", hint="pass graph.compile(checkpointer=…)")
@@ -237,6 +241,15 @@ class LangGraphAgent:
         self.shape = AppShape.of(app, saver, messages_key, node_tools)
         refuse_persistent_subgraphs(self.shape)
         self.tools = self.shape.tools
+        # tool calls a node answers with code that only routes or reads: run live on branches
+        self.routing_calls = frozenset([routing_calls] if isinstance(routing_calls, str)
+                                       else routing_calls)
+        tools_named = sorted(self.routing_calls & set(self.tools))
+        if tools_named:
+            raise InvalidInput(f"routing_calls names {tools_named}, which are tools of this "
+                               "graph", hint="classify a tool with safe_tools= or "
+                                             "side_effect_tools=; routing_calls is for calls a "
+                                             "node answers with its own code")
         refuse_unknown_tools(self.tools, {
             "safe_tools": safe_tools,
             "side_effect_tools": side_effect_tools, "simulators": list(simulators or {}),
@@ -509,7 +522,8 @@ class LangGraphAgent:
         refuse_sync_only(self.saver, self.shape.async_only, run.id)
         refuse_interrupts(self.shape, run)
         rebuilt = refuse_run(self.shape, run,
-                             self.undecided if self.model is not None else None, self.safety)
+                             self.undecided if self.model is not None else None, self.safety,
+                             self.routing_calls)
         refuse_errored(run)  # after the shapes, which name where a run could not go on
         self._invocation(run)  # a context or configurable keys the branches would lack
         with self._lock:
@@ -599,7 +613,7 @@ def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[..., Any],
                      unclassified: str = "refuse", turn: int | None = None,
                      context: Any = NOT_GIVEN,
                      configurable: Mapping[str, Any] | None = None, branch_store: Any = None,
-                     **options: Any) -> Any:
+                     routing_calls: Iterable[str] = (), **options: Any) -> Any:
     """Import ``thread_id`` from ``app``, score it with ``outcome(run)`` (as everywhere; 1 /
     True = failure; ``final_state(run)`` gives the final graph state with the app's message
     objects, ``run.meta["final_state"]`` stores it as JSON), store it, and attribute the
@@ -608,7 +622,8 @@ def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[..., Any],
     outcome) instead of storing a copy. ``turn``: which invocation of a thread the app was
     run on several times (``-1``: the last; ``import_thread``). ``context`` / ``configurable``:
     what the thread's runs were invoked with, which a checkpointer does not keep, and
-    ``branch_store`` where branches read an app's store (``LangGraphAgent``). Here only, an
+    ``branch_store`` where branches read an app's store, ``routing_calls`` the calls a node
+    answers itself that branches may run live (``LangGraphAgent``). Here only, an
     outcome written for the old ``outcome(final_state)`` form is still accepted, deprecated: it
     is handed the stored JSON state, with a ``DeprecationWarning``
     (see ``car_adapters.langgraph.thread``)."""
@@ -618,7 +633,7 @@ def attribute_thread(app: Any, thread_id: str, *, outcome: Callable[..., Any],
                            side_effect_tools=side_effect_tools, simulators=simulators,
                            match_on=match_on, node_tools=node_tools, unclassified=unclassified,
                            context=context, configurable=configurable,
-                           branch_store=branch_store)
+                           branch_store=branch_store, routing_calls=routing_calls)
     run = agent.import_thread(thread_id, turn)
     score = thread_outcome(outcome)
     run = replace(scored(run, score, Noise(seed)), seed=seed)

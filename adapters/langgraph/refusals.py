@@ -71,12 +71,13 @@ def refuse_persistent_subgraphs(shape: AppShape) -> None:
 
 
 def refuse_run(shape: AppShape, run: Trajectory,
-               undecided: list[tuple[str, str, str]] | None, safety: Any = None
-               ) -> Rebuild | None:
+               undecided: list[tuple[str, str, str]] | None, safety: Any = None,
+               routing: frozenset[str] = frozenset()) -> Rebuild | None:
     """Refuse a run whose steps this app cannot fork into, naming the shape and the node.
     ``undecided``: the nodes calling models CAR does not decide, when CAR decides the others
     (None: CAR decides none). ``safety``: the agent's ``ToolSafety``, to refuse a guarded tool
-    whose recorded ``Command`` wrote state no record answer can write back. A run whose thread
+    whose recorded ``Command`` wrote state no record answer can write back. ``routing``: the
+    calls a node answers itself that may run live (``refuse_unguarded_calls``). A run whose thread
     the checkpointer does not hold gives how its fork points are rebuilt from the record
     (``rebuild``; ``CheckpointsMissing`` where they cannot be); any other gives None."""
     if run.meta.get("framework") != "langgraph":
@@ -100,7 +101,7 @@ def refuse_run(shape: AppShape, run: Trajectory,
                 task_at(step.meta, level), []).append(i)
     for (level, _), by_task in groups.items():
         refuse_superstep(run, level, by_task)
-    refuse_unguarded_calls(shape, run)  # after the shape: a run of another graph says so
+    refuse_unguarded_calls(shape, run, routing)  # after the shape: another graph's says so
     if missing:
         return plan_rebuild(shape, run)
     parallel = {key for key, by_task in groups.items() if len(by_task) > 1}
@@ -113,14 +114,18 @@ def refuse_run(shape: AppShape, run: Trajectory,
     return None
 
 
-def refuse_unguarded_calls(shape: AppShape, run: Trajectory) -> None:
+def refuse_unguarded_calls(shape: AppShape, run: Trajectory,
+                           routing: frozenset[str] = frozenset()) -> None:
     """Refuse a run with a tool call the app answered in a way no guard can answer on a branch:
     the call's tool is not one of the graph's (a ``ToolNode``'s, or one a node's code reaches),
-    or it is known only from ``node_tools`` and the record shows no LangChain tool of that name
-    ran (``meta["tools_run"]``; absent, in imported and older records: not known). Such a
-    call was run by a node's own code (memory-agent's ``store_memory`` awaits the plain
-    ``upsert_memory`` function), so a branch would run it for real: a user trial's guarded
-    ``node_tools=[tool(upsert_memory)]`` wrote 16 real memories, and 17 unclassified."""
+    or it is known only from ``node_tools`` and the record does not show a LangChain tool of
+    that name ran (``meta["tools_run"]``, which ``CarCallback`` keeps; an imported thread
+    cannot show it). Such a call was run by a node's own code (memory-agent's
+    ``store_memory`` awaits the plain ``upsert_memory`` function), so a branch would run it
+    for real: a user trial's guarded ``node_tools=[tool(upsert_memory)]`` wrote 16 real
+    memories, 17 unclassified, and 6 through an imported thread. ``routing``: the calls the
+    user says a node answers with code that only routes or reads (the customer-support
+    tutorial's ``ToFlightBookingAssistant``), which branches run live."""
     ran = run.meta.get("tools_run")
     ran = {str(t) for t in ran} if isinstance(ran, list) else None
     graph = shape.graph_tools
@@ -128,7 +133,8 @@ def refuse_unguarded_calls(shape: AppShape, run: Trajectory) -> None:
         answers = {m.get("tool_call_id"): m.get("content") for m in step.observation or ()
                    if isinstance(m, Mapping)} if isinstance(step.observation, list) else {}
         for cid, name, _ in calls_of(step.action):
-            if cid not in answers or name in graph or _turned_away(name, answers[cid]):
+            if (cid not in answers or name in graph or name in routing
+                    or _turned_away(name, answers[cid])):
                 continue
             if name not in shape.tools:
                 raise AdapterError(
@@ -136,13 +142,17 @@ def refuse_unguarded_calls(shape: AppShape, run: Trajectory) -> None:
                     f"tool of this graph (its tools are {sorted(shape.tools)}): a node's own "
                     "code answered it, and on a branch that code would run it for real",
                     run_id=run.id, hint=_CALL_A_TOOL.format(name=name))
-            if ran is not None and name not in ran:
+            if ran is None or name not in ran:
+                seen = ("no LangChain tool named {0!r} ran in the record" if ran is not None
+                        else "an imported thread does not show whether a LangChain tool "
+                             "named {0!r} ran").format(name)
                 raise AdapterError(
-                    f"step {k}'s call of {name!r} was answered without the tool object given "
-                    f"as node_tools running (no LangChain tool named {name!r} ran in the "
-                    "record): the node calls the function itself, which no guard can answer "
-                    "on a branch, so it would run for real", run_id=run.id,
-                    hint=_CALL_A_TOOL.format(name=name))
+                    f"step {k}'s call of {name!r} was answered by a node, and {seen}: if the "
+                    "node calls the function itself, no guard can answer it on a branch, so "
+                    "it would run for real", run_id=run.id,
+                    hint=_CALL_A_TOOL.format(name=name) + (
+                        "" if ran is not None else
+                        "; record the run with CarCallback, which notes the tools that ran"))
 
 
 def _turned_away(name: str, content: Any) -> bool:
@@ -154,7 +164,10 @@ def _turned_away(name: str, content: Any) -> bool:
 
 _CALL_A_TOOL = ("have the node run it as a LangChain tool (`await {name}_tool.ainvoke(args)` "
                 "on a @tool, or a ToolNode), pass that object as node_tools=[...] and "
-                "classify it (safe_tools= or side_effect_tools=), then record the run again")
+                "classify it (safe_tools= or side_effect_tools=), then record the run again; "
+                "if the node's code only routes or reads (a handoff schema such as the "
+                "customer-support tutorial's ToFlightBookingAssistant), pass "
+                "routing_calls=[{name!r}] and branches run that node live")
 
 
 def refuse_state_writers(run: Trajectory, safety: Any) -> None:

@@ -18,7 +18,7 @@ from typing import Annotated, Any, TypedDict
 
 import pytest
 from car_adapters.demo.planted import SeededChatModel
-from car_adapters.langgraph import CarCallback, LangGraphAgent
+from car_adapters.langgraph import CarCallback, LangGraphAgent, attribute_thread
 from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import StructuredTool, tool
@@ -28,7 +28,7 @@ from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
 
 import car_core as car
-from car_core.errors import AdapterError, SideEffectBlocked
+from car_core.errors import AdapterError, InvalidInput, SideEffectBlocked
 
 P_LEAK = 0.35
 LEDGER: list[str] = []  # every real note written
@@ -134,7 +134,7 @@ def ledger() -> list[str]:
 @pytest.mark.parametrize("kwargs, says", [
     ({}, r"'save_note' is not a tool of this graph \(its tools are \[\]\)"),
     ({"node_tools": [note_tool], "side_effect_tools": ["save_note"]},
-     r"answered without the tool object given as node_tools running"),
+     r"answered by a node, and no LangChain tool named 'save_note' ran in the record"),
 ])
 def test_a_call_a_node_answers_with_its_own_code_is_refused(kwargs: dict[str, Any],
                                                             says: str) -> None:
@@ -192,3 +192,38 @@ def test_a_made_up_tool_name_the_tool_node_turned_away_is_not_refused() -> None:
                         car.do_resample(0), outcome=leaked, rollouts=40, seed=0)
     assert abs(res.mean - P_LEAK) <= 3.5 * (P_LEAK * (1 - P_LEAK) / 40) ** 0.5
     assert LEDGER == []
+
+
+def test_an_imported_thread_cannot_show_the_tool_ran_so_it_is_refused() -> None:
+    """A user trial imported the same thread (``attribute_thread``) and the check was skipped:
+    6 real writes. The checkpoints do not say whether a LangChain tool ran, so a call known
+    only from ``node_tools`` is refused there too."""
+    app = notes_app(Notes(rng_seed=1), plain)
+    run = recorded(app)
+    written = len(LEDGER)
+    with pytest.raises(AdapterError, match=r"an imported thread does not show whether a "
+                                           r"LangChain tool named 'save_note' ran"):
+        attribute_thread(app, str(run.meta["thread_id"]), outcome=leaked,
+                         node_tools=[note_tool], side_effect_tools=["save_note"],
+                         simulators={"save_note": lambda a: "saved"}, rollouts=8)
+    assert len(LEDGER) == written
+
+
+def test_a_call_a_node_only_routes_runs_live_once_named() -> None:
+    """The customer-support tutorial's ``ToFlightBookingAssistant``: a schema the model calls
+    and an entry node answers ("the assistant is now ..."), with no effect. Refused unnamed;
+    named in ``routing_calls``, branches run that node live and the estimate goes through."""
+    app = notes_app(Notes(rng_seed=1, call="ToNotesAssistant"),
+                    lambda call: "The notes assistant is now active.")
+    run = recorded(app)
+    with pytest.raises(AdapterError, match=r"routing_calls=\['ToNotesAssistant'\]"):
+        car.intervene(run, LangGraphAgent(app), car.do_resample(0), outcome=leaked,
+                      rollouts=4, seed=0)
+    rollouts = 60
+    res = car.intervene(run, LangGraphAgent(app, routing_calls=["ToNotesAssistant"]),
+                        car.do_resample(0), outcome=leaked, rollouts=rollouts, seed=0)
+    assert abs(res.mean - P_LEAK) <= 3.5 * (P_LEAK * (1 - P_LEAK) / rollouts) ** 0.5
+    with pytest.raises(InvalidInput, match=r"routing_calls names \['save_note'\], which are "
+                                           r"tools of this graph"):
+        LangGraphAgent(notes_app(Notes(), through_tool), node_tools=[note_tool],
+                       routing_calls=["save_note"])
