@@ -12,9 +12,11 @@ tools the call was offered (``meta["tools"]``, see ``offered_tools``), which a b
 that call edited. Runs are told apart by their usage
 object, so one recorder can watch concurrent runs. A run that ends without a final output
 (an exception, a guardrail tripwire, ``max_turns``) is closed when ``run`` / ``runs`` is read,
-with status ``"error"``; a run the SDK stopped for a tool call's approval and the user resumed
-(``Runner.run(agent, result.to_state())``) is recorded as one run, if the recorder is not read
-in between. The SDK tells its hooks nothing of a guardrail's tripwire (``guardrails``): a run
+with status ``"error"``, once the task that ran it is over (a run still going in another task,
+a search of ``asyncio.gather``, stays open: ``run`` is the latest run that ended); a run the
+SDK stopped for a tool call's approval and the user resumed (``Runner.run(agent,
+result.to_state())``) is recorded as one run, if the recorder is not read in between. The
+SDK tells its hooks nothing of a guardrail's tripwire (``guardrails``): a run
 recorded inside ``with recorder.recording(agent):`` is kept until the block ends, with the
 app's guardrails watched, and one a guardrail stopped says so (``meta["tripwire"]``); outside a
 block, a run an output or parallel input guardrail stopped after the reply looks finished. Each run
@@ -29,10 +31,11 @@ the run unscored (the error is kept in ``outcome_errors``) and never breaks the 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
@@ -83,6 +86,14 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=fallback))
 
 
+def _task() -> asyncio.Task[Any] | None:
+    """The asyncio task running now, if any."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no event loop in this thread
+        return None
+
+
 @dataclass
 class _RunBuf:
     root: Any
@@ -97,6 +108,7 @@ class _RunBuf:
     block: _Block | None = None  # the ``recording(agent)`` block it started in
     members: frozenset[str] = frozenset()  # the agents its handoffs reach (empty: unknown)
     final_output: Any = None  # what the SDK ended the run with (``on_agent_end``)
+    task: Any = None  # the asyncio task that runs it: while it goes, the run is in flight
 
 
 @dataclass
@@ -146,6 +158,7 @@ class CarRecorder(RunHooks[Any]):
         # one made inside a branch records that branch; one made outside never records one
         self._records_branches = in_branch()
         self._bufs: dict[int, _RunBuf] = {}
+        self._tasks: dict[int, asyncio.Task[Any] | None] = {}  # run key -> its task (noted)
         self._lock = threading.Lock()
         self.store_errors: list[StoreError] = []
         # runs a block settled while the SDK may still call hooks for them (a model call a
@@ -207,9 +220,25 @@ class CarRecorder(RunHooks[Any]):
 
     @property
     def runs(self) -> list[car.Trajectory]:
-        """The runs recorded so far (an unfinished one is closed as an error first)."""
-        self.close(None)
+        """The runs recorded so far (an unfinished one whose task is over is closed as an
+        error first)."""
+        self._close_stopped()
         return list(self._runs)
+
+    def _close_stopped(self) -> None:
+        """Close, as errors, the unfinished runs that can no longer go on: their task is done,
+        or is the reader's own (its ``Runner.run`` returned or raised). A user trial's research
+        pipeline read ``recorder.run`` while other searches ran: every run in flight was
+        closed as an error, its next steps dropped, and an empty run stored as complete."""
+        now = _task()
+        with self._lock:
+            stopped = {k: b for k, b in self._bufs.items()
+                       if b.task is None or b.task is now or b.task.done()}
+            for key in stopped:
+                del self._bufs[key]
+        for buf in stopped.values():
+            if buf.steps:
+                self._finish(buf, UNFINISHED)
 
     @property
     def run(self) -> car.Trajectory:
@@ -235,7 +264,7 @@ class CarRecorder(RunHooks[Any]):
                 resumed = self._interrupted(context)
                 if resumed is not None:  # the same run, resumed after its approvals
                     buf = self._bufs.pop(resumed)
-                    buf.usage = context.usage
+                    buf.usage, buf.task = context.usage, self._tasks.pop(key, None)
                     self._bufs[key] = buf
                 else:
                     block = _BLOCK.get()
@@ -243,7 +272,7 @@ class CarRecorder(RunHooks[Any]):
                         block = None
                     buf = _RunBuf(root=agent, usage=context.usage,
                                   fingerprint=_fingerprint(agent), block=block,
-                                  members=_members(agent))
+                                  members=_members(agent), task=self._tasks.pop(key, None))
                     if block is not None:
                         block.bufs.append(buf)
                     self._bufs[key] = buf
@@ -277,7 +306,32 @@ class CarRecorder(RunHooks[Any]):
         buf = self._bufs.get(id(context.usage))
         return buf is not None and bool(buf.members) and agent.name not in buf.members
 
-    async def on_agent_start(self, context: Any, agent: Any) -> None:
+    def on_agent_start(self, context: Any, agent: Any) -> Coroutine[Any, Any, None]:
+        """A plain method, so it runs in the run's own task: the SDK gathers the coroutine it
+        returns in a task of its own, which ends with the hook (``_note_task``)."""
+        self._note_task(context, agent)
+        return self._agent_start(context, agent)
+
+    def on_llm_start(self, context: Any, agent: Any, system_prompt: str | None,
+                     input_items: list[Any]) -> Coroutine[Any, Any, None]:
+        self._note_task(context, agent)
+        return self._llm_start(context, agent, system_prompt, input_items)
+
+    def _note_task(self, context: Any, agent: Any) -> None:
+        """Note the task running this turn of the run of ``context`` (the SDK runs each turn,
+        its model call and its tools, in a task of its own): a run whose latest turn's task
+        is over is closed when the recorder is read, one still going is not (``runs``)."""
+        if self._ignored(context, agent):
+            return
+        key, task = id(context.usage), _task()
+        with self._lock:
+            buf = self._bufs.get(key)
+            if buf is not None:
+                buf.task = task
+            else:  # the run starts (or resumes): taken by ``_buf``
+                self._tasks[key] = task
+
+    async def _agent_start(self, context: Any, agent: Any) -> None:
         if self._ignored(context, agent):
             return
         redact.register_from(agent)  # its model client's key is never recorded
@@ -300,8 +354,8 @@ class CarRecorder(RunHooks[Any]):
                     buf.mcp, buf.listing = mcp_tools.names(listing), listing
         self._buf(context, agent)
 
-    async def on_llm_start(self, context: Any, agent: Any, system_prompt: str | None,
-                           input_items: list[Any]) -> None:
+    async def _llm_start(self, context: Any, agent: Any, system_prompt: str | None,
+                         input_items: list[Any]) -> None:
         if self._ignored(context, agent):
             return
         buf = self._buf(context, agent)

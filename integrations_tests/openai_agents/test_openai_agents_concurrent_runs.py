@@ -1,0 +1,87 @@
+"""One ``CarRecorder`` watching runs that overlap (the SDK's research_bot runs its searches with
+``asyncio.create_task``), read while some are still going.
+
+A user trial read ``recorder.run`` after the first search finished: every run still in flight
+was closed as an error, the steps they took next were dropped, and an empty run was stored as
+complete. A run in flight now stays open; reading the recorder closes only the runs whose task
+is over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from agents import Agent, Runner, function_tool, set_tracing_disabled
+from car_adapters.common.messages import assistant, tool_call
+from car_adapters.openai_agents import CarRecorder, ScriptedModel
+
+set_tracing_disabled(True)  # no trace export from tests (it would need an API key)
+
+
+@function_tool
+def search(query: str) -> str:
+    """Search the web (reads only)."""
+    return f"results for {query}"
+
+
+def decide(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> Any:
+    """Search once, then summarise."""
+    if any(m.get("role") == "tool" for m in messages):
+        return "summary"
+    return assistant(None, [tool_call("c1", "search", {"query": messages[-1]["content"]})])
+
+
+def searcher() -> Agent[Any]:
+    return Agent(name="searcher", instructions="Search, then summarise.", tools=[search],
+                 model=ScriptedModel(decide, latency_s=0.1))
+
+
+async def pipeline(recorder: CarRecorder) -> tuple[Any, list[Any]]:
+    """Three searches started 50 ms apart; the recorder is read as the first one ends."""
+    agent = searcher()
+
+    async def one(query: str, delay: float) -> Any:
+        await asyncio.sleep(delay)
+        return await Runner.run(agent, query, hooks=recorder)
+
+    tasks = [asyncio.create_task(one(q, d)) for q, d in (("a", 0.0), ("b", 0.05), ("c", 0.1))]
+    await tasks[0]
+    seen = recorder.run  # b and c are still searching
+    await asyncio.gather(*tasks[1:])
+    return seen, recorder.runs
+
+
+def test_reading_the_recorder_leaves_the_runs_in_flight_open() -> None:
+    recorder = CarRecorder()
+    seen, runs = asyncio.run(pipeline(recorder))
+    assert seen.status == "complete" and len(seen.steps) == 2
+    assert len(runs) == 3 and len({r.id for r in runs}) == 3
+    assert all(r.status == "complete" and len(r.steps) == 2 for r in runs)
+    asked = sorted(json.loads(r.steps[0].action["tool_calls"][0]["function"]["arguments"])
+                   ["query"] for r in runs)
+    assert asked == ["a", "b", "c"]  # each run its own search, none spliced into another
+
+
+def test_a_run_that_raised_is_still_closed_as_an_error_when_read() -> None:
+    """The reader's own task ran it: its ``Runner.run`` is over, so it is closed."""
+    recorder = CarRecorder()
+
+    def crash(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> Any:
+        if any(m.get("role") == "tool" for m in messages):
+            raise RuntimeError("model server gone")
+        return decide(messages, tools, rng)
+
+    agent = Agent(name="searcher", instructions="Search.", tools=[search],
+                  model=ScriptedModel(crash))
+
+    async def go() -> Any:
+        try:
+            await Runner.run(agent, "a", hooks=recorder)
+        except RuntimeError:
+            pass
+        return recorder.run
+
+    run = asyncio.run(go())
+    assert run.status == "error" and len(run.steps) == 1
