@@ -78,7 +78,7 @@ from car_core.model.budget import Budget, as_budget
 from car_core.model.capabilities import Capability, capabilities
 from car_core.model.checks import is_real, is_whole
 from car_core.model.outcome import OutcomeLike
-from car_core.model.trajectory import Trajectory, step_label
+from car_core.model.trajectory import Trajectory, decisions_before, step_label
 from car_core.model.vocabulary import Answer
 from car_core.results import ArmEstimate, ContrastiveResult, StepEffect
 from car_core.stats import (
@@ -363,7 +363,8 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
     result = ContrastiveResult(
         run_id=run.id, locus=locus, reason=reason, alpha=float(alpha), tests=m, level=level,
         rollouts_used=session.meter.rollouts, rollouts_cap=rollouts, seed=seed,
-        coupled=measured.shared, coupling=session.coupling, caveats=caveats_of(agent),
+        coupled=measured.shared, coupling=session.coupling,
+        caveats=caveats_of(agent) + _earlier_decisions(run, answer),
         measured_coupling=measured,
         given_up=given_up, more_rollouts=more,
         # the level a claim was made at: later steps ruled out (a locus), or every rescue
@@ -382,6 +383,21 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
         answer=answer, candidate=candidate)
     session.finish(result)
     return result
+
+
+def _earlier_decisions(run: Trajectory, answer: Answer) -> tuple[str, ...]:
+    """Where no step of the run was shown to cause the failure and the run began from a
+    conversation that already held the agent's decisions, the caveat that the cause may be
+    one of those: user trials attributed an LLM-as-judge loop's last round and a research
+    pipeline's writer, whose failure an earlier run had fixed, and read only "no single step"
+    or "undecided"."""
+    before = decisions_before(run)
+    if answer == Answer.LOCUS or before == 0:
+        return ()
+    return (f"the run began from a conversation that already held {before} decision(s) of "
+            "the agent (an earlier turn, or an earlier run that handed this one its "
+            "history): no step of this run re-decides them, so a cause among them is not "
+            "found here; attribute the turn or run that made them",)
 
 
 def _planned(n_steps: int, params: Mapping[str, Any]) -> tuple[int, int]:
