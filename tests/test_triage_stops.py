@@ -175,3 +175,18 @@ def test_a_run_the_clock_cut_short_is_continued_by_a_resume_with_more_time(
     row = more.per_run[0]
     assert not row.reused and row.locus is not None, row
     assert not more.undecided
+
+
+def test_a_spent_wall_time_total_says_its_unit():
+    """The reason a run was skipped read "the triage's total wall-time budget of 10 is spent":
+    ten what? Seconds, said."""
+    import time
+
+    from car_core.estimators._population import Purse
+    purse = Purse(car.Budget(wall_time=0.01, rollouts=100))
+    time.sleep(0.02)
+    assert purse.cap(car.Budget(rollouts=10), 1, True)[1] == (
+        "the triage's total wall-time budget of 0.01 s is spent")
+    spent = Purse(car.Budget(rollouts=1), "population fix")
+    assert spent.cap(car.Budget(rollouts=10), 1, True)[1] == (
+        "the population fix's total rollouts budget of 1 is spent")

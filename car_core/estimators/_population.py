@@ -95,8 +95,9 @@ class Purse:
                     else getattr(self.spent, name) + getattr(self.held, name))
             left = cap - used
             if left <= 0 or (name == "rollouts" and left < PAIR):
+                unit = " s" if name == "wall_time" else ""  # "of 10" said ten what?
                 return rest, (f"the {self.what}'s total {name.replace('_', '-')} budget of "
-                              f"{cap:g} is spent")
+                              f"{cap:g}{unit} is spent")
             rest[name] = left
         return rest, None
 
