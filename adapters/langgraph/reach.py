@@ -84,10 +84,20 @@ def _children(obj: Any) -> Iterator[Any]:
             code = stack.pop()
             names.update(code.co_names)
             stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+        modules = []
         for name in sorted(names):
             if name in obj.__globals__:
                 value = obj.__globals__[name]
-                if not isinstance(value, (types.ModuleType, type)):
+                if isinstance(value, types.ModuleType):
+                    modules.append(value)
+                elif not isinstance(value, type):
+                    yield value
+        # ``tools.lookup(...)``: a tool or model a module the code names holds under a name
+        # the code also uses (the module itself is not walked)
+        for module in modules:
+            for name in sorted(names):
+                value = getattr(module, name, None)
+                if isinstance(value, (BaseTool, BaseChatModel)):
                     yield value
         return
     if hasattr(obj, "get_subgraphs") or isinstance(obj, (types.ModuleType, type)):
