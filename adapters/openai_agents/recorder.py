@@ -46,7 +46,7 @@ from agents import RunHooks
 
 import car_core as car
 from car_core.contract import OutcomeFn, RunStatus, in_branch, redact
-from car_core.errors import AdapterError, OutcomeError, StoreError
+from car_core.errors import AdapterError, InvalidInput, OutcomeError, StoreError
 
 from ..common.messages import calls_of, tool_result
 from ..common.run_keeping import score_run, store_run
@@ -159,6 +159,7 @@ class CarRecorder(RunHooks[Any]):
         self._records_branches = in_branch()
         self._bufs: dict[int, _RunBuf] = {}
         self._tasks: dict[int, asyncio.Task[Any] | None] = {}  # run key -> its task (noted)
+        self._kept: dict[int, tuple[Any, car.Trajectory]] = {}  # run key -> (usage, its run)
         self._lock = threading.Lock()
         self.store_errors: list[StoreError] = []
         # runs a block settled while the SDK may still call hooks for them (a model call a
@@ -216,7 +217,7 @@ class CarRecorder(RunHooks[Any]):
                 run = replace(run, status=RunStatus.COMPLETE, error=said, meta=meta)
             else:
                 run = replace(run, meta=meta)
-            self._keep(run)
+            self._keep(run, buf.usage)
 
     @property
     def runs(self) -> list[car.Trajectory]:
@@ -253,6 +254,28 @@ class CarRecorder(RunHooks[Any]):
                                hint="pass hooks=recorder to Runner.run / run_sync / "
                                     "run_streamed")
         return runs[-1]
+
+    def run_of(self, ended: Any) -> car.Trajectory:
+        """The run a ``Runner.run`` gave ``ended`` for: its result (``RunResult``,
+        ``RunResultStreaming``) or the exception it raised (the SDK's carry ``run_data``).
+        Among runs that overlap (``asyncio.gather``) this is the one to attribute; ``run``
+        is only the latest that ended."""
+        wrapper = getattr(ended, "context_wrapper", None) or getattr(
+            getattr(ended, "run_data", None), "context_wrapper", None)
+        usage = getattr(wrapper, "usage", None)
+        if usage is None:
+            raise InvalidInput(f"{type(ended).__name__} is neither a run's result nor an error "
+                               "of the SDK that carries its run",
+                               hint="pass what Runner.run returned, or the exception it raised")
+        self._close_stopped()
+        with self._lock:
+            kept = self._kept.get(id(usage))
+        if kept is None or kept[0] is not usage:
+            raise AdapterError("this recorder kept no run for that result",
+                               hint="pass hooks=recorder to the Runner.run that gave it; a run "
+                                    "recorded in a `with recorder.recording(agent):` block is "
+                                    "kept as the block ends")
+        return kept[1]
 
     # -- the hooks -----------------------------------------------------------------------------
     def _buf(self, context: Any, agent: Any) -> _RunBuf:
@@ -435,11 +458,13 @@ class CarRecorder(RunHooks[Any]):
             if block is not None:
                 block.held.append((buf, err))
         if block is None:
-            self._keep(self._built(buf, err))
+            self._keep(self._built(buf, err), buf.usage)
 
-    def _keep(self, run: car.Trajectory) -> None:
+    def _keep(self, run: car.Trajectory, usage: Any) -> None:
         run = score_run(run, self.outcome, self.outcome_errors)
         self._runs.append(run)
+        with self._lock:
+            self._kept[id(usage)] = (usage, run)
         store_run(run, self.store, self.store_errors)
 
     def _built(self, buf: _RunBuf, err: BaseException | str | None) -> car.Trajectory:

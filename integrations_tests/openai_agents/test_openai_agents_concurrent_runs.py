@@ -13,9 +13,12 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
 from agents import Agent, Runner, function_tool, set_tracing_disabled
 from car_adapters.common.messages import assistant, tool_call
 from car_adapters.openai_agents import CarRecorder, ScriptedModel
+
+from car_core.errors import InvalidInput
 
 set_tracing_disabled(True)  # no trace export from tests (it would need an API key)
 
@@ -38,7 +41,7 @@ def searcher() -> Agent[Any]:
                  model=ScriptedModel(decide, latency_s=0.1))
 
 
-async def pipeline(recorder: CarRecorder) -> tuple[Any, list[Any]]:
+async def pipeline(recorder: CarRecorder) -> tuple[Any, list[Any], list[Any]]:
     """Three searches started 50 ms apart; the recorder is read as the first one ends."""
     agent = searcher()
 
@@ -49,19 +52,24 @@ async def pipeline(recorder: CarRecorder) -> tuple[Any, list[Any]]:
     tasks = [asyncio.create_task(one(q, d)) for q, d in (("a", 0.0), ("b", 0.05), ("c", 0.1))]
     await tasks[0]
     seen = recorder.run  # b and c are still searching
-    await asyncio.gather(*tasks[1:])
-    return seen, recorder.runs
+    results = await asyncio.gather(*tasks)
+    return seen, recorder.runs, [recorder.run_of(r) for r in results]
+
+
+def query(run: Any) -> str:
+    return str(json.loads(run.steps[0].action["tool_calls"][0]["function"]["arguments"])
+               ["query"])
 
 
 def test_reading_the_recorder_leaves_the_runs_in_flight_open() -> None:
     recorder = CarRecorder()
-    seen, runs = asyncio.run(pipeline(recorder))
+    seen, runs, by_result = asyncio.run(pipeline(recorder))
     assert seen.status == "complete" and len(seen.steps) == 2
     assert len(runs) == 3 and len({r.id for r in runs}) == 3
     assert all(r.status == "complete" and len(r.steps) == 2 for r in runs)
-    asked = sorted(json.loads(r.steps[0].action["tool_calls"][0]["function"]["arguments"])
-                   ["query"] for r in runs)
-    assert asked == ["a", "b", "c"]  # each run its own search, none spliced into another
+    assert sorted(map(query, runs)) == ["a", "b", "c"]  # none spliced into another
+    # each Runner.run's own run, whatever order they ended in
+    assert [query(r) for r in by_result] == ["a", "b", "c"]
 
 
 def test_a_run_that_raised_is_still_closed_as_an_error_when_read() -> None:
@@ -76,12 +84,16 @@ def test_a_run_that_raised_is_still_closed_as_an_error_when_read() -> None:
     agent = Agent(name="searcher", instructions="Search.", tools=[search],
                   model=ScriptedModel(crash))
 
-    async def go() -> Any:
+    async def go() -> tuple[Any, Any]:
         try:
             await Runner.run(agent, "a", hooks=recorder)
-        except RuntimeError:
-            pass
-        return recorder.run
+        except RuntimeError as exc:
+            raised = exc
+        return recorder.run, raised
 
-    run = asyncio.run(go())
+    run, raised = asyncio.run(go())
     assert run.status == "error" and len(run.steps) == 1
+    if getattr(raised, "run_data", None) is not None:  # the SDK says which run raised
+        assert recorder.run_of(raised) is run
+    with pytest.raises(InvalidInput, match="neither a run's result"):
+        recorder.run_of("a")
