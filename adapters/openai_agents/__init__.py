@@ -22,7 +22,7 @@ from .agent import OpenAIAgentsAgent
 from .fake import ScriptedModel, step_rng
 from .final import final_state
 from .mcp_tools import connect_in_background
-from .recorder import CarRecorder
+from .recorder import CarRecorder, RunStillOpen
 
-__all__ = ["CarRecorder", "OpenAIAgentsAgent", "ScriptedModel", "connect_in_background",
-           "final_state", "step_rng"]
+__all__ = ["CarRecorder", "OpenAIAgentsAgent", "RunStillOpen", "ScriptedModel",
+           "connect_in_background", "final_state", "step_rng"]

@@ -32,9 +32,11 @@ the run unscored (the error is kept in ``outcome_errors``) and never breaks the 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import threading
 import time
+import warnings
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -84,6 +86,13 @@ def _jsonable(value: Any) -> Any:
         dump = getattr(obj, "model_dump", None)
         return dump(mode="json", exclude_unset=True) if callable(dump) else str(obj)
     return json.loads(json.dumps(value, default=fallback))
+
+
+STALE_S = 1.0  # a run whose last turn ended this long ago, none begun since, is over
+
+
+class RunStillOpen(UserWarning):
+    """A run that may have stopped between turns was taken to be still going (``runs``)."""
 
 
 def _task() -> asyncio.Task[Any] | None:
@@ -160,6 +169,7 @@ class CarRecorder(RunHooks[Any]):
         self._bufs: dict[int, _RunBuf] = {}
         self._tasks: dict[int, asyncio.Task[Any] | None] = {}  # run key -> its task (noted)
         self._kept: dict[int, tuple[Any, car.Trajectory]] = {}  # run key -> (usage, its run)
+        self._ended: dict[int, float] = {}  # run key -> when its latest turn's task ended
         self._lock = threading.Lock()
         self.store_errors: list[StoreError] = []
         # runs a block settled while the SDK may still call hooks for them (a model call a
@@ -221,25 +231,57 @@ class CarRecorder(RunHooks[Any]):
 
     @property
     def runs(self) -> list[car.Trajectory]:
-        """The runs recorded so far (an unfinished one whose task is over is closed as an
-        error first)."""
-        self._close_stopped()
+        """The runs recorded so far (an unfinished one that is over is closed as an error
+        first: ``_over``)."""
+        if self._close_stopped():
+            warnings.warn(
+                "a run of this recorder ended a turn just now and has not gone on: it is taken "
+                "to be still going (the next turn starts as soon as it is scheduled); one that "
+                "raised between turns (max_turns) is recorder.run_of(the exception)",
+                RunStillOpen, stacklevel=3)
         return list(self._runs)
 
-    def _close_stopped(self) -> None:
-        """Close, as errors, the unfinished runs that can no longer go on: their task is done,
-        or is the reader's own (its ``Runner.run`` returned or raised). A user trial's research
-        pipeline read ``recorder.run`` while other searches ran: every run in flight was
-        closed as an error, its next steps dropped, and an empty run stored as complete."""
-        now = _task()
+    def _close_stopped(self) -> int:
+        """Close, as errors, the unfinished runs that can no longer go on, and return how many
+        were left open that may have (``_over``; read outside an event loop, or while no run's
+        turn is running, every unfinished run is over, and so is one the reader's own task ran:
+        the SDK runs a turn in the caller's task where it runs no guardrail beside it). A user
+        trial's research pipeline read
+        ``recorder.run`` while other searches ran: every run in flight was closed as an error,
+        its next steps dropped, and an empty run stored as complete."""
+        me = _task()
         with self._lock:
-            stopped = {k: b for k, b in self._bufs.items()
-                       if b.task is None or b.task is now or b.task.done()}
-            for key in stopped:
+            # with no run's turn running, nothing here is between turns of a run still going
+            going = any(b.task is not None and b.task is not me and not b.task.done()
+                        for b in self._bufs.values())
+            over = {k: b for k, b in self._bufs.items()
+                    if me is None or not going or b.task is me or self._over(k, b)}
+            for key in over:
                 del self._bufs[key]
-        for buf in stopped.values():
+                self._ended.pop(key, None)
+            unsure = sum(1 for k, b in self._bufs.items()
+                         if b.task is not None and b.task.done())
+        for buf in over.values():
             if buf.steps:
                 self._finish(buf, UNFINISHED)
+        return unsure
+
+    def _over(self, key: int, buf: _RunBuf) -> bool:
+        """Whether a run read from inside an event loop is over. The SDK runs each turn in a
+        task of its own (``_note_task``): a turn that raised ended the run; one still running
+        has not; one that returned may be followed by the next turn, whose task its run starts
+        as soon as it is scheduled, so the run counts as over once its last turn ended
+        ``STALE_S`` ago with no other begun (``max_turns``, a guardrail: raised between turns).
+        """
+        task = buf.task
+        if task is None:
+            return True
+        if not task.done():
+            return False
+        if task.cancelled() or task.exception() is not None:
+            return True
+        ended = self._ended.get(key)
+        return ended is None or time.monotonic() - ended > STALE_S
 
     @property
     def run(self) -> car.Trajectory:
@@ -267,7 +309,10 @@ class CarRecorder(RunHooks[Any]):
             raise InvalidInput(f"{type(ended).__name__} is neither a run's result nor an error "
                                "of the SDK that carries its run",
                                hint="pass what Runner.run returned, or the exception it raised")
-        self._close_stopped()
+        with self._lock:
+            buf = self._bufs.pop(id(usage), None) if isinstance(ended, BaseException) else None
+        if buf is not None and buf.steps:  # it raised: over, whatever its turns' tasks say
+            self._finish(buf, ended)
         with self._lock:
             kept = self._kept.get(id(usage))
         if kept is None or kept[0] is not usage:
@@ -347,12 +392,18 @@ class CarRecorder(RunHooks[Any]):
         if self._ignored(context, agent):
             return
         key, task = id(context.usage), _task()
+        if task is not None:  # when the turn ends, for ``_over``
+            task.add_done_callback(functools.partial(self._turn_ended, key))
         with self._lock:
+            self._ended.pop(key, None)
             buf = self._bufs.get(key)
             if buf is not None:
                 buf.task = task
             else:  # the run starts (or resumes): taken by ``_buf``
                 self._tasks[key] = task
+
+    def _turn_ended(self, key: int, task: asyncio.Task[Any]) -> None:
+        self._ended[key] = time.monotonic()
 
     async def _agent_start(self, context: Any, agent: Any) -> None:
         if self._ignored(context, agent):

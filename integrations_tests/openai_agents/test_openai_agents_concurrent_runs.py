@@ -14,9 +14,9 @@ import json
 from typing import Any
 
 import pytest
-from agents import Agent, Runner, function_tool, set_tracing_disabled
+from agents import Agent, MaxTurnsExceeded, Runner, function_tool, set_tracing_disabled
 from car_adapters.common.messages import assistant, tool_call
-from car_adapters.openai_agents import CarRecorder, ScriptedModel
+from car_adapters.openai_agents import CarRecorder, RunStillOpen, ScriptedModel
 
 from car_core.errors import InvalidInput
 
@@ -97,3 +97,42 @@ def test_a_run_that_raised_is_still_closed_as_an_error_when_read() -> None:
         assert recorder.run_of(raised) is run
     with pytest.raises(InvalidInput, match="neither a run's result"):
         recorder.run_of("a")
+
+
+def test_a_run_that_raised_between_turns_beside_others_is_named_by_its_exception() -> None:
+    """``max_turns`` raises in the run's own task after a turn ended normally: read at once
+    from the loop while another run's turn is running, that run may be about to start its
+    next turn, so it is kept open, with a warning; its exception names it (``run_of``),
+    closed as an error. Read with no other run going, it is closed at once."""
+    recorder = CarRecorder()
+    agent = searcher()
+
+    slow = Agent(name="searcher", instructions="Search, then summarise.", tools=[search],
+                 model=ScriptedModel(decide, latency_s=1.5))  # still in its first turn
+
+    async def go() -> BaseException:
+        other = asyncio.create_task(Runner.run(slow, "slow", hooks=recorder))
+        try:
+            await Runner.run(agent, "a", hooks=recorder, max_turns=1)
+        except MaxTurnsExceeded as exc:
+            with pytest.warns(RunStillOpen, match="ended a turn just now"):
+                assert recorder.runs == []
+            await other
+            return exc
+        raise AssertionError("max_turns did not stop the run")
+
+    raised = asyncio.run(go())
+    run = recorder.run_of(raised)
+    assert run.status == "error" and len(run.steps) == 1
+    assert sorted(r.status for r in recorder.runs) == ["complete", "error"]
+
+    alone = CarRecorder()
+
+    async def one() -> Any:
+        try:
+            await Runner.run(agent, "a", hooks=alone, max_turns=1)
+        except MaxTurnsExceeded:
+            return alone.run
+        raise AssertionError("max_turns did not stop the run")
+
+    assert asyncio.run(one()).status == "error"
