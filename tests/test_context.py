@@ -13,13 +13,14 @@ from car_core.errors import InvalidInput
 from car_core.estimators.context import (
     boschloo_greater,
     confirm_sizes,
+    context_sources,
     fisher_greater,
     holm,
     lasso,
     screen_looks,
     sign_test,
 )
-from car_core.model.context_sources import ablate, split
+from car_core.model.context_sources import ablate, before_run, split, state_of
 from car_core.model.trajectory import History, Step
 from car_core.testing.synthetic_context import (
     ContextWorld,
@@ -74,6 +75,30 @@ def test_chat_messages_split_into_sources_and_assistant_turns_are_not_sources() 
     assert edited == [messages[0], {**messages[1], "content": ""}, messages[2],
                       {**messages[3], "content": ""}]
     assert messages[3]["content"] == "order found"  # the recorded state is not changed
+
+
+def test_assistant_messages_the_run_began_from_are_sources() -> None:
+    """A user trial's llm-as-judge loop failed on the outline its first round wrote, which the
+    last round's run began from; ``car what`` listed 3 sources and not that one. A decision
+    made before the run (``before_run``: the prefix its steps share) is a source when it says
+    something; the run's own decisions are not."""
+    earlier = [{"role": "user", "content": "write a story"},
+               {"role": "assistant", "content": "Outline: the twist is the butler."},
+               {"role": "user", "content": "judge: fine"}]
+    own = {"role": "assistant", "content": "Draft 1"}
+    run = car.Trajectory.new(context={"messages": earlier}, steps=[
+        Step(index=0, action=own, state=list(earlier)),
+        Step(index=1, action={"role": "assistant", "content": "Draft 2"},
+             state=[*earlier, own, {"role": "user", "content": "longer"}])])
+    assert before_run(run, 0) == before_run(run, 1) == 3
+    sources = context_sources(run, 1)
+    assert [s.label for s in sources] == ["user message 0",
+                                          "assistant message 1 (before this run)",
+                                          "user message 2", "user message 4"]
+    edited = ablate(state_of(run, 1), sources, [1])
+    assert edited[1] == {**earlier[1], "content": ""} and edited[3] == own
+    assert [s.label for s in split(run.steps[1].state)] == [  # no run known: none of them
+        "user message 0", "user message 2", "user message 4"]
 
 
 def test_a_splitter_cuts_a_source_into_segments_that_are_removed_one_by_one() -> None:

@@ -56,7 +56,15 @@ from car_core.errors import BudgetExhausted, InvalidInput
 from car_core.estimators._arms import StepArms, capped, check_rollouts
 from car_core.model.budget import Budget
 from car_core.model.checks import is_whole
-from car_core.model.context_sources import Source, Splitter, keep_all, remover, split, state_of
+from car_core.model.context_sources import (
+    Source,
+    Splitter,
+    before_run,
+    keep_all,
+    remover,
+    split,
+    state_of,
+)
 from car_core.model.interventions import do_context
 from car_core.model.outcome import OutcomeLike
 from car_core.model.trajectory import Trajectory, is_failure
@@ -408,7 +416,8 @@ def context_attribution(run: Trajectory, agent: Agent, *, step: int, outcome: Ou
         raise InvalidInput(f"alpha={alpha} is outside (0, 1)", hint="use e.g. alpha=0.05")
     arms = StepArms(run, agent, outcome, step=step, seed=seed,
                     budget=capped(budget, rollouts), executor=executor, force_agent=force_agent)
-    srcs = _check_sources(sources, split(state_of(run, step), splitter), run, step)
+    srcs = _check_sources(sources, split(state_of(run, step), splitter, before_run(run, step)),
+                          run, step)
     m = len(srcs)
     rng = np.random.default_rng(np.random.SeedSequence(entropy=seed, spawn_key=(7, step)))
     sc = _screen(arms, srcs, step, rollouts, rng, run)
@@ -474,5 +483,5 @@ def context_sources(run: Trajectory, step: int, splitter: Splitter | None = None
     if not is_whole(step) or not 0 <= step < len(run.steps):
         raise InvalidInput(f"step={step!r} is not a step of run {run.id}",
                            hint=f"pass a step between 0 and {len(run.steps) - 1}")
-    return split(state_of(run, step), splitter)
+    return split(state_of(run, step), splitter, before_run(run, step))
 

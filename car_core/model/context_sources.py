@@ -26,8 +26,11 @@ content (so a tool call stays answered and the history still opens with a user t
 APIs and frameworks require), a system prompt or a tool's description becomes empty (the tool
 stays offered, by name), a message part or a context item is dropped, a segment is cut from its
 string, an observation becomes ``None``.
-Assistant messages are the agent's own earlier decisions, which the step estimators blame;
-they are not sources.
+Assistant messages of the run are the agent's own earlier decisions, which the step
+estimators blame; they are not sources. Those the run began from (an earlier turn, or an earlier
+run that handed this one its history: ``before_run``) are, where they say something: no step of
+the run re-decides them, and a user trial's llm-as-judge loop failed on an outline its first
+round wrote, which ``car what`` could not name.
 """
 
 from __future__ import annotations
@@ -113,7 +116,27 @@ def _root(state: Any) -> Any:
     return copy.deepcopy(state)
 
 
-def _message_sources(messages: Sequence[Any], base: Path) -> list[tuple[str, Any, Path, bool]]:
+def before_run(run: Trajectory, step: int) -> int:
+    """How many leading messages of ``state_of(run, step)`` came before the run began: the
+    prompt the step's call was given, then what the first step's state and this one's share
+    (an earlier turn, or an earlier run that handed this one its history)."""
+    first, mine = run.step(0).state, run.step(step).state
+    if not isinstance(first, list) or not isinstance(mine, list):
+        return 0
+    shared = 0
+    for a, b in zip(first, mine, strict=False):
+        if a != b:
+            break
+        shared += 1
+    meta = run.step(step).meta
+    prompt = meta.get("prompt")
+    added = (len(prompt) if meta.get("input") == PROMPT_INPUT and isinstance(prompt, list)
+             else 0)
+    return added + shared
+
+
+def _message_sources(messages: Sequence[Any], base: Path, before: int = 0
+                     ) -> list[tuple[str, Any, Path, bool]]:
     found: list[tuple[str, Any, Path, bool]] = []
     prompt_seen = False
     for i, msg in enumerate(messages):
@@ -121,12 +144,14 @@ def _message_sources(messages: Sequence[Any], base: Path) -> list[tuple[str, Any
             found.append((f"item {i}", msg, (*base, i), False))
             continue
         role = str(msg["role"])
-        if role == "assistant":
-            continue
+        if role == "assistant" and (i >= before or not msg.get("content")):
+            continue  # the run's own decisions (the step estimators blame those)
         content = msg.get("content")
         if role == "system" and not prompt_seen:
             prompt_seen = True
             name = SYSTEM_PROMPT
+        elif role == "assistant":
+            name = f"assistant message {i} (before this run)"
         else:
             name = f"{role} message {i}" + (f" ({msg['name']})" if msg.get("name") else "")
         if isinstance(content, list) and len(content) > 1:
@@ -168,14 +193,17 @@ def _context_sources(context: Any) -> list[tuple[str, Any, Path, bool]]:
     return [("context", context, ("context",), True)] if context is not None else []
 
 
-def split(state: Any, splitter: Splitter | None = None) -> tuple[Source, ...]:
-    """The sources of ``state`` (see the module docstring), numbered in reading order."""
+def split(state: Any, splitter: Splitter | None = None, before: int = 0
+          ) -> tuple[Source, ...]:
+    """The sources of ``state`` (see the module docstring), numbered in reading order.
+    ``before``: how many leading messages came before the run (``before_run``): an assistant
+    message among them with content is a source, a decision no step of the run re-decides."""
     if isinstance(state, History):
         pieces = _context_sources(state.context)
         pieces += [(f"tool result at step {s.index}", s.observation, ("observation", s.index),
                     True) for s in state.steps if s.observed]
     elif isinstance(state, list):
-        pieces = _message_sources(state, ())
+        pieces = _message_sources(state, (), before)
         if isinstance(state, ChatInput) and _tool_specs(state.tools):
             pieces += _tool_sources(state.tools, (TOOLS_KEY,))
     else:
