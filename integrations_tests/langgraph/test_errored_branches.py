@@ -123,25 +123,42 @@ flaky_lookup.handle_tool_error = True  # the error goes back to the model, as MC
 
 
 class GivesUpOnErrors(sa.PlantedSupportModel):
-    """The planted support model, which apologises instead of deciding when the lookup fails."""
+    """The planted support model, which apologises instead of deciding when the lookup fails
+    (an error result, or a result that says "Error")."""
 
     def decide(self, messages: Any) -> Any:
         last = next((m for m in reversed(messages) if isinstance(m, ToolMessage)), None)
-        if last is not None and last.status == "error":
+        if last is not None and (last.status == "error"
+                                 or str(last.content).startswith("Error")):
             return AIMessage("Sorry, I cannot reach our orders system right now.")
         return super().decide(messages)
 
 
-def test_a_safe_tool_that_errors_only_on_branches_is_never_scored() -> None:
+@tool("lookup_order")
+def lookup_saying_its_outage(order_id: str) -> str:
+    """Look up an order; while the database is down, say so in the result (reads only)."""
+    if OrdersHook.down:
+        return "Error: orders service unavailable (503), try again later"
+    return str(sa.lookup_order.invoke({"order_id": order_id}))
+
+
+@pytest.mark.parametrize(("lookup", "said"), [
+    (flaky_lookup, "orders database unreachable"),
+    (lookup_saying_its_outage, "orders service unavailable (503)")])
+def test_a_safe_tool_that_errors_only_on_branches_is_never_scored(lookup: Any,
+                                                                   said: str) -> None:
     """A read-only tool that answered in the record and answers the same call with an error on
     branches (its service down where the estimate runs): the agent, told of the error, gives
     up, which a scored branch would count as a rescue of the step re-decided (the lookup,
     whose rescue is 0: step 0 came out "also mattered" at about 0.3). Each such branch is a
-    failure instead, and with all of them failing the estimate refuses, naming the tool."""
+    failure instead, and with all of them failing the estimate refuses, naming the tool. So
+    it is when the tool returns its outage as text instead of raising: a user trial's hotel
+    search returned "Error: hotel search service unavailable (503)", the agent apologised,
+    and CAR said re-deciding the search rescued 65% (the truth: 0)."""
     OrdersHook.down = False
     wrapper = CarChatModel(inner=GivesUpOnErrors(rng_seed=0))
     app = sa.build_app(wrapper, InMemorySaver(),
-                       tools=[flaky_lookup, sa.record_decision, issue_refund])
+                       tools=[lookup, sa.record_decision, issue_refund])
     run = first_failure(app)
     assert sa.outcome(run) and len(run.steps) == 4
     agent = LangGraphAgent(app, model=wrapper, safe_tools=["lookup_order", "record_decision"],
@@ -157,49 +174,7 @@ def test_a_safe_tool_that_errors_only_on_branches_is_never_scored() -> None:
     failures = info.value.failures
     # only the branches that re-decide the lookup call it live; the tool's own words are kept
     assert failures and all(f.task.plan.start == 0 for f in failures)
-    assert all("orders database unreachable" in f.error for f in failures)
-
-
-@tool("lookup_order")
-def lookup_saying_its_outage(order_id: str) -> str:
-    """Look up an order; while the database is down, say so in the result (reads only)."""
-    if OrdersHook.down:
-        return "Error: orders service unavailable (503), try again later"
-    return str(sa.lookup_order.invoke({"order_id": order_id}))
-
-
-class GivesUpOnErrorText(sa.PlantedSupportModel):
-    """Apologises when the lookup's result says it failed."""
-
-    def decide(self, messages: Any) -> Any:
-        last = next((m for m in reversed(messages) if isinstance(m, ToolMessage)), None)
-        if last is not None and str(last.content).startswith("Error"):
-            return AIMessage("Sorry, I cannot reach our orders system right now.")
-        return super().decide(messages)
-
-
-def test_a_safe_tool_that_returns_its_outage_as_text_is_never_scored() -> None:
-    """A user trial's hotel search returned "Error: hotel search service unavailable (503)"
-    as its result, not raised: the agent apologised, and CAR said re-deciding the search
-    rescued 65% (the truth: 0). A result that opens as an error and blames its service is an
-    error, whatever its status: the branches fail and the estimate refuses, naming the tool."""
-    OrdersHook.down = False
-    wrapper = CarChatModel(inner=GivesUpOnErrorText(rng_seed=0))
-    app = sa.build_app(wrapper, InMemorySaver(),
-                       tools=[lookup_saying_its_outage, sa.record_decision, issue_refund])
-    run = first_failure(app)
-    assert sa.outcome(run) and len(run.steps) == 4
-    agent = LangGraphAgent(app, model=wrapper, safe_tools=["lookup_order", "record_decision"],
-                           side_effect_tools=["issue_refund"])
-    OrdersHook.down = True
-    try:
-        with pytest.raises(BranchesFailed, match="safe tool 'lookup_order' ran live at step 0 "
-                                                 "and returned an error") as info:
-            car.contrastive(run, agent, outcome=sa.outcome, rollouts=32, seed=0,
-                            search="full", executor=Sequential(), progress=False)
-    finally:
-        OrdersHook.down = False
-    assert all("orders service unavailable (503)" in f.error for f in info.value.failures)
+    assert all(said in f.error for f in failures)
 
 
 class AsksAnotherOrder(GivesUpOnErrors):
