@@ -77,8 +77,9 @@ from car_core.estimators.later import INDIFFERENCE
 from car_core.model.budget import Budget, as_budget
 from car_core.model.capabilities import Capability, capabilities
 from car_core.model.checks import is_real, is_whole
+from car_core.model.context_sources import decisions_before
 from car_core.model.outcome import OutcomeLike
-from car_core.model.trajectory import Trajectory, decisions_before, step_label
+from car_core.model.trajectory import Trajectory, step_label
 from car_core.model.vocabulary import Answer
 from car_core.results import ArmEstimate, ContrastiveResult, StepEffect
 from car_core.stats import (

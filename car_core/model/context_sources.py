@@ -135,6 +135,17 @@ def before_run(run: Trajectory, step: int) -> int:
     return added + shared
 
 
+def decisions_before(run: Trajectory) -> int:
+    """How many of the agent's decisions (assistant messages) the run began from
+    (``before_run``): no step of the run re-decides them."""
+    if not run.steps:
+        return 0
+    state = state_of(run, 0)
+    return sum(1 for m in list(state)[:before_run(run, 0)]
+               if isinstance(m, dict) and m.get("role") == "assistant") \
+        if isinstance(state, list) else 0
+
+
 def _message_sources(messages: Sequence[Any], base: Path, before: int = 0
                      ) -> list[tuple[str, Any, Path, bool]]:
     found: list[tuple[str, Any, Path, bool]] = []

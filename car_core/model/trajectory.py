@@ -318,17 +318,6 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def decisions_before(run: Trajectory) -> int:
-    """How many assistant messages the state of the run's first step already held: decisions
-    made before this run (an earlier turn of a chat, an earlier run of a pipeline that handed
-    this one its conversation). No step of the run can re-decide them."""
-    state = run.steps[0].state if run.steps else None
-    items = state.get("messages") if isinstance(state, dict) else state
-    if not isinstance(items, list):
-        return 0
-    return sum(1 for m in items if isinstance(m, dict) and m.get("role") == "assistant")
-
-
 def step_label(run: Trajectory, k: int) -> str:
     """Who decided step ``k`` and when: ``"account_agent, step 4 (its 2nd decision)"`` for a
     step whose adapter recorded ``meta["agent"]`` (multi-agent apps), else ``"step 4"``."""
