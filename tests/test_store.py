@@ -948,3 +948,32 @@ def test_a_store_from_before_sealed_attributions_still_opens_for_reading(tmp_pat
         assert store.load(pivot_run.id) == pivot_run
         assert store.attribution("old").status == "running"
     assert fingerprint(path) == before
+
+
+def test_a_path_given_as_store_is_opened_as_the_run_store(tmp_path: Path, pivot_model) -> None:
+    # CarCallback(store="car.db") takes a path, so users pass one to the estimates too: it
+    # raised AttributeError ('str' object has no attribute 'save') from inside the estimate
+    path = tmp_path / "car.db"
+    run = next(r for r in (car.record(pivot_model.agent(), outcome=pivot_model.outcome,
+                                      seed=s, store=str(path)) for s in range(100))
+               if r.failed)
+    res = car.contrastive(run, pivot_model.agent(), outcome=pivot_model.outcome, rollouts=4,
+                          seed=0, store=path, early_stop=True)
+    with RunStore(path) as db:
+        assert db.load(run.id) == run
+        assert db.attribution(res.attribution_id).run_id == run.id
+
+
+def test_a_store_that_is_not_one_is_refused_before_anything_runs(pivot_model,
+                                                                  pivot_run) -> None:
+    calls = []
+
+    def outcome(r: car.Trajectory) -> float:
+        calls.append(r)
+        return pivot_model.outcome(r)
+
+    with pytest.raises(InvalidInput, match=r"store=.* is not a run store") as err:
+        car.contrastive(pivot_run, pivot_model.agent(), outcome=outcome, rollouts=4,
+                        store={"path": "car.db"})
+    assert "car.RunStore(path)" in (err.value.hint or "")
+    assert calls == []  # not even the record's check ran

@@ -61,17 +61,19 @@ from car_core.stats import (
     coupling_of,
     wilson,
 )
+from car_core.store import as_store
 
 if TYPE_CHECKING:  # the store brings sqlite-utils: loaded only where one is used
-    from car_core.store import RunStore
+    from car_core.store import StoreLike
 
 TERMINAL_STATUSES = (RunStatus.COMPLETE, RunStatus.MAX_STEPS, RunStatus.SETTLED)
 
 
 def record(agent: Agent, *, context: JSON = None, outcome: OutcomeLike, seed: int = 0,
-           store: RunStore | None = None) -> Trajectory:
+           store: StoreLike | None = None) -> Trajectory:
     """Run ``agent`` once from ``context`` and score it; the run is the factual record."""
     out = OutcomeFn(outcome)
+    store = as_store(store)
     noise = Noise(seed)
     run = scored(returned_run(agent.start(context, noise), agent, "start"), out, noise)
     run = replace(run, seed=noise.seed,

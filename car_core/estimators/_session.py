@@ -44,9 +44,10 @@ from car_core.model.seeding import branch_noise, coupling, replays_alike
 from car_core.model.trajectory import Trajectory
 from car_core.model.vocabulary import AttributionStatus
 from car_core.results import Result
+from car_core.store import as_store
 
 if TYPE_CHECKING:  # the store brings sqlite-utils: loaded only where one is used
-    from car_core.store import RunStore
+    from car_core.store import RunStore, StoreLike
 
 OnValue = Callable[[Task, float, Trajectory], None]
 STAND_IN = 3 << 20  # first rollout index of the branches that stand in for failed ones
@@ -201,12 +202,13 @@ class Session:
     def __init__(self, run: Trajectory, agent: Agent, outcome: OutcomeLike, *, method: str,
                  seed: int,
                  coupled: bool, budget: Budget | None, executor: ExecutorLike,
-                 progress: Progress, store: RunStore | None, attribution_id: str | None,
+                 progress: Progress, store: StoreLike | None, attribution_id: str | None,
                  params: dict[str, Any], force_agent: bool = False,
                  planned: Planned | None = None, replace: bool = False,
                  plans: Iterable[Plan] = ()) -> None:
         if not is_whole(seed):
             raise InvalidInput(f"seed={seed!r} must be an int", hint="pass seed=0, 1, …")
+        store = as_store(store)
         check_agent(run, agent, force=force_agent)
         # the plans the estimate knows ahead, each refused now if the agent cannot branch it,
         # not at its first branch after the others ran (``check_plans``)

@@ -92,7 +92,7 @@ from car_core.stats import (
 )
 
 if TYPE_CHECKING:  # the store brings sqlite-utils: loaded only where one is used
-    from car_core.store import RunStore
+    from car_core.store import StoreLike
 
 SEARCHES = ("auto", "full", "bisection")
 # how the search's confirmations decided (``fmt.method`` words them): the exact sign test at the
@@ -237,7 +237,7 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
                 rollouts: int = defaults.ROLLOUTS, alpha: float = defaults.ALPHA, seed: int = 0,
                 coupled: bool = True, budget: Budget | int | None = None, search: str = "auto",
                 executor: ExecutorLike = None, progress: Progress = None,
-                store: RunStore | None = None, attribution_id: str | None = None,
+                store: StoreLike | None = None, attribution_id: str | None = None,
                 force_agent: bool = False, early_stop: bool = False,
                 wave: int | None = None, indifference: float = INDIFFERENCE,
                 max_rollouts: int = defaults.MAX_ROLLOUTS,

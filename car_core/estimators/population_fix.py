@@ -85,10 +85,11 @@ from car_core.results import ContrastiveResult
 from car_core.stats import check_level
 from car_core.stats.pooled import pooled_mean
 from car_core.stats.sequential import positive_by_end
+from car_core.store import as_store
 from car_core.triage_results import TriageResult
 
 if TYPE_CHECKING:  # the store brings sqlite-utils: loaded only where one is used
-    from car_core.store import RunStore
+    from car_core.store import RunStore, StoreLike
 
 FixProgress = Callable[[int, int, str], None]
 
@@ -151,7 +152,7 @@ def _branch_step(fix: Fix, from_step: int | str, locus: int | None) -> int | Non
 
 
 def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLike,
-                   candidates: Iterable[Any] | Fix, store: RunStore | None = None,
+                   candidates: Iterable[Any] | Fix, store: StoreLike | None = None,
                    triage: TriageResult | str | None = None,
                    from_step: int | str = "locus",
                    rollouts: int = defaults.POPULATION_FIX_ROLLOUTS,
@@ -173,6 +174,7 @@ def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: O
     caller's thread (not for runs the budget never reached; ``True``: a line per run on
     stderr)."""
     fixes = _check(candidates, from_step, alpha, rollouts, max_rollouts)
+    store = as_store(store)
     each_run = per_run_progress(progress, progress_line)
     at_once = runs_at_once_for(runs_at_once, agent)
     total = as_budget(budget, "budget")

@@ -33,7 +33,7 @@ from car_core.model.trajectory import Trajectory
 from car_core.results import ContrastiveResult, ShapleyResult
 
 if TYPE_CHECKING:  # the store brings sqlite-utils: loaded only where one is used
-    from car_core.store import RunStore
+    from car_core.store import StoreLike
 
 __all__ = ["ContrastiveSettings", "ShapleySettings"]
 
@@ -71,7 +71,7 @@ class ContrastiveSettings:
 
     def run(self, run: Trajectory, agent: Agent, outcome: OutcomeLike, *,
             executor: ExecutorLike = None, progress: Progress = None,
-            store: RunStore | None = None, attribution_id: str | None = None,
+            store: StoreLike | None = None, attribution_id: str | None = None,
             force_agent: bool = False, max_rollouts: int = defaults.MAX_ROLLOUTS,
             max_budget: int = defaults.MAX_BUDGET, replace: bool = False
             ) -> ContrastiveResult:
@@ -127,7 +127,7 @@ class ShapleySettings:
 
     def run(self, run: Trajectory, agent: Agent, outcome: OutcomeLike, *,
             executor: ExecutorLike = None, progress: Progress = None,
-            store: RunStore | None = None, attribution_id: str | None = None,
+            store: StoreLike | None = None, attribution_id: str | None = None,
             force_agent: bool = False, max_budget: int = defaults.MAX_BUDGET,
             replace: bool = False) -> ShapleyResult:
         """``car.shapley`` of ``run`` with these settings (the bound and ``replace`` are the

@@ -35,7 +35,7 @@ from car_core.results import GameValue, ShapleyResult, ShapleyValue
 from car_core.stats import Coupling, Interval, coupling_of, t_interval, t_quantile, wilson
 
 if TYPE_CHECKING:  # the store brings sqlite-utils: loaded only where one is used
-    from car_core.store import RunStore
+    from car_core.store import StoreLike
 
 MODES = ("auto", "exact", "permutation")
 MIN_PER_COALITION = 8  # "auto" picks exact mode only when every coalition can get this many
@@ -215,7 +215,7 @@ def shapley(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
             budget: int | Budget = defaults.SHAPLEY_BUDGET, seed: int = 0,
             level: float = defaults.LEVEL, players: Sequence[int] | None = None,
             mode: str = "auto", coupled: bool = True, executor: ExecutorLike = None,
-            progress: Progress = None, store: RunStore | None = None,
+            progress: Progress = None, store: StoreLike | None = None,
             attribution_id: str | None = None, force_agent: bool = False,
             max_budget: int = defaults.MAX_BUDGET, replace: bool = False) -> ShapleyResult:
     """Shapley values of the steps of ``run`` for ``v(S)`` = P(fail | S held, the rest

@@ -78,6 +78,7 @@ from car_core.model.trajectory import Trajectory
 from car_core.model.vocabulary import Answer, AttributionStatus
 from car_core.results import ContrastiveResult
 from car_core.stats import Interval, wilson
+from car_core.store import as_store
 from car_core.triage_results import (
     NOT_ATTRIBUTED,
     NOT_FAILED,
@@ -88,7 +89,7 @@ from car_core.triage_results import (
 )
 
 if TYPE_CHECKING:  # the store brings sqlite-utils: loaded only where one is used
-    from car_core.store import RunStore
+    from car_core.store import RunStore, StoreLike
 
 Label = Callable[[Trajectory, ContrastiveResult], str]
 TriageProgress = Callable[[int, int, TriageRun], None]
@@ -178,7 +179,7 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
            rollouts: int = defaults.ROLLOUTS, alpha: float = defaults.ALPHA, seed: int = 0,
            search: str = "auto", budget: Budget | None = None,
            per_run: Budget | int | None = None, label: Label | None = None,
-           by: Sequence[str] = FIELDS, store: RunStore | None = None,
+           by: Sequence[str] = FIELDS, store: StoreLike | None = None,
            triage_id: str | None = None, executor: ExecutorLike = None,
            progress: TriageProgress | bool | None = None, force_agent: bool = False,
            early_stop: bool = True, runs_at_once: int | None = None) -> TriageResult:
@@ -196,6 +197,7 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
     (``ModelUnavailable``) stops the triage, as it stops an attribution: every run after it
     would hit it too, and the runs attributed so far are kept for the same ``triage_id``."""
     chosen_by = _check(by, label, alpha)
+    store = as_store(store)
     each_run = per_run_progress(progress, progress_line)
     at_once = runs_at_once_for(runs_at_once, agent)
     settings = ContrastiveSettings(rollouts=rollouts, alpha=alpha, seed=seed, search=search,
