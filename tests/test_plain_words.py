@@ -285,3 +285,17 @@ def test_a_step_of_several_calls_names_each_call() -> None:
     assert len(said) <= ACTION_CHARS
     one = action_summary({"tool_calls": [call("refund", '{"order": "A7"}')]})
     assert one == 'called refund(order="A7")'
+
+
+def test_an_estimate_left_undecided_by_failed_branches_says_what_failed(located) -> None:
+    """It said "2 branch(es) failed (the agent raised)" where a safe tool had returned an error
+    the branches could not be scored with and the agent had raised nothing."""
+    error = ("safe tool 'lookup_order' ran live at step 1 and returned an error that says its "
+             "service is down ('Error: orders service unavailable (503)')")
+    r = replace(located, answer=Answer.UNDECIDED, locus=None, candidate=None, truncated=False,
+                failures=({"arm": "H_1", "rollout": 3, "error": error, "attempts": 1,
+                           "step": 1},) * 2)
+    first = fmt.answer(r)
+    assert first.startswith(f"Undecided: 2 branch(es) failed and were left out (first: {error})"
+                            ", so no answer can be claimed")
+    assert "the agent raised" not in first

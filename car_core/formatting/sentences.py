@@ -207,7 +207,12 @@ def _undecided_words(r: Any, who: str | None) -> str:
     if _get(r, "truncated"):
         why = "the budget ran out before the answer was decided"
     elif _get(r, "failures"):
-        why = (f"{len(_get(r, 'failures'))} branch(es) failed (the agent raised), so no "
+        failures = _get(r, "failures")
+        first = " ".join(str(_get(failures[0], "error") or "").split())
+        first = first if len(first) <= 160 else first[:159] + "…"
+        # the first error, not "the agent raised": most branches left out on a trial were a
+        # safe tool's errors the branch could not be scored with, where the agent raised nothing
+        why = (f"{len(failures)} branch(es) failed and were left out (first: {first}), so no "
                "answer can be claimed")
     else:  # the search's own words (no rise seen, but too few re-runs to rule a cause out)
         why = _get(r, "reason") or "the estimate stopped before the answer was decided"
