@@ -366,3 +366,16 @@ def test_a_run_error_and_meta_hand_back_no_registered_secret() -> None:
                              meta={"final_state": {"body": json.dumps(secret)}})
     assert secret not in run.error and rd.MARK in run.error
     assert secret not in json.dumps(run.meta) and "final_state" in run.meta
+
+
+def test_an_exception_group_is_described_by_the_errors_inside_it() -> None:
+    # a LangGraph branch whose MCP server would not start failed with only "ExceptionGroup:
+    # unhandled errors in a TaskGroup (1 sub-exception)": the cause was inside the group
+    inner = FileNotFoundError(f"no such file: /srv/server.py (token {KEY})")
+    group = BaseExceptionGroup("unhandled errors in a TaskGroup",
+                               [ExceptionGroup("nested", [inner, ValueError("second")])])
+    said = rd.describe(group)
+    assert said.startswith("ExceptionGroup: unhandled errors in a TaskGroup (1 sub-exception) (")
+    assert "FileNotFoundError: no such file: /srv/server.py" in said
+    assert "ValueError: second" in said
+    assert KEY not in said

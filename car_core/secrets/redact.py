@@ -375,8 +375,22 @@ class RedactedError(Exception):
 
 
 def describe(exc: BaseException) -> str:
-    """``Type: message`` of ``exc``, redacted (for messages built from a caught exception)."""
+    """``Type: message`` of ``exc``, redacted (for messages built from a caught exception).
+    An exception group (anyio's task groups raise one: an MCP server that would not start)
+    says the errors inside it, not only "unhandled errors in a TaskGroup (1 sub-exception)"."""
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = _leaves(exc)
+        inner = "; ".join(f"{type(e).__name__}: {e}" for e in leaves[:3])
+        more = f"; and {len(leaves) - 3} more" if len(leaves) > 3 else ""
+        return redact(f"{type(exc).__name__}: {exc} ({inner}{more})")
     return redact(f"{type(exc).__name__}: {exc}")
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for e in group.exceptions:
+        out.extend(_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
+    return out
 
 
 def redacted(exc: BaseException | None, _depth: int = 0) -> RedactedError | None:
