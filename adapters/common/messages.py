@@ -53,6 +53,16 @@ class Classified:
 
     kind: str
     why: str
+    # the source says outright that the tool changes things (an MCP server's readOnlyHint=false
+    # or destructiveHint=true), not only that nothing says it does not: naming it safe is then
+    # more likely a slip than a decision (``ContradictedSafeTool``)
+    outright: bool = False
+
+
+class ContradictedSafeTool(UserWarning):
+    """``safe_tools`` names a tool its framework says outright changes things (an MCP server
+    annotates it ``readOnlyHint=false`` or ``destructiveHint=true``): the user's word wins, so
+    branches run it for real. A trial named a refund tool safe so and 52 refunds ran."""
 
 
 class FreeTextMatchWarning(UserWarning):
@@ -373,6 +383,12 @@ class ToolSafety:
         safe, side, why = set(self.safe_tools), set(self.side_effect_tools), {}
         for name, said in (derived or {}).items():
             said = list(said)
+            against = next((c for c in said if c.outright), None)
+            if name in tools and name in self.safe_tools and against is not None:
+                warnings.warn(ContradictedSafeTool(
+                    f"safe_tools names {name!r}, but {against.why.split(', and ')[0]}: "
+                    "branches will run it for real; if it changes anything (a refund, an "
+                    "e-mail, a write), move it to side_effect_tools"), stacklevel=3)
             if name not in tools or name in safe or name in side or not said:
                 continue  # the user's word wins over the framework's
             pick = next((c for c in said if c.kind == SIDE_EFFECT), said[0])
@@ -623,8 +639,11 @@ def mcp_classified(annotations: Any) -> Classified:
     a side effect, as the MCP specification defaults (a tool may modify its environment)."""
     if isinstance(annotations, Mapping):
         hint = annotations.get("readOnlyHint", annotations.get("read_only_hint"))
+        destructive = annotations.get("destructiveHint", annotations.get("destructive_hint"))
     else:
         hint = getattr(annotations, "readOnlyHint", getattr(annotations, "read_only_hint", None))
+        destructive = getattr(annotations, "destructiveHint",
+                              getattr(annotations, "destructive_hint", None))
     if hint is True:
         return Classified(SAFE, "its MCP server annotates it readOnlyHint=true")
     if annotations is None:
@@ -632,9 +651,12 @@ def mcp_classified(annotations: Any) -> Classified:
                                        "and MCP tools are taken to have side effects unless "
                                        "annotated readOnlyHint=true")
     said = "without readOnlyHint" if hint is None else f"readOnlyHint={hint!r}"
+    if destructive is True:
+        said += " and destructiveHint=True"
     return Classified(SIDE_EFFECT, f"its MCP server annotates it {said}, and MCP tools are "
                                    "taken to have side effects unless annotated "
-                                   "readOnlyHint=true")
+                                   "readOnlyHint=true",
+                      outright=hint is False or destructive is True)
 
 
 def forced_observations(plan: Plan, run_id: str | None = None

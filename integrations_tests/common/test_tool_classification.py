@@ -26,6 +26,7 @@ from car_adapters.common.messages import (
     SAFE,
     SIDE_EFFECT,
     Classified,
+    ContradictedSafeTool,
     ToolSafety,
     assistant,
     mcp_classified,
@@ -124,6 +125,28 @@ def test_mcp_annotations_say_safe_only_for_read_only_true() -> None:
                   {"destructiveHint": False, "idempotentHint": True}):
         said = mcp_classified(given)
         assert said.kind == SIDE_EFFECT and "readOnlyHint=true" in said.why, given
+
+
+def test_naming_safe_a_tool_its_server_says_changes_things_warns_and_the_user_still_wins(
+        ) -> None:
+    """A trial named a refund tool safe that its MCP server annotated readOnlyHint=false,
+    destructiveHint=true: 52 refunds ran on branches without a word. The user's lists still
+    win (a tool may be idempotent in their sandbox), but that contradiction is said; a tool
+    whose server only fails to say it is read-only is named safe without one."""
+    said = {"refund": [mcp_classified({"readOnlyHint": False, "destructiveHint": True})],
+            "mail": [mcp_classified({"destructiveHint": True})],
+            "lookup": [mcp_classified(None)], "find": [mcp_classified({"title": "Find"})]}
+    rule = ToolSafety.of(safe_tools=["refund", "mail", "lookup", "find"])
+    with pytest.warns(ContradictedSafeTool) as seen:
+        out = rule.classified(["refund", "mail", "lookup", "find"], said)
+    words = sorted(str(w.message) for w in seen)
+    assert len(words) == 2
+    assert words[0].startswith("safe_tools names 'mail', but its MCP server annotates it "
+                               "without readOnlyHint and destructiveHint=True: branches will "
+                               "run it for real")
+    assert words[1].startswith("safe_tools names 'refund', but its MCP server annotates it "
+                               "readOnlyHint=False and destructiveHint=True")
+    assert out.safe_tools == {"refund", "mail", "lookup", "find"}
 
 
 # -- ChatAgent ---------------------------------------------------------------------------------
