@@ -211,6 +211,11 @@ def test_one_wording_for_coupling(located) -> None:
      'replied "Sure, I have booked the flight for you today"'),
     ({"name": "search", "args": {"q": "fares"}}, 'called search(q="fares")'),
     ({"choice": "bad"}, 'chose {"choice": "bad"}'),
+    # a long first argument is clipped to its share: the recipient after it stays in view
+    ({"name": "send_mail", "args": {"body": [{"type": "text", "text": "Dear customer, your "
+                                              "refund of 120 EUR is on its way."}],
+                                    "to": "ann@example.com"}},
+     'called send_mail(body=[{"type": "tex…, to="ann@example.c…)'),
 ])
 def test_a_recorded_action_is_said_in_a_few_words(action, said) -> None:
     assert fmt.action_summary(action) == said

@@ -32,7 +32,19 @@ def _call(name: Any, args: Any) -> str:
         except ValueError:
             return _clip(f"called {name}({args})")
     if isinstance(args, Mapping):
-        inner = ", ".join(f"{k}={_json(v)}" for k, v in args.items())
+        said = [(str(k), _json(v)) for k, v in args.items()]
+        inner = ", ".join(f"{k}={v}" for k, v in said)
+        room = ACTION_CHARS - len(f"called {name}()")
+        if len(inner) > room and len(said) > 1:
+            # each value clipped to a fair share of the room, so a long first argument (an
+            # e-mail's body) does not push the others (its recipient) out of the cell
+            left = room - sum(len(k) + 3 for k, _ in said)
+            shares: dict[int, int] = {}
+            for rank, i in enumerate(sorted(range(len(said)), key=lambda i: len(said[i][1]))):
+                fair = max(8, left // (len(said) - rank))  # short values keep what they need
+                shares[i] = min(len(said[i][1]), fair)
+                left -= shares[i]
+            inner = ", ".join(f"{k}={_clip(v, shares[i])}" for i, (k, v) in enumerate(said))
     elif args is None:
         inner = ""
     else:
