@@ -4,6 +4,7 @@ the token, money and wall-time caps of ``car.Budget`` (with its price table)."""
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -95,6 +96,22 @@ def test_max_cost_charges_tokens_at_the_price_given(pivot, tmp_path: Path) -> No
     (tmp_path / "prices.json").write_text('{"m1": [1000, 0]}', encoding="utf-8")
     code, again, err = _attribute(*pivot, "--max-cost", "0.5", "--price-file", "prices.json")
     assert code == 3 and again["cost"] == res["cost"], err
+
+
+def test_the_resume_after_a_cost_cap_doubles_the_cap_and_goes_on(pivot) -> None:
+    # the resume printed kept --max-cost 0.5 (raising only --budget), so it stopped after the
+    # same branches and printed itself again
+    code, res, err = _attribute(*pivot, "--max-cost", "0.5", "--price", "m1=1000:0")
+    assert code == 3 and res["budget_note"] == "cost budget of 0.5 would be exceeded", err
+    resume = err.splitlines()[-1].strip()
+    argv = shlex.split(resume)
+    assert argv[argv.index("--max-cost") + 1] == "1" and argv.count("--max-cost") == 1
+    assert argv[argv.index("--resume") + 1] == res["attribution_id"]
+    code, again, err = _car(*argv[1:])
+    again = json.loads(again)
+    assert again["attribution_id"] == res["attribution_id"], err
+    assert again["params"]["budget"]["cost"] == 1.0
+    assert again["cost"] > res["cost"]  # it went on past where the first stopped
 
 
 def test_max_seconds_is_the_budget_wall_time(pivot) -> None:

@@ -234,7 +234,7 @@ def attribute(
     undecided = isinstance(result, ContrastiveResult) and result.answer == Answer.UNDECIDED
     if result.truncated:
         what = "undecided" if undecided else "the budget ran out"
-        more = result.larger_budget().get("rollouts")
+        more = result.larger_budget()
         err.print(Text(kit.safe(f"{what} (attribution {aid}); to continue, resume with a larger "
                                 f"budget:\n  {kit.resume_command(aid, more)}")), soft_wrap=True)
         raise typer.Exit(kit.BUDGET)

@@ -248,9 +248,9 @@ def _print_attributions(rows: list[dict[str, Any]], results: dict[str, Result | 
     for r in rows:
         res = results.get(r["id"])
         if res is not None and res.continue_hint() is not None:
-            more = res.larger_budget().get("rollouts")
+            more = " ".join(kit.budget_flags(res.larger_budget()))
             out.print(Text(kit.safe(
                 f"{r['id']} is {kit.answer_cell(res)}; to continue, resume it with a larger "
                 f"budget: car attribute {r['run_id']} --agent MODULE:FACTORY --outcome "
-                f"MODULE:FUNCTION --method {r['method']}" + (f" --budget {more}" if more else "")
+                f"MODULE:FUNCTION --method {r['method']}" + (f" {more}" if more else "")
                 + f" --store {store} --resume {r['id']}")), soft_wrap=True)

@@ -13,7 +13,7 @@ import os
 import re
 import shlex
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -355,17 +355,35 @@ def _price_pair(pair: Any, where: str) -> tuple[float, float]:
     return pin, pout
 
 
-def resume_command(ident: str, budget: int | None = None) -> str:
+# ``car.Budget``'s limits as ``car attribute``'s flags
+BUDGET_FLAGS = {"rollouts": "--budget", "tokens": "--max-tokens", "cost": "--max-cost",
+                "wall_time": "--max-seconds"}
+
+
+def budget_flags(budget: int | Mapping[str, Any] | None) -> list[str]:
+    """``--budget N`` for a rollout count; every limit of a budget (``larger_budget``) as its
+    flag. A resume that left out a cap would read it back from the stored attribution: a
+    resume after ``--max-cost`` tripped, with only ``--budget`` raised, stopped where it had."""
+    if budget is None:
+        return []
+    limits = {"rollouts": budget} if isinstance(budget, int) else budget
+    return [part for key, flag in BUDGET_FLAGS.items() if limits.get(key) is not None
+            for part in (flag, f"{limits[key]:g}" if isinstance(limits[key], float)
+                         else str(limits[key]))]
+
+
+def resume_command(ident: str, budget: int | Mapping[str, Any] | None = None) -> str:
     """The command line that was run, with ``--resume IDENT`` (replacing any earlier one) and,
-    given ``budget``, ``--budget BUDGET`` in place of the one it had."""
+    given ``budget`` (a rollout count, or every limit of one), its flags in place of the ones
+    it had."""
     argv = list(sys.argv[1:])
-    for flag in ("--resume", *(("--budget",) if budget is not None else ())):
+    given = budget_flags(budget)
+    for flag in ("--resume", *given[::2]):
         argv = [a for a in argv if not a.startswith(f"{flag}=")]
         while flag in argv:
             i = argv.index(flag)
             del argv[i:i + 2]
-    tail = ["--budget", str(budget)] if budget is not None else []
-    return shlex.join(["car", *argv, *tail, "--resume", ident])
+    return shlex.join(["car", *argv, *given, "--resume", ident])
 
 
 def write_out(path: Path, text: str, hint: str) -> None:
