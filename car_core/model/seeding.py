@@ -102,8 +102,8 @@ def coupling(agent: Any, run: Any, requested: bool) -> tuple[bool, str]:
 
     They can only when coupling was asked for, the agent draws its randomness from CAR's noise
     (``couples_noise``) and, for an agent over a model server (``seed_check(run)``, which
-    re-decides recorded states twice with one seed and returns the reason when the replies
-    differ), the backend was measured to honour the seed."""
+    re-decides recorded states with one seed and another and returns the reason when the
+    replies do not follow the seed), the backend was measured to honour the seed."""
     if not requested:
         return False, ("not requested (coupled=False, or Shapley's exact mode): every branch "
                        "draws its own noise")
@@ -114,5 +114,6 @@ def coupling(agent: Any, run: Any, requested: bool) -> tuple[bool, str]:
         reason = agent.seed_check(run)
         if reason:
             return False, str(reason)
-        return True, "measured: the model gave the same reply twice for one seed"
+        return True, ("measured: the model gave the same reply twice for one seed, and "
+                      "another for another seed")
     return True, "the agent was handed CAR's noise streams (not a claim that it drew from them)"

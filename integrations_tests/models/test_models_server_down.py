@@ -42,8 +42,10 @@ TOOL_FNS = {"lookup_order": lambda order_id: {"order_id": order_id, "status": "s
             "issue_refund": lambda order_id: {"order_id": order_id, "refunded": True}}
 ROLLOUTS = 16
 # Each attribution's fresh policy first measures whether the server honours the seed: two calls
-# for each of the run's first, middle and last states (steps 0, 1, 2 of the 3-step run).
-PROBE_CALLS = 6
+# with one seed for each of the run's first, middle and last states (steps 0, 1, 2 of the
+# 3-step run), and one with another seed for step 0 (always the lookup, whatever the seed) and
+# step 1 (whose reply cites the seed: it follows it, so step 2 gets none).
+PROBE_CALLS = 8
 
 
 def reply(seed: int, messages: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -8,9 +8,12 @@ independent and why, and the measurement runs once per policy object.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 from car_adapters.models import local
-from car_adapters.models.chat_agent import ChatAgent
+from car_adapters.models.chat_agent import ChatAgent, ChatPolicy
 from car_adapters.openai import OpenAIPolicy
 
 import car_core as car
@@ -46,3 +49,46 @@ def test_coupling_is_reported_only_when_the_server_honours_the_seed(
         again = car.intervene(run, agent, car.do_resample(0), outcome=long_reply, rollouts=1,
                               seed=1)
         assert again.coupling == dist.coupling and len(calls) == 1  # the one rollout, no probe
+
+
+class _Planted(ChatPolicy):
+    """A model whose reply to a state is ``reply(state, seed, call)``; counts its calls."""
+
+    model = "planted"
+
+    def __init__(self, reply: Callable[[int, int, int], str]) -> None:
+        super().__init__()
+        self.reply, self.calls = reply, 0
+
+    def complete(self, messages: list[dict[str, Any]], seed: int, k: int
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+        self.calls += 1
+        return {"role": "assistant", "content": self.reply(k, seed, self.calls)}, {}
+
+
+STATES = [([{"role": "user", "content": "hi"}], k) for k in (0, 2, 4)]
+
+
+def test_a_model_sure_of_every_probed_state_is_not_taken_to_honour_the_seed() -> None:
+    # a hosted model that ignores seeds but answers these states alike every time: twice the
+    # same reply for one seed said "honours the seed" (29 of 41 attributions in a trial), and
+    # a branch that raised was then retried as if it would take the same path again
+    sure = _Planted(lambda k, seed, call: f"answer {k}")
+    said = sure.seed_check(STATES)
+    assert said is not None and "could not be told" in said
+    assert sure.calls == 9  # twice with one seed and once with another, each state
+
+
+@pytest.mark.parametrize(("reply", "honours", "calls"), [
+    # follows the seed: once a reply changed with it, each other state is decided twice only
+    (lambda k, seed, call: f"{k}: {seed % 7}", True, 7),
+    (lambda k, seed, call: f"{k}: {seed % 7}" if k else "fixed", True, 8),
+    (lambda k, seed, call: f"{k}: {call}", False, 2),  # a new reply every call
+])
+def test_a_model_is_taken_to_honour_the_seed_only_when_its_replies_follow_it(
+        reply: Callable[[int, int, int], str], honours: bool, calls: int) -> None:
+    policy = _Planted(reply)
+    said = policy.seed_check(STATES)
+    assert (said is None) is honours, said
+    assert policy.calls == calls
+    assert policy.seed_check(STATES) == said and policy.calls == calls  # measured once
