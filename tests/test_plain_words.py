@@ -304,3 +304,15 @@ def test_an_estimate_left_undecided_by_failed_branches_says_what_failed(located)
     assert first.startswith(f"Undecided: 2 branch(es) failed and were left out (first: {error})"
                             ", so no answer can be claimed")
     assert "the agent raised" not in first
+
+
+def test_a_confirmed_rescue_whose_interval_starts_just_above_zero_does_not_read_zero(
+        located) -> None:
+    """A confirmed step's lower end is raised to the least positive float; it read "(0%–29%)"
+    beside "caused the failure", and "+0.000" in the table, as if zero were inside."""
+    s = replace(located.steps[2], effect=0.105, ci=car.Interval(5e-324, 0.291, 0.95))
+    r = replace(located, steps=tuple(s if e.step == 2 else e for e in located.steps))
+    assert "of re-runs (>0%–29%)" in fmt.answer(r) or "by 11% (>0%–29%)" in fmt.answer(r)
+    assert fmt.effect_interval(s.ci) == "[>0, +0.291]"
+    assert fmt.effect_interval(car.Interval(0.0, 0.291, 0.95)) == "[+0.000, +0.291]"
+    assert fmt.percent_interval(car.Interval(0.0004, 0.3, 0.95)) == "(0%–30%)"  # a P(fail)

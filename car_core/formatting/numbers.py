@@ -53,8 +53,12 @@ def effect(x: Any, *, missing: str = MISSING) -> str:
 
 
 def effect_interval(ci: Any, *, missing: str = MISSING) -> str:
-    """The interval of an effect: ``[+0.200, +0.600]``."""
-    return interval(ci, PROB_DIGITS, missing=missing, sign=True)
+    """The interval of an effect: ``[+0.200, +0.600]``; a lower end above zero that rounds to
+    it reads ``>0`` (``[>0, +0.291]``), not ``+0.000``, which reads as zero included."""
+    said = interval(ci, PROB_DIGITS, missing=missing, sign=True)
+    if ci and not _missing(ci[0]) and 0 < float(ci[0]) and said.startswith("[+0.000,"):
+        said = "[>0," + said.removeprefix("[+0.000,")
+    return said
 
 
 def prob_interval(ci: Any, *, missing: str = MISSING) -> str:
@@ -79,11 +83,15 @@ def percent(x: Any) -> str:
     return MISSING if _missing(x) else f"{round(float(x) * 100):d}%"
 
 
-def percent_interval(ci: Any) -> str:
-    """``(24%–55%)``; with a negative end ``(-5% to 30%)``, where a dash would misread."""
+def percent_interval(ci: Any, *, effect: bool = False) -> str:
+    """``(24%–55%)``; with a negative end ``(-5% to 30%)``, where a dash would misread. An
+    ``effect``'s lower end that is above zero but rounds to it reads ``>0%``: a step shown to
+    rescue ("caused the failure") beside "(0%–29%)" read as not shown at all."""
     if not ci or _missing(ci[0]) or _missing(ci[1]):
         return "(interval not measured)"
     lo, hi = percent(ci[0]), percent(ci[1])
+    if effect and lo == "0%" and float(ci[0]) > 0:
+        lo = ">0%"
     return f"({lo}–{hi})" if not lo.startswith("-") else f"({lo} to {hi})"
 
 

@@ -176,9 +176,9 @@ def _rescue_words(s: Any) -> str:
     if held is not None and held >= 0.995 and (low is None or low >= 0):
         # a share of re-runs: not for an interval reaching below zero ("-6% of re-runs")
         return (f"re-deciding it avoids the failure in {percent(eff)} of re-runs "
-                f"{percent_interval(ci)}")
-    return (f"re-deciding it lowers P(fail) by {percent(eff)} {percent_interval(ci)}, from "
-            f"{percent(held)} to {percent(redrawn)}")
+                f"{percent_interval(ci, effect=True)}")
+    return (f"re-deciding it lowers P(fail) by {percent(eff)} "
+            f"{percent_interval(ci, effect=True)}, from {percent(held)} to {percent(redrawn)}")
 
 
 def _no_cause_words(r: Any) -> str:
