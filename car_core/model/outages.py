@@ -1,8 +1,8 @@
 """Whether an error says a server is down: the model's, or the one an LLM judge calls.
 
-Matched by the names model clients give their errors (openai, httpx, requests, aiohttp), so no
-client need be installed; the core imports none. An outage stops an attribution, resumable,
-instead of failing every later branch on the same dead server.
+Matched by the names model clients give their errors (openai, httpx, requests, aiohttp, and
+anyio's for a closed stream), so no client need be installed; the core imports none. An outage
+stops an attribution, resumable, instead of failing every later branch on the same dead server.
 """
 
 from __future__ import annotations
@@ -10,12 +10,14 @@ from __future__ import annotations
 import re
 
 # What model clients raise when the server is unreachable, or still failing after the client's
-# own retries (openai, httpx, requests, aiohttp name them so; matched by name so that no client
-# has to be installed for an adapter to work).
+# own retries (openai, httpx, requests, aiohttp name them so), and what anyio raises on a stream
+# whose other end is gone (an MCP session whose server process died); matched by name so that
+# no client has to be installed for an adapter to work.
 _OUTAGE_NAMES = frozenset({
     "APIConnectionError", "APITimeoutError", "RateLimitError", "InternalServerError",
     "ServiceUnavailableError", "TransportError", "ConnectError", "ConnectTimeout",
-    "ReadTimeout", "RemoteProtocolError", "ClientConnectionError", "ServerDisconnectedError"})
+    "ReadTimeout", "RemoteProtocolError", "ClientConnectionError", "ServerDisconnectedError",
+    "ClosedResourceError", "BrokenResourceError", "EndOfStream"})
 
 
 def is_outage(exc: BaseException) -> bool:
