@@ -4,18 +4,21 @@ A branch answers a side-effect call without running the tool (from the record, b
 simulator, or with a forced result) and runs a safe tool live. Every adapter notes the source
 of each call it answers, by tool call id, and writes it on the step the call belongs to as
 ``meta["tool_sources"]`` (``{tool call id: ToolSource}``), so the step shows a simulated result
-as simulated, not as a call that happened. This module imports no framework.
+as simulated, not as a call that happened. A safe tool's error on a branch is scored only
+where CAR can show it was the call's own (``drifted_tools``), running the tool again through the
+adapter's ``Reruns``. This module imports no framework.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from car_core.contract import Step, ToolSource, says_service_down
+from car_core.errors import AdapterError
 
 from .messages import calls_of
 
@@ -84,17 +87,62 @@ def result_text(content: Any) -> str:
     return str(content or "")
 
 
-def drifted_tools(recorded: Iterable[Step], recorded_errors: Collection[str],
-                  branch: Iterable[Step], branch_errors: Mapping[str, str]) -> str | None:
+# a live re-run of one call of a safe tool: ``(tool name, canonical arguments)`` -> the error
+# text it came back with, or None when it answered
+Rerun = Callable[[str, str], Awaitable[str | None]]
+
+
+class Reruns:
+    """The extra live calls one branch may make to tell a safe tool's error apart from its
+    world's: only of the tools named in ``safe`` (classified safe for the branch: they only
+    read), each call made at most once per branch (``call``: the adapter's way to run a tool
+    outside the app, never charged to the rollout budget)."""
+
+    def __init__(self, safe: Collection[str], call: Rerun) -> None:
+        self.safe = frozenset(safe)
+        self._call = call
+        self._done: dict[tuple[str, str], str | None] = {}
+
+    def can(self, name: str) -> bool:
+        return name in self.safe
+
+    async def __call__(self, name: str, args: str) -> str | None:
+        if name not in self.safe:  # never a side effect, whatever a caller asks
+            raise AdapterError(f"CAR was about to run tool {name!r} again outside a branch, "
+                               "and it is not classified safe",
+                               hint="this is a bug in car_adapters; please report it")
+        key = (name, args)
+        if key not in self._done:
+            self._done[key] = await self._call(name, args)
+        return self._done[key]
+
+
+def answered_error(text: str, errored: bool) -> str | None:
+    """What a re-run's result says: its text when the tool marked it an error or it reads as
+    an outage (``reads_as_outage``), else None (it answered)."""
+    if errored or reads_as_outage(text):
+        return " ".join(text.split()) or "an error with no text"
+    return None
+
+
+async def drifted_tools(recorded: Iterable[Step], recorded_errors: Collection[str],
+                        branch: Iterable[Step], branch_errors: Mapping[str, str],
+                        reruns: Reruns, outages: Collection[str] = ()) -> str | None:
     """What a branch must not be scored for: a safe tool that ran live on it and returned an
-    error (``branch_errors``: call id -> its text) for a call the record made with the same
-    arguments and got an answer for (``recorded_errors``: the record's errored call ids), or,
-    for any call, an error that says its service is down (``says_service_down``). The tool's
-    world has changed since the record (a service down, a credential missing where the
-    estimate runs), and the agent's reply to the error would be scored as what re-deciding
-    the step does. An error for arguments the record never used that blames the call (an
-    unknown order) is the agent's own doing, and is scored; so is one from a tool the record
-    saw fail too (the same world). None when no call drifted."""
+    error (``branch_errors``: call id -> its text) that CAR cannot show was the call's own.
+    The held arm replays the record's answers while a re-decided step meets the live tool, so
+    a tool that errors now and did not then would read as a rescue of the re-decided step.
+
+    Not scored: an error for a call the record made with the same arguments and got an answer
+    for (``recorded_errors``: the record's errored call ids); an error that says its service
+    is down (``says_service_down``), or that an exception showed was one (``outages``: call
+    ids); an error for a call the tool answers when CAR runs it again (``reruns``: the error
+    was transient, the service's); and one whose tool now errors on a call the record got an
+    answer for too (its world changed: a server down, a credential missing). Only an error the
+    same call gives again, from a tool that still answers the record's call (or that the
+    record never called with an answer), is the agent's own doing (an unknown order), and
+    scored; so is one from a tool the record saw fail too (the same world). None when no call
+    drifted."""
     calls = [(cid, name, args) for step in recorded for cid, name, args in calls_of(step.action)]
     answered = {(name, args) for cid, name, args in calls if cid not in recorded_errors}
     # a tool the record saw fail (or cannot say it did not) was in the same world then
@@ -105,19 +153,47 @@ def drifted_tools(recorded: Iterable[Step], recorded_errors: Collection[str],
             if cid not in branch_errors or sources.get(cid) != ToolSource.LIVE:
                 continue
             said = " ".join(branch_errors[cid].split())[:200]
+            where = (f"safe tool {name!r} ran live at step {step.index} and returned an error "
+                     f"for arguments {args} ({said!r})")
             if (name, args) in answered:
+                return (f"{where}, where the record's identical call was answered: the tool "
+                        "answers differently where this estimate runs (a service down, a "
+                        "credential missing), so the branch cannot stand for the recorded run "
+                        "and is not scored")
+            if name not in failing and (cid in outages or says_service_down(said)):
                 return (f"safe tool {name!r} ran live at step {step.index} and returned an "
-                        f"error for arguments {args} ({said!r}), where the record's identical "
-                        "call was answered: the tool answers differently where this estimate "
-                        "runs (a service down, a credential missing), so the branch cannot "
-                        "stand for the recorded run and is not scored")
-            if name not in failing and says_service_down(said):
-                return (f"safe tool {name!r} ran live at step {step.index} and returned an "
-                        f"error that says its service is down ({said!r}): the agent's reply "
-                        "to an outage is not what re-deciding the step does, so the branch is "
-                        "not scored")
+                        f"error that says its service is down or unreachable ({said!r}): the "
+                        "agent's reply to an outage is not what re-deciding the step does, so "
+                        "the branch is not scored")
+            why = await _not_the_calls(name, args, calls, answered, reruns)
+            if why is not None:
+                return f"{where}, {why}"
     return None
 
 
-__all__ = ["TOOL_SOURCES", "drifted_tools", "reads_as_outage", "sources_of", "tool_errors",
-           "with_sources"]
+async def _not_the_calls(name: str, args: str, calls: list[tuple[str, str, str]],
+                         answered: Collection[tuple[str, str]], reruns: Reruns) -> str | None:
+    """Why an error of ``name`` for ``args`` (arguments the record never got an answer for)
+    is not the call's own, from the tool run again (``reruns``), or None when it is."""
+    if not reruns.can(name):
+        return ("and CAR cannot run it again to tell whether the error was the call's or its "
+                "service's (only a tool classified safe is run again), so the branch is not "
+                "scored")
+    again = await reruns(name, args)
+    if again is None:
+        return ("and answered the same call when CAR ran it again: the error was the "
+                "service's, not the call's (a transient failure), so the branch is not scored")
+    past = next((a for _, n, a in calls if n == name and (n, a) in answered), None)
+    if past is None:
+        return None
+    then = await reruns(name, past)
+    if then is None:
+        return None
+    return (f"and the record's answered call of it (arguments {past}) errors too when CAR "
+            f"runs it again ({then[:200]!r}): the tool's world changed where this estimate "
+            "runs (a service down, a credential missing), so the error is not the call's and "
+            "the branch is not scored")
+
+
+__all__ = ["TOOL_SOURCES", "Rerun", "Reruns", "answered_error", "drifted_tools",
+           "reads_as_outage", "sources_of", "tool_errors", "with_sources"]

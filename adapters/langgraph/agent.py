@@ -154,10 +154,11 @@ from .refusals import (
     refuse_step,
     refuse_unknown_tools,
 )
+from .reruns import branch_reruns
 from .saver import branchable, refuse_sync_only, supplied
 from .shape import AppShape
 from .thread import thread_outcome
-from .tool_classes import derived_classes
+from .tool_classes import derived_classes, tool_objects
 from .undecided import UndecidedCalls, undecided_nodes
 
 MESSAGES_KEY = "messages"
@@ -241,6 +242,8 @@ class LangGraphAgent:
         self.shape = AppShape.of(app, saver, messages_key, node_tools)
         refuse_persistent_subgraphs(self.shape)
         self.tools = self.shape.tools
+        # the tool objects by name, which a branch runs again to tell whose its error was
+        self.tool_objects = {t.name: t for t in tool_objects(self.shape, node_tools)}
         # tool calls a node answers with code that only routes or reads: run live on branches
         self.routing_calls = frozenset([routing_calls] if isinstance(routing_calls, str)
                                        else routing_calls)
@@ -433,6 +436,8 @@ class LangGraphAgent:
         run, k, thread_id = state.run, state.plan.start, state.thread_id
         # the first write, after every check passed
         await self._fork(calls, run, k, thread_id, state.edited)
+        state.reruns = branch_reruns(self.tool_objects, self.safety, calls,
+                                     self._invocation(run).configurable)
         try:
             with controlling(thread_id, state.control), guarding(thread_id, state.guard):
                 if k in state.forced and self.model is None:
@@ -456,7 +461,8 @@ class LangGraphAgent:
                 state.guard.raise_blocked()
             if isinstance(status, Trajectory):
                 return status
-            return state.collect(status, (await calls.get_state(thread_config(thread_id))).values)
+            return await state.collect(status,
+                                       (await calls.get_state(thread_config(thread_id))).values)
         finally:
             if not self.keep_branches:
                 await calls.delete_thread(thread_id)
@@ -583,13 +589,14 @@ class LangGraphAgent:
             if not state.settles:
                 await calls.invoke(None, config, **how.kwargs())
             else:
-                done = state.settle((await calls.get_state(thread_config(thread_id))).values)
+                done = await state.settle(
+                    (await calls.get_state(thread_config(thread_id))).values)
                 if done is not None:
                     return done
                 stream = calls.stream(None, config, **how.kwargs())
                 try:
                     async for values in stream:
-                        done = state.settle(values)
+                        done = await state.settle(values)
                         if done is not None:
                             return done
                 finally:

@@ -29,7 +29,7 @@ from ..common.messages import (
     recorded_calls,
 )
 from ..common.offered_tools import edited_descriptions
-from ..common.sources import drifted_tools, tool_errors, with_sources
+from ..common.sources import Reruns, drifted_tools, tool_errors, with_sources
 from .guard import RUN, Guard, Replay
 from .messages import BLOCKS, from_dicts, jsonable, state_json, to_dict, to_dicts
 from .model import Control
@@ -73,6 +73,8 @@ class BranchState:
     tools: dict[int, Any] = field(default_factory=dict)  # step -> tool specs CAR bound
     stop: Callable[[Trajectory], bool] | None = None
     offset: int = 0  # 1 once the branch step is written as its node, without a model call
+    # the branch's safe tools, run again where one errored live (``sources.drifted_tools``)
+    reruns: Reruns | None = None
 
     @classmethod
     def open(cls, run: Trajectory, plan: BranchPlan, noise: Noise, thread_id: str, *,
@@ -152,16 +154,17 @@ class BranchState:
         return next(tool_content(m.get("content"), later[j]) for m in given
                     if m.get("tool_call_id") == tool_call_id)
 
-    def settle(self, values: Any) -> Trajectory | None:
+    async def settle(self, values: Any) -> Trajectory | None:
         """The branch so far, if ``stop`` says its outcome is settled with graph state
         ``values``."""
         assert self.stop is not None
-        partial = self.collect(RunStatus.SETTLED, values, self.callback.open_steps(values))
+        partial = await self.collect(RunStatus.SETTLED, values, self.callback.open_steps(values))
         if partial.status == RunStatus.ERROR:  # a safe tool drifted: never scored
             return partial
         return partial if self.stop(partial) else None
 
-    def collect(self, status: str, final: Any, live: list[Step] | None = None) -> Trajectory:
+    async def collect(self, status: str, final: Any, live: list[Step] | None = None
+                      ) -> Trajectory:
         """The branch as a trajectory: the held prefix, the step written as its node (if
         any), then the steps the callback recorded (``live``: all it finished)."""
         run, plan, k = self.run, self.plan, self.plan.start
@@ -193,7 +196,7 @@ class BranchState:
                 index=j, action=s.action, observation=plan.recorded_observation(j, s.observation),
                 observed=s.observed or j in plan.observations, state=s.state,
                 meta=jsonable(meta)), self.guard.sources))
-        drift = self._drift(steps[k:])
+        drift = await self._drift(steps[k:])
         return Trajectory.new(context=run.context, steps=steps, seed=self.noise.seed,
                               agent=self.agent, status=RunStatus.ERROR if drift else status,
                               meta={"framework": "langgraph", "thread_id": self.thread_id,
@@ -201,14 +204,17 @@ class BranchState:
                                     "final_state": state_json(final)},
                               **({"error": drift} if drift else {}))
 
-    def _drift(self, new: list[Step]) -> str | None:
-        """Why the branch cannot be scored when a safe tool errored on it where the record's
-        identical call was answered (``sources.drifted_tools``): the branch's tool messages as
-        the callback saw them, the record's from its final state (``status`` kept there)."""
+    async def _drift(self, new: list[Step]) -> str | None:
+        """Why the branch cannot be scored when a safe tool errored on it and CAR cannot show
+        the error was the call's own (``sources.drifted_tools``, running the tool again with
+        ``reruns``): the branch's tool messages as the callback saw them, the record's from its
+        final state (``status`` kept there)."""
         now = tool_errors(self.callback.tool_results().values())
         if not now:
             return None
-        return drifted_tools(self.run.steps, tool_errors(_final_messages(self.run)), new, now)
+        assert self.reruns is not None  # set by the agent before the branch runs
+        return await drifted_tools(self.run.steps, tool_errors(_final_messages(self.run)), new,
+                                   now, self.reruns)
 
 
 def answerable_calls(run: Trajectory) -> dict[tuple[str, str], Any]:

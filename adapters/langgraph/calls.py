@@ -2,7 +2,8 @@
 
 ``LangGraphAgent`` writes a branch once, as a coroutine, and awaits every call it makes to the
 app (``invoke``, ``stream``, ``get_state``, ``update_state``) and its checkpointer
-(``get_tuple``, ``put``, ``put_writes``, ``delete_thread``) through a ``Calls``:
+(``get_tuple``, ``put``, ``put_writes``, ``delete_thread``), and a tool it runs again on its
+own (``run_tool``), through a ``Calls``:
 
 - ``SyncCalls`` makes the plain calls. Nothing the body awaits ever waits, so ``now`` finishes
   the coroutine on the calling thread with no event loop: ``branch`` of a sync app is as sync
@@ -64,6 +65,10 @@ class SyncCalls:
     async def delete_thread(self, thread_id: str) -> None:
         self.saver.delete_thread(thread_id)
 
+    async def run_tool(self, tool: Any, call: dict[str, Any], config: dict[str, Any]) -> Any:
+        """One of the app's tools run on its own, outside the graph (a safe tool's re-run)."""
+        return tool.invoke(call, config)
+
 
 class AsyncCalls(SyncCalls):
     """The coroutine twins of ``SyncCalls``' methods."""
@@ -98,6 +103,9 @@ class AsyncCalls(SyncCalls):
 
     async def delete_thread(self, thread_id: str) -> None:
         await self.saver.adelete_thread(thread_id)
+
+    async def run_tool(self, tool: Any, call: dict[str, Any], config: dict[str, Any]) -> Any:
+        return await tool.ainvoke(call, config)
 
 
 def now(coro: Coroutine[Any, Any, T]) -> T:

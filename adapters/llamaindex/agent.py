@@ -12,9 +12,10 @@ is refused before the branch calls anything. Steps
 before ``k`` are copied from the record: no model call, no tool call. From ``k`` on, each
 agent's LLM and tools are stand-ins (``branch.py``) for the duration of the branch, and a
 private recorder collects the new steps through the same instrumentation as ``CarRecorder``. A
-branch whose safe tool came back with an error, live, for a call the record made alike and got
-an answer for comes back with status error (``_drift``): the tool's world changed, so it is
-never scored.
+branch whose safe tool came back with an error, live, where CAR cannot show the error was the
+call's own (the record's identical call was answered, the error says its service is down, the
+same call answers when run again, or the record's answered call errors now too) comes back with
+status error (``_drift``): the tool's world changed, so it is never scored.
 
 A branch is one coroutine (``abranch``; ``branch`` finishes it from sync code), so the asyncio
 executor runs many at once on one event loop. The stand-ins are set on the agent objects while
@@ -63,7 +64,7 @@ from ..common.messages import (
     recorded_calls,
 )
 from ..common.offered_tools import edited_descriptions
-from ..common.sources import drifted_tools, tool_errors
+from ..common.sources import Reruns, drifted_tools, tool_errors
 from ..common.state_change import Change, unreplayable
 from ..common.sync import run_sync
 from ._messages import from_dicts
@@ -78,6 +79,7 @@ from .recorder import (
     is_agent_workflow,
     tool_names,
 )
+from .reruns import branch_reruns
 from .store_state import STORE_KEY, app_modules, recorded, resolved, restore, writes
 
 MEMORY_TOKENS = 10**9  # the re-entered history must reach the model whole
@@ -101,12 +103,13 @@ def _results(steps: Iterable[car.Step]) -> list[Any]:
     return [m for s in steps for m in (s.observation or ()) if isinstance(m, Mapping)]
 
 
-def _drift(run: car.Trajectory, new: list[car.Step]) -> str | None:
+async def _drift(run: car.Trajectory, new: list[car.Step], reruns: Reruns) -> str | None:
     """Why a branch cannot be scored when a safe tool it ran live came back with an error
-    (marked by its recorder) for a call the record made alike and got an answer for
-    (``sources.drifted_tools``). The record's calls count as answered only where it shows
-    they were: a result recorded unmarked by a recorder that marks errors; a run recorded
-    before errors were marked shows none, so nothing counts as drifted there."""
+    (marked by its recorder) and CAR cannot show the error was the call's own
+    (``sources.drifted_tools``, running the tool again with ``reruns``). The record's calls
+    count as answered only where it shows they were: a result recorded unmarked by a recorder
+    that marks errors; a run recorded before errors were marked shows none, so there only a
+    call that answers when run again counts as drifted."""
     now = tool_errors(_results(new))
     if not now:
         return None
@@ -114,7 +117,7 @@ def _drift(run: car.Trajectory, new: list[car.Step]) -> str | None:
     errored = set(tool_errors(_results(run.steps))) if run.meta.get(ERRORS_MARKED) else None
     unanswered = {cid for s in run.steps for cid, _, _ in calls_of(s.action)
                   if errored is None or cid in errored or cid not in results}
-    return drifted_tools(run.steps, unanswered, new, now)
+    return await drifted_tools(run.steps, unanswered, new, now, reruns)
 
 
 def _check_history(messages: list[dict[str, Any]], run_id: str, k: int
@@ -433,7 +436,7 @@ class LlamaIndexAgent:
                                     "lost" for name, agent in self._context_tools().items()})
         live = await self._drive(state, active, run, session, store=store)
         steps = [renumber(s, k + i, plan, session) for i, s in enumerate(live.steps)]
-        drift = _drift(run, steps)
+        drift = await _drift(run, steps, branch_reruns(self._agents(), self.safety))
         if drift:  # a safe tool errored where the record was answered: never scored
             live = replace(live, status=RunStatus.ERROR, error=drift)
         return steps, live

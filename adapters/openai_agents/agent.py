@@ -17,9 +17,10 @@ holds), and ``branch`` finishes the same coroutine from sync code. ``do_policy(k
 model of the agent that decides step ``k`` (for its decisions from ``k`` on); the other agents keep
 theirs unless ``policy_agents`` says otherwise. A model server that is down or failing (refused
 connection, timeout, 429, 5xx) stops the attribution with ``ModelUnavailable``, resumable, as on
-every adapter. A branch whose safe tool raised, live, on a call the record made alike and got an
-answer for comes back with status error (``_drift``): the tool's world changed, so it is never
-scored.
+every adapter. A branch whose safe tool raised, live, where CAR cannot show the error was the
+call's own (the record's identical call was answered, the error was an outage, the same call
+answers when run again, or the record's answered call errors now too) comes back with status
+error (``_drift``): the tool's world changed, so it is never scored.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ from ..common.messages import (
     recorded_calls,
 )
 from ..common.offered_tools import edited_descriptions
-from ..common.sources import drifted_tools, reads_as_outage, result_text
+from ..common.sources import Reruns, drifted_tools, reads_as_outage, result_text
 from ..common.sync import BranchLoop, run_on, run_sync
 from . import agent_tools, mcp_tools
 from . import handoff_callbacks as handoff_callbacks_
@@ -82,6 +83,7 @@ from .fingerprint import app_fingerprint
 from .guardrails import tripwire_of, unseen_guardrails
 from .offered_tools import as_given
 from .recorder import CarRecorder
+from .reruns import branch_reruns
 
 # The one event loop every branch runs on, in a daemon thread of its own. A model's async
 # client (``AsyncOpenAI``'s connection pool) binds to the loop it first ran on and fails on any
@@ -198,9 +200,11 @@ def _used_tools(run: car.Trajectory, k: int) -> frozenset[str]:
                      if isinstance(s.action, dict) and s.action.get("tool_calls"))
 
 
-def _drift(run: car.Trajectory, new: list[car.Step], session: BranchSession) -> str | None:
+async def _drift(run: car.Trajectory, new: list[car.Step], session: BranchSession,
+                 reruns: Reruns) -> str | None:
     """Why a branch cannot be scored when a safe tool it ran live raised (the session noted
-    it) on a call the record made alike and got an answer for (``sources.drifted_tools``).
+    it) and CAR cannot show the error was the call's own (``sources.drifted_tools``, running
+    the tool again with ``reruns``; an error the session saw was an outage never is).
     The SDK hands the model a message in place of the error and the record keeps only that
     text, so a recorded call counts as answered only where its result shows it was not an
     error: it has one, and it is neither the SDK's default failure message nor the message
@@ -226,7 +230,7 @@ def _drift(run: car.Trajectory, new: list[car.Step], session: BranchSession) -> 
                     (name, args) in told
                     and result_text(got) == result_text(told[(name, args)])):
                 unanswered.add(cid)
-    return drifted_tools(run.steps, unanswered, new, errors)
+    return await drifted_tools(run.steps, unanswered, new, errors, reruns, session.outages)
 
 
 def _check_forced_steps_keep_the_context(run: car.Trajectory, session: BranchSession) -> None:
@@ -473,7 +477,9 @@ class OpenAIAgentsAgent:
             # the recorded run, so it stops this one too
             live = replace(live, status=RunStatus.COMPLETE, error=run.error,
                            meta={**live.meta, "tripwire": held})
-        drift = _drift(run, steps, session)
+        reruns = branch_reruns(self.agents, self._ready(), self._mcp_loop, self.safety,
+                               lambda: self.contexts.at(run, k))
+        drift = await _drift(run, steps, session, reruns)
         if drift:  # a safe tool errored where the record was answered: never scored
             live = replace(live, status=RunStatus.ERROR, error=drift)
         return steps, live

@@ -89,12 +89,17 @@ class BranchSession(chat_branch.BranchSession):
         self.tools_at: dict[int, dict[str, str]] = {}
         # tool call id -> (what the model was told, the error) for each call whose tool raised
         self.errors: dict[str, tuple[str, str]] = {}
+        # the calls whose error says its server is down or gone (``is_outage``: a refused
+        # connection, an MCP session whose server died), whatever the model was told
+        self.outages: set[str] = set()
 
     def failed(self, call_id: Any, told: Any, error: BaseException | None) -> None:
         """Note that the tool of call ``call_id`` raised ``error`` and the model was told
         ``told`` (the failure function's message) in place of a result."""
         if call_id:
             self.errors[str(call_id)] = (str(told), redact.describe(error) if error else "")
+            if error is not None and is_outage(error):
+                self.outages.add(str(call_id))
 
     def policy_for(self, k: int, agent: str) -> Any:
         """The ``do_policy`` model when it decides step ``k`` of ``agent``, else None."""

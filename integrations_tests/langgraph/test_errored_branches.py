@@ -109,12 +109,13 @@ class OrdersHook:
 
     down = False
     said = "orders database unreachable"
+    only: str | None = None  # the one order it errors for while down (None: every order)
 
 
 @tool("lookup_order")
 def flaky_lookup(order_id: str) -> str:
     """Look up an order (reads only: safe on branches)."""
-    if OrdersHook.down:
+    if OrdersHook.down and OrdersHook.only in (None, order_id):
         raise ToolException(OrdersHook.said)
     return str(sa.lookup_order.invoke({"order_id": order_id}))
 
@@ -197,8 +198,10 @@ def test_an_outage_for_a_call_the_record_never_made_is_never_scored(said: str,
     unavailable (503)" and the whole rescue rested on those branches, silently: an error for
     arguments the record never used was taken for the agent's own doing. An error that blames
     the service fails the branch (all of them: the estimate refuses, naming it); one that
-    blames the call (an unknown order) is still what re-deciding the step does, and scored."""
+    blames the call (an unknown order, while the recorded order is still found) is still what
+    re-deciding the step does, and scored."""
     OrdersHook.down, OrdersHook.said = False, said
+    OrdersHook.only = "O-999" if scored else None
     wrapper = CarChatModel(inner=AsksAnotherOrder(rng_seed=0))
     app = sa.build_app(wrapper, InMemorySaver(),
                        tools=[flaky_lookup, sa.record_decision, issue_refund])
@@ -222,6 +225,7 @@ def test_an_outage_for_a_call_the_record_never_made_is_never_scored(said: str,
                                                       "estimate runs")
     finally:
         OrdersHook.down, OrdersHook.said = False, "orders database unreachable"
+        OrdersHook.only = None
 
 
 class ServerDown(sa.PlantedSupportModel):

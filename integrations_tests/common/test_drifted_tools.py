@@ -1,0 +1,111 @@
+"""Whether a safe tool's live error on a branch is the call's own (scored) or its world's (not
+scored), decided by ``car_adapters.common.sources.drifted_tools`` from the record and from the
+tool run again (a fake ``Reruns`` here, which notes each call it is asked to make)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from car_adapters.common.messages import assistant, canonical_arguments, tool_call
+from car_adapters.common.sources import TOOL_SOURCES, Reruns, drifted_tools
+
+from car_core.contract import Step, ToolSource
+from car_core.errors import AdapterError
+
+RECORDED = {"order_id": "A1"}
+REWORDED = {"order_id": "A1", "reason": "item cracked on arrival"}
+
+
+def lookup(index: int, cid: str, args: dict[str, str]) -> Step:
+    return Step(index=index, action=assistant(None, [tool_call(cid, "lookup_order", args)]),
+                meta={TOOL_SOURCES: {cid: ToolSource.LIVE}})
+
+
+class Tool:
+    """A fake re-run: ``errors`` maps canonical arguments to the error the tool gives them now
+    (absent: it answers); ``calls`` notes every re-run made."""
+
+    def __init__(self, errors: dict[str, str], safe: tuple[str, ...] = ("lookup_order",)):
+        self.errors, self.calls = errors, list[tuple[str, str]]()
+        self.reruns = Reruns(safe, self.rerun)
+
+    async def rerun(self, name: str, args: str) -> str | None:
+        self.calls.append((name, args))
+        return self.errors.get(args)
+
+
+def decide(tool: Tool, branch_args: dict[str, str], said: str = "no such order",
+           recorded_errors: tuple[str, ...] = (), outages: tuple[str, ...] = (),
+           record: bool = True) -> str | None:
+    recorded = [lookup(0, "rec", RECORDED)] if record else []
+    return asyncio.run(drifted_tools(recorded, recorded_errors, [lookup(0, "new", branch_args)],
+                                     {"new": said}, tool.reruns, outages))
+
+
+NEW, OLD = canonical_arguments(REWORDED), canonical_arguments(RECORDED)
+
+
+@pytest.mark.parametrize(("now", "scored", "why", "reruns"), [
+    # the same call answers when run again: a transient failure, the service's
+    ({}, False, "answered the same call when CAR ran it again", [NEW]),
+    # the same call errors again and so does the record's answered call: the world changed
+    ({NEW: "no such order", OLD: "no credentials"}, False,
+     "the record's answered call of it (arguments {\"order_id\":\"A1\"}) errors too", [NEW, OLD]),
+    # the same call errors again and the record's call still answers: the call's own error
+    ({NEW: "no such order"}, True, None, [NEW, OLD]),
+])
+def test_an_error_is_the_calls_own_only_when_it_repeats_and_the_record_still_answers(
+        now: dict[str, str], scored: bool, why: str | None, reruns: list[str]) -> None:
+    tool = Tool(now)
+    said = decide(tool, REWORDED)
+    assert (said is None) is scored
+    if why is not None:
+        assert said is not None and why in said and "is not scored" in said
+    assert tool.calls == [("lookup_order", a) for a in reruns]
+
+
+def test_with_no_answered_call_of_the_tool_in_the_record_a_repeated_error_is_scored() -> None:
+    tool = Tool({NEW: "no such order"})
+    assert decide(tool, REWORDED, record=False) is None
+    assert tool.calls == [("lookup_order", NEW)]
+    # the record's one call of the tool errored too: no answered call to run again
+    tool = Tool({NEW: "no such order"})
+    assert decide(tool, REWORDED, recorded_errors=("rec",)) is None
+    assert tool.calls == [("lookup_order", NEW)]
+
+
+@pytest.mark.parametrize(("args", "said", "outages", "why"), [
+    (RECORDED, "no such order", (), "where the record's identical call was answered"),
+    (REWORDED, "Error: orders service unavailable (503)", (), "says its service is down"),
+    # the SDK's message hid the error, whose exception showed the session was gone
+    (REWORDED, "Error invoking MCP tool lookup_order on server 'orders': ", ("new",),
+     "says its service is down"),
+])
+def test_the_records_answer_and_an_outage_need_no_rerun(args: dict[str, str], said: str,
+                                                        outages: tuple[str, ...],
+                                                        why: str) -> None:
+    tool = Tool({})
+    out = decide(tool, args, said, outages=outages)
+    assert out is not None and why in out
+    assert tool.calls == []
+
+
+def test_a_tool_not_classified_safe_is_never_run_again_and_its_error_not_scored() -> None:
+    tool = Tool({}, safe=())
+    out = decide(tool, REWORDED)
+    assert out is not None and "cannot run it again" in out
+    assert tool.calls == []
+    with pytest.raises(AdapterError, match="not classified safe"):
+        asyncio.run(tool.reruns("lookup_order", NEW))
+
+
+def test_each_call_is_run_again_once_per_branch() -> None:
+    tool = Tool({NEW: "no such order"})
+    steps = [lookup(0, "a", REWORDED), lookup(1, "b", REWORDED)]
+    out = asyncio.run(drifted_tools([lookup(0, "rec", RECORDED)], (), steps,
+                                    {"a": "no such order", "b": "no such order"}, tool.reruns))
+    assert out is None
+    assert tool.calls == [("lookup_order", NEW), ("lookup_order", OLD)]
+    assert json.loads(NEW) == REWORDED
