@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 from typing import Any
 
 import pytest
 from car_adapters.common.messages import assistant, tool_call
 from car_adapters.llamaindex import CarRecorder, LlamaIndexAgent, ScriptedLLM
 from llama_index.core.agent.workflow import FunctionAgent
+from llama_index.core.tools import FunctionTool
 
 import car_core as car
 from car_core.contract import RunStatus, ToolSource
@@ -141,3 +143,72 @@ def test_a_run_recorded_without_error_marks_keeps_its_branches_scored(planted: A
     Orders.down = frozenset({"7"})
     dist = car.intervene(unmarked, agent, car.do_resample(0), outcome=refunded, rollouts=2)
     assert not dist.failures and all(not refunded(t) for t in dist.trajectories)
+
+
+class Backend:
+    """The orders backend behind ``lookup_noted``: ``mode`` "" answers, "flaky" fails every
+    other call, "gone" fails every call (a credential gone), in words that blame no service."""
+
+    mode = ""
+    calls = 0
+
+
+def lookup_noted(order_id: str, note: str = "") -> str:
+    """Look an order up (reads only: safe on branches); ``note`` says why."""
+    Backend.calls += 1
+    if Backend.mode == "gone" or (Backend.mode == "flaky" and Backend.calls % 2):
+        raise RuntimeError("the orders backend dropped the request")
+    return f"order {order_id}: a kettle, 40 EUR"
+
+
+NOTES = itertools.count()
+
+
+def rewords_and_gives_up(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> Any:
+    """Refunds every time (no step's rescue is above 0), words a new note on every lookup (no
+    branch's lookup is the record's call) and, told the lookup failed, apologises instead of
+    deciding: a scored branch would count that as a rescue of the lookup."""
+    k = sum(1 for m in messages if m["role"] == "assistant")
+    if k == 0:
+        return assistant(None, [tool_call("call_0", "lookup_order",
+                                          {"order_id": "7", "note": f"lookup #{next(NOTES)}"})])
+    if "dropped the request" in str(messages[-1].get("content")):
+        return "Sorry, I cannot reach our orders system right now."
+    return REFUND if k == 1 else "done"
+
+
+@pytest.mark.parametrize(("mode", "why"), [
+    # every other call fails: the branch's call fails, and answers when run again
+    ("flaky", "and answered the same call when CAR ran it again"),
+    # every call fails: the record's answered call fails too when run again
+    ("gone", "and the record's answered call of it (arguments "),
+])
+def test_an_error_that_is_not_the_calls_own_is_never_scored(mode: str, why: str) -> None:
+    """An error for re-worded arguments the record never used was taken for the agent's doing,
+    and its apology read as a rescue of the lookup (a user trial: "step 0 caused the failure"
+    where no step did). CAR now runs the call again, and the record's call: an error that goes
+    away, or that the record's call now gets too, is the tool's world, never scored."""
+    Backend.mode, Backend.calls = "", 0
+    lookup = FunctionTool.from_defaults(lookup_noted, name="lookup_order")
+    app = FunctionAgent(tools=[lookup, issue_refund], system_prompt="You issue refunds.",
+                        llm=ScriptedLLM(rewords_and_gives_up, seed=0))
+    rec = CarRecorder().attach()
+    try:
+        asyncio.run(_run(app))
+    finally:
+        rec.detach()
+    run = rec.run
+    assert refunded(run)
+    agent = LlamaIndexAgent(app, safe_tools=["lookup_order"], side_effect_tools=["issue_refund"])
+    Backend.mode = mode
+    try:
+        with pytest.raises(BranchesFailed) as info:
+            car.contrastive(run, agent, outcome=refunded, rollouts=16, seed=0, search="full",
+                            executor=Sequential(), progress=False)
+    finally:
+        Backend.mode = ""
+    failures = info.value.failures
+    # only the branches that re-decide the lookup call it live
+    assert failures and all(f.task.plan.start == 0 for f in failures)
+    assert all("safe tool 'lookup_order' ran live at step 0" in f.error and why in f.error
+               for f in failures), failures[0].error

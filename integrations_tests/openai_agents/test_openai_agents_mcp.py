@@ -19,6 +19,7 @@ nothing, so no simulator is needed.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import subprocess
@@ -42,6 +43,7 @@ from car_adapters.common.messages import assistant, tool_call
 from car_adapters.openai_agents import CarRecorder, OpenAIAgentsAgent, ScriptedModel, final_state
 
 import car_core as car
+from car_core.engine.execution import Sequential
 from car_core.errors import AdapterError, AgentMismatch, BranchesFailed
 
 set_tracing_disabled(True)  # no trace export from tests (it would need an API key)
@@ -191,6 +193,64 @@ def make():
     # the CLI calls this with no event loop to keep the server in: CAR keeps it connected
     return OpenAIAgentsAgent(travel_agent(connect_in_background(server(Path({ledger!r})))))
 """
+
+
+NOTES = itertools.count()
+
+
+def rewords_and_gives_up(messages: list[dict[str, Any]], tools: list[str],
+                         rng: np.random.Generator) -> Any:
+    """Books the flex fare every time (no step's rescue is above 0), words a new note on every
+    search (no branch's search is the record's call) and, told the search failed, apologises
+    instead of booking: a scored branch would count that as a rescue of the search."""
+    k = sum(1 for m in messages if m["role"] == "assistant")
+    if k == 0:
+        return call("search_fares", {"destination": "LIS", "reason": f"search #{next(NOTES)}"},
+                    "call_search")
+    if k == 1 and SAVER not in str(messages[-1]["content"]):
+        return "Sorry, the fare search failed; please try again later."
+    if k == 1:
+        return call("book_flight", {"fare_id": FLEX}, "call_book")
+    return decide(messages, tools, rng)
+
+
+@pytest.mark.parametrize(("mode", "why"), [
+    # every other call fails: the branch's call fails, and answers when run again
+    ("flaky", "and answered the same call when CAR ran it again"),
+    # every call fails: the record's answered call fails too when run again
+    ("gone", "and the record's answered call of it (arguments "),
+    # the server process dies: the SDK tells the model only "Error invoking MCP tool ..."
+    ("die", "safe tool 'search_fares' ran live at step 0"),
+])
+def test_a_read_only_mcp_tools_error_that_is_not_the_calls_own_is_never_scored(
+        tmp_path: Path, mode: str, why: str) -> None:
+    """A user trial's MCP server died during an attribution; the model had re-worded its
+    read-only call, the SDK told it only "Error invoking MCP tool lookup_order on server
+    'orders': ", and CAR took the error for the agent's doing: its apology read as a rescue
+    ("step 0 caused the failure: 100%", where no step did). CAR now runs the call again, and
+    the record's call: an error that goes away, or that the record's call now gets too, is
+    the tool's world, and the branch is not scored."""
+    ledger = tmp_path / "ledger.jsonl"
+
+    async def body(s: MCPServerStdio) -> None:
+        agent = Agent(name="travel_desk", instructions="Book the cheapest fare within budget.",
+                      model=ScriptedModel(rewords_and_gives_up, seed=0), mcp_servers=[s])
+        run = await record_failure(agent)
+        recorded = lines(ledger)
+        wrapped = OpenAIAgentsAgent(agent)
+        Path(f"{ledger}.{mode}").write_text("", encoding="utf-8")
+        with pytest.raises(BranchesFailed) as info:
+            await asyncio.to_thread(car.contrastive, run, wrapped, outcome=booked_flex,
+                                    rollouts=ROLLOUTS, seed=0, search="full",
+                                    executor=Sequential(), progress=False)
+        failures = info.value.failures
+        # only the branches that re-decide the search call it live
+        assert failures and all(f.task.plan.start == 0 for f in failures)
+        assert all("safe tool 'search_fares' ran live at step 0" in f.error and why in f.error
+                   for f in failures), failures[0].error
+        assert lines(ledger) == recorded  # the re-runs are of the read-only search alone
+
+    connected(ledger, body)
 
 
 def test_the_cli_attributes_an_app_whose_mcp_server_a_factory_connects(tmp_path: Path) -> None:

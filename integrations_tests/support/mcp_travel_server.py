@@ -4,13 +4,17 @@
 ``readOnlyHint: true``); ``book_flight`` and ``send_itinerary`` have real side effects: each call
 appends one JSON line to the ledger file, so a test can count what really ran. While a file
 ``LEDGER.down`` exists the fares service is down: ``search_fares`` raises, which FastMCP sends
-back as a result flagged ``isError``. The server is
+back as a result flagged ``isError``. Two more files make it fail without words that blame a
+service: while ``LEDGER.flaky`` exists, ``search_fares`` fails every other call (the file counts
+them); while ``LEDGER.gone`` exists, every call fails (its credential is gone); while
+``LEDGER.die`` exists, a call kills the server process, as a crash does. The server is
 started by the MCP client for every session, so the ledger is a file, not memory.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -29,10 +33,20 @@ def _ledger(kind: str, **fields: object) -> None:
 
 
 @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
-def search_fares(destination: str) -> str:
-    """The fares to a destination airport, cheapest first (reads only)."""
+def search_fares(destination: str, reason: str = "") -> str:
+    """The fares to a destination airport, cheapest first (reads only; ``reason`` is a note)."""
     if Path(sys.argv[1] + ".down").exists():
         raise RuntimeError("fares service unavailable")
+    if Path(sys.argv[1] + ".die").exists():
+        os._exit(1)
+    if Path(sys.argv[1] + ".gone").exists():
+        raise RuntimeError("the fares backend rejected the API key")
+    flaky = Path(sys.argv[1] + ".flaky")
+    if flaky.exists():
+        n = int(flaky.read_text(encoding="utf-8") or 0) + 1
+        flaky.write_text(str(n), encoding="utf-8")
+        if n % 2:
+            raise RuntimeError("the fares backend dropped the request")
     return json.dumps(FARES.get(destination, []))
 
 
