@@ -68,7 +68,7 @@ def __getattr__(name: str) -> _typing.Any:
     ``import car_core`` (a recorder in a test suite, ``car --help``) should not pay for, and the
     Ray executor is for clusters (Ray itself loads only when it first runs branches)."""
     if name == "RunStore":
-        from car_core.store import RunStore
+        from car_core.store.runs import RunStore
         globals()["RunStore"] = RunStore
         return RunStore
     if name == "RayExecutor":

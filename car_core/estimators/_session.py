@@ -242,7 +242,7 @@ class Session:
         if opened is not None:
             opened.append(self)
         if store is not None:
-            from car_core.store import StoreJournal
+            from car_core.store.journal import StoreJournal
             if attribution_id is not None:
                 check_resumable(store, attribution_id, run.id, method, params)
                 if planned is not None and not replace:

@@ -390,7 +390,7 @@ def _job(run: Trajectory, agent: Agent, outcome: OutcomeLike, settings: Contrast
     worker thread, through a connection of its own to the same file."""
     def attribute() -> tuple[TriageRun, ContrastiveResult | None]:
         if store is not None and own_store:
-            from car_core.store import RunStore
+            from car_core.store.runs import RunStore
             with RunStore(store.path) as mine:
                 return _attributed(run, agent, outcome, settings, mine, aid, executor,
                                    force_agent)
