@@ -182,7 +182,8 @@ async def _not_the_calls(name: str, args: str, calls: list[tuple[str, str, str]]
     again = await reruns(name, args)
     if again is None:
         return ("and answered the same call when CAR ran it again: the error was the "
-                "service's, not the call's (a transient failure), so the branch is not scored")
+                "service's, not the call's (it was temporarily unavailable), so the branch is "
+                "not scored")
     past = next((a for _, n, a in calls if n == name and (n, a) in answered), None)
     if past is None:
         return None
@@ -191,8 +192,8 @@ async def _not_the_calls(name: str, args: str, calls: list[tuple[str, str, str]]
         return None
     return (f"and the record's answered call of it (arguments {past}) errors too when CAR "
             f"runs it again ({then[:200]!r}): the tool's world changed where this estimate "
-            "runs (a service down, a credential missing), so the error is not the call's and "
-            "the branch is not scored")
+            "runs (a service down or unreachable, a credential missing), so the error is "
+            "not the call's and the branch is not scored")
 
 
 __all__ = ["TOOL_SOURCES", "Rerun", "Reruns", "answered_error", "drifted_tools",

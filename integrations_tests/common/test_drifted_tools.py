@@ -11,7 +11,7 @@ import pytest
 from car_adapters.common.messages import assistant, canonical_arguments, tool_call
 from car_adapters.common.sources import TOOL_SOURCES, Reruns, drifted_tools
 
-from car_core.contract import Step, ToolSource
+from car_core.contract import Step, ToolSource, says_service_down
 from car_core.errors import AdapterError
 
 RECORDED = {"order_id": "A1"}
@@ -63,6 +63,8 @@ def test_an_error_is_the_calls_own_only_when_it_repeats_and_the_record_still_ans
     assert (said is None) is scored
     if why is not None:
         assert said is not None and why in said and "is not scored" in said
+        # the estimate's hint is then "bring that service up ...", not "fix the agent"
+        assert says_service_down(said)
     assert tool.calls == [("lookup_order", a) for a in reruns]
 
 
