@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 import car_core as car
-from car_core.contract import Noise, Plan, StopRule, ToolSource, redact
+from car_core.contract import Noise, Plan, RunStatus, StopRule, ToolSource, redact
 from car_core.errors import CarError, InvalidInput, PolicyError
 
 from ..common.messages import (
@@ -40,7 +40,8 @@ from ..common.messages import (
     tool_call,
     tool_result,
 )
-from ..common.sources import with_sources
+from ..common.sources import Reruns, answered_error, drifted_tools, reads_as_outage, with_sources
+from ..common.sync import run_sync
 
 Message = dict[str, Any]
 EnvironmentFn = Callable[[car.History, Any, np.random.Generator], list[Message]]
@@ -263,10 +264,39 @@ def run_tools(tools: Mapping[str, Callable[..., Any]],
                 except CarError:
                     raise
                 except Exception as exc:  # the tool's own failure is part of the episode
-                    content = f"error: {redact.redact(str(exc))}"
+                    content = f"{TOOL_ERROR}{redact.redact(str(exc))}"
             results.append(tool_result(call["id"], name, content))
         return results
     return environment
+
+
+TOOL_ERROR = "error: "  # how a tool that raised answers the model
+
+
+def _tool_errors(steps: Iterable[car.Step]) -> dict[str, str]:
+    """The tool results of ``steps`` that were errors (a tool that raised, or returned its
+    outage as text), by tool call id."""
+    out = {}
+    for step in steps:
+        for m in step.observation if isinstance(step.observation, list) else ():
+            content = m.get("content") if isinstance(m, Mapping) else None
+            if isinstance(content, str) and (content.startswith(TOOL_ERROR)
+                                             or reads_as_outage(content)):
+                out[str(m.get("tool_call_id"))] = content.removeprefix(TOOL_ERROR)
+    return out
+
+
+def _rerun(tools: Mapping[str, Callable[..., Any]]) -> Callable[[str, str], Any]:
+    """Runs one call of a safe tool again, outside any branch: its error, or None."""
+    async def rerun(name: str, args: str) -> str | None:
+        try:
+            content = tools[name](**parse_arguments(args or "{}"))
+        except CarError:
+            raise
+        except Exception as exc:
+            return redact.redact(str(exc)) or type(exc).__name__
+        return answered_error(str(content), False)
+    return rerun
 
 
 def is_final(action: Any) -> bool:
@@ -281,6 +311,7 @@ class ChatFunctionAgent(car.FunctionAgent):
 
     safety: ToolSafety = field(default_factory=ToolSafety)
     prefers_concurrency: bool = False
+    tools: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
 
     @property
     def caveats(self) -> tuple[str, ...]:
@@ -305,7 +336,28 @@ class ChatFunctionAgent(car.FunctionAgent):
             out = super().branch(run, plan, noise, stop=stop)
         finally:
             _BRANCH.reset(token)
-        return _with_sources(out, plan, branch.sources)
+        out = _with_sources(out, plan, branch.sources)
+        drift = self._drift(run, out.steps[plan.start:])
+        if drift is None:
+            return out
+        return car.Trajectory.new(context=out.context, steps=out.steps, id=out.id,
+                                  outcome=out.outcome, seed=out.seed, agent=out.agent,
+                                  status=RunStatus.ERROR, error=drift, lineage=out.lineage,
+                                  meta=out.meta, created_at=out.created_at)
+
+    def _drift(self, run: car.Trajectory, new: Sequence[car.Step]) -> str | None:
+        """Why the branch is not scored: a safe tool returned an error live that CAR cannot
+        show was the call's own (``sources.drifted_tools``: the same call run again, and the
+        record's answered call of the tool). A tool that raised answers with ``error: ...``,
+        which the model reads like any result, so without this a flaky lookup on a branch
+        read as a rescue of the step that re-worded its call."""
+        now = _tool_errors(new)
+        if not now:
+            return None
+        safe = [name for name in self.tools if name in self.safety.safe_tools]
+        reruns = Reruns(safe, _rerun(self.tools))
+        return run_sync(lambda: drifted_tools(run.steps, _tool_errors(run.steps), new, now,
+                                              reruns))
 
 
 def _with_sources(run: car.Trajectory, plan: Plan,
@@ -348,7 +400,8 @@ def ChatAgent(policy: Callable[..., Any], tools: Mapping[str, Callable[..., Any]
                                call="ChatAgent(policy, tools")
     return ChatFunctionAgent(policy=policy, environment=run_tools(tools, safety),
                              is_final=is_final, max_steps=max_steps, name=name, safety=safety,
-                             prefers_concurrency=bool(getattr(policy, "remote", False)))
+                             prefers_concurrency=bool(getattr(policy, "remote", False)),
+                             tools=tools)
 
 
 def edit_context(edit: Callable[[list[Message]], list[Message]]
