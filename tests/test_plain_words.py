@@ -316,3 +316,16 @@ def test_a_confirmed_rescue_whose_interval_starts_just_above_zero_does_not_read_
     assert fmt.effect_interval(s.ci) == "[>0, +0.291]"
     assert fmt.effect_interval(car.Interval(0.0, 0.291, 0.95)) == "[+0.000, +0.291]"
     assert fmt.percent_interval(car.Interval(0.0004, 0.3, 0.95)) == "(0%–30%)"  # a P(fail)
+
+
+def test_a_noisy_outcome_is_said_when_the_held_record_does_not_always_fail(located) -> None:
+    """A trial's LLM judge flipped 10% of its verdicts, which shrinks every rescue by 1 − 2e,
+    and nothing said so: the held-everything arm, which only re-scores the record, shows it."""
+    m = syn.noisy_pivot(flip=0.2)
+    res = car.contrastive(m.failing_run(0), m.agent(), outcome=m.outcome, rollouts=32, seed=0)
+    held = next(a for a in res.arms if a.hold_before == len(res.steps))
+    assert held.ci.high < 1
+    said = [c for c in res.caveats if c.startswith("re-scored with every step held")]
+    assert len(said) == 1 and f"failed in {round(held.mean * 100)}% (" in said[0]
+    assert "caveat: re-scored with every step held" in str(res)
+    assert not any(c.startswith("re-scored") for c in located.caveats)  # no judge noise

@@ -365,7 +365,8 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
         run_id=run.id, locus=locus, reason=reason, alpha=float(alpha), tests=m, level=level,
         rollouts_used=session.meter.rollouts, rollouts_cap=rollouts, seed=seed,
         coupled=measured.shared, coupling=session.coupling,
-        caveats=caveats_of(agent) + _earlier_decisions(run, answer),
+        caveats=caveats_of(agent) + _earlier_decisions(run, answer)
+        + _noisy_record(arm_rows, n),
         measured_coupling=measured,
         given_up=given_up, more_rollouts=more,
         # the level a claim was made at: later steps ruled out (a locus), or every rescue
@@ -399,6 +400,22 @@ def _earlier_decisions(run: Trajectory, answer: Answer) -> tuple[str, ...]:
             "the agent (an earlier turn, or an earlier run that handed this one its "
             "history): no step of this run re-decides them, so a cause among them is not "
             "found here; attribute the turn or run that made them",)
+
+
+def _noisy_record(arms: tuple[ArmEstimate, ...], n: int) -> tuple[str, ...]:
+    """Where the record itself, every step held, was shown to fail less than always: what
+    runs after the decisions (an LLM judge's own randomness, most often) moves the outcome
+    by itself, so each rescue is measured through that noise and reads smaller than what
+    re-deciding the step does to the run (a judge that errs with probability e both ways
+    shrinks it by 1 − 2e). A trial's judge flipped 10% of verdicts and nothing said so."""
+    held = next((a for a in arms if a.hold_before == n), None)
+    if held is None or held.ci.high >= 1.0 - 1e-9:
+        return ()
+    return (f"re-scored with every step held as recorded, the run failed in "
+            f"{fmt.percent(held.mean)} {fmt.percent_interval(held.ci)} of re-runs, not always: "
+            "the outcome (an LLM judge?) or what runs after the last step draws randomness of "
+            "its own, so each rescue here reads smaller than what re-deciding the step does "
+            "to the run itself",)
 
 
 def _planned(n_steps: int, params: Mapping[str, Any]) -> tuple[int, int]:
