@@ -87,6 +87,8 @@ def result_text(content: Any) -> str:
     return str(content or "")
 
 
+PAST_CALLS = 3  # the most answered calls of the record a tool's error is checked against
+
 # a live re-run of one call of a safe tool: ``(tool name, canonical arguments)`` -> the error
 # text it came back with, or None when it answered
 Rerun = Callable[[str, str], Awaitable[str | None]]
@@ -184,14 +186,24 @@ async def _not_the_calls(name: str, args: str, calls: list[tuple[str, str, str]]
         return ("and answered the same call when CAR ran it again: the error was the "
                 "service's, not the call's (it was temporarily unavailable), so the branch is "
                 "not scored")
-    past = next((a for _, n, a in calls if n == name and (n, a) in answered), None)
-    if past is None:
+    # every answered call of the record (up to ``PAST_CALLS``) must error now: one the record
+    # shows answered may have been an error worded as an answer (an SDK tool's own failure
+    # function), and one that still answers says the tool's world is as it was
+    pasts = list(dict.fromkeys(a for _, n, a in calls if n == name and (n, a) in answered))
+    if not pasts:
         return None
-    then = await reruns(name, past)
-    if then is None:
-        return None
-    return (f"and the record's answered call of it (arguments {past}) errors too when CAR "
-            f"runs it again ({then[:200]!r}): the tool's world changed where this estimate "
+    first = ""
+    for past in pasts[:PAST_CALLS]:
+        then = await reruns(name, past)
+        if then is None:
+            return None
+        first = first or f"({then[:200]!r})"
+    tried = min(len(pasts), PAST_CALLS)
+    which = (f"answered call of it (arguments {pasts[0]}) errors too when CAR runs it again"
+             if tried == 1
+             else f"{tried} answered calls of it (the first with arguments {pasts[0]}) error "
+                  "too when CAR runs them again")
+    return (f"and the record's {which} {first}: the tool's world changed where this estimate "
             "runs (a service down or unreachable, a credential missing), so the error is "
             "not the call's and the branch is not scored")
 

@@ -436,8 +436,9 @@ class LangGraphAgent:
         run, k, thread_id = state.run, state.plan.start, state.thread_id
         # the first write, after every check passed
         await self._fork(calls, run, k, thread_id, state.edited)
-        state.reruns = branch_reruns(self.tool_objects, self.safety, calls,
-                                     self._invocation(run).configurable)
+        state.reruns = branch_reruns(
+            self.tool_objects, self.safety, calls, self._invocation(run).configurable,
+            lambda: Guard(self.safety, answerable_calls(run), run_id=run.id))
         try:
             with controlling(thread_id, state.control), guarding(thread_id, state.guard):
                 if k in state.forced and self.model is None:

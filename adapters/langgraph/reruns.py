@@ -16,36 +16,48 @@ from __future__ import annotations
 
 import inspect
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from langchain_core.tools import BaseTool
 from langgraph.types import Command
 
 from car_core.contract import redact
+from car_core.errors import CarError
 
 from ..common.messages import ToolSafety, parse_arguments
 from ..common.sources import Reruns, answered_error, result_text
 from .calls import SyncCalls
-from .guard import _injected
+from .guard import Guard, _injected, guarding
 
 # the keys of a thread, not of the run: a re-run belongs to no thread
 _THREAD_KEYS = frozenset({"thread_id", "checkpoint_ns", "checkpoint_id", "checkpoint_map"})
 
 
 def branch_reruns(tools: Mapping[str, BaseTool], safety: ToolSafety, calls: SyncCalls,
-                  configurable: Mapping[str, Any]) -> Reruns:
-    """One branch's re-runs of the app's safe ``tools`` (by name), through ``calls``."""
-    config = {"callbacks": [], "run_name": "car re-run",
-              "configurable": {k: v for k, v in configurable.items() if k not in _THREAD_KEYS}}
+                  configurable: Mapping[str, Any], guard: Callable[[], Guard]) -> Reruns:
+    """One branch's re-runs of the app's safe ``tools`` (by name), through ``calls``, each
+    under a fresh ``guard()`` as a branch runs: a safe tool whose body calls a side-effect
+    tool (an audit log) gets that call answered from the record or by a simulator, or the
+    estimate stops with ``SideEffectBlocked``, as on the branch itself. Run without one, a
+    trial's lookup wrote 14 real audit lines."""
+    base = {k: v for k, v in configurable.items() if k not in _THREAD_KEYS}
 
     async def rerun(name: str, args: str) -> str | None:
         call = {"type": "tool_call", "name": name, "args": parse_arguments(args),
                 "id": f"car-rerun-{uuid.uuid4().hex[:12]}"}
-        try:
-            out = await calls.run_tool(tools[name], call, config)
-        except Exception as exc:  # the tool raised: an error
-            return redact.describe(exc)
+        thread = f"car-rerun-{uuid.uuid4().hex}"  # the guard's key; no checkpoint is written
+        config = {"callbacks": [], "run_name": "car re-run",
+                  "configurable": {**base, "thread_id": thread}}
+        with guarding(thread, guard()) as held:
+            try:
+                out = await calls.run_tool(tools[name], call, config)
+            except CarError:
+                raise
+            except Exception as exc:  # the tool raised: an error
+                held.raise_blocked()  # a blocked side effect the tool turned into an error
+                return redact.describe(exc)
+            held.raise_blocked()
         if isinstance(out, Command):  # the ToolMessage it answers with is among its messages
             update = out.update if isinstance(out.update, Mapping) else {}
             out = next((m for v in update.values() if isinstance(v, list) for m in v

@@ -111,3 +111,22 @@ def test_each_call_is_run_again_once_per_branch() -> None:
     assert out is None
     assert tool.calls == [("lookup_order", NEW), ("lookup_order", OLD)]
     assert json.loads(NEW) == REWORDED
+
+
+def test_one_answered_call_of_the_record_that_still_answers_keeps_the_world_as_it_was() -> None:
+    # the record's first "answered" call was an error worded as an answer (an SDK tool's own
+    # failure function): it errors again, but the second still answers, so the branch's error
+    # is the call's own; a trial's orchestrator read "the tool's world changed" and left out
+    # three branches of an app that works
+    other = {"order_id": "B2"}
+    recorded = [lookup(0, "r1", RECORDED), lookup(1, "r2", other)]
+    tool = Tool({NEW: "no such order", OLD: "no such order"})
+    out = asyncio.run(drifted_tools(recorded, (), [lookup(0, "new", REWORDED)],
+                                    {"new": "no such order"}, tool.reruns))
+    assert out is None
+    assert tool.calls == [("lookup_order", a) for a in (NEW, OLD, canonical_arguments(other))]
+    # when every one errors now, the world changed, and the reason counts them
+    tool = Tool({NEW: "down", OLD: "down", canonical_arguments(other): "down"})
+    out = asyncio.run(drifted_tools(recorded, (), [lookup(0, "new", REWORDED)],
+                                    {"new": "down"}, tool.reruns))
+    assert out is not None and "the record's 2 answered calls of it" in out

@@ -30,13 +30,16 @@ class Desk:
     """The tools: ``lookup_order`` (safe) fails as ``mode`` says once ``down`` is set;
     ``issue_refund`` (a side effect, answered from the record on branches) counts real calls."""
 
-    def __init__(self, mode: str, ask_unknown: float = 0.0) -> None:
+    def __init__(self, mode: str, ask_unknown: float = 0.0, returns: bool = False) -> None:
         self.mode, self.ask_unknown, self.down = mode, ask_unknown, False
+        self.returns = returns  # an unknown order answered "error: ..." rather than raised
         self.tick = itertools.count()
         self.refunds = 0
 
     def lookup_order(self, order_id: str, note: str = "") -> dict[str, Any]:
         if order_id != "42":
+            if self.returns:
+                return f"error: no order {order_id}"  # type: ignore[return-value]
             raise LookupError(f"no order {order_id}")
         if self.down and (self.mode == "gone" or next(self.tick) % 2 == 0):
             raise RuntimeError("orders backend failed")  # no outage words: only a re-run tells
@@ -98,9 +101,12 @@ def test_a_lookup_that_fails_where_the_estimate_runs_is_not_read_as_a_rescue(mod
     assert desk.refunds == 0  # no real refund on any branch
 
 
-def test_an_unknown_order_the_agent_asked_for_is_its_own_doing_and_scored() -> None:
-    # step 0 asks for order 99 w.p. 0.5, which never exists: re-deciding it rescues half
-    desk = Desk("flaky", ask_unknown=0.5)
+@pytest.mark.parametrize("returns", [False, True])
+def test_an_unknown_order_the_agent_asked_for_is_its_own_doing_and_scored(returns: bool) -> None:
+    # step 0 asks for order 99 w.p. 0.5, which never exists: re-deciding it rescues half. A
+    # tool that returns "error: ..." for it, not raising, read as answering when run again,
+    # and every such branch was left out as a transient failure
+    desk = Desk("flaky", ask_unknown=0.5, returns=returns)
     run = recorded(desk)
     res = car.contrastive(run, desk.agent(), outcome=refunded_over_cap, rollouts=32, seed=0)
     assert res.failures == ()
