@@ -179,8 +179,10 @@ async def _not_the_calls(name: str, args: str, calls: list[tuple[str, str, str]]
     is not the call's own, from the tool run again (``reruns``), or None when it is."""
     if not reruns.can(name):
         return ("and CAR cannot run it again to tell whether the error was the call's or its "
-                "service's (only a tool classified safe is run again), so the branch is not "
-                "scored")
+                "service's: only a tool named in safe_tools (or annotated read-only) that needs "
+                "nothing the framework hands it (a workflow Context, an injected state, a "
+                "nested agent run) is run again. Name it in safe_tools if it only reads, or "
+                "answer it with a simulator; the branch is not scored")
     again = await reruns(name, args)
     if again is None:
         return ("and answered the same call when CAR ran it again: the error was the "
