@@ -5,6 +5,7 @@ thing left open: Python's types cannot say what JSON is)."""
 
 from __future__ import annotations
 
+import os
 import typing
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -16,7 +17,7 @@ from car_core.engine.agent import Agent
 from car_core.engine.execution import Executor
 from car_core.engine.progress import ProgressBar
 from car_core.estimators.settings import ContrastiveSettings, ShapleySettings
-from car_core.store import RunStore
+from car_core.store import RunStore, StoreLike
 
 ESTIMATORS: list[Callable[..., Any]] = [
     car.contrastive, car.shapley, car.intervene, car.record, car.action_match_rate,
@@ -33,8 +34,9 @@ def contains_any(hint: object) -> bool:
 
 
 def hints(fn: Callable[..., Any]) -> dict[str, Any]:
-    # the store type is imported for type checkers only (it loads sqlite-utils)
-    return typing.get_type_hints(fn, localns={"RunStore": RunStore})
+    # the store types are imported for type checkers only (the store loads sqlite-utils)
+    return typing.get_type_hints(fn, localns={"RunStore": RunStore, "StoreLike": StoreLike,
+                                              "os": os})
 
 
 @pytest.mark.parametrize("fn", ESTIMATORS, ids=lambda fn: fn.__qualname__)
@@ -50,7 +52,9 @@ def test_the_agent_is_the_agent_protocol(fn: Callable[..., Any]) -> None:
     found = hints(fn)
     assert found["agent"] is Agent
     if "store" in found:
-        assert set(typing.get_args(found["store"])) == {RunStore, type(None)}
+        # a store, or the path of its file (``car_core.store.as_store`` opens it)
+        assert set(typing.get_args(found["store"])) == {RunStore, str, os.PathLike[str],
+                                                        type(None)}
     if "executor" in found:
         assert Executor in typing.get_args(found["executor"])
     if "progress" in found:
