@@ -263,8 +263,10 @@ def test_progress_to_a_pipe_is_plain_lines_with_an_honest_end(pivot_model, pivot
     carriage returns read as one garbled line there, and rich drew nothing until the end, then
     a bar wrapped over three lines. The last line says the estimate stopped early."""
     from car_core.engine.progress import LineProgress, progress_bar
-    assert isinstance(progress_bar(True, 96, "contrastive"), LineProgress)  # stderr captured
-    assert isinstance(kit.make_progress(True, "contrastive r1", 96, 96), LineProgress)
+    for bar in (progress_bar(True, 96, "contrastive"), kit.make_progress(True, "contrastive r1",
+                                                                          96, 96)):
+        assert isinstance(bar, LineProgress)  # stderr captured
+        bar.close()  # left open, its heartbeat wrote to the capture after pytest closed it
     res = car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
                           rollouts=96, progress=True, early_stop=True)
     n_k = len(pivot_run.steps) * 96
@@ -330,3 +332,14 @@ def test_a_car_warning_is_one_plain_line_and_others_keep_their_form(capsys) -> N
     assert err.strip() == "car: warning: refunds: 2 tools left unclassified run live"
     assert seen == ["old"]  # not ours: Python's own form, untouched
     assert warnings.showwarning is not show
+
+
+def test_a_progress_line_whose_stream_was_closed_stops_its_heartbeat() -> None:
+    """A bar left open outlived the stream it wrote to (a test's captured stderr), and its
+    heartbeat thread raised "I/O operation on closed file" every few seconds."""
+    from car_core.engine.progress import LineProgress
+    stream = io.StringIO()
+    bar = LineProgress("contrastive", 10, every=0.02, stream=stream)
+    stream.close()
+    bar.update(1)  # would print: the stream is gone
+    assert bar._stop.wait(1.0)

@@ -81,8 +81,11 @@ class LineProgress:
         took = now - self.began
         rate = f", {self.count / took:.1f}/s" if took > 0 and self.count else ""
         end = f" ({how})" if how else ""
-        print(f"{self.label}: {self.count}{of} rollouts{rate}{left}, {took:.0f} s{end}",
-              file=self.stream, flush=True)
+        try:
+            print(f"{self.label}: {self.count}{of} rollouts{rate}{left}, {took:.0f} s{end}",
+                  file=self.stream, flush=True)
+        except (ValueError, OSError):  # the stream was closed under a bar never closed:
+            self._stop.set()            # its heartbeat stops rather than raise in its thread
 
 
 class TqdmBar:
