@@ -436,7 +436,7 @@ class LangGraphAgent:
         run, k, thread_id = state.run, state.plan.start, state.thread_id
         # the first write, after every check passed
         await self._fork(calls, run, k, thread_id, state.edited)
-        state.reruns = branch_reruns(
+        state.reruns = lambda: branch_reruns(  # built only for a branch with an error to judge
             self.tool_objects, self.safety, calls, self._invocation(run).configurable,
             lambda: Guard(self.safety, answerable_calls(run), run_id=run.id))
         try:

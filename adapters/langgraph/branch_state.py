@@ -74,7 +74,7 @@ class BranchState:
     stop: Callable[[Trajectory], bool] | None = None
     offset: int = 0  # 1 once the branch step is written as its node, without a model call
     # the branch's safe tools, run again where one errored live (``sources.drifted_tools``)
-    reruns: Reruns | None = None
+    reruns: Callable[[], Reruns] | None = None
 
     @classmethod
     def open(cls, run: Trajectory, plan: BranchPlan, noise: Noise, thread_id: str, *,
@@ -214,7 +214,7 @@ class BranchState:
             return None
         assert self.reruns is not None  # set by the agent before the branch runs
         return await drifted_tools(self.run.steps, tool_errors(_final_messages(self.run)), new,
-                                   now, self.reruns)
+                                   now, self.reruns())
 
 
 def answerable_calls(run: Trajectory) -> dict[tuple[str, str], Any]:

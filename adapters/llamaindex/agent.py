@@ -103,13 +103,15 @@ def _results(steps: Iterable[car.Step]) -> list[Any]:
     return [m for s in steps for m in (s.observation or ()) if isinstance(m, Mapping)]
 
 
-async def _drift(run: car.Trajectory, new: list[car.Step], reruns: Reruns) -> str | None:
+async def _drift(run: car.Trajectory, new: list[car.Step], reruns: Callable[[], Reruns]
+                 ) -> str | None:
     """Why a branch cannot be scored when a safe tool it ran live came back with an error
     (marked by its recorder) and CAR cannot show the error was the call's own
     (``sources.drifted_tools``, running the tool again with ``reruns``). The record's calls
     count as answered only where it shows they were: a result recorded unmarked by a recorder
     that marks errors; a run recorded before errors were marked shows none, so there only a
-    call that answers when run again counts as drifted."""
+    call that answers when run again counts as drifted. ``reruns`` builds the tools' re-runs,
+    only for a branch with an error to judge."""
     now = tool_errors(_results(new))
     if not now:
         return None
@@ -117,7 +119,7 @@ async def _drift(run: car.Trajectory, new: list[car.Step], reruns: Reruns) -> st
     errored = set(tool_errors(_results(run.steps))) if run.meta.get(ERRORS_MARKED) else None
     unanswered = {cid for s in run.steps for cid, _, _ in calls_of(s.action)
                   if errored is None or cid in errored or cid not in results}
-    return await drifted_tools(run.steps, unanswered, new, now, reruns)
+    return await drifted_tools(run.steps, unanswered, new, now, reruns())
 
 
 def _check_history(messages: list[dict[str, Any]], run_id: str, k: int
@@ -436,7 +438,7 @@ class LlamaIndexAgent:
                                     "lost" for name, agent in self._context_tools().items()})
         live = await self._drive(state, active, run, session, store=store)
         steps = [renumber(s, k + i, plan, session) for i, s in enumerate(live.steps)]
-        drift = await _drift(run, steps, branch_reruns(self._agents(), self.safety))
+        drift = await _drift(run, steps, lambda: branch_reruns(self._agents(), self.safety))
         if drift:  # a safe tool errored where the record was answered: never scored
             live = replace(live, status=RunStatus.ERROR, error=drift)
         return steps, live

@@ -15,6 +15,7 @@ from typing import Any
 from llama_index.core.tools import BaseTool, FunctionTool, adapt_to_async_tool
 
 from car_core.contract import redact
+from car_core.errors import CarError
 
 from ..common.messages import ToolSafety, parse_arguments
 from ..common.sources import Reruns, answered_error
@@ -32,6 +33,8 @@ def branch_reruns(agents: Mapping[str, Any], safety: ToolSafety) -> Reruns:
     async def rerun(name: str, args: str) -> str | None:
         try:
             out = await adapt_to_async_tool(tools[name]).acall(**parse_arguments(args))
+        except CarError:  # CAR's own stop (a blocked side effect, a budget): as on a branch
+            raise
         except Exception as exc:  # the tool raised: an error
             return redact.describe(exc)
         return answered_error(str(getattr(out, "content", out)),

@@ -201,7 +201,7 @@ def _used_tools(run: car.Trajectory, k: int) -> frozenset[str]:
 
 
 async def _drift(run: car.Trajectory, new: list[car.Step], session: BranchSession,
-                 reruns: Reruns) -> str | None:
+                 reruns: Callable[[], Reruns]) -> str | None:
     """Why a branch cannot be scored when a safe tool it ran live raised (the session noted
     it) and CAR cannot show the error was the call's own (``sources.drifted_tools``, running
     the tool again with ``reruns``; an error the session saw was an outage never is).
@@ -230,7 +230,8 @@ async def _drift(run: car.Trajectory, new: list[car.Step], session: BranchSessio
                     (name, args) in told
                     and result_text(got) == result_text(told[(name, args)])):
                 unanswered.add(cid)
-    return await drifted_tools(run.steps, unanswered, new, errors, reruns, session.outages)
+    return await drifted_tools(run.steps, unanswered, new, errors, reruns(),
+                               session.outages)
 
 
 def _check_forced_steps_keep_the_context(run: car.Trajectory, session: BranchSession) -> None:
@@ -477,9 +478,9 @@ class OpenAIAgentsAgent:
             # the recorded run, so it stops this one too
             live = replace(live, status=RunStatus.COMPLETE, error=run.error,
                            meta={**live.meta, "tripwire": held})
-        reruns = branch_reruns(self.agents, self._ready(), self._mcp_loop, self.safety,
-                               lambda: self.contexts.at(run, k))
-        drift = await _drift(run, steps, session, reruns)
+        drift = await _drift(run, steps, session, lambda: branch_reruns(  # built only if needed
+            self.agents, self._ready(), self._mcp_loop, self.safety,
+            lambda: self.contexts.at(run, k)))
         if drift:  # a safe tool errored where the record was answered: never scored
             live = replace(live, status=RunStatus.ERROR, error=drift)
         return steps, live

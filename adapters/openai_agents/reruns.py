@@ -21,6 +21,7 @@ from agents.tool import FunctionTool, set_function_tool_failure_error_function
 from agents.tool_context import ToolContext
 
 from car_core.contract import redact
+from car_core.errors import CarError
 
 from ..common.messages import ToolSafety
 from ..common.sources import Reruns, answered_error, result_text
@@ -51,6 +52,8 @@ def branch_reruns(agents: Mapping[str, Any], listing: mcp_tools.Listing,
                           tool_call_id=f"car-rerun-{uuid.uuid4().hex[:12]}", tool_arguments=args)
         try:
             out = await probe.on_invoke_tool(ctx, args)
+        except CarError:  # CAR's own stop (a blocked side effect, a budget): as on a branch
+            raise
         except Exception as exc:  # the tool raised: an error
             return redact.describe(exc)
         return answered_error(result_text(out), bool(flagged))
