@@ -100,8 +100,10 @@ class Reruns:
     read), each call made at most once per branch (``call``: the adapter's way to run a tool
     outside the app, never charged to the rollout budget)."""
 
-    def __init__(self, safe: Collection[str], call: Rerun) -> None:
+    def __init__(self, safe: Collection[str], call: Rerun,
+                 classified: Collection[str] = ()) -> None:
         self.safe = frozenset(safe)
+        self.classified = self.safe | frozenset(classified)  # named safe or read-only
         self._call = call
         self._done: dict[tuple[str, str], str | None] = {}
 
@@ -155,7 +157,8 @@ async def drifted_tools(recorded: Iterable[Step], recorded_errors: Collection[st
             if cid not in branch_errors or sources.get(cid) != ToolSource.LIVE:
                 continue
             said = " ".join(branch_errors[cid].split())[:200]
-            where = (f"safe tool {name!r} ran live at step {step.index} and returned an error "
+            kind = _kind(name, reruns)
+            where = (f"{kind} ran live at step {step.index} and returned an error "
                      f"for arguments {args} ({said!r})")
             if (name, args) in answered:
                 return (f"{where}, where the record's identical call was answered: the tool "
@@ -163,7 +166,7 @@ async def drifted_tools(recorded: Iterable[Step], recorded_errors: Collection[st
                         "credential missing), so the branch cannot stand for the recorded run "
                         "and is not scored")
             if name not in failing and (cid in outages or says_service_down(said)):
-                return (f"safe tool {name!r} ran live at step {step.index} and returned an "
+                return (f"{kind} ran live at step {step.index} and returned an "
                         f"error that says its service is down or unreachable ({said!r}): the "
                         "agent's reply to an outage is not what re-deciding the step does, so "
                         "the branch is not scored")
@@ -173,10 +176,21 @@ async def drifted_tools(recorded: Iterable[Step], recorded_errors: Collection[st
     return None
 
 
+def _kind(name: str, reruns: Reruns) -> str:
+    """How a message names a tool that ran live: "safe tool" only where it was classified
+    safe; one that ran only because ``unclassified="live"`` let it is a plain tool."""
+    return f"safe tool {name!r}" if name in reruns.classified else f"tool {name!r}"
+
+
 async def _not_the_calls(name: str, args: str, calls: list[tuple[str, str, str]],
                          answered: Collection[tuple[str, str]], reruns: Reruns) -> str | None:
     """Why an error of ``name`` for ``args`` (arguments the record never got an answer for)
     is not the call's own, from the tool run again (``reruns``), or None when it is."""
+    if name not in reruns.classified:
+        return ("and CAR runs again only tools classified safe, to tell whether the error was "
+                "the call's or its service's: this one ran live because unclassified=\"live\" "
+                "let it. Name it in safe_tools if it only reads, or answer it with a "
+                "simulator; the branch is not scored")
     if not reruns.can(name):
         return ("and CAR cannot run it again to tell whether the error was the call's or its "
                 "service's: only a tool named in safe_tools (or annotated read-only) that needs "

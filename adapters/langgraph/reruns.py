@@ -66,7 +66,7 @@ def branch_reruns(tools: Mapping[str, BaseTool], safety: ToolSafety, calls: Sync
                               getattr(out, "status", None) == "error")
 
     runnable = {n for n in safety.safe_tools if n in tools and not _needs_injection(tools[n])}
-    return Reruns(runnable, rerun)
+    return Reruns(runnable, rerun, safety.safe_tools)
 
 
 def _needs_injection(tool: BaseTool) -> bool:

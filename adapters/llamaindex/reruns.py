@@ -42,7 +42,7 @@ def branch_reruns(agents: Mapping[str, Any], safety: ToolSafety) -> Reruns:
 
     runnable = {n for n in safety.safe_tools if n in tools
                 and not getattr(tools[n], "requires_context", False)}
-    return Reruns(runnable, rerun)
+    return Reruns(runnable, rerun, safety.safe_tools)
 
 
 __all__ = ["branch_reruns"]

@@ -356,7 +356,7 @@ class ChatFunctionAgent(car.FunctionAgent):
         if not now:
             return None
         safe = [name for name in self.tools if name in self.safety.safe_tools]
-        reruns = Reruns(safe, _rerun(self.tools))
+        reruns = Reruns(safe, _rerun(self.tools), self.safety.safe_tools)
         return run_sync(lambda: drifted_tools(run.steps, _tool_errors(run.steps), new, now,
                                               reruns))
 

@@ -59,7 +59,7 @@ def branch_reruns(agents: Mapping[str, Any], listing: mcp_tools.Listing,
         return answered_error(result_text(out), bool(flagged))
 
     runnable = {n for n in safety.safe_tools if n in tools and nested_agent(tools[n]) is None}
-    return Reruns(runnable, rerun)
+    return Reruns(runnable, rerun, safety.safe_tools)
 
 
 def _function_tools(tools: Iterable[Any]) -> list[FunctionTool]:

@@ -27,9 +27,10 @@ class Tool:
     """A fake re-run: ``errors`` maps canonical arguments to the error the tool gives them now
     (absent: it answers); ``calls`` notes every re-run made."""
 
-    def __init__(self, errors: dict[str, str], safe: tuple[str, ...] = ("lookup_order",)):
+    def __init__(self, errors: dict[str, str], safe: tuple[str, ...] = ("lookup_order",),
+                 classified: tuple[str, ...] = ()):
         self.errors, self.calls = errors, list[tuple[str, str]]()
-        self.reruns = Reruns(safe, self.rerun)
+        self.reruns = Reruns(safe, self.rerun, classified)
 
     async def rerun(self, name: str, args: str) -> str | None:
         self.calls.append((name, args))
@@ -95,12 +96,23 @@ def test_the_records_answer_and_an_outage_need_no_rerun(args: dict[str, str], sa
 
 
 def test_a_tool_not_classified_safe_is_never_run_again_and_its_error_not_scored() -> None:
+    # it ran live only because unclassified="live" let it: not called a safe tool
     tool = Tool({}, safe=())
     out = decide(tool, REWORDED)
-    assert out is not None and "cannot run it again" in out
+    assert out is not None and out.startswith("tool 'lookup_order' ran live at step 0")
+    assert "safe tool" not in out and 'unclassified="live"' in out
     assert tool.calls == []
     with pytest.raises(AdapterError, match="not classified safe"):
         asyncio.run(tool.reruns("lookup_order", NEW))
+
+
+def test_a_safe_tool_car_cannot_run_again_has_its_error_not_scored() -> None:
+    # classified safe, but it needs what the framework hands it (a workflow Context)
+    tool = Tool({}, safe=(), classified=("lookup_order",))
+    out = decide(tool, REWORDED)
+    assert out is not None and out.startswith("safe tool 'lookup_order' ran live at step 0")
+    assert "cannot run it again" in out
+    assert tool.calls == []
 
 
 def test_each_call_is_run_again_once_per_branch() -> None:
