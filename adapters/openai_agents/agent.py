@@ -361,11 +361,11 @@ class OpenAIAgentsAgent:
             if nested:
                 raise AdapterError(
                     "this app uses features CAR cannot replay: " + "; ".join(nested),
-                    hint="name each such agent tool in side_effect_tools (a branch answers it "
-                         "from the record, and its agent does not run), or name every tool of "
-                         "its agents in safe_tools if they only read; a guardrail runs on "
-                         "branches with nothing to answer it from, so take the side effect out "
-                         "of its agent")
+                    hint="name each such agent tool or function tool in side_effect_tools "
+                         "(a branch answers it from the record, and its agents do not run), or "
+                         "name every tool of its agents in safe_tools if they only read; a "
+                         "guardrail runs on branches with nothing to answer it from, so take "
+                         "the side effect out of its agent")
             gated = sorted({t.name for t in [*static, *(t for ts in listing.values() for t in ts)]
                             if isinstance(t, FunctionTool) and mcp_tools.needs_approval(t)
                             and not safety.guards(t.name)})

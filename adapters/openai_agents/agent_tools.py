@@ -12,19 +12,26 @@ can call must itself be known safe, or the agent tool must be answered from the 
 A guardrail's function may run an agent the same way (the SDK's judge example), and a branch
 runs the guardrail again (input guardrails from step 0, output guardrails on every branch)
 with nothing to answer it from: the agents it names are checked like an agent tool's, and
-never answered from the record (``guardrails.judges``)."""
+never answered from the record (``guardrails.judges``).
+
+A function tool whose own function runs an agent (``await Runner.run(billing, ...)`` in its
+body) is a nested run the same way: a user trial's safe ``lookup_order`` ran its billing agent's
+``refund`` for real on every branch. The agents a tool's function names are found as a
+guardrail's are (``guardrails.named_agents``), and the tool counts as an agent tool of them
+(``nested_agents``): refused before any branch where it would run live and its agents reach a
+side effect, answered from the record where it is one."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agents.tool import FunctionTool
 
 from ..common.messages import SIDE_EFFECT, Classified
 from .app import agents_of
-from .guardrails import judges
+from .guardrails import judges, named_agents
 
 
 def nested_agent(tool: Any) -> Any:
@@ -32,6 +39,32 @@ def nested_agent(tool: Any) -> Any:
     if getattr(tool, "_is_agent_tool", False):
         return getattr(tool, "_agent_instance", None)
     return None
+
+
+def nested_agents(tool: Any) -> list[Any]:
+    """The agents a tool's call may run: an agent tool's agent, or the agents a function
+    tool's own function names (``named_agents``), which its body may ``Runner.run``."""
+    root = nested_agent(tool)
+    if root is not None:
+        return [root]
+    if isinstance(tool, FunctionTool):
+        return named_agents(function_of(tool))
+    return []
+
+
+def function_of(tool: FunctionTool) -> Any:
+    """The code a function tool's call runs: the function given to ``function_tool``, or the
+    ``on_invoke_tool`` of a tool built by hand (under any guard CAR put there meanwhile)."""
+    try:
+        return tool.__wrapped__
+    except AttributeError:
+        invoke = tool.on_invoke_tool
+        return getattr(invoke, "__car_own__", invoke)
+
+
+def kind_of(tool: Any) -> str:
+    """How a tool that runs agents is named in messages."""
+    return "agent tool" if nested_agent(tool) is not None else "function tool"
 
 
 @dataclass(frozen=True)
@@ -44,17 +77,21 @@ class Inside:
     tools: tuple[str, ...]
     unsupported: tuple[str, ...]
     guardrail: bool = False  # a guardrail's agents: run on branches, never answered
+    kind: str = "agent tool"  # or "function tool": one whose function names the agents
+    # the nested agents' function tool objects (``originals.guarded`` guards them)
+    objects: tuple[Any, ...] = field(default=(), compare=False, repr=False)
 
 
 def inside(agents: Mapping[str, Any], run_config: Any = None) -> dict[str, Inside]:
-    """Every agent tool of the app's agents, by tool name, and every guardrail that runs an
-    agent, by its label, with what its call can reach."""
+    """Every agent tool of the app's agents (and function tool that runs agents), by tool
+    name, and every guardrail that runs an agent, by its label, with what its call can
+    reach."""
     out: dict[str, Inside] = {}
     for a in agents.values():
         for t in a.tools or ():
-            root = nested_agent(t)
-            if root is not None:
-                out[str(t.name)] = _reach(str(t.name), [root])
+            roots = nested_agents(t)
+            if roots:
+                out[str(t.name)] = replace(_reach(str(t.name), roots), kind=kind_of(t))
     for name, roots in judges(agents, run_config).items():
         out[name] = replace(_reach(name, roots), guardrail=True)
     return out
@@ -63,6 +100,7 @@ def inside(agents: Mapping[str, Any], run_config: Any = None) -> dict[str, Insid
 def _reach(name: str, roots: list[Any]) -> Inside:
     seen: dict[str, Any] = {}
     tools: set[str] = set()
+    objects: dict[int, Any] = {}
     odd: list[str] = []
     todo = list(roots)
     while todo:
@@ -74,16 +112,17 @@ def _reach(name: str, roots: list[Any]) -> Inside:
                 odd.append(f"agent {agent_name!r} connects MCP servers")
             for t in a.tools or ():
                 tools.add(str(getattr(t, "name", type(t).__name__)))
-                deeper = nested_agent(t)
-                if deeper is not None:
-                    todo.append(deeper)
-                elif not isinstance(t, FunctionTool):
+                if isinstance(t, FunctionTool):
+                    objects[id(t)] = t
+                    todo.extend(nested_agents(t))
+                else:
                     odd.append(f"agent {agent_name!r} has a {type(t).__name__}")
-    return Inside(name, tuple(sorted(seen)), tuple(sorted(tools)), tuple(odd))
+    return Inside(name, tuple(sorted(seen)), tuple(sorted(tools)), tuple(odd),
+                  objects=tuple(objects.values()))
 
 
 def inner_names(reach: Mapping[str, Inside]) -> set[str]:
-    """The tools only agent tools' nested runs can call (names a user may classify)."""
+    """The tools only nested runs can call (names a user may classify)."""
     return {n for r in reach.values() for n in r.tools}
 
 
@@ -97,7 +136,7 @@ def answered_inside(reach: Mapping[str, Inside], answered: Iterable[str]
         if r.tool in names and not r.guardrail:
             for n in r.tools:
                 out.setdefault(n, []).append(Classified(
-                    SIDE_EFFECT, f"it runs only inside agent tool {r.tool!r}, which branches "
+                    SIDE_EFFECT, f"it runs only inside {r.kind} {r.tool!r}, which branches "
                                  "answer from the record"))
     return out
 
@@ -116,8 +155,9 @@ def live_inside(reach: Mapping[str, Inside], guards: Any, safe: Iterable[str]) -
             what = (f"side-effect or unclassified tools {effects}" if effects else "")
             odd = "; ".join(r.unsupported)
             who = (f"{r.tool} runs agent(s) {list(r.agents)} on branches" if r.guardrail
-                   else f"agent tool {r.tool!r} would run agent(s) {list(r.agents)} live on a "
-                        "branch")
+                   else f"{r.kind} {r.tool!r} would run agent(s) {list(r.agents)} live on a "
+                        "branch" + (" (its function names them)"
+                                    if r.kind == "function tool" else ""))
             out.append(f"{who}, which call{'' if len(r.agents) > 1 else 's'} "
                        f"{what}{' and ' if what and odd else ''}{odd}: a branch cannot guard "
                        "tools inside a nested run")

@@ -5,8 +5,9 @@ A tool is run through a copy of it with no failure function, so its error comes 
 exception the SDK would have turned into a message for the model; an MCP tool's call goes to
 its server's loop (``mcp_tools.served_on``), where a result the server flagged ``isError`` is
 an error too. The call gets a ``ToolContext`` of its own over the run context the branch
-started from. Only tools classified safe are run again, and no agent tool (``as_tool``): its
-call is a whole nested run, with model calls of its own.
+started from. Only tools classified safe are run again, and no tool that runs an agent (an
+agent tool, ``as_tool``, or a function tool whose function names one,
+``agent_tools.nested_agents``): its call is a whole nested run, with model calls of its own.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from car_core.errors import CarError
 from ..common.messages import ToolSafety
 from ..common.sources import Reruns, answered_error, result_text
 from . import mcp_tools
-from .agent_tools import nested_agent
+from .agent_tools import nested_agents
 
 
 def branch_reruns(agents: Mapping[str, Any], listing: mcp_tools.Listing,
@@ -58,7 +59,7 @@ def branch_reruns(agents: Mapping[str, Any], listing: mcp_tools.Listing,
             return redact.describe(exc)
         return answered_error(result_text(out), bool(flagged))
 
-    runnable = {n for n in safety.safe_tools if n in tools and nested_agent(tools[n]) is None}
+    runnable = {n for n in safety.safe_tools if n in tools and not nested_agents(tools[n])}
     return Reruns(runnable, rerun, safety.safe_tools)
 
 
