@@ -71,6 +71,7 @@ from ._messages import from_dicts
 from .branch import BranchSession, collecting, installed, session_scope, unwrapped
 from .fingerprint import workflow_fingerprint
 from .human_input import asked_for_input, finished, refuse_live_waits, waiting_tools
+from .nested import all_names, reaches, refuse_nested
 from .recorder import (
     AGENT_KINDS,
     ERRORS_MARKED,
@@ -293,13 +294,15 @@ class LlamaIndexAgent:
                     hint='give the agent tools=[...] and name them in safe_tools=[...] / '
                          'side_effect_tools=[...], or pass unclassified="live" where every '
                          "tool may run for real (a sandbox)")
-        given = {n for names in tool_names(self.workflow).values() for n in names}
+        reach = reaches(self._agents())
+        given = all_names(self.workflow, reach)
         retrievers = {f"the tools agent {n!r}'s tool_retriever picks" for n, a in
                       self._agents().items() if getattr(a, "tool_retriever", None) is not None}
         self.safety = self.safety.classified(
             given, agent=f"the {type(self.workflow).__name__}", call="LlamaIndexAgent(agent")
         if retrievers:
             self.safety = replace(self.safety, live=self.safety.live | retrievers)
+        refuse_nested(reach, self.safety)
         self._check_guarded_tools_keep_out_of_the_store()
 
     def _context_tools(self) -> dict[str, str]:
@@ -374,7 +377,8 @@ class LlamaIndexAgent:
         messages = context if isinstance(context, list) else [{"role": "user",
                                                                "content": str(context)}]
         # a run from scratch is the user's own run, not a branch: its tools run for real
-        session = BranchSession(Plan(start=0), noise, 0, ToolSafety(), {}, None, {})
+        session = BranchSession(Plan(start=0), noise, 0, ToolSafety(unclassified="live"), {},
+                                None, {})
         root = getattr(self.workflow, "root_agent", None) or getattr(self.workflow, "name", None)
         run = run_sync(lambda: self._drive(messages, root, None, session, store=None))
         return replace(run, context=context, seed=noise.seed)
@@ -438,7 +442,8 @@ class LlamaIndexAgent:
                                     "lost" for name, agent in self._context_tools().items()})
         live = await self._drive(state, active, run, session, store=store)
         steps = [renumber(s, k + i, plan, session) for i, s in enumerate(live.steps)]
-        drift = await _drift(run, steps, lambda: branch_reruns(self._agents(), self.safety))
+        with session_scope(session):  # a safe tool run again meets the branch's net too
+            drift = await _drift(run, steps, lambda: branch_reruns(self._agents(), self.safety))
         if drift:  # a safe tool errored where the record was answered: never scored
             live = replace(live, status=RunStatus.ERROR, error=drift)
         return steps, live

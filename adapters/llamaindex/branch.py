@@ -29,6 +29,7 @@ import contextvars
 import threading
 from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, NoReturn
 
 from llama_index.core.base.llms.base import BaseLLM
@@ -65,7 +66,7 @@ from car_core.errors import (
 )
 
 from ..common import branch as chat_branch
-from ..common.messages import ToolSafety, as_content, calls_of, canonical_arguments
+from ..common.messages import Answer, ToolSafety, as_content, calls_of, canonical_arguments
 from ..common.state_change import Change, Conflict
 from ._messages import MessageToolCalls, from_dict
 from .fake import _STEP_RNG
@@ -122,6 +123,106 @@ _INSTALLED: dict[int, _Installed] = {}  # id(workflow) -> its stand-ins while br
 _INSTALL_LOCK = threading.Lock()
 
 
+_IN_TOOL: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "car_llamaindex_in_tool", default=None)
+
+
+@contextmanager
+def running_tool(name: str) -> Iterator[None]:
+    """Mark the code that runs here as tool ``name``'s: tool calls it makes (and the tasks it
+    starts make, a nested agent's among them) are the net's (``guard_nested_calls``)."""
+    token = _IN_TOOL.set(name)
+    try:
+        yield
+    finally:
+        _IN_TOOL.reset(token)
+
+
+_NET_LOCK = threading.Lock()
+_NET: list[bool] = []  # holds True once the net is on ``FunctionTool``
+
+
+def guard_nested_calls() -> None:
+    """Put the net for nested calls on ``FunctionTool.call`` / ``acall`` (once; transparent
+    where no branch session is set): on a branch, a call of a tool object that the stand-ins
+    did not make — a tool's own code calling another tool, or a nested agent calling its
+    tools — is answered like a side-effect call (``_nested_answer``) or stopped when it is a
+    side effect or a tool nothing classified; a safe tool runs (``nested`` module docstring)."""
+    with _NET_LOCK:
+        if _NET:
+            return
+        _NET.append(True)
+    call, acall = FunctionTool.call, FunctionTool.acall
+
+    def guarded_call(self: FunctionTool, *args: Any, **kwargs: Any) -> ToolOutput:
+        s = _SESSION.get()
+        if s is not None and _nested_guarded(s, self):
+            name, arguments = self.metadata.name or "", _arguments(self, kwargs)
+            return _nested_output(self, kwargs, _nested(s, lambda: s.safety.served(
+                name, arguments, s.record, run_id=s.run_id)))
+        return call(self, *args, **kwargs)
+
+    async def guarded_acall(self: FunctionTool, *args: Any, **kwargs: Any) -> ToolOutput:
+        s = _SESSION.get()
+        if s is not None and _nested_guarded(s, self):
+            name, arguments = self.metadata.name or "", _arguments(self, kwargs)
+            found = _nested(s, lambda: s.safety.answer(name, arguments, s.record,
+                                                         run_id=s.run_id))
+            if found.simulate:
+                ctx = kwargs.get(self.ctx_param_name or "")
+                found = replace(found, content=as_content(
+                    await s.safety.asimulate(name, arguments, ctx)))
+            return _nested_output(self, kwargs, found)
+        return await acall(self, *args, **kwargs)
+
+    FunctionTool.call = guarded_call  # type: ignore[method-assign]
+    FunctionTool.acall = guarded_acall  # type: ignore[method-assign]
+
+
+def _arguments(tool: FunctionTool, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in kwargs.items() if k != tool.ctx_param_name}
+
+
+def _nested_guarded(s: BranchSession, tool: FunctionTool) -> bool:
+    """Whether a call of ``tool`` on branch ``s`` is the net's to answer: a side effect, or a
+    tool nothing classified (stopped, unless ``unclassified="live"``). The stand-ins call the
+    tools they run (safe ones) through here too, and those pass."""
+    if isinstance(tool, CarBranchContextTool) or _IN_TOOL.get() is None:
+        return False  # a stand-in, or a call the framework makes (a handoff): not nested
+    if getattr(tool.real_fn, "__module__", "").startswith("llama_index."):
+        return False  # the framework's own tool (a nested workflow's handoff)
+    name = tool.metadata.name or ""
+    safety = s.safety
+    if safety.guards(name):
+        return True
+    if name in safety.safe_tools or name in safety.live or safety.unclassified == "live":
+        return False
+    s.blocked = SideEffectBlocked(
+        f"a branch reached tool {name!r} from another tool's code, and it is none of the tools "
+        "CAR classified (not one the agents were given, nor one their code names), so it was "
+        "not run", run_id=s.run_id, step=s.current,
+        hint=f"classify the tool whose code calls {name!r} in side_effect_tools=[...] (its "
+             "recorded answer is then replayed and its code does not run)")
+    raise s.blocked
+
+
+def _nested(s: BranchSession, answer: Callable[[], Answer]) -> Answer:
+    """``answer()``, with a refusal worded as a call from code and noted on the session (the
+    framework hands a tool's error to the model; the branch must stop anyway)."""
+    try:
+        return answer()
+    except SideEffectBlocked as exc:
+        s.blocked = SideEffectBlocked(f"from another tool's code (not a model's tool call): {exc}",
+                                      run_id=exc.run_id, step=s.current, hint=exc.hint)
+        raise s.blocked from None
+
+
+def _nested_output(tool: FunctionTool, kwargs: Mapping[str, Any], found: Answer) -> ToolOutput:
+    name = tool.metadata.name or ""
+    return ToolOutput(content=str(found.content), tool_name=name,
+                      raw_input={"kwargs": _arguments(tool, kwargs)}, raw_output=found.content)
+
+
 @contextmanager
 def installed(workflow: Any, agents: Mapping[str, Any], context_tools: Iterable[str]
               ) -> Iterator[None]:
@@ -131,6 +232,7 @@ def installed(workflow: Any, agents: Mapping[str, Any], context_tools: Iterable[
     workflow ``Context``, whose stand-ins stay function tools that take it, so the framework
     still hands it to them."""
     keep = set(context_tools)
+    guard_nested_calls()
     with _INSTALL_LOCK:
         inst = _INSTALLED.setdefault(id(workflow), _Installed())
         if inst.count == 0:
@@ -464,14 +566,16 @@ class CarBranchTool(AsyncBaseTool):
         if served is not None:
             return served
         self._live(kwargs)
-        return self._inner.call(*args, **kwargs)
+        with running_tool(self.metadata.name or ""):
+            return self._inner.call(*args, **kwargs)
 
     async def acall(self, *args: Any, **kwargs: Any) -> ToolOutput:
         served = self._served(kwargs)
         if served is not None:
             return served
         self._live(kwargs)
-        return await self._inner.acall(*args, **kwargs)
+        with running_tool(self.metadata.name or ""):
+            return await self._inner.acall(*args, **kwargs)
 
 
 class CarBranchContextTool(FunctionTool):
@@ -507,7 +611,8 @@ class CarBranchContextTool(FunctionTool):
             branch = _SESSION.get()
             if branch is not None:  # a safe tool: it runs for real on the branch
                 branch.note(branch.current, name, arguments, ToolSource.LIVE)
-            return await self._inner.acall(*args, **kwargs)
+            with running_tool(name):
+                return await self._inner.acall(*args, **kwargs)
         ctx = kwargs.get(self.ctx_param_name or "")
         k = s.current
         try:

@@ -19,6 +19,7 @@ from car_core.errors import CarError
 
 from ..common.messages import ToolSafety, parse_arguments
 from ..common.sources import Reruns, answered_error
+from .branch import running_tool
 
 
 def branch_reruns(agents: Mapping[str, Any], safety: ToolSafety) -> Reruns:
@@ -32,7 +33,8 @@ def branch_reruns(agents: Mapping[str, Any], safety: ToolSafety) -> Reruns:
 
     async def rerun(name: str, args: str) -> str | None:
         try:
-            out = await adapt_to_async_tool(tools[name]).acall(**parse_arguments(args))
+            with running_tool(name):  # its nested calls meet the branch's net
+                out = await adapt_to_async_tool(tools[name]).acall(**parse_arguments(args))
         except CarError:  # CAR's own stop (a blocked side effect, a budget): as on a branch
             raise
         except Exception as exc:  # the tool raised: an error
