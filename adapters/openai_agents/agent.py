@@ -8,19 +8,20 @@ tools the step was offered, ``meta["tools"]``, are given to its model call alone
 ``k`` are copied from the record: no model call, no tool call, and input guardrails (which ran on
 the user's input at step 0) do not run again; output guardrails and ``max_turns`` (less the turns
 the prefix used) apply as in the recorded run. The branch runs on copies of the agents
-(``branch.clone_app``), so the user's agent objects are never changed and branches run concurrently,
-each with a fresh run context equal to the one step ``k`` was decided with (``_context``). A branch
-is one coroutine on the adapter's branch loop (where model clients stay bound): ``abranch`` awaits
-it there, so the asyncio executor overlaps many branches' waits on the model server (the default
-when a model waits on one: ``prefers_concurrency``, sharing the model object and any rate limiter it
-holds), and ``branch`` finishes the same coroutine from sync code. ``do_policy(k, model)`` swaps the
-model of the agent that decides step ``k`` (for its decisions from ``k`` on); the other agents keep
-theirs unless ``policy_agents`` says otherwise. A model server that is down or failing (refused
-connection, timeout, 429, 5xx) stops the attribution with ``ModelUnavailable``, resumable, as on
-every adapter. A branch whose safe tool raised, live, where CAR cannot show the error was the
-call's own (the record's identical call was answered, the error was an outage, the same call
-answers when run again, or the record's answered call errors now too) comes back with status
-error (``_drift``): the tool's world changed, so it is never scored.
+(``branch.clone_app``), so the user's agent objects are never changed (a side-effect tool's own
+object answers a call from a branch's code while it runs: ``originals``) and branches run
+concurrently, each with a fresh run context equal to the one step ``k`` was decided with
+(``_context``). A branch is one coroutine on the adapter's branch loop (where model clients stay
+bound): ``abranch`` awaits it there, so the asyncio executor overlaps many branches' waits on the
+model server (the default when a model waits on one: ``prefers_concurrency``, sharing the model
+object and any rate limiter it holds), and ``branch`` finishes the same coroutine from sync code.
+``do_policy(k, model)`` swaps the model of the agent that decides step ``k`` (for its decisions from
+``k`` on); the other agents keep theirs unless ``policy_agents`` says otherwise. A model server that
+is down or failing (refused connection, timeout, 429, 5xx) stops the attribution with
+``ModelUnavailable``, resumable, as on every adapter. A branch whose safe tool raised, live, where
+CAR cannot show the error was the call's own (the record's identical call was answered, the error
+was an outage, the same call answers when run again, or the record's answered call errors now too)
+comes back with status error (``_drift``): the tool's world changed, so it is never scored.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ from ..common.messages import (
 from ..common.offered_tools import edited_descriptions
 from ..common.sources import Reruns, drifted_tools, reads_as_outage, result_text
 from ..common.sync import BranchLoop, run_on, run_sync
-from . import agent_tools, mcp_tools
+from . import agent_tools, mcp_tools, originals
 from . import handoff_callbacks as handoff_callbacks_
 from ._context import (
     NOT_GIVEN,
@@ -320,6 +321,7 @@ class OpenAIAgentsAgent:
         self._rule = ToolSafety.of(side_effect_tools, simulators, match_on, safe_tools=safe_tools,
                                    unclassified=unclassified)
         self._listing: mcp_tools.Listing | None = None
+        self._originals: list[FunctionTool] = []
         self._mcp_loop: Any = None
         self._lock = threading.Lock()
         mcp_tools.note_loop(self.agents)
@@ -375,6 +377,10 @@ class OpenAIAgentsAgent:
                     "a branch that calls one would stop and wait for a person",
                     hint="leave them out of safe_tools: a tool that needs approval is a side "
                          "effect, answered on branches from the record or a simulator")
+            # the app's own objects of the tools branches answer (``originals.guarded``)
+            self._originals = [t for t in [*static, *(o for r in reach.values()
+                                                      for o in r.objects)]
+                               if isinstance(t, FunctionTool) and safety.guards(t.name)]
             self._safety, self._mcp_loop, self._listing = safety, loop, listing
             return listing
 
@@ -468,19 +474,23 @@ class OpenAIAgentsAgent:
         check_forced_tools(session, self.tool_names(), run.id,
                            why="the SDK writes it itself (a handoff)")
         _check_forced_steps_keep_the_context(run, session)
-        live = await self._drive(items, active, session, self.max_turns - k,
-                                 keep_input_guardrails=k == 0, used_tools=_used_tools(run, k),
-                                 run_context=self.contexts.at(run, k))
-        steps = [self._placed(s, k + i, plan, session) for i, s in enumerate(live.steps)]
-        held = run.meta.get("tripwire")
-        if k > 0 and isinstance(held, dict) and held.get("kind") == "input":
-            # the input guardrail judged the user's input, held from the record: it stopped
-            # the recorded run, so it stops this one too
-            live = replace(live, status=RunStatus.COMPLETE, error=run.error,
-                           meta={**live.meta, "tripwire": held})
-        drift = await _drift(run, steps, session, lambda: branch_reruns(  # built only if needed
-            self.agents, self._ready(), self._mcp_loop, self.safety,
-            lambda: self.contexts.at(run, k)))
+        # a tool's body that calls a side-effect tool's own object, on the branch or run
+        # again below, is answered as the branch answers the tool (``originals``)
+        with originals.guarded(self._originals, session):
+            live = await self._drive(items, active, session, self.max_turns - k,
+                                     keep_input_guardrails=k == 0,
+                                     used_tools=_used_tools(run, k),
+                                     run_context=self.contexts.at(run, k))
+            steps = [self._placed(s, k + i, plan, session) for i, s in enumerate(live.steps)]
+            held = run.meta.get("tripwire")
+            if k > 0 and isinstance(held, dict) and held.get("kind") == "input":
+                # the input guardrail judged the user's input, held from the record: it
+                # stopped the recorded run, so it stops this one too
+                live = replace(live, status=RunStatus.COMPLETE, error=run.error,
+                               meta={**live.meta, "tripwire": held})
+            drift = await _drift(run, steps, session, lambda: branch_reruns(  # only if needed
+                self.agents, self._ready(), self._mcp_loop, self.safety,
+                lambda: self.contexts.at(run, k)))
         if drift:  # a safe tool errored where the record was answered: never scored
             live = replace(live, status=RunStatus.ERROR, error=drift)
         return steps, live

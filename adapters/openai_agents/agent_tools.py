@@ -24,6 +24,8 @@ side effect, answered from the record where it is one."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from contextlib import suppress
+from copy import copy
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -32,6 +34,7 @@ from agents.tool import FunctionTool
 from ..common.messages import SIDE_EFFECT, Classified
 from .app import agents_of
 from .guardrails import judges, named_agents
+from .originals import own_invoker
 
 
 def nested_agent(tool: Any) -> Any:
@@ -55,11 +58,13 @@ def nested_agents(tool: Any) -> list[Any]:
 def function_of(tool: FunctionTool) -> Any:
     """The code a function tool's call runs: the function given to ``function_tool``, or the
     ``on_invoke_tool`` of a tool built by hand (under any guard CAR put there meanwhile)."""
-    try:
+    with suppress(AttributeError):
         return tool.__wrapped__
-    except AttributeError:
-        invoke = tool.on_invoke_tool
-        return getattr(invoke, "__car_own__", invoke)
+    own = own_invoker(tool)
+    if own is not tool.on_invoke_tool:  # guarded by CAR now: a copy binds the tool's own
+        with suppress(AttributeError):
+            return copy(tool).__wrapped__
+    return own
 
 
 def kind_of(tool: Any) -> str:

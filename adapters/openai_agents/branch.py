@@ -1,21 +1,22 @@
 """What an OpenAI Agents SDK app runs with on a CAR branch, in place of its models and tools.
 
-A branch never touches the user's agent objects: it runs a copy of the app (``clone_app``) whose
+A branch never changes the user's agent objects: it runs a copy of the app (``clone_app``) whose
 agents carry a ``CarBranchModel`` each and whose function tools are guarded copies, linked by the
-same handoffs. ``CarBranchModel`` numbers the decisions from the branch step on, answers forced and
-held steps with the recorded action (no model call), and sends the others to the agent's own model
-(or the ``do_policy`` one, for the agents it applies to) with the step's noise stream in context and
-a per-step seed in ``ModelSettings.extra_args`` for providers that honour one (and, at a step whose
-tool descriptions a ``do_context`` edit changed, copies of the tools so described); a model client's
-outage becomes ``ModelUnavailable``. A guarded tool serves a forced observation as given and answers
-a side-effect tool with ``ToolSafety``: an identical recorded call gets its result and its recorded
-write to the run context replayed (``_context.replay``), another call the simulator
-(``fn(arguments, ctx)`` is handed the tool's run context wrapper), else ``SideEffectBlocked``;
-other tools run live. A live tool that raises is answered as in the app, with the message its
-failure function makes of the error for the model; the session notes each such call
-(``BranchSession.failed``): the SDK's default message through ``RunConfig.tool_error_formatter``
-(``noting_formatter``), a tool's own failure function (an MCP tool's too) through a copy of the
-tool that calls it (``noting``).
+same handoffs (the original objects of side-effect tools dispatch to the branch while it runs, for a
+tool's body that calls one: ``originals``). ``CarBranchModel`` numbers the decisions from the branch
+step on, answers forced and held steps with the recorded action (no model call), and sends the
+others to the agent's own model (or the ``do_policy`` one, for the agents it applies to) with the
+step's noise stream in context and a per-step seed in ``ModelSettings.extra_args`` for providers
+that honour one (and, at a step whose tool descriptions a ``do_context`` edit changed, copies of the
+tools so described); a model client's outage becomes ``ModelUnavailable``. A guarded tool serves a
+forced observation as given and answers a side-effect tool with ``ToolSafety``: an identical
+recorded call gets its result and its recorded write to the run context replayed
+(``_context.replay``), another call the simulator (``fn(arguments, ctx)`` is handed the tool's run
+context wrapper), else ``SideEffectBlocked``; other tools run live. A live tool that raises is
+answered as in the app, with the message its failure function makes of the error for the model; the
+session notes each such call (``BranchSession.failed``): the SDK's default message through
+``RunConfig.tool_error_formatter`` (``noting_formatter``), a tool's own failure function (an MCP
+tool's too) through a copy of the tool that calls it (``noting``).
 """
 
 from __future__ import annotations
@@ -255,7 +256,7 @@ def _guarded(tool: FunctionTool, session: BranchSession) -> FunctionTool:
                     return msg["content"]
         if s.safety.guards(name):
             try:
-                return await _answered(s, name, ctx, arguments, k)
+                return await answered(s, name, ctx, arguments, k)
             except CarError as exc:
                 s.blocked = exc
                 raise
@@ -267,7 +268,7 @@ def _guarded(tool: FunctionTool, session: BranchSession) -> FunctionTool:
     return dataclasses.replace(tool, on_invoke_tool=invoke)
 
 
-async def _answered(s: BranchSession, name: str, ctx: Any, arguments: str, k: int) -> Any:
+async def answered(s: BranchSession, name: str, ctx: Any, arguments: str, k: int) -> Any:
     """A side-effect call's result on a branch, with what the recorded call wrote to the run
     context replayed, or the simulator's (handed ``ctx`` when it takes it)."""
     found = s.safety.answer(name, arguments, s.record, run_id=s.run_id, step=k,
