@@ -12,9 +12,13 @@ adapter keeps a net at run time for those.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from types import CodeType
 from typing import Any
+
+from car_core.errors import AdapterError
+
+from .messages import ToolSafety
 
 
 def named_objects(fn: Any, wanted: Callable[[Any], bool]) -> list[Any]:
@@ -49,6 +53,32 @@ def named_objects(fn: Any, wanted: Callable[[Any], bool]) -> list[Any]:
     return list(found.values())
 
 
+def refuse_side_effect_functions(functions: Mapping[str, Iterable[Any]],
+                                 safety: ToolSafety) -> None:
+    """Refuse each tool a branch runs live (not a side effect) whose code calls the Python
+    function behind a side-effect tool itself (``functions``: tool name -> its functions, a
+    sync and an async one where a tool has both). A plain function call is no tool call, so no
+    branch guard can answer it, and the side effect would happen for real on every branch
+    that runs the outer tool (a user trial's safe lookup wrote an audit line on each)."""
+    fns = {name: [f for f in fs if callable(f)] for name, fs in functions.items()}
+    guarded = {id(f): n for n, fs in fns.items() if safety.guards(n) for f in fs}
+    if not guarded:
+        return
+    for name, fs in sorted(fns.items()):
+        if safety.guards(name):
+            continue
+        found = [v for f in fs for v in named_objects(f, lambda v: id(v) in guarded)]
+        called = sorted({guarded[id(v)] for v in found} - {name})
+        if called:
+            raise AdapterError(
+                f"tool {name!r} calls the function of side-effect tool(s) {called} in its own "
+                "code: a branch runs it live, and a plain function call is not a tool call a "
+                "branch can answer, so the side effect would happen for real",
+                hint=f"classify {name!r} in side_effect_tools=[...] (branches then get the "
+                     "answer the record got, and its code does not run), or call the tool "
+                     "through the agent instead")
+
+
 def code_names(code: CodeType) -> set[str]:
     """The global and attribute names a code object and the code nested in it (functions,
     lambdas, comprehensions) use."""
@@ -69,4 +99,4 @@ def _filled(cell: Any) -> bool:
 _EMPTY = object()
 
 
-__all__ = ["code_names", "named_objects"]
+__all__ = ["code_names", "named_objects", "refuse_side_effect_functions"]

@@ -129,6 +129,7 @@ from car_core.errors import AdapterError, CarError, InvalidInput
 
 from ..common.branch import model_unavailable
 from ..common.messages import ToolSafety
+from ..common.named import refuse_side_effect_functions
 from ..common.sync import run_sync
 from .branch_state import BranchState, answerable_calls
 from .branch_store import on_branch, read_store
@@ -265,6 +266,9 @@ class LangGraphAgent:
             unclassified=unclassified).classified(
             self.tools, derived_classes(self.shape, node_tools),
             agent=f"LangGraph app {app.get_name()!r}", call="LangGraphAgent(app")
+        refuse_side_effect_functions(
+            {n: (getattr(t, "func", None), getattr(t, "coroutine", None))
+             for n, t in self.tool_objects.items()}, self.safety)
         self.couples_noise = self._couples(model)
         # CAR numbers the model calls it decides: a node calling a model it cannot see is refused
         self.undecided = undecided_nodes(self.shape.reaches) if model is not None else []

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from types import CodeType
 from typing import Any
 
@@ -27,22 +27,15 @@ from llama_index.core.workflow import InputRequiredEvent
 from car_core.errors import AdapterError
 
 from ..common.messages import ToolSafety
+from ..common.named import code_names
 
 WAIT = "wait_for_event"  # the Context method a human-in-the-loop tool pauses in
-
-
-def _names(code: CodeType) -> Iterator[str]:
-    """The global and attribute names ``code`` uses, and those of the functions defined in it."""
-    yield from code.co_names
-    for const in code.co_consts:
-        if isinstance(const, CodeType):
-            yield from _names(const)
 
 
 def waits_for_event(fn: Any) -> bool:
     """Whether ``fn``'s own code (or a function defined inside it) calls ``wait_for_event``."""
     code = getattr(inspect.unwrap(fn), "__code__", None)
-    return isinstance(code, CodeType) and WAIT in set(_names(code))
+    return isinstance(code, CodeType) and WAIT in code_names(code)
 
 
 def waiting_tools(agents: Mapping[str, Any]) -> dict[str, str]:

@@ -6,11 +6,12 @@ the Python function behind another tool, or run another agent (``await billing.r
 whose tools are none of the workflow's: in a user trial a lookup named safe wrote four real
 audit lines, and a billing sub-agent issued five real refunds, in one attribution each.
 
-``reaches`` reads each tool's function for the tool objects, tool functions and agents it names
+``reaches`` reads each tool's function for the tool objects and agents it names
 (``named_objects``); the tools those agents can call join the tools the user classifies.
 ``refuse_nested`` refuses, by name and before any branch, a tool a branch would run live whose
 code reaches a side-effect tool that nothing could answer there: a tool object or agent tool
-with no simulator, or a side-effect tool's own function (a plain call no framework sees). For
+with no simulator (a side-effect tool's own function, called as a plain function, is refused
+by ``refuse_side_effect_functions``, on every adapter). For
 what reading the code misses (an object reached through another module), the branches keep a
 net: a side-effect tool object called by code rather than by a model is answered by its
 simulator or an identical recorded call, or stops the branch (``branch.guard_nested_calls``).
@@ -33,17 +34,16 @@ from .recorder import is_agent_workflow, tool_names
 
 @dataclass(frozen=True)
 class Reach:
-    """What one tool's code reaches: tool objects and the tools whose functions it calls
-    itself (by name), and agents (by name, with the tools each can call)."""
+    """What one tool's code reaches: tool objects (by name), and agents (by name, with the
+    tools each can call)."""
 
     tools: tuple[str, ...] = ()
-    functions: tuple[str, ...] = ()
     agents: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def names(self) -> set[str]:
         """Every tool name this code can reach."""
-        return {*self.tools, *self.functions, *(n for ts in self.agents.values() for n in ts)}
+        return {*self.tools, *(n for ts in self.agents.values() for n in ts)}
 
 
 def _as_tool(t: Any) -> BaseTool:
@@ -56,13 +56,11 @@ def _name(tool: BaseTool) -> str:
 
 def reaches(agents: Mapping[str, Any]) -> dict[str, Reach]:
     """Per tool of ``agents`` whose code names another tool or an agent, what it reaches."""
-    tools = {_name(t): t for a in agents.values() for t in map(_as_tool, a.tools or ())}
-    functions = {id(t.real_fn): n for n, t in tools.items() if isinstance(t, FunctionTool)}
+    tools = _tools(agents)
     own = {id(a) for a in agents.values()}
 
     def wanted(v: Any) -> bool:
-        return (isinstance(v, BaseTool) or id(v) in functions
-                or (is_agent_workflow(v) and id(v) not in own))
+        return isinstance(v, BaseTool) or (is_agent_workflow(v) and id(v) not in own)
 
     out: dict[str, Reach] = {}
     for name, tool in tools.items():
@@ -70,13 +68,21 @@ def reaches(agents: Mapping[str, Any]) -> dict[str, Reach]:
             continue
         found = named_objects(tool.real_fn, wanted)
         objects = sorted({_name(v) for v in found if isinstance(v, BaseTool)} - {name})
-        called = sorted({functions[id(v)] for v in found if id(v) in functions} - {name})
         runs = {str(getattr(v, "name", type(v).__name__)):
                 tuple(sorted({n for ns in tool_names(v).values() for n in ns}))
                 for v in found if is_agent_workflow(v) and id(v) not in own}
-        if objects or called or runs:
-            out[name] = Reach(tuple(objects), tuple(called), runs)
+        if objects or runs:
+            out[name] = Reach(tuple(objects), runs)
     return out
+
+
+def _tools(agents: Mapping[str, Any]) -> dict[str, BaseTool]:
+    return {_name(t): t for a in agents.values() for t in map(_as_tool, a.tools or ())}
+
+
+def functions(agents: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
+    """The Python function behind each function tool of ``agents`` (tool name -> function)."""
+    return {n: (t.real_fn,) for n, t in _tools(agents).items() if isinstance(t, FunctionTool)}
 
 
 def refuse_nested(reach: Mapping[str, Reach], safety: ToolSafety) -> None:
@@ -85,15 +91,6 @@ def refuse_nested(reach: Mapping[str, Reach], safety: ToolSafety) -> None:
     for name, r in sorted(reach.items()):
         if safety.guards(name):
             continue  # answered from the record or a simulator: its code never runs
-        direct = [n for n in r.functions if safety.guards(n)]
-        if direct:
-            raise AdapterError(
-                f"tool {name!r} calls the function of side-effect tool(s) {direct} in its own "
-                "code: a branch runs it live, and a plain function call is not a tool call a "
-                "branch can answer, so the side effect would happen for real",
-                hint=f"classify {name!r} in side_effect_tools=[...] (branches then get the "
-                     "answer the record got, and its code does not run), or call the tool "
-                     "through the agent instead")
         objects = [n for n in r.tools if safety.guards(n) and n not in safety.simulators]
         inner = {a: [n for n in ts if safety.guards(n) and n not in safety.simulators]
                  for a, ts in r.agents.items()}
@@ -119,4 +116,4 @@ def all_names(workflow: Any, reach: Mapping[str, Reach]) -> set[str]:
     return own | {n for r in reach.values() for n in r.names}
 
 
-__all__ = ["Reach", "all_names", "reaches", "refuse_nested"]
+__all__ = ["Reach", "all_names", "functions", "reaches", "refuse_nested"]

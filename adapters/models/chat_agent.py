@@ -40,6 +40,7 @@ from ..common.messages import (
     tool_call,
     tool_result,
 )
+from ..common.named import refuse_side_effect_functions
 from ..common.sources import Reruns, answered_error, drifted_tools, reads_as_outage, with_sources
 from ..common.sync import run_sync
 
@@ -399,6 +400,7 @@ def ChatAgent(policy: Callable[..., Any], tools: Mapping[str, Callable[..., Any]
                            unclassified=unclassified)
     safety = safety.classified(tools, agent=f"chat agent {name!r}",
                                call="ChatAgent(policy, tools")
+    refuse_side_effect_functions({n: (fn,) for n, fn in tools.items()}, safety)
     return ChatFunctionAgent(policy=policy, environment=run_tools(tools, safety),
                              is_final=is_final, max_steps=max_steps, name=name, safety=safety,
                              prefers_concurrency=bool(getattr(policy, "remote", False)),

@@ -65,6 +65,7 @@ from ..common.messages import (
     forced_observations,
     recorded_calls,
 )
+from ..common.named import refuse_side_effect_functions
 from ..common.offered_tools import edited_descriptions
 from ..common.sources import Reruns, drifted_tools, reads_as_outage, result_text
 from ..common.sync import BranchLoop, run_on, run_sync
@@ -368,6 +369,9 @@ class OpenAIAgentsAgent:
                          "name every tool of its agents in safe_tools if they only read; a "
                          "guardrail runs on branches with nothing to answer it from, so take "
                          "the side effect out of its agent")
+            refuse_side_effect_functions(
+                {t.name: (agent_tools.function_of(t),) for t in static
+                 if isinstance(t, FunctionTool)}, safety)
             gated = sorted({t.name for t in [*static, *(t for ts in listing.values() for t in ts)]
                             if isinstance(t, FunctionTool) and mcp_tools.needs_approval(t)
                             and not safety.guards(t.name)})

@@ -26,6 +26,8 @@ from typing import Any
 from agents import Agent
 from agents.exceptions import InputGuardrailTripwireTriggered, OutputGuardrailTripwireTriggered
 
+from ..common.named import named_objects
+
 TRIPWIRES = (InputGuardrailTripwireTriggered, OutputGuardrailTripwireTriggered)
 
 
@@ -127,57 +129,9 @@ def judges(agents: Mapping[str, Any], run_config: Any) -> dict[str, list[Any]]:
 
 
 def named_agents(fn: Any) -> list[Any]:
-    """The ``Agent`` objects a function names: module globals its code (inner functions and
-    lambdas included) refers to, its closure, its defaults, the instance of a bound method,
-    and the same through the functions of its own module it calls. An agent reached some other
+    """The ``Agent`` objects a function names (``named_objects``): an agent reached some other
     way (built inside the call, or behind another module's function) is not seen."""
-    found: dict[int, Any] = {}
-    seen: set[int] = set()
-    todo = [fn]
-    while todo:
-        f = todo.pop()
-        if not callable(f) or id(f) in seen:
-            continue
-        seen.add(id(f))
-        f = inspect.unwrap(f)
-        values: list[Any] = []
-        owner = getattr(f, "__self__", None)  # a bound method: what its instance holds
-        if owner is not None and hasattr(owner, "__dict__"):
-            values += vars(owner).values()
-        f = getattr(f, "__func__", f)
-        if inspect.isfunction(f):
-            scope = f.__globals__
-            values += [scope[n] for n in _names(f.__code__) if n in scope]
-            values += [c.cell_contents for c in f.__closure__ or () if _filled(c)]
-            values += [*(f.__defaults__ or ()), *(f.__kwdefaults__ or {}).values()]
-        elif hasattr(f, "__dict__"):  # a callable object: its attributes and its __call__
-            values += vars(f).values()
-            todo.append(type(f).__dict__.get("__call__"))
-        for v in values:
-            if isinstance(v, Agent):
-                found[id(v)] = v
-            elif inspect.isfunction(v) and v.__globals__ is getattr(f, "__globals__", None):
-                todo.append(v)
-    return list(found.values())
-
-
-def _names(code: Any) -> set[str]:
-    """The global names a code object and the code nested in it (functions, lambdas) use."""
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if inspect.iscode(const):
-            names |= _names(const)
-    return names
-
-
-def _filled(cell: Any) -> bool:
-    try:
-        return cell.cell_contents is not _EMPTY
-    except ValueError:  # a closure variable not yet assigned
-        return False
-
-
-_EMPTY = object()
+    return named_objects(fn, lambda v: isinstance(v, Agent))
 
 
 __all__ = ["TRIPS", "TRIPWIRES", "judges", "label", "named_agents", "tripwire_of",

@@ -1,0 +1,84 @@
+"""A tool a branch runs live whose own code calls the plain function behind a side-effect tool
+(the function the app also gave the agent as a tool): no branch guard sees a plain call, so the
+side effect would happen for real on every branch that runs the outer tool. Each adapter
+refuses it by name when the agent is wrapped, before any branch; classified a side effect, the
+outer tool is answered from the record and its code never runs, so it is not refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from agents import Agent, function_tool
+from car_adapters.langgraph import CarChatModel, LangGraphAgent
+from car_adapters.models.chat_agent import ChatAgent
+from car_adapters.openai_agents import OpenAIAgentsAgent
+from car_adapters.openai_agents.fake import ScriptedModel
+from langchain.agents import create_agent
+from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
+from langchain_core.messages import AIMessage
+from langchain_core.tools import StructuredTool
+from langgraph.checkpoint.memory import InMemorySaver
+
+from car_core.errors import AdapterError
+
+LEDGER: list[str] = []
+REFUSED = r"tool 'lookup_order' calls the function of side-effect tool\(s\) \['write_audit'\]"
+
+
+def write_audit(entry: str) -> str:
+    """Write an entry to the audit log (a side effect)."""
+    LEDGER.append(entry)
+    return "audited"
+
+
+def lookup_order(order_id: str) -> str:
+    """Look an order up; the app audits every lookup by calling the audit function itself."""
+    write_audit(f"looked up {order_id}")
+    return f"order {order_id}: a kettle"
+
+
+def reply(text: str) -> str:
+    """Answer the customer."""
+    return "sent"
+
+
+def chat_agent(**classes: Any) -> Any:
+    return ChatAgent(lambda history, rng: "done",
+                     tools={"lookup_order": lookup_order, "write_audit": write_audit,
+                            "reply": reply}, **classes)
+
+
+def langgraph_agent(**classes: Any) -> Any:
+    model = CarChatModel(inner=FakeMessagesListChatModel(responses=[AIMessage("done")]))
+    tools = [StructuredTool.from_function(f) for f in (lookup_order, write_audit, reply)]
+    app = create_agent(model, tools, checkpointer=InMemorySaver())
+    return LangGraphAgent(app, model=model, **classes)
+
+
+def openai_agents_agent(**classes: Any) -> Any:
+    tools = [function_tool(f) for f in (lookup_order, write_audit, reply)]
+    app = Agent(name="desk", model=ScriptedModel(lambda messages, tools, rng: "done"),
+                tools=tools)
+    return OpenAIAgentsAgent(app, **classes)
+
+
+WRAPS = [chat_agent, langgraph_agent, openai_agents_agent]
+
+
+@pytest.mark.parametrize("wrap", WRAPS)
+def test_a_live_tool_calling_a_side_effects_function_is_refused(wrap: Any) -> None:
+    with pytest.raises(AdapterError, match=REFUSED) as info:
+        wrap(safe_tools=["lookup_order", "reply"], side_effect_tools=["write_audit"])
+    assert "side_effect_tools" in (info.value.hint or "")
+    assert LEDGER == []
+
+
+@pytest.mark.parametrize("wrap", WRAPS)
+def test_classified_a_side_effect_the_outer_tool_is_not_refused(wrap: Any) -> None:
+    wrap(safe_tools=["reply"], side_effect_tools=["lookup_order", "write_audit"])
+
+
+@pytest.mark.parametrize("wrap", WRAPS)
+def test_a_safe_tool_calling_a_safe_tools_function_is_not_refused(wrap: Any) -> None:
+    wrap(safe_tools=["lookup_order", "write_audit", "reply"])
