@@ -268,7 +268,8 @@ class LangGraphAgent:
             agent=f"LangGraph app {app.get_name()!r}", call="LangGraphAgent(app")
         refuse_side_effect_functions(
             {n: (getattr(t, "func", None), getattr(t, "coroutine", None))
-             for n, t in self.tool_objects.items()}, self.safety)
+             for n, t in self.tool_objects.items()}, self.safety,
+            objects=self.tool_objects, code=self.shape.node_code())
         self.couples_noise = self._couples(model)
         # CAR numbers the model calls it decides: a node calling a model it cannot see is refused
         self.undecided = undecided_nodes(self.shape.reaches) if model is not None else []

@@ -23,6 +23,7 @@ import inspect
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,13 +190,24 @@ def _injected(tool: BaseTool) -> set[str]:
         return set()
 
 
+# the guard of the branch the code running now belongs to: what a call that passes a config of
+# its own (a sub-agent run on its own thread id, ``tool.invoke(..., config=...)``) is guarded by
+_BRANCH_GUARD: ContextVar[Guard | None] = ContextVar("car_langgraph_guard", default=None)
+
+
 def _guard_for(config: Any) -> Guard | None:
+    """The guard of the branch thread ``config`` names, else of the branch this code runs in:
+    LangChain hands a call that passes its own config (a sub-agent invoked on its own thread
+    id) that config alone, and a trial's safe lookup that did so refunded for real on every
+    branch."""
     conf = (config or ensure_config()).get("configurable") or {}
     thread_id = conf.get("thread_id")
-    if thread_id is None:
-        return None
-    with _LOCK:
-        return _GUARDS.get(str(thread_id))
+    if thread_id is not None:
+        with _LOCK:
+            guard = _GUARDS.get(str(thread_id))
+        if guard is not None:
+            return guard
+    return _BRANCH_GUARD.get()
 
 
 def _node_of(config: Any) -> str | None:
@@ -303,8 +315,10 @@ def guarding(thread_id: str, guard: Guard) -> Iterator[Guard]:
     install()
     with _LOCK:
         _GUARDS[thread_id] = guard
+    token = _BRANCH_GUARD.set(guard)
     try:
         yield guard
     finally:
+        _BRANCH_GUARD.reset(token)
         with _LOCK:
             _GUARDS.pop(thread_id, None)

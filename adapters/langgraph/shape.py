@@ -31,6 +31,7 @@ class AppShape:
     reaches: dict[tuple[str, str], Reach]  # every other node: its tools, its models
     tools: list[str]
     async_only: tuple[str, ...]  # the nodes and tools that exist only as coroutines, named
+    nested: dict[str, BaseTool]  # tools only other tools' code calls, by name (``_nested``)
 
     @property
     def is_async(self) -> bool:
@@ -48,22 +49,37 @@ class AppShape:
                       if (node := tool_node(spec.runnable)) is not None}
         reaches = {(ns, n): reach(spec.runnable) for ns, n, spec in specs
                    if (ns, n) not in tool_nodes and join(ns, n) not in graphs}
+        given = [t for t in node_tools if isinstance(t, BaseTool)]
+        nested = _nested([t for _, t in _tools(tool_nodes, reaches)] + given)
         tools = sorted({t for node in tool_nodes.values()
                         for t in getattr(node, "tools_by_name", {})}
                        | {t for r in reaches.values() for t in r.tools}
-                       | {t.name for t in node_tools if isinstance(t, BaseTool)})
+                       | {t.name for t in given} | set(nested))
         async_tools = sorted({name for name, t in _tools(tool_nodes, reaches)
                               if _async_only(t)})
         async_only = tuple(
             [f"node {join(ns, n)!r}" for ns, n, spec in specs if _async_only(spec.runnable)]
             + [f"tool {name!r}" for name in async_tools])
-        return cls(app, saver, messages_key, graphs, tool_nodes, reaches, tools, async_only)
+        return cls(app, saver, messages_key, graphs, tool_nodes, reaches, tools, async_only,
+                   nested)
 
     @property
     def graph_tools(self) -> set[str]:
         """The tools found in the graph itself: its tool nodes' and those a node's code
         reaches (not the names only given as ``node_tools``)."""
         return {name for name, _ in _tools(self.tool_nodes, self.reaches)}
+
+    def node_code(self) -> dict[str, list[Any]]:
+        """The functions of every node that is neither a tool node nor a subgraph, by how a
+        message names the node (``node 'name'``): code each branch runs as it is."""
+        out: dict[str, list[Any]] = {}
+        for ns, g in self.graphs.items():
+            for n, spec in getattr(getattr(g, "builder", None), "nodes", {}).items():
+                if (ns, n) in self.tool_nodes or join(ns, n) in self.graphs:
+                    continue
+                fns = [getattr(spec.runnable, part, None) for part in ("func", "afunc")]
+                out[f"node {join(ns, n)!r}"] = [f for f in fns if callable(f)]
+        return out
 
     def runs_model(self, level: str, node: str) -> bool:
         """Whether ``node`` at graph level ``level`` is a node whose messages may be model
@@ -78,6 +94,29 @@ def _tools(tool_nodes: dict[tuple[str, str], Any], reaches: dict[tuple[str, str]
     return ([(name, t) for node in tool_nodes.values()
              for name, t in getattr(node, "tools_by_name", {}).items()]
             + [(name, t) for r in reaches.values() for name, t in r.tools.items()])
+
+
+def _nested(tools: list[Any]) -> dict[str, BaseTool]:
+    """The tools that only the code of ``tools`` (their functions, and the tools found there in
+    turn) calls, by name: a lookup that audits through another tool object. They run wherever
+    the outer tool runs, so they are classified like the graph's own (a side effect among them
+    is answered by the branch's guard, and can be named as one)."""
+    known = {id(t) for t in tools}
+    names = {t.name for t in tools if isinstance(t, BaseTool)}  # one name is one tool to CAR
+    out: dict[str, BaseTool] = {}
+    todo = [t for t in tools if isinstance(t, BaseTool)]
+    while todo:
+        tool = todo.pop()
+        for part in ("func", "coroutine"):
+            fn = getattr(tool, part, None)
+            if not callable(fn):
+                continue
+            for name, inner in reach(fn).tools.items():
+                if id(inner) not in known and name not in names:
+                    known.add(id(inner))
+                    out.setdefault(name, inner)
+                    todo.append(inner)
+    return out
 
 
 def tool_node(runnable: Any) -> ToolNode | None:

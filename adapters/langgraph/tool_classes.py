@@ -78,7 +78,7 @@ def approval_gated(shape: AppShape) -> dict[str, str]:
 
 def tool_objects(shape: AppShape, node_tools: Iterable[Any]) -> list[BaseTool]:
     """Every tool object the app can call: its ``ToolNode``s', those a node's code reaches,
-    and the ones given as ``node_tools``."""
+    the ones given as ``node_tools``, and those only a tool's code calls."""
     found: list[BaseTool] = []
     for node in shape.tool_nodes.values():
         found += [t for t in (getattr(node, "tools_by_name", None) or {}).values()
@@ -86,6 +86,7 @@ def tool_objects(shape: AppShape, node_tools: Iterable[Any]) -> list[BaseTool]:
     for reached in shape.reaches.values():
         found += list(reached.tools.values())
     found += [t for t in node_tools if isinstance(t, BaseTool)]
+    found += list(shape.nested.values())
     return found
 
 

@@ -72,7 +72,7 @@ from ._messages import from_dicts
 from .branch import BranchSession, collecting, installed, session_scope, unwrapped
 from .fingerprint import workflow_fingerprint
 from .human_input import asked_for_input, finished, refuse_live_waits, waiting_tools
-from .nested import all_names, functions, reaches, refuse_nested
+from .nested import all_names, functions, reaches, refuse_nested, tool_objects
 from .recorder import (
     AGENT_KINDS,
     ERRORS_MARKED,
@@ -304,7 +304,8 @@ class LlamaIndexAgent:
         if retrievers:
             self.safety = replace(self.safety, live=self.safety.live | retrievers)
         refuse_nested(reach, self.safety)
-        refuse_side_effect_functions(functions(self._agents()), self.safety)
+        refuse_side_effect_functions(functions(self._agents()), self.safety,
+                                     objects=tool_objects(self._agents()))
         self._check_guarded_tools_keep_out_of_the_store()
 
     def _context_tools(self) -> dict[str, str]:

@@ -56,7 +56,7 @@ def _name(tool: BaseTool) -> str:
 
 def reaches(agents: Mapping[str, Any]) -> dict[str, Reach]:
     """Per tool of ``agents`` whose code names another tool or an agent, what it reaches."""
-    tools = _tools(agents)
+    tools = tool_objects(agents)
     own = {id(a) for a in agents.values()}
 
     def wanted(v: Any) -> bool:
@@ -76,13 +76,14 @@ def reaches(agents: Mapping[str, Any]) -> dict[str, Reach]:
     return out
 
 
-def _tools(agents: Mapping[str, Any]) -> dict[str, BaseTool]:
+def tool_objects(agents: Mapping[str, Any]) -> dict[str, BaseTool]:
+    """The tool objects of ``agents`` by name (a plain function made a ``FunctionTool``)."""
     return {_name(t): t for a in agents.values() for t in map(_as_tool, a.tools or ())}
 
 
 def functions(agents: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
     """The Python function behind each function tool of ``agents`` (tool name -> function)."""
-    return {n: (t.real_fn,) for n, t in _tools(agents).items() if isinstance(t, FunctionTool)}
+    return {n: (t.real_fn,) for n, t in tool_objects(agents).items() if isinstance(t, FunctionTool)}
 
 
 def refuse_nested(reach: Mapping[str, Reach], safety: ToolSafety) -> None:
@@ -116,4 +117,4 @@ def all_names(workflow: Any, reach: Mapping[str, Reach]) -> set[str]:
     return own | {n for r in reach.values() for n in r.names}
 
 
-__all__ = ["Reach", "all_names", "functions", "reaches", "refuse_nested"]
+__all__ = ["Reach", "all_names", "functions", "reaches", "refuse_nested", "tool_objects"]

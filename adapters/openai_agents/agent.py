@@ -369,9 +369,10 @@ class OpenAIAgentsAgent:
                          "name every tool of its agents in safe_tools if they only read; a "
                          "guardrail runs on branches with nothing to answer it from, so take "
                          "the side effect out of its agent")
+            functions = [t for t in static if isinstance(t, FunctionTool)]
             refuse_side_effect_functions(
-                {t.name: (agent_tools.function_of(t),) for t in static
-                 if isinstance(t, FunctionTool)}, safety)
+                {t.name: (agent_tools.function_of(t),) for t in functions}, safety,
+                objects={t.name: t for t in functions})
             gated = sorted({t.name for t in [*static, *(t for ts in listing.values() for t in ts)]
                             if isinstance(t, FunctionTool) and mcp_tools.needs_approval(t)
                             and not safety.guards(t.name)})

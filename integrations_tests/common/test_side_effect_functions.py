@@ -19,6 +19,8 @@ from langchain_core.language_models.fake_chat_models import FakeMessagesListChat
 from langchain_core.messages import AIMessage
 from langchain_core.tools import StructuredTool
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
 
 from car_core.errors import AdapterError
 
@@ -82,3 +84,46 @@ def test_classified_a_side_effect_the_outer_tool_is_not_refused(wrap: Any) -> No
 @pytest.mark.parametrize("wrap", WRAPS)
 def test_a_safe_tool_calling_a_safe_tools_function_is_not_refused(wrap: Any) -> None:
     wrap(safe_tools=["lookup_order", "write_audit", "reply"])
+
+
+class Desk:
+    """Tools as bound methods: ``self.write_audit(...)`` is a new method object at each access,
+    so it is matched by the function behind it."""
+
+    def lookup_order(self, order_id: str) -> str:
+        self.write_audit(f"looked up {order_id}")
+        return f"order {order_id}: a kettle"
+
+    def write_audit(self, entry: str) -> str:
+        LEDGER.append(entry)
+        return "audited"
+
+
+def test_a_bound_method_calling_a_side_effect_method_is_refused() -> None:
+    desk = Desk()
+    with pytest.raises(AdapterError, match=REFUSED):
+        ChatAgent(lambda history, rng: "done",
+                  tools={"lookup_order": desk.lookup_order, "write_audit": desk.write_audit},
+                  safe_tools=["lookup_order"], side_effect_tools=["write_audit"])
+
+
+def test_a_graph_node_calling_a_side_effect_tools_function_is_refused() -> None:
+    audit = StructuredTool.from_function(write_audit)
+    model = CarChatModel(inner=FakeMessagesListChatModel(responses=[AIMessage("done")]))
+
+    def audited(state: MessagesState) -> dict[str, Any]:
+        audit.func(entry="a node's own audit")  # past BaseTool.run: no guard sees it
+        return {}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
+    graph.add_node("audit", audited)
+    graph.add_node("tools", ToolNode([audit]))
+    graph.add_edge(START, "audit")
+    graph.add_edge("audit", "agent")
+    graph.add_conditional_edges("agent", tools_condition)
+    graph.add_edge("tools", "agent")
+    app = graph.compile(checkpointer=InMemorySaver())
+    with pytest.raises(AdapterError, match=r"node 'audit' calls the function of side-effect "
+                                           r"tool\(s\) \['write_audit'\]"):
+        LangGraphAgent(app, model=model, side_effect_tools=["write_audit"])

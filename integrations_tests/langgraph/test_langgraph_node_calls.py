@@ -13,6 +13,7 @@ that runs the note as a LangChain tool is attributed with no real write.
 
 from __future__ import annotations
 
+import types
 import uuid
 from typing import Annotated, Any, TypedDict
 
@@ -100,6 +101,14 @@ def plain(call: dict[str, Any]) -> str:  # memory-agent's way: the function itse
     return save_note(**call["args"])
 
 
+# the same plain call from another module of the app's: reading the node's code does not
+# follow it there, so the record's answer is what refuses it
+ELSEWHERE = types.ModuleType("notes_helpers")
+ELSEWHERE.__dict__["save_note"] = save_note
+exec("def store(call):\n    return save_note(**call['args'])\n", ELSEWHERE.__dict__)
+STORE_ELSEWHERE = ELSEWHERE.__dict__["store"]
+
+
 def through_tool(call: dict[str, Any]) -> str:  # the tool object, which the guard answers
     return str(note_tool.invoke(call["args"]))
 
@@ -131,20 +140,32 @@ def ledger() -> list[str]:
     return LEDGER
 
 
-@pytest.mark.parametrize("kwargs, says", [
-    ({}, r"'save_note' is not a tool of this graph \(its tools are \[\]\)"),
-    ({"node_tools": [note_tool], "side_effect_tools": ["save_note"]},
-     r"answered by a node, and no LangChain tool named 'save_note' ran in the record"),
+# named as a node tool, the node's plain call of its function is refused where the agent is
+# built (``refuse_side_effect_functions``); unnamed, where the record shows the call
+CALLS_ITS_FUNCTION = (r"node 'store' calls the function of side-effect tool\(s\) "
+                      r"\['save_note'\] in its own code")
+
+
+@pytest.mark.parametrize("kwargs, says, hint", [
+    ({}, r"step 0's call .*'save_note' is not a tool of this graph \(its tools are \[\]\)",
+     "ainvoke"),
+    ({"node_tools": [note_tool], "side_effect_tools": ["save_note"]}, CALLS_ITS_FUNCTION,
+     "tool.invoke"),
+    ({"node_tools": [note_tool], "side_effect_tools": ["save_note"], "store": "elsewhere"},
+     r"answered by a node, and no LangChain tool named 'save_note' ran in the record",
+     "ainvoke"),
 ])
 def test_a_call_a_node_answers_with_its_own_code_is_refused(kwargs: dict[str, Any],
-                                                            says: str) -> None:
-    app = notes_app(Notes(rng_seed=1), plain)
+                                                            says: str, hint: str) -> None:
+    kwargs = dict(kwargs)
+    store = STORE_ELSEWHERE if kwargs.pop("store", None) else plain
+    app = notes_app(Notes(rng_seed=1), store)
     run = recorded(app)
     written = len(LEDGER)
-    agent = LangGraphAgent(app, **kwargs)
-    with pytest.raises(AdapterError, match=rf"step 0's call .*{says}") as caught:
-        car.contrastive(run, agent, outcome=leaked, rollouts=8, seed=0)
-    assert "ainvoke" in (caught.value.hint or "")
+    with pytest.raises(AdapterError, match=says) as caught:
+        car.contrastive(run, LangGraphAgent(app, **kwargs), outcome=leaked, rollouts=8,
+                        seed=0)
+    assert hint in (caught.value.hint or "")
     assert len(LEDGER) == written  # no branch ran
 
 
@@ -196,13 +217,20 @@ def test_a_made_up_tool_name_the_tool_node_turned_away_is_not_refused() -> None:
 
 def test_an_imported_thread_cannot_show_the_tool_ran_so_it_is_refused() -> None:
     """A user trial imported the same thread (``attribute_thread``) and the check was skipped:
-    6 real writes. The checkpoints do not say whether a LangChain tool ran, so a call known
-    only from ``node_tools`` is refused there too."""
-    app = notes_app(Notes(rng_seed=1), plain)
+    6 real writes. A node whose code calls the function of the tool named in ``node_tools``
+    is refused by the agent ``attribute_thread`` builds; one that calls it from another
+    module, which reading the code does not follow, by the thread: its checkpoints do not show
+    whether a LangChain tool ran."""
+    refused_on_import(plain, CALLS_ITS_FUNCTION)
+    refused_on_import(STORE_ELSEWHERE, r"an imported thread does not show whether a LangChain "
+                                       r"tool named 'save_note' ran")
+
+
+def refused_on_import(store: Any, says: str) -> None:
+    app = notes_app(Notes(rng_seed=1), store)
     run = recorded(app)
     written = len(LEDGER)
-    with pytest.raises(AdapterError, match=r"an imported thread does not show whether a "
-                                           r"LangChain tool named 'save_note' ran"):
+    with pytest.raises(AdapterError, match=says):
         attribute_thread(app, str(run.meta["thread_id"]), outcome=leaked,
                          node_tools=[note_tool], side_effect_tools=["save_note"],
                          simulators={"save_note": lambda a: "saved"}, rollouts=8)
