@@ -15,6 +15,7 @@ from langchain_core.runnables import RunnableWithFallbacks
 from langchain_core.tools import BaseTool
 from langgraph.prebuilt import ToolNode
 
+from ..common.named import named_objects
 from .checkpoints import join
 from .reach import Reach, reach
 
@@ -97,8 +98,9 @@ def _tools(tool_nodes: dict[tuple[str, str], Any], reaches: dict[tuple[str, str]
 
 
 def _nested(tools: list[Any]) -> dict[str, BaseTool]:
-    """The tools that only the code of ``tools`` (their functions, and the tools found there in
-    turn) calls, by name: a lookup that audits through another tool object. They run wherever
+    """The tools that only the code of ``tools`` (their functions, the sub-agents they run, and
+    the tools found there in turn) calls, by name: a lookup that audits through another tool
+    object, or asks a billing sub-agent. They run wherever
     the outer tool runs, so they are classified like the graph's own (a side effect among them
     is answered by the branch's guard, and can be named as one)."""
     known = {id(t) for t in tools}
@@ -111,11 +113,32 @@ def _nested(tools: list[Any]) -> dict[str, BaseTool]:
             fn = getattr(tool, part, None)
             if not callable(fn):
                 continue
-            for name, inner in reach(fn).tools.items():
+            found = list(reach(fn).tools.items())
+            for app in named_objects(fn, _is_graph):  # a sub-agent the tool runs
+                found += _graph_tools(app)
+            for name, inner in found:
                 if id(inner) not in known and name not in names:
                     known.add(id(inner))
                     out.setdefault(name, inner)
                     todo.append(inner)
+    return out
+
+
+def _is_graph(v: Any) -> bool:
+    return hasattr(v, "get_subgraphs") and hasattr(v, "builder")
+
+
+def _graph_tools(app: Any) -> list[tuple[str, Any]]:
+    """The tools of a compiled graph another tool's code runs: its tool nodes' and those its
+    other nodes reach, at every level."""
+    graphs = {"": app, **dict(app.get_subgraphs(recurse=True))}
+    specs = [spec for g in graphs.values()
+             for spec in getattr(getattr(g, "builder", None), "nodes", {}).values()]
+    out: list[tuple[str, Any]] = []
+    for spec in specs:
+        node = tool_node(spec.runnable)
+        out += (list(getattr(node, "tools_by_name", {}).items()) if node is not None
+                else list(reach(spec.runnable).tools.items()))
     return out
 
 

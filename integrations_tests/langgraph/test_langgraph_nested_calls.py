@@ -140,3 +140,32 @@ def test_a_safe_tool_calling_a_side_effects_function_attribute_is_refused(
                                            r"side-effect tool\(s\) \['audit_log'\]"):
         LangGraphAgent(app, model=model, safe_tools=["lookup_order"],
                        side_effect_tools=["audit_log"])
+
+
+def test_a_sub_agents_tools_a_safe_tool_runs_are_classified_with_the_graphs(
+        tmp_path: Path) -> None:
+    """A lookup that asks a billing sub-agent (its own graph, on its own thread): the
+    sub-agent's ``refund`` runs wherever the lookup runs, so it must be classified, and can be
+    named, before any branch."""
+    @tool
+    def refund(order_id: str) -> str:
+        """Refund an order (moves money)."""
+        return "refunded"
+
+    billing = create_agent(Planted(rng=random.Random(1)), [refund],
+                           checkpointer=InMemorySaver())
+
+    @tool
+    def lookup_order(order_id: str) -> str:
+        """Look an order up, asking billing."""
+        billing.invoke({"messages": [{"role": "user", "content": order_id}]},
+                       {"configurable": {"thread_id": "billing-1"}})
+        return "order A1: shipped"
+
+    model = CarChatModel(inner=Planted(rng=random.Random(7)))
+    app = create_agent(model, [lookup_order], checkpointer=InMemorySaver())
+    with pytest.raises(UnclassifiedTools, match=r"\['refund'\]"):
+        LangGraphAgent(app, model=model, safe_tools=["lookup_order"])
+    agent = LangGraphAgent(app, model=model, safe_tools=["lookup_order"],
+                           side_effect_tools=["refund"])
+    assert agent.safety.guards("refund")
