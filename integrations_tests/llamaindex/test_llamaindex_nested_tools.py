@@ -265,3 +265,46 @@ def test_a_sub_agents_side_effect_is_simulated_on_branches() -> None:
                             side_effect_tools=["refund"], simulators={"refund": fake_refund})
     attribute(run, agent, asked)
     assert {"order_id": "7", "amount": 40} in simulated
+
+
+def test_a_safe_tool_run_again_meets_the_net_too() -> None:
+    """A lookup that errors on a branch for an order the record never asked about is run
+    again (to tell whose error it was), outside the workflow: its nested audit, which only the
+    net sees (another module's code), must be answered there too, not written."""
+    helpers = _hidden(AUDIT)
+
+    def lookup_order(order_id: str) -> str:
+        """Look an order up (reads only, says the app)."""
+        helpers.audit(f"looked up {order_id}")
+        if order_id != "7":
+            raise LookupError(f"no order {order_id}")
+        return f"order {order_id}: kettle, 40 EUR"
+
+    def asks(messages: list[dict[str, Any]], tools: list[str], rng: Any) -> Any:
+        done = [m for m in messages if m["role"] == "assistant"]
+        if not done:
+            return _call(0, "lookup_order", order_id="7" if rng.random() < 0.5 else "8")
+        if len(done) == 1:
+            return _call(1, "write_audit", entry="refund 5000")
+        return "done"
+
+    def app() -> FunctionAgent:
+        tool = FunctionTool.from_defaults(fn=lookup_order, name="lookup_order")
+        return FunctionAgent(name="desk", tools=[tool, AUDIT, reply],
+                             llm=ScriptedLLM(asks, seed=0), system_prompt="You help.")
+
+    run = record(app(), lambda r: audited(r) and "order 7" in str(r.steps[0].observation))
+    simulated: list[dict[str, Any]] = []
+
+    def fake_audit(arguments: dict[str, Any]) -> str:
+        simulated.append(arguments)
+        return "audited"
+
+    agent = LlamaIndexAgent(app(), safe_tools=["lookup_order", "reply"],
+                            side_effect_tools=["write_audit"],
+                            simulators={"write_audit": fake_audit})
+    LEDGER.clear()
+    car.intervene(run, agent, car.do_action(0, _call(0, "lookup_order", order_id="8")),
+                  outcome=audited, rollouts=2)
+    assert LEDGER == []
+    assert simulated.count({"entry": "looked up 8"}) >= 3  # on each branch, and run again
