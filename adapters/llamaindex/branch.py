@@ -18,6 +18,9 @@ for each tool: a forced observation is served as given, a side-effect tool is an
 still hands it the ``Context``, and a side-effect one is answered with the recorded result and
 the recorded write to ``ctx.store`` replayed (an identical call), or by a simulator given the
 ``Context`` (``fn(arguments, ctx)``), or stops the branch.
+Code a live tool runs (``running_tool``) may call other tool objects itself, or run a nested
+agent: on a branch, ``guard_nested_calls`` answers such a call of a side-effect tool as the
+stand-ins would, and stops a call of a tool nothing classified.
 ``StatePrompt`` stands in for the state prompts: a branch re-enters with recorded messages that
 already carry the state the framework put on them, so on a branch it gives the message back
 unchanged.
@@ -146,8 +149,9 @@ def guard_nested_calls() -> None:
     """Put the net for nested calls on ``FunctionTool.call`` / ``acall`` (once; transparent
     where no branch session is set): on a branch, a call of a tool object that the stand-ins
     did not make — a tool's own code calling another tool, or a nested agent calling its
-    tools — is answered like a side-effect call (``_nested_answer``) or stopped when it is a
-    side effect or a tool nothing classified; a safe tool runs (``nested`` module docstring)."""
+    tools — is answered like a side-effect call (``_nested``: simulator or identical recorded
+    call) when it is a side effect, or stopped when nothing classified the tool; a safe tool
+    runs (``nested`` module docstring)."""
     with _NET_LOCK:
         if _NET:
             return
