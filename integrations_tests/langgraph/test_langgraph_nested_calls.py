@@ -22,41 +22,12 @@ from typing import Any
 import pytest
 from car_adapters.langgraph import CarCallback, CarChatModel, LangGraphAgent
 from langchain.agents import create_agent
-from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, ToolMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import BaseTool, tool
 from langgraph.checkpoint.memory import InMemorySaver
 
 import car_core as car
 from car_core.errors import AdapterError, UnclassifiedTools
-
-
-class Planted(BaseChatModel):
-    rng: Any = None
-
-    @property
-    def _llm_type(self) -> str:
-        return "planted-lookup"
-
-    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
-        return self.bind(**kwargs)
-
-    def _generate(self, messages: list[Any], stop: Any = None, run_manager: Any = None,
-                  **kwargs: Any) -> ChatResult:
-        if not any(isinstance(m, AIMessage) for m in messages):
-            order = "Z9" if self.rng.random() < 0.7 else "A1"
-            said = AIMessage("", tool_calls=[{"id": f"c{self.rng.random()}", "args":
-                                               {"order_id": order}, "name": "lookup_order"}])
-        else:
-            found = next(m for m in messages if isinstance(m, ToolMessage))
-            said = AIMessage("Sorry, I cannot find that order." if "no such" in
-                             str(found.content) else "Your order has shipped.")
-        return ChatResult(generations=[ChatGeneration(message=said)])
-
-
-def apologised(run: car.Trajectory) -> bool:
-    return any("cannot find" in str((s.action or {}).get("content")) for s in run.steps)
+from integrations_tests.langgraph.test_langgraph_rerun_guard import Planted, apologised
 
 
 class Desk:
