@@ -125,17 +125,26 @@ def test_an_undecided_table_says_where_an_untested_step_stands(located) -> None:
 
 
 def test_later_steps_say_what_was_ruled_out_and_what_was_not(located) -> None:
-    """At 16 rollouts a step the budget cannot rule the later steps out at Δ = 0.1 (that
-    takes about 64 pairs of zeros an arm): the answer says which were not and by how much
-    re-deciding them might still help; ruled out, it says so with Δ; the table agrees."""
-    assert located.indifference == 0.1 and located.not_ruled_out
+    """At 16 rollouts a step the budget rules out the last step (33 rollouts of an arm that
+    never passes) but not the two before it: the answer says which were ruled out, with Δ,
+    and which were not, by how much re-deciding them might still help; with none ruled out it
+    says only the latter; with all, it says so with Δ; the table agrees."""
+    assert located.indifference == 0.1 and located.not_ruled_out == (3, 4)
+    assert [s.step for s in located.steps if s.ruled_out] == [5]
     first, last = min(located.not_ruled_out), max(located.not_ruled_out)
     said = fmt.answer(located)
     arm = next(a for a in located.arms if a.hold_before == first)
     assert said.endswith(
-        f"; re-deciding {fmt.steps_span(first, last)} left P(fail) at 100% "
-        f"{fmt.percent_interval(arm.ci)}, too few re-runs to rule them out: re-deciding "
-        "them may still lower P(fail) by 10% or more (a larger budget would tell).")
+        f"; re-deciding steps 3–5 left P(fail) at 100% {fmt.percent_interval(arm.ci)}; step 5 "
+        "is ruled out as a cause (it moves P(fail) by less than 10%), but there were too few "
+        "re-runs to rule out steps 3–4: re-deciding them may still lower P(fail) by 10% or "
+        "more (a larger budget would tell).")
+    none_ruled = replace(located, not_ruled_out=(3, 4, 5), steps=tuple(
+        replace(s, ruled_out=False) for s in located.steps))
+    assert fmt.answer(none_ruled).endswith(
+        f"; re-deciding steps 3–5 left P(fail) at 100% {fmt.percent_interval(arm.ci)}, too "
+        "few re-runs to rule them out: re-deciding them may still lower P(fail) by 10% or "
+        "more (a larger budget would tell).")
     # one sentence never says both that steps change nothing and that they may still matter
     assert "changes nothing" not in said
     # without the arm measured, the open steps are said on their own

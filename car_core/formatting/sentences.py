@@ -152,10 +152,18 @@ def later_steps(r: Any) -> str | None:
     j = after[0]
     rate, level = _arm_rate(arms[j], arms.get(n))
     measured = f"re-deciding {steps_span(j, n - 1)} left P(fail) at {rate}"
-    if left:
-        return f"{measured}, {_open_steps(r, measured=(j, n - 1))}"
     delta = _get(r, "indifference")
     ruled = [_get(e, "step") for e in _get(r, "steps", ()) or () if _get(e, "ruled_out")]
+    if left:
+        open_words = _open_steps(r, measured=(j, n - 1))
+        if delta is None or not ruled:
+            return f"{measured}, {open_words}"
+        # some ruled out, the earlier ones open: say both (the sentence once named only the
+        # open ones, and a reader could not tell what became of the rest)
+        one = len(ruled) == 1
+        return (f"{measured}; {_span(ruled)} {'is' if one else 'are'} ruled out as "
+                f"{'a cause' if one else 'causes'} ({'it moves' if one else 'each moves'} "
+                f"P(fail) by less than {percent(delta)}), but there were {open_words}")
     if delta is not None and ruled and min(ruled) == k + 1:
         one = len(ruled) == 1
         said = (f"re-deciding {steps_span(j, n - 1)} changes nothing: P(fail) stays {rate}"
@@ -163,6 +171,13 @@ def later_steps(r: Any) -> str | None:
         return (f"{said}: ruled out as {'a cause' if one else 'causes'}, "
                 f"{'it moves' if one else 'each moves'} P(fail) by less than {percent(delta)}")
     return measured + (f"; {untested(k + 1, j - 1)}" if j > k + 1 else "")
+
+
+def _span(steps: list[int]) -> str:
+    """``step 5``, ``steps 3–5``, or ``steps 2, 5`` where they do not run on."""
+    if max(steps) - min(steps) + 1 == len(steps):
+        return steps_span(min(steps), max(steps))
+    return "steps " + ", ".join(map(str, sorted(steps)))
 
 
 def _rescue_words(s: Any) -> str:
@@ -312,8 +327,7 @@ def _open_steps(r: Any, measured: tuple[int, int] | None = None) -> str | None:
     if not left or delta is None:
         return None
     one = len(left) == 1
-    span = steps_span(min(left), max(left)) if max(left) - min(left) + 1 == len(left) else \
-        "steps " + ", ".join(map(str, sorted(left)))
+    span = _span(list(left))
     might = (f"re-deciding {'it' if one else 'them'} may still lower P(fail) by "
              f"{percent(delta)} or more (a larger budget would tell)")
     if measured is not None:
