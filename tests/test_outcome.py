@@ -45,6 +45,20 @@ def test_rescoring_a_recorded_run_gives_its_recorded_value(seed: int) -> None:
     assert again.outcome == run.outcome
 
 
+def test_runs_recorded_without_a_seed_draw_apart_and_keep_their_draw() -> None:
+    """A hosted model's run, or one the OpenAI Agents SDK recorder stored, has no seed: each
+    such run's judge draws its own number (all of them once drew seed 0's, so a judge meant to
+    flip 15% of verdicts flipped every stored run or none), and scoring the run again gives
+    back its value, as for a seeded run."""
+    base = car.record(agent(), context="go", outcome=judge, seed=0)
+    runs = [replace(base, id=f"hosted-run-{i}", seed=None) for i in range(12)]
+    values = [scored(r, judge).outcome.value for r in runs]  # type: ignore[union-attr]
+    assert len(set(values)) == 12
+    assert [scored(scored(r, judge), judge).outcome.value  # type: ignore[union-attr]
+            for r in runs] == values
+    check_on_record(scored(runs[3], judge), judge)  # the record's own check agrees with it
+
+
 def test_a_branch_is_scored_from_its_own_noise() -> None:
     run = car.record(agent(), context="go", outcome=judge, seed=0)
     noise = branch_noise(0, 5, "arm", coupled=True)

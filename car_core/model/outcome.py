@@ -46,6 +46,7 @@ from car_core.errors import (
 )
 from car_core.model.awaiting import awaited, run_to_end
 from car_core.model.capabilities import positional_arity
+from car_core.model.json_values import digest
 from car_core.model.outages import is_outage
 from car_core.model.seeding import Noise, Stream
 from car_core.model.trajectory import FAILED_AT, Outcome, Trajectory, is_failure
@@ -173,13 +174,25 @@ class OutcomeFn:
     def score(self, run: Trajectory, noise: Noise | None = None) -> float:
         """The value of ``run``; a noisy judge draws from the outcome stream of ``noise`` (a
         branch's own), or of the noise a recorded run was recorded with when None."""
-        noise = Noise(run.seed or 0) if noise is None else noise
+        noise = record_noise(run) if noise is None else noise
         return self(run, noise.rng(0, Stream.OUTCOME))
 
     async def ascore(self, run: Trajectory, noise: Noise | None = None) -> float:
         """``score`` on an event loop (see ``acall``): the same value, drawn the same way."""
-        noise = Noise(run.seed or 0) if noise is None else noise
+        noise = record_noise(run) if noise is None else noise
         return await self.acall(run, noise.rng(0, Stream.OUTCOME))
+
+
+def record_noise(run: Trajectory) -> Noise:
+    """The noise a recorded run is scored with: its seed's, or, for a run recorded without
+    one (a hosted model, the OpenAI Agents SDK's recorder), a seed taken from its id. Every
+    seedless run once drew from seed 0, so a judge taking ``rng`` drew the same number for
+    each and was wrong on all of them or on none (a trial's judge, meant to flip 15% of
+    verdicts, flipped 12 of 12 stored runs); the id keeps each run's own draw, and scoring the
+    run again gives back its value."""
+    if run.seed is not None:
+        return Noise(run.seed)
+    return Noise(int(digest(run.id)[:8], 16))
 
 
 def _run_id(run: Trajectory) -> str:
@@ -267,7 +280,7 @@ def check_on_record(run: Trajectory, outcome: OutcomeLike, *, attributing: bool 
     if stored is None and not attributing:
         return
     fn = outcome if isinstance(outcome, OutcomeFn) else OutcomeFn(outcome)
-    seed = run.seed or 0
+    seed = record_noise(run).seed
     scores: list[float] = []
     for i in range(RECORD_SCORES):
         value = fn.score(run, Noise(seed) if i == 0 else Noise(seed, (RESCORE_KEY, i)))
