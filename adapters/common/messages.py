@@ -318,6 +318,10 @@ class ToolSafety:
     unclassified: str = "refuse"
     live: frozenset[str] = frozenset()  # unclassified tools branches run (unclassified="live")
     derived: Mapping[str, str] = field(default_factory=dict)  # tool -> the source that said so
+    # safe tools the framework says outright change things -> what it says (``caveats``)
+    contradicted: Mapping[str, str] = field(default_factory=dict)
+    # side effects the framework says outright change things: not offered to safe_tools
+    outright: frozenset[str] = frozenset()
     _warned: set[str] = field(default_factory=set, compare=False, repr=False)
 
     @classmethod
@@ -381,12 +385,16 @@ class ToolSafety:
         tools = set(tools)
         self.check_names(tools, agent=agent)
         safe, side, why = set(self.safe_tools), set(self.side_effect_tools), {}
+        contradicted, outright = {}, set()
         for name, said in (derived or {}).items():
             said = list(said)
             against = next((c for c in said if c.outright), None)
+            if name in tools and against is not None:
+                outright.add(name)
             if name in tools and name in self.safe_tools and against is not None:
+                contradicted[name] = against.why.split(", and ")[0]
                 warnings.warn(ContradictedSafeTool(
-                    f"safe_tools names {name!r}, but {against.why.split(', and ')[0]}: "
+                    f"safe_tools names {name!r}, but {contradicted[name]}: "
                     "branches will run it for real; if it changes anything (a refund, an "
                     "e-mail, a write), move it to side_effect_tools"), stacklevel=3)
             if name not in tools or name in safe or name in side or not said:
@@ -410,17 +418,24 @@ class ToolSafety:
                      "(bookings, e-mails, writes) never run on a branch. In a sandbox where "
                      'every tool may run for real, pass unclassified="live" instead')
         return replace(self, side_effect_tools=frozenset(side), safe_tools=frozenset(safe),
-                       live=frozenset(rest), derived=why)
+                       live=frozenset(rest), derived=why, contradicted=contradicted,
+                       outright=frozenset(outright - safe))
 
     @property
     def caveats(self) -> tuple[str, ...]:
         """What every result of an agent under this rule must say: the unclassified tools its
-        branches ran live (``unclassified="live"``)."""
-        if not self.live:
-            return ()
-        return (f"unclassified tools ran live on branches: {sorted(self.live)} "
-                '(unclassified="live": their real effects happened on every branch that '
-                "called them)",)
+        branches ran live (``unclassified="live"``), and each tool ``safe_tools`` names that
+        its framework says outright changes things. The build-time ``ContradictedSafeTool``
+        warning alone was one line among a server's logs, and a trial's result, after three
+        real refunds on branches, said nothing of it."""
+        said = [f"safe_tools names {name!r}, but {why}: branches ran it for real, so if it "
+                "changes anything its real effects happened on every branch that called it"
+                for name, why in sorted(self.contradicted.items())]
+        if self.live:
+            said.insert(0, f"unclassified tools ran live on branches: {sorted(self.live)} "
+                           '(unclassified="live": their real effects happened on every branch '
+                           "that called them)")
+        return tuple(said)
 
     def _key_args(self, name: str, arguments: Any) -> dict[str, Any] | None:
         """The arguments a call is matched on (None: match exactly)."""
@@ -622,9 +637,16 @@ class ToolSafety:
                 f"the branch called side-effect tool {name!r} with arguments {key[1]}, all "
                 "free text and not those of any recorded call: nothing tells whether it does "
                 "what a recorded call did", run_id=run_id, step=step, hint=self._choose(name))
-        undo = (f"name it in safe_tools if it is safe to run (it is a side effect because: "
-                f"{self.derived[name]})" if name in self.derived else
-                f"move {name!r} from side_effect_tools to safe_tools if it is safe to run")
+        if name in self.outright:  # its server says it changes things: never offer safe_tools
+            undo = (f"match_on={{{name!r}: [the argument names that matter]}} if the record "
+                    "holds such a call" + (f" (it is a side effect because: "
+                                            f"{self.derived[name]})" if name in self.derived
+                                            else ""))
+        elif name in self.derived:
+            undo = (f"name it in safe_tools if it is safe to run (it is a side effect "
+                    f"because: {self.derived[name]})")
+        else:
+            undo = f"move {name!r} from side_effect_tools to safe_tools if it is safe to run"
         raise SideEffectBlocked(
             f"the branch called side-effect tool {name!r} with arguments {key[1]}, which the "
             "record cannot answer", run_id=run_id, step=step,

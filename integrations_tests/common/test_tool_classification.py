@@ -46,7 +46,7 @@ from llama_index.core.objects import ObjectRetriever
 
 import car_core as car
 from car_core.engine.agent import AgentCaveat
-from car_core.errors import AdapterError, InvalidInput, UnclassifiedTools
+from car_core.errors import AdapterError, InvalidInput, SideEffectBlocked, UnclassifiedTools
 from car_core.results import result_from_dict
 
 P_REFUND = 0.8
@@ -147,6 +147,32 @@ def test_naming_safe_a_tool_its_server_says_changes_things_warns_and_the_user_st
     assert words[1].startswith("safe_tools names 'refund', but its MCP server annotates it "
                                "readOnlyHint=False and destructiveHint=True")
     assert out.safe_tools == {"refund", "mail", "lookup", "find"}
+    # the result says it too: a trial's warning was one line among the server's logs, and
+    # its result, after three real refunds on branches, said nothing
+    assert out.caveats == (
+        "safe_tools names 'mail', but its MCP server annotates it without readOnlyHint and "
+        "destructiveHint=True: branches ran it for real, so if it changes anything its real "
+        "effects happened on every branch that called it",
+        "safe_tools names 'refund', but its MCP server annotates it readOnlyHint=False and "
+        "destructiveHint=True: branches ran it for real, so if it changes anything its real "
+        "effects happened on every branch that called it")
+
+
+def test_a_blocked_call_of_a_tool_its_server_says_changes_things_never_offers_safe_tools(
+        ) -> None:
+    """The blocked call's hint offered "name it in safe_tools if it is safe to run" in the
+    same breath as the server's destructiveHint=True; for such a tool it offers a simulator
+    or match_on only. A tool whose server merely gives no annotations still gets the offer."""
+    said = {"refund": [mcp_classified({"readOnlyHint": False, "destructiveHint": True})],
+            "note": [mcp_classified(None)]}
+    rule = ToolSafety.of().classified(["refund", "note"], said)
+    with pytest.raises(SideEffectBlocked) as err:
+        rule.answer("refund", {"order_id": "7"}, {}, run_id="r", step=2)
+    assert "safe_tools" not in err.value.hint and "simulators=" in err.value.hint
+    assert "destructiveHint=True" in err.value.hint
+    with pytest.raises(SideEffectBlocked) as err:
+        rule.answer("note", {"order_id": "7"}, {}, run_id="r", step=2)
+    assert "name it in safe_tools if it is safe to run" in err.value.hint
 
 
 # -- ChatAgent ---------------------------------------------------------------------------------
