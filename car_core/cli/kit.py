@@ -35,6 +35,7 @@ from rich.text import Text
 
 from car_core import errors
 from car_core import formatting as fmt
+from car_core.engine.agent import require_agent
 from car_core.engine.execution import Sequential
 from car_core.engine.progress import LineProgress
 from car_core.errors import (
@@ -266,9 +267,7 @@ def load_agent_and_outcome(agent_spec: str, outcome_spec: str | None) -> tuple[A
     if not hasattr(made, "branch") and callable(getattr(made, "agent", None)):
         outcome = getattr(made, "outcome", None)
         made = made.agent()
-    if not hasattr(made, "branch") or not hasattr(made, "start"):
-        raise InvalidInput(f"--agent {agent_spec} returned a {type(made).__name__}, not an agent",
-                           hint="return a car.FunctionAgent or a framework adapter's agent")
+    require_agent(made, f"what --agent {agent_spec} returned")
     if outcome_spec:
         outcome = load_object(outcome_spec, "outcome")
     if outcome is None or not callable(outcome):

@@ -84,12 +84,45 @@ def caveats_of(agent: object) -> tuple[str, ...]:
     return tuple(str(c) for c in cast(CaveatedAgent, agent).caveats)
 
 
+# A framework's own agent object, by the package its class comes from, and the CAR wrapper it
+# needs (car_core names them without importing any framework).
+WRAPPERS = {
+    "agents": "from car_adapters.openai_agents import OpenAIAgentsAgent; "
+              "OpenAIAgentsAgent(agent, safe_tools=[...], side_effect_tools=[...])",
+    "langgraph": "from car_adapters.langgraph import LangGraphAgent; "
+                 "LangGraphAgent(app, safe_tools=[...], side_effect_tools=[...])",
+    "langchain": "from car_adapters.langgraph import LangGraphAgent; "
+                 "LangGraphAgent(app, safe_tools=[...], side_effect_tools=[...])",
+    "llama_index": "from car_adapters.llamaindex import LlamaIndexAgent; "
+                   "LlamaIndexAgent(workflow, safe_tools=[...], side_effect_tools=[...])",
+}
+
+
+def require_agent(agent: object, given: str = "the agent") -> None:
+    """Refuse, by name, an object that is not a CAR agent (no ``start`` and ``branch``),
+    saying which wrapper a framework's own agent needs. An OpenAI Agents SDK ``Agent`` passed
+    as it is was refused as "recorded with another agent" (and, with ``force_agent=True``,
+    every branch failed on a missing ``branch``)."""
+    if callable(getattr(agent, "branch", None)) and callable(getattr(agent, "start", None)):
+        return
+    package = (type(agent).__module__ or "").split(".")[0]
+    wrap = WRAPPERS.get(package)
+    raise InvalidInput(
+        f"{given} is a {type(agent).__module__}.{type(agent).__name__}, not a CAR agent "
+        "(it has no start and branch)",
+        hint=(f"wrap it: {wrap}" if wrap else
+              "pass a car.FunctionAgent, a car_adapters.models.ChatAgent or a framework "
+              "adapter's agent (LangGraphAgent, LlamaIndexAgent, OpenAIAgentsAgent)"))
+
+
 def check_agent(run: Trajectory, agent: Agent, *, force: bool = False) -> None:
-    """Refuse, before any branch runs, an agent other than the one ``run`` was recorded with
-    (runs recorded without a fingerprint are not checked; ``force`` skips that check), then
-    let the agent's optional ``preflight(run)`` hook refuse a run it cannot branch (a thread
-    its checkpointer does not have, a graph shape it cannot fork). Each of the agent's
-    ``caveats`` is warned (``AgentCaveat``) once the run is accepted."""
+    """Refuse, before any branch runs, an object that is not a CAR agent (``require_agent``)
+    and an agent other than the one ``run`` was recorded with (runs recorded without a
+    fingerprint are not checked; ``force`` skips that check), then let the agent's optional
+    ``preflight(run)`` hook refuse a run it cannot branch (a thread its checkpointer does not
+    have, a graph shape it cannot fork). Each of the agent's ``caveats`` is warned
+    (``AgentCaveat``) once the run is accepted."""
+    require_agent(agent)
     recorded = run.meta.get("agent_fingerprint")
     if not force and isinstance(recorded, str):
         given = agent_fingerprint(agent)
