@@ -316,6 +316,21 @@ def test_the_cli_bar_ends_at_what_was_run_and_says_how_much_was_allowed() -> Non
     assert task.description.endswith("stopped early, 68 of 192 allowed")
 
 
+def test_the_cli_bar_without_a_budget_counts_down_to_its_planned_cap() -> None:
+    """Without --budget the bar counts to the search's n·K cap; its last column said "no
+    budget cap" beside it (a trial read that as a contradiction)."""
+    bar = kit.RichProgress("contrastive r1", 80, None)
+    bar.update(30)
+    task = bar.progress.tasks[0]
+    assert kit._Left().render(task).plain == "at most 50 more"
+    assert kit._Left().render(replace(task, total=None)).plain == "no budget cap"
+    with_budget = kit.RichProgress("contrastive r1", 80, 60)
+    with_budget.update(30)
+    assert kit._Left().render(with_budget.progress.tasks[0]).plain == "budget left 30"
+    bar.close()
+    with_budget.close()
+
+
 def test_a_car_warning_is_one_plain_line_and_others_keep_their_form(capsys) -> None:
     """A side-effect tool matched on free text warned in Python's form: CAR's file and line,
     then the source line, which read as a crash in a user trial."""

@@ -426,11 +426,18 @@ class _Rate(ProgressColumn):
 
 
 class _Left(ProgressColumn):
+    """The budget left, or, with no ``--budget``, how many more rollouts the estimate may run
+    (its planned count is its cap: n·K for a search). It said "no budget cap" beside a bar
+    counting to that cap, which a trial read as a contradiction."""
+
     def render(self, task: Task) -> Text:
         cap = task.fields.get("budget")
-        if cap is None:
-            return Text("no budget cap", style="dim")
-        return Text(f"budget left {max(0, int(cap - task.completed))}", style="yellow")
+        if cap is not None:
+            return Text(f"budget left {max(0, int(cap - task.completed))}", style="yellow")
+        if task.total is not None:
+            return Text(f"at most {max(0, int(task.total - task.completed))} more",
+                        style="yellow")
+        return Text("no budget cap", style="dim")
 
 
 class RichProgress:
