@@ -87,7 +87,8 @@ def refuse_sync_only(saver: Any, async_only: tuple[str, ...], run_id: str | None
         f"the app has async nodes or tools ({', '.join(async_only)}) but its checkpointer "
         f"{name} is sync-only: LangGraph can run such an app only with ainvoke, which "
         f"{name} cannot serve, so no branch runs", run_id=run_id,
-        hint=f"compile the app CAR attributes with {twin} over the same database, opened "
-             "inside your async code, and call CAR from a worker thread there "
-             "(await asyncio.to_thread(car.contrastive, run, agent, ...)); or make those "
-             "nodes plain def functions")
+        hint=f"compile the app CAR attributes with {twin} over the same database: in a "
+             "factory `car attribute --agent` calls (no event loop of yours), open it with "
+             "car_adapters.langgraph.open_in_background(...); inside your own async code, "
+             "open it there and call CAR from a worker thread (await asyncio.to_thread("
+             "car.contrastive, run, agent, ...)); or make those nodes plain def functions")

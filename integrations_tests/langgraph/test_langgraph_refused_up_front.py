@@ -264,6 +264,8 @@ def test_async_nodes_on_a_sync_only_checkpointer_are_refused_before_any_branch(
     text = str(refused.value)
     assert "'agent'" in text and "SqliteSaver is sync-only" in text
     assert refused.value.hint and "AsyncSqliteSaver" in refused.value.hint
+    # the way out from `car attribute`, whose factory has no event loop of the user's
+    assert "open_in_background(" in refused.value.hint
     assert model.calls == calls
     assert branch_threads(agent.saver) == set()
     assert store.runs(branches=True) == [] and store.attributions() == []
