@@ -338,3 +338,20 @@ def test_a_noisy_outcome_is_said_when_the_held_record_does_not_always_fail(locat
     assert len(said) == 1 and f"failed in {round(held.mean * 100)}% (" in said[0]
     assert "caveat: re-scored with every step held" in str(res)
     assert not any(c.startswith("re-scored") for c in located.caveats)  # no judge noise
+
+
+def test_an_undecided_full_search_names_the_step_nearest_a_rescue_not_the_last() -> None:
+    """With search="full" every step is tested: the undecided answer named the last step as
+    the one "the search was testing" (a trial read it as the search having stopped there).
+    It names the step nearest to showing a rescue, and where none has shown one says so."""
+    m = syn.pivot()
+    res = car.contrastive(m.failing_run(0), m.agent(), outcome=m.outcome, rollouts=3, seed=0,
+                          search="full", progress=False)
+    assert res.answer == Answer.UNDECIDED and res.candidate == 2  # the pivot, not step 5
+    assert "the best candidate so far is step 2 " in fmt.answer(res)
+    level = syn.no_cause()
+    res = car.contrastive(level.failing_run(0), level.agent(), outcome=level.outcome,
+                          rollouts=4, seed=0, search="full", progress=False)
+    said = fmt.answer(res)
+    assert res.answer == Answer.UNDECIDED and "was testing" not in said
+    assert "every step was tested and none has shown a rescue so far (the nearest, step" in said

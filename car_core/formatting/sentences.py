@@ -239,6 +239,9 @@ def _undecided_words(r: Any, who: str | None) -> str:
     if s is None or not _get(s, "tested") or _get(s, "effect") is None:
         return f"Undecided: {why}; the best candidate is {name}, not yet measured"
     if float(_get(s, "effect")) <= 0:  # no rescue seen: not a candidate worth the name
+        if _get(r, "search") == "full":  # every step was tested, none is "being" tested
+            return (f"Undecided: {why}; every step was tested and none has shown a rescue so "
+                    f"far (the nearest, {name}: {_rescue_words(s)} so far)")
         return (f"Undecided: {why}; the search was testing {name}, which has shown no rescue "
                 f"so far: {_rescue_words(s)} so far")
     return (f"Undecided: {why}; the best candidate so far is {name}: "
