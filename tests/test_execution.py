@@ -426,6 +426,44 @@ def test_the_asyncio_executor_hands_stop_to_an_abranch_that_takes_it(
     assert agent.given == [False] * 3 + [True] * 3
 
 
+class BreaksWhenCancelled:
+    """An async task function: rollout 0 stops the run with bad input while the others wait;
+    those, cancelled, take a while to clean up and break with another error on their way out
+    (as an anyio task group does). A try after the first returns at once."""
+
+    def __init__(self) -> None:
+        self.tries: dict[int, int] = {}
+        self.cleaned = 0
+
+    def __call__(self, task: Task) -> Any:
+        raise AssertionError("an async task function is awaited, never called")
+
+    async def acall(self, task: Task) -> Any:
+        self.tries[task.rollout] = self.tries.get(task.rollout, 0) + 1
+        if self.tries[task.rollout] > 1:
+            return None
+        if task.rollout == 0:
+            await asyncio.sleep(0.1)
+            raise InvalidInput("a branch found the caller's input wrong")
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.1)
+            raise RuntimeError("connection closed") from None
+        finally:
+            self.cleaned += 1
+
+
+def test_a_stopped_run_awaits_its_cancelled_branches_and_tries_none_again(
+        pivot_run: car.Trajectory) -> None:
+    fn = BreaksWhenCancelled()
+    with pytest.raises(InvalidInput):
+        execute(two_arm_tasks(pivot_run, (2,), rollouts=4), fn, BudgetMeter(None),
+                executor=AsyncioExecutor(4), progress=False)
+    assert fn.cleaned == 3  # every branch in flight ended before the error reached the caller
+    assert fn.tries == {0: 1, 1: 1, 2: 1, 3: 1}  # none started again once the run stopped
+
+
 @pytest.mark.parametrize(("keep", "grows"), [(lambda t: t.outcome.value, False), (None, True)])
 def test_memory_stays_flat_with_a_journal_and_keep(keep: Any, grows: bool,
                                                    store: RunStore) -> None:

@@ -130,11 +130,11 @@ from car_core.errors import AdapterError, CarError, InvalidInput
 from ..common.branch import model_unavailable
 from ..common.messages import ToolSafety
 from ..common.named import refuse_side_effect_functions
-from ..common.sync import run_sync
+from ..common.sync import await_on, finish_on, run_sync
 from .branch_state import BranchState, answerable_calls
 from .branch_store import on_branch, read_store
 from .callback import CarCallback
-from .calls import AsyncCalls, SyncCalls, now, on_loop, probe_async
+from .calls import AsyncCalls, SyncCalls, now, probe_async
 from .checkpoints import fork, thread_config
 from .errored import refuse_errored
 from .fingerprint import app_fingerprint
@@ -366,9 +366,8 @@ class LangGraphAgent:
         state = self._prepare(run, plan, noise, stop)
         if isinstance(state, Trajectory):
             return state
-        if loop is not None:
-            return on_loop(self._run(state, AsyncCalls(self._branch_app(), self.saver)),
-                           loop).result()
+        if loop is not None:  # waited for to its end, even when ^C interrupts the wait
+            return finish_on(self._run(state, AsyncCalls(self._branch_app(), self.saver)), loop)
         if self.is_async:
             return run_sync(lambda: self._run(state, AsyncCalls(self._branch_app(), self.saver)))
         return now(self._run(state, SyncCalls(self._branch_app(), self.saver)))
@@ -391,7 +390,9 @@ class LangGraphAgent:
             return state
         calls = AsyncCalls(self._branch_app(), self.saver)
         if loop is not None and loop is not asyncio.get_running_loop():
-            return await asyncio.wrap_future(on_loop(self._run(state, calls), loop))
+            # cancelled (an estimate that stops), the branch is cancelled on the saver's loop and
+            # awaited there to its end: its thread is deleted before the saver can be closed
+            return await await_on(self._run(state, calls), loop)
         return await self._run(state, calls)
 
     @property

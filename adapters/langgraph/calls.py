@@ -12,16 +12,10 @@ own (``run_tool``), through a ``Calls``:
   ``aput``, ...): ``abranch`` is then a coroutine the asyncio executor runs with others on one
   loop, and nodes or tools that exist only as coroutines (MCP tools, ``async def`` tools) run;
   LangGraph runs a sync node or tool in a worker thread with the task's context copied.
-
-``on_loop`` runs a coroutine on another thread's event loop (the one an async checkpointer is
-bound to) in a copy of the caller's context, so a branch started there still knows it is one.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextvars
 from collections.abc import AsyncGenerator, Coroutine
 from typing import Any, TypeVar
 
@@ -117,35 +111,6 @@ def now(coro: Coroutine[Any, Any, T]) -> T:
         return done.value  # type: ignore[no-any-return]
     coro.close()
     raise RuntimeError("a branch driven with SyncCalls waited on an event loop")
-
-
-def on_loop(coro: Coroutine[Any, Any, T],
-            loop: asyncio.AbstractEventLoop) -> concurrent.futures.Future[T]:
-    """Schedule ``coro`` on ``loop`` (running in another thread) in a copy of this context;
-    cancelling the returned future cancels the coroutine."""
-    context = contextvars.copy_context()
-    done: concurrent.futures.Future[T] = concurrent.futures.Future()
-
-    def start() -> None:
-        if done.cancelled():  # the caller gave up before it started
-            coro.close()
-            return
-        task = loop.create_task(coro, context=context)
-        done.add_done_callback(
-            lambda f: loop.call_soon_threadsafe(task.cancel) if f.cancelled() else None)
-
-        def finished(t: asyncio.Task[T]) -> None:
-            if done.cancelled():
-                return
-            if t.cancelled():
-                done.cancel()
-            elif t.exception() is not None:
-                done.set_exception(t.exception())
-            else:
-                done.set_result(t.result())
-        task.add_done_callback(finished)
-    loop.call_soon_threadsafe(start)
-    return done
 
 
 async def probe_async(saver: Any) -> bool:

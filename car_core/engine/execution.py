@@ -118,6 +118,12 @@ def _name_task(exc: BaseException, task: Task) -> None:
         exc.task = task  # type: ignore[attr-defined]
 
 
+def _cancelling() -> bool:
+    """Whether the task running this coroutine is being cancelled (the executor stops)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 class Guarded:
     """``fn`` with the retry rule: its result, or a ``Failure`` after ``retries + 1`` failed
     attempts, and one more where the last error was an async client's object made on another
@@ -155,6 +161,8 @@ class Guarded:
                 _name_task(exc, task)
                 raise
             except Exception as exc:
+                if _cancelling():  # the run stops: the branch broke as it was cancelled
+                    raise asyncio.CancelledError from exc  # (an anyio task group), no new try
                 last = exc
         return self._failure(task, last)
 
@@ -257,7 +265,10 @@ class AsyncioExecutor:
     awaited directly. The default for model-backed agents, whose time goes into waiting.
 
     A slot is freed only when the caller has taken the result, so results waiting to be
-    stored never pile up beyond ``concurrency``.
+    stored never pile up beyond ``concurrency``. A run that stops early (a branch's error, the
+    caller leaving the stream, ^C) cancels the awaited branches in flight and returns or raises
+    only once every branch it started has ended, its cleanup run; one that breaks as it is
+    cancelled is not tried again.
     """
 
     def __init__(self, concurrency: int = defaults.CONCURRENCY) -> None:
