@@ -267,7 +267,7 @@ def load_agent_and_outcome(agent_spec: str, outcome_spec: str | None) -> tuple[A
     if not hasattr(made, "branch") and callable(getattr(made, "agent", None)):
         outcome = getattr(made, "outcome", None)
         made = made.agent()
-    require_agent(made, f"what --agent {agent_spec} returned")
+    require_agent(made, f"what --agent {agent_spec} returned", needs=("start", "branch"))
     if outcome_spec:
         outcome = load_object(outcome_spec, "outcome")
     if outcome is None or not callable(outcome):

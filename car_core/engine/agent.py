@@ -98,18 +98,21 @@ WRAPPERS = {
 }
 
 
-def require_agent(agent: object, given: str = "the agent") -> None:
-    """Refuse, by name, an object that is not a CAR agent (no ``start`` and ``branch``),
-    saying which wrapper a framework's own agent needs. An OpenAI Agents SDK ``Agent`` passed
-    as it is was refused as "recorded with another agent" (and, with ``force_agent=True``,
-    every branch failed on a missing ``branch``)."""
-    if callable(getattr(agent, "branch", None)) and callable(getattr(agent, "start", None)):
+def require_agent(agent: object, given: str = "the agent",
+                  needs: tuple[str, ...] = ("branch",)) -> None:
+    """Refuse, by name, an object that is not a CAR agent (no callable ``needs``: an
+    estimate needs ``branch`` only, the CLI's ``--agent`` also ``start``), saying which
+    wrapper a framework's own agent needs. An OpenAI Agents SDK ``Agent`` passed as it is was
+    refused as "recorded with another agent" (and, with ``force_agent=True``, every branch
+    failed on a missing ``branch``)."""
+    missing = [m for m in needs if not callable(getattr(agent, m, None))]
+    if not missing:
         return
     package = (type(agent).__module__ or "").split(".")[0]
     wrap = WRAPPERS.get(package)
     raise InvalidInput(
         f"{given} is a {type(agent).__module__}.{type(agent).__name__}, not a CAR agent "
-        "(it has no start and branch)",
+        f"(it has no {' and no '.join(missing)})",
         hint=(f"wrap it: {wrap}" if wrap else
               "pass a car.FunctionAgent, a car_adapters.models.ChatAgent or a framework "
               "adapter's agent (LangGraphAgent, LlamaIndexAgent, OpenAIAgentsAgent)"))
