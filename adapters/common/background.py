@@ -47,9 +47,14 @@ def open_in_background(resource: Any, timeout: float = OPEN_TIMEOUT_S) -> Any:
     try:
         got = asyncio.run_coroutine_threadsafe(_awaited(work), loop).result(timeout)
     except Exception as exc:
-        raise AdapterError(f"opening {type(resource).__name__} on CAR's background loop "
-                           f"raised {exc!r}", hint="check it opens on its own (its path, its "
-                           "server, its credentials)") from exc
+        cause = _first_leaf(exc)
+        missing = getattr(cause, "filename", None) if isinstance(cause, OSError) else None
+        raise AdapterError(
+            f"opening {_named(resource)} on CAR's background loop raised {cause!r}"
+            + (f": {missing!r} was not found (an MCP server's command, a database's folder)"
+               if isinstance(cause, FileNotFoundError) and missing else ""),
+            hint="check it opens on its own (its path, its server's command, its "
+                 "credentials)") from exc
     if callable(enter):
         atexit.register(_close, resource, loop)
     return got
@@ -57,6 +62,24 @@ def open_in_background(resource: Any, timeout: float = OPEN_TIMEOUT_S) -> Any:
 
 async def _awaited(work: Awaitable[Any]) -> Any:
     return await work
+
+
+def _named(resource: Any) -> str:
+    """What was being opened, in the user's words: a coroutine by the function that made it
+    (``MultiServerMCPClient.get_tools()``), anything else by its class. A trial's missing MCP
+    server command was reported as "opening coroutine ... raised FileNotFoundError"."""
+    qualname = getattr(resource, "__qualname__", None)
+    if asyncio.iscoroutine(resource) and isinstance(qualname, str):
+        return f"{qualname}()"
+    return type(resource).__name__
+
+
+def _first_leaf(exc: BaseException) -> BaseException:
+    """The first error inside task groups' ``ExceptionGroup``s (an MCP client's stdio
+    transport wraps the failure to start its server in one), or ``exc`` itself."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _close(resource: Any, loop: asyncio.AbstractEventLoop) -> None:
