@@ -314,6 +314,12 @@ def test_the_cli_bar_ends_at_what_was_run_and_says_how_much_was_allowed() -> Non
     task = bar.progress.tasks[0]
     assert task.total == task.completed == 68
     assert task.description.endswith("stopped early, 68 of 192 allowed")
+    # the budget ended it, one rollout left that no pair could use: said as the result says it
+    # (a trial read "stopped early, 23 of 24 allowed" beside "truncated: budget reached")
+    cut = kit.RichProgress("contrastive r1", 24, 24)
+    cut.update(23)
+    cut.done(truncated=True)
+    assert cut.progress.tasks[0].description.endswith("the budget ran out, 23 of 24 allowed")
 
 
 def test_the_cli_bar_without_a_budget_counts_down_to_its_planned_cap() -> None:

@@ -192,7 +192,7 @@ def attribute(
         result = settings.run(run, the_agent, the_outcome, progress=bar or False, executor=exe,
                               store=db, attribution_id=aid, force_agent=force_agent, **bounds)
         if bar:
-            bar.done()
+            bar.done(truncated=bool(getattr(result, "truncated", False)))
     except BaseException as exc:  # every abnormal stop says how to resume
         if bar:
             bar.close()

@@ -455,15 +455,18 @@ class RichProgress:
     def update(self, n: int = 1) -> None:
         self.progress.advance(self.task, n)
 
-    def done(self) -> None:
+    def done(self, truncated: bool = False) -> None:
         """The estimate finished. Adaptive stopping often spends less than the budget allowed:
         the bar then ends complete at what was run, and its label says it stopped early and
-        how much was allowed, so the total never silently shrinks."""
+        how much was allowed, so the total never silently shrinks. ``truncated``: the budget
+        ended it (a rollout or two may be left that no pair could use), so the label says the
+        budget ran out, as the result does, not that it stopped early."""
         task = self.progress.tasks[0]
         allowed = task.total
         if allowed is not None and task.completed < allowed:
+            how = "the budget ran out" if truncated else "stopped early"
             self.progress.update(self.task, total=task.completed, description=(
-                f"{task.description}: stopped early, {int(task.completed)} of {int(allowed)} "
+                f"{task.description}: {how}, {int(task.completed)} of {int(allowed)} "
                 "allowed"))
         self.close()
 

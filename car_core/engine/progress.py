@@ -48,11 +48,13 @@ class LineProgress:
             if now - self.last >= self.every:
                 self._line(now)
 
-    def done(self) -> None:
+    def done(self, truncated: bool = False) -> None:
         """The estimate finished: the closing line says so, and how much was allowed when it
-        stopped early."""
+        stopped early (``truncated``: the budget ended it, with a rollout or two left that no
+        pair could use, which the line says as the result does)."""
         if self.total is not None and self.count < self.total:
-            self._close(f"stopped early, {self.count} of {self.total} allowed")
+            how = "the budget ran out" if truncated else "stopped early"
+            self._close(f"{how}, {self.count} of {self.total} allowed")
         else:
             self._close("done")
 
