@@ -21,6 +21,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _estimator_helpers import Preflighted
@@ -427,3 +428,30 @@ def test_progress_that_is_neither_a_bool_nor_a_function_is_refused_before_any_br
     with pytest.raises(InvalidInput, match="progress must be True, False or a function"):
         car.triage(population[:1], agent, outcome=DESK.outcome, rollouts=K, progress="yes")
     assert agent.branches == 0
+
+
+def test_each_run_of_a_triage_draws_its_own_noise() -> None:
+    """A noisy judge (one taking ``rng``) drew the same numbers on every run's branches: all
+    the attributions shared the triage's root seed, so the judge erred on the same (arm,
+    rollout) in every run and the runs were not independent, as the shares' intervals need.
+    Each run now draws from its own seed (the triage's and its id); the same triage again
+    draws the same."""
+    m = syn.pivot()
+    runs = [replace(m.failing_run(0), id=f"run-{i}") for i in range(2)]
+    def triaged() -> dict[str, dict[tuple[str, int], float]]:
+        draws: dict[str, dict[tuple[str, int], float]] = {}
+
+        def judge(r: car.Trajectory, rng: Any) -> float:
+            value = float(rng.random())
+            if r.lineage is not None:
+                draws.setdefault(r.lineage.parent_id, {})[(r.lineage.arm, r.lineage.rollout)] \
+                    = value
+            return m.outcome(r, rng)
+        car.triage(runs, m.agent(), outcome=judge, rollouts=8, seed=0, progress=False)
+        return draws
+    first = triaged()
+    a, b = first["run-0"], first["run-1"]
+    shared = set(a) & set(b)
+    assert len(shared) >= 8
+    assert sum(a[k] == b[k] for k in shared) == 0
+    assert triaged() == first  # reproducible: the seeds come from the ids, not the clock

@@ -24,6 +24,7 @@ of it, undivided.
 from __future__ import annotations
 
 import contextvars
+import hashlib
 import math
 import sys
 import threading
@@ -45,6 +46,14 @@ A = TypeVar("A")
 
 
 PAIR = 2  # rollouts a run needs to compare anything: fewer left and the total is spent
+
+
+def run_seed(seed: int, run_id: str) -> int:
+    """Each run's own root seed, from the population's ``seed`` and the run's id: runs
+    branched on one seed share their noise (a noisy judge then erred on the same branches of
+    every run), and the population's intervals need the runs independent."""
+    h = hashlib.sha256(f"{seed}\0{run_id}".encode("utf-8", "surrogatepass")).digest()
+    return int.from_bytes(h[:7], "big")
 
 
 def runs_at_once_for(given: Any, agent: Agent) -> int:

@@ -43,7 +43,6 @@ with the same ``fix_id``: the runs already measured are read back, drawing nothi
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -61,6 +60,7 @@ from car_core.estimators._population import (
     RunPool,
     Spent,
     per_run_progress,
+    run_seed,
     runs_at_once_for,
 )
 from car_core.estimators.fixes import Fix, as_fix
@@ -114,13 +114,6 @@ class _FixArms(StepArms):
         b = super()._keep(traj)
         live = sum(1 for s in traj.steps if s.meta.get("origin") != Origin.HELD)
         return _Kept(b.value, b.action, live, len(traj.steps))
-
-
-def run_seed(seed: int, run_id: str) -> int:
-    """Each run's own root seed: runs branched on one seed would share their noise, and the
-    pooled interval needs them independent."""
-    h = hashlib.sha256(f"{seed}\0{run_id}".encode("utf-8", "surrogatepass")).digest()
-    return int.from_bytes(h[:7], "big")
 
 
 def _check(candidates: Iterable[Any] | Fix, from_step: int | str, alpha: float, rollouts: int,

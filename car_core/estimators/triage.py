@@ -3,11 +3,12 @@
 Each run gets its own contrastive attribution (``car.contrastive``), ``runs_at_once`` runs at a
 time (by default several for an agent that waits on a model server, one after another for an
 in-process one), each with its executor's own concurrency over its branches. Every
-attribution draws from the same root seed under the cap it would get one run after another
-(Budgets), and the result lists the runs in the order given, so it does not depend on
-``runs_at_once``. The loci are then grouped (by step, the agent and node that decided it and
-the tool it called, or by the user's ``label(run, result) -> str``), and each group's share of
-the runs gets a simultaneous interval.
+attribution draws from its own root seed (``run_seed``: the triage's ``seed`` and the run's id;
+one seed for all made a noisy judge err on the same branches of every run) under the cap it
+would get one run after another (Budgets), and the result lists the runs in the order given,
+so it does not depend on ``runs_at_once``. The loci are then grouped (by step, the agent and
+node that decided it and the tool it called, or by the user's ``label(run, result) -> str``),
+and each group's share of the runs gets a simultaneous interval.
 
 Intervals. The ``N`` runs triaged fall into ``G`` categories: the groups, plus the undecided
 runs and the runs with no cause when there are any. Each share gets a Wilson score interval at
@@ -67,6 +68,7 @@ from car_core.estimators._population import (
     RunPool,
     Spent,
     per_run_progress,
+    run_seed,
     runs_at_once_for,
 )
 from car_core.estimators._session import check_run_has_steps, spent_before
@@ -254,7 +256,7 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
                 if note is not None:
                     settled(i, (TriageRun(run.id, SKIPPED, reason=f"{NOT_ATTRIBUTED}{note}"), None))
                     continue
-                mine = replace(settings, budget=cap)
+                mine = replace(settings, budget=cap, seed=run_seed(seed, run.id))
                 aid = _attribution_id(store, tid, run)
                 stored = _finished(store, aid, mine, len(run.steps)) if aid else None
                 if stored is not None:
