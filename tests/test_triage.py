@@ -455,3 +455,32 @@ def test_each_run_of_a_triage_draws_its_own_noise() -> None:
     assert len(shared) >= 8
     assert sum(a[k] == b[k] for k in shared) == 0
     assert triaged() == first  # reproducible: the seeds come from the ids, not the clock
+
+
+def test_a_triage_begun_on_one_root_seed_resumes_on_it(population, tmp_path,
+                                                       monkeypatch) -> None:
+    """A triage begun before runs drew seeds of their own (its stored params say nothing of
+    "seeds") resumes its undecided runs on the root seed they began on: a resume on another
+    seed is refused, so every interrupted run would have come back "not attributed"."""
+    from car_core.model.json_values import dumps, loads
+    from car_core.store.seals import attribution_seal
+    runs = population[:2] + population[-2:]
+    with RunStore(tmp_path / "car.db") as store:
+        with monkeypatch.context() as old:  # the old rule: one root seed for every run
+            old.setattr(car_triage, "run_seed", lambda seed, run_id: seed)
+            first = car.triage(runs, DESK.agent(), outcome=DESK.outcome, rollouts=1,
+                               store=store, triage_id="t-old", progress=False)
+        assert first.undecided
+        row = dict(next(store.db.query("select * from attributions where id = 't-old'")))
+        params = loads(row["params"])
+        params.pop("seeds")
+        row["params"] = dumps(params)
+        row["seal"] = attribution_seal(row)
+        store.db.table("attributions").update("t-old", {"params": row["params"],
+                                                        "seal": row["seal"]})
+        second = car.triage(runs, DESK.agent(), outcome=DESK.outcome, rollouts=K,
+                            store=store, triage_id="t-old", progress=False)
+        assert not any("seed" in (r.reason or "") for r in second.per_run), second.per_run
+        assert {store.attribution(r.attribution_id).params["seed"]
+                for r in second.per_run} == {0}
+        assert store.attribution("t-old").params["seeds"] == "root"

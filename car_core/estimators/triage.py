@@ -177,6 +177,9 @@ def _load_all(runs: Iterable[Trajectory | str], store: RunStore | None) -> list[
     return loaded
 
 
+PER_RUN = "per run"  # the triage params' "seeds": each run from run_seed(seed, run id)
+
+
 def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLike,
            rollouts: int = defaults.ROLLOUTS, alpha: float = defaults.ALPHA, seed: int = 0,
            search: str = "auto", budget: Budget | None = None,
@@ -214,10 +217,15 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
         "budget": total.to_dict() if total else None, "per_run": each.to_dict() if each else None,
         "by": list(chosen_by), "agent": agent.name,
         "label": getattr(label, "__qualname__", repr(label)) if label else None,
-        "runs": [r.id for r in population]}
+        "runs": [r.id for r in population], "seeds": PER_RUN}
+    per_run_seeds = True
     if store is not None and tid is not None:
         from car_core.store.triages import begin_triage
-        begin_triage(store, tid, params)
+        # a triage begun before runs had seeds of their own resumes on its root seed, so its
+        # interrupted attributions keep theirs (a resume on another seed is refused)
+        per_run_seeds = begin_triage(store, tid, params).get("seeds") == PER_RUN
+        if not per_run_seeds:
+            params["seeds"] = "root"
     try:
         # every run's shape refused (or the whole triage stopped) before any run's first branch
         refused = {i: _refusal(population[i], exc, None)
@@ -256,7 +264,8 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
                 if note is not None:
                     settled(i, (TriageRun(run.id, SKIPPED, reason=f"{NOT_ATTRIBUTED}{note}"), None))
                     continue
-                mine = replace(settings, budget=cap, seed=run_seed(seed, run.id))
+                mine = replace(settings, budget=cap,
+                               seed=run_seed(seed, run.id) if per_run_seeds else seed)
                 aid = _attribution_id(store, tid, run)
                 stored = _finished(store, aid, mine, len(run.steps)) if aid else None
                 if stored is not None:

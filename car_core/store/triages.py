@@ -81,19 +81,22 @@ def triage_attribution_id(triage_id: str, run_id: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def begin_triage(store: RunStore, triage_id: str, params: dict[str, Any]) -> None:
+def begin_triage(store: RunStore, triage_id: str, params: dict[str, Any]) -> dict[str, Any]:
     """Write the triage's row (``running``) unless it exists, and take its lease (so the
     store's listings say it runs now, and a second triage of the same id is refused with
     ``AttributionBusy``; ``RunStore.release_attribution`` gives it up). An id taken by an
-    attribution of one run is refused."""
+    attribution of one run is refused. Returns the params the triage began with (those
+    stored, on a resume), so a resume keeps the rules it started under."""
     existing = _row(store, triage_id)
     if existing is not None and existing["method"] != TRIAGE_METHOD:
         raise InvalidInput(f"attribution {triage_id} is a {existing['method']} attribution "
                            "of one run, not a triage", hint="pass a new triage_id")
     if existing is not None:
         store.claim_lease(triage_id)
-        return
+        stored = loads(existing["params"] or "{}")
+        return stored if isinstance(stored, dict) else {}
     begin_population_row(store, triage_id, TRIAGE_METHOD, params, None)
+    return params
 
 
 def begin_population_row(store: RunStore, ident: str, method: str, params: dict[str, Any],
