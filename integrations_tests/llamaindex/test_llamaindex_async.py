@@ -200,8 +200,18 @@ def test_a_seed_gives_the_same_answer_on_every_executor(desk: Any) -> None:
     assert d.ledger.count() == 0
 
 
+class HostedLike(ScriptedLLM):
+    """A user's stand-in for a hosted model: it answers calls its own way (waiting as a
+    server does) with no ``latency_s`` set. A trial's ran its branches one at a time."""
+
+    async def astream_chat(self, messages: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(0.01)
+        return await super().astream_chat(messages, **kwargs)
+
+
 @pytest.mark.parametrize(("llm", "concurrent"), [
     (ScriptedLLM(lambda m, t, r: "ok", latency_s=0.3), True),   # waits as a server does
+    (HostedLike(lambda m, t, r: "ok"), True),                   # its own answers may wait
     (ScriptedLLM(lambda m, t, r: "ok"), False),                 # answers in-process
     (LocalLLM(), False),                                        # the embedded llama.cpp model
     (MockLLM(), False),                                         # LlamaIndex's own mock
