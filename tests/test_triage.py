@@ -17,6 +17,7 @@ import csv
 import io
 import json
 import os
+import shlex
 import subprocess
 import sys
 from dataclasses import replace
@@ -484,3 +485,21 @@ def test_a_triage_begun_on_one_root_seed_resumes_on_it(population, tmp_path,
         assert {store.attribution(r.attribution_id).params["seed"]
                 for r in second.per_run} == {0}
         assert store.attribution("t-old").params["seeds"] == "root"
+
+
+def test_cli_triage_whose_runs_used_up_their_rollouts_says_how_to_go_on(population, tmp_path):
+    """Runs left undecided by their own n·K said only "budget ran out" (a trial's six of six):
+    the command line says how to go on, the same triage with twice the re-runs, and that
+    command does go on from the branches kept."""
+    runs = population[:2]
+    with RunStore(tmp_path / "car.db") as store:
+        for r in runs:
+            store.save(r)
+    first = car_cli("triage", *(r.id for r in runs), "--agent", AGENT, "--rollouts", "1",
+                    cwd=tmp_path)
+    assert "used up their re-runs before a step was decided" in first.stderr, first.stderr
+    command = first.stderr.rsplit("\n  car ", 1)[1].split("\n")[0]
+    assert "--rollouts 2" in command and "--resume" in command and "--rollouts 1" not in command
+    again = car_cli(*shlex.split(command), cwd=tmp_path)
+    assert again.returncode in (0, 1), again.stderr
+    assert "Traceback" not in again.stderr

@@ -371,12 +371,13 @@ def budget_flags(budget: int | Mapping[str, Any] | None) -> list[str]:
                          else str(limits[key]))]
 
 
-def resume_command(ident: str, budget: int | Mapping[str, Any] | None = None) -> str:
+def resume_command(ident: str, budget: int | Mapping[str, Any] | None = None,
+                   flags: Sequence[str] = ()) -> str:
     """The command line that was run, with ``--resume IDENT`` (replacing any earlier one) and,
     given ``budget`` (a rollout count, or every limit of one), its flags in place of the ones
-    it had."""
+    it had; ``flags`` (``["--rollouts", "16"]``) replace theirs likewise."""
     argv = list(sys.argv[1:])
-    given = budget_flags(budget)
+    given = [*budget_flags(budget), *flags]
     for flag in ("--resume", *given[::2]):
         argv = [a for a in argv if not a.startswith(f"{flag}=")]
         while flag in argv:

@@ -51,7 +51,7 @@ from car_core.errors import InvalidInput
 from car_core.estimators.triage import FIELDS, progress_line, triage
 from car_core.model.budget import Budget
 from car_core.store import RunStore
-from car_core.triage_results import TriageResult, TriageRun
+from car_core.triage_results import UNDECIDED, TriageResult, TriageRun
 
 
 class Only(StrEnum):
@@ -189,6 +189,15 @@ def triage_command(
             f"finished are kept in {store} (triage {result.triage_id}). Once what failed them "
             f"is fixed, resume with:\n  {kit.resume_command(str(result.triage_id))}")),
             soft_wrap=True)
+    short = [r for r in result.per_run if r.answer == UNDECIDED and not r.resumable
+             and "budget" in (r.reason or "")]
+    if short and not result.truncated:  # each run's own re-runs ran out: say how to go on
+        err.print(Text(kit.safe(
+            f"{len(short)} run(s) used up their re-runs before a step was decided; their "
+            f"branches are kept in {store} (triage {result.triage_id}). To go on with twice the "
+            f"re-runs per step:\n  "
+            f"{kit.resume_command(str(result.triage_id), flags=['--rollouts', str(2 * rollouts)])}"
+        )), soft_wrap=True)
     stop_if_ran_out(result.truncated, result.budget_note, result.triage_id)
     if not result.groups:  # the agent under test failed, as `car attribute` says it (5)
         raise typer.Exit(kit.AGENT if stopped else kit.NOTHING)
