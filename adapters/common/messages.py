@@ -533,10 +533,15 @@ class ToolSafety:
                              ("safe_tools", self.safe_tools)):
             unknown = sorted(names - set(tools))
             if unknown:
+                routing = [u for u in unknown if u == "handoff" or u.startswith("transfer_to_")]
+                also = (f"; {routing} route between agents: the framework runs them and CAR "
+                        "classifies them itself (they only route), so leave them out"
+                        if routing else "")
                 raise InvalidInput(
                     f"{param} name {unknown}, but {agent} has no such tool (its tools: "
-                    f"{tools})", hint="spell each name exactly as the tool is registered, so "
-                                      "branches can tell whether it may run")
+                    f"{tools}){also}", hint="spell each name exactly as the tool is "
+                                            "registered, so branches can tell whether it may "
+                                            "run")
 
     def serve(self, name: str, arguments: Any, record: Mapping[tuple[str, str], Any], *,
               run_id: str | None = None, step: int | None = None) -> Any:

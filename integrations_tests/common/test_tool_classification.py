@@ -428,3 +428,15 @@ def test_openai_agents_refuses_unclassified_tools_and_says_so_when_live() -> Non
         dist = car.intervene(run, sandbox, car.do_resample(0), outcome=refunded, rollouts=4,
                              seed=0)
     assert dist.caveats and ledger.calls["issue_refund"] > recorded["issue_refund"]
+
+
+def test_naming_a_routing_tool_says_the_framework_runs_it() -> None:
+    """A trial named LlamaIndex's ``handoff`` in safe_tools (``car show`` lists it as a
+    step's tool call) and was told only that the workflow has no such tool."""
+    rule = ToolSafety.of(safe_tools=["handoff", "lookup"])
+    with pytest.raises(InvalidInput) as err:
+        rule.check_names(["lookup", "refund"], agent="the AgentWorkflow")
+    assert "['handoff'] route between agents: the framework runs them" in str(err.value)
+    with pytest.raises(InvalidInput) as err:
+        ToolSafety.of(safe_tools=["lokup"]).check_names(["lookup"])
+    assert "route between agents" not in str(err.value)
