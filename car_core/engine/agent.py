@@ -86,13 +86,13 @@ def caveats_of(agent: object) -> tuple[str, ...]:
 
 # A framework's own agent object, by the package its class comes from, and the CAR wrapper it
 # needs (car_core names them without importing any framework).
+_GRAPH = ("from car_adapters.langgraph import LangGraphAgent; "
+          "LangGraphAgent(app, safe_tools=[...], side_effect_tools=[...])")
 WRAPPERS = {
     "agents": "from car_adapters.openai_agents import OpenAIAgentsAgent; "
               "OpenAIAgentsAgent(agent, safe_tools=[...], side_effect_tools=[...])",
-    "langgraph": "from car_adapters.langgraph import LangGraphAgent; "
-                 "LangGraphAgent(app, safe_tools=[...], side_effect_tools=[...])",
-    "langchain": "from car_adapters.langgraph import LangGraphAgent; "
-                 "LangGraphAgent(app, safe_tools=[...], side_effect_tools=[...])",
+    "langgraph": _GRAPH,
+    "langchain": _GRAPH,  # create_agent's compiled graph
     "llama_index": "from car_adapters.llamaindex import LlamaIndexAgent; "
                    "LlamaIndexAgent(workflow, safe_tools=[...], side_effect_tools=[...])",
 }

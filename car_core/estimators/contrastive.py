@@ -358,7 +358,7 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
     elif answer == Answer.UNDECIDED and chosen == "full":
         # every step was tested: the one nearest to showing a rescue, not the last one
         candidate = max((k for k, e in effects.items() if e.tested and e.effect is not None),
-                        key=lambda k: (float(effects[k].effect or 0.0), k), default=candidate)
+                        key=lambda k: (effects[k].effect, k), default=candidate)
     steps = with_alternatives(tuple(effects.get(k, StepEffect(step=k)) for k in range(n)),
                               arms.choices, run, level)
     arm_rows = tuple(ArmEstimate(j, sum(v.values()) / len(v),
