@@ -257,6 +257,33 @@ def test_an_estimate_draws_one_bar_of_its_budget_and_says_when_it_stops_early(
     assert bar.desc == f"contrastive: stopped early, {res.rollouts_used} of {n_k} allowed"
 
 
+def test_an_estimate_the_budget_ended_says_so_on_its_bar(monkeypatch, pivot_model,
+                                                        pivot_run) -> None:
+    """The API's bar said "stopped early" of an estimate its budget had cut short, beside a
+    result that says the budget ran out; only the CLI's bar knew."""
+    import tqdm
+
+    import car_core.estimators._session as session
+    from car_core.engine.progress import LineProgress, TqdmBar
+    _Bar.made = []
+    monkeypatch.setattr(tqdm, "tqdm", _Bar)
+    monkeypatch.setattr(session, "progress_bar",
+                        lambda progress, total, label: TqdmBar(label, total)
+                        if progress is True else progress or None)
+    res = car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
+                          rollouts=96, budget=13, progress=True)
+    assert res.truncated and res.rollouts_used < 13  # an odd rollout no pair could use
+    said = f"the budget ran out, {res.rollouts_used} of 13 allowed"
+    assert _Bar.made[0].desc == f"contrastive: {said}"
+    stream = io.StringIO()
+    line = LineProgress("contrastive", 13, every=0.0, stream=stream)
+    monkeypatch.setattr(session, "progress_bar", lambda progress, total, label: line)
+    res = car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
+                          rollouts=96, budget=13, progress=True)
+    assert stream.getvalue().splitlines()[-1].endswith(
+        f"(the budget ran out, {res.rollouts_used} of 13 allowed)")
+
+
 def test_progress_to_a_pipe_is_plain_lines_with_an_honest_end(pivot_model, pivot_run,
                                                               capsys) -> None:
     """Asked for where stderr is no terminal (a CI log), progress is plain lines: a tqdm bar's

@@ -93,7 +93,8 @@ class LineProgress:
 class TqdmBar:
     """A ``tqdm`` bar on a terminal, with the ``done()`` every bar the estimates draw offers:
     an estimate that stopped before its budget was spent ends the bar at what was run, its
-    label saying how much was allowed, so the total never silently shrinks."""
+    label saying how much was allowed, so the total never silently shrinks; and whether it
+    stopped early or the budget ran out (``truncated``), as the result says."""
 
     def __init__(self, label: str, total: int | None) -> None:
         from tqdm import tqdm
@@ -102,10 +103,11 @@ class TqdmBar:
     def update(self, n: int = 1) -> None:
         self.bar.update(n)
 
-    def done(self) -> None:
+    def done(self, truncated: bool = False) -> None:
         bar = self.bar
         if bar.total is not None and bar.n < bar.total:
-            bar.set_description(f"{bar.desc.rstrip(': ')}: stopped early, {bar.n} of "
+            how = "the budget ran out" if truncated else "stopped early"
+            bar.set_description(f"{bar.desc.rstrip(': ')}: {how}, {bar.n} of "
                                 f"{bar.total} allowed")
             bar.total = bar.n
             bar.refresh()

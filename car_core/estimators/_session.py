@@ -237,6 +237,7 @@ class Session:
         self.ran_by_arm: dict[str, int] = {}
         self._per_arm = method == "contrastive"
         self._began = False  # whether this session began (or resumed) the attribution row
+        self._truncated = False  # the result said the budget ended it (its bar says so too)
         self.replace = replace  # its result replaces a stored one, even one from more rollouts
         opened = _OPENED.get()
         if opened is not None:
@@ -336,7 +337,8 @@ class Session:
         (``RunStore.drop_empty_attribution``) rather than left ``running`` with nothing in it."""
         if self._own_bar:
             self._own_bar = False
-            self.progress.done()  # one that stopped before its budget was spent says so
+            # one that stopped before its budget was spent says so, and why
+            self.progress.done(truncated=self._truncated)
         if self.store is None or self.attribution_id is None:
             return
         try:
@@ -350,6 +352,7 @@ class Session:
     def finish(self, result: Result) -> None:
         """Store the result, unless the branches that failed are too many to leave out (then
         ``BranchesFailed``, and the attribution stays open for a resume)."""
+        self._truncated = bool(getattr(result, "truncated", False))
         check_failures(self.failures, self.ran, run_id=self.run.id, final=True,
                        ran_by_arm=self.ran_by_arm if self._per_arm else None,
                        resumable=self.journal is not None)
