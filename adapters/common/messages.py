@@ -637,7 +637,8 @@ class ToolSafety:
                 "calls (fn(arguments, ctx) where the tool writes the framework's state), or "
                 f"match_on={{{name!r}: [argument names]}} without {echo.split('=')[0]!r} if "
                 "that argument does not change what the call does")
-        if self._undecided(name, arguments):
+        recorded = any(rec_name == name for rec_name, _ in record)
+        if self._undecided(name, arguments) and recorded:  # else match_on could not help
             raise SideEffectBlocked(
                 f"the branch called side-effect tool {name!r} with arguments {key[1]}, all "
                 "free text and not those of any recorded call: nothing tells whether it does "
@@ -652,9 +653,10 @@ class ToolSafety:
                     f"because: {self.derived[name]})")
         else:
             undo = f"move {name!r} from side_effect_tools to safe_tools if it is safe to run"
+        never = "" if recorded else " (the recorded run never called it)"
         raise SideEffectBlocked(
             f"the branch called side-effect tool {name!r} with arguments {key[1]}, which the "
-            "record cannot answer", run_id=run_id, step=step,
+            f"record cannot answer{never}", run_id=run_id, step=step,
             hint=f"pass simulators={{{name!r}: fn}} to answer such calls (fn(arguments), or "
                  "fn(arguments, ctx) to write the framework's state as the tool does), or "
                  f"{undo}")

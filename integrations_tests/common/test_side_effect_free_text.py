@@ -203,3 +203,20 @@ def test_a_result_that_names_a_free_text_argument_answers_only_that_argument() -
         "book_table": lambda a: f"booked at {a['restaurant']}"})
     assert simulated.serve("book_table", {"people": 2, "restaurant": "Cervejaria Ramiro"},
                            rec) == "booked at Cervejaria Ramiro"
+
+
+def test_a_free_text_tool_the_record_never_called_is_not_told_to_match_on() -> None:
+    """A retrieval tool classified as a side effect, which the recorded run never called: a
+    branch's call of it stops the estimate, and the hint offered match_on first, which cannot
+    answer a call with no recorded one (a trial followed it into a second refusal)."""
+    rec = {("send_email", '{"body":"Hi Dana","to":"dana@example.com"}'): "sent"}
+    safety = ToolSafety.of(["send_email", "policy_search"])
+    with pytest.raises(SideEffectBlocked) as stopped:
+        safety.serve("policy_search", {"input": "what may a refund email contain?"}, rec)
+    said = f"{stopped.value} {stopped.value.hint}"
+    assert "the recorded run never called it" in said and "match_on" not in said
+    assert "simulators={'policy_search'" in said and "to safe_tools" in said
+    # a free-text call of a tool the record did call still gets the choice between the rules
+    with pytest.raises(SideEffectBlocked, match="all free text") as reworded:
+        safety.serve("send_email", {"body": "Hello Dana", "to": "Dana at home"}, rec)
+    assert "match_on={'send_email': 'any'}" in str(reworded.value.hint)
