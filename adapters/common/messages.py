@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import inspect
 import json
+import re
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -61,8 +62,27 @@ class Classified:
 
 class ContradictedSafeTool(UserWarning):
     """``safe_tools`` names a tool its framework says outright changes things (an MCP server
-    annotates it ``readOnlyHint=false`` or ``destructiveHint=true``): the user's word wins, so
-    branches run it for real. A trial named a refund tool safe so and 52 refunds ran."""
+    annotates it ``readOnlyHint=false`` or ``destructiveHint=true``) or whose name opens with a
+    verb that does (``send_email``, ``issue_refund``): the user's word wins, so branches run it
+    for real. A trial named a refund tool safe so and 52 refunds ran; another named
+    ``send_email`` safe and 13 e-mails went out without a word."""
+
+
+# First words of a tool's name that say it acts on the world: a tool so named in safe_tools
+# is more likely a slip than a decision (``acting_verb``). Kept to verbs that are seldom nouns
+# of a lookup ("order", "add", "run" are left out).
+ACTING_VERBS = frozenset({
+    "send", "email", "mail", "notify", "post", "publish", "tweet", "transfer", "pay", "charge",
+    "refund", "wire", "withdraw", "deposit", "purchase", "buy", "sell", "book", "reserve",
+    "cancel", "delete", "remove", "destroy", "drop", "purge", "submit", "approve", "revoke",
+    "grant", "issue", "write", "upload", "deploy", "insert", "update", "create"})
+
+
+def acting_verb(name: str) -> str | None:
+    """The verb a tool's name opens with when it is one of ``ACTING_VERBS`` (``send_email``,
+    ``sendEmail``, ``issue-refund``), else None."""
+    first = re.split(r"[_\-.\s]|(?<=[a-z])(?=[A-Z])", name.strip(), maxsplit=1)[0].lower()
+    return first if first in ACTING_VERBS else None
 
 
 class FreeTextMatchWarning(UserWarning):
@@ -402,6 +422,14 @@ class ToolSafety:
             pick = next((c for c in said if c.kind == SIDE_EFFECT), said[0])
             (side if pick.kind == SIDE_EFFECT else safe).add(name)
             why[name] = pick.why
+        for name in sorted((self.safe_tools & tools) - set(contradicted)):
+            verb = acting_verb(name)
+            if verb is not None:
+                contradicted[name] = f"its name opens with {verb!r}, an action"
+                warnings.warn(ContradictedSafeTool(
+                    f"safe_tools names {name!r}, but {contradicted[name]}: branches will run "
+                    "it for real; if it changes anything (a refund, an e-mail, a write), move "
+                    "it to side_effect_tools"), stacklevel=3)
         rest = sorted(tools - safe - side)
         if rest and self.unclassified == "refuse":
             # the user's own lists and the rest: what the framework classified (a handoff, an

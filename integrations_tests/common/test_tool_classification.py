@@ -158,6 +158,34 @@ def test_naming_safe_a_tool_its_server_says_changes_things_warns_and_the_user_st
         "effects happened on every branch that called it")
 
 
+def test_a_safe_tool_named_for_an_action_is_warned_of_and_said_on_every_result() -> None:
+    """A trial named ``send_email`` safe to get past the refusal of unclassified tools, and 13
+    real e-mails went out on branches with no word. The user's list still wins (the tool runs
+    live), but a name opening with an acting verb is warned of when the agent is built and
+    said on every result; lookups, and nouns such as an order's status, are not."""
+    tools = ["send_email", "issueRefund", "lookup_order", "order_status", "get_refund_status"]
+    rule = ToolSafety.of(safe_tools=tools)
+    with pytest.warns(ContradictedSafeTool) as seen:
+        out = rule.classified(tools)
+    assert sorted(str(w.message) for w in seen) == [
+        "safe_tools names 'issueRefund', but its name opens with 'issue', an action: branches "
+        "will run it for real; if it changes anything (a refund, an e-mail, a write), move it "
+        "to side_effect_tools",
+        "safe_tools names 'send_email', but its name opens with 'send', an action: branches "
+        "will run it for real; if it changes anything (a refund, an e-mail, a write), move it "
+        "to side_effect_tools"]
+    assert out.safe_tools == set(tools)
+    assert out.caveats == tuple(
+        f"safe_tools names {name!r}, but its name opens with {verb!r}, an action: branches ran "
+        "it for real, so if it changes anything its real effects happened on every branch that "
+        "called it" for name, verb in (("issueRefund", "issue"), ("send_email", "send")))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a side effect named so is where it belongs: no word
+        assert ToolSafety.of(side_effect_tools=["send_email"],
+                             safe_tools=["lookup_order"]).classified(
+            ["send_email", "lookup_order"]).caveats == ()
+
+
 def test_a_blocked_call_of_a_tool_its_server_says_changes_things_never_offers_safe_tools(
         ) -> None:
     """The blocked call's hint offered "name it in safe_tools if it is safe to run" in the
