@@ -123,6 +123,7 @@ class BranchState:
             state.tools[k] = [{**t, "description": described.get(t["name"], t["description"])}
                               for t in run.steps[k].meta["tools"]]
         state.guard.step = state.current_step
+        state.guard.step_of = state.call_step
         if k in plan.observations:
             given = plan.observations[k]
             for m in check_observation(given, forced.get(k, run.steps[k].action), step=k):
@@ -140,6 +141,20 @@ class BranchState:
     def current_step(self) -> int:
         """The step the thread is deciding now (a refusal of a tool call names it)."""
         return self.plan.start + self.offset + max(self.callback.decisions_started - 1, 0)
+
+    def call_step(self, tool_call_id: str) -> int:
+        """The step whose decision made the tool call ``tool_call_id`` (a refusal of the call
+        names it): a forced action's, or the branch's decision that made it; the step being
+        decided where neither holds it. ``current_step`` alone named the step after a forced
+        action for that action's own calls (a trial's ``do_action(0, ...)`` refusal said step
+        1, whose model only replied)."""
+        for j, action in self.forced.items():
+            if any(c.get("id") == tool_call_id for c in action.get("tool_calls") or ()):
+                return j
+        found = self.callback.decision_with_call(tool_call_id)
+        if found is not None:
+            return self.plan.start + self.offset + found[0]
+        return self.current_step()
 
     def forced_later(self, tool_call_id: str) -> Any:
         """The forced result of a live later step's tool call, or ``RUN``."""

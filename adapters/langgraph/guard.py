@@ -47,7 +47,8 @@ class Guard:
     safety: ToolSafety
     record: Mapping[tuple[str, str], Any]  # (name, canonical arguments) -> recorded content
     run_id: str | None = None
-    step: Callable[[], int | None] = lambda: None
+    step: Callable[[], int | None] = lambda: None  # the step being decided now
+    step_of: Callable[[str], int | None] | None = None  # the step that made a tool call
     forced: dict[str, Any] = field(default_factory=dict)  # tool_call_id -> forced content
     lookup: Callable[[str], Any] | None = None  # tool_call_id -> forced content, or RUN
     served: list[tuple[str, str]] = field(default_factory=list)
@@ -97,8 +98,9 @@ class Guard:
         writes = {k: v.channels for k, v in self.record.items()
                   if k[0] == tool.name and isinstance(v, Replay)} or None
         if tool_call_id is not None:
+            step = self.step_of(tool_call_id) if self.step_of is not None else self.step()
             found = self.safety.answer(tool.name, args, self.record, run_id=self.run_id,
-                                       step=self.step(), writes=writes)
+                                       step=step, writes=writes)
         else:
             try:
                 found = self.safety.answer(tool.name, args, self.record, run_id=self.run_id,

@@ -308,6 +308,24 @@ def test_branches_never_touch_the_users_thread(saver: Any) -> None:
 
 # -- tools on branches ------------------------------------------------------------------------
 
+def test_a_refused_call_of_a_forced_action_names_the_forced_step() -> None:
+    """A ``do_action`` whose parallel calls include a side effect the record cannot answer
+    stops the branch naming the forced step. Where CAR writes the forced action itself (no
+    ``model=``), the refusal named the step after it, whose model only replied (a trial)."""
+    s = Support(InMemorySaver())
+    run = s.failing_run()
+    both = assistant("", [tool_call("call_a", "lookup_order", {"order_id": sa.ORDER_ID}),
+                          tool_call("call_b", "issue_refund", {"order_id": sa.ORDER_ID,
+                                                               "amount": 999.0})])
+    plan = compile_plan(run, car.do_action(0, both))
+    unwrapped = LangGraphAgent(s.app, safe_tools=sa.SAFE_TOOLS,
+                               side_effect_tools=sa.SIDE_EFFECT_TOOLS)
+    for agent in (s.agent, unwrapped):
+        with pytest.raises(SideEffectBlocked, match="issue_refund") as stopped:
+            agent.branch(run, plan, branch_noise(0, 0, "t", True))
+        assert stopped.value.step == 0
+
+
 class BigRefund(sa.PlantedSupportModel):
     """Refunds a different amount than any record: no recorded answer for the call."""
 
