@@ -4,11 +4,22 @@ waited (a model server CAR took for an in-process model): said only then."""
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
-from car_core.cli.kit import WAIT_HINT_CPU, WAIT_HINT_SECONDS, waiting_hint
-from car_core.engine.execution import AsyncioExecutor, Sequential
+import pytest
+
+import car_core as car
+from car_core.cli.kit import waiting_hint
+from car_core.engine import execution
+from car_core.engine.execution import (
+    WAIT_HINT_CPU,
+    WAIT_HINT_SECONDS,
+    AsyncioExecutor,
+    Sequential,
+    WaitedOneAtATime,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
@@ -53,13 +64,12 @@ def outcome(run, rng):
 def _slow_store(tmp_path: Path, monkeypatch: Any) -> str:
     """A store holding the slow agent's failing run, in a folder the CLI imports ``slow``
     from, with the hint's threshold lowered so the tests stay short; the run's id."""
-    from car_core.cli import kit
     from car_core.store import RunStore
 
     (tmp_path / "slow.py").write_text(SLOW, encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(kit, "WAIT_HINT_SECONDS", 0.5)
+    monkeypatch.setattr(execution, "WAIT_HINT_SECONDS", 0.5)
     import slow
     with RunStore(tmp_path / "car.db") as store:
         store.save(slow.M.failing_run(0))
@@ -129,3 +139,18 @@ def test_car_intervene_takes_executor_and_says_it_too(tmp_path: Path, monkeypatc
     assert "the branches ran one at a time and the process mostly waited" in err
     code, out, err = _car(*base, "--executor", "async", "--concurrency", "8")
     assert code == 0 and "mostly waited" not in err and "P(fail)" in out, err
+
+
+def test_an_estimate_from_python_warns_of_it_too(tmp_path: Path, monkeypatch) -> None:
+    """From Python nothing said so: a trial's seed-ignoring hosted model ran out of budget in
+    four of five estimates at 26 s each, where ``executor="async"`` answered in 9 s. Not said
+    where the caller chose the executor."""
+    _slow_store(tmp_path, monkeypatch)
+    import slow
+    run = slow.M.failing_run(0)
+    with pytest.warns(WaitedOneAtATime, match='pass executor="async" to run 16 at once'):
+        car.contrastive(run, slow.make(), outcome=slow.outcome, rollouts=4, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", WaitedOneAtATime)
+        car.contrastive(run, slow.make(), outcome=slow.outcome, rollouts=4, progress=False,
+                        executor="sequential")

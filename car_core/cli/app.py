@@ -21,6 +21,7 @@ import typer
 from rich.text import Text
 
 from car_core.cli import kit
+from car_core.engine.execution import WaitedOneAtATime
 from car_core.errors import (
     AgentError,
     BudgetExhausted,
@@ -276,6 +277,8 @@ def plain_warnings(previous: Callable[..., Any]) -> Callable[..., None]:
     keeps Python's form."""
     def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
              file: Any = None, line: str | None = None) -> None:
+        if issubclass(category, WaitedOneAtATime):
+            return  # the command says it in its own words (``kit.waiting_hint``)
         if category.__module__.split(".")[0] in ("car_core", "car_adapters"):
             err.print(Text(f"car: warning: {kit.safe(str(message))}", style="yellow"),
                       soft_wrap=True)

@@ -36,7 +36,7 @@ from rich.text import Text
 from car_core import errors
 from car_core import formatting as fmt
 from car_core.engine.agent import require_agent
-from car_core.engine.execution import Sequential
+from car_core.engine.execution import waited_share
 from car_core.engine.progress import LineProgress
 from car_core.errors import (
     AgentError,
@@ -566,20 +566,15 @@ def answer_cell(r: Result | None) -> str:
 
 
 # -- a slow agent run one branch at a time -------------------------------------------------------
-WAIT_HINT_SECONDS = 10.0  # an estimate shorter than this is not worth a hint
-WAIT_HINT_CPU = 0.25      # below this share of the wall time on the CPU, the process waited
-
-
 def waiting_hint(chosen: Any, given: Any, seconds: float, cpu: float) -> str | None:
     """What to say when CAR chose to run the branches one at a time (``chosen``, the
     executor it picked; ``given``: the one the user named, None when CAR chose) and the
-    process spent most of the estimate waiting rather than computing: the model is likely a
-    server CAR could not tell apart from an in-process one (a custom wrapper without
-    ``base_url`` or ``remote=True``), and the branches could have run at once."""
-    if given is not None or not isinstance(chosen, Sequential) or seconds < WAIT_HINT_SECONDS:
-        return None
-    share = cpu / seconds
-    if share >= WAIT_HINT_CPU:
+    process spent most of the estimate waiting rather than computing (``waited_share``): the
+    model is likely a server CAR could not tell apart from an in-process one (a custom
+    wrapper without ``base_url`` or ``remote=True``), and the branches could have run at
+    once."""
+    share = waited_share(chosen, given, seconds, cpu)
+    if share is None:
         return None
     return (f"the branches ran one at a time and the process mostly waited ({share:.0%} of "
             f"{seconds:.0f}s on the CPU): if the agent's model is a server, --executor async "

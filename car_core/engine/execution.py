@@ -209,6 +209,27 @@ def brancher(run: Trajectory, agent: Agent, outcome: OutcomeLike) -> Brancher:
     return cls(run, agent, outcome)
 
 
+WAIT_HINT_SECONDS = 10.0  # an estimate shorter than this is not worth a hint
+WAIT_HINT_CPU = 0.25      # below this share of the wall time on the CPU, the process waited
+
+
+class WaitedOneAtATime(UserWarning):
+    """CAR chose to run an estimate's branches one at a time and the process mostly waited:
+    the agent's model is likely a server CAR could not tell from an in-process model (a
+    custom wrapper with no ``base_url`` or ``remote=True``), and the branches could have run
+    at once. The CLI says it in its own words (``--executor async``)."""
+
+
+def waited_share(chosen: object, given: object, seconds: float, cpu: float) -> float | None:
+    """The share of ``seconds`` the process spent on the CPU (``cpu``) when CAR chose to run
+    the branches one at a time (``chosen``; ``given``: what the caller named, None when CAR
+    chose) for at least ``WAIT_HINT_SECONDS`` and mostly waited; else None."""
+    if given is not None or not isinstance(chosen, Sequential) or seconds < WAIT_HINT_SECONDS:
+        return None
+    share = cpu / seconds
+    return share if share < WAIT_HINT_CPU else None
+
+
 class Sequential:
     """In-process, one task at a time: reproducible and the default for synthetic agents."""
 
