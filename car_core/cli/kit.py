@@ -36,6 +36,8 @@ from rich.text import Text
 from car_core import errors
 from car_core import formatting as fmt
 from car_core.engine.agent import require_agent
+from car_core.engine.execution import WAIT_HINT_CPU as WAIT_HINT_CPU  # moved there; kept here
+from car_core.engine.execution import WAIT_HINT_SECONDS as WAIT_HINT_SECONDS
 from car_core.engine.execution import waited_share
 from car_core.engine.progress import LineProgress
 from car_core.errors import (
