@@ -215,3 +215,23 @@ def test_an_attribution_stopped_before_its_result_is_listed_without_a_page(tmp_p
     assert any(stopped in " ".join(row) for row in page.tables["attributions"])
     assert not any(stopped in href for href in page.hrefs)
     assert all(a in "".join(page.text) for a in made["attributions"].values())
+
+
+def test_a_run_page_shows_the_attribution_that_finished_last_not_the_one_begun_last():
+    """A resumed attribution finishes after ones begun since: a trial's report showed the
+    64-rollout answer begun after it, not the 320-rollout one it had just resumed."""
+    from car_core.model.vocabulary import AttributionStatus
+    from car_core.report.pages import latest_attribution
+    from car_core.store import Attribution
+
+    def row(name: str, begun: float, finished: float | None,
+            status: AttributionStatus = AttributionStatus.COMPLETE) -> Attribution:
+        return Attribution(name, "r", "contrastive", status, {}, object(),  # type: ignore[arg-type]
+                           created_at=begun, finished_at=finished)
+    resumed, later = row("resumed", 1.0, 30.0), row("later", 2.0, 10.0)
+    assert latest_attribution([resumed, later]) is resumed
+    assert latest_attribution([row("a", 1.0, 5.0), row("b", 2.0, 5.0)]).id == "b"  # a tie
+    # a complete one still wins over a truncated one that finished after it
+    cut = row("cut", 3.0, 40.0, AttributionStatus.TRUNCATED)
+    assert latest_attribution([resumed, later, cut]) is resumed
+    assert latest_attribution([cut]) is cut

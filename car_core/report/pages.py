@@ -36,13 +36,17 @@ from car_core.triage_results import TRIAGE_METHOD
 # -- one run -------------------------------------------------------------------------------------
 def latest_attribution(attributions: Iterable[Attribution], method: str | None = None
                        ) -> Attribution | None:
-    """The newest finished attribution (of ``method`` when given) among a run's, oldest first;
-    a truncated one only when none finished."""
+    """The attribution (of ``method`` when given) among a run's, oldest first, that finished
+    last; a truncated one only when none is complete. Last to finish, not last begun: a
+    resumed attribution finishes after ones begun since, and a trial's report showed a
+    64-rollout answer beside the 320-rollout one it had just resumed."""
     rows = [a for a in attributions if a.result is not None
             and (method is None or a.method == method)]
     complete = [a for a in rows if a.status == AttributionStatus.COMPLETE]
     pick = complete or rows
-    return pick[-1] if pick else None
+    if not pick:
+        return None
+    return max(enumerate(pick), key=lambda ia: (ia[1].finished_at or 0.0, ia[0]))[1]
 
 
 def run_page(db: RunStore, run: Trajectory, attribution: str | None = None,
