@@ -170,7 +170,8 @@ class ContrastiveResult(CouplingNumbers, _Rendered):
             return "no step had been tested yet"
         s = next((e for e in self.steps if e.step == c), None)
         if s is None or not s.tested or s.effect is None:
-            return f"the candidate is step {c} (not yet measured)"
+            return (f"the candidate is step {c} (chosen from the arms run so far; its own test "
+                    "had not run)")
         return (f"the candidate is step {c}: rescue so far {fmt.effect(s.effect)} "
                 f"{fmt.effect_interval(s.ci)} from {s.n} pair(s)")
 

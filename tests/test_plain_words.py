@@ -69,6 +69,8 @@ def test_every_answer_has_its_own_plain_sentence(located, no_cause, undecided) -
     assert firsts[1].startswith("No single step caused the failure: ")
     assert firsts[2].startswith("Undecided: the budget ran out before the answer was decided; "
                                 "the best candidate is step 0 (the agent chose ")
+    # no pair of its own ran, but arms did: "not yet measured" read as if nothing had been
+    assert firsts[2].endswith("chosen from the arms run so far; its own test had not run.")
     for first in firsts:
         assert not METHOD_WORDS.search(first), first
 

@@ -237,7 +237,8 @@ def _undecided_words(r: Any, who: str | None) -> str:
     s = next((e for e in _get(r, "steps", ()) if _get(e, "step") == c), None)
     name = step_said(r, c, who)
     if s is None or not _get(s, "tested") or _get(s, "effect") is None:
-        return f"Undecided: {why}; the best candidate is {name}, not yet measured"
+        return (f"Undecided: {why}; the best candidate is {name}, chosen from the arms run so "
+                "far; its own test had not run")
     if float(_get(s, "effect")) <= 0:  # no rescue seen: not a candidate worth the name
         if _get(r, "search") == "full":  # every step was tested, none is "being" tested
             return (f"Undecided: {why}; every step was tested and none has shown a rescue so "

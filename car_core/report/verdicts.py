@@ -52,7 +52,8 @@ def _candidate(r: Mapping[str, Any]) -> str:
         return "No step had been tested yet."
     s: Mapping[str, Any] = next((x for x in r.get("steps") or [] if x.get("step") == c), {})
     if not s.get("tested") or s.get("effect") is None:
-        return f"The candidate is step {c}, not yet measured."
+        return (f"The candidate is step {c}, chosen from the arms run so far; its own test had "
+                "not run.")
     return (f"The candidate is step {c}: rescue so far {_fmt(s.get('effect'))}, interval "
             f"{_ci(s.get('ci'))} from {s.get('n')} pair(s).")
 
