@@ -131,6 +131,7 @@ from ..common.branch import model_unavailable
 from ..common.messages import ToolSafety
 from ..common.named import refuse_side_effect_functions
 from ..common.sync import await_on, finish_on, run_sync
+from .branch_saver import BranchSaver, writing_through
 from .branch_state import BranchState, answerable_calls
 from .branch_store import on_branch, read_store
 from .callback import CarCallback
@@ -367,10 +368,10 @@ class LangGraphAgent:
         if isinstance(state, Trajectory):
             return state
         if loop is not None:  # waited for to its end, even when ^C interrupts the wait
-            return finish_on(self._run(state, AsyncCalls(self._branch_app(), self.saver)), loop)
+            return finish_on(self._run(state, self._calls(state, AsyncCalls)), loop)
         if self.is_async:
-            return run_sync(lambda: self._run(state, AsyncCalls(self._branch_app(), self.saver)))
-        return now(self._run(state, SyncCalls(self._branch_app(), self.saver)))
+            return run_sync(lambda: self._run(state, self._calls(state, AsyncCalls)))
+        return now(self._run(state, self._calls(state, SyncCalls)))
 
     async def abranch(self, run: Trajectory, plan: Plan, noise: Noise,
                       stop: Callable[[Trajectory], bool] | None = None) -> Trajectory:
@@ -388,7 +389,7 @@ class LangGraphAgent:
             state = await asyncio.to_thread(self._prepare, run, plan, noise, stop)
         if isinstance(state, Trajectory):
             return state
-        calls = AsyncCalls(self._branch_app(), self.saver)
+        calls = self._calls(state, AsyncCalls)
         if loop is not None and loop is not asyncio.get_running_loop():
             # cancelled (an estimate that stops), the branch is cancelled on the saver's loop and
             # awaited there to its end: its thread is deleted before the saver can be closed
@@ -435,17 +436,25 @@ class LangGraphAgent:
                                 at_call=edit_reaches_call(run.steps[k], self.model),
                                 stop=stop)
 
+    def _calls(self, state: BranchState, kind: type[SyncCalls]) -> SyncCalls:
+        """How the branch reaches the app and its checkpointer (``kind``: sync or async):
+        through a ``BranchSaver`` of its thread, whose delete waits for every write to the
+        thread and drops later ones (``branch_saver``: LangGraph's writes outlive a run that
+        stops on a cancel)."""
+        saver = BranchSaver(self.saver, state.thread_id)
+        return kind(writing_through(self._branch_app(), saver), saver)
+
     async def _run(self, state: BranchState, calls: SyncCalls) -> Trajectory:
         """The branch itself, the same coroutine for ``branch`` and ``abranch``: the fork, the
         held prefix, the guard and the model control; only ``calls`` (sync or async,
-        ``car_adapters.langgraph.calls``) differs."""
+        ``car_adapters.langgraph.calls``, over the branch's ``BranchSaver``) differs."""
         run, k, thread_id = state.run, state.plan.start, state.thread_id
-        # the first write, after every check passed
-        await self._fork(calls, run, k, thread_id, state.edited)
         state.reruns = lambda: branch_reruns(  # built only for a branch with an error to judge
             self.tool_objects, self.safety, calls, self._invocation(run).configurable,
             lambda: Guard(self.safety, answerable_calls(run), run_id=run.id))
         try:
+            # the first write, after every check passed; a fork cancelled half way is deleted
+            await self._fork(calls, run, k, thread_id, state.edited)
             with controlling(thread_id, state.control), guarding(thread_id, state.guard):
                 if k in state.forced and self.model is None:
                     await self._write_action(calls, run, k, thread_id, state.forced[k])
