@@ -40,10 +40,18 @@ def is_outage(exc: BaseException) -> bool:
 
 
 # what a tool's or server's error text says when the service, not the call, is at fault (HTTP
-# 429 and 5xx, a timeout, a refused or reset connection): the words of HTTP clients and servers
+# 429 and 5xx, a timeout, a refused or reset connection): the words of HTTP clients and servers;
+# and of the tool's own world where the estimate runs: a database locked or failing to operate,
+# a credential refused or missing, a host not found, a full or read-only disk (a trial's
+# read-only lookup, which the record never called, answered "database is locked" on every
+# branch, and each was scored as the agent's doing)
 _SERVICE_DOWN = re.compile(
     r"\b(?:429|50[0-4])\b|service unavailable|temporarily unavailable|unreachable|"
-    r"timed? ?out\b|connection (?:refused|reset|error|aborted)|too many requests|rate.?limit",
+    r"timed? ?out\b|connection (?:refused|reset|error|aborted)|too many requests|rate.?limit|"
+    r"database is locked|operationalerror|disk i/o error|no space left|read-only file system|"
+    r"401 unauthori[sz]ed|403 forbidden|authentication (?:failed|required)|not authenticated|"
+    r"(?:invalid|missing|no) (?:api[ _-]?key|credentials)|credentials not found|"
+    r"name or service not known|nodename nor servname|no such host",
     re.IGNORECASE)
 
 

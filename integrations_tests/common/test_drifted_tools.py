@@ -72,6 +72,11 @@ def test_an_error_is_the_calls_own_only_when_it_repeats_and_the_record_still_ans
 def test_with_no_answered_call_of_the_tool_in_the_record_a_repeated_error_is_scored() -> None:
     tool = Tool({NEW: "no such order"})
     assert decide(tool, REWORDED, record=False) is None
+    # an error about what the call asked for stays the call's, whatever words it uses
+    for said in ("Access denied: order 99 belongs to another customer",
+                 "refunds above 100 are forbidden by policy"):
+        tool = Tool({NEW: said})
+        assert decide(tool, REWORDED, said, record=False) is None, said
     assert tool.calls == [("lookup_order", NEW)]
     # the record's one call of the tool errored too: no answered call to run again
     tool = Tool({NEW: "no such order"})
@@ -85,6 +90,11 @@ def test_with_no_answered_call_of_the_tool_in_the_record_a_repeated_error_is_sco
     # the SDK's message hid the error, whose exception showed the session was gone
     (REWORDED, "Error invoking MCP tool lookup_order on server 'orders': ", ("new",),
      "says its service is down"),
+    # the tool's own world where the estimate runs, not the call (a trial's lookup, never
+    # called in the record, said this on every branch and each was scored)
+    (REWORDED, "sqlite3.OperationalError: database is locked", (), "says its service is down"),
+    (REWORDED, "Error code: 401 Unauthorized: invalid API key", (), "says its service is down"),
+    (REWORDED, "[Errno -2] Name or service not known", (), "says its service is down"),
 ])
 def test_the_records_answer_and_an_outage_need_no_rerun(args: dict[str, str], said: str,
                                                         outages: tuple[str, ...],
