@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import replace
+from html import escape
 from html.parser import HTMLParser
 
 import pytest
@@ -442,3 +443,17 @@ def test_a_run_without_latency_or_tokens_says_so_with_dashes(pivot_model, pivot_
     assert len(rows) == pivot_model.n_steps + 1
     assert all(row[2:] == ["—", "—", "—"] for row in rows)
     assert "stored no latency or token counts" in html and 'class="tag cost"' not in html
+
+
+def test_the_report_says_every_caveat_the_result_carries(pivot_model, pivot_run):
+    """A trial's result carried "branches ran it for real" (a destructive tool named safe) and
+    the noisy judge's caveat; its report page, which the docs said shows them, had neither."""
+    r = contrastive_dict(pivot_model, pivot_run)
+    said = ["safe_tools names 'refund_invoice', but its MCP server annotates it "
+            "destructiveHint=True: branches ran it for real",
+            "re-scored with every step held as recorded, the run failed in 88% of re-runs"]
+    html = render_attribution({**r, "caveats": said}, run=pivot_run)
+    for c in said:
+        shown = escape(c, quote=False).replace("'", "&#39;")  # as the template escapes it
+        assert f'<div class="warn caveat">Caveat: {shown}</div>' in html
+    assert 'class="warn caveat"' not in render_attribution(r, run=pivot_run)
