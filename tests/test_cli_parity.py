@@ -76,6 +76,27 @@ def test_search_reaches_the_estimator(pivot) -> None:
     assert code == 2 and "--search applies to contrastive only" in err
 
 
+def test_an_undecided_full_search_with_budget_left_says_how_to_go_on(pivot) -> None:
+    """A full search whose intervals still reached the indifference level stopped with budget
+    left, said "Undecided" and exited 1, "nothing attributable", with no way on (a trial);
+    more re-runs decide it, so it exits 3 with the resume command, and that command works."""
+    run_id, db = pivot
+    code, res, err = _attribute(run_id, db, "--search", "full", "--rollouts", "2",
+                                agent="car_core.synthetic:pivot")
+    assert code == 3, err
+    assert res["answer"] == "undecided" and not res["truncated"] and not res["failures"]
+    assert "undecided (attribution" in err and "to continue, resume with a larger budget" in err
+    command = shlex.split(err.strip().splitlines()[-1])
+    assert command[:2] == ["car", "attribute"] and "--resume" in command
+    for _ in range(4):  # each hint doubles the budget until the answer is decided
+        code, out, err = _car(*command[1:], "--json")
+        res = json.loads(out) if out.strip() else {}
+        if code != 3:
+            break
+        command = shlex.split(err.strip().splitlines()[-1])
+    assert code == 0 and res["answer"] == "locus" and res["locus"] == 2, err
+
+
 def test_max_tokens_stops_before_the_cap_is_spent(pivot) -> None:
     # 10 tokens per live step, at most 6 live steps a branch: 300 tokens is at most a few
     # dozen branches, far fewer than the 96 the search may run

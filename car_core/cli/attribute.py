@@ -232,7 +232,9 @@ def attribute(
     elif inside is not None:
         out.print(Text(kit.safe(str(inside))))
     undecided = isinstance(result, ContrastiveResult) and result.answer == Answer.UNDECIDED
-    if result.truncated:
+    # undecided with budget left (a full search whose intervals still reach Δ): more re-runs
+    # decide it as a truncated one's do; it exited 1, "nothing attributable", with no way on
+    if result.truncated or (undecided and not result.failures):
         what = "undecided" if undecided else "the budget ran out"
         more = result.larger_budget()
         err.print(Text(kit.safe(f"{what} (attribution {aid}); to continue, resume with a larger "
