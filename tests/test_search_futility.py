@@ -139,3 +139,25 @@ def test_few_seeds_end_their_budget_confirming_a_step_that_rescues_nothing():
         named += d.significant and d.candidate == (2 * n) // 3
     assert level_end <= 2
     assert named >= 180
+
+
+def test_an_unconfirmed_candidates_interval_is_at_its_own_tests_level():
+    """An undecided candidate's interval was built at α while its test ran at its share
+    ``α_i``: it could lie above zero beside "not shown to help" (a trial read +0.214 [+0.001,
+    +0.504] so; this seed, the simulator's 8-step pivot at a budget of 96, gave [+0.011,
+    +0.644] at 95% for a test at 3.5%). Now the interval is at ``1 − α_i``, and over 100 seeds
+    of four small worlds no unconfirmed candidate's interval lies above zero."""
+    world = syn.pivot(8, 5, 0.85, 0.0)
+    d = search_mod.search(syn.SampledArms(world, 129, 96, "none"), 8, 96, 0.05, refit=False)
+    assert not d.significant and d.interval is not None and d.level is not None
+    assert d.interval.level == pytest.approx(1 - d.level) and d.interval.ci[0] <= 0
+    unconfirmed = 0
+    for n, p, budget in ((4, 0.7, 40), (4, 0.8, 64), (8, 0.85, 96), (6, 0.6, 30)):
+        m = syn.pivot(n, (2 * n) // 3, p, 0.0)
+        for seed in range(100):
+            d = search_mod.search(syn.SampledArms(m, seed, budget, "none"), n, budget, 0.05,
+                                  refit=False)
+            if d.candidate is not None and d.interval is not None and not d.significant:
+                unconfirmed += 1
+                assert d.interval.ci[0] <= 0, (n, p, budget, seed)
+    assert unconfirmed > 150  # the check saw many

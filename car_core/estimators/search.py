@@ -299,7 +299,10 @@ def _conclude(src: ArmSource, nav: Navigator, n: int, budget: int, alpha: float,
         re_hi = np.concatenate([src.outcomes(c + 1, indices)[keep], re_hi])
         re_lo = np.concatenate([src.outcomes(c, indices)[keep], re_lo])
         r = re_hi - re_lo if paired else np.array([float(re_hi.mean() - re_lo.mean())])
-    est, interval = reported_interval(d, r, alpha, paired, conf.found, found.prior, intervals,
+    # a candidate left unconfirmed gets its interval at its own test's level: at α it could
+    # lie above zero beside "not shown to help" (a trial read +0.214 [+0.001, +0.504] so)
+    level = alpha if conf.found else found.level
+    est, interval = reported_interval(d, r, level, paired, conf.found, found.prior, intervals,
                                       re_hi, re_lo)
     return Decision(
         c, conf.found, interval, float(d.mean()),
