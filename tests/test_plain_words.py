@@ -289,7 +289,7 @@ def test_a_negative_rescue_so_far_reads_as_a_rise(located) -> None:
 def test_a_step_of_several_calls_names_each_call() -> None:
     """A user trial's step looked an invoice up and charged the card in one message; it read
     "called lookup_invoice(…) and 1 more call(s)", hiding the call that mattered."""
-    from car_core.formatting.actions import ACTION_CHARS, action_summary
+    from car_core.formatting.actions import CALLS_CHARS, action_summary
 
     def call(name: str, args: str) -> dict[str, Any]:
         return {"id": name, "type": "function", "function": {"name": name, "arguments": args}}
@@ -298,9 +298,19 @@ def test_a_step_of_several_calls_names_each_call() -> None:
         call("lookup_invoice", '{"invoice_id": "INV-7"}'),
         call("charge_card", '{"amount": 1290.0, "card": "visa-4242"}')]})
     assert said.startswith("called lookup_invoice(") and " and charge_card(amount=1290" in said
-    assert len(said) <= ACTION_CHARS
+    assert len(said) <= CALLS_CHARS
     one = action_summary({"tool_calls": [call("refund", '{"order": "A7"}')]})
     assert one == 'called refund(order="A7")'
+    # a trial's parallel check and transfer: the transfer's amount was cut off at 60 characters
+    both = action_summary({"tool_calls": [
+        call("get_balance", '{"account": "ACC-9"}'),
+        call("transfer", '{"account": "ACC-9", "amount": 100.0}')]})
+    assert both == ('called get_balance(account="ACC-9") and '
+                    'transfer(account="ACC-9", amount=100.0)')
+    # many calls still fit, each named
+    many = action_summary({"tool_calls": [call(f"tool_{i}", '{"query": "' + "x" * 40 + '"}')
+                                          for i in range(4)]})
+    assert len(many) <= CALLS_CHARS and all(f"tool_{i}(" in many for i in range(4))
 
 
 def test_an_estimate_left_undecided_by_failed_branches_says_what_failed(located) -> None:

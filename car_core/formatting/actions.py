@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 ACTION_CHARS = 60  # how much of a recorded action the answer quotes
+CALLS_CHARS = 90   # ... of a step of several tool calls, so each keeps some of its arguments
 
 
 def _clip(text: str, limit: int = ACTION_CHARS) -> str:
@@ -22,19 +23,19 @@ def _json(value: Any) -> str:
         return repr(value)
 
 
-def _call(name: Any, args: Any) -> str:
+def _call(name: Any, args: Any, limit: int = ACTION_CHARS) -> str:
     """``refund(order="A7", amount=120)`` from a tool name and its arguments (a dict or the
-    JSON string chat APIs send)."""
+    JSON string chat APIs send), at most ``limit`` characters with "called "."""
     if isinstance(args, str):
         import json
         try:
             args = json.loads(args)
         except ValueError:
-            return _clip(f"called {name}({args})")
+            return _clip(f"called {name}({args})", limit)
     if isinstance(args, Mapping):
         said = [(str(k), _json(v)) for k, v in args.items()]
         inner = ", ".join(f"{k}={v}" for k, v in said)
-        room = ACTION_CHARS - len(f"called {name}()")
+        room = limit - len(f"called {name}()")
         if len(inner) > room and len(said) > 1:
             # each value clipped to a fair share of the room, so a long first argument (an
             # e-mail's body) does not push the others (its recipient) out of the cell
@@ -49,7 +50,7 @@ def _call(name: Any, args: Any) -> str:
         inner = ""
     else:
         inner = _json(args)
-    return _clip(f"called {name}({inner})")
+    return _clip(f"called {name}({inner})", limit)
 
 
 def _text(content: Any) -> str:
@@ -62,20 +63,28 @@ def _text(content: Any) -> str:
 
 
 def _calls(calls: Sequence[Any]) -> str:
-    """``called a(x=1) and b(y=2)``: every call of a step, each shortened to its share of the
-    room, so the one that mattered is named (a step that looked an invoice up and charged a card
-    read "called lookup_invoice(…) and 1 more call(s)")."""
+    """``called a(x=1) and b(y=2)``: every call of a step in ``CALLS_CHARS``, each shortened
+    to its share of the room (a short call keeps only what it needs), its arguments each
+    shortened within it, so the one that mattered is named with what it did (a step that
+    looked an invoice up and charged a card read "called lookup_invoice(…) and 1 more
+    call(s)"; one that checked a balance and transferred 100 read "transfer(account="ACC-9…",
+    the amount cut off)."""
     said = []
     for call in calls:
         first = call if isinstance(call, Mapping) else {}
         inner = first.get("function")
         fn: Mapping[str, Any] = inner if isinstance(inner, Mapping) else first
-        said.append(_call(fn.get("name", "?"), fn.get("arguments", fn.get("args")))
-                    .removeprefix("called "))
+        said.append((fn.get("name", "?"), fn.get("arguments", fn.get("args"))))
     if len(said) == 1:
-        return f"called {said[0]}"
-    room = max(12, (ACTION_CHARS - 7 - 5 * (len(said) - 1)) // len(said))
-    return "called " + " and ".join(_clip(c, room) for c in said)
+        return _call(*said[0])
+    whole = [len(_call(name, args, 10**6)) - 7 for name, args in said]
+    left = CALLS_CHARS - 7 - 5 * (len(said) - 1)
+    shares: dict[int, int] = {}
+    for rank, i in enumerate(sorted(range(len(said)), key=whole.__getitem__)):
+        shares[i] = min(whole[i], max(12, left // (len(said) - rank)))
+        left -= shares[i]
+    return "called " + " and ".join(_call(name, args, shares[i] + 7).removeprefix("called ")
+                                    for i, (name, args) in enumerate(said))
 
 
 def action_summary(action: Any) -> str:
