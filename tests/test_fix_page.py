@@ -31,7 +31,7 @@ DESK = TwoModeDesk()
 @pytest.fixture(scope="module")
 def fixed(tmp_path_factory: pytest.TempPathFactory):
     folder = tmp_path_factory.mktemp("fix")
-    runs = DESK.population(3, 2, seed=0)
+    runs = DESK.population(3, 2, seed=0, ids="fixpage")
     with RunStore(folder / "car.db") as store:
         for r in runs:
             store.save(r)

@@ -50,7 +50,7 @@ def car_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def population() -> list[car.Trajectory]:
-    return DESK.population(5, 3, seed=0)
+    return DESK.population(5, 3, seed=0, ids="concurrency")
 
 
 class _Counting:

@@ -42,7 +42,7 @@ K = 64
 
 @pytest.fixture(scope="module")
 def population() -> list[car.Trajectory]:
-    return DESK.population(N_EARLY, N_LATE, seed=0)
+    return DESK.population(N_EARLY, N_LATE, seed=0, ids="popfix")
 
 
 @pytest.fixture(scope="module")

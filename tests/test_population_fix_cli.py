@@ -38,7 +38,7 @@ def car_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[car.Trajectory]]:
     cwd = tmp_path_factory.mktemp("fix")
-    runs = DESK.population(3, 2, seed=0)
+    runs = DESK.population(3, 2, seed=0, ids="fixcli")
     with RunStore(cwd / "car.db") as store:
         for r in runs:
             store.save(r)

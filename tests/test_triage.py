@@ -50,7 +50,7 @@ GROUP_KEYS = {"label", "step", "agent", "node", "tool", "share", "share_ci", "ru
 
 @pytest.fixture(scope="module")
 def population() -> list[car.Trajectory]:
-    return DESK.population(N_EARLY, N_LATE, seed=0)
+    return DESK.population(N_EARLY, N_LATE, seed=0, ids="triage")
 
 
 def _branches(store: RunStore) -> int:

@@ -35,7 +35,7 @@ PAGE = re.compile(r"\.\./(runs|attributions)/[A-Za-z0-9_-]+-[0-9a-f]{8}\.html")
 @pytest.fixture(scope="module")
 def triaged(tmp_path_factory: pytest.TempPathFactory):
     folder = tmp_path_factory.mktemp("triage")
-    runs = DESK.population(N_EARLY, N_LATE, seed=0)
+    runs = DESK.population(N_EARLY, N_LATE, seed=0, ids="triagepage")
     passed = next(r for r in (car.record(DESK.agent(), context={"mode": "late"},
                                          outcome=DESK.outcome, seed=s) for s in range(50))
                   if not r.failed)

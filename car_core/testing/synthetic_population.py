@@ -22,6 +22,8 @@ acts: an early run's rescue by the instruction is exactly ``p_bad − p_fixed``,
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -122,9 +124,15 @@ class TwoModeDesk:
         return 1.0 if run.steps and run.steps[-1].action["arguments"]["choice"] == "bad" \
             else 0.0
 
-    def population(self, n_early: int, n_late: int, seed: int = 0) -> list[Trajectory]:
+    def population(self, n_early: int, n_late: int, seed: int = 0,
+                   ids: str | None = None) -> list[Trajectory]:
         """``n_early`` failing runs of the early mode then ``n_late`` of the late one, each
-        the first failing run recorded from its own seed on (genuine draws, not forged)."""
+        the first failing run recorded from its own seed on (genuine draws, not forged).
+        ``ids``: a name, and the runs get ids made from it and their position (16 hex
+        characters, as recorded ids are) instead of fresh random ones, so that what a
+        population estimate draws from a run's id (its attribution's seed) is the same every
+        time: a test whose fresh ids happened to leave a run undecided failed one CI run in
+        some hundreds."""
         agent, runs, s = self.agent(), [], seed
         for mode, count in (("early", n_early), ("late", n_late)):
             for _ in range(count):
@@ -134,6 +142,9 @@ class TwoModeDesk:
                     if run.failed:
                         runs.append(run)
                         break
+        if ids is not None:
+            runs = [dataclasses.replace(r, id=hashlib.sha256(f"{ids}-{i}".encode()).hexdigest()
+                                        [:16]) for i, r in enumerate(runs)]
         return runs
 
 
