@@ -46,6 +46,8 @@ class BranchSaver(BaseCheckpointSaver[Any]):
         super().__init__(serde=saver.serde)
         self.saver, self.thread_id = saver, thread_id
         self._gate = gate or _Gate()
+        # whether the saver's writes take ``task_path``: asked once, not on every write
+        self._paths = (_takes_task_path(saver.put_writes), _takes_task_path(saver.aput_writes))
 
     def _ours(self, config: Mapping[str, Any]) -> bool:
         return bool(config.get("configurable", {}).get("thread_id") == self.thread_id)
@@ -95,7 +97,7 @@ class BranchSaver(BaseCheckpointSaver[Any]):
 
     async def aput_writes(self, config: Any, writes: Sequence[tuple[str, Any]], task_id: str,
                           task_path: str = "") -> None:
-        path = (task_path,) if _takes_task_path(self.saver.aput_writes) else ()
+        path = (task_path,) if self._paths[1] else ()
         await self._write(config, self.saver.aput_writes(config, writes, task_id, *path), None)
 
     def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
@@ -104,7 +106,7 @@ class BranchSaver(BaseCheckpointSaver[Any]):
 
     def put_writes(self, config: Any, writes: Sequence[tuple[str, Any]], task_id: str,
                    task_path: str = "") -> None:
-        path = (task_path,) if _takes_task_path(self.saver.put_writes) else ()
+        path = (task_path,) if self._paths[0] else ()
         self._write_now(config, self.saver.put_writes, writes, task_id, *path)
 
     # -- the delete ---------------------------------------------------------------------------

@@ -38,8 +38,8 @@ from car_core import formatting as fmt
 from car_core.engine.agent import require_agent
 from car_core.engine.execution import WAIT_HINT_CPU as WAIT_HINT_CPU  # moved there; kept here
 from car_core.engine.execution import WAIT_HINT_SECONDS as WAIT_HINT_SECONDS
-from car_core.engine.execution import waited_share
-from car_core.engine.progress import LineProgress
+from car_core.engine.execution import waited_share, waited_words
+from car_core.engine.progress import LineProgress, ended_short
 from car_core.errors import (
     AgentError,
     CarError,
@@ -467,10 +467,8 @@ class RichProgress:
         task = self.progress.tasks[0]
         allowed = task.total
         if allowed is not None and task.completed < allowed:
-            how = "the budget ran out" if truncated else "stopped early"
             self.progress.update(self.task, total=task.completed, description=(
-                f"{task.description}: {how}, {int(task.completed)} of {int(allowed)} "
-                "allowed"))
+                f"{task.description}: {ended_short(truncated, task.completed, allowed)}"))
         self.close()
 
     def close(self) -> None:
@@ -578,6 +576,4 @@ def waiting_hint(chosen: Any, given: Any, seconds: float, cpu: float) -> str | N
     share = waited_share(chosen, given, seconds, cpu)
     if share is None:
         return None
-    return (f"the branches ran one at a time and the process mostly waited ({share:.0%} of "
-            f"{seconds:.0f}s on the CPU): if the agent's model is a server, --executor async "
-            "runs 16 at once (or say remote=True on the model, and CAR will choose it)")
+    return waited_words(share, seconds, "--executor async runs 16 at once")

@@ -230,6 +230,14 @@ def waited_share(chosen: object, given: object, seconds: float, cpu: float) -> f
     return share if share < WAIT_HINT_CPU else None
 
 
+def waited_words(share: float, seconds: float, remedy: str) -> str:
+    """What the CLI's hint and ``WaitedOneAtATime`` say of such an estimate, ``remedy`` in
+    the caller's own terms (a flag, or a keyword)."""
+    return (f"the branches ran one at a time and the process mostly waited ({share:.0%} of "
+            f"{seconds:.0f}s on the CPU): if the agent's model is a server, {remedy} (or say "
+            "remote=True on the model, and CAR will choose it)")
+
+
 class Sequential:
     """In-process, one task at a time: reproducible and the default for synthetic agents."""
 

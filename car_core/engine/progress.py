@@ -22,6 +22,14 @@ class ProgressBar(Protocol):
 Progress = bool | ProgressBar | None
 
 
+def ended_short(truncated: bool, count: int | float, allowed: int | float) -> str:
+    """How a bar that ended before its total says so: the budget ran out (``truncated``: a
+    rollout or two may be left that no pair could use), or the estimate stopped early; and
+    how much was allowed, so the total never silently shrinks."""
+    how = "the budget ran out" if truncated else "stopped early"
+    return f"{how}, {int(count)} of {int(allowed)} allowed"
+
+
 class LineProgress:
     """Progress for a stderr that is no terminal (a pipe, a CI log): a bar redrawn with
     carriage returns reads as one garbled line there, so this writes a plain line at most every
@@ -53,8 +61,7 @@ class LineProgress:
         stopped early (``truncated``: the budget ended it, with a rollout or two left that no
         pair could use, which the line says as the result does)."""
         if self.total is not None and self.count < self.total:
-            how = "the budget ran out" if truncated else "stopped early"
-            self._close(f"{how}, {self.count} of {self.total} allowed")
+            self._close(ended_short(truncated, self.count, self.total))
         else:
             self._close("done")
 
@@ -106,9 +113,8 @@ class TqdmBar:
     def done(self, truncated: bool = False) -> None:
         bar = self.bar
         if bar.total is not None and bar.n < bar.total:
-            how = "the budget ran out" if truncated else "stopped early"
-            bar.set_description(f"{bar.desc.rstrip(': ')}: {how}, {bar.n} of "
-                                f"{bar.total} allowed")
+            bar.set_description(f"{bar.desc.rstrip(': ')}: "
+                                f"{ended_short(truncated, bar.n, bar.total)}")
             bar.total = bar.n
             bar.refresh()
         self.close()

@@ -27,6 +27,7 @@ from car_core.engine.execution import (
     execute,
     resolve_executor,
     waited_share,
+    waited_words,
 )
 from car_core.engine.progress import progress_bar
 from car_core.engine.replay import check_run
@@ -365,11 +366,8 @@ class Session:
         share = waited_share(self.executor, self._given, seconds,
                              time.process_time() - self._clock[1])
         if share is not None:
-            warnings.warn(WaitedOneAtATime(
-                f"the branches ran one at a time and the process mostly waited ({share:.0%} "
-                f"of {seconds:.0f}s on the CPU): if the agent's model is a server, pass "
-                'executor="async" to run 16 at once (or say remote=True on the model, and '
-                "CAR will choose it)"), stacklevel=2)
+            warnings.warn(WaitedOneAtATime(waited_words(
+                share, seconds, 'pass executor="async" to run 16 at once')), stacklevel=2)
 
     def finish(self, result: Result) -> None:
         """Store the result, unless the branches that failed are too many to leave out (then
