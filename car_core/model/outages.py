@@ -45,8 +45,20 @@ def is_outage(exc: BaseException) -> bool:
 # a credential refused or missing, a host not found, a full or read-only disk (a trial's
 # read-only lookup, which the record never called, answered "database is locked" on every
 # branch, and each was scored as the agent's doing)
+_CODE = r"(?:429|50[0-4])(?![\d.,]\d|\d)"
+# a status code only where the text speaks of a status: said after "HTTP", "status", "code",
+# "error", "returned" or the server's name, before its reason phrase or "from the ... server",
+# or alone in brackets. A bare number is an id or an amount ("order 500 not found", "amount 500
+# exceeds the refund limit"): the call's error, which the branch is scored with
+_STATUS = (
+    rf"\b(?:https?|status(?:[ _]?code)?|code|error|returned|responded(?: with)?|answered|"
+    rf"server|upstream|model|api|gateway|backend)\W{{0,3}}{_CODE}|"
+    rf"\b{_CODE}\W{{0,3}}(?:too many|internal|bad gateway|service|gateway|server|"
+    rf"not implemented)\b|"
+    rf"\b{_CODE} from (?:the |its |an? )?(?:[\w'-]+ ){{0,3}}"
+    rf"(?:server|api|service|upstream|gateway|host|endpoint)\b|\({_CODE}\)")
 _SERVICE_DOWN = re.compile(
-    r"\b(?:429|50[0-4])\b|service unavailable|temporarily unavailable|unreachable|"
+    _STATUS + r"|service unavailable|temporarily unavailable|unreachable|"
     r"timed? ?out\b|connection (?:refused|reset|error|aborted)|too many requests|rate.?limit|"
     r"database is locked|operationalerror|disk i/o error|no space left|read-only file system|"
     r"401 unauthori[sz]ed|403 forbidden|authentication (?:failed|required)|not authenticated|"
