@@ -237,9 +237,14 @@ def test_an_arm_that_loses_a_clear_share_of_its_branches_stops_the_estimate() ->
     [0.20, 0.64]) stop it; 2 of 15 ([0.04, 0.38]) do not, nor does a small arm."""
     six = _failures(6)
     check_failures(six, 100, run_id="r", final=True)  # the whole estimate's share: 6%
-    with pytest.raises(BranchesFailed, match="6 of the 15 branches of arm hold<2 failed"):
+    with pytest.raises(BranchesFailed, match="6 of the 15 branches re-deciding from step 2 "
+                       "on failed") as info:
         check_failures(six, 100, run_id="r", final=True, ran_by_arm={"hold<2": 15})
-    with pytest.raises(BranchesFailed, match="arm hold<2"):  # while it runs, too
+    # the branch is named by what it does, not by its arm's internal key
+    assert "hold<" not in str(info.value)
+    assert ("(first: the branch re-deciding from step 2 on (rollout 0, stopped at step 3): "
+            "boom)") in str(info.value)
+    with pytest.raises(BranchesFailed, match="re-deciding from step 2 on"):  # while it runs
         check_failures(six, 100, run_id="r", ran_by_arm={"hold<2": 15})
     check_failures(_failures(2), 100, run_id="r", final=True, ran_by_arm={"hold<2": 15})
     check_failures(_failures(3), 100, run_id="r", final=True, ran_by_arm={"hold<2": 9})

@@ -262,3 +262,23 @@ def test_a_stored_callable_intervention_cannot_be_applied(pivot_run) -> None:
 def test_an_unknown_stored_kind_is_refused() -> None:
     with pytest.raises(InvalidIntervention, match="use one of resample"):
         intervention_from_dict({"kind": "teleport", "step": 1})
+
+
+def test_a_plan_says_what_its_branch_does_in_words() -> None:
+    """Messages about a failed branch name it by what it does: a trial's error read "arm
+    hold<0" where "re-deciding from step 0 on" was meant."""
+    run = syn.pivot().failing_run(seed=0)
+    assert compile_plan(run, []).words() == "re-running the record with every step held"
+    assert compile_plan(run, car.do_resample(2)).words() == "re-deciding from step 2 on"
+    # a Shapley coalition: some steps re-drawn, the later ones outside it forced to the record
+    coalition = compile_plan(run, [car.do_resample(1), car.do_resample(3),
+                                   car.do_action(2, run.steps[2].action)])
+    assert coalition.words() == "re-deciding steps 1, 3, the others held"
+    forced = compile_plan(run, car.do_action(1, {"choice": "other"}))
+    assert forced.words() == "step 1's action forced"
+    assert compile_plan(run, car.do_observation(2, {"ok": False})).words() == (
+        "step 2's observation replaced")
+    assert compile_plan(run, car.do_context(1, lambda s: s, label="policy note")).words() == (
+        "step 1's context edited (policy note)")
+    assert compile_plan(run, car.do_policy(0, object(), label="careful")).words() == (
+        "the policy swapped from step 0 on (careful)")

@@ -79,9 +79,9 @@ class Failure:
         return self.step if self.step is not None else self.task.plan.start
 
     def describe(self) -> str:
-        at = (f", stopped at step {self.step}" if self.step is not None
-              else f", live from step {self.task.plan.start}")
-        return f"arm {self.task.arm}, rollout {self.task.rollout}{at}: {self.error}"
+        at = f", stopped at step {self.step}" if self.step is not None else ""
+        return (f"the branch {self.task.plan.words()} (rollout {self.task.rollout}{at}): "
+                f"{self.error}")
 
 
 def describe_error(exc: BaseException) -> str:
@@ -202,9 +202,9 @@ def check_failures(failures: Sequence[Failure], ran: int, *, run_id: str,
     if arm is not None:
         lost = sum(f.task.arm == arm for f in failures)
         raise BranchesFailed(
-            f"{lost} of the {(ran_by_arm or {})[arm]} branches of arm {arm} failed, more than the "
-            f"{FAILED_SHARE:.0%} an arm may leave out: the ones left would stand for paths "
-            f"that did not fail (first: {first.describe()})",
+            f"{lost} of the {(ran_by_arm or {})[arm]} branches {first.task.plan.words()} "
+            f"failed, more than the {FAILED_SHARE:.0%} they may leave out: the ones left "
+            f"would stand for paths that did not fail (first: {first.describe()})",
             run_id=run_id, step=first.where, failures=tuple(failures), first=first, ran=ran,
             hint=f"{_fix(first)} and " + ("resume the attribution; the branches that finished "
                                           "are kept" if resumable else "run it again"))

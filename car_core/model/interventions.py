@@ -172,6 +172,31 @@ class Plan:
     def describe(self) -> list[dict[str, Any]]:
         return [i.to_dict() for i in self.interventions]
 
+    def words(self) -> str:
+        """What a branch of this plan does, in plain words: messages name a branch so, not by
+        its arm's internal key (a trial's error read "arm hold<0" for "re-deciding from step
+        0 on")."""
+        if not self.interventions:
+            return "re-running the record with every step held"
+        redrawn = sorted({i.step for i in self.interventions if isinstance(i, Resample)})
+        parts = []
+        if redrawn == [self.start] and not self.held:
+            parts.append(f"re-deciding from step {self.start} on")
+        elif redrawn:
+            steps = ", ".join(map(str, redrawn))
+            parts.append(f"re-deciding step{'s' if len(redrawn) > 1 else ''} {steps}"
+                         + (", the others held" if self.held else ""))
+        for i in self.interventions:
+            if isinstance(i, ForceAction) and i.step not in self.held:
+                parts.append(f"step {i.step}'s action forced")
+            elif isinstance(i, ForceObservation):
+                parts.append(f"step {i.step}'s observation replaced")
+            elif isinstance(i, EditContext):
+                parts.append(f"step {i.step}'s context edited ({i.label})")
+            elif isinstance(i, SwapPolicy):
+                parts.append(f"the policy swapped from step {i.step} on ({i.label})")
+        return "; ".join(parts) or "re-running the record with every step held"
+
     def origin(self, k: int) -> Origin:
         if k < self.start or k in self.held:
             return Origin.HELD
