@@ -8,7 +8,7 @@ import asyncio
 import threading
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -640,3 +640,44 @@ def test_a_sync_judge_that_calls_asyncio_run_scores_on_the_async_executor(
     ref = car.intervene(pivot_run, pivot_model.agent(), car.do_resample(2),
                         outcome=pivot_model.outcome, rollouts=24, seed=3)
     assert got.values == ref.values and got.mean == ref.mean
+
+
+class CancelledElsewhere:
+    """A branch whose client's own loop is shut down under it: the call raises
+    ``CancelledError`` though nobody stopped the estimate (rollouts in ``cancel``, every
+    attempt), as an async client's request does when the loop it was made on closes."""
+
+    def __init__(self, inner: Any, cancel: set[int], is_async: bool) -> None:
+        self.inner, self.cancel, self.attempts = inner, cancel, dict[int, int]()
+        if is_async:
+            self.acall = self._acall
+
+    def __call__(self, task: Task) -> car.Trajectory:
+        self.attempts[task.rollout] = self.attempts.get(task.rollout, 0) + 1
+        if task.rollout in self.cancel:
+            raise asyncio.CancelledError("the client's loop was shut down")
+        return cast(car.Trajectory, self.inner(task))
+
+    async def _acall(self, task: Task) -> car.Trajectory:
+        await asyncio.sleep(0)
+        return self(task)
+
+
+@pytest.mark.parametrize("is_async", [False, True])
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_a_branch_cancelled_by_someone_else_is_a_failure_not_dropped(
+        backend: str, is_async: bool, pivot_model: syn.SyntheticSCM,
+        pivot_run: car.Trajectory) -> None:
+    """A branch cancelled by something other than the estimate's own stop (the loop of the
+    user's async client shutting down) was dropped with neither a result nor a ``Failure``:
+    the estimate read the hole as a spent budget. It is retried, then reported, like a branch
+    that raised."""
+    tasks = two_arm_tasks(pivot_run, (2,), rollouts=6)
+    out = car.engine.agent.OutcomeFn(pivot_model.outcome)
+    fn = CancelledElsewhere(brancher(pivot_run, pivot_model.agent(), out), {2}, is_async)
+    meter = BudgetMeter(None)
+    results = execute(tasks, fn, meter, executor=BACKENDS[backend](), progress=False)
+    assert [t.rollout for t, _ in results] == [0, 1, 3, 4, 5]
+    assert [(f.task.rollout, f.attempts) for f in results.failures] == [(2, 2)]
+    assert "CancelledError" in results.failures[0].error
+    assert fn.attempts[2] == 2

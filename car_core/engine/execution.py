@@ -146,8 +146,8 @@ class Guarded:
             except NOT_RETRIED as exc:
                 _name_task(exc, task)
                 raise
-            except Exception as exc:  # the agent (or its worker) broke: retry, then record
-                last = exc
+            except (Exception, asyncio.CancelledError) as exc:  # the agent broke: retry,
+                last = exc  # then record (a CancelledError here is its client's loop's)
         return self._failure(task, last)
 
     async def acall(self, task: Task) -> Any:
@@ -160,9 +160,12 @@ class Guarded:
             except NOT_RETRIED as exc:
                 _name_task(exc, task)
                 raise
-            except Exception as exc:
+            except (Exception, asyncio.CancelledError) as exc:
                 if _cancelling():  # the run stops: the branch broke as it was cancelled
                     raise asyncio.CancelledError from exc  # (an anyio task group), no new try
+                # else cancelled by someone else (the loop of the agent's own client shut
+                # down): a branch that broke, not a stop. Taken for a stop, it handed back
+                # nothing and the estimate waited for it for ever
                 last = exc
         return self._failure(task, last)
 
