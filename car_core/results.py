@@ -131,7 +131,9 @@ class ContrastiveResult(CouplingNumbers, _Rendered):
     more_rollouts: int | None = None  # when undecided: roughly what confirming would still cost
     caveats: tuple[str, ...] = ()  # what the agent said every result must show (agent.caveats)
     actions: tuple[str, ...] = ()  # what each recorded step did, in a few words (fmt.step_actions)
-    # Δ: every step after the locus was shown to rescue less than this, but ``not_ruled_out``
+    # Δ: every step after the locus was shown to rescue less than this, but ``not_ruled_out``.
+    # None: no claim about the later steps at all (``search="full"``, which reports each
+    # step's interval instead; an empty ``not_ruled_out`` then clears nothing)
     indifference: float | None = None
     not_ruled_out: tuple[int, ...] = ()  # steps after the locus the budget left untested at Δ
 
