@@ -457,3 +457,20 @@ def test_the_report_says_every_caveat_the_result_carries(pivot_model, pivot_run)
         shown = escape(c, quote=False).replace("'", "&#39;")  # as the template escapes it
         assert f'<div class="warn caveat">Caveat: {shown}</div>' in html
     assert 'class="warn caveat"' not in render_attribution(r, run=pivot_run)
+
+
+def test_the_rescue_table_says_not_ruled_out_where_the_plot_and_the_cli_do(pivot_model,
+                                                                            pivot_run):
+    """A trial's report table said "not tested" for later steps whose arms ran 29 and 32
+    branches, beside a plot and a CLI that said "not ruled out": the table's "tested" column
+    now takes the words of the plain table (``formatting.step_row``), a step ruled out too."""
+    r = contrastive_dict(pivot_model, pivot_run, untested=(3, 4, 5))
+    r["indifference"], r["not_ruled_out"] = 0.1, [3, 4]
+    r["steps"][5]["ruled_out"] = True
+    html = render_attribution(r, run=pivot_run)
+    table = html[html.index("<summary>Rescue table</summary>"):]
+    table = table[:table.index("</table>")]
+    cells = [re.sub(r"<[^>]+>", "", c) for c in re.findall(
+        r"<tr class=\"[^\"]*\">(?:.*?)<td>([^<]*)</td></tr>", table, re.S)]
+    assert cells[3:] == ["not ruled out", "not ruled out", "ruled out"], cells
+    assert "not tested" not in table

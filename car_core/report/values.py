@@ -11,6 +11,7 @@ from typing import Any
 
 from car_core import formatting as fmt
 from car_core.errors import InvalidInput
+from car_core.formatting.rows import NOT_RULED_OUT, NOT_TESTED, RULED_OUT
 from car_core.model.trajectory import Trajectory
 
 
@@ -96,10 +97,12 @@ def _pct(level: Any) -> str:
     return fmt.pct(level)
 
 
-def _step_cells(s: Mapping[str, Any]) -> dict[str, str]:
+def _step_cells(s: Mapping[str, Any], r: Mapping[str, Any] | None = None) -> dict[str, str]:
     """A rescue-table row in the words and digits of every other surface
     (``formatting.shown_sample``): held and re-drawn are of the sample the rescue and its
-    interval were computed from, so the row's three numbers agree."""
+    interval were computed from, so the row's three numbers agree; ``tested`` in the plain
+    table's words (``formatting.step_row``): a later step the budget left open is "not ruled
+    out", as the plot and the CLI say (a trial's table said "not tested" beside them)."""
     held, redrawn, n = fmt.shown_sample(SimpleNamespace(
         estimate=s.get("estimate", "raw"), refit_held=s.get("refit_held"),
         refit_resampled=s.get("refit_resampled"), refit_n=s.get("refit_n", 0),
@@ -107,7 +110,16 @@ def _step_cells(s: Mapping[str, Any]) -> dict[str, str]:
         n=s.get("n", 0) or 0))
     return {"rescue": fmt.effect(s.get("effect")), "ci": fmt.effect_interval(s.get("ci")),
             "held": fmt.prob(held), "redrawn": fmt.prob(redrawn),
-            "n": str(n)}
+            "n": str(n), "tested": _tested_cell(s, r or {})}
+
+
+def _tested_cell(s: Mapping[str, Any], r: Mapping[str, Any]) -> str:
+    if s.get("ruled_out"):
+        return RULED_OUT
+    if s.get("tested"):
+        return "yes" + (" · significant" if s.get("significant") else "")
+    untested = fmt.untested_mark(r, int(s.get("step", 0))) if r else NOT_TESTED
+    return NOT_RULED_OUT if untested == NOT_RULED_OUT else NOT_TESTED
 
 
 def seconds(x: float | None) -> str:
