@@ -150,14 +150,19 @@ class TriageResult:
         """The answer in one sentence a non-statistician can act on."""
         left = (f"; {len(self.not_failed)} run(s) given did not fail and were left out"
                 if self.not_failed else "")
+        # counts of none are left out: "the only place, 0 undecided, 0 with no cause" after
+        # "8 of 8 failed run(s) commit at step 3" read as a puzzle (a trial)
+        rest = [f"{len(self.groups)} places in all"] if len(self.groups) > 1 else []
+        rest += [self._unplaced()] if self.undecided else []
+        rest += [f"{len(self.no_cause)} with no cause"] if self.no_cause else []
         if not self.groups:
             return (f"none of the {self.runs_total} failed run(s) was traced to a step: "
-                    f"{self._unplaced()}, {len(self.no_cause)} with no cause{left}")
+                    f"{', '.join(rest) or 'none was attributed'}{left}")
         top = self.groups[0]
+        tail = f"; {', '.join(rest)}" if rest else ""
         return (f"{top.n} of {self.runs_total} failed run(s) commit at {top.label} "
                 f"({_pct(top.share)}, {_pct(top.share_ci[0])}–{_pct(top.share_ci[1])} at "
-                f"{_pct(1 - self.alpha)} jointly); {_places(len(self.groups))}, "
-                f"{self._unplaced()}, {len(self.no_cause)} with no cause{left}")
+                f"{_pct(1 - self.alpha)} jointly){tail}{left}")
 
     def _unplaced(self) -> str:
         """The undecided runs in words: those an error stopped (a shape refused, branches that
@@ -215,10 +220,6 @@ class TriageResult:
                 lines.append(f"  run {r.run_id}: {r.answer}" + (f" ({r.reason})" if r.reason
                                                                else ""))
         return "\n".join(lines)
-
-
-def _places(n: int) -> str:
-    return "the only place" if n == 1 else f"{n} places in all"
 
 
 def _pct(x: float) -> str:

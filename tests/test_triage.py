@@ -377,12 +377,12 @@ def test_runs_an_error_stopped_are_not_called_undecided(population):
                                          for r in runs})
     res = car.triage(runs, refused, outcome=DESK.outcome, rollouts=K)
     assert res.summary() == ("none of the 3 failed run(s) was traced to a step: 3 could not be "
-                             "attributed (the first: its checkpoints are gone), 0 with no cause")
+                             "attributed (the first: its checkpoints are gone)")
     assert refused.branches == 0
     one = Preflighted(DESK.agent(), {runs[0].id: AdapterError("its checkpoints are gone")})
     mixed = car.triage(runs, one, outcome=DESK.outcome, rollouts=K)
     assert mixed.summary().endswith(
-        "1 could not be attributed (the first: its checkpoints are gone), 0 with no cause")
+        "1 could not be attributed (the first: its checkpoints are gone)")
 
 
 def test_a_triage_running_now_is_listed_as_running_and_held(population, tmp_path):
@@ -503,3 +503,21 @@ def test_cli_triage_whose_runs_used_up_their_rollouts_says_how_to_go_on(populati
     again = car_cli(*shlex.split(command), cwd=tmp_path)
     assert again.returncode in (0, 1), again.stderr
     assert "Traceback" not in again.stderr
+
+
+def test_a_triage_summary_leaves_out_counts_of_none(population):
+    """A trial's triage read "8 of 8 failed run(s) commit at step 3 (...); the only place, 0
+    undecided, 0 with no cause": counts of none are left out, and a single place goes
+    without saying."""
+    from car_core.triage_results import TriageGroup, TriageResult
+    group = TriageGroup(label="step 3", step=3, agent=None, node=None, tool=None,
+                        share=1.0, share_ci=(0.68, 1.0), runs=tuple(f"r{i}" for i in range(8)))
+    res = TriageResult(triage_id="t", runs_total=8, groups=(group,), undecided=(),
+                       no_cause=(), per_run=(), alpha=0.05, level=0.95, interval="x", by=(),
+                       rollouts_used=0, tokens=0, cost=0.0, truncated=False)
+    assert res.summary() == ("8 of 8 failed run(s) commit at step 3 (100%, 68%–100% at 95% "
+                             "jointly)")
+    two = replace(res, runs_total=11, groups=(group, replace(group, label="step 1",
+                                                                runs=("a", "b"))),
+                  undecided=("u",))
+    assert two.summary().endswith("jointly); 2 places in all, 1 undecided")
