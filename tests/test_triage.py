@@ -521,3 +521,15 @@ def test_a_triage_summary_leaves_out_counts_of_none(population):
                                                                 runs=("a", "b"))),
                   undecided=("u",))
     assert two.summary().endswith("jointly); 2 places in all, 1 undecided")
+
+
+def test_a_node_named_as_its_agent_is_said_once_in_a_group_label():
+    """A LangGraph trial's ``create_agent`` app grouped its runs under "agent model, node
+    model, tool issue_refund"."""
+    from car_core.estimators.triage import _default_label
+    by = ("step", "agent", "node", "tool")
+    same = {"step": 1, "agent": "model", "node": "model", "tool": "issue_refund"}
+    assert _default_label(same, by) == "step 1, agent model, tool issue_refund"
+    other = dict(same, agent="billing")
+    assert _default_label(other, by) == "step 1, agent billing, node model, tool issue_refund"
+    assert _default_label(same, ("node",)) == "node model"  # asked for the node alone

@@ -137,9 +137,13 @@ def locus_fields(run: Trajectory, step: int) -> dict[str, Any]:
 
 
 def _default_label(values: Mapping[str, Any], by: Sequence[str]) -> str:
+    """The group's label from its fields; a node named as its agent is said once (an app
+    built with ``create_agent`` read "agent model, node model, tool issue_refund")."""
     words = {"step": "step {}", "agent": "agent {}", "node": "node {}", "tool": "tool {}"}
-    parts = [words[f].format(values[f]) for f in by if values.get(f) is not None]
-    return ", ".join(parts) or "(nothing recorded)"
+    said = [f for f in by if values.get(f) is not None]
+    if "agent" in said and values.get("node") == values.get("agent"):
+        said.remove("node")
+    return ", ".join(words[f].format(values[f]) for f in said) or "(nothing recorded)"
 
 
 def _check(by: Sequence[str], label: Label | None, alpha: float) -> tuple[str, ...]:
