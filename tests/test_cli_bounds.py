@@ -117,3 +117,19 @@ def test_a_resume_that_would_shrink_a_finished_result_is_refused_unless_replace(
                    "--resume", aid, "--replace", "--json")
     assert replaced.returncode != 2, replaced.stderr  # it ran
     assert json.loads(replaced.stdout)["rollouts_used"] <= 4 * len(pivot_run.steps)
+
+
+@pytest.mark.parametrize("extra", [[], ["--rollouts", "8"], ["--budget", "50"],
+                                   ["--method", "shapley"]])
+def test_a_run_with_no_steps_is_named_as_such_before_any_budget(folder, extra):
+    """A run stopped before its first step (an input guardrail) has n = 0, so n·K is 0: the
+    command says the run has no steps, as ``car.contrastive`` does, never that a budget the
+    user did not give (``rollouts=0``) cannot pay, and before the agent is even loaded."""
+    empty = Trajectory.new(context="stopped by an input guardrail", steps=[])
+    with RunStore(folder / "car.db") as s:
+        s.save(empty)
+    ran = car(folder, "attribute", empty.id, "--agent", "marking:make", *extra)
+    assert ran.returncode == 1, ran.stderr
+    assert "the run has no steps, so no step can be blamed" in ran.stderr
+    assert "cannot pay" not in ran.stderr
+    assert not (folder / "factory-called").exists()

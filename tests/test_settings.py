@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import car_core as car
-from car_core.errors import InvalidBudget, InvalidInput
+from car_core.errors import InvalidBudget, InvalidInput, NothingToAttribute
 from car_core.testing import synthetic as syn
 
 
@@ -25,6 +25,15 @@ def test_the_budget_rule_is_the_estimators(pivot: tuple[syn.SyntheticSCM, car.Tr
     assert settings.budget_for(len(run.steps)) == cap
     result = settings.run(run, model.agent(), model.outcome)
     assert result.rollout_budget == cap and result.rollouts_used <= cap
+
+
+@pytest.mark.parametrize("budget", [None, car.Budget(tokens=10**6)])
+def test_no_steps_have_no_budget_rather_than_a_zero_one(budget: car.Budget | None) -> None:
+    """n·K of a run with no steps is no budget to refuse (``rollouts=0``, which nobody gave):
+    the run has nothing to attribute, which is what the rule says."""
+    with pytest.raises(NothingToAttribute, match="no steps"):
+        car.ContrastiveSettings(rollouts=8, budget=budget).budget_for(0)
+    assert car.ContrastiveSettings(rollouts=8, budget=50).budget_for(0) == 50  # a cap given
 
 
 def test_run_is_the_keyword_call(pivot: tuple[syn.SyntheticSCM, car.Trajectory]) -> None:

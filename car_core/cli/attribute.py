@@ -39,7 +39,7 @@ from car_core.cli.context import look_inside
 from car_core.cli.kit import ExecutorName
 from car_core.engine.execution import default_executor, make_executor
 from car_core.errors import AttributionNotFound, InvalidInput
-from car_core.estimators._session import check_resumable
+from car_core.estimators._session import check_resumable, check_run_has_steps
 from car_core.estimators.settings import ContrastiveSettings, ShapleySettings
 from car_core.model.budget import Budget, check_bound
 from car_core.model.vocabulary import Answer
@@ -153,6 +153,9 @@ def attribute(
         earlier = _stored(reader, resume) if resume is not None else None
     finally:
         reader.close()
+    # an empty run (stopped before its first step) is named as such before any budget: its
+    # n·K is 0, which no flag gave, and nothing can be attributed whatever the flags say
+    check_run_has_steps(run)
     stored = dict(earlier.params) if earlier is not None else {}
     settings = _settings(method, stored, len(run.steps), rollouts=rollouts, budget=budget,
                          alpha=alpha, seed=seed)

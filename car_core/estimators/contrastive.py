@@ -62,7 +62,7 @@ from car_core import defaults
 from car_core import formatting as fmt
 from car_core.engine.agent import Agent, caveats_of
 from car_core.engine.execution import ExecutorLike, Progress
-from car_core.errors import InvalidInput
+from car_core.errors import InvalidInput, NothingToAttribute
 from car_core.estimators import search as search_
 from car_core.estimators._session import Session, check_run_has_steps, releasing
 from car_core.estimators.alternatives import (
@@ -108,10 +108,14 @@ def rollout_budget(n_steps: int, rollouts: int, budget: Budget | int | None
                    ) -> tuple[Budget, int]:
     """The budget an estimate of an ``n_steps`` run spends under, and its rollout cap: the
     rollouts ``budget`` allows, else ``n_steps · rollouts`` (the paper's ``K`` per step). The
-    one rule: ``ContrastiveSettings.budget_for`` and the ``car`` command read it here."""
+    one rule: ``ContrastiveSettings.budget_for`` and the ``car`` command read it here. A run
+    with no steps has no ``n·K`` (a zero budget nobody gave): it has nothing to attribute."""
     given = as_budget(budget, "budget")
     if given is not None and given.rollouts is not None:
         return given, given.rollouts
+    if n_steps < 1:
+        raise NothingToAttribute("the run has no steps, so no step can be blamed",
+                                 hint="record a run in which the agent took at least one step")
     cap = n_steps * rollouts
     return (Budget(rollouts=cap) if given is None else replace(given, rollouts=cap)), cap
 
