@@ -57,6 +57,20 @@ def _edited_by_hand(then: str | None) -> str:
     return _EDITED_BY_HAND if then is None else f"{_EDITED_BY_HAND}; {then}"
 
 
+# How a resumable stop's hint ends where the code raising it cannot know the attribution (a
+# model client's outage on a branch); ``CarError.name_attribution`` words it for the one that
+# stopped, once the estimator knows it.
+RESUME_SAME_ID = ("resume the attribution with the same attribution_id (`car attribute ... "
+                  "--resume ID`)")
+
+
+def resume_words(attribution_id: str) -> str:
+    """``RESUME_SAME_ID`` for the attribution ``attribution_id``: the Python call's spelling
+    and the command's."""
+    return (f'resume the attribution: pass attribution_id="{attribution_id}" to the same call, '
+            f"or run `car attribute RUN ... --resume {attribution_id}`")
+
+
 class CarError(Exception):
     """Root of every error CAR raises."""
 
@@ -67,15 +81,27 @@ class CarError(Exception):
         self.hint = hint
         self.context = context
         self.message = redact(message)  # what went wrong alone: no run, step or hint
-        parts = [message]
-        if run_id is not None:
-            parts.append(f"[run {run_id}]")
-        if step is not None:
-            parts.append(f"[step {step}]")
+        super().__init__(self._text())
+
+    def _text(self) -> str:
+        parts = [self.message]
+        if self.run_id is not None:
+            parts.append(f"[run {self.run_id}]")
+        if self.step is not None:
+            parts.append(f"[step {self.step}]")
         text = " ".join(parts)
-        if hint:
-            text = f"{text}. {hint}"
-        super().__init__(redact(text))  # a message built from a caught error may carry a key
+        if self.hint:
+            text = f"{text}. {self.hint}"
+        return redact(text)  # a message built from a caught error may carry a key
+
+    def name_attribution(self, attribution_id: str) -> None:
+        """Record the attribution this stop left for a resume (``context["attribution_id"]``)
+        and name it in a hint that ends ``RESUME_SAME_ID``, where the code that raised could
+        not: a Python caller reads the id and the spelling of the resume in the message."""
+        named = str(self.context.setdefault("attribution_id", attribution_id))
+        if self.hint and RESUME_SAME_ID in self.hint:
+            self.hint = self.hint.replace(RESUME_SAME_ID, resume_words(named))
+            self.args = (self._text(),)
 
 
 class InvalidInput(CarError, ValueError):

@@ -36,6 +36,17 @@ outcome = syn.pivot().outcome
 def broken_outcome(run):
     raise ValueError("no score")
 
+class InternalServerError(Exception):
+    status_code = 503
+
+CALLS = [0]
+
+def judge_down(run, rng):
+    CALLS[0] += 1
+    if CALLS[0] > 10:  # down after the attribution began
+        raise InternalServerError("judge unavailable")
+    return outcome(run, rng)
+
 def agent_exits():
     agent = syn.pivot().agent()
     def policy(history, rng):
@@ -75,6 +86,18 @@ def test_a_stop_a_resume_would_repeat_offers_no_resume_and_leaves_no_row(
     assert said in proc.stderr
     assert "Resume with" not in proc.stderr and "--resume" not in proc.stderr
     assert attributions(folder) == []  # no `running` row with nothing in it
+
+
+def test_a_model_server_down_prints_one_resume_command(folder, pivot_run):
+    """The error line of a stop the command offers its own "Resume with" for carries no resume
+    command of its own (it said "`car attribute ... --resume ID`" above the real one)."""
+    proc = car(folder, "attribute", pivot_run.id, "--agent", PIVOT, "--outcome",
+               "user_code:judge_down", "--rollouts", "4")
+    assert proc.returncode == kit.AGENT, proc.stderr
+    [(aid, _)] = attributions(folder)
+    assert "outcome's server failed" in proc.stderr and "Resume with:" in proc.stderr
+    assert proc.stderr.count("--resume") == 1 and f"--resume {aid}" in proc.stderr, proc.stderr
+    assert "attribution_id=" not in proc.stderr
 
 
 def test_a_hand_edited_branch_offers_no_resume(folder, pivot_run):

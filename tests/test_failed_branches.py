@@ -554,6 +554,34 @@ def test_an_llm_judge_whose_server_goes_down_stops_the_estimate_resumably(tmp_pa
     assert res.locus == 1
 
 
+def test_a_resumable_stop_from_python_names_its_attribution_and_how_to_resume_it(
+        tmp_path) -> None:
+    """From Python the stop said "resume the attribution with the same attribution_id (`car
+    attribute ... --resume ID`)" and named neither the id (only ``context``) nor the Python
+    spelling. Its message names both: ``attribution_id="<id>"`` to the same call, and the
+    command's ``--resume <id>``."""
+    model = syn.pivot(n_steps=4, at=1, p_bad=0.3)
+    run = model.failing_run(0)
+
+    calls = [0]
+
+    def outcome(traj: car.Trajectory, rng: np.random.Generator) -> float:
+        calls[0] += 1
+        if calls[0] > 20:  # down after the attribution began (its row kept for the resume)
+            raise InternalServerError("judge unavailable")
+        return model.outcome(traj, rng)
+
+    with RunStore(tmp_path / "car.db") as store:
+        with pytest.raises(car.errors.ModelUnavailable) as info:
+            car.contrastive(run, model.agent(), outcome=outcome, rollouts=8, store=store,
+                            executor=Sequential(), progress=False)
+    aid = info.value.context["attribution_id"]
+    said = str(info.value)
+    assert f'attribution_id="{aid}"' in said and f"--resume {aid}" in said
+    assert "--resume ID" not in said and info.value.hint is not None
+    assert f"--resume {aid}" in info.value.hint
+
+
 def test_an_async_clients_stale_loop_error_is_tried_once_more_whatever_the_draws() -> None:
     """A user who recorded with ``run_sync`` and attributes in the same process has an HTTP
     pool whose first connection on CAR's loop fails ("bound to a different event loop"), once,

@@ -15,8 +15,14 @@ from dataclasses import replace
 from typing import Any
 
 import car_core as car
-from car_core.contract import Noise, Plan, ToolSource, canonical_arguments, redact
-from car_core.errors import AdapterError, CarError, InvalidIntervention, ModelUnavailable
+from car_core.contract import Noise, Plan, ToolSource, canonical_arguments, outage_hint, redact
+from car_core.errors import (
+    RESUME_SAME_ID,
+    AdapterError,
+    CarError,
+    InvalidIntervention,
+    ModelUnavailable,
+)
 
 from .messages import ToolSafety, calls_of
 from .sources import TOOL_SOURCES
@@ -24,13 +30,12 @@ from .sources import TOOL_SOURCES
 
 def model_unavailable(exc: BaseException, *, step: int, run_id: str | None,
                       who: str = "the model server") -> ModelUnavailable:
-    """The error that stops an attribution on an outage, saying how to go on (its text and
-    cause pass the redaction rule: a client's error may quote a key)."""
+    """The error that stops an attribution on an outage, saying how to go on: wait or slow
+    down for a server that rate-limits, start it for one that is down (its text and cause pass
+    the redaction rule: a client's error may quote a key)."""
+    todo = outage_hint(exc, "start the server or fix its address", who=who)
     out = ModelUnavailable(f"{who} failed at step {step}: {redact.describe(exc)}",
-                           run_id=run_id, step=step,
-                           hint="start the server or fix its address, then resume the "
-                                "attribution with the same attribution_id (`car attribute "
-                                "... --resume ID`)")
+                           run_id=run_id, step=step, hint=f"{todo}, then {RESUME_SAME_ID}")
     out.__cause__ = redact.redacted(exc)
     return out
 

@@ -402,11 +402,8 @@ class CarBranchLLM(MessageToolCalls, FunctionCallingLLM):
             raise
         except Exception as exc:  # the model's failure: say which step
             if is_outage(exc):  # stop the attribution (resumable), as every adapter does
-                s.blocked = ModelUnavailable(
-                    f"the model server failed at step {k}: {redact.describe(exc)}", run_id=s.run_id,
-                    step=k, hint="start the server or fix its address, then resume the "
-                                 "attribution with the same attribution_id")
-                raise s.blocked from redact.redacted(exc)
+                s.blocked = chat_branch.model_unavailable(exc, step=k, run_id=s.run_id)
+                raise s.blocked from s.blocked.__cause__
             raise PolicyError(f"the LLM raised {redact.describe(exc)}", run_id=s.run_id, step=k,
                               hint="check the model (and any do_policy LLM) works on its own"
                               ) from redact.redacted(exc)

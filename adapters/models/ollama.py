@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from car_core.contract import redact
+from car_core.contract import outage_hint, redact
 from car_core.errors import InvalidInput, ModelUnavailable, PolicyError
 
 from ..common.messages import parse_arguments
@@ -122,8 +122,8 @@ class OllamaPolicy(ServerPolicy):
         return ModelUnavailable(
             f"Ollama model {self.model!r} at {self.host or 'localhost:11434'} still failing "
             f"after {attempts} tries: {redact.describe(exc)}",
-            hint="start the server (`ollama serve`) or fix host=; raise timeout/retry_time "
-                 "for a slow server")
+            hint=outage_hint(exc, "start the server (`ollama serve`) or fix host=; raise "
+                                  "timeout/retry_time for a slow server"))
 
     def _tokens(self, response: Any) -> int | None:
         usage = response.get("usage") or {}

@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from car_core.contract import redact
+from car_core.contract import outage_hint, redact
 from car_core.errors import InvalidInput, ModelUnavailable, PolicyError
 
 from .chat_agent import Message, make_action
@@ -137,7 +137,8 @@ class OpenAIPolicy(ServerPolicy):
         return ModelUnavailable(
             f"model {self.model!r} at {self.base_url or 'api.openai.com'} still failing after "
             f"{attempts} tries: {_describe(exc)}",
-            hint="start the server or fix base_url; raise timeout/retry_time for a slow server")
+            hint=outage_hint(exc, "start the server or fix base_url; raise timeout/retry_time "
+                                  "for a slow server"))
 
     def _tokens(self, response: Any) -> int | None:
         usage = getattr(response, "usage", None)

@@ -204,10 +204,13 @@ def attribute(
             raise
         if not end.message:  # nobody is reading: end as quietly as `git log | head`
             raise typer.Exit(end.code) from None
-        say(end.message)
+        # refused before it started, there is nothing to resume; else the resume is said once,
+        # by the full command below
+        offered = kit.resumable(exc) and db.attribution_exists(aid)
+        say(kit.resume_below(end.message, exc) if offered else end.message)
         if not kit.resumable(exc):  # a resume would stop the same way: no hint, no empty row
             db.drop_empty_attribution(aid)
-        elif db.attribution_exists(aid):  # refused before it started: nothing to resume
+        elif offered:
             err.print(Text(kit.safe(f"the branches that finished are kept in {store} "
                                     f"(attribution {aid}). Resume with:\n  "
                                     f"{kit.resume_command(aid)}")), soft_wrap=True)

@@ -373,6 +373,17 @@ def budget_flags(budget: int | Mapping[str, Any] | None) -> list[str]:
                          else str(limits[key]))]
 
 
+def resume_below(message: str, exc: BaseException) -> str:
+    """``message`` (``exc``'s) without the resume its hint spells out (a generic command's, or
+    the Python call's and the command's for the attribution it names,
+    ``errors.resume_words``): a command that prints its own full ``resume_command`` under it
+    says the resume once."""
+    named = (getattr(exc, "context", None) or {}).get("attribution_id")
+    for words in ([errors.resume_words(str(named))] if named else []) + [errors.RESUME_SAME_ID]:
+        message = message.replace(words, "resume the attribution")
+    return message
+
+
 def resume_command(ident: str, budget: int | Mapping[str, Any] | None = None,
                    flags: Sequence[str] = ()) -> str:
     """The command line that was run, with ``--resume IDENT`` (replacing any earlier one) and,

@@ -111,9 +111,10 @@ def resumable_stop(store: str, what: str, ident: str, began: Callable[[], bool]
             raise
         if not end.message:  # nobody is reading: end as quietly as `git log | head`
             raise typer.Exit(end.code) from None
-        say(end.message)
         if not began():
+            say(end.message)
             raise typer.Exit(end.code) from None
+        say(kit.resume_below(end.message, exc))  # the resume is said once: the command below
         err.print(Text(kit.safe(f"what finished is kept in {store} ({what} {ident}). "
                                 f"Resume with:\n  {kit.resume_command(ident)}")),
                   soft_wrap=True)

@@ -91,7 +91,7 @@ def releasing(estimate: Callable[P, R]) -> Callable[P, R]:
             failed = not resumable(exc)
             kept = [s.attribution_id for s in opened if s.attribution_id is not None]
             if not failed and kept and isinstance(exc, CarError):
-                exc.context.setdefault("attribution_id", kept[-1])  # what a resume names
+                exc.name_attribution(kept[-1])  # what a resume names, in its hint too
             if opened and isinstance(exc, CarError):  # what a caller charges for it
                 exc.context.setdefault("spent", spent_by(opened))
             raise

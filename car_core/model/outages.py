@@ -39,6 +39,33 @@ def is_outage(exc: BaseException) -> bool:
     return False
 
 
+def is_rate_limit(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it was raised from) is a server's HTTP 429: up, but
+    refusing more requests for now (openai's ``RateLimitError``, or any client's error whose
+    ``status_code``, or its ``response``'s, is 429). Waiting, retrying more or sending fewer
+    requests at once helps; starting the server does not."""
+    seen = 0
+    e: BaseException | None = exc
+    while e is not None and seen < 16:
+        if any(c.__name__ == "RateLimitError" for c in type(e).__mro__):
+            return True
+        if any(getattr(o, "status_code", None) == 429 for o in (e, getattr(e, "response", None))):
+            return True
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return False
+
+
+def outage_hint(exc: BaseException, down: str, *, who: str = "the model server") -> str:
+    """What to do about the outage ``exc`` of ``who``: for a 429, wait or send fewer requests
+    (starting a server that is up does not help); else ``down``, the caller's words for a
+    server that is down or unreachable."""
+    if not is_rate_limit(exc):
+        return down
+    return (f"{who} is rate-limiting (429), not down: wait, raise the client's max_retries, "
+            "or run fewer branches at once (--concurrency, or an executor's concurrency=)")
+
+
 # what a tool's or server's error text says when the service, not the call, is at fault (HTTP
 # 429 and 5xx, a timeout, a refused or reset connection): the words of HTTP clients and servers;
 # and of the tool's own world where the estimate runs: a database locked or failing to operate,

@@ -38,6 +38,7 @@ import numpy as np
 
 from car_core import formatting as fmt
 from car_core.errors import (
+    RESUME_SAME_ID,
     InvalidInput,
     ModelUnavailable,
     OutcomeError,
@@ -47,7 +48,7 @@ from car_core.errors import (
 from car_core.model.awaiting import awaited, run_to_end
 from car_core.model.capabilities import positional_arity
 from car_core.model.json_values import digest
-from car_core.model.outages import is_outage
+from car_core.model.outages import is_outage, outage_hint
 from car_core.model.seeding import Noise, Stream
 from car_core.model.trajectory import FAILED_AT, Outcome, Trajectory, is_failure
 from car_core.secrets import redact
@@ -149,10 +150,10 @@ class OutcomeFn:
             raise ModelUnavailable(
                 f"the outcome's server failed{_on(run)}: {redact.describe(exc)}",
                 run_id=_run_id(run),
-                hint="the server the outcome calls (an LLM judge's) is down or refusing; "
-                     "start it or wait, then resume the attribution with the same "
-                     "attribution_id (`car attribute ... --resume ID`)"
-            ) from redact.redacted(exc)
+                hint=outage_hint(exc, "the server the outcome calls (an LLM judge's) is down "
+                                      "or refusing; start it or wait",
+                                 who="the server the outcome calls (an LLM judge's)")
+                + f", then {RESUME_SAME_ID}") from redact.redacted(exc)
         raise OutcomeError(f"the outcome function raised {exc!r}{_on(run)}",
                            run_id=_run_id(run),
                            hint="fix the outcome function; it must score any branch, "

@@ -5,7 +5,7 @@ counted and shown; when every branch that reaches the tool crashes, the estimate
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from car_adapters.demo import support_agent as sa
@@ -233,12 +233,20 @@ class ServerDown(sa.PlantedSupportModel):
     fails as an HTTP client's does when the connection is refused."""
 
     down: bool = False
+    raising: ClassVar[type[Exception]] = ConnectionRefusedError
 
     def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None,
                   **kwargs: Any) -> Any:
         if ServerDown.down:
-            raise ConnectionRefusedError("connection refused: 127.0.0.1:8765")
+            raise ServerDown.raising("connection refused: 127.0.0.1:8765")
         return super()._generate(messages, stop, run_manager, **kwargs)
+
+
+class RateLimitError(Exception):
+    """What openai raises for an HTTP 429 its retries did not outlast (``ChatOpenAI(
+    max_retries=0)``), matched by name and status as every client's error is."""
+
+    status_code = 429
 
 
 def test_a_model_server_down_stops_the_attribution_resumable_as_everywhere() -> None:
@@ -262,6 +270,32 @@ def test_a_model_server_down_stops_the_attribution_resumable_as_everywhere() -> 
     finally:
         ServerDown.down = False
     assert "start the server or fix its address, then resume" in (info.value.hint or "")
+
+
+def test_a_model_server_that_rate_limits_is_told_to_slow_down_not_to_start() -> None:
+    """A user trial's OpenAI-compatible server answered 429 on a branch (ChatOpenAI with
+    max_retries=0): the stop said "start the server or fix its address", though the server was
+    up and only rate-limiting. The hint says so, and what to do: wait, retry more, run fewer
+    branches at once."""
+    from car_core.errors import ModelUnavailable
+
+    ServerDown.down, ServerDown.raising = False, RateLimitError
+    wrapper = CarChatModel(inner=ServerDown(rng_seed=0))
+    app = sa.build_app(wrapper, InMemorySaver(),
+                       tools=[sa.lookup_order, sa.record_decision, issue_refund])
+    run = first_failure(app)
+    agent = LangGraphAgent(app, model=wrapper, safe_tools=list(sa.SAFE_TOOLS),
+                           side_effect_tools=["issue_refund"])
+    ServerDown.down = True
+    try:
+        with pytest.raises(ModelUnavailable, match="RateLimitError") as info:
+            car.contrastive(run, agent, outcome=sa.outcome, rollouts=16, seed=0,
+                            executor=Sequential(), progress=False)
+    finally:
+        ServerDown.down, ServerDown.raising = False, ConnectionRefusedError
+    hint = info.value.hint or ""
+    assert "rate-limiting (429)" in hint and "max_retries" in hint and "concurrency" in hint
+    assert "start the server" not in hint and "then resume" in hint
 
 
 @tool
