@@ -622,3 +622,34 @@ def test_a_branch_whose_tool_raised_names_the_step_that_called_it() -> None:
         traj = car.Trajectory.new(context="c", steps=steps, status=RunStatus.ERROR,
                                   error="boom")
         assert errored_branch(traj, None).step == where
+
+
+class EndsInError(Reporting):
+    """An app whose last act raises after the final reply (an output guardrail with a bug):
+    every branch comes back with all its steps, the reply last, and status ``error``."""
+
+    def branch(self, run: car.Trajectory, plan: Any, noise: Any) -> car.Trajectory:
+        done = self.inner.branch(run, plan, noise)
+        return dataclasses.replace(done, status=RunStatus.ERROR,
+                                   error="KeyError('policy_table')")
+
+
+def test_a_branch_that_failed_after_its_last_step_names_that_step_not_the_next() -> None:
+    """A user trial's output guardrail raised after the final reply of a run of steps 0-5,
+    and the stop read "stopped at step 6 ... [step 6]", a step no branch ever took. It names
+    the last step the branch finished and says the error came after it."""
+    from car_core.engine.tasks import errored_branch
+    from car_core.model.trajectory import Step
+
+    model = syn.pivot(n_steps=6, at=2)
+    run = model.failing_run(seed=0)
+    with pytest.raises(BranchesFailed, match="policy_table") as info:
+        car.contrastive(run, EndsInError(model.agent()), outcome=model.outcome, rollouts=8,
+                        seed=0, executor=Sequential(), progress=False)
+    err = info.value
+    assert err.step == 5 and err.first.step == 5
+    assert "step 6" not in str(err)
+    assert "failed after step 5, its last" in str(err)
+    reply = Step(0, {"role": "assistant", "content": "done", "tool_calls": []}, None, False)
+    traj = car.Trajectory.new(context="c", steps=[reply], status=RunStatus.ERROR, error="x")
+    assert errored_branch(traj, None).step == 0

@@ -62,6 +62,9 @@ class Failure:
     attempts: int
     exception: BaseException | None = field(default=None, compare=False, repr=False)
     step: int | None = None  # the step the branch failed at, when the error says
+    # the error came after ``step``, the branch's last, finished (a reply that asked for
+    # nothing more, then an output guardrail or a hook at the end raised): no later step ran
+    after_step: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"arm": self.task.arm, "rollout": self.task.rollout, "error": self.error,
@@ -79,7 +82,8 @@ class Failure:
         return self.step if self.step is not None else self.task.plan.start
 
     def describe(self) -> str:
-        at = f", stopped at step {self.step}" if self.step is not None else ""
+        at = ("" if self.step is None else f", failed after step {self.step}, its last"
+              if self.after_step else f", stopped at step {self.step}")
         return (f"the branch {self.task.plan.words()} (rollout {self.task.rollout}{at}): "
                 f"{self.error}")
 
@@ -150,22 +154,31 @@ def errored_branch(traj: Trajectory, run_id: str | None) -> AgentError:
     """The error a branch that came back with status ``error`` stands for; its step is the one
     it was running (the first it did not finish): its last step where that one called tools and
     got no result (a tool, or a hook after the call, raised: a user trial's error in a tool of
-    step 1 read "stopped at step 2"), else the step after its last."""
+    step 1 read "stopped at step 2"), else the step after its last. A last step that asked for
+    nothing (a reply: no tool call, no result) ended the branch, so what raised came after it
+    (an output guardrail, a hook at the end): its step is that last one, with
+    ``after_step`` (a user trial's guardrail after the reply of step 5 read "stopped at step
+    6", a step no branch took)."""
     last = traj.steps[-1] if traj.steps else None
     calls = last.action.get("tool_calls") if last is not None and isinstance(
         last.action, dict) else None
     unfinished = last is not None and bool(calls) and not last.observed
+    ended = last is not None and not calls and not last.observed
     return AgentError(f"the branch ended with status error: {traj.error or 'no error given'}",
-                      run_id=run_id, step=len(traj.steps) - 1 if unfinished else len(traj.steps),
+                      run_id=run_id,
+                      step=len(traj.steps) - 1 if unfinished or ended else len(traj.steps),
                       hint="the framework raised inside the branch, or a tool answered it "
                            "otherwise than the record; fix what raised (a node, a hook, a tool) "
-                           "or what the tool reads, and resume")
+                           "or what the tool reads, and resume", **(
+                          {"after_step": True} if ended else {}))
 
 
 def failure_of(task: Task, exc: BaseException | None, attempts: int) -> Failure:
     step = getattr(exc, "step", None)
+    context = getattr(exc, "context", None)
+    after = isinstance(context, dict) and context.get("after_step") is True
     return Failure(task, describe_error(exc) if exc is not None else "unknown error", attempts,
-                   exc, step if isinstance(step, int) else None)
+                   exc, step if isinstance(step, int) else None, after)
 
 
 def check_failures(failures: Sequence[Failure], ran: int, *, run_id: str,
