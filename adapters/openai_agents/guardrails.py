@@ -76,6 +76,9 @@ def unseen_guardrails(agents: Mapping[str, Any], root: str | None, run_config: A
 # the tripwires of the runs of the recording block the code running now is in, by the id of
 # each run's usage object (the key the recorder tells runs apart by); None outside a block
 TRIPS: ContextVar[dict[int, dict[str, str]] | None] = ContextVar("car_tripwires", default=None)
+# the input an input guardrail stopped, by run key as ``TRIPS``: a run stopped before its first
+# model call has no other record of what it was asked
+BLOCKED: ContextVar[dict[int, Any] | None] = ContextVar("car_blocked_inputs", default=None)
 _WATCHED = "__car_watches__"
 
 
@@ -93,11 +96,14 @@ def watch(agents: Mapping[str, Any], run_config: Any) -> list[str]:
 
 
 def _watched(fn: Callable[..., Any], kind: str, name: str) -> Callable[..., Any]:
-    def note(context: Any, out: Any) -> Any:
-        trips = TRIPS.get()
+    def note(context: Any, out: Any, data: Any) -> Any:
+        trips, blocked = TRIPS.get(), BLOCKED.get()
         if trips is not None and getattr(out, "tripwire_triggered", False):
-            trips.setdefault(id(getattr(context, "usage", None)),
-                             {"kind": kind, "guardrail": name})
+            key = id(getattr(context, "usage", None))
+            if key not in trips:
+                trips[key] = {"kind": kind, "guardrail": name}
+                if kind == "input" and blocked is not None:
+                    blocked[key] = data
         return out
 
     @functools.wraps(fn)
@@ -105,9 +111,9 @@ def _watched(fn: Callable[..., Any], kind: str, name: str) -> Callable[..., Any]
         out = fn(context, agent, data)
         if inspect.isawaitable(out):
             async def verdict() -> Any:
-                return note(context, await out)
+                return note(context, await out, data)
             return verdict()
-        return note(context, out)
+        return note(context, out, data)
 
     setattr(run, _WATCHED, True)
     return run
@@ -134,5 +140,5 @@ def named_agents(fn: Any) -> list[Any]:
     return named_objects(fn, lambda v: isinstance(v, Agent))
 
 
-__all__ = ["TRIPS", "TRIPWIRES", "judges", "label", "named_agents", "tripwire_of",
+__all__ = ["BLOCKED", "TRIPS", "TRIPWIRES", "judges", "label", "named_agents", "tripwire_of",
            "unseen_guardrails", "watch"]

@@ -57,7 +57,7 @@ from ._context import snapshot
 from ._items import action_of, to_dicts
 from .app import agents_of, tool_names
 from .fingerprint import app_digest
-from .guardrails import TRIPS, tripwire_of, watch
+from .guardrails import BLOCKED, TRIPS, tripwire_of, watch
 from .offered_tools import offered
 
 UNFINISHED = "the run stopped before a final output (an exception, a guardrail or max_turns)"
@@ -86,6 +86,15 @@ def _jsonable(value: Any) -> Any:
         dump = getattr(obj, "model_dump", None)
         return dump(mode="json", exclude_unset=True) if callable(dump) else str(obj)
     return json.loads(json.dumps(value, default=fallback))
+
+
+def _context_of(given: Any) -> Any:
+    """A run's context from its input (plain JSON): a lone user message's text, else the
+    input as it is (a string, or the list of items)."""
+    if (isinstance(given, list) and len(given) == 1 and isinstance(given[0], dict)
+            and given[0].get("role") == "user" and isinstance(given[0].get("content"), str)):
+        return given[0]["content"]
+    return given
 
 
 STALE_S = 1.0  # a run whose last turn ended this long ago, none begun since, is over
@@ -129,6 +138,7 @@ class _Block:
     bufs: list[_RunBuf] = field(default_factory=list)
     held: list[tuple[_RunBuf, BaseException | str | None]] = field(default_factory=list)
     trips: dict[int, dict[str, str]] = field(default_factory=dict)  # run key -> its tripwire
+    blocked: dict[int, Any] = field(default_factory=dict)  # run key -> the input it stopped
     settled: bool = False  # ended: a run that starts after it is kept as any other
 
 
@@ -187,6 +197,7 @@ class CarRecorder(RunHooks[Any]):
         attributable only from runs recorded so."""
         block = _Block(watched=watch(agents_of(agent), run_config))
         token, trips = _BLOCK.set(block), TRIPS.set(block.trips)
+        blocked = BLOCKED.set(block.blocked)
         raised: BaseException | None = None
         try:
             yield
@@ -194,6 +205,7 @@ class CarRecorder(RunHooks[Any]):
             raised = exc
             raise
         finally:
+            BLOCKED.reset(blocked)
             TRIPS.reset(trips)
             _BLOCK.reset(token)
             self._settle(block, raised)
@@ -216,6 +228,10 @@ class CarRecorder(RunHooks[Any]):
                     b.block = None
         ended = [*block.held, *((b, raised or UNFINISHED) for b in stopped)]
         for buf, err in ended:
+            if buf.context is None and id(buf.usage) in block.blocked:
+                # stopped before its first model call: what it was asked is the input the
+                # guardrail judged, kept so the run shows what was blocked
+                buf.context = _context_of(_jsonable(block.blocked[id(buf.usage)]))
             run = self._built(buf, err)
             meta = {**run.meta, "guardrails_watched": block.watched}
             tripwire = block.trips.get(id(buf.usage))
@@ -435,9 +451,7 @@ class CarRecorder(RunHooks[Any]):
         buf = self._buf(context, agent)
         items = _jsonable(list(input_items))
         if buf.context is None:
-            buf.context = (items[0]["content"] if len(items) == 1 and isinstance(items[0], dict)
-                           and items[0].get("role") == "user"
-                           and isinstance(items[0].get("content"), str) else items)
+            buf.context = _context_of(items)
         run_context = snapshot(context.context)
         if run_context is not None:  # stored with the step: its secrets never are
             redact.register_from(context.context)  # a client or model it holds

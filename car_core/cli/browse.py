@@ -55,7 +55,7 @@ def _print_runs(rows: list[dict[str, Any]], store: str, json_out: bool,
     for r in rows:
         created = datetime.fromtimestamp(r["created_at"] or 0, UTC)
         table.append([kit.safe(str(c)) for c in (
-            r["id"], created.strftime("%Y-%m-%d %H:%M:%S"), r["agent"], r["status"],
+            r["id"], created.strftime("%Y-%m-%d %H:%M:%S"), r["agent"], _status_cell(r),
             _outcome_cell(r["outcome"]), r["n_steps"], "—" if r["seed"] is None else r["seed"])])
     # the input column is the one a narrow terminal shortens; the others keep their width
     # where they fit (else they wrap, as they always did, and the input is left out)
@@ -79,6 +79,14 @@ def _print_runs(rows: list[dict[str, Any]], store: str, json_out: bool,
 
 
 INPUT_LEAST = 12  # below this width for what a run was asked, the column is left out
+
+
+def _status_cell(row: dict[str, Any]) -> str:
+    """The status a person reads: ``stopped`` for a run stopped by design (a guardrail's
+    tripwire), which is stored ``complete`` with its last reply never delivered."""
+    if row.get("stopped_by") is not None:
+        return fmt.STOPPED
+    return fmt.status_word(row["status"], row.get("error"), None)
 
 
 def _outcome_cell(value: float | None) -> str:
@@ -113,6 +121,9 @@ def show(run_id: Annotated[str, typer.Argument(help="Run id (see `car runs`).")]
     legend = fmt.origins_legend(s.meta.get("origin") for s in run.steps) if run.lineage else None
     if legend:
         out.print(Text(kit.safe(f"origin: {legend}")))
+    ending = fmt.ending_line(run.status, run.error, run.meta, [s.action for s in run.steps])
+    if ending:  # a stopped run's last reply must not read as delivered
+        out.print(Text(kit.safe(ending), style="bold yellow"))
     out.print(Text("context: ") + kit.plain(run.context, width and 200))
     # one layout whatever the run: the index, then the origin, agent and node columns when
     # any step has them (plain agents record none of them, multi-agent apps both who and

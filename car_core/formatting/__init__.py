@@ -15,9 +15,9 @@ here, so the same attribution reads the same way wherever it is shown:
   (``sample_note``).
 
 Numbers live in ``numbers``, what a step did in ``actions``, what it did instead when
-re-drawn in ``alternatives``, where a branch step and its tool results came from in
-``provenance``, the tables in ``rows`` and the sentences in ``sentences``; every
-name is read from here (``from car_core import formatting as fmt``).
+re-drawn in ``alternatives``, how a run ended in ``endings``, where a branch step and its
+tool results came from in ``provenance``, the tables in ``rows`` and the sentences in
+``sentences``; every name is read from here (``from car_core import formatting as fmt``).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from car_core.formatting.alternatives import (
     alternative_cells,
     alternatives_heading,
 )
+from car_core.formatting.endings import STOPPED, ending_line, status_word
 from car_core.formatting.numbers import (
     MISSING,
     PROB_DIGITS,
@@ -102,10 +103,11 @@ __all__ = [
     "alternatives_heading", "HELD", "INTERVAL", "LOCUS_MARK", "MISSING", "NOT_SIGNIFICANT",
     "NOT_TESTED", "ORIGIN_MEANINGS", "PAIRS", "PHI", "PLAIN_COLUMNS", "PLAIN_SHAPLEY_COLUMNS",
     "PLAYER", "PROB_DIGITS", "REDRAWN", "RESCUE", "SHAPLEY_COLUMNS", "SIGNIFICANT", "SOURCE_WORDS",
-    "STEP", "STEP_COLUMNS", "StepRow", "TESTED", "action_summary", "answer", "coupling",
-    "coupling_note", "decided_by", "effect", "effect_interval", "failure_rate", "headline",
-    "interval", "later_steps", "level", "locus_name", "method", "num", "origin_label",
-    "origins_legend", "pct", "percent", "percent_interval", "plain_cells", "prob", "prob_interval",
-    "sample_note", "shapley_leaders", "shown_sample", "step_actions", "step_row", "step_said",
-    "steps_span", "tool_marks", "tool_marks_text", "untested_mark",
+    "STEP", "STEP_COLUMNS", "STOPPED", "StepRow", "TESTED", "action_summary", "answer",
+    "coupling", "coupling_note", "decided_by", "effect", "effect_interval", "ending_line",
+    "failure_rate", "headline", "interval", "later_steps", "level", "locus_name", "method", "num",
+    "origin_label", "origins_legend", "pct", "percent", "percent_interval", "plain_cells", "prob",
+    "prob_interval", "sample_note", "shapley_leaders", "shown_sample", "status_word",
+    "step_actions", "step_row", "step_said", "steps_span", "tool_marks", "tool_marks_text",
+    "untested_mark",
 ]

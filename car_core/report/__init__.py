@@ -153,7 +153,10 @@ def _run_summary(run: Trajectory | None) -> dict[str, Any] | None:
             "n_steps": len(run.steps),
             "outcome": _fmt(run.outcome.value) if run.outcome else "—",
             "failed": run.failed, "context": show(run.context),
-            "test": str((run.meta or {}).get("test") or "")}
+            "test": str((run.meta or {}).get("test") or ""),
+            # how a run stopped by design ended: its last reply must not read as delivered
+            "ending": fmt.ending_line(run.status, run.error, run.meta,
+                                      [s.action for s in run.steps])}
 
 
 __all__ = ["compact", "render_attribution", "render_run", "show"]

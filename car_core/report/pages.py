@@ -263,7 +263,10 @@ def write_index(db: RunStore, out: Path, store: str) -> IndexWritten:
             rows.append(row)
         runs.append({"id": run.id, "href": link, "when": _when(summary.get("created_at")),
                      "test": summary.get("test") or "", "agent": run.agent or fmt.MISSING,
-                     "status": str(run.status), "n_steps": len(run.steps),
+                     "status": fmt.status_word(run.status, run.error, run.meta),
+                     "ending": fmt.ending_line(run.status, run.error, run.meta,
+                                               [s.action for s in run.steps]),
+                     "n_steps": len(run.steps),
                      "outcome": fmt.num(run.outcome.value) if run.outcome else fmt.MISSING,
                      "failed": run.failed, "attributions": len(own),
                      "latest": attribution_summary(latest) if latest else None})

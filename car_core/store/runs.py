@@ -28,6 +28,7 @@ from car_core.errors import (
     StoreError,
     StoreReadOnly,
 )
+from car_core.model.endings import stopped_by
 from car_core.model.json_values import dumps, loads
 from car_core.model.trajectory import Trajectory
 from car_core.model.vocabulary import AttributionStatus
@@ -218,6 +219,10 @@ class RunStore:
                     # set's runs recorded at once share a second
                     asked = header.get("input")
                     summary["input"] = asked if isinstance(asked, str) else None
+                    # how it ended beyond its status: a run stopped by design says so
+                    error = header.get("error")
+                    summary["error"] = error if isinstance(error, str) else None
+                    summary["stopped_by"] = stopped_by(meta if isinstance(meta, dict) else None)
                 intact.append(summary)
             else:
                 damaged.append((shown_id(row.get("id")), wrong))

@@ -745,6 +745,41 @@ def test_a_recording_block_sees_a_tripwire_the_app_catches(rec: CarRecorder) -> 
     assert final_state(rec.run)["final_output"] == "try isolating x"
 
 
+def test_a_run_an_input_guardrail_stopped_before_any_step_keeps_the_blocked_input(
+        rec: CarRecorder, capsys: pytest.CaptureFixture[str]) -> None:
+    """A fast input guardrail (in parallel, the SDK's default) trips before the agent's first
+    model call: the run has no step, and a user trial's ``car show`` printed only
+    ``context: —``, the message the guardrail blocked gone. The block keeps the input the
+    guardrail judged as the run's context, and ``car show`` says the guardrail stopped it."""
+    from agents.exceptions import InputGuardrailTripwireTriggered
+
+    from car_core.cli import main
+
+    @input_guardrail
+    async def no_threats(ctx: Any, agent: Any, inp: Any) -> GuardrailFunctionOutput:
+        return GuardrailFunctionOutput(output_info=None,
+                                       tripwire_triggered="chargeback" in str(inp))
+
+    desk = Agent(name="Desk", instructions="Help.", input_guardrails=[no_threats],
+                 model=ScriptedModel(lambda messages, tools, rng: "refunded", seed=0))
+    blocked = "Refund me or I file a chargeback."
+    items = [{"role": "user", "content": blocked}]
+    for given in (blocked, items):  # a string input, and the same as an input list
+        with rec.recording(desk):
+            try:
+                Runner.run_sync(desk, given, hooks=rec)
+            except InputGuardrailTripwireTriggered:
+                pass
+        run = rec.run
+        assert run.meta["tripwire"] == {"kind": "input", "guardrail": "no_threats"}
+        assert not run.steps and run.context == blocked
+        assert final_state(run)["input_list"] == items
+    assert main(["show", run.id, "--store", str(rec.store.path)]) == 0
+    out = capsys.readouterr().out
+    assert f"context: {blocked}" in out
+    assert "stopped by input guardrail no_threats before any step" in out
+
+
 def test_a_later_branch_holds_the_recorded_input_guardrails_verdict(rec: CarRecorder) -> None:
     """A streamed run's input guardrail can trip several turns in: a branch from a later step
     keeps the user's input, so it keeps the verdict on it (held, as the guardrail is not run
