@@ -71,6 +71,13 @@ def resume_words(attribution_id: str) -> str:
             f"or run `car attribute RUN ... --resume {attribution_id}`")
 
 
+def resume_population_words(call: str, param: str, ident: str, command: str) -> str:
+    """How to resume a population (``car.triage``, ``car.fix_population``) that one run's
+    stop ended: the population resumes, not that run's own attribution."""
+    return (f'resume the {call.removeprefix("car.").replace("_", " ")}: run {call}(...) again '
+            f'with {param}="{ident}" and the same store=, or `{command} ... --resume {ident}`')
+
+
 class CarError(Exception):
     """Root of every error CAR raises."""
 
@@ -94,13 +101,22 @@ class CarError(Exception):
             text = f"{text}. {self.hint}"
         return redact(text)  # a message built from a caught error may carry a key
 
+    resume_said = RESUME_SAME_ID  # the resume the hint spells out now (``resume_as``)
+
     def name_attribution(self, attribution_id: str) -> None:
         """Record the attribution this stop left for a resume (``context["attribution_id"]``)
         and name it in a hint that ends ``RESUME_SAME_ID``, where the code that raised could
         not: a Python caller reads the id and the spelling of the resume in the message."""
         named = str(self.context.setdefault("attribution_id", attribution_id))
-        if self.hint and RESUME_SAME_ID in self.hint:
-            self.hint = self.hint.replace(RESUME_SAME_ID, resume_words(named))
+        self.resume_as(resume_words(named))
+
+    def resume_as(self, words: str) -> None:
+        """Spell the resume in the hint as ``words``, in place of the one it says now: a
+        triage whose run stopped resumes as a triage, not as that run's attribution (whose
+        id the hint named from Python)."""
+        if self.hint and self.resume_said in self.hint:
+            self.hint = self.hint.replace(self.resume_said, words)
+            self.resume_said = words
             self.args = (self._text(),)
 
 

@@ -331,9 +331,10 @@ def test_a_model_server_down_stops_the_triage_and_it_resumes(population, tmp_pat
     """The agent's model server goes down after the first run: every later run would be
     undecided for it, so the triage stops (``ModelUnavailable``, as an attribution does), and
     the same triage id finishes once it is back, reading the first run back. A user trial saw
-    every run undecided and no way to resume the triage."""
+    every run undecided and no way to resume the triage. From Python the stop says to resume
+    the triage by its id, not the stopped run's own attribution (whose id it named)."""
     from car_core.engine.agent import FunctionAgent
-    from car_core.errors import ModelUnavailable
+    from car_core.errors import RESUME_SAME_ID, ModelUnavailable
 
     runs = population[:3]
     inner = DESK.agent()
@@ -341,7 +342,8 @@ def test_a_model_server_down_stops_the_triage_and_it_resumes(population, tmp_pat
 
     def policy(history, rng):
         if down["now"]:
-            raise ModelUnavailable("connection refused: the model server is down")
+            raise ModelUnavailable("connection refused: the model server is down",
+                                   hint=f"start it, then {RESUME_SAME_ID}")
         return inner.policy(history, rng)
 
     agent = FunctionAgent(policy=policy, environment=inner.environment,
@@ -354,10 +356,14 @@ def test_a_model_server_down_stops_the_triage_and_it_resumes(population, tmp_pat
         down["now"] = True  # after the first run
 
     with RunStore(tmp_path / "car.db") as store:
-        with pytest.raises(ModelUnavailable, match="the model server is down"):
+        with pytest.raises(ModelUnavailable, match="the model server is down") as info:
             car.triage(runs, agent, outcome=DESK.outcome, rollouts=K, store=store,
                        triage_id="t1", progress=progress, runs_at_once=1)
         assert seen == [runs[0].id]
+        assert ('start it, then resume the triage: run car.triage(...) again with '
+                'triage_id="t1" and the same store=, or `car triage ... --resume t1`'
+                ) in str(info.value)
+        assert "attribution_id=" not in str(info.value)
         down["now"] = False
         done = car.triage(runs, agent, outcome=DESK.outcome, rollouts=K, store=store,
                           triage_id="t1", runs_at_once=1)
@@ -533,3 +539,4 @@ def test_a_node_named_as_its_agent_is_said_once_in_a_group_label():
     other = dict(same, agent="billing")
     assert _default_label(other, by) == "step 1, agent billing, node model, tool issue_refund"
     assert _default_label(same, ("node",)) == "node model"  # asked for the node alone
+    assert _default_label(same, ("agent",)) == "agent model"

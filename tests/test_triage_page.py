@@ -56,7 +56,7 @@ def test_the_index_lists_the_triage_and_links_its_page(triaged):
     row = index.tables["triages"][1]
     assert row[0] == "t-page" and row[2] == "complete"
     assert row[3:5] == [str(N_EARLY + N_LATE), "2"]  # failed runs, places
-    assert row[5].startswith("step 1, agent intake, node intake, tool read_policy: 57% [")
+    assert row[5].startswith("step 1, agent intake, tool read_policy: 57% [")
     assert row[6:8] == ["0", "0"]  # none undecided, none with no cause: the passing run apart
     href = f"triages/{page_name('t-page')}"
     assert href in index.hrefs and (site / href).is_file()

@@ -374,14 +374,14 @@ def budget_flags(budget: int | Mapping[str, Any] | None) -> list[str]:
 
 
 def resume_below(message: str, exc: BaseException) -> str:
-    """``message`` (``exc``'s) without the resume its hint spells out (a generic command's, or
-    the Python call's and the command's for the attribution it names,
-    ``errors.resume_words``): a command that prints its own full ``resume_command`` under it
-    says the resume once."""
-    named = (getattr(exc, "context", None) or {}).get("attribution_id")
-    for words in ([errors.resume_words(str(named))] if named else []) + [errors.RESUME_SAME_ID]:
-        message = message.replace(words, "resume the attribution")
-    return message
+    """``message`` (``exc``'s) without the resume its hint spells out (``resume_said``: a
+    generic command's, or the Python call's and the command's for the attribution, triage
+    or fix it names), down to "resume the attribution" (or "the triage", "the fix
+    population"): a command that prints its own full ``resume_command`` under it says the
+    resume once."""
+    said = getattr(exc, "resume_said", errors.RESUME_SAME_ID)
+    return message.replace(said, said.split(":", 1)[0] if ":" in said
+                           else "resume the attribution")
 
 
 def resume_command(ident: str, budget: int | Mapping[str, Any] | None = None,

@@ -53,7 +53,13 @@ from car_core import defaults
 from car_core.engine.agent import Agent
 from car_core.engine.execution import ExecutorLike
 from car_core.engine.tasks import check_failures
-from car_core.errors import BranchesFailed, InvalidInput, InvalidIntervention, ModelUnavailable
+from car_core.errors import (
+    BranchesFailed,
+    InvalidInput,
+    InvalidIntervention,
+    ModelUnavailable,
+    resume_population_words,
+)
 from car_core.estimators._arms import Branch, StepArms, check_rollouts
 from car_core.estimators._population import (
     Purse,
@@ -259,6 +265,11 @@ def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: O
             from car_core.store.fixes import finish_fix
             finish_fix(store, fid, result, params)
         return result
+    except ModelUnavailable as exc:  # the population resumes, not one run's attribution
+        if store is not None and fid is not None:
+            exc.resume_as(resume_population_words("car.fix_population", "fix_id", fid,
+                                                  "car fix"))
+        raise
     finally:  # the lease that says it runs now: a resume or a listing may go on
         if store is not None and fid is not None:
             store.release_attribution(fid)

@@ -62,6 +62,7 @@ from car_core.errors import (
     RunError,
     RunNotFailed,
     resumable,
+    resume_population_words,
 )
 from car_core.estimators._population import (
     Purse,
@@ -141,7 +142,7 @@ def _default_label(values: Mapping[str, Any], by: Sequence[str]) -> str:
     built with ``create_agent`` read "agent model, node model, tool issue_refund")."""
     words = {"step": "step {}", "agent": "agent {}", "node": "node {}", "tool": "tool {}"}
     said = [f for f in by if values.get(f) is not None]
-    if "agent" in said and values.get("node") == values.get("agent"):
+    if {"agent", "node"} <= set(said) and values["node"] == values["agent"]:
         said.remove("node")
     return ", ".join(words[f].format(values[f]) for f in said) or "(nothing recorded)"
 
@@ -293,6 +294,11 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
             from car_core.store.triages import finish_triage
             finish_triage(store, tid, result, params)
         return result
+    except ModelUnavailable as exc:  # the triage resumes, not the run's own attribution
+        if store is not None and tid is not None:
+            exc.resume_as(resume_population_words("car.triage", "triage_id", tid,
+                                                  "car triage"))
+        raise
     finally:  # the lease that says it runs now: a resume or a listing may go on
         if store is not None and tid is not None:
             store.release_attribution(tid)
