@@ -154,6 +154,15 @@ class ContrastiveResult(CouplingNumbers, _Rendered):
         return larger_budget(self.params.get("budget"), self.budget_note,
                              self.rollout_budget or self.rollouts_used, self.more_rollouts)
 
+    def cut_short(self) -> str | None:
+        """For a result decided before a cap was reached (a locus, the steps after it ruled
+        out: not ``truncated``), what the cap cut: the re-estimate of the rescue, never the
+        answer. None where no cap was reached, or where it left the answer unfinished."""
+        if self.truncated or not self.budget_note:
+            return None
+        return (f"the re-estimate was cut short by the budget ({self.budget_note}); the "
+                "answer stands")
+
     def undecided_why(self) -> str:
         """Why an undecided result could not decide: the budget, or the branches that failed."""
         if self.truncated:
@@ -214,6 +223,7 @@ class ContrastiveResult(CouplingNumbers, _Rendered):
                  *([f"about {self.more_rollouts} more rollouts would decide it"]
                    if self.more_rollouts else []),
                  *([f"truncated: {self.budget_note}"] if self.truncated else []),
+                 *([cut] if (cut := self.cut_short()) else []),
                  *([f"{len(self.failures)} failed branch(es) left out"] if self.failures
                    else []),
                  "per step (n: the pairs each rescue and interval are about):", table,
@@ -243,6 +253,7 @@ class ContrastiveResult(CouplingNumbers, _Rendered):
                             [fmt.plain_cells(self, r) for r in rows])
         foot = (f"rollouts used {self.rollouts_used} of {self.rollout_budget}"
                 + (f"; truncated: {self.budget_note}" if self.truncated else "")
+                + (f"; {cut}" if (cut := self.cut_short()) else "")
                 + (f"; {len(self.failures)} failed branch(es) left out" if self.failures else "")
                 + "; how this was measured: res.explain()")
         hint = self.continue_hint()

@@ -725,3 +725,24 @@ def test_a_judge_that_is_a_coin_is_searched_without_a_crash():
         assert res.answer in (Answer.LOCUS, Answer.NO_CAUSE, Answer.UNDECIDED)
         named += res.locus is not None
     assert named <= 1
+
+
+def test_a_budget_that_ends_after_the_answer_is_decided_leaves_it_complete():
+    """A user trial's result named a locus and ruled the later steps out, then said
+    "truncated: rollout budget of 192 reached" and "to continue, resume with a larger budget":
+    the cap had only cut the re-estimate that follows the decision. Such a result is not
+    truncated; it says the re-estimate was cut short and that the answer stands."""
+    model = syn.pivot(n_steps=6, at=2, p_bad=0.5)
+    run = model.failing_run(seed=0)
+    full = car.contrastive(run, TokenAgent(model.agent()), outcome=model.outcome, rollouts=32,
+                           seed=0, progress=False)
+    assert full.locus == 2 and full.not_ruled_out == () and not full.truncated
+    cut = car.contrastive(run, TokenAgent(model.agent()), outcome=model.outcome, rollouts=32,
+                          seed=0, budget=car.Budget(tokens=int(full.tokens * 0.95)),
+                          progress=False)
+    assert cut.locus == 2 and cut.not_ruled_out == ()
+    assert {s.step for s in cut.steps if s.ruled_out} == {3, 4, 5}
+    assert cut.rollouts_used < full.rollouts_used and cut.budget_note is not None
+    assert not cut.truncated and cut.continue_hint() is None
+    said = str(cut) + "\n" + cut.explain()
+    assert "truncated" not in said and "the answer stands" in said

@@ -414,6 +414,8 @@ def print_result(r: Result, seconds: float, store: str, run: Any = None,
                    f"attribution {r.attribution_id}"))
     if r.truncated:
         out.print(Text(f"truncated: {r.budget_note or 'budget reached'}", style="yellow"))
+    elif isinstance(r, ContrastiveResult) and (cut := r.cut_short()):
+        out.print(Text(kit.safe(cut), style="dim"))  # decided first: nothing to resume
     if r.failures:
         first = r.failures[0]
         out.print(Text(kit.safe(f"{len(r.failures)} failed branch(es) left out of the estimate "

@@ -357,6 +357,11 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
                       f"{level:.4f})")
     answer, candidate = _answer(locus, effects, budget_note,
                                 bool(session.failures) or open_cause)
+    # decided before a cap ended the estimate: a locus, and every step after it ruled out
+    # (the search's later stage; a full search rules none out). What the cap cut was the
+    # re-estimate of the locus's rescue, which spends what is left: not truncated, and no
+    # resume is owed (``budget_note`` keeps which cap it was)
+    settled = answer == Answer.LOCUS and chosen != "full" and not open_after
     if answer == Answer.UNDECIDED and chosen != "full" and decision.candidate is not None:
         candidate = decision.candidate  # the step being confirmed when the budget ran out
     elif answer == Answer.UNDECIDED and chosen == "full":
@@ -382,7 +387,7 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
         indifference=indifference if (locus is not None and chosen != "full")
         or answer == Answer.NO_CAUSE else None,
         not_ruled_out=open_after,
-        truncated=budget_note is not None,
+        truncated=budget_note is not None and not settled,
         budget_note=budget_note, tokens=session.meter.tokens,
         cost=round(session.meter.cost, 6), search=chosen, steps=steps, arms=arm_rows,
         example_branch=arms.examples.get(locus) if locus is not None else None,
