@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
+from car_core.contract import is_rate_limit
 from car_core.errors import InvalidInput, ModelUnavailable
 
 T = TypeVar("T")
@@ -165,12 +166,10 @@ class RateLimiter:
 
 # -- 429 backoff ---------------------------------------------------------------------------
 def is_rate_limited(exc: BaseException) -> bool:
-    """True for an HTTP 429 from any client that exposes ``status_code`` (openai, httpx,
-    ollama) on the error or on its ``response``."""
-    for obj in (exc, getattr(exc, "response", None)):
-        if getattr(obj, "status_code", None) == 429:
-            return True
-    return False
+    """True for an HTTP 429 from any client (``car_core.model.outages.is_rate_limit``: the
+    status on the error or its ``response``, openai's ``RateLimitError``, or either as the
+    error's cause): the one rule the backoff and the stop's hint share."""
+    return is_rate_limit(exc)
 
 
 def retry_after(exc: BaseException) -> float | None:
