@@ -139,7 +139,7 @@ def test_shapley_reports_the_coupling_its_pairs_show() -> None:
                         mode="permutation")
     assert not loose.coupled and loose.coupling_pairs > 0
     assert loose.coupling_measured is not None and abs(loose.coupling_measured) < 0.3
-    assert ("unpaired: branches were not shown to share randomness (measured agreement"
+    assert ("unpaired: branches were not shown to share randomness (measured coupling"
             in loose.explain())
     exact = car.shapley(run, desk.agent(), outcome=desk.judge, budget=400, mode="exact")
     assert not exact.coupled

@@ -209,8 +209,9 @@ def test_one_wording_for_coupling(located) -> None:
     paired = replace(located, coupled=True,
                      measured_coupling=car.stats.Coupling(0.93, (0.85, 0.98), 40))
     assert fmt.coupling(paired) == ("paired: branches agreed more than independent re-runs "
-                                    "would (measured agreement 0.93 [0.85, 0.98] from 40 "
-                                    "pair(s))")
+                                    "would (measured coupling 0.93 [0.85, 0.98] from 40 "
+                                    "pair(s); 0: as alike as independent re-runs, 1: as "
+                                    "alike as can be)")
 
 
 @pytest.mark.parametrize(("action", "said"), [

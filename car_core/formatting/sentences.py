@@ -348,8 +348,11 @@ def coupling(r: Any) -> str:
     ``unpaired: …``."""
     measured, ci, pairs = (_get(r, "coupling_measured"), _get(r, "coupling_ci"),
                            int(_get(r, "coupling_pairs", 0) or 0))
-    agreement = (f" (measured agreement {num(measured, 2)} {interval(ci, 2)} from {pairs} "
-                 "pair(s))" if measured is not None else "")
+    # the scale said with the number: a trial read "measured agreement -1.00" as the
+    # branches always disagreeing, where it meant less alike than independent re-runs
+    agreement = (f" (measured coupling {num(measured, 2)} {interval(ci, 2)} from {pairs} "
+                 "pair(s); 0: as alike as independent re-runs, 1: as alike as can be)"
+                 if measured is not None else "")
     if _get(r, "coupled"):
         # what was measured, not a cause: an agent whose model ignores CAR's noise can agree
         # so by chance (at most 2.5% of the time: ``Coupling.shared``), and then "shared the
