@@ -10,6 +10,7 @@ the record already holds (served from the record).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -131,3 +132,22 @@ def test_report_marks_the_rescued_branch_and_a_branch_timeline() -> None:
     assert '<span class="tag source ran">check_price: ran live</span>' in page
     assert ('<span class="tag source not-run">order_laptop: from the record, the tool did '
             'not run</span>') in page
+
+
+def test_car_show_says_what_a_branch_did_not_its_arm_key_and_index(tmp_path: Path) -> None:
+    """A trial's `car show BRANCH` read "arm hold<2  rollout 2097152": the arm's key and the
+    search's rollout index are internal. The header says what the branch did, from its
+    interventions against the stored parent; --json keeps both."""
+    run, branch = planted()
+    branch = dataclasses.replace(branch, lineage=Lineage(
+        parent_id=run.id, interventions=({"kind": "resample", "step": 1},), branch_step=1,
+        arm="hold<1", rollout=2097152))
+    with RunStore(tmp_path / "car.db") as db:
+        db.save(run)
+        db.save(branch)
+    text = car("show", branch.id, cwd=tmp_path)
+    assert text.returncode == 0, text.stderr
+    assert f"branch of {run.id}: re-deciding from step 1 on" in text.stdout.splitlines()
+    assert "hold<" not in text.stdout and "2097152" not in text.stdout
+    data = json.loads(car("show", branch.id, "--json", cwd=tmp_path).stdout)
+    assert (data["lineage"]["arm"], data["lineage"]["rollout"]) == ("hold<1", 2097152)

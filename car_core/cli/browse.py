@@ -16,8 +16,9 @@ from car_core import formatting as fmt
 from car_core.cli import kit
 from car_core.cli.app import JsonOpt, ReverseOpt, StoreOpt, errors, out, print_json
 from car_core.cli.attribute import Method
-from car_core.errors import CorruptRun, CorruptStore, InvalidInput
-from car_core.model.trajectory import is_failure
+from car_core.errors import CarError, CorruptRun, CorruptStore, InvalidInput
+from car_core.model.interventions import compile_plan, intervention_from_dict
+from car_core.model.trajectory import Lineage, is_failure
 from car_core.report.pages import run_page, write_index
 from car_core.results import ContrastiveResult, Result
 from car_core.store import damaged_rows
@@ -97,6 +98,21 @@ def _outcome_cell(value: float | None) -> str:
     return f"{value:.2f} failed" if is_failure(value) else f"{value:.2f}"
 
 
+def _branch_words(db: Any, lineage: Lineage) -> str:
+    """What a branch did (``Plan.words``, its interventions against the stored parent): its
+    arm's key and rollout index are the estimator's (a trial read "rollout 2097152"), kept
+    in ``--json``; without the parent, the arm's key is all there is."""
+    if not lineage.interventions and lineage.branch_step is not None:  # stored before them
+        return f"re-deciding from step {lineage.branch_step} on"
+    try:
+        parent = db.load(lineage.parent_id)
+        plan = compile_plan(parent, [intervention_from_dict(dict(d))
+                                     for d in lineage.interventions])
+    except CarError:
+        return f"arm {lineage.arm}" if lineage.arm else "its parent is not in this store"
+    return plan.words()
+
+
 @errors
 def show(run_id: Annotated[str, typer.Argument(help="Run id (see `car runs`).")],
          store: StoreOpt = "car.db", json_out: JsonOpt = False,
@@ -104,7 +120,8 @@ def show(run_id: Annotated[str, typer.Argument(help="Run id (see `car runs`).")]
          = False) -> None:
     """Show a stored run step by step: action, observation, origin."""
     width = None if full else 120
-    run = kit.existing_store(store).load(run_id)
+    db = kit.existing_store(store)
+    run = db.load(run_id)
     if json_out:
         print_json(run.to_dict())
         return
@@ -114,8 +131,8 @@ def show(run_id: Annotated[str, typer.Argument(help="Run id (see `car runs`).")]
     if (run.meta or {}).get("test"):
         out.print(Text(kit.safe(f"recorded by test {run.meta['test']}")))
     if run.lineage:
-        out.print(Text(kit.safe(f"branch of {run.lineage.parent_id}  arm {run.lineage.arm}  "
-                                f"rollout {run.lineage.rollout}")))
+        out.print(Text(kit.safe(f"branch of {run.lineage.parent_id}: "
+                                f"{_branch_words(db, run.lineage)}")))
     # a branch says which steps it copied from the record and which it decided again (a
     # recorded run's steps were all decided live: it needs no legend)
     legend = fmt.origins_legend(s.meta.get("origin") for s in run.steps) if run.lineage else None
