@@ -160,9 +160,10 @@ class TriageResult:
                     f"{', '.join(rest) or 'none was attributed'}{left}")
         top = self.groups[0]
         tail = f"; {', '.join(rest)}" if rest else ""
+        either = ", the undecided counted either way" if self.undecided else ""
         return (f"{top.n} of {self.runs_total} failed run(s) commit at {top.label} "
                 f"({_pct(top.share)}, {_pct(top.share_ci[0])}–{_pct(top.share_ci[1])} at "
-                f"{_pct(1 - self.alpha)} jointly){tail}{left}")
+                f"{_pct(1 - self.alpha)} jointly{either}){tail}{left}")
 
     def _unplaced(self) -> str:
         """The undecided runs in words: those an error stopped (a shape refused, branches that

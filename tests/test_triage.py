@@ -526,7 +526,8 @@ def test_a_triage_summary_leaves_out_counts_of_none(population):
     two = replace(res, runs_total=11, groups=(group, replace(group, label="step 1",
                                                                 runs=("a", "b"))),
                   undecided=("u",))
-    assert two.summary().endswith("jointly); 2 places in all, 1 undecided")
+    assert two.summary().endswith("jointly, the undecided counted either way); 2 places in "
+                                  "all, 1 undecided")
 
 
 def test_a_node_named_as_its_agent_is_said_once_in_a_group_label():
@@ -540,3 +541,25 @@ def test_a_node_named_as_its_agent_is_said_once_in_a_group_label():
     assert _default_label(other, by) == "step 1, agent billing, node model, tool issue_refund"
     assert _default_label(same, ("node",)) == "node model"  # asked for the node alone
     assert _default_label(same, ("agent",)) == "agent model"
+
+
+def test_a_groups_interval_counts_the_undecided_runs_either_way(population):
+    """A trial's triage at a small budget read "2 of 28 failed run(s) commit at step 1 (7%,
+    1%–28% at 95% jointly)" with 24 runs undecided; the true share was 54%. Each undecided
+    run may commit at any place, so a group's interval now reaches from Wilson's lower end
+    for the runs decided there to Wilson's upper end for those plus the undecided: here it
+    covers each planted mode's share, which Wilson's on the decided runs alone misses."""
+    from car_core.stats import wilson
+    res = car.triage(population, DESK.agent(), outcome=DESK.outcome, rollouts=5)
+    n, u = res.runs_total, len(res.undecided)
+    assert res.groups and u >= n // 3, (len(res.groups), u, n)
+    planted = {DESK.step_of("early"): N_EARLY / n, DESK.step_of("late"): N_LATE / n}
+    missed = 0
+    for g in res.groups:
+        k = len(g.runs)
+        assert g.share_ci[0] == pytest.approx(wilson(k / n, n, res.level)[0])
+        assert g.share_ci[1] == pytest.approx(wilson((k + u) / n, n, res.level)[1])
+        assert g.share_ci[0] <= planted[g.step] <= g.share_ci[1], (g.step, g.share_ci)
+        missed += wilson(k / n, n, res.level)[1] < planted[g.step]
+    assert missed, "the decided runs alone should have missed a planted share here"
+    assert "jointly, the undecided counted either way); " in res.summary()

@@ -14,7 +14,10 @@ Intervals. The ``N`` runs triaged fall into ``G`` categories: the groups, plus t
 runs and the runs with no cause when there are any. Each share gets a Wilson score interval at
 level ``1 − α/G`` (Bonferroni over the ``G`` categories), so with probability ``>= 1 − α``
 every interval covers its category's share at once. The categories are those observed; a
-place no run committed at is not listed (its share's upper bound is not reported).
+place no run committed at is not listed (its share's upper bound is not reported). An
+undecided run may commit at any place, so a group's interval runs from the lower end for the
+runs decided there to the upper end for those plus every undecided run (``share_interval``):
+it covers the share of the failures that commit there, not only of those the budget decided.
 
 Budgets. ``per_run`` caps each attribution (rollouts, tokens, cost, wall time; its rollouts
 default to ``n·rollouts`` for an ``n``-step run, as ``car.contrastive``'s); ``budget`` caps the
@@ -103,7 +106,8 @@ def progress_line(done: int, total: int, row: TriageRun) -> str:
     what = f"locus {row.locus}" if row.locus is not None else row.answer
     return f"[{done}/{total}] run {row.run_id}: {what}" + (" (read back)" if row.reused else "")
 FIELDS = ("step", "agent", "node", "tool")
-INTERVAL = "Wilson score at level 1 − alpha/G (Bonferroni over the G categories)"
+INTERVAL = ("Wilson score at level 1 − alpha/G (Bonferroni over the G categories); the "
+            "undecided runs counted out of the lower end and into the upper")
 # a run's own trouble (another agent recorded it, its agent broke): that run is reported
 # undecided with the error as its reason, or, where it did not fail (``RunNotFailed``), apart
 # from the population; anything else stops the triage
@@ -344,6 +348,18 @@ def group_results(results: Iterable[tuple[Trajectory, ContrastiveResult]], *,
                        {"alpha": alpha, "by": list(chosen_by), "runs": [r.run_id for r in rows]})
 
 
+def share_interval(k: int, undecided: int, n: int, level: float) -> Interval:
+    """The interval of a group's share of the failures: ``k`` of ``n`` runs commit there, and
+    each of the ``undecided`` runs may or may not. Its lower end is Wilson's for ``k``, its
+    upper end Wilson's for ``k + undecided``: whatever the undecided runs' true places, the
+    count that would have been seen lies between, and both ends move with the count, so the
+    interval covers at least as often as Wilson's on the full count. An interval on ``k``
+    alone is about "decided into this group under this budget": a trial's triage read "2 of
+    28 commit at step 1 (7%, 1%–28%)" with 24 undecided, where the true share was 54%."""
+    return Interval(wilson(k / n, n, level)[0], wilson((k + undecided) / n, n, level)[1],
+                    level)
+
+
 def _summarised(located: Mapping[str, tuple[Trajectory, ContrastiveResult]],
                 rows: list[TriageRun], by: tuple[str, ...], label: Label | None, alpha: float,
                 tid: str | None, spent: Spent, note: str | None, params: dict[str, Any]
@@ -360,7 +376,7 @@ def _summarised(located: Mapping[str, tuple[Trajectory, ContrastiveResult]],
     return TriageResult(
         triage_id=tid, runs_total=n,
         groups=tuple(TriageGroup(label=lab, **fields, share=len(ids) / n,
-                                 share_ci=Interval(*wilson(len(ids) / n, n, level), level),
+                                 share_ci=share_interval(len(ids), len(undecided), n, level),
                                  runs=tuple(ids)) for lab, fields, ids in groups),
         undecided=undecided, no_cause=no_cause, per_run=tuple(rows), alpha=float(alpha),
         level=level, interval=INTERVAL, by=by, rollouts_used=spent.rollouts,
