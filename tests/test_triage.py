@@ -298,7 +298,12 @@ def test_a_run_refused_before_any_branch_names_no_attribution(population, tmp_pa
         tri = car.triage(runs, DESK.agent(), outcome=outcome, rollouts=K, store=store)
         rows = {r.run_id: r for r in tri.per_run}
         assert rows[refused].answer == "undecided" and rows[refused].attribution_id is None
-        assert "not attributed" in (rows[refused].reason or "")
+        reason = rows[refused].reason or ""
+        assert "not attributed" in reason
+        # its row says both causes in a few lines, the one likely in a population first (a
+        # trial's rows led with a thousand characters on making the outcome see a failure)
+        assert reason.index("may have mislabelled it") < reason.index("cannot see the failure")
+        assert f"`car attribute {refused}` says how" in reason and len(reason) < 500
         for r in runs:
             if r.id != refused:
                 assert store.attribution_exists(rows[r.id].attribution_id)

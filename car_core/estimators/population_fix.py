@@ -70,7 +70,7 @@ from car_core.estimators._population import (
     runs_at_once_for,
 )
 from car_core.estimators.fixes import Fix, as_fix
-from car_core.estimators.triage import RUN_ERRORS, _load_all, refused_up_front
+from car_core.estimators.triage import RUN_ERRORS, _load_all, refusal_reason, refused_up_front
 from car_core.estimators.triage import triage as attribute_all
 from car_core.fix_results import (
     INTERVAL,
@@ -194,7 +194,7 @@ def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: O
         done = begin_fix(store, fid, params)
     try:
         # every run's shape refused (or the whole fix stopped) before any branch, loci's included
-        refused = {population[i].id: f"not tested: {exc}"
+        refused = {population[i].id: f"not tested: {refusal_reason(exc)}"
                    for i, exc in refused_up_front(population, agent, force_agent).items()}
         purse = Purse(total, "population fix")
         loci, why = _loci([r for r in population if r.id not in refused], fixes, from_step, done,
@@ -405,8 +405,9 @@ def _job(run: Trajectory, agent: Agent, outcome: OutcomeLike, rec: dict[str, Any
                 if bad is None or len(left["steps"]) < 2 or b is None:
                     return {**left, **spent, "steps": {}, "reasons": {
                         **left["reasons"],
-                        **{label: f"not tested: {exc}" for label in left["steps"]}}}
-                left = _without(left, bad, f"not tested: {exc}")
+                        **{label: f"not tested: {refusal_reason(exc)}"
+                           for label in left["steps"]}}}
+                left = _without(left, bad, f"not tested: {refusal_reason(exc)}")
                 live = {a: ivs for a, ivs in live.items()
                         if a in left["steps"] or a.startswith(WITHOUT)
                         and int(a.rsplit("@", 1)[1]) in left["steps"].values()}

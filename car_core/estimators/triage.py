@@ -62,6 +62,7 @@ from car_core.errors import (
     ModelUnavailable,
     NothingToAttribute,
     OutcomeError,
+    OutcomeMismatch,
     RunError,
     RunNotFailed,
     resumable,
@@ -80,7 +81,7 @@ from car_core.estimators.contrastive import rollout_budget
 from car_core.estimators.settings import ContrastiveSettings
 from car_core.model.budget import Budget, as_budget, tripped_limit
 from car_core.model.outcome import OutcomeLike
-from car_core.model.trajectory import Trajectory
+from car_core.model.trajectory import Trajectory, is_failure
 from car_core.model.vocabulary import Answer, AttributionStatus
 from car_core.results import ContrastiveResult
 from car_core.stats import Interval, wilson
@@ -459,9 +460,28 @@ def _refusal(run: Trajectory, exc: CarError, stored: str | None) -> TriageRun:
     if isinstance(exc, RunNotFailed):  # not part of the population: apart, not undecided
         return TriageRun(run.id, NOT_FAILED, reason=str(exc), attribution_id=stored)
     rollouts, tokens, cost = spent_before(exc)
-    return TriageRun(run.id, str(Answer.UNDECIDED), reason=f"{NOT_ATTRIBUTED}{exc}",
+    return TriageRun(run.id, str(Answer.UNDECIDED),
+                     reason=f"{NOT_ATTRIBUTED}{refusal_reason(exc)}",
                      attribution_id=stored, rollouts_used=rollouts, tokens=tokens, cost=cost,
                      resumable=stored is not None and resumable(exc))
+
+
+def refusal_reason(exc: CarError) -> str:
+    """A refused run's reason as its row says it (a population fix's rows too). A stored
+    failure the outcome scores as fine is said in two lines' worth, the likelier cause in a
+    population first: the error's hint (a thousand characters on making an outcome see a
+    failure) led a trial's triage page with advice its outcome did not need, for three runs
+    its noisy judge had mislabelled."""
+    scores, stored = exc.context.get("scores"), exc.context.get("stored")
+    if not isinstance(exc, OutcomeMismatch) or not scores or stored is None \
+            or not is_failure(stored):
+        return str(exc)
+    shown = ", ".join(f"{v:.2f}" for v in scores)
+    return (f"the outcome scores the recorded run as fine ({shown}) but it is stored as failed "
+            f"({stored:.2f}): a judge with randomness of its own may have mislabelled it when it "
+            "was recorded (a mislabel does not come back: nothing to attribute in this run), or "
+            "the outcome cannot see the failure (then it refuses every run so: "
+            f"`car attribute {exc.run_id}` says how to make it see one)")
 
 
 def _attributed(run: Trajectory, agent: Agent, outcome: OutcomeLike,
