@@ -211,11 +211,32 @@ class TriageResult:
     def from_dict(cls, data: Row) -> TriageResult:
         return load_fields(cls, data, _RESULT, float(data["level"]))  # type: ignore[no-any-return]
 
+    def split_hint(self) -> str | None:
+        """When groups differ only by step (the same agent and tool at step 2 of some runs and
+        step 3 of longer ones), how to count them as one decision: a trial's two failure modes
+        read as "3 places in all". None when no two groups are so."""
+        seen: dict[tuple[str | None, str | None], list[TriageGroup]] = {}
+        for g in self.groups:
+            if g.step is not None and (g.agent is not None or g.tool is not None):
+                seen.setdefault((g.agent, g.tool), []).append(g)
+        split = next((gs for gs in seen.values() if len(gs) > 1), None)
+        if split is None or "step" not in self.by:
+            return None
+        steps = " and ".join(str(g.step) for g in sorted(split, key=lambda g: g.step or 0))
+        who = ", ".join(p for p in (f"agent {split[0].agent}" if split[0].agent else "",
+                                     f"tool {split[0].tool}" if split[0].tool else "") if p)
+        by = ",".join(f for f in self.by if f != "step")
+        return (f"steps {steps} are one decision if runs differ in length ({who}): pass "
+                f"by={tuple(f for f in self.by if f != 'step')!r} (--by {by}) to count them "
+                "together")
+
     def __str__(self) -> str:
         lines = [self.summary()]
         for g in self.groups:
             lines.append(f"  {g.label}: {g.n} run(s), {_pct(g.share)} "
                          f"[{_pct(g.share_ci[0])}, {_pct(g.share_ci[1])}]")
+        if (hint := self.split_hint()) is not None:
+            lines.append(f"  ({hint})")
         for r in self.per_run:
             if r.locus is None:
                 lines.append(f"  run {r.run_id}: {r.answer}" + (f" ({r.reason})" if r.reason

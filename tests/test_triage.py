@@ -568,3 +568,29 @@ def test_a_groups_interval_counts_the_undecided_runs_either_way(population):
         missed += wilson(k / n, n, res.level)[1] < planted[g.step]
     assert missed, "the decided runs alone should have missed a planted share here"
     assert "jointly, the undecided counted either way); " in res.summary()
+
+
+def test_groups_that_differ_only_by_step_say_how_to_count_them_as_one():
+    """A trial's two failure modes read as "3 places in all": one decision (send_email) came
+    at step 2 of some runs and step 3 of longer ones. The result says how to group it as one;
+    it says nothing where no two groups share their agent and tool."""
+    from car_core.triage_results import TriageGroup, TriageResult
+
+    def group(step: int, tool: str, n: int) -> TriageGroup:
+        return TriageGroup(label=f"step {step}", step=step, agent="model", node="model",
+                           tool=tool, share=n / 10, share_ci=(0.0, 1.0),
+                           runs=tuple(f"{tool}{step}-{i}" for i in range(n)))
+
+    def result(*groups: TriageGroup) -> TriageResult:
+        return TriageResult(triage_id="t", runs_total=10, groups=groups, undecided=(),
+                            no_cause=(), per_run=(), alpha=0.05, level=0.95, interval="x",
+                            by=("step", "agent", "node", "tool"), rollouts_used=0, tokens=0,
+                            cost=0.0, truncated=False)
+    split = result(group(1, "issue_refund", 5), group(2, "send_email", 3),
+                   group(3, "send_email", 2))
+    assert split.split_hint() == (
+        "steps 2 and 3 are one decision if runs differ in length (agent model, tool "
+        "send_email): pass by=('agent', 'node', 'tool') (--by agent,node,tool) to count them "
+        "together")
+    assert split.split_hint() in str(split)
+    assert result(group(1, "issue_refund", 5), group(2, "send_email", 5)).split_hint() is None
