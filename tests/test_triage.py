@@ -17,6 +17,7 @@ import csv
 import io
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -429,9 +430,25 @@ def test_progress_takes_a_bool_as_the_other_estimators_do(population, capsys, sh
     if not shown:
         assert lines == []
     else:
-        assert lines == [car_triage.progress_line(i + 1, 2, row)
-                         for i, row in enumerate(res.per_run)]
+        # each run's line, its rollouts, and the time so far (and left, until the last)
+        assert [line.split(" · ")[0] for line in lines] == [
+            car_triage.progress_line(i + 1, 2, row) for i, row in enumerate(res.per_run)]
         assert lines[0].startswith(f"[1/2] run {runs[0].id}: ")
+        assert f", {res.per_run[0].rollouts_used} rollouts · " in lines[0]
+        assert re.search(r" · \d+ s so far, about \d+ s left$", lines[0]), lines[0]
+        assert re.search(r" · \d+ s so far$", lines[1]), lines[1]
+
+
+def test_a_paced_line_says_the_time_so_far_and_left():
+    """A trial's triage of 28 runs printed one bare line per run for four minutes."""
+    from car_core.engine.progress import Paced, duration
+    now = [100.0]
+    paced = Paced(lambda done, total: f"[{done}/{total}]", clock=lambda: now[0])
+    now[0] = 190.0
+    assert paced(3, 10) == "[3/10] · 1 min 30 s so far, about 3 min 30 s left"
+    now[0] = 400.0
+    assert paced(10, 10) == "[10/10] · 5 min 00 s so far"
+    assert (duration(42.4), duration(3 * 3600 + 5 * 60)) == ("42 s", "3 h 05 min")
 
 
 def test_progress_that_is_neither_a_bool_nor_a_function_is_refused_before_any_branch(

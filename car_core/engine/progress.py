@@ -30,6 +30,33 @@ def ended_short(truncated: bool, count: int | float, allowed: int | float) -> st
     return f"{how}, {int(count)} of {int(allowed)} allowed"
 
 
+def duration(seconds: float) -> str:
+    """A span for people: ``42 s``, ``3 min 39 s``, ``1 h 05 min``."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+class Paced:
+    """A population's per-run line with the time since it began and, once a run has finished,
+    about how long the rest will take at the pace so far: a trial's triage of 28 runs printed
+    one bare line per run for four minutes, with no way to tell whether to wait or stop."""
+
+    def __init__(self, line: Any, clock: Any = time.monotonic) -> None:
+        self.line, self.clock = line, clock
+        self.start = clock()
+
+    def __call__(self, done: int, total: int, *rest: Any) -> str:
+        spent = self.clock() - self.start
+        said = f"{self.line(done, total, *rest)} · {duration(spent)} so far"
+        if 0 < done < total:
+            said += f", about {duration(spent / done * (total - done))} left"
+        return said
+
+
 class LineProgress:
     """Progress for a stderr that is no terminal (a pipe, a CI log): a bar redrawn with
     carriage returns reads as one garbled line there, so this writes a plain line at most every

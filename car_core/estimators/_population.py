@@ -36,6 +36,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from car_core import defaults
 from car_core.engine.agent import Agent
+from car_core.engine.progress import Paced
 from car_core.errors import InvalidInput
 from car_core.estimators.contrastive import waits_on_server
 from car_core.model.budget import HALT, Budget
@@ -250,8 +251,10 @@ def per_run_progress(progress: P | bool | None, line: Callable[..., str]) -> P |
     if progress is None or progress is False:
         return None
     if progress is True:
+        paced = Paced(line)
+
         def printed(*args: Any) -> None:
-            print(line(*args), file=sys.stderr, flush=True)
+            print(paced(*args), file=sys.stderr, flush=True)
         return cast(P, printed)
     if not callable(progress):
         raise InvalidInput(f"progress must be True, False or a function, got "
