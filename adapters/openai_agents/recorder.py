@@ -332,6 +332,11 @@ class CarRecorder(RunHooks[Any]):
         with self._lock:
             kept = self._kept.get(id(usage))
         if kept is None or kept[0] is not usage:
+            block = _BLOCK.get()
+            if block is not None and not block.settled:  # the likely cause, said first
+                raise AdapterError("the runs of a `with recorder.recording(agent):` block are "
+                                   "kept as the block ends, and this one has not ended",
+                                   hint="call recorder.run_of(result) after the block")
             raise AdapterError("this recorder kept no run for that result",
                                hint="pass hooks=recorder to the Runner.run that gave it; a run "
                                     "recorded in a `with recorder.recording(agent):` block is "

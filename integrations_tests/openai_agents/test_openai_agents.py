@@ -898,3 +898,19 @@ def test_a_follow_up_turn_from_to_input_list_is_recorded_and_branched(rec: CarRe
     dist = car.intervene(run, OpenAIAgentsAgent(app.agent, **Helpdesk.CLASSES),
                          car.do_resample(len(run.steps) - 1), outcome=escalated, rollouts=2)
     assert all(t.steps[-1].state == run.steps[-1].state for t in dist.trajectories)
+
+
+def test_run_of_inside_a_recording_block_says_the_block_has_not_ended(rec: CarRecorder
+                                                                      ) -> None:
+    """A trial called ``rec.run_of(result)`` inside its ``recording`` block, as the docs'
+    example places the app's own handling there, and read "this recorder kept no run for
+    that result. pass hooks=recorder ...", though it had: runs are kept as the block ends.
+    The error now says that first; after the block the same call gives the run."""
+    model = ScriptedModel(lambda messages, tools, rng: "hello", seed=0)
+    tutor = Agent(name="Tutor", instructions="Greet.", model=model)
+    with rec.recording(tutor):
+        result = Runner.run_sync(tutor, "hi", hooks=rec)
+        with pytest.raises(AdapterError, match="has not ended") as info:
+            rec.run_of(result)
+        assert "after the block" in str(info.value) and "pass hooks=" not in str(info.value)
+    assert rec.run_of(result) is rec.runs[-1]
