@@ -67,6 +67,22 @@ def selected(store: str, run_ids: list[str] | None, resume: str | None, outcome:
         reader.close()
 
 
+def stored_params(store: str, resume: str | None) -> dict[str, Any]:
+    """The settings the population resumed (``--resume``) was stored with, for the flags left
+    out to take them, as ``car attribute --resume`` does; none when not resuming or when the id
+    names nothing stored yet. The store is opened read-only."""
+    if resume is None:
+        return {}
+    from car_core.errors import AttributionNotFound
+    reader = kit.existing_store(store)
+    try:
+        return dict(reader.attribution(resume).params)
+    except AttributionNotFound:
+        return {}
+    finally:
+        reader.close()
+
+
 def _say_left_out(reader: Any, ids: list[str], outcome: str) -> None:
     """Runs named on the command line that the selection left out, said with why: a run that
     passed was dropped without a word, and the count that followed read as if it was all."""

@@ -11,7 +11,7 @@ import time
 import uuid
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -45,6 +45,7 @@ from car_core.cli.selection import (
     resumable_stop,
     selected,
     stop_if_ran_out,
+    stored_params,
 )
 from car_core.engine.execution import default_executor
 from car_core.errors import InvalidInput
@@ -67,6 +68,24 @@ def _budget(rollouts: int | None, tokens: int | None, cost: float | None,
     return Budget(rollouts=rollouts, tokens=tokens, cost=cost, wall_time=seconds, prices=prices)
 
 
+def _given(value: Any, stored: Any, default: Any) -> Any:
+    """A flag as given, else the resumed triage's setting, else the default: a resume
+    continues what was started (a trial's `--resume` without `--rollouts` ran on the default
+    32 where the triage had 64, and stored 32)."""
+    if value is not None:
+        return value
+    return stored if stored is not None else default
+
+
+def _whole(stored: Any) -> int:
+    return stored if isinstance(stored, int) and not isinstance(stored, bool) else 0
+
+
+def _caps(stored: Any) -> dict[str, Any]:
+    """A stored budget (``Budget.to_dict``) as a dict; none stored: no caps."""
+    return stored if isinstance(stored, dict) else {}
+
+
 def _by(text: str) -> tuple[str, ...]:
     chosen = tuple(p.strip() for p in text.split(",") if p.strip())
     unknown = [p for p in chosen if p not in FIELDS]
@@ -87,19 +106,24 @@ def triage_command(
         test: TestOpt = None, session: SessionOpt = None,
         only: Annotated[Only, typer.Option(
             "--only", help="Which runs by outcome.")] = Only.failed,
-        by: Annotated[str, typer.Option(
-            "--by", help="Group the loci by these, comma-separated: "
-                         f"{', '.join(FIELDS)}.")] = ",".join(FIELDS),
+        by: Annotated[str | None, typer.Option(
+            "--by", show_default=False,
+            help="Group the loci by these, comma-separated: "
+                 f"{', '.join(FIELDS)} (default all; on --resume the triage's).")] = None,
         label: Annotated[str | None, typer.Option(
             "--label", help="MODULE:FUNCTION(run, result) -> str naming each run's group "
                             "(replaces --by).")] = None,
-        rollouts: Annotated[int, typer.Option(
-            "--rollouts", min=1, help="K per step of each run's attribution (a cap of n·K "
-                                      "rollouts for an n-step run).")] = defaults.ROLLOUTS,
-        alpha: Annotated[float, typer.Option(
-            "--alpha", help="Each attribution's family-wise error rate and the intervals' "
-                            "joint one.")] = defaults.ALPHA,
-        seed: Annotated[int, typer.Option("--seed", help="Root seed of the branches.")] = 0,
+        rollouts: Annotated[int | None, typer.Option(
+            "--rollouts", min=1, show_default=False,
+            help="K per step of each run's attribution (a cap of n·K rollouts for an n-step "
+                 f"run; default {defaults.ROLLOUTS}; on --resume the triage's).")] = None,
+        alpha: Annotated[float | None, typer.Option(
+            "--alpha", show_default=False,
+            help="Each attribution's family-wise error rate and the intervals' joint one "
+                 f"(default {defaults.ALPHA}; on --resume the triage's).")] = None,
+        seed: Annotated[int | None, typer.Option(
+            "--seed", show_default=False,
+            help="Root seed of the branches (default 0; on --resume the triage's).")] = None,
         budget: Annotated[int | None, typer.Option(
             "--budget", min=1, help="Total rollouts over all runs.")] = None,
         max_tokens: Annotated[int | None, typer.Option(
@@ -128,14 +152,32 @@ def triage_command(
         resume: Annotated[str | None, typer.Option(
             "--resume", metavar="TRIAGE_ID",
             help="Continue a triage: finished runs are read back, not re-run; without run ids "
-                 "or filters, its own runs.")] = None,
+                 "or filters, its own runs; the settings left out, its own.")] = None,
         force_agent: ForceAgentOpt = False,
         store: StoreOpt = "car.db", json_out: JsonOpt = False,
         progress: ProgressOpt = None) -> None:
     """Attribute every selected failed run and show where they commit: groups by step,
     agent, node and tool (or --label), each with its share of the runs and a simultaneous
     interval, and the runs left undecided or with no cause, with why. Every attribution and
-    the triage are kept in the store (`car attributions`; `car export triage ID`)."""
+    the triage are kept in the store (`car attributions`; `car export triage ID`). On
+    --resume, a setting left out (--rollouts, --alpha, --seed, --by, the budgets) is the
+    triage's, as `car attribute --resume` takes the attribution's."""
+    before = stored_params(store, resume)
+    rollouts = int(_given(rollouts, before.get("rollouts"), defaults.ROLLOUTS))
+    alpha = float(_given(alpha, before.get("alpha"), defaults.ALPHA))
+    seed = int(_given(seed, before.get("seed"), 0))
+    stored_by = before.get("by")
+    by = _given(by, ",".join(stored_by) if isinstance(stored_by, list) else None,
+                ",".join(FIELDS))
+    total, each = _caps(before.get("budget")), _caps(before.get("per_run"))
+    budget = _given(budget, total.get("rollouts"), None)
+    max_tokens = _given(max_tokens, total.get("tokens"), None)
+    max_cost = _given(max_cost, total.get("cost"), None)
+    max_seconds = _given(max_seconds, total.get("wall_time"), None)
+    per_run_budget = _given(per_run_budget, each.get("rollouts"), None)
+    per_run_tokens = _given(per_run_tokens, each.get("tokens"), None)
+    per_run_cost = _given(per_run_cost, each.get("cost"), None)
+    per_run_seconds = _given(per_run_seconds, each.get("wall_time"), None)
     check_seed(seed)
     if not 0 < alpha < 1:
         raise InvalidInput(f"--alpha {alpha} is outside (0, 1)", hint="e.g. --alpha 0.05")
@@ -192,11 +234,14 @@ def triage_command(
     short = [r for r in result.per_run if r.answer == UNDECIDED and not r.resumable
              and "budget" in (r.reason or "")]
     if short and not result.truncated:  # each run's own re-runs ran out: say how to go on
+        # twice the K those runs ran with: this call's, or the triage's own where it was
+        # larger (a smaller K reads them back as they were)
+        twice = 2 * max(rollouts, _whole(before.get("rollouts")))
         err.print(Text(kit.safe(
             f"{len(short)} run(s) used up their re-runs before a step was decided; their "
             f"branches are kept in {store} (triage {result.triage_id}). To go on with twice the "
             f"re-runs per step:\n  "
-            f"{kit.resume_command(str(result.triage_id), flags=['--rollouts', str(2 * rollouts)])}"
+            f"{kit.resume_command(str(result.triage_id), flags=['--rollouts', str(twice)])}"
         )), soft_wrap=True)
     stop_if_ran_out(result.truncated, result.budget_note, result.triage_id)
     if not result.groups:  # the agent under test failed, as `car attribute` says it (5)
