@@ -362,13 +362,17 @@ class OpenAIAgentsAgent:
             nested = agent_tools.live_inside(reach, safety.guards,
                                              safety.safe_tools | safety.live)
             if nested:
+                # the guardrail's remedy only where a guardrail is among them (a trial's
+                # e-mailing agent tool was told to take the side effect out of a guardrail)
+                judged = any(r.guardrail for r in reach.values()
+                             if any(why.startswith(f"{r.tool} runs") for why in nested))
                 raise AdapterError(
                     "this app uses features CAR cannot replay: " + "; ".join(nested),
                     hint="name each such agent tool or function tool in side_effect_tools "
                          "(a branch answers it from the record, and its agents do not run), or "
-                         "name every tool of its agents in safe_tools if they only read; a "
-                         "guardrail runs on branches with nothing to answer it from, so take "
-                         "the side effect out of its agent")
+                         "name every tool of its agents in safe_tools if they only read"
+                         + ("; a guardrail runs on branches with nothing to answer it from, "
+                            "so take the side effect out of its agent" if judged else ""))
             functions = [t for t in static if isinstance(t, FunctionTool)]
             refuse_side_effect_functions(
                 {t.name: (agent_tools.function_of(t),) for t in functions}, safety,

@@ -80,11 +80,14 @@ def test_an_agent_tool_named_safe_whose_agent_sends_mail_is_refused_before_any_b
     desk = Desk()
     _, run = _recorded(desk, tmp_path)
     with pytest.raises(AdapterError, match=r"agent tool 'ask_billing' would run agent\(s\) "
-                                           r"\['billing_agent'\] live .*\['send_email'\]"):
+                                           r"\['billing_agent'\] live .*\['send_email'\]"
+                       ) as info:
         agent = OpenAIAgentsAgent(desk.app(), safe_tools=["ask_billing", "check_account"],
                                   side_effect_tools=["send_email"])
         car.contrastive(run, agent, outcome=failed, rollouts=4, seed=0)
     assert desk.sent == ["c@x.com"]  # the recording's only
+    # no guardrail is involved: its remedy is not offered (a trial read it here)
+    assert "guardrail" not in str(info.value)
 
 
 def test_the_tools_inside_an_agent_tool_must_be_classified_and_may_be_named(

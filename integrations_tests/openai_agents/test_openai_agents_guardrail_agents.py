@@ -96,10 +96,12 @@ def test_a_guardrail_whose_judge_files_alerts_is_refused_before_any_branch(
     run = _recorded(desk, tmp_path)
     recorded = list(desk.alerts)
     with pytest.raises(AdapterError, match=rf"{kind} guardrail 'screen' runs agent\(s\) "
-                                           r"\['judge'\] on branches.*\['audit_alert'\]"):
+                                           r"\['judge'\] on branches.*\['audit_alert'\]"
+                       ) as info:
         agent = OpenAIAgentsAgent(desk.app(), side_effect_tools=["audit_alert"])
         car.contrastive(run, agent, outcome=failed, rollouts=4, seed=0)
     assert desk.alerts == recorded  # the recording's only
+    assert "so take the side effect out of its agent" in str(info.value)
 
 
 def test_the_tools_of_a_guardrails_judge_must_be_classified(tmp_path: Path) -> None:
