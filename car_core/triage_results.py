@@ -134,6 +134,11 @@ class TriageResult:
     budget_note: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     not_failed: tuple[str, ...] = ()
+    # branches this call ran, and every pass of the triage ran (None: not counted, as by
+    # ``group_results`` or a result stored before they were): ``rollouts_used`` counts a
+    # resumed attribution's branches read back from its journal too
+    rollouts_now: int | None = None
+    rollouts_in_all: int | None = None
 
     @property
     def attribution_id(self) -> str | None:

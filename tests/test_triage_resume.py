@@ -19,6 +19,7 @@ import pytest
 
 import car_core as car
 from car_core.store import RunStore
+from car_core.store.triages import load_triage
 from car_core.testing.synthetic_population import TwoModeDesk
 
 DESK = TwoModeDesk()
@@ -83,3 +84,31 @@ def test_help_says_a_resume_takes_the_triages_settings(tmp_path):
     assert shown.returncode == 0, shown.stderr
     text = " ".join(shown.stdout.replace("│", " ").split())
     assert "on --resume the triage's" in text, text
+
+
+def _branches(store: RunStore) -> int:
+    return int(store.db.execute("SELECT count(*) FROM runs WHERE parent_id IS NOT NULL")
+               .fetchone()[0])
+
+
+def test_a_resume_counts_only_the_branches_it_ran_as_spent_now(population, tmp_path):
+    """A trial's resume said "1791 rollouts spent now" where about 900 were branches the
+    first pass ran, read back from the store, and its page gave the last call's count as the
+    triage's. K = 2 leaves both runs undecided; K = 8 resumes them from their branches."""
+    runs = DESK.population(2, 2, seed=0, ids="spent")
+    from car_core.cli.triage import spent_words
+    from car_core.report.triage_page import triage_view
+    with RunStore(tmp_path / "car.db") as store:
+        first = car.triage(runs, DESK.agent(), outcome=DESK.outcome, rollouts=2, store=store,
+                           triage_id="t")
+        paid = _branches(store)
+        assert first.rollouts_now == first.rollouts_in_all == first.rollouts_used == paid
+        second = car.triage(runs, DESK.agent(), outcome=DESK.outcome, rollouts=8, store=store,
+                            triage_id="t")
+        assert second.rollouts_now == _branches(store) - paid > 0
+        assert second.rollouts_in_all == _branches(store)
+        # the rows still count what each estimate used, its read-back branches included
+        assert second.rollouts_used > second.rollouts_now
+        assert spent_words(second) == (f"{second.rollouts_now} rollouts spent now, "
+                                       f"{second.rollouts_in_all} by every pass of this triage")
+        assert triage_view(load_triage(store, "t"))["rollouts"] == _branches(store)

@@ -268,10 +268,19 @@ def print_triage(r: TriageResult, store: str) -> None:
         if row.locus is None:
             out.print(Text(kit.safe(f"run {row.run_id}: {row.answer}"
                                     + (f" — {row.reason}" if row.reason else ""))))
-    out.print(Text(f"{r.runs_total} run(s) · {r.rollouts_used} rollouts spent now · "
-                   f"triage {r.triage_id}"))
+    out.print(Text(f"{r.runs_total} run(s) · {spent_words(r)} · triage {r.triage_id}"))
     out.print(Text(kit.safe(f"the runs behind each group: car export triage {r.triage_id} "
                             f"--store {store}, or --json"), style="dim"))
+
+
+def spent_words(r: TriageResult) -> str:
+    """The rollouts this call ran, and every pass's where a resume makes them differ: a
+    trial's resume said "1791 rollouts spent now" where about 900 of them were read back."""
+    now = r.rollouts_now if r.rollouts_now is not None else r.rollouts_used
+    said = f"{now} rollouts spent now"
+    if r.rollouts_in_all is not None and r.rollouts_in_all != now:
+        said += f", {r.rollouts_in_all} by every pass of this triage"
+    return said
 
 
 def _pct(x: float) -> str:

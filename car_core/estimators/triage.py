@@ -36,7 +36,10 @@ the run id, so the same ``triage_id`` reads back the attributions that finished 
 nothing), resumes the interrupted ones, and resumes an undecided one only when the cap that
 stopped it (rollouts, wall time, tokens or cost) is now larger, or gone. A resumed
 attribution's ``rollouts_used`` also counts the branches it read back from its journal, so the
-total is charged for them: a resume spends no more than its budget, maybe less.
+total is charged for them: a resume spends no more than its budget, maybe less. So the
+result's ``rollouts_used`` (the rows' sum) is what the attributions of this call used, read-back
+branches included; ``rollouts_now`` counts the branches this call ran, and ``rollouts_in_all``
+those every pass of the triage ran (the branches its attributions keep in the store).
 Runs in flight write to the store through connections of their own (a ``RunStore`` per run
 on the same file; a SQLite connection belongs to the thread that opened it).
 """
@@ -105,9 +108,7 @@ TriageProgress = Callable[[int, int, TriageRun], None]
 def progress_line(done: int, total: int, row: TriageRun) -> str:
     """What ``progress=True`` (and ``car triage`` on a terminal) prints after each run."""
     what = f"locus {row.locus}" if row.locus is not None else row.answer
-    spent = "" if row.reused or not row.rollouts_used else f", {row.rollouts_used} rollouts"
-    return (f"[{done}/{total}] run {row.run_id}: {what}{spent}"
-            + (" (read back)" if row.reused else ""))
+    return f"[{done}/{total}] run {row.run_id}: {what}" + (" (read back)" if row.reused else "")
 FIELDS = ("step", "agent", "node", "tool")
 INTERVAL = ("Wilson score at level 1 − alpha/G (Bonferroni over the G categories); the "
             "undecided runs counted out of the lower end and into the upper")
@@ -243,6 +244,8 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
         refused = {i: _refusal(population[i], exc, None)
                    for i, exc in refused_up_front(population, agent, force_agent).items()}
         purse = Purse(total)
+        aids = [a for a in (_attribution_id(store, tid, r) for r in population) if a]
+        kept_before = _branches_kept(store, aids)
         rows: list[TriageRun | None] = [None] * len(population)
         results: dict[int, ContrastiveResult] = {}
         holds: dict[int, Spent] = {}
@@ -296,7 +299,15 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
         spent = Spent()
         for i in sorted(ran):
             spent.add(finished[i].rollouts_used, finished[i].tokens, finished[i].cost)
-        result = _summarised(located, finished, chosen_by, label, alpha, tid, spent, note, params)
+        # what this call ran, and every pass's: a resumed run's rollouts_used counts the
+        # branches it read back from its journal (they were paid for by an earlier pass), so
+        # the sum of the rows is neither; the branches the store keeps tell both
+        kept = _branches_kept(store, aids)
+        now = sum(_ran_now(finished[i], kept, kept_before) for i in sorted(ran)) \
+            if store is not None else spent.rollouts
+        result = replace(
+            _summarised(located, finished, chosen_by, label, alpha, tid, spent, note, params),
+            rollouts_now=now, rollouts_in_all=sum(kept.values()) if store is not None else now)
         if store is not None and tid is not None:
             from car_core.store.triages import finish_triage
             finish_triage(store, tid, result, params)
@@ -414,6 +425,28 @@ def _grouped(located: Mapping[str, tuple[Trajectory, ContrastiveResult]],
         groups.append((name, agreed, ids))
     label_of = {i: name for name, _, ids in groups for i in ids}
     return groups, [replace(r, group=label_of.get(r.run_id)) for r in rows]
+
+
+def _branches_kept(store: RunStore | None, aids: Sequence[str]) -> dict[str, int]:
+    """The branches the store keeps of each attribution (every pass's, each once)."""
+    if store is None or not aids:
+        return {}
+    marks = ",".join("?" * len(aids))
+    return {str(a): int(n) for a, n in store.db.execute(
+        f"SELECT attribution_id, count(*) FROM runs WHERE parent_id IS NOT NULL "
+        f"AND attribution_id IN ({marks}) GROUP BY attribution_id", list(aids)).fetchall()}
+
+
+def _ran_now(row: TriageRun, kept: Mapping[str, int], before: Mapping[str, int]) -> int:
+    """The branches a run's attribution ran in this call: those it added to the store, or,
+    where more, what it used less every branch kept before (a failed branch is charged as a
+    rollout and kept nowhere). Exact unless branches failed on a resume that also left some
+    read-back ones unused; then a lower bound."""
+    aid = row.attribution_id
+    if aid is None:
+        return row.rollouts_used
+    was = before.get(aid, 0)
+    return max(kept.get(aid, 0) - was, row.rollouts_used - was)
 
 
 def _attribution_id(store: RunStore | None, tid: str | None, run: Trajectory) -> str | None:

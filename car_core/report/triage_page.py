@@ -65,7 +65,9 @@ def triage_view(r: TriageResult, run_href: Mapping[str, str] | None = None,
             "not_failed": [link(i) for i in r.not_failed],
             "by": ", ".join(r.by), "alpha": f"{r.alpha:g}",
             "categories": len(r.groups) + len(others),
-            "rollouts": r.rollouts_used, "tokens": r.tokens,
+            # every pass's rollouts where counted; tokens and cost are the last pass's
+            "rollouts": r.rollouts_in_all if r.rollouts_in_all is not None else r.rollouts_used,
+            "in_all": r.rollouts_in_all is not None, "tokens": r.tokens,
             "cost": f"{r.cost:g}" if r.cost else "",  # no price given: unknown, not free
             "truncated": r.truncated, "budget_note": r.budget_note or "",
             "continue": r.continue_hint() or "", "skipped": skipped}
@@ -94,7 +96,8 @@ def triage_row(r: TriageResult | None, status: str, when: str, ts: float,
             "top": (f"{top.label}: {fmt.pct(top.share, 0)} [{fmt.pct(top.share_ci[0], 0)}, "
                     f"{fmt.pct(top.share_ci[1], 0)}]") if top else fmt.MISSING,
             "undecided": len(r.undecided), "no_cause": len(r.no_cause),
-            "rollouts": r.rollouts_used}
+            "rollouts": r.rollouts_in_all if r.rollouts_in_all is not None
+            else r.rollouts_used}
 
 
 __all__ = ["render_triage", "triage_row", "triage_view"]
