@@ -108,7 +108,9 @@ TriageProgress = Callable[[int, int, TriageRun], None]
 def progress_line(done: int, total: int, row: TriageRun) -> str:
     """What ``progress=True`` (and ``car triage`` on a terminal) prints after each run."""
     what = f"locus {row.locus}" if row.locus is not None else row.answer
-    return f"[{done}/{total}] run {row.run_id}: {what}" + (" (read back)" if row.reused else "")
+    spent = "" if row.reused or not row.rollouts_used else f", {row.rollouts_used} rollouts"
+    return (f"[{done}/{total}] run {row.run_id}: {what}{spent}"
+            + (" (read back)" if row.reused else ""))
 FIELDS = ("step", "agent", "node", "tool")
 INTERVAL = ("Wilson score at level 1 − alpha/G (Bonferroni over the G categories); the "
             "undecided runs counted out of the lower end and into the upper")
