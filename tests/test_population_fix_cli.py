@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -111,6 +112,9 @@ def test_fix_failed_says_the_answer_first_in_plain_words(folder):
                     "8", "--progress", cwd=cwd)
     assert shown.returncode in (0, 1), shown.stderr
     assert all(f"[{i}/{len(runs)}] run " in shown.stderr for i in range(1, len(runs) + 1))
+    # with the time so far, and about how long is left until the last run
+    assert re.search(rf"\[1/{len(runs)}\] run \w+ · \d+ s so far, about .+ left",
+                     shown.stderr), shown.stderr
 
 
 @pytest.mark.parametrize(("args", "words"), [

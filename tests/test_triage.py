@@ -610,4 +610,7 @@ def test_groups_that_differ_only_by_step_say_how_to_count_them_as_one():
         "send_email): pass by=('agent', 'node', 'tool') (--by agent,node,tool) to count them "
         "together")
     assert split.split_hint() in str(split)
+    from car_core.report.triage_page import render_triage
+    page = render_triage(split)
+    assert '<p class="detail" id="split">steps 2 and 3 are one decision' in page
     assert result(group(1, "issue_refund", 5), group(2, "send_email", 5)).split_hint() is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -48,6 +49,7 @@ from car_core.cli.selection import (
     stored_params,
 )
 from car_core.engine.execution import default_executor
+from car_core.engine.progress import Paced
 from car_core.errors import InvalidInput
 from car_core.estimators.triage import FIELDS, progress_line, triage
 from car_core.model.budget import Budget
@@ -211,8 +213,8 @@ def triage_command(
                                             per_run_seconds, prices),
                             label=label_fn, by=grouping, store=db, triage_id=tid,
                             executor=exe,
-                            progress=_progress if shown else None, force_agent=force_agent,
-                            runs_at_once=runs_at_once)
+                            progress=_progress() if shown else None,
+                            force_agent=force_agent, runs_at_once=runs_at_once)
     finally:
         db.close()
     if json_out:
@@ -248,8 +250,13 @@ def triage_command(
         raise typer.Exit(kit.AGENT if stopped else kit.NOTHING)
 
 
-def _progress(done: int, total: int, row: TriageRun) -> None:
-    err.print(Text(kit.safe(progress_line(done, total, row))), soft_wrap=True)
+def _progress() -> Callable[[int, int, TriageRun], None]:
+    """A line per run, with the time so far and left (``Paced``), as ``progress=True``."""
+    paced = Paced(progress_line)
+
+    def shown(done: int, total: int, row: TriageRun) -> None:
+        err.print(Text(kit.safe(paced(done, total, row))), soft_wrap=True)
+    return shown
 
 
 def print_triage(r: TriageResult, store: str) -> None:
@@ -264,6 +271,8 @@ def print_triage(r: TriageResult, store: str) -> None:
             t.add_row(kit.cell(g.label), str(g.n), _pct(g.share),
                       f"{_pct(g.share_ci[0])}–{_pct(g.share_ci[1])}")
         out.print(t)
+    if (split := r.split_hint()) is not None:
+        out.print(Text(kit.safe(split), style="dim"))
     for row in r.per_run:
         if row.locus is None:
             out.print(Text(kit.safe(f"run {row.run_id}: {row.answer}"
