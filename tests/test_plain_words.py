@@ -227,7 +227,13 @@ def test_one_wording_for_coupling(located) -> None:
     ({"name": "send_mail", "args": {"body": [{"type": "text", "text": "Dear customer, your "
                                               "refund of 120 EUR is on its way."}],
                                     "to": "ann@example.com"}},
-     'called send_mail(body=[{"type": "tex…, to="ann@example.c…)'),
+     'called send_mail(body=[{"type": "tex…, to="ann@example.…")'),
+    # a clipped string keeps its closing quote: the next argument is not read as inside it
+    # (a trial read send_email(body="Hello Alice,…, to="alice@exampl…))
+    ({"name": "send_email", "args": {"body": "Hello Alice, your refund of 500 EUR for order "
+                                             "A1001 has been issued.",
+                                     "to": "alice@example.com"}},
+     'called send_email(body="Hello Alice,…", to="alice@examp…")'),
 ])
 def test_a_recorded_action_is_said_in_a_few_words(action, said) -> None:
     assert fmt.action_summary(action) == said

@@ -15,6 +15,14 @@ def _clip(text: str, limit: int = ACTION_CHARS) -> str:
     return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
 
 
+def _clip_value(value: str, limit: int) -> str:
+    """An argument's JSON cut to ``limit``; a string keeps its closing quote, so the next
+    argument does not read as inside it (a trial read ``body="Hello Alice,…, to="alice@…``)."""
+    if len(value) <= limit or not (value.startswith('"') and value.endswith('"')):
+        return _clip(value, limit)
+    return value[:max(limit - 2, 1)].rstrip() + '…"'
+
+
 def _json(value: Any) -> str:
     import json
     try:
@@ -45,7 +53,8 @@ def _call(name: Any, args: Any, limit: int = ACTION_CHARS) -> str:
                 fair = max(8, left // (len(said) - rank))  # short values keep what they need
                 shares[i] = min(len(said[i][1]), fair)
                 left -= shares[i]
-            inner = ", ".join(f"{k}={_clip(v, shares[i])}" for i, (k, v) in enumerate(said))
+            inner = ", ".join(f"{k}={_clip_value(v, shares[i])}"
+                              for i, (k, v) in enumerate(said))
     elif args is None:
         inner = ""
     else:
