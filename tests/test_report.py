@@ -474,3 +474,14 @@ def test_the_rescue_table_says_not_ruled_out_where_the_plot_and_the_cli_do(pivot
         r"<tr class=\"[^\"]*\">(?:.*?)<td>([^<]*)</td></tr>", table, re.S)]
     assert cells[3:] == ["not ruled out", "not ruled out", "ruled out"], cells
     assert "not tested" not in table
+
+
+def test_the_headline_names_who_decided_the_locus_without_nesting(pivot_model, pivot_run):
+    """A trial's report title read "Step 1 is where this run committed to failure (model,
+    step 1 (its 2nd decision))": the step's label whole, in brackets after its own step."""
+    steps = tuple(replace(s, meta={**s.meta, "agent": "model"}) for s in pivot_run.steps)
+    run = replace(pivot_run, steps=steps)
+    html = render_attribution(contrastive_dict(pivot_model, run), run=run)
+    said = "Step 2 is where this run committed to failure (decided by model, its 3rd decision)"
+    assert f"<title>CAR · {said}</title>" in html
+    assert "(model, step 2" not in html

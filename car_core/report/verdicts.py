@@ -85,8 +85,7 @@ def _contrastive_verdict(r: Mapping[str, Any], run: Trajectory | None) -> dict[s
         action = _clip(compact(run.steps[locus].action))
     return {"found": True, "answer": "Answer: locus",
             "headline": (f"Step {locus} is where this run committed to failure"
-                         + (f" ({step_label(run, locus)})" if run is not None
-                            and step_label(run, locus) != f"step {locus}" else "")),
+                         + _decided_by(run, locus)),
             "detail": (f"re-drawing step {locus} (earlier steps held as recorded) lowers "
                        f"P(failure) by {_fmt(step.get('effect'))}, interval "
                        f"{_ci(step.get('ci'))} at {_pct(r.get('level'))} each "
@@ -94,6 +93,14 @@ def _contrastive_verdict(r: Mapping[str, Any], run: Trajectory | None) -> dict[s
                        f"{r.get('tests', '?')} tested step(s), "
                        f"{family} family-wise)."),
             "note": note, "action": action}
+
+
+def _decided_by(run: Trajectory | None, k: int) -> str:
+    """`` (decided by model, its 2nd decision)`` for a step whose agent the run names, else
+    nothing: the label whole read "(model, step 1 (its 2nd decision))" after "Step 1"."""
+    label = step_label(run, k) if run is not None else ""
+    found = re.fullmatch(rf"(.+), step {k} \(its (\w+) decision\)", label)
+    return f" (decided by {found[1]}, its {found[2]} decision)" if found else ""
 
 
 def _value_label(v: Mapping[str, Any]) -> str:
