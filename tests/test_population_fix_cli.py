@@ -155,12 +155,20 @@ def test_resume_takes_the_stored_settings_a_flag_leaves_out(folder):
     that differs is refused, naming both values."""
     cwd, runs = folder
     proc = car_cli("fix", "--failed", "--agent", AGENT, "--system", DESK.fix, "--rollouts",
-                   "8", "--seed", "3", "--json", cwd=cwd)
+                   "8", "--seed", "3", "--alpha", "0.1", "--budget", "5000", "--json",
+                   cwd=cwd)
     assert proc.returncode in (0, 1), proc.stderr
     fid = json.loads(proc.stdout)["fix_id"]
     again = car_cli("fix", "--failed", "--agent", AGENT, "--resume", fid, "--json", cwd=cwd)
     assert again.returncode == proc.returncode, again.stderr
-    assert json.loads(again.stdout)["rollouts_used"] == 0
+    resumed = json.loads(again.stdout)
+    assert resumed["rollouts_used"] == 0
+    # --alpha and --budget left out are the fix's too (they fell back to 0.05 and no cap)
+    assert resumed["alpha"] == 0.1
+    assert resumed["params"]["budget"]["rollouts"] == 5000
+    alpha = car_cli("fix", "--failed", "--agent", AGENT, "--resume", fid, "--alpha", "0.05",
+                    cwd=cwd)
+    assert alpha.returncode == 2 and "--alpha 0.1" in alpha.stderr, alpha.stderr
     other = car_cli("fix", "--failed", "--agent", AGENT, "--resume", fid, "--rollouts", "16",
                     cwd=cwd)
     assert other.returncode == 2, other.stderr

@@ -177,7 +177,11 @@ def fix(agent: AgentOpt, run_ids: Annotated[list[str] | None, typer.Argument(
             help="Rollouts per candidate at most (one run); pairs per run and fix (a "
                  f"population). Default {defaults.REPAIR_ROLLOUTS}; on --resume the fix's.")
         ] = None,
-        alpha: AlphaOpt = defaults.ALPHA,
+        alpha: Annotated[float | None, typer.Option(
+            "--alpha", show_default=False,
+            help="Family-wise error rate over the repairs ranked (one run) or the fixes "
+                 f"(a population). Default {defaults.ALPHA:g}; on --resume the fix's.")
+        ] = None,
         seed: Annotated[int | None, typer.Option(
             "--seed", show_default=False,
             help="Root seed of the branches' noise. Default 0; on --resume the fix's.")
@@ -206,7 +210,8 @@ def fix(agent: AgentOpt, run_ids: Annotated[list[str] | None, typer.Argument(
             help="Population: take the loci from this stored triage (default: each run's "
                  "latest attribution, else attribute it).")] = None,
         budget: Annotated[int | None, typer.Option(
-            "--budget", min=1, help="Population: total rollouts (finding loci included).")
+            "--budget", min=1, help="Population: total rollouts (finding loci included); on "
+                                    "--resume the fix's when left out.")
         ] = None,
         resume: Annotated[str | None, typer.Option(
             "--resume", metavar="FIX_ID",
@@ -270,7 +275,8 @@ def fix(agent: AgentOpt, run_ids: Annotated[list[str] | None, typer.Argument(
     what, ranking = _rank(run, k, the_agent, the_outcome, candidates=candidates,
                           instructions=instruction or [], guards=guard or [],
                           rollouts=defaults.REPAIR_ROLLOUTS if rollouts is None else rollouts,
-                          alpha=alpha, seed=0 if seed is None else seed,
+                          alpha=defaults.ALPHA if alpha is None else alpha,
+                          seed=0 if seed is None else seed,
                           force_agent=force_agent)
     if pairs is not None:
         export_pairs([(run, ranking)], pairs)

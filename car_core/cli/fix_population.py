@@ -82,16 +82,19 @@ def _stored_params(store: str, fix_id: str, must_exist: bool) -> dict[str, Any]:
 
 
 def _settings(resume: str | None, stored: dict[str, Any], *, rollouts: int | None,
-              seed: int | None, from_step: str | None) -> tuple[int, int, int | str]:
-    """``--rollouts``, ``--seed`` and ``--from-step``: as given, else the fix resumed's, else
-    the defaults, as ``car attribute`` takes a flag left out on ``--resume`` (a user trial's
-    ``--resume FIX_ID`` without ``--rollouts`` was refused for the default's differing from
-    the fix's). One given that differs from the fix's is refused, naming both: the runs it
-    measured were drawn with the fix's."""
+              seed: int | None, from_step: str | None, alpha: float | None = None
+              ) -> tuple[int, int, int | str, float]:
+    """``--rollouts``, ``--seed``, ``--from-step`` and ``--alpha``: as given, else the fix
+    resumed's, else the defaults, as ``car attribute`` takes a flag left out on ``--resume``
+    (a user trial's ``--resume FIX_ID`` without ``--rollouts`` was refused for the default's
+    differing from the fix's; ``--alpha`` left out fell back to 0.05 whatever the fix had).
+    One given that differs from the fix's is refused, naming both: the runs it measured
+    were drawn, and tested, with the fix's."""
     given: dict[str, Any] = {"rollouts": rollouts, "seed": seed,
-                             "from_step": None if from_step is None else _from(from_step)}
+                             "from_step": None if from_step is None else _from(from_step),
+                             "alpha": alpha}
     fallback: dict[str, Any] = {"rollouts": defaults.REPAIR_ROLLOUTS, "seed": 0,
-                                "from_step": "locus"}
+                                "from_step": "locus", "alpha": defaults.ALPHA}
     chosen: dict[str, Any] = {}
     for key, value in given.items():
         before = stored.get(key)
@@ -103,7 +106,8 @@ def _settings(resume: str | None, stored: dict[str, Any], *, rollouts: int | Non
                                                 "a new fix")
         chosen[key] = value if value is not None else (
             before if before is not None else fallback[key])
-    return int(chosen["rollouts"]), int(chosen["seed"]), chosen["from_step"]
+    return (int(chosen["rollouts"]), int(chosen["seed"]), chosen["from_step"],
+            float(chosen["alpha"]))
 
 
 def _stored_lines(stored: dict[str, Any], fix_id: str) -> tuple[list[str], list[str]]:
@@ -140,7 +144,8 @@ def _from(text: str) -> int | str:
 def fix_many(run_ids: list[str], *, failed: bool, agent: Any, outcome: Any,
              instructions: list[str], systems: list[str], guards: list[str],
              policies: list[str], candidates: str | None, rollouts: int | None,
-             alpha: float, seed: int | None, from_step: str | None, triage_id: str | None,
+             alpha: float | None, seed: int | None, from_step: str | None,
+             triage_id: str | None,
              budget: int | None,
              resume: str | None, force_agent: bool, store: str, json_out: bool,
              filters: dict[str, str | None] | None = None,
@@ -162,8 +167,10 @@ def fix_many(run_ids: list[str], *, failed: bool, agent: Any, outcome: Any,
     if resume is not None and not given_fixes:
         instructions, systems = _stored_lines(stored, resume)
     fixes = _fixes(instructions, systems, guards, policies, candidates)
-    rollouts, seed, start = _settings(resume, stored, rollouts=rollouts, seed=seed,
-                                      from_step=from_step)
+    rollouts, seed, start, alpha = _settings(resume, stored, rollouts=rollouts, seed=seed,
+                                             from_step=from_step, alpha=alpha)
+    if budget is None and isinstance(stored.get("budget"), dict):  # the fix's cap goes on
+        budget = stored["budget"].get("rollouts")
     ids = selected(store, run_ids, None if failed else resume,
                    "failed" if failed else "any", **filters)
     if not ids:
