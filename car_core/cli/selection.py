@@ -17,7 +17,7 @@ from rich.text import Text
 
 from car_core.cli import kit
 from car_core.cli.app import STDOUT, ending, err, out, say
-from car_core.errors import InvalidInput
+from car_core.errors import AttributionNotFound, InvalidInput
 
 
 class Format(StrEnum):
@@ -73,7 +73,6 @@ def stored_params(store: str, resume: str | None) -> dict[str, Any]:
     names nothing stored yet. The store is opened read-only."""
     if resume is None:
         return {}
-    from car_core.errors import AttributionNotFound
     reader = kit.existing_store(store)
     try:
         return dict(reader.attribution(resume).params)

@@ -112,8 +112,8 @@ def progress_line(done: int, total: int, row: TriageRun) -> str:
     return (f"[{done}/{total}] run {row.run_id}: {what}{spent}"
             + (" (read back)" if row.reused else ""))
 FIELDS = ("step", "agent", "node", "tool")
-INTERVAL = ("Wilson score at level 1 − alpha/G (Bonferroni over the G categories); the "
-            "undecided runs counted out of the lower end and into the upper")
+INTERVAL = ("Wilson score at level 1 − alpha/G (Bonferroni over the G categories); runs "
+            "without a verdict counted out of the lower end and into the upper")
 # a run's own trouble (another agent recorded it, its agent broke): that run is reported
 # undecided with the error as its reason, or, where it did not fail (``RunNotFailed``), apart
 # from the population; anything else stops the triage
