@@ -230,10 +230,9 @@ class TriageResult:
         steps = " and ".join(str(g.step) for g in sorted(split, key=lambda g: g.step or 0))
         who = ", ".join(p for p in (f"agent {split[0].agent}" if split[0].agent else "",
                                      f"tool {split[0].tool}" if split[0].tool else "") if p)
-        by = ",".join(f for f in self.by if f != "step")
+        by = tuple(f for f in self.by if f != "step")
         return (f"steps {steps} are one decision if runs differ in length ({who}): pass "
-                f"by={tuple(f for f in self.by if f != 'step')!r} (--by {by}) to count them "
-                "together")
+                f"by={by!r} (--by {','.join(by)}) to count them together")
 
     def __str__(self) -> str:
         lines = [self.summary()]

@@ -9,7 +9,6 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,12 +22,12 @@ from car_core.cli.app import StoreOpt, err, errors, out, print_json
 from car_core.cli.selection import (
     Format,
     export,
+    per_run_lines,
     resumable_stop,
     selected,
     stop_if_ran_out,
 )
 from car_core.engine.execution import default_executor, make_executor
-from car_core.engine.progress import Paced
 from car_core.errors import AttributionNotFound, InvalidInput
 from car_core.estimators.fixes import Fix, as_fix
 from car_core.estimators.population_fix import fix_population, progress_line
@@ -189,7 +188,7 @@ def fix_many(run_ids: list[str], *, failed: bool, agent: Any, outcome: Any,
                                     store=db, triage=triage_id, from_step=start,
                                     rollouts=rollouts, alpha=alpha, seed=seed, budget=budget,
                                     fix_id=fid, force_agent=force_agent,
-                                    progress=_progress() if shown else None,
+                                    progress=per_run_lines(progress_line) if shown else None,
                                     runs_at_once=runs_at_once, executor=exe)
     finally:
         db.close()
@@ -205,14 +204,6 @@ def fix_many(run_ids: list[str], *, failed: bool, agent: Any, outcome: Any,
     if not any(c.shown for c in result.candidates):
         raise typer.Exit(kit.NOTHING)
 
-
-def _progress() -> Callable[[int, int, str], None]:
-    """A line per run, with the time so far and left (``Paced``), as ``progress=True``."""
-    paced = Paced(progress_line)
-
-    def shown(done: int, total: int, run_id: str) -> None:
-        err.print(Text(kit.safe(paced(done, total, run_id))), soft_wrap=True)
-    return shown
 
 
 def print_fix(r: PopulationFix, store: str) -> None:

@@ -1,7 +1,7 @@
 """Which stored runs a population command works on (``car triage``, ``car fix --failed``):
-run ids, or the filters over the store, read without writing; how such a command ends when
-its total budget ran out or it was stopped (Ctrl-C); and how its stored result is exported
-(``car export triage|fix``)."""
+run ids, or the filters over the store, read without writing; the line it prints per run;
+how such a command ends when its total budget ran out or it was stopped (Ctrl-C); and how
+its stored result is exported (``car export triage|fix``)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from rich.text import Text
 
 from car_core.cli import kit
 from car_core.cli.app import STDOUT, ending, err, out, say
+from car_core.engine.progress import Paced
 from car_core.errors import AttributionNotFound, InvalidInput
 
 
@@ -65,6 +66,16 @@ def selected(store: str, run_ids: list[str] | None, resume: str | None, outcome:
         return chosen
     finally:
         reader.close()
+
+
+def per_run_lines(line: Callable[..., str]) -> Callable[..., None]:
+    """The progress a population command hands its estimate: ``line(done, total, ...)`` per
+    run on stderr, with the time so far and left (``Paced``), as ``progress=True`` prints."""
+    paced = Paced(line)
+
+    def shown(*args: Any) -> None:
+        err.print(Text(kit.safe(paced(*args))), soft_wrap=True)
+    return shown
 
 
 def stored_params(store: str, resume: str | None) -> dict[str, Any]:

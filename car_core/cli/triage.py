@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -43,18 +42,18 @@ from car_core.cli.attribute import _executor
 from car_core.cli.selection import (
     Format,
     export,
+    per_run_lines,
     resumable_stop,
     selected,
     stop_if_ran_out,
     stored_params,
 )
 from car_core.engine.execution import default_executor
-from car_core.engine.progress import Paced
 from car_core.errors import InvalidInput
 from car_core.estimators.triage import FIELDS, progress_line, triage
 from car_core.model.budget import Budget
 from car_core.store import RunStore
-from car_core.triage_results import UNDECIDED, TriageResult, TriageRun
+from car_core.triage_results import UNDECIDED, TriageResult
 
 
 class Only(StrEnum):
@@ -213,7 +212,7 @@ def triage_command(
                                             per_run_seconds, prices),
                             label=label_fn, by=grouping, store=db, triage_id=tid,
                             executor=exe,
-                            progress=_progress() if shown else None,
+                            progress=per_run_lines(progress_line) if shown else None,
                             force_agent=force_agent, runs_at_once=runs_at_once)
     finally:
         db.close()
@@ -249,14 +248,6 @@ def triage_command(
     if not result.groups:  # the agent under test failed, as `car attribute` says it (5)
         raise typer.Exit(kit.AGENT if stopped else kit.NOTHING)
 
-
-def _progress() -> Callable[[int, int, TriageRun], None]:
-    """A line per run, with the time so far and left (``Paced``), as ``progress=True``."""
-    paced = Paced(progress_line)
-
-    def shown(done: int, total: int, row: TriageRun) -> None:
-        err.print(Text(kit.safe(paced(done, total, row))), soft_wrap=True)
-    return shown
 
 
 def print_triage(r: TriageResult, store: str) -> None:

@@ -249,13 +249,12 @@ class RateLimitError(Exception):
     status_code = 429
 
 
-def test_a_model_server_down_stops_the_attribution_resumable_as_everywhere() -> None:
-    """On LangGraph a model server that went away made every branch fail and be retried, and
-    the estimate stopped with "fix the agent (or the hook that raises)": the other adapters
-    stop at once with ModelUnavailable, which says to start the server and resume."""
+def _stop_when_the_server(raising: type[Exception], match: str) -> Any:
+    """The ``ModelUnavailable`` an attribution stops with once the model's server raises
+    ``raising`` on every branch (the run recorded while it answered)."""
     from car_core.errors import ModelUnavailable
 
-    ServerDown.down = False
+    ServerDown.down, ServerDown.raising = False, raising
     wrapper = CarChatModel(inner=ServerDown(rng_seed=0))
     app = sa.build_app(wrapper, InMemorySaver(),
                        tools=[sa.lookup_order, sa.record_decision, issue_refund])
@@ -264,12 +263,20 @@ def test_a_model_server_down_stops_the_attribution_resumable_as_everywhere() -> 
                            side_effect_tools=["issue_refund"])
     ServerDown.down = True
     try:
-        with pytest.raises(ModelUnavailable, match="connection refused") as info:
+        with pytest.raises(ModelUnavailable, match=match) as info:
             car.contrastive(run, agent, outcome=sa.outcome, rollouts=16, seed=0,
                             executor=Sequential(), progress=False)
     finally:
-        ServerDown.down = False
-    assert "start the server or fix its address, then resume" in (info.value.hint or "")
+        ServerDown.down, ServerDown.raising = False, ConnectionRefusedError
+    return info.value
+
+
+def test_a_model_server_down_stops_the_attribution_resumable_as_everywhere() -> None:
+    """On LangGraph a model server that went away made every branch fail and be retried, and
+    the estimate stopped with "fix the agent (or the hook that raises)": the other adapters
+    stop at once with ModelUnavailable, which says to start the server and resume."""
+    stop = _stop_when_the_server(ConnectionRefusedError, "connection refused")
+    assert "start the server or fix its address, then resume" in (stop.hint or "")
 
 
 def test_a_model_server_that_rate_limits_is_told_to_slow_down_not_to_start() -> None:
@@ -277,23 +284,7 @@ def test_a_model_server_that_rate_limits_is_told_to_slow_down_not_to_start() -> 
     max_retries=0): the stop said "start the server or fix its address", though the server was
     up and only rate-limiting. The hint says so, and what to do: wait, retry more, run fewer
     branches at once."""
-    from car_core.errors import ModelUnavailable
-
-    ServerDown.down, ServerDown.raising = False, RateLimitError
-    wrapper = CarChatModel(inner=ServerDown(rng_seed=0))
-    app = sa.build_app(wrapper, InMemorySaver(),
-                       tools=[sa.lookup_order, sa.record_decision, issue_refund])
-    run = first_failure(app)
-    agent = LangGraphAgent(app, model=wrapper, safe_tools=list(sa.SAFE_TOOLS),
-                           side_effect_tools=["issue_refund"])
-    ServerDown.down = True
-    try:
-        with pytest.raises(ModelUnavailable, match="RateLimitError") as info:
-            car.contrastive(run, agent, outcome=sa.outcome, rollouts=16, seed=0,
-                            executor=Sequential(), progress=False)
-    finally:
-        ServerDown.down, ServerDown.raising = False, ConnectionRefusedError
-    hint = info.value.hint or ""
+    hint = _stop_when_the_server(RateLimitError, "RateLimitError").hint or ""
     assert "rate-limiting (429)" in hint and "max_retries" in hint and "concurrency" in hint
     assert "start the server" not in hint and "then resume" in hint
 
