@@ -142,58 +142,92 @@ def running_tool(name: str) -> Iterator[None]:
 
 
 _NET_LOCK = threading.Lock()
-_NET: list[bool] = []  # holds True once the net is on ``FunctionTool``
+_NETTED: set[type] = set()  # tool classes whose call methods carry the net
+_CALLS = ("call", "acall", "__call__")
 
 
 def guard_nested_calls() -> None:
-    """Put the net for nested calls on ``FunctionTool.call`` / ``acall`` (once; transparent
-    where no branch session is set): on a branch, a call of a tool object that the stand-ins
-    did not make — a tool's own code calling another tool, or a nested agent calling its
-    tools — is answered like a side-effect call (``_nested``: simulator or identical recorded
-    call) when it is a side effect, or stopped when nothing classified the tool; a safe tool
-    runs (``nested`` module docstring)."""
+    """Put the net for nested calls on the call methods of ``FunctionTool`` and of every tool
+    class the app defined (``_app_tool_classes``; looked for again at each branch, so a class
+    imported later is netted too), transparent where no branch session is set: on a branch,
+    a call of a tool object that the stand-ins did not make — a tool's own code calling
+    another tool, or a nested agent calling its tools — is answered like a side-effect call
+    (``_nested``: simulator or identical recorded call) when it is a side effect, or stopped
+    when nothing classified the tool; a safe tool runs (``nested`` module docstring). The net
+    was on ``FunctionTool`` alone: a user trial's own ``AsyncBaseTool``, a side effect with a
+    simulator, called from a safe tool's code, wrote real ledger lines from the branches."""
     with _NET_LOCK:
-        if _NET:
-            return
-        _NET.append(True)
-    call, acall = FunctionTool.call, FunctionTool.acall
+        for cls in (FunctionTool, *_app_tool_classes()):
+            if cls in _NETTED:
+                continue
+            _NETTED.add(cls)
+            for attr in _CALLS:
+                original = cls.__dict__.get(attr)
+                if original is not None:
+                    netted = _netted_acall if attr == "acall" else _netted_call
+                    setattr(cls, attr, netted(original))
 
-    def guarded_call(self: FunctionTool, *args: Any, **kwargs: Any) -> ToolOutput:
+
+def _app_tool_classes() -> list[type]:
+    """The ``BaseTool`` subclasses loaded so far that are neither LlamaIndex's own (its
+    wrappers and adapters reach the app's tools through the app's classes) nor CAR's
+    stand-ins."""
+    found, todo = [], list(BaseTool.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if not cls.__module__.startswith(("llama_index.", __name__.rpartition(".")[0])):
+            found.append(cls)
+    return found
+
+
+def _netted_call(original: Callable[..., Any]) -> Callable[..., Any]:
+    def guarded(self: BaseTool, *args: Any, **kwargs: Any) -> Any:
         s = _SESSION.get()
         if s is not None and _nested_guarded(s, self):
-            name, arguments = self.metadata.name or "", _arguments(self, kwargs)
-            return _nested_output(self, kwargs, _nested(s, lambda: s.safety.served(
+            name, arguments = self.metadata.name or "", _arguments(self, args, kwargs)
+            return _nested_output(self, arguments, _nested(s, lambda: s.safety.served(
                 name, arguments, s.record, run_id=s.run_id)))
-        return call(self, *args, **kwargs)
+        return original(self, *args, **kwargs)
+    return guarded
 
-    async def guarded_acall(self: FunctionTool, *args: Any, **kwargs: Any) -> ToolOutput:
+
+def _netted_acall(original: Callable[..., Any]) -> Callable[..., Any]:
+    async def guarded(self: BaseTool, *args: Any, **kwargs: Any) -> Any:
         s = _SESSION.get()
         if s is not None and _nested_guarded(s, self):
-            name, arguments = self.metadata.name or "", _arguments(self, kwargs)
+            name, arguments = self.metadata.name or "", _arguments(self, args, kwargs)
             found = _nested(s, lambda: s.safety.answer(name, arguments, s.record,
                                                          run_id=s.run_id))
             if found.simulate:
-                ctx = kwargs.get(self.ctx_param_name or "")
+                ctx = kwargs.get(getattr(self, "ctx_param_name", None) or "")
                 found = replace(found, content=as_content(
                     await s.safety.asimulate(name, arguments, ctx)))
-            return _nested_output(self, kwargs, found)
-        return await acall(self, *args, **kwargs)
-
-    FunctionTool.call = guarded_call  # type: ignore[method-assign]
-    FunctionTool.acall = guarded_acall  # type: ignore[method-assign]
+            return _nested_output(self, arguments, found)
+        return await original(self, *args, **kwargs)
+    return guarded
 
 
-def _arguments(tool: FunctionTool, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in kwargs.items() if k != tool.ctx_param_name}
+def _arguments(tool: BaseTool, args: Sequence[Any], kwargs: Mapping[str, Any]
+               ) -> dict[str, Any]:
+    """A nested call's arguments as a model's tool call names them: the keywords (less the
+    workflow ``Context``), and a positional input (``BaseTool(input)``) merged in when it is
+    a mapping, else as ``input``."""
+    out = {k: v for k, v in kwargs.items() if k != getattr(tool, "ctx_param_name", None)}
+    if len(args) == 1 and isinstance(args[0], Mapping):
+        return {**args[0], **out}
+    if args:
+        out["input"] = args[0] if len(args) == 1 else list(args)
+    return out
 
 
-def _nested_guarded(s: BranchSession, tool: FunctionTool) -> bool:
+def _nested_guarded(s: BranchSession, tool: BaseTool) -> bool:
     """Whether a call of ``tool`` on branch ``s`` is the net's to answer: a side effect, or a
     tool nothing classified (stopped, unless ``unclassified="live"``). The stand-ins call the
     tools they run (safe ones) through here too, and those pass."""
     if isinstance(tool, CarBranchContextTool) or _IN_TOOL.get() is None:
         return False  # a stand-in, or a call the framework makes (a handoff): not nested
-    if getattr(tool.real_fn, "__module__", "").startswith("llama_index."):
+    if getattr(getattr(tool, "real_fn", None), "__module__", "").startswith("llama_index."):
         return False  # the framework's own tool (a nested workflow's handoff)
     name = tool.metadata.name or ""
     safety = s.safety
@@ -221,10 +255,9 @@ def _nested(s: BranchSession, answer: Callable[[], Answer]) -> Answer:
         raise s.blocked from None
 
 
-def _nested_output(tool: FunctionTool, kwargs: Mapping[str, Any], found: Answer) -> ToolOutput:
-    name = tool.metadata.name or ""
-    return ToolOutput(content=str(found.content), tool_name=name,
-                      raw_input={"kwargs": _arguments(tool, kwargs)}, raw_output=found.content)
+def _nested_output(tool: BaseTool, arguments: Mapping[str, Any], found: Answer) -> ToolOutput:
+    return ToolOutput(content=str(found.content), tool_name=tool.metadata.name or "",
+                      raw_input={"kwargs": dict(arguments)}, raw_output=found.content)
 
 
 @contextmanager

@@ -19,7 +19,7 @@ import pytest
 from car_adapters.common.messages import assistant, tool_call
 from car_adapters.llamaindex import CarRecorder, LlamaIndexAgent, ScriptedLLM
 from llama_index.core.agent.workflow import FunctionAgent
-from llama_index.core.tools import FunctionTool
+from llama_index.core.tools import AsyncBaseTool, BaseTool, FunctionTool, ToolMetadata, ToolOutput
 
 import car_core as car
 from car_core.engine.execution import Sequential
@@ -41,6 +41,40 @@ def refund(order_id: str, amount: int) -> str:
 
 
 AUDIT = FunctionTool.from_defaults(fn=write_audit, name="write_audit")
+_AUDIT_META = ToolMetadata(name="write_audit", description=write_audit.__doc__ or "")
+
+
+def _audited(entry: str) -> ToolOutput:
+    return ToolOutput(content=write_audit(entry), tool_name="write_audit",
+                      raw_input={"entry": entry}, raw_output="audited")
+
+
+class AuditTool(AsyncBaseTool):
+    """An app's own tool class, not a ``FunctionTool``: its ``call`` and ``acall`` write."""
+
+    @property
+    def metadata(self) -> ToolMetadata:
+        return _AUDIT_META
+
+    def call(self, entry: str = "") -> ToolOutput:
+        return _audited(entry)
+
+    async def acall(self, entry: str = "") -> ToolOutput:
+        return _audited(entry)
+
+
+class PlainAuditTool(BaseTool):
+    """The oldest shape of a tool: a ``BaseTool`` called with one input."""
+
+    @property
+    def metadata(self) -> ToolMetadata:
+        return _AUDIT_META
+
+    def __call__(self, input: Any) -> ToolOutput:
+        return _audited(dict(input)["entry"])
+
+
+CUSTOM_AUDIT, PLAIN_AUDIT = AuditTool(), PlainAuditTool()
 
 
 def reply(text: str) -> str:
@@ -156,6 +190,52 @@ def test_with_a_simulator_branches_simulate_the_nested_call(lookup: Callable[...
     assert {"entry": "looked up 7"} in simulated  # the lookup's own audit, from its code
 
 
+def custom_lookup_call(order_id: str) -> str:
+    """Look an order up (reads only, says the app)."""
+    CUSTOM_AUDIT.call(entry=f"looked up {order_id}")
+    return f"order {order_id}: kettle, 40 EUR"
+
+
+def plain_lookup(order_id: str) -> str:
+    """Look an order up (reads only, says the app)."""
+    PLAIN_AUDIT({"entry": f"looked up {order_id}"})
+    return f"order {order_id}: kettle, 40 EUR"
+
+
+async def custom_lookup_async(order_id: str) -> str:
+    """Look an order up (reads only, says the app)."""
+    await CUSTOM_AUDIT.acall(entry=f"looked up {order_id}")
+    return f"order {order_id}: kettle, 40 EUR"
+
+
+@pytest.mark.parametrize(("lookup", "audit"), [
+    (custom_lookup_async, CUSTOM_AUDIT), (custom_lookup_call, CUSTOM_AUDIT),
+    (plain_lookup, PLAIN_AUDIT)])
+def test_an_apps_own_tool_class_called_from_code_is_simulated_on_branches(
+        lookup: Callable[..., Any], audit: BaseTool) -> None:
+    """A tool of the app's own class (an ``AsyncBaseTool`` or a ``BaseTool`` subclass), not a
+    ``FunctionTool``, called from a safe tool's code: the net answers its ``acall``, ``call``
+    or ``__call__`` too. It covered ``FunctionTool`` only, and a user trial's own
+    ``AsyncBaseTool`` wrote real ledger lines from the branches with a simulator given."""
+    def app() -> FunctionAgent:
+        tool = FunctionTool.from_defaults(fn=lookup, name="lookup_order")
+        return FunctionAgent(name="desk", tools=[tool, audit, reply],
+                             llm=ScriptedLLM(desk, seed=0), system_prompt="You help customers.")
+
+    run = record(app())
+    simulated: list[dict[str, Any]] = []
+
+    def fake_audit(arguments: dict[str, Any]) -> str:
+        simulated.append(arguments)
+        return "audited"
+
+    agent = LlamaIndexAgent(app(), safe_tools=["lookup_order", "reply"],
+                            side_effect_tools=["write_audit"],
+                            simulators={"write_audit": fake_audit})
+    attribute(run, agent)  # asserts that the ledger stayed empty
+    assert {"entry": "looked up 7"} in simulated
+
+
 def test_classified_a_side_effect_the_tool_is_answered_from_the_record() -> None:
     run = record(app_with(lookup_sync))
     agent = LlamaIndexAgent(app_with(lookup_sync), safe_tools=["reply"],
@@ -172,7 +252,7 @@ def test_a_tool_that_calls_a_side_effect_tools_function_is_refused() -> None:
                         side_effect_tools=["write_audit"])
 
 
-def _hidden(tool: FunctionTool) -> types.ModuleType:
+def _hidden(tool: BaseTool) -> types.ModuleType:
     """A module of the app's whose function calls ``tool``: reading the lookup's code does
     not follow another module's functions, so only the net on the branch sees the call."""
     module = types.ModuleType("orders_helpers")
@@ -187,8 +267,10 @@ def _hidden(tool: FunctionTool) -> types.ModuleType:
     (FunctionTool.from_defaults(fn=refund, name="refund"),
      "a branch reached tool 'refund' from another tool's code, and it is none of the tools "
      "CAR classified"),
+    (CUSTOM_AUDIT, "from another tool's code (not a model's tool call): the branch called "
+                   "side-effect tool 'write_audit'"),
 ])
-def test_the_net_stops_a_side_effect_the_code_check_cannot_see(tool: FunctionTool,
+def test_the_net_stops_a_side_effect_the_code_check_cannot_see(tool: BaseTool,
                                                                said: str) -> None:
     helpers = _hidden(tool)
 
