@@ -671,10 +671,12 @@ class ToolSafety:
                 f"the branch called side-effect tool {name!r} with arguments {key[1]}, all "
                 "free text and not those of any recorded call: nothing tells whether it does "
                 "what a recorded call did", run_id=run_id, step=step, hint=self._choose(name))
-        if name in self.outright:  # its server says it changes things: never offer safe_tools
+        verb = acting_verb(name)
+        if name in self.outright or verb:  # it says it changes things: never offer safe_tools
+            why = (self.derived.get(name) if name in self.outright
+                   else f"its name opens with {verb!r}, an action")
             undo = (f"match_on={{{name!r}: [the argument names that matter]}} if the record "
-                    "holds such a call" + (f" (it is a side effect because: "
-                                            f"{self.derived[name]})" if name in self.derived
+                    "holds such a call" + (f" (it is a side effect because: {why})" if why
                                             else ""))
         elif name in self.derived:
             undo = (f"name it in safe_tools if it is safe to run (it is a side effect "

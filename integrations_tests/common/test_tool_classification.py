@@ -203,6 +203,21 @@ def test_a_blocked_call_of_a_tool_its_server_says_changes_things_never_offers_sa
     assert "name it in safe_tools if it is safe to run" in err.value.hint
 
 
+
+def test_a_blocked_call_of_a_tool_named_for_an_action_never_offers_safe_tools() -> None:
+    """docs/tools.md promises it: a user trial's blocked ``charge_card`` call was told "or move
+    'charge_card' from side_effect_tools to safe_tools if it is safe to run", which would
+    charge a card on every branch. A tool whose name is no action still gets the offer."""
+    rule = ToolSafety.of(side_effect_tools=["charge_card", "ledger_note"]).classified(
+        ["charge_card", "ledger_note"])
+    with pytest.raises(SideEffectBlocked) as err:
+        rule.answer("charge_card", {"account": "A1", "amount": 100.0}, {}, run_id="r", step=3)
+    assert "safe_tools" not in err.value.hint and "simulators=" in err.value.hint
+    assert "its name opens with 'charge', an action" in err.value.hint
+    with pytest.raises(SideEffectBlocked) as err:
+        rule.answer("ledger_note", {"text": "x"}, {}, run_id="r", step=3)
+    assert "move 'ledger_note' from side_effect_tools to safe_tools" in err.value.hint
+
 # -- ChatAgent ---------------------------------------------------------------------------------
 def test_chat_agent_refuses_unclassified_tools_by_name_before_any_branch() -> None:
     ledger = Ledger()
