@@ -434,7 +434,7 @@ class ToolSafety:
         if rest and self.unclassified == "refuse":
             # the user's own lists and the rest: what the framework classified (a handoff, an
             # MCP annotation) stays classified without being named
-            mine = set(self.side_effect_tools) - set(self.simulators)
+            mine = set(self.side_effect_tools)
             line = (f"safe_tools={sorted(self.safe_tools)!r}, "
                     f"side_effect_tools={sorted(mine | set(rest))!r}".replace("'", '"'))
             raise UnclassifiedTools(

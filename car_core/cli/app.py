@@ -35,13 +35,13 @@ from car_core.model.json_values import dumps
 from car_core.secrets.redact import redact
 
 EXIT_CODES = """Exit codes: 0 ok · 1 nothing attributable (no locus) · 2 usage or bad input
-(also a run recorded with another agent) · 3 budget exhausted (the result is truncated, what
-was measured is kept; or undecided, more re-runs needed) or memory ran out · 4 store or run
-error (no store, unknown id, not a CAR store, damaged or edited store, read-only folder,
-attribution busy) · 5 the agent under
-test failed, a model server it or the outcome calls was down (resume once it is up), or its
-shape was refused before any branch (the message says what to change; also when every branch
-failed, or its code or the outcome's called sys.exit) ·
+(also a run recorded with another agent, or a tool no list classifies) · 3 budget exhausted
+(the result is truncated, what was measured is kept; or undecided, more re-runs needed) or
+memory ran out · 4 store or run error (no store, unknown id, not a CAR store, damaged or
+edited store, read-only folder, attribution busy) · 5 the agent under test failed, a model
+server it or the outcome calls was down (resume once it is up), or its shape was refused
+before any branch (the message says what to change; also when every branch failed, or its
+code or the outcome's called sys.exit) ·
 70 internal error · 130 interrupted (Ctrl-C; finished branches are kept, resume with --resume)
 · 141 the output was closed by its reader (`car show RUN | head`), as git ends."""
 

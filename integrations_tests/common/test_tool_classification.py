@@ -233,6 +233,13 @@ def test_chat_agent_refuses_unclassified_tools_by_name_before_any_branch() -> No
     assert ('safe_tools=[], side_effect_tools=["issue_refund", "lookup_order"]'
             in str(err.value))
     assert isinstance(err.value, InvalidInput)
+    # a tool named with a simulator stays in the line: two user trials pasted it as given and
+    # lost the classification they had written
+    with pytest.raises(UnclassifiedTools) as err:
+        ChatAgent(planted, ledger.tools(), side_effect_tools=["issue_refund"],
+                  simulators={"issue_refund": lambda arguments: "refunded"})
+    assert ('safe_tools=[], side_effect_tools=["issue_refund", "lookup_order"]'
+            in str(err.value))
     assert ledger.calls == {"lookup_order": 1, "issue_refund": 1} and run.steps  # nothing ran
 
 
