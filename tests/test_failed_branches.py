@@ -16,7 +16,14 @@ from car_adapters.pytest_plugin import one_line
 import car_core as car
 from car_core import cli
 from car_core.engine.execution import Sequential, execute
-from car_core.engine.tasks import FAILED_SHARE, FAILED_SHARE_FROM, Failure, Task, check_failures
+from car_core.engine.tasks import (
+    FAILED_SHARE,
+    FAILED_SHARE_FROM,
+    Failure,
+    Task,
+    check_failures,
+    describe_error,
+)
 from car_core.errors import AgentError, BranchesFailed
 from car_core.model.budget import BudgetMeter
 from car_core.model.interventions import compile_plan
@@ -229,6 +236,23 @@ def test_the_share_rule_allows_a_tenth_and_stops_early_only_when_clearly_above()
     with pytest.raises(BranchesFailed, match="run it again"):
         check_failures(_failures(4), 30, run_id="r", final=True, resumable=False)
 
+
+
+class ClosedResourceError(Exception):
+    """What anyio raises, with no message, on a stream whose other end is gone: an MCP
+    session whose server process exited."""
+
+
+def test_branches_failed_on_a_closed_server_connection_say_so() -> None:
+    """A user trial killed its MCP server: the stop read "(first: ... ClosedResourceError: )"
+    and "fix the agent (or the hook that raises on branches)". The error is an outage, so the
+    hint says to bring the service up, and the empty message says it has none."""
+    failures = [dataclasses.replace(f, error=describe_error(ClosedResourceError()),
+                                    exception=ClosedResourceError()) for f in _failures(4)]
+    with pytest.raises(BranchesFailed) as info:
+        check_failures(failures, 30, run_id="r", final=True)
+    assert "ClosedResourceError (no message)" in str(info.value)
+    assert (info.value.hint or "").startswith("bring that service up")
 
 def test_an_arm_that_loses_a_clear_share_of_its_branches_stops_the_estimate() -> None:
     """Failures of one arm's paths bias that arm's mean however few the whole estimate ran: a

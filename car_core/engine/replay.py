@@ -41,6 +41,7 @@ from car_core.engine.tasks import run_branch as run_branch
 from car_core.errors import (
     AgentError,
     BudgetExhausted,
+    CarError,
     InvalidInput,
 )
 from car_core.model.actions import same_action
@@ -189,6 +190,26 @@ def intervene(run: Trajectory, agent: Agent, interventions: Intervention | Seque
     So is, before anything runs, a count above ``max_rollouts`` (``defaults.MAX_ROLLOUTS``:
     a slip such as ``rollouts=2**63`` would run until killed), unless a ``budget`` caps it
     below; raise it knowingly."""
+    try:
+        return _intervene(run, agent, interventions, outcome=outcome, rollouts=rollouts,
+                          seed=seed, coupled=coupled, level=level, budget=budget,
+                          executor=executor, progress=progress, force_agent=force_agent,
+                          keep_trajectories=keep_trajectories, twins=twins,
+                          max_rollouts=max_rollouts)
+    except CarError as exc:  # nothing is kept to resume: a stop's hint says to run it again
+        exc.resume_as(RUN_AGAIN)
+        raise
+
+
+RUN_AGAIN = "run the intervention again (an intervention keeps nothing to resume)"
+
+
+def _intervene(run: Trajectory, agent: Agent,
+               interventions: Intervention | Sequence[Intervention], *, outcome: OutcomeLike,
+               rollouts: int, seed: int, coupled: bool, level: float,
+               budget: Budget | int | None, executor: ExecutorLike, progress: Progress,
+               force_agent: bool, keep_trajectories: bool, twins: int,
+               max_rollouts: int) -> OutcomeDistribution:
     check_run(run)
     check_agent(run, agent, force=force_agent)
     if not is_whole(rollouts, 1):

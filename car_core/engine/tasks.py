@@ -20,10 +20,10 @@ from typing import Any
 
 from car_core.engine.agent import Agent
 from car_core.engine.branching import branch_scope
-from car_core.errors import AgentError, BranchesFailed, CarError
+from car_core.errors import RESUME_SAME_ID, AgentError, BranchesFailed, CarError
 from car_core.model.capabilities import Capability, capabilities
 from car_core.model.interventions import Plan
-from car_core.model.outages import says_service_down
+from car_core.model.outages import is_outage, says_service_down
 from car_core.model.outcome import OutcomeFn, ascored, scored
 from car_core.model.seeding import Noise
 from car_core.model.trajectory import Lineage, Trajectory
@@ -169,7 +169,7 @@ def errored_branch(traj: Trajectory, run_id: str | None) -> AgentError:
                       step=len(traj.steps) - 1 if unfinished or ended else len(traj.steps),
                       hint="the framework raised inside the branch, or a tool answered it "
                            "otherwise than the record; fix what raised (a node, a hook, a tool) "
-                           "or what the tool reads, and resume", **(
+                           f"or what the tool reads, then {RESUME_SAME_ID}", **(
                           {"after_step": True} if ended else {}))
 
 
@@ -230,9 +230,12 @@ def check_failures(failures: Sequence[Failure], ran: int, *, run_id: str,
 
 
 def _fix(first: Failure) -> str:
+    """What to do about the failures ``first`` leads: a service its text, or its exception
+    (a closed MCP stream has no text), says is down, or the agent."""
+    down = says_service_down(first.error) or (
+        first.exception is not None and is_outage(first.exception))
     return ("bring that service up where this estimate runs (or answer the tool with a "
-            "simulator)" if says_service_down(first.error) else
-            "fix the agent (or the hook that raises on branches)")
+            "simulator)" if down else "fix the agent (or the hook that raises on branches)")
 
 
 def _arm_over_share(failures: Sequence[Failure], ran_by_arm: Mapping[str, int]) -> str | None:

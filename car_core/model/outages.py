@@ -56,14 +56,35 @@ def is_rate_limit(exc: BaseException) -> bool:
     return False
 
 
+def server_error(exc: BaseException) -> int | None:
+    """The HTTP 5xx status ``exc`` (or an error it was raised from) carries, on itself or its
+    ``response``: the server answered, with an error of its own."""
+    seen = 0
+    e: BaseException | None = exc
+    while e is not None and seen < 16:
+        for o in (e, getattr(e, "response", None)):
+            status = getattr(o, "status_code", None)
+            if isinstance(status, int) and 500 <= status < 600:
+                return status
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return None
+
+
 def outage_hint(exc: BaseException, down: str, *, who: str = "the model server") -> str:
-    """What to do about the outage ``exc`` of ``who``: for a 429, wait or send fewer requests
-    (starting a server that is up does not help); else ``down``, the caller's words for a
-    server that is down or unreachable."""
-    if not is_rate_limit(exc):
-        return down
-    return (f"{who} is rate-limiting (429), not down: wait, raise the client's max_retries, "
-            "or run fewer branches at once (--concurrency, or an executor's concurrency=)")
+    """What to do about the outage ``exc`` of ``who``: for a 429, wait or send fewer requests;
+    for a 5xx, wait for the server to recover (starting a server that is up helps neither);
+    else ``down``, the caller's words for a server that is down or unreachable. A trial's
+    server answered "500 upstream overloaded" and was told to start it."""
+    if is_rate_limit(exc):
+        return (f"{who} is rate-limiting (429), not down: wait, raise the client's "
+                "max_retries, or run fewer branches at once (--concurrency, or an executor's "
+                "concurrency=)")
+    status = server_error(exc)
+    if status is not None:
+        return (f"{who} answered HTTP {status}, an error of its own: it is up but failing; "
+                "its logs say why; wait for it to recover or raise the client's max_retries")
+    return down
 
 
 # what a tool's or server's error text says when the service, not the call, is at fault (HTTP

@@ -383,7 +383,9 @@ def describe(exc: BaseException) -> str:
         inner = "; ".join(f"{type(e).__name__}: {e}" for e in leaves[:3])
         more = f"; and {len(leaves) - 3} more" if len(leaves) > 3 else ""
         return redact(f"{type(exc).__name__}: {exc} ({inner}{more})")
-    return redact(f"{type(exc).__name__}: {exc}")
+    text = str(exc)  # anyio's closed-stream errors say nothing: "X: " read as cut off
+    return redact(f"{type(exc).__name__}: {text}" if text else
+                  f"{type(exc).__name__} (no message)")
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:

@@ -249,9 +249,11 @@ class RateLimitError(Exception):
     status_code = 429
 
 
-def _stop_when_the_server(raising: type[Exception], match: str) -> Any:
-    """The ``ModelUnavailable`` an attribution stops with once the model's server raises
-    ``raising`` on every branch (the run recorded while it answered)."""
+def _stop_when_the_server(raising: type[Exception], match: str, intervene: bool = False
+                          ) -> Any:
+    """The ``ModelUnavailable`` an attribution (or, ``intervene``, an intervention) stops with
+    once the model's server raises ``raising`` on every branch (the run recorded while it
+    answered)."""
     from car_core.errors import ModelUnavailable
 
     ServerDown.down, ServerDown.raising = False, raising
@@ -264,8 +266,12 @@ def _stop_when_the_server(raising: type[Exception], match: str) -> Any:
     ServerDown.down = True
     try:
         with pytest.raises(ModelUnavailable, match=match) as info:
-            car.contrastive(run, agent, outcome=sa.outcome, rollouts=16, seed=0,
-                            executor=Sequential(), progress=False)
+            if intervene:
+                car.intervene(run, agent, car.do_resample(0), outcome=sa.outcome, rollouts=4,
+                              executor=Sequential())
+            else:
+                car.contrastive(run, agent, outcome=sa.outcome, rollouts=16, seed=0,
+                                executor=Sequential(), progress=False)
     finally:
         ServerDown.down, ServerDown.raising = False, ConnectionRefusedError
     return info.value
@@ -287,6 +293,30 @@ def test_a_model_server_that_rate_limits_is_told_to_slow_down_not_to_start() -> 
     hint = _stop_when_the_server(RateLimitError, "RateLimitError").hint or ""
     assert "rate-limiting (429)" in hint and "max_retries" in hint and "concurrency" in hint
     assert "start the server" not in hint and "then resume" in hint
+
+
+class InternalServerError(Exception):
+    """What openai raises for an HTTP 500 its retries did not outlast."""
+
+    status_code = 500
+
+
+def test_a_model_server_that_answers_500_is_not_told_to_start() -> None:
+    """A user trial's server was up and answered "500 upstream overloaded"; the stop said
+    "start the server or fix its address". It says the server answered an error."""
+    hint = _stop_when_the_server(InternalServerError, "InternalServerError").hint or ""
+    assert "answered HTTP 500" in hint and "its logs" in hint
+    assert "start the server" not in hint and "then resume" in hint
+
+
+def test_an_intervention_stopped_by_an_outage_is_told_to_run_again_not_to_resume() -> None:
+    """A user trial's `car intervene` was told to "resume the attribution ... --resume ID": an
+    intervention keeps nothing to resume, and the command has no --resume."""
+    hint = _stop_when_the_server(ConnectionRefusedError, "connection refused",
+                                 intervene=True).hint or ""
+    assert "start the server or fix its address" in hint
+    assert "--resume" not in hint and "resume the attribution" not in hint
+    assert "run the intervention again" in hint
 
 
 @tool
