@@ -217,8 +217,9 @@ class ContrastiveResult(CouplingNumbers, _Rendered):
                  f"{self.rollouts_cap} per arm); seed {self.seed}"
                  + (f"; tokens {self.tokens}" if self.tokens else "")
                  + (f"; cost {self.cost:g}" if self.cost else ""),
-                 *([f"given up as the candidate (its confirmation's pairs fit no rise "
-                    f"better than a rise): step(s) {', '.join(map(str, self.given_up))}"]
+                 *([f"given up as the candidate (its confirmation's re-runs fit \"no "
+                    f"rescue\" better than a rescue): step(s) "
+                    f"{', '.join(map(str, self.given_up))}"]
                    if self.given_up else []),
                  *([f"about {self.more_rollouts} more rollouts would decide it"]
                    if self.more_rollouts else []),

@@ -145,8 +145,9 @@ def test_later_steps_say_what_was_ruled_out_and_what_was_not(located) -> None:
         replace(s, ruled_out=False) for s in located.steps))
     assert fmt.answer(none_ruled).endswith(
         f"; re-deciding steps 3–5 left P(fail) at 100% {fmt.percent_interval(arm.ci)}, too "
-        "few re-runs to rule them out: re-deciding them may still lower P(fail) by 10% or "
-        "more (a larger budget would tell).")
+        "few re-runs to rule them out at the stricter level that holds for every later step "
+        "at once: re-deciding them may still lower P(fail) by 10% or more (a larger budget "
+        "would tell).")
     # one sentence never says both that steps change nothing and that they may still matter
     assert "changes nothing" not in said
     # without the arm measured, the open steps are said on their own

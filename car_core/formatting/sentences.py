@@ -337,7 +337,11 @@ def _open_steps(r: Any, measured: tuple[int, int] | None = None) -> str | None:
     if measured is not None:
         same = sorted(left) == list(range(measured[0], measured[1] + 1))
         which = ("them" if not one else "it") if same else span
-        return (f"too few re-runs to rule {which} out: {might}" if same
+        # right after that rate's 95% interval, which may already look clear of Δ: ruling
+        # out holds every later step at once, at a stricter level (a trial read "100%
+        # (94%–100%), too few re-runs to rule them out" as a contradiction)
+        return (f"too few re-runs to rule {which} out at the stricter level that holds for "
+                f"every later step at once: {might}" if same
                 else f"too few re-runs to rule out {which}: {might}")
     return f"{span} {'was' if one else 'were'} not ruled out: {might}"
 
