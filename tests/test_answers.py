@@ -162,6 +162,22 @@ def test_an_undecided_candidate_that_shows_no_rescue_is_not_called_the_best(unde
     assert f"the search was testing step {c}" in said and "has shown no rescue so far" in said
 
 
+
+def test_an_undecided_candidate_barely_tested_says_so_not_a_vacuous_interval(undecided) -> None:
+    """A user trial's noisy judge ended undecided on "step 0 ... lowers P(fail) by 0% (-100%
+    to 100%), from 50% to 50% so far": two pairs, an interval that says nothing. The sentence
+    says the test had just begun, with how many pairs."""
+    from car_core.stats import Interval
+    c = undecided.candidate
+    barely = replace(undecided, steps=tuple(
+        replace(s, effect=0.0, ci=Interval(-1.0, 1.0, 0.95), fail_held=0.5,
+                fail_resampled=0.5, n=2, estimate="raw") if s.step == c else s
+        for s in undecided.steps))
+    said = kit.verdict(barely)
+    assert "-100%" not in said
+    assert f"the search had just begun testing step {c}" in said
+    assert "2 pair(s) of re-runs: nothing is measured yet" in said
+
 def _car(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(Path(__file__).parents[1])}
     return subprocess.run([sys.executable, "-m", "car_core.cli", *args], cwd=cwd, env=env,

@@ -239,6 +239,12 @@ def _undecided_words(r: Any, who: str | None) -> str:
     if s is None or not _get(s, "tested") or _get(s, "effect") is None:
         return (f"Undecided: {why}; the best candidate is {name}, chosen from the arms run so "
                 "far; its own test had not run")
+    ci = _get(s, "ci")
+    if (ci is not None and ci[0] <= -0.99 and ci[1] >= 0.99  # "(-100% to 100%)": nothing
+            and _get(r, "search") != "full"):
+        n = shown_sample(s)[2]
+        return (f"Undecided: {why}; the search had just begun testing {name}, on {n} "
+                "pair(s) of re-runs: nothing is measured yet")
     if float(_get(s, "effect")) <= 0:  # no rescue seen: not a candidate worth the name
         if _get(r, "search") == "full":  # every step was tested, none is "being" tested
             return (f"Undecided: {why}; every step was tested and none has shown a rescue so "
