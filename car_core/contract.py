@@ -73,14 +73,14 @@ from car_core.model.json_values import JSON
 from car_core.model.outages import is_outage, is_rate_limit, outage_hint, says_service_down
 from car_core.model.outcome import OutcomeFn, OutcomeLike, scored
 from car_core.model.seeding import Noise, Stream
-from car_core.model.trajectory import History, Outcome, Step, Trajectory
+from car_core.model.trajectory import ERROR_STEP, History, Outcome, Step, Trajectory
 from car_core.model.vocabulary import AttributionStatus, Origin, RunStatus, ToolSource
 from car_core.secrets import redact
 from car_core.store.run_writer import RunWriter
 
-__all__ = ["JSON", "PROMPT_INPUT", "Agent", "AsyncAgent", "AttributionStatus", "Capability",
-           "CaveatedAgent", "ChatInput", "ConcurrentAgent", "ExecutorName", "FingerprintedAgent",
-           "FrameworkStateAgent", "History",
+__all__ = ["ERROR_STEP", "JSON", "PROMPT_INPUT", "Agent", "AsyncAgent", "AttributionStatus",
+           "Capability", "CaveatedAgent", "ChatInput", "ConcurrentAgent", "ExecutorName",
+           "FingerprintedAgent", "FrameworkStateAgent", "History",
            "ModelPolicy", "Noise", "Origin", "Outcome", "OutcomeFn", "OutcomeLike", "Plan",
            "PlanCheckedAgent", "PreflightAgent", "RunStatus", "RunWriter", "SeedCheckedAgent",
            "Step",

@@ -14,10 +14,17 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from car_core.contract import Step, ToolSource, says_service_down
+from car_core.contract import (
+    ERROR_STEP,
+    RunStatus,
+    Step,
+    ToolSource,
+    Trajectory,
+    says_service_down,
+)
 from car_core.errors import AdapterError
 
 from .messages import calls_of
@@ -129,9 +136,24 @@ def answered_error(text: str, errored: bool) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Drift:
+    """Why a branch is not scored (``drifted_tools``), and the step whose tool call it was:
+    the branch ran on past it, and its error was tagged with the step it ended at (a trial
+    read "ran live at step 1 ... [step 5]")."""
+
+    text: str
+    step: int
+
+    def on(self, branch: Trajectory) -> Trajectory:
+        """``branch`` with status error, this text and its step (``ERROR_STEP``)."""
+        return replace(branch, status=RunStatus.ERROR, error=self.text,
+                       meta={**branch.meta, ERROR_STEP: self.step})
+
+
 async def drifted_tools(recorded: Iterable[Step], recorded_errors: Collection[str],
                         branch: Iterable[Step], branch_errors: Mapping[str, str],
-                        reruns: Reruns, outages: Collection[str] = ()) -> str | None:
+                        reruns: Reruns, outages: Collection[str] = ()) -> Drift | None:
     """What a branch must not be scored for: a safe tool that ran live on it and returned an
     error (``branch_errors``: call id -> its text) that CAR cannot show was the call's own.
     The held arm replays the record's answers while a re-decided step meets the live tool, so
@@ -161,18 +183,18 @@ async def drifted_tools(recorded: Iterable[Step], recorded_errors: Collection[st
             where = (f"{kind} ran live at step {step.index} and returned an error "
                      f"for arguments {args} ({said!r})")
             if (name, args) in answered:
-                return (f"{where}, where the record's identical call was answered: the tool "
-                        "answers differently where this estimate runs (a service down, a "
-                        "credential missing), so the branch cannot stand for the recorded run "
-                        "and is not scored")
+                return Drift(f"{where}, where the record's identical call was answered: the "
+                             "tool answers differently where this estimate runs (a service "
+                             "down, a credential missing), so the branch cannot stand for the "
+                             "recorded run and is not scored", step.index)
             if name not in failing and (cid in outages or says_service_down(said)):
-                return (f"{kind} ran live at step {step.index} and returned an "
-                        f"error that says its service is down or unreachable ({said!r}): the "
-                        "agent's reply to an outage is not what re-deciding the step does, so "
-                        "the branch is not scored")
+                return Drift(f"{kind} ran live at step {step.index} and returned an "
+                             f"error that says its service is down or unreachable ({said!r}): "
+                             "the agent's reply to an outage is not what re-deciding the step "
+                             "does, so the branch is not scored", step.index)
             why = await _not_the_calls(name, args, calls, answered, reruns)
             if why is not None:
-                return f"{where}, {why}"
+                return Drift(f"{where}, {why}", step.index)
     return None
 
 
@@ -224,5 +246,5 @@ async def _not_the_calls(name: str, args: str, calls: list[tuple[str, str, str]]
             "not the call's and the branch is not scored")
 
 
-__all__ = ["TOOL_SOURCES", "Rerun", "Reruns", "answered_error", "drifted_tools",
+__all__ = ["TOOL_SOURCES", "Drift", "Rerun", "Reruns", "answered_error", "drifted_tools",
            "reads_as_outage", "sources_of", "tool_errors", "with_sources"]

@@ -29,7 +29,7 @@ from ..common.messages import (
     recorded_calls,
 )
 from ..common.offered_tools import edited_descriptions
-from ..common.sources import Reruns, drifted_tools, tool_errors, with_sources
+from ..common.sources import Drift, Reruns, drifted_tools, tool_errors, with_sources
 from .guard import RUN, Guard, Replay
 from .messages import BLOCKS, from_dicts, jsonable, state_json, to_dict, to_dicts
 from .model import Control
@@ -212,14 +212,14 @@ class BranchState:
                 observed=s.observed or j in plan.observations, state=s.state,
                 meta=jsonable(meta)), self.guard.sources))
         drift = await self._drift(steps[k:])
-        return Trajectory.new(context=run.context, steps=steps, seed=self.noise.seed,
-                              agent=self.agent, status=RunStatus.ERROR if drift else status,
-                              meta={"framework": "langgraph", "thread_id": self.thread_id,
-                                    "parent_thread_id": run.meta.get("thread_id"),
-                                    "final_state": state_json(final)},
-                              **({"error": drift} if drift else {}))
+        out = Trajectory.new(context=run.context, steps=steps, seed=self.noise.seed,
+                             agent=self.agent, status=status,
+                             meta={"framework": "langgraph", "thread_id": self.thread_id,
+                                   "parent_thread_id": run.meta.get("thread_id"),
+                                   "final_state": state_json(final)})
+        return out if drift is None else drift.on(out)
 
-    async def _drift(self, new: list[Step]) -> str | None:
+    async def _drift(self, new: list[Step]) -> Drift | None:
         """Why the branch cannot be scored when a safe tool errored on it and CAR cannot show
         the error was the call's own (``sources.drifted_tools``, running the tool again with
         ``reruns``): the branch's tool messages as the callback saw them, the record's from its

@@ -46,7 +46,6 @@ import car_core as car
 from car_core.contract import (
     Noise,
     Plan,
-    RunStatus,
     compile_plan,
     offered_tools,
     redact,
@@ -65,7 +64,7 @@ from ..common.messages import (
 )
 from ..common.named import refuse_side_effect_functions
 from ..common.offered_tools import edited_descriptions
-from ..common.sources import Reruns, drifted_tools, tool_errors
+from ..common.sources import Drift, Reruns, drifted_tools, tool_errors
 from ..common.state_change import Change, unreplayable
 from ..common.sync import run_sync
 from ._messages import from_dicts
@@ -106,7 +105,7 @@ def _results(steps: Iterable[car.Step]) -> list[Any]:
 
 
 async def _drift(run: car.Trajectory, new: list[car.Step], reruns: Callable[[], Reruns]
-                 ) -> str | None:
+                 ) -> Drift | None:
     """Why a branch cannot be scored when a safe tool it ran live came back with an error
     (marked by its recorder) and CAR cannot show the error was the call's own
     (``sources.drifted_tools``, running the tool again with ``reruns``). The record's calls
@@ -448,7 +447,7 @@ class LlamaIndexAgent:
         with session_scope(session):  # a safe tool run again meets the branch's net too
             drift = await _drift(run, steps, lambda: branch_reruns(self._agents(), self.safety))
         if drift:  # a safe tool errored where the record was answered: never scored
-            live = replace(live, status=RunStatus.ERROR, error=drift)
+            live = drift.on(live)
         return steps, live
 
     def redecide(self, run: car.Trajectory, k: int, noise: Noise) -> Any:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 import car_core as car
-from car_core.contract import Noise, Plan, RunStatus, StopRule, ToolSource, redact
+from car_core.contract import Noise, Plan, StopRule, ToolSource, redact
 from car_core.errors import CarError, InvalidInput, PolicyError
 
 from ..common.messages import (
@@ -41,7 +41,14 @@ from ..common.messages import (
     tool_result,
 )
 from ..common.named import refuse_side_effect_functions
-from ..common.sources import Reruns, answered_error, drifted_tools, reads_as_outage, with_sources
+from ..common.sources import (
+    Drift,
+    Reruns,
+    answered_error,
+    drifted_tools,
+    reads_as_outage,
+    with_sources,
+)
 from ..common.sync import run_sync
 
 Message = dict[str, Any]
@@ -340,14 +347,9 @@ class ChatFunctionAgent(car.FunctionAgent):
             _BRANCH.reset(token)
         out = _with_sources(out, plan, branch.sources)
         drift = self._drift(run, out.steps[plan.start:])
-        if drift is None:
-            return out
-        return car.Trajectory.new(context=out.context, steps=out.steps, id=out.id,
-                                  outcome=out.outcome, seed=out.seed, agent=out.agent,
-                                  status=RunStatus.ERROR, error=drift, lineage=out.lineage,
-                                  meta=out.meta, created_at=out.created_at)
+        return out if drift is None else drift.on(out)
 
-    def _drift(self, run: car.Trajectory, new: Sequence[car.Step]) -> str | None:
+    def _drift(self, run: car.Trajectory, new: Sequence[car.Step]) -> Drift | None:
         """Why the branch is not scored: a safe tool returned an error live that CAR cannot
         show was the call's own (``sources.drifted_tools``: the same call run again, and the
         record's answered call of the tool). A tool that raised answers with ``error: ...``,

@@ -67,7 +67,7 @@ from ..common.messages import (
 )
 from ..common.named import refuse_side_effect_functions
 from ..common.offered_tools import edited_descriptions
-from ..common.sources import Reruns, drifted_tools, reads_as_outage, result_text
+from ..common.sources import Drift, Reruns, drifted_tools, reads_as_outage, result_text
 from ..common.sync import BranchLoop, run_on, run_sync
 from . import agent_tools, mcp_tools, originals
 from . import handoff_callbacks as handoff_callbacks_
@@ -203,7 +203,7 @@ def _used_tools(run: car.Trajectory, k: int) -> frozenset[str]:
 
 
 async def _drift(run: car.Trajectory, new: list[car.Step], session: BranchSession,
-                 reruns: Callable[[], Reruns]) -> str | None:
+                 reruns: Callable[[], Reruns]) -> Drift | None:
     """Why a branch cannot be scored when a safe tool it ran live raised (the session noted
     it) and CAR cannot show the error was the call's own (``sources.drifted_tools``, running
     the tool again with ``reruns``; an error the session saw was an outage never is).
@@ -501,7 +501,7 @@ class OpenAIAgentsAgent:
                 self.agents, self._ready(), self._mcp_loop, self.safety,
                 lambda: self.contexts.at(run, k)))
         if drift:  # a safe tool errored where the record was answered: never scored
-            live = replace(live, status=RunStatus.ERROR, error=drift)
+            live = drift.on(live)
         return steps, live
 
     def redecide(self, run: car.Trajectory, k: int, noise: Noise) -> Any:

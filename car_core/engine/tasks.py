@@ -26,7 +26,7 @@ from car_core.model.interventions import Plan
 from car_core.model.outages import is_outage, says_service_down
 from car_core.model.outcome import OutcomeFn, ascored, scored
 from car_core.model.seeding import Noise
-from car_core.model.trajectory import Lineage, Trajectory
+from car_core.model.trajectory import ERROR_STEP, Lineage, Trajectory
 from car_core.model.vocabulary import RunStatus
 from car_core.secrets.redact import describe
 from car_core.stats import wilson
@@ -158,15 +158,18 @@ def errored_branch(traj: Trajectory, run_id: str | None) -> AgentError:
     nothing (a reply: no tool call, no result) ended the branch, so what raised came after it
     (an output guardrail, a hook at the end): its step is that last one, with
     ``after_step`` (a user trial's guardrail after the reply of step 5 read "stopped at step
-    6", a step no branch took)."""
+    6", a step no branch took). Where the adapter said the step (``ERROR_STEP``: a safe
+    tool's error at step 1 of a branch that ran on to step 5), that one."""
     last = traj.steps[-1] if traj.steps else None
     calls = last.action.get("tool_calls") if last is not None and isinstance(
         last.action, dict) else None
     unfinished = last is not None and bool(calls) and not last.observed
     ended = last is not None and not calls and not last.observed
+    said = traj.meta.get(ERROR_STEP)  # the adapter knows the step (a safe tool's error)
+    step = (said if isinstance(said, int) else
+            len(traj.steps) - 1 if unfinished or ended else len(traj.steps))
     return AgentError(f"the branch ended with status error: {traj.error or 'no error given'}",
-                      run_id=run_id,
-                      step=len(traj.steps) - 1 if unfinished or ended else len(traj.steps),
+                      run_id=run_id, step=step,
                       hint="the framework raised inside the branch, or a tool answered it "
                            "otherwise than the record; fix what raised (a node, a hook, a tool) "
                            f"or what the tool reads, then {RESUME_SAME_ID}", **(

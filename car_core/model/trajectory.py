@@ -169,6 +169,11 @@ def seal_steps(context: JSON, steps: list[Step] | tuple[Step, ...]) -> tuple[Ste
     return tuple(sealed)
 
 
+# meta key: the step a branch's error belongs to, where the adapter knows it (a safe tool that
+# errored at step 1 of a branch that ran on to step 5: ``tasks.errored_branch`` names step 1)
+ERROR_STEP = "error_step"
+
+
 @dataclass(frozen=True)
 class Trajectory:
     """A recorded run. Build one with ``Trajectory.new``; it validates and seals digests."""

@@ -98,6 +98,9 @@ def test_a_lookup_that_fails_where_the_estimate_runs_is_not_read_as_a_rescue(mod
     assert ("answered the same call when CAR ran it again" in said if mode == "flaky"
             else "errors too when CAR runs it again" in said)
     assert "bring that service up" in (err.value.hint or "")
+    # tagged with the step the tool ran at, not the one the branch ended at (a trial read
+    # "ran live at step 1 ... [step 5]")
+    assert err.value.step == 0 and err.value.first.where == 0
     assert desk.refunds == 0  # no real refund on any branch
 
 
