@@ -23,11 +23,13 @@ from car_core.engine.tasks import (
     Task,
     check_failures,
     describe_error,
+    errored_branch,
 )
 from car_core.errors import AgentError, BranchesFailed
 from car_core.model.budget import BudgetMeter
 from car_core.model.interventions import compile_plan
 from car_core.model.seeding import Noise, Stream, branch_noise
+from car_core.model.trajectory import ERROR_STEP
 from car_core.model.vocabulary import Answer, RunStatus
 from car_core.store import RunStore, StoreJournal
 from car_core.testing import synthetic as syn
@@ -252,6 +254,26 @@ def test_branches_failed_on_a_closed_server_connection_say_so() -> None:
     with pytest.raises(BranchesFailed) as info:
         check_failures(failures, 30, run_id="r", final=True)
     assert "ClosedResourceError (no message)" in str(info.value)
+    assert (info.value.hint or "").startswith("bring that service up")
+
+
+def test_a_safe_tool_whose_world_changed_is_the_services_doing_not_the_agents() -> None:
+    """A user trial killed its MCP server: branches whose lookup now errored where the
+    record's identical call was answered were left out, "the tool answers differently where
+    this estimate runs (a service down ...)", and the stop then said "fix the agent". The
+    adapter marks such a branch with the tool's step (``ERROR_STEP``); its error is named at
+    that step and its hint, and the stop's, say to bring the service up."""
+    run = syn.pivot().failing_run(seed=0)
+    said = ("safe tool 'lookup' ran live at step 1 and returned an error for arguments "
+            "{\"id\":\"7\"} ('session gone'), where the record's identical call was answered")
+    branch = dataclasses.replace(run, status=RunStatus.ERROR, error=said,
+                                 meta={**run.meta, ERROR_STEP: 1})
+    exc = errored_branch(branch, run.id)
+    assert exc.step == 1 and (exc.hint or "").startswith("bring that service up")
+    failures = [dataclasses.replace(f, error=describe_error(exc), exception=exc, step=1)
+                for f in _failures(4)]
+    with pytest.raises(BranchesFailed) as info:
+        check_failures(failures, 30, run_id="r", final=True)
     assert (info.value.hint or "").startswith("bring that service up")
 
 def test_an_arm_that_loses_a_clear_share_of_its_branches_stops_the_estimate() -> None:

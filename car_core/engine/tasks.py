@@ -150,6 +150,10 @@ def _to_score(run: Trajectory, traj: object, agent: object, task: Task) -> Traje
     return replace(traj, lineage=lineage)
 
 
+SERVICE_FIX = ("bring that service up where this estimate runs (or answer the tool with a "
+               "simulator)")
+
+
 def errored_branch(traj: Trajectory, run_id: str | None) -> AgentError:
     """The error a branch that came back with status ``error`` stands for; its step is the one
     it was running (the first it did not finish): its last step where that one called tools and
@@ -168,6 +172,10 @@ def errored_branch(traj: Trajectory, run_id: str | None) -> AgentError:
     said = traj.meta.get(ERROR_STEP)  # the adapter knows the step (a safe tool's error)
     step = (said if isinstance(said, int) else
             len(traj.steps) - 1 if unfinished or ended else len(traj.steps))
+    if isinstance(said, int):  # a safe tool's world changed: the service, not the agent
+        return AgentError(f"the branch ended with status error: {traj.error}", run_id=run_id,
+                          step=step, hint=f"{SERVICE_FIX}, then {RESUME_SAME_ID}",
+                          tool_world=True)
     return AgentError(f"the branch ended with status error: {traj.error or 'no error given'}",
                       run_id=run_id, step=step,
                       hint="the framework raised inside the branch, or a tool answered it "
@@ -234,11 +242,12 @@ def check_failures(failures: Sequence[Failure], ran: int, *, run_id: str,
 
 def _fix(first: Failure) -> str:
     """What to do about the failures ``first`` leads: a service its text, or its exception
-    (a closed MCP stream has no text), says is down, or the agent."""
-    down = says_service_down(first.error) or (
-        first.exception is not None and is_outage(first.exception))
-    return ("bring that service up where this estimate runs (or answer the tool with a "
-            "simulator)" if down else "fix the agent (or the hook that raises on branches)")
+    (a closed MCP stream has no text; a safe tool whose world changed, ``tool_world``), says
+    is down, or the agent."""
+    exc = first.exception
+    down = says_service_down(first.error) or (exc is not None and is_outage(exc)) or (
+        isinstance(exc, CarError) and exc.context.get("tool_world") is True)
+    return SERVICE_FIX if down else "fix the agent (or the hook that raises on branches)"
 
 
 def _arm_over_share(failures: Sequence[Failure], ran_by_arm: Mapping[str, int]) -> str | None:
