@@ -14,7 +14,7 @@ import csv
 import io
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from car_core.model.json_fields import Codec, Row, dump_fields, load_fields, nested
 from car_core.stats import Interval
@@ -216,10 +216,13 @@ class TriageResult:
     def from_dict(cls, data: Row) -> TriageResult:
         return load_fields(cls, data, _RESULT, float(data["level"]))  # type: ignore[no-any-return]
 
-    def split_hint(self) -> str | None:
+    def split_hint(self, spelling: Literal["python", "cli", "both"] = "python") -> str | None:
         """When groups differ only by step (the same agent and tool at step 2 of some runs and
         step 3 of longer ones), how to count them as one decision: a trial's two failure modes
-        read as "3 places in all". None when no two groups are so."""
+        read as "3 places in all". It says they may be two mistakes as well: another trial's
+        two real modes (a credit made first, or after a lookup) read "are one decision", and
+        following it hid both. ``spelling``: the grouping as ``by=`` (Python), ``--by``
+        (the command) or both (the page). None when no two groups are so."""
         seen: dict[tuple[str | None, str | None], list[TriageGroup]] = {}
         for g in self.groups:
             if g.step is not None and (g.agent is not None or g.tool is not None):
@@ -231,8 +234,11 @@ class TriageResult:
         who = ", ".join(p for p in (f"agent {split[0].agent}" if split[0].agent else "",
                                      f"tool {split[0].tool}" if split[0].tool else "") if p)
         by = tuple(f for f in self.by if f != "step")
-        return (f"steps {steps} are one decision if runs differ in length ({who}): pass "
-                f"by={by!r} (--by {','.join(by)}) to count them together")
+        flag = f"--by {','.join(by)}"
+        how = {"python": f"by={by!r}", "cli": flag, "both": f"by={by!r} ({flag})"}[spelling]
+        return (f"steps {steps} ({who}) may be one decision, made at a different step in runs "
+                f"of different lengths, or two different mistakes; if one, pass {how} to count "
+                "them together")
 
     def __str__(self) -> str:
         lines = [self.summary()]

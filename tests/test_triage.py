@@ -605,12 +605,17 @@ def test_groups_that_differ_only_by_step_say_how_to_count_them_as_one():
                             cost=0.0, truncated=False)
     split = result(group(1, "issue_refund", 5), group(2, "send_email", 3),
                    group(3, "send_email", 2))
+    # "may be": another trial's two real modes (a credit first, or after a lookup) were told
+    # they "are one decision", and following it hid both
     assert split.split_hint() == (
-        "steps 2 and 3 are one decision if runs differ in length (agent model, tool "
-        "send_email): pass by=('agent', 'node', 'tool') (--by agent,node,tool) to count them "
-        "together")
+        "steps 2 and 3 (agent model, tool send_email) may be one decision, made at a different "
+        "step in runs of different lengths, or two different mistakes; if one, pass "
+        "by=('agent', 'node', 'tool') to count them together")
     assert split.split_hint() in str(split)
+    assert split.split_hint("cli").endswith("pass --by agent,node,tool to count them together")
     from car_core.report.triage_page import render_triage
     page = render_triage(split)
-    assert '<p class="detail" id="split">steps 2 and 3 are one decision' in page
+    assert ('<p class="detail" id="split">steps 2 and 3 (agent model, tool send_email) may be'
+            in page)
+    assert "(--by agent,node,tool)" in page
     assert result(group(1, "issue_refund", 5), group(2, "send_email", 5)).split_hint() is None

@@ -262,7 +262,7 @@ def print_triage(r: TriageResult, store: str) -> None:
             t.add_row(kit.cell(g.label), str(g.n), _pct(g.share),
                       f"{_pct(g.share_ci[0])}–{_pct(g.share_ci[1])}")
         out.print(t)
-    if (split := r.split_hint()) is not None:
+    if (split := r.split_hint("cli")) is not None:
         out.print(Text(kit.safe(split), style="dim"))
     for row in r.per_run:
         if row.locus is None:

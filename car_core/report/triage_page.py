@@ -59,7 +59,7 @@ def triage_view(r: TriageResult, run_href: Mapping[str, str] | None = None,
                            "bar": _width(share),
                            "runs": [link(i) for i in ids]})
     skipped = sum(1 for row in r.per_run if row.answer == SKIPPED)
-    return {"summary": r.summary(), "split": r.split_hint() or "",
+    return {"summary": r.summary(), "split": r.split_hint("both") or "",
             "triage_id": r.triage_id, "runs_total": r.runs_total,
             "joint": fmt.pct(1 - r.alpha, 0), "each": fmt.pct(r.level, 1),
             "groups": groups, "others": others, "interval": r.interval,
