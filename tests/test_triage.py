@@ -451,6 +451,34 @@ def test_a_paced_line_says_the_time_so_far_and_left():
     assert (duration(42.4), duration(3 * 3600 + 5 * 60)) == ("42 s", "3 h 05 min")
 
 
+def test_a_paced_line_times_runs_that_go_several_at_once_as_lanes():
+    """A trial's fix went four runs at a time: its first line, at 30 s, said "about 7 min 00 s
+    left" (30 s for each of 14 runs), and it ended at 93 s. Four lanes of 30-second runs: when
+    the first ends, the other three of its wave are about done and the fifth run has just
+    begun; its 30 s and the ten queued runs' 300 s, over four lanes: 82.5 s."""
+    from car_core.engine.progress import Paced
+    now = [0.0]
+    paced = Paced(lambda done, total: f"[{done}/{total}]", clock=lambda: now[0], at_once=4)
+    now[0] = 30.0
+    assert paced(1, 15) == "[1/15] · 30 s so far, about 1 min 22 s left"
+    assert paced(4, 15).endswith("about 1 min 22 s left")  # the other three of the wave
+    now[0] = 60.0  # the second wave: as fast
+    assert paced(8, 15) == "[8/15] · 1 min 00 s so far, about 52 s left"
+
+
+def test_runs_read_back_count_as_done_but_not_towards_the_pace():
+    """A trial's resume read its finished runs back at once, and the next line said "about 0 s
+    left", then "about 1 min 01 s left". Untimed runs (``untimed``) give no pace of their own."""
+    from car_core.engine.progress import Paced
+    now = [0.0]
+    paced = Paced(lambda done, total, reused: f"[{done}/{total}]", clock=lambda: now[0],
+                  untimed=lambda reused: reused)
+    assert paced(1, 10, True) == "[1/10] · 0 s so far"
+    assert paced(2, 10, True) == "[2/10] · 0 s so far"
+    now[0] = 20.0
+    assert paced(3, 10, False) == "[3/10] · 20 s so far, about 2 min 20 s left"
+
+
 def test_progress_that_is_neither_a_bool_nor_a_function_is_refused_before_any_branch(
         population):
     agent = Preflighted(DESK.agent(), {})

@@ -29,6 +29,7 @@ from car_core.cli.selection import (
 )
 from car_core.engine.execution import default_executor, make_executor
 from car_core.errors import AttributionNotFound, InvalidInput
+from car_core.estimators._population import runs_at_once_for
 from car_core.estimators.fixes import Fix, as_fix
 from car_core.estimators.population_fix import fix_population, progress_line
 from car_core.fix_results import PopulationFix
@@ -176,6 +177,7 @@ def fix_many(run_ids: list[str], *, failed: bool, agent: Any, outcome: Any,
         raise InvalidInput("no failed run matches: nothing to fix",
                            hint="list the stored runs with `car runs`, or loosen the filters")
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
+    at_once = runs_at_once_for(runs_at_once, the_agent)
     shown = progress if progress is not None else sys.stderr.isatty()
     fid = resume or uuid.uuid4().hex[:16]  # known here, so a stopped fix can say it
     exe = None if executor is None else make_executor(executor.value, concurrency=concurrency)
@@ -188,8 +190,9 @@ def fix_many(run_ids: list[str], *, failed: bool, agent: Any, outcome: Any,
                                     store=db, triage=triage_id, from_step=start,
                                     rollouts=rollouts, alpha=alpha, seed=seed, budget=budget,
                                     fix_id=fid, force_agent=force_agent,
-                                    progress=per_run_lines(progress_line) if shown else None,
-                                    runs_at_once=runs_at_once, executor=exe)
+                                    progress=per_run_lines(progress_line, at_once)
+                                    if shown else None,
+                                    runs_at_once=at_once, executor=exe)
     finally:
         db.close()
     if json_out:

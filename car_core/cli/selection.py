@@ -68,10 +68,12 @@ def selected(store: str, run_ids: list[str] | None, resume: str | None, outcome:
         reader.close()
 
 
-def per_run_lines(line: Callable[..., str]) -> Callable[..., None]:
+def per_run_lines(line: Callable[..., str], at_once: int = 1,
+                  untimed: Callable[..., bool] | None = None) -> Callable[..., None]:
     """The progress a population command hands its estimate: ``line(done, total, ...)`` per
-    run on stderr, with the time so far and left (``Paced``), as ``progress=True`` prints."""
-    paced = Paced(line)
+    run on stderr, with the time so far and left (``Paced``, for ``at_once`` runs at a time),
+    as ``progress=True`` prints."""
+    paced = Paced(line, at_once=at_once, untimed=untimed)
 
     def shown(*args: Any) -> None:
         err.print(Text(kit.safe(paced(*args))), soft_wrap=True)

@@ -50,7 +50,8 @@ from car_core.cli.selection import (
 )
 from car_core.engine.execution import default_executor
 from car_core.errors import InvalidInput
-from car_core.estimators.triage import FIELDS, progress_line, triage
+from car_core.estimators._population import runs_at_once_for
+from car_core.estimators.triage import FIELDS, progress_line, triage, untimed
 from car_core.model.budget import Budget
 from car_core.store import RunStore
 from car_core.triage_results import UNDECIDED, TriageResult
@@ -196,6 +197,7 @@ def triage_command(
         raise InvalidInput("no run matches: nothing to triage",
                            hint="list the stored runs with `car runs`, or loosen the filters")
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
+    at_once = runs_at_once_for(runs_at_once, the_agent)
     label_fn = kit.load_object(label, "label") if label else None
     shown = progress if progress is not None else sys.stderr.isatty()
     tid = resume or uuid.uuid4().hex[:16]  # known here, so a stopped triage can say it
@@ -212,8 +214,9 @@ def triage_command(
                                             per_run_seconds, prices),
                             label=label_fn, by=grouping, store=db, triage_id=tid,
                             executor=exe,
-                            progress=per_run_lines(progress_line) if shown else None,
-                            force_agent=force_agent, runs_at_once=runs_at_once)
+                            progress=per_run_lines(progress_line, at_once, untimed)
+                            if shown else None,
+                            force_agent=force_agent, runs_at_once=at_once)
     finally:
         db.close()
     if json_out:

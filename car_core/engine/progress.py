@@ -43,18 +43,43 @@ def duration(seconds: float) -> str:
 class Paced:
     """A population's per-run line with the time since it began and, once a run has finished,
     about how long the rest will take at the pace so far: a trial's triage of 28 runs printed
-    one bare line per run for four minutes, with no way to tell whether to wait or stop."""
+    one bare line per run for four minutes, with no way to tell whether to wait or stop.
 
-    def __init__(self, line: Any, clock: Any = time.monotonic) -> None:
-        self.line, self.clock = line, clock
+    ``at_once`` runs go at a time, so the rest is timed as lanes (``_left``): timed from the
+    first run to end alone, four at once read "about 7 min left" of a triage that ended within
+    one. A run ``untimed(*rest)`` says took no time (read back from the store, refused) counts
+    as done but not towards the pace: read back first, they read "about 0 s left"."""
+
+    def __init__(self, line: Any, clock: Any = time.monotonic, at_once: int = 1,
+                 untimed: Any = None) -> None:
+        self.line, self.clock, self.untimed = line, clock, untimed
+        self.at_once = max(1, at_once)
         self.start = clock()
+        self.ends: list[float] = []  # when each timed run ended, from the start
+        self.seen = 0
 
     def __call__(self, done: int, total: int, *rest: Any) -> str:
-        spent = self.clock() - self.start
-        said = f"{self.line(done, total, *rest)} · {duration(spent)} so far"
-        if 0 < done < total:
-            said += f", about {duration(spent / done * (total - done))} left"
+        now = self.clock() - self.start
+        said = f"{self.line(done, total, *rest)} · {duration(now)} so far"
+        ended, self.seen = max(done - self.seen, 0), max(self.seen, done)
+        if self.untimed is None or not self.untimed(*rest):
+            self.ends.extend([now] * ended)
+        if self.ends and 0 < done < total:
+            said += f", about {duration(self._left(total - done, now))} left"
         return said
+
+    def _left(self, waiting: int, now: float) -> float:
+        """The time the ``waiting`` runs still take: the ``i``-th timed run began when a lane
+        freed (the first ``at_once`` at the start, each later one as a run ended), so the
+        mean run takes the ends less those starts; the runs in flight take what is left of
+        it, and the queued ones the whole of it, ``at_once`` at a time. One at a time this is
+        the time so far per run, times the runs left."""
+        k, m = self.at_once, len(self.ends)
+        starts = [0.0] * k + self.ends
+        mean = (sum(self.ends) - sum(starts[:m])) / m
+        flying = [max(mean - (now - s), 0.0) for s in starts[m:m + min(k, waiting)]]
+        queued = waiting - len(flying)
+        return max(max(flying, default=0.0), (sum(flying) + queued * mean) / k)
 
 
 class LineProgress:

@@ -243,15 +243,16 @@ __all__ = ["Purse", "RunPool", "Spent", "runs_at_once_for"]
 P = TypeVar("P", bound=Callable[..., None])
 
 
-def per_run_progress(progress: P | bool | None, line: Callable[..., str]) -> P | None:
+def per_run_progress(progress: P | bool | None, line: Callable[..., str], at_once: int = 1,
+                     untimed: Callable[..., bool] | None = None) -> P | None:
     """The callback a population estimate calls after each run: ``progress`` itself, none for
     ``False`` / ``None``, and for ``True`` one that prints ``line(...)`` of the same arguments
     to stderr, as the CLI does (``progress=False`` had been called as a function, after the
-    first run's attribution was spent)."""
+    first run's attribution was spent), paced for ``at_once`` runs at a time (``Paced``)."""
     if progress is None or progress is False:
         return None
     if progress is True:
-        paced = Paced(line)
+        paced = Paced(line, at_once=at_once, untimed=untimed)
 
         def printed(*args: Any) -> None:
             print(paced(*args), file=sys.stderr, flush=True)

@@ -174,8 +174,8 @@ def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: O
     stderr)."""
     fixes = _check(candidates, from_step, alpha, rollouts, max_rollouts)
     store = as_store(store)
-    each_run = per_run_progress(progress, progress_line)
     at_once = runs_at_once_for(runs_at_once, agent)
+    each_run = per_run_progress(progress, progress_line, at_once)
     total = as_budget(budget, "budget")
     population = _load_all(runs, store)
     n_runs, n_fix = len(population), len(fixes)

@@ -111,6 +111,14 @@ def progress_line(done: int, total: int, row: TriageRun) -> str:
     spent = "" if row.reused or not row.rollouts_used else f", {row.rollouts_used} rollouts"
     return (f"[{done}/{total}] run {row.run_id}: {what}{spent}"
             + (" (read back)" if row.reused else ""))
+
+
+def untimed(row: TriageRun) -> bool:
+    """Whether a run's line took no time to reach: read back, or never attributed (refused,
+    not failed): the pace leaves it out (``Paced``)."""
+    return row.reused or not row.rollouts_used
+
+
 FIELDS = ("step", "agent", "node", "tool")
 INTERVAL = ("Wilson score at level 1 − alpha/G (Bonferroni over the G categories); runs "
             "without a verdict counted out of the lower end and into the upper")
@@ -218,8 +226,8 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
     would hit it too, and the runs attributed so far are kept for the same ``triage_id``."""
     chosen_by = _check(by, label, alpha)
     store = as_store(store)
-    each_run = per_run_progress(progress, progress_line)
     at_once = runs_at_once_for(runs_at_once, agent)
+    each_run = per_run_progress(progress, progress_line, at_once, untimed)
     settings = ContrastiveSettings(rollouts=rollouts, alpha=alpha, seed=seed, search=search,
                                    early_stop=early_stop)
     total = budget if budget is None else as_budget(budget, "budget")
