@@ -72,6 +72,10 @@ def test_a_run_its_failed_branches_stopped_is_charged_what_it_spent(population, 
     assert all(r.rollouts_used > 0 and r.resumable for r in stopped)
     assert res.rollouts_used == sum(r.rollouts_used for r in res.per_run if not r.reused)
     assert stored <= res.rollouts_used <= total
+    # every pass's count holds this call's, failed branches included: a trial's read "293
+    # rollouts spent now, 205 by every pass" (the store keeps no failed branch)
+    assert res.rollouts_now is not None and res.rollouts_now > stored
+    assert res.rollouts_in_all == res.rollouts_now
 
 
 def test_cli_says_how_to_resume_runs_failed_branches_stopped_and_exits_5(population,

@@ -38,8 +38,9 @@ stopped it (rollouts, wall time, tokens or cost) is now larger, or gone. A resum
 attribution's ``rollouts_used`` also counts the branches it read back from its journal, so the
 total is charged for them: a resume spends no more than its budget, maybe less. So the
 result's ``rollouts_used`` (the rows' sum) is what the attributions of this call used, read-back
-branches included; ``rollouts_now`` counts the branches this call ran, and ``rollouts_in_all``
-those every pass of the triage ran (the branches its attributions keep in the store).
+branches included; ``rollouts_now`` counts the branches this call ran (failed ones included),
+and ``rollouts_in_all`` adds those earlier passes ran (the branches their attributions keep in
+the store; a failed branch is kept nowhere, so an earlier pass's are not counted).
 Runs in flight write to the store through connections of their own (a ``RunStore`` per run
 on the same file; a SQLite connection belongs to the thread that opened it).
 """
@@ -317,7 +318,8 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
             if store is not None else spent.rollouts
         result = replace(
             _summarised(located, finished, chosen_by, label, alpha, tid, spent, note, params),
-            rollouts_now=now, rollouts_in_all=sum(kept.values()) if store is not None else now)
+            rollouts_now=now,
+            rollouts_in_all=sum(kept_before.values()) + now if store is not None else now)
         if store is not None and tid is not None:
             from car_core.store.triages import finish_triage
             finish_triage(store, tid, result, params)
