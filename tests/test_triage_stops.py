@@ -127,6 +127,8 @@ def test_cli_says_how_to_resume_runs_failed_branches_stopped_and_exits_5(populat
                    "flaky_desk:outcome", "--rollouts", str(K), "--no-progress")
     assert proc.returncode == 5, (proc.stdout, proc.stderr)
     assert "could not be attributed" in proc.stdout
+    # the cause in the summary line, which clips a reason: a trial's read "(first: the…)"
+    assert "upstream model 500" in proc.stdout.splitlines()[0], proc.stdout
     assert "rollouts spent now" in proc.stdout and " 0 rollouts spent now" not in proc.stdout
     tid = proc.stdout.rsplit("triage ", 1)[1].split()[0]
     assert f"--resume {tid}" in proc.stderr, proc.stderr

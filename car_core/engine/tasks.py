@@ -82,10 +82,12 @@ class Failure:
         return self.step if self.step is not None else self.task.plan.start
 
     def describe(self) -> str:
-        at = ("" if self.step is None else f", failed after step {self.step}, its last"
-              if self.after_step else f", stopped at step {self.step}")
-        return (f"the branch {self.task.plan.words()} (rollout {self.task.rollout}{at}): "
-                f"{self.error}")
+        """The branch by what it did and where it stopped, then its error. Not by its rollout
+        index: a search's indices start in blocks (2**20 for a confirmation), and a trial's
+        message read "(rollout 1048576, ...)"."""
+        at = ("" if self.step is None else f" (failed after step {self.step}, its last)"
+              if self.after_step else f" (stopped at step {self.step})")
+        return f"the branch {self.task.plan.words()}{at}: {self.error}"
 
 
 def describe_error(exc: BaseException) -> str:

@@ -61,6 +61,7 @@ from car_core.errors import (
     AgentMismatch,
     AttributionBusy,
     AttributionNotFound,
+    BranchesFailed,
     CarError,
     InvalidInput,
     ModelUnavailable,
@@ -519,6 +520,8 @@ def refusal_reason(exc: CarError) -> str:
     population first: the error's hint (a thousand characters on making an outcome see a
     failure) led a trial's triage page with advice its outcome did not need, for three runs
     its noisy judge had mislabelled."""
+    if isinstance(exc, BranchesFailed) and exc.first is not None:
+        return _failed_words(exc)
     scores, stored = exc.context.get("scores"), exc.context.get("stored")
     if not isinstance(exc, OutcomeMismatch) or not scores or stored is None \
             or not is_failure(stored):
@@ -529,6 +532,20 @@ def refusal_reason(exc: CarError) -> str:
             "was recorded (a mislabel does not come back: nothing to attribute in this run), or "
             "the outcome cannot see the failure (then it refuses every run so: "
             f"`car attribute {exc.run_id}` says how to make it see one)")
+
+
+def _failed_words(exc: BranchesFailed) -> str:
+    """Branches that failed, in a row: the cause first, then which branch and what to do. A
+    summary clips the first reason, and the cause came last, after the share rule and the
+    branch's name: a trial's summary read "... (first: the…)"."""
+    first = exc.first
+    cause = (first.exception.message if isinstance(first.exception, CarError)
+             else first.error)
+    cause = " ".join(str(cause).removeprefix("the branch ended with status error: ").split())
+    which = ("one re-running the record with every step held (the replay itself breaks)"
+             if first.held_arm else f"the first {first.task.plan.words()}")
+    return (f"branches failed, {which}, because {cause} ({len(exc.failures)} of {exc.ran} "
+            "failed)" + (f". {exc.hint}" if exc.hint else ""))
 
 
 def _attributed(run: Trajectory, agent: Agent, outcome: OutcomeLike,
