@@ -213,6 +213,37 @@ def test_the_message_shows_what_the_outcome_received(pivot_model, pivot_run) -> 
     assert "final_state(run)" in text  # what to do: score the app's own state
 
 
+
+def test_a_final_state_that_lost_the_runs_tool_calls_is_named() -> None:
+    """A user trial's supervisor app kept only each worker's last message (``output_mode=
+    "last_message"``): the refund its outcome looked for was in ``run.steps`` but not in the
+    final state, and the refusal told it to read ``final_state(run)``, which it did. The
+    message names the tool calls the steps hold and the final state does not."""
+    def call(k: int, name: str) -> dict[str, Any]:
+        return {"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"c{k}", "type": "function",
+             "function": {"name": name, "arguments": "{}"}}]}
+    steps = [car.Step(index=k, action=call(k, name), observation=[], observed=True,
+                      meta={"agent": agent})
+             for k, (name, agent) in enumerate([("transfer_to_refunds", "supervisor"),
+                                                ("issue_refund", "refunds")])]
+    kept = {"messages": [{"role": "user", "content": "refund?"},
+                         {"role": "assistant", "content": "Refunded."}]}
+    run = car.Trajectory.new(context="refund?", steps=steps, outcome=car.Outcome(1.0),
+                             meta={"final_state": kept})
+    with pytest.raises(OutcomeMismatch) as info:
+        check_on_record(run, lambda r: 0.0)
+    text = str(info.value)
+    assert ("run.steps hold 2 tool call(s) its final state's messages do not "
+            "(transfer_to_refunds, issue_refund)") in text, text
+    assert "output_mode" in text
+    with_calls = dataclasses.replace(run, meta={"final_state": {
+        "messages": [kept["messages"][0], call(0, "transfer_to_refunds"),
+                     call(1, "issue_refund"), kept["messages"][1]]}})
+    with pytest.raises(OutcomeMismatch) as info:
+        check_on_record(with_calls, lambda r: 0.0)
+    assert "tool call(s) its final state's messages do not" not in str(info.value)
+
 # -- the command line ---------------------------------------------------------------------------
 
 def car_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

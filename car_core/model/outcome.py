@@ -355,4 +355,35 @@ def received(run: Trajectory) -> str:
             if role is not None:
                 kind += f" with role {str(role)!r}"
         text += f", its last message a {kind}"
+    if isinstance(messages, list):
+        lost = _calls_not_kept(run, messages)
+        if lost:
+            text += (f"; run.steps hold {len(lost)} tool call(s) its final state's messages do "
+                     f"not ({', '.join(lost[:5])}{', …' if len(lost) > 5 else ''}): an app "
+                     "that keeps only each agent's last message (a supervisor's "
+                     "output_mode=\"last_message\") leaves them out of the final state, so "
+                     "read them from run.steps, or build the app with "
+                     "output_mode=\"full_history\"")
     return text
+
+
+def _calls_not_kept(run: Trajectory, messages: list[Any]) -> list[str]:
+    """The names of the tool calls in ``run.steps`` whose ids no message of the final state
+    carries (a tool call or a tool result of that id): what an outcome over the final state
+    cannot see. A user trial's supervisor app kept only each worker's last message, and the
+    refusal told it to read the final state, which it did."""
+    kept: set[str] = set()
+    for m in messages:
+        if isinstance(m, dict):
+            kept.update(str(c.get("id")) for c in m.get("tool_calls") or ()
+                        if isinstance(c, dict))
+            if m.get("tool_call_id") is not None:
+                kept.add(str(m["tool_call_id"]))
+    lost = []
+    for step in run.steps:
+        calls = step.action.get("tool_calls") if isinstance(step.action, dict) else None
+        for c in calls if isinstance(calls, list) else ():
+            if isinstance(c, dict) and c.get("id") is not None and str(c["id"]) not in kept:
+                fn = c.get("function")
+                lost.append(str((fn if isinstance(fn, dict) else c).get("name", "?")))
+    return lost
