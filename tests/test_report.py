@@ -485,3 +485,19 @@ def test_the_headline_names_who_decided_the_locus_without_nesting(pivot_model, p
     said = "Step 2 is where this run committed to failure (decided by model, its 3rd decision)"
     assert f"<title>CAR · {said}</title>" in html
     assert "(model, step 2" not in html
+
+
+def test_the_report_of_a_stopped_attribution_says_interrupted_as_the_list_does(
+        pivot_run, tmp_path):
+    """A user trial's `car attributions` listed an attribution a blocked side effect stopped
+    as "interrupted", and `car report --attribution` said "has no result yet (status
+    running)". Stored as running with no live claim, it stopped: both say so."""
+    from car_core.report.pages import run_page
+    from car_core.store import RunStore
+    with RunStore(tmp_path / "car.db") as db:
+        db.save(pivot_run)
+        aid = db.begin_attribution(pivot_run.id, "contrastive", {})
+        db.release_attribution(aid)
+        with pytest.raises(InvalidInput, match=rf"attribution {aid} has no result yet "
+                                               r"\(interrupted\)"):
+            run_page(db, pivot_run, attribution=aid)

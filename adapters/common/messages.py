@@ -673,8 +673,7 @@ class ToolSafety:
                 "what a recorded call did", run_id=run_id, step=step, hint=self._choose(name))
         verb = acting_verb(name)
         if name in self.outright or verb:  # it says it changes things: never offer safe_tools
-            why = (self.derived.get(name) if name in self.outright
-                   else f"its name opens with {verb!r}, an action")
+            why = self.derived.get(name)  # named by the user: no reason to give them
             undo = (f"match_on={{{name!r}: [the argument names that matter]}} if the record "
                     "holds such a call" + (f" (it is a side effect because: {why})" if why
                                             else ""))

@@ -213,7 +213,8 @@ def test_a_blocked_call_of_a_tool_named_for_an_action_never_offers_safe_tools() 
     with pytest.raises(SideEffectBlocked) as err:
         rule.answer("charge_card", {"account": "A1", "amount": 100.0}, {}, run_id="r", step=3)
     assert "safe_tools" not in err.value.hint and "simulators=" in err.value.hint
-    assert "its name opens with 'charge', an action" in err.value.hint
+    # the user named it a side effect: no "because" of the tool's name beside their own list
+    assert "because" not in err.value.hint
     with pytest.raises(SideEffectBlocked) as err:
         rule.answer("ledger_note", {"text": "x"}, {}, run_id="r", step=3)
     assert "move 'ledger_note' from side_effect_tools to safe_tools" in err.value.hint
