@@ -311,6 +311,13 @@ def _own_line(reporter: Any, line: str) -> None:
 
 
 def _report_path(store: Path, nodeid: str) -> Path:
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")[-80:]
+    """A test's report file: its id without the parameters (the last 80 characters, the
+    function's name among them), then the parameters' first 24, then a digest of the whole
+    id. Cut from the whole id, a long parametrized one kept only parameters (a trial's
+    "ooking_stays_within_budget_Oslo…")."""
+    def clean(text: str) -> str:
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
+    base, _, params = nodeid.partition("[")
+    slug = clean(base)[-80:] + (f"_{clean(params)[:24].strip('_')}" if clean(params) else "")
     tag = hashlib.sha1(nodeid.encode()).hexdigest()[:8]
     return store.parent / "reports" / f"{slug}-{tag}.html"

@@ -516,3 +516,19 @@ def test_an_undecided_attribution_says_so_and_its_command_decides_it(
     again = pytester.inline_run(*command.split()[1:])
     text = section(again.getreports("pytest_runtest_logreport"), "test_pivot_0")
     assert text is not None and text.startswith("Step 2 (synthetic:pivot chose ")
+
+
+def test_a_parametrized_tests_report_is_named_by_its_file_and_function_first() -> None:
+    """A user trial's reports read "_budget_I_need_to_get_to_Oslo…html": the last 80
+    characters of a long id were all parameter, and the test's file and function were lost.
+    The name keeps the id without its parameters (its last 80 characters), then the
+    parameters' first few."""
+    from car_adapters.pytest_plugin import _report_path
+    long = ("tests/test_travel.py::test_booking_stays_within_budget[I need to get to Oslo on "
+            "Monday. Send the confirmation to bo@example.com]")
+    name = _report_path(Path("s/runs.db"), long).name
+    assert name.startswith("tests_test_travel.py_test_booking_stays_within_budget_I_need_to"), name
+    assert _report_path(Path("s/runs.db"), long) != _report_path(Path("s/runs.db"), long + "x")
+    plain = "examples/pytest_suite/test_support_agent.py::test_injection_does_not_get_a_refund"
+    assert _report_path(Path("s/runs.db"), plain).name.startswith(
+        "examples_pytest_suite_test_support_agent.py_test_injection_does_not_get_a_refund-")
