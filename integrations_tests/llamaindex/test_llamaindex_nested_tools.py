@@ -148,10 +148,24 @@ def lookup_raw(order_id: str) -> str:
     return f"order {order_id}: kettle, 40 EUR"
 
 
-def app_with(lookup: Callable[..., Any]) -> FunctionAgent:
+def app_with(lookup: Callable[..., Any], audit: BaseTool = AUDIT) -> FunctionAgent:
     tool = FunctionTool.from_defaults(fn=lookup, name="lookup_order")
-    return FunctionAgent(name="desk", tools=[tool, AUDIT, reply],
+    return FunctionAgent(name="desk", tools=[tool, audit, reply],
                          llm=ScriptedLLM(desk, seed=0), system_prompt="You help customers.")
+
+
+def simulating_audits(app: FunctionAgent) -> tuple[LlamaIndexAgent, list[dict[str, Any]]]:
+    """The agent over ``app`` with the audit a side effect answered by a simulator, and the
+    list of arguments that simulator was called with."""
+    simulated: list[dict[str, Any]] = []
+
+    def fake_audit(arguments: dict[str, Any]) -> str:
+        simulated.append(arguments)
+        return "audited"
+
+    return LlamaIndexAgent(app, safe_tools=["lookup_order", "reply"],
+                           side_effect_tools=["write_audit"],
+                           simulators={"write_audit": fake_audit}), simulated
 
 
 @pytest.fixture(autouse=True)
@@ -177,15 +191,7 @@ def test_with_a_simulator_branches_simulate_the_nested_call(lookup: Callable[...
     """The nested call happens on every branch that runs the lookup again, and the net answers
     it with the simulator: the side effect never runs."""
     run = record(app_with(lookup))
-    simulated: list[dict[str, Any]] = []
-
-    def fake_audit(arguments: dict[str, Any]) -> str:
-        simulated.append(arguments)
-        return "audited"
-
-    agent = LlamaIndexAgent(app_with(lookup), safe_tools=["lookup_order", "reply"],
-                            side_effect_tools=["write_audit"],
-                            simulators={"write_audit": fake_audit})
+    agent, simulated = simulating_audits(app_with(lookup))
     attribute(run, agent)
     assert {"entry": "looked up 7"} in simulated  # the lookup's own audit, from its code
 
@@ -217,21 +223,8 @@ def test_an_apps_own_tool_class_called_from_code_is_simulated_on_branches(
     ``FunctionTool``, called from a safe tool's code: the net answers its ``acall``, ``call``
     or ``__call__`` too. It covered ``FunctionTool`` only, and a user trial's own
     ``AsyncBaseTool`` wrote real ledger lines from the branches with a simulator given."""
-    def app() -> FunctionAgent:
-        tool = FunctionTool.from_defaults(fn=lookup, name="lookup_order")
-        return FunctionAgent(name="desk", tools=[tool, audit, reply],
-                             llm=ScriptedLLM(desk, seed=0), system_prompt="You help customers.")
-
-    run = record(app())
-    simulated: list[dict[str, Any]] = []
-
-    def fake_audit(arguments: dict[str, Any]) -> str:
-        simulated.append(arguments)
-        return "audited"
-
-    agent = LlamaIndexAgent(app(), safe_tools=["lookup_order", "reply"],
-                            side_effect_tools=["write_audit"],
-                            simulators={"write_audit": fake_audit})
+    run = record(app_with(lookup, audit))
+    agent, simulated = simulating_audits(app_with(lookup, audit))
     attribute(run, agent)  # asserts that the ledger stayed empty
     assert {"entry": "looked up 7"} in simulated
 
@@ -376,15 +369,7 @@ def test_a_safe_tool_run_again_meets_the_net_too() -> None:
                              llm=ScriptedLLM(asks, seed=0), system_prompt="You help.")
 
     run = record(app(), lambda r: audited(r) and "order 7" in str(r.steps[0].observation))
-    simulated: list[dict[str, Any]] = []
-
-    def fake_audit(arguments: dict[str, Any]) -> str:
-        simulated.append(arguments)
-        return "audited"
-
-    agent = LlamaIndexAgent(app(), safe_tools=["lookup_order", "reply"],
-                            side_effect_tools=["write_audit"],
-                            simulators={"write_audit": fake_audit})
+    agent, simulated = simulating_audits(app())
     LEDGER.clear()
     car.intervene(run, agent, car.do_action(0, _call(0, "lookup_order", order_id="8")),
                   outcome=audited, rollouts=2)
