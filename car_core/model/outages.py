@@ -8,6 +8,7 @@ stops an attribution, resumable, instead of failing every later branch on the sa
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 # What model clients raise when the server is unreachable, or still failing after the client's
 # own retries (openai, httpx, requests, aiohttp name them so), and what anyio raises on a stream
@@ -20,13 +21,21 @@ _OUTAGE_NAMES = frozenset({
     "ClosedResourceError", "BrokenResourceError", "EndOfStream"})
 
 
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the errors it was raised from (its cause, else its context), at most 16."""
+    e: BaseException | None = exc
+    for _ in range(16):
+        if e is None:
+            return
+        yield e
+        e = e.__cause__ or e.__context__
+
+
 def is_outage(exc: BaseException) -> bool:
     """Whether ``exc`` (or an error it was raised from) says a server is down,
     unreachable or overloaded (a refused connection, a timeout, 429 or 5xx): every later
     branch would hit it too."""
-    seen = 0
-    e: BaseException | None = exc
-    while e is not None and seen < 16:
+    for e in _chain(exc):
         if isinstance(e, (ConnectionError, TimeoutError)):
             return True
         if _OUTAGE_NAMES & {c.__name__ for c in type(e).__mro__}:
@@ -34,8 +43,6 @@ def is_outage(exc: BaseException) -> bool:
         status = getattr(e, "status_code", None)
         if isinstance(status, int) and (status == 429 or status >= 500):
             return True
-        e = e.__cause__ or e.__context__
-        seen += 1
     return False
 
 
@@ -44,30 +51,22 @@ def is_rate_limit(exc: BaseException) -> bool:
     refusing more requests for now (openai's ``RateLimitError``, or any client's error whose
     ``status_code``, or its ``response``'s, is 429). Waiting, retrying more or sending fewer
     requests at once helps; starting the server does not."""
-    seen = 0
-    e: BaseException | None = exc
-    while e is not None and seen < 16:
+    for e in _chain(exc):
         if any(c.__name__ == "RateLimitError" for c in type(e).__mro__):
             return True
         if any(getattr(o, "status_code", None) == 429 for o in (e, getattr(e, "response", None))):
             return True
-        e = e.__cause__ or e.__context__
-        seen += 1
     return False
 
 
 def server_error(exc: BaseException) -> int | None:
     """The HTTP 5xx status ``exc`` (or an error it was raised from) carries, on itself or its
     ``response``: the server answered, with an error of its own."""
-    seen = 0
-    e: BaseException | None = exc
-    while e is not None and seen < 16:
+    for e in _chain(exc):
         for o in (e, getattr(e, "response", None)):
             status = getattr(o, "status_code", None)
             if isinstance(status, int) and 500 <= status < 600:
                 return status
-        e = e.__cause__ or e.__context__
-        seen += 1
     return None
 
 
