@@ -236,9 +236,7 @@ def attributions(run_id: Annotated[str | None, typer.Argument(
             continue
         res = results[a.id] = a.result
         rows.append({"id": a.id, "run_id": a.run_id, "method": a.method,
-                     # stored as running with no live claim: stopped, waiting for a resume
-                     "status": ("interrupted" if str(a.status) == "running"
-                                and not db.running_now(a.id) else str(a.status)),
+                     "status": db.status_said(a),
                      "answer": (str(res.answer) if isinstance(res, ContrastiveResult)
                                 else None),
                      "locus": res.locus if isinstance(res, ContrastiveResult) else None,

@@ -65,10 +65,7 @@ def run_page(db: RunStore, run: Trajectory, attribution: str | None = None,
         raise InvalidInput(f"attribution {row.id} is a {row.method} attribution, not "
                            f"{method}", hint="drop --method or --attribution")
     if row is not None and row.result is None:
-        # as `car attributions` lists it: stored as running with no live claim, it stopped
-        status = ("interrupted" if str(row.status) == "running" and not db.running_now(row.id)
-                  else str(row.status))
-        raise InvalidInput(f"attribution {row.id} has no result yet ({status})",
+        raise InvalidInput(f"attribution {row.id} has no result yet ({db.status_said(row)})",
                            hint=f"finish it with `car attribute ... --resume {row.id}`")
     if row is None and method is not None:
         raise InvalidInput(f"run {run.id} has no finished {method} attribution",

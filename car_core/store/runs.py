@@ -313,6 +313,13 @@ class RunStore:
         """Whether the attribution's estimate may be running now (a live lease holds it)."""
         return running_now(self.db, attribution_id)
 
+    def status_said(self, attribution: Attribution) -> str:
+        """The attribution's status as every surface says it: one stored as running with no
+        live claim stopped, and waits for a resume ("interrupted")."""
+        status = str(attribution.status)
+        return ("interrupted" if status == AttributionStatus.RUNNING
+                and not self.running_now(attribution.id) else status)
+
     def release_attribution(self, attribution_id: str) -> None:
         """Give up this store's lease on an attribution (its branches and result stay)."""
         owner = self._leases.forget(attribution_id)
