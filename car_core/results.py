@@ -49,6 +49,10 @@ def render_html_with(renderer: HtmlRenderer) -> None:
     _html_renderer = renderer
 
 
+# where the plain text (``str(result)``) says the method is: in Python, one call away
+MEASURED = "how this was measured: res.explain()"
+
+
 class _Rendered:
     """JSON, HTML and notebook display shared by both result types."""
 
@@ -249,6 +253,12 @@ class ContrastiveResult(CouplingNumbers, _Rendered):
                           _text_table(list(fmt.ALTERNATIVE_COLUMNS), rows)])
 
     def __str__(self) -> str:
+        return self.plain()
+
+    def plain(self, measured: str | None = MEASURED, instead: bool = True) -> str:
+        """The answer, each step's row, what the agent did instead at the locus (unless
+        ``instead`` is false: a surface that prints every tested step's below) and what it
+        cost, ending with where the method is (``measured``; none when it follows)."""
         rows = [fmt.step_row(self, s, missing="-") for s in self.steps]
         table = _text_table(list(fmt.PLAIN_COLUMNS),
                             [fmt.plain_cells(self, r) for r in rows])
@@ -256,10 +266,10 @@ class ContrastiveResult(CouplingNumbers, _Rendered):
                 + (f"; truncated: {self.budget_note}" if self.truncated else "")
                 + (f"; {cut}" if (cut := self.cut_short()) else "")
                 + (f"; {len(self.failures)} failed branch(es) left out" if self.failures else "")
-                + "; how this was measured: res.explain()")
+                + (f"; {measured}" if measured else ""))
         hint = self.continue_hint()
-        instead = self.alternatives_text(self.locus) if self.locus is not None else ""
-        return "\n".join([fmt.answer(self), table, *([instead] if instead else []), foot,
+        shown = self.alternatives_text(self.locus) if instead and self.locus is not None else ""
+        return "\n".join([fmt.answer(self), table, *([shown] if shown else []), foot,
                           *([hint] if hint else []), *(f"caveat: {c}" for c in self.caveats)])
 
 
@@ -350,11 +360,16 @@ class ShapleyResult(CouplingNumbers, _Rendered):
             _text_table(list(fmt.SHAPLEY_COLUMNS), self._rows(False))])
 
     def __str__(self) -> str:
+        return self.plain()
+
+    def plain(self, measured: str | None = MEASURED) -> str:
+        """The answer, each step's value and what it cost, ending with where the method is
+        (``measured``; none when it follows)."""
         hint = self.continue_hint()
         foot = (f"rollouts used {self.rollouts_used} of {self.budget}"
                 + (f"; truncated: {self.budget_note}" if self.truncated else "")
                 + (f"; {len(self.failures)} failed branch(es) left out" if self.failures else "")
-                + "; how this was measured: res.explain()")
+                + (f"; {measured}" if measured else ""))
         return "\n".join([fmt.answer(self),
                           _text_table(list(fmt.PLAIN_SHAPLEY_COLUMNS), self._rows(True)),
                           foot, *([hint] if hint else []),

@@ -13,7 +13,8 @@ framework and not even ``car_core`` until a test asks for the ``car_recorder`` f
   failed run is attributed (contrastive unless ``--car-method shapley``), within
   ``--car-budget`` rollouts and ``--car-wall-time`` seconds (branches run as
   ``--car-executor`` says, else as chosen for the agent), and the locus with its interval
-  and the HTML report's path go into the failure report. An attribution that cannot run says
+  and the HTML report's path go into the failure report (how it was measured too with
+  ``--car-explain``). An attribution that cannot run says
   why in one line; the test's outcome is never changed. With more than one failing test, the
   end-of-session summary groups where they commit (``population``), with intervals.
 - ``@pytest.mark.car(safe_tools=[...], side_effect_tools=[...], simulators={...}, outcome=fn)``
@@ -58,6 +59,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--car-executor", choices=("sequential", "async", "ray"), default=None,
                     help="how one attribution runs its branches (default: chosen for the "
                          "agent: at once when its model waits on a server)")
+    group.addoption("--car-explain", action="store_true", default=False,
+                    help="with --car-attribute: also print how each answer was measured (the "
+                         "test, its level, the sample sizes, the pairing); the report has it "
+                         "either way")
     group.addoption("--car-store", default=None, metavar="PATH",
                     help="SQLite store for the session's runs (default: runs.db in pytest's "
                          "cache folder, replaced each session)")
@@ -170,6 +175,7 @@ class _Attributor:
         self.rollouts = config.getoption("car_rollouts")
         self.wall_time = config.getoption("car_wall_time")
         self.executor = config.getoption("car_executor")
+        self.explain = config.getoption("car_explain")
         self.found: dict[str, dict[str, str]] = {}  # node id -> its car_* properties
 
     @pytest.hookimpl(wrapper=True)
@@ -230,7 +236,8 @@ class _Attributor:
                                                 **({"car_run_failed": "no"}
                                                    if isinstance(found, NoRunFailed) else {})}
         progress.done(found.headline())
-        return found.summary(time.monotonic() - started), found.properties()
+        return (found.summary(time.monotonic() - started, self.explain),
+                found.properties())
 
 
 def one_line(exc: BaseException) -> str:

@@ -54,18 +54,28 @@ class Attribution:
     nodeid: str
     notes: list[str] = field(default_factory=list)
 
-    def summary(self, seconds: float) -> str:
+    def summary(self, seconds: float, explain: bool = False) -> str:
+        """The failure report's section: the answer, the run, each step's row and the report;
+        how it was measured (the test, its level, the sample sizes) follows with ``explain``
+        (``--car-explain``, for a CI log read where the report is not at hand), else one line
+        says where it is. Printed always, it repeated the step table below the answer in
+        some forty lines per failing test."""
         r = self.result
         lines = [self.headline()]
         lines.append(f"run {self.run.id} ({len(self.run.steps)} steps) recorded by {self.nodeid};"
                      f" {r.rollouts_used} rollouts in {seconds:.1f}s"
                      + (f"; truncated: {r.budget_note}" if r.truncated else ""))
-        # the table and what follows it (its first line is the headline, said above), then
-        # how it was measured, complete: a CI log is read when a test fails
-        lines += [*str(r).splitlines()[1:], *self.notes]
+        where = ("how this was measured (test, level, sample sizes, pairing): "
+                 + ("in the report, or " if self.report is not None else "")
+                 + "add --car-explain")
+        # the table and what follows it (its first line is the headline, said above)
+        plain = (r.plain(None, instead=False) if explain and hasattr(r, "locus")
+                 else r.plain(None if explain else where))
+        lines += [*plain.splitlines()[1:], *self.notes]
         if self.report is not None:
             lines.append(f"report: {self.report}")
-        lines.append(r.explain(self._who()))
+        if explain:
+            lines.append(r.explain(self._who()))
         return "\n".join(lines)
 
     def continue_command(self) -> str | None:

@@ -64,10 +64,14 @@ def test_refuses_refund(car_recorder, app):
 def test_a_failing_langgraph_test_gets_its_locus_printed_and_a_report(
         pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_support=SUPPORT_SUITE)
-    result = pytester.runpytest("--car-attribute", "--car-rollouts", "32")
+    result = pytester.runpytest("--car-attribute", "--car-rollouts", "32", "--car-explain")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
     assert "CAR attribution" in out
+    # --car-explain: how it was measured follows the answer, the step table not repeated
+    # above it, nor what the agent did instead at the locus
+    assert out.count("How this was measured (contrastive attribution of run ") == 1
+    assert out.count("What the agent did instead at step 1 (") == 1
     # an unnamed graph's steps are labelled by the node that decided them ("LangGraph", the
     # default graph name, would say nothing)
     found = re.search(r"locus: step (\d) \(decided by agent, its \w+ decision\), rescue "
@@ -104,7 +108,13 @@ def test_car_executor_is_how_the_attribution_runs_its_branches(
     result = pytester.runpytest("--car-attribute", "--car-rollouts", "8", "--car-executor",
                                 "async")
     result.assert_outcomes(failed=1)
-    assert asked == ["async"] and "CAR attribution" in result.stdout.str()
+    out = result.stdout.str()
+    assert asked == ["async"] and "CAR attribution" in out
+    # without --car-explain the section is the answer, the table and one line saying where the
+    # method is: the whole explain() block per failing test (the step table twice) was too much
+    assert "How this was measured" not in out and out.count("<- locus") == 1
+    assert ("how this was measured (test, level, sample sizes, pairing): in the report, or "
+            "add --car-explain") in out
     assert (pytester.path / "refunds.ledger").read_text().split() == ["A1001"]
 
 
