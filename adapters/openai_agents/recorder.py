@@ -61,6 +61,7 @@ from .guardrails import BLOCKED, TRIPS, tripwire_of, watch
 from .offered_tools import offered
 
 UNFINISHED = "the run stopped before a final output (an exception, a guardrail or max_turns)"
+CANCELLED = "the stream was cancelled before a final output (RunResultStreaming.cancel)"
 
 
 def _model_name(agent: Any) -> str:
@@ -102,6 +103,14 @@ STALE_S = 1.0  # a run whose last turn ended this long ago, none begun since, is
 
 class RunStillOpen(UserWarning):
     """A run that may have stopped between turns was taken to be still going (``runs``)."""
+
+
+def _cancelled(task: Any) -> bool:
+    """Whether a run's latest turn was cancelled (``RunResultStreaming.cancel()``): done
+    cancelled, or asked to be and not yet there."""
+    if not isinstance(task, asyncio.Task):
+        return False
+    return task.cancelled() if task.done() else task.cancelling() > 0
 
 
 def _task() -> asyncio.Task[Any] | None:
@@ -217,16 +226,20 @@ class CarRecorder(RunHooks[Any]):
         with self._lock:
             block.settled = True
             open_ = [b for b in block.bufs if self._bufs.get(id(b.usage)) is b]
-            # a run stopped mid-way ends here: by what left the block, or by a tripwire the
-            # app caught (its model call cancelled, it never reached its end)
-            stopped = [b for b in open_ if raised is not None or id(b.usage) in block.trips]
+            # a run stopped mid-way ends here: by what left the block, by a tripwire the app
+            # caught (its model call cancelled, it never reached its end) or by a stream
+            # cancelled in the block (the SDK tells the hooks nothing of it)
+            stopped = [b for b in open_ if raised is not None or id(b.usage) in block.trips
+                       or _cancelled(b.task)]
             for b in stopped:
                 del self._bufs[id(b.usage)]
                 self._settled[id(b.usage)] = b.usage
             for b in open_:
                 if not any(b is x for x in stopped):
                     b.block = None
-        ended = [*block.held, *((b, raised or UNFINISHED) for b in stopped)]
+        ended = [*block.held, *((b, raised or (CANCELLED if _cancelled(b.task) and
+                                               id(b.usage) not in block.trips else UNFINISHED))
+                                for b in stopped)]
         for buf, err in ended:
             if buf.context is None and id(buf.usage) in block.blocked:
                 # stopped before its first model call: what it was asked is the input the
@@ -325,10 +338,20 @@ class CarRecorder(RunHooks[Any]):
             raise InvalidInput(f"{type(ended).__name__} is neither a run's result nor an error "
                                "of the SDK that carries its run",
                                hint="pass what Runner.run returned, or the exception it raised")
+        raised = isinstance(ended, BaseException)
+        if not raised and getattr(ended, "is_complete", True) is False:
+            raise AdapterError("that streamed run has not ended",
+                               hint="read result.stream_events() to the end (or cancel the "
+                                    "stream) before recorder.run_of(result)")
+        # it raised, or its stream ended with the run still open: the SDK calls no hook when
+        # a stream is cancelled, and a user's Stop lost the run it stopped (a run paused for
+        # approvals is not over: it goes on when resumed)
+        over = raised or (getattr(ended, "is_complete", False) is True
+                          and not getattr(ended, "interruptions", None))
         with self._lock:
-            buf = self._bufs.pop(id(usage), None) if isinstance(ended, BaseException) else None
-        if buf is not None and buf.steps:  # it raised: over, whatever its turns' tasks say
-            self._finish(buf, ended)
+            buf = self._bufs.pop(id(usage), None) if over else None
+        if buf is not None and buf.steps:  # over, whatever its turns' tasks say
+            self._finish(buf, ended if raised else CANCELLED)
         with self._lock:
             kept = self._kept.get(id(usage))
         if kept is None or kept[0] is not usage:

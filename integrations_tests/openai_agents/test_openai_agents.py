@@ -20,6 +20,7 @@ point of commitment is the planted step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import math
 from collections import Counter
@@ -322,6 +323,43 @@ def test_concurrent_runs_do_not_mix(rec: CarRecorder) -> None:
     by_context = {r.context: r for r in rec.runs}
     assert by_context["ticket A"].steps[0].observation[0]["content"] == URGENT
     assert by_context["ticket B"].steps[0].observation[0]["content"] == CALM
+
+
+def test_a_cancelled_stream_is_kept_as_an_error_run(rec: CarRecorder) -> None:
+    """A user's Stop (``RunResultStreaming.cancel()``) calls no hook: a trial's stopped run,
+    the one to attribute, was never stored unless ``recorder.runs`` happened to be read, and
+    ``run_of(result)`` said no run was kept for it ("pass hooks=recorder")."""
+    app = Helpdesk(seed=3)
+
+    async def stopped(mode: str, block: bool) -> Any:
+        with rec.recording(app.agent) if block else contextlib.nullcontext():
+            result = Runner.run_streamed(app.agent, "ticket", hooks=rec)
+            async for event in result.stream_events():
+                if event.type == "run_item_stream_event" and event.name == "tool_called":
+                    result.cancel(mode=mode)
+        return result
+
+    assert rec.store is not None
+    asyncio.run(stopped("immediate", block=True))  # nothing read: the block keeps it
+    (row,) = rec.store.runs()
+    run = rec.store.load(row["id"])
+    assert run.status == "error" and "cancelled" in (run.error or "")
+    assert [c["function"]["name"] for c in run.steps[0].action["tool_calls"]] == [
+        "fetch_ticket"]
+    # cancelled after its turn, outside a block: run_of finds it
+    result = asyncio.run(stopped("after_turn", block=False))
+    run = rec.run_of(result)
+    assert run.status == "error" and "cancelled" in (run.error or "")
+    assert len(rec.store.runs()) == 2
+
+    async def unread() -> None:  # a stream still going is not "no run kept"
+        result = Runner.run_streamed(app.agent, "ticket", hooks=rec)
+        with pytest.raises(AdapterError, match="has not ended"):
+            rec.run_of(result)
+        async for _ in result.stream_events():
+            pass
+        assert rec.run_of(result).status == "complete"
+    asyncio.run(unread())
 
 
 def test_a_run_that_stops_early_is_recorded_as_an_error(rec: CarRecorder) -> None:
