@@ -221,6 +221,14 @@ class RunRecorder:
                            hint="LangGraph, LlamaIndex and car.record runs are recorded without "
                                 "hooks; hooks_for is for OpenAI Agents SDK agents")
 
+    def recording(self, agent: Any, *, run_config: Any = None) -> Any:
+        """The OpenAI Agents SDK's recording block for this test's runs of ``agent``
+        (``CarRecorder.recording``): ``with car_recorder.recording(agent):`` around the
+        ``Runner.run`` calls, which still pass ``hooks=car_recorder.hooks_for(agent)``. An
+        app with guardrails is attributable only from runs recorded so, and a trial found
+        no way to write it with the fixture."""
+        return self.hooks_for(agent).recording(agent, run_config=run_config)
+
     # -- when the test ends ----------------------------------------------------------------
     def finish(self) -> list[Any]:
         """Stop recording, score, tag and store the runs (once; later calls return them)."""

@@ -323,7 +323,7 @@ def test_xdist_workers_write_their_own_stores_merged_at_the_end(
     result.assert_outcomes(failed=4)
     out = result.stdout.str()
     sections, summary = out.split("CAR attribution summary")
-    assert len(re.findall(r"locus: step 1 \(decided by synthetic:pivot\)", sections)) == 4
+    assert len(re.findall(r"^1\s.*<- locus", sections, re.MULTILINE)) == 4
     assert len(re.findall(r"test_pivot\d.py::test_pivot_\d: Step 1 \(synthetic:pivot chose ",
                           summary)) == 4
     folder = session_store(pytester).parent
@@ -429,7 +429,8 @@ OPENAI_AGENTS_SUITE = '''
 from pathlib import Path
 
 import pytest
-from agents import Agent, Runner, function_tool, set_tracing_disabled
+from agents import (Agent, GuardrailFunctionOutput, Runner, function_tool, input_guardrail,
+                    set_tracing_disabled)
 from car_adapters.common.messages import assistant, tool_call
 from car_adapters.openai_agents import ScriptedModel
 
@@ -465,6 +466,23 @@ def test_never_escalates(car_recorder):
     car_recorder.watch(agent, outcome=escalated)
     Runner.run_sync(agent, "Please handle ticket 7.", hooks=car_recorder.hooks_for(agent))
     assert not escalated(car_recorder.finish()[-1])
+
+
+@input_guardrail
+async def polite(ctx, agent, text):
+    return GuardrailFunctionOutput(output_info=None, tripwire_triggered="insult" in str(text))
+
+
+@pytest.mark.car(safe_tools=["fetch_ticket", "close_ticket"], side_effect_tools=["escalate"],
+                 simulators={"escalate": lambda a: "simulated"})
+def test_never_escalates_behind_a_guardrail(car_recorder):
+    agent = Agent(name="Helpdesk", instructions="You are a helpdesk agent.",
+                  model=ScriptedModel(decide, seed=2), tools=[fetch_ticket, escalate, close_ticket],
+                  input_guardrails=[polite])
+    car_recorder.watch(agent, outcome=escalated)
+    with car_recorder.recording(agent):  # an app with guardrails is recorded in the block
+        Runner.run_sync(agent, "Please handle ticket 7.", hooks=car_recorder.hooks_for(agent))
+    assert not escalated(car_recorder.finish()[-1])
 '''
 
 
@@ -472,20 +490,28 @@ def test_a_failing_openai_agents_test_gets_its_locus_and_no_branch_escalates(
         pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_helpdesk=OPENAI_AGENTS_SUITE)
     result = pytester.runpytest("--car-attribute", "--car-rollouts", "32")
-    result.assert_outcomes(failed=1)
+    result.assert_outcomes(failed=2)
     out = result.stdout.str()
-    found = re.search(r"locus: step (\d) \(decided by Helpdesk, its \w+ decision\), rescue "
-                      r"[+-]\d\.\d{3} \[([+-]\d\.\d{3}), ([+-]\d\.\d{3})\] at 95%", out)
-    assert found, out
+    # the locus row of each test's step table: step, what it did, rescue, interval
+    found = re.findall(r"^(\d)\s.*?[+-]\d\.\d{3}\s+\[([+-]\d\.\d{3}), ([+-]\d\.\d{3})\]"
+                       r".*<- locus", out, re.MULTILINE)
+    assert len(found) == 2, out
     # step 1 escalates with probability 0.5 and nothing else is random: P(fail | held) = 1,
     # P(fail | step 1 resampled) = 0.5, so the analytic rescue 0.5 lies in its interval (at
-    # the Bonferroni level over the 3 steps this misses about once in a hundred runs)
-    assert int(found[1]) == 1 and float(found[2]) <= 0.5 <= float(found[3])
-    (run,) = stored_runs(session_store(pytester))
-    assert run.meta["framework"] == "openai-agents" and run.failed  # seed 2's draw 0.26 < 0.5
-    assert run.meta["test"] == "test_helpdesk.py::test_never_escalates"
-    # the recorded run escalated once; no branch ran the real tool (record or simulator)
-    assert (pytester.path / "escalations.ledger").read_text().split() == ["mallory"]
+    # the Bonferroni level over the 3 steps this misses about once in a hundred runs); the
+    # app with a guardrail, recorded in the fixture's block, gets the same answer
+    for step, lo, hi in found:
+        assert int(step) == 1 and float(lo) <= 0.5 <= float(hi)
+    assert out.count("Step 1 (Helpdesk called escalate(user=\"mallory\")") >= 2
+    runs = stored_runs(session_store(pytester))
+    assert all(r.meta["framework"] == "openai-agents" and r.failed for r in runs)  # seed 2
+    assert sorted(r.meta["test"] for r in runs) == [
+        "test_helpdesk.py::test_never_escalates",
+        "test_helpdesk.py::test_never_escalates_behind_a_guardrail"]
+    assert [r.meta.get("guardrails_watched") for r in runs if "guardrail" in r.meta["test"]
+            ] == [["input guardrail 'polite'"]]
+    # each recorded run escalated once; no branch ran the real tool (record or simulator)
+    assert (pytester.path / "escalations.ledger").read_text().split() == ["mallory"] * 2
 
 
 def test_hooks_for_refuses_an_agent_recorded_without_hooks(pytester: pytest.Pytester) -> None:
