@@ -31,17 +31,24 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         e = e.__cause__ or e.__context__
 
 
+def _statuses(e: BaseException) -> Iterator[object]:
+    """The HTTP status ``e`` carries on itself (openai's errors) or on its ``response``
+    (httpx's ``HTTPStatusError``, requests' ``HTTPError``, from ``raise_for_status()``)."""
+    for o in (e, getattr(e, "response", None)):
+        yield getattr(o, "status_code", None)
+
+
 def is_outage(exc: BaseException) -> bool:
     """Whether ``exc`` (or an error it was raised from) says a server is down,
     unreachable or overloaded (a refused connection, a timeout, 429 or 5xx): every later
-    branch would hit it too."""
+    branch would hit it too. A trial's LLM client raised httpx's ``HTTPStatusError`` for a
+    503, whose status is on its response: the triage went on through every run."""
     for e in _chain(exc):
         if isinstance(e, (ConnectionError, TimeoutError)):
             return True
         if _OUTAGE_NAMES & {c.__name__ for c in type(e).__mro__}:
             return True
-        status = getattr(e, "status_code", None)
-        if isinstance(status, int) and (status == 429 or status >= 500):
+        if any(isinstance(s, int) and (s == 429 or 500 <= s < 600) for s in _statuses(e)):
             return True
     return False
 
@@ -54,7 +61,7 @@ def is_rate_limit(exc: BaseException) -> bool:
     for e in _chain(exc):
         if any(c.__name__ == "RateLimitError" for c in type(e).__mro__):
             return True
-        if any(getattr(o, "status_code", None) == 429 for o in (e, getattr(e, "response", None))):
+        if any(s == 429 for s in _statuses(e)):
             return True
     return False
 
@@ -63,8 +70,7 @@ def server_error(exc: BaseException) -> int | None:
     """The HTTP 5xx status ``exc`` (or an error it was raised from) carries, on itself or its
     ``response``: the server answered, with an error of its own."""
     for e in _chain(exc):
-        for o in (e, getattr(e, "response", None)):
-            status = getattr(o, "status_code", None)
+        for status in _statuses(e):
             if isinstance(status, int) and 500 <= status < 600:
                 return status
     return None
@@ -130,11 +136,5 @@ def is_stale_loop(exc: BaseException) -> bool:
     made on another event loop: a user who recorded with ``run_sync`` and attributes in the same
     process has an HTTP pool whose first connection on CAR's loop fails so, once, whatever the
     branch's path; the pool drops it and the next call works."""
-    seen = 0
-    e: BaseException | None = exc
-    while e is not None and seen < 16:
-        if _STALE_LOOP.search(str(e)):  # the client's RuntimeError, or CAR's error naming it
-            return True
-        e = e.__cause__ or e.__context__
-        seen += 1
-    return False
+    # the client's RuntimeError, or CAR's error naming it
+    return any(_STALE_LOOP.search(str(e)) for e in _chain(exc))
