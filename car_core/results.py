@@ -190,6 +190,18 @@ class ContrastiveResult(CouplingNumbers, _Rendered):
         return (f"the candidate is step {c}: rescue so far {fmt.effect(s.effect)} "
                 f"{fmt.effect_interval(s.ci)} from {s.n} pair(s)")
 
+    def _more_said(self) -> str:
+        """"about N more rollouts would decide it", and, where the resume the hint names
+        grows the budget by less (``larger_budget`` caps a rough N), that it does: a trial
+        read "about 422 more" beside a hint of 240 in all as two answers."""
+        said = f"about {self.more_rollouts} more rollouts would decide it"
+        hinted = self.larger_budget().get("rollouts")
+        spent = self.rollout_budget or self.rollouts_used
+        if hinted and self.more_rollouts and int(hinted) < spent + self.more_rollouts:
+            said += (f" (a rough figure: the resume the hint names grows the budget to "
+                     f"{hinted} first, and looks again)")
+        return said
+
     def continue_hint(self) -> str | None:
         """For an undecided result, how to continue; None for a decided one."""
         if self.answer != Answer.UNDECIDED:
@@ -225,8 +237,7 @@ class ContrastiveResult(CouplingNumbers, _Rendered):
                     f"rescue\" better than a rescue): step(s) "
                     f"{', '.join(map(str, self.given_up))}"]
                    if self.given_up else []),
-                 *([f"about {self.more_rollouts} more rollouts would decide it"]
-                   if self.more_rollouts else []),
+                 *([self._more_said()] if self.more_rollouts else []),
                  *([f"truncated: {self.budget_note}"] if self.truncated else []),
                  *([cut] if (cut := self.cut_short()) else []),
                  *([f"{len(self.failures)} failed branch(es) left out"] if self.failures

@@ -74,6 +74,20 @@ def test_the_result_text_names_each_answer(located, no_cause, undecided) -> None
         "budget=car.Budget(rollouts=44), store=<the store>, attribution_id='u1')")
 
 
+def test_a_rough_more_beyond_the_hint_says_the_hint_grows_less(undecided) -> None:
+    """A trial read "about 422 more rollouts would decide it" beside a hint of 240 in all as
+    two answers: the hint grows the budget by at most ``MOST_MORE`` caps a time, and the
+    figure now says so where it goes past the hint."""
+    far = replace(undecided, more_rollouts=422)
+    hinted = far.larger_budget()["rollouts"]
+    assert hinted < far.rollout_budget + 422
+    assert (f"about 422 more rollouts would decide it (a rough figure: the resume the hint "
+            f"names grows the budget to {hinted} first, and looks again)") in far.explain()
+    near = replace(undecided, more_rollouts=10)
+    assert near.larger_budget()["rollouts"] >= near.rollout_budget + 10
+    assert "about 10 more rollouts would decide it\n" in near.explain()
+
+
 def test_following_the_hint_decides_and_reuses_what_was_run(pivot_model, pivot_run, store,
                                                             undecided) -> None:
     resumed = car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
