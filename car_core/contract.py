@@ -37,7 +37,8 @@ connection, a timeout, 429 or 5xx): raise ``car_core.errors.ModelUnavailable`` t
 attribution stops, resumable, instead of failing every later branch; ``says_service_down(text)``
 is the same rule for an error's text (a tool's error message), which a branch is not scored on;
 ``outage_hint(exc, down)`` is what the stop's hint says to do (wait or slow down for a 429:
-``is_rate_limit(exc)``, the rule a client's backoff uses too).
+``is_rate_limit(exc)``, the rule a client's backoff uses too); ``server_address(exc)`` is the
+address the failed request went to, for the message.
 
 Executors: ``ExecutorName`` names the branch backends an estimator takes by name
 (``"sequential"``, ``"async"``, ``"ray"``), for an adapter that passes a user's choice on.
@@ -70,7 +71,13 @@ from car_core.model.capabilities import Capability, capabilities
 from car_core.model.context_sources import PROMPT_INPUT, ChatInput, offered_tools, state_of
 from car_core.model.interventions import Plan, compile_plan
 from car_core.model.json_values import JSON
-from car_core.model.outages import is_outage, is_rate_limit, outage_hint, says_service_down
+from car_core.model.outages import (
+    is_outage,
+    is_rate_limit,
+    outage_hint,
+    says_service_down,
+    server_address,
+)
 from car_core.model.outcome import OutcomeFn, OutcomeLike, scored
 from car_core.model.seeding import Noise, Stream
 from car_core.model.trajectory import ERROR_STEP, History, Outcome, Step, Trajectory
@@ -88,5 +95,5 @@ __all__ = ["ERROR_STEP", "JSON", "PROMPT_INPUT", "Agent", "AsyncAgent", "Attribu
            "agent_fingerprint", "canonical_action", "canonical_arguments", "capabilities",
            "compile_plan", "fingerprint_digest",
            "in_branch", "is_outage", "is_rate_limit", "offered_tools", "outage_hint", "redact",
-           "same_action", "says_service_down", "scored", "state_of"]
+           "same_action", "says_service_down", "scored", "server_address", "state_of"]
 

@@ -6,7 +6,13 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from car_core.model.outages import is_outage, is_rate_limit, outage_hint, server_error
+from car_core.model.outages import (
+    is_outage,
+    is_rate_limit,
+    outage_hint,
+    server_address,
+    server_error,
+)
 
 URL = "http://127.0.0.1:8000/v1/chat/completions"
 
@@ -55,3 +61,20 @@ def test_the_status_is_found_down_the_cause_chain() -> None:
 def test_a_refused_connection_is_an_outage_and_its_hint_is_the_callers() -> None:
     exc = httpx.ConnectError("connection refused", request=httpx.Request("POST", URL))
     assert is_outage(exc) and outage_hint(exc, "start the server") == "start the server"
+
+
+def test_the_server_address_is_read_from_the_request_without_user_path_or_query() -> None:
+    request = httpx.Request("POST", "http://user:sk-secret@10.0.0.5:8000/v1/chat?key=sk-1")
+    exc = httpx.ConnectError("connection refused", request=request)
+    assert server_address(exc) == "http://10.0.0.5:8000"
+    try:
+        try:
+            raise exc
+        except httpx.ConnectError as inner:
+            raise RuntimeError("the model call failed") from inner
+    except RuntimeError as outer:
+        assert server_address(outer) == "http://10.0.0.5:8000"
+    assert server_address(raised_for(503)) == "http://127.0.0.1:8000"
+    # no request to read (httpx raises on .request then) or none at all: no address
+    assert server_address(httpx.ConnectError("refused")) is None
+    assert server_address(ValueError("nope")) is None

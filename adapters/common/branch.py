@@ -10,12 +10,20 @@ framework."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 import car_core as car
-from car_core.contract import Noise, Plan, ToolSource, canonical_arguments, outage_hint, redact
+from car_core.contract import (
+    Noise,
+    Plan,
+    ToolSource,
+    canonical_arguments,
+    outage_hint,
+    redact,
+    server_address,
+)
 from car_core.errors import (
     RESUME_SAME_ID,
     AdapterError,
@@ -24,7 +32,7 @@ from car_core.errors import (
     ModelUnavailable,
 )
 
-from .messages import ToolSafety, calls_of
+from .messages import ToolSafety, calls_of, routes
 from .sources import TOOL_SOURCES
 
 
@@ -33,6 +41,8 @@ def model_unavailable(exc: BaseException, *, step: int, run_id: str | None,
     """The error that stops an attribution on an outage, saying how to go on: wait or slow
     down for a server that rate-limits, start it for one that is down (its text and cause pass
     the redaction rule: a client's error may quote a key)."""
+    where = server_address(exc)
+    who = f"{who} at {where}" if where else who
     todo = outage_hint(exc, "start the server or fix its address", who=who)
     out = ModelUnavailable(f"{who} failed at step {step}: {redact.describe(exc)}",
                            run_id=run_id, step=step, hint=f"{todo}, then {RESUME_SAME_ID}")
@@ -166,14 +176,35 @@ def check_recorded_tools(run: car.Trajectory, current: Mapping[str, Sequence[str
                                 "record the run again")
 
 
+def check_forced_actions(plan: Plan, tools: Iterable[str],
+                         record: Mapping[tuple[str, str], Any], run_id: str | None) -> None:
+    """Refuse a ``do_action`` whose tool call names no tool of the app (``tools``; a name the
+    run called, or one a framework adds to route between agents, passes): every branch would
+    answer it with the framework's "not a valid tool" and go on, so the rescue measured that
+    error. A trial's typo (``get-order`` for ``get_order``) read as a full rescue."""
+    known = {*tools, *(name for name, _ in record)}
+    for k, action in sorted(plan.forced_actions.items()):
+        if k in plan.held:
+            continue
+        unknown = sorted({n for _, n, _ in calls_of(action) if n not in known and not routes(n)})
+        if unknown:
+            raise InvalidIntervention(
+                f"do_action at step {k} calls {unknown}, but the app has no such tool (its "
+                f"tools: {sorted(set(tools))}): every branch would answer the call with the "
+                "framework's error, and the estimate would measure that error", run_id=run_id,
+                step=k, hint="spell each tool name exactly as the app registers it")
+
+
 def check_forced_tools(session: BranchSession, tools: Mapping[str, Sequence[str]],
                        run_id: str | None, *, why: str,
                        refused: Mapping[str, str] | None = None) -> None:
     """A forced observation can only replace the result of one of the app's own tools
     (``agent name -> tool names``), not of one the framework answers itself (``why`` says
     which), nor of a tool in ``refused`` (``name -> why``: one that must run for the branch
-    to stay faithful, as a tool that writes the app's state)."""
+    to stay faithful, as a tool that writes the app's state). A forced action must call the
+    app's tools too (``check_forced_actions``)."""
     given = {name for names in tools.values() for name in names}
+    check_forced_actions(session.plan, given, session.record, run_id)
     for k, msgs in session.forced_obs.items():
         for m in msgs:
             name = m.get("name")

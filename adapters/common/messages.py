@@ -292,6 +292,13 @@ def consistent(messages: list[Message], *, run_id: str | None = None,
     return out
 
 
+def routes(name: str) -> bool:
+    """Whether a tool name is one a framework adds to route between agents (an SDK or
+    supervisor ``transfer_to_…``, an AgentWorkflow ``handoff``): no tool list of the app's
+    holds it, and CAR classifies it itself."""
+    return name == "handoff" or name.startswith("transfer_to_")
+
+
 def recorded_calls(steps: Iterable[Any]) -> dict[tuple[str, str], Any]:
     """``(tool name, canonical arguments) -> result content`` over a run's recorded steps."""
     out: dict[tuple[str, str], Any] = {}
@@ -561,7 +568,7 @@ class ToolSafety:
                              ("safe_tools", self.safe_tools)):
             unknown = sorted(names - set(tools))
             if unknown:
-                routing = [u for u in unknown if u == "handoff" or u.startswith("transfer_to_")]
+                routing = [u for u in unknown if routes(u)]
                 also = (f"; {routing} route between agents: the framework runs them and CAR "
                         "classifies them itself (they only route), so leave them out"
                         if routing else "")
@@ -744,5 +751,5 @@ def forced_observations(plan: Plan, run_id: str | None = None
 __all__ = ["SAFE", "SIDE_EFFECT", "STATE_PARAMETER", "Answer", "Classified", "ToolSafety",
            "apply_edit", "as_content", "assistant", "calls_of", "canonical_arguments",
            "check_action", "check_observation", "consistent", "edited_messages",
-           "forced_observations", "mcp_classified", "parse_arguments", "recorded_calls",
+           "forced_observations", "mcp_classified", "parse_arguments", "recorded_calls", "routes",
            "takes_state", "tool_call", "tool_result"]

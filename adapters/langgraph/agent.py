@@ -127,8 +127,8 @@ from car_core import RunStore
 from car_core.contract import Noise, Plan, RunStatus, Trajectory, is_outage, redact, scored
 from car_core.errors import AdapterError, CarError, InvalidInput
 
-from ..common.branch import model_unavailable
-from ..common.messages import ToolSafety
+from ..common.branch import check_forced_actions, model_unavailable
+from ..common.messages import ToolSafety, recorded_calls
 from ..common.named import refuse_side_effect_functions
 from ..common.sync import await_on, finish_on, run_sync
 from .branch_saver import BranchSaver, writing_through
@@ -429,6 +429,7 @@ class LangGraphAgent:
                                   agent=self.name, status=run.status, meta=dict(run.meta))
         view = BranchPlan.of(plan)
         refuse_branch(self.shape, run, view, self.model, run.id in self._rebuilt)
+        check_forced_actions(plan, self.tools, recorded_calls(run.steps), run.id)
         return BranchState.open(run, view, noise, f"car-branch-{uuid.uuid4().hex}",
                                 agent=self.name, safety=self.safety,
                                 decides=self.model is not None, coupled=self.couples_noise,
@@ -536,6 +537,7 @@ class LangGraphAgent:
         if plan.start < len(run.steps):
             refuse_branch(self.shape, run, BranchPlan.of(plan), self.model,
                           run.id in self._rebuilt)
+            check_forced_actions(plan, self.tools, recorded_calls(run.steps), run.id)
 
     def _check(self, run: Trajectory) -> None:
         if run.id in self._checked:

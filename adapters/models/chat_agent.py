@@ -30,6 +30,7 @@ import car_core as car
 from car_core.contract import Noise, Plan, StopRule, ToolSource, redact
 from car_core.errors import CarError, InvalidInput, PolicyError
 
+from ..common.branch import check_forced_actions
 from ..common.messages import (
     Simulator,
     ToolSafety,
@@ -335,6 +336,11 @@ class ChatFunctionAgent(car.FunctionAgent):
             return None
         ks = sorted({0, len(run.steps) // 2, len(run.steps) - 1})
         return check([(history_messages(run.history(k)), k) for k in ks])  # type: ignore[no-any-return]
+
+    def check_plan(self, run: car.Trajectory, plan: Plan) -> None:
+        """Refuse, before any branch, a ``do_action`` calling a tool this agent does not
+        have: the branch would answer it "no tool named ..." and the estimate measure that."""
+        check_forced_actions(plan, self.tools, recorded_calls(run.steps), run.id)
 
     def branch(self, run: car.Trajectory, plan: Plan, noise: Noise,
                stop: StopRule | None = None) -> car.Trajectory:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from car_core import defaults
 from car_core import formatting as fmt
-from car_core.engine.agent import Agent, agent_fingerprint, caveats_of, check_agent
+from car_core.engine.agent import Agent, agent_fingerprint, caveats_of, check_agent, check_plans
 from car_core.engine.agent import (
     call_environment as call_environment,  # re-exported: drive lives in agent
 )
@@ -223,6 +223,7 @@ def _intervene(run: Trajectory, agent: Agent,
     check_level(level)  # a bad level fails here, not after every rollout has run
     Noise(seed)  # likewise a bad seed
     plan = compile_plan(run, interventions)
+    check_plans(run, agent, [plan])  # an agent that can tell refuses the plan here
     exe = resolve_executor(executor, agent)
     check_on_record(run, out)  # before the seed check's model calls and any branch
     handed, why = coupling(agent, run, bool(coupled))

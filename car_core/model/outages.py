@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 # What model clients raise when the server is unreachable, or still failing after the client's
 # own retries (openai, httpx, requests, aiohttp name them so), and what anyio raises on a stream
@@ -73,6 +74,25 @@ def server_error(exc: BaseException) -> int | None:
         for status in _statuses(e):
             if isinstance(status, int) and 500 <= status < 600:
                 return status
+    return None
+
+
+def server_address(exc: BaseException) -> str | None:
+    """``scheme://host:port`` of the server the failed request went to, read from the
+    request ``exc`` (or an error it was raised from) carries (openai's and httpx's errors
+    do), else None. Only the address: no user, path or query, which may hold a key. A
+    trial's "the model server failed ... Connection error" named no server to start."""
+    for e in _chain(exc):
+        try:
+            url = getattr(getattr(e, "request", None), "url", None)
+        except RuntimeError:  # httpx: an error whose request was never set
+            continue
+        if url is None:
+            continue
+        parts = urlsplit(str(url))
+        if parts.scheme and parts.hostname:
+            port = f":{parts.port}" if parts.port else ""
+            return f"{parts.scheme}://{parts.hostname}{port}"
     return None
 
 

@@ -21,7 +21,7 @@ from llama_index.core.agent.workflow import AgentWorkflow, FunctionAgent
 
 import car_core as car
 from car_core.engine.agent import AgentCaveat
-from car_core.errors import InvalidInput, SideEffectBlocked
+from car_core.errors import InvalidInput, InvalidIntervention, SideEffectBlocked
 
 P_REFUND = 0.8
 ROLLOUTS = 32
@@ -65,6 +65,22 @@ def test_chat_agent_refuses_a_misspelt_side_effect_tool_listing_its_tools() -> N
     assert "issue_refund" in str(err.value) and "lookup_order" in str(err.value)
     with pytest.raises(InvalidInput, match="refund_order"):
         ChatAgent(planted, ledger.tools(), simulators={"refund_order": lambda a: "ok"})
+    assert ledger.calls == {}
+
+
+def test_chat_agent_refuses_a_forced_action_calling_no_tool_of_its_own() -> None:
+    """A ``do_action`` calling a tool the agent does not have got "error: no tool named ..."
+    on every branch, which went on and read as a rescue; it is refused before any branch."""
+    ledger = Ledger()
+    agent = ChatAgent(planted, ledger.tools(), safe_tools=["lookup_order"],
+                      side_effect_tools=["issue_refund"])
+    run = car.record(agent, context="Where is order 42?", outcome=refunded, seed=0)
+    ledger.calls.clear()
+    typo = assistant(None, [tool_call("c", "lookup-order", {"order_id": "42"})])
+    with pytest.raises(InvalidIntervention, match=r"calls \['lookup-order'\], but the app has "
+                                                  r"no such tool \(its tools: \['issue_refund', "
+                                                  r"'lookup_order'\]\)"):
+        car.intervene(run, agent, car.do_action(1, typo), outcome=refunded, rollouts=4)
     assert ledger.calls == {}
 
 

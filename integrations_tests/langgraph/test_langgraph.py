@@ -35,7 +35,7 @@ from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
 import car_core as car
-from car_core.errors import SideEffectBlocked, UnclassifiedTools
+from car_core.errors import InvalidIntervention, SideEffectBlocked, UnclassifiedTools
 from car_core.model.interventions import compile_plan
 from car_core.model.seeding import branch_noise
 from car_core.testing import (
@@ -324,6 +324,25 @@ def test_a_refused_call_of_a_forced_action_names_the_forced_step() -> None:
         with pytest.raises(SideEffectBlocked, match="issue_refund") as stopped:
             agent.branch(run, plan, branch_noise(0, 0, "t", True))
         assert stopped.value.step == 0
+
+
+def test_a_forced_action_calling_no_tool_of_the_app_is_refused_before_any_branch() -> None:
+    """A trial's ``do_action`` spelled ``get-order`` for ``get_order``: every branch got the
+    framework's "not a valid tool" message, went on, and the intervention read as a rescue
+    of 100%. It is refused, naming the call and the app's tools, before a model is called."""
+    s = Support(InMemorySaver())
+    run = s.failing_run()
+    s.model.reset_calls()
+    typo = assistant("", [tool_call("call_a", "lookup-order", {"order_id": sa.ORDER_ID})])
+    with pytest.raises(InvalidIntervention, match=r"do_action at step 0 calls \['lookup-order'\]"
+                       r", but the app has no such tool \(its tools: \[.*'lookup_order'"):
+        car.intervene(run, s.agent, car.do_action(0, typo), outcome=sa.outcome, rollouts=4,
+                      seed=0, progress=False)
+    assert s.model.calls == 0
+    # the tools the app has (and a recorded call) still go through
+    good = assistant("", [tool_call("call_a", "lookup_order", {"order_id": sa.ORDER_ID})])
+    car.intervene(run, s.agent, car.do_action(0, good), outcome=sa.outcome, rollouts=1, seed=0,
+                  progress=False)
 
 
 class BigRefund(sa.PlantedSupportModel):

@@ -129,6 +129,8 @@ def test_llamaindex_attribution_stops_on_an_outage_and_resumes(
     with RunStore(db) as store, pytest.raises(ModelUnavailable, match="model server") as err:
         attribute(store, run, servers[-1].base_url, "interrupted", Sequential())
     assert "resume" in str(err.value)
+    # the server that went down is named, by its address only (a trial's message named none)
+    assert f"the model server at http://127.0.0.1:{port} failed at step" in str(err.value)
     with RunStore(db) as store:
         stored = {(b["arm"], b["rollout"]) for b in store.branches("interrupted")}
         assert sorted(stored) == sorted(done)  # the finished branches, and only them

@@ -896,6 +896,23 @@ def test_a_handoff_result_cannot_be_forced(rec: CarRecorder) -> None:
                       outcome=over_refunded, rollouts=1)
 
 
+def test_a_forced_action_must_call_a_tool_of_the_app(rec: CarRecorder) -> None:
+    """A ``do_action`` calling a tool the app does not have is refused before any branch (a
+    trial's typo read as a full rescue: each branch got the framework's error and went on);
+    a handoff the framework adds is no tool of the app's and still goes through."""
+    app, run = record_failing(Triage, over_refunded, rec, "refund order 7")
+    agent = OpenAIAgentsAgent(app.agent, safe_tools=["lookup_order"],
+                              side_effect_tools=["issue_refund"],
+                              simulators={"issue_refund": lambda a: "refunded"})
+    app.ledger.calls.clear()
+    with pytest.raises(InvalidIntervention, match=r"calls \['lookup-order'\], but the app has "):
+        car.intervene(run, agent, car.do_action(1, call("c9", "lookup-order", {"order": 7})),
+                      outcome=over_refunded, rollouts=2)
+    assert sum(app.ledger.calls.values()) == 0
+    car.intervene(run, agent, car.do_action(0, call("c9", "transfer_to_refunds", {})),
+                  outcome=over_refunded, rollouts=1)
+
+
 # -- parallel tool calls -----------------------------------------------------------------------
 def test_parallel_tool_calls_are_one_step_and_the_decision_after_them_is_the_locus(
         rec: CarRecorder) -> None:
