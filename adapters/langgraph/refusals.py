@@ -338,16 +338,21 @@ def refuse_branch(shape: AppShape, run: Trajectory, plan: BranchPlan, model: Any
                 "do_context there need CAR to decide the model call", run_id=run.id, step=k,
                 hint="build the app with CarChatModel(inner=your_model) and pass it as "
                      "LangGraphAgent(app, model=...); do_resample works without it")
+        # the summarizer's example only where the node is one: a trial's planner node, which
+        # writes its own prompt, was pointed at a SummarizationMiddleware it did not have
+        summarizer = "summariz" in str(node).lower()
         raise AdapterError(
-            f"step {k} is a model call whose whole input node {node!r} built itself (not the "
-            "graph's messages; a SummarizationMiddleware's prompt), and whose output the node "
-            "turns into what it writes, so do_action / do_context there can only be applied "
-            "at the model call, which CAR does not decide", run_id=run.id, step=k,
-            hint="wrap that node's model in CarChatModel(inner=...) (e.g. "
-                 "SummarizationMiddleware(model=CarChatModel(inner=summarizer))), have CAR "
-                 "decide the app's other model calls too (CarMiddleware() on create_agent, or "
-                 "CarChatModel), and pass that object as LangGraphAgent(app, model=...); "
-                 "do_resample works there without it")
+            f"step {k} is a model call whose whole input node {node!r} built itself (its own "
+            "prompt, not the graph's messages), and whose output the node turns into what it "
+            "writes, so do_action / do_context there can only be applied at the model call, "
+            "which CAR does not decide", run_id=run.id, step=k,
+            hint=("wrap that node's model in CarChatModel(inner=...) ("
+                  + ("e.g. SummarizationMiddleware(model=CarChatModel(inner=summarizer))"
+                     if summarizer else f"the model node {node!r} calls")
+                  + "), have CAR decide the app's other model calls too (CarMiddleware() on "
+                  "create_agent, or CarChatModel), and pass that object as "
+                  "LangGraphAgent(app, model=...), then record the run again; do_resample "
+                  "works there without it"))
 
 
 def refuse_structured_answer(shape: AppShape, run: Trajectory, k: int, action: Any) -> None:
