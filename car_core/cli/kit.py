@@ -543,9 +543,13 @@ def attribution_table(r: Result, width: int | None = None) -> Table:
               caption="P(fail) columns left out at this width: --explain has them"
               if narrow else None, caption_justify="left")
     action = dict(_ACTION_CELL)
-    if narrow and width is not None:  # what is left once the others have their full width
+    if width is not None:  # what is left once the others have their full width
         left = width - table_width([full[c] for c in cols if c != fmt.ACTION]) - 3
-        action["max_width"] = max(8, min(int(action["max_width"]), left))
+        longest = max((len(str(c[1])) for _, c in rows), default=0)
+        # a wide terminal shows the whole action: a trial's parallel call read
+        # 'called get_order(order_id="…' at 300 columns, the refund beside it cut off
+        action["max_width"] = (max(8, min(int(action["max_width"]), left)) if narrow
+                               else max(int(action["max_width"]), min(left, longest)))
     for col in cols:
         t.add_column(col, justify="left" if col in (fmt.ACTION, fmt.INTERVAL, "") else "right",
                      **action if col == fmt.ACTION else {"no_wrap": True,
