@@ -114,6 +114,6 @@ def coupling(agent: Any, run: Any, requested: bool) -> tuple[bool, str]:
         reason = agent.seed_check(run)
         if reason:
             return False, str(reason)
-        return True, ("measured: the model gave the same reply twice for one seed, and "
-                      "another for another seed")
+        return True, ("measured: the model repeated its reply for one seed (six times "
+                      "where another seed changed it), and another seed changed it")
     return True, "the agent was handed CAR's noise streams (not a claim that it drew from them)"

@@ -38,7 +38,7 @@ def test_coupling_is_reported_only_when_the_server_honours_the_seed(
         dist = car.intervene(run, agent, car.do_resample(0), outcome=long_reply, rollouts=2,
                              seed=0)
         # what CAR handed out; ``coupled`` itself is measured only with twins
-        assert ("same reply twice" in (dist.coupling or "")) is honoured
+        assert ("repeated its reply for one seed" in (dist.coupling or "")) is honoured
         assert "measured" in (dist.coupling or "")
         if not honoured:
             assert "ignores the request seed" in (dist.coupling or "")
@@ -80,10 +80,14 @@ def test_a_model_sure_of_every_probed_state_is_not_taken_to_honour_the_seed() ->
 
 
 @pytest.mark.parametrize(("reply", "honours", "calls"), [
-    # follows the seed: once a reply changed with it, each other state is decided twice only
-    (lambda k, seed, call: f"{k}: {seed % 7}", True, 7),
-    (lambda k, seed, call: f"{k}: {seed % 7}" if k else "fixed", True, 8),
+    # follows the seed: the state whose reply changed with it is asked four more times with
+    # the first seed, then each other state is decided twice only
+    (lambda k, seed, call: f"{k}: {seed % 7}", True, 11),
+    (lambda k, seed, call: f"{k}: {seed % 7}" if k else "fixed", True, 12),
     (lambda k, seed, call: f"{k}: {call}", False, 2),  # a new reply every call
+    # ignores the seed, and its first two replies matched by chance where another seed's
+    # differed: taken to honour it before (4 of 12 of a trial's checks), found out now
+    (lambda k, seed, call: "A" if call <= 2 else "B", False, 4),
 ])
 def test_a_model_is_taken_to_honour_the_seed_only_when_its_replies_follow_it(
         reply: Callable[[int, int, int], str], honours: bool, calls: int) -> None:
