@@ -241,7 +241,10 @@ def test_cli_runs_at_once_is_parsed_and_refused_below_one(population, tmp_path):
     one = car_cli("fix", ids[0], "--agent", AGENT, "--instruction", DESK.fix,
                   "--runs-at-once", "2", cwd=tmp_path)
     assert one.returncode != 0
-    assert "--runs-at-once, --progress and --executor are for a population" in one.stderr
+    assert "--runs-at-once is for a population" in one.stderr
+    quiet = car_cli("fix", ids[0], "--agent", AGENT, "--instruction", DESK.fix,
+                    "--no-progress", cwd=tmp_path)
+    assert quiet.returncode == 2 and "--no-progress is for a population" in quiet.stderr
 
 
 class _InterruptAfter(_Counting):

@@ -120,7 +120,7 @@ def test_fix_failed_says_the_answer_first_in_plain_words(folder):
 @pytest.mark.parametrize(("args", "words"), [
     (("A", "B"), "takes one RUN_ID"),
     (("--failed", "A"), "takes no RUN_ID"),
-    (("A", "--system", "x"), "are for a population"),
+    (("A", "--system", "x"), "--system is for a population"),
     (("--failed", "--step", "1", "--instruction", "x"), "are for one run"),
     (("--failed",), "no fix to test"),
     (("--failed", "--guard", "2:x"), "is not JSON"),

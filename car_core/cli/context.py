@@ -265,11 +265,20 @@ def fix(agent: AgentOpt, run_ids: Annotated[list[str] | None, typer.Argument(
         raise InvalidInput(f"car fix takes one RUN_ID, got {len(ids)}",
                            hint="name one run, or test a fix on many: --runs RUN_ID... or "
                                 "--failed")
-    if system or policy or triage or budget is not None or from_step is not None \
-            or runs_at_once is not None or progress is not None or executor is not None:
-        raise InvalidInput("--system, --policy, --triage, --budget, --from-step, "
-                           "--runs-at-once, --progress and --executor are for a population",
-                           hint="add --runs (these runs) or --failed")
+    given = [flag for flag, set_ in (
+        ("--system", bool(system)), ("--policy", bool(policy)), ("--triage", bool(triage)),
+        ("--budget", budget is not None), ("--from-step", from_step is not None),
+        ("--runs-at-once", runs_at_once is not None),
+        ("--progress" if progress else "--no-progress", progress is not None),
+        ("--executor", executor is not None)) if set_]
+    if given:
+        # the flags typed, by the names typed: a trial's --no-progress was refused as
+        # "--progress ... are for a population"
+        raise InvalidInput(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for a "
+                           "population (--system, --policy, --triage, --budget, --from-step, "
+                           "--runs-at-once, --progress and --executor are)",
+                           hint="add --runs (these runs) or --failed, or leave "
+                                + ("it" if len(given) == 1 else "them") + " out")
     run, k = _load(ids[0], store, step)
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
     what, ranking = _rank(run, k, the_agent, the_outcome, candidates=candidates,
