@@ -128,6 +128,30 @@ def test_a_guard_with_no_tool_result_before_the_step_leaves_the_run_untested(pop
     assert "could not be tested" in res.summary()
 
 
+def test_progress_marks_runs_that_drew_nothing_and_times_only_the_rest(population, tmp_path,
+                                                                        capsys):
+    """A trial's fix printed "[1/25] run … · 0 s so far, about 0 s left" for a run left
+    untested, with 24 to go, and read-back runs unmarked: such runs now say what they were
+    and do not set the pace (no time left is guessed from them)."""
+    runs = population[:2]
+    car.fix_population(runs, DESK.agent(), outcome=DESK.outcome, from_step=0,
+                       candidates=[car.Fix.guard("x")], rollouts=4, progress=True)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" · ")[0] for line in lines] == [
+        f"[{i + 1}/2] run {r.id} (untested)" for i, r in enumerate(runs)]
+    assert not any("left" in line for line in lines)
+    fix = car.Fix.instruction(DESK.fix, every_step=True)
+    with RunStore(tmp_path / "car.db") as store:
+        car.fix_population(runs, DESK.agent(), outcome=DESK.outcome, candidates=[fix],
+                           rollouts=4, store=store, fix_id="p1", progress=True)
+        capsys.readouterr()
+        told: list[tuple[Any, ...]] = []
+        car.fix_population(runs, DESK.agent(), outcome=DESK.outcome, candidates=[fix],
+                           rollouts=4, store=store, fix_id="p1",
+                           progress=lambda *a, **kw: told.append((*a, kw.get("how"))))
+    assert told == [(i + 1, 2, r.id, "read back") for i, r in enumerate(runs)]
+
+
 def test_the_pooled_interval_covers_over_seeds_on_a_cheap_planted_world(population):
     # 4 early and 4 late runs, the fix from step 0 (no locus needed), K = 8: the planted
     # rescue is 4 · 0.3 / 8 = 0.15. The interval's coverage is >= 0.95; over R = 120 seeds

@@ -31,7 +31,7 @@ from car_core.engine.execution import default_executor, make_executor
 from car_core.errors import AttributionNotFound, InvalidInput
 from car_core.estimators._population import runs_at_once_for
 from car_core.estimators.fixes import Fix, as_fix
-from car_core.estimators.population_fix import fix_population, progress_line
+from car_core.estimators.population_fix import fix_population, progress_line, untimed
 from car_core.fix_results import PopulationFix
 from car_core.store import RunStore
 
@@ -190,7 +190,7 @@ def fix_many(run_ids: list[str], *, failed: bool, agent: Any, outcome: Any,
                                     store=db, triage=triage_id, from_step=start,
                                     rollouts=rollouts, alpha=alpha, seed=seed, budget=budget,
                                     fix_id=fid, force_agent=force_agent,
-                                    progress=per_run_lines(progress_line, at_once)
+                                    progress=per_run_lines(progress_line, at_once, untimed)
                                     if shown else None,
                                     runs_at_once=at_once, executor=exe)
     finally:

@@ -75,8 +75,8 @@ def per_run_lines(line: Callable[..., str], at_once: int = 1,
     as ``progress=True`` prints."""
     paced = Paced(line, at_once=at_once, untimed=untimed)
 
-    def shown(*args: Any) -> None:
-        err.print(Text(kit.safe(paced(*args))), soft_wrap=True)
+    def shown(*args: Any, **kw: Any) -> None:
+        err.print(Text(kit.safe(paced(*args, **kw))), soft_wrap=True)
     return shown
 
 

@@ -58,11 +58,11 @@ class Paced:
         self.ends: list[float] = []  # when each timed run ended, from the start
         self.seen = 0
 
-    def __call__(self, done: int, total: int, *rest: Any) -> str:
+    def __call__(self, done: int, total: int, *rest: Any, **kw: Any) -> str:
         now = self.clock() - self.start
-        said = f"{self.line(done, total, *rest)} · {duration(now)} so far"
+        said = f"{self.line(done, total, *rest, **kw)} · {duration(now)} so far"
         ended, self.seen = max(done - self.seen, 0), max(self.seen, done)
-        if self.untimed is None or not self.untimed(*rest):
+        if self.untimed is None or not self.untimed(*rest, **kw):
             self.ends.extend([now] * ended)
         if self.ends and 0 < done < total:
             said += f", about {duration(self._left(total - done, now))} left"

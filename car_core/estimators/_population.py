@@ -254,8 +254,8 @@ def per_run_progress(progress: P | bool | None, line: Callable[..., str], at_onc
     if progress is True:
         paced = Paced(line, at_once=at_once, untimed=untimed)
 
-        def printed(*args: Any) -> None:
-            print(paced(*args), file=sys.stderr, flush=True)
+        def printed(*args: Any, **kw: Any) -> None:
+            print(paced(*args, **kw), file=sys.stderr, flush=True)
         return cast(P, printed)
     if not callable(progress):
         raise InvalidInput(f"progress must be True, False or a function, got "

@@ -43,11 +43,12 @@ with the same ``fix_id``: the runs already measured are read back, drawing nothi
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from car_core import defaults
 from car_core.engine.agent import Agent
@@ -100,10 +101,29 @@ if TYPE_CHECKING:  # the store brings sqlite-utils: loaded only where one is use
 FixProgress = Callable[[int, int, str], None]
 
 
-def progress_line(done: int, total: int, run_id: str) -> str:
-    """What ``progress=True`` (and ``car fix-population`` on a terminal) prints after each
-    run."""
-    return f"[{done}/{total}] run {run_id}"
+READ_BACK, UNTESTED = "read back", "untested"  # ``how`` a run that drew nothing was settled
+
+
+def progress_line(done: int, total: int, run_id: str, how: str | None = None) -> str:
+    """What ``progress=True`` (and ``car fix`` on a terminal) prints after each run: a run
+    read back from the store or left untested (no locus, no tool result to guard) says so."""
+    return f"[{done}/{total}] run {run_id}" + (f" ({how})" if how else "")
+
+
+def untimed(run_id: str, how: str | None = None) -> bool:
+    """A run that drew nothing (read back, untested) does not set the pace: a trial's fix
+    read "about 0 s left" with 24 runs to go after an untested first run."""
+    return how is not None
+
+
+def _takes_how(fn: Callable[..., Any]) -> bool:
+    """Whether a progress callback takes ``how=`` (by name, or as ``**kwargs``): callbacks
+    of ``(done, total, run_id)`` are called as before."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "how" or p.kind is p.VAR_KEYWORD for p in params)
 WITHOUT = "without the fix"
 
 
@@ -169,13 +189,15 @@ def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: O
     for the fixes that need a locus. Without it, loci come from each run's stored contrastive
     attribution, else from attributing the run now (``locate_rollouts`` per step, stored as a
     triage when a store is given). ``runs_at_once``: runs branched at once (None: chosen for
-    the agent). ``progress(done, total, run_id)`` after each run tested or read back, on the
-    caller's thread (not for runs the budget never reached; ``True``: a line per run on
-    stderr)."""
+    the agent). ``progress(done, total, run_id)`` after each run tested, read back or left
+    untested, on the caller's thread (not for runs the budget never reached; ``True``: a line
+    per run on stderr); a callback that takes ``how=`` is told ``"read back"`` or
+    ``"untested"`` for a run that drew nothing (None for one tested)."""
     fixes = _check(candidates, from_step, alpha, rollouts, max_rollouts)
     store = as_store(store)
     at_once = runs_at_once_for(runs_at_once, agent)
-    each_run = per_run_progress(progress, progress_line, at_once)
+    each_run = per_run_progress(progress, progress_line, at_once, untimed)
+    told_how = each_run is not None and _takes_how(each_run)
     total = as_budget(budget, "budget")
     population = _load_all(runs, store)
     n_runs, n_fix = len(population), len(fixes)
@@ -221,7 +243,13 @@ def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: O
                     save_fix_run(store, fid, rec)
             if each_run is not None and rec:  # not of the runs the budget never reached
                 finished += 1
-                each_run(finished, n_runs, population[i].id)
+                how = (READ_BACK if rec.get("reused") else
+                       None if rec.get("measured") else UNTESTED)
+                if told_how:
+                    cast(Callable[..., None], each_run)(finished, n_runs, population[i].id,
+                                                        how=how)
+                else:
+                    each_run(finished, n_runs, population[i].id)
 
         with RunPool[dict[str, Any]](at_once, ordered=purse.shares) as pool:
             for i, run in enumerate(population):
