@@ -180,6 +180,11 @@ def _span(steps: list[int]) -> str:
     return "steps " + ", ".join(map(str, sorted(steps)))
 
 
+def _a(share: str) -> str:
+    """The article a percentage takes as it is read out: "an 86%", "an 11%", "a 6%"."""
+    return "an" if share.startswith("8") or share in ("11%", "18%") else "a"
+
+
 def _rescue_words(s: Any) -> str:
     held, redrawn, _ = shown_sample(s)
     eff, ci = _get(s, "effect"), _get(s, "ci")
@@ -192,8 +197,14 @@ def _rescue_words(s: Any) -> str:
         # a share of re-runs: not for an interval reaching below zero ("-6% of re-runs")
         return (f"re-deciding it avoids the failure in {percent(eff)} of re-runs "
                 f"{percent_interval(ci, effect=True)}")
-    return (f"re-deciding it lowers P(fail) by {percent(eff)} "
-            f"{percent_interval(ci, effect=True)}, from {percent(held)} to {percent(redrawn)}")
+    if low is not None and ci is not None and low < 0 and percent(low) != "0%":
+        # "lowers P(fail) by 27% (-33% to 100%)" read as a contradiction in a trial
+        rise, drop = percent(-low), percent(ci[1])
+        span = f"(between {_a(rise)} {rise} rise and {_a(drop)} {drop} drop)"
+    else:
+        span = percent_interval(ci, effect=True)
+    return (f"re-deciding it lowers P(fail) by {percent(eff)} {span}, from {percent(held)} "
+            f"to {percent(redrawn)}")
 
 
 def _no_cause_words(r: Any) -> str:
