@@ -11,6 +11,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from _estimator_helpers import TokenAgent
 
@@ -19,6 +20,7 @@ from car_core.cli import kit
 from car_core.model.budget import LEAST_HINT, MOST_MORE, larger_budget
 from car_core.model.vocabulary import Answer
 from car_core.report import render_attribution
+from car_core.stats.sequential import below_now
 from car_core.store import RunStore
 from car_core.testing import synthetic as syn
 
@@ -363,6 +365,25 @@ def test_a_one_step_run_whose_step_rescues_nothing_is_told_no_cause() -> None:
     res = car.contrastive(rescued.failing_run(0), rescued.agent(), outcome=rescued.outcome,
                           rollouts=96, seed=0, coupled=False, progress=False)
     assert res.answer == Answer.LOCUS and res.locus == 0
+
+
+def test_a_one_step_run_that_always_fails_is_told_no_cause_as_soon_as_its_pairs_show_it(
+        ) -> None:
+    """A trial resumed a run that began after its failure (a refund an approval let run):
+    every re-run failed, and 96 rollouts said "undecided, raise the budget". Pairs that
+    never disagree show the rescue below Δ = 0.1 at ``OUT_SHARE·α`` after 33 of them
+    (``below_now``'s top bet gains log(1 + 0.97·0.1/0.9) a pair); the confirmation waited
+    for futility against the least rise, 66 pairs. It now stops at 33: 66 rollouts."""
+    model = syn.pivot(1, 0, 1.0)
+    run = model.failing_run(0)
+    zeros = np.zeros(40)
+    need = next(i for i in range(1, 41) if below_now(zeros[:i], 0.1, 0.75 * 0.05))
+    assert need == 33
+    for seed in range(3):
+        res = car.contrastive(run, model.agent(), outcome=model.outcome, rollouts=16,
+                              budget=96, seed=seed, progress=False)
+        assert res.answer == Answer.NO_CAUSE, res.reason
+        assert res.rollouts_used == 2 * need
 
 
 def test_a_one_step_run_at_the_indifference_level_is_rarely_told_no_cause() -> None:

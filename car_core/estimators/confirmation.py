@@ -109,11 +109,15 @@ class Confirmation:
 
 def confirm(src: ArmSource, c: int, start: int, alpha: float, prior: Prior,
              rise: tuple[float, float], unlikely: Callable[[int, int], bool] | None = None,
-             least: float = 0.0, guessed: bool = False, wave: int = 0) -> Confirmation:
+             least: float = 0.0, guessed: bool = False, wave: int = 0,
+             settled: Callable[[np.ndarray], bool] | None = None) -> Confirmation:
     """Confirmation of ``c`` on pairs from ``start`` (docs/contrastive-search.md, stage 4),
     looked at after every batch: an eighth of the pairs so far, at least two (at least half a
     ``wave`` in rounds). ``unlikely(start, pairs)``: a second futility bound, the navigation's
-    belief in ``c`` once these pairs' arms are added to what it saw."""
+    belief in ``c`` once these pairs' arms are added to what it saw. ``settled(d)``: the pairs
+    already decide the other way (a one-step run's "no cause", ``search._one_step_on``), so
+    the confirmation gives up (it names nothing) without waiting for futility: against the
+    least rise, level pairs need about twice the pairs that show the rescue below ``Δ``."""
     least_batch = 2 if wave <= 1 else max(2, wave // 2)
     pairs = 0
     d = np.zeros(0)
@@ -129,6 +133,9 @@ def confirm(src: ArmSource, c: int, start: int, alpha: float, prior: Prior,
         crossed = positive_at(d, alpha, prior)
         if crossed is not None:
             found = True
+            break
+        if settled is not None and settled(d):
+            futile = True
             break
         if (pairs >= FUTILITY_MIN and src.remaining >= 2
                 and (futility_llr(d, rise, least, guessed) <= -math.log(FUTILITY)

@@ -11,6 +11,7 @@ measured figures are in docs/contrastive-search.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import numpy as np
 
@@ -217,7 +218,9 @@ def _navigate_and_confirm(src: ArmSource, nav: Navigator, n: int, budget: int, a
         conf = confirm(src, candidate, start, level, prior, rise,
                        None if n == 1 else nav.doubts(candidate, rise, level),
                        least=futility_rise(budget, level),
-                       guessed=n == 1 or nav.d_gate.size < GATE_MIN, wave=wave)
+                       guessed=n == 1 or nav.d_gate.size < GATE_MIN, wave=wave,
+                       settled=partial(below_now, bound=delta, alpha=OUT_SHARE * alpha)
+                       if n == 1 else None)
         if n == 1 and conf.futile:
             conf = _one_step_on(src, conf, level, prior, delta, alpha, wave)
             if conf.futile:
