@@ -80,12 +80,21 @@ from car_core.model.outages import (
 )
 from car_core.model.outcome import OutcomeFn, OutcomeLike, scored
 from car_core.model.seeding import Noise, Stream
-from car_core.model.trajectory import ERROR_STEP, History, Outcome, Step, Trajectory
+from car_core.model.trajectory import (
+    BEGAN_FROM,
+    ERROR_STEP,
+    PARALLEL_TASK,
+    History,
+    Outcome,
+    Step,
+    Trajectory,
+)
 from car_core.model.vocabulary import AttributionStatus, Origin, RunStatus, ToolSource
 from car_core.secrets import redact
 from car_core.store.run_writer import RunWriter
 
-__all__ = ["ERROR_STEP", "JSON", "PROMPT_INPUT", "Agent", "AsyncAgent", "AttributionStatus",
+__all__ = ["BEGAN_FROM", "ERROR_STEP", "JSON", "PARALLEL_TASK", "PROMPT_INPUT", "Agent",
+           "AsyncAgent", "AttributionStatus",
            "Capability", "CaveatedAgent", "ChatInput", "ConcurrentAgent", "ExecutorName",
            "FingerprintedAgent", "FrameworkStateAgent", "History",
            "ModelPolicy", "Noise", "Origin", "Outcome", "OutcomeFn", "OutcomeLike", "Plan",

@@ -57,6 +57,8 @@ from langgraph.types import Command
 
 from car_core import RunStore
 from car_core.contract import (
+    BEGAN_FROM,
+    PARALLEL_TASK,
     Origin,
     OutcomeFn,
     RunStatus,
@@ -122,6 +124,9 @@ class _Call:
                 "car_decided": self.decided}
         path = md.get("langgraph_path")
         meta["task_path"] = jsonable(list(path)) if isinstance(path, (list, tuple)) else None
+        if isinstance(path, (list, tuple)) and step_meta.is_send_path(path) \
+                and len(path) > 1 and isinstance(path[1], int):
+            meta[PARALLEL_TASK] = path[1]  # which Send worker: not the agent's Nth decision
         if self.built:
             meta["input"] = step_meta.NODE_INPUT
         elif self.prompt_first:
@@ -609,6 +614,15 @@ class CarCallback(BaseCallbackHandler):
             self.messages_key, self.fingerprint)
 
 
+def _resumed(inputs: Any) -> str | None:
+    """How an invoke went on with a thread paused for human input, or None for one given new
+    input: ``Command(resume=...)`` (an ``interrupt()``), or no input at all (``invoke(None,
+    config)`` after ``interrupt_before`` / ``interrupt_after``)."""
+    if isinstance(inputs, Command) and inputs.resume is not None:
+        return "Command(resume=...)"
+    return "invoked with None" if inputs is None else None
+
+
 def _replayable(out: Command[Any], messages_key: str) -> tuple[str | None, dict[str, Any] | None]:
     """The tool call id a tool's ``Command`` answers and its update's other channels, when a
     branch can write them back exactly: an update dict whose messages are one ``ToolMessage``,
@@ -678,6 +692,15 @@ def _fields(rec: _Recording, calls: list[_Call], results: dict[str, ToolMessage]
         meta["agent_fingerprint"] = fingerprint
     if rec.invocation is not None:  # {}: invoked with nothing besides its input
         meta["invocation"] = rec.invocation
+    resumed = _resumed(rec.inputs)
+    if resumed is not None:
+        # a trial attributed such a run, which began after its refund: "undecided, raise the
+        # budget", and nothing said the thread is what holds the cause
+        meta[BEGAN_FROM] = (
+            f"it resumed thread {rec.thread_id!r} after a pause for human input ({resumed}): "
+            "to attribute the decisions before the pause as well, import the whole thread: "
+            f"attribute_thread(app, thread_id={rec.thread_id!r}, ...) with the app compiled "
+            "without interrupts")
     return {"context": context, "steps": steps, "agent": "langgraph", "status": status,
             "error": error, "meta": meta, "created_at": created_at}
 

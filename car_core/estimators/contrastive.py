@@ -79,7 +79,7 @@ from car_core.model.capabilities import Capability, capabilities
 from car_core.model.checks import is_real, is_whole
 from car_core.model.context_sources import decisions_before
 from car_core.model.outcome import OutcomeLike
-from car_core.model.trajectory import Trajectory, step_label
+from car_core.model.trajectory import BEGAN_FROM, Trajectory, step_label
 from car_core.model.vocabulary import Answer
 from car_core.results import ArmEstimate, ContrastiveResult, StepEffect
 from car_core.stats import (
@@ -409,10 +409,13 @@ def _earlier_decisions(run: Trajectory, answer: Answer) -> tuple[str, ...]:
     before = decisions_before(run)
     if answer == Answer.LOCUS or before == 0:
         return ()
+    began = run.meta.get(BEGAN_FROM)  # the adapter's words: a thread resumed after a pause
+    how = (f"; {began}" if isinstance(began, str) and began
+           else "; attribute the turn or run that made them")
     return (f"the run began from a conversation that already held {before} decision(s) of "
             "the agent (an earlier turn, or an earlier run that handed this one its "
             "history): no step of this run re-decides them, so a cause among them is not "
-            "found here; attribute the turn or run that made them",)
+            f"found here{how}",)
 
 
 def _noisy_record(arms: tuple[ArmEstimate, ...], n: int) -> tuple[str, ...]:

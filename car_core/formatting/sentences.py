@@ -4,7 +4,6 @@ wording every surface uses."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +18,7 @@ from car_core.formatting.numbers import (
     steps_span,
 )
 from car_core.formatting.rows import _arms, _get, _is_contrastive, method, shown_sample
+from car_core.model.trajectory import label_parts
 
 
 def decided_by(who: str | None) -> str:
@@ -30,13 +30,12 @@ def locus_name(r: Any, who: str | None = None) -> str:
     decision)``. ``who`` decided it (the caller has the run); without it, the agent named in
     the result's ``locus_label`` (``car_core.model.trajectory.step_label``)."""
     k = r.locus
-    label = str(getattr(r, "locus_label", None) or "")
-    found = re.fullmatch(rf"(.+), step {k} \(its (\w+) decision\)", label)
-    nth = found[2] if found else None
-    who = who or (found[1] if found else None)
+    found = label_parts(str(getattr(r, "locus_label", None) or ""), k)
+    when = found[1] if found else None
+    who = who or (found[0] if found else None)
     if not who:
         return f"step {k}"
-    return f"step {k} (decided by {who}" + (f", its {nth} decision" if nth else "") + ")"
+    return f"step {k} (decided by {who}" + (f", {when}" if when else "") + ")"
 
 
 def _field(v: Any, name: str) -> Any:
@@ -100,26 +99,25 @@ def headline(r: Any, who: str | None = None) -> str:
             f"{level(r.level)} ({method(r)})")
 
 
-def _who_nth(r: Any, k: int, who: str | None) -> tuple[str | None, str | None]:
-    """Who decided step ``k`` and which of their decisions it was, from ``who`` or the
-    result's label (``locus_label``, written for multi-agent runs)."""
-    label = str(_get(r, "locus_label") or "")
-    found = re.fullmatch(rf"(.+), step {k} \(its (\w+) decision\)", label)
-    return who or (found[1] if found else None), (found[2] if found else None)
+def _who_when(r: Any, k: int, who: str | None) -> tuple[str | None, str | None]:
+    """Who decided step ``k`` and when ("its 1st decision", "parallel task 2"), from ``who``
+    or the result's label (``locus_label``, written for multi-agent runs)."""
+    found = label_parts(str(_get(r, "locus_label") or ""), k)
+    return who or (found[0] if found else None), (found[1] if found else None)
 
 
 def step_said(r: Any, k: int, who: str | None = None, actions: Sequence[str] = (),
-              nth: str | None = None) -> str:
+              when: str | None = None) -> str:
     """Step ``k`` with who decided it and what it did: ``step 4 (account_agent called
     lookup(id=3), its 1st decision)``."""
     actions = tuple(actions) or tuple(_get(r, "actions", ()) or ())
     did = actions[k] if 0 <= k < len(actions) else None
-    who, found_nth = _who_nth(r, k, who)
-    nth = nth or found_nth
+    who, found_when = _who_when(r, k, who)
+    when = when or found_when
     if did is None and who is None:
         return f"step {k}"
     inner = f"{who or 'the agent'} {did}" if did else f"decided by {who}"
-    return f"step {k} ({inner}" + (f", its {nth} decision" if nth else "") + ")"
+    return f"step {k} ({inner}" + (f", {when}" if when else "") + ")"
 
 
 def _arm_rate(arm: Any, factual: Any) -> tuple[str, bool]:
@@ -279,11 +277,10 @@ def _shapley_words(r: Any, who: str | None) -> str:
             return str(_get(v, "label") or "the other steps")
         # a multi-agent label names who decided the step: "account_agent, step 4 (its 1st
         # decision)"
-        found = re.fullmatch(rf"(.+), step {k} \(its (\w+) decision\)",
-                             str(_get(v, "label") or ""))
-        return step_said(r, int(k), (found[1] if found else None)
+        found = label_parts(str(_get(v, "label") or ""), int(k))
+        return step_said(r, int(k), (found[0] if found else None)
                          or (who if len(leaders) == 1 else None), actions,
-                         found[2] if found else None)
+                         found[1] if found else None)
 
     def share(v: Any) -> str:
         return f"{percent(_get(v, 'estimate'))} {percent_interval(_get(v, 'ci'))}"

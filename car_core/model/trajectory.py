@@ -10,6 +10,7 @@ outcome, seed, status and lineage are outside the chain (``RunStore`` seals them
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -172,6 +173,14 @@ def seal_steps(context: JSON, steps: list[Step] | tuple[Step, ...]) -> tuple[Ste
 # meta key: the step a branch's error belongs to, where the adapter knows it (a safe tool that
 # errored at step 1 of a branch that ran on to step 5: ``tasks.errored_branch`` names step 1)
 ERROR_STEP = "error_step"
+# meta key: for a step decided in one of several tasks its graph ran in parallel (LangGraph's
+# ``Send`` workers), that task's 0-based index: such steps are no agent's 1st, 2nd, 3rd
+# decision in turn, as ``step_label`` had read them
+PARALLEL_TASK = "parallel_task"
+# run meta key: what the run began from that no step of it re-decides, in the adapter's words
+# with how to attribute the whole (a LangGraph thread resumed after a pause for human input:
+# ``attribute_thread``); results that find no cause in the run say it
+BEGAN_FROM = "began_from"
 
 
 @dataclass(frozen=True)
@@ -325,11 +334,24 @@ def _ordinal(n: int) -> str:
 
 def step_label(run: Trajectory, k: int) -> str:
     """Who decided step ``k`` and when: ``"account_agent, step 4 (its 2nd decision)"`` for a
-    step whose adapter recorded ``meta["agent"]`` (multi-agent apps), else ``"step 4"``."""
+    step whose adapter recorded ``meta["agent"]`` (multi-agent apps), ``"worker, step 2
+    (parallel task 2)"`` for one decided in a task run beside others (``PARALLEL_TASK``),
+    else ``"step 4"``."""
     if not 0 <= k < len(run.steps):
         return f"step {k}"
-    agent = run.steps[k].meta.get("agent")
+    meta = run.steps[k].meta
+    agent = meta.get("agent")
     if not agent:
         return f"step {k}"
+    task = meta.get(PARALLEL_TASK)
+    if isinstance(task, int) and not isinstance(task, bool):
+        return f"{agent}, step {k} (parallel task {task + 1})"
     nth = sum(1 for s in run.steps[:k + 1] if s.meta.get("agent") == agent)
     return f"{agent}, step {k} (its {_ordinal(nth)} decision)"
+
+
+def label_parts(label: str, k: int) -> tuple[str, str] | None:
+    """``(who, when)`` of a ``step_label`` of step ``k``: ``("account_agent", "its 2nd
+    decision")`` or ``("worker", "parallel task 2")``; None for a bare ``"step 4"``."""
+    found = re.fullmatch(rf"(.+), step {k} \((its \w+ decision|parallel task \d+)\)", label)
+    return (found[1], found[2]) if found else None

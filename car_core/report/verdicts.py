@@ -9,7 +9,7 @@ from typing import Any
 
 from car_core import formatting as fmt
 from car_core.model.budget import budget_call, larger_budget
-from car_core.model.trajectory import Trajectory, is_failure, step_label
+from car_core.model.trajectory import Trajectory, is_failure, label_parts, step_label
 from car_core.model.vocabulary import Answer
 from car_core.report.values import _ci, _clip, _fmt, _pct, compact
 
@@ -98,9 +98,8 @@ def _contrastive_verdict(r: Mapping[str, Any], run: Trajectory | None) -> dict[s
 def _decided_by(run: Trajectory | None, k: int) -> str:
     """`` (decided by model, its 2nd decision)`` for a step whose agent the run names, else
     nothing: the label whole read "(model, step 1 (its 2nd decision))" after "Step 1"."""
-    label = step_label(run, k) if run is not None else ""
-    found = re.fullmatch(rf"(.+), step {k} \(its (\w+) decision\)", label)
-    return f" (decided by {found[1]}, its {found[2]} decision)" if found else ""
+    found = label_parts(step_label(run, k), k) if run is not None else None
+    return f" (decided by {found[0]}, {found[1]})" if found else ""
 
 
 def _value_label(v: Mapping[str, Any]) -> str:

@@ -20,6 +20,7 @@ from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import Command, interrupt
 
 import car_core as car
+from car_core.contract import BEGAN_FROM
 from car_core.errors import (
     AdapterError,
     InvalidInput,
@@ -169,6 +170,32 @@ def test_a_run_paused_by_interrupt_is_recorded_interrupted_and_its_resume_comple
     app.invoke(Command(resume="approved"), {**config, "callbacks": [resumed]})
     assert paused.run is not None and resumed.run is not None
     assert paused.run.status == "interrupted" and resumed.run.status == "complete"
+    # the resume began after the refund: what holds the cause is the thread, and a result
+    # that finds none in this run says how to attribute it (a trial read only "undecided,
+    # raise the budget")
+    assert BEGAN_FROM not in paused.run.meta
+    began = resumed.run.meta[BEGAN_FROM]
+    assert began.startswith("it resumed thread 'paused' after a pause for human input "
+                            "(Command(resume=...))") and "attribute_thread(app, " in began
+
+
+def test_a_resumed_run_whose_cause_came_before_the_pause_points_at_the_thread() -> None:
+    model = CarChatModel(inner=sa.PlantedSupportModel(p_follow=1.0))
+    app, _ = review_app(model)
+    config = {"configurable": {"thread_id": "t"}}
+    app.invoke(sa.inputs(), config)
+    resumed = CarCallback()
+    app.invoke(Command(resume="approved"), {**config, "callbacks": [resumed]})
+    run = resumed.run
+    assert run is not None and sa.outcome(run)  # the refund is in the history it began from
+    lg = LangGraphAgent(app, model=model, safe_tools=sa.SAFE_TOOLS,
+                        side_effect_tools=sa.SIDE_EFFECT_TOOLS)
+    res = car.contrastive(run, lg, outcome=sa.outcome, rollouts=16, budget=96, seed=0,
+                          progress=False)
+    assert res.answer == "no cause", res.reason
+    assert any("it resumed thread 't' after a pause for human input" in c and
+               "attribute_thread(app, thread_id='t', ...)" in c for c in res.caveats), \
+        res.caveats
 
 
 def test_a_step_that_is_not_a_model_decision_is_refused() -> None:

@@ -37,7 +37,9 @@ from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.types import Send
 
 import car_core as car
+from car_core.contract import PARALLEL_TASK
 from car_core.errors import AdapterError
+from car_core.model.trajectory import step_label
 from car_core.testing import SideEffectLedger, run_conformance
 
 N = 48
@@ -109,6 +111,11 @@ def test_send_steps_take_the_send_order_whatever_order_the_workers_run_in() -> N
     assert [s.meta["task_path"][:2] for s in run.steps[:3]] == [
         ["__pregel_push", i] for i in range(3)]
     assert run.steps[0].state[1] == {"role": "user", "content": rb.CLAIM}
+    # each worker is named by its task, not as one agent's 1st, 2nd, 3rd decision in turn
+    assert [s.meta[PARALLEL_TASK] for s in run.steps[:3]] == [0, 1, 2]
+    assert PARALLEL_TASK not in run.steps[3].meta
+    worker = run.steps[1].meta["agent"]
+    assert step_label(run, 1) == f"{worker}, step 1 (parallel task 2)"
 
 
 def test_contrastive_names_the_planted_vote_inside_the_fan_out(plain: Any) -> None:
@@ -118,6 +125,8 @@ def test_contrastive_names_the_planted_vote_inside_the_fan_out(plain: Any) -> No
     agent = LangGraphAgent(app, side_effect_tools=rb.SIDE_EFFECT_TOOLS)
     res = car.contrastive(run, agent, outcome=rb.outcome, rollouts=N, seed=0)
     assert res.locus == 1
+    assert res.locus_label.endswith("step 1 (parallel task 2)")
+    assert ", parallel task 2) caused the failure" in str(res).splitlines()[0]
     lo, hi = res.steps[1].ci
     assert lo <= 0.5 <= hi and lo > 0
     assert len(rb.REFUNDS) == refunds  # every branch's refund was answered from the record
