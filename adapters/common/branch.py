@@ -16,6 +16,7 @@ from typing import Any
 
 import car_core as car
 from car_core.contract import (
+    ERROR_STEP,
     Noise,
     Plan,
     ToolSource,
@@ -150,9 +151,10 @@ def _held_only(run: car.Trajectory, plan: Plan, noise: Noise, *, agent: str,
 
 
 # meta that says how one run ended (a guardrail that stopped it, the output the SDK ended it
-# with at a tool call), not what app it ran: a branch takes it from its own live part, never
-# from the record
-ENDING_META = ("tripwire", "final_output")
+# with at a tool call, the step a safe tool's error belongs to), not what app it ran: a branch
+# takes it from its own live part, never from the record (without ``ERROR_STEP`` a trial's MCP
+# server down read "failed after step 3, its last ... fix the agent")
+ENDING_META = ("tripwire", "final_output", ERROR_STEP)
 
 
 def _joined(run: car.Trajectory, plan: Plan, noise: Noise, agent: str,

@@ -121,6 +121,12 @@ def test_a_safe_tool_that_errors_only_on_branches_is_never_scored(planted: Any) 
     # only the branches that re-decide the lookup call it live
     assert failures and all(f.task.plan.start == 0 for f in failures)
     assert all("orders database unreachable" in f.error for f in failures)
+    # tagged with the lookup's step, and the stop says to bring the service up: a trial's
+    # MCP server down read "failed after step 3, its last ... fix the agent" (the joined
+    # branch dropped the step the adapter had marked)
+    assert all(f.step == 0 for f in failures)
+    assert "bring that service up where this estimate runs" in str(info.value)
+    assert "fix the agent" not in str(info.value)
 
 
 def test_an_error_for_arguments_the_record_never_used_is_scored(planted: Any) -> None:
