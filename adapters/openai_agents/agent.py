@@ -323,6 +323,7 @@ class OpenAIAgentsAgent:
                                    unclassified=unclassified)
         self._listing: mcp_tools.Listing | None = None
         self._originals: list[FunctionTool] = []
+        self._answered_agents: dict[str, tuple[str, ...]] = {}
         self._mcp_loop: Any = None
         self._lock = threading.Lock()
         mcp_tools.note_loop(self.agents)
@@ -390,6 +391,10 @@ class OpenAIAgentsAgent:
             self._originals = [t for t in [*static, *(o for r in reach.values()
                                                       for o in r.objects)]
                                if isinstance(t, FunctionTool) and safety.guards(t.name)]
+            # agent tools branches answer without running their agents: no decision inside
+            # them is a step (``caveats``)
+            self._answered_agents = {name: r.agents for name, r in sorted(reach.items())
+                                     if not r.guardrail and safety.guards(name)}
             self._safety, self._mcp_loop, self._listing = safety, loop, listing
             return listing
 
@@ -410,7 +415,12 @@ class OpenAIAgentsAgent:
         """What every result must say: tools left unclassified that branches ran live, and
         handoff input filters of the user's (``custom_input_filters``)."""
         self._ready()
-        return (*self.safety.caveats, *custom_input_filters(self.agents))
+        answered = [f"agent tool {name!r} runs agent(s) {list(agents)} and is answered from the "
+                    "record or a simulator on branches: no decision inside it is re-decided, so "
+                    "a cause there is not found here (the outcome may not vary at all); to "
+                    "attribute those decisions, make it a handoff or record that agent's own "
+                    "runs" for name, agents in self._answered_agents.items()]
+        return (*self.safety.caveats, *answered, *custom_input_filters(self.agents))
 
     def fingerprint(self) -> dict[str, Any]:
         """The app's agents, instructions, tools (its MCP servers' included, with their

@@ -109,6 +109,13 @@ def test_an_agent_tool_answered_from_the_record_never_runs_its_agent(tmp_path: P
     res = car.contrastive(run, agent, outcome=failed, rollouts=4, seed=0)
     assert res.rollouts_used > 0
     assert desk.sent == ["c@x.com"] and desk.billing_calls == calls  # nothing inside ran
+    # and every result says its agents' decisions are no steps: a trial's booker, an agent
+    # tool so answered, fixed the outcome, and "undecided, raise the budget" said nothing
+    said = [c for c in res.caveats if c.startswith("agent tool 'ask_billing' runs agent(s) ")]
+    assert len(said) == 1 and "no decision inside it is re-decided" in said[0]
+    live = OpenAIAgentsAgent(desk.app(), safe_tools=["ask_billing", "check_account",
+                                                     "send_email"])
+    assert not any(c.startswith("agent tool ") for c in live.caveats)  # it runs: no caveat
 
 
 def test_an_agent_tool_whose_agent_only_reads_runs_live_on_branches(tmp_path: Path) -> None:
