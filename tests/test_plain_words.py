@@ -375,3 +375,19 @@ def test_an_undecided_full_search_names_the_step_nearest_a_rescue_not_the_last()
     said = fmt.answer(res)
     assert res.answer == Answer.UNDECIDED and "was testing" not in said
     assert "every step was tested and none has shown a rescue so far (the nearest, step" in said
+
+
+def test_a_later_step_not_ruled_out_shows_its_own_arms_failure_rate() -> None:
+    """Two trials read "re-deciding step 3 left P(fail) at 100%" in the sentence beside a "—"
+    in the table's re-drawn column for that step. A later step not ruled out whose own arm ran
+    shows that arm's failure rate; one whose arm never ran still shows none."""
+    model = syn.pivot(6, 2, 0.3)
+    res = car.contrastive(model.failing_run(0), model.agent(), outcome=model.outcome,
+                          rollouts=8, seed=0, progress=False)
+    arms = {a.hold_before: a for a in res.arms}
+    rows = [fmt.step_row(res, s) for s in res.steps]
+    open_rows = [r for r in rows if r.mark == "not ruled out"]
+    assert any(int(r.step) in arms for r in open_rows)  # the case this test is about
+    for r in open_rows:
+        k = int(r.step)
+        assert r.redrawn == (fmt.prob(arms[k].mean) if k in arms else fmt.MISSING)

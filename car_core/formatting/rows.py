@@ -101,6 +101,12 @@ def step_row(r: Any, s: Any, *, missing: str = MISSING) -> StepRow:
     held, redrawn, n = shown_sample(s)
     is_locus = s.step == r.locus
     untested = None if s.tested else untested_mark(r, int(s.step))
+    if redrawn is None and untested == NOT_RULED_OUT:
+        # a later step not ruled out whose own arm ran: its failure rate, as the sentence
+        # says it ("re-deciding step 3 left P(fail) at 100%" beside a "—": two trials)
+        arm = next((a for a in _get(r, "arms", ()) or () if _get(a, "hold_before") == s.step),
+                   None)
+        redrawn = _get(arm, "mean") if arm is not None else None
     # a later step whose arms ran but could not be shown below Δ was measured: "not tested"
     # beside the plain table's "not ruled out" and the sentence's "too few re-runs" read as
     # three answers (a user trial)
