@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from car_adapters.models.chat_agent import ChatAgent, tool_schema
+from car_adapters.models.chat_agent import ChatAgent, ChatPolicy, tool_schema
 from car_adapters.openai import OpenAIPolicy
 
 import car_core as car
@@ -44,8 +44,10 @@ ROLLOUTS = 16
 # Each attribution's fresh policy first measures whether the server honours the seed: two calls
 # with one seed for each of the run's first, middle and last states (steps 0, 1, 2 of the
 # 3-step run), and one with another seed for step 0 (always the lookup, whatever the seed) and
-# step 1 (whose reply cites the seed: it follows it, so step 2 gets none).
-PROBE_CALLS = 8
+# step 1 (whose reply cites the seed: it follows it, so step 2 gets none), and step 1 then
+# ``SEED_REPEATS`` more times with the first seed (a reply that changed with the seed may have
+# changed by chance).
+PROBE_CALLS = 8 + ChatPolicy.SEED_REPEATS
 
 
 def reply(seed: int, messages: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -544,7 +544,9 @@ def test_an_undecided_attribution_says_so_and_its_command_decides_it(
     rec = pytester.inline_run("--car-attribute", "--car-rollouts", "16", "--car-budget", "16")
     text = section(rec.getreports("pytest_runtest_logreport"), "test_pivot_0")
     assert text is not None and text.startswith("Undecided: the budget ran out"), text
-    assert "the candidate is step 2" in text and "step 2 was decided by synthetic:pivot" in text
+    # the step it was testing, and who decided it, in the headline (explain() and its
+    # "the candidate is step 2" are behind --car-explain)
+    assert "testing step 2 (synthetic:pivot chose " in text.splitlines()[0], text
     command = ("pytest test_pivot.py::test_pivot_0 --car-attribute --car-rollouts 16 "
                "--car-budget 32 --car-wall-time 60")
     assert ("to attribute with a larger budget, run the test again (a new run is recorded; "
