@@ -184,7 +184,8 @@ def check_forced_actions(plan: Plan, tools: Iterable[str],
     run called, or one a framework adds to route between agents, passes): every branch would
     answer it with the framework's "not a valid tool" and go on, so the rescue measured that
     error. A trial's typo (``get-order`` for ``get_order``) read as a full rescue."""
-    known = {*tools, *(name for name, _ in record)}
+    tools = set(tools)  # read twice below: an iterator would be spent by the first
+    known = tools | {name for name, _ in record}
     for k, action in sorted(plan.forced_actions.items()):
         if k in plan.held:
             continue
@@ -192,7 +193,7 @@ def check_forced_actions(plan: Plan, tools: Iterable[str],
         if unknown:
             raise InvalidIntervention(
                 f"do_action at step {k} calls {unknown}, but the app has no such tool (its "
-                f"tools: {sorted(set(tools))}): every branch would answer the call with the "
+                f"tools: {sorted(tools)}): every branch would answer the call with the "
                 "framework's error, and the estimate would measure that error", run_id=run_id,
                 step=k, hint="spell each tool name exactly as the app registers it")
 
