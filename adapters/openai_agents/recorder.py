@@ -237,9 +237,15 @@ class CarRecorder(RunHooks[Any]):
             for b in open_:
                 if not any(b is x for x in stopped):
                     b.block = None
-        ended = [*block.held, *((b, raised or (CANCELLED if _cancelled(b.task) and
-                                               id(b.usage) not in block.trips else UNFINISHED))
-                                for b in stopped)]
+
+        def why(b: _RunBuf) -> BaseException | str:
+            """What ended a run stopped in the block: what left it, else its cancelled
+            stream, else (a tripwire the app caught) that it never finished."""
+            if raised is not None:
+                return raised
+            cancelled = _cancelled(b.task) and id(b.usage) not in block.trips
+            return CANCELLED if cancelled else UNFINISHED
+        ended = [*block.held, *((b, why(b)) for b in stopped)]
         for buf, err in ended:
             if buf.context is None and id(buf.usage) in block.blocked:
                 # stopped before its first model call: what it was asked is the input the
@@ -339,15 +345,15 @@ class CarRecorder(RunHooks[Any]):
                                "of the SDK that carries its run",
                                hint="pass what Runner.run returned, or the exception it raised")
         raised = isinstance(ended, BaseException)
-        if not raised and getattr(ended, "is_complete", True) is False:
+        complete = None if raised else getattr(ended, "is_complete", None)  # a stream's
+        if complete is False:
             raise AdapterError("that streamed run has not ended",
                                hint="read result.stream_events() to the end (or cancel the "
                                     "stream) before recorder.run_of(result)")
         # it raised, or its stream ended with the run still open: the SDK calls no hook when
         # a stream is cancelled, and a user's Stop lost the run it stopped (a run paused for
         # approvals is not over: it goes on when resumed)
-        over = raised or (getattr(ended, "is_complete", False) is True
-                          and not getattr(ended, "interruptions", None))
+        over = raised or (complete is True and not getattr(ended, "interruptions", None))
         with self._lock:
             buf = self._bufs.pop(id(usage), None) if over else None
         if buf is not None and buf.steps:  # over, whatever its turns' tasks say
