@@ -8,9 +8,15 @@ node); a run is refused when a branch of it can reach one: a node its steps ran 
 their graph's edges lead to from there (LangGraph's own drawing of the graph, which counts a
 conditional edge without declared ends as leading anywhere), including every node of a
 subgraph such a node enters. A node only the recorded prefix ran (an intake step before the
-first model call) stops no branch. ``interrupt()`` called inside a node's code is no refusal
-here: whether it fires depends on the state (a ``HumanInTheLoopMiddleware`` asks only about
-the tools it gates), so a branch it stops is refused there (``stopped``).
+first model call) stops no branch.
+
+A ``HumanInTheLoopMiddleware`` (an approval gate on ``create_agent``'s tools) is refused the
+same way when a node a branch reaches holds one that gates a tool: it asks a person each time
+the model calls that tool, and a branch that re-decides is free to call it (the gated tool is
+usually the one the failure is about). Refused at the branch it stopped, a user trial's
+attribution ran four branches first. ``interrupt()`` called inside a node's own code is no
+refusal here: whether it fires depends on the state, so a branch it stops is refused there
+(``stopped``).
 """
 
 from __future__ import annotations
@@ -33,17 +39,33 @@ _HINT = ("compile the app CAR attributes with the same graph without interrupt_b
          "run side-effect tools anyway: the guard answers them from the record or a simulator")
 
 
+_GATE_HINT = ("build the app CAR attributes without HumanInTheLoopMiddleware (a flag in "
+              "your agent factory) and pass force_agent=True (--force-agent): the same agent "
+              "without its approval gate; name the tools it gated in side_effect_tools, since "
+              "nothing else then says they change things. Branches never run them anyway: the "
+              "guard answers them from the record or a simulator")
+
+
 def refuse_interrupts(shape: AppShape, run: Trajectory) -> None:
     """Refuse ``run`` when a branch of it can reach a node the app stops at for human input
-    (module docstring), naming the node, its subgraph and the compile option."""
+    (module docstring), naming the node, its subgraph and the compile option or the
+    middleware."""
     stops = {level: _stops(graph) for level, graph in shape.graphs.items()}
-    if not any(stops.values()):
+    gates = {key: gated for key, reach in shape.reaches.items()
+             if (gated := _gated(reach.middleware))}
+    if not any(stops.values()) and not gates:
         return
     for level, reached in _reachable(shape, run).items():
         for node in reached:
+            where = f" of subgraph {level!r}" if level else ""
+            if (level, node) in gates:
+                middleware, tools = gates[(level, node)]
+                raise AdapterError(
+                    f"the app asks a person to approve {', '.join(map(repr, tools))} "
+                    f"({middleware} in node {node!r}{where}); a branch that calls it has "
+                    "nobody to answer, so no branch runs", run_id=run.id, hint=_GATE_HINT)
             for when in _WHEN:
                 if node in stops[level].get(when, ()):
-                    where = f" of subgraph {level!r}" if level else ""
                     raise AdapterError(
                         f"the app stops for human input {when.split('_')[1]} node {node!r}"
                         f"{where} ({when}); a branch has nobody to answer it, so no branch "
@@ -64,6 +86,16 @@ def stopped(snapshot: Any, start: int, run_id: str) -> AdapterError:
         hint="attribute with the app compiled so that no branch stops for a person: without "
              "interrupt_before / interrupt_after, and with interrupt() only where the steps "
              "you test do not lead")
+
+
+def _gated(middleware: Iterable[Any]) -> tuple[str, list[str]] | None:
+    """The first middleware that asks a person before tools run (``interrupt_on``, as
+    ``HumanInTheLoopMiddleware`` keeps it: only the tools it gates) and those tools."""
+    for mw in middleware:
+        gated = getattr(mw, "interrupt_on", None)
+        if isinstance(gated, dict) and gated:
+            return type(mw).__name__, sorted(map(str, gated))
+    return None
 
 
 def _stops(graph: Any) -> dict[str, set[str]]:

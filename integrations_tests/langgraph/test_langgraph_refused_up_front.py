@@ -4,6 +4,8 @@ branch thread, no attribution stored), rather than after branches ran:
 - an app compiled with ``interrupt_before`` / ``interrupt_after`` on a node a branch reaches
   (LangGraph's customer-support tutorial, part 3): each branch would stop there for a person
   nobody is to answer;
+- a ``create_agent`` app whose ``HumanInTheLoopMiddleware`` gates a tool: a branch whose model
+  calls it would stop the same way;
 - an app with ``async def`` nodes on a sync-only checkpointer (``SqliteSaver``): LangGraph runs
   such an app only under ``ainvoke``, which that checkpointer cannot serve.
 
@@ -21,8 +23,10 @@ from typing import Any
 
 import pytest
 from car_adapters.demo import support_agent as sa
-from car_adapters.langgraph import CarChatModel, LangGraphAgent
+from car_adapters.langgraph import CarChatModel, CarMiddleware, LangGraphAgent
 from car_adapters.langgraph.saver import sync_only
+from langchain.agents import create_agent
+from langchain.agents.middleware import HumanInTheLoopMiddleware
 from langchain_core.messages import BaseMessage, SystemMessage, ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.postgres import PostgresSaver
@@ -128,6 +132,49 @@ def test_an_interrupt_a_branch_reaches_is_refused_before_any_branch(
     with pytest.raises(AdapterError, match="stops for human input"):
         paused.agent.branch(paused.run, plan, NOISE)
     assert paused.model.calls == calls and branch_threads(paused.saver) == set()
+
+
+@pytest.mark.parametrize("mode", ["batched", "per_call"])
+def test_an_approval_gate_is_refused_before_any_branch(store: Any, mode: str) -> None:
+    """A trial's attribution ran four branches before the first one stopped at the gate; the
+    same app built without it attributes the run (``force_agent``: the gate is a node of the
+    graph, so the fingerprint differs), the gated refund named a side effect by the user."""
+    model = sa.PlantedSupportModel(p_follow=1.0)
+    saver = InMemorySaver()
+
+    def build(gate: bool) -> Any:
+        middleware: list[Any] = [CarMiddleware()]
+        if gate:
+            middleware.append(HumanInTheLoopMiddleware(
+                interrupt_on={"issue_refund": True, "lookup_order": False},
+                interrupt_mode=mode))
+        return create_agent(model, sa.TOOLS, middleware=middleware, checkpointer=saver)
+
+    gated = build(True)
+    gated.invoke(sa.inputs(), USER)
+    for _ in range(5):  # a person approves every refund the model asks for
+        asked = gated.get_state(USER).interrupts
+        if not asked:
+            break
+        yes = {"type": "approve"}
+        gated.invoke(Command(resume={"decisions": [yes]} if mode == "batched"
+                             else {i.id: yes for i in asked}), USER)
+    agent = LangGraphAgent(gated, **SA)
+    run = agent.import_thread("user")
+    assert sa.outcome(run)
+    calls = model.calls
+    with pytest.raises(AdapterError, match=r"asks a person to approve 'issue_refund' "
+                                           r"\(HumanInTheLoopMiddleware in node ") as refused:
+        car.contrastive(run, agent, outcome=sa.outcome, rollouts=4, seed=0, store=store,
+                        progress=False)
+    assert "no branch runs" in str(refused.value)
+    assert refused.value.hint and "force_agent=True" in refused.value.hint
+    assert model.calls == calls and branch_threads(saver) == set()
+    assert store.runs(branches=True) == [] and store.attributions() == []
+    plain = LangGraphAgent(build(False), **SA)
+    dist = car.intervene(run, plain, car.do_resample(1), outcome=sa.outcome, rollouts=2,
+                         seed=0, progress=False, force_agent=True)
+    assert dist.n == 2 and model.calls > calls
 
 
 def test_an_interrupt_in_a_subgraph_is_refused_by_its_subgraph() -> None:
