@@ -4,9 +4,12 @@ A branch guards the calls the agent's model makes; code that holds another tool 
 whole agent and calls it itself goes around that. Such objects are found where a function names
 them, read from the function without running it or needing its source: module globals its code
 (inner functions and lambdas included) refers to, its closure, its defaults, the instance of a
-bound method, and the same through the functions of its own module it calls. An object reached
-some other way (built inside the call, or behind another module's function) is not seen; each
-adapter keeps a net at run time for those.
+bound method, and the same through the functions of its own module it calls. A module (or a
+package's module) the code names counts for the attributes the code also names
+(``audit.write_audit(...)``: a LlamaIndex trial's safe tool credited for real on every branch
+through ``app.apply_credit``); the module itself is not walked. An object reached some other
+way (built inside the call, or behind another module's function) is not seen; each adapter
+keeps a net at run time for those.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ def named_objects(fn: Any, wanted: Callable[[Any], bool],
             if names is not None:
                 names |= used
             values += [scope[n] for n in used if n in scope]
+            values += _module_attributes([scope[n] for n in used if n in scope], used)
             values += [c.cell_contents for c in f.__closure__ or () if _filled(c)]
             values += [*(f.__defaults__ or ()), *(f.__kwdefaults__ or {}).values()]
         elif hasattr(f, "__dict__"):  # a callable object: its attributes and its __call__
@@ -111,6 +115,25 @@ def refuse_side_effect_functions(functions: Mapping[str, Iterable[Any]], safety:
                       "through the agent instead" if own else
                       "call the tool object (tool.invoke(...)), which a branch answers from "
                       "the record or a simulator, instead of its function"))
+
+
+def _module_attributes(values: Iterable[Any], names: set[str]) -> list[Any]:
+    """What the modules among ``values``, and the modules they hold under ``names``, hold
+    under ``names``: read from each module's namespace (no attribute hook runs)."""
+    modules = [v for v in values if inspect.ismodule(v)]
+    seen = {id(m) for m in modules}
+    found: list[Any] = []
+    while modules:
+        space = vars(modules.pop())
+        for name in sorted(names & space.keys()):
+            value = space[name]
+            if inspect.ismodule(value):
+                if id(value) not in seen:
+                    seen.add(id(value))
+                    modules.append(value)
+            else:
+                found.append(value)
+    return found
 
 
 def _plain(f: Any) -> Any:

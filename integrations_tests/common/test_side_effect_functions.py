@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from agents import Agent, function_tool
 from car_adapters.langgraph import CarChatModel, LangGraphAgent
+from car_adapters.llamaindex import LlamaIndexAgent
 from car_adapters.models.chat_agent import ChatAgent
 from car_adapters.openai_agents import OpenAIAgentsAgent
 from car_adapters.openai_agents.fake import ScriptedModel
@@ -21,8 +22,13 @@ from langchain_core.tools import StructuredTool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
+from llama_index.core.agent.workflow import FunctionAgent
+from llama_index.core.tools import FunctionTool
 
+import integrations_tests.support as support
 from car_core.errors import AdapterError
+from integrations_tests.support import audit_tools
+from integrations_tests.support.llamaindex_stub import AsyncReplyLLM
 
 LEDGER: list[str] = []
 REFUSED = r"tool 'lookup_order' calls the function of side-effect tool\(s\) \['write_audit'\]"
@@ -127,3 +133,38 @@ def test_a_graph_node_calling_a_side_effect_tools_function_is_refused() -> None:
     with pytest.raises(AdapterError, match=r"node 'audit' calls the function of side-effect "
                                            r"tool\(s\) \['write_audit'\]"):
         LangGraphAgent(app, model=model, side_effect_tools=["write_audit"])
+
+
+def lookup_via_module(order_id: str) -> str:
+    """Look an order up, auditing through the audit module (a LlamaIndex trial's billing tool
+    was accepted as safe and credited for real on every branch)."""
+    audit_tools.write_audit(f"looked up {order_id}")
+    return f"order {order_id}: a kettle"
+
+
+def lookup_via_package(order_id: str) -> str:
+    """The same through the package: ``support.audit_tools.write_audit``."""
+    support.audit_tools.write_audit(f"looked up {order_id}")
+    return f"order {order_id}: a kettle"
+
+
+def by_module_chat(lookup: Any) -> Any:
+    return ChatAgent(lambda history, rng: "done",
+                     tools={"lookup_order": lookup, "write_audit": audit_tools.write_audit},
+                     safe_tools=["lookup_order"], side_effect_tools=["write_audit"])
+
+
+def by_module_llamaindex(lookup: Any) -> Any:
+    tools = [FunctionTool.from_defaults(fn=f, name=f.__name__.replace("_via_module", "_order")
+                                        .replace("_via_package", "_order"))
+             for f in (lookup, audit_tools.write_audit)]
+    agent = FunctionAgent(name="desk", description="a desk", llm=AsyncReplyLLM(), tools=tools)
+    return LlamaIndexAgent(agent, safe_tools=["lookup_order"], side_effect_tools=["write_audit"])
+
+
+@pytest.mark.parametrize("lookup", [lookup_via_module, lookup_via_package])
+@pytest.mark.parametrize("wrap", [by_module_chat, by_module_llamaindex])
+def test_a_side_effect_called_through_its_module_is_refused(wrap: Any, lookup: Any) -> None:
+    with pytest.raises(AdapterError, match=REFUSED):
+        wrap(lookup)
+    assert audit_tools.LEDGER == []
