@@ -31,6 +31,7 @@ from _estimator_helpers import Preflighted
 import car_core as car
 from car_core.errors import InvalidInput, RunNotFound
 from car_core.estimators import triage as car_triage
+from car_core.estimators.contrastive import rollout_budget
 from car_core.store import RunStore
 from car_core.store.triages import (
     POPULATION,
@@ -464,6 +465,38 @@ def test_a_paced_line_times_runs_that_go_several_at_once_as_lanes():
     assert paced(4, 15).endswith("about 1 min 22 s left")  # the other three of the wave
     now[0] = 60.0  # the second wave: as fast
     assert paced(8, 15) == "[8/15] · 1 min 00 s so far, about 52 s left"
+
+
+def test_a_paced_line_times_runs_from_when_they_began():
+    """A trial's triage of three runs, three lanes, a total budget the first two held: the
+    third began when the first ended (20 s), and at 25 s, with the second done too, the line
+    read "about 0 s left" (the lanes had it running since 0 s); it ended at 44 s. Timed from
+    its start: 22.5 s a run, 5 s of it gone."""
+    from car_core.engine.progress import Paced
+    now = [0.0]
+    paced = Paced(lambda done, total: f"[{done}/{total}]", clock=lambda: now[0], at_once=3)
+    paced.started()
+    paced.started()
+    now[0] = 20.0
+    assert paced(1, 3) == "[1/3] · 20 s so far, about 20 s left"  # the second's 0, the third's
+    paced.started()
+    now[0] = 25.0
+    assert paced(2, 3) == "[2/3] · 25 s so far, about 18 s left"
+
+
+def test_a_triage_tells_its_printed_progress_when_each_run_began(population):
+    """Two lanes and a total budget that pays one run at a time: each run begins when the one
+    before it ended, which only the triage knows."""
+    from car_core.engine.progress import Paced, PacedPrinter
+    lines: list[str] = []
+    printer = PacedPrinter(Paced(car_triage.progress_line, at_once=2), lines.append)
+    runs = population[:3]
+    each = rollout_budget(len(runs[0].steps), K, None)[0]
+    car.triage(runs, DESK.agent(), outcome=DESK.outcome, rollouts=K, runs_at_once=2,
+               budget=car.Budget(rollouts=int(each.rollouts * 1.5)), progress=printer)
+    began, ended = printer.paced.began, printer.paced.ends
+    assert len(lines) == 3 and len(began) == len(ended) >= 2
+    assert began[1] >= ended[0]  # the second waited for the first: one run's budget at a time
 
 
 def test_runs_read_back_count_as_done_but_not_towards_the_pace():

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from car_core.cli import kit
 from car_core.cli.app import STDOUT, ending, err, out, say
-from car_core.engine.progress import Paced
+from car_core.engine.progress import Paced, PacedPrinter
 from car_core.errors import AttributionNotFound, InvalidInput
 
 
@@ -73,11 +73,8 @@ def per_run_lines(line: Callable[..., str], at_once: int = 1,
     """The progress a population command hands its estimate: ``line(done, total, ...)`` per
     run on stderr, with the time so far and left (``Paced``, for ``at_once`` runs at a time),
     as ``progress=True`` prints."""
-    paced = Paced(line, at_once=at_once, untimed=untimed)
-
-    def shown(*args: Any, **kw: Any) -> None:
-        err.print(Text(kit.safe(paced(*args, **kw))), soft_wrap=True)
-    return shown
+    return PacedPrinter(Paced(line, at_once=at_once, untimed=untimed),
+                        lambda said: err.print(Text(kit.safe(said)), soft_wrap=True))
 
 
 def stored_params(store: str, resume: str | None) -> dict[str, Any]:

@@ -48,7 +48,12 @@ class Paced:
     ``at_once`` runs go at a time, so the rest is timed as lanes (``_left``): timed from the
     first run to end alone, four at once read "about 7 min left" of a triage that ended within
     one. A run ``untimed(*rest)`` says took no time (read back from the store, refused) counts
-    as done but not towards the pace: read back first, they read "about 0 s left"."""
+    as done but not towards the pace: read back first, they read "about 0 s left".
+
+    A population whose runs also wait for budget (a total that the runs in flight hold) says
+    when each began (``started``); the runs are then timed from those starts, not from the
+    lanes (a trial's triage of three runs read "about 0 s left" beside a third run that had
+    waited for the first two and had 20 s to go)."""
 
     def __init__(self, line: Any, clock: Any = time.monotonic, at_once: int = 1,
                  untimed: Any = None) -> None:
@@ -56,7 +61,12 @@ class Paced:
         self.at_once = max(1, at_once)
         self.start = clock()
         self.ends: list[float] = []  # when each timed run ended, from the start
+        self.began: list[float] = []  # when each run began, where the caller says so
         self.seen = 0
+
+    def started(self) -> None:
+        """A run began now."""
+        self.began.append(self.clock() - self.start)
 
     def __call__(self, done: int, total: int, *rest: Any, **kw: Any) -> str:
         now = self.clock() - self.start
@@ -72,14 +82,38 @@ class Paced:
         """The time the ``waiting`` runs still take: the ``i``-th timed run began when a lane
         freed (the first ``at_once`` at the start, each later one as a run ended), so the
         mean run takes the ends less those starts; the runs in flight take what is left of
-        it, and the queued ones the whole of it, ``at_once`` at a time. One at a time this is
-        the time so far per run, times the runs left."""
+        it, and the queued ones the whole of it, ``at_once`` at a time, none sooner than a
+        whole run from now. One at a time this is the time so far per run, times the runs
+        left. Runs said to have begun (``started``)
+        are taken to end in the order they began, as lanes are."""
         k, m = self.at_once, len(self.ends)
-        starts = [0.0] * k + self.ends
+        starts = self.began if len(self.began) >= m else [0.0] * k + self.ends
         mean = (sum(self.ends) - sum(starts[:m])) / m
         flying = [max(mean - (now - s), 0.0) for s in starts[m:m + min(k, waiting)]]
         queued = waiting - len(flying)
-        return max(max(flying, default=0.0), (sum(flying) + queued * mean) / k)
+        return max(max(flying, default=0.0), mean if queued else 0.0,
+                   (sum(flying) + queued * mean) / k)
+
+
+class PacedPrinter:
+    """A population's progress that prints each ``Paced`` line with ``write``; the estimate
+    tells it when a run begins (``started``), which a callback of the user's is never
+    asked."""
+
+    def __init__(self, paced: Paced, write: Any) -> None:
+        self.paced, self.write = paced, write
+
+    def __call__(self, *args: Any, **kw: Any) -> None:
+        self.write(self.paced(*args, **kw))
+
+    def started(self) -> None:
+        self.paced.started()
+
+
+def run_started(progress: Any) -> None:
+    """Tell ``progress`` a run began, when it is one that times runs (``PacedPrinter``)."""
+    if isinstance(progress, PacedPrinter):
+        progress.started()
 
 
 class LineProgress:

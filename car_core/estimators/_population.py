@@ -36,7 +36,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from car_core import defaults
 from car_core.engine.agent import Agent
-from car_core.engine.progress import Paced
+from car_core.engine.progress import Paced, PacedPrinter
 from car_core.errors import InvalidInput
 from car_core.estimators.contrastive import waits_on_server
 from car_core.model.budget import HALT, Budget
@@ -252,11 +252,8 @@ def per_run_progress(progress: P | bool | None, line: Callable[..., str], at_onc
     if progress is None or progress is False:
         return None
     if progress is True:
-        paced = Paced(line, at_once=at_once, untimed=untimed)
-
-        def printed(*args: Any, **kw: Any) -> None:
-            print(paced(*args, **kw), file=sys.stderr, flush=True)
-        return cast(P, printed)
+        return cast(P, PacedPrinter(Paced(line, at_once=at_once, untimed=untimed),
+                                    lambda said: print(said, file=sys.stderr, flush=True)))
     if not callable(progress):
         raise InvalidInput(f"progress must be True, False or a function, got "
                            f"{type(progress).__name__}",

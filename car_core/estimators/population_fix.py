@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, cast
 from car_core import defaults
 from car_core.engine.agent import Agent
 from car_core.engine.execution import ExecutorLike
+from car_core.engine.progress import run_started
 from car_core.engine.tasks import check_failures
 from car_core.errors import (
     BranchesFailed,
@@ -274,6 +275,7 @@ def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: O
                 holds[i] = purse.hold(cap)
                 pool.submit(i, _job(run, agent, outcome, rec, arms, rollouts,
                                     run_seed(seed, run.id), cap, executor, force_agent))
+                run_started(each_run)
             while pool.flying:
                 settled(*pool.next_done())
         measured = [records[r.id] for r in population if r.id in records]  # in the runs' order

@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 from car_core import defaults
 from car_core.engine.agent import Agent, check_agent
 from car_core.engine.execution import ExecutorLike
+from car_core.engine.progress import run_started
 from car_core.errors import (
     AgentError,
     AgentMismatch,
@@ -302,6 +303,7 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
                 ran.add(i)
                 pool.submit(i, _job(run, agent, outcome, mine, store, aid, executor, force_agent,
                                     own_store=pool.threaded))
+                run_started(each_run)
             while pool.flying:
                 settled(*pool.next_done())
         # everything in the order of the runs given, whichever finished first
