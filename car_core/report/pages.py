@@ -106,12 +106,14 @@ def _when(ts: Any) -> str:
 _LEADS = {"one": "largest: ", "equal": "tie: ", "overlap": "not told apart: "}
 
 
-def attribution_summary(a: Attribution) -> dict[str, Any]:
+def attribution_summary(a: Attribution, status: str | None = None) -> dict[str, Any]:
     """What the index shows of one attribution: its answer, the step it names (locus,
-    candidate, or the Shapley leader(s)) and that step's interval."""
+    candidate, or the Shapley leader(s)) and that step's interval. ``status``: as the store
+    says it (``RunStore.status_said``: "interrupted" for a stopped one), else as stored."""
+    status = str(a.status) if status is None else status
     row: dict[str, Any] = {"id": a.id, "run_id": a.run_id, "method": a.method,
-                           "status": str(a.status), "when": _when(a.created_at),
-                           "answer": f"no result yet ({a.status})", "kind": "pending",
+                           "status": status, "when": _when(a.created_at),
+                           "answer": f"no result yet ({status})", "kind": "pending",
                            "names": fmt.MISSING, "interval": fmt.MISSING,
                            "rollouts": fmt.MISSING, "ts": a.created_at or 0.0}
     if a.result is None:
@@ -209,7 +211,7 @@ def _population_pages(db: RunStore, kind: _Kind, rows: Sequence[Attribution],
     for a in rows:
         when, ts = _when(a.created_at), a.created_at or 0.0
         if a.status == AttributionStatus.RUNNING:
-            listed.append(kind.row(None, str(a.status), when, ts, None, a.id))
+            listed.append(kind.row(None, db.status_said(a), when, ts, None, a.id))
             continue
         try:
             result = kind.load(db, a.id)
@@ -251,13 +253,13 @@ def write_index(db: RunStore, out: Path, store: str) -> IndexWritten:
         link = f"runs/{page_name(run.id)}"
         pages[folder / link] = run_page(db, run, home="../" + index.name, known=own)[0]
         for a in own:
-            row = attribution_summary(a)
+            row = attribution_summary(a, db.status_said(a))
             row["href"] = None  # no page for an attribution stopped before its result
             if a.result is not None:
                 row["href"] = f"attributions/{page_name(a.id)}"
                 pages[folder / row["href"]] = render_attribution(
                     a.result, run=run, branches=db.branches(a.id), home="../" + index.name,
-                    choice=f"Attribution {a.id} ({a.method}, {a.status}) of run {run.id}, "
+                    choice=f"Attribution {a.id} ({a.method}, {row['status']}) of run {run.id}, "
                            f"one of {len(own)} for this run.")
             row["run_href"] = link
             rows.append(row)
@@ -269,7 +271,8 @@ def write_index(db: RunStore, out: Path, store: str) -> IndexWritten:
                      "n_steps": len(run.steps),
                      "outcome": fmt.num(run.outcome.value) if run.outcome else fmt.MISSING,
                      "failed": run.failed, "attributions": len(own),
-                     "latest": attribution_summary(latest) if latest else None})
+                     "latest": attribution_summary(latest, db.status_said(latest))
+                     if latest else None})
     rows.sort(key=lambda r: r["ts"], reverse=True)
     stored = [a for rows_of in by_run.values() for a in rows_of]
     links = ({str(r["id"]): str(r["href"]) for r in runs},
