@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
@@ -92,6 +93,16 @@ from .reruns import branch_reruns
 # other, so a loop per branch would make each branch's first call fail (and the branch be
 # retried: every model call paid twice).
 _BRANCH_LOOP = BranchLoop("car-openai-agents-branches")
+_MAX_TURNS = re.compile(r"^MaxTurnsExceeded\(['\"]Max turns \((\d+)\) exceeded")
+
+
+def stopped_at_max_turns(run: car.Trajectory) -> int | None:
+    """The ``max_turns`` a recorded run stopped at (the SDK's ``MaxTurnsExceeded`` says it in
+    its message, which the run's error keeps), or None. A trial's app ran with
+    ``max_turns=2``: every run stopped there, branches at the default went on to reply, and
+    a step was said to avoid the failure in every re-run where nothing could."""
+    found = _MAX_TURNS.match(run.error or "")
+    return int(found.group(1)) if found else None
 # what the SDK tells the model in place of a tool's error unless the tool or run words it
 _DEFAULT_FAILURE = default_tool_error_function(RunContextWrapper(context=None), Exception())
 
@@ -567,6 +578,14 @@ class OpenAIAgentsAgent:
                                f"{self.max_turns}", run_id=run.id,
                                hint="pass OpenAIAgentsAgent(..., max_turns=N) with the N your "
                                     "app runs with")
+        limit = stopped_at_max_turns(run)
+        if limit is not None and limit != self.max_turns:
+            raise InvalidInput(
+                f"the run stopped at max_turns={limit} (MaxTurnsExceeded), and this agent "
+                f"branches with max_turns={self.max_turns}: its branches would not stop where "
+                "the app does, so a run the app would have stopped could read as rescued",
+                run_id=run.id, hint=f"pass OpenAIAgentsAgent(..., max_turns={limit}), the limit "
+                                    "your app gives Runner.run")
         check_recorded_tools(run, self.tool_names())
         self.contexts.check(run)
         self._check_guardrails(run)

@@ -586,6 +586,30 @@ def test_a_run_longer_than_max_turns_is_refused_before_branching(helpdesk: Any) 
     assert app.model_calls.calls == 0
 
 
+def test_a_run_the_apps_max_turns_stopped_is_refused_with_another_limit(rec: CarRecorder
+                                                                        ) -> None:
+    """A trial's app ran with ``max_turns=2``; its runs all stopped there (no reply: the
+    failure), and branches at the default 10 went on to reply, so CAR said re-deciding a step
+    avoided the failure in 100% of re-runs where nothing could. The limit the run stopped at
+    is read from its error (``recorder.run_of(the exception)``) and must be the agent's."""
+    from agents.exceptions import MaxTurnsExceeded
+    app = Helpdesk()
+    with pytest.raises(MaxTurnsExceeded) as stopped:
+        Runner.run_sync(app.agent, "ticket", hooks=rec, max_turns=2)
+    run = rec.run_of(stopped.value)
+    app.model_calls.reset()
+    answered = {**Helpdesk.CLASSES, "simulators": {"escalate": lambda args: "done"}}
+    with pytest.raises(InvalidInput, match=r"stopped at max_turns=2 \(MaxTurnsExceeded\).*"
+                                           r"branches with max_turns=10") as refused:
+        car.intervene(run, OpenAIAgentsAgent(app.agent, **answered), car.do_resample(1),
+                      outcome=escalated, rollouts=1)
+    assert "max_turns=2" in (refused.value.hint or "")
+    assert app.model_calls.calls == 0
+    dist = car.intervene(run, OpenAIAgentsAgent(app.agent, max_turns=2, **answered),
+                         car.do_resample(1), outcome=escalated, rollouts=2)
+    assert dist.n == 2 and app.model_calls.calls > 0
+
+
 def test_edit_that_leaves_a_tool_call_unanswered_is_refused(helpdesk: Any) -> None:
     app, run = helpdesk
     app.model_calls.reset()
