@@ -24,8 +24,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _estimator_helpers import Preflighted
 
 import car_core as car
+from car_core.engine.progress import Paced, PacedPrinter
 from car_core.errors import InvalidInput, NothingToAttribute
 from car_core.fix_results import CSV_COLUMNS, PopulationFix
 from car_core.stats.pooled import hoeffding_half_width, pooled_mean
@@ -150,6 +152,23 @@ def test_progress_marks_runs_that_drew_nothing_and_times_only_the_rest(populatio
                            rollouts=4, store=store, fix_id="p1",
                            progress=lambda *a, **kw: told.append((*a, kw.get("how"))))
     assert told == [(i + 1, 2, r.id, "read back") for i, r in enumerate(runs)]
+
+
+def test_a_fix_tells_its_printed_progress_when_each_run_began(population):
+    """One at a time, a run is tested as it is submitted: told it began only after, every line
+    of a trial's `car fix --runs-at-once 1` read "about 0 s left". The pace's clock counts
+    branches, so each run's branches fall between its start and its end."""
+    agent = Preflighted(DESK.agent(), {})
+    lines: list[str] = []
+    printer = PacedPrinter(Paced(lambda done, total, run_id, **kw: f"[{done}/{total}]",
+                                 clock=lambda: agent.branches), lines.append)
+    car.fix_population(population[:3], agent, outcome=DESK.outcome, rollouts=4,
+                       candidates=[car.Fix.instruction(DESK.fix, every_step=True)],
+                       runs_at_once=1, progress=printer)
+    began, ended = printer.paced.began, printer.paced.ends
+    assert len(lines) == 3 and len(began) == len(ended) == 3
+    assert all(end > start for start, end in zip(began, ended, strict=True)), (began, ended)
+    assert "about 0 s left" not in lines[0]
 
 
 def test_the_pooled_interval_covers_over_seeds_on_a_cheap_planted_world(population):

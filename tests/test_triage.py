@@ -484,19 +484,26 @@ def test_a_paced_line_times_runs_from_when_they_began():
     assert paced(2, 3) == "[2/3] · 25 s so far, about 18 s left"
 
 
-def test_a_triage_tells_its_printed_progress_when_each_run_began(population):
-    """Two lanes and a total budget that pays one run at a time: each run begins when the one
-    before it ended, which only the triage knows."""
+@pytest.mark.parametrize("at_once", [1, 2])
+def test_a_triage_tells_its_printed_progress_when_each_run_began(population, at_once):
+    """A total budget that pays one run at a time: each run begins when the one before it
+    ended, which only the triage knows (with two lanes the second waits for budget, not for
+    a lane). The pace's clock counts branches, so a run's branches fall between its start and
+    its end: told after the run (one at a time runs it as it is submitted), a trial's every
+    line read "about 0 s left"."""
     from car_core.engine.progress import Paced, PacedPrinter
+    agent = Preflighted(DESK.agent(), {})
     lines: list[str] = []
-    printer = PacedPrinter(Paced(car_triage.progress_line, at_once=2), lines.append)
+    printer = PacedPrinter(Paced(car_triage.progress_line, clock=lambda: agent.branches,
+                                 at_once=at_once), lines.append)
     runs = population[:3]
     each = rollout_budget(len(runs[0].steps), K, None)[0]
-    car.triage(runs, DESK.agent(), outcome=DESK.outcome, rollouts=K, runs_at_once=2,
+    car.triage(runs, agent, outcome=DESK.outcome, rollouts=K, runs_at_once=at_once,
                budget=car.Budget(rollouts=int(each.rollouts * 1.5)), progress=printer)
     began, ended = printer.paced.began, printer.paced.ends
     assert len(lines) == 3 and len(began) == len(ended) >= 2
-    assert began[1] >= ended[0]  # the second waited for the first: one run's budget at a time
+    assert all(end > start for start, end in zip(began, ended, strict=True)), (began, ended)
+    assert all(began[i + 1] >= ended[i] for i in range(len(began) - 1))
 
 
 def test_runs_read_back_count_as_done_but_not_towards_the_pace():

@@ -273,9 +273,9 @@ def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: O
                     settled(i, {})
                     continue
                 holds[i] = purse.hold(cap)
+                run_started(each_run)  # before: one at a time, submit runs it
                 pool.submit(i, _job(run, agent, outcome, rec, arms, rollouts,
                                     run_seed(seed, run.id), cap, executor, force_agent))
-                run_started(each_run)
             while pool.flying:
                 settled(*pool.next_done())
         measured = [records[r.id] for r in population if r.id in records]  # in the runs' order

@@ -301,9 +301,9 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
                     continue
                 holds[i] = purse.hold(cap)
                 ran.add(i)
+                run_started(each_run)  # before: one at a time, submit runs it
                 pool.submit(i, _job(run, agent, outcome, mine, store, aid, executor, force_agent,
                                     own_store=pool.threaded))
-                run_started(each_run)
             while pool.flying:
                 settled(*pool.next_done())
         # everything in the order of the runs given, whichever finished first
