@@ -27,7 +27,7 @@ import weakref
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, cast
 
-from agents import ModelResponse, ModelSettings, Usage
+from agents import ModelResponse, ModelSettings, OpenAIResponsesModel, Usage
 from agents.handoffs import Handoff
 from agents.models.interface import Model
 from agents.run_config import ToolErrorFormatter, ToolErrorFormatterArgs
@@ -158,7 +158,7 @@ class CarBranchModel(Model):
                                         "or car_adapters.openai_agents.ScriptedModel)")
         if self.reset_tool_choice and model_settings.tool_choice is not None:
             model_settings = dataclasses.replace(model_settings, tool_choice=None)
-        if s.seeds:
+        if s.seeds and takes_seed(model):
             extra = {**(model_settings.extra_args or {}), "seed": s.noise.int_seed(k)}
             model_settings = dataclasses.replace(model_settings, extra_args=extra)
         token = _STEP_RNG.set(s.noise.rng(k, Stream.POLICY))
@@ -191,6 +191,15 @@ class CarBranchModel(Model):
     def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
         raise AdapterError("CAR branches drive the app with Runner.run, never streamed",
                            hint="this is a bug in car_adapters.openai_agents; please report it")
+
+
+def takes_seed(model: Model) -> bool:
+    """Whether a branch may send ``model`` a request ``seed`` (in ``extra_args``, which the
+    SDK passes to the client as keywords): not the Responses API's (the SDK's default for a
+    model name), whose ``responses.create`` has no such parameter, so every branch of an app
+    on it raised ``TypeError``. Its randomness is then the server's own, unshared by
+    branches, as the estimators measure."""
+    return not isinstance(model, OpenAIResponsesModel)
 
 
 def noting(tool: FunctionTool, session: BranchSession) -> FunctionTool:
