@@ -378,7 +378,7 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
         run_id=run.id, locus=locus, reason=reason, alpha=float(alpha), tests=m, level=level,
         rollouts_used=session.meter.rollouts, rollouts_cap=rollouts, seed=seed,
         coupled=measured.shared, coupling=session.coupling,
-        caveats=caveats_of(agent) + _earlier_decisions(run, answer)
+        caveats=caveats_of(agent) + _earlier_decisions(run, answer, arm_rows)
         + _noisy_record(arm_rows, n),
         measured_coupling=measured,
         given_up=given_up, more_rollouts=more,
@@ -400,22 +400,35 @@ def contrastive(run: Trajectory, agent: Agent, *, outcome: OutcomeLike,
     return result
 
 
-def _earlier_decisions(run: Trajectory, answer: Answer) -> tuple[str, ...]:
-    """Where no step of the run was shown to cause the failure and the run began from a
-    conversation that already held the agent's decisions, the caveat that the cause may be
-    one of those: user trials attributed an LLM-as-judge loop's last round and a research
-    pipeline's writer, whose failure an earlier run had fixed, and read only "no single step"
-    or "undecided"."""
+def _earlier_decisions(run: Trajectory, answer: Answer, arms: tuple[ArmEstimate, ...]
+                       ) -> tuple[str, ...]:
+    """Where the run began from a conversation that already held the agent's decisions: when
+    no step of it was shown to cause the failure, the caveat that the cause may be one of
+    those (user trials attributed an LLM-as-judge loop's last round and a research pipeline's
+    writer, whose failure an earlier run had fixed, and read only "no single step" or
+    "undecided"); when a step was named but re-deciding every step still fails, shown above
+    zero, that what it began from may hold more of the cause (a trial's second turn named a
+    step rescuing 0.2 where the first turn's note made the other 0.8, and said nothing of
+    it; the agent's own odds of failing from there are in that share too, hence "may")."""
     before = decisions_before(run)
-    if answer == Answer.LOCUS or before == 0:
+    if before == 0:
         return ()
     began = run.meta.get(BEGAN_FROM)  # the adapter's words: a thread resumed after a pause
     how = (f"; {began}" if isinstance(began, str) and began
-           else "; attribute the turn or run that made them")
-    return (f"the run began from a conversation that already held {before} decision(s) of "
-            "the agent (an earlier turn, or an earlier run that handed this one its "
-            "history): no step of this run re-decides them, so a cause among them is not "
-            f"found here{how}",)
+           else f"; `car what {run.id} --step 0` tests what that history said, or attribute "
+                "the turn or run that made them")
+    held = (f"{before} decision(s) of the agent (an earlier turn, or an earlier run that "
+            "handed this one its history)")
+    if answer != Answer.LOCUS:
+        return (f"the run began from a conversation that already held {held}: no step of "
+                f"this run re-decides them, so a cause among them is not found here{how}",)
+    first = next((a for a in arms if a.hold_before == 0), None)
+    if first is None or first.ci.low <= 0.0:
+        return ()
+    return (f"re-deciding every step of this run, it still failed in "
+            f"{fmt.percent(first.mean)} {fmt.percent_interval(first.ci)} of re-runs: what it "
+            f"began from, {held}, may hold more of the cause than the step named, and no step "
+            f"of this run re-decides it{how}",)
 
 
 def _noisy_record(arms: tuple[ArmEstimate, ...], n: int) -> tuple[str, ...]:
