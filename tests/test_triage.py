@@ -247,7 +247,10 @@ def test_cli_refuses_an_empty_selection(population, tmp_path):
     with RunStore(tmp_path / "car.db") as store:
         store.save(population[0])
     proc = car_cli("triage", "--agent-name", "nobody", "--agent", AGENT, cwd=tmp_path)
-    assert proc.returncode == 2 and "nothing to triage" in proc.stderr
+    assert proc.returncode == 2 and "--agent-name 'nobody' is no stored run's agent" in proc.stderr
+    # a trial's triage said "agent support" of its runs and --agent-name support matched none:
+    # the stored name is the adapter's; the error names the agents the store holds
+    assert f"the store's: {population[0].agent!r}" in proc.stderr
 
 
 def test_group_results_groups_finished_attributions_as_triage_does(population):

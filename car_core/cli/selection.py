@@ -60,12 +60,25 @@ def selected(store: str, run_ids: list[str] | None, resume: str | None, outcome:
         chosen = select_runs(reader, ids=run_ids or None, agent=agent_name,
                              since=when(since, "--since"), until=when(until, "--until"),
                              test=test, outcome=outcome, session=session)
+        if not chosen and agent_name is not None:
+            _check_agent_name(reader, agent_name)
         if run_ids:
             _say_left_out(reader, [i for i in dict.fromkeys(run_ids) if i not in chosen],
                           outcome)
         return chosen
     finally:
         reader.close()
+
+
+def _check_agent_name(reader: Any, agent_name: str) -> None:
+    """Refuse an ``--agent-name`` no stored run has, naming those the store holds: a trial's
+    triage printed "agent support" (the deciding agent) and ``--agent-name support`` matched
+    nothing, the runs being stored as ``openai-agents:support`` (the adapter's name)."""
+    names = sorted({str(r["agent"]) for r in reader.runs() if r.get("agent")})
+    if agent_name not in names:
+        raise InvalidInput(f"--agent-name {agent_name!r} is no stored run's agent; the "
+                           f"store's: {', '.join(map(repr, names)) or 'none'}",
+                           hint="pass one of those names, as `car runs` lists them")
 
 
 def per_run_lines(line: Callable[..., str], at_once: int = 1,
