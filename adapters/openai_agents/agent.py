@@ -659,10 +659,15 @@ class OpenAIAgentsAgent:
         return messages
 
     def _models(self) -> dict[str, Model]:
+        """The model each agent decides with, as the SDK picks it: the run config's model,
+        when it has one, for every agent (an audit's branches called each agent's own model
+        where the app's runs never did, and found no cause), else the agent's own."""
         out = {}
         provider = self.run_config.model_provider
+        chosen = self.run_config.model
         for name, a in self.agents.items():
-            out[name] = a.model if isinstance(a.model, Model) else provider.get_model(a.model)
+            model = chosen if chosen is not None else a.model
+            out[name] = model if isinstance(model, Model) else provider.get_model(model)
         return out
 
     async def _drive(self, items: Any, active: str, session: BranchSession, max_turns: int, *,
