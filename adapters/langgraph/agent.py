@@ -134,6 +134,7 @@ from ..common.sync import await_on, finish_on, run_sync
 from .branch_saver import BranchSaver, writing_through
 from .branch_state import BranchState, answerable_calls
 from .branch_store import on_branch, read_store
+from .caches import refuse_cached
 from .callback import CarCallback
 from .calls import AsyncCalls, SyncCalls, now, probe_async
 from .checkpoints import fork, thread_config
@@ -545,6 +546,7 @@ class LangGraphAgent:
         # shapes no branch of any step survives, before the steps themselves
         refuse_sync_only(self.saver, self.shape.async_only, run.id)
         refuse_interrupts(self.shape, run)
+        refuse_cached(self.shape, run)
         rebuilt = refuse_run(self.shape, run,
                              self.undecided if self.model is not None else None, self.safety,
                              self.routing_calls)

@@ -55,7 +55,7 @@ def refuse_interrupts(shape: AppShape, run: Trajectory) -> None:
              if (gated := _gated(reach.middleware))}
     if not any(stops.values()) and not gates:
         return
-    for level, reached in _reachable(shape, run).items():
+    for level, reached in reachable(shape, run).items():
         for node in reached:
             where = f" of subgraph {level!r}" if level else ""
             if (level, node) in gates:
@@ -111,7 +111,7 @@ def _stops(graph: Any) -> dict[str, set[str]]:
     return found
 
 
-def _reachable(shape: AppShape, run: Trajectory) -> dict[str, list[str]]:
+def reachable(shape: AppShape, run: Trajectory) -> dict[str, list[str]]:
     """Per graph level, the nodes a branch of ``run`` can run, in the order found: the nodes
     its steps ran in (at a parent level, the subgraph node holding them), then every node the
     edges lead to from those; a subgraph whose node is led to runs from its start."""

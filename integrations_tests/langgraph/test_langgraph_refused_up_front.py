@@ -6,6 +6,8 @@ branch thread, no attribution stored), rather than after branches ran:
   nobody is to answer;
 - a ``create_agent`` app whose ``HumanInTheLoopMiddleware`` gates a tool: a branch whose model
   calls it would stop the same way;
+- an app compiled with a node cache (``cache=``) whose model node has a ``CachePolicy``: each
+  branch's re-decided node would be answered from the cache, a copy and not a re-draw;
 - an app with ``async def`` nodes on a sync-only checkpointer (``SqliteSaver``): LangGraph runs
   such an app only under ``ainvoke``, which that checkpointer cannot serve.
 
@@ -16,6 +18,7 @@ the recorded run always fails (a refund) and every branch would call the planted
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,13 +31,14 @@ from car_adapters.langgraph.saver import sync_only
 from langchain.agents import create_agent
 from langchain.agents.middleware import HumanInTheLoopMiddleware
 from langchain_core.messages import BaseMessage, SystemMessage, ToolMessage
+from langgraph.cache.memory import InMemoryCache
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
-from langgraph.types import Command, interrupt
+from langgraph.types import CachePolicy, Command, interrupt
 
 import car_core as car
 from car_core.engine.agent import agent_fingerprint
@@ -174,6 +178,36 @@ def test_an_approval_gate_is_refused_before_any_branch(store: Any, mode: str) ->
     plain = LangGraphAgent(build(False), **SA)
     dist = car.intervene(run, plain, car.do_resample(1), outcome=sa.outcome, rollouts=2,
                          seed=0, progress=False, force_agent=True)
+    assert dist.n == 2 and model.calls > calls
+
+
+def test_a_cached_model_node_is_refused_before_any_branch(store: Any) -> None:
+    """An audit's app cached its model node (``CachePolicy``, ``compile(cache=...)``): the
+    branches' re-decided node came from the cache, and CAR read a rescue of 1 where the
+    planted one was 0.5. The same graph compiled without the cache attributes the run."""
+    model = sa.PlantedSupportModel(p_follow=1.0)
+    wrapper = CarChatModel(inner=model)
+    graph = support_graph(wrapper)
+    graph.nodes["agent"] = dataclasses.replace(graph.nodes["agent"],
+                                               cache_policy=CachePolicy(ttl=600))
+    saver = InMemorySaver()
+    app = graph.compile(checkpointer=saver, cache=InMemoryCache())
+    app.invoke(sa.inputs(), USER)
+    agent = LangGraphAgent(app, model=wrapper, **SA)
+    run = agent.import_thread("user")
+    calls = model.calls
+    with pytest.raises(AdapterError, match=r"node 'agent' is cached \(its CachePolicy, "
+                                           r"compile\(cache=\.\.\.\)\)") as refused:
+        car.contrastive(run, agent, outcome=sa.outcome, rollouts=4, seed=0, store=store,
+                        progress=False)
+    assert "no branch runs" in str(refused.value) and "without cache=" in (refused.value.hint or "")
+    assert model.calls == calls and branch_threads(saver) == set()
+    assert store.runs(branches=True) == [] and store.attributions() == []
+    plain = LangGraphAgent(support_graph(wrapper).compile(checkpointer=saver), model=wrapper,
+                           **SA)
+    assert run.meta["agent_fingerprint"] == agent_fingerprint(plain)
+    dist = car.intervene(run, plain, car.do_resample(1), outcome=sa.outcome, rollouts=2,
+                         seed=0, progress=False)
     assert dist.n == 2 and model.calls > calls
 
 
