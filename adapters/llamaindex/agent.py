@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from llama_index.core.agent.workflow import FunctionAgent
+from llama_index.core.agent.workflow import CodeActAgent, FunctionAgent
 from llama_index.core.agent.workflow.base_agent import DEFAULT_MAX_ITERATIONS
 from llama_index.core.memory import ChatMemoryBuffer
 from llama_index.core.tools import BaseTool, FunctionTool
@@ -225,6 +225,28 @@ def _check_agent_workflow(agent: Any) -> None:
                        hint=f"pass one of {AGENT_KINDS}")
 
 
+def _check_agents(agents: Mapping[str, Any]) -> None:
+    """Refuse, before anything runs, an agent whose decisions the record misses: a
+    ``CodeActAgent`` runs the code its model writes, calling the tools inside it as plain
+    functions that no branch guard sees (an audit's branches failed inside it, "fix the
+    agent"); ``output_cls`` / ``structured_output_fn`` ask the model once more, after the last
+    step, for the structured answer, a decision no step records or re-draws (an audit's app
+    got another fare in it than its reply named)."""
+    for name, a in agents.items():
+        if isinstance(a, CodeActAgent):
+            raise AdapterError(
+                f"agent {name!r} is a CodeActAgent: it runs the code its model writes, which "
+                "calls the tools as plain functions no branch can answer or guard",
+                hint="attribute the app with a FunctionAgent or ReActAgent over the same tools")
+        for field in ("output_cls", "structured_output_fn"):
+            if getattr(a, field, None) is not None:
+                raise AdapterError(
+                    f"agent {name!r} has {field}: after its last step it asks the model for the "
+                    "structured answer, a decision no step records and no branch re-draws",
+                    hint=f"attribute the app with the FunctionAgent built without {field} (parse "
+                         "the structured answer from the reply in your own code)")
+
+
 class LlamaIndexAgent:
     """Wraps a LlamaIndex ``FunctionAgent``, ``ReActAgent`` or ``AgentWorkflow`` for
     ``car.intervene``, ``car.contrastive`` and ``car.shapley``. Every tool of every agent is
@@ -254,6 +276,7 @@ class LlamaIndexAgent:
                  max_iterations: int | None = None, name: str | None = None,
                  unclassified: str = "refuse") -> None:
         _check_agent_workflow(agent)
+        _check_agents(agents_of(agent))
         self.workflow = agent
         redact.register_from(agent)  # its LLMs' keys are never stored, rendered or printed
         self.safety = ToolSafety.of(side_effect_tools, simulators, match_on,

@@ -1,7 +1,9 @@
 """LlamaIndex app shapes CAR cannot record or branch, refused by name before anything runs.
 
-Two of LlamaIndex's own example shapes, each over a scripted model: the "function calling agent
-from scratch" ``Workflow`` (``@step`` methods and events of its own, no agent steps), and the
+LlamaIndex's own example shapes, each over a scripted model: a ``CodeActAgent`` and a
+``FunctionAgent(output_cls=...)`` (an audit's branches failed inside the first and ran the
+second's unrecorded structured-output call live), the "function calling agent from scratch"
+``Workflow`` (``@step`` methods and events of its own, no agent steps), and the
 human-in-the-loop tool (``ctx.wait_for_event(HumanResponseEvent,
 waiter_event=InputRequiredEvent(...))``), which a branch has nobody to answer. A test that
 would wait for that answer without the fix runs under ``within``, so it fails instead of
@@ -22,7 +24,7 @@ import pytest
 from car_adapters.common.messages import assistant, tool_call
 from car_adapters.llamaindex import CarRecorder, LlamaIndexAgent, ScriptedLLM
 from car_adapters.llamaindex.recorder import RunNotRecorded
-from llama_index.core.agent.workflow import FunctionAgent
+from llama_index.core.agent.workflow import AgentWorkflow, CodeActAgent, FunctionAgent
 from llama_index.core.llms import ChatMessage
 from llama_index.core.memory import ChatMemoryBuffer
 from llama_index.core.tools import FunctionTool, ToolSelection
@@ -36,6 +38,7 @@ from llama_index.core.workflow import (
     Workflow,
     step,
 )
+from pydantic import BaseModel
 
 import car_core as car
 from car_core.errors import AdapterError
@@ -221,6 +224,41 @@ def test_a_custom_workflow_running_an_agent_stores_the_agent_run_alone(
     finally:
         rec.detach()
         store.close()
+
+
+class Booking(BaseModel):
+    fare_id: str
+
+
+async def run_code(code: str) -> str:
+    return "ran"
+
+
+@pytest.mark.parametrize("shape", ["codeact", "output_cls", "structured_output_fn", "workflow"])
+def test_an_agent_whose_decisions_cars_record_misses_is_refused_by_name(shape: str) -> None:
+    """``CodeActAgent`` runs the code its model writes, the tools inside it plain functions no
+    branch guard sees; ``output_cls`` / ``structured_output_fn`` ask the model once more for
+    the structured answer after the last step, a decision neither recorded nor re-drawn (an
+    audit's app got a different fare in it than the reply named). Refused when wrapped, in an
+    ``AgentWorkflow`` too, before anything runs."""
+    llm = ScriptedLLM(lambda messages, tools, rng: assistant("done"))
+    tool = FunctionTool.from_defaults(fn=lambda fare_id: "ok", name="book_fare",
+                                      description="Book a fare (a side effect).")
+    if shape == "codeact":
+        agent: Any = CodeActAgent(name="coder", description="d", llm=llm, tools=[tool],
+                                  code_execute_fn=run_code)
+        said = r"agent 'coder' is a CodeActAgent"
+    else:
+        extra = ({"output_cls": Booking} if shape != "structured_output_fn"
+                 else {"structured_output_fn": lambda messages: {"fare_id": "x"}})
+        agent = FunctionAgent(name="desk", description="d", llm=llm, tools=[tool], **extra)
+        said = rf"agent 'desk' has {'output_cls' if shape != 'structured_output_fn' else shape}"
+    app = (AgentWorkflow(agents=[agent], root_agent=agent.name) if shape == "workflow"
+           else agent)
+    with pytest.raises(AdapterError, match=said) as refused:
+        LlamaIndexAgent(app, side_effect_tools=["book_fare"])
+    assert refused.value.hint and "FunctionAgent" in refused.value.hint
+    assert llm.calls == 0
 
 
 def test_a_custom_workflow_is_refused_by_name_before_anything_runs(
