@@ -407,9 +407,10 @@ def _earlier_decisions(run: Trajectory, answer: Answer, arms: tuple[ArmEstimate,
     those (user trials attributed an LLM-as-judge loop's last round and a research pipeline's
     writer, whose failure an earlier run had fixed, and read only "no single step" or
     "undecided"); when a step was named but re-deciding every step still fails, shown above
-    zero, that what it began from may hold more of the cause (a trial's second turn named a
-    step rescuing 0.2 where the first turn's note made the other 0.8, and said nothing of
-    it; the agent's own odds of failing from there are in that share too, hence "may")."""
+    zero, that this share lies in what it began from or in the agent's own odds from there
+    (a trial's second turn named a step rescuing 0.2 where the first turn's note made the
+    other 0.8, and said nothing of it; an audit's planted 50/50 decision showed that the
+    odds alone can make the share, so neither is blamed)."""
     before = decisions_before(run)
     if before == 0:
         return ()
@@ -426,9 +427,9 @@ def _earlier_decisions(run: Trajectory, answer: Answer, arms: tuple[ArmEstimate,
     if first is None or first.ci.low <= 0.0:
         return ()
     return (f"re-deciding every step of this run, it still failed in "
-            f"{fmt.percent(first.mean)} {fmt.percent_interval(first.ci)} of re-runs: what it "
-            f"began from, {held}, may hold more of the cause than the step named, and no step "
-            f"of this run re-decides it{how}",)
+            f"{fmt.percent(first.mean)} {fmt.percent_interval(first.ci)} of re-runs: that "
+            f"much lies in what it began from, {held}, which no step of this run re-decides, "
+            f"or in the agent's own odds of failing from there{how}",)
 
 
 def _noisy_record(arms: tuple[ArmEstimate, ...], n: int) -> tuple[str, ...]:

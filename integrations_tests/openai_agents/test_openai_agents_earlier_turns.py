@@ -2,9 +2,10 @@
 items given as input) where the first turn's note already made most of the failure: a trial's
 transfer went to the wrong account w.p. 0.8 once turn 1 had noted it, so re-deciding turn 2's
 first step rescued 0.2 and CAR named it, "caused the failure", with no word that 80% of the
-failure was committed before the run began. The result now says what it began from may hold
-more of the cause, with the arm's interval (here at 0.6, so that 64 rollouts a step decide
-the locus).
+failure was committed before the run began. The result now says how often the run still
+failed with every step re-decided, with the arm's interval, and that this share lies in what
+it began from or in the agent's own odds from there (here at 0.6, so that 64 rollouts a step
+decide the locus).
 
 Planted: the history holds a note of payee ACC-290 (the wrong one); at step 0 the model
 transfers to the noted account w.p. ``P_NOTED`` (else ACC-200), then replies. Failure = a
@@ -62,7 +63,7 @@ def test_a_locus_named_after_an_earlier_turn_says_what_was_committed_before() ->
                               simulators={"transfer_funds": lambda a: f"sent to {a['account']}"})
     res = car.contrastive(run, agent, outcome=wrong_payee, rollouts=64, seed=0)
     assert res.answer == Answer.LOCUS and res.locus == 0
-    said = [c for c in res.caveats if "may hold more of the cause than the step named" in c]
+    said = [c for c in res.caveats if "that much lies in what it began from" in c]
     assert len(said) == 1, res.caveats
     assert "1 decision(s) of the agent" in said[0] and "car what" in said[0]
     first = next(a for a in res.arms if a.hold_before == 0)
