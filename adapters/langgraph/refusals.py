@@ -95,12 +95,16 @@ def refuse_run(shape: AppShape, run: Trajectory,
     for i, step in enumerate(run.steps):
         cmap = checkpoint_map(step.meta)
         _refuse_step_shape(shape, run, i, cmap)
-        refuse_step(shape, run, i, rebuilt=missing)  # every step, before any branch runs
         for level, cid in cmap.items():
             groups.setdefault((level, str(cid)), {}).setdefault(
                 task_at(step.meta, level), []).append(i)
+    # the tasks' shape before each step's checkpoint: a second model call in a node's task
+    # (LLMToolSelectorMiddleware's) decides from no checkpoint of its own, and an audit read
+    # "the run comes from a different graph or thread" of the very app and thread
     for (level, _), by_task in groups.items():
         refuse_superstep(run, level, by_task)
+    for i in range(len(run.steps)):
+        refuse_step(shape, run, i, rebuilt=missing)  # every step, before any branch runs
     refuse_unguarded_calls(shape, run, routing)  # after the shape: another graph's says so
     if missing:
         return plan_rebuild(shape, run)
@@ -243,8 +247,9 @@ def refuse_superstep(run: Trajectory, level: str, by_task: Mapping[str, list[int
             raise AdapterError(
                 f"node {node!r} made several model calls in one task (steps {steps[0]} and "
                 f"{steps[1]}); forking at the later one would re-run the earlier one",
-                run_id=run.id, step=steps[1], hint="make one model call per node run (split "
-                "the node)")
+                run_id=run.id, step=steps[1], hint="make one model call per node run: split "
+                "the node, or attribute the agent built without middleware that calls a model "
+                "of its own (LLMToolSelectorMiddleware's tool choice)")
     if len(by_task) < 2:
         return
     first, second = sorted(steps[0] for steps in by_task.values())[:2]

@@ -26,11 +26,12 @@ from typing import Any
 
 import pytest
 from car_adapters.demo import support_agent as sa
-from car_adapters.langgraph import CarChatModel, CarMiddleware, LangGraphAgent
+from car_adapters.langgraph import CarCallback, CarChatModel, CarMiddleware, LangGraphAgent
 from car_adapters.langgraph.saver import sync_only
 from langchain.agents import create_agent
-from langchain.agents.middleware import HumanInTheLoopMiddleware
-from langchain_core.messages import BaseMessage, SystemMessage, ToolMessage
+from langchain.agents.middleware import HumanInTheLoopMiddleware, LLMToolSelectorMiddleware
+from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
+from langchain_core.messages import AIMessage, BaseMessage, SystemMessage, ToolMessage
 from langgraph.cache.memory import InMemoryCache
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.postgres import PostgresSaver
@@ -209,6 +210,39 @@ def test_a_cached_model_node_is_refused_before_any_branch(store: Any) -> None:
     dist = car.intervene(run, plain, car.do_resample(1), outcome=sa.outcome, rollouts=2,
                          seed=0, progress=False)
     assert dist.n == 2 and model.calls > calls
+
+
+class Selector(FakeMessagesListChatModel):
+    """``LLMToolSelectorMiddleware``'s model: picks every tool, through the schema tool the
+    middleware binds."""
+
+    def bind_tools(self, tools: Any, **kw: Any) -> Any:
+        return self.bind(**kw)
+
+
+def test_a_second_model_call_in_the_model_nodes_task_is_refused_by_name(store: Any) -> None:
+    """``LLMToolSelectorMiddleware`` asks its model which tools to offer before each call of
+    the agent's model, in the same node task: an audit read "the checkpoint step 2 was
+    scheduled from does not match the record: the run comes from a different graph or
+    thread" of the very app and thread. The shape is named first."""
+    model = sa.PlantedSupportModel(p_follow=1.0)
+    pick = AIMessage("", tool_calls=[{"id": "sel", "name": "ToolSelectionResponse",
+                                      "args": {"tools": [t.name for t in sa.TOOLS]}}])
+    selector = Selector(responses=[pick] * 20)
+    saver = InMemorySaver()
+    app = create_agent(model, sa.TOOLS, checkpointer=saver, middleware=[
+        LLMToolSelectorMiddleware(model=selector, max_tools=3)])
+    recorder = CarCallback(app=app)
+    app.invoke(sa.inputs(), {**USER, "callbacks": [recorder]})
+    run = recorder.run
+    assert run is not None and sa.outcome(run)
+    agent = LangGraphAgent(app, **SA)
+    calls = model.calls
+    with pytest.raises(AdapterError, match=r"node 'model' made several model calls in one "
+                                           r"task \(steps \d+ and \d+\)"):
+        car.contrastive(run, agent, outcome=sa.outcome, rollouts=4, seed=0, store=store,
+                        progress=False)
+    assert model.calls == calls and branch_threads(saver) == set()
 
 
 def test_an_interrupt_in_a_subgraph_is_refused_by_its_subgraph() -> None:
