@@ -295,6 +295,23 @@ def test_agent_chosen_roles_never_become_class_names():
     assert "[system tag locus]" in locus
 
 
+def test_the_agents_earlier_decisions_the_run_began_from_are_marked():
+    """A trial's report showed a first turn's note among the messages the locus decided from
+    as if the run had written it; `car what` calls it "(before this run)", so does the
+    report. The run's own decisions are not marked."""
+    run, branch = hostile_run()
+    earlier = [{"role": "user", "content": "Pay ACC-200 next week."},
+               {"role": "assistant", "content": "Noted: payee ACC-290."}]
+    steps = tuple(replace(st, state=earlier + list(st.state)) for st in run.steps)
+    run = replace(run, steps=steps)
+    html = render_attribution(hostile_contrastive(run, branch), run=run)
+    locus = html[html.index('id="locus"'):html.index('id="diff"')]
+    assert "(before this run) [assistant] Noted: payee ACC-290." in locus
+    assert "[assistant] Looking it up" in locus
+    assert "(before this run) [assistant] Looking it up" not in locus
+    assert "(before this run) [user]" not in locus
+
+
 def test_the_content_security_policy_also_pins_base_and_form_targets(pivot_model, pivot_run):
     """``base-uri`` and ``form-action`` do not fall back to ``default-src``, so they are
     named; ``frame-ancestors`` cannot be set from a ``<meta>`` policy (browsers ignore it

@@ -11,6 +11,7 @@ from typing import Any
 
 from car_core import formatting as fmt
 from car_core.model.checks import is_real
+from car_core.model.context_sources import before_run
 from car_core.model.trajectory import Trajectory, step_label
 from car_core.model.vocabulary import Origin
 from car_core.report.values import _fmt, _is_message, _message_text, compact, seconds, show
@@ -80,8 +81,14 @@ def _decided_from(run: Trajectory, k: int) -> dict[str, Any]:
     step = run.steps[k]
     if step.state is not None:
         if isinstance(step.state, list) and all(_is_message(m) for m in step.state):
-            msgs = [{"role": _role_class(m.get("role")), "text": _message_text(m)}
-                    for m in step.state]
+            # what the run began from (an earlier turn's, a session's) marked as `car what`
+            # marks it: a trial read a first turn's note as the run's own
+            before = before_run(run, k) if run.steps[0].state is not None else 0
+            msgs = [{"role": _role_class(m.get("role")),
+                     "text": (f"(before this run) {_message_text(m)}"
+                              if i < before and m.get("role") == "assistant"
+                              else _message_text(m))}
+                    for i, m in enumerate(step.state)]
             return {"messages": msgs[-RECENT:], "folded_messages": msgs[:-RECENT],
                     "context": None, "prior": [], "folded": []}
         return {"messages": None, "folded_messages": [], "context": show(step.state),
