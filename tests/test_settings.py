@@ -73,6 +73,10 @@ def test_a_resume_takes_what_it_leaves_out_from_the_attribution() -> None:
     assert bigger.budget_for(4) == 128  # a larger K may spend more
     capped = car.ContrastiveSettings.resumed({**stored, "budget": {"rollouts": 40}}, 4)
     assert capped.budget_for(4) == 40  # a cap below n·K was the user's: kept
+    # and so was one above it: a trial's resume of an attribution the pytest plugin began with
+    # a budget of 256 (K = 16, 2 steps) went on under 32 and said "budget ran out"
+    raised = car.ContrastiveSettings.resumed({**stored, "budget": {"rollouts": 256}}, 4)
+    assert raised.budget_for(4) == 256
     assert car.ContrastiveSettings.resumed(stored, 4, budget=300).budget_for(4) == 300
     fresh = car.ContrastiveSettings.resumed({}, 4)
     assert fresh == car.ContrastiveSettings()

@@ -92,12 +92,14 @@ class ContrastiveSettings:
         """The settings a resume continues with: each one given, else the stored
         attribution's (``params``), else the default. A stored rollout cap that is only what
         the stored ``rollouts`` implied (``budget_for``) was no cap the user gave, so it is
-        not carried over: a resume with a larger ``rollouts`` may then spend more."""
+        not carried over: a resume with a larger ``rollouts`` may then spend more. A cap
+        above it was given (a trial's resume of a budget of 256 over two steps at K = 16 went
+        on under 32)."""
         stored_k = params.get("rollouts")
         k = rollouts if rollouts is not None else stored_k
         cap = _stored_cap(params)
         if isinstance(stored_k, int) and cap is not None and \
-                cap >= rollout_budget(n_steps, stored_k, None)[1]:
+                cap == rollout_budget(n_steps, stored_k, None)[1]:
             cap = None
         return cls(rollouts=k if isinstance(k, int) else defaults.ROLLOUTS,
                    alpha=_given(alpha, params.get("alpha"), defaults.ALPHA),
