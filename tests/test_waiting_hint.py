@@ -148,8 +148,10 @@ def test_an_estimate_from_python_warns_of_it_too(tmp_path: Path, monkeypatch) ->
     _slow_store(tmp_path, monkeypatch)
     import slow
     run = slow.M.failing_run(0)
-    with pytest.warns(WaitedOneAtATime, match='pass executor="async" to run 16 at once'):
+    with pytest.warns(WaitedOneAtATime, match='pass executor="async" to run 16 at once') as w:
         car.contrastive(run, slow.make(), outcome=slow.outcome, rollouts=4, progress=False)
+    # a failing test shows the warning too: a trial read the keyword where the flag applies
+    assert "(in the pytest plugin, --car-executor async)" in str(w[0].message)
     with warnings.catch_warnings():
         warnings.simplefilter("error", WaitedOneAtATime)
         car.contrastive(run, slow.make(), outcome=slow.outcome, rollouts=4, progress=False,

@@ -361,13 +361,15 @@ class Session:
         """Warn (``WaitedOneAtATime``) when CAR chose to run the branches one at a time and the
         process mostly waited: from Python nothing said so, and a trial's seed-ignoring hosted
         model ran out of budget in four of five estimates at 26 s each, where
-        ``executor="async"`` answered in 9 s."""
+        ``executor="async"`` answered in 9 s. A failing test shows it too, so it names the
+        plugin's flag (a trial read the keyword there)."""
         seconds = time.monotonic() - self._clock[0]
         share = waited_share(self.executor, self._given, seconds,
                              time.process_time() - self._clock[1])
         if share is not None:
             warnings.warn(WaitedOneAtATime(waited_words(
-                share, seconds, 'pass executor="async" to run 16 at once')), stacklevel=2)
+                share, seconds, 'pass executor="async" to run 16 at once (in the pytest '
+                'plugin, --car-executor async)')), stacklevel=2)
 
     def finish(self, result: Result) -> None:
         """Store the result, unless the branches that failed are too many to leave out (then
