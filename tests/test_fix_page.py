@@ -51,7 +51,9 @@ def test_the_index_lists_each_fix_and_links_a_finished_ones_page(fixed):
     rows = {r[0]: r for r in index.tables["fixes"] if r}
     assert rows["f-page"][2:5] == ["complete", "5", "1"]
     assert rows["f-page"][5] == res.summary() and rows["f-page"][6] == str(res.rollouts_used)
-    assert rows["f-running"][2] == "running" and rows["f-running"][5] == "no result yet"
+    # begun, and its store closed with no estimate holding it: stopped, as `car attributions`
+    # says, not running
+    assert rows["f-running"][2] == "interrupted" and rows["f-running"][5] == "no result yet"
     href = f"fixes/{page_name('f-page')}"
     assert href in index.hrefs and (site / href).is_file()
     assert not (site / "fixes" / page_name("f-running")).exists()
