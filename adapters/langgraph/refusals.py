@@ -25,7 +25,7 @@ from car_core.errors import (
     StepOutOfRange,
 )
 
-from ..common.messages import calls_of
+from ..common.messages import calls_of, takes_state
 from .checkpoints import carried_writes, checkpoint_map, recast, task_at, thread_config
 from .messages import to_dicts
 from .model import CarChatModel
@@ -180,11 +180,24 @@ def refuse_state_writers(run: Trajectory, safety: Any) -> None:
     absent: not known, not refused) the record cannot replay, unless a simulator answers it: a
     branch's identical call answered from the record would get the message but not the write.
     The record replays a tool's writes when every one was kept as JSON
-    (``meta["state_writes"]``; absent, in older records: none)."""
+    (``meta["state_writes"]``; absent, in older records: none). A simulator that takes only
+    the arguments cannot write state either: it answers every call the record does not
+    replay (the rescues among them), so it is refused too."""
     named = [str(t) for t in run.meta.get("state_writing_tools") or ()]
     writes = [w for w in (run.meta.get("state_writes") or {}).values() if isinstance(w, Mapping)]
     kept = {str(w.get("tool")) for w in writes} - {
         str(w.get("tool")) for w in writes if not isinstance(w.get("update"), Mapping)}
+    blind = sorted(t for t in named if safety.guards(t) and t in safety.simulators
+                   and not takes_state(safety.simulators[t]))
+    if blind:  # any call the record does not replay goes to it, and gets no write
+        raise AdapterError(
+            f"side-effect tool {blind[0]!r} returned a Command that wrote graph state in the "
+            f"record, and the simulator of {blind[0]!r} takes only the arguments, so a "
+            "branch's call it answers would get a message but not that state write (an "
+            "audit's outcome then read the key as missing on every rescued branch)",
+            run_id=run.id,
+            hint=f"pass simulators={{{blind[0]!r}: fn(arguments, ctx)}} returning the Command "
+                 "the tool would (ctx['tool_call_id'] answers the call)")
     bare = sorted(t for t in named
                   if safety.guards(t) and t not in safety.simulators and t not in kept)
     if bare:

@@ -126,6 +126,23 @@ def test_with_a_simulator_the_identical_call_writes_state_again(ledger: SideEffe
     assert CALLS and ledger.count() == 0
 
 
+def test_a_simulator_that_cannot_write_the_state_is_refused_before_any_branch(
+        ledger: SideEffectLedger) -> None:
+    """An audit's refund tool wrote ``refunded`` with a ``Command`` and its simulator took the
+    arguments only (``fn(arguments)``, the docs' usual form): every branch that refunded less
+    got the simulator's text and no write, its outcome read the key as missing, and CAR said
+    "no single step caused the failure" where the step rescued half. A state-writing tool's
+    simulator must take ``ctx``, whether or not the record replays the identical call."""
+    app, run = record(ledger)
+    agent = LangGraphAgent(app, safe_tools=["search_flights"], side_effect_tools=["book_flight"],
+                           simulators={"book_flight": lambda args: "booked"})
+    with pytest.raises(AdapterError, match=r"the simulator of 'book_flight' takes only the "
+                                           r"arguments") as refused:
+        car.contrastive(run, agent, outcome=over_budget, rollouts=2)
+    assert "fn(arguments, ctx)" in (refused.value.hint or "")
+    assert CALLS == [] and ledger.count() == 0
+
+
 def test_a_state_writing_tool_named_safe_is_not_refused(ledger: SideEffectLedger) -> None:
     app, run = record(ledger)
     agent = LangGraphAgent(app, safe_tools=["search_flights", "book_flight"])
