@@ -158,6 +158,7 @@ from .refusals import (
     refuse_unknown_tools,
 )
 from .reruns import branch_reruns
+from .run_counters import refuse_run_counters
 from .saver import branchable, refuse_sync_only, supplied
 from .shape import AppShape
 from .thread import thread_outcome
@@ -547,6 +548,7 @@ class LangGraphAgent:
         refuse_sync_only(self.saver, self.shape.async_only, run.id)
         refuse_interrupts(self.shape, run)
         refuse_cached(self.shape, run)
+        refuse_run_counters(self.shape, run)
         rebuilt = refuse_run(self.shape, run,
                              self.undecided if self.model is not None else None, self.safety,
                              self.routing_calls)

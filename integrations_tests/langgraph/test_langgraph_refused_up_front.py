@@ -29,7 +29,12 @@ from car_adapters.demo import support_agent as sa
 from car_adapters.langgraph import CarCallback, CarChatModel, CarMiddleware, LangGraphAgent
 from car_adapters.langgraph.saver import sync_only
 from langchain.agents import create_agent
-from langchain.agents.middleware import HumanInTheLoopMiddleware, LLMToolSelectorMiddleware
+from langchain.agents.middleware import (
+    HumanInTheLoopMiddleware,
+    LLMToolSelectorMiddleware,
+    ModelCallLimitMiddleware,
+    ToolCallLimitMiddleware,
+)
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 from langchain_core.messages import AIMessage, BaseMessage, SystemMessage, ToolMessage
 from langgraph.cache.memory import InMemoryCache
@@ -210,6 +215,36 @@ def test_a_cached_model_node_is_refused_before_any_branch(store: Any) -> None:
     dist = car.intervene(run, plain, car.do_resample(1), outcome=sa.outcome, rollouts=2,
                          seed=0, progress=False)
     assert dist.n == 2 and model.calls > calls
+
+
+@pytest.mark.parametrize("limited", ["model", "tool", "thread"])
+def test_a_per_run_call_limit_is_refused_before_any_branch(store: Any, limited: str) -> None:
+    """An audit's ``ModelCallLimitMiddleware(run_limit=2)`` cut the app's third model call
+    off, but a branch forked at step 1 counted from 0 (the count is an ``UntrackedValue``, out
+    of the checkpoints) and made it: P(fail) read 0.71 for a truth of 0.5. A ``thread_limit``
+    is counted in the checkpoints, and branches."""
+    model = sa.PlantedSupportModel(p_follow=1.0)
+    middleware: Any = {"model": ModelCallLimitMiddleware(run_limit=9),
+                       "tool": ToolCallLimitMiddleware(run_limit=9),
+                       "thread": ModelCallLimitMiddleware(thread_limit=50)}[limited]
+    saver = InMemorySaver()
+    app = create_agent(model, sa.TOOLS, checkpointer=saver,
+                       middleware=[CarMiddleware(), middleware])
+    app.invoke(sa.inputs(), USER)
+    agent = LangGraphAgent(app, **SA)
+    run = agent.import_thread("user")
+    calls = model.calls
+    if limited == "thread":
+        dist = car.intervene(run, agent, car.do_resample(1), outcome=sa.outcome, rollouts=2,
+                             seed=0, progress=False)
+        assert dist.n == 2 and model.calls > calls
+        return
+    name = type(middleware).__name__
+    with pytest.raises(AdapterError, match=rf"{name}\(run_limit=9\) in node ") as refused:
+        car.contrastive(run, agent, outcome=sa.outcome, rollouts=4, seed=0, store=store,
+                        progress=False)
+    assert "thread_limit" in (refused.value.hint or "")
+    assert model.calls == calls and branch_threads(saver) == set()
 
 
 class Selector(FakeMessagesListChatModel):
