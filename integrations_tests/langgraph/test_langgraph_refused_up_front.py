@@ -217,16 +217,20 @@ def test_a_cached_model_node_is_refused_before_any_branch(store: Any) -> None:
     assert dist.n == 2 and model.calls > calls
 
 
-@pytest.mark.parametrize("limited", ["model", "tool", "thread"])
-def test_a_per_run_call_limit_is_refused_before_any_branch(store: Any, limited: str) -> None:
+@pytest.mark.parametrize("limited", ["model", "tool", "thread", "not reached"])
+def test_a_per_run_call_limit_the_run_reached_is_refused_before_any_branch(
+        store: Any, limited: str) -> None:
     """An audit's ``ModelCallLimitMiddleware(run_limit=2)`` cut the app's third model call
     off, but a branch forked at step 1 counted from 0 (the count is an ``UntrackedValue``, out
-    of the checkpoints) and made it: P(fail) read 0.71 for a truth of 0.5. A ``thread_limit``
-    is counted in the checkpoints, and branches."""
+    of the checkpoints) and made it: P(fail) read 0.71 for a truth of 0.5. The support run
+    makes 4 model calls and 3 tool calls: limits of 4 and 3 were reached. A ``thread_limit``
+    is counted in the checkpoints, and a limit the run stayed below is a safety net: both
+    branch."""
     model = sa.PlantedSupportModel(p_follow=1.0)
-    middleware: Any = {"model": ModelCallLimitMiddleware(run_limit=9),
-                       "tool": ToolCallLimitMiddleware(run_limit=9),
-                       "thread": ModelCallLimitMiddleware(thread_limit=50)}[limited]
+    middleware: Any = {"model": ModelCallLimitMiddleware(run_limit=4),
+                       "tool": ToolCallLimitMiddleware(run_limit=3),
+                       "thread": ModelCallLimitMiddleware(thread_limit=50),
+                       "not reached": ModelCallLimitMiddleware(run_limit=50)}[limited]
     saver = InMemorySaver()
     app = create_agent(model, sa.TOOLS, checkpointer=saver,
                        middleware=[CarMiddleware(), middleware])
@@ -234,13 +238,14 @@ def test_a_per_run_call_limit_is_refused_before_any_branch(store: Any, limited: 
     agent = LangGraphAgent(app, **SA)
     run = agent.import_thread("user")
     calls = model.calls
-    if limited == "thread":
+    if limited in ("thread", "not reached"):
         dist = car.intervene(run, agent, car.do_resample(1), outcome=sa.outcome, rollouts=2,
                              seed=0, progress=False)
         assert dist.n == 2 and model.calls > calls
         return
     name = type(middleware).__name__
-    with pytest.raises(AdapterError, match=rf"{name}\(run_limit=9\) in node ") as refused:
+    limit = middleware.run_limit
+    with pytest.raises(AdapterError, match=rf"{name}\(run_limit={limit}\) in node ") as refused:
         car.contrastive(run, agent, outcome=sa.outcome, rollouts=4, seed=0, store=store,
                         progress=False)
     assert "thread_limit" in (refused.value.hint or "")
