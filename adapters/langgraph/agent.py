@@ -162,7 +162,7 @@ from .run_counters import refuse_run_counters
 from .saver import branchable, refuse_sync_only, supplied
 from .shape import AppShape
 from .thread import thread_outcome
-from .tool_classes import derived_classes, tool_objects
+from .tool_classes import derived_classes, refuse_state_blind_answers, tool_objects
 from .undecided import UndecidedCalls, undecided_nodes
 
 MESSAGES_KEY = "messages"
@@ -273,6 +273,7 @@ class LangGraphAgent:
             {n: (getattr(t, "func", None), getattr(t, "coroutine", None))
              for n, t in self.tool_objects.items()}, self.safety,
             objects=self.tool_objects, code=self.shape.node_code())
+        refuse_state_blind_answers(self.tool_objects, self.safety)
         self.couples_noise = self._couples(model)
         # CAR numbers the model calls it decides: a node calling a model it cannot see is refused
         self.undecided = undecided_nodes(self.shape.reaches) if model is not None else []

@@ -23,12 +23,16 @@ Three sources, read once when ``LangGraphAgent`` is built (the walk only reads a
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, get_type_hints
 
 from langchain_core.tools import BaseTool
+from langchain_core.tools.base import _is_injected_arg_type
+from langgraph.prebuilt import InjectedState
 
-from ..common.messages import SAFE, SIDE_EFFECT, Classified, mcp_classified
+from car_core.errors import AdapterError
+
+from ..common.messages import SAFE, SIDE_EFFECT, Classified, mcp_classified, takes_state
 from .shape import AppShape
 
 _MCP_ADAPTER = "langchain_mcp_adapters"
@@ -123,3 +127,38 @@ def derived_classes(shape: AppShape, node_tools: Iterable[Any]) -> dict[str, lis
         out.setdefault(name, []).append(Classified(
             SIDE_EFFECT, f"{who} asks a person to approve each call of it"))
     return out
+
+
+def refuse_state_blind_answers(tools: Mapping[str, BaseTool], safety: Any) -> None:
+    """Refuse a side-effect tool that reads graph state (``InjectedState``) unless its simulator
+    takes ``ctx``: a branch's call is answered from the record by its model arguments alone,
+    blind to that state, so a branch whose state differs gets the recorded result (an audit's
+    refund tool refunded ``state["approved"]``; a branch that approved 40 read "refunded 900",
+    and CAR said no step caused the failure where the approval rescued half). A simulator that
+    takes ``ctx`` is handed the injected values. A tool that runs live sees its state."""
+    for name, tool in sorted(tools.items()):
+        if not safety.guards(name):
+            continue
+        read = _state_params(tool)
+        simulator = safety.simulators.get(name)
+        if read and (simulator is None or not takes_state(simulator)):
+            raise AdapterError(
+                f"side-effect tool {name!r} reads graph state (InjectedState {read[0]!r}): a "
+                "branch's call of it is answered by its model arguments alone, blind to that "
+                "state, so a branch whose state differs would get the recorded result",
+                hint=f"pass simulators={{{name!r}: fn(arguments, ctx)}}: ctx holds the values "
+                     f"LangGraph injects ({read[0]!r} among them), to answer as the tool would")
+
+
+def _state_params(tool: BaseTool) -> list[str]:
+    """The parameters of ``tool``'s function LangGraph fills with the graph state."""
+    fn = getattr(tool, "func", None) or getattr(tool, "coroutine", None)
+    if fn is None:
+        return []
+    try:
+        hints = get_type_hints(fn, include_extras=True)
+    except Exception:  # annotations that cannot be evaluated: nothing read as state
+        return []
+    return [k for k, v in hints.items()
+            if k != "return" and _is_injected_arg_type(v, injected_type=InjectedState)]
+

@@ -18,6 +18,7 @@ from langchain.agents import create_agent
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import InjectedToolCallId, tool
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.prebuilt import InjectedState
 from langgraph.types import Command
 
 import car_core as car
@@ -141,6 +142,30 @@ def test_a_simulator_that_cannot_write_the_state_is_refused_before_any_branch(
         car.contrastive(run, agent, outcome=over_budget, rollouts=2)
     assert "fn(arguments, ctx)" in (refused.value.hint or "")
     assert CALLS == [] and ledger.count() == 0
+
+
+def test_a_side_effect_tool_reading_graph_state_needs_a_simulator_that_sees_it() -> None:
+    """An audit's refund tool refunded ``state["approved"]`` (``InjectedState``), its model
+    arguments the same whatever was approved: a branch that approved 40 had its call answered
+    from the record, "refunded 900", and CAR said "no single step caused the failure" where
+    the approval step rescued half, also with ``match_on="exact"``. Such a tool is refused
+    when wrapped unless its simulator takes ``ctx`` (the injected values are in it)."""
+    @tool
+    def issue_refund(order_id: str, state: Annotated[dict[str, Any], InjectedState]) -> str:
+        """Refund the approved amount of an order (a side effect)."""
+        return f"refunded {state.get('approved')} on {order_id}"
+
+    app = create_agent(CountingDesk(), [desk.search_flights, issue_refund],
+                       checkpointer=InMemorySaver())
+    for given in ({}, {"simulators": {"issue_refund": lambda args: "refunded"}}):
+        with pytest.raises(AdapterError, match=r"side-effect tool 'issue_refund' reads graph "
+                                               r"state \(InjectedState 'state'\)") as refused:
+            LangGraphAgent(app, safe_tools=["search_flights"],
+                           side_effect_tools=["issue_refund"], **given)
+        assert "fn(arguments, ctx)" in (refused.value.hint or "")
+    LangGraphAgent(app, safe_tools=["search_flights"], side_effect_tools=["issue_refund"],
+                   simulators={"issue_refund": lambda args, ctx: "refunded"})
+    LangGraphAgent(app, safe_tools=["search_flights", "issue_refund"])  # runs live: it sees it
 
 
 def test_a_state_writing_tool_named_safe_is_not_refused(ledger: SideEffectLedger) -> None:
