@@ -142,7 +142,7 @@ from .errored import refuse_errored
 from .fingerprint import app_fingerprint
 from .guard import Guard, guarding, raised_by_tool
 from .importer import import_thread
-from .interrupts import refuse_interrupts, stopped
+from .interrupts import reachable, refuse_interrupts, stopped
 from .invocation import NOT_GIVEN, Invocation, context_schema
 from .messages import action_message, to_dict
 from .middleware import CarMiddleware
@@ -547,9 +547,10 @@ class LangGraphAgent:
             return
         # shapes no branch of any step survives, before the steps themselves
         refuse_sync_only(self.saver, self.shape.async_only, run.id)
-        refuse_interrupts(self.shape, run)
-        refuse_cached(self.shape, run)
-        refuse_run_counters(self.shape, run)
+        reached = reachable(self.shape, run)  # the nodes a branch can run, drawn once
+        refuse_interrupts(self.shape, run, reached)
+        refuse_cached(self.shape, run, reached)
+        refuse_run_counters(self.shape, run, reached)
         rebuilt = refuse_run(self.shape, run,
                              self.undecided if self.model is not None else None, self.safety,
                              self.routing_calls)

@@ -5,7 +5,7 @@ app's cache (``compile(cache=...)``) whenever the node's input was seen before. 
 re-decides a step from the recorded state, which is exactly such an input, so its model node
 would hand back the recorded decision, or another branch's, instead of drawing a new one: an
 audit's attribution read a rescue of 1 where the planted one was 0.5. A run is refused when
-a node a branch can reach (``interrupts.reachable``) is cached and decides (its steps ran
+a node a branch can reach (``interrupts.reachable``, given) is cached and decides (its steps ran
 there, or it reaches a chat model); a cached node that decides nothing (a lookup) is left
 alone. The cache is no part of the fingerprint: the graph compiled without it attributes the
 runs recorded with it.
@@ -18,19 +18,19 @@ from typing import Any
 from car_core.contract import Trajectory
 from car_core.errors import AdapterError
 
-from .checkpoints import recast
-from .interrupts import reachable
+from .interrupts import level_parts
 from .shape import AppShape
 
 
-def refuse_cached(shape: AppShape, run: Trajectory) -> None:
-    """Refuse ``run`` when a node a branch of it can reach is cached and decides (module
-    docstring), naming the node and its subgraph."""
+def refuse_cached(shape: AppShape, run: Trajectory, reached: dict[str, list[str]]) -> None:
+    """Refuse ``run`` when a node a branch of it can reach (``reached``) is cached and decides
+    (module docstring), naming the node and its subgraph."""
     cached = {level: _cached(graph) for level, graph in shape.graphs.items()}
     if not any(cached.values()):
         return
-    decided = {(_level(step.meta), str(step.meta.get("node"))) for step in run.steps}
-    for level, nodes in reachable(shape, run).items():
+    decided = {("|".join(level_parts(step.meta)), str(step.meta.get("node")))
+               for step in run.steps}
+    for level, nodes in reached.items():
         for node in nodes:
             if node not in cached[level]:
                 continue
@@ -44,12 +44,6 @@ def refuse_cached(shape: AppShape, run: Trajectory) -> None:
                     hint="compile the app CAR attributes without cache= (a flag in your agent "
                          "factory): the same nodes, edges and tools, so the recorded run still "
                          "matches it")
-
-
-def _level(meta: Any) -> str:
-    """The graph level a step ran at: its checkpoint namespace without the task ids."""
-    parts = [p for p in recast(meta.get("checkpoint_ns") or "").split("|") if p]
-    return "|".join(parts)
 
 
 def _cached(graph: Any) -> set[str]:

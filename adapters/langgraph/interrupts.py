@@ -46,17 +46,18 @@ _GATE_HINT = ("build the app CAR attributes without HumanInTheLoopMiddleware (a 
               "guard answers them from the record or a simulator")
 
 
-def refuse_interrupts(shape: AppShape, run: Trajectory) -> None:
+def refuse_interrupts(shape: AppShape, run: Trajectory,
+                      reached: dict[str, list[str]]) -> None:
     """Refuse ``run`` when a branch of it can reach a node the app stops at for human input
     (module docstring), naming the node, its subgraph and the compile option or the
-    middleware."""
+    middleware; ``reached``: ``reachable(shape, run)``."""
     stops = {level: _stops(graph) for level, graph in shape.graphs.items()}
     gates = {key: gated for key, reach in shape.reaches.items()
              if (gated := _gated(reach.middleware))}
     if not any(stops.values()) and not gates:
         return
-    for level, reached in reachable(shape, run).items():
-        for node in reached:
+    for level, nodes in reached.items():
+        for node in nodes:
             where = f" of subgraph {level!r}" if level else ""
             if (level, node) in gates:
                 middleware, tools = gates[(level, node)]
@@ -117,7 +118,7 @@ def reachable(shape: AppShape, run: Trajectory) -> dict[str, list[str]]:
     edges lead to from those; a subgraph whose node is led to runs from its start."""
     entries: dict[str, list[str]] = {}
     for step in run.steps:
-        parts = [p for p in recast(step.meta.get("checkpoint_ns") or "").split("|") if p]
+        parts = level_parts(step.meta)
         for depth, part in enumerate([*parts, str(step.meta.get("node"))]):
             entries.setdefault("|".join(parts[:depth]), []).append(part)
     reached: dict[str, list[str]] = {}
@@ -131,6 +132,12 @@ def reachable(shape: AppShape, run: Trajectory) -> dict[str, list[str]]:
         led[level] = set(after)
         reached[level] = [n for n in dict.fromkeys([*starts, *after]) if n not in (START, END)]
     return reached
+
+
+def level_parts(meta: Any) -> list[str]:
+    """The graph levels a step ran inside, outermost first: its checkpoint namespace without
+    the task ids (``"|".join`` of them is the step's level, as ``AppShape.graphs`` keys it)."""
+    return [p for p in recast(meta.get("checkpoint_ns") or "").split("|") if p]
 
 
 def _after(graph: Any, starts: Iterable[str]) -> list[str]:

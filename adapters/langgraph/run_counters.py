@@ -19,18 +19,19 @@ from car_core.contract import Trajectory
 from car_core.errors import AdapterError
 
 from ..common.messages import calls_of
-from .interrupts import reachable
 from .shape import AppShape
 
 
-def refuse_run_counters(shape: AppShape, run: Trajectory) -> None:
-    """Refuse ``run`` when a node a branch of it can reach holds middleware with a per-run
-    call limit (module docstring), naming the middleware, its limit and the node."""
+def refuse_run_counters(shape: AppShape, run: Trajectory,
+                        reached: dict[str, list[str]]) -> None:
+    """Refuse ``run`` when a node a branch of it can reach (``reached``) holds middleware with
+    a per-run call limit the run reached (module docstring), naming the middleware, its limit
+    and the node."""
     counted = {key: found for key, reach in shape.reaches.items()
                if (found := _run_limited(reach.middleware)) is not None}
     if not counted:
         return
-    for level, nodes in reachable(shape, run).items():
+    for level, nodes in reached.items():
         for node in nodes:
             if (level, node) not in counted:
                 continue
