@@ -23,12 +23,14 @@ Three sources, read once when ``LangGraphAgent`` is built (the walk only reads a
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Mapping
-from typing import Any, get_type_hints
+from types import CodeType
+from typing import Any, get_origin, get_type_hints
 
 from langchain_core.tools import BaseTool
 from langchain_core.tools.base import _is_injected_arg_type
-from langgraph.prebuilt import InjectedState
+from langgraph.prebuilt import InjectedState, ToolRuntime
 
 from car_core.errors import AdapterError
 
@@ -135,7 +137,11 @@ def refuse_state_blind_answers(tools: Mapping[str, BaseTool], safety: Any) -> No
     blind to that state, so a branch whose state differs gets the recorded result (an audit's
     refund tool refunded ``state["approved"]``; a branch that approved 40 read "refunded 900",
     and CAR said no step caused the failure where the approval rescued half). A simulator that
-    takes ``ctx`` is handed the injected values. A tool that runs live sees its state."""
+    takes ``ctx`` is handed the injected values. A tool that runs live sees its state. A
+    ``ToolRuntime`` parameter counts where the tool's code reads an attribute ``state`` (of
+    the runtime, as far as the code's names tell): most tools read its ``context``, which
+    branches keep, and refusing every ``ToolRuntime`` would refuse most ``create_agent``
+    apps' side-effect tools."""
     for name, tool in sorted(tools.items()):
         if not safety.guards(name):
             continue
@@ -143,15 +149,16 @@ def refuse_state_blind_answers(tools: Mapping[str, BaseTool], safety: Any) -> No
         simulator = safety.simulators.get(name)
         if read and (simulator is None or not takes_state(simulator)):
             raise AdapterError(
-                f"side-effect tool {name!r} reads graph state (InjectedState {read[0]!r}): a "
+                f"side-effect tool {name!r} reads graph state ({read[0]}): a "
                 "branch's call of it is answered by its model arguments alone, blind to that "
                 "state, so a branch whose state differs would get the recorded result",
                 hint=f"pass simulators={{{name!r}: fn(arguments, ctx)}}: ctx holds the values "
-                     f"LangGraph injects ({read[0]!r} among them), to answer as the tool would")
+                     "LangGraph injects (by argument name), to answer as the tool would")
 
 
 def _state_params(tool: BaseTool) -> list[str]:
-    """The parameters of ``tool``'s function LangGraph fills with the graph state."""
+    """How ``tool``'s function reads the graph state, one phrase a parameter: an
+    ``InjectedState`` one, or a ``ToolRuntime`` one whose ``state`` the code reads."""
     fn = getattr(tool, "func", None) or getattr(tool, "coroutine", None)
     if fn is None:
         return []
@@ -159,6 +166,27 @@ def _state_params(tool: BaseTool) -> list[str]:
         hints = get_type_hints(fn, include_extras=True)
     except Exception:  # annotations that cannot be evaluated: nothing read as state
         return []
-    return [k for k, v in hints.items()
-            if k != "return" and _is_injected_arg_type(v, injected_type=InjectedState)]
+    hints.pop("return", None)
+    said = [f"InjectedState {k!r}" for k, v in hints.items()
+            if _is_injected_arg_type(v, injected_type=InjectedState)]
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    if code is not None and "state" in _names_read(code):
+        said += [f"ToolRuntime {k!r}, whose state it reads" for k, v in hints.items()
+                 if _is_runtime(k, v)]
+    return said
 
+
+def _is_runtime(name: str, hint: Any) -> bool:
+    """Whether LangGraph hands this parameter the ``ToolRuntime``: annotated so (bare or
+    parametrised), or named ``runtime``, as ``ToolNode`` finds it."""
+    kind = get_origin(hint) or hint
+    return name == "runtime" or (isinstance(kind, type) and issubclass(kind, ToolRuntime))
+
+
+def _names_read(code: CodeType) -> set[str]:
+    """The attribute and global names a function's code uses, nested functions' included."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            names |= _names_read(const)
+    return names

@@ -18,7 +18,7 @@ from langchain.agents import create_agent
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import InjectedToolCallId, tool
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.prebuilt import InjectedState
+from langgraph.prebuilt import InjectedState, ToolRuntime
 from langgraph.types import Command
 
 import car_core as car
@@ -166,6 +166,35 @@ def test_a_side_effect_tool_reading_graph_state_needs_a_simulator_that_sees_it()
     LangGraphAgent(app, safe_tools=["search_flights"], side_effect_tools=["issue_refund"],
                    simulators={"issue_refund": lambda args, ctx: "refunded"})
     LangGraphAgent(app, safe_tools=["search_flights", "issue_refund"])  # runs live: it sees it
+
+
+def test_a_side_effect_tool_reading_its_runtimes_state_needs_a_simulator_that_sees_it(
+) -> None:
+    """The same refund read through ``ToolRuntime`` (``runtime.state["approved"]``) was answered
+    from the record by its model arguments alone, blind to the branch's state. A side-effect
+    tool whose code reads its runtime's ``state`` is refused like an ``InjectedState`` one; one
+    that reads only the runtime's ``context`` (which branches keep) is not."""
+    @tool
+    def issue_refund(order_id: str, runtime: ToolRuntime) -> str:
+        """Refund the approved amount of an order (a side effect)."""
+        return f"refunded {runtime.state.get('approved')} on {order_id}"
+
+    @tool
+    def send_receipt(order_id: str, runtime: ToolRuntime[dict[str, str]]) -> str:
+        """Mail a receipt to the user the run is for (a side effect)."""
+        return f"mailed {order_id} to {runtime.context['email']}"
+
+    app = create_agent(CountingDesk(), [desk.search_flights, issue_refund, send_receipt],
+                       checkpointer=InMemorySaver())
+    with pytest.raises(AdapterError, match=r"side-effect tool 'issue_refund' reads graph "
+                                           r"state \(ToolRuntime 'runtime', whose state it "
+                                           r"reads\)") as refused:
+        LangGraphAgent(app, safe_tools=["search_flights"],
+                       side_effect_tools=["issue_refund", "send_receipt"])
+    assert "fn(arguments, ctx)" in (refused.value.hint or "")
+    LangGraphAgent(app, safe_tools=["search_flights"],
+                   side_effect_tools=["issue_refund", "send_receipt"],
+                   simulators={"issue_refund": lambda args, ctx: "refunded"})
 
 
 def test_a_state_writing_tool_named_safe_is_not_refused(ledger: SideEffectLedger) -> None:
