@@ -182,13 +182,16 @@ def custom_input_filters(agents: Mapping[str, Any]) -> tuple[str, ...]:
             "next agent another input than the run's did",)
 
 
-def waits_on_a_server(agents: Mapping[str, Any]) -> bool:
-    """Whether a branch's decisions wait on a model server: an agent's model that says
-    ``remote`` (CAR's ``ScriptedModel`` says False unless it was given a latency) is taken at
-    its word; any other ``Model``, or a model name the run config's provider resolves, is a
-    client of a server."""
+def waits_on_a_server(agents: Mapping[str, Any], run_config: RunConfig | None = None) -> bool:
+    """Whether a branch's decisions wait on a model server: the model each agent decides
+    with (the run config's, when it names one, as the SDK picks it) that says ``remote``
+    (CAR's ``ScriptedModel`` says False unless it was given a latency) is taken at its word;
+    any other ``Model``, or a model name the run config's provider resolves, is a client of a
+    server."""
+    chosen = run_config.model if run_config is not None else None
     for a in agents.values():
-        remote = getattr(a.model, "remote", None) if isinstance(a.model, Model) else True
+        model = chosen if chosen is not None else a.model
+        remote = getattr(model, "remote", None) if isinstance(model, Model) else True
         if not isinstance(remote, bool) or remote:
             return True
     return False
@@ -352,7 +355,7 @@ class OpenAIAgentsAgent:
         self.couples_noise = True
         # over a model server branches default to the asyncio executor, awaited on the branch
         # loop together; an in-process model keeps the sequential one
-        self.prefers_concurrency = waits_on_a_server(self.agents)
+        self.prefers_concurrency = waits_on_a_server(self.agents, self.run_config)
 
     def _ready(self) -> mcp_tools.Listing:
         """List the MCP servers' tools (once) and classify every tool (``self.safety``)."""

@@ -64,8 +64,10 @@ UNFINISHED = "the run stopped before a final output (an exception, a guardrail o
 CANCELLED = "the stream was cancelled before a final output (RunResultStreaming.cancel)"
 
 
-def _model_name(agent: Any) -> str:
-    model = agent.model
+def _model_name(agent: Any, chosen: Any = None) -> str:
+    """The name of the model a step was decided with: ``chosen`` (the run config's model, the
+    SDK's pick for every agent) where the block knew one, else the agent's own."""
+    model = chosen if chosen is not None else agent.model
     model = getattr(model, "inner", model)  # a CAR branch model names the one it serves
     if isinstance(model, str):
         return model
@@ -133,6 +135,7 @@ class _RunBuf:
     mcp: dict[str, list[str]] = field(default_factory=dict)  # agent -> its MCP tools' names
     listing: mcp_tools.Listing = field(default_factory=dict)  # agent -> its MCP tools
     block: _Block | None = None  # the ``recording(agent)`` block it started in
+    model: Any = None  # the run config's model its block was told of (every step's), or None
     members: frozenset[str] = frozenset()  # the agents its handoffs reach (empty: unknown)
     final_output: Any = None  # what the SDK ended the run with (``on_agent_end``)
     task: Any = None  # the asyncio task that runs it: while it goes, the run is in flight
@@ -144,6 +147,7 @@ class _Block:
     finished, held until it ends, and the tripwires its watched guardrails reported."""
 
     watched: list[str] = field(default_factory=list)  # the guardrails it watches, labelled
+    model: Any = None  # ``run_config.model``: the model every agent of its runs decides with
     bufs: list[_RunBuf] = field(default_factory=list)
     held: list[tuple[_RunBuf, BaseException | str | None]] = field(default_factory=list)
     trips: dict[int, dict[str, str]] = field(default_factory=dict)  # run key -> its tripwire
@@ -203,8 +207,11 @@ class CarRecorder(RunHooks[Any]):
         ``meta["tripwire"]``, whether the tripwire left the block or the app caught it. Put
         ``Runner.run`` / ``run_sync`` / ``run_streamed`` (and the loop over its events)
         inside; the runs are stored and scored as the block ends. An app with guardrails is
-        attributable only from runs recorded so."""
-        block = _Block(watched=watch(agents_of(agent), run_config))
+        attributable only from runs recorded so. ``run_config.model``, where it names one, is
+        the model its steps are labelled with (the SDK decides every agent's turns with it;
+        hooks alone see only each agent's own)."""
+        block = _Block(watched=watch(agents_of(agent), run_config),
+                       model=getattr(run_config, "model", None))
         token, trips = _BLOCK.set(block), TRIPS.set(block.trips)
         blocked = BLOCKED.set(block.blocked)
         raised: BaseException | None = None
@@ -390,6 +397,7 @@ class CarRecorder(RunHooks[Any]):
                         block = None
                     buf = _RunBuf(root=agent, usage=context.usage,
                                   fingerprint=_fingerprint(agent), block=block,
+                                  model=block.model if block is not None else None,
                                   members=_members(agent), task=self._tasks.pop(key, None))
                     if block is not None:
                         block.bufs.append(buf)
@@ -502,7 +510,7 @@ class CarRecorder(RunHooks[Any]):
         if opened is None:
             return
         u = response.usage
-        meta = {"agent": agent.name, "model": _model_name(agent),
+        meta = {"agent": agent.name, "model": _model_name(agent, buf.model),
                 "params": agent.model_settings.to_json_dict(),
                 "usage": {"prompt_tokens": int(u.input_tokens),
                           "completion_tokens": int(u.output_tokens)},

@@ -76,3 +76,34 @@ def test_branches_decide_with_the_run_configs_model() -> None:
     assert res.answer == Answer.LOCUS and res.locus == 1
     step = res.steps[1]
     assert step.ci is not None and step.ci.low <= 0.5 <= step.ci.high
+
+
+def test_the_default_executor_follows_the_run_configs_model() -> None:
+    """Branches default to many at once where the model that decides them waits on a server:
+    the run config's model, when it names one, not each agent's own. An app whose agents name
+    an in-process model but whose runs use a hosted one through ``RunConfig(model=...)`` ran
+    its branches one at a time; the reverse ran an in-process model's branches on the
+    asyncio executor."""
+    local, hosted = ScriptedModel(Desk(0.5)), ScriptedModel(Desk(0.5), latency_s=0.3)
+    for agents_model, config_model, waits in ((local, hosted, True), (hosted, local, False),
+                                               (local, None, False), (hosted, None, True)):
+        app = Agent(name="desk", tools=[lookup_order, issue_refund], model=agents_model)
+        agent = OpenAIAgentsAgent(app, safe_tools=["lookup_order"],
+                                  side_effect_tools=["issue_refund"],
+                                  run_config=RunConfig(model=config_model))
+        assert agent.prefers_concurrency is waits, (agents_model, config_model)
+
+
+def test_steps_recorded_in_a_block_told_the_run_config_carry_its_models_name() -> None:
+    """The SDK decides every turn with ``RunConfig(model=...)``; the hooks see only each agent's
+    own model, so steps were labelled with a model that never ran (and priced by it). Recorded
+    in ``recording(agent, run_config=config)`` they carry the run config's model."""
+    own, chosen = Desk(1.0), Desk(0.5)
+    app = Agent(name="desk", tools=[lookup_order, issue_refund],
+                model=ScriptedModel(own, model="agents-own"))
+    config = RunConfig(model=ScriptedModel(chosen, model="run-config-model"))
+    rec = CarRecorder()
+    with rec.recording(app, run_config=config):
+        Runner.run_sync(app, "my kettle broke, order 7", hooks=rec, run_config=config)
+    assert own.calls == 0
+    assert {s.meta["model"] for s in rec.run.steps} == {"run-config-model"}
