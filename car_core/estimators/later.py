@@ -37,9 +37,13 @@ rejection (``≤ θα_i``) whatever the stage does; where it rescues something, 
 can err (``≤`` its level). An attempt that does not confirm leaves the rest to the next one,
 so the error is at most ``α`` in every world (the intersection-union argument,
 docs/contrastive-search.md). Naming the locus, listing earlier causes and ruling later steps
-out then hold together with family-wise error ``≤ α``: each confirmation's and each later
-test's rollouts are i.i.d. given everything that chose to draw them (fresh indices,
-independent branches per index), which is all Ville's inequality needs.
+out then hold together with family-wise error ``≤ α``: each confirmation's rollouts are
+i.i.d. given everything that chose to draw them (fresh indices, independent branches per
+index), which is all Ville's inequality needs. A later step's pairs reuse ``H_{j+1}``'s
+rollouts from the test that let the stage reach it, which lean towards failure given that it
+did; each test is bounded without that conditioning, as a fixed function of the sequence of
+outcomes at its indices, which are i.i.d. whatever ran elsewhere (docs/contrastive-search.md,
+"Reusing an arm across steps").
 """
 
 from __future__ import annotations
