@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable, Mapping
-from types import CodeType
 from typing import Any, get_origin, get_type_hints
 
 from langchain_core.tools import BaseTool
@@ -35,6 +34,7 @@ from langgraph.prebuilt import InjectedState, ToolRuntime
 from car_core.errors import AdapterError
 
 from ..common.messages import SAFE, SIDE_EFFECT, Classified, mcp_classified, takes_state
+from ..common.named import code_names
 from .shape import AppShape
 
 _MCP_ADAPTER = "langchain_mcp_adapters"
@@ -170,7 +170,7 @@ def _state_params(tool: BaseTool) -> list[str]:
     said = [f"InjectedState {k!r}" for k, v in hints.items()
             if _is_injected_arg_type(v, injected_type=InjectedState)]
     code = getattr(inspect.unwrap(fn), "__code__", None)
-    if code is not None and "state" in _names_read(code):
+    if code is not None and "state" in code_names(code):
         said += [f"ToolRuntime {k!r}, whose state it reads" for k, v in hints.items()
                  if _is_runtime(k, v)]
     return said
@@ -181,12 +181,3 @@ def _is_runtime(name: str, hint: Any) -> bool:
     parametrised), or named ``runtime``, as ``ToolNode`` finds it."""
     kind = get_origin(hint) or hint
     return name == "runtime" or (isinstance(kind, type) and issubclass(kind, ToolRuntime))
-
-
-def _names_read(code: CodeType) -> set[str]:
-    """The attribute and global names a function's code uses, nested functions' included."""
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, CodeType):
-            names |= _names_read(const)
-    return names
