@@ -52,7 +52,7 @@ def named_objects(fn: Any, wanted: Callable[[Any], bool],
             if names is not None:
                 names |= used
             values += [scope[n] for n in used if n in scope]
-            values += _module_attributes([scope[n] for n in used if n in scope], used)
+            values += module_attributes([scope[n] for n in used if n in scope], used)
             values += [c.cell_contents for c in f.__closure__ or () if _filled(c)]
             values += [*(f.__defaults__ or ()), *(f.__kwdefaults__ or {}).values()]
         elif hasattr(f, "__dict__"):  # a callable object: its attributes and its __call__
@@ -117,7 +117,7 @@ def refuse_side_effect_functions(functions: Mapping[str, Iterable[Any]], safety:
                       "the record or a simulator, instead of its function"))
 
 
-def _module_attributes(values: Iterable[Any], names: set[str]) -> list[Any]:
+def module_attributes(values: Iterable[Any], names: set[str]) -> list[Any]:
     """What the modules among ``values``, and the modules they hold under ``names``, hold
     under ``names``: read from each module's namespace (no attribute hook runs)."""
     modules = [v for v in values if inspect.ismodule(v)]
@@ -161,4 +161,5 @@ def _filled(cell: Any) -> bool:
 _EMPTY = object()
 
 
-__all__ = ["FUNCTION_PARTS", "code_names", "named_objects", "refuse_side_effect_functions"]
+__all__ = ["FUNCTION_PARTS", "code_names", "module_attributes", "named_objects",
+           "refuse_side_effect_functions"]

@@ -27,6 +27,7 @@ from langchain.agents.structured_output import AutoStrategy, OutputToolBinding, 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.tools import BaseTool
 
+from ..common.named import code_names, module_attributes
 from .middleware import CarMiddleware
 from .model import CarChatModel
 
@@ -78,27 +79,13 @@ def _children(obj: Any) -> Iterator[Any]:
         wrapped = getattr(obj, "__wrapped__", None)
         if wrapped is not None:
             yield wrapped
-        names: set[str] = set()
-        stack = [obj.__code__]
-        while stack:
-            code = stack.pop()
-            names.update(code.co_names)
-            stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
-        modules = []
-        for name in sorted(names):
-            if name in obj.__globals__:
-                value = obj.__globals__[name]
-                if isinstance(value, types.ModuleType):
-                    modules.append(value)
-                elif not isinstance(value, type):
-                    yield value
-        # ``tools.lookup(...)``: a tool or model a module the code names holds under a name
-        # the code also uses (the module itself is not walked)
-        for module in modules:
-            for name in sorted(names):
-                value = getattr(module, name, None)
-                if isinstance(value, (BaseTool, BaseChatModel)):
-                    yield value
+        names = code_names(obj.__code__)
+        used = [obj.__globals__[n] for n in sorted(names) if n in obj.__globals__]
+        yield from (v for v in used if not isinstance(v, (types.ModuleType, type)))
+        # ``tools.lookup(...)``, ``app.tools.lookup(...)``: a tool or model a module the code
+        # names holds under a name the code also uses (the modules themselves are not walked)
+        yield from (v for v in module_attributes(used, names)
+                    if isinstance(v, (BaseTool, BaseChatModel)))
         return
     if hasattr(obj, "get_subgraphs") or isinstance(obj, (types.ModuleType, type)):
         return  # a compiled graph (its nodes are walked on their own) or a module or class
