@@ -84,8 +84,8 @@ class Paced:
         mean run takes the ends less those starts; the runs in flight take what is left of
         it, and the queued ones the whole of it, ``at_once`` at a time, none sooner than a
         whole run from now. One at a time this is the time so far per run, times the runs
-        left. Runs said to have begun (``started``)
-        are taken to end in the order they began, as lanes are."""
+        left. Runs said to have begun (``started``) are taken to end in the order they
+        began, as lanes are."""
         k, m = self.at_once, len(self.ends)
         starts = self.began if len(self.began) >= m else [0.0] * k + self.ends
         mean = (sum(self.ends) - sum(starts[:m])) / m
