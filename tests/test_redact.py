@@ -275,6 +275,22 @@ def test_recorded_content_is_scrubbed_by_value_before_it_is_sealed() -> None:
     assert rd.scrub(plain) is plain
 
 
+def test_a_key_nobody_registered_is_caught_by_the_patterns_before_it_is_sealed() -> None:
+    """A tool returned a config holding an ``sk-…`` key the user never gave CAR: the patterns
+    applied to output only, and the store kept the key (618 times in a trial). They apply to
+    recorded content too, string by string; content they do not match is the same object."""
+    key = "sk-test-UNREGISTERED-4242"
+    plain = {"role": "assistant", "content": "looked the order up"}
+    run = car.Trajectory.new(context=[{"role": "user", "content": "load the config"}], steps=[
+        car.Step(index=0, action=plain, observation=f"config loaded with key {key}",
+                 state=[{"role": "tool", "content": f"Authorization: Bearer {key}"}])])
+    text = run.to_json()
+    assert key not in text and "config loaded with key [REDACTED]" in text
+    assert run.steps[0].action is plain
+    run.verify()
+    assert rd.scrub(plain) is plain and rd.scrub(["nothing", 3]) == ["nothing", 3]
+
+
 # -- no redaction path takes a lock that logging can re-enter ---------------------------------
 
 def test_a_collection_inside_redaction_whose_finalizers_log_does_not_hang(

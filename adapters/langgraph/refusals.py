@@ -307,7 +307,9 @@ def refuse_step(shape: AppShape, run: Trajectory, k: int, rebuilt: bool = False)
     ns = step.meta.get("checkpoint_ns") or ""
     snapshot = shape.saver.get_tuple(thread_config(thread_id, step.meta["checkpoint_id"], ns))
     values = snapshot.checkpoint["channel_values"].get(shape.messages_key) or []
-    if not builds_input(step) and to_dicts(values) != step.state:
+    # the record holds the messages with every secret removed (``redact.scrub``): a run
+    # whose user pasted a key read as "a different graph" and could not be attributed
+    if not builds_input(step) and redact.scrub(to_dicts(values)) != step.state:
         raise AdapterError(f"the checkpoint step {k} was scheduled from does not match the "
                            "record: the run comes from a different graph or thread",
                            run_id=run.id, step=k,

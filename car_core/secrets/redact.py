@@ -17,12 +17,13 @@ By value first: what a secret *is*, not what keys usually look like. Replaced by
 Strings shorter than ``MIN_SECRET`` are placeholders ("test", "none"), never registered.
 
 ``redact(text)`` applies the rule to a string, ``redact_json(value)`` to every string in a
-JSON value, ``scrub(value)`` the by-value part alone to recorded content (``holds_secret``
-first: the cheap test), ``redacted(exc)`` to an exception and its chained causes (a stand-in
-exception carrying the redacted text, safe to chain with ``raise … from``), and ``LogFilter``
-to log records, installed on every record made once a secret is registered
-(``guard_records``). No redaction path takes a lock: a garbage collection inside it may run
-a dropped client's ``__del__`` whose log record comes straight back here. Registration
+JSON value, ``scrub(value)`` the same to recorded content, every string on its own, the same
+object back where nothing matched (``holds_secret`` first: the cheap test), ``redacted(exc)``
+to an exception and its chained causes (a stand-in exception carrying the redacted text, safe
+to chain with ``raise … from``), and ``LogFilter`` to log records, installed on every record
+made once a secret is registered (``guard_records``). No redaction path takes a lock: a
+garbage collection inside it may run a dropped client's ``__del__`` whose log record comes
+straight back here. Registration
 appends to a list (atomic), and the compiled rule is an immutable snapshot, rebuilt and
 swapped in one assignment when what it was built from has changed. Imports nothing outside
 the standard library.
@@ -314,17 +315,19 @@ def redact_json(value: Any, secrets: list[str] | None = None) -> Any:
 
 def scrub(value: Any, memo: dict[str, str] | None = None) -> Any:
     """``value`` (any JSON value) with every registered or environment secret removed, in any
-    form; the patterns are not applied. For recorded content (context, actions,
-    observations, state), which must stay what the agent saw unless it holds a secret: the
-    same object comes back when nothing matched, and at once when nothing is registered.
-    ``memo`` (shared across the calls for one run) remembers strings already looked at: a
-    run's states repeat the same messages step after step."""
-    rule = _current()
-    if not rule.secrets or isinstance(value, bool | int | float | type(None)):
+    form, and what the patterns catch (an ``sk-…`` key a tool returned that nobody gave CAR),
+    string by string. For recorded content (context, actions, observations, state), which
+    must stay what the agent saw unless it holds a secret: the same object comes back when
+    nothing matched. ``memo`` (shared across the calls for one run) remembers strings already
+    looked at: a run's states repeat the same messages step after step. The patterns were
+    once left to output alone, and a trial's tool result put an unregistered key in the
+    store 618 times."""
+    if isinstance(value, bool | int | float | type(None)):
         return value
+    rule = _current()
     if not isinstance(value, str):
         try:  # one pass over the value's JSON text in C, instead of a walk in Python
-            if not _found(rule, json.dumps(value, ensure_ascii=False)):
+            if not _holds(rule, json.dumps(value, ensure_ascii=False)):
                 return value
         except (TypeError, ValueError):  # not JSON: walk it
             pass
@@ -333,9 +336,13 @@ def scrub(value: Any, memo: dict[str, str] | None = None) -> Any:
 
 def holds_secret(text: str) -> bool:
     """Whether ``text`` (a JSON encoding, say) holds any form of a registered or environment
-    secret: the cheap test before ``scrub``."""
-    rule = _current()
-    return bool(rule.secrets) and _found(rule, text)
+    secret, or something a pattern catches: the cheap test before ``scrub``."""
+    return _holds(_current(), text)
+
+
+def _holds(rule: _Rule, text: str) -> bool:
+    return ((bool(rule.secrets) and _found(rule, text))
+            or any(pattern.search(text) for pattern, _ in _PATTERNS))
 
 
 def _found(rule: _Rule, text: str) -> bool:
@@ -350,7 +357,7 @@ def _scrub(rule: _Rule, value: Any, memo: dict[str, str]) -> Any:
     if isinstance(value, str):
         done = memo.get(value)
         if done is None:
-            done = memo[value] = _by_value(rule, value)
+            done = memo[value] = _apply(rule, value)
         return value if done == value else done  # the same object when nothing matched
     if isinstance(value, dict):
         out = {_scrub(rule, k, memo): _scrub(rule, v, memo) for k, v in value.items()}

@@ -50,3 +50,31 @@ def test_a_do_policy_models_key_never_reaches_a_branch() -> None:
     forms = (POLICY_KEY, json.dumps(POLICY_KEY)[1:-1], "pk9,a1b2", "c3d'4e", "6g7h-policy")
     for text in texts:
         assert [f for f in forms if f in text] == [], text[:300]
+
+
+def test_a_run_whose_conversation_holds_a_key_is_still_attributable() -> None:
+    """A user pasted a key into their message (one CAR knows, and an ``sk-…`` one nobody gave
+    it). The record holds the conversation with both removed while the app's checkpoint holds
+    them as typed, so every step was refused as "a different graph or thread" and the run
+    could not be attributed. The checkpoint is compared as the record keeps it."""
+    registered = "reg-9f8e7d6c5b4a-key"
+    redact.register(registered)
+    pasted = "sk-proj-PASTEDbyTHEuser0123456789"
+    model = sa.PlantedSupportModel(rng_seed=0)
+    wrapper = CarChatModel(inner=model)
+    app = sa.build_app(wrapper, InMemorySaver())
+    cb = CarCallback()
+    message = f"{sa.CUSTOMER_MESSAGE} My token is {registered}, and {pasted}."
+    for i in range(40):
+        app.invoke(sa.inputs(message), {"configurable": {"thread_id": f"t{i}"},
+                                        "callbacks": [cb]})
+        if sa.outcome(cb.run):
+            break
+    run = cb.run
+    assert sa.outcome(run)
+    kept = json.dumps(run.to_dict())
+    assert registered not in kept and pasted not in kept and "[REDACTED]" in kept
+    agent = LangGraphAgent(app, model=wrapper, safe_tools=sa.SAFE_TOOLS,
+                           side_effect_tools=sa.SIDE_EFFECT_TOOLS)
+    res = car.contrastive(run, agent, outcome=sa.outcome, rollouts=16, seed=0, progress=False)
+    assert res.locus == 1
