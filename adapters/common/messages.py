@@ -58,6 +58,9 @@ class Classified:
     # or destructiveHint=true), not only that nothing says it does not: naming it safe is then
     # more likely a slip than a decision (``ContradictedSafeTool``)
     outright: bool = False
+    # the tool's own server says it (an MCP annotation): a hint the specification tells clients
+    # not to trust from a server they do not, so it does not outweigh a name that acts
+    hint: bool = False
 
 
 class ContradictedSafeTool(UserWarning):
@@ -412,7 +415,7 @@ class ToolSafety:
         tools = set(tools)
         self.check_names(tools, agent=agent)
         safe, side, why = set(self.safe_tools), set(self.side_effect_tools), {}
-        contradicted, outright = {}, set()
+        contradicted, outright, doubted = {}, set(), {}
         for name, said in (derived or {}).items():
             said = list(said)
             against = next((c for c in said if c.outright), None)
@@ -427,6 +430,11 @@ class ToolSafety:
             if name not in tools or name in safe or name in side or not said:
                 continue  # the user's word wins over the framework's
             pick = next((c for c in said if c.kind == SIDE_EFFECT), said[0])
+            verb = acting_verb(name)
+            if pick.kind == SAFE and pick.hint and verb is not None:
+                # a trial's MCP server annotated issue_refund read-only: every branch refunded
+                doubted[name] = f"{pick.why}, but its name opens with {verb!r}, an action"
+                continue
             (side if pick.kind == SIDE_EFFECT else safe).add(name)
             why[name] = pick.why
         for name in sorted((self.safe_tools & tools) - set(contradicted)):
@@ -444,10 +452,11 @@ class ToolSafety:
             mine = set(self.side_effect_tools)
             line = (f"safe_tools={sorted(self.safe_tools)!r}, "
                     f"side_effect_tools={sorted(mine | set(rest))!r}".replace("'", '"'))
+            unsure = "".join(f"; {n!r}: {doubted[n]}" for n in rest if n in doubted)
             raise UnclassifiedTools(
                 f"{agent} can call {len(rest)} tool(s) that nothing classifies as safe to run "
                 f"on a branch or as a side effect: {rest}; a branch would run them for real, so "
-                "no branch runs", tools=rest,
+                f"no branch runs{unsure}", tools=rest,
                 hint=f"Say which is which: {call}, ..., {line}), then move each that only reads "
                      "(a search, a lookup) from side_effect_tools to safe_tools; side effects "
                      "(bookings, e-mails, writes) never run on a branch. In a sandbox where "
@@ -710,7 +719,7 @@ def mcp_classified(annotations: Any) -> Classified:
         destructive = getattr(annotations, "destructiveHint",
                               getattr(annotations, "destructive_hint", None))
     if hint is True:
-        return Classified(SAFE, "its MCP server annotates it readOnlyHint=true")
+        return Classified(SAFE, "its MCP server annotates it readOnlyHint=true", hint=True)
     if annotations is None:
         return Classified(SIDE_EFFECT, "it comes from an MCP server that gives no annotations, "
                                        "and MCP tools are taken to have side effects unless "

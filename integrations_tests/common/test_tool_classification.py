@@ -127,6 +127,27 @@ def test_mcp_annotations_say_safe_only_for_read_only_true() -> None:
         assert said.kind == SIDE_EFFECT and "readOnlyHint=true" in said.why, given
 
 
+def test_a_read_only_annotation_on_a_tool_named_for_an_action_is_not_taken_on_its_word(
+) -> None:
+    """A trial's MCP server annotated ``issue_refund`` ``readOnlyHint: true`` (a slip, or a
+    server one should not trust: the specification calls annotations hints), and every branch
+    refunded for real, with no warning. A server's read-only word on a tool whose name opens
+    with an acting verb leaves it unclassified: refused before any branch, saying why, until
+    the user names it. A handoff named for an action (``transfer_to_…``) is not a hint."""
+    mcp = mcp_classified({"readOnlyHint": True})
+    said = {"issue_refund": [mcp], "lookup_order": [mcp],
+            "transfer_to_refunds": [Classified(SAFE, "a handoff")]}
+    tools = ["issue_refund", "lookup_order", "transfer_to_refunds"]
+    with pytest.raises(UnclassifiedTools, match=r"\['issue_refund'\].*'issue_refund': its MCP "
+                                                r"server annotates it readOnlyHint=true, but its "
+                                                r"name opens with 'issue', an action") as refused:
+        ToolSafety.of().classified(tools, said)
+    assert list(refused.value.tools) == ["issue_refund"]
+    out = ToolSafety.of(["issue_refund"]).classified(tools, said)
+    assert out.safe_tools == {"lookup_order", "transfer_to_refunds"}
+    assert out.side_effect_tools == {"issue_refund"}
+
+
 def test_naming_safe_a_tool_its_server_says_changes_things_warns_and_the_user_still_wins(
         ) -> None:
     """A trial named a refund tool safe that its MCP server annotated readOnlyHint=false,
