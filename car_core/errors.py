@@ -23,6 +23,7 @@ The tree::
     │   ├── NotACarStore                        a database file that is not ours
     │   ├── StoreTooNew                         written by a newer CAR than this one
     │   ├── StoreReadOnly                       the file or its folder cannot be written
+    │   ├── StoreDiskError                      the disk is full or failed a write
     │   ├── CorruptStore                        damaged pages, missing tables, bad values
     │   │   └── CorruptAttribution              an attribution edited after it was stored
     │   └── AttributionBusy                     another process is running that attribution
@@ -244,6 +245,20 @@ class StoreReadOnly(StoreError):
         return cls(f"{path} is read-only: {cause}", hint="point the store at a writable file")
 
 
+class StoreDiskError(StoreError):
+    """The disk refused a write to the store: it is full, the file reached a size limit, or
+    the disk failed (an I/O error). Nothing of the failed write was kept, the store is as it
+    was, and an attribution it stopped resumes once the disk takes writes again."""
+
+    @classmethod
+    def writing(cls, path: str | os.PathLike[str], cause: BaseException, full: bool) -> Self:
+        """SQLite could not write ``path`` (``cause``): the disk is ``full``, or failed."""
+        what = "the disk is full" if full else "the disk failed a write (an I/O error)"
+        return cls(f"cannot write {path}: {what}: {cause}",
+                   hint="nothing was written; free space on the disk that holds it (or "
+                        "raise the file size limit), or check the disk, and try again")
+
+
 class CorruptStore(StoreError):
     """A CAR store that cannot be read as one: damaged pages, a missing table, a value of the
     wrong type or text that is not UTF-8."""
@@ -336,15 +351,16 @@ class RunNotFailed(NothingToAttribute):
 
 
 # The stops a resume can change: an interruption, memory or a budget that ran out (resume with
-# fewer in flight or a larger budget), a model server or execution backend that was down, and
-# branches that failed (fix the agent, then resume: the stored branches are kept). Everything
+# fewer in flight or a larger budget), a model server or execution backend that was down,
+# branches that failed (fix the agent, then resume: the stored branches are kept) and a disk
+# that refused a write (free space, then resume). Everything
 # else comes out the same again on a resume: an error in the user's outcome function, a
 # sys.exit in user code, bad input, a damaged or hand-edited store, an attribution another
 # process is running. Only these offer "Resume with", and only they keep an attribution row
 # that holds no branch yet (the resume it offers needs the row).
 RESUMABLE: tuple[type[BaseException], ...] = (
     KeyboardInterrupt, MemoryError, BudgetExhausted, ModelUnavailable, ExecutorUnavailable,
-    BranchesFailed)
+    BranchesFailed, StoreDiskError)
 
 
 def resumable(exc: BaseException) -> bool:
@@ -359,5 +375,6 @@ __all__ = [  # the error tree; RESUMABLE and resumable are its rule, not errors
     "InvalidBudget", "InvalidIntervention", "InvalidInput", "InvalidJSONValue", "ModelUnavailable",
     "NotACarStore", "NothingToAttribute", "OutcomeError", "OutcomeMismatch", "PolicyError",
     "ReplayMismatch", "RunError", "RunNotFailed", "RunNotFound", "SideEffectBlocked",
-    "StepOutOfRange", "StoreError", "StoreReadOnly", "StoreTooNew", "UnclassifiedTools",
+    "StepOutOfRange", "StoreDiskError", "StoreError", "StoreReadOnly", "StoreTooNew",
+    "UnclassifiedTools",
 ]

@@ -52,4 +52,20 @@ def store_run(run: car.Trajectory, store: car.RunStore | RunWriter | None,
         log.error("CAR could not store run %s: %s", run.id, exc)
 
 
-__all__ = ["open_store", "score_run", "store_run"]
+def unstored(store: Any, errors: list[StoreError], raised: int) -> StoreError | None:
+    """Wait until every run handed to ``store`` is written, then the error a recorder's
+    ``flush`` raises for the save errors past the first ``raised`` (those it raised before),
+    or None. A run that could not be stored was lost with a log line and nothing else: a
+    trial recorded 30 runs on a full disk, stored none, and every flush returned."""
+    flush = getattr(store, "flush", None)
+    if flush is not None:
+        flush()
+    if len(errors) <= raised:
+        return None
+    first, count = errors[raised], len(errors) - raised
+    return StoreError(f"{count} run(s) could not be stored: {first}",
+                      hint="they are kept in the recorder's runs; once the store can be "
+                           "written again, save each with car.RunStore(path).save(run)")
+
+
+__all__ = ["open_store", "score_run", "store_run", "unstored"]

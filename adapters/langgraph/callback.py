@@ -71,7 +71,7 @@ from car_core.contract import (
 )
 from car_core.errors import InvalidInput, OutcomeError, StoreError
 
-from ..common.run_keeping import open_store, score_run, store_run
+from ..common.run_keeping import open_store, score_run, store_run, unstored
 from . import step_meta
 from .fingerprint import app_digest
 from .invocation import captured, round_trips
@@ -313,6 +313,7 @@ class CarCallback(BaseCallbackHandler):
                  messages_key: str = MESSAGES_KEY, outcome: Any = None, app: Any = None) -> None:
         self.store_errors: list[StoreError] = []
         self.store = open_store(store, self.store_errors)
+        self._raised = 0  # of store_errors, how many a flush raised already
         self.fingerprint: str | None = None
         if app is not None:
             if not hasattr(app, "get_subgraphs"):
@@ -381,11 +382,13 @@ class CarCallback(BaseCallbackHandler):
     def flush(self) -> None:
         """Seal every finished run and wait until each is in the store. A store given as a
         path is written off the graph's critical path (``car_core.contract.RunWriter``):
-        reading ``run``, this call and a normal exit each make the writes durable."""
+        reading ``run``, this call and a normal exit each make the writes durable. A run that
+        could not be stored raises ``StoreError`` here, once (it stays in ``runs``)."""
         self._seal_finished()
-        flush = getattr(self.store, "flush", None)
-        if flush is not None:
-            flush()
+        failed = unstored(self.store, self.store_errors, self._raised)
+        self._raised = len(self.store_errors)
+        if failed is not None:
+            raise failed
 
     def _seal_finished(self) -> None:
         if self._unsealed is not None:

@@ -49,7 +49,7 @@ from car_core.contract import OutcomeFn, RunStatus, redact
 from car_core.errors import AdapterError, OutcomeError, StoreError
 
 from ..common.messages import tool_result
-from ..common.run_keeping import open_store, score_run, store_run
+from ..common.run_keeping import open_store, score_run, store_run, unstored
 from ._messages import action_of, to_dicts
 from .fingerprint import workflow_digest
 from .offered_tools import offered
@@ -227,6 +227,7 @@ class CarRecorder:
                  _token: object | None = None) -> None:
         self.store_errors: list[StoreError] = []
         self.store = open_store(store, self.store_errors)
+        self._raised = 0  # of store_errors, how many a flush raised already
         self.outcome = OutcomeFn(outcome) if outcome is not None else None
         self.runs: list[car.Trajectory] = []
         self.outcome_errors: list[OutcomeError] = []
@@ -254,10 +255,12 @@ class CarRecorder:
     def flush(self) -> None:
         """Wait until every finished run is in the store. A store given as a path is written
         off the agent's critical path (``car_core.contract.RunWriter``): reading ``run``,
-        ``detach()``, this call and a normal exit each make the writes durable."""
-        flush = getattr(self.store, "flush", None)
-        if flush is not None:
-            flush()
+        ``detach()``, this call and a normal exit each make the writes durable. A run that
+        could not be stored raises ``StoreError`` here, once (it stays in ``runs``)."""
+        failed = unstored(self.store, self.store_errors, self._raised)
+        self._raised = len(self.store_errors)
+        if failed is not None:
+            raise failed
 
     def detach(self) -> None:
         """Unregister (runs still in flight are dropped) and flush the finished ones."""

@@ -51,7 +51,7 @@ from car_core.contract import OutcomeFn, RunStatus, in_branch, redact
 from car_core.errors import AdapterError, InvalidInput, OutcomeError, StoreError
 
 from ..common.messages import calls_of, tool_result
-from ..common.run_keeping import score_run, store_run
+from ..common.run_keeping import score_run, store_run, unstored
 from . import mcp_tools
 from ._context import snapshot
 from ._items import action_of, to_dicts
@@ -195,6 +195,7 @@ class CarRecorder(RunHooks[Any]):
         self._ended: dict[int, float] = {}  # run key -> when its latest turn's task ended
         self._lock = threading.Lock()
         self.store_errors: list[StoreError] = []
+        self._raised = 0  # of store_errors, how many a flush raised already
         # runs a block settled while the SDK may still call hooks for them (a model call a
         # tripwire did not cancel): ignored, their usage objects held so no id is reused
         self._settled: dict[int, Any] = {}
@@ -325,9 +326,18 @@ class CarRecorder(RunHooks[Any]):
         ended = self._ended.get(key)
         return ended is None or time.monotonic() - ended > STALE_S
 
+    def flush(self) -> None:
+        """Raise ``StoreError`` (once) for the runs that could not be stored (each stays in
+        ``runs``); reading ``run`` does too. Each run is stored as it ends."""
+        failed = unstored(self.store, self.store_errors, self._raised)
+        self._raised = len(self.store_errors)
+        if failed is not None:
+            raise failed
+
     @property
     def run(self) -> car.Trajectory:
         runs = self.runs
+        self.flush()
         block = _BLOCK.get()
         if not runs and block is not None and not block.settled:
             raise AdapterError("the runs of a `with recorder.recording(agent):` block are kept "

@@ -10,7 +10,7 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from car_core.errors import CarError, CorruptStore, StoreError, StoreReadOnly
+from car_core.errors import CarError, CorruptStore, StoreDiskError, StoreError, StoreReadOnly
 
 F = TypeVar("F", bound=Callable[..., Any])
 # What a damaged file or a hand-edited value raises while it is read: SQLite's own errors
@@ -23,6 +23,33 @@ DAMAGE = (sqlite3.DatabaseError, ValueError, TypeError, OverflowError, Recursion
 def is_readonly_error(exc: sqlite3.Error) -> bool:
     text = str(exc).lower()
     return "readonly" in text or "read-only" in text or "unable to open" in text
+
+
+_FULL, _IOERR = 13, 10  # SQLITE_FULL, SQLITE_IOERR: primary result codes
+
+
+def disk_refused(exc: sqlite3.Error) -> bool | None:
+    """True where the disk is full (or the file at a size limit), False where it failed a
+    write (an I/O error), None where SQLite failed otherwise."""
+    code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+    text = str(exc).lower()
+    if code == _FULL or "disk is full" in text:
+        return True
+    if code == _IOERR or "disk i/o error" in text:
+        return False
+    return None
+
+
+def write_refused(path: str | os.PathLike[str], exc: sqlite3.Error) -> StoreError:
+    """The error for a write to ``path`` SQLite refused: a read-only file, a full or failing
+    disk, or another failure (nothing was written)."""
+    if is_readonly_error(exc):
+        return StoreReadOnly.not_writable(path, exc)
+    full = disk_refused(exc)
+    if full is not None:
+        return StoreDiskError.writing(path, exc, full)
+    return StoreError(f"writing {path} failed: {exc}",
+                      hint="nothing was written; check the disk and try again")
 
 
 def damaged_file(path: str | os.PathLike[str], exc: BaseException) -> CorruptStore:
@@ -42,8 +69,8 @@ def guarded(fn: F) -> F:
         except CarError:
             raise
         except sqlite3.OperationalError as exc:
-            if is_readonly_error(exc):
-                raise StoreReadOnly.not_writable(self.path, exc) from None
+            if is_readonly_error(exc) or disk_refused(exc) is not None:
+                raise write_refused(self.path, exc) from None
             raise damaged_file(self.path, exc) from None
         except DAMAGE as exc:
             raise damaged_file(self.path, exc) from None
@@ -70,19 +97,25 @@ class Transaction:
         if exc_type is None:
             try:
                 self.conn.execute("COMMIT")
-            except sqlite3.OperationalError as err:
-                self.conn.execute("ROLLBACK")
-                if is_readonly_error(err):
-                    raise StoreReadOnly(f"{self.path} is read-only: {err}") from err
-                raise
+            except sqlite3.Error as err:
+                self._rollback()
+                raise write_refused(self.path, err) from err
         else:
-            self.conn.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.OperationalError) and is_readonly_error(exc):
-                raise StoreReadOnly.not_writable(self.path, exc) from exc
+            self._rollback()
             if isinstance(exc, sqlite3.Error):
-                raise StoreError(f"writing {self.path} failed: {exc}",
-                                 hint="nothing was written; check the disk and try again"
-                                 ) from exc
+                raise write_refused(self.path, exc) from exc
+
+    def _rollback(self) -> None:
+        """Undo what is still open: SQLite rolls a transaction back by itself when a write
+        fails on a full disk, and a second ``ROLLBACK`` raised "no transaction is active" in
+        place of "the disk is full"."""
+        conn = getattr(self.conn, "conn", self.conn)  # sqlite-utils wraps the connection
+        if getattr(conn, "in_transaction", True):
+            try:
+                self.conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # nothing left to undo: the error that got here is the one to say
 
 
-__all__ = ["DAMAGE", "Transaction", "damaged_file", "guarded", "is_readonly_error"]
+__all__ = ["DAMAGE", "Transaction", "damaged_file", "disk_refused", "guarded",
+           "is_readonly_error", "write_refused"]
