@@ -117,3 +117,28 @@ def test_a_resume_on_an_agents_own_noise_reads_stored_branches_back_and_draws_wi
     measured = {arm.hold_before: arm.n for arm in grown.arms}
     stored = {arm: sum(1 for (a, _r) in after if a == f"hold<{arm}") for arm in measured}
     assert all(measured[arm] <= stored[arm] for arm in measured)
+
+
+def always_fails(run: car.Trajectory) -> float:
+    return 1.0
+
+
+def test_a_resume_may_not_change_the_outcome_that_scores_its_branches(store):
+    """A trial resumed an interrupted attribution with another ``--outcome``: the stored
+    branches were read back as the first outcome scored them, the new ones scored by the
+    second, and the answer ("undecided") matched neither a fresh run of the first (a locus)
+    nor of the second ("no cause"). The outcome is part of what a branch is."""
+    model = syn.pivot()
+    run = model.failing_run(0)
+    first = car.contrastive(run, model.agent(), outcome=model.outcome, rollouts=4,
+                            store=store, attribution_id="o1", progress=False)
+    before = len(store.branches("o1"))
+    with pytest.raises(InvalidInput, match=r"started with outcome='car_core\.testing\.synthetic"
+                                           r":SyntheticSCM\.outcome', not '.*always_fails'"):
+        car.contrastive(run, model.agent(), outcome=always_fails, rollouts=8, store=store,
+                        attribution_id="o1", progress=False)
+    assert len(store.branches("o1")) == before
+    assert store.attribution("o1").result.to_dict() == first.to_dict()
+    again = car.contrastive(run, model.agent(), outcome=model.outcome, rollouts=8, store=store,
+                            attribution_id="o1", progress=False)
+    assert again.attribution_id == "o1"

@@ -61,7 +61,8 @@ STAND_IN = 3 << 20  # first rollout index of the branches that stand in for fail
 # it. The last two are the error rate the result claims (contrastive alpha, Shapley level):
 # re-testing the stored branches at a looser rate is a new attribution, not this one resumed.
 # Caps (contrastive ``rollouts``, ``budget``) may change: see ``check_resumable``.
-RESUME_FIXED = ("seed", "coupled", "mode", "agent", "alpha", "level", "indifference")
+RESUME_FIXED = ("seed", "coupled", "mode", "agent", "alpha", "level", "indifference",
+                "outcome")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -252,12 +253,15 @@ class Session:
             opened.append(self)
         if store is not None:
             from car_core.store.journal import StoreJournal
+            # the outcome scores the stored branches: a resume scored by another read them back
+            # as they were and mixed the two (a trial's answer matched neither)
+            stored = {**params, "outcome": self.outcome.name}
             if attribution_id is not None:
-                check_resumable(store, attribution_id, run.id, method, params)
+                check_resumable(store, attribution_id, run.id, method, stored)
                 if planned is not None and not replace:
                     check_not_shrunk(store, attribution_id, method, params, planned)
             store.save(run)  # idempotent; refuses another run stored under the same id
-            self.attribution_id = store.begin_attribution(run.id, method, params, attribution_id)
+            self.attribution_id = store.begin_attribution(run.id, method, stored, attribution_id)
             self._began = True
             self.journal = StoreJournal(store, self.attribution_id)
 
@@ -383,4 +387,5 @@ class Session:
             status = (AttributionStatus.TRUNCATED if result.truncated
                       else AttributionStatus.COMPLETE)
             self.store.finish_attribution(self.attribution_id, result, status,
-                                          params=self.params, replace=self.replace)
+                                          params={**self.params, "outcome": self.outcome.name},
+                                          replace=self.replace)

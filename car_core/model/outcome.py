@@ -29,6 +29,7 @@ refused (``OutcomeMismatch``) before anything is spent.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -86,6 +87,16 @@ class OutcomeFn:
             raise InvalidInput("outcome.settled must be callable: settled(run) -> bool",
                                hint="set outcome.settled = lambda run: ... or remove it")
         self._settled: Callable[[Trajectory], Any] | None = hook
+
+    @property
+    def name(self) -> str:
+        """Which function this is, as ``module:qualified.name`` (a partial's function's, a
+        callable object's class's): what a resumed attribution must be scored by again."""
+        fn: Any = self.fn
+        while isinstance(fn, functools.partial):
+            fn = fn.func
+        named = fn if hasattr(fn, "__qualname__") else type(fn)
+        return f"{getattr(named, '__module__', '?')}:{getattr(named, '__qualname__', '?')}"
 
     @property
     def settles(self) -> bool:
