@@ -9,12 +9,15 @@ import io
 import json
 import logging
 import threading
+import traceback
 from urllib.parse import quote, quote_plus
 
+import numpy as np
 import pytest
 
 import car_core as car
-from car_core.errors import BranchesFailed, ModelUnavailable, PolicyError
+from car_core.errors import BranchesFailed, ModelUnavailable, OutcomeError, PolicyError
+from car_core.model.outcome import OutcomeFn
 from car_core.report import render_run
 from car_core.secrets import forms as _secret_forms
 from car_core.secrets import redact as rd
@@ -395,3 +398,21 @@ def test_an_exception_group_is_described_by_the_errors_inside_it() -> None:
     assert "FileNotFoundError: no such file: /srv/server.py" in said
     assert "ValueError: second" in said
     assert KEY not in said
+
+
+def test_an_outcome_errors_chain_holds_no_secret_but_keeps_its_frames() -> None:
+    """An ``OutcomeError``'s message was redacted but its ``__cause__`` was the outcome's own
+    exception, so a printed traceback (``CAR_DEBUG=1``, a test's failure report) showed the key.
+    The cause is the redacted stand-in, with the frames of the outcome's code kept."""
+    key = "judge-key-5f4e3d2c1b0a"
+    rd.register(key)
+
+    def judge(run: car.Trajectory) -> float:
+        raise RuntimeError(f"judge server said: bad key {key}")
+
+    run = car.Trajectory.new(context={"t": 1}, steps=[car.Step(index=0, action={"a": 1})])
+    with pytest.raises(OutcomeError) as raised:
+        OutcomeFn(judge)(run, np.random.default_rng(0))
+    text = "".join(traceback.format_exception(raised.value))
+    assert key not in text and "judge server said: bad key [REDACTED]" in text
+    assert "in judge" in text  # where the outcome raised is still shown

@@ -114,7 +114,7 @@ class OutcomeFn:
             raise OutcomeError(f"the outcome's settled() raised {exc!r}{_on(run)}",
                                run_id=_run_id(run),
                                hint="fix outcome.settled; it is called on partial runs after "
-                                    "each step of a branch") from exc
+                                    "each step of a branch") from redact.redacted(exc)
 
     def __call__(self, run: Trajectory, rng: np.random.Generator) -> float:
         """The checked value of ``run``; an awaitable the outcome returns is run to its end."""
@@ -156,7 +156,7 @@ class OutcomeFn:
             raise OutcomeError(f"the outcome function read the run as a dict ({exc!r}): "
                                "outcome(run) is handed the car.Trajectory, not the app's "
                                f"final state{_on(run)}", run_id=_run_id(run),
-                               hint=OLD_FORM_HINT) from exc
+                               hint=OLD_FORM_HINT) from redact.redacted(exc)
         if is_outage(exc):  # an LLM judge's server down: every later score would fail
             raise ModelUnavailable(
                 f"the outcome's server failed{_on(run)}: {redact.describe(exc)}",
@@ -168,7 +168,7 @@ class OutcomeFn:
         raise OutcomeError(f"the outcome function raised {exc!r}{_on(run)}",
                            run_id=_run_id(run),
                            hint="fix the outcome function; it must score any branch, "
-                                "including ones that end early") from exc
+                                "including ones that end early") from redact.redacted(exc)
 
     @staticmethod
     def _checked(run: Trajectory, value: Any) -> float:

@@ -410,7 +410,8 @@ def redacted(exc: BaseException | None, _depth: int = 0) -> RedactedError | None
         return None
     if isinstance(exc, RedactedError):
         return exc
-    out = RedactedError(type(exc).__name__, redact(str(exc)))
+    # the frames stay (where the user's code raised), the text and attributes go
+    out = RedactedError(type(exc).__name__, redact(str(exc))).with_traceback(exc.__traceback__)
     inner = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     out.__cause__ = redacted(inner, _depth + 1)
     out.__suppress_context__ = True
