@@ -27,6 +27,7 @@ from car_core.errors import (
     CorruptStore,
     InvalidInput,
     NotACarStore,
+    OutcomeError,
     RunNotFound,
     StoreError,
     StoreReadOnly,
@@ -977,3 +978,22 @@ def test_a_store_that_is_not_one_is_refused_before_anything_runs(pivot_model,
                         store={"path": "car.db"})
     assert "car.RunStore(path)" in (err.value.hint or "")
     assert calls == []  # not even the record's check ran
+
+
+def test_a_run_whose_outcome_raised_on_record_is_kept_unscored(tmp_path: Path) -> None:
+    """``car.record`` scored the run before saving it: an outcome that raised threw away a run
+    that had happened (side effects and all), and the error named a run id no store held. The
+    run is stored unscored, the error says so, and a working outcome attributes it."""
+    model = syn.pivot()
+    store = RunStore(tmp_path / "car.db")
+
+    def broken(run: Any) -> float:
+        raise KeyError("verdict")
+
+    with pytest.raises(OutcomeError, match="stored unscored") as raised:
+        car.record(model.agent(), context={"scm": model.name}, outcome=broken, seed=7,
+                   store=store)
+    run = store.load(raised.value.run_id)
+    assert run.outcome is None and len(run.steps) == model.n_steps
+    with pytest.raises(OutcomeError, match="not kept"):
+        car.record(model.agent(), context={"scm": model.name}, outcome=broken, seed=7)

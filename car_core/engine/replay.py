@@ -43,6 +43,7 @@ from car_core.errors import (
     BudgetExhausted,
     CarError,
     InvalidInput,
+    OutcomeError,
 )
 from car_core.model.actions import same_action
 from car_core.model.budget import Budget, BudgetMeter, as_budget, check_bound
@@ -76,9 +77,21 @@ def record(agent: Agent, *, context: JSON = None, outcome: OutcomeLike, seed: in
     out = OutcomeFn(outcome)
     store = as_store(store)
     noise = Noise(seed)
-    run = scored(returned_run(agent.start(context, noise), agent, "start"), out, noise)
+    run = returned_run(agent.start(context, noise), agent, "start")
     run = replace(run, seed=noise.seed,
                   meta={**run.meta, "agent_fingerprint": agent_fingerprint(agent)})
+    try:
+        run = scored(run, out, noise)
+    except OutcomeError as exc:
+        # the run happened (its side effects too): a trial's raising outcome threw it away
+        # and named a run id no store held
+        if store is not None:
+            store.save(run)
+        kept = (f"the run is stored unscored in {store.path}: attribute it with an outcome "
+                "that works (CAR scores it first)" if store is not None else
+                "the run is not kept: record it again once the outcome works")
+        raise OutcomeError(exc.message, run_id=run.id,
+                           hint=f"{exc.hint}; {kept}" if exc.hint else kept) from exc.__cause__
     if store is not None:
         store.save(run)
     for observer in _RECORD_OBSERVERS.get():
