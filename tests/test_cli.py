@@ -458,12 +458,16 @@ def test_builtin_demo_used_when_the_adapters_demo_is_absent(tmp_path, capsys):
 
 
 def test_executor_flags_build_the_named_backend():
-    from car_core.cli import ExecutorName, _executor
+    from car_core.cli import ExecutorName
+    from car_core.cli.kit import chosen_executor
     from car_core.engine.execution import AsyncioExecutor, Sequential
-    assert _executor(None, 16, None) is None  # the estimator picks one for the agent
-    assert isinstance(_executor(ExecutorName.sequential, 16, None), Sequential)
-    exe = _executor(ExecutorName.async_, 4, None)
+    assert chosen_executor(None, None) is None  # the estimator picks one for the agent
+    assert isinstance(chosen_executor(ExecutorName.sequential, None), Sequential)
+    exe = chosen_executor(ExecutorName.async_, 4)
     assert isinstance(exe, AsyncioExecutor) and exe.concurrency == 4
+    # --concurrency alone asks for that many at once: it was dropped (a trial's 64 ran 16)
+    alone = chosen_executor(None, 64)
+    assert isinstance(alone, AsyncioExecutor) and alone.concurrency == 64
 
 
 def test_resume_with_other_settings_is_refused(pivot_store):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from car_core.cli import browse, context, demo, fix_population, intervene, kit, triage
 from car_core.cli.app import app, err, main, out
-from car_core.cli.attribute import _executor, attribute
+from car_core.cli.attribute import attribute
 from car_core.cli.attribute import print_result as _print_result
 from car_core.cli.demo import _builtin_demo
 from car_core.cli.kit import ExecutorName
@@ -31,5 +31,5 @@ context.export_app.command("fix")(fix_population.export_fix)
 app.add_typer(context.export_app)
 
 # The command's entry point and what the tests reach for under this package's name.
-__all__ = ["ExecutorName", "_builtin_demo", "_executor", "_print_result", "app", "err", "kit",
+__all__ = ["ExecutorName", "_builtin_demo", "_print_result", "app", "err", "kit",
            "main", "out"]

@@ -36,8 +36,7 @@ from car_core.cli.app import (
     say,
 )
 from car_core.cli.context import look_inside
-from car_core.cli.kit import ExecutorName
-from car_core.engine.execution import default_executor, make_executor
+from car_core.engine.execution import default_executor
 from car_core.errors import AttributionNotFound, InvalidInput
 from car_core.estimators._session import check_resumable, check_run_has_steps
 from car_core.estimators.settings import ContrastiveSettings, ShapleySettings
@@ -58,14 +57,6 @@ class Search(StrEnum):
     auto = "auto"
     full = "full"
     bisection = "bisection"
-
-
-def _executor(name: ExecutorName | None, concurrency: int, address: str | None) -> Any:
-    """None lets the estimator choose (sequential for in-process agents, async for model-backed
-    ones); otherwise the named backend."""
-    if name is None:
-        return None
-    return make_executor(name.value, concurrency=concurrency, address=address)
 
 
 @errors
@@ -114,7 +105,7 @@ def attribute(
         seed: Annotated[int | None, typer.Option(
             "--seed", help="Default 0; on --resume the attribution's.")] = None,
         executor: kit.ExecutorOpt = None,
-        concurrency: kit.ConcurrencyOpt = defaults.CONCURRENCY,
+        concurrency: kit.ConcurrencyOpt = None,
         ray_address: Annotated[str | None, typer.Option(
             "--ray-address", help="Ray cluster to use with --executor ray.")] = None,
         resume: Annotated[str | None, typer.Option(
@@ -171,7 +162,7 @@ def attribute(
                           len(run.steps), earlier)
     db = RunStore(store)
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
-    exe = _executor(executor, concurrency, ray_address)
+    exe = kit.chosen_executor(executor, concurrency, ray_address)
     if resume is not None:
         # the API's rule (caps may change, seed and alpha may not), checked here with the
         # flags' names in its messages; a missing attribution is an error, not a new one

@@ -222,7 +222,7 @@ def fix(agent: AgentOpt, run_ids: Annotated[list[str] | None, typer.Argument(
             help="Population: runs tested at once (default: 4 for an agent that waits on a "
                  "model server, else 1); the result is the same whatever it is.")] = None,
         executor: kit.ExecutorOpt = None,
-        concurrency: kit.ConcurrencyOpt = defaults.CONCURRENCY,
+        concurrency: kit.ConcurrencyOpt = None,
         agent_name: AgentNameOpt = None, since: SinceOpt = None, until: UntilOpt = None,
         test: TestOpt = None, session: SessionOpt = None,
         progress: Annotated[bool | None, typer.Option(

@@ -27,7 +27,7 @@ from car_core.cli.selection import (
     selected,
     stop_if_ran_out,
 )
-from car_core.engine.execution import default_executor, make_executor
+from car_core.engine.execution import default_executor
 from car_core.errors import AttributionNotFound, InvalidInput
 from car_core.estimators._population import runs_at_once_for
 from car_core.estimators.fixes import Fix, as_fix
@@ -150,7 +150,7 @@ def fix_many(run_ids: list[str], *, failed: bool, agent: Any, outcome: Any,
              resume: str | None, force_agent: bool, store: str, json_out: bool,
              filters: dict[str, str | None] | None = None,
              runs_at_once: int | None = None, progress: bool | None = None,
-             executor: Any = None, concurrency: int = defaults.CONCURRENCY) -> None:
+             executor: Any = None, concurrency: int | None = None) -> None:
     """The population forms of ``car fix`` (see the module docstring); ``filters``: the
     selection ``car triage`` takes (``--agent-name``, ``--since``, ``--until``, ``--test``,
     ``--session``), on the failed runs; ``runs_at_once``: runs tested at once (None: chosen
@@ -180,7 +180,7 @@ def fix_many(run_ids: list[str], *, failed: bool, agent: Any, outcome: Any,
     at_once = runs_at_once_for(runs_at_once, the_agent)
     shown = progress if progress is not None else sys.stderr.isatty()
     fid = resume or uuid.uuid4().hex[:16]  # known here, so a stopped fix can say it
-    exe = None if executor is None else make_executor(executor.value, concurrency=concurrency)
+    exe = kit.chosen_executor(executor, concurrency)
     started, cpu = time.monotonic(), time.process_time()
     db = RunStore(store)
     try:

@@ -26,7 +26,6 @@ from car_core.cli.app import (
     out,
     print_json,
 )
-from car_core.cli.attribute import _executor
 from car_core.engine.execution import default_executor
 from car_core.engine.replay import intervene as run_intervene
 from car_core.errors import InvalidInput
@@ -51,7 +50,7 @@ def intervene(run_id: Annotated[str, typer.Argument(help="Run id.")],
               store: StoreOpt = "car.db", json_out: JsonOpt = False,
               progress: ProgressOpt = None,
               executor: kit.ExecutorOpt = None,
-              concurrency: kit.ConcurrencyOpt = defaults.CONCURRENCY) -> None:
+              concurrency: kit.ConcurrencyOpt = None) -> None:
     """Apply do(·) to a stored run and estimate P(failure) from re-run branches."""
     check_seed(seed)
     interventions = [kit.parse_do(spec) for spec in do]
@@ -69,7 +68,7 @@ def intervene(run_id: Annotated[str, typer.Argument(help="Run id.")],
     the_agent, the_outcome = kit.load_agent_and_outcome(agent, outcome)
     planned = rollouts if budget is None else min(rollouts, budget)
     bar = kit.make_progress(progress, "intervene", planned, budget)
-    exe = _executor(executor, concurrency, None)
+    exe = kit.chosen_executor(executor, concurrency)
     started, cpu = time.monotonic(), time.process_time()
     try:
         dist = run_intervene(run, the_agent, interventions, outcome=the_outcome,

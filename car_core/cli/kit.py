@@ -33,12 +33,12 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from car_core import errors
+from car_core import defaults, errors
 from car_core import formatting as fmt
 from car_core.engine.agent import require_agent
 from car_core.engine.execution import WAIT_HINT_CPU as WAIT_HINT_CPU  # moved there; kept here
 from car_core.engine.execution import WAIT_HINT_SECONDS as WAIT_HINT_SECONDS
-from car_core.engine.execution import waited_share, waited_words
+from car_core.engine.execution import make_executor, waited_share, waited_words
 from car_core.engine.progress import LineProgress, ended_short
 from car_core.errors import (
     AgentError,
@@ -423,11 +423,24 @@ class ExecutorName(StrEnum):
     ray = "ray"
 
 
+def chosen_executor(name: Any, concurrency: int | None,
+              address: str | None = None) -> Any:
+    """None lets the estimator choose (sequential for in-process agents, async for model-backed
+    ones); otherwise the named backend. ``--concurrency`` alone asks for that many branches at
+    once, so it means the async executor: it was ignored without ``--executor`` (a trial's
+    ``--concurrency 64`` ran 16)."""
+    if name is None and concurrency is None:
+        return None
+    return make_executor(str(name.value) if name is not None else "async",
+                         concurrency=concurrency or defaults.CONCURRENCY, address=address)
+
+
 # the two options every command that runs branches takes (attribute, triage, fix)
 ExecutorOpt = Annotated[ExecutorName | None, typer.Option(
     "--executor", help="How branches run (default: chosen for the agent).")]
-ConcurrencyOpt = Annotated[int, typer.Option(
-    "--concurrency", min=1, help="Branches in flight (async, ray).")]
+ConcurrencyOpt = Annotated[int | None, typer.Option(
+    "--concurrency", min=1, help="Branches in flight (async, ray; default 16). Given without "
+                                 "--executor: the async executor with that many.")]
 
 
 # -- progress ------------------------------------------------------------------------------------

@@ -38,7 +38,6 @@ from car_core.cli.app import (
     out,
     print_json,
 )
-from car_core.cli.attribute import _executor
 from car_core.cli.selection import (
     Format,
     export,
@@ -149,7 +148,7 @@ def triage_command(
             "--price", metavar="MODEL=IN:OUT",
             help="Price of a model per million input and output tokens (repeatable).")] = None,
         executor: kit.ExecutorOpt = None,
-        concurrency: kit.ConcurrencyOpt = defaults.CONCURRENCY,
+        concurrency: kit.ConcurrencyOpt = None,
         runs_at_once: RunsAtOnceOpt = None,
         resume: Annotated[str | None, typer.Option(
             "--resume", metavar="TRIAGE_ID",
@@ -201,7 +200,7 @@ def triage_command(
     label_fn = kit.load_object(label, "label") if label else None
     shown = progress if progress is not None else sys.stderr.isatty()
     tid = resume or uuid.uuid4().hex[:16]  # known here, so a stopped triage can say it
-    exe = _executor(executor, concurrency, None)
+    exe = kit.chosen_executor(executor, concurrency)
     db = RunStore(store)
     started, cpu = time.monotonic(), time.process_time()
     try:
