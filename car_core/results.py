@@ -233,8 +233,10 @@ class ContrastiveResult(CouplingNumbers, _Rendered):
                  f"{self.rollouts_cap} per arm); seed {self.seed}"
                  + (f"; tokens {self.tokens}" if self.tokens else "")
                  + (f"; cost {self.cost:g}" if self.cost else ""),
-                 *([f"given up as the candidate (its confirmation's re-runs fit \"no "
-                    f"rescue\" better than a rescue): step(s) "
+                 *([f"given up as the candidate by a futility rule (its confirmation's "
+                    "re-runs fit \"no rescue\" better than a rescue, the budget left could "
+                    "not have shown one, or the search's other arms put the rise elsewhere; "
+                    f"none of these says the step rescues nothing): step(s) "
                     f"{', '.join(map(str, self.given_up))}"]
                    if self.given_up else []),
                  *([self._more_said()] if self.more_rollouts else []),
