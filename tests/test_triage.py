@@ -337,6 +337,25 @@ def test_every_run_is_preflighted_before_any_branch(population, tmp_path):
     assert all(rows[r.id].locus is not None for r in runs if r.id != runs[2].id)
 
 
+def test_a_refusal_that_holds_for_every_run_stops_the_triage(population, tmp_path):
+    """A refusal the agent says holds for every run (``every_run``: where CAR was called, not
+    which run) stops the triage: a trial called ``car.triage`` on the event loop its
+    ``AsyncSqliteSaver`` is bound to, and got back a "complete" triage, stored, with every
+    run undecided. It is raised before any branch."""
+    from car_core.errors import AdapterError
+    runs = population[:3]
+    on_loop = AdapterError("AsyncSqliteSaver runs on this event loop, which CAR would block",
+                           every_run=True)
+    everyone = Preflighted(DESK.agent(), {r.id: on_loop for r in runs})
+    with RunStore(tmp_path / "car.db") as store:
+        with pytest.raises(AdapterError, match="runs on this event loop"):
+            car.triage(runs, everyone, outcome=DESK.outcome, rollouts=K, store=store)
+        assert everyone.branches == 0
+        # no run's attribution began, and the triage is not stored as complete
+        rows = [store.attribution(a) for a in store.attribution_ids()]
+        assert [r.method for r in rows] == ["triage"] and rows[0].status != "complete"
+
+
 def test_a_model_server_down_stops_the_triage_and_it_resumes(population, tmp_path):
     """The agent's model server goes down after the first run: every later run would be
     undecided for it, so the triage stops (``ModelUnavailable``, as an attribution does), and

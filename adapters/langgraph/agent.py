@@ -312,15 +312,18 @@ class LangGraphAgent:
         except RuntimeError:
             running = None
         if running is loop and not running_ok:
+            # every_run: where CAR was called, not a run's own trouble (a triage stops)
             raise AdapterError(
                 f"{type(self.saver).__name__} runs on this event loop, which CAR would block "
                 "while it waits for each branch", hint="call CAR from a worker thread while "
-                "the loop runs: await asyncio.to_thread(car.contrastive, run, agent, ...)")
+                "the loop runs: await asyncio.to_thread(car.contrastive, run, agent, ...) (or "
+                "car.triage, car.shapley)", every_run=True)
         if loop.is_closed() or not loop.is_running():
             raise AdapterError(f"the event loop {type(self.saver).__name__} is bound to is not "
                                "running, so its checkpoints cannot be read",
                                hint="attribute inside the async code that opened the "
-                                    "checkpointer: await asyncio.to_thread(car.contrastive, ...)")
+                                    "checkpointer: await asyncio.to_thread(car.contrastive, ...) "
+                                    "(or car.triage, car.shapley)", every_run=True)
         return loop
 
     def _invoke(self, value: Any, config: dict[str, Any], **kwargs: Any) -> Any:

@@ -499,6 +499,8 @@ def refused_up_front(population: Sequence[Trajectory], agent: Agent, force_agent
             check_run_has_steps(run)
             check_agent(run, agent, force=force_agent)
         except RUN_ERRORS as exc:
+            if exc.context.get("every_run"):  # where CAR was called, not this run: stop
+                raise
             refused[i] = exc
     return refused
 
