@@ -42,10 +42,20 @@ def test_a_429_raised_for_status_is_a_rate_limit() -> None:
     assert "rate-limiting (429)" in outage_hint(exc, "start it")
 
 
-@pytest.mark.parametrize("status", [400, 401, 404, 422])
+@pytest.mark.parametrize("status", [400, 404, 422])
 def test_a_4xx_is_the_call_s_error_not_an_outage(status: int) -> None:
     exc = raised_for(status)
     assert not is_outage(exc) and server_error(exc) is None and not is_rate_limit(exc)
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_refused_credentials_stop_the_estimate_and_say_to_fix_the_key(status: int) -> None:
+    """A trial's server answered 401 on every call: the triage went through every run and
+    charged 84 rollouts to "fix the agent". Every later call would be refused too."""
+    exc = raised_for(status)
+    assert is_outage(exc) and not is_rate_limit(exc) and server_error(exc) is None
+    assert f"refused the credentials (HTTP {status}): set a valid key" in outage_hint(
+        exc, "start it")
 
 
 def test_the_status_is_found_down_the_cause_chain() -> None:

@@ -39,11 +39,19 @@ def _statuses(e: BaseException) -> Iterator[object]:
         yield getattr(o, "status_code", None)
 
 
+# what clients raise when the server refuses the credentials (HTTP 401 / 403)
+_REFUSED_NAMES = frozenset({"AuthenticationError", "PermissionDeniedError"})
+
+
 def is_outage(exc: BaseException) -> bool:
     """Whether ``exc`` (or an error it was raised from) says a server is down,
-    unreachable or overloaded (a refused connection, a timeout, 429 or 5xx): every later
-    branch would hit it too. A trial's LLM client raised httpx's ``HTTPStatusError`` for a
-    503, whose status is on its response: the triage went on through every run."""
+    unreachable or overloaded (a refused connection, a timeout, 429 or 5xx), or refuses the
+    credentials (401, 403): every later branch would hit it too. A trial's LLM client raised
+    httpx's ``HTTPStatusError`` for a 503, whose status is on its response: the triage went on
+    through every run; another's server answered 401, and a triage charged 84 rollouts to
+    "fix the agent"."""
+    if refused_credentials(exc) is not None:
+        return True
     for e in _chain(exc):
         if isinstance(e, (ConnectionError, TimeoutError)):
             return True
@@ -52,6 +60,19 @@ def is_outage(exc: BaseException) -> bool:
         if any(isinstance(s, int) and (s == 429 or 500 <= s < 600) for s in _statuses(e)):
             return True
     return False
+
+
+def refused_credentials(exc: BaseException) -> int | None:
+    """The HTTP status (401 or 403) with which a server refused the credentials ``exc`` (or
+    an error it was raised from) was sent with, else None."""
+    for e in _chain(exc):
+        for status in _statuses(e):
+            if status in (401, 403):
+                return int(status)
+        names = {c.__name__ for c in type(e).__mro__}
+        if names & _REFUSED_NAMES:
+            return 403 if "PermissionDeniedError" in names else 401
+    return None
 
 
 def is_rate_limit(exc: BaseException) -> bool:
@@ -101,6 +122,10 @@ def outage_hint(exc: BaseException, down: str, *, who: str = "the model server")
     for a 5xx, wait for the server to recover (starting a server that is up helps neither);
     else ``down``, the caller's words for a server that is down or unreachable. A trial's
     server answered "500 upstream overloaded" and was told to start it."""
+    refused = refused_credentials(exc)
+    if refused is not None:
+        return (f"{who} refused the credentials (HTTP {refused}): set a valid key (the "
+                "client's api_key=, or the environment variable it reads)")
     if is_rate_limit(exc):
         return (f"{who} is rate-limiting (429), not down: wait, raise the client's "
                 "max_retries, or run fewer branches at once (--concurrency, or an executor's "
