@@ -98,8 +98,8 @@ class CarError(Exception):
         if self.step is not None:
             parts.append(f"[step {self.step}]")
         text = " ".join(parts)
-        if self.hint:
-            text = f"{text}. {self.hint}"
+        if self.hint:  # a message that ends its sentence itself read "error.. start it"
+            text = f"{text} {self.hint}" if text.endswith(".") else f"{text}. {self.hint}"
         return redact(text)  # a message built from a caught error may carry a key
 
     resume_said = RESUME_SAME_ID  # the resume the hint spells out now (``resume_as``)

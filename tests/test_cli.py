@@ -792,3 +792,31 @@ def test_attributions_says_interrupted_for_a_running_row_no_live_claim_holds(piv
         listed = car("attributions", "--json", "--store", str(path), cwd=folder)
         rows = {r["id"]: r for r in json.loads(listed.stdout)}
         assert rows[live]["status"] == "running"
+
+
+def test_out_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A trial's ``car report --out r.html`` on a full disk exited 2 but left a truncated
+    12 KB file where a good report had been. ``--out`` writes beside the file and renames it
+    over; a full disk leaves the old file and says to free space."""
+    import errno
+    from pathlib import Path
+
+    from car_core.cli import kit
+    from car_core.errors import InvalidInput
+    target = tmp_path / "r.html"
+    target.write_text("the good report", encoding="utf-8")
+    real = Path.write_text
+
+    def half_then_full(self, text, *args, **kwargs):
+        real(self, text[: len(text) // 2], *args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", half_then_full)
+    with pytest.raises(InvalidInput, match="No space left") as raised:
+        kit.write_out(target, "a new report " * 100, "pass --out a writable path")
+    monkeypatch.setattr(Path, "write_text", real)
+    assert "free space" in (raised.value.hint or "")
+    assert target.read_text(encoding="utf-8") == "the good report"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html"]
+    kit.write_out(target, "a new report", "pass --out a writable path")
+    assert target.read_text(encoding="utf-8") == "a new report"

@@ -6,6 +6,8 @@ only wire flags to calls.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import importlib
 import json
 import math
@@ -400,12 +402,21 @@ def resume_command(ident: str, budget: int | Mapping[str, Any] | None = None,
 
 
 def write_out(path: Path, text: str, hint: str) -> None:
-    """Write what a command produced to ``--out``; a path it cannot write is bad input with
-    what to pass instead, not a traceback."""
+    """Write what a command produced to ``--out``, whole or not at all: into a file beside it,
+    then renamed over it, so a full disk leaves the file that was there (a trial's good report
+    was replaced by a truncated one). A path it cannot write is bad input with what to pass
+    instead, not a traceback; a full disk says so."""
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
     try:
-        path.write_text(text, encoding="utf-8")
+        part.write_text(text, encoding="utf-8")
+        os.replace(part, path)
     except OSError as exc:
-        raise InvalidInput(f"cannot write {path}: {exc.strerror}", hint=hint) from None
+        with contextlib.suppress(OSError):
+            part.unlink()
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+        raise InvalidInput(f"cannot write {path}: {exc.strerror}",
+                           hint="free space on its disk and run it again" if full else hint
+                           ) from None
 
 
 def existing_store(path: str) -> Any:
