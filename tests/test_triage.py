@@ -158,6 +158,33 @@ def test_label_hook_and_grouping_by_agent(population):
                                                       "agent refunds": "refunds"}
 
 
+def test_a_label_that_cannot_work_is_said_before_or_without_losing_the_triage(population,
+                                                                              tmp_path):
+    """A trial's label took one argument: it was called once every run was attributed and
+    ended in "internal error ... report it", the triage left interrupted with no way on. A
+    label that cannot take ``(run, result)`` is refused before any branch; one that raises
+    says so, and the same triage id reads every attribution back, nothing re-run."""
+    from car_core.errors import InvalidInput
+    runs = population[:3]
+    with RunStore(tmp_path / "car.db") as store:
+        with pytest.raises(InvalidInput, match="does not take \\(run, result\\)"):
+            car.triage(runs, DESK.agent(), outcome=DESK.outcome, rollouts=K, store=store,
+                       label=lambda run: "one argument")
+        assert _branches(store) == 0
+
+        def broken(run: car.Trajectory, result: object) -> str:
+            raise KeyError("team")
+
+        with pytest.raises(InvalidInput, match="the label function raised KeyError") as said:
+            car.triage(runs, DESK.agent(), outcome=DESK.outcome, rollouts=K, store=store,
+                       label=broken, triage_id="t-label")
+        assert "run the same triage again" in (said.value.hint or "")
+        kept = _branches(store)
+        again = car.triage(runs, DESK.agent(), outcome=DESK.outcome, rollouts=K, store=store,
+                           label=lambda run, result: "fixed", triage_id="t-label")
+        assert [g.label for g in again.groups] == ["fixed"] and _branches(store) == kept
+
+
 def test_select_runs_filters_by_agent_outcome_and_ids(population, tmp_path):
     other = syn.pivot().failing_run(0)
     passed = next(r for r in (car.record(DESK.agent(), context={"mode": "late"},

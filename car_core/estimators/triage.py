@@ -47,6 +47,7 @@ on the same file; a SQLite connection belongs to the thread that opened it).
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -90,6 +91,7 @@ from car_core.model.outcome import OutcomeLike
 from car_core.model.trajectory import Trajectory, is_failure
 from car_core.model.vocabulary import Answer, AttributionStatus
 from car_core.results import ContrastiveResult
+from car_core.secrets import redact
 from car_core.stats import Interval, wilson
 from car_core.store import as_store
 from car_core.triage_results import (
@@ -172,6 +174,20 @@ def _check(by: Sequence[str], label: Label | None, alpha: float) -> tuple[str, .
     if label is not None and not callable(label):
         raise InvalidInput(f"label={label!r} is not callable",
                            hint="pass a function (run, result) -> str, or None")
+    if label is not None:
+        # it is called once every run is attributed: a trial's two-argument mistake came up
+        # after the whole budget was spent, as an internal error
+        try:
+            signature = inspect.signature(label)
+        except (TypeError, ValueError):  # a builtin: it is called and its error said then
+            signature = None
+        try:
+            if signature is not None:
+                signature.bind(None, None)
+        except TypeError:
+            raise InvalidInput(f"label {getattr(label, '__name__', label)!r} does not take "
+                               f"(run, result): its signature is {signature}",
+                               hint="pass a function label(run, result) -> str") from None
     chosen = tuple(by)
     unknown = [f for f in chosen if f not in FIELDS]
     if unknown or not chosen:
@@ -424,7 +440,15 @@ def _grouped(located: Mapping[str, tuple[Trajectory, ContrastiveResult]],
         assert res.locus is not None
         fields = locus_fields(run, res.locus)
         if label is not None:
-            name = label(run, res)
+            try:
+                name = label(run, res)
+            except Exception as exc:  # the user's code: say whose, and that nothing is lost
+                raise InvalidInput(
+                    f"the label function raised {exc!r} on run {run_id}", run_id=run_id,
+                    hint="fix it, then run the same triage again (the same triage_id; on the "
+                         "command line `car triage ... --resume ID`): every attribution is "
+                         "stored and read back, nothing re-runs"
+                ) from redact.redacted(exc)
             if not isinstance(name, str):
                 raise InvalidInput(f"label returned {name!r} for run {run_id}, not a str",
                                    run_id=run_id, hint="return a short text naming the group")
