@@ -597,17 +597,21 @@ def test_two_threads_resuming_one_attribution_one_is_refused(tmp_path: Path, piv
 
     from car_core.errors import AttributionBusy
     db = tmp_path / "car.db"
-    with RunStore(db) as s:  # a short attribution, resumed below with a larger cap
-        aid = car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
-                              rollouts=2, seed=0, store=s, progress=False).attribution_id
-    inside, tried = threading.Event(), threading.Event()
+    inside, tried, gate = threading.Event(), threading.Event(), threading.Event()
 
     def held(run: car.Trajectory, rng: Any) -> float:
-        if run is pivot_run:  # the check on the record, made before the estimate takes its lease
+        """The one outcome of every attempt (a resume is scored by the outcome it began with);
+        once ``gate`` is set, the first branch scored holds the estimate inside its lease."""
+        if run is pivot_run or not gate.is_set():  # the check on the record comes first
             return pivot_model.outcome(run, rng)
         inside.set()
         assert tried.wait(60), "the second thread never tried"
         return pivot_model.outcome(run, rng)
+
+    with RunStore(db) as s:  # a short attribution, resumed below with a larger cap
+        aid = car.contrastive(pivot_run, pivot_model.agent(), outcome=held,
+                              rollouts=2, seed=0, store=s, progress=False).attribution_id
+    gate.set()
 
     errors: dict[str, BaseException] = {}
 
@@ -624,7 +628,7 @@ def test_two_threads_resuming_one_attribution_one_is_refused(tmp_path: Path, piv
         assert inside.wait(60), "the first thread never started"
         try:
             with RunStore(db) as s:
-                car.contrastive(pivot_run, pivot_model.agent(), outcome=pivot_model.outcome,
+                car.contrastive(pivot_run, pivot_model.agent(), outcome=held,
                                 rollouts=4, seed=0, store=s, attribution_id=aid,
                                 progress=False)
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread below

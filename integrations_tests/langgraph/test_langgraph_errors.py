@@ -279,7 +279,8 @@ def test_shapley_on_an_app_car_does_not_decide_is_refused_before_any_branch(
 
 def test_a_run_the_store_refuses_is_kept_with_its_error(store: Any,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """LangChain swallows a handler's exception, so a store failure must not lose the run."""
+    """LangChain swallows a handler's exception, so a store failure must not lose the run: it
+    is kept in ``runs`` with its error, and the first read of ``run`` (a flush) raises it."""
     def refuse(run: car.Trajectory) -> None:
         raise StoreError(f"refused {run.id}")
 
@@ -287,6 +288,8 @@ def test_a_run_the_store_refuses_is_kept_with_its_error(store: Any,
     cb = CarCallback(store=store)
     app = sa.build_app(sa.PlantedSupportModel(p_follow=0.0), InMemorySaver())
     app.invoke(sa.inputs(), {"configurable": {"thread_id": "u"}, "callbacks": [cb]})
+    with pytest.raises(StoreError, match="1 run\\(s\\) could not be stored: refused"):
+        cb.run  # noqa: B018 - reading it flushes, which raises
     assert cb.run is not None and len(cb.run.steps) == 3  # lookup, deny, reply
     assert [str(e) for e in cb.store_errors] == [f"refused {cb.run.id}"]
 
