@@ -59,6 +59,14 @@ _PATTERNS: tuple[tuple[re.Pattern[str], Any], ...] = (
                 + r"([^/\s:@\"']{8,})@"), r"\1" + MARK + "@"),
 )
 
+# what each of ``_PATTERNS`` cannot match without, lower-cased and in its order: the cheap test
+# run on the lower-cased text before a pattern is searched (recorded content is tested step by
+# step, and a long conversation made every sealed branch search megabytes with all five)
+PATTERN_ANCHORS: tuple[tuple[str, ...], ...] = (
+    ("authorization", "api-key", "api_key", "apikey", "access-token", "access_token",
+     "accesstoken"), ("bearer", "basic"), ("sk-",), ("://",), ("://",))
+assert len(PATTERN_ANCHORS) == len(_PATTERNS)
+
 
 @dataclass(frozen=True)
 class _Rule:

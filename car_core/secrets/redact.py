@@ -78,6 +78,7 @@ from car_core.secrets.patterns import (  # the façade keeps every name it had
 from car_core.secrets.patterns import (
     MIN_SECRET as MIN_SECRET,
 )
+from car_core.secrets.patterns import PATTERN_ANCHORS
 from car_core.secrets.patterns import (
     PUBLIC_HEADERS as PUBLIC_HEADERS,
 )
@@ -341,8 +342,11 @@ def holds_secret(text: str) -> bool:
 
 
 def _holds(rule: _Rule, text: str) -> bool:
-    return ((bool(rule.secrets) and _found(rule, text))
-            or any(pattern.search(text) for pattern, _ in _PATTERNS))
+    if bool(rule.secrets) and _found(rule, text):
+        return True
+    low = text.lower()  # a pattern is searched only where what it needs is there
+    return any(any(a in low for a in anchors) and pattern.search(text)
+               for (pattern, _), anchors in zip(_PATTERNS, PATTERN_ANCHORS, strict=True))
 
 
 def _found(rule: _Rule, text: str) -> bool:
