@@ -85,7 +85,11 @@ def test_a_bad_outcome_function(store, pivot_model, pivot_run, outcome, phrase: 
         intervene(pivot_run, pivot_model.agent(), car.do_resample(2), outcome)
     with pytest.raises(OutcomeError, match=phrase):
         car.record(pivot_model.agent(), outcome=outcome, store=store)
-    assert store.runs(branches=True) == []   # nothing half-recorded was stored
+    # the run that happened is kept whole and unscored (its side effects are done); nothing
+    # half-recorded, and no branch, is stored
+    [kept] = store.runs(branches=True)
+    assert kept["outcome"] is None and kept["n_steps"] == len(pivot_run.steps)
+    assert store.load(kept["id"]).outcome is None
 
 
 def test_an_outcome_that_is_not_callable(pivot_model, pivot_run) -> None:
