@@ -119,6 +119,17 @@ def test_a_resume_that_would_shrink_a_finished_result_is_refused_unless_replace(
     assert json.loads(replaced.stdout)["rollouts_used"] <= 4 * len(pivot_run.steps)
 
 
+def test_replace_without_resume_is_refused_before_anything_runs(folder, pivot_run):
+    """``--replace`` lets a resume replace a finished result; alone it replaces nothing, and
+    accepting it silently let a user believe an earlier result was being started over."""
+    proc = car(folder, "attribute", pivot_run.id, "--agent", "marking:make", "--replace")
+    assert proc.returncode == 2, proc.stderr
+    assert "--replace" in proc.stderr and "--resume" in proc.stderr
+    assert not (folder / "factory-called").exists()
+    with RunStore(folder / "car.db") as s:
+        assert s.attributions() == []
+
+
 @pytest.mark.parametrize("extra", [[], ["--rollouts", "8"], ["--budget", "50"],
                                    ["--method", "shapley"]])
 def test_a_run_with_no_steps_is_named_as_such_before_any_budget(folder, extra):

@@ -138,6 +138,10 @@ def attribute(
     The result and every branch are kept in the store. On --resume, the settings left out
     (--rollouts, --budget, --alpha, --seed) are the attribution's own; a smaller --rollouts or
     --budget than a finished attribution's replaces its result only with --replace."""
+    if replace and resume is None:  # it would be read as "start over", which it is not
+        raise InvalidInput("--replace only lets a --resume replace a finished result",
+                           hint="add --resume ATTRIBUTION_ID, or leave --replace out (a new "
+                                "attribution replaces nothing)")
     reader = kit.existing_store(store)  # read-only first: a damaged store is refused untouched
     try:
         run = reader.load(run_id)
