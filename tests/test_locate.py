@@ -65,3 +65,21 @@ def test_an_arm_run_many_times_is_not_run_again_while_an_unrun_arm_splits_the_lo
     assert post[2] == pytest.approx(post[3]) and post[2] == max(post)
     assert post[:2].sum() == pytest.approx(0.41, abs=0.01)
     assert nav._most_telling(0, 4, post) in (1, 3)
+
+
+def test_the_bets_go_to_the_largest_only_where_every_arm_after_the_candidate_always_failed():
+    """``certain_after(c)``: every rollout of the arms after ``c`` failed, at least
+    ``CERTAIN_SEEN`` of them, so the confirmation's pairs are not expected to go down. One
+    pass after ``c`` (a judge that errs) or too few rollouts to tell leaves the usual bets."""
+    from car_core.estimators.navigation import CERTAIN_SEEN
+    ys = {0: [1, 0, 1, 1], 1: [1, 0, 1, 1], 2: [0, 1, 1, 1, 0, 1], 3: [1.0] * 6, 4: [1.0] * 4}
+    nav = Navigator(Table(ys), 4, 128)
+    nav.reach = {0: 4, 1: 4, 2: 6, 3: 6, 4: 4}
+    assert 6 + 4 >= CERTAIN_SEEN and nav.certain_after(2)
+    assert not nav.certain_after(1)               # arm 2 passed twice
+    nav.reach = {0: 4, 2: 6, 3: 3, 4: 4}          # 7 rollouts after step 2: too few to tell
+    assert not nav.certain_after(2)
+    ys[3] = [1.0] * 5 + [0.0]
+    nav = Navigator(Table(ys), 4, 128)
+    nav.reach = {0: 4, 1: 4, 2: 6, 3: 6, 4: 4}
+    assert not nav.certain_after(2)

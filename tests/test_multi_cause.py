@@ -200,9 +200,10 @@ def test_the_stage_after_a_first_confirmation_has_all_of_alpha():
     false one that matters (docs/contrastive-search.md, intersection-union): the stage after
     the first confirmation tests at all of α, three quarters ruling out, the rest over the
     steps that could be a later cause; after a second, what the first left."""
+    from car_core.estimators.confirmation import FIRST_SHARE
     from car_core.estimators.later import levels
     assert levels(0.05, 8, 1, 3) == pytest.approx((0.0375, 0.0125 / 4))
-    assert levels(0.05, 8, 2, 3)[0] == pytest.approx(0.75 * (1 - 0.9 * 0.7) * 0.05)
+    assert levels(0.05, 8, 2, 3)[0] == pytest.approx(0.75 * (1 - 0.9 * FIRST_SHARE) * 0.05)
 
 
 def test_certain_failure_after_the_cause_is_ruled_out_without_pairs():

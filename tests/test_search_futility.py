@@ -91,10 +91,11 @@ def test_a_level_candidate_no_longer_keeps_the_whole_budget(n, rescue, flip, cou
         big.candidate, big.significant, big.located_spent)
 
 
-@pytest.mark.parametrize("seed", [16, 158])
+@pytest.mark.parametrize("seed", [16, 887])
 def test_a_confirmation_that_drags_on_probes_the_other_arms_and_gives_a_level_step_up(seed):
-    """8 steps, rescue 0.15, no shared noise, at n·128: these seeds confirmed a level step (0,
-    then 4) whose pairs rose by chance to the end of the budget, 98% of it, undecided: the
+    """8 steps, rescue 0.15, no shared noise, at n·128: without the probes (``DRAG`` infinite)
+    these seeds confirm a level step (0, then 4) whose pairs rise by chance to the end of the
+    budget, 98% and 96% of it, undecided (the two such seeds of 1,200): the
     locus posterior saw the other arms too thinly to say the rise was elsewhere. Past twice
     the pairs the navigation's rise needs, the confirmation now probes the other arms; the
     posterior gives the level step up and the pivot at step 5 is confirmed."""
@@ -144,11 +145,12 @@ def test_few_seeds_end_their_budget_confirming_a_step_that_rescues_nothing():
 def test_an_unconfirmed_candidates_interval_is_at_its_own_tests_level():
     """An undecided candidate's interval was built at α while its test ran at its share
     ``α_i``: it could lie above zero beside "not shown to help" (a trial read +0.214 [+0.001,
-    +0.504] so; this seed, the simulator's 8-step pivot at a budget of 96, gave [+0.011,
-    +0.644] at 95% for a test at 3.5%). Now the interval is at ``1 − α_i``, and over 100 seeds
-    of four small worlds no unconfirmed candidate's interval lies above zero."""
+    +0.504] so; the simulator's 8-step pivot at a budget of 96 gave [+0.011, +0.644] at 95%
+    for a test at 3.5%). Now the interval is at ``1 − α_i`` (this seed's candidate is left
+    unconfirmed at 4.5%), and over 100 seeds of four small worlds no unconfirmed candidate's
+    interval lies above zero."""
     world = syn.pivot(8, 5, 0.85, 0.0)
-    d = search_mod.search(syn.SampledArms(world, 129, 96, "none"), 8, 96, 0.05, refit=False)
+    d = search_mod.search(syn.SampledArms(world, 137, 96, "none"), 8, 96, 0.05, refit=False)
     assert not d.significant and d.interval is not None and d.level is not None
     assert d.interval.level == pytest.approx(1 - d.level) and d.interval.ci[0] <= 0
     unconfirmed = 0

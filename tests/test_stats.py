@@ -228,3 +228,26 @@ def test_interval_of_a_step_shown_positive_lies_above_zero():
     assert positive_at(d, 0.05) is None and plain.ci[0] <= 0 and positive_by_end(d, 0.05)
     shown = confidence_sequence(d, 0.05, shown_positive=True)
     assert shown.ci[0] > 0 and shown.ci[1] == plain.ci[1]
+
+
+def test_bets_for_a_certain_failure_show_a_rescue_from_five_pairs_up():
+    """Pairs whose upper arm always fails never go down, and a rescue of 0.3 sends three in
+    ten up. With nine tenths of the weight on the largest bet the first confirmation's level
+    (``θα·FIRST_SHARE``, 0.0405) is reached by five pairs up; the even mixture needs seven."""
+    from car_core.estimators.confirmation import FIRST_SHARE
+    level = 0.05 * FIRST_SHARE
+    ups = np.ones(8)
+    assert positive_at(ups, level, Prior.certain_failure()) == 5
+    assert positive_at(ups, level, Prior()) == 7
+
+
+@pytest.mark.parametrize("up,down", [(0.25, 0.25), (0.1, 0.2), (0.05, 0.05)])
+def test_bets_for_a_certain_failure_keep_the_error_at_most_alpha(up, down):
+    """Where the prior was wrong and pairs do go down (mean <= 0), the test still rejects in
+    at most θα of sequences however long it looks: the weights are fixed before the pairs.
+    2000 sequences of 300 pairs: SE <= 0.5%, so 0.065 is 3 SE above the bound."""
+    rng = np.random.default_rng(13)
+    prior = Prior.certain_failure()
+    false = sum(positive_at(_three_point(rng, 300, up, down), 0.05, prior) is not None
+                for _ in range(2000))
+    assert false / 2000 <= 0.065

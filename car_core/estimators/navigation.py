@@ -29,6 +29,7 @@ PROBE_WITNESSES = 1   # disagreeing gate pairs a probe needs before it may decid
 FUTILITY_BELIEF = 0.03  # locus posterior below which a candidate is given up (unshared noise)
 DRAG = 2.0            # of the pairs the navigation's rise needs, past which a confirmation drags
 PROBE_EVERY = 4       # confirmation pairs per probe rollout of the other arms once it drags
+CERTAIN_SEEN = 8      # rollouts after a candidate, none passing, that make its bets the largest
 Q_MOST = 0.49         # the most a probe takes pairs to go down by noise (each way), below 1/2
 
 
@@ -436,6 +437,15 @@ class Navigator:
         high = (fails[c + 1:].sum() + 0.5) / (runs[c + 1:].sum() + 1)
         low = (fails[:c + 1].sum() + 0.5) / (runs[:c + 1].sum() + 1)
         return float(high), float(min(low, high))
+
+    def certain_after(self, c: int) -> bool:
+        """Whether every arm after ``c`` failed on every rollout the navigation saw, and at
+        least ``CERTAIN_SEEN`` of them ran: then the confirmation's pairs ``(H_{c+1}, H_c)``
+        are not expected to go down (``Prior.certain_failure``). Fewer could all fail by
+        chance on a judge that errs, and a pair that goes down costs the largest bet."""
+        fails, runs = self._armsign_counts()
+        seen = float(runs[c + 1:].sum())
+        return seen >= CERTAIN_SEEN and float(fails[c + 1:].sum()) == seen
 
     def _most_telling(self, lo: int, hi: int, post: np.ndarray,
                       among: Sequence[int] | None = None) -> int:

@@ -207,7 +207,8 @@ def _navigate_and_confirm(src: ArmSource, nav: Navigator, n: int, budget: int, a
     coupling = nav.coupling() if n > 1 else Coupling(None, None, 0)
     while True:
         if n > 1:
-            prior = Prior.of(nav.d_gate)
+            prior = (Prior.certain_failure() if nav.certain_after(candidate)
+                     else Prior.of(nav.d_gate))
             coupling = nav.coupling()
             rise = gate_signs(nav.d_gate)
             if not coupling.shared:

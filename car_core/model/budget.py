@@ -154,7 +154,7 @@ class BudgetMeter:
 
 MOST_MORE = 4  # the most a hint's rollout budget grows by, in caps: "about N more" is rough
 # the fewest rollouts a hint suggests: at α = 0.05 the first confirmation's sign test needs five
-# pairs up (2⁻⁵ ≤ 0.9·0.7·0.05), ten rollouts, after at least one gate pair; doubling a budget
+# pairs up (2⁻⁵ ≤ 0.9·0.9·0.05), ten rollouts, after at least one gate pair; doubling a budget
 # of one rollout suggested two, with which no step can be named
 LEAST_HINT = 16
 
