@@ -142,6 +142,65 @@ def test_max_seconds_is_the_budget_wall_time(pivot) -> None:
     assert res["params"]["budget"]["wall_time"] == 3600 and not res["truncated"]
 
 
+@pytest.fixture
+def named_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    """The pivot run as a model adapter records it: every step names the model it called."""
+    from dataclasses import replace
+
+    from car_core.model.trajectory import Trajectory
+    (tmp_path / "priced_agent.py").write_text(PRICED, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    base = syn.pivot().failing_run(0)
+    run = Trajectory.new(context=base.context, seed=base.seed, agent=base.agent,
+                         status=base.status,
+                         steps=[replace(s, meta={**s.meta, "model": "m1"}) for s in base.steps])
+    db = str(tmp_path / "car.db")
+    with RunStore(db) as s:
+        s.save(run)
+    return run.id, db
+
+
+def test_a_money_cap_no_price_could_count_is_refused_before_any_branch(named_model) -> None:
+    """The steps name model m1, none reports a cost and no price names m1: every branch
+    would cost 0 and the cap never trip (a trial's --max-cost ran to its rollout cap so).
+    Refused, saying which price to give; with it the cap counts and stops the search."""
+    run_id, db = named_model
+    code, res, err = _attribute(run_id, db, "--max-cost", "0.5")
+    assert code == 2 and not res, err
+    assert "cannot be counted" in err and "--price m1=IN:OUT" in err
+    with RunStore(db) as s:
+        assert s.attributions() == [] and len(s.runs(branches=True)) == 1
+    code, res, err = _attribute(run_id, db, "--max-cost", "0.5", "--price", "m9=1:1")
+    assert code == 2 and "'m1'" in err, err  # a price for another model counts nothing
+    code, res, err = _attribute(run_id, db, "--max-cost", "0.5", "--price", "m1=1000:0")
+    assert code == 3 and res["budget_note"] == "cost budget of 0.5 would be exceeded", err
+
+
+def test_the_api_refuses_an_uncountable_money_cap_before_any_branch(named_model) -> None:
+    import car_core as car
+    from car_core.errors import InvalidBudget
+    run_id, db = named_model
+    with RunStore(db) as s:
+        run = s.load(run_id)
+    agent = syn.pivot().agent()
+    calls = []
+    original = agent.branch
+    agent.branch = lambda *a, **kw: calls.append(1) or original(*a, **kw)  # type: ignore
+    for attribute in (car.contrastive, car.shapley):
+        with pytest.raises(InvalidBudget, match="cannot be counted"):
+            attribute(run, agent, outcome=syn.pivot().outcome, budget=car.Budget(cost=1.0))
+    with pytest.raises(InvalidBudget, match="cannot be counted"):
+        car.intervene(run, agent, car.do_resample(1), outcome=syn.pivot().outcome,
+                      rollouts=4, budget=car.Budget(cost=1.0))
+    with RunStore(db) as store:  # a triage refuses it before its row is stored
+        with pytest.raises(InvalidBudget, match="cannot be counted"):
+            car.triage([run], agent, outcome=syn.pivot().outcome,
+                       budget=car.Budget(cost=1.0), store=store)
+        assert store.attributions() == []
+    assert calls == []
+
+
 @pytest.mark.parametrize(("flags", "said"), [
     (("--max-cost", "1", "--price", "m1"), "--price 'm1' is not MODEL=IN:OUT"),
     (("--max-cost", "1", "--price", "m1=1"), "need two prices"),

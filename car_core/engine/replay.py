@@ -46,7 +46,7 @@ from car_core.errors import (
     OutcomeError,
 )
 from car_core.model.actions import same_action
-from car_core.model.budget import Budget, BudgetMeter, as_budget, check_bound
+from car_core.model.budget import Budget, BudgetMeter, as_budget, check_bound, check_countable
 from car_core.model.checks import is_whole
 from car_core.model.interventions import Intervention, compile_plan
 from car_core.model.json_values import JSON
@@ -238,6 +238,7 @@ def _intervene(run: Trajectory, agent: Agent,
     plan = compile_plan(run, interventions)
     check_plans(run, agent, [plan])  # an agent that can tell refuses the plan here
     exe = resolve_executor(executor, agent)
+    check_countable(as_budget(budget), run)
     check_on_record(run, out)  # before the seed check's model calls and any branch
     handed, why = coupling(agent, run, bool(coupled))
     retries = RETRIES if replays_alike(agent, bool(coupled), handed) else 0

@@ -21,7 +21,7 @@ from car_core.engine.replay import check_run
 from car_core.engine.tasks import Failure, check_failures
 from car_core.errors import AgentError, InvalidInput
 from car_core.estimators.bounds import check_max
-from car_core.model.budget import Budget, BudgetMeter, as_budget, check_bound
+from car_core.model.budget import Budget, BudgetMeter, as_budget, check_bound, check_countable
 from car_core.model.checks import is_whole
 from car_core.model.interventions import Intervention, compile_plan
 from car_core.model.outcome import OutcomeFn, OutcomeLike, check_on_record
@@ -69,6 +69,7 @@ class StepArms:
                                hint="pass the locus (car.contrastive(...).locus) or a step "
                                     "between 0 and the last")
         check_agent(run, agent, force=force_agent)
+        check_countable(as_budget(budget), run)
         self.run, self.agent, self.step, self.seed = run, agent, step, seed
         self.outcome = OutcomeFn(outcome)
         # before the seed check's model calls and any arm

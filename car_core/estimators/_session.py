@@ -41,7 +41,7 @@ from car_core.errors import (
     resumable,
 )
 from car_core.estimators.bounds import Planned, check_not_shrunk
-from car_core.model.budget import Budget, BudgetMeter
+from car_core.model.budget import Budget, BudgetMeter, check_countable
 from car_core.model.checks import is_whole
 from car_core.model.interventions import Plan
 from car_core.model.outcome import OutcomeLike, check_on_record
@@ -219,6 +219,7 @@ class Session:
         # the plans the estimate knows ahead, each refused now if the agent cannot branch it,
         # not at its first branch after the others ran (``check_plans``)
         check_plans(run, agent, plans)
+        check_countable(budget, run)  # a money cap that could never trip
         self.run, self.agent, self.seed = run, agent, seed
         self.outcome = OutcomeFn(outcome)
         # before anything is spent or stored: the seed check's model calls, the run's row,

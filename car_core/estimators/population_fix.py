@@ -83,7 +83,7 @@ from car_core.fix_results import (
     FixRun,
     PopulationFix,
 )
-from car_core.model.budget import Budget, as_budget
+from car_core.model.budget import Budget, as_budget, check_countable
 from car_core.model.context_sources import keep_all
 from car_core.model.interventions import do_context
 from car_core.model.outcome import OutcomeLike
@@ -201,6 +201,8 @@ def fix_population(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: O
     told_how = each_run is not None and _takes_how(each_run)
     total = as_budget(budget, "budget")
     population = _load_all(runs, store)
+    for run in population:  # a money cap no price counts: refused before anything is stored
+        check_countable(total, run)
     n_runs, n_fix = len(population), len(fixes)
     level = 1 - alpha / n_fix
     check_level(level)

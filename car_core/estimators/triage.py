@@ -86,7 +86,7 @@ from car_core.estimators._population import (
 from car_core.estimators._session import check_run_has_steps, spent_before
 from car_core.estimators.contrastive import rollout_budget
 from car_core.estimators.settings import ContrastiveSettings
-from car_core.model.budget import Budget, as_budget, tripped_limit
+from car_core.model.budget import Budget, as_budget, check_countable, tripped_limit
 from car_core.model.outcome import OutcomeLike
 from car_core.model.trajectory import Trajectory, is_failure
 from car_core.model.vocabulary import Answer, AttributionStatus
@@ -252,6 +252,9 @@ def triage(runs: Iterable[Trajectory | str], agent: Agent, *, outcome: OutcomeLi
     total = budget if budget is None else as_budget(budget, "budget")
     each = as_budget(per_run, "per_run")
     population = _load_all(runs, store)
+    for run in population:  # a money cap no price counts: refused before anything is stored
+        check_countable(total, run)
+        check_countable(each, run)
     tid = triage_id or (uuid.uuid4().hex[:16] if store is not None else None)
     params: dict[str, Any] = {
         "rollouts": rollouts, "alpha": alpha, "seed": seed, "search": search,

@@ -89,6 +89,30 @@ class Interrupted(KeyboardInterrupt):
 HALT: ContextVar[threading.Event | None] = ContextVar("car_halt", default=None)
 
 
+def check_countable(budget: Budget | None, run: Trajectory) -> None:
+    """Refuse, before any branch, a money cap the run shows could never trip: a step's cost
+    is its ``meta["cost"]`` or its tokens at ``prices[meta["model"]]``, so where the recorded
+    steps name the models they called, none reports a cost and no price names one of those
+    models, every branch costs 0 (a trial's ``--max-cost`` without ``--price`` ran to its
+    rollout cap, the user believing the spend was capped). A run whose steps name no model
+    says nothing either way (an agent may price its own branches), and is let through."""
+    if budget is None or budget.cost is None:
+        return
+    steps = [step.meta for step in run.steps]
+    models = sorted({str(meta["model"]) for meta in steps if meta.get("model")})
+    if not models or any("cost" in meta for meta in steps) \
+            or any(m in budget.prices for m in models):
+        return
+    named = ", ".join(repr(m) for m in models)
+    raise InvalidBudget(
+        f"budget cost={budget.cost:g} cannot be counted: no step of run {run.id} reports a "
+        f"cost, and no price is given for the model{'s' if len(models) > 1 else ''} it "
+        f"called ({named})",
+        hint=f"give the price per million input and output tokens, car.Budget(cost=..., "
+             f"prices={{{models[0]!r}: (IN, OUT)}}) (car attribute: --price "
+             f"{models[0]}=IN:OUT), or leave the money cap out")
+
+
 class BudgetMeter:
     """Counts what an estimate spends and says, before each rollout, whether it may start."""
 
