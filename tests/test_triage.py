@@ -280,6 +280,18 @@ def test_cli_refuses_an_empty_selection(population, tmp_path):
     assert f"the store's: {population[0].agent!r}" in proc.stderr
 
 
+def test_cli_refuses_label_and_by_together(population, tmp_path):
+    """``--label`` replaces ``--by``: given both, the fields were dropped without a word."""
+    with RunStore(tmp_path / "car.db") as store:
+        store.save(population[0])
+    proc = car_cli("triage", population[0].id, "--agent", AGENT, "--by", "step",
+                   "--label", "anything:label", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "--label replaces --by" in proc.stderr
+    with RunStore(tmp_path / "car.db") as store:
+        assert store.attributions() == []
+
+
 def test_group_results_groups_finished_attributions_as_triage_does(population):
     runs = population[:3] + population[-2:]
     tri = car.triage(runs, DESK.agent(), outcome=DESK.outcome, rollouts=K)

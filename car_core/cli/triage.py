@@ -163,6 +163,10 @@ def triage_command(
     the triage are kept in the store (`car attributions`; `car export triage ID`). On
     --resume, a setting left out (--rollouts, --alpha, --seed, --by, the budgets) is the
     triage's, as `car attribute --resume` takes the attribution's."""
+    if label is not None and by is not None:  # --by was dropped without a word
+        raise InvalidInput("--label replaces --by: give one of them",
+                           hint="leave --by out to group by the label's names, or --label out "
+                                "to group by the fields")
     before = stored_params(store, resume)
     rollouts = int(_given(rollouts, before.get("rollouts"), defaults.ROLLOUTS))
     alpha = float(_given(alpha, before.get("alpha"), defaults.ALPHA))
