@@ -107,6 +107,19 @@ def test_max_tokens_stops_before_the_cap_is_spent(pivot) -> None:
     assert res["params"]["budget"]["tokens"] == 300
 
 
+def test_a_token_cap_that_counted_nothing_says_so(pivot) -> None:
+    """The synthetic pivot's branches report no usage: --max-tokens 300 never came near
+    tripping, and the answer said nothing of it, the user believing the spend was capped."""
+    code, res, err = _attribute(*pivot, "--max-tokens", "300", "--rollouts", "8",
+                                agent="car_core.synthetic:pivot")
+    assert code == 0 and res["tokens"] == 0 and not res["truncated"], err
+    assert (f"--max-tokens capped nothing: the {res['rollouts_used']} branch(es) reported no "
+            "model tokens") in " ".join(err.split())
+    code, res, err = _attribute(*pivot, "--max-tokens", "100000", "--rollouts", "8")
+    assert code == 0 and res["tokens"] > 0, err  # the priced agent reports its tokens
+    assert "capped nothing" not in err
+
+
 def test_max_cost_charges_tokens_at_the_price_given(pivot, tmp_path: Path) -> None:
     # m1 at 1000 per million input tokens: 10 tokens cost 0.01, so 0.5 buys 50 steps
     code, res, err = _attribute(*pivot, "--max-cost", "0.5", "--price", "m1=1000:0")

@@ -292,6 +292,17 @@ def test_cli_refuses_label_and_by_together(population, tmp_path):
         assert store.attributions() == []
 
 
+def test_cli_says_a_token_cap_that_counted_nothing(population, tmp_path):
+    """The planted desk's branches report no usage: --max-tokens capped nothing, said."""
+    with RunStore(tmp_path / "car.db") as store:
+        store.save(population[0])
+    proc = car_cli("triage", population[0].id, "--agent", AGENT, "--max-tokens", "50",
+                   "--json", cwd=tmp_path)
+    res = json.loads(proc.stdout)
+    assert res["tokens"] == 0 and res["rollouts_used"] > 0, proc.stderr
+    assert "--max-tokens capped nothing" in " ".join(proc.stderr.split())
+
+
 def test_group_results_groups_finished_attributions_as_triage_does(population):
     runs = population[:3] + population[-2:]
     tri = car.triage(runs, DESK.agent(), outcome=DESK.outcome, rollouts=K)

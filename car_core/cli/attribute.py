@@ -220,6 +220,9 @@ def attribute(
                                 time.process_time() - cpu)
         if hint:
             err.print(Text(kit.safe(hint), style="yellow"), soft_wrap=True)
+    if (uncounted := kit.uncounted_caps(result.params, result.tokens, result.cost,
+                                        result.rollouts_used)):
+        err.print(Text(kit.safe(uncounted), style="yellow"), soft_wrap=True)
     inside = None
     if (inside_locus and isinstance(result, ContrastiveResult) and result.locus is not None
             and isinstance(settings, ContrastiveSettings)):

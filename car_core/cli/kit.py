@@ -375,6 +375,29 @@ def budget_flags(budget: int | Mapping[str, Any] | None) -> list[str]:
                          else str(limits[key]))]
 
 
+def uncounted_caps(params: Mapping[str, Any], tokens: int, cost: float,
+                   rollouts: int) -> str | None:
+    """A token or money cap that counted nothing, in words; None when each cap given counted
+    something. Branches whose steps report no ``meta["usage"]`` (nor a cost, nor a priced
+    model) spend 0 on the meter, so ``--max-tokens`` never trips: the user read the spend as
+    capped while it was not counted at all. Said after the answer, not refused before it:
+    whether a branch reports usage is known only once branches ran (a recorded run often
+    reports none)."""
+    if rollouts <= 0:
+        return None
+    caps = [params.get("budget") or {}, params.get("per_run") or {}]
+    named = [flag for key, flag, spent in (("tokens", "--max-tokens", tokens),
+                                           ("cost", "--max-cost", cost))
+             if not spent and any(isinstance(c, Mapping) and c.get(key) for c in caps)]
+    if not named:
+        return None
+    return (f"{' and '.join(named)} capped nothing: the {rollouts} branch(es) reported no model "
+            f"tokens{' or cost' if '--max-cost' in named else ''}, so what they spent was not "
+            "counted (a step reports them in meta[\"usage\"]; OpenAIPolicy, OllamaPolicy and "
+            "the local model do, a policy of your own must). Cap --budget or --max-seconds "
+            "instead")
+
+
 def resume_below(message: str, exc: BaseException) -> str:
     """``message`` (``exc``'s) without the resume its hint spells out (``resume_said``: a
     generic command's, or the Python call's and the command's for the attribution, triage

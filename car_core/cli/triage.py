@@ -231,6 +231,9 @@ def triage_command(
                                 time.process_time() - cpu)
         if hint:
             err.print(Text(kit.safe(hint), style="yellow"), soft_wrap=True)
+    now = result.rollouts_now if result.rollouts_now is not None else result.rollouts_used
+    if uncounted := kit.uncounted_caps(result.params, result.tokens, result.cost, now):
+        err.print(Text(kit.safe(uncounted), style="yellow"), soft_wrap=True)
     stopped = [r for r in result.per_run if r.resumable]
     if stopped:  # each row says "resume the attribution": the triage's resume does that
         err.print(Text(kit.safe(
