@@ -47,10 +47,14 @@ outcome = synthetic.pivot().outcome
 
 @pytest.fixture
 def pivot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    return _stored(syn.pivot().failing_run(0), tmp_path, monkeypatch)
+
+
+def _stored(run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    """``run`` in a fresh store, in a folder that holds the priced agent's module."""
     (tmp_path / "priced_agent.py").write_text(PRICED, encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    run = syn.pivot().failing_run(0)
     db = str(tmp_path / "car.db")
     with RunStore(db) as s:
         s.save(run)
@@ -120,6 +124,18 @@ def test_a_token_cap_that_counted_nothing_says_so(pivot) -> None:
     assert "capped nothing" not in err
 
 
+def test_a_money_cap_whose_model_has_no_price_says_it_counted_nothing(pivot) -> None:
+    """The recorded run names no model, so the cap is let through; its branches call m1,
+    which no --price names: every branch cost 0, said after the answer."""
+    code, res, err = _attribute(*pivot, "--max-cost", "0.5", "--price", "m9=1:1",
+                                "--rollouts", "8")
+    assert code == 0 and res["tokens"] > 0 and res["cost"] == 0, err
+    said = " ".join(err.split())
+    assert (f"--max-cost capped nothing: the {res['rollouts_used']} branch(es) reported no "
+            "cost and no tokens of a model --price names") in said
+    assert "--max-tokens" not in said
+
+
 def test_max_cost_charges_tokens_at_the_price_given(pivot, tmp_path: Path) -> None:
     # m1 at 1000 per million input tokens: 10 tokens cost 0.01, so 0.5 buys 50 steps
     code, res, err = _attribute(*pivot, "--max-cost", "0.5", "--price", "m1=1000:0")
@@ -161,17 +177,11 @@ def named_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, s
     from dataclasses import replace
 
     from car_core.model.trajectory import Trajectory
-    (tmp_path / "priced_agent.py").write_text(PRICED, encoding="utf-8")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
     base = syn.pivot().failing_run(0)
     run = Trajectory.new(context=base.context, seed=base.seed, agent=base.agent,
                          status=base.status,
                          steps=[replace(s, meta={**s.meta, "model": "m1"}) for s in base.steps])
-    db = str(tmp_path / "car.db")
-    with RunStore(db) as s:
-        s.save(run)
-    return run.id, db
+    return _stored(run, tmp_path, monkeypatch)
 
 
 def test_a_money_cap_no_price_could_count_is_refused_before_any_branch(named_model) -> None:

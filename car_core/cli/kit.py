@@ -386,16 +386,16 @@ def uncounted_caps(params: Mapping[str, Any], tokens: int, cost: float,
     if rollouts <= 0:
         return None
     caps = [params.get("budget") or {}, params.get("per_run") or {}]
-    named = [flag for key, flag, spent in (("tokens", "--max-tokens", tokens),
-                                           ("cost", "--max-cost", cost))
-             if not spent and any(isinstance(c, Mapping) and c.get(key) for c in caps)]
-    if not named:
+    unseen = {"tokens": ("--max-tokens", tokens, "model tokens"),
+              "cost": ("--max-cost", cost, "cost and no tokens of a model --price names")}
+    said = [f"{flag} capped nothing: the {rollouts} branch(es) reported no {what}"
+            for key, (flag, spent, what) in unseen.items()
+            if not spent and any(c.get(key) for c in caps)]
+    if not said:
         return None
-    return (f"{' and '.join(named)} capped nothing: the {rollouts} branch(es) reported no model "
-            f"tokens{' or cost' if '--max-cost' in named else ''}, so what they spent was not "
-            "counted (a step reports them in meta[\"usage\"]; OpenAIPolicy, OllamaPolicy and "
-            "the local model do, a policy of your own must). Cap --budget or --max-seconds "
-            "instead")
+    return ("; ".join(said) + ", so what they spent was not counted (a step reports its tokens "
+            "in meta[\"usage\"]: OpenAIPolicy, OllamaPolicy and the local model do, a policy "
+            "of your own must). Cap --budget or --max-seconds instead")
 
 
 def resume_below(message: str, exc: BaseException) -> str:
