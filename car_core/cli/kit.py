@@ -393,9 +393,10 @@ def uncounted_caps(params: Mapping[str, Any], tokens: int, cost: float,
             if not spent and any(c.get(key) for c in caps)]
     if not said:
         return None
-    return ("; ".join(said) + ", so what they spent was not counted (a step reports its tokens "
-            "in meta[\"usage\"]: OpenAIPolicy, OllamaPolicy and the local model do, a policy "
-            "of your own must). Cap --budget or --max-seconds instead")
+    return ("; ".join(said) + ", so what they spent was not counted (a step's tokens are its "
+            "meta[\"usage\"]: CAR's model clients and framework recorders fill it where the "
+            "model's reply reports usage; a fake model or a policy of your own must). Cap "
+            "--budget or --max-seconds instead")
 
 
 def resume_below(message: str, exc: BaseException) -> str:
